@@ -1,0 +1,155 @@
+"""The ``posexp`` command.
+
+``posexp train`` is Hydra's own application: its arguments go to the
+``@hydra.main`` function unchanged, so ``-m``, ``--cfg job``, ``--help``,
+``hydra/launcher=...`` and sweepers behave as Hydra documents them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import hydra
+import typer
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.console import Console
+
+from posexp.config import config_dir, register_configs
+from posexp.errors import PosexpError
+
+CONFIG_DIR = config_dir()
+GROUPS = ("encoder", "data", "model", "train", "eval", "experiment")
+TOP_KEYS = ("base=", "train_len=", "seed=")
+
+register_configs()
+err_console = Console(stderr=True)
+
+
+def _fail(error: PosexpError) -> None:
+    err_console.print(f"[bold red]error:[/] {error}", highlight=False)
+    raise SystemExit(error.exit_code)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
+def _train_app(cfg: DictConfig) -> None:
+    from posexp.run import run_train
+
+    hc = HydraConfig.get()
+    try:
+        run_train(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+    except PosexpError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise SystemExit(130)
+
+
+def _run_hydra(app, prog: str, args: List[str]) -> None:
+    """Call a ``@hydra.main`` function as if ``prog args...`` had been typed."""
+    saved = sys.argv
+    sys.argv = [prog, *args]
+    try:
+        app()
+    finally:
+        sys.argv = saved
+
+
+def _options(group: str) -> list[str]:
+    folder = CONFIG_DIR / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def complete_overrides(incomplete: str) -> list[str]:
+    """Shell completion for ``posexp train``: config groups, their options and the top-level keys."""
+    if "=" in incomplete:
+        key, _, prefix = incomplete.partition("=")
+        if key in GROUPS:
+            return [f"{key}={o}" for o in _options(key) if o.startswith(prefix)]
+        return []
+    words = [f"{g}=" for g in GROUPS] + list(TOP_KEYS) + ["-m", "--cfg", "--help"]
+    return [w for w in words if w.startswith(incomplete)]
+
+
+app = typer.Typer(
+    name="posexp",
+    help="Experiments with positional encodings: train a small causal LM per encoding, measure perplexity "
+         "at 1x..16x the training length, compare runs.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+
+HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command(context_settings=HYDRA_PASSTHROUGH)
+def train(
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Hydra overrides, e.g. encoder=rope base=10000; -m to sweep; --help for Hydra's help.",
+        autocompletion=complete_overrides, show_default=False),
+) -> None:
+    """Train one model per configuration and evaluate it at several context lengths (a Hydra app)."""
+    _run_hydra(_train_app, "posexp train", list(overrides or []))
+
+
+@app.command()
+def report(
+    folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write summary.md/csv/png."),
+) -> None:
+    """Compare finished runs: one table, summary.md, summary.csv and an overlay plot."""
+    from posexp.report import report_main
+
+    try:
+        report_main([str(f) for f in folders], str(out) if out else None)
+    except PosexpError as e:
+        _fail(e)
+
+
+def _yaml_description(path: Path) -> str:
+    """The first comment line of a config file that is not a Hydra directive."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#") and "@package" not in line:
+            return line.lstrip("# ").strip()
+    return ""
+
+
+@app.command("list")
+def list_cmd() -> None:
+    """What you can choose: encoders (with their options), data sets and experiments."""
+    from rich.table import Table
+
+    from posexp.encoders import option_names, registry
+
+    console = Console()
+    reg = registry()
+    table = Table(title="encoders  (posexp train encoder=NAME)")
+    table.add_column("name", style="cyan")
+    table.add_column("what it is")
+    table.add_column("options")
+    for name in _options("encoder"):
+        cls = reg.get(name)
+        desc = cls.description if cls is not None and cls.description else _yaml_description(
+            CONFIG_DIR / "encoder" / f"{name}.yaml")
+        opts = ", ".join(option_names(name)) if cls is not None else ""
+        table.add_row(name, desc, opts or "—")
+    console.print(table)
+    for group, title in (("data", "data sets  (posexp train data=NAME)"),
+                         ("experiment", "experiments  (posexp train experiment=NAME)")):
+        t = Table(title=title)
+        t.add_column("name", style="cyan")
+        t.add_column("what it is")
+        for name in _options(group):
+            t.add_row(name, _yaml_description(CONFIG_DIR / group / f"{name}.yaml"))
+        console.print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

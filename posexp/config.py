@@ -1,0 +1,180 @@
+"""Config schema: one dataclass per group, stored in Hydra's ConfigStore.
+
+Hydra merges ``configs/*.yaml`` onto these schemas at compose time, so an
+unknown key or a value of the wrong type fails with the key's name before
+anything runs. Range checks that a type cannot express (``base > 1``, lengths
+positive, ``d_model`` divisible by the heads) live in :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from posexp.errors import require
+
+def config_dir() -> Path:
+    """The shipped ``configs/`` folder: beside the package in a checkout, inside it in a wheel."""
+    import posexp.configs as shipped  # the top-level configs/ folder, mapped as a package
+
+    return Path(shipped.__file__).resolve().parent
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"
+    description: str = ""
+    path: Optional[str] = None
+    val_fraction: float = 0.05
+    cache_dir: Optional[str] = None
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    attn_block_size: int = 256
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    precision: str = "fp32"
+    device: str = "auto"
+    threads: Optional[int] = None
+    log_every: int = 25
+    progress: bool = True
+
+
+@dataclass
+class EvalConfig:
+    lengths: Optional[List[int]] = None
+    multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    tokens: int = 65536
+    protocol: str = "nonoverlap"
+    batch_tokens: int = 16384
+
+
+@dataclass
+class Config:
+    encoder: Any = MISSING
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    train: TrainConfig = MISSING
+    eval: EvalConfig = MISSING
+    base: float = 10000.0
+    train_len: int = 128
+    seed: int = 0
+
+
+PRECISIONS = ("fp32", "bf16", "auto")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PROTOCOLS = ("nonoverlap",)
+DATASETS = ("stdlib", "text")
+
+
+def register_configs() -> None:
+    """Store the schemas; idempotent (Hydra may be started several times in one process)."""
+    from posexp.encoders import options_schema, registry
+
+    cs = ConfigStore.instance()
+    cs.store(name="posexp_schema", node=Config)
+    cs.store(group="schema/data", name="data", node=DataConfig)
+    cs.store(group="schema/model", name="model", node=ModelConfig)
+    cs.store(group="schema/train", name="train", node=TrainConfig)
+    cs.store(group="schema/eval", name="eval", node=EvalConfig)
+    for name, cls in registry().items():
+        cs.store(group="schema/encoder", name=name, node=options_schema(cls))
+
+
+def eval_lengths(cfg: DictConfig) -> list[int]:
+    """``eval.lengths`` if given, else ``eval.multiples`` times ``train_len``; sorted, unique."""
+    if cfg.eval.lengths is not None:
+        return sorted(set(int(n) for n in cfg.eval.lengths))
+    return sorted(set(int(m) * int(cfg.train_len) for m in cfg.eval.multiples))
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range and consistency checks a type cannot express. Raises :class:`ConfigError`."""
+    from posexp.encoders import option_names, registry
+    from posexp.model import ModelShape, check_shape
+
+    require(cfg.encoder.name in registry(), "encoder",
+            f"unknown encoder {cfg.encoder.name!r}; choose one of: {', '.join(registry())}")
+    require(cfg.base > 1, "base", f"must be > 1 (got {cfg.base:g})")
+    require(cfg.train_len > 0, "train_len", f"must be a positive integer (got {cfg.train_len})")
+    require(cfg.seed >= 0, "seed", f"must be >= 0 (got {cfg.seed})")
+    if "base" in option_names(cfg.encoder.name):
+        require(cfg.encoder.base > 1, "base", f"must be > 1 (got {cfg.encoder.base:g})")
+    check_shape(ModelShape(**{k: cfg.model[k] for k in ("d_model", "n_layers", "n_heads", "mlp_ratio",
+                                                          "dropout", "attn_block_size")}))
+
+    t = cfg.train
+    require(t.steps > 0, "train.steps", f"must be a positive integer (got {t.steps})")
+    require(t.batch_size > 0, "train.batch_size", f"must be a positive integer (got {t.batch_size})")
+    require(t.lr > 0, "train.lr", f"must be > 0 (got {t.lr})")
+    require(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", f"must be in [0, 1] (got {t.min_lr_ratio})")
+    require(0 <= t.warmup_steps, "train.warmup_steps", f"must be >= 0 (got {t.warmup_steps})")
+    require(t.weight_decay >= 0, "train.weight_decay", f"must be >= 0 (got {t.weight_decay})")
+    require(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)")
+    require(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, 0 disables clipping (got {t.grad_clip})")
+    require(t.precision in PRECISIONS, "train.precision",
+            f"unknown precision {t.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    require(t.device in DEVICES, "train.device",
+            f"unknown device {t.device!r}; choose one of: {', '.join(DEVICES)}")
+    require(t.threads is None or t.threads > 0, "train.threads", f"must be a positive integer (got {t.threads})")
+    require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
+
+    e = cfg.eval
+    if e.lengths is not None:
+        require(len(e.lengths) > 0, "eval.lengths", "must list at least one length, e.g. eval.lengths=[128,256]")
+        bad = [n for n in e.lengths if n <= 0]
+        require(not bad, "eval.lengths", f"lengths must be positive integers (got {bad})")
+    else:
+        require(len(e.multiples) > 0, "eval.multiples", "must list at least one multiple of train_len")
+        bad = [m for m in e.multiples if m <= 0]
+        require(not bad, "eval.multiples", f"multiples must be positive integers (got {bad})")
+    require(e.tokens > 0, "eval.tokens", f"must be a positive integer (got {e.tokens})")
+    require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
+    require(e.protocol in PROTOCOLS, "eval.protocol",
+            f"unknown protocol {e.protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+
+    d = cfg.data
+    require(d.name in DATASETS, "data", f"unknown data set {d.name!r}; choose one of: {', '.join(DATASETS)}")
+    require(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
+    if d.name == "text":
+        require(d.path is not None and str(d.path).strip() != "", "data.path",
+                "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+TRAINING_KEYS = ("encoder", "data", "model", "train", "train_len", "seed")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of everything that shapes the trained weights (not evaluation, not the output folder)."""
+    c = to_container(cfg)
+    relevant = {k: c[k] for k in TRAINING_KEYS if k in c}
+    relevant["train"] = {k: v for k, v in relevant["train"].items() if k not in ("progress", "log_every")}
+    blob = json.dumps(relevant, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

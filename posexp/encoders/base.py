@@ -1,0 +1,109 @@
+"""The encoder contract: the four places a positional encoding can touch attention.
+
+An encoder overrides only the hooks it needs; the model asks which hooks an
+encoder overrides (``uses_embed`` ...) and never which encoder it holds.
+
+Shapes (``B`` batch, ``H`` heads, ``L`` sequence, ``D`` model width, ``Dh`` head width):
+
+===========  ==============================================  ======================
+hook         arguments                                        returns
+===========  ==============================================  ======================
+``embed``    ``x (B, L, D)``, ``pos (L,)`` long               ``(B, L, D)``
+``rotate``   ``q (B, H, Lq, Dh)``, ``k (B, H, Lk, Dh)``,       ``(q, k)``
+             ``q_pos (Lq,)``, ``k_pos (Lk,)``
+``bias``     ``q_pos (Lq,)``, ``k_pos (Lk,)``                 ``(H, Lq, Lk)`` or None
+``scores``   ``q``, ``k``, ``q_pos``, ``k_pos``               ``(B, H, Lq, Lk)``
+===========  ==============================================  ======================
+
+Positions are absolute token indices, so a block of queries late in a long
+sequence passes its own ``q_pos``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import Tensor, nn
+
+
+class PositionalEncoder(nn.Module):
+    """Base class of every positional encoding.
+
+    Args:
+        d_model: model width ``D``.
+        n_heads: number of attention heads ``H``.
+
+    Attributes:
+        name: the registry name (``configs/encoder/<name>.yaml``).
+        max_length: the longest sequence the encoding can represent, or None
+            for any length. The evaluator marks longer lengths "not applicable".
+        base: the base frequency actually used, or None for encodings without one.
+    """
+
+    name: str = "base"
+    description: str = ""
+    max_length: Optional[int] = None
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+
+    @property
+    def base(self) -> Optional[float]:
+        return None
+
+    # -- hooks; a subclass overrides the ones it needs ---------------------------------
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:
+        return None
+
+    def scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:
+        return None
+
+    # -- which hooks are in use (decided by overriding, never by name) -------------------
+    def _overrides(self, hook: str) -> bool:
+        return getattr(type(self), hook) is not getattr(PositionalEncoder, hook)
+
+    @property
+    def uses_embed(self) -> bool:
+        return self._overrides("embed")
+
+    @property
+    def uses_rotate(self) -> bool:
+        return self._overrides("rotate")
+
+    @property
+    def uses_bias(self) -> bool:
+        return self._overrides("bias")
+
+    @property
+    def uses_scores(self) -> bool:
+        return self._overrides("scores")
+
+    def supports(self, length: int) -> bool:
+        """Whether a sequence of ``length`` tokens can be encoded at all."""
+        return self.max_length is None or length <= self.max_length
+
+    def extra_repr(self) -> str:
+        base = self.base
+        parts = [f"d_model={self.d_model}", f"n_heads={self.n_heads}"]
+        if base is not None:
+            parts.append(f"base={base:g}")
+        if self.max_length is not None:
+            parts.append(f"max_length={self.max_length}")
+        return ", ".join(parts)
+
+
+def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """``q_pos[:, None] - k_pos[None, :]``: how far back each key is, ``(Lq, Lk)``."""
+    return q_pos[:, None] - k_pos[None, :]
+
+
+__all__ = ["PositionalEncoder", "relative_distance"]

@@ -1,0 +1,22 @@
+"""NoPE: no positional encoding at all.
+
+A causal decoder can still infer position from the causal mask alone
+(Haviv et al. 2022, "Transformer Language Models without Positional Encodings
+Still Learn Positional Information"; Kazemnejad et al. 2023, "The Impact of
+Positional Encoding on Length Generalization in Transformers").
+"""
+
+from __future__ import annotations
+
+from posexp.encoders import register
+from posexp.encoders.base import PositionalEncoder
+
+
+@register("none")
+class NoPE(PositionalEncoder):
+    """No positional information: attention sees only content and the causal mask."""
+
+    description = "NoPE: no position signal; order comes only from the causal mask (Kazemnejad et al. 2023)"
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
