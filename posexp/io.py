@@ -1,0 +1,90 @@
+"""Atomic file writes.
+
+Every file posexp produces goes through :func:`atomic_write_bytes`, so a crash,
+a Ctrl-C or a full disk leaves either the old file or the new one, never a
+half-written results.json that breaks the report later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old or the new file, never a mix.
+
+    The bytes go to a temporary file in the same folder (``os.replace`` is only
+    atomic within one filesystem), are flushed to disk, and then the temporary
+    file is renamed over ``path``. Missing parent folders are created.
+
+    Args:
+        path: destination file.
+        data: the complete new contents.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A hidden, unique name: concurrent writers (e.g. sweep jobs) must not share a temp file,
+    # and a leftover after a hard kill should not look like a result.
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    # os.open with 0o666 lets the umask decide permissions, like a plain open() would;
+    # tempfile would force 0o600 and make results unreadable to collaborators.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically; see :func:`atomic_write_bytes`.
+
+    Args:
+        path: destination file.
+        text: the complete new contents, written as-is (no newline translation).
+        encoding: text encoding.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically; see :func:`atomic_write_bytes`.
+
+    Args:
+        path: destination file.
+        obj: anything :func:`json.dumps` accepts.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist the rename itself; best effort, since not every OS can open a folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,175 @@
+"""Perplexity-vs-context-length plots.
+
+matplotlib is imported inside the function, not at module level: the report and
+the CLI import this module, and most of their work (tables, CSV) never draws.
+We build a bare ``Figure`` with the Agg canvas instead of using pyplot, so there
+is no global figure state and no display is ever needed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from io import BytesIO
+from pathlib import Path
+from typing import Optional, Sequence
+
+from posexp.io import atomic_write_bytes
+
+# Sized for a paper column: readable at 100% when placed 3.5-5 in wide.
+FIG_WIDTH_IN = 4.5
+FIG_HEIGHT_IN = 3.0
+DPI = 150
+# Past this many series a legend inside the axes hides the data, so it moves below.
+MAX_INSIDE_LEGEND = 6
+# Past this many, a legend is a wall of text taller than the plot; colours then follow
+# series order on a gradient and the caller's table is the key.
+MAX_LEGEND_SERIES = 30
+
+# (label, lengths, ppls, lows, highs); a None ppl means "not applicable" and leaves a gap.
+Series = tuple[
+    str,
+    Sequence[int],
+    Sequence[Optional[float]],
+    Optional[Sequence[Optional[float]]],
+    Optional[Sequence[Optional[float]]],
+]
+
+
+def plot_ppl_vs_length(
+    series: Sequence[Series],
+    path: str | os.PathLike,
+    train_len: int | None = None,
+    title: str | None = None,
+    ylabel: str = "perplexity",
+) -> Path:
+    """Plot perplexity against evaluation length, one line per series, and save it as PNG.
+
+    The x axis is log2 in tokens with a tick at every evaluated length; the y axis
+    is log scale. Lengths where a series has no perplexity (not applicable, or
+    not evaluated) break its line and are marked with an ``x`` on the bottom edge,
+    so a gap is never mistaken for missing data points joined by a straight line.
+
+    Args:
+        series: ``(label, lengths, ppls, lows, highs)`` per line. ``lows``/``highs``
+            (the interval around each perplexity) may be None to draw no band.
+        path: where to write the PNG; written atomically.
+        train_len: training context length, drawn as a dashed vertical line.
+        title: optional figure title.
+        ylabel: y axis label, e.g. ``"perplexity (per byte)"``.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    from matplotlib import ticker
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import blended_transform_factory
+
+    named = len(series) <= MAX_LEGEND_SERIES
+    legend_below = named and len(series) > MAX_INSIDE_LEGEND
+    legend_cols = 2 if len(series) <= 16 else 3
+    legend_rows = math.ceil((len(series) + 1) / legend_cols) if legend_below else 0
+    fig = Figure(figsize=(FIG_WIDTH_IN, FIG_HEIGHT_IN + 0.13 * legend_rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    # x in data coordinates, y in axes coordinates: puts "n/a" markers on the bottom edge.
+    bottom_edge = blended_transform_factory(ax.transData, ax.transAxes)
+
+    ticks: set[int] = set()
+    any_points = any_gaps = False
+    for (label, lengths, ppls, lows, highs), color in zip(series, _colors(len(series))):
+        if len(lengths) != len(ppls):
+            raise ValueError(f"series {label!r}: {len(lengths)} lengths but {len(ppls)} perplexities")
+        ticks.update(int(n) for n in lengths)
+        x = [float(n) for n in lengths]
+        y = [_finite_or_nan(p) for p in ppls]
+        any_points |= any(not math.isnan(v) for v in y)
+        ax.plot(x, y, marker="o", markersize=3, linewidth=1.2, color=color, label=label if named else None)
+        if lows is not None and highs is not None:
+            lo = [_finite_or_nan(v) for v in lows]
+            hi = [_finite_or_nan(v) for v in highs]
+            ax.fill_between(x, lo, hi, color=color, alpha=0.18, linewidth=0)
+        gaps = [xi for xi, yi in zip(x, y) if math.isnan(yi)]
+        if gaps:
+            any_gaps = True
+            ax.plot(gaps, [0.0] * len(gaps), transform=bottom_edge, linestyle="none", marker="x",
+                    markersize=5, color=color, clip_on=False)
+
+    if train_len is not None:
+        ticks.add(int(train_len))
+        ax.axvline(train_len, color="0.35", linestyle="--", linewidth=0.9, label=f"train length ({train_len})")
+
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xlim(min(ticks) / 1.3, max(ticks) * 1.3)
+    ax.xaxis.set_major_locator(ticker.FixedLocator(sorted(ticks)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _format_tokens(v)))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.set_xlabel("context length (tokens)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    if len(ticks) > 7:
+        ax.tick_params(axis="x", labelrotation=45)
+
+    if any_points:
+        ax.set_yscale("log")
+        # Perplexities usually span less than a decade, where default log ticks would
+        # label only one power of ten (or none); plain numbers on minor ticks fix that.
+        plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.6)))
+    else:
+        ax.text(0.5, 0.5, "no applicable lengths", transform=ax.transAxes, ha="center", va="center",
+                fontsize=8, color="0.4")
+        ax.set_yticks([])
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    if title:
+        ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    if not named:
+        ax.text(0.01, 0.99, f"{len(series)} series, coloured in order (dark first)", transform=ax.transAxes,
+                ha="left", va="top", fontsize=6, color="0.3")
+
+    handles, labels = ax.get_legend_handles_labels()
+    if any_gaps:
+        handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
+        labels.append("not applicable")
+    if handles:
+        if legend_below:
+            fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
+        else:
+            ax.legend(handles, labels, fontsize=7, loc="best", framealpha=0.85)
+
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _finite_or_nan(value: float | None) -> float:
+    """NaN makes matplotlib break the line, which is how gaps are drawn."""
+    if value is None:
+        return math.nan
+    value = float(value)
+    # A log axis cannot show 0 or inf; treat them as gaps instead of crashing the scale.
+    return value if math.isfinite(value) and value > 0 else math.nan
+
+
+def _format_tokens(value: float) -> str:
+    """128 -> "128", 2048 -> "2k", 1536 -> "1.5k": short enough for a column-width axis."""
+    n = int(round(value))
+    if n >= 1024 and n % 512 == 0:
+        return f"{n / 1024:g}k"
+    return str(n)
+
+
+def _colors(n: int) -> list:
+    """Distinct colours for n series; qualitative maps run out, so fall back to a gradient."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [colormaps["tab20"](i) for i in range(n)]
+    return [colormaps["viridis"](i / (n - 1)) for i in range(n)]

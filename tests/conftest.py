@@ -1,0 +1,49 @@
+"""Shared fixtures: a private token cache, tiny configs composed from the real configs/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    # Tests never touch the user's ~/.cache/posexp; the stdlib corpus is built once per session.
+    cache = tmp_path_factory.mktemp("posexp-cache")
+    os.environ["POSEXP_CACHE"] = str(cache)
+    yield cache
+
+
+@pytest.fixture
+def compose():
+    """Compose the shipped config with overrides, as ``posexp train`` would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from posexp.config import config_dir, register_configs
+
+    register_configs()
+
+    def _compose(*overrides: str):
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+
+    return _compose
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``posexp ARGS`` in a fresh interpreter, as a user would."""
+    env = dict(os.environ)
+    env.setdefault("POSEXP_CACHE", os.environ.get("POSEXP_CACHE", ""))
+    env["COLUMNS"] = "200"  # Rich tables unwrapped, so assertions can read them
+    return subprocess.run([sys.executable, "-m", "posexp", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+SMOKE = ("experiment=smoke", "train.progress=false")
