@@ -109,8 +109,35 @@ def report(
         _fail(e)
 
 
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_cmd(
+    args: List[str] = typer.Argument(
+        ..., help="Run folders (or sweep folders: every run under them), then eval.* overrides, e.g. "
+                  "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn.",
+        show_default=False, metavar="RUN_DIR|eval.KEY=VALUE"),
+) -> None:
+    """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
+
+    New rows join each run's results.json (a re-measured row replaces its old one); the other outputs are redrawn.
+    """
+    from posexp.reeval import reeval_main
+
+    try:
+        reeval_main(list(args))
+    except PosexpError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; results of runs not yet finished were left as they were")
+        raise SystemExit(130)
+
+
 def _yaml_description(path: Path) -> str:
-    """The first comment line of a config file that is not a Hydra directive."""
+    """A config's ``description`` key, else its first comment line that is not a Hydra directive."""
+    from omegaconf import OmegaConf
+
+    desc = OmegaConf.load(path).get("description")
+    if desc:
+        return str(desc)
     for line in path.read_text().splitlines():
         if line.startswith("#") and "@package" not in line:
             return line.lstrip("# ").strip()

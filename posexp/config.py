@@ -65,11 +65,22 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
+    """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
+
+    ``configs/eval/default.yaml`` documents each key; ``posexp/evaluate.py`` says
+    exactly which tokens each protocol scores.
+    """
+
     lengths: Optional[List[int]] = None
     multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     tokens: int = 65536
     protocol: str = "nonoverlap"
+    stride: Optional[int] = None
+    last_k: Optional[int] = None
+    scaling: str = "none"
+    scaling_factor: Optional[float] = None
     batch_tokens: int = 16384
+    loss_by_position: bool = True
 
 
 @dataclass
@@ -86,7 +97,7 @@ class Config:
 
 PRECISIONS = ("fp32", "bf16", "auto")
 DEVICES = ("auto", "cpu", "cuda", "mps")
-PROTOCOLS = ("nonoverlap",)
+PROTOCOLS = ("nonoverlap", "sliding", "last_k")
 DATASETS = ("stdlib", "text")
 
 
@@ -153,8 +164,7 @@ def validate(cfg: DictConfig) -> None:
         require(not bad, "eval.multiples", f"multiples must be positive integers (got {bad})")
     require(e.tokens > 0, "eval.tokens", f"must be a positive integer (got {e.tokens})")
     require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
-    require(e.protocol in PROTOCOLS, "eval.protocol",
-            f"unknown protocol {e.protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+    validate_eval(cfg)
 
     d = cfg.data
     require(d.name in DATASETS, "data", f"unknown data set {d.name!r}; choose one of: {', '.join(DATASETS)}")
@@ -162,6 +172,50 @@ def validate(cfg: DictConfig) -> None:
     if d.name == "text":
         require(d.path is not None and str(d.path).strip() != "", "data.path",
                 "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+
+
+def validate_eval(cfg: DictConfig) -> None:
+    """Checks of the protocol and scaling keys that depend on the eval lengths and the encoder."""
+    e = cfg.eval
+    check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
+    check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name)
+
+
+def check_protocol(protocol: str, stride: Optional[int], last_k: Optional[int], shortest: int) -> None:
+    """``eval.protocol`` known, and ``eval.stride`` / ``eval.last_k`` set exactly when it uses them, within range."""
+    require(protocol in PROTOCOLS, "eval.protocol",
+            f"unknown protocol {protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+    if protocol == "sliding":
+        require(stride is not None, "eval.stride",
+                f"protocol sliding needs a stride: eval.stride=S with 1 <= S <= {shortest} (the shortest eval "
+                "length); S=1 is Press et al. 2022's setting, larger S is proportionally faster")
+        require(1 <= stride <= shortest, "eval.stride",
+                f"must be between 1 and the shortest eval length {shortest} (got {stride})")
+    else:
+        require(stride is None, "eval.stride",
+                f"only applies to eval.protocol=sliding (protocol is {protocol}); drop it or set eval.protocol=sliding")
+    if protocol == "last_k":
+        require(last_k is not None, "eval.last_k",
+                f"protocol last_k needs K: eval.last_k=K with 1 <= K <= {shortest} (the shortest eval length)")
+        require(1 <= last_k <= shortest, "eval.last_k",
+                f"must be between 1 and the shortest eval length {shortest} (got {last_k})")
+    else:
+        require(last_k is None, "eval.last_k",
+                f"only applies to eval.protocol=last_k (protocol is {protocol}); drop it or set eval.protocol=last_k")
+
+
+def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str) -> None:
+    """``eval.scaling`` known and offered by the encoder; ``eval.scaling_factor`` >= 1 and only with a scaling."""
+    from posexp.scaling import NONE, SCALINGS, check_scaling
+
+    require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    check_scaling(scaling, encoder_name)
+    if factor is not None:
+        require(scaling != NONE, "eval.scaling_factor",
+                f"only applies with an eval.scaling ({', '.join(SCALINGS[1:])}); drop it or set one")
+        require(factor >= 1, "eval.scaling_factor",
+                f"must be >= 1, the factor the context is extended by (got {factor:g}); leave it unset "
+                "for eval length / train length at each length")
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -1,26 +1,72 @@
 """Perplexity at several context lengths on the validation split.
 
-Protocol ``nonoverlap``: the validation tokens are cut into consecutive windows
-of ``L + 1`` tokens that share one token at their boundary; every one of the
-``L`` targets of a window is scored, so the first targets of a window see
-little context. The same number of target tokens (the first ``budget`` of the
-split, ``budget`` a multiple of the longest length) is scored at every length,
-so lengths differ only in how much context each token gets.
+Every protocol reads windows of ``L`` input tokens ``val[s : s+L]`` and predicts
+``val[s+1 : s+L+1]``; "target ``t``" below is the token ``val[t]``, predicted from
+the tokens before it in its window. A window scores only its last ``n`` targets,
+and every scored target is scored exactly once, so the scored targets are one
+contiguous range of the split, recorded in each row as ``targets: [first, last]``.
+
+``nonoverlap`` (default)
+    Windows ``s = 0, L, 2L, ...`` (consecutive windows share one boundary token);
+    every target is scored, so target ``t`` sees ``(t - 1) mod L + 1`` tokens of
+    context. Scored: targets ``1 .. W*L`` with ``W = budget // L`` windows, where
+    ``budget`` is ``eval.tokens`` rounded down to a multiple of the longest length
+    (capped by the split): the same targets at every length that divides the
+    longest one (the default multiples do).
+
+``sliding`` (``eval.stride = S``; the sliding-window evaluation of Press et al. 2022)
+    The first window (``s = 0``) scores all ``L`` targets; each next window moves
+    ``S`` tokens on and scores only its last ``S`` targets, so every target after
+    the first ``L`` sees at least ``L - S`` tokens of context (``L - 1`` for
+    ``S = 1``). The last window is placed to end at the last target and scores
+    the ``<= S`` targets not yet scored. Scored: targets ``1 .. budget``, the same
+    as ``nonoverlap``, so the two protocols differ only in context.
+
+``last_k`` (``eval.last_k = K``; the setting of Kazemnejad et al. 2023)
+    Window ``j`` ends at target ``e_j`` and scores its last ``K`` targets; the ends
+    ``e_j = T - (n-1-j) K`` are counted back from the last target ``T`` of the
+    split, independently of ``L``. Scored: the last ``n*K`` targets of the split,
+    ``n = eval.tokens // K`` (fewer if the longest length would not fit), the
+    same targets at every length and in every call, with ``L - K`` to ``L - 1``
+    tokens of context each. Costs ``L / K`` forward tokens per scored token.
+
+Uncertainty: ``loss_se`` is the batch-means standard error of the mean loss over
+blocks of ``L`` consecutive scored targets (a ratio estimator, so a shorter last
+block counts less). For ``nonoverlap`` the blocks are exactly the windows; for
+``sliding`` and ``last_k`` they are the same ``L``-target stretches of text, because
+the ``S``- or ``K``-token pieces of neighbouring windows are adjacent text and far
+from independent (``S = 1`` would otherwise claim one independent sample per
+token). ``ppl_low``/``ppl_high`` are ``exp(loss -/+ 1.96 se)``.
+
+Memory: attention is blocked over queries for bias and score encodings (see
+``posexp/model.py``), so memory is linear in ``L``; on out-of-memory a length is
+retried with half the windows per batch, then half the query block, and the row
+records what it ran with (``batch_windows``, ``attn_block_size``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
+import sys
 import time
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
 
+from posexp.config import check_protocol
+from posexp.errors import ConfigError, PosexpError
 from posexp.model import GPT
+from posexp.scaling import NONE, check_scaling, default_factor, scaled_encoder
 
 Z95 = 1.959964  # two-sided 95% normal quantile
+MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
 
+
+# -- which targets each protocol scores ----------------------------------------------------
 
 def eval_budget(requested: int, val_tokens: int, longest: int) -> int:
     """Target tokens scored at every length: at most ``requested``, a multiple of ``longest``, within the split."""
@@ -28,71 +74,406 @@ def eval_budget(requested: int, val_tokens: int, longest: int) -> int:
     return max(longest, min(requested // longest * longest, usable))
 
 
-def _peak_memory_mb(device: torch.device) -> Optional[float]:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+@dataclass
+class Windows:
+    """The windows of one (protocol, length): window ``w`` reads ``val[starts[w] : starts[w] + L]``
+    and scores its last ``scored[w]`` targets. Scored targets are ``first .. last`` (inclusive)."""
+
+    starts: np.ndarray
+    scored: np.ndarray
+    first: int
+    last: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.scored.sum())
+
+
+def plan_windows(protocol: str, length: int, val_tokens: int, budget: int, stride: Optional[int] = None,
+                 last_k: Optional[int] = None, n_last: Optional[int] = None) -> Windows:
+    """Window starts and scored counts for one length (see the module docstring for each protocol).
+
+    Args:
+        protocol: ``nonoverlap``, ``sliding`` or ``last_k``.
+        length: window length ``L``.
+        val_tokens: size of the validation split.
+        budget: scored targets for ``nonoverlap`` / ``sliding`` (targets ``1 .. budget``).
+        stride: ``S`` for ``sliding``.
+        last_k: ``K`` for ``last_k``.
+        n_last: number of ``last_k`` windows (shared by all lengths of a call).
+    """
+    L = length
+    if protocol == "nonoverlap":
+        n = budget // L
+        return Windows(np.arange(n, dtype=np.int64) * L, np.full(n, L, dtype=np.int64), 1, n * L)
+    if protocol == "sliding":
+        # window w ends at target min(L + w*S, budget): its last target index
+        n = 1 + -(-(budget - L) // stride)  # ceil
+        ends = np.minimum(L + np.arange(n, dtype=np.int64) * stride, budget)
+        scored = np.diff(ends, prepend=0)  # first window: L; then S; the last one the remainder
+        return Windows(ends - L, scored, 1, budget)
+    if protocol == "last_k":
+        last_target = val_tokens - 1
+        ends = last_target - (n_last - 1 - np.arange(n_last, dtype=np.int64)) * last_k
+        return Windows(ends - L, np.full(n_last, last_k, dtype=np.int64), int(ends[0]) - last_k + 1, last_target)
+    raise ConfigError("eval.protocol", f"unknown protocol {protocol!r}")
+
+
+def last_k_windows(tokens: int, last_k: int, val_tokens: int, longest: int) -> int:
+    """Windows of a ``last_k`` evaluation: ``tokens // K``, fewer if the first would start before the split."""
+    fits = (val_tokens - 1 - longest) // last_k + 1  # first window start e_0 - L >= 0
+    return max(1, min(tokens // last_k, fits))
+
+
+# -- uncertainty ---------------------------------------------------------------------------
+
+def batch_means_se(target_losses: np.ndarray, block: int) -> tuple[Optional[float], int]:
+    """Standard error of the mean of ``target_losses`` over consecutive blocks of ``block`` values.
+
+    A ratio estimator, ``se^2 = m/(m-1) * sum_b n_b^2 (mean_b - mean)^2 / N^2``, so a
+    shorter last block counts in proportion to its size; with equal blocks it is
+    the usual ``std(block means, ddof=1) / sqrt(m)``.
+
+    Returns:
+        ``(se, m)``; ``se`` is None with fewer than two blocks.
+    """
+    n_total = target_losses.size
+    m = -(-n_total // block)
+    if m < 2:
+        return None, m
+    edges = np.arange(0, n_total, block)
+    sums = np.add.reduceat(target_losses, edges)
+    counts = np.diff(np.append(edges, n_total)).astype(np.float64)
+    mean = sums.sum() / n_total
+    var = m / (m - 1) * np.sum((sums - mean * counts) ** 2) / n_total**2
+    return float(math.sqrt(var)), m
+
+
+# -- memory --------------------------------------------------------------------------------
+
+def _proc_status_kb(field_name: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
     return None
 
 
-@torch.inference_mode()
-def evaluate_length(model: GPT, val: np.ndarray, length: int, budget: int, batch_tokens: int,
-                    device: torch.device) -> dict:
-    """One row: perplexity of ``budget`` target tokens scored in non-overlapping windows of ``length``."""
-    n_windows = budget // length
-    starts = np.arange(n_windows) * length
-    offsets = np.arange(length + 1)
-    per_batch = max(1, batch_tokens // length)
-    window_losses = []
+def _reset_rss_high_water_mark() -> bool:
+    """Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _release_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc), so the next peak is not hidden in reused memory."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
+class PeakMemory:
+    """Peak memory of a block of work, above what was in use when it started.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` (tensor memory held by the caching
+    allocator). CPU: the process's resident-set high-water mark ``VmHWM``, reset
+    just before the work through ``/proc/self/clear_refs`` after ``malloc_trim``
+    has returned freed heap pages. Unlike Python-level tracing (tracemalloc does
+    not see torch's allocator) or a sampling thread (which can miss a short
+    peak), the kernel counts every page, including oneDNN scratch buffers and
+    allocator overhead that a tensor-level profile misses; the price is that it
+    also counts anything else the process touches meanwhile (nothing, here).
+    Where the mark cannot be reset (not Linux) only the lifetime peak
+    ``ru_maxrss`` is known and ``delta_mb`` is None.
+
+    Attributes (after the block):
+        delta_mb: peak minus the memory in use at the start, MiB (None when unknown).
+        peak_mb: the absolute peak (CUDA: allocated; CPU: process RSS), MiB.
+        method: how it was measured, recorded in each row.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.delta_mb: Optional[float] = None
+        self.peak_mb: Optional[float] = None
+        self.method = "none"
+
+    def __enter__(self) -> "PeakMemory":
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        elif self.device.type == "cpu":
+            _release_free_heap()
+            self._resettable = _reset_rss_high_water_mark() and _proc_status_kb("VmHWM") is not None
+            self._base = _proc_status_kb("VmRSS") if self._resettable else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.peak_mb, self.delta_mb = peak / 2**20, (peak - self._base) / 2**20
+            self.method = "cuda max_memory_allocated"
+        elif self.device.type == "cpu":
+            if self._resettable:
+                hwm = _proc_status_kb("VmHWM")
+                self.peak_mb, self.delta_mb = hwm / 1024, max(0, hwm - self._base) / 1024
+                self.method = "rss high-water mark (VmHWM reset per length)"
+            else:
+                import resource
+
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                self.peak_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024
+                self.method = "process lifetime peak rss (ru_maxrss)"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+# -- the evaluation loop -------------------------------------------------------------------
+
+@dataclass
+class LengthResult:
+    """Per-target and per-position losses of one length, before they become a row."""
+
+    target_losses: np.ndarray
+    position_sum: np.ndarray
+    position_count: np.ndarray
+    batch_windows: int
+    attn_block_size: int
+    retries: int = 0
+
+
+def _forward_losses(model: GPT, val: np.ndarray, starts: np.ndarray, length: int,
+                    device: torch.device) -> np.ndarray:
+    idx = starts[:, None] + np.arange(length + 1)[None, :]
+    batch = torch.from_numpy(val[idx].astype("int64")).to(device)  # (b, L + 1)
+    losses = model.token_losses(batch[:, :-1], batch[:, 1:])  # (b, L) nats, fp32
+    return losses.double().cpu().numpy()
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    for i in range(0, n_windows, per_batch):
-        idx = starts[i:i + per_batch, None] + offsets[None, :]
-        batch = torch.from_numpy(val[idx].astype("int64")).to(device)  # (b, L + 1)
-        losses = model.token_losses(batch[:, :-1], batch[:, 1:])  # (b, L) nats, fp32
-        window_losses.append(losses.double().mean(dim=1).cpu())
-    elapsed = time.perf_counter() - t0
-    wl = torch.cat(window_losses).numpy()
-    loss = float(wl.mean())  # equal-size windows: mean of means = mean over tokens
-    se = float(wl.std(ddof=1) / math.sqrt(wl.size)) if wl.size > 1 else None
-    row = {
+        torch.cuda.empty_cache()
+    else:
+        _release_free_heap()
+
+
+def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
+                 device: torch.device, log: Callable[[str], None]) -> LengthResult:
+    L = length
+    target_losses = np.full(win.last - win.first + 1, np.nan)
+    position_sum = np.zeros(L)
+    position_count = np.zeros(L, dtype=np.int64)
+    per_batch = max(1, batch_tokens // L)
+    retries = 0
+    i = 0
+    n = win.starts.size
+    while i < n:
+        chunk = win.starts[i:i + per_batch]
+        try:
+            losses = _forward_losses(model, val, chunk, L, device)  # (b, L)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            if not is_out_of_memory(e):
+                raise
+            del e
+            _free_memory(device)
+            retries += 1
+            blocked = model.encoder.uses_bias or model.encoder.uses_scores
+            if per_batch > 1:
+                per_batch //= 2
+                log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
+            elif blocked and model.shape.attn_block_size > MIN_ATTN_BLOCK:
+                model.shape.attn_block_size //= 2
+                log(f"out of memory at length {L}: retrying with query blocks of {model.shape.attn_block_size}")
+            else:
+                raise PosexpError(
+                    f"out of memory evaluating length {L} even with one window per batch"
+                    f"{f' and query blocks of {model.shape.attn_block_size}' if blocked else ''}; "
+                    f"evaluate shorter eval.lengths or use a device with more memory") from None
+            continue
+        for j, start in enumerate(chunk):
+            k = int(win.scored[i + j])
+            first = int(start) + 1 + L - k  # target index of the first scored target of this window
+            target_losses[first - win.first:first - win.first + k] = losses[j, L - k:]
+            position_sum[L - k:] += losses[j, L - k:]
+            position_count[L - k:] += 1
+        i += chunk.size
+    return LengthResult(target_losses, position_sum, position_count, per_batch, model.shape.attn_block_size,
+                        retries)
+
+
+class _Swapped:
+    """Put ``encoder`` into ``model`` for the duration of a block."""
+
+    def __init__(self, model: GPT, encoder):
+        self.model, self.encoder, self.saved = model, encoder, model.encoder
+
+    def __enter__(self):
+        if self.encoder is not self.saved:
+            self.model.encoder = self.encoder
+
+    def __exit__(self, *exc):
+        self.model.encoder = self.saved
+
+
+def _not_applicable_row(reason: str) -> dict:
+    return {"applicable": False, "ppl": None, "loss": None, "loss_se": None, "ppl_low": None, "ppl_high": None,
+            "se_blocks": 0, "tokens": 0, "targets": None, "windows": 0, "forward_tokens": 0, "tokens_per_s": None,
+            "peak_mem_mb": None, "peak_rss_mb": None, "eval_s": 0.0, "reason": reason}
+
+
+@torch.inference_mode()
+def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int,
+             batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
+             stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
+             scaling_factor: Optional[float] = None, positions: Optional[list] = None,
+             log: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """Rows, one per length, in the ``results.json`` row format.
+
+    Args:
+        model: the trained model (its encoder is swapped for a scaled copy while a scaling runs).
+        val: validation tokens.
+        lengths: window lengths ``L``.
+        train_len: the training length (for ``multiple`` and the default scaling factor).
+        tokens: ``eval.tokens``, the scored-target budget.
+        batch_tokens: forward tokens per batch.
+        device: where to run.
+        protocol: ``nonoverlap``, ``sliding`` or ``last_k`` (module docstring).
+        on_row: called with each row as soon as it is done.
+        stride: ``S`` for ``sliding``.
+        last_k: ``K`` for ``last_k``.
+        scaling: context extension (``posexp/scaling.py``); ``none`` leaves the encoder as trained.
+        scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
+            (for ``dynamic_ntk``, whose formula already follows the length: 1).
+        positions: if a list, one ``{key..., "length", "position_sum", "position_count"}`` per length
+            is appended (for ``loss_by_position.csv``).
+        log: where progress notes (out-of-memory retries) go.
+
+    Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
+    learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
+
+    Raises:
+        ConfigError: an unknown protocol or scaling, a stride or K out of range, a
+            scaling the encoder does not offer.
+    """
+    lengths = sorted(set(int(n) for n in lengths))
+    check_protocol(protocol, stride, last_k, lengths[0])
+    base_encoder = model.encoder
+    check_scaling(scaling, base_encoder.name, type(base_encoder))
+    log = log or (lambda msg: None)
+    val_tokens = int(val.size)
+    budget = eval_budget(tokens, val_tokens, lengths[-1])
+    n_last = last_k_windows(tokens, last_k, val_tokens, lengths[-1]) if protocol == "last_k" else None
+    model.eval()
+    configured_block = model.shape.attn_block_size
+    rows = []
+    try:
+        for length in lengths:
+            if scaling == NONE:
+                factor = None
+            elif scaling_factor is not None:
+                factor = float(scaling_factor)
+            else:
+                factor = 1.0 if scaling == "dynamic_ntk" else default_factor(length, train_len)
+            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
+            row = {"length": length, "multiple": length / train_len, "protocol": protocol,
+                   "stride": stride if protocol == "sliding" else None,
+                   "last_k": last_k if protocol == "last_k" else None,
+                   "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}
+            if not encoder.supports(length):
+                scaled = f" with {scaling} scaling by {factor:g}" if factor is not None else ""
+                row.update(_not_applicable_row(f"encoder {base_encoder.name!r}{scaled} represents at most "
+                                               f"{encoder.max_length} positions"))
+            else:
+                win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
+                with _Swapped(model, encoder), PeakMemory(device) as mem:
+                    t0 = time.perf_counter()
+                    res = _run_windows(model, val, win, length, batch_tokens, device, log)
+                    elapsed = time.perf_counter() - t0
+                row.update(_summarise(res, win, length, elapsed, mem))
+                if positions is not None:
+                    positions.append({**{k: row[k] for k in ROW_KEY}, "position_sum": res.position_sum,
+                                      "position_count": res.position_count})
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    finally:
+        model.encoder = base_encoder
+        model.shape.attn_block_size = configured_block
+    return rows
+
+
+def _summarise(res: LengthResult, win: Windows, length: int, elapsed: float, mem: PeakMemory) -> dict:
+    tl = res.target_losses
+    assert not np.isnan(tl).any(), "every target in the scored range is scored exactly once"
+    loss = float(tl.mean())
+    se, blocks = batch_means_se(tl, length)
+    forward_tokens = int(win.starts.size * length)
+    return {
+        "applicable": True,
         "ppl": math.exp(loss),
         "loss": loss,
         "loss_se": se,
         "ppl_low": math.exp(loss - Z95 * se) if se is not None else None,
         "ppl_high": math.exp(loss + Z95 * se) if se is not None else None,
-        "tokens": int(n_windows * length),
-        "windows": int(n_windows),
-        "tokens_per_s": n_windows * length / elapsed if elapsed > 0 else None,
-        "peak_mem_mb": _peak_memory_mb(device),
+        "se_blocks": blocks,
+        "tokens": int(tl.size),
+        "targets": [win.first, win.last],
+        "windows": int(win.starts.size),
+        "forward_tokens": forward_tokens,
+        "tokens_per_s": forward_tokens / elapsed if elapsed > 0 else None,
+        "peak_mem_mb": mem.delta_mb,
+        "peak_rss_mb": mem.peak_mb,
+        "mem_measure": mem.method,
+        "batch_windows": res.batch_windows,
+        "attn_block_size": res.attn_block_size,
+        "oom_retries": res.retries,
         "eval_s": elapsed,
     }
-    return row
 
 
-def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int,
-             batch_tokens: int, device: torch.device, protocol: str = "nonoverlap",
-             on_row=None) -> list[dict]:
-    """Rows, one per length, in the ``results.json`` row format.
+# -- identity of a row, for replacing re-evaluated rows ---------------------------------------
 
-    Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
-    learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
-    """
-    lengths = sorted(set(int(n) for n in lengths))
-    budget = eval_budget(tokens, int(val.size), max(lengths))
-    model.eval()
-    rows = []
-    for length in lengths:
-        row = {"length": length, "multiple": length / train_len, "protocol": protocol, "scaling": None,
-               "applicable": model.encoder.supports(length)}
-        if row["applicable"]:
-            row.update(evaluate_length(model, val, length, budget, batch_tokens, device))
-        else:
-            row.update({"ppl": None, "loss": None, "loss_se": None, "ppl_low": None, "ppl_high": None,
-                        "tokens": 0, "windows": 0, "tokens_per_s": None, "peak_mem_mb": None, "eval_s": 0.0,
-                        "reason": f"encoder {model.encoder.name!r} represents at most "
-                                  f"{model.encoder.max_length} positions"})
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
-    return rows
+ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor")
+
+
+def row_key(row: dict) -> tuple:
+    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor."""
+    factor = row.get("scaling_factor")
+    return (int(row["length"]), row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"),
+            None if factor is None else round(float(factor), 9))
+
+
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` with each row that ``new`` re-measures replaced in place, and the rest of ``new`` appended."""
+    fresh = {row_key(r): r for r in new}
+    merged = [fresh.pop(row_key(r), r) for r in old]
+    return merged + [r for r in new if row_key(r) in fresh]
+
+
+def loss_by_position_rows(records: list[dict]) -> list[dict]:
+    """``loss_by_position.csv`` rows (key..., position, loss, count) of the scored positions of each record."""
+    out = []
+    for rec in records:
+        key = {k: rec[k] for k in ROW_KEY}
+        for p in np.flatnonzero(rec["position_count"]):
+            c = int(rec["position_count"][p])
+            out.append({**key, "position": int(p), "loss": float(rec["position_sum"][p] / c), "count": c})
+    return out

@@ -173,3 +173,81 @@ def _colors(n: int) -> list:
     if n <= 20:
         return [colormaps["tab20"](i) for i in range(n)]
     return [colormaps["viridis"](i / (n - 1)) for i in range(n)]
+
+
+# (length, positions, mean losses, counts) for one window length
+PositionSeries = tuple[int, Sequence[int], Sequence[float], Sequence[int]]
+# Per-position means are noisy where few windows reach a position; log-spaced bins
+# of this many per doubling of the context smooth them without hiding the trend.
+BINS_PER_OCTAVE = 2
+
+
+def _log_bins(positions: Sequence[int], losses: Sequence[float], counts: Sequence[int]) -> tuple[list, list]:
+    """Count-weighted mean loss in log2-spaced bins of the context size (position + 1)."""
+    sums: dict[int, float] = {}
+    weights: dict[int, float] = {}
+    where: dict[int, float] = {}
+    for p, loss, c in zip(positions, losses, counts):
+        b = int(math.floor(math.log2(p + 1) * BINS_PER_OCTAVE))
+        sums[b] = sums.get(b, 0.0) + loss * c
+        weights[b] = weights.get(b, 0.0) + c
+        where[b] = where.get(b, 0.0) + (p + 1) * c
+    keys = sorted(sums)
+    return [where[b] / weights[b] for b in keys], [sums[b] / weights[b] for b in keys]
+
+
+def plot_loss_by_position(
+    series: Sequence[PositionSeries],
+    path: str | os.PathLike,
+    train_len: int | None = None,
+    title: str | None = None,
+) -> Path:
+    """Mean loss against position in the window, one line per window length, saved as PNG.
+
+    The x axis is the context a prediction had (position + 1 tokens, log2); each
+    line is the count-weighted mean over log-spaced bins (2 per doubling), so
+    the long tail of a long window, reached by few windows, is not drawn as noise.
+
+    Args:
+        series: ``(length, positions, losses, counts)`` per window length; positions
+            are 0-based indices of the predicting token in the window.
+        path: where to write the PNG; written atomically.
+        train_len: training length, drawn as a dashed vertical line.
+        title: optional figure title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    from matplotlib import ticker
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(FIG_WIDTH_IN, FIG_HEIGHT_IN), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ticks: set[int] = set()
+    for (length, positions, losses, counts), color in zip(series, _colors(len(series))):
+        x, y = _log_bins(positions, losses, counts)
+        ax.plot(x, y, linewidth=1.2, color=color, label=f"L = {_format_tokens(length)}")
+        ticks.add(int(length))
+    if train_len is not None:
+        ticks.add(int(train_len))
+        ax.axvline(train_len, color="0.35", linestyle="--", linewidth=0.9, label=f"train length ({train_len})")
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xlim(1, max(ticks) * 1.2)
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _format_tokens(v)))
+    ax.set_xlabel("context of the prediction (tokens, position in window + 1)", fontsize=8)
+    ax.set_ylabel("mean loss (nats/token)", fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    if not series:
+        ax.text(0.5, 0.5, "no applicable lengths", transform=ax.transAxes, ha="center", va="center",
+                fontsize=8, color="0.4")
+    if title:
+        ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, loc="best", framealpha=0.85)
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -19,13 +19,18 @@ import posexp
 from posexp.config import config_hash, eval_lengths, to_container, validate
 from posexp.data import check_fits, load_corpus
 from posexp.errors import ConfigError
-from posexp.evaluate import evaluate
+from posexp.evaluate import evaluate, loss_by_position_rows, row_key
 from posexp.io import atomic_write_text
 from posexp.train import build_model, resolve_device, save_checkpoint, train
 
 RESULTS_JSON = "results.json"
-CSV_COLUMNS = ["length", "multiple", "protocol", "scaling", "applicable", "ppl", "ppl_low", "ppl_high", "loss",
-               "loss_se", "tokens", "windows", "tokens_per_s", "peak_mem_mb"]
+LOSS_BY_POSITION_CSV = "loss_by_position.csv"
+LOSS_BY_POSITION_PNG = "loss_by_position.png"
+CSV_COLUMNS = ["length", "multiple", "protocol", "stride", "last_k", "scaling", "scaling_factor", "applicable",
+               "ppl", "ppl_low", "ppl_high", "loss", "loss_se", "se_blocks", "tokens", "first_target",
+               "last_target", "windows", "forward_tokens", "tokens_per_s", "peak_mem_mb", "peak_rss_mb"]
+POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
+                    "count"]
 
 
 def git_commit() -> Optional[str]:
@@ -59,7 +64,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "config": to_container(cfg),
         "config_hash": config_hash(cfg),
         **corpus_info,
-        "eval_settings": {"tokens": int(cfg.eval.tokens), "protocol": cfg.eval.protocol},
+        "eval_settings": eval_settings(cfg),
         "versions": {"posexp": posexp.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
         "python_version": platform.python_version(),
@@ -73,28 +78,111 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
     }
 
 
+def eval_settings(cfg: DictConfig) -> dict:
+    """The evaluation settings the report compares runs by; keys beyond tokens/protocol only when in use."""
+    e = cfg.eval
+    settings = {"tokens": int(e.tokens), "protocol": e.protocol}
+    if e.get("stride") is not None:
+        settings["stride"] = int(e.stride)
+    if e.get("last_k") is not None:
+        settings["last_k"] = int(e.last_k)
+    if e.get("scaling", "none") != "none":
+        settings["scaling"] = e.scaling
+        if e.get("scaling_factor") is not None:
+            settings["scaling_factor"] = float(e.scaling_factor)
+    return settings
+
+
 def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
+
+
+def protocol_text(row: dict) -> str:
+    """``nonoverlap``, ``sliding S=64``, ``last_k K=64``."""
+    if row.get("stride") is not None:
+        return f"{row['protocol']} S={row['stride']}"
+    if row.get("last_k") is not None:
+        return f"{row['protocol']} K={row['last_k']}"
+    return str(row["protocol"])
+
+
+def scaling_text(row: dict) -> str:
+    """``none`` or ``yarn ×4``."""
+    if row.get("scaling") is None:
+        return "none"
+    factor = row.get("scaling_factor")
+    return f"{row['scaling']} ×{factor:g}" if factor is not None else str(row["scaling"])
+
+
+def view_of(row: dict) -> tuple:
+    """The (protocol, stride, K, scaling) a row belongs to; lengths within a view form one curve."""
+    return (row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"))
+
+
+def curve_of(row: dict, train_len: int) -> tuple:
+    """(view, fixed factor): rows scaled by the default per-length factor form one curve per view,
+    each fixed ``eval.scaling_factor`` its own."""
+    from posexp.scaling import default_factor
+
+    factor = row.get("scaling_factor")
+    if factor is None:
+        return view_of(row), None
+    default = 1.0 if row.get("scaling") == "dynamic_ntk" else default_factor(row["length"], train_len)
+    return view_of(row), None if abs(factor - default) < 1e-9 else float(factor)
+
+
+def view_label(view: tuple) -> str:
+    protocol, stride, last_k, scaling = view
+    text = protocol_text({"protocol": protocol, "stride": stride, "last_k": last_k})
+    return text if scaling is None else f"{text}, {scaling}"
+
+
+def display_rows(results: dict) -> list[dict]:
+    """Rows grouped by view (the main ``nonoverlap`` without scaling first), each view by length."""
+    views = list(dict.fromkeys(view_of(r) for r in results["rows"]))
+    views.sort(key=lambda v: v != ("nonoverlap", None, None, None))  # stable: otherwise first-seen order
+    order = {v: i for i, v in enumerate(views)}
+    return sorted(results["rows"], key=lambda r: (order[view_of(r)], r["length"], r.get("scaling_factor") or 0))
+
+
+SCORED_TOKENS_NOTE = {
+    "nonoverlap": "consecutive windows, every target scored",
+    "sliding": "windows advance by S and score their last S targets (the first window all of them)",
+    "last_k": "every window scores its last K targets; the windows end at the same tokens at every length",
+}
 
 
 def results_markdown(results: dict) -> str:
     run = results["run"]
     base = f"{run['base']:g}" if run.get("base") is not None else "none"
+    rows = display_rows(results)
     lines = [
         f"# {run['label']}",
         "",
         f"encoder `{run['encoder']}`, base {base}, trained at {run['train_len']} tokens for "
         f"{run['train']['steps']} steps ({run['train']['tokens']:,} tokens), {run['params']:,} parameters, "
         f"corpus `{run['corpus']}` ({run['corpus_fingerprint']}). Perplexity per byte-level token on the "
-        f"validation split; 95% interval over windows.",
+        f"validation split; 95% interval from the standard error over blocks of L consecutive scored tokens "
+        f"(the windows, for nonoverlap).",
         "",
-        "| length | × train | protocol | ppl | 95% interval | loss (nats/token) | tokens scored | tokens/s |",
-        "|---:|---:|---|---:|---|---:|---:|---:|",
     ]
-    for r in results["rows"]:
+    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+        spans = sorted({tuple(r["targets"]) for r in rows if r["protocol"] == protocol and r.get("targets")})
+        where = "; ".join(f"{a:,}–{b:,}" for a, b in spans) or "none"
+        lines.append(f"- `{protocol}`: {SCORED_TOKENS_NOTE.get(protocol, '')}; scored targets (token indices "
+                     f"in the validation split): {where}.")
+    lines += [
+        "",
+        "| length | × train | protocol | scaling | ppl | 95% interval | loss (nats/token) | tokens scored "
+        "| windows | tokens/s (forward) | peak MiB |",
+        "|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
         interval = f"{r['ppl_low']:.3f}–{r['ppl_high']:.3f}" if r.get("ppl_low") is not None else "n/a"
-        lines.append(f"| {r['length']} | {r['multiple']:g} | {r['protocol']} | {_fmt(r['ppl'], '.3f')} | {interval} "
-                     f"| {_fmt(r['loss'], '.4f')} | {r['tokens']:,} | {_fmt(r.get('tokens_per_s'), ',.0f')} |")
+        lines.append(f"| {r['length']} | {r['multiple']:g} | {protocol_text(r)} | {scaling_text(r)} "
+                     f"| {_fmt(r['ppl'], '.3f')} | {interval} | {_fmt(r['loss'], '.4f')} | {r['tokens']:,} "
+                     f"| {r.get('windows', 0):,} | {_fmt(r.get('tokens_per_s'), ',.0f')} "
+                     f"| {_fmt(r.get('peak_mem_mb'), ',.0f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -103,20 +191,28 @@ def results_csv(results: dict) -> str:
     w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in results["rows"]:
-        w.writerow(r)
+        targets = r.get("targets") or (None, None)
+        w.writerow({**r, "first_target": targets[0], "last_target": targets[1]})
     return buf.getvalue()
 
 
 def results_table(results: dict) -> Table:
     run = results["run"]
-    table = Table(title=f"{run['label']} — perplexity by context length (trained at {run['train_len']})")
-    for col, justify in (("length", "right"), ("× train", "right"), ("ppl", "right"), ("95% interval", "left"),
-                         ("loss (nats)", "right"), ("tokens/s", "right")):
+    rows = display_rows(results)
+    # one "evaluation" column, only when something other than the default protocol was measured
+    show_view = any(view_of(r) != ("nonoverlap", None, None, None) for r in rows)
+    # the fixed phrase first: Rich wraps a long title to the table's width, and labels can be long
+    table = Table(title=f"perplexity by context length — {run['label']} (trained at {run['train_len']} tokens)")
+    columns = [("length", "right"), ("× train", "right")] + ([("evaluation", "left")] if show_view else []) + [
+        ("ppl", "right"), ("95% interval", "left"), ("loss (nats)", "right"), ("tokens/s", "right"),
+        ("peak MiB", "right")]
+    for col, justify in columns:
         table.add_column(col, justify=justify)
-    for r in results["rows"]:
+    for r in rows:
         interval = f"{r['ppl_low']:.2f}–{r['ppl_high']:.2f}" if r.get("ppl_low") is not None else ""
-        table.add_row(str(r["length"]), f"{r['multiple']:g}", _fmt(r["ppl"], ".3f"), interval,
-                      _fmt(r["loss"], ".4f"), _fmt(r.get("tokens_per_s"), ",.0f"))
+        view = [protocol_text(r) + (f", {scaling_text(r)}" if r.get("scaling") else "")] if show_view else []
+        table.add_row(str(r["length"]), f"{r['multiple']:g}", *view, _fmt(r["ppl"], ".3f"), interval,
+                      _fmt(r["loss"], ".4f"), _fmt(r.get("tokens_per_s"), ",.0f"), _fmt(r.get("peak_mem_mb"), ",.0f"))
     return table
 
 
@@ -125,16 +221,90 @@ def write_results(run_dir: Path, results: dict) -> None:
     from posexp.plots import plot_ppl_vs_length
 
     run = results["run"]
-    rows = [r for r in results["rows"] if r["protocol"] == "nonoverlap" and r.get("scaling") is None]
-    plot_ppl_vs_length(
-        [(run["label"], [r["length"] for r in rows], [r["ppl"] for r in rows],
-          [r.get("ppl_low") for r in rows], [r.get("ppl_high") for r in rows])],
-        run_dir / "ppl_vs_length.png", train_len=run["train_len"],
-        title=f"{run['label']} (trained at {run['train_len']} tokens)", ylabel="perplexity (per byte)")
+    series = []
+    shown = display_rows(results)
+    for curve in dict.fromkeys(curve_of(r, run["train_len"]) for r in shown):
+        rows = [r for r in shown if curve_of(r, run["train_len"]) == curve]
+        view, fixed = curve
+        label = view_label(view) + (f" ×{fixed:g}" if fixed is not None else "")
+        series.append((label, [r["length"] for r in rows], [r["ppl"] for r in rows],
+                       [r.get("ppl_low") for r in rows], [r.get("ppl_high") for r in rows]))
+    plot_ppl_vs_length(series, run_dir / "ppl_vs_length.png", train_len=run["train_len"],
+                       title=f"{run['label']} (trained at {run['train_len']} tokens)", ylabel="perplexity (per byte)")
     atomic_write_text(run_dir / "results.csv", results_csv(results))
     atomic_write_text(run_dir / "results.md", results_markdown(results))
     # written last: a folder with results.json is a finished run
     atomic_write_text(run_dir / RESULTS_JSON, json.dumps(results, indent=2, allow_nan=False) + "\n")
+
+
+def evaluate_config(model, val, cfg: DictConfig, device: torch.device,
+                    console: Optional[Console] = None) -> tuple[list[dict], Optional[list[dict]]]:
+    """Rows (and per-position records, unless ``eval.loss_by_position`` is off) for the ``eval`` group of ``cfg``."""
+    e = cfg.eval
+    positions: Optional[list[dict]] = [] if e.get("loss_by_position", True) else None
+    log = (lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)) if console is not None else None
+    rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens), device,
+                    protocol=e.protocol, stride=e.get("stride"), last_k=e.get("last_k"),
+                    scaling=e.get("scaling", "none"), scaling_factor=e.get("scaling_factor"), positions=positions,
+                    log=log)
+    return rows, positions
+
+
+def _parse_position_row(raw: dict) -> dict:
+    def opt(value: str, cast):
+        return None if value in ("", None) else cast(value)
+
+    return {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
+            "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
+            "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
+            "count": int(raw["count"])}
+
+
+def read_loss_by_position(run_dir: Path) -> list[dict]:
+    """The rows of a run's ``loss_by_position.csv``; empty if it has none (or an unreadable one)."""
+    path = run_dir / LOSS_BY_POSITION_CSV
+    if not path.is_file():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return [_parse_position_row(r) for r in csv.DictReader(f)]
+    except (OSError, KeyError, ValueError):
+        return []  # rebuilt from what this evaluation measured
+
+
+def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, label: str) -> None:
+    """Merge new per-position losses into ``loss_by_position.csv`` and redraw ``loss_by_position.png``.
+
+    Columns: the row key (protocol, stride, last_k, scaling, scaling_factor, length), then
+    ``position`` (0-based index of the predicting token in the window: the prediction saw
+    ``position + 1`` tokens), ``loss`` (mean nats over the windows that score that position)
+    and ``count`` (how many windows did). Rows of re-measured keys are replaced.
+    """
+    from posexp.plots import plot_loss_by_position
+
+    new = loss_by_position_rows(records)
+    fresh = {row_key(r) for r in new}
+    rows = [r for r in read_loss_by_position(run_dir) if row_key(r) not in fresh] + new
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "loss": f"{r['loss']:.6f}"})
+    # the main view if measured, else the one just evaluated
+    curves = [curve_of(r, train_len) for r in rows]
+    main = (("nonoverlap", None, None, None), None)
+    chosen = main if main in curves else (curve_of(new[0], train_len) if new else None)
+    series = []
+    for length in sorted({r["length"] for r, c in zip(rows, curves) if c == chosen}):
+        pts = [r for r, c in zip(rows, curves) if c == chosen and r["length"] == length]
+        series.append((length, [r["position"] for r in pts], [r["loss"] for r in pts], [r["count"] for r in pts]))
+    if chosen is None:
+        view = "nothing measured"
+    else:
+        view = view_label(chosen[0]) + (f" ×{chosen[1]:g}" if chosen[1] is not None else "")
+    plot_loss_by_position(series, run_dir / LOSS_BY_POSITION_PNG, train_len=train_len,
+                          title=f"{label}: loss by position ({view})")
+    atomic_write_text(run_dir / LOSS_BY_POSITION_CSV, buf.getvalue())
 
 
 def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
@@ -161,9 +331,10 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
     result = train(model, corpus, cfg, run_dir)
     save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
                                      "encoder": cfg.encoder.name})
-    rows = evaluate(model, corpus.val, lengths, cfg.train_len, cfg.eval.tokens, cfg.eval.batch_tokens, device,
-                    protocol=cfg.eval.protocol)
+    rows, positions = evaluate_config(model, corpus.val, cfg, device, console)
     results = {"run": provenance(cfg, overrides, corpus.info(), model, result), "rows": rows}
+    if positions:
+        write_loss_by_position(run_dir, positions, int(cfg.train_len), results["run"]["label"])
     write_results(run_dir, results)
     console.print(results_table(results))
     console.print(f"wrote {run_dir / RESULTS_JSON} (train {result.wall_s:.0f}s, "

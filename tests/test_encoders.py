@@ -286,3 +286,12 @@ def test_bad_options(name: str, kwargs: dict, key: str) -> None:
         create(name, **kwargs)
     assert err.value.key == key
     assert str(err.value).startswith(f"{key}: ")
+
+
+def test_sinusoidal_scales_token_embeddings_as_the_paper_does():
+    """Vaswani et al. 2017 §3.4: embeddings times sqrt(d_model), then the encoding is added (§3.5)."""
+    enc = create("sinusoidal", d_model=16, n_heads=2)
+    x = torch.randn(2, 5, 16)
+    pos = torch.arange(5)
+    expected = x * 4.0 + sinusoidal_table(pos, 16, 10000.0)
+    assert torch.allclose(enc.embed(x, pos), expected)

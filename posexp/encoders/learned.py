@@ -8,6 +8,7 @@ past the table were never seen, so the encoding cannot represent them at all.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
@@ -28,6 +29,9 @@ class Learned(PositionalEncoder):
     """
 
     description = "Learned: a trained vector per position up to max_length (GPT-2; Gehring et al. 2017)"
+    # evaluation-time context extension: position interpolation (posexp/scaling.py)
+    supported_scalings = ("linear",)
+    position_scale = 1.0  # positions are multiplied by this; 1 / s on a scaled copy
 
     def __init__(self, d_model: int, n_heads: int, max_length: int = 1024):
         super().__init__(d_model, n_heads)
@@ -37,7 +41,41 @@ class Learned(PositionalEncoder):
         # GPT-2's initialisation; the model leaves encoder parameters to the encoder
         nn.init.normal_(self.wpe.weight, mean=0.0, std=0.02)
 
+    def with_scaling(self, kind: str, factor: float, train_len: int) -> "Learned":
+        """A copy that reads position ``m`` as ``m / factor`` between table rows (position interpolation).
+
+        Chen et al. 2023, §2.3, ``f'(x, m) = f(x, m L / L')``, applied to a table: the
+        vector at fractional position ``p = m / s`` is the linear interpolation of rows
+        ``floor(p)`` and ``floor(p) + 1``. The copy covers ``s * max_length`` positions;
+        the last ``s - 1`` of them fall past the last row by less than one and take it.
+
+        Args:
+            kind: ``linear``, the only method for a learned table.
+            factor: ``s >= 1``.
+            train_len: the training context length (unused: the table's size is what counts).
+        """
+        from posexp.scaling import module_copy
+
+        clone = module_copy(self)
+        clone.position_scale = 1.0 / float(factor)
+        clone.max_length = int(self.max_length * float(factor) + 1e-9)  # positions m with m / s < max_length
+        return clone
+
+    def _interpolated(self, pos: Tensor) -> Tensor:
+        table = self.wpe.weight  # (max_rows, D)
+        rows = table.shape[0]
+        p = (pos.to(torch.float64) * self.position_scale).clamp(0, rows - 1)  # (L,)
+        lo = p.floor().long()
+        hi = (lo + 1).clamp(max=rows - 1)
+        w = (p - lo.to(torch.float64)).to(table.dtype)[:, None]  # (L, 1)
+        return table[lo] * (1 - w) + table[hi] * w  # (L, D)
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        if self.position_scale != 1.0:
+            if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_length):
+                raise ValueError(f"interpolated learned positions cover 0..{self.max_length - 1}, got "
+                                 f"{int(pos.min())}..{int(pos.max())}; check supports(length) first")
+            return x + self._interpolated(pos).to(x.dtype)
         # nn.Embedding would fail with a bare index error; say which limit was hit instead
         if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_length):
             raise ValueError(

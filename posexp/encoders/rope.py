@@ -10,6 +10,8 @@ paper's interleaved pairs that the learned projections absorb.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -44,6 +46,10 @@ class RoPE(PositionalEncoder):
     """
 
     description = "RoPE: rotate q and k by position-dependent angles (Su et al. 2021)"
+    # evaluation-time context extension, see posexp/scaling.py and with_scaling
+    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+    attention_scaling = 1.0  # YaRN's sqrt(1/t) on q and k; 1 unless scaled
+    scaling: Optional[tuple[str, float, int]] = None  # (kind, factor, train_len) on a scaled copy
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0):
         super().__init__(d_model, n_heads)
@@ -58,19 +64,59 @@ class RoPE(PositionalEncoder):
     def base(self) -> float:
         return self._base
 
-    def angles(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """``cos, sin`` of shape ``(L, Dh)`` for integer positions ``pos (L,)``."""
+    def with_scaling(self, kind: str, factor: float, train_len: int) -> "RoPE":
+        """A copy with frequencies scaled for evaluation past ``train_len`` (formulas in posexp/scaling.py).
+
+        Args:
+            kind: ``linear`` (PI), ``ntk``, ``dynamic_ntk``, ``yarn`` or ``llama3``.
+            factor: the scaling factor ``s`` (for ``dynamic_ntk`` the factor ``a`` of its formula).
+            train_len: the context length the model was trained at.
+
+        Returns:
+            A module sharing this one's state; this one is left unchanged.
+        """
+        from posexp.scaling import module_copy, rope_scaling
+
+        clone = module_copy(self)
+        clone.scaling = (kind, float(factor), int(train_len))
+        theta, clone.attention_scaling = rope_scaling(kind, self.head_dim, self._base, factor, train_len)
+        clone.inv_freq = theta.to(self.inv_freq)
+        clone._dynamic_cache = {}
+        return clone
+
+    def frequencies(self, seq_len: int) -> tuple[Tensor, float]:
+        """``theta (Dh/2,)`` and the q/k multiplier for a sequence of ``seq_len`` tokens."""
+        if self.scaling is None or self.scaling[0] != "dynamic_ntk":
+            return self.inv_freq, self.attention_scaling
+        # dynamic NTK: the base follows the length actually read (transformers' `dynamic` rope type)
+        if seq_len not in self._dynamic_cache:
+            from posexp.scaling import rope_scaling
+
+            kind, factor, train_len = self.scaling
+            theta, _ = rope_scaling(kind, self.head_dim, self._base, factor, train_len, seq_len=seq_len)
+            self._dynamic_cache[seq_len] = theta.to(self.inv_freq)
+        return self._dynamic_cache[seq_len], 1.0
+
+    def angles(self, pos: Tensor, inv_freq: Optional[Tensor] = None,
+               scale: float = 1.0) -> tuple[Tensor, Tensor]:
+        """``cos, sin`` of shape ``(L, Dh)`` for positions ``pos (L,)``, both times ``scale``."""
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
         # float32 product of an exact integer and theta_i: exact enough up to ~1e6 positions
-        freqs = pos.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]  # (L, Dh/2)
+        freqs = pos.to(inv_freq.dtype)[:, None] * inv_freq[None, :]  # (L, Dh/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (L, Dh)
+        if scale != 1.0:
+            return emb.cos() * scale, emb.sin() * scale
         return emb.cos(), emb.sin()
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        cos_q, sin_q = self.angles(q_pos)
+        dynamic = self.scaling is not None and self.scaling[0] == "dynamic_ntk" and k_pos.numel() > 0
+        seq_len = int(k_pos.max()) + 1 if dynamic else 0  # like transformers: max position + 1
+        inv_freq, scale = self.frequencies(seq_len)
+        cos_q, sin_q = self.angles(q_pos, inv_freq, scale)
         if k_pos is q_pos:
             cos_k, sin_k = cos_q, sin_q
         else:
-            cos_k, sin_k = self.angles(k_pos)
+            cos_k, sin_k = self.angles(k_pos, inv_freq, scale)
         q = apply_rotary(q, cos_q.to(q.dtype), sin_q.to(q.dtype))
         k = apply_rotary(k, cos_k.to(k.dtype), sin_k.to(k.dtype))
         return q, k

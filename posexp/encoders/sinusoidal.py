@@ -44,6 +44,10 @@ class Sinusoidal(PositionalEncoder):
     """Fixed sinusoidal position vectors added to the token embeddings (Vaswani et al. 2017).
 
     The table is computed for the positions asked for, so every length is supported.
+    As in the paper (§3.4) the token embeddings are multiplied by ``sqrt(d_model)``
+    before the encodings are added; without it, unit-amplitude encodings drown
+    embeddings initialised at std 0.02 and the model trains visibly worse even at
+    its training length.
 
     Args:
         d_model: model width; even, since features come in (sin, cos) pairs.
@@ -52,6 +56,9 @@ class Sinusoidal(PositionalEncoder):
     """
 
     description = "Sinusoidal: fixed sin/cos position vectors added to the embeddings (Vaswani et al. 2017)"
+    # evaluation-time context extension: position interpolation (posexp/scaling.py)
+    supported_scalings = ("linear",)
+    position_scale = 1.0  # positions are multiplied by this; 1 / s on a scaled copy
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0):
         super().__init__(d_model, n_heads)
@@ -59,10 +66,28 @@ class Sinusoidal(PositionalEncoder):
         require(d_model % 2 == 0, "model.d_model",
                 f"sinusoidal encodes (sin, cos) pairs, so d_model must be even (got {d_model})")
         self._base = float(base)
+        self.embed_scale = d_model**0.5
 
     @property
     def base(self) -> float:
         return self._base
 
+    def with_scaling(self, kind: str, factor: float, train_len: int) -> "Sinusoidal":
+        """A copy that reads position ``m`` as ``m / factor`` (position interpolation, Chen et al. 2023, §2.3).
+
+        Args:
+            kind: ``linear``, the only method for absolute sinusoids.
+            factor: ``s``; positions ``0 .. s*train_len`` map into the trained ``0 .. train_len``.
+            train_len: the training context length (unused: the table is defined at any position).
+        """
+        from posexp.scaling import module_copy
+
+        clone = module_copy(self)
+        clone.position_scale = 1.0 / float(factor)
+        return clone
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        return x + sinusoidal_table(pos, self.d_model, self._base, dtype=x.dtype)
+        if self.position_scale != 1.0:
+            pos = pos.to(torch.float64) * self.position_scale  # fractional positions; the table takes them
+        # x * sqrt(d_model) + PE (Vaswani et al. 2017, §3.4 and §3.5)
+        return x * self.embed_scale + sinusoidal_table(pos, self.d_model, self._base, dtype=x.dtype)

@@ -1,0 +1,314 @@
+"""``posexp eval RUN_DIR... [eval.KEY=VALUE ...]``: evaluate trained runs again, without retraining.
+
+For each run (a folder with ``results.json`` and ``checkpoint/model.safetensors``;
+a sweep folder stands for every run under it) this reloads the config the run
+was trained with (``.hydra/config.yaml``), applies the ``eval.*`` overrides (and
+nothing else: the weights were trained with the rest), loads the weights with
+safetensors (no pickle), evaluates, and merges the new rows into
+``results.json``: a row with the same length, protocol, stride / K, scaling and
+factor replaces the old one, every other earlier row is kept. Then
+``results.csv``/``.md``/``ppl_vs_length.png`` and ``loss_by_position.*`` are
+rewritten, ``results.json`` last.
+
+Everything that can be checked is checked for every run before any run is
+evaluated, so bad input leaves every ``results.json`` as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+import posexp
+from posexp.config import EvalConfig, config_hash, eval_lengths, validate
+from posexp.errors import ConfigError, PosexpError
+from posexp.evaluate import merge_rows
+
+RESULTS_JSON = "results.json"
+CHECKPOINT = Path("checkpoint") / "model.safetensors"
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
+VALUE_HINTS = {
+    "lengths": "a list of integers, e.g. eval.lengths=[256,1024,8192]",
+    "multiples": "a list of integers, e.g. eval.multiples=[1,2,4,8,16,32]",
+    "tokens": "an integer",
+    "protocol": "one of nonoverlap, sliding, last_k",
+    "stride": "an integer, e.g. eval.stride=64",
+    "last_k": "an integer, e.g. eval.last_k=64",
+    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3",
+    "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
+    "batch_tokens": "an integer",
+    "loss_by_position": "true or false",
+}
+# Changing the first key without the second resets the second to its default:
+# a stride belongs to the sliding protocol, a factor to the scaling it was given for.
+DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor",), "multiples": ("lengths",)}
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Run folders and ``key=value`` overrides, in the order given (an existing path is always a folder)."""
+    folders, overrides = [], []
+    for arg in args:
+        if "=" in arg and not Path(arg).exists():
+            overrides.append(arg)
+        elif arg.startswith("eval.") and not Path(arg).exists():
+            raise ConfigError(arg, f"an override needs a value, e.g. {arg}=...")
+        else:
+            folders.append(arg)
+    return folders, overrides
+
+
+def parse_eval_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
+    """``[(key, value)]`` for ``eval.KEY=VALUE`` overrides, parsed with Hydra's override grammar.
+
+    Raises:
+        ConfigError: a key outside ``eval.``, an unknown ``eval`` key, a sweep, or bad syntax.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        key = text.split("=", 1)[0].lstrip("+~")
+        if not key.startswith("eval."):
+            raise ConfigError(key, f"posexp eval changes evaluation settings only (eval.*): the weights were trained "
+                                   f"with the rest of the config. To change {key}, train a new run: "
+                                   f"posexp train ... {text}")
+        try:
+            (ov,) = parser.parse_overrides([text])
+        except HydraException as e:
+            raise ConfigError(key, f"cannot parse {text!r}: {str(e).splitlines()[0]}") from None
+        if ov.type != OverrideType.CHANGE:
+            raise ConfigError(key, f"write it as a plain {key}=VALUE (no + or ~ prefix)")
+        if ov.is_sweep_override():
+            raise ConfigError(key, "posexp eval evaluates one setting at a time; run it once per value")
+        name = key[len("eval."):]
+        if name not in EVAL_KEYS:
+            raise ConfigError(key, f"not an evaluation setting; choose one of: "
+                                   f"{', '.join('eval.' + k for k in EVAL_KEYS)}")
+        parsed.append((name, ov.value()))
+    return parsed
+
+
+def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> DictConfig:
+    """A copy of ``cfg`` whose ``eval`` group is the typed schema, the run's values, then the overrides."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    ev = OmegaConf.structured(EvalConfig)
+    stored = cfg.get("eval") or {}
+    ev = OmegaConf.merge(ev, {k: v for k, v in OmegaConf.to_container(stored).items() if k in EVAL_KEYS})
+    given = {name for name, _ in overrides}
+    for key, dependents in DEPENDENT_KEYS.items():
+        if key in given:
+            for dep in dependents:
+                if dep not in given:
+                    ev[dep] = None
+    for name, value in overrides:
+        try:
+            ev[name] = value
+        except OmegaConfBaseException:
+            raise ConfigError(f"eval.{name}", f"{value!r} is not a valid value; expected "
+                                              f"{VALUE_HINTS.get(name, 'a value of the schema type')}") from None
+    cfg.eval = ev
+    return cfg
+
+
+# -- finding and checking runs -------------------------------------------------------------------
+
+def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path]:
+    """Run folders (``results.json`` + ``checkpoint/model.safetensors``) given or found under ``folders``.
+
+    A folder given directly must be such a run. Below a folder given, folders with
+    ``results.json`` but no checkpoint are skipped with a warning.
+    """
+    from posexp.report import _natural_key
+
+    if not folders:
+        raise PosexpError("give at least one run folder (or a sweep folder), e.g. "
+                          "posexp eval outputs/2026-11-22/10-00-00 eval.lengths=[256,1024]")
+    found: dict[Path, Path] = {}
+    for raw in folders:
+        root = Path(raw)
+        if not root.exists():
+            raise PosexpError(f"{root}: no such folder; pass a run folder (with {RESULTS_JSON} and {CHECKPOINT}) "
+                              "or a folder above runs")
+        if not root.is_dir():
+            raise PosexpError(f"{root}: is a file; pass the run folder that contains it")
+        if (root / RESULTS_JSON).is_file():
+            if not (root / CHECKPOINT).is_file():
+                raise PosexpError(f"{root}: no checkpoint ({CHECKPOINT} is missing), so there are no weights to "
+                                  "evaluate; retrain the run with posexp train")
+            found.setdefault(root.resolve(), root)
+            continue
+        skipped = []
+        for folder, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "checkpoint"]
+            if RESULTS_JSON in filenames:
+                if (Path(folder) / CHECKPOINT).is_file():
+                    found.setdefault(Path(folder).resolve(), Path(folder))
+                else:
+                    skipped.append(folder)
+        for folder in skipped:
+            if warn is not None:
+                warn(f"skipping {folder}: it has {RESULTS_JSON} but no {CHECKPOINT}")
+        if not any(p == root.resolve() or root.resolve() in p.parents for p in found):
+            extra = f" ({len(skipped)} folder(s) with results but no checkpoint)" if skipped else ""
+            raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
+                              f"{CHECKPOINT}")
+    return sorted(found.values(), key=_natural_key)
+
+
+@dataclass
+class Prepared:
+    """A run checked and ready to evaluate."""
+
+    run_dir: Path
+    cfg: DictConfig
+    results: dict
+    model: Any
+    corpus: Any
+
+
+def load_run_config(run_dir: Path, results: dict) -> DictConfig:
+    path = run_dir / HYDRA_CONFIG
+    if path.is_file():
+        return OmegaConf.load(path)
+    stored = results.get("run", {}).get("config")
+    if isinstance(stored, dict):
+        return OmegaConf.create(stored)
+    raise PosexpError(f"{run_dir}: no {HYDRA_CONFIG} and no config in {RESULTS_JSON}; cannot rebuild the model")
+
+
+def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
+    """Load and check one run: results, config + overrides, corpus, weights. Writes nothing."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    from posexp.data import check_fits, load_corpus
+    from posexp.train import build_model
+
+    try:
+        results = json.loads((run_dir / RESULTS_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PosexpError(f"{run_dir / RESULTS_JSON}: cannot be read ({e})") from None
+    if not isinstance(results, dict) or not isinstance(results.get("rows"), list) or \
+            not isinstance(results.get("run"), dict):
+        raise PosexpError(f"{run_dir / RESULTS_JSON}: not a results file (expected \"run\" and \"rows\")")
+    base_cfg = load_run_config(run_dir, results)
+    cfg = apply_eval_overrides(base_cfg, overrides)
+    validate(cfg)
+    lengths = eval_lengths(cfg)
+    if cfg.eval.tokens < max(lengths):
+        raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
+                                         f"(got {cfg.eval.tokens})")
+    recorded = results["run"].get("config_hash")
+    if recorded is not None and recorded != config_hash(cfg):
+        raise PosexpError(f"{run_dir}: {HYDRA_CONFIG} does not match the config the run was trained with "
+                          f"(config hash {config_hash(cfg)} vs {recorded} in {RESULTS_JSON}); was it edited?")
+    corpus = load_corpus(cfg.data.name, cfg.data.path, cfg.data.val_fraction, cfg.data.cache_dir)
+    recorded_fp = results["run"].get("corpus_fingerprint")
+    if recorded_fp is not None and recorded_fp != corpus.fingerprint:
+        raise PosexpError(f"{run_dir}: the {cfg.data.name} corpus here (fingerprint {corpus.fingerprint}) is not "
+                          f"the one the run was trained and evaluated on ({recorded_fp}); new rows would not be "
+                          "comparable with the old ones")
+    check_fits(corpus, int(cfg.train_len), max(lengths))
+    model = build_model(cfg, corpus.vocab_size)
+    try:
+        load_model(model, str(run_dir / CHECKPOINT), strict=True)
+    except (SafetensorError, RuntimeError, OSError) as e:
+        raise PosexpError(f"{run_dir / CHECKPOINT}: cannot be loaded into the model of {HYDRA_CONFIG} "
+                          f"({str(e).splitlines()[0]})") from None
+    return Prepared(run_dir, cfg, results, model, corpus)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
+    from posexp.report import SUMMARY_MD, build_report, find_runs, write_summary
+
+    for raw in folders:
+        root = Path(raw)
+        if (root / SUMMARY_MD).is_file() and not (root / RESULTS_JSON).is_file():
+            try:
+                write_summary(build_report(find_runs([root])), root)
+                console.print(f"refreshed {root / SUMMARY_MD}", highlight=False)
+            except PosexpError as e:
+                console.print(f"[yellow]could not refresh {root / SUMMARY_MD}: {e}[/]", highlight=False)
+
+
+def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
+    """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results."""
+    from posexp.run import evaluate_config, git_commit, results_table, write_loss_by_position, write_results
+    from posexp.train import resolve_device
+
+    console = console or Console()
+    warn = lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)  # noqa: E731
+    folders, raw_overrides = split_args(args)
+    overrides = parse_eval_overrides(raw_overrides)
+    runs = find_eval_runs(folders, warn)
+    given = {Path(f).resolve() for f in folders}
+    prepared, refused = [], []
+    for run_dir in runs:  # every check before any evaluation
+        try:
+            prepared.append(prepare(run_dir, overrides))
+        except ConfigError as e:
+            # a sweep over encodings: a rotary-only scaling skips the runs it cannot apply to
+            if e.key != "eval.scaling" or "does not apply" not in str(e) or run_dir.resolve() in given:
+                raise
+            refused.append((run_dir, e))
+    if refused and not prepared:
+        raise refused[0][1]
+    for run_dir, e in refused:
+        warn(f"skipping {run_dir}: {e}")
+
+    out = []
+    for p in prepared:
+        cfg = p.cfg
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        device = resolve_device(cfg.train.device)
+        p.model.to(device)
+        e = cfg.eval
+        console.print(f"[bold]posexp eval[/] {p.run_dir} · encoder [cyan]{cfg.encoder.name}[/] · lengths "
+                      f"{', '.join(map(str, eval_lengths(cfg)))} · protocol {e.protocol}"
+                      f"{f' S={e.stride}' if e.stride is not None else ''}"
+                      f"{f' K={e.last_k}' if e.last_k is not None else ''} · scaling {e.scaling}"
+                      f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''} · {device}",
+                      highlight=False)
+        rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console)
+        results = p.results
+        results["rows"] = merge_rows(results["rows"], rows)
+        results.setdefault("evaluations", []).append({
+            "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "overrides": list(raw_overrides),
+            "rows": len(rows),
+            "device": str(device),
+            "git_commit": git_commit(),
+            "versions": {"posexp": posexp.__version__, "torch": torch.__version__,
+                         "python": platform.python_version()},
+        })
+        label = str(results["run"].get("label") or p.run_dir.name)
+        if positions:
+            write_loss_by_position(p.run_dir, positions, int(cfg.train_len), label)
+        write_results(p.run_dir, results)  # results.json last
+        console.print(results_table(results))
+        console.print(f"wrote {p.run_dir / RESULTS_JSON} ({len(rows)} row(s) evaluated, {len(results['rows'])} in all)",
+                      highlight=False)
+        out.append(results)
+    _refresh_sweep_summaries(folders, console)
+    return out

@@ -1,0 +1,230 @@
+"""Evaluation-time context extension: stretch a trained encoding to longer contexts without retraining.
+
+Each method maps a scaling factor ``s`` (eval length / train length unless set)
+to new rotary frequencies, or to fractional positions for absolute encodings:
+
+==============  ==========================================================  =====================
+``eval.scaling`` what changes                                                applies to
+==============  ==========================================================  =====================
+``linear``      position interpolation: position ``m`` is read as ``m / s``  rope, learned,
+                (Chen et al. 2023, §2.3: ``f'(x, m) = f(x, mL/L')``)          sinusoidal
+``ntk``         ``base' = base * s^(d/(d-2))`` ("NTK-aware", bloc97 2023;     rope
+                Peng et al. 2023, §3.1)
+``dynamic_ntk`` the NTK base recomputed from the length ``n`` actually read:  rope
+                ``base * (a*n/L - (a-1))^(d/(d-2))`` for ``n > L``, ``a`` the
+                factor (emozilla 2023; Peng et al. 2023, §3.3)
+``yarn``        NTK-by-parts frequencies + attention temperature               rope
+                ``sqrt(1/t) = 0.1 ln s + 1`` (Peng et al. 2023, §3.2, §3.4)
+``llama3``      frequency bands: long wavelengths / s, short ones kept, a      rope
+                smooth blend between (Meta 2024, Llama 3.1)
+==============  ==========================================================  =====================
+
+Encoders offer the methods themselves: a class lists ``supported_scalings`` and
+implements ``with_scaling(kind, factor, train_len)``, returning a scaled copy
+that shares the trained parameters. :func:`scaled_encoder` is the one entry
+point; neither the model nor the evaluator asks which encoder it holds.
+
+The rotary formulas follow Hugging Face transformers' ``ROPE_INIT_FUNCTIONS``
+(``modeling_rope_utils``) number for number; ``tests/test_scaling.py`` checks it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from posexp.encoders.rope import rope_frequencies
+from posexp.errors import ConfigError
+
+NONE = "none"
+SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+ROTARY_SCALINGS = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+
+# YaRN's ramp bounds in rotations per training context (Peng et al. 2023, §3.2: alpha = 1, beta = 32)
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
+# Llama 3.1's band edges in wavelengths per training context
+LLAMA3_LOW_FREQ_FACTOR = 1.0
+LLAMA3_HIGH_FREQ_FACTOR = 4.0
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """NTK-aware base: ``base * s^(d/(d-2))`` (bloc97 2023; Peng et al. 2023, §3.1).
+
+    The lowest frequency then covers ``s`` times the trained range while the
+    highest is almost unchanged.
+    """
+    return base * factor ** (dim / (dim - 2))
+
+
+def dynamic_ntk_base(base: float, factor: float, dim: int, seq_len: int, train_len: int) -> float:
+    """Dynamic NTK base for a sequence of ``seq_len`` tokens (emozilla 2023; Peng et al. 2023, §3.3).
+
+    ``base * (a * n / L - (a - 1))^(d/(d-2))`` with ``n = max(seq_len, L)``, ``L`` the
+    training length and ``a`` the factor: no change up to ``L``, and the NTK base of
+    ``s = n / L`` when ``a = 1``. This is transformers' ``dynamic`` rope type.
+    """
+    n = max(seq_len, train_len)
+    return base * (factor * n / train_len - (factor - 1)) ** (dim / (dim - 2))
+
+
+def yarn_attention_scaling(factor: float) -> float:
+    """YaRN's ``sqrt(1/t) = 0.1 ln(s) + 1`` (Peng et al. 2023, §3.4), 1 for ``s <= 1``.
+
+    q and k are both multiplied by it, so the logits are divided by ``t``.
+    """
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def yarn_frequencies(dim: int, base: float, factor: float, train_len: int,
+                     beta_fast: float = YARN_BETA_FAST, beta_slow: float = YARN_BETA_SLOW) -> Tensor:
+    """NTK-by-parts frequencies (Peng et al. 2023, §3.2), float64.
+
+    ``h(theta_d) = (1 - gamma) theta_d / s + gamma theta_d``: dimensions that turn
+    more than ``beta`` times over the training context keep their frequency,
+    those that turn less than ``alpha`` times are interpolated like PI. As in the
+    authors' code and transformers, ``gamma`` ramps linearly in the dimension
+    index between the dimensions where ``r = beta`` and ``r = alpha``, rounded
+    outward (floor / ceil), rather than linearly in ``r`` as the paper writes it.
+    """
+    theta = rope_frequencies(dim, base)
+
+    def dim_at(rotations: float) -> float:
+        # the (fractional) dimension index whose wavelength fits `rotations` times in train_len
+        return dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(dim_at(beta_fast)), 0)
+    high = min(math.ceil(dim_at(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # as in the reference code: avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # gamma: 1 = keep (extrapolate), 0 = interpolate
+    return theta / factor * (1 - keep) + theta * keep
+
+
+def llama3_frequencies(dim: int, base: float, factor: float, train_len: int,
+                       low_freq_factor: float = LLAMA3_LOW_FREQ_FACTOR,
+                       high_freq_factor: float = LLAMA3_HIGH_FREQ_FACTOR) -> Tensor:
+    """Llama 3.1 frequency-band scaling, float64.
+
+    Wavelengths longer than ``train_len / low_freq_factor`` are divided by ``s``
+    (interpolated), shorter than ``train_len / high_freq_factor`` are kept, and
+    the band between blends the two with
+    ``smooth = (train_len / wavelength - low) / (high - low)``
+    (Meta's reference ``apply_scaling``; transformers' ``llama3`` rope type).
+    """
+    theta = rope_frequencies(dim, base)
+    wavelen = 2 * math.pi / theta
+    low_wavelen = train_len / low_freq_factor
+    high_wavelen = train_len / high_freq_factor
+    smooth = (train_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * theta / factor + smooth * theta
+    out = torch.where(wavelen > low_wavelen, theta / factor, theta)
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, out)
+
+
+def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int,
+                 seq_len: Optional[int] = None) -> tuple[Tensor, float]:
+    """Frequencies ``theta (dim/2,)`` float64 and the q/k multiplier for a rotary scaling.
+
+    Args:
+        kind: one of :data:`ROTARY_SCALINGS`, or ``none``.
+        dim: rotary dimension (the head width).
+        base: the trained base.
+        factor: ``s``; for ``dynamic_ntk`` the factor ``a`` of its formula.
+        train_len: the training context length (``original_max_position_embeddings``).
+        seq_len: tokens in the sequence; only ``dynamic_ntk`` uses it.
+
+    Returns:
+        ``(theta, attention_scaling)``; rotate by ``m * theta`` and multiply q and k by the scaling.
+    """
+    if kind == NONE:
+        return rope_frequencies(dim, base), 1.0
+    if kind == "linear":
+        # Position Interpolation: m -> m / s, i.e. theta -> theta / s (Chen et al. 2023, §2.3)
+        return rope_frequencies(dim, base) / factor, 1.0
+    if kind == "ntk":
+        return rope_frequencies(dim, ntk_base(base, factor, dim)), 1.0
+    if kind == "dynamic_ntk":
+        n = train_len if seq_len is None else seq_len
+        return rope_frequencies(dim, dynamic_ntk_base(base, factor, dim, n, train_len)), 1.0
+    if kind == "yarn":
+        return yarn_frequencies(dim, base, factor, train_len), yarn_attention_scaling(factor)
+    if kind == "llama3":
+        return llama3_frequencies(dim, base, factor, train_len), 1.0
+    raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
+
+
+# -- the encoder hook ------------------------------------------------------------------
+
+def supported_scalings(encoder_or_cls) -> tuple[str, ...]:
+    """The context-extension methods an encoder offers (``supported_scalings``; none by default)."""
+    return tuple(getattr(encoder_or_cls, "supported_scalings", ()))
+
+
+def encoders_supporting(kind: str) -> list[str]:
+    """Names of registered encoders that offer ``kind``."""
+    from posexp.encoders import registry
+
+    return [name for name, cls in registry().items() if kind in supported_scalings(cls)]
+
+
+def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
+    """Raise :class:`ConfigError` for an unknown scaling or one the encoding does not offer."""
+    if kind not in SCALINGS:
+        raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
+    if kind == NONE:
+        return
+    if encoder_cls is None:
+        from posexp.encoders import get
+
+        encoder_cls = get(encoder_name)
+    offered = supported_scalings(encoder_cls)
+    if kind not in offered:
+        users = encoders_supporting(kind)
+        mine = f"; encoder {encoder_name!r} offers: {', '.join(offered)}" if offered else \
+            f"; encoder {encoder_name!r} offers none (use eval.scaling=none)"
+        raise ConfigError("eval.scaling",
+                          f"{kind!r} does not apply to encoder {encoder_name!r}: it applies to "
+                          f"{', '.join(users) or 'no registered encoder'}{mine}")
+
+
+def default_factor(length: int, train_len: int) -> float:
+    """``s = eval length / train length``, never below 1 (nothing to extend at or under the training length)."""
+    return max(1.0, length / train_len)
+
+
+def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int) -> nn.Module:
+    """The encoder itself for ``none``, else its ``with_scaling`` copy.
+
+    Raises:
+        ConfigError: the encoding does not offer ``kind``.
+    """
+    check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), type(encoder))
+    if kind == NONE:
+        return encoder
+    return encoder.with_scaling(kind, float(factor), int(train_len))
+
+
+def module_copy(module: nn.Module) -> nn.Module:
+    """A shallow copy that shares parameters and buffers but owns its registries.
+
+    ``copy.copy`` alone would share the ``_buffers`` dict, so registering a scaled
+    buffer on the copy would silently change the original.
+    """
+    clone = copy.copy(module)
+    clone._parameters = dict(module._parameters)
+    clone._buffers = dict(module._buffers)
+    clone._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
+    clone._modules = dict(module._modules)
+    return clone
+
+
+__all__ = ["ROTARY_SCALINGS", "SCALINGS", "check_scaling", "default_factor", "dynamic_ntk_base",
+           "encoders_supporting", "llama3_frequencies", "module_copy", "ntk_base", "rope_frequencies",
+           "rope_scaling", "scaled_encoder", "supported_scalings", "yarn_attention_scaling", "yarn_frequencies"]
