@@ -60,7 +60,7 @@ import torch
 from posexp.config import check_protocol
 from posexp.errors import ConfigError, PosexpError
 from posexp.model import GPT
-from posexp.scaling import NONE, check_scaling, default_factor, scaled_encoder
+from posexp.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
@@ -343,8 +343,8 @@ def _not_applicable_row(reason: str) -> dict:
 def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int,
              batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
-             scaling_factor: Optional[float] = None, positions: Optional[list] = None,
-             log: Optional[Callable[[str], None]] = None) -> list[dict]:
+             scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
+             positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
@@ -362,6 +362,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         scaling: context extension (``posexp/scaling.py``); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
             (for ``dynamic_ntk``, whose formula already follows the length: 1).
+        rerope_window: ``w`` for ``scaling=rerope``; None = half of ``train_len``. The
+            row records it as its ``scaling_factor``, the one number of that method.
         positions: if a list, one ``{key..., "length", "position_sum", "position_count"}`` per length
             is appended (for ``loss_by_position.csv``).
         log: where progress notes (out-of-memory retries) go.
@@ -376,7 +378,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     lengths = sorted(set(int(n) for n in lengths))
     check_protocol(protocol, stride, last_k, lengths[0])
     base_encoder = model.encoder
-    check_scaling(scaling, base_encoder.name, type(base_encoder))
+    check_scaling(scaling, base_encoder.name, base_encoder)
     log = log or (lambda msg: None)
     val_tokens = int(val.size)
     budget = eval_budget(tokens, val_tokens, lengths[-1])
@@ -388,6 +390,9 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         for length in lengths:
             if scaling == NONE:
                 factor = None
+            elif scaling == REROPE:
+                # one window at every length (Su 2023); the row keeps it as the method's number
+                factor = float(rerope_window if rerope_window is not None else default_rerope_window(train_len))
             elif scaling_factor is not None:
                 factor = float(scaling_factor)
             else:

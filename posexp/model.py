@@ -45,8 +45,8 @@ def check_shape(shape: ModelShape) -> None:
 
 
 class AttentionPlan:
-    """Per-forward state shared by every layer: positions and, when the whole
-    sequence is one query block, the additive bias computed once for all layers."""
+    """Per-forward state shared by the layers that use one encoder: positions and, when the
+    whole sequence is one query block, the additive bias computed once for all those layers."""
 
     def __init__(self, encoder: PositionalEncoder, pos: Tensor, block_size: int):
         self.encoder = encoder
@@ -141,7 +141,9 @@ class GPT(nn.Module):
 
     Args:
         shape: widths, depth, heads.
-        encoder: the positional encoding; its parameters (if any) train with the model.
+        encoder: the positional encoding; its parameters (if any) train with the model. Its
+            ``embed`` acts once on the input; block ``i`` calls the hooks of
+            ``encoder.for_layers(n_layers)[i]`` (the encoder itself unless it mixes encodings per layer).
     """
 
     def __init__(self, shape: ModelShape, encoder: PositionalEncoder):
@@ -149,6 +151,7 @@ class GPT(nn.Module):
         check_shape(shape)
         self.shape = shape
         self.encoder = encoder
+        encoder.for_layers(shape.n_layers)  # a per-layer mix builds (and checks) its layers here
         self.wte = nn.Embedding(shape.vocab_size, shape.d_model)
         self.drop = nn.Dropout(shape.dropout)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
@@ -182,9 +185,12 @@ class GPT(nn.Module):
         if self.encoder.uses_embed:
             x = self.encoder.embed(x, pos)
         x = self.drop(x)
-        plan = AttentionPlan(self.encoder, pos, self.shape.attn_block_size)
-        for block in self.blocks:
-            x = block(x, plan)
+        # each block attends with its own layer's encoder (the same one for all, unless mixed)
+        plans: dict[int, AttentionPlan] = {}
+        for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
+            if id(enc) not in plans:
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size)
+            x = block(x, plans[id(enc)])
         return self.lm_head(self.ln_f(x))  # (B, L, vocab)
 
     def token_losses(self, idx: Tensor, targets: Tensor, pos: Optional[Tensor] = None) -> Tensor:

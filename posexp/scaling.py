@@ -17,7 +17,16 @@ to new rotary frequencies, or to fractional positions for absolute encodings:
                 ``sqrt(1/t) = 0.1 ln s + 1`` (Peng et al. 2023, §3.2, §3.4)
 ``llama3``      frequency bands: long wavelengths / s, short ones kept, a      rope
                 smooth blend between (Meta 2024, Llama 3.1)
+``rerope``      the relative position is clamped at a window ``w``             rope
+                (``eval.rerope_window``, default ``train_len / 2``): RoPE
+                within ``w``, RoPE at distance ``w`` beyond (Su 2023); no
+                factor, the same at every length
 ==============  ==========================================================  =====================
+
+``ntk``, ``dynamic_ntk``, ``yarn`` and ``llama3`` are formulas in the base of the
+exponential schedule ``theta_i = base^(-2i/d)``; a rope trained with another
+``encoder.freq_schedule`` offers only ``linear`` and ``rerope`` (an encoder may refuse
+a method for its configuration through ``scaling_refusal``).
 
 Encoders offer the methods themselves: a class lists ``supported_scalings`` and
 implements ``with_scaling(kind, factor, train_len)``, returning a scaled copy
@@ -41,8 +50,10 @@ from posexp.encoders.rope import rope_frequencies
 from posexp.errors import ConfigError
 
 NONE = "none"
-SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
+# the scalings that are new rotary frequencies (rope_scaling); rerope changes the relative position instead
 ROTARY_SCALINGS = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3")
+REROPE = "rerope"
 
 # YaRN's ramp bounds in rotations per training context (Peng et al. 2023, §3.2: alpha = 1, beta = 32)
 YARN_BETA_FAST = 32.0
@@ -174,8 +185,17 @@ def encoders_supporting(kind: str) -> list[str]:
     return [name for name, cls in registry().items() if kind in supported_scalings(cls)]
 
 
+def default_rerope_window(train_len: int) -> int:
+    """ReRoPE's window when ``eval.rerope_window`` is unset: half the training length (at least 1)."""
+    return max(1, int(train_len) // 2)
+
+
 def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
-    """Raise :class:`ConfigError` for an unknown scaling or one the encoding does not offer."""
+    """Raise :class:`ConfigError` for an unknown scaling or one the encoding does not offer.
+
+    ``encoder_cls`` may also be an encoder instance, whose ``scaling_refusal(kind)``
+    (if it has one) can refuse a method its configuration does not support.
+    """
     if kind not in SCALINGS:
         raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
     if kind == NONE:
@@ -192,6 +212,11 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
         raise ConfigError("eval.scaling",
                           f"{kind!r} does not apply to encoder {encoder_name!r}: it applies to "
                           f"{', '.join(users) or 'no registered encoder'}{mine}")
+    refusal = getattr(encoder_cls, "scaling_refusal", None)
+    if refusal is not None and not isinstance(encoder_cls, type):
+        reason = refusal(kind)
+        if reason is not None:
+            raise ConfigError("eval.scaling", reason)
 
 
 def default_factor(length: int, train_len: int) -> float:
@@ -205,7 +230,7 @@ def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int)
     Raises:
         ConfigError: the encoding does not offer ``kind``.
     """
-    check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), type(encoder))
+    check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), encoder)
     if kind == NONE:
         return encoder
     return encoder.with_scaling(kind, float(factor), int(train_len))
@@ -225,6 +250,7 @@ def module_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-__all__ = ["ROTARY_SCALINGS", "SCALINGS", "check_scaling", "default_factor", "dynamic_ntk_base",
+__all__ = ["REROPE", "ROTARY_SCALINGS", "SCALINGS", "check_scaling", "default_factor", "default_rerope_window",
+           "dynamic_ntk_base",
            "encoders_supporting", "llama3_frequencies", "module_copy", "ntk_base", "rope_frequencies",
            "rope_scaling", "scaled_encoder", "supported_scalings", "yarn_attention_scaling", "yarn_frequencies"]

@@ -26,6 +26,7 @@ from posexp.errors import ConfigError
 
 _REGISTRY: Dict[str, Type[PositionalEncoder]] = {}
 _NOT_OPTIONS = {"self", "d_model", "n_heads"}
+_NOT_ENCODERS = {"base", "frequencies"}  # modules of this package that hold no encoder
 
 
 def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEncoder]]:
@@ -43,7 +44,7 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
 
 def _load_all() -> None:
     for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_") and info.name != "base":
+        if not info.name.startswith("_") and info.name not in _NOT_ENCODERS:
             importlib.import_module(f"{__name__}.{info.name}")
 
 

@@ -87,6 +87,24 @@ class PositionalEncoder(nn.Module):
     def uses_scores(self) -> bool:
         return self._overrides("scores")
 
+    # -- which encoder each layer uses ----------------------------------------------------
+    def for_layers(self, n_layers: int) -> list["PositionalEncoder"]:
+        """The encoder each of the model's ``n_layers`` blocks uses in ``rotate``/``bias``/``scores``.
+
+        One encoding shared by every layer (this encoder) unless a subclass mixes
+        encodings across layers (``encoder=mixed``). ``embed`` is applied once, at
+        the input, by the encoder the model holds.
+
+        Raises:
+            ConfigError: the encoder cannot serve ``n_layers`` layers.
+        """
+        return [self] * n_layers
+
+    @property
+    def label(self) -> str:
+        """How results name this encoding: the registry name, or a mixed encoding's per-layer pattern."""
+        return self.name
+
     def supports(self, length: int) -> bool:
         """Whether a sequence of ``length`` tokens can be encoded at all."""
         return self.max_length is None or length <= self.max_length
