@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,11 +15,13 @@ from typing import List, Optional
 import hydra
 import typer
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from posexp.config import config_dir, register_configs
-from posexp.errors import PosexpError
+from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 
 CONFIG_DIR = config_dir()
 GROUPS = ("encoder", "data", "model", "train", "eval", "experiment")
@@ -26,10 +29,13 @@ TOP_KEYS = ("base=", "train_len=", "seed=")
 
 register_configs()
 err_console = Console(stderr=True)
+# Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
+_failed_jobs: list[str] = []
 
 
 def _fail(error: PosexpError) -> None:
-    err_console.print(f"[bold red]error:[/] {error}", highlight=False)
+    # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
+    err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
     raise SystemExit(error.exit_code)
 
 
@@ -38,13 +44,37 @@ def _train_app(cfg: DictConfig) -> None:
     from posexp.run import run_train
 
     hc = HydraConfig.get()
+    run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
     try:
-        run_train(cfg, Path(hc.runtime.output_dir), list(hc.overrides.task))
+        run_train(cfg, run_dir, overrides)
+    except TrainingInterrupted as e:
+        _fail(e)  # stops a sweep too: the user asked to stop
     except PosexpError as e:
-        _fail(e)
+        if hc.mode != RunMode.MULTIRUN:
+            _fail(e)
+        _record_failed_job(cfg, run_dir, overrides, e)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise SystemExit(130)
+    except Exception as e:
+        if hc.mode != RunMode.MULTIRUN:
+            raise
+        logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
+        _record_failed_job(cfg, run_dir, overrides, e)
+
+
+def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
+    """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
+    from posexp.run import write_run_status
+
+    if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
+        try:
+            write_run_status(run_dir, cfg, overrides, "failed", error)
+        except OSError as e:
+            err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
+    err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
+                      soft_wrap=True)
+    _failed_jobs.append(str(run_dir))
 
 
 def _run_hydra(app, prog: str, args: List[str]) -> None:
@@ -92,7 +122,30 @@ def train(
         autocompletion=complete_overrides, show_default=False),
 ) -> None:
     """Train one model per configuration and evaluate it at several context lengths (a Hydra app)."""
+    _failed_jobs.clear()
     _run_hydra(_train_app, "posexp train", list(overrides or []))
+    if _failed_jobs:
+        err_console.print(f"[bold red]error:[/] {len(_failed_jobs)} sweep job(s) failed: {', '.join(_failed_jobs)}; "
+                          "each has a results.json with the reason, the other jobs' results are kept",
+                          highlight=False, soft_wrap=True)
+        raise SystemExit(1)
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run.",
+                                   show_default=False, metavar="RUN_DIR"),
+) -> None:
+    """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
+    from posexp.resume import resume_main
+
+    try:
+        resume_main(run_dir)
+    except PosexpError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted; continue with: posexp resume {run_dir}")
+        raise SystemExit(130)
 
 
 @app.command()

@@ -38,7 +38,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     d_model: int = 128
-    n_layers: int = 4
+    n_layers: int = 2
     n_heads: int = 4
     mlp_ratio: float = 4.0
     dropout: float = 0.0
@@ -47,11 +47,11 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
+    steps: int = 600
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 60
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -61,6 +61,10 @@ class TrainConfig:
     threads: Optional[int] = None
     log_every: int = 25
     progress: bool = True
+    # Resumable checkpoints (posexp resume RUN_DIR): every N steps and/or every M minutes; 0 turns either off.
+    # One is always written when training ends or is interrupted.
+    checkpoint_every: int = 100
+    checkpoint_minutes: float = 10.0
 
 
 @dataclass
@@ -79,6 +83,7 @@ class EvalConfig:
     last_k: Optional[int] = None
     scaling: str = "none"
     scaling_factor: Optional[float] = None
+    rerope_window: Optional[int] = None
     batch_tokens: int = 16384
     loss_by_position: bool = True
 
@@ -136,6 +141,8 @@ def validate(cfg: DictConfig) -> None:
         require(cfg.encoder.base > 1, "base", f"must be > 1 (got {cfg.encoder.base:g})")
     check_shape(ModelShape(**{k: cfg.model[k] for k in ("d_model", "n_layers", "n_heads", "mlp_ratio",
                                                           "dropout", "attn_block_size")}))
+    # the encoder checks its own options and their combinations, before any data is read
+    encoder = build_encoder(cfg)
 
     t = cfg.train
     require(t.steps > 0, "train.steps", f"must be a positive integer (got {t.steps})")
@@ -152,6 +159,10 @@ def validate(cfg: DictConfig) -> None:
             f"unknown device {t.device!r}; choose one of: {', '.join(DEVICES)}")
     require(t.threads is None or t.threads > 0, "train.threads", f"must be a positive integer (got {t.threads})")
     require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
+    require(t.checkpoint_every >= 0, "train.checkpoint_every",
+            f"must be >= 0 steps, 0 turns periodic checkpoints off (got {t.checkpoint_every})")
+    require(t.checkpoint_minutes >= 0, "train.checkpoint_minutes",
+            f"must be >= 0 minutes, 0 turns timed checkpoints off (got {t.checkpoint_minutes})")
 
     e = cfg.eval
     if e.lengths is not None:
@@ -164,7 +175,7 @@ def validate(cfg: DictConfig) -> None:
         require(not bad, "eval.multiples", f"multiples must be positive integers (got {bad})")
     require(e.tokens > 0, "eval.tokens", f"must be a positive integer (got {e.tokens})")
     require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
-    validate_eval(cfg)
+    validate_eval(cfg, encoder)
 
     d = cfg.data
     require(d.name in DATASETS, "data", f"unknown data set {d.name!r}; choose one of: {', '.join(DATASETS)}")
@@ -174,11 +185,26 @@ def validate(cfg: DictConfig) -> None:
                 "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
 
 
-def validate_eval(cfg: DictConfig) -> None:
+def build_encoder(cfg: DictConfig):
+    """The encoder of ``cfg.encoder`` for the model of ``cfg.model``, bound to its layers.
+
+    Raises:
+        ConfigError: an unknown option, a value out of range, or options that do not go together.
+    """
+    from posexp.encoders import create
+
+    options = {k: v for k, v in to_container(cfg.encoder).items() if k != "name"}
+    encoder = create(cfg.encoder.name, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
+    encoder.for_layers(int(cfg.model.n_layers))
+    return encoder
+
+
+def validate_eval(cfg: DictConfig, encoder=None) -> None:
     """Checks of the protocol and scaling keys that depend on the eval lengths and the encoder."""
     e = cfg.eval
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
-    check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name)
+    check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name, encoder=encoder,
+                          rerope_window=e.get("rerope_window"), train_len=int(cfg.train_len))
 
 
 def check_protocol(protocol: str, stride: Optional[int], last_k: Optional[int], shortest: int) -> None:
@@ -204,12 +230,26 @@ def check_protocol(protocol: str, stride: Optional[int], last_k: Optional[int], 
                 f"only applies to eval.protocol=last_k (protocol is {protocol}); drop it or set eval.protocol=last_k")
 
 
-def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str) -> None:
-    """``eval.scaling`` known and offered by the encoder; ``eval.scaling_factor`` >= 1 and only with a scaling."""
-    from posexp.scaling import NONE, SCALINGS, check_scaling
+def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,
+                          rerope_window: Optional[int] = None, train_len: Optional[int] = None) -> None:
+    """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
+    ``eval.scaling_factor`` >= 1 and only with a scaling that has a factor; ``eval.rerope_window``
+    only with ``rerope``, between 1 and ``train_len``."""
+    from posexp.scaling import NONE, REROPE, SCALINGS, check_scaling
 
     require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
-    check_scaling(scaling, encoder_name)
+    check_scaling(scaling, encoder_name, encoder)
+    if rerope_window is not None:
+        require(scaling == REROPE, "eval.rerope_window",
+                f"only applies with eval.scaling=rerope (scaling is {scaling}); drop it or set eval.scaling=rerope")
+        limit = f" and train_len={train_len}" if train_len is not None else ""
+        require(rerope_window >= 1 and (train_len is None or rerope_window <= train_len), "eval.rerope_window",
+                f"must be between 1{limit}, the window of relative positions kept exact; "
+                f"distances beyond it are read as the window (got {rerope_window})")
+    if scaling == REROPE:
+        require(factor is None, "eval.scaling_factor",
+                "rerope has no factor: its one setting is the window, eval.rerope_window=W "
+                "(tokens; unset = train_len / 2); drop eval.scaling_factor")
     if factor is not None:
         require(scaling != NONE, "eval.scaling_factor",
                 f"only applies with an eval.scaling ({', '.join(SCALINGS[1:])}); drop it or set one")
@@ -223,12 +263,14 @@ def to_container(cfg: DictConfig) -> dict:
 
 
 TRAINING_KEYS = ("encoder", "data", "model", "train", "train_len", "seed")
+# train.* keys that change how a run reports and saves itself, not the weights it ends with
+NOT_TRAINING_KEYS = ("progress", "log_every", "checkpoint_every", "checkpoint_minutes")
 
 
 def config_hash(cfg: DictConfig) -> str:
     """Hash of everything that shapes the trained weights (not evaluation, not the output folder)."""
     c = to_container(cfg)
     relevant = {k: c[k] for k in TRAINING_KEYS if k in c}
-    relevant["train"] = {k: v for k, v in relevant["train"].items() if k not in ("progress", "log_every")}
+    relevant["train"] = {k: v for k, v in relevant["train"].items() if k not in NOT_TRAINING_KEYS}
     blob = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -26,3 +26,29 @@ def require(condition: bool, key: str, message: str) -> None:
     """Raise :class:`ConfigError` for ``key`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(key, message)
+
+
+class TrainingDiverged(PosexpError):
+    """The training loss became NaN or infinite.
+
+    Args:
+        step: the first step (1-based, as in ``metrics.csv``) whose loss was not finite.
+        message: what happened and what to try.
+    """
+
+    def __init__(self, step: int, message: str):
+        self.step = step
+        super().__init__(message)
+
+
+class TrainingInterrupted(PosexpError):
+    """SIGINT or SIGTERM during training: the current step finished and a checkpoint was written.
+
+    Args:
+        message: where training stopped and the command that continues it.
+        exit_code: 128 + the signal number, as a shell reports a process killed by it.
+    """
+
+    def __init__(self, message: str, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(message)

@@ -7,11 +7,12 @@ half-written results.json that breaks the report later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -74,6 +75,38 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
         ``path`` as a :class:`~pathlib.Path`.
     """
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path to write ``path``'s new contents to, renamed over ``path`` on success.
+
+    For writers that insist on a file name (``safetensors.torch.save_model``).
+    On an exception the temporary file is removed and ``path`` is left as it was.
+
+    Args:
+        path: destination file.
+
+    Yields:
+        The temporary path, in the same folder as ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        # created here with umask permissions; a writer that truncates it keeps them
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(folder: Path) -> None:

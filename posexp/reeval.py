@@ -45,14 +45,15 @@ VALUE_HINTS = {
     "protocol": "one of nonoverlap, sliding, last_k",
     "stride": "an integer, e.g. eval.stride=64",
     "last_k": "an integer, e.g. eval.last_k=64",
-    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3",
+    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, rerope",
     "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
+    "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
     "batch_tokens": "an integer",
     "loss_by_position": "true or false",
 }
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for.
-DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor",), "multiples": ("lengths",)}
+DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window"), "multiples": ("lengths",)}
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -196,9 +197,7 @@ def load_run_config(run_dir: Path, results: dict) -> DictConfig:
 
 def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     """Load and check one run: results, config + overrides, corpus, weights. Writes nothing."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
+    from posexp.checkpoint import load_weights
     from posexp.data import check_fits, load_corpus
     from posexp.train import build_model
 
@@ -228,12 +227,18 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
                           "comparable with the old ones")
     check_fits(corpus, int(cfg.train_len), max(lengths))
     model = build_model(cfg, corpus.vocab_size)
-    try:
-        load_model(model, str(run_dir / CHECKPOINT), strict=True)
-    except (SafetensorError, RuntimeError, OSError) as e:
-        raise PosexpError(f"{run_dir / CHECKPOINT}: cannot be loaded into the model of {HYDRA_CONFIG} "
-                          f"({str(e).splitlines()[0]})") from None
+    load_weights(model, run_dir / CHECKPOINT, config_hash(cfg), sha256=_recorded_sha256(run_dir),
+                 hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
     return Prepared(run_dir, cfg, results, model, corpus)
+
+
+def _recorded_sha256(run_dir: Path) -> Optional[str]:
+    """The SHA-256 of the weights written beside them in ``checkpoint/meta.json`` (older runs have none)."""
+    try:
+        digest = json.loads((run_dir / CHECKPOINT.parent / "meta.json").read_text(encoding="utf-8")).get("sha256")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None
 
 
 # -- the command ---------------------------------------------------------------------------------

@@ -295,7 +295,9 @@ def build_report(run_dirs: Iterable[str | os.PathLike]) -> Report:
     for row in rows:
         if row.run.status != "completed":
             row.flags.append(f"status: {row.run.status}")
-            warnings.append(f"{row.label}: status is \"{row.run.status}\", not completed; its numbers may be partial or missing")
+            error = row.run.info.get("error")
+            reason = f": {error['message']}" if isinstance(error, dict) and error.get("message") else ""
+            warnings.append(f"{row.label}: status is \"{row.run.status}\", not completed; its numbers may be partial or missing{reason}")
         if not row.cells and protocol is not None:
             row.flags.append(f"no {protocol} results")
 

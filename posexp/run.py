@@ -18,7 +18,7 @@ from rich.table import Table
 import posexp
 from posexp.config import config_hash, eval_lengths, to_container, validate
 from posexp.data import check_fits, load_corpus
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, TrainingDiverged
 from posexp.evaluate import evaluate, loss_by_position_rows, row_key
 from posexp.io import atomic_write_text
 from posexp.train import build_model, resolve_device, save_checkpoint, train
@@ -57,7 +57,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
     return {
         "label": run_label(overrides),
         "overrides": list(overrides),
-        "encoder": cfg.encoder.name,
+        "encoder": model.encoder.label,  # the registry name, or a per-layer mix: mixed[rope,rope,rope,none]
         "base": base,
         "train_len": int(cfg.train_len),
         "seed": int(cfg.seed),
@@ -74,8 +74,32 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "train": {"steps": train_result.steps, "tokens": train_result.tokens,
                   "final_loss": train_result.final_loss, "wall_s": round(train_result.wall_s, 3),
                   "tokens_per_s": round(train_result.tokens_per_s, 1), "precision": train_result.precision,
-                  "device": train_result.device, "threads": torch.get_num_threads()},
+                  "device": train_result.device, "threads": torch.get_num_threads(),
+                  **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {})},
     }
+
+
+def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], status: str, error: BaseException,
+                     corpus_info: Optional[dict] = None, step: Optional[int] = None) -> Path:
+    """A ``results.json`` without rows for a run that did not finish: ``status`` "failed" or "diverged".
+
+    It carries what is known of the run and ``error`` (message, type, step), so
+    ``posexp report`` and the sweep summary list the run with its reason instead
+    of silently dropping it.
+    """
+    run = {"label": run_label(overrides), "overrides": list(overrides), "status": status,
+           "error": {"message": str(error), "type": type(error).__name__,
+                     **({"step": int(step)} if step is not None else {})},
+           "versions": {"posexp": posexp.__version__, "torch": torch.__version__,
+                        "python": platform.python_version()},
+           "python_version": platform.python_version(), "git_commit": git_commit()}
+    try:  # the config itself may be what failed
+        run.update({"encoder": cfg.encoder.name, "train_len": int(cfg.train_len), "seed": int(cfg.seed),
+                    "config": to_container(cfg), "config_hash": config_hash(cfg), "eval_settings": eval_settings(cfg)})
+    except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
+        pass
+    run.update(corpus_info or {})
+    return atomic_write_text(run_dir / RESULTS_JSON, json.dumps({"run": run, "rows": []}, indent=2, default=str) + "\n")
 
 
 def eval_settings(cfg: DictConfig) -> dict:
@@ -90,6 +114,8 @@ def eval_settings(cfg: DictConfig) -> dict:
         settings["scaling"] = e.scaling
         if e.get("scaling_factor") is not None:
             settings["scaling_factor"] = float(e.scaling_factor)
+        if e.get("rerope_window") is not None:
+            settings["rerope_window"] = int(e.rerope_window)
     return settings
 
 
@@ -111,7 +137,14 @@ def scaling_text(row: dict) -> str:
     if row.get("scaling") is None:
         return "none"
     factor = row.get("scaling_factor")
+    if row["scaling"] == "rerope" and factor is not None:
+        return f"rerope w={factor:g}"  # its number is a window in tokens, not a factor
     return f"{row['scaling']} ×{factor:g}" if factor is not None else str(row["scaling"])
+
+
+def factor_text(scaling: Optional[str], factor: float) -> str:
+    """`` ×4`` after a scaling's name, or `` w=64`` after ``rerope``, whose number is a window in tokens."""
+    return f" w={factor:g}" if scaling == "rerope" else f" ×{factor:g}"
 
 
 def view_of(row: dict) -> tuple:
@@ -226,7 +259,7 @@ def write_results(run_dir: Path, results: dict) -> None:
     for curve in dict.fromkeys(curve_of(r, run["train_len"]) for r in shown):
         rows = [r for r in shown if curve_of(r, run["train_len"]) == curve]
         view, fixed = curve
-        label = view_label(view) + (f" ×{fixed:g}" if fixed is not None else "")
+        label = view_label(view) + (factor_text(view[3], fixed) if fixed is not None else "")
         series.append((label, [r["length"] for r in rows], [r["ppl"] for r in rows],
                        [r.get("ppl_low") for r in rows], [r.get("ppl_high") for r in rows]))
     plot_ppl_vs_length(series, run_dir / "ppl_vs_length.png", train_len=run["train_len"],
@@ -245,7 +278,8 @@ def evaluate_config(model, val, cfg: DictConfig, device: torch.device,
     log = (lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)) if console is not None else None
     rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens), device,
                     protocol=e.protocol, stride=e.get("stride"), last_k=e.get("last_k"),
-                    scaling=e.get("scaling", "none"), scaling_factor=e.get("scaling_factor"), positions=positions,
+                    scaling=e.get("scaling", "none"), scaling_factor=e.get("scaling_factor"),
+                    rerope_window=e.get("rerope_window"), positions=positions,
                     log=log)
     return rows, positions
 
@@ -301,14 +335,22 @@ def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, l
     if chosen is None:
         view = "nothing measured"
     else:
-        view = view_label(chosen[0]) + (f" ×{chosen[1]:g}" if chosen[1] is not None else "")
+        view = view_label(chosen[0]) + (factor_text(chosen[0][3], chosen[1]) if chosen[1] is not None else "")
     plot_loss_by_position(series, run_dir / LOSS_BY_POSITION_PNG, train_len=train_len,
                           title=f"{label}: loss by position ({view})")
     atomic_write_text(run_dir / LOSS_BY_POSITION_CSV, buf.getvalue())
 
 
-def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
-    """Validate, load data, train, checkpoint, evaluate and write the results of one run."""
+def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None,
+              resume: bool = False) -> dict:
+    """Validate, load data, train, checkpoint, evaluate and write the results of one run.
+
+    Args:
+        resume: continue training from the run folder's latest checkpoint (``posexp resume``).
+
+    Raises:
+        TrainingDiverged: after writing a results.json with status "diverged".
+    """
     console = console or Console()
     validate(cfg)
     lengths = eval_lengths(cfg)
@@ -328,7 +370,11 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
                   f"train_len {cfg.train_len} · {device} · {torch.get_num_threads()} threads · run dir {run_dir}",
                   highlight=False)
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = train(model, corpus, cfg, run_dir)
+    try:
+        result = train(model, corpus, cfg, run_dir, resume=resume)
+    except TrainingDiverged as e:
+        write_run_status(run_dir, cfg, overrides, "diverged", e, corpus.info(), step=e.step)
+        raise
     save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
                                      "encoder": cfg.encoder.name})
     rows, positions = evaluate_config(model, corpus.val, cfg, device, console)

@@ -1,18 +1,24 @@
 """The trainer: AdamW, linear warmup then cosine decay, gradient clipping, seeded.
 
 Writes ``metrics.csv`` (step, tokens, loss, lr, tokens_per_s, elapsed_s) while it
-runs and a safetensors checkpoint at the end.
+runs, and resumable checkpoints (:mod:`posexp.checkpoint`) every
+``train.checkpoint_every`` steps / ``train.checkpoint_minutes`` minutes, on SIGINT
+or SIGTERM, and when training ends. A resumed run takes the same steps on the
+same batches with the same RNG states as an uninterrupted one, so on the same
+machine and thread count it ends with bitwise the same weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import json
+import io
 import logging
 import math
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -21,15 +27,18 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from posexp.checkpoint import CHECKPOINT_DIR, WEIGHTS_FILE, load_resume, rng_states, save_final, save_resume
+from posexp.checkpoint import set_rng_states
+from posexp.config import config_hash
 from posexp.data import BatchSampler, Corpus
 from posexp.encoders import create
+from posexp.errors import TrainingDiverged, TrainingInterrupted
 from posexp.io import atomic_write_text
 from posexp.model import GPT, ModelShape
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoint"
-WEIGHTS_FILE = "model.safetensors"
+__all__ = ["CHECKPOINT_DIR", "WEIGHTS_FILE", "TrainResult", "build_model", "lr_at", "save_checkpoint", "train"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,20 +124,44 @@ class TrainResult:
     tokens_per_s: float
     precision: str
     device: str
+    resumed_at: list[int] = field(default_factory=list)  # steps a resumed run continued from
 
 
 class MetricsWriter:
-    """Appends rows to ``metrics.csv`` and flushes each one, so a killed run keeps its curve."""
+    """Appends rows to ``metrics.csv`` and flushes each one, so a killed run keeps its curve.
+
+    Args:
+        path: the CSV file.
+        resume_step: when resuming, the step of the checkpoint: rows after it (they will be
+            trained again) and a half-written last line are dropped first, so the file ends up
+            with one row per logged step, as if the run had never stopped.
+    """
 
     COLUMNS = ["step", "tokens", "loss", "lr", "tokens_per_s", "elapsed_s"]
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resume_step: Optional[int] = None):
         self.path = path
-        new = not path.exists()
+        if resume_step is not None and path.exists():
+            atomic_write_text(path, self._rows_through(path, resume_step))
+        new = not path.exists() or path.stat().st_size == 0
         self._f = open(path, "a", newline="")
         self._w = csv.writer(self._f)
         if new:
             self._w.writerow(self.COLUMNS)
+
+    @classmethod
+    def _rows_through(cls, path: Path, step: int) -> str:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()  # the write a kill interrupted
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(cls.COLUMNS)
+        for row in csv.reader(lines[1:]):
+            if len(row) == len(cls.COLUMNS) and row[0].isdigit() and int(row[0]) <= step:
+                w.writerow(row)
+        return buf.getvalue()
 
     def write(self, **row) -> None:
         self._w.writerow([row[c] for c in self.COLUMNS])
@@ -139,29 +172,115 @@ class MetricsWriter:
 
 
 def save_checkpoint(model: GPT, run_dir: Path, meta: dict) -> Path:
-    from safetensors.torch import save_model
+    """The final weights, ``checkpoint/model.safetensors``, with ``meta.json``; see :func:`posexp.checkpoint.save_final`."""
+    return save_final(model, run_dir, meta)
 
-    ckpt = run_dir / CHECKPOINT_DIR
-    ckpt.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt / f".{WEIGHTS_FILE}.tmp"
-    save_model(model, str(tmp))  # handles the tied embedding / output weights
-    tmp.replace(ckpt / WEIGHTS_FILE)
-    atomic_write_text(ckpt / "meta.json", json.dumps(meta, indent=2))
-    return ckpt
+
+class StopOnSignal:
+    """Turn the first SIGINT/SIGTERM into a request to stop after the current step.
+
+    The handlers are the previous ones again after the first signal, so a second
+    Ctrl-C stops at once. Outside the main thread (where Python cannot install
+    handlers) this does nothing.
+    """
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.received: Optional[int] = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                signum = getattr(signal, name, None)
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
 
 
 def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
-          console: Optional[Console] = None) -> TrainResult:
-    """Train ``model`` on ``corpus.train`` for ``cfg.train.steps`` steps of ``batch_size x train_len`` tokens."""
+          console: Optional[Console] = None, resume: bool = False) -> TrainResult:
+    """Train ``model`` on ``corpus.train`` for ``cfg.train.steps`` steps of ``batch_size x train_len`` tokens.
+
+    Args:
+        resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
+
+    Raises:
+        TrainingDiverged: the loss became NaN or infinite; the last checkpoint before it is kept.
+        TrainingInterrupted: SIGINT or SIGTERM; the finished step was checkpointed.
+        PosexpError: a resumable checkpoint that cannot be used.
+    """
     t = cfg.train
     device = resolve_device(t.device)
     dtype = resolve_precision(t.precision, device)
     model.to(device).train()
     opt = make_optimizer(model, cfg)
     sampler = BatchSampler(corpus.train, cfg.train_len, t.batch_size, cfg.seed)
-    metrics = MetricsWriter(run_dir / "metrics.csv")
     tokens_per_step = t.batch_size * cfg.train_len
     console = console or Console(stderr=True)
+    chash = config_hash(cfg)
+    every = int(t.get("checkpoint_every", 0) or 0)
+    every_s = float(t.get("checkpoint_minutes", 0) or 0) * 60
+
+    running = torch.zeros((), device=device)  # loss summed since the last metrics row
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)  # first step with a non-finite loss
+    bad_value = torch.zeros((), device=device)
+    start_step, seen, last_step, loss_value, elapsed_before, resumed_at = 0, 0, 0, float("nan"), 0.0, []
+    saved = load_resume(run_dir, model, opt, chash, device) if resume else None
+    if saved is not None:
+        start_step, seen, last_step = int(saved["step"]), int(saved["tokens"]), int(saved["last_logged_step"])
+        loss_value, elapsed_before = float(saved["loss"]), float(saved["elapsed_s"])
+        running = saved["running_loss"].to(device)
+        resumed_at = [*saved.get("resumed_at", []), start_step]
+        if saved.get("threads") not in (None, torch.get_num_threads()):
+            log.warning("resuming with %d threads, the run started with %s: the numbers may differ in the "
+                        "last digits from an uninterrupted run", torch.get_num_threads(), saved["threads"])
+        set_rng_states(saved["rng"])
+        log.info("resumed at step %d of %d", start_step, t.steps)
+    elif resume:
+        resumed_at = [0]
+        log.info("no resumable checkpoint yet; training from step 0")
+    metrics = MetricsWriter(run_dir / "metrics.csv", resume_step=start_step if resume else None)
+
+    def check_finite() -> None:
+        bad = int(first_bad.item())
+        if bad >= 0:
+            raise TrainingDiverged(bad, f"training diverged: the loss was {bad_value.item()} at step {bad} "
+                                        f"(lr {lr_at(bad - 1, cfg):.3g}); {kept_text()}. Try a lower train.lr, or "
+                                        "train.grad_clip=1.0 if clipping was off")
+
+    def kept_text() -> str:
+        return (f"the last good checkpoint, step {saved_step}, is kept in {run_dir / CHECKPOINT_DIR}"
+                if saved_step is not None else "no checkpoint was written before it")
+
+    def checkpoint(done: int) -> None:
+        nonlocal saved_step, last_save
+        # never save weights a NaN went into: the loss shows this step's update only at the next step
+        check_finite()
+        if not torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all().item():
+            raise TrainingDiverged(done, f"training diverged: the weights became NaN or infinite at step {done} "
+                                         f"(lr {lr_at(done - 1, cfg):.3g}); {kept_text()}. Try a lower "
+                                         "train.lr, or train.grad_clip=1.0 if clipping was off")
+        state = {"step": done, "tokens": seen, "last_logged_step": last_step, "loss": loss_value,
+                 "running_loss": running.detach().cpu(), "optimizer": opt.state_dict(), "rng": rng_states(),
+                 "elapsed_s": elapsed_before + time.perf_counter() - start, "resumed_at": resumed_at,
+                 "threads": torch.get_num_threads()}
+        save_resume(run_dir, model, state, chash)
+        saved_step, last_save = done, time.perf_counter()
+        log.info("checkpoint at step %d", done)
 
     progress = Progress(
         TextColumn("[bold]train[/] {task.fields[encoder]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -169,46 +288,60 @@ def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         console=console, disable=not t.progress, transient=False,
     )
-    running = torch.zeros((), device=device)
-    seen = 0
-    start = last_time = time.perf_counter()
-    last_step = 0
-    loss_value = float("nan")
-    with progress:
-        task = progress.add_task("train", total=t.steps, encoder=cfg.encoder.name, loss="-", tps="-")
-        for step in range(t.steps):
-            lr = lr_at(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            batch = torch.from_numpy(sampler.batch(step).astype("int64")).to(device, non_blocking=True)
-            with autocast(device, dtype):
-                loss = model.token_losses(batch[:, :-1], batch[:, 1:]).mean()
-            loss.backward()
-            if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            running += loss.detach()
-            seen += tokens_per_step
-            done = step + 1
-            if done % t.log_every == 0 or done == t.steps:
-                loss_value = (running / (done - last_step)).item()  # the one host sync per interval
-                if not math.isfinite(loss_value):
-                    from posexp.errors import PosexpError
-
-                    metrics.close()
-                    raise PosexpError(f"training diverged: loss is {loss_value} at step {done}; "
-                                      "try a lower train.lr or train.grad_clip=1.0")
-                now = time.perf_counter()
-                tps = (done - last_step) * tokens_per_step / (now - last_time)
-                metrics.write(step=done, tokens=seen, loss=f"{loss_value:.6f}", lr=f"{lr:.6g}",
-                              tokens_per_s=f"{tps:.1f}", elapsed_s=f"{now - start:.3f}")
-                log.info("step %d loss %.4f lr %.3g tokens/s %.0f", done, loss_value, lr, tps)
-                progress.update(task, completed=done, loss=f"{loss_value:.3f}", tps=f"{tps:,.0f}")
-                running.zero_()
-                last_step, last_time = done, now
-    metrics.close()
-    wall = time.perf_counter() - start
+    saved_step: Optional[int] = start_step if saved is not None else None
+    start = last_time = last_save = time.perf_counter()
+    done = start_step
+    try:
+        with progress, StopOnSignal() as stop:
+            task = progress.add_task("train", total=t.steps, completed=start_step, encoder=cfg.encoder.name,
+                                     loss="-", tps="-")
+            for step in range(start_step, t.steps):
+                lr = lr_at(step, cfg)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                batch = torch.from_numpy(sampler.batch(step).astype("int64")).to(device, non_blocking=True)
+                with autocast(device, dtype):
+                    loss = model.token_losses(batch[:, :-1], batch[:, 1:]).mean()
+                loss.backward()
+                if t.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                loss = loss.detach()
+                # recorded on the device, read at the next host sync: no sync per step
+                newly_bad = (first_bad < 0) & ~torch.isfinite(loss)
+                first_bad = torch.where(newly_bad, step + 1, first_bad)
+                bad_value = torch.where(newly_bad, loss.float(), bad_value)
+                running += loss
+                seen += tokens_per_step
+                done = step + 1
+                if done % t.log_every == 0 or done == t.steps:
+                    check_finite()
+                    loss_value = (running / (done - last_step)).item()  # the one host sync per interval
+                    now = time.perf_counter()
+                    tps = (done - last_step) * tokens_per_step / (now - last_time)
+                    metrics.write(step=done, tokens=seen, loss=f"{loss_value:.6f}", lr=f"{lr:.6g}",
+                                  tokens_per_s=f"{tps:.1f}", elapsed_s=f"{elapsed_before + now - start:.3f}")
+                    log.info("step %d loss %.4f lr %.3g tokens/s %.0f", done, loss_value, lr, tps)
+                    progress.update(task, completed=done, loss=f"{loss_value:.3f}", tps=f"{tps:,.0f}")
+                    running.zero_()
+                    last_step, last_time = done, now
+                if stop.received is not None:
+                    break  # checkpointed below
+                if done < t.steps and ((every and done % every == 0) or
+                                       (every_s and time.perf_counter() - last_save >= every_s)):
+                    checkpoint(done)
+            if saved_step != done:
+                checkpoint(done)  # the end of training, or the step a signal arrived in
+    finally:
+        metrics.close()
+    if stop.received is not None:
+        name = signal.Signals(stop.received).name
+        raise TrainingInterrupted(f"{name} at step {done} of {t.steps}: checkpoint saved in "
+                                  f"{run_dir / CHECKPOINT_DIR}; continue with: posexp resume {run_dir}",
+                                  exit_code=128 + stop.received)
+    wall = elapsed_before + time.perf_counter() - start
     model.eval()
     return TrainResult(steps=t.steps, tokens=seen, final_loss=loss_value, wall_s=wall,
-                       tokens_per_s=seen / wall, precision=str(dtype).replace("torch.", ""), device=str(device))
+                       tokens_per_s=seen / wall if wall > 0 else 0.0, precision=str(dtype).replace("torch.", ""),
+                       device=str(device), resumed_at=resumed_at)

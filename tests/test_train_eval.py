@@ -67,6 +67,13 @@ def test_same_seed_same_numbers(compose, tmp_path):
     a = run_train(compose(*overrides), tmp_path / "a", overrides)
     b = run_train(compose(*overrides), tmp_path / "b", overrides)
     assert [r["loss"] for r in a["rows"]] == [r["loss"] for r in b["rows"]]
+    numbers = lambda res: [(r["ppl"], r["loss"], r["ppl_low"], r["ppl_high"]) for r in res["rows"]]  # noqa: E731
+    assert numbers(a) == numbers(b)  # exactly, not approximately
+    assert a["run"]["train"]["final_loss"] == b["run"]["train"]["final_loss"]
+    assert (tmp_path / "a" / "metrics.csv").read_text().split("\n")[0] == "step,tokens,loss,lr,tokens_per_s,elapsed_s"
+    losses = [[line.split(",")[2] for line in (tmp_path / d / "metrics.csv").read_text().splitlines()[1:]]
+              for d in ("a", "b")]
+    assert losses[0] == losses[1]  # the whole training curve, not only the end
     assert a["run"]["config_hash"] == b["run"]["config_hash"]
     c = run_train(compose(*overrides, "seed=1"), tmp_path / "c", [*overrides, "seed=1"])
     assert [r["loss"] for r in c["rows"]] != [r["loss"] for r in a["rows"]]

@@ -1,0 +1,245 @@
+"""Checkpoints: the trained weights for evaluation, and trainer state to resume a killed run.
+
+A run folder's ``checkpoint/`` holds
+
+- ``model.safetensors`` and ``meta.json``: the weights when training ended, what
+  ``posexp eval`` loads;
+- ``step-NNNNNNNN.safetensors`` and ``step-NNNNNNNN.state.pt``: the weights and the
+  trainer state at step N (AdamW moments, every RNG state, the running loss of the
+  current logging interval). The data position is the step itself: the batch of
+  step s is a function of (seed, s), see :class:`posexp.data.BatchSampler`;
+- ``resume.json``: which step pair is the latest complete one, with the SHA-256 of
+  both files and the config hash of the run.
+
+Each file is written to a temporary name and renamed into place, and
+``resume.json`` is renamed last, so a kill at any moment leaves the previous
+complete pair or the new one. Loading executes no code: weights go through
+safetensors, trainer state through ``torch.load(weights_only=True)``, which
+accepts tensors and plain Python values only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import pickle
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from posexp.errors import PosexpError
+from posexp.io import atomic_path, atomic_write_bytes, atomic_write_json
+
+CHECKPOINT_DIR = "checkpoint"
+WEIGHTS_FILE = "model.safetensors"
+META_FILE = "meta.json"
+RESUME_FILE = "resume.json"
+STATE_FORMAT = 1
+_LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError, KeyError, TypeError)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- RNG states ------------------------------------------------------------------------------------
+
+def rng_states() -> dict:
+    """Every RNG a training step may draw from, as tensors and plain values (``weights_only``-loadable)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict) -> None:
+    """Restore what :func:`rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    cuda = states.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    n = states["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+# -- final weights ---------------------------------------------------------------------------------
+
+def save_weights(model: torch.nn.Module, path: Path, config_hash: str, step: int) -> str:
+    """Write ``model``'s weights to ``path`` atomically; returns their SHA-256."""
+    from safetensors.torch import save_model
+
+    with atomic_path(path) as tmp:
+        save_model(model, str(tmp), metadata={"config_hash": config_hash, "step": str(step)})
+        digest = sha256_file(tmp)
+    return digest
+
+
+def save_final(model: torch.nn.Module, run_dir: Path, meta: dict) -> Path:
+    """``checkpoint/model.safetensors`` and ``meta.json`` (config hash, steps, SHA-256 of the weights)."""
+    ckpt = run_dir / CHECKPOINT_DIR
+    digest = save_weights(model, ckpt / WEIGHTS_FILE, str(meta.get("config_hash", "")), int(meta.get("steps", 0)))
+    atomic_write_json(ckpt / META_FILE, {**meta, "sha256": digest})
+    return ckpt
+
+
+def load_weights(model: torch.nn.Module, path: Path, config_hash: Optional[str], hint: str,
+                 sha256: Optional[str] = None, device: str = "cpu") -> None:
+    """Load safetensors weights into ``model``, refusing a corrupt file or one from another config.
+
+    Args:
+        model: the model built from the run's config.
+        path: the ``.safetensors`` file.
+        config_hash: the hash of the config the weights must come from; None skips the check.
+        hint: what the user can do about a bad file, appended to the message.
+        sha256: the digest recorded when the file was written; None skips the check.
+        device: where the tensors are loaded.
+
+    Raises:
+        PosexpError: the file is missing, truncated, corrupt, from another config, or does not fit ``model``.
+    """
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_model
+
+    if not path.is_file():
+        raise PosexpError(f"{path}: missing; {hint}")
+    if sha256 is not None and sha256_file(path) != sha256:
+        raise PosexpError(f"{path}: truncated or corrupt (its SHA-256 is not the one recorded when it was "
+                          f"written); {hint}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise PosexpError(f"{path}: truncated or corrupt, not a safetensors file ({str(e).splitlines()[0]}); "
+                          f"{hint}") from None
+    recorded = metadata.get("config_hash")
+    if config_hash is not None and recorded and recorded != config_hash:
+        raise PosexpError(f"{path}: written by a run with a different config (config hash {recorded}, this run's "
+                          f"config hashes to {config_hash}); {hint}")
+    try:
+        load_model(model, str(path), strict=True, device=device)
+    except (SafetensorError, RuntimeError, OSError, ValueError) as e:
+        raise PosexpError(f"{path}: does not fit the model of this run's config "
+                          f"({str(e).splitlines()[0]}); {hint}") from None
+
+
+# -- resumable trainer state -----------------------------------------------------------------------
+
+def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], config_hash: str) -> Path:
+    """Write the weights and trainer state of step ``state["step"]``, then point ``resume.json`` at them.
+
+    Older step files are removed once the new pointer is in place.
+    """
+    ckpt = run_dir / CHECKPOINT_DIR
+    step = int(state["step"])
+    stem = f"step-{step:08d}"
+    weights = ckpt / f"{stem}.safetensors"
+    weights_sha = save_weights(model, weights, config_hash, step)
+    buf = io.BytesIO()
+    torch.save({**state, "format": STATE_FORMAT, "config_hash": config_hash}, buf)
+    data = buf.getvalue()
+    state_file = ckpt / f"{stem}.state.pt"
+    atomic_write_bytes(state_file, data)
+    pointer = {"format": STATE_FORMAT, "step": step, "config_hash": config_hash,
+               "weights": weights.name, "weights_sha256": weights_sha,
+               "state": state_file.name, "state_sha256": hashlib.sha256(data).hexdigest()}
+    path = atomic_write_json(ckpt / RESUME_FILE, pointer)
+    remove_stale(ckpt, keep={weights.name, state_file.name})
+    return path
+
+
+def remove_stale(ckpt: Path, keep: set[str]) -> None:
+    """Delete step files other than ``keep`` and temporary files a killed writer left behind."""
+    if not ckpt.is_dir():
+        return
+    for p in ckpt.iterdir():
+        stale_step = p.name.startswith("step-") and p.name not in keep
+        leftover = p.name.startswith(".") and p.name.endswith(".tmp")
+        if p.is_file() and (stale_step or leftover):
+            p.unlink(missing_ok=True)
+
+
+def read_resume_pointer(run_dir: Path) -> Optional[dict]:
+    """``checkpoint/resume.json``, checked for shape; None when the run has no resumable checkpoint yet.
+
+    Raises:
+        PosexpError: the file exists but cannot be read or is not a checkpoint pointer.
+    """
+    path = run_dir / CHECKPOINT_DIR / RESUME_FILE
+    if not path.exists():
+        return None
+    try:
+        pointer = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PosexpError(f"{path}: cannot be read ({e}); {restart_hint(run_dir)}") from None
+    fields = {"step": int, "config_hash": str, "weights": str, "weights_sha256": str, "state": str,
+              "state_sha256": str}
+    if not isinstance(pointer, dict) or any(not isinstance(pointer.get(k), t) for k, t in fields.items()):
+        raise PosexpError(f"{path}: not a checkpoint pointer (expected {', '.join(fields)}); "
+                          f"{restart_hint(run_dir)}")
+    for key in ("weights", "state"):
+        if Path(pointer[key]).name != pointer[key]:  # a file beside resume.json, never elsewhere
+            raise PosexpError(f"{path}: \"{key}\" must name a file in {path.parent}; {restart_hint(run_dir)}")
+    return pointer
+
+
+def restart_hint(run_dir: Path) -> str:
+    return (f"delete {run_dir / CHECKPOINT_DIR} to train this run again from step 0 with "
+            f"posexp resume {run_dir}, or start a new run with posexp train")
+
+
+def load_resume(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                config_hash: str, device: torch.device) -> Optional[dict]:
+    """Load the latest resumable checkpoint into ``model`` and ``optimizer``; returns the trainer state.
+
+    Returns:
+        The state dict saved by the trainer (``step``, ``rng``, running loss, ...), or None
+        when the run has no resumable checkpoint.
+
+    Raises:
+        PosexpError: a pointer, weights or state file that is corrupt, truncated, from another
+            config or that does not fit this model, naming the file.
+    """
+    pointer = read_resume_pointer(run_dir)
+    if pointer is None:
+        return None
+    ckpt = run_dir / CHECKPOINT_DIR
+    hint = restart_hint(run_dir)
+    if pointer["config_hash"] != config_hash:
+        raise PosexpError(f"{ckpt / RESUME_FILE}: written by a run with a different config (config hash "
+                          f"{pointer['config_hash']}, this run's .hydra/config.yaml hashes to {config_hash}); "
+                          f"was the config or the checkpoint folder changed? {hint}")
+    load_weights(model, ckpt / pointer["weights"], config_hash, hint, sha256=pointer["weights_sha256"],
+                 device=str(device))
+    state_path = ckpt / pointer["state"]
+    if not state_path.is_file():
+        raise PosexpError(f"{state_path}: missing; {hint}")
+    if sha256_file(state_path) != pointer["state_sha256"]:
+        raise PosexpError(f"{state_path}: truncated or corrupt (its SHA-256 is not the one in {RESUME_FILE}); {hint}")
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+    except _LOAD_ERRORS as e:
+        raise PosexpError(f"{state_path}: cannot be loaded as trainer state ({str(e).splitlines()[0]}); "
+                          f"{hint}") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("step") != pointer["step"]:
+        raise PosexpError(f"{state_path}: not the trainer state of step {pointer['step']}; {hint}")
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except _LOAD_ERRORS as e:
+        raise PosexpError(f"{state_path}: the optimizer state does not fit this run's model "
+                          f"({str(e).splitlines()[0]}); {hint}") from None
+    return state

@@ -1,0 +1,149 @@
+"""``posexp resume RUN_DIR``: continue a killed or interrupted run in its own folder.
+
+The run is rebuilt from what its folder says: the config Hydra saved
+(``.hydra/config.yaml``), the overrides it was launched with, and the latest
+resumable checkpoint (:mod:`posexp.checkpoint`). Training continues at the
+checkpoint's step; ``metrics.csv`` drops the rows logged after that step (they
+are logged again); then the run is evaluated and written as usual. Everything is
+checked before anything is written, so refusing a folder leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.markup import escape
+
+from posexp.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
+from posexp.errors import PosexpError
+
+RESULTS_JSON = "results.json"
+HYDRA_CONFIG = Path(".hydra") / "config.yaml"
+HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Refuse folders that are not runs, or runs with nothing to resume.
+
+    Raises:
+        PosexpError: with what the folder is and what to do instead.
+    """
+    if not run_dir.exists():
+        raise PosexpError(f"{run_dir}: no such folder; pass the run folder posexp train printed (run dir ...)")
+    if not run_dir.is_dir():
+        raise PosexpError(f"{run_dir}: is a file; pass the run folder that contains it")
+    if not (run_dir / HYDRA_CONFIG).is_file():
+        raise PosexpError(f"{run_dir}: not a run folder (no {HYDRA_CONFIG}); posexp resume continues a run "
+                          "started with posexp train, e.g. posexp resume outputs/2026-11-22/10-00-00")
+    results = run_dir / RESULTS_JSON
+    if results.is_file():
+        try:
+            data = json.loads(results.read_text(encoding="utf-8"))
+            run = data.get("run") or {}
+            status = run.get("status")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            return  # not a finished run's file: resuming rewrites it
+        if status == "completed" or (status is None and data.get("rows")):
+            raise PosexpError(f"{run_dir}: already finished ({RESULTS_JSON} has status completed); nothing to "
+                              f"resume. To evaluate it at other lengths: posexp eval {run_dir} eval.lengths=[...]")
+        if status == "diverged":
+            error = run.get("error")
+            step = error.get("step") if isinstance(error, dict) else None
+            raise PosexpError(f"{run_dir}: diverged{f' at step {step}' if step is not None else ''} "
+                              f"({RESULTS_JSON}); resuming would repeat the same steps. Start a new run with a lower "
+                              "train.lr or with train.grad_clip=1.0")
+
+
+def load_config(run_dir: Path) -> DictConfig:
+    """The run's ``.hydra/config.yaml`` on the config schema (keys added since it was written get defaults)."""
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.config import Config, register_configs
+
+    path = run_dir / HYDRA_CONFIG
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        raise PosexpError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    except (OSError, UnicodeDecodeError, ValueError, OmegaConfBaseException) as e:
+        raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
+    if not isinstance(loaded, DictConfig):
+        raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
+    register_configs()
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), loaded)
+    except OmegaConfBaseException as e:
+        raise PosexpError(f"{path}: does not fit posexp's config schema ({str(e).splitlines()[0]}); "
+                          "was it edited?") from None
+
+
+def load_overrides(run_dir: Path) -> list[str]:
+    """The overrides the run was launched with (its label), empty when Hydra did not record them."""
+    import yaml
+
+    path = run_dir / HYDRA_OVERRIDES
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    return [str(o) for o in loaded] if isinstance(loaded, list) else []
+
+
+def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
+    """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results."""
+    from posexp.config import config_hash, validate
+    from posexp.run import run_train
+
+    run_dir = Path(run_dir)
+    console = console or Console()
+    check_resumable(run_dir)
+    cfg = load_config(run_dir)
+    validate(cfg)
+    pointer = read_resume_pointer(run_dir)
+    if pointer is not None and pointer["config_hash"] != config_hash(cfg):
+        raise PosexpError(f"{run_dir / CHECKPOINT_DIR / RESUME_FILE}: written by a run with a different config "
+                          f"(config hash {pointer['config_hash']}, {run_dir / HYDRA_CONFIG} hashes to "
+                          f"{config_hash(cfg)}); was the config or the checkpoint folder changed?")
+    if pointer is None:
+        console.print(f"{run_dir}: no checkpoint yet, training again from step 0 in the same folder",
+                      highlight=False)
+    else:
+        console.print(f"resuming {run_dir} at step {pointer['step']} of {cfg.train.steps}", highlight=False)
+
+    # Hydra is not running, so its log file handler is not either: append to the run's train.log ourselves.
+    handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        results = run_train(cfg, run_dir, load_overrides(run_dir), console, resume=True)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        handler.close()
+    _refresh_sweep_summary(run_dir, console)
+    return results
+
+
+def _refresh_sweep_summary(run_dir: Path, console: Console) -> None:
+    """A resumed sweep job belongs in its sweep's summary.md, which was written without it."""
+    from posexp.report import build_report, find_runs, write_summary
+
+    sweep = run_dir.resolve().parent
+    if not (sweep / "multirun.yaml").is_file():
+        return
+    try:
+        summary = write_summary(build_report(find_runs([sweep])), sweep)
+        console.print(f"refreshed {summary}", highlight=False)
+    except PosexpError as e:
+        console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]",
+                      highlight=False)
