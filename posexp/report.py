@@ -414,14 +414,16 @@ def _flag_outliers(rows: list[ReportRow], warnings: list[str]) -> tuple[Optional
 
 
 def _ratio_length(rows: list[ReportRow], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
-    """The longest length beyond training where every run with results has a perplexity.
+    """The longest length beyond training where every run that extrapolates at all has a perplexity.
 
     Using one common length keeps the ratio comparable across runs: a run that
     cannot go past 512 tokens would otherwise be compared at 512 against others at 8k.
+    A run with no perplexity past the training length (learned positions at their
+    table size) has no ratio, and does not take the others' away.
     """
     if train_len is None:
         return None
-    usable = [row for row in rows if any(c.applicable for c in row.cells.values())]
+    usable = [row for row in rows if any(c.applicable for n, c in row.cells.items() if n > train_len)]
     for length in reversed(lengths):
         if length <= train_len:
             return None
@@ -685,7 +687,7 @@ def _ratio_note(report: Report) -> str:
         return ("ratio = ppl at the longest length / ppl at the training length; n/a here because no length beyond "
                 "the training length has a perplexity for every run.")
     return (f"ratio = ppl at {report.ratio_length} / ppl at the training length ({report.train_len}); "
-            f"{report.ratio_length} is the longest length every run can be evaluated at.")
+            f"{report.ratio_length} is the longest length every run that goes past its training length reaches.")
 
 
 def _length_header(report: Report, length: int) -> str:

@@ -158,12 +158,18 @@ def test_not_applicable_rendered_and_ratio_uses_common_length(tmp_path):
     assert rows["encoder=rope"].ratio == pytest.approx(3.3 / 3.0)
     assert "| encoder=learned | 3.10 | 3.60 | n/a | 1.16 |" in render_markdown(report)
 
-    # Nothing beyond the training length is common: the ratio is n/a, not a crash or 1.00.
+    # A run with nothing past the training length has no ratio, and does not take the others' away.
     only_train = make_run(tmp_path / "short", {128: 3.2, 256: None}, ["encoder=short"], encoder="learned")
     report = build_report([rope, only_train])
+    assert report.ratio_length == 512
+    assert by_label(report)["encoder=short"].ratio is None
+    assert by_label(report)["encoder=rope"].ratio == pytest.approx(4.5 / 3.0)
+    assert "| encoder=short | 3.20 | n/a | — | n/a |" in render_markdown(report)
+
+    # No run at all past the training length: the ratio is n/a, not a crash or 1.00.
+    report = build_report([only_train])
     assert report.ratio_length is None
     assert all(row.ratio is None for row in report.rows)
-    assert "| encoder=short | 3.20 | n/a | — | n/a |" in render_markdown(report)
 
 
 def test_main_table_prefers_nonoverlap_unscaled_and_mentions_others(tmp_path):
