@@ -47,7 +47,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 600
+    steps: int = 550
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
