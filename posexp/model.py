@@ -23,7 +23,7 @@ from posexp.errors import require
 class ModelShape:
     vocab_size: int = 256
     d_model: int = 128
-    n_layers: int = 4
+    n_layers: int = 2  # as configs/model/small.yaml
     n_heads: int = 4
     mlp_ratio: float = 4.0
     dropout: float = 0.0

@@ -5,7 +5,7 @@
     python scripts/bench_eval.py --no-hf               # skip the transformers comparison
 
 Each (encoder, length) runs in a fresh Python process on the default model
-(d_model 128, 4 layers, 4 heads; untrained weights: speed and memory do not
+(configs/model/small.yaml; untrained weights: speed and memory do not
 depend on them) and evaluates one window of L tokens exactly as ``posexp
 eval`` does, so its memory is measured alone. Two memory numbers per row:
 
@@ -30,7 +30,16 @@ import subprocess
 import sys
 import time
 
-DEFAULT_SHAPE = {"d_model": 128, "n_layers": 4, "n_heads": 4}
+
+def _default_shape() -> dict:
+    """The default model's width, depth and heads, from the config schema (what ``posexp train`` builds)."""
+    from posexp.config import ModelConfig
+
+    m = ModelConfig()
+    return {"d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads}
+
+
+DEFAULT_SHAPE = _default_shape()
 TRAIN_LEN = 128
 VOCAB = 256
 
@@ -121,7 +130,8 @@ def main() -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title="posexp eval: one window, default model (d_model 128, 4 layers, 4 heads), CPU")
+    shape = ", ".join(f"{k} {v}" for k, v in DEFAULT_SHAPE.items())
+    table = Table(title=f"posexp eval: one window, default model ({shape}), CPU")
     for col in ("encoder", "length", "tokens/s", "eval peak MiB", "process peak MiB", "peak / shortest"):
         table.add_column(col, justify="left" if col == "encoder" else "right")
     threads = set()

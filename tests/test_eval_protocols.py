@@ -174,7 +174,7 @@ def test_loss_by_position_counts_only_scored_positions():
 
 @pytest.mark.parametrize("encoder", ["rope", "alibi", "t5"])
 def test_32x_the_default_training_length_on_the_default_model(encoder):
-    """128 -> 4096 tokens on d_model 128, 4 layers, 4 heads: finishes, records speed and memory."""
+    """128 -> 4096 tokens on the default model shape: finishes, records speed and memory."""
     torch.manual_seed(0)
     model = GPT(ModelShape(), create(encoder, d_model=128, n_heads=4)).eval()
     row = evaluate(model, _val(4097), [4096], 128, tokens=4096, batch_tokens=4096, device=CPU)[0]
