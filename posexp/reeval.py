@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,14 +28,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-import posexp
-from posexp.config import EvalConfig, config_hash, eval_lengths, validate
+from posexp.config import HYDRA_CONFIG, EvalConfig, config_hash, eval_lengths, read_saved_config, validate
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluate import merge_rows
 
 RESULTS_JSON = "results.json"
 CHECKPOINT = Path("checkpoint") / "model.safetensors"
-HYDRA_CONFIG = Path(".hydra") / "config.yaml"
 EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
 VALUE_HINTS = {
     "lengths": "a list of integers, e.g. eval.lengths=[256,1024,8192]",
@@ -186,9 +183,8 @@ class Prepared:
 
 
 def load_run_config(run_dir: Path, results: dict) -> DictConfig:
-    path = run_dir / HYDRA_CONFIG
-    if path.is_file():
-        return OmegaConf.load(path)
+    if (run_dir / HYDRA_CONFIG).is_file():
+        return read_saved_config(run_dir)
     stored = results.get("run", {}).get("config")
     if isinstance(stored, dict):
         return OmegaConf.create(stored)
@@ -258,7 +254,8 @@ def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
 
 def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
     """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results."""
-    from posexp.run import evaluate_config, git_commit, results_table, write_loss_by_position, write_results
+    from posexp.run import (evaluate_config, git_commit, results_table, versions, write_loss_by_position,
+                            write_results)
     from posexp.train import resolve_device
 
     console = console or Console()
@@ -304,8 +301,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[
             "rows": len(rows),
             "device": str(device),
             "git_commit": git_commit(),
-            "versions": {"posexp": posexp.__version__, "torch": torch.__version__,
-                         "python": platform.python_version()},
+            "versions": versions(),
         })
         label = str(results["run"].get("label") or p.run_dir.name)
         if positions:

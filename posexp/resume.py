@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
+from posexp.config import HYDRA_CONFIG
 from posexp.errors import PosexpError
 
 RESULTS_JSON = "results.json"
-HYDRA_CONFIG = Path(".hydra") / "config.yaml"
 HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
@@ -62,26 +62,17 @@ def check_resumable(run_dir: Path) -> None:
 
 def load_config(run_dir: Path) -> DictConfig:
     """The run's ``.hydra/config.yaml`` on the config schema (keys added since it was written get defaults)."""
-    import yaml
     from omegaconf.errors import OmegaConfBaseException
 
-    from posexp.config import Config, register_configs
+    from posexp.config import Config, read_saved_config, register_configs
 
-    path = run_dir / HYDRA_CONFIG
-    try:
-        loaded = OmegaConf.load(path)
-    except yaml.YAMLError as e:
-        raise PosexpError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    except (OSError, UnicodeDecodeError, ValueError, OmegaConfBaseException) as e:
-        raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, DictConfig):
-        raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
+    loaded = read_saved_config(run_dir)
     register_configs()
     try:
         return OmegaConf.merge(OmegaConf.structured(Config), loaded)
     except OmegaConfBaseException as e:
-        raise PosexpError(f"{path}: does not fit posexp's config schema ({str(e).splitlines()[0]}); "
-                          "was it edited?") from None
+        raise PosexpError(f"{run_dir / HYDRA_CONFIG}: does not fit posexp's config schema "
+                          f"({str(e).splitlines()[0]}); was it edited?") from None
 
 
 def load_overrides(run_dir: Path) -> list[str]:

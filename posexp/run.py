@@ -48,6 +48,11 @@ def git_commit() -> Optional[str]:
         return None
 
 
+def versions() -> dict:
+    """What produced a result: posexp, torch and Python versions."""
+    return {"posexp": posexp.__version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
 def run_label(overrides: list[str]) -> str:
     return " ".join(overrides) if overrides else "default"
 
@@ -65,8 +70,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "config_hash": config_hash(cfg),
         **corpus_info,
         "eval_settings": eval_settings(cfg),
-        "versions": {"posexp": posexp.__version__, "torch": torch.__version__,
-                     "python": platform.python_version()},
+        "versions": versions(),
         "python_version": platform.python_version(),
         "git_commit": git_commit(),
         "status": "completed",
@@ -90,8 +94,7 @@ def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], statu
     run = {"label": run_label(overrides), "overrides": list(overrides), "status": status,
            "error": {"message": str(error), "type": type(error).__name__,
                      **({"step": int(step)} if step is not None else {})},
-           "versions": {"posexp": posexp.__version__, "torch": torch.__version__,
-                        "python": platform.python_version()},
+           "versions": versions(),
            "python_version": platform.python_version(), "git_commit": git_commit()}
     try:  # the config itself may be what failed
         run.update({"encoder": cfg.encoder.name, "train_len": int(cfg.train_len), "seed": int(cfg.seed),
@@ -137,9 +140,7 @@ def scaling_text(row: dict) -> str:
     if row.get("scaling") is None:
         return "none"
     factor = row.get("scaling_factor")
-    if row["scaling"] == "rerope" and factor is not None:
-        return f"rerope w={factor:g}"  # its number is a window in tokens, not a factor
-    return f"{row['scaling']} ×{factor:g}" if factor is not None else str(row["scaling"])
+    return str(row["scaling"]) + (factor_text(row["scaling"], factor) if factor is not None else "")
 
 
 def factor_text(scaling: Optional[str], factor: float) -> str:

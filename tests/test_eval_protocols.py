@@ -407,6 +407,15 @@ def test_a_run_without_checkpoint_is_refused_and_left_alone(run_copy):
     assert (run_copy / "results.json").read_bytes() == before
 
 
+def test_a_damaged_saved_config_is_named_not_a_traceback(run_copy):
+    (run_copy / ".hydra" / "config.yaml").write_text("encoder: [unclosed\n")
+    before = (run_copy / "results.json").read_bytes()
+    proc = run_cli("eval", "run", "eval.lengths=[64]", cwd=run_copy.parent)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "config.yaml" in proc.stderr and "not valid YAML" in proc.stderr
+    assert (run_copy / "results.json").read_bytes() == before
+
+
 def test_a_folder_without_runs_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     result = _cli("eval", "empty", cwd=tmp_path)
