@@ -65,6 +65,13 @@ class TrainConfig:
     # One is always written when training ends or is interrupted.
     checkpoint_every: int = 100
     checkpoint_minutes: float = 10.0
+    # Training-time position tricks for any encoding (posexp/positions.py):
+    # randomized positions (Ruoss et al. 2023) and sequence-length warmup (Li et al. 2022).
+    positions: str = "contiguous"
+    max_position: Optional[int] = None
+    curriculum: str = "none"
+    curriculum_start_len: Optional[int] = None
+    curriculum_steps: Optional[int] = None
 
 
 @dataclass
@@ -163,6 +170,7 @@ def validate(cfg: DictConfig) -> None:
             f"must be >= 0 steps, 0 turns periodic checkpoints off (got {t.checkpoint_every})")
     require(t.checkpoint_minutes >= 0, "train.checkpoint_minutes",
             f"must be >= 0 minutes, 0 turns timed checkpoints off (got {t.checkpoint_minutes})")
+    validate_positions(cfg, encoder)
 
     e = cfg.eval
     if e.lengths is not None:
@@ -183,6 +191,45 @@ def validate(cfg: DictConfig) -> None:
     if d.name == "text":
         require(d.path is not None and str(d.path).strip() != "", "data.path",
                 "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+
+
+def validate_positions(cfg: DictConfig, encoder) -> None:
+    """``train.positions`` / ``train.curriculum`` and their options (posexp/positions.py)."""
+    from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len
+
+    t = cfg.train
+    require(t.positions in POSITION_SCHEMES, "train.positions",
+            f"unknown scheme {t.positions!r}; choose one of: {', '.join(POSITION_SCHEMES)}")
+    require(t.curriculum in CURRICULA, "train.curriculum",
+            f"unknown curriculum {t.curriculum!r}; choose one of: {', '.join(CURRICULA)}")
+    if t.positions == "randomized":
+        longest = max(eval_lengths(cfg)) if _lengths_valid(cfg) else cfg.train_len
+        max_position = t.max_position if t.max_position is not None else max(cfg.train_len, longest)
+        require(max_position >= cfg.train_len, "train.max_position",
+                f"must be >= train_len = {cfg.train_len}: training draws train_len distinct positions "
+                f"from 0..max_position-1 (got {max_position})")
+        if encoder.max_length is not None:
+            require(max_position <= encoder.max_length, "train.max_position",
+                    f"positions up to {max_position - 1} are drawn, but encoder {cfg.encoder.name!r} represents "
+                    f"0..{encoder.max_length - 1}; lower train.max_position or raise the encoder's length "
+                    f"(e.g. encoder.max_length={max_position})")
+    else:
+        require(t.max_position is None, "train.max_position", "only applies with train.positions=randomized")
+    if t.curriculum == "linear":
+        start = t.curriculum_start_len if t.curriculum_start_len is not None else default_start_len(cfg.train_len)
+        require(0 < start <= cfg.train_len, "train.curriculum_start_len",
+                f"must be in 1..train_len = {cfg.train_len} (got {start})")
+        require(t.curriculum_steps is None or 0 <= t.curriculum_steps <= t.steps, "train.curriculum_steps",
+                f"must be in 0..train.steps = {t.steps} (got {t.curriculum_steps})")
+    else:
+        for key in ("curriculum_start_len", "curriculum_steps"):
+            require(t[key] is None, f"train.{key}", "only applies with train.curriculum=linear")
+
+
+def _lengths_valid(cfg: DictConfig) -> bool:
+    e = cfg.eval
+    values = e.lengths if e.lengths is not None else e.multiples
+    return len(values) > 0 and all(v > 0 for v in values)
 
 
 def build_encoder(cfg: DictConfig):

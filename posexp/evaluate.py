@@ -260,10 +260,11 @@ class LengthResult:
 
 
 def _forward_losses(model: GPT, val: np.ndarray, starts: np.ndarray, length: int,
-                    device: torch.device) -> np.ndarray:
+                    device: torch.device, pos: Optional[np.ndarray] = None) -> np.ndarray:
     idx = starts[:, None] + np.arange(length + 1)[None, :]
     batch = torch.from_numpy(val[idx].astype("int64")).to(device)  # (b, L + 1)
-    losses = model.token_losses(batch[:, :-1], batch[:, 1:])  # (b, L) nats, fp32
+    pos_t = None if pos is None else torch.from_numpy(pos).to(device)  # None = 0 .. L-1
+    losses = model.token_losses(batch[:, :-1], batch[:, 1:], pos_t)  # (b, L) nats, fp32
     return losses.double().cpu().numpy()
 
 
@@ -276,7 +277,7 @@ def _free_memory(device: torch.device) -> None:
 
 
 def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
-                 device: torch.device, log: Callable[[str], None]) -> LengthResult:
+                 device: torch.device, log: Callable[[str], None], pos: Optional[np.ndarray] = None) -> LengthResult:
     L = length
     target_losses = np.full(win.last - win.first + 1, np.nan)
     position_sum = np.zeros(L)
@@ -288,7 +289,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
     while i < n:
         chunk = win.starts[i:i + per_batch]
         try:
-            losses = _forward_losses(model, val, chunk, L, device)  # (b, L)
+            losses = _forward_losses(model, val, chunk, L, device, pos)  # (b, L)
         except (RuntimeError, torch.OutOfMemoryError) as e:
             if not is_out_of_memory(e):
                 raise
@@ -344,7 +345,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
-             positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None) -> list[dict]:
+             positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
+             position_plan=None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
@@ -367,6 +369,9 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         positions: if a list, one ``{key..., "length", "position_sum", "position_count"}`` per length
             is appended (for ``loss_by_position.csv``).
         log: where progress notes (out-of-memory retries) go.
+        position_plan: a :class:`posexp.positions.PositionPlan`; a model trained with
+            randomized positions is evaluated with them too (Ruoss et al. 2023), and lengths
+            beyond its ``max_position`` are not applicable. None = positions ``0 .. L-1``.
 
     Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
     learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
@@ -402,7 +407,10 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
                    "stride": stride if protocol == "sliding" else None,
                    "last_k": last_k if protocol == "last_k" else None,
                    "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}
-            if not encoder.supports(length):
+            if position_plan is not None and not position_plan.eval_supports(length):
+                row.update(_not_applicable_row(f"trained with randomized positions drawn from "
+                                               f"0..{position_plan.max_position - 1} (train.max_position)"))
+            elif not encoder.supports(length):
                 scaled = f" with {scaling} scaling by {factor:g}" if factor is not None else ""
                 row.update(_not_applicable_row(f"encoder {base_encoder.name!r}{scaled} represents at most "
                                                f"{encoder.max_length} positions"))
@@ -410,7 +418,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
                 with _Swapped(model, encoder), PeakMemory(device) as mem:
                     t0 = time.perf_counter()
-                    res = _run_windows(model, val, win, length, batch_tokens, device, log)
+                    pos = position_plan.eval_positions(length) if position_plan is not None else None
+                    res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
                     elapsed = time.perf_counter() - t0
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:

@@ -21,6 +21,7 @@ from posexp.data import check_fits, load_corpus
 from posexp.errors import ConfigError, TrainingDiverged
 from posexp.evaluate import evaluate, loss_by_position_rows, row_key
 from posexp.io import atomic_write_text
+from posexp.positions import PositionPlan
 from posexp.train import build_model, resolve_device, save_checkpoint, train
 
 RESULTS_JSON = "results.json"
@@ -79,7 +80,8 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
                   "final_loss": train_result.final_loss, "wall_s": round(train_result.wall_s, 3),
                   "tokens_per_s": round(train_result.tokens_per_s, 1), "precision": train_result.precision,
                   "device": train_result.device, "threads": torch.get_num_threads(),
-                  **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {})},
+                  **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {}),
+                  **({"positions": tricks} if (tricks := PositionPlan(cfg).describe()) else {})},
     }
 
 
@@ -281,7 +283,7 @@ def evaluate_config(model, val, cfg: DictConfig, device: torch.device,
                     protocol=e.protocol, stride=e.get("stride"), last_k=e.get("last_k"),
                     scaling=e.get("scaling", "none"), scaling_factor=e.get("scaling_factor"),
                     rerope_window=e.get("rerope_window"), positions=positions,
-                    log=log)
+                    log=log, position_plan=PositionPlan(cfg))
     return rows, positions
 
 

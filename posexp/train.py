@@ -35,6 +35,7 @@ from posexp.encoders import create
 from posexp.errors import TrainingDiverged, TrainingInterrupted
 from posexp.io import atomic_write_text
 from posexp.model import GPT, ModelShape
+from posexp.positions import PositionPlan
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
     model.to(device).train()
     opt = make_optimizer(model, cfg)
     sampler = BatchSampler(corpus.train, cfg.train_len, t.batch_size, cfg.seed)
-    tokens_per_step = t.batch_size * cfg.train_len
+    plan = PositionPlan(cfg)  # randomized positions / length curriculum; both off by default
     console = console or Console(stderr=True)
     chash = config_hash(cfg)
     every = int(t.get("checkpoint_every", 0) or 0)
@@ -289,6 +290,7 @@ def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
         console=console, disable=not t.progress, transient=False,
     )
     saved_step: Optional[int] = start_step if saved is not None else None
+    interval_tokens = 0  # tokens trained since the last metrics row
     start = last_time = last_save = time.perf_counter()
     done = start_step
     try:
@@ -299,9 +301,12 @@ def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
                 lr = lr_at(step, cfg)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                batch = torch.from_numpy(sampler.batch(step).astype("int64")).to(device, non_blocking=True)
+                length = plan.length_at(step)
+                batch = sampler.batch(step)[:, :length + 1]  # a curriculum trains on each window's first tokens
+                batch = torch.from_numpy(batch.astype("int64")).to(device, non_blocking=True)
+                pos = plan.train_positions(step, length, device)
                 with autocast(device, dtype):
-                    loss = model.token_losses(batch[:, :-1], batch[:, 1:]).mean()
+                    loss = model.token_losses(batch[:, :-1], batch[:, 1:], pos).mean()
                 loss.backward()
                 if t.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
@@ -313,19 +318,20 @@ def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
                 first_bad = torch.where(newly_bad, step + 1, first_bad)
                 bad_value = torch.where(newly_bad, loss.float(), bad_value)
                 running += loss
-                seen += tokens_per_step
+                seen += t.batch_size * length
+                interval_tokens += t.batch_size * length
                 done = step + 1
                 if done % t.log_every == 0 or done == t.steps:
                     check_finite()
                     loss_value = (running / (done - last_step)).item()  # the one host sync per interval
                     now = time.perf_counter()
-                    tps = (done - last_step) * tokens_per_step / (now - last_time)
+                    tps = interval_tokens / (now - last_time)
                     metrics.write(step=done, tokens=seen, loss=f"{loss_value:.6f}", lr=f"{lr:.6g}",
                                   tokens_per_s=f"{tps:.1f}", elapsed_s=f"{elapsed_before + now - start:.3f}")
                     log.info("step %d loss %.4f lr %.3g tokens/s %.0f", done, loss_value, lr, tps)
                     progress.update(task, completed=done, loss=f"{loss_value:.3f}", tps=f"{tps:,.0f}")
                     running.zero_()
-                    last_step, last_time = done, now
+                    last_step, last_time, interval_tokens = done, now, 0
                 if stop.received is not None:
                     break  # checkpointed below
                 if done < t.steps and ((every and done % every == 0) or
