@@ -137,7 +137,9 @@ def plot_ppl_vs_length(
         handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
         labels.append("not applicable")
     if handles:
-        if legend_below:
+        if legend_below or not named:
+            # unnamed lines: only the training length and "not applicable" remain, and "best" inside
+            # the axes would test every point of a hundred lines against candidate boxes (seconds)
             fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
         else:
             ax.legend(handles, labels, fontsize=7, loc="best", framealpha=0.85)
@@ -184,16 +186,19 @@ BINS_PER_OCTAVE = 2
 
 def _log_bins(positions: Sequence[int], losses: Sequence[float], counts: Sequence[int]) -> tuple[list, list]:
     """Count-weighted mean loss in log2-spaced bins of the context size (position + 1)."""
-    sums: dict[int, float] = {}
-    weights: dict[int, float] = {}
-    where: dict[int, float] = {}
-    for p, loss, c in zip(positions, losses, counts):
-        b = int(math.floor(math.log2(p + 1) * BINS_PER_OCTAVE))
-        sums[b] = sums.get(b, 0.0) + loss * c
-        weights[b] = weights.get(b, 0.0) + c
-        where[b] = where.get(b, 0.0) + (p + 1) * c
-    keys = sorted(sums)
-    return [where[b] / weights[b] for b in keys], [sums[b] / weights[b] for b in keys]
+    import numpy as np
+
+    if len(positions) == 0:
+        return [], []
+    context = np.asarray(positions, dtype=np.float64) + 1
+    weight = np.asarray(counts, dtype=np.float64)
+    bins = np.floor(np.log2(context) * BINS_PER_OCTAVE).astype(np.int64)
+    _, index = np.unique(bins, return_inverse=True)
+    total = np.bincount(index, weights=weight)
+    keep = total > 0
+    where = np.bincount(index, weights=context * weight)[keep] / total[keep]
+    mean = np.bincount(index, weights=np.asarray(losses, dtype=np.float64) * weight)[keep] / total[keep]
+    return where.tolist(), mean.tolist()
 
 
 def plot_loss_by_position(
@@ -218,17 +223,43 @@ def plot_loss_by_position(
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
-    from matplotlib import ticker
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    labelled = [(f"L = {_format_tokens(length)}", length, positions, losses, counts)
+                for length, positions, losses, counts in series]
+    return plot_position_overlay(labelled, path, train_len=train_len, title=title)
 
-    fig = Figure(figsize=(FIG_WIDTH_IN, FIG_HEIGHT_IN), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+
+# (label, window length, positions, mean losses, counts) for one line of an overlay
+LabelledPositionSeries = tuple[str, int, Sequence[int], Sequence[float], Sequence[int]]
+
+
+def plot_position_overlay(
+    series: Sequence[LabelledPositionSeries],
+    path: str | os.PathLike,
+    train_len: int | None = None,
+    title: str | None = None,
+) -> Path:
+    """Mean loss against position in the window, one labelled line per series, saved as PNG.
+
+    The report overlays runs (or groups of runs) with it, each at its own window
+    length, so a curve that rises past the training length stands out against one
+    that stays flat. Binning is that of :func:`plot_loss_by_position`.
+
+    Args:
+        series: ``(label, length, positions, losses, counts)`` per line.
+        path: where to write the PNG; written atomically.
+        train_len: training length, drawn as a dashed vertical line.
+        title: optional figure title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    from matplotlib import ticker
+
+    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
     ticks: set[int] = set()
-    for (length, positions, losses, counts), color in zip(series, _colors(len(series))):
+    for (label, length, positions, losses, counts), color in zip(series, _colors(len(series))):
         x, y = _log_bins(positions, losses, counts)
-        ax.plot(x, y, linewidth=1.2, color=color, label=f"L = {_format_tokens(length)}")
+        ax.plot(x, y, linewidth=1.2, color=color, label=label if named else None)
         ticks.add(int(length))
     if train_len is not None:
         ticks.add(int(train_len))
@@ -239,15 +270,71 @@ def plot_loss_by_position(
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _format_tokens(v)))
     ax.set_xlabel("context of the prediction (tokens, position in window + 1)", fontsize=8)
     ax.set_ylabel("mean loss (nats/token)", fontsize=8)
-    ax.tick_params(which="both", labelsize=7)
-    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     if not series:
         ax.text(0.5, 0.5, "no applicable lengths", transform=ax.transAxes, ha="center", va="center",
                 fontsize=8, color="0.4")
+    return _finish(fig, ax, path, title, named, legend_below, legend_cols, len(series))
+
+
+# (label, steps, losses) for one training curve
+CurveSeries = tuple[str, Sequence[float], Sequence[float]]
+
+
+def plot_training_curves(
+    series: Sequence[CurveSeries],
+    path: str | os.PathLike,
+    title: str | None = None,
+) -> Path:
+    """Training loss against step, one line per series, saved as PNG.
+
+    Args:
+        series: ``(label, steps, losses)`` per line, from ``metrics.csv`` (losses in nats/token).
+        path: where to write the PNG; written atomically.
+        title: optional figure title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
+    for (label, steps, losses), color in zip(series, _colors(len(series))):
+        ax.plot([float(s) for s in steps], [_finite_or_nan(v) for v in losses], linewidth=1.1, color=color,
+                label=label if named else None)
+    ax.set_xlabel("training step", fontsize=8)
+    ax.set_ylabel("training loss (nats/token)", fontsize=8)
+    if not series:
+        ax.text(0.5, 0.5, "no metrics.csv in these runs", transform=ax.transAxes, ha="center", va="center",
+                fontsize=8, color="0.4")
+    return _finish(fig, ax, path, title, named, legend_below, legend_cols, len(series))
+
+
+def _new_figure(n_series: int):
+    """A column-width figure with room below the axes for a long legend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    named = n_series <= MAX_LEGEND_SERIES
+    legend_below = named and n_series > MAX_INSIDE_LEGEND
+    legend_cols = 2 if n_series <= 16 else 3
+    legend_rows = math.ceil((n_series + 1) / legend_cols) if legend_below else 0
+    fig = Figure(figsize=(FIG_WIDTH_IN, FIG_HEIGHT_IN + 0.13 * legend_rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(), named, legend_below, legend_cols
+
+
+def _finish(fig, ax, path, title, named: bool, legend_below: bool, legend_cols: int, n_series: int) -> Path:
+    ax.tick_params(which="both", labelsize=7)
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     if title:
         ax.set_title(textwrap.fill(title, 60), fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6, loc="best", framealpha=0.85)
+    if not named:
+        ax.text(0.01, 0.99, f"{n_series} series, coloured in order (dark first)", transform=ax.transAxes,
+                ha="left", va="top", fontsize=6, color="0.3")
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        if legend_below or not named:
+            fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
+        else:
+            ax.legend(handles, labels, fontsize=6, loc="best", framealpha=0.85)
     buf = BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     return atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,173 @@
+"""How long ``posexp report`` takes over many runs.
+
+    python scripts/bench_report.py                    # 100 runs, --by encoder,base, 3 repeats
+    python scripts/bench_report.py --runs 300 --repeats 5
+    python scripts/bench_report.py --keep /tmp/fake   # leave the fabricated runs there
+
+Fabricates run folders in a temporary folder, shaped like the ones ``posexp train``
+writes with the default settings (results.json with the full ``run`` record and
+one row per length at 1x..16x of a 128-token training length, loss_by_position.csv
+with every position of every window length, metrics.csv, .hydra/config.yaml and
+overrides.yaml): 10 encodings x 2 bases x 5 seeds for 100 runs. The perplexities
+are made up; the point is the time to read, group, tabulate and draw them.
+
+Then it times the whole command as a user runs it (a fresh ``posexp report``
+process: Python start, imports, reading, the table, report.md and four figures),
+and, for comparison, ``posexp --help`` (start-up and imports alone). "first
+output" is when the table's first line arrives; the figures are drawn after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENCODERS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "xpos", "shaw"]
+BASES = [100.0, 10000.0]
+TRAIN_LEN = 128
+MULTIPLES = [1, 2, 4, 8, 16]
+
+
+def _config(encoder: str, base: float, seed: int) -> dict:
+    return {
+        "encoder": {"name": encoder},
+        "data": {"name": "stdlib", "path": None, "val_fraction": 0.05, "cache_dir": None},
+        "model": {"d_model": 128, "n_layers": 2, "n_heads": 4, "mlp_ratio": 4.0, "dropout": 0.0,
+                  "attn_block_size": 256},
+        "train": {"steps": 550, "batch_size": 32, "lr": 0.003, "min_lr_ratio": 0.1, "warmup_steps": 60,
+                  "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "precision": "fp32",
+                  "device": "auto", "threads": 1, "log_every": 25, "progress": True, "checkpoint_every": 100,
+                  "checkpoint_minutes": 10.0},
+        "eval": {"lengths": None, "multiples": MULTIPLES, "tokens": 65536, "protocol": "nonoverlap",
+                 "stride": None, "last_k": None, "scaling": "none", "scaling_factor": None,
+                 "rerope_window": None, "batch_tokens": 16384, "loss_by_position": True},
+        "base": base, "train_len": TRAIN_LEN, "seed": seed,
+    }
+
+
+def fabricate(root: Path, n_runs: int) -> None:
+    """Write ``n_runs`` run folders (0/, 1/, ...) and a multirun.yaml under ``root``, like a sweep."""
+    rng = random.Random(0)
+    combos = [(e, b) for e in ENCODERS for b in BASES]
+    for i in range(n_runs):
+        encoder, base = combos[i % len(combos)]
+        seed = i // len(combos)
+        folder = root / str(i)
+        (folder / ".hydra").mkdir(parents=True)
+        overrides = [f"encoder={encoder}", f"base={base:g}", f"seed={seed}", "train.threads=1"]
+        slope = rng.uniform(0.0, 0.5)
+        rows, positions = [], ["protocol,stride,last_k,scaling,scaling_factor,length,position,loss,count"]
+        for m in MULTIPLES:
+            length = m * TRAIN_LEN
+            applicable = not (encoder == "learned" and length > TRAIN_LEN)
+            loss = 1.6 + slope * math.log2(m) + rng.gauss(0, 0.02)
+            ppl = math.exp(loss) if applicable else None
+            rows.append({
+                "length": length, "multiple": float(m), "protocol": "nonoverlap", "stride": None, "last_k": None,
+                "scaling": None, "scaling_factor": None, "applicable": applicable, "ppl": ppl,
+                "loss": loss if applicable else None, "loss_se": 0.015 if applicable else None,
+                "ppl_low": ppl * 0.97 if applicable else None, "ppl_high": ppl * 1.03 if applicable else None,
+                "se_blocks": 65536 // length, "tokens": 65536, "targets": [1, 65536], "windows": 65536 // length,
+                "forward_tokens": 65536, "tokens_per_s": 90000.0, "peak_mem_mb": 20.0, "peak_rss_mb": 400.0,
+                "mem_measure": "rss high-water mark (VmHWM reset per length)", "batch_windows": 128,
+                "attn_block_size": 256, "oom_retries": 0, "eval_s": 0.7,
+            })
+            if applicable:
+                windows = 65536 // length
+                # loss falls with context, then rises past the training length by the run's slope
+                loss_at = [1.2 + 0.8 / (p + 1) + slope * max(0, p - TRAIN_LEN) / length for p in range(length)]
+                positions += [f"nonoverlap,,,,,{length},{p},{v:.6f},{windows}" for p, v in enumerate(loss_at)]
+        config = _config(encoder, base, seed)
+        run = {
+            "label": " ".join(overrides), "overrides": overrides, "encoder": encoder,
+            "base": base if encoder in ("sinusoidal", "rope", "xpos") else None, "train_len": TRAIN_LEN,
+            "seed": seed, "config": config, "config_hash": f"{i:016x}", "corpus": "stdlib",
+            "corpus_fingerprint": "a9ee661f12d338ce", "corpus_source": "python stdlib", "train_tokens": 10894723,
+            "val_tokens": 1224650, "files": 734, "val_files": 42, "split": "by_file", "tokenizer": "byte",
+            "vocab_size": 256, "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
+            "versions": {"posexp": "0.1.0", "torch": "2.13.0+cpu", "python": "3.11.7"},
+            "python_version": "3.11.7", "git_commit": None, "status": "completed", "params": 427808,
+            "train": {"steps": 550, "tokens": 2252800, "final_loss": 1.6, "wall_s": 150.0, "tokens_per_s": 15000.0,
+                      "precision": "float32", "device": "cpu", "threads": 1},
+        }
+        (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}, indent=2) + "\n")
+        (folder / "loss_by_position.csv").write_text("\n".join(positions) + "\n")
+        metrics = ["step,tokens,loss,lr,tokens_per_s,elapsed_s"]
+        metrics += [f"{s},{s * 4096},{4.5 * math.exp(-s / 150) + 1.5:.6f},0.003,15000.0,{s * 0.27:.3f}"
+                    for s in range(25, 551, 25)]
+        (folder / "metrics.csv").write_text("\n".join(metrics) + "\n")
+        (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        (folder / ".hydra" / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+
+
+def _time(cmd: list[str], repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """Wall-clock seconds to the first line on stdout (the table) and to the end, and CPU seconds, per run.
+
+    CPU time (user + system) is what the command itself costs; on a busy machine the
+    wall clock also counts waiting for a core, so both are printed.
+    """
+    firsts, walls, cpus = [], [], []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first_line = proc.stdout.readline()
+        firsts.append(time.perf_counter() - start)
+        rest, err = proc.communicate()
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        if proc.returncode != 0 or not (first_line + rest).strip():
+            sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
+    return firsts, walls, cpus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--by", default="encoder,base")
+    parser.add_argument("--keep", type=Path, help="fabricate the runs here and leave them")
+    args = parser.parse_args()
+
+    load = os.getloadavg()[0]
+    root = args.keep or Path(tempfile.mkdtemp(prefix="posexp-bench-report-"))
+    try:
+        if not (root / "multirun.yaml").is_file():
+            fabricate(root, args.runs)
+        posexp = [sys.executable, "-m", "posexp"]
+        startup = _time([*posexp, "--help"], args.repeats)
+        report = _time([*posexp, "report", str(root), "--by", args.by, "--out", str(root / "report")],
+                       args.repeats)
+        plain = _time([*posexp, "report", str(root), "--format", "csv", "--out", str(root / "report_plain")],
+                      args.repeats)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def fmt(times: tuple[list[float], list[float], list[float]]) -> str:
+        firsts, walls, cpus = times
+        return (f"first output {statistics.median(firsts):5.2f} s, done after {statistics.median(walls):5.2f} s "
+                f"(min {min(walls):.2f}), CPU {statistics.median(cpus):5.2f} s")
+
+    print(f"{args.runs} fabricated runs, {args.repeats} repeats each, a fresh process each time "
+          f"(1-minute load average before: {load:.1f} on {os.cpu_count()} cores); medians:")
+    print(f"  posexp --help (start-up and imports only)     {fmt(startup)}")
+    print(f"  posexp report DIR --by {args.by:<22} {fmt(report)}")
+    print(f"  posexp report DIR --format csv (one per run)  {fmt(plain)}")
+
+
+if __name__ == "__main__":
+    main()
