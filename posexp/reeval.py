@@ -194,7 +194,7 @@ def load_run_config(run_dir: Path, results: dict) -> DictConfig:
 def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     """Load and check one run: results, config + overrides, corpus, weights. Writes nothing."""
     from posexp.checkpoint import load_weights
-    from posexp.data import check_fits, load_corpus
+    from posexp.data import check_fits, corpus_from_config
     from posexp.train import build_model
 
     try:
@@ -215,7 +215,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     if recorded is not None and recorded != config_hash(cfg):
         raise PosexpError(f"{run_dir}: {HYDRA_CONFIG} does not match the config the run was trained with "
                           f"(config hash {config_hash(cfg)} vs {recorded} in {RESULTS_JSON}); was it edited?")
-    corpus = load_corpus(cfg.data.name, cfg.data.path, cfg.data.val_fraction, cfg.data.cache_dir)
+    corpus = corpus_from_config(cfg)  # the tokenizer too: a config without one is byte-level
     recorded_fp = results["run"].get("corpus_fingerprint")
     if recorded_fp is not None and recorded_fp != corpus.fingerprint:
         raise PosexpError(f"{run_dir}: the {cfg.data.name} corpus here (fingerprint {corpus.fingerprint}) is not "
