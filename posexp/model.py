@@ -56,8 +56,8 @@ class AttentionPlan:
         self._full_bias: Optional[Tensor] = None
 
     def bias(self, start: int, end: int, dtype: torch.dtype) -> Optional[Tensor]:
-        """Additive logits ``(H, end-start, end)`` for queries ``start:end`` over keys ``0:end``,
-        causal mask included, or None when the encoder has no bias."""
+        """Additive logits ``(1, H, end-start, end)`` for queries ``start:end`` over keys ``0:end``,
+        causal mask included (a mask, never None, on this path)."""
         L = self.pos.shape[0]
         whole = start == 0 and end == L
         if whole and self._full_bias is not None:
@@ -71,7 +71,8 @@ class AttentionPlan:
             mask = torch.zeros(future.shape, dtype=dtype, device=future.device)
         else:
             mask = bias.to(dtype)
-        mask = mask.masked_fill(future, float("-inf"))
+        # 4-D: with a 3-D mask SDPA on CPU falls back to its unfused math path (torch 2.13)
+        mask = mask.masked_fill(future, float("-inf")).view(1, -1, *future.shape)  # (1, H or 1, Lq, Lk)
         if whole:
             self._full_bias = mask
         return mask
@@ -100,7 +101,7 @@ class CausalSelfAttention(nn.Module):
             for start in range(0, L, plan.block_size):
                 end = min(start + plan.block_size, L)
                 qb, kb, vb = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
-                mask = plan.bias(start, end, q.dtype)  # (H, Lq, Lk)
+                mask = plan.bias(start, end, q.dtype)  # (1, H, Lq, Lk)
                 if enc.uses_scores:
                     extra = enc.scores(qb, kb, plan.pos[start:end], plan.pos[:end])
                     mask = mask + extra.to(q.dtype)  # (B, H, Lq, Lk)
