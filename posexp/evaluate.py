@@ -46,6 +46,7 @@ records what it ran with (``batch_windows``, ``attn_block_size``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -320,6 +321,12 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
                         retries)
 
 
+def _autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 class _Swapped:
     """Put ``encoder`` into ``model`` for the duration of a block."""
 
@@ -346,7 +353,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
-             position_plan=None) -> list[dict]:
+             position_plan=None, dtype: torch.dtype = torch.float32) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
@@ -372,6 +379,10 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         position_plan: a :class:`posexp.positions.PositionPlan`; a model trained with
             randomized positions is evaluated with them too (Ruoss et al. 2023), and lengths
             beyond its ``max_position`` are not applicable. None = positions ``0 .. L-1``.
+        dtype: the forward pass's autocast precision (the training precision, ``torch.bfloat16``
+            or ``torch.float32``). Whatever it is, log-softmax and cross-entropy run in fp32
+            (``GPT.token_losses``) and losses are summed in float64, so perplexities do not
+            carry bf16's 8-bit mantissa.
 
     Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
     learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
@@ -419,7 +430,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
                 with _Swapped(model, encoder), PeakMemory(device) as mem:
                     t0 = time.perf_counter()
                     pos = position_plan.eval_positions(length) if position_plan is not None else None
-                    res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
+                    with _autocast(device, dtype):
+                        res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
                     elapsed = time.perf_counter() - t0
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
