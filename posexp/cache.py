@@ -1,0 +1,249 @@
+"""The sweep cache: train a configuration once, evaluate it as often as you like.
+
+With ``cache=true`` a run first looks for its *training key* in ``cache_dir``
+(default ``outputs/cache``, relative to the folder posexp is started in). The key
+hashes everything that shapes the trained weights, and nothing else:
+
+- the resolved config without ``eval.*`` (evaluation never touches the weights),
+  without the keys that only change how a run reports or saves itself
+  (:data:`NOT_TRAINING`: progress bar, logging and checkpoint cadence, thread count,
+  token-cache folder) and without the cache and sweep keys themselves;
+- values that training derives from ``eval.*`` (the position range of
+  ``train.positions=randomized`` with ``train.max_position`` unset);
+- the corpus fingerprint (the tokens themselves: another Python's standard library,
+  or an edited ``data.path``, is another corpus);
+- the posexp and torch versions.
+
+Every key a later version adds to the config is part of the key unless listed in
+:data:`NOT_TRAINING`: an unknown key costs a retraining, never a wrong reuse.
+
+A hit loads the cached weights (checked against their SHA-256), copies the
+training curve (``metrics.csv``) into the run folder, and the run continues as if
+it had just trained: checkpoint, evaluation, results. ``results.json`` says where
+the weights came from in ``run.cached_from``. A miss trains; when training
+finishes (not diverged, not interrupted) the weights and the curve are published as
+``cache_dir/<key>/``: written to a hidden folder first, then renamed into place, so
+a reader sees a complete entry or none, and of two jobs that trained the same key
+at once the first to finish wins.
+
+An entry holds ``model.safetensors`` (a hard link to the run's checkpoint where the
+file system allows, else a copy), ``metrics.csv`` and ``entry.json`` (the key, the
+run that trained it, its training config and training summary). Deleting
+``cache_dir`` or an entry is always safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+import posexp
+from posexp.config import to_container
+from posexp.errors import PosexpError
+from posexp.io import atomic_write_bytes, atomic_write_json
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+ENTRY_FILE = "entry.json"
+WEIGHTS_FILE = "model.safetensors"
+METRICS_FILE = "metrics.csv"
+# Keys that do not change the trained weights: top level, and per group.
+NOT_TRAINING = {
+    "": ("eval", "cache", "cache_dir", "objective", "hydra"),
+    "train": ("progress", "log_every", "threads", "checkpoint_every", "checkpoint_minutes"),
+    "data": ("cache_dir", "description"),
+    "tokenizer": ("description",),
+}
+
+
+def training_config(cfg: DictConfig) -> dict:
+    """The resolved config that shapes the trained weights (see the module docstring)."""
+    c = to_container(cfg)
+    out = {k: v for k, v in c.items() if k not in NOT_TRAINING[""]}
+    for group, keys in NOT_TRAINING.items():
+        if group and isinstance(out.get(group), dict):
+            out[group] = {k: v for k, v in out[group].items() if k not in keys}
+    t = out.get("train", {})
+    if t.get("positions") == "randomized" and t.get("max_position") is None:
+        from posexp.positions import PositionPlan  # the range is derived from the eval lengths
+
+        t["max_position"] = PositionPlan(cfg).max_position
+    return out
+
+
+def cache_key(cfg: DictConfig, corpus_fingerprint: str) -> str:
+    """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions."""
+    import torch
+
+    blob = json.dumps({"format": FORMAT, "config": training_config(cfg), "corpus": corpus_fingerprint,
+                       "posexp": posexp.__version__, "torch": torch.__version__}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_root(cfg: DictConfig) -> Path:
+    """``cache_dir`` as an absolute path; a relative one is taken from the folder posexp was started in."""
+    root = Path(str(cfg.get("cache_dir") or "outputs/cache")).expanduser()
+    if root.is_absolute():
+        return root
+    start = os.getcwd()
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():  # with hydra.job.chdir=true the job runs in its run folder
+            start = HydraConfig.get().runtime.cwd
+    except (ImportError, ValueError):
+        pass
+    return Path(start) / root
+
+
+@dataclass
+class CacheEntry:
+    """A finished training in the cache."""
+
+    key: str
+    path: Path
+    entry: dict
+
+    @property
+    def source_run(self) -> str:
+        return str(self.entry.get("run_dir", "unknown"))
+
+    def message(self) -> str:
+        return f"trained weights reused from cache {self.key} (run {self.source_run})"
+
+    def restore(self, model, run_dir: Path, device) -> Any:
+        """Load the cached weights into ``model`` and the training curve into ``run_dir``.
+
+        Returns:
+            The :class:`posexp.train.TrainResult` the original training returned.
+
+        Raises:
+            PosexpError: the cached weights are corrupt or do not fit ``model``.
+        """
+        from posexp.checkpoint import load_weights
+        from posexp.train import TrainResult
+
+        load_weights(model, self.path / WEIGHTS_FILE, config_hash=None, sha256=self.entry["sha256"],
+                     hint=f"delete the cache entry {self.path} and run again to retrain it")
+        model.to(device).eval()
+        metrics = self.path / METRICS_FILE
+        if metrics.is_file():
+            atomic_write_bytes(Path(run_dir) / METRICS_FILE, metrics.read_bytes())
+        saved = self.entry.get("train", {})
+        names = {f.name for f in dataclasses.fields(TrainResult)}
+        return TrainResult(**{k: v for k, v in saved.items() if k in names})
+
+    def provenance(self) -> dict:
+        """``run.cached_from`` in results.json."""
+        return {"key": self.key, "run_dir": self.source_run, "entry": str(self.path),
+                "created": self.entry.get("created")}
+
+
+def _read_entry(path: Path, key: str) -> Optional[dict]:
+    try:
+        entry = json.loads((path / ENTRY_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key or \
+            not isinstance(entry.get("sha256"), str) or not (path / WEIGHTS_FILE).is_file():
+        return None
+    return entry
+
+
+def _usable(path: Path, key: str) -> bool:
+    from posexp.checkpoint import sha256_file
+
+    entry = _read_entry(path, key)
+    return entry is not None and sha256_file(path / WEIGHTS_FILE) == entry["sha256"]
+
+
+def lookup(cfg: DictConfig, corpus_fingerprint: str) -> Optional[CacheEntry]:
+    """The cache entry of ``cfg``'s training key, or None (no entry, or one that cannot be used)."""
+    key = cache_key(cfg, corpus_fingerprint)
+    path = cache_root(cfg) / key
+    if not path.exists():
+        log.info("cache %s: no entry in %s; training", key, path.parent)
+        return None
+    entry = _read_entry(path, key)
+    if entry is None:
+        log.warning("cache %s: the entry %s is incomplete or unreadable; training again (it will be replaced)",
+                    key, path)
+        return None
+    from posexp.checkpoint import sha256_file
+
+    if sha256_file(path / WEIGHTS_FILE) != entry["sha256"]:
+        log.warning("cache %s: the weights in %s are corrupt (SHA-256 differs from %s); training again "
+                    "(the entry will be replaced)", key, path, ENTRY_FILE)
+        return None
+    return CacheEntry(key, path, entry)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # the run's file is only ever replaced by rename, so the cache's inode stays intact
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def store(cfg: DictConfig, corpus_fingerprint: str, run_dir: Path, result) -> Optional[Path]:
+    """Publish a finished training of ``run_dir`` as ``cache_dir/<key>/``; None if it could not be written.
+
+    Call only after training ended normally and the final checkpoint was written. A failure
+    to write the cache is logged and does not fail the run.
+    """
+    from posexp.checkpoint import CHECKPOINT_DIR, META_FILE, sha256_file
+
+    key = cache_key(cfg, corpus_fingerprint)
+    root = cache_root(cfg)
+    final = root / key
+    weights = Path(run_dir) / CHECKPOINT_DIR / WEIGHTS_FILE
+    tmp = root / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if final.exists() and _usable(final, key):
+            return final  # another job with the same training config finished first
+        tmp.mkdir()
+        _link_or_copy(weights, tmp / WEIGHTS_FILE)
+        try:
+            sha = json.loads((weights.parent / META_FILE).read_text(encoding="utf-8"))["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            sha = sha256_file(tmp / WEIGHTS_FILE)
+        if (Path(run_dir) / METRICS_FILE).is_file():
+            shutil.copyfile(Path(run_dir) / METRICS_FILE, tmp / METRICS_FILE)
+        import torch
+
+        train = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        atomic_write_json(tmp / ENTRY_FILE, {
+            "format": FORMAT, "key": key, "run_dir": str(Path(run_dir).resolve()),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sha256": sha, "corpus_fingerprint": corpus_fingerprint,
+            "versions": {"posexp": posexp.__version__, "torch": torch.__version__},
+            "threads": torch.get_num_threads(), "train": train, "config": training_config(cfg)})
+        if final.exists():  # unusable (checked above): move it aside, then replace it
+            stale = root / f".{key}.stale.{secrets.token_hex(4)}.tmp"
+            os.rename(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, final)  # atomic: readers see the whole entry or none
+        except OSError:
+            if not _usable(final, key):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # lost the race to an equal entry
+            return final
+    except (OSError, PosexpError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("cache %s: could not write %s (%s); the run itself is complete", key, final, e)
+        return None
+    log.info("cache %s: trained weights stored in %s", key, final)
+    return final

@@ -1,0 +1,173 @@
+"""What ``posexp train`` needs to run well under Hydra's launchers and sweepers.
+
+- :func:`set_job_threads`: parallel jobs on one machine share its cores, so a job of
+  the joblib launcher runs torch on ``floor(cores / n_jobs)`` threads, and a submitit
+  job on its ``cpus_per_task`` (``train.threads`` wins over both).
+- :func:`objective_value`: the number the train task returns, which a sweeper such as
+  ``hydra/sweeper=optuna`` minimises: the validation loss in nats per token (the log
+  of the perplexity) at the longest eval length, at a chosen length, or averaged.
+- :func:`missing_plugin`: a clear message when a launcher or sweeper is asked for
+  whose plugin is not installed (``pip install -e '.[sweeps]'``).
+- :func:`failed_runs`: the runs of a sweep that failed in other processes, so the
+  exit code of ``posexp train -m`` counts them too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from omegaconf import DictConfig
+
+from posexp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+OBJECTIVES = ("longest", "mean")
+# hydra/<group>=<option> -> (the plugin module, its PyPI name)
+PLUGINS = {
+    "hydra/launcher=joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
+    "hydra/launcher=submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
+    "hydra/launcher=submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
+    "hydra/sweeper=optuna": ("hydra_plugins.hydra_optuna_sweeper", "hydra-optuna-sweeper"),
+    "search=base": ("hydra_plugins.hydra_optuna_sweeper", "hydra-optuna-sweeper"),  # configs/search/
+}
+
+
+# -- threads per job ---------------------------------------------------------------------------
+
+def available_cores() -> int:
+    """The cores this process may run on (the affinity mask where the OS has one, e.g. under SLURM)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parallel_jobs(n_jobs: int, cores: int) -> int:
+    """How many jobs joblib runs at once for ``n_jobs`` (joblib's convention: -1 = all cores, -2 = all but one)."""
+    if n_jobs < 0:
+        return max(1, cores + 1 + n_jobs)
+    return max(1, n_jobs)
+
+
+def job_threads(launcher: Any, cores: Optional[int] = None) -> Optional[int]:
+    """Torch threads for one job of ``launcher`` (the ``hydra.launcher`` config); None = torch's default.
+
+    joblib runs up to ``n_jobs`` jobs at once on this machine: each gets an equal share,
+    ``floor(cores / jobs)``, at least one. submitit gives each job ``cpus_per_task`` cores.
+    """
+    cores = cores or available_cores()
+    if launcher is None:
+        return None
+    n_jobs = launcher.get("n_jobs")  # joblib's; submitit's and the basic launcher have none
+    if n_jobs is not None:
+        return max(1, cores // parallel_jobs(int(n_jobs), cores))
+    cpus = launcher.get("cpus_per_task")
+    return int(cpus) if cpus else None
+
+
+def set_job_threads(cfg: DictConfig, launcher: Any) -> Optional[int]:
+    """Set torch's thread count for this job from the launcher, unless ``train.threads`` says otherwise."""
+    import torch
+
+    if cfg.train.get("threads"):
+        return None  # run_train sets it
+    threads = job_threads(launcher)
+    if threads is not None:
+        torch.set_num_threads(threads)
+        log.info("%d torch threads for this job (%s)", threads, _launcher_name(launcher))
+    return threads
+
+
+def _launcher_name(launcher: Any) -> str:
+    return str(launcher.get("_target_", "launcher")).rsplit(".", 1)[-1]
+
+
+# -- the objective ------------------------------------------------------------------------------
+
+def check_objective(cfg: DictConfig) -> None:
+    """``objective`` is ``longest``, ``mean`` or a positive integer eval length.
+
+    Raises:
+        ConfigError: naming ``objective`` and the allowed values.
+    """
+    objective = cfg.get("objective", "longest")
+    if isinstance(objective, str) and objective in OBJECTIVES:
+        return
+    if isinstance(objective, int) and not isinstance(objective, bool) and objective > 0:
+        return
+    raise ConfigError("objective", f"must be longest, mean or an eval length in tokens, e.g. objective=512 "
+                                   f"(got {objective!r})")
+
+
+def objective_value(results: dict, cfg: DictConfig) -> Optional[float]:
+    """The loss in nats per token (log perplexity) that ``objective`` picks from a run's rows; lower is better.
+
+    ``longest``: at the longest eval length; ``mean``: the mean over the eval lengths (the log of
+    the geometric mean perplexity); an integer: at that eval length. A length the encoder cannot
+    reach counts as infinitely bad.
+
+    Raises:
+        ConfigError: an integer ``objective`` that is not one of the run's eval lengths.
+    """
+    rows = [r for r in results.get("rows", []) if r.get("length") is not None]
+    if not rows:
+        return None
+    objective = cfg.get("objective", "longest")
+    by_length: dict[int, Optional[float]] = {}
+    for r in rows:  # one row per length for one run; the first wins if a protocol added more
+        by_length.setdefault(int(r["length"]), r.get("loss") if r.get("applicable", True) else None)
+    if objective == "mean":
+        picked = list(by_length.values())
+    else:
+        length = max(by_length) if objective == "longest" else int(objective)
+        if length not in by_length:
+            raise ConfigError("objective", f"eval length {length} was not measured; choose one of "
+                                           f"{', '.join(map(str, sorted(by_length)))}, longest or mean")
+        picked = [by_length[length]]
+    if any(v is None or not math.isfinite(float(v)) for v in picked):
+        log.warning("objective %s: a length was not applicable or not finite; returning inf", objective)
+        return math.inf
+    return float(sum(picked) / len(picked))
+
+
+# -- plugins and failed jobs ----------------------------------------------------------------------
+
+def missing_plugin(args: Sequence[str]) -> Optional[str]:
+    """A one-line message if ``args`` select a launcher or sweeper whose Hydra plugin is not installed."""
+    for arg in args:
+        choice = arg.lstrip("+~").replace(" ", "")
+        if choice in PLUGINS:
+            module, package = PLUGINS[choice]
+            if importlib.util.find_spec(module) is None:
+                return (f"{choice} needs the Hydra plugin {package}, which is not installed: "
+                        f"pip install -e '.[sweeps]' (or pip install {package})")
+    return None
+
+
+def failed_runs(sweep_dir: Path, since: float) -> list[str]:
+    """Run folders under ``sweep_dir`` whose results.json, written at or after ``since``, says failed or diverged."""
+    out = []
+    for path in sorted(Path(sweep_dir).rglob("results.json")):
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            status = json.loads(path.read_text(encoding="utf-8")).get("run", {}).get("status")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if status in ("failed", "diverged"):
+            out.append(str(path.parent))
+    return out
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for item in items:
+        seen.setdefault(str(Path(item).resolve()), None)
+    return list(seen)
