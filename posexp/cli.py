@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import hydra
 import typer
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
@@ -24,29 +26,37 @@ from posexp.config import config_dir, register_configs
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 
 CONFIG_DIR = config_dir()
-GROUPS = ("encoder", "data", "model", "train", "eval", "experiment")
+GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "experiment", "search")
 TOP_KEYS = ("base=", "train_len=", "seed=")
 
-register_configs()
 err_console = Console(stderr=True)
 # Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
 _failed_jobs: list[str] = []
 
 
 def _fail(error: PosexpError) -> None:
+    from posexp.distributed import is_main
+
     # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
-    err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+    if is_main():  # under torchrun every rank fails alike; one message is enough
+        err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
     raise SystemExit(error.exit_code)
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
-def _train_app(cfg: DictConfig) -> None:
+def train_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed).
+
+    A module-level name, so that launchers running jobs in other processes (joblib,
+    submitit) pickle it by reference.
+    """
     from posexp.run import run_train
+    from posexp.sweeps import objective_value, set_job_threads
 
     hc = HydraConfig.get()
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
     try:
-        run_train(cfg, run_dir, overrides)
+        set_job_threads(cfg, hc.launcher)
+        return objective_value(run_train(cfg, run_dir, overrides), cfg)
     except TrainingInterrupted as e:
         _fail(e)  # stops a sweep too: the user asked to stop
     except PosexpError as e:
@@ -61,6 +71,10 @@ def _train_app(cfg: DictConfig) -> None:
             raise
         logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
         _record_failed_job(cfg, run_dir, overrides, e)
+    return None
+
+
+_train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
 
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
@@ -77,6 +91,18 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
     _failed_jobs.append(str(run_dir))
 
 
+class FailedJobsCallback(Callback):
+    """Hydra callback: count the sweep jobs that failed in other processes (joblib, submitit) too."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._start = time.time() - 1.0  # file times may trail the clock a little
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from posexp.sweeps import failed_runs
+
+        _failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
+
+
 def _run_hydra(app, prog: str, args: List[str]) -> None:
     """Call a ``@hydra.main`` function as if ``prog args...`` had been typed."""
     saved = sys.argv
@@ -85,6 +111,13 @@ def _run_hydra(app, prog: str, args: List[str]) -> None:
         app()
     finally:
         sys.argv = saved
+
+
+def _flags_first(args: List[str]) -> list[str]:
+    """``-m`` moved before the overrides: ``posexp train encoder=rope -m base=100,1000`` sweeps as typed
+    (Hydra's argparse takes no overrides after a flag)."""
+    flags = [a for a in args if a in ("-m", "--multirun")]
+    return flags + [a for a in args if a not in flags]
 
 
 def _options(group: str) -> list[str]:
@@ -122,9 +155,23 @@ def train(
         autocompletion=complete_overrides, show_default=False),
 ) -> None:
     """Train one model per configuration and evaluate it at several context lengths (a Hydra app)."""
+    from posexp.sweeps import missing_plugin, unique
+
     _failed_jobs.clear()
-    _run_hydra(_train_app, "posexp train", list(overrides or []))
-    if _failed_jobs:
+    register_configs()  # here, not at import: `posexp report` and `list` need no torch
+    missing = missing_plugin(list(overrides or []))
+    if missing:
+        _fail(PosexpError(missing))
+    from posexp import distributed
+
+    # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/distributed.py)
+    with distributed.worker_overrides() as quiet:
+        try:
+            _run_hydra(_train_app, "posexp train", [*_flags_first(overrides or []), *quiet])
+        finally:
+            distributed.shutdown()
+    _failed_jobs[:] = unique(_failed_jobs)
+    if _failed_jobs and distributed.is_main():
         err_console.print(f"[bold red]error:[/] {len(_failed_jobs)} sweep job(s) failed: {', '.join(_failed_jobs)}; "
                           "each has a results.json with the reason, the other jobs' results are kept",
                           highlight=False, soft_wrap=True)
@@ -137,9 +184,13 @@ def resume(
                                    show_default=False, metavar="RUN_DIR"),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
+    from posexp.distributed import world
     from posexp.resume import resume_main
 
     try:
+        if world().distributed:
+            raise PosexpError("posexp resume runs in one process; start it without torchrun (a run trained by "
+                              "several processes continues in one with the same global batch)")
         resume_main(run_dir)
     except PosexpError as e:
         _fail(e)
@@ -151,13 +202,30 @@ def resume(
 @app.command()
 def report(
     folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write summary.md/csv/png."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Where to write report.md (with figures), summary.md and summary.csv; "
+                                  "default: the folder given."),
+    by: Optional[List[str]] = typer.Option(
+        None, "--by", help="Group by config keys, comma-separated: encoder,base,train_len,model.n_layers,... "
+                           "Runs with the same values (e.g. seeds) are averaged with a 95% t-interval."),
+    metric: Optional[List[str]] = typer.Option(
+        None, "--metric", help="Summary columns, comma-separated: ratio, ratio@8x, ratio@1024, ppl@8x, maxlen, "
+                               "maxlen@10%, auc, auc@16x. Default: ratio,maxlen,auc."),
+    tolerance: float = typer.Option(0.1, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
+                                                             "of the training-length value."),
+    sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "
+                                                            "descending."),
+    where: Optional[List[str]] = typer.Option(
+        None, "--where", help="Keep runs with KEY=VALUE (or KEY!=VALUE; VALUE may be a,b for any of); repeatable."),
+    fmt: str = typer.Option("rich", "--format", "-f", help="Table format: rich, markdown, csv, json, latex. "
+                                                           "All but rich print only the table, for redirecting."),
 ) -> None:
-    """Compare finished runs: one table, summary.md, summary.csv and an overlay plot."""
+    """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv."""
     from posexp.report import report_main
 
     try:
-        report_main([str(f) for f in folders], str(out) if out else None)
+        report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
+                    tolerance=tolerance, where=where, sort=sort, fmt=fmt)
     except PosexpError as e:
         _fail(e)
 
@@ -184,6 +252,44 @@ def eval_cmd(
         raise SystemExit(130)
 
 
+def analyze_task(cfg: DictConfig) -> None:
+    """The Hydra task of ``posexp analyze``: one encoding's geometry (module-level, so launchers can pickle it)."""
+    from posexp.analyze import run_analyze
+
+    try:
+        run_analyze(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except PosexpError as e:
+        _fail(e)
+
+
+_analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
+
+
+@app.command(context_settings=HYDRA_PASSTHROUGH)
+def analyze(
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Hydra overrides, e.g. encoder=rope base=10000 (-m to sweep, --help for Hydra's help); "
+                   "or trained run folders, then analyze.KEY=VALUE.",
+        autocompletion=complete_overrides, show_default=False),
+) -> None:
+    """The geometry of an encoding without training (a Hydra app), or of a trained run's encoding and attention.
+
+    Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
+    """
+    from posexp.analyze import analyze_runs_main, is_run_dir, register_schema
+
+    args = list(overrides or [])
+    if any(is_run_dir(a) or Path(a).is_dir() for a in args):  # run folders; Hydra overrides are not folders
+        try:
+            analyze_runs_main(args)
+        except PosexpError as e:
+            _fail(e)
+        return
+    register_configs()
+    register_schema()
+    _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
+
+
 def _yaml_description(path: Path) -> str:
     """A config's ``description`` key, else its first comment line that is not a Hydra directive."""
     from omegaconf import OmegaConf
@@ -199,7 +305,7 @@ def _yaml_description(path: Path) -> str:
 
 @app.command("list")
 def list_cmd() -> None:
-    """What you can choose: encoders (with their options), data sets and experiments."""
+    """What you can choose: encoders (with their options), data sets, tokenizers and experiments."""
     from rich.table import Table
 
     from posexp.encoders import option_names, registry
@@ -218,6 +324,7 @@ def list_cmd() -> None:
         table.add_row(name, desc, opts or "—")
     console.print(table)
     for group, title in (("data", "data sets  (posexp train data=NAME)"),
+                         ("tokenizer", "tokenizers  (posexp train tokenizer=NAME)"),
                          ("experiment", "experiments  (posexp train experiment=NAME)")):
         t = Table(title=title)
         t.add_column("name", style="cyan")

@@ -17,7 +17,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from posexp.errors import require
+from posexp.errors import ConfigError, require
 
 def config_dir() -> Path:
     """The shipped ``configs/`` folder: beside the package in a checkout, inside it in a wheel."""
@@ -28,11 +28,33 @@ def config_dir() -> Path:
 
 @dataclass
 class DataConfig:
-    name: str = "stdlib"
+    """``configs/data/*.yaml`` document the keys; ``posexp/data.py`` loads, splits and caches."""
+
+    name: Optional[str] = "stdlib"  # stdlib/text: the corpus; hf: a Hub id or a local data set folder
+    # the loader: stdlib, text or hf (unset: the name, as in configs written before data=hf existed)
+    kind: Optional[str] = None
     description: str = ""
     path: Optional[str] = None
     val_fraction: float = 0.05
     cache_dir: Optional[str] = None
+    # data=hf only
+    config: Optional[str] = None
+    revision: Optional[str] = None
+    train_split: str = "train"
+    validation_split: Optional[str] = "validation"
+    text_column: str = "text"
+    separate_rows: bool = True
+    max_train_docs: Optional[int] = None
+
+
+@dataclass
+class TokenizerConfig:
+    """``configs/tokenizer/*.yaml``; ``posexp/tokenizer.py`` builds them."""
+
+    name: str = "byte"
+    description: str = ""
+    vocab_size: Optional[int] = None  # bpe: vocabulary incl. the document separator (unset: 4096); byte: 256
+    min_frequency: int = 2
 
 
 @dataclass
@@ -56,7 +78,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
-    precision: str = "fp32"
+    # configs/train/default.yaml sets these to ${precision} / ${device}, the top-level keys users type
+    precision: str = "auto"
     device: str = "auto"
     threads: Optional[int] = None
     log_every: int = 25
@@ -99,18 +122,27 @@ class EvalConfig:
 class Config:
     encoder: Any = MISSING
     data: DataConfig = MISSING
+    tokenizer: TokenizerConfig = MISSING
     model: ModelConfig = MISSING
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
     base: float = 10000.0
     train_len: int = 128
     seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    # Sweep cache (posexp/cache.py): reuse the weights of a finished run with the same training config.
+    cache: bool = False
+    cache_dir: str = "outputs/cache"
+    # What the train task returns to a Hydra sweeper (posexp/sweeps.py): "longest", "mean" or an eval length.
+    objective: Any = "longest"
 
 
-PRECISIONS = ("fp32", "bf16", "auto")
+PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PROTOCOLS = ("nonoverlap", "sliding", "last_k")
-DATASETS = ("stdlib", "text")
+DATASETS = ("stdlib", "text", "hf")  # data.kind: the loaders
 
 
 def register_configs() -> None:
@@ -120,6 +152,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="posexp_schema", node=Config)
     cs.store(group="schema/data", name="data", node=DataConfig)
+    cs.store(group="schema/tokenizer", name="tokenizer", node=TokenizerConfig)
     cs.store(group="schema/model", name="model", node=ModelConfig)
     cs.store(group="schema/train", name="train", node=TrainConfig)
     cs.store(group="schema/eval", name="eval", node=EvalConfig)
@@ -160,6 +193,11 @@ def validate(cfg: DictConfig) -> None:
     require(t.weight_decay >= 0, "train.weight_decay", f"must be >= 0 (got {t.weight_decay})")
     require(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)")
     require(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, 0 disables clipping (got {t.grad_clip})")
+    # the top-level keys first: train.device / train.precision follow them unless set themselves
+    require(cfg.get("device", "auto") in DEVICES, "device",
+            f"unknown device {cfg.get('device')!r}; choose one of: {', '.join(DEVICES)}")
+    require(cfg.get("precision", "auto") in PRECISIONS, "precision",
+            f"unknown precision {cfg.get('precision')!r}; choose one of: {', '.join(PRECISIONS)}")
     require(t.precision in PRECISIONS, "train.precision",
             f"unknown precision {t.precision!r}; choose one of: {', '.join(PRECISIONS)}")
     require(t.device in DEVICES, "train.device",
@@ -185,12 +223,12 @@ def validate(cfg: DictConfig) -> None:
     require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
     validate_eval(cfg, encoder)
 
-    d = cfg.data
-    require(d.name in DATASETS, "data", f"unknown data set {d.name!r}; choose one of: {', '.join(DATASETS)}")
-    require(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
-    if d.name == "text":
-        require(d.path is not None and str(d.path).strip() != "", "data.path",
-                "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+    validate_data(cfg)
+    require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
+            "must name a folder (absolute, or relative to the folder posexp is started in)")
+    from posexp.sweeps import check_objective
+
+    check_objective(cfg)
 
 
 def validate_positions(cfg: DictConfig, encoder) -> None:
@@ -230,6 +268,34 @@ def _lengths_valid(cfg: DictConfig) -> bool:
     e = cfg.eval
     values = e.lengths if e.lengths is not None else e.multiples
     return len(values) > 0 and all(v > 0 for v in values)
+
+
+def validate_data(cfg: DictConfig) -> None:
+    """``data.*`` and ``tokenizer.*``: a known loader, what it needs, a tokenizer it can build."""
+    from posexp.data import data_kind, tokenizer_spec
+    from posexp.tokenizer import check_spec
+
+    d = cfg.data
+    kind = data_kind(d)
+    if kind not in DATASETS:
+        shipped = sorted(p.stem for p in (config_dir() / "data").glob("*.yaml"))
+        raise ConfigError("data", f"unknown data set {kind!r}; choose one of: {', '.join(shipped)} "
+                                  f"(data.kind is one of: {', '.join(DATASETS)})")
+    require(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
+    if kind == "text":
+        require(d.path is not None and str(d.path).strip() != "", "data.path",
+                "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+    if kind == "hf":
+        require(d.name is not None and str(d.name).strip() != "", "data.name",
+                "data=hf needs a data set: data.name=OWNER/NAME (a Hub id, e.g. Salesforce/wikitext) or a local "
+                "folder (datasets' save_to_disk output, or data files)")
+        require(str(d.get("text_column") or "").strip() != "", "data.text_column",
+                "must name the data set's text column (e.g. text)")
+        require(str(d.get("train_split") or "").strip() != "", "data.train_split",
+                "must name the split to train on (e.g. train)")
+        require(d.get("max_train_docs") is None or d.max_train_docs > 0, "data.max_train_docs",
+                f"must be a positive number of rows, or null for all (got {d.get('max_train_docs')})")
+    check_spec(tokenizer_spec(cfg))
 
 
 def build_encoder(cfg: DictConfig):
@@ -309,7 +375,7 @@ def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-TRAINING_KEYS = ("encoder", "data", "model", "train", "train_len", "seed")
+TRAINING_KEYS = ("encoder", "data", "tokenizer", "model", "train", "train_len", "seed")
 # train.* keys that change how a run reports and saves itself, not the weights it ends with
 NOT_TRAINING_KEYS = ("progress", "log_every", "checkpoint_every", "checkpoint_minutes")
 

@@ -17,12 +17,15 @@ from rich.table import Table
 
 import posexp
 from posexp.config import config_hash, eval_lengths, to_container, validate
-from posexp.data import check_fits, load_corpus
+from posexp import cache, distributed
+from posexp.data import check_fits, corpus_from_config
+from posexp.distributed import shard
 from posexp.errors import ConfigError, TrainingDiverged
 from posexp.evaluate import evaluate, loss_by_position_rows, row_key
 from posexp.io import atomic_write_text
+from posexp.tokenizer import bits_per_byte
 from posexp.positions import PositionPlan
-from posexp.train import build_model, resolve_device, save_checkpoint, train
+from posexp.train import build_model, resolve_device, resolve_precision, save_checkpoint, train
 
 RESULTS_JSON = "results.json"
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
@@ -80,6 +83,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
                   "final_loss": train_result.final_loss, "wall_s": round(train_result.wall_s, 3),
                   "tokens_per_s": round(train_result.tokens_per_s, 1), "precision": train_result.precision,
                   "device": train_result.device, "threads": torch.get_num_threads(),
+                  "processes": train_result.processes, "compile": train_result.compiled,
                   **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {}),
                   **({"positions": tricks} if (tricks := PositionPlan(cfg).describe()) else {})},
     }
@@ -122,6 +126,12 @@ def eval_settings(cfg: DictConfig) -> dict:
         if e.get("rerope_window") is not None:
             settings["rerope_window"] = int(e.rerope_window)
     return settings
+
+
+def token_unit(run: dict) -> str:
+    """What one token is, for labels: ``byte-level token``, or ``bpe token (vocab 4096)``."""
+    tokenizer = run.get("tokenizer", "byte")
+    return "byte-level token" if tokenizer == "byte" else f"{tokenizer} token (vocab {run.get('vocab_size')})"
 
 
 def _fmt(x, spec: str) -> str:
@@ -197,11 +207,16 @@ def results_markdown(results: dict) -> str:
         "",
         f"encoder `{run['encoder']}`, base {base}, trained at {run['train_len']} tokens for "
         f"{run['train']['steps']} steps ({run['train']['tokens']:,} tokens), {run['params']:,} parameters, "
-        f"corpus `{run['corpus']}` ({run['corpus_fingerprint']}). Perplexity per byte-level token on the "
+        f"corpus `{run['corpus']}` ({run['corpus_fingerprint']}). Perplexity per {token_unit(run)} on the "
         f"validation split; 95% interval from the standard error over blocks of L consecutive scored tokens "
         f"(the windows, for nonoverlap).",
         "",
     ]
+    bpb = run.get("tokenizer", "byte") != "byte" and bool(run.get("tokens_per_byte"))
+    if bpb:
+        lines[-1:-1] = ["", f"Per-token perplexities are not comparable across tokenizers; bits per byte are "
+                            f"(loss / ln 2 × {run['tokens_per_byte']:g} tokens per UTF-8 byte of the validation "
+                            "split), in the last column."]
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         spans = sorted({tuple(r["targets"]) for r in rows if r["protocol"] == protocol and r.get("targets")})
         where = "; ".join(f"{a:,}–{b:,}" for a, b in spans) or "none"
@@ -210,15 +225,17 @@ def results_markdown(results: dict) -> str:
     lines += [
         "",
         "| length | × train | protocol | scaling | ppl | 95% interval | loss (nats/token) | tokens scored "
-        "| windows | tokens/s (forward) | peak MiB |",
-        "|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| windows | tokens/s (forward) | peak MiB |" + (" bits/byte |" if bpb else ""),
+        "|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if bpb else ""),
     ]
     for r in rows:
         interval = f"{r['ppl_low']:.3f}–{r['ppl_high']:.3f}" if r.get("ppl_low") is not None else "n/a"
+        bits = (f" {_fmt(None if r['loss'] is None else bits_per_byte(r['loss'], run['tokens_per_byte']), '.4f')} |"
+                if bpb else "")
         lines.append(f"| {r['length']} | {r['multiple']:g} | {protocol_text(r)} | {scaling_text(r)} "
                      f"| {_fmt(r['ppl'], '.3f')} | {interval} | {_fmt(r['loss'], '.4f')} | {r['tokens']:,} "
                      f"| {r.get('windows', 0):,} | {_fmt(r.get('tokens_per_s'), ',.0f')} "
-                     f"| {_fmt(r.get('peak_mem_mb'), ',.0f')} |")
+                     f"| {_fmt(r.get('peak_mem_mb'), ',.0f')} |" + bits)
     return "\n".join(lines) + "\n"
 
 
@@ -266,7 +283,8 @@ def write_results(run_dir: Path, results: dict) -> None:
         series.append((label, [r["length"] for r in rows], [r["ppl"] for r in rows],
                        [r.get("ppl_low") for r in rows], [r.get("ppl_high") for r in rows]))
     plot_ppl_vs_length(series, run_dir / "ppl_vs_length.png", train_len=run["train_len"],
-                       title=f"{run['label']} (trained at {run['train_len']} tokens)", ylabel="perplexity (per byte)")
+                       title=f"{run['label']} (trained at {run['train_len']} tokens)",
+                       ylabel=f"perplexity (per {token_unit(run)})")
     atomic_write_text(run_dir / "results.csv", results_csv(results))
     atomic_write_text(run_dir / "results.md", results_markdown(results))
     # written last: a folder with results.json is a finished run
@@ -283,7 +301,8 @@ def evaluate_config(model, val, cfg: DictConfig, device: torch.device,
                     protocol=e.protocol, stride=e.get("stride"), last_k=e.get("last_k"),
                     scaling=e.get("scaling", "none"), scaling_factor=e.get("scaling_factor"),
                     rerope_window=e.get("rerope_window"), positions=positions,
-                    log=log, position_plan=PositionPlan(cfg))
+                    log=log, position_plan=PositionPlan(cfg),
+                    dtype=resolve_precision(cfg.train.precision, device))  # losses accumulate in fp32 anyway
     return rows, positions
 
 
@@ -356,36 +375,65 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
     """
     console = console or Console()
     validate(cfg)
+    # several processes (torchrun): rank 0's run folder for all, and only rank 0 writes or prints
+    device = resolve_device(cfg.train.device)
+    w = distributed.setup(device)
+    if w.distributed:
+        run_dir = Path(distributed.broadcast(str(run_dir)))
+        shard(cfg.train.batch_size, w)  # a batch that does not split fails here, before any data is read
+        if not w.is_main:
+            console = Console(quiet=True)
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
                                          f"(got {cfg.eval.tokens})")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    corpus = load_corpus(cfg.data.name, cfg.data.path, cfg.data.val_fraction, cfg.data.cache_dir)
+    for turn in (True, False):  # rank 0 builds the token cache first, the others then read it
+        if w.is_main == turn:
+            corpus = corpus_from_config(cfg, log=lambda msg: console.print(msg, highlight=False))
+        distributed.barrier()
     check_fits(corpus, cfg.train_len, max(lengths))
     model = build_model(cfg, corpus.vocab_size)
-    device = resolve_device(cfg.train.device)
     base = getattr(model.encoder, "base", None)
     console.print(f"[bold]posexp[/] encoder [cyan]{cfg.encoder.name}[/]"
                   f"{f' base {base:g}' if base is not None else ''} · {model.num_params():,} params · "
                   f"data {corpus.name} ({corpus.train.size:,} train / {corpus.val.size:,} val tokens) · "
-                  f"train_len {cfg.train_len} · {device} · {torch.get_num_threads()} threads · run dir {run_dir}",
+                  f"train_len {cfg.train_len} · {device}"
+                  f"{f' × {w.size} processes' if w.distributed else ''} · {torch.get_num_threads()} threads"
+                  f"{' · compiled' if cfg.get('compile', False) else ''} · run dir {run_dir}",
                   highlight=False)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        result = train(model, corpus, cfg, run_dir, resume=resume)
-    except TrainingDiverged as e:
-        write_run_status(run_dir, cfg, overrides, "diverged", e, corpus.info(), step=e.step)
-        raise
+    if w.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    # cache=true: a finished training of the same training config is evaluated, not repeated (posexp/cache.py)
+    reused = distributed.broadcast(cache.lookup(cfg, corpus.fingerprint)) if cfg.get("cache") and not resume else None
+    if reused is not None:
+        result = reused.restore(model, run_dir, device) if w.is_main else None
+        cache.log.info(reused.message())
+        console.print(reused.message(), highlight=False)
+    else:
+        try:
+            result = train(model, corpus, cfg, run_dir, resume=resume)
+        except TrainingDiverged as e:
+            if w.is_main:
+                write_run_status(run_dir, cfg, overrides, "diverged", e, corpus.info(), step=e.step)
+            raise
+    if not w.is_main:
+        return {}  # rank 0 evaluates and writes; the weights are the same on every rank
     save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
                                      "encoder": cfg.encoder.name})
+    if cfg.get("cache") and reused is None:
+        cache.store(cfg, corpus.fingerprint, run_dir, result)
     rows, positions = evaluate_config(model, corpus.val, cfg, device, console)
     results = {"run": provenance(cfg, overrides, corpus.info(), model, result), "rows": rows}
+    if reused is not None:
+        results["run"]["cached_from"] = reused.provenance()
+        results["run"]["train"]["threads"] = reused.entry.get("threads")  # of the training, not this evaluation
     if positions:
         write_loss_by_position(run_dir, positions, int(cfg.train_len), results["run"]["label"])
     write_results(run_dir, results)
     console.print(results_table(results))
-    console.print(f"wrote {run_dir / RESULTS_JSON} (train {result.wall_s:.0f}s, "
-                  f"{result.tokens_per_s:,.0f} tokens/s)", highlight=False)
+    trained = f"weights from cache {reused.key}" if reused is not None else \
+        f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s"
+    console.print(f"wrote {run_dir / RESULTS_JSON} ({trained})", highlight=False)
     return results
