@@ -33,7 +33,7 @@ from posexp.analyze import (
 from posexp.config import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError
-from tests.conftest import run_cli
+from conftest import run_cli
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 TINY = ("model.d_model=32", "model.n_heads=2", "train_len=16", "eval.multiples=[1,4]")
