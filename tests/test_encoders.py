@@ -53,7 +53,7 @@ def test_config_matches_registry(name: str) -> None:
     cfg = OmegaConf.load(ENCODER_CONFIGS / f"{name}.yaml")
     assert list(cfg.defaults) == [f"/schema/encoder/{name}@_here_", "_self_"]
     assert set(cfg.keys()) - {"defaults"} <= set(option_names(name))
-    # the schema the lead stores must be a valid structured config
+    # the schema register_configs() stores must be a valid structured config
     OmegaConf.structured(options_schema(cls))
 
 
