@@ -1173,9 +1173,7 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
     from posexp.plots import plot_ppl_vs_length  # pulls in matplotlib; only now that we draw
 
     try:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise PosexpError(f"{out_dir}: is a file; the summary needs a folder to write into")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        _writable_folder(out_dir, "summary")
         if plot:
             plot_ppl_vs_length(
                 _plot_series(report), out_dir / PLOT_FILE, train_len=report.train_len,
@@ -1185,6 +1183,13 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         return atomic_write_text(out_dir / SUMMARY_MD, render_markdown(report, out_dir))
     except OSError as e:
         raise PosexpError(f"cannot write the summary into {out_dir}: {e.strerror or e}") from None
+
+
+def _writable_folder(out_dir: Path, what: str) -> None:
+    """Create ``out_dir`` (and parents); a file in its place is a :class:`PosexpError` naming ``what``."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PosexpError(f"{out_dir}: is a file; the {what} needs a folder to write into")
+    out_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _plot_series(report: Report) -> list[tuple]:
@@ -1575,9 +1580,7 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
 
     out_dir = Path(out_dir)
     try:
-        if out_dir.exists() and not out_dir.is_dir():
-            raise PosexpError(f"{out_dir}: is a file; the report needs a folder to write into")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        _writable_folder(out_dir, "report")
         view = _fmt_view(report.protocol, report.scaling)
         # Without --by the groups are the runs, and the summary's figure is this one.
         ppl_file = REPORT_PLOT_FILE if report.by else PLOT_FILE
