@@ -488,9 +488,22 @@ def _flag_outliers(rows: list[ReportRow], warnings: list[str],
         return values[keys.index(top)], keys
 
     infos = [row.run.info for row in rows]
-    corpus_fp, fp_keys = majority([i.get("corpus_fingerprint") for i in infos])
+    # A run that stopped before it read its data or evaluated has no fingerprint or eval settings:
+    # unknown is not different (its status is flagged already), so it neither votes nor is flagged.
+    unknown = [row.run.status != "completed" for row in rows]
+
+    def majority_known(key: str) -> tuple[Any, list[str]]:
+        values = [i.get(key) for i in infos]
+        known = [v for v, u in zip(values, unknown) if not (u and v is None)] or values
+        value, _ = majority(known)
+        top = json.dumps(value, sort_keys=True, default=str)
+        keys = [top if u and v is None else json.dumps(v, sort_keys=True, default=str)
+                for v, u in zip(values, unknown)]
+        return value, keys
+
+    corpus_fp, fp_keys = majority_known("corpus_fingerprint")
     corpus_name = next((i.get("corpus") for i in infos if i.get("corpus_fingerprint") == corpus_fp), None)
-    eval_settings, eval_keys = majority([i.get("eval_settings") for i in infos])
+    eval_settings, eval_keys = majority_known("eval_settings")
     train_len, len_keys = majority([row.run.train_len for row in rows])
 
     checks = [

@@ -551,6 +551,27 @@ def test_failed_run_stays_its_own_group(tmp_path):
     assert report.groups[0].cells[128].mean == pytest.approx(3.1)
 
 
+def test_run_that_failed_before_its_data_is_not_called_another_corpus(tmp_path):
+    """A sweep job that failed before reading data has no fingerprint or eval settings: it is flagged
+    failed, not "different corpus", and it does not outvote the finished runs."""
+    ok = seeds(tmp_path, "rope", [3.0, 3.2])
+    early = []
+    for seed in (8, 9):  # more failed runs than finished ones with any one fingerprint
+        run = make_run(tmp_path / f"f{seed}", {}, ["encoder=rope", f"seed={seed}"], status="failed", seed=seed)
+        info = json.loads((run / "results.json").read_text())
+        info["run"]["corpus_fingerprint"] = info["run"]["eval_settings"] = None
+        (run / "results.json").write_text(json.dumps(info))
+        early.append(run)
+    other = make_run(tmp_path / "o", {128: 9.0}, ["encoder=alibi"], encoder="alibi", fingerprint="fp-other")
+    report = build_report([*early, *ok, other])
+    flags = {row.run.path.name: row.flags for row in report.rows}
+    for name in ("f8", "f9"):
+        assert "status: failed" in flags[name] and not any(f.startswith("different") for f in flags[name])
+    assert report.corpus == ("stdlib", "fp-stdlib")
+    assert "different corpus" in flags["o"]
+    assert not any("corpus" in f for name, fs in flags.items() if name != "o" for f in fs)
+
+
 def test_summary_metrics(tmp_path):
     ppls = {128: 3.0, 256: 3.2, 512: 3.5, 1024: 5.0}
     run = make_run(tmp_path / "rope", ppls, ["encoder=rope"])
