@@ -385,6 +385,9 @@ def config_hash(cfg: DictConfig) -> str:
     c = to_container(cfg)
     relevant = {k: c[k] for k in TRAINING_KEYS if k in c}
     relevant["train"] = {k: v for k, v in relevant["train"].items() if k not in NOT_TRAINING_KEYS}
+    if isinstance(relevant.get("encoder"), dict) and relevant["encoder"].get("lr_mult") == 1.0:
+        # the plain rate, which every run had before encoder.lr_mult existed: same weights, same hash
+        relevant["encoder"] = {k: v for k, v in relevant["encoder"].items() if k != "lr_mult"}
     blob = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -412,4 +415,8 @@ def read_saved_config(run_dir: Path) -> DictConfig:
         raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
     if not isinstance(loaded, DictConfig):
         raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
+    encoder = loaded.get("encoder")
+    if isinstance(encoder, DictConfig) and "lr_mult" not in encoder:
+        # written before encoder.lr_mult existed: the encoder trained at train.lr (t5's default is now 10)
+        encoder.lr_mult = 1.0
     return loaded

@@ -191,13 +191,25 @@ def make_optimizer(model: torch.nn.Module, cfg: DictConfig) -> torch.optim.Optim
     compares this same optimizer.
     """
     # No weight decay on gains, biases and embeddings of positions (GPT-2 / nanoGPT convention).
-    decay, no_decay = [], []
+    # An encoder's parameters take its lr_mult: one group per multiplier, the schedule scales each.
+    from posexp.encoders.base import PositionalEncoder
+
+    owners = {name: m.lr_mult for name, m in model.named_modules() if isinstance(m, PositionalEncoder)}
+    decay: list = []
+    by_mult: dict[float, list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and not name.startswith("encoder.") else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+        if name.startswith("encoder."):
+            # the innermost encoder holding the parameter decides (a mixed encoder's parts keep theirs)
+            prefix = max((o for o in owners if name.startswith(o + ".")), key=len)
+            by_mult.setdefault(float(owners[prefix]), []).append(p)
+        elif p.dim() >= 2:
+            decay.append(p)
+        else:
+            by_mult.setdefault(1.0, []).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay, "lr_mult": 1.0}]
+    groups += [{"params": ps, "weight_decay": 0.0, "lr_mult": mult} for mult, ps in sorted(by_mult.items())]
     hyper = {"lr": cfg.train.lr, "betas": (cfg.train.beta1, cfg.train.beta2)}
     try:
         return torch.optim.AdamW(groups, fused=True, **hyper)
@@ -401,7 +413,7 @@ def train(model: GPT, corpus: Corpus, cfg: DictConfig, run_dir: Path,
             for step in range(start_step, t.steps):
                 lr = lr_at(step, cfg)
                 for group in opt.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group.get("lr_mult", 1.0)
                 length = plan.length_at(step)
                 batch = sampler.batch(step)[rows, :length + 1]  # a curriculum trains on each window's first tokens
                 batch = torch.from_numpy(batch.astype("int64")).to(device, non_blocking=True)

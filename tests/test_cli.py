@@ -139,6 +139,7 @@ BAD_INPUT = [
     (["base=1"], ["base", "> 1"]),
     (["base=0.5"], ["base"]),
     (["encoder=sinusoidal", "base=-3"], ["base"]),
+    (["encoder=t5", "encoder.lr_mult=0"], ["encoder.lr_mult", "> 0"]),
     (["train_len=0"], ["train_len", "positive"]),
     (["train_len=-8"], ["train_len"]),
     (["train_len=12.5"], ["train_len"]),

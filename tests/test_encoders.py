@@ -278,6 +278,8 @@ def test_hooks_in_use() -> None:
         ("t5", dict(d_model=32, n_heads=4, num_buckets=1), "encoder.num_buckets"),
         ("t5", dict(d_model=32, n_heads=4, num_buckets=32, max_distance=16), "encoder.max_distance"),
         ("alibi", dict(d_model=32, n_heads=4, foo=1), "encoder.foo"),
+        ("alibi", dict(d_model=32, n_heads=4, lr_mult=0), "encoder.lr_mult"),
+        ("t5", dict(d_model=32, n_heads=4, lr_mult=-1.0), "encoder.lr_mult"),
         ("no-such-encoder", dict(d_model=32, n_heads=4), "encoder"),
     ],
 )

@@ -29,6 +29,68 @@ def test_lr_warms_up_then_decays_to_the_floor(compose):
     assert lrs[60] == pytest.approx(0.001 + 0.5 * 0.009, rel=1e-6)  # halfway down the cosine
 
 
+def _trained_weights(run_dir) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+
+
+def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
+    """AdamW's first step moves each parameter by about lr (times the sign of its gradient), so with
+    encoder.lr_mult=10 T5's biases (zero at the start) move ten times as far; every other weight,
+    whose gradient is the same in both runs at the first step, takes exactly the same step."""
+    after = {}
+    for mult in (1, 10):
+        overrides = [*TINY, "train.steps=1", "train.warmup_steps=1", "encoder=t5", f"encoder.lr_mult={mult}"]
+        run_train(compose(*overrides), tmp_path / str(mult), overrides)
+        after[mult] = _trained_weights(tmp_path / str(mult))
+    key = "encoder.relative_attention_bias.weight"
+    moved = {m: w[key][w[key] != 0].abs() for m, w in after.items()}
+    assert moved[1].numel() > 0 and moved[1].max() < 1.5 * 3e-3  # ~lr: train.lr is 3e-3
+    assert torch.allclose(moved[10], 10 * moved[1], rtol=1e-3)
+    others = [k for k in after[1] if not k.startswith("encoder.")]
+    assert others and all(torch.equal(after[1][k], after[10][k]) for k in others)
+
+
+def test_encoder_lr_mult_defaults_and_groups(compose):
+    from posexp.config import build_encoder
+    from posexp.train import build_model, make_optimizer
+
+    assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
+    assert compose("encoder=rope").encoder.lr_mult == 1.0
+    cfg = compose("experiment=smoke", "encoder=kerple", "encoder.lr_mult=4")
+    assert build_encoder(cfg).lr_mult == 4.0
+    model = build_model(cfg, 256)
+    groups = make_optimizer(model, cfg).param_groups
+    encoder_params = {id(p) for p in model.encoder.parameters()}
+    assert encoder_params
+    for g in groups:
+        ids = {id(p) for p in g["params"]}
+        if ids & encoder_params:
+            assert ids <= encoder_params and g["lr_mult"] == 4.0 and g["weight_decay"] == 0.0
+        else:
+            assert g["lr_mult"] == 1.0
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_runs_saved_before_lr_mult_existed_keep_their_rate_and_hash(compose, tmp_path):
+    """A T5 run written before encoder.lr_mult existed trained at the plain rate: reading its config
+    back gives lr_mult 1 (not t5's new default), and its config hash is unchanged, so resume works."""
+    from omegaconf import OmegaConf
+
+    from posexp.config import HYDRA_CONFIG, config_hash, read_saved_config
+
+    cfg = compose("encoder=t5", "encoder.lr_mult=1")
+    old = OmegaConf.to_container(cfg)
+    del old["encoder"]["lr_mult"]
+    (tmp_path / HYDRA_CONFIG).parent.mkdir(parents=True)
+    (tmp_path / HYDRA_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
+    saved = read_saved_config(tmp_path)
+    assert saved.encoder.lr_mult == 1.0
+    assert config_hash(saved) == config_hash(OmegaConf.create(old)) == config_hash(cfg)
+    assert config_hash(compose("encoder=t5")) != config_hash(cfg)  # lr_mult 10 trains other weights
+
+
 def test_eval_lengths_default_to_multiples_of_train_len(compose):
     assert eval_lengths(compose("train_len=100")) == [100, 200, 400, 800, 1600]
     assert eval_lengths(compose("eval.lengths=[512,128,128]")) == [128, 512]

@@ -10,6 +10,8 @@ Adding an encoding is one file here that decorates its class with
 ``@register("name")`` and one ``configs/encoder/<name>.yaml``. The options a
 user may set are the keyword arguments of the class's ``__init__`` after
 ``d_model`` and ``n_heads``; their type hints become the config schema.
+Every encoder also takes ``lr_mult`` (see :class:`PositionalEncoder`), the
+learning-rate multiplier of its own parameters.
 """
 
 from __future__ import annotations
@@ -73,10 +75,12 @@ def options_schema(cls: Type[PositionalEncoder]) -> type:
         else:
             field = dataclasses.field(default=default)
         fields.append((p.name, hints.get(p.name, Any), field))
+    fields.append(("lr_mult", float, dataclasses.field(default=float(cls.lr_mult))))
     return dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
 
 
 def option_names(name: str) -> list[str]:
+    """The encoder's own options (its ``__init__`` keywords), without the common ``lr_mult``."""
     return [p.name for p in _option_params(get(name))]
 
 
@@ -101,13 +105,20 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
     """
     cls = get(name)
     allowed = option_names(name)
+    lr_mult = options.pop("lr_mult", None)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(
             f"encoder.{unknown[0]}",
-            f"not an option of encoder {name!r}; its options are: {', '.join(allowed) or '(none)'}",
+            f"not an option of encoder {name!r}; its options are: {', '.join(allowed + ['lr_mult'])}",
         )
-    return cls(d_model=d_model, n_heads=n_heads, **options)
+    encoder = cls(d_model=d_model, n_heads=n_heads, **options)
+    if lr_mult is not None:
+        if not (isinstance(lr_mult, (int, float)) and not isinstance(lr_mult, bool) and lr_mult > 0):
+            raise ConfigError("encoder.lr_mult", f"must be a number > 0, the factor on train.lr for the "
+                                                 f"encoder's own parameters (got {lr_mult!r})")
+        encoder.lr_mult = float(lr_mult)
+    return encoder
 
 
 __all__ = ["PositionalEncoder", "create", "get", "options_schema", "register", "registry", "relative_distance"]

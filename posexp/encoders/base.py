@@ -38,11 +38,16 @@ class PositionalEncoder(nn.Module):
         max_length: the longest sequence the encoding can represent, or None
             for any length. The evaluator marks longer lengths "not applicable".
         base: the base frequency actually used, or None for encodings without one.
+        lr_mult: the trainer gives the encoder's own parameters ``lr_mult * train.lr``
+            (option ``encoder.lr_mult`` of every encoder). 1 unless an encoding needs
+            its parameters to travel further than AdamW takes them in a short run
+            (T5's logit biases, see ``t5.py``).
     """
 
     name: str = "base"
     description: str = ""
     max_length: Optional[int] = None
+    lr_mult: float = 1.0
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
