@@ -69,7 +69,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 550
+    steps: int = 500
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1

@@ -11,7 +11,7 @@ table is shared by all layers (the model calls the same encoder in each).
 
 The biases are logits that have to reach several nats to make attention local,
 but AdamW moves a parameter by about ``lr`` per step: over the default
-schedule the learning rates add up to about 0.9, so at ``lr_mult=1`` the
+schedule the learning rates add up to about 0.8, so at ``lr_mult=1`` the
 table stays within about ±1 nat and the far buckets are never suppressed
 (measured: −0.8 to +0.9; T5 then drifts like NoPE, 1.46× its training-length
 perplexity at 8×). The paper trained 2^19 steps; in a short run the table
