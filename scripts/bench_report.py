@@ -45,7 +45,7 @@ def _config(encoder: str, base: float, seed: int) -> dict:
         "data": {"name": "stdlib", "path": None, "val_fraction": 0.05, "cache_dir": None},
         "model": {"d_model": 128, "n_layers": 2, "n_heads": 4, "mlp_ratio": 4.0, "dropout": 0.0,
                   "attn_block_size": 256},
-        "train": {"steps": 550, "batch_size": 32, "lr": 0.003, "min_lr_ratio": 0.1, "warmup_steps": 60,
+        "train": {"steps": 500, "batch_size": 32, "lr": 0.003, "min_lr_ratio": 0.1, "warmup_steps": 60,
                   "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "precision": "fp32",
                   "device": "auto", "threads": 1, "log_every": 25, "progress": True, "checkpoint_every": 100,
                   "checkpoint_minutes": 10.0},
@@ -98,7 +98,7 @@ def fabricate(root: Path, n_runs: int) -> None:
             "vocab_size": 256, "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
             "versions": {"posexp": "0.1.0", "torch": "2.13.0+cpu", "python": "3.11.7"},
             "python_version": "3.11.7", "git_commit": None, "status": "completed", "params": 427808,
-            "train": {"steps": 550, "tokens": 2252800, "final_loss": 1.6, "wall_s": 150.0, "tokens_per_s": 15000.0,
+            "train": {"steps": 500, "tokens": 2048000, "final_loss": 1.6, "wall_s": 150.0, "tokens_per_s": 15000.0,
                       "precision": "float32", "device": "cpu", "threads": 1},
         }
         (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}, indent=2) + "\n")
