@@ -169,15 +169,20 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers
 def test_the_first_sigint_asks_to_stop_the_second_interrupts():
     from posexp.train import StopOnSignal
 
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    # raise_signal, not os.kill(getpid()): a signal sent to the process may land on one of torch's
-    # threads and reach the Python handler only after the block has ended; raise() hits this thread
-    with StopOnSignal() as stop:
-        signal.raise_signal(signal.SIGINT)
-        assert stop.received == signal.SIGINT  # noted, training goes on to the end of the step
-        with pytest.raises(KeyboardInterrupt):
+    # Python's own SIGINT handler underneath, whatever an earlier test in this process left there:
+    # the second Ctrl-C must reach it. raise_signal, not os.kill(getpid()): a signal sent to the
+    # process may land on one of torch's threads and reach Python only after the block has ended.
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        with StopOnSignal() as stop:
             signal.raise_signal(signal.SIGINT)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+            assert stop.received == signal.SIGINT  # noted, training goes on to the end of the step
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_records_divergence(tmp_path, monkeypatch):
