@@ -14,9 +14,9 @@ but AdamW moves a parameter by about ``lr`` per step: over the default
 schedule the learning rates add up to about 0.8, so at ``lr_mult=1`` the
 table stays within about ±1 nat and the far buckets are never suppressed
 (measured: −0.72 to +0.84; T5 then drifts like NoPE, 1.46× its training-length
-perplexity at 8×; at ``lr_mult=10``: −4.61 to +4.10 and 1.02×). The paper trained 2^19 steps; in a short run the table
-needs a larger step, hence ``lr_mult = 10`` (``encoder.lr_mult``; 1 gives the
-plain learning rate).
+perplexity at 8×; at ``lr_mult=10``: −4.61 to +4.10 and 1.02×). The paper
+trained 2^19 steps; in a short run the table needs a larger step, hence
+``lr_mult = 10`` (``encoder.lr_mult``; 1 gives the plain learning rate).
 """
 
 from __future__ import annotations
