@@ -35,7 +35,7 @@ _failed_jobs: list[str] = []
 
 
 def _fail(error: PosexpError) -> None:
-    from posexp.distributed import is_main
+    from posexp.training.distributed import is_main
 
     # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
     if is_main():  # under torchrun every rank fails alike; one message is enough
@@ -49,8 +49,8 @@ def train_task(cfg: DictConfig) -> Optional[float]:
     A module-level name, so that launchers running jobs in other processes (joblib,
     submitit) pickle it by reference.
     """
-    from posexp.run import run_train
-    from posexp.sweeps import objective_value, set_job_threads
+    from posexp.commands.train import run_train
+    from posexp.commands.sweeps import objective_value, set_job_threads
 
     hc = HydraConfig.get()
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
@@ -79,7 +79,7 @@ _train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
     """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
-    from posexp.run import write_run_status
+    from posexp.commands.train import write_run_status
 
     if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
         try:
@@ -98,7 +98,7 @@ class FailedJobsCallback(Callback):
         self._start = time.time() - 1.0  # file times may trail the clock a little
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from posexp.sweeps import failed_runs
+        from posexp.commands.sweeps import failed_runs
 
         _failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
 
@@ -155,14 +155,14 @@ def train(
         autocompletion=complete_overrides, show_default=False),
 ) -> None:
     """Train one model per configuration and evaluate it at several context lengths (a Hydra app)."""
-    from posexp.sweeps import missing_plugin, unique
+    from posexp.commands.sweeps import missing_plugin, unique
 
     _failed_jobs.clear()
     register_configs()  # here, not at import: `posexp report` and `list` need no torch
     missing = missing_plugin(list(overrides or []))
     if missing:
         _fail(PosexpError(missing))
-    from posexp import distributed
+    from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/distributed.py)
     with distributed.worker_overrides() as quiet:
@@ -184,8 +184,8 @@ def resume(
                                    show_default=False, metavar="RUN_DIR"),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
-    from posexp.distributed import world
-    from posexp.resume import resume_main
+    from posexp.training.distributed import world
+    from posexp.commands.resume import resume_main
 
     try:
         if world().distributed:
@@ -221,7 +221,7 @@ def report(
                                                            "All but rich print only the table, for redirecting."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv."""
-    from posexp.report import report_main
+    from posexp.reporting.report import report_main
 
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
@@ -241,7 +241,7 @@ def eval_cmd(
 
     New rows join each run's results.json (a re-measured row replaces its old one); the other outputs are redrawn.
     """
-    from posexp.reeval import reeval_main
+    from posexp.commands.eval import reeval_main
 
     try:
         reeval_main(list(args))
@@ -254,7 +254,7 @@ def eval_cmd(
 
 def analyze_task(cfg: DictConfig) -> None:
     """The Hydra task of ``posexp analyze``: one encoding's geometry (module-level, so launchers can pickle it)."""
-    from posexp.analyze import run_analyze
+    from posexp.analysis.app import run_analyze
 
     try:
         run_analyze(cfg, Path(HydraConfig.get().runtime.output_dir))
@@ -276,7 +276,7 @@ def analyze(
 
     Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
     """
-    from posexp.analyze import analyze_runs_main, is_run_dir, register_schema
+    from posexp.analysis.app import analyze_runs_main, is_run_dir, register_schema
 
     args = list(overrides or [])
     if any(is_run_dir(a) or Path(a).is_dir() for a in args):  # run folders; Hydra overrides are not folders

@@ -226,7 +226,7 @@ def validate(cfg: DictConfig) -> None:
     validate_data(cfg)
     require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
             "must name a folder (absolute, or relative to the folder posexp is started in)")
-    from posexp.sweeps import check_objective
+    from posexp.commands.sweeps import check_objective
 
     check_objective(cfg)
 
@@ -272,8 +272,8 @@ def _lengths_valid(cfg: DictConfig) -> bool:
 
 def validate_data(cfg: DictConfig) -> None:
     """``data.*`` and ``tokenizer.*``: a known loader, what it needs, a tokenizer it can build."""
-    from posexp.data import data_kind, tokenizer_spec
-    from posexp.tokenizer import check_spec
+    from posexp.data.corpus import data_kind, tokenizer_spec
+    from posexp.data.tokenizer import check_spec
 
     d = cfg.data
     kind = data_kind(d)
@@ -348,7 +348,7 @@ def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: s
     """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
     ``eval.scaling_factor`` >= 1 and only with a scaling that has a factor; ``eval.rerope_window``
     only with ``rerope``, between 1 and ``train_len``."""
-    from posexp.scaling import NONE, REROPE, SCALINGS, check_scaling
+    from posexp.encoders.scaling import NONE, REROPE, SCALINGS, check_scaling
 
     require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
     check_scaling(scaling, encoder_name, encoder)

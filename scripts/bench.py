@@ -260,7 +260,7 @@ class Trainee:
     """A model with its optimizer, taking full training steps on one fixed batch."""
 
     def __init__(self, c: Contender, shape: Shape, precision: str, batch: Tensor, clock: Clock):
-        from posexp.train import autocast, make_optimizer, resolve_precision
+        from posexp.training.trainer import autocast, make_optimizer, resolve_precision
 
         torch.manual_seed(0)
         self.contender, self.precision = c, precision
@@ -332,7 +332,7 @@ def bench_training(contenders: list[tuple[Contender, str]], shape: Shape, steps:
 
 def eval_one(impl: str, family: str, name: str, shape: Shape, length: int, clock: Clock) -> dict:
     """One window of ``length`` tokens in this process: tokens/s and memory."""
-    from posexp.evaluate import PeakMemory
+    from posexp.evaluation.perplexity import PeakMemory
 
     c = next(c for c in all_contenders() if (c.impl, c.family, c.name) == (impl, family, name))
     torch.manual_seed(0)
@@ -446,7 +446,7 @@ def main() -> None:
     from rich.table import Table
 
     from posexp.io import atomic_write_json
-    from posexp.train import resolve_precision
+    from posexp.training.trainer import resolve_precision
 
     console = Console(width=max(Console().width, 150))
     log = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731

@@ -60,7 +60,7 @@ def one(encoder: str, length: int) -> dict:
     import numpy as np
     import torch
 
-    from posexp.evaluate import evaluate
+    from posexp.evaluation.perplexity import evaluate
 
     model = _model(encoder)
     val = np.random.default_rng(0).integers(0, VOCAB, length + 1, dtype=np.uint8)

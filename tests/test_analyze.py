@@ -17,7 +17,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from posexp.analyze import (
+from posexp.analysis.app import (
     analyse_unit,
     attention_statistics,
     decay_summary,

@@ -63,9 +63,9 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
     """The safetensors checkpoint alone, loaded into a fresh model, gives the recorded perplexity."""
     from safetensors.torch import load_model
 
-    from posexp.data import load_corpus
-    from posexp.evaluate import evaluate
-    from posexp.train import build_model
+    from posexp.data.corpus import load_corpus
+    from posexp.evaluation.perplexity import evaluate
+    from posexp.training.trainer import build_model
 
     run_dir, _ = smoke_run
     res = _results(run_dir)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posexp.data import (DOC_SEPARATOR, BatchSampler, check_fits, load_corpus, stdlib_files, stdlib_root)
+from posexp.data.corpus import (DOC_SEPARATOR, BatchSampler, check_fits, load_corpus, stdlib_files, stdlib_root)
 from posexp.errors import ConfigError, PosexpError
 
 
@@ -113,7 +113,7 @@ def _text_folder(root, n_docs: int = 30, words: int = 300):
 
 
 def test_bpe_corpus_follows_the_tokenizer_and_is_cached_beside_it(tmp_path, monkeypatch):
-    from posexp.tokenizer import BPETokenizer, TokenizerSpec
+    from posexp.data.tokenizer import BPETokenizer, TokenizerSpec
 
     d = _text_folder(tmp_path / "docs")
     cache = str(tmp_path / "cache")
@@ -141,8 +141,8 @@ def test_bpe_corpus_follows_the_tokenizer_and_is_cached_beside_it(tmp_path, monk
 
 
 def test_bpe_is_trained_on_the_training_split_only(tmp_path):
-    from posexp.data import _is_val
-    from posexp.tokenizer import TokenizerSpec
+    from posexp.data.corpus import _is_val
+    from posexp.data.tokenizer import TokenizerSpec
 
     d = _text_folder(tmp_path / "docs", n_docs=20, words=200)
     names = sorted(p.name for p in d.iterdir())
@@ -158,7 +158,7 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
 
 
 def test_bpe_on_one_file_splits_the_text_not_a_character(tmp_path):
-    from posexp.tokenizer import BPETokenizer, TokenizerSpec
+    from posexp.data.tokenizer import BPETokenizer, TokenizerSpec
 
     text = "naïve café — über " * 400
     f = tmp_path / "one.txt"
@@ -187,7 +187,7 @@ def _hub_like(tmp_path, splits=("train", "validation"), rows=40):
 
 
 def test_hf_local_data_set_uses_its_splits_and_text_column(tmp_path):
-    from posexp.data import HubSource
+    from posexp.data.corpus import HubSource
 
     path, dd = _hub_like(tmp_path)
     hub = HubSource(name=str(path), text_column="body")
@@ -207,7 +207,7 @@ def test_hf_local_data_set_uses_its_splits_and_text_column(tmp_path):
 
 
 def test_hf_without_a_validation_split_holds_out_the_last_rows_and_says_so(tmp_path):
-    from posexp.data import HubSource
+    from posexp.data.corpus import HubSource
 
     path, dd = _hub_like(tmp_path, splits=("train",), rows=40)
     said = []
@@ -220,9 +220,9 @@ def test_hf_without_a_validation_split_holds_out_the_last_rows_and_says_so(tmp_p
 
 
 def test_hf_bpe_is_cached_and_read_back_without_the_data_set(tmp_path, monkeypatch):
-    import posexp.data as data
-    from posexp.data import HubSource
-    from posexp.tokenizer import TokenizerSpec
+    import posexp.data.corpus as data
+    from posexp.data.corpus import HubSource
+    from posexp.data.tokenizer import TokenizerSpec
 
     path, _ = _hub_like(tmp_path)
     hub = HubSource(name=str(path), text_column="body")
@@ -234,7 +234,7 @@ def test_hf_bpe_is_cached_and_read_back_without_the_data_set(tmp_path, monkeypat
 
 
 def test_hf_bad_split_or_column_names_the_choices(tmp_path):
-    from posexp.data import HubSource
+    from posexp.data.corpus import HubSource
 
     path, _ = _hub_like(tmp_path)
     with pytest.raises(ConfigError, match="no column 'text'; its columns: id, body.*text columns: body") as e:
@@ -250,7 +250,7 @@ def test_hf_bad_split_or_column_names_the_choices(tmp_path):
 
 def test_hf_unreachable_hub_is_detected_fast_and_explained(tmp_path, monkeypatch):
     """No HF_HUB_OFFLINE, but the Hub does not answer: one probe, then the local cache only, then a message."""
-    from posexp.data import HubSource, hub_reachable
+    from posexp.data.corpus import HubSource, hub_reachable
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
@@ -313,7 +313,7 @@ def test_bad_data_and_tokenizer_settings_name_the_key(compose, overrides, key, n
 
 
 def test_presets_compose_to_the_hub_data_sets(compose):
-    from posexp.data import data_kind, hub_source
+    from posexp.data.corpus import data_kind, hub_source
 
     wiki = compose("data=wikitext103", "tokenizer=bpe").data
     assert data_kind(wiki) == "hf" and hub_source(wiki).label() == "Salesforce/wikitext (wikitext-103-raw-v1)"

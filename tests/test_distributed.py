@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from posexp.distributed import World, shard, worker_overrides, world
+from posexp.training.distributed import World, shard, worker_overrides, world
 from posexp.errors import ConfigError, PosexpError
-from posexp.run import run_train
+from posexp.commands.train import run_train
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=20", "train.log_every=1", "eval.multiples=[1]",
         "eval.loss_by_position=false")

@@ -20,9 +20,9 @@ from posexp.encoders.frequencies import FREQ_SCHEDULES, frequency_schedule
 from posexp.encoders.rope import ReRoPEScores, rope_frequencies
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
-from posexp.evaluate import evaluate
+from posexp.evaluation.perplexity import evaluate
 from posexp.model import GPT, AttentionPlan, ModelShape
-from posexp.scaling import rope_scaling
+from posexp.encoders.scaling import rope_scaling
 
 D_MODEL, N_HEADS, VOCAB = 32, 4, 64
 HEAD_DIM = D_MODEL // N_HEADS

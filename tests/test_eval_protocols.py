@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from conftest import SMOKE, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
-from posexp.evaluate import batch_means_se, evaluate, merge_rows, plan_windows
+from posexp.evaluation.perplexity import batch_means_se, evaluate, merge_rows, plan_windows
 from posexp.model import GPT, ModelShape
 
 CPU = torch.device("cpu")
@@ -354,7 +354,7 @@ def test_posexp_eval_of_a_sweep_folder_evaluates_every_run(trained, tmp_path):
 @pytest.fixture
 def alibi_run(compose, tmp_path) -> Path:
     """A run of an encoding without rotary frequencies (trained in-process, no .hydra folder)."""
-    from posexp.run import run_train
+    from posexp.commands.train import run_train
 
     overrides = [*SMOKE, "encoder=alibi", "train.steps=2", "eval.multiples=[1]"]
     run_train(compose(*overrides), tmp_path / "alibi", overrides)

@@ -14,7 +14,7 @@ import math
 import pytest
 
 from posexp.config import config_dir
-from posexp.run import run_train
+from posexp.commands.train import run_train
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "train.log_every=3", "eval.tokens=256",

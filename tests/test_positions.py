@@ -11,7 +11,7 @@ import torch
 from posexp.errors import ConfigError
 from posexp.model import GPT
 from posexp.positions import PositionPlan, curriculum_length, randomized_positions
-from posexp.run import run_train
+from posexp.commands.train import run_train
 from posexp.config import validate
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=8", "eval.multiples=[1,2,4]")

@@ -139,7 +139,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path):
 
 def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers(full_run, tmp_path, monkeypatch):
     """The signal arrives while step 6 runs (here, from the batch sampler): step 6 finishes and is checkpointed."""
-    from posexp import train as trainer
+    from posexp.training import trainer
 
     sample = trainer.BatchSampler.batch
 
@@ -167,7 +167,7 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers
 
 
 def test_the_first_sigint_asks_to_stop_the_second_interrupts():
-    from posexp.train import StopOnSignal
+    from posexp.training.trainer import StopOnSignal
 
     # Python's own SIGINT handler underneath, whatever an earlier test in this process left there:
     # the second Ctrl-C must reach it. raise_signal, not os.kill(getpid()): a signal sent to the
@@ -317,7 +317,7 @@ def _case_eval_not_safetensors(tmp, full):
 
 
 def _case_eval_other_config(tmp, full):
-    from posexp.checkpoint import sha256_file
+    from posexp.training.checkpoint import sha256_file
 
     shutil.copytree(full, tmp / "run")
     weights = tmp / "run" / "checkpoint" / "model.safetensors"
@@ -427,7 +427,7 @@ def test_bad_input_is_one_clear_message_and_changes_nothing(case, full_run, tmp_
 # -- the pieces ------------------------------------------------------------------------------------
 
 def test_metrics_csv_drops_a_half_written_line_and_rows_after_the_checkpoint(tmp_path):
-    from posexp.train import MetricsWriter
+    from posexp.training.trainer import MetricsWriter
 
     path = tmp_path / "metrics.csv"
     rows = "".join(f"{s},{s * 256},5.0,0.001,100.0,{s}.0\n" for s in range(1, 9))
@@ -461,7 +461,7 @@ def test_trainer_state_loads_without_pickle_code(full_run):
 
 
 def test_a_checkpoint_pointer_cannot_point_outside_its_folder(full_run, tmp_path):
-    from posexp.checkpoint import read_resume_pointer
+    from posexp.training.checkpoint import read_resume_pointer
     from posexp.errors import PosexpError
 
     run = _unfinished(full_run, tmp_path / "run")

@@ -10,7 +10,7 @@ import torch
 from posexp.encoders import create
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
-from posexp.scaling import (ROTARY_SCALINGS, check_scaling, encoders_supporting, rope_frequencies, rope_scaling,
+from posexp.encoders.scaling import (ROTARY_SCALINGS, check_scaling, encoders_supporting, rope_frequencies, rope_scaling,
                             scaled_encoder, yarn_attention_scaling)
 
 SHAPES = [(32, 10000.0, 128), (64, 500000.0, 32), (16, 100.0, 256)]  # (head dim, base, train_len)

@@ -46,7 +46,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 def test_joblib_jobs_share_the_cores():
     from omegaconf import OmegaConf
 
-    from posexp.sweeps import job_threads
+    from posexp.commands.sweeps import job_threads
 
     joblib = lambda n: OmegaConf.create({"_target_": "x.JoblibLauncher", "n_jobs": n})  # noqa: E731
     assert job_threads(joblib(2), cores=8) == 4
@@ -67,14 +67,14 @@ ROWS = {"rows": [{"length": 32, "loss": 4.0, "applicable": True}, {"length": 64,
 
 @pytest.mark.parametrize("objective, expected", [("longest", 5.5), ("mean", 14.0 / 3), (64, 4.5)])
 def test_objective_picks_the_loss_it_names(compose, objective, expected):
-    from posexp.sweeps import objective_value
+    from posexp.commands.sweeps import objective_value
 
     cfg = compose(*TINY, f"objective={objective}")
     assert objective_value(ROWS, cfg) == pytest.approx(expected)
 
 
 def test_objective_of_an_unreachable_length_is_worst(compose):
-    from posexp.sweeps import objective_value
+    from posexp.commands.sweeps import objective_value
 
     rows = {"rows": [*ROWS["rows"][:2], {"length": 128, "loss": None, "applicable": False}]}
     assert objective_value(rows, compose(*TINY)) == math.inf
@@ -101,7 +101,7 @@ def test_bad_objective_on_the_command_line_is_one_line(tmp_path):
 def test_cache_key_covers_training_and_nothing_else(compose):
     from omegaconf import OmegaConf
 
-    from posexp.cache import cache_key
+    from posexp.training.cache import cache_key
 
     cfg = compose(*TINY)
     base = cache_key(cfg, "corpus-a")
@@ -125,7 +125,7 @@ def test_cache_key_covers_training_and_nothing_else(compose):
 
 
 def test_an_incomplete_or_corrupt_entry_is_never_reused(compose, tmp_path):
-    from posexp.cache import ENTRY_FILE, WEIGHTS_FILE, cache_key, lookup
+    from posexp.training.cache import ENTRY_FILE, WEIGHTS_FILE, cache_key, lookup
 
     cfg = compose(*TINY, "cache=true", f"cache_dir={tmp_path}")
     entry = tmp_path / cache_key(cfg, "fp")
@@ -177,7 +177,7 @@ def test_reused_weights_give_the_same_numbers_at_common_lengths(cached_pair):
 
 def test_reused_run_is_a_complete_run_folder(cached_pair):
     """posexp eval accepts it: its checkpoint says it belongs to this run's config."""
-    from posexp.reeval import reeval_main
+    from posexp.commands.eval import reeval_main
 
     cwd, _ = cached_pair
     second = cwd / "second"
@@ -188,8 +188,8 @@ def test_reused_run_is_a_complete_run_folder(cached_pair):
 
 
 def test_training_key_change_misses_and_eval_change_hits(cached_pair, compose):
-    from posexp.cache import lookup
-    from posexp.data import load_corpus
+    from posexp.training.cache import lookup
+    from posexp.data.corpus import load_corpus
 
     cwd, _ = cached_pair
     fingerprint = load_corpus("stdlib").fingerprint
@@ -204,7 +204,7 @@ def test_training_key_change_misses_and_eval_change_hits(cached_pair, compose):
 def test_missing_plugin_is_named_with_the_install_command(monkeypatch):
     from typer.testing import CliRunner
 
-    from posexp import sweeps
+    from posexp.commands import sweeps
     from posexp.cli import app
 
     monkeypatch.setitem(sweeps.PLUGINS, "hydra/launcher=joblib",
@@ -219,7 +219,7 @@ def test_missing_plugin_is_named_with_the_install_command(monkeypatch):
 @needs_joblib
 def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
     """Two jobs at once, one thread each on 2 cores, logs per job, and a failed job fails the command."""
-    from posexp.sweeps import available_cores
+    from posexp.commands.sweeps import available_cores
 
     proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "train.steps=6,0",
                    "hydra.sweep.dir=sweep", cwd=tmp_path)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from posexp.errors import ConfigError
-from posexp.tokenizer import (DOC_TOKEN, BPETokenizer, ByteTokenizer, TokenizerSpec, batches, bits_per_byte,
+from posexp.data.tokenizer import (DOC_TOKEN, BPETokenizer, ByteTokenizer, TokenizerSpec, batches, bits_per_byte,
                               check_spec, token_dtype)
 
 WORDS = ["the", "cat", "sat", "on", "mat", "and", "a", "dog", "ran", "far", "away", "from", "home", "while",

@@ -11,10 +11,10 @@ import torch
 
 from posexp.config import eval_lengths
 from posexp.encoders import create
-from posexp.evaluate import eval_budget, evaluate
+from posexp.evaluation.perplexity import eval_budget, evaluate
 from posexp.model import GPT, ModelShape
-from posexp.run import run_train
-from posexp.train import lr_at
+from posexp.commands.train import run_train
+from posexp.training.trainer import lr_at
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "eval.multiples=[1,2]")
 
@@ -54,7 +54,7 @@ def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
 
 def test_encoder_lr_mult_defaults_and_groups(compose):
     from posexp.config import build_encoder
-    from posexp.train import build_model, make_optimizer
+    from posexp.training.trainer import build_model, make_optimizer
 
     assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
     assert compose("encoder=rope").encoder.lr_mult == 1.0

@@ -54,7 +54,7 @@ class Learned(PositionalEncoder):
             factor: ``s >= 1``.
             train_len: the training context length (unused: the table's size is what counts).
         """
-        from posexp.scaling import module_copy
+        from posexp.encoders.scaling import module_copy
 
         clone = module_copy(self)
         clone.position_scale = 1.0 / float(factor)

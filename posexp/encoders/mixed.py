@@ -148,7 +148,7 @@ class Mixed(PositionalEncoder):
 
     def scaling_refusal(self, kind: str) -> Optional[str]:
         """A scaling applies to a mix when every layer that depends on position offers it."""
-        from posexp.scaling import supported_scalings
+        from posexp.encoders.scaling import supported_scalings
 
         for i, enc in enumerate(self.per_layer):
             if not _acts_in_attention(enc):
@@ -164,7 +164,7 @@ class Mixed(PositionalEncoder):
 
     def with_scaling(self, kind: str, factor: float, train_len: int) -> "Mixed":
         """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``)."""
-        from posexp.scaling import module_copy
+        from posexp.encoders.scaling import module_copy
 
         reason = self.scaling_refusal(kind)
         if reason is not None:

@@ -132,7 +132,7 @@ class RoPE(PositionalEncoder):
         Raises:
             ConfigError: a base-rescaling method on a non-exponential schedule.
         """
-        from posexp.scaling import module_copy, rope_scaling
+        from posexp.encoders.scaling import module_copy, rope_scaling
 
         reason = self.scaling_refusal(kind)
         if reason is not None:
@@ -156,7 +156,7 @@ class RoPE(PositionalEncoder):
             return self.inv_freq, self.attention_scaling
         # dynamic NTK: the base follows the length actually read (transformers' `dynamic` rope type)
         if seq_len not in self._dynamic_cache:
-            from posexp.scaling import rope_scaling
+            from posexp.encoders.scaling import rope_scaling
 
             kind, factor, train_len = self.scaling
             theta, _ = rope_scaling(kind, self.rot_dim, self._base, factor, train_len, seq_len=seq_len)

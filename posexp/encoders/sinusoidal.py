@@ -158,7 +158,7 @@ class Sinusoidal(PositionalEncoder):
             factor: ``s``; positions ``0 .. s*train_len`` map into the trained ``0 .. train_len``.
             train_len: the training context length (unused: the table is defined at any position).
         """
-        from posexp.scaling import module_copy
+        from posexp.encoders.scaling import module_copy
 
         clone = module_copy(self)
         clone.position_scale = 1.0 / float(factor)

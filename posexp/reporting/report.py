@@ -1183,7 +1183,7 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         PosexpError: the folder cannot be written to.
     """
     out_dir = Path(out_dir)
-    from posexp.plots import plot_ppl_vs_length  # pulls in matplotlib; only now that we draw
+    from posexp.reporting.plots import plot_ppl_vs_length  # pulls in matplotlib; only now that we draw
 
     try:
         _writable_folder(out_dir, "summary")
@@ -1589,7 +1589,7 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
     Raises:
         PosexpError: the folder cannot be written to.
     """
-    from posexp.plots import plot_position_overlay, plot_ppl_vs_length, plot_training_curves
+    from posexp.reporting.plots import plot_position_overlay, plot_ppl_vs_length, plot_training_curves
 
     out_dir = Path(out_dir)
     try:
@@ -1746,7 +1746,7 @@ class SweepSummaryCallback(Callback):
         hydra:
           callbacks:
             sweep_summary:
-              _target_: posexp.report.SweepSummaryCallback
+              _target_: posexp.reporting.report.SweepSummaryCallback
     """
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
+from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.config import HYDRA_CONFIG
 from posexp.errors import PosexpError
 
@@ -90,7 +90,7 @@ def load_overrides(run_dir: Path) -> list[str]:
 def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
     """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results."""
     from posexp.config import config_hash, validate
-    from posexp.run import run_train
+    from posexp.commands.train import run_train
 
     run_dir = Path(run_dir)
     console = console or Console()
@@ -127,7 +127,7 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
 
 def _refresh_sweep_summary(run_dir: Path, console: Console) -> None:
     """A resumed sweep job belongs in its sweep's summary.md, which was written without it."""
-    from posexp.report import build_report, find_runs, write_summary
+    from posexp.reporting.report import build_report, find_runs, write_summary
 
     sweep = run_dir.resolve().parent
     if not (sweep / "multirun.yaml").is_file():

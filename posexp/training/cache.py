@@ -132,8 +132,8 @@ class CacheEntry:
         Raises:
             PosexpError: the cached weights are corrupt or do not fit ``model``.
         """
-        from posexp.checkpoint import load_weights
-        from posexp.train import TrainResult
+        from posexp.training.checkpoint import load_weights
+        from posexp.training.trainer import TrainResult
 
         load_weights(model, self.path / WEIGHTS_FILE, config_hash=None, sha256=self.entry["sha256"],
                      hint=f"delete the cache entry {self.path} and run again to retrain it")
@@ -163,7 +163,7 @@ def _read_entry(path: Path, key: str) -> Optional[dict]:
 
 
 def _usable(path: Path, key: str) -> bool:
-    from posexp.checkpoint import sha256_file
+    from posexp.training.checkpoint import sha256_file
 
     entry = _read_entry(path, key)
     return entry is not None and sha256_file(path / WEIGHTS_FILE) == entry["sha256"]
@@ -181,7 +181,7 @@ def lookup(cfg: DictConfig, corpus_fingerprint: str) -> Optional[CacheEntry]:
         log.warning("cache %s: the entry %s is incomplete or unreadable; training again (it will be replaced)",
                     key, path)
         return None
-    from posexp.checkpoint import sha256_file
+    from posexp.training.checkpoint import sha256_file
 
     if sha256_file(path / WEIGHTS_FILE) != entry["sha256"]:
         log.warning("cache %s: the weights in %s are corrupt (SHA-256 differs from %s); training again "
@@ -203,7 +203,7 @@ def store(cfg: DictConfig, corpus_fingerprint: str, run_dir: Path, result) -> Op
     Call only after training ended normally and the final checkpoint was written. A failure
     to write the cache is logged and does not fail the run.
     """
-    from posexp.checkpoint import CHECKPOINT_DIR, META_FILE, sha256_file
+    from posexp.training.checkpoint import CHECKPOINT_DIR, META_FILE, sha256_file
 
     key = cache_key(cfg, corpus_fingerprint)
     root = cache_root(cfg)

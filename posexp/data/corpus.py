@@ -34,7 +34,7 @@ import numpy as np
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.io import atomic_write_bytes, atomic_write_text
-from posexp.tokenizer import (BYTE_VOCAB_SIZE, TOKENIZER_JSON, BPETokenizer, ByteTokenizer, TokenizerSpec,
+from posexp.data.tokenizer import (BYTE_VOCAB_SIZE, TOKENIZER_JSON, BPETokenizer, ByteTokenizer, TokenizerSpec,
                               check_spec)
 
 VOCAB_SIZE = BYTE_VOCAB_SIZE  # byte-level, the default tokenizer

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from posexp.config import HYDRA_CONFIG, EvalConfig, config_hash, eval_lengths, read_saved_config, validate
 from posexp.errors import ConfigError, PosexpError
-from posexp.evaluate import merge_rows
+from posexp.evaluation.perplexity import merge_rows
 
 RESULTS_JSON = "results.json"
 CHECKPOINT = Path("checkpoint") / "model.safetensors"
@@ -134,7 +134,7 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
     A folder given directly must be such a run. Below a folder given, folders with
     ``results.json`` but no checkpoint are skipped with a warning.
     """
-    from posexp.report import _natural_key
+    from posexp.reporting.report import _natural_key
 
     if not folders:
         raise PosexpError("give at least one run folder (or a sweep folder), e.g. "
@@ -193,9 +193,9 @@ def load_run_config(run_dir: Path, results: dict) -> DictConfig:
 
 def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     """Load and check one run: results, config + overrides, corpus, weights. Writes nothing."""
-    from posexp.checkpoint import load_weights
-    from posexp.data import check_fits, corpus_from_config
-    from posexp.train import build_model
+    from posexp.training.checkpoint import load_weights
+    from posexp.data.corpus import check_fits, corpus_from_config
+    from posexp.training.trainer import build_model
 
     try:
         results = json.loads((run_dir / RESULTS_JSON).read_text(encoding="utf-8"))
@@ -240,7 +240,7 @@ def _recorded_sha256(run_dir: Path) -> Optional[str]:
 # -- the command ---------------------------------------------------------------------------------
 
 def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
-    from posexp.report import SUMMARY_MD, build_report, find_runs, write_summary
+    from posexp.reporting.report import SUMMARY_MD, build_report, find_runs, write_summary
 
     for raw in folders:
         root = Path(raw)
@@ -254,9 +254,9 @@ def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
 
 def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
     """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results."""
-    from posexp.run import (evaluate_config, git_commit, results_table, versions, write_loss_by_position,
+    from posexp.commands.train import (evaluate_config, git_commit, results_table, versions, write_loss_by_position,
                             write_results)
-    from posexp.train import resolve_device
+    from posexp.training.trainer import resolve_device
 
     console = console or Console()
     warn = lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)  # noqa: E731

@@ -38,11 +38,11 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from posexp.checkpoint import CHECKPOINT_DIR, WEIGHTS_FILE, load_resume, rng_states, save_final, save_resume
-from posexp.checkpoint import set_rng_states
+from posexp.training.checkpoint import CHECKPOINT_DIR, WEIGHTS_FILE, load_resume, rng_states, save_final, save_resume
+from posexp.training.checkpoint import set_rng_states
 from posexp.config import config_hash
-from posexp.data import BatchSampler, Corpus
-from posexp.distributed import shard, world
+from posexp.data.corpus import BatchSampler, Corpus
+from posexp.training.distributed import shard, world
 from posexp.encoders import create
 from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from posexp.io import atomic_write_text

@@ -17,15 +17,15 @@ from rich.table import Table
 
 import posexp
 from posexp.config import config_hash, eval_lengths, to_container, validate
-from posexp import cache, distributed
-from posexp.data import check_fits, corpus_from_config
-from posexp.distributed import shard
+from posexp.training import cache, distributed
+from posexp.data.corpus import check_fits, corpus_from_config
+from posexp.training.distributed import shard
 from posexp.errors import ConfigError, TrainingDiverged
-from posexp.evaluate import evaluate, loss_by_position_rows, row_key
+from posexp.evaluation.perplexity import evaluate, loss_by_position_rows, row_key
 from posexp.io import atomic_write_text
-from posexp.tokenizer import bits_per_byte
+from posexp.data.tokenizer import bits_per_byte
 from posexp.positions import PositionPlan
-from posexp.train import build_model, resolve_device, resolve_precision, save_checkpoint, train
+from posexp.training.trainer import build_model, resolve_device, resolve_precision, save_checkpoint, train
 
 RESULTS_JSON = "results.json"
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
@@ -168,7 +168,7 @@ def view_of(row: dict) -> tuple:
 def curve_of(row: dict, train_len: int) -> tuple:
     """(view, fixed factor): rows scaled by the default per-length factor form one curve per view,
     each fixed ``eval.scaling_factor`` its own."""
-    from posexp.scaling import default_factor
+    from posexp.encoders.scaling import default_factor
 
     factor = row.get("scaling_factor")
     if factor is None:
@@ -271,7 +271,7 @@ def results_table(results: dict) -> Table:
 
 def write_results(run_dir: Path, results: dict) -> None:
     """``results.json`` (the public contract), ``results.csv``, ``results.md`` and ``ppl_vs_length.png``."""
-    from posexp.plots import plot_ppl_vs_length
+    from posexp.reporting.plots import plot_ppl_vs_length
 
     run = results["run"]
     series = []
@@ -336,7 +336,7 @@ def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, l
     ``position + 1`` tokens), ``loss`` (mean nats over the windows that score that position)
     and ``count`` (how many windows did). Rows of re-measured keys are replaced.
     """
-    from posexp.plots import plot_loss_by_position
+    from posexp.reporting.plots import plot_loss_by_position
 
     new = loss_by_position_rows(records)
     fresh = {row_key(r) for r in new}

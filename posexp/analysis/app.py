@@ -865,7 +865,7 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
     """
     from omegaconf.errors import OmegaConfBaseException
 
-    from posexp.reeval import prepare
+    from posexp.commands.eval import prepare
 
     console = console or Console()
     p = prepare(run_dir, [])
