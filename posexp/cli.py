@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.config import config_dir, register_configs
+from posexp.config import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 
 CONFIG_DIR = config_dir()
@@ -158,7 +158,9 @@ def train(
     from posexp.commands.sweeps import missing_plugin, unique
 
     _failed_jobs.clear()
-    register_configs()  # here, not at import: `posexp report` and `list` need no torch
+    from posexp.validate import register_configs  # here, not at import: `posexp report` and `list` need no torch
+
+    register_configs()
     missing = missing_plugin(list(overrides or []))
     if missing:
         _fail(PosexpError(missing))
@@ -285,6 +287,8 @@ def analyze(
         except PosexpError as e:
             _fail(e)
         return
+    from posexp.validate import register_configs
+
     register_configs()
     register_schema()
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))

@@ -15,24 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posexp.config import ModelConfig
 from posexp.encoders.base import PositionalEncoder
 from posexp.errors import require
 
 
 @dataclass
-class ModelShape:
+class ModelShape(ModelConfig):
+    """The ``model`` group's widths, depth and heads (:class:`posexp.config.ModelConfig`, the one place they
+    are declared, with their defaults) and the vocabulary, which the tokenizer decides."""
+
     vocab_size: int = 256
-    d_model: int = 128
-    n_layers: int = 2  # as configs/model/small.yaml
-    n_heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
-    # Queries per block on the bias / scores paths; memory per layer is
-    # O(block * L * heads) instead of O(L^2 * heads).
-    attn_block_size: int = 256
 
 
-def check_shape(shape: ModelShape) -> None:
+def check_shape(shape: ModelConfig) -> None:
     require(shape.d_model > 0, "model.d_model", f"must be a positive integer (got {shape.d_model})")
     require(shape.n_heads > 0, "model.n_heads", f"must be a positive integer (got {shape.n_heads})")
     require(shape.n_layers > 0, "model.n_layers", f"must be a positive integer (got {shape.n_layers})")

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from posexp.config import Config, default_max_position, eval_lengths
+
 POSITION_SCHEMES = ("contiguous", "randomized")
 CURRICULA = ("none", "linear")
 CURRICULUM_MULTIPLE = 8  # Li et al. 2022 keep the length a multiple of 8
@@ -68,33 +70,28 @@ def curriculum_length(step: int, train_len: int, start_len: int, warmup_steps: i
     return min(train_len, max(start_len, truncated))
 
 
-def longest_eval_length(cfg: DictConfig) -> int:
-    from posexp.config import eval_lengths
-
-    return max(eval_lengths(cfg))
-
-
 class PositionPlan:
     """The positions and lengths of a run's training steps and evaluation windows.
 
     Args:
-        cfg: the run's config (``train.positions``, ``train.max_position``,
+        cfg: the run's config, typed or as Hydra composed it (``train.positions``, ``train.max_position``,
             ``train.curriculum``, ``train.curriculum_start_len``, ``train.curriculum_steps``,
             ``train_len``, ``seed``).
     """
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: Config | DictConfig):
         t = cfg.train
         self.seed = int(cfg.seed)
         self.train_len = int(cfg.train_len)
-        self.scheme = str(t.get("positions", "contiguous") or "contiguous")
+        self.scheme = str(getattr(t, "positions", None) or "contiguous")
         self.max_position: Optional[int] = None
         if self.scheme == "randomized":
-            self.max_position = int(t.get("max_position") or max(self.train_len, longest_eval_length(cfg)))
-        self.curriculum = str(t.get("curriculum", "none") or "none")
-        self.start_len = int(t.get("curriculum_start_len") or default_start_len(self.train_len))
-        self.warmup_steps = int(t.get("curriculum_steps") if t.get("curriculum_steps") is not None
-                                else int(t.steps) // 2)
+            self.max_position = int(getattr(t, "max_position", None)
+                                    or default_max_position(self.train_len, max(eval_lengths(cfg))))
+        self.curriculum = str(getattr(t, "curriculum", None) or "none")
+        self.start_len = int(getattr(t, "curriculum_start_len", None) or default_start_len(self.train_len))
+        steps = getattr(t, "curriculum_steps", None)
+        self.warmup_steps = int(steps if steps is not None else int(t.steps) // 2)
 
     @property
     def randomized(self) -> bool:

@@ -26,7 +26,8 @@ def compose():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from posexp.config import config_dir, register_configs
+    from posexp.config import config_dir
+    from posexp.validate import register_configs
 
     register_configs()
 

@@ -65,7 +65,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
 
     from posexp.data.corpus import load_corpus
     from posexp.evaluation.perplexity import evaluate
-    from posexp.training.trainer import build_model
+    from posexp.build import build_model
 
     run_dir, _ = smoke_run
     res = _results(run_dir)

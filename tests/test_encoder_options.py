@@ -332,7 +332,7 @@ def test_rerope_evaluation_rows_record_the_window():
     (["encoder=mixed", "encoder.layers=[rope,alibi]", "eval.scaling=yarn"], "eval.scaling", "layer 1"),
 ])
 def test_config_validation_refuses_bad_combinations_before_training(compose, overrides, key, needle):
-    from posexp.config import validate
+    from posexp.validate import validate
 
     with pytest.raises(ConfigError) as err:
         validate(compose(*overrides))
@@ -340,7 +340,7 @@ def test_config_validation_refuses_bad_combinations_before_training(compose, ove
 
 
 def test_config_validation_accepts_the_new_options(compose):
-    from posexp.config import validate
+    from posexp.validate import validate
 
     validate(compose("encoder=rope", "encoder.rotary_fraction=0.25", "eval.scaling=rerope", "eval.rerope_window=64"))
     validate(compose("encoder=rope", "encoder.freq_schedule=linear", "eval.scaling=linear"))

@@ -112,7 +112,7 @@ def test_bad_protocol_settings_name_the_key(kwargs, key):
 
 
 def test_config_validation_names_the_key_and_the_allowed_values(compose):
-    from posexp.config import validate
+    from posexp.validate import validate
 
     for overrides, key, needle in [
         (["eval.protocol=sliding"], "eval.stride", "eval.stride=S"),

@@ -12,7 +12,7 @@ from posexp.errors import ConfigError
 from posexp.model import GPT
 from posexp.positions import PositionPlan, curriculum_length, randomized_positions
 from posexp.commands.train import run_train
-from posexp.config import validate
+from posexp.validate import validate
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=8", "eval.multiples=[1,2,4]")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import SMOKE, run_cli
-from posexp.config import validate
+from posexp.validate import validate
 from posexp.encoders import create
 from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate

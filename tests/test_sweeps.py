@@ -82,7 +82,7 @@ def test_objective_of_an_unreachable_length_is_worst(compose):
 
 @pytest.mark.parametrize("bad", ["longst", "0", "-4"])
 def test_bad_objective_is_refused_naming_the_key(compose, bad):
-    from posexp.config import validate
+    from posexp.validate import validate
     from posexp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="objective.*longest, mean or an eval length"):

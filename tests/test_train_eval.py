@@ -53,8 +53,8 @@ def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
 
 
 def test_encoder_lr_mult_defaults_and_groups(compose):
-    from posexp.config import build_encoder
-    from posexp.training.trainer import build_model, make_optimizer
+    from posexp.build import build_encoder, build_model
+    from posexp.training.trainer import make_optimizer
 
     assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
     assert compose("encoder=rope").encoder.lr_mult == 1.0

@@ -45,7 +45,9 @@ from rich.markup import escape
 from rich.table import Table
 from torch import Tensor
 
-from posexp.config import Config, build_encoder, eval_lengths, validate
+from posexp.build import build_encoder
+from posexp.config import Config, eval_lengths
+from posexp.validate import validate
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.io import atomic_write_bytes, atomic_write_json
 
@@ -101,7 +103,7 @@ def register_schema() -> None:
     """Store the ``posexp analyze`` schema: the training config plus ``analyze.*``; idempotent."""
     from hydra.core.config_store import ConfigStore
 
-    from posexp.config import register_configs
+    from posexp.validate import register_configs
 
     register_configs()
     ConfigStore.instance().store(name="posexp_analyze_schema", node=AnalyzeRootConfig)

@@ -28,7 +28,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.config import HYDRA_CONFIG, EvalConfig, config_hash, eval_lengths, read_saved_config, validate
+from posexp.config import HYDRA_CONFIG, EvalConfig, config_hash, eval_lengths, read_saved_config
+from posexp.validate import validate
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.perplexity import merge_rows
 
@@ -195,7 +196,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     """Load and check one run: results, config + overrides, corpus, weights. Writes nothing."""
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
-    from posexp.training.trainer import build_model
+    from posexp.build import build_model
 
     try:
         results = json.loads((run_dir / RESULTS_JSON).read_text(encoding="utf-8"))

@@ -64,7 +64,8 @@ def load_config(run_dir: Path) -> DictConfig:
     """The run's ``.hydra/config.yaml`` on the config schema (keys added since it was written get defaults)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from posexp.config import Config, read_saved_config, register_configs
+    from posexp.config import Config, read_saved_config
+    from posexp.validate import register_configs
 
     loaded = read_saved_config(run_dir)
     register_configs()
@@ -89,7 +90,8 @@ def load_overrides(run_dir: Path) -> list[str]:
 
 def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
     """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results."""
-    from posexp.config import config_hash, validate
+    from posexp.config import config_hash
+    from posexp.validate import validate
     from posexp.commands.train import run_train
 
     run_dir = Path(run_dir)

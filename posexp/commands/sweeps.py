@@ -28,7 +28,6 @@ from posexp.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("longest", "mean")
 # hydra/<group>=<option> -> (the plugin module, its PyPI name)
 PLUGINS = {
     "hydra/launcher=joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
@@ -90,21 +89,6 @@ def _launcher_name(launcher: Any) -> str:
 
 
 # -- the objective ------------------------------------------------------------------------------
-
-def check_objective(cfg: DictConfig) -> None:
-    """``objective`` is ``longest``, ``mean`` or a positive integer eval length.
-
-    Raises:
-        ConfigError: naming ``objective`` and the allowed values.
-    """
-    objective = cfg.get("objective", "longest")
-    if isinstance(objective, str) and objective in OBJECTIVES:
-        return
-    if isinstance(objective, int) and not isinstance(objective, bool) and objective > 0:
-        return
-    raise ConfigError("objective", f"must be longest, mean or an eval length in tokens, e.g. objective=512 "
-                                   f"(got {objective!r})")
-
 
 def objective_value(results: dict, cfg: DictConfig) -> Optional[float]:
     """The loss in nats per token (log perplexity) that ``objective`` picks from a run's rows; lower is better.

@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 import posexp
-from posexp.config import config_hash, eval_lengths, to_container, validate
+from posexp.build import build_model
+from posexp.config import config_hash, eval_lengths, to_container
+from posexp.validate import validate
 from posexp.training import cache, distributed
 from posexp.data.corpus import check_fits, corpus_from_config
 from posexp.training.distributed import shard
@@ -25,7 +27,7 @@ from posexp.evaluation.perplexity import evaluate, loss_by_position_rows, row_ke
 from posexp.io import atomic_write_text
 from posexp.data.tokenizer import bits_per_byte
 from posexp.positions import PositionPlan
-from posexp.training.trainer import build_model, resolve_device, resolve_precision, save_checkpoint, train
+from posexp.training.trainer import resolve_device, resolve_precision, save_checkpoint, train
 
 RESULTS_JSON = "results.json"
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"

@@ -58,7 +58,7 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import torch
 
-from posexp.config import check_protocol
+from posexp.validate import check_protocol
 from posexp.errors import ConfigError, PosexpError
 from posexp.model import GPT
 from posexp.encoders.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder

@@ -4,18 +4,18 @@ With ``cache=true`` a run first looks for its *training key* in ``cache_dir``
 (default ``outputs/cache``, relative to the folder posexp is started in). The key
 hashes everything that shapes the trained weights, and nothing else:
 
-- the resolved config without ``eval.*`` (evaluation never touches the weights),
-  without the keys that only change how a run reports or saves itself
-  (:data:`NOT_TRAINING`: progress bar, logging and checkpoint cadence, thread count,
-  token-cache folder) and without the cache and sweep keys themselves;
-- values that training derives from ``eval.*`` (the position range of
-  ``train.positions=randomized`` with ``train.max_position`` unset);
+- :func:`posexp.config.weights_config`, the one rule of what shapes the weights: the
+  resolved config without ``eval.*`` (evaluation never touches the weights), without
+  the keys that only change how a run reports or saves itself (progress bar, logging
+  and checkpoint cadence, thread count, token-cache folder) and without the cache and
+  sweep keys themselves, but with the values that training derives from ``eval.*``
+  (the position range of ``train.positions=randomized`` with ``train.max_position`` unset);
 - the corpus fingerprint (the tokens themselves: another Python's standard library,
   or an edited ``data.path``, is another corpus);
 - the posexp and torch versions.
 
 Every key a later version adds to the config is part of the key unless listed in
-:data:`NOT_TRAINING`: an unknown key costs a retraining, never a wrong reuse.
+:data:`posexp.config.NOT_WEIGHTS`: an unknown key costs a retraining, never a wrong reuse.
 
 A hit loads the cached weights (checked against their SHA-256), copies the
 training curve (``metrics.csv``) into the run folder, and the run continues as if
@@ -49,7 +49,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 import posexp
-from posexp.config import to_container
+from posexp.config import weights_config
 from posexp.errors import PosexpError
 from posexp.io import atomic_write_bytes, atomic_write_json
 
@@ -59,35 +59,11 @@ FORMAT = 1
 ENTRY_FILE = "entry.json"
 WEIGHTS_FILE = "model.safetensors"
 METRICS_FILE = "metrics.csv"
-# Keys that do not change the trained weights: top level, and per group.
-NOT_TRAINING = {
-    "": ("eval", "cache", "cache_dir", "objective", "hydra"),
-    "train": ("progress", "log_every", "threads", "checkpoint_every", "checkpoint_minutes"),
-    "data": ("cache_dir", "description"),
-    "tokenizer": ("description",),
-}
-
-
-def training_config(cfg: DictConfig) -> dict:
-    """The resolved config that shapes the trained weights (see the module docstring)."""
-    c = to_container(cfg)
-    out = {k: v for k, v in c.items() if k not in NOT_TRAINING[""]}
-    for group, keys in NOT_TRAINING.items():
-        if group and isinstance(out.get(group), dict):
-            out[group] = {k: v for k, v in out[group].items() if k not in keys}
-    t = out.get("train", {})
-    if t.get("positions") == "randomized" and t.get("max_position") is None:
-        from posexp.positions import PositionPlan  # the range is derived from the eval lengths
-
-        t["max_position"] = PositionPlan(cfg).max_position
-    return out
-
-
 def cache_key(cfg: DictConfig, corpus_fingerprint: str) -> str:
     """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions."""
     import torch
 
-    blob = json.dumps({"format": FORMAT, "config": training_config(cfg), "corpus": corpus_fingerprint,
+    blob = json.dumps({"format": FORMAT, "config": weights_config(cfg), "corpus": corpus_fingerprint,
                        "posexp": posexp.__version__, "torch": torch.__version__}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -229,7 +205,7 @@ def store(cfg: DictConfig, corpus_fingerprint: str, run_dir: Path, result) -> Op
             "format": FORMAT, "key": key, "run_dir": str(Path(run_dir).resolve()),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sha256": sha, "corpus_fingerprint": corpus_fingerprint,
             "versions": {"posexp": posexp.__version__, "torch": torch.__version__},
-            "threads": torch.get_num_threads(), "train": train, "config": training_config(cfg)})
+            "threads": torch.get_num_threads(), "train": train, "config": weights_config(cfg)})
         if final.exists():  # unusable (checked above): move it aside, then replace it
             stale = root / f".{key}.stale.{secrets.token_hex(4)}.tmp"
             os.rename(final, stale)

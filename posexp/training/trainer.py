@@ -43,15 +43,14 @@ from posexp.training.checkpoint import set_rng_states
 from posexp.config import config_hash
 from posexp.data.corpus import BatchSampler, Corpus
 from posexp.training.distributed import shard, world
-from posexp.encoders import create
 from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from posexp.io import atomic_write_text
-from posexp.model import GPT, ModelShape
+from posexp.model import GPT
 from posexp.positions import PositionPlan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_DIR", "WEIGHTS_FILE", "TrainResult", "build_model", "lr_at", "save_checkpoint", "train"]
+__all__ = ["CHECKPOINT_DIR", "WEIGHTS_FILE", "TrainResult", "lr_at", "save_checkpoint", "train"]
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -155,20 +154,6 @@ def loss_module(model: GPT, device: torch.device, compiled: bool = False) -> tor
                                          "drop compile=true")
         net = torch.compile(net)  # compiled at the first step (about 20 s on a CPU), then reused
     return net
-
-
-def model_shape(cfg: DictConfig, vocab_size: int) -> ModelShape:
-    m = cfg.model
-    return ModelShape(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-                      mlp_ratio=m.mlp_ratio, dropout=m.dropout, attn_block_size=m.attn_block_size)
-
-
-def build_model(cfg: DictConfig, vocab_size: int) -> GPT:
-    """The encoder from ``cfg.encoder`` inside a GPT of shape ``cfg.model``, initialised from ``cfg.seed``."""
-    options = {k: v for k, v in cfg.encoder.items() if k != "name"}
-    torch.manual_seed(cfg.seed)
-    encoder = create(cfg.encoder.name, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
-    return GPT(model_shape(cfg, vocab_size), encoder)
 
 
 def lr_at(step: int, cfg: DictConfig) -> float:

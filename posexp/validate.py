@@ -1,0 +1,233 @@
+"""Checks of a composed config that need the domain: encoders, data, positions, evaluation.
+
+The schemas themselves (:mod:`posexp.config`) catch unknown keys and wrong types at
+compose time; what a type cannot say (ranges, combinations, an encoder's own options)
+is checked here, before any data is read or any folder written. Everything raises
+:class:`~posexp.errors.ConfigError` naming the key and what is allowed.
+
+Imports the domain (encoders, model, positions, data, evaluation's scaling policy);
+nothing of the domain imports it back but the commands, the CLI and analysis.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from posexp.build import build_encoder
+from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS, Config, DataConfig, EvalConfig,
+                           ModelConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position, eval_lengths)
+from posexp.data.corpus import data_kind, tokenizer_spec
+from posexp.data.tokenizer import check_spec
+from posexp.encoders import option_names, options_schema, registry
+from posexp.encoders.scaling import NONE, REROPE, SCALINGS, check_scaling
+from posexp.errors import ConfigError, require
+from posexp.model import check_shape
+from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len
+
+
+def register_configs() -> None:
+    """Store the schemas; idempotent (Hydra may be started several times in one process)."""
+    cs = ConfigStore.instance()
+    cs.store(name="posexp_schema", node=Config)
+    cs.store(group="schema/data", name="data", node=DataConfig)
+    cs.store(group="schema/tokenizer", name="tokenizer", node=TokenizerConfig)
+    cs.store(group="schema/model", name="model", node=ModelConfig)
+    cs.store(group="schema/train", name="train", node=TrainConfig)
+    cs.store(group="schema/eval", name="eval", node=EvalConfig)
+    for name, cls in registry().items():
+        cs.store(group="schema/encoder", name=name, node=options_schema(cls))
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range and consistency checks a type cannot express. Raises :class:`ConfigError`."""
+    require(cfg.encoder.name in registry(), "encoder",
+            f"unknown encoder {cfg.encoder.name!r}; choose one of: {', '.join(registry())}")
+    require(cfg.base > 1, "base", f"must be > 1 (got {cfg.base:g})")
+    require(cfg.train_len > 0, "train_len", f"must be a positive integer (got {cfg.train_len})")
+    require(cfg.seed >= 0, "seed", f"must be >= 0 (got {cfg.seed})")
+    if "base" in option_names(cfg.encoder.name):
+        require(cfg.encoder.base > 1, "base", f"must be > 1 (got {cfg.encoder.base:g})")
+    check_shape(cfg.model)
+    # the encoder checks its own options and their combinations, before any data is read
+    encoder = build_encoder(cfg)
+
+    t = cfg.train
+    require(t.steps > 0, "train.steps", f"must be a positive integer (got {t.steps})")
+    require(t.batch_size > 0, "train.batch_size", f"must be a positive integer (got {t.batch_size})")
+    require(t.lr > 0, "train.lr", f"must be > 0 (got {t.lr})")
+    require(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", f"must be in [0, 1] (got {t.min_lr_ratio})")
+    require(0 <= t.warmup_steps, "train.warmup_steps", f"must be >= 0 (got {t.warmup_steps})")
+    require(t.weight_decay >= 0, "train.weight_decay", f"must be >= 0 (got {t.weight_decay})")
+    require(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)")
+    require(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, 0 disables clipping (got {t.grad_clip})")
+    # the top-level keys first: train.device / train.precision follow them unless set themselves
+    require(cfg.get("device", "auto") in DEVICES, "device",
+            f"unknown device {cfg.get('device')!r}; choose one of: {', '.join(DEVICES)}")
+    require(cfg.get("precision", "auto") in PRECISIONS, "precision",
+            f"unknown precision {cfg.get('precision')!r}; choose one of: {', '.join(PRECISIONS)}")
+    require(t.precision in PRECISIONS, "train.precision",
+            f"unknown precision {t.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    require(t.device in DEVICES, "train.device",
+            f"unknown device {t.device!r}; choose one of: {', '.join(DEVICES)}")
+    require(t.threads is None or t.threads > 0, "train.threads", f"must be a positive integer (got {t.threads})")
+    require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
+    require(t.checkpoint_every >= 0, "train.checkpoint_every",
+            f"must be >= 0 steps, 0 turns periodic checkpoints off (got {t.checkpoint_every})")
+    require(t.checkpoint_minutes >= 0, "train.checkpoint_minutes",
+            f"must be >= 0 minutes, 0 turns timed checkpoints off (got {t.checkpoint_minutes})")
+    validate_positions(cfg, encoder)
+
+    e = cfg.eval
+    if e.lengths is not None:
+        require(len(e.lengths) > 0, "eval.lengths", "must list at least one length, e.g. eval.lengths=[128,256]")
+        bad = [n for n in e.lengths if n <= 0]
+        require(not bad, "eval.lengths", f"lengths must be positive integers (got {bad})")
+    else:
+        require(len(e.multiples) > 0, "eval.multiples", "must list at least one multiple of train_len")
+        bad = [m for m in e.multiples if m <= 0]
+        require(not bad, "eval.multiples", f"multiples must be positive integers (got {bad})")
+    require(e.tokens > 0, "eval.tokens", f"must be a positive integer (got {e.tokens})")
+    require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
+    validate_eval(cfg, encoder)
+
+    validate_data(cfg)
+    require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
+            "must name a folder (absolute, or relative to the folder posexp is started in)")
+    check_objective(cfg)
+
+
+def validate_positions(cfg: DictConfig, encoder) -> None:
+    """``train.positions`` / ``train.curriculum`` and their options (posexp/positions.py)."""
+    t = cfg.train
+    require(t.positions in POSITION_SCHEMES, "train.positions",
+            f"unknown scheme {t.positions!r}; choose one of: {', '.join(POSITION_SCHEMES)}")
+    require(t.curriculum in CURRICULA, "train.curriculum",
+            f"unknown curriculum {t.curriculum!r}; choose one of: {', '.join(CURRICULA)}")
+    if t.positions == "randomized":
+        longest = max(eval_lengths(cfg)) if _lengths_valid(cfg) else cfg.train_len
+        max_position = t.max_position if t.max_position is not None else default_max_position(cfg.train_len, longest)
+        require(max_position >= cfg.train_len, "train.max_position",
+                f"must be >= train_len = {cfg.train_len}: training draws train_len distinct positions "
+                f"from 0..max_position-1 (got {max_position})")
+        if encoder.max_length is not None:
+            require(max_position <= encoder.max_length, "train.max_position",
+                    f"positions up to {max_position - 1} are drawn, but encoder {cfg.encoder.name!r} represents "
+                    f"0..{encoder.max_length - 1}; lower train.max_position or raise the encoder's length "
+                    f"(e.g. encoder.max_length={max_position})")
+    else:
+        require(t.max_position is None, "train.max_position", "only applies with train.positions=randomized")
+    if t.curriculum == "linear":
+        start = t.curriculum_start_len if t.curriculum_start_len is not None else default_start_len(cfg.train_len)
+        require(0 < start <= cfg.train_len, "train.curriculum_start_len",
+                f"must be in 1..train_len = {cfg.train_len} (got {start})")
+        require(t.curriculum_steps is None or 0 <= t.curriculum_steps <= t.steps, "train.curriculum_steps",
+                f"must be in 0..train.steps = {t.steps} (got {t.curriculum_steps})")
+    else:
+        for key in ("curriculum_start_len", "curriculum_steps"):
+            require(t[key] is None, f"train.{key}", "only applies with train.curriculum=linear")
+
+
+def _lengths_valid(cfg: DictConfig) -> bool:
+    e = cfg.eval
+    values = e.lengths if e.lengths is not None else e.multiples
+    return len(values) > 0 and all(v > 0 for v in values)
+
+
+def validate_data(cfg: DictConfig) -> None:
+    """``data.*`` and ``tokenizer.*``: a known loader, what it needs, a tokenizer it can build."""
+    d = cfg.data
+    kind = data_kind(d)
+    if kind not in DATASETS:
+        shipped = sorted(p.stem for p in (config_dir() / "data").glob("*.yaml"))
+        raise ConfigError("data", f"unknown data set {kind!r}; choose one of: {', '.join(shipped)} "
+                                  f"(data.kind is one of: {', '.join(DATASETS)})")
+    require(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
+    if kind == "text":
+        require(d.path is not None and str(d.path).strip() != "", "data.path",
+                "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+    if kind == "hf":
+        require(d.name is not None and str(d.name).strip() != "", "data.name",
+                "data=hf needs a data set: data.name=OWNER/NAME (a Hub id, e.g. Salesforce/wikitext) or a local "
+                "folder (datasets' save_to_disk output, or data files)")
+        require(str(d.get("text_column") or "").strip() != "", "data.text_column",
+                "must name the data set's text column (e.g. text)")
+        require(str(d.get("train_split") or "").strip() != "", "data.train_split",
+                "must name the split to train on (e.g. train)")
+        require(d.get("max_train_docs") is None or d.max_train_docs > 0, "data.max_train_docs",
+                f"must be a positive number of rows, or null for all (got {d.get('max_train_docs')})")
+    check_spec(tokenizer_spec(cfg))
+
+
+def validate_eval(cfg: DictConfig, encoder=None) -> None:
+    """Checks of the protocol and scaling keys that depend on the eval lengths and the encoder."""
+    e = cfg.eval
+    check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
+    check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name, encoder=encoder,
+                          rerope_window=e.get("rerope_window"), train_len=int(cfg.train_len))
+
+
+def check_protocol(protocol: str, stride: Optional[int], last_k: Optional[int], shortest: int) -> None:
+    """``eval.protocol`` known, and ``eval.stride`` / ``eval.last_k`` set exactly when it uses them, within range."""
+    require(protocol in PROTOCOLS, "eval.protocol",
+            f"unknown protocol {protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+    if protocol == "sliding":
+        require(stride is not None, "eval.stride",
+                f"protocol sliding needs a stride: eval.stride=S with 1 <= S <= {shortest} (the shortest eval "
+                "length); S=1 is Press et al. 2022's setting, larger S is proportionally faster")
+        require(1 <= stride <= shortest, "eval.stride",
+                f"must be between 1 and the shortest eval length {shortest} (got {stride})")
+    else:
+        require(stride is None, "eval.stride",
+                f"only applies to eval.protocol=sliding (protocol is {protocol}); drop it or set eval.protocol=sliding")
+    if protocol == "last_k":
+        require(last_k is not None, "eval.last_k",
+                f"protocol last_k needs K: eval.last_k=K with 1 <= K <= {shortest} (the shortest eval length)")
+        require(1 <= last_k <= shortest, "eval.last_k",
+                f"must be between 1 and the shortest eval length {shortest} (got {last_k})")
+    else:
+        require(last_k is None, "eval.last_k",
+                f"only applies to eval.protocol=last_k (protocol is {protocol}); drop it or set eval.protocol=last_k")
+
+
+def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,
+                          rerope_window: Optional[int] = None, train_len: Optional[int] = None) -> None:
+    """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
+    ``eval.scaling_factor`` >= 1 and only with a scaling that has a factor; ``eval.rerope_window``
+    only with ``rerope``, between 1 and ``train_len``."""
+    require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    check_scaling(scaling, encoder_name, encoder)
+    if rerope_window is not None:
+        require(scaling == REROPE, "eval.rerope_window",
+                f"only applies with eval.scaling=rerope (scaling is {scaling}); drop it or set eval.scaling=rerope")
+        limit = f" and train_len={train_len}" if train_len is not None else ""
+        require(rerope_window >= 1 and (train_len is None or rerope_window <= train_len), "eval.rerope_window",
+                f"must be between 1{limit}, the window of relative positions kept exact; "
+                f"distances beyond it are read as the window (got {rerope_window})")
+    if scaling == REROPE:
+        require(factor is None, "eval.scaling_factor",
+                "rerope has no factor: its one setting is the window, eval.rerope_window=W "
+                "(tokens; unset = train_len / 2); drop eval.scaling_factor")
+    if factor is not None:
+        require(scaling != NONE, "eval.scaling_factor",
+                f"only applies with an eval.scaling ({', '.join(SCALINGS[1:])}); drop it or set one")
+        require(factor >= 1, "eval.scaling_factor",
+                f"must be >= 1, the factor the context is extended by (got {factor:g}); leave it unset "
+                "for eval length / train length at each length")
+
+
+def check_objective(cfg: DictConfig) -> None:
+    """``objective`` is ``longest``, ``mean`` or a positive integer eval length.
+
+    Raises:
+        ConfigError: naming ``objective`` and the allowed values.
+    """
+    objective = cfg.get("objective", "longest")
+    if isinstance(objective, str) and objective in OBJECTIVES:
+        return
+    if isinstance(objective, int) and not isinstance(objective, bool) and objective > 0:
+        return
+    raise ConfigError("objective", f"must be longest, mean or an eval length in tokens, e.g. objective=512 "
+                                   f"(got {objective!r})")
