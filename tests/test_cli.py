@@ -75,7 +75,10 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
     corpus = load_corpus("stdlib")
     import torch
 
-    rows = evaluate(model, corpus.val, [32], 32, cfg.eval.tokens, cfg.eval.batch_tokens, torch.device("cpu"))
+    # in the precision the run evaluated in (precision=auto is bf16 on a CPU with native bf16 matmuls)
+    dtype = getattr(torch, res["run"]["train"]["precision"])
+    rows = evaluate(model, corpus.val, [32], 32, cfg.eval.tokens, cfg.eval.batch_tokens, torch.device("cpu"),
+                    dtype=dtype)
     assert rows[0]["ppl"] == pytest.approx(res["rows"][0]["ppl"], rel=1e-5)
 
 
