@@ -11,6 +11,7 @@ nothing of the domain imports it back but the commands, the CLI and analysis.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
@@ -18,10 +19,11 @@ from omegaconf import DictConfig
 
 from posexp.build import build_encoder
 from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS, Config, DataConfig, EvalConfig,
-                           ModelConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position, eval_lengths)
+                           ModelConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position, eval_lengths,
+                           to_container)
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
-from posexp.encoders import option_names, options_schema, registry
+from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
 from posexp.encoders.scaling import NONE, REROPE, SCALINGS, check_scaling
 from posexp.errors import ConfigError, require
 from posexp.model import check_shape
@@ -43,6 +45,7 @@ def register_configs() -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Range and consistency checks a type cannot express. Raises :class:`ConfigError`."""
+    check_finite(cfg)
     require(cfg.encoder.name in registry(), "encoder",
             f"unknown encoder {cfg.encoder.name!r}; choose one of: {', '.join(registry())}")
     require(cfg.base > 1, "base", f"must be > 1 (got {cfg.base:g})")
@@ -53,6 +56,7 @@ def validate(cfg: DictConfig) -> None:
     check_shape(cfg.model)
     # the encoder checks its own options and their combinations, before any data is read
     encoder = build_encoder(cfg)
+    check_fits_train_len(cfg, encoder)
 
     t = cfg.train
     require(t.steps > 0, "train.steps", f"must be a positive integer (got {t.steps})")
@@ -97,6 +101,37 @@ def validate(cfg: DictConfig) -> None:
     require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
             "must name a folder (absolute, or relative to the folder posexp is started in)")
     check_objective(cfg)
+
+
+def check_finite(cfg: DictConfig) -> None:
+    """Every number in the config is finite: ``base=inf`` or ``train.lr=nan`` would train (or evaluate) to
+    numbers that mean nothing, and a result JSON cannot hold."""
+    # top-level keys first: base=inf reaches encoder.base through ${base}, and the user typed base
+    for key, value in sorted(_leaves(to_container(cfg)), key=lambda kv: kv[0].count(".")):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number (got {value})")
+
+
+def _leaves(node, prefix: str = ""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k != "hydra":
+                yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix[:-1]}[{i}].")
+    else:
+        yield prefix[:-1], node
+
+
+def check_fits_train_len(cfg: DictConfig, encoder: PositionalEncoder) -> None:
+    """An encoding that represents fewer positions than ``train_len`` cannot train at that length."""
+    if encoder.max_length is None or encoder.max_length >= cfg.train_len:
+        return
+    options = option_names(cfg.encoder.name)
+    key = next((f"encoder.{k}" for k in ("max_length", "bits") if k in options), "encoder")
+    raise ConfigError(key, f"encoder {cfg.encoder.name!r} represents positions 0..{encoder.max_length - 1}, "
+                           f"fewer than train_len={cfg.train_len}; raise {key} or lower train_len")
 
 
 def validate_positions(cfg: DictConfig, encoder) -> None:
