@@ -348,7 +348,7 @@ def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: s
     """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
     ``eval.scaling_factor`` >= 1 and only with a scaling that has a factor; ``eval.rerope_window``
     only with ``rerope``, between 1 and ``train_len``."""
-    from posexp.encoders.scaling import NONE, REROPE, SCALINGS, check_scaling
+    from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling
 
     require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
     check_scaling(scaling, encoder_name, encoder)

@@ -61,7 +61,7 @@ import torch
 from posexp.config import check_protocol
 from posexp.errors import ConfigError, PosexpError
 from posexp.model import GPT
-from posexp.encoders.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
+from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
