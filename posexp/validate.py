@@ -24,7 +24,7 @@ from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS,
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
-from posexp.encoders.scaling import NONE, REROPE, SCALINGS, check_scaling
+from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling
 from posexp.errors import ConfigError, require
 from posexp.model import check_shape
 from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len

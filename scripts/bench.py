@@ -30,7 +30,7 @@ One run measures, side by side in one process and one time window:
    window of the training length (``posexp eval`` adds its bookkeeping on
    top; ``scripts/bench_eval.py`` measures that on the default model). Peak
    memory is the rise of the resident set's high-water mark during the
-   window (``posexp.evaluate.PeakMemory``).
+   window (``posexp.evaluation.memory.PeakMemory``).
 4. **ratios**: posexp / best peer of each family, in tokens/s and in MFU.
 
 FLOPs per trained token (counted from the configuration, the convention of
@@ -332,7 +332,7 @@ def bench_training(contenders: list[tuple[Contender, str]], shape: Shape, steps:
 
 def eval_one(impl: str, family: str, name: str, shape: Shape, length: int, clock: Clock) -> dict:
     """One window of ``length`` tokens in this process: tokens/s and memory."""
-    from posexp.evaluation.perplexity import PeakMemory
+    from posexp.evaluation.memory import PeakMemory
 
     c = next(c for c in all_contenders() if (c.impl, c.family, c.name) == (impl, family, name))
     torch.manual_seed(0)

@@ -141,7 +141,7 @@ def test_bpe_corpus_follows_the_tokenizer_and_is_cached_beside_it(tmp_path, monk
 
 
 def test_bpe_is_trained_on_the_training_split_only(tmp_path):
-    from posexp.data.corpus import _is_val
+    from posexp.data.local import _is_val
     from posexp.data.tokenizer import TokenizerSpec
 
     d = _text_folder(tmp_path / "docs", n_docs=20, words=200)
@@ -220,7 +220,7 @@ def test_hf_without_a_validation_split_holds_out_the_last_rows_and_says_so(tmp_p
 
 
 def test_hf_bpe_is_cached_and_read_back_without_the_data_set(tmp_path, monkeypatch):
-    import posexp.data.corpus as data
+    import posexp.data.hub as data
     from posexp.data.corpus import HubSource
     from posexp.data.tokenizer import TokenizerSpec
 
@@ -250,7 +250,7 @@ def test_hf_bad_split_or_column_names_the_choices(tmp_path):
 
 def test_hf_unreachable_hub_is_detected_fast_and_explained(tmp_path, monkeypatch):
     """No HF_HUB_OFFLINE, but the Hub does not answer: one probe, then the local cache only, then a message."""
-    from posexp.data.corpus import HubSource, hub_reachable
+    from posexp.data.hub import HubSource, hub_reachable
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)

@@ -170,7 +170,7 @@ def view_of(row: dict) -> tuple:
 def curve_of(row: dict, train_len: int) -> tuple:
     """(view, fixed factor): rows scaled by the default per-length factor form one curve per view,
     each fixed ``eval.scaling_factor`` its own."""
-    from posexp.encoders.scaling import default_factor
+    from posexp.evaluation.scaling import default_factor
 
     factor = row.get("scaling_factor")
     if factor is None:

@@ -60,4 +60,10 @@ def frequency_schedule(dim: int, base: float = 10000.0, schedule: str = "exponen
     return 1 - i / (dim / 2)
 
 
-__all__ = ["FREQ_SCHEDULES", "check_schedule", "frequency_schedule"]
+def rope_frequencies(dim: int, base: float, schedule: str = "exponential", alpha: float = 1.0) -> Tensor:
+    """``theta_i`` for ``i = 0 .. dim/2 - 1``, float64: ``base^(-2i/dim)`` (RoFormer Eq. 15) by default,
+    or another schedule of :func:`frequency_schedule`."""
+    return frequency_schedule(dim, base, schedule, alpha)
+
+
+__all__ = ["FREQ_SCHEDULES", "check_schedule", "frequency_schedule", "rope_frequencies"]

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from posexp.encoders import register
 from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.scaling import module_copy
 from posexp.errors import require
 
 
@@ -29,7 +30,7 @@ class Learned(PositionalEncoder):
     """
 
     description = "Learned: a trained vector per position up to max_length (GPT-2; Gehring et al. 2017)"
-    # evaluation-time context extension: position interpolation (posexp/scaling.py)
+    # evaluation-time context extension: position interpolation (posexp/encoders/scaling.py)
     supported_scalings = ("linear",)
     position_scale = 1.0  # positions are multiplied by this; 1 / s on a scaled copy
 
@@ -54,8 +55,6 @@ class Learned(PositionalEncoder):
             factor: ``s >= 1``.
             train_len: the training context length (unused: the table's size is what counts).
         """
-        from posexp.encoders.scaling import module_copy
-
         clone = module_copy(self)
         clone.position_scale = 1.0 / float(factor)
         clone.max_length = int(self.max_length * float(factor) + 1e-9)  # positions m with m / s < max_length

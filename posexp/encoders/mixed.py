@@ -25,6 +25,7 @@ from torch import nn
 
 from posexp.encoders import create, option_names, register, registry
 from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.scaling import module_copy, supported_scalings
 from posexp.errors import ConfigError, require
 
 ATTENTION_HOOKS = ("rotate", "bias", "scores")
@@ -148,8 +149,6 @@ class Mixed(PositionalEncoder):
 
     def scaling_refusal(self, kind: str) -> Optional[str]:
         """A scaling applies to a mix when every layer that depends on position offers it."""
-        from posexp.encoders.scaling import supported_scalings
-
         for i, enc in enumerate(self.per_layer):
             if not _acts_in_attention(enc):
                 continue  # position-free (none): nothing to scale
@@ -164,8 +163,6 @@ class Mixed(PositionalEncoder):
 
     def with_scaling(self, kind: str, factor: float, train_len: int) -> "Mixed":
         """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``)."""
-        from posexp.encoders.scaling import module_copy
-
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)

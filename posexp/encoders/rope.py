@@ -22,17 +22,12 @@ from torch import Tensor
 
 from posexp.encoders import register
 from posexp.encoders.base import PositionalEncoder, relative_distance
-from posexp.encoders.frequencies import check_schedule, frequency_schedule
+from posexp.encoders.frequencies import check_schedule, rope_frequencies
+from posexp.encoders.scaling import module_copy, rope_scaling
 from posexp.errors import ConfigError, require
 
-# eval-time scalings that are formulas in the base of the exponential schedule (posexp/scaling.py)
+# eval-time scalings that are formulas in the base of the exponential schedule (posexp/encoders/scaling.py)
 BASE_SCALINGS = ("ntk", "dynamic_ntk", "yarn", "llama3")
-
-
-def rope_frequencies(dim: int, base: float, schedule: str = "exponential", alpha: float = 1.0) -> Tensor:
-    """``theta_i`` for ``i = 0 .. dim/2 - 1``, float64: ``base^(-2i/dim)`` (RoFormer Eq. 15) by default,
-    or another schedule of :func:`posexp.encoders.frequencies.frequency_schedule`."""
-    return frequency_schedule(dim, base, schedule, alpha)
 
 
 def rotary_dims(head_dim: int, rotary_fraction: float) -> int:
@@ -79,7 +74,7 @@ class RoPE(PositionalEncoder):
     """
 
     description = "RoPE: rotate q and k by position-dependent angles (Su et al. 2021)"
-    # evaluation-time context extension, see posexp/scaling.py and with_scaling
+    # evaluation-time context extension, see posexp/encoders/scaling.py and with_scaling
     supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
     attention_scaling = 1.0  # YaRN's sqrt(1/t) on q and k; 1 unless scaled
     scaling: Optional[tuple[str, float, int]] = None  # (kind, factor, train_len) on a scaled copy
@@ -118,7 +113,7 @@ class RoPE(PositionalEncoder):
         return None
 
     def with_scaling(self, kind: str, factor: float, train_len: int) -> PositionalEncoder:
-        """A copy with frequencies scaled for evaluation past ``train_len`` (formulas in posexp/scaling.py).
+        """A copy with frequencies scaled for evaluation past ``train_len`` (formulas in posexp/encoders/scaling.py).
 
         Args:
             kind: ``linear`` (PI), ``ntk``, ``dynamic_ntk``, ``yarn``, ``llama3``, or ``rerope``.
@@ -132,8 +127,6 @@ class RoPE(PositionalEncoder):
         Raises:
             ConfigError: a base-rescaling method on a non-exponential schedule.
         """
-        from posexp.encoders.scaling import module_copy, rope_scaling
-
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)
@@ -156,8 +149,6 @@ class RoPE(PositionalEncoder):
             return self.inv_freq, self.attention_scaling
         # dynamic NTK: the base follows the length actually read (transformers' `dynamic` rope type)
         if seq_len not in self._dynamic_cache:
-            from posexp.encoders.scaling import rope_scaling
-
             kind, factor, train_len = self.scaling
             theta, _ = rope_scaling(kind, self.rot_dim, self._base, factor, train_len, seq_len=seq_len)
             self._dynamic_cache[seq_len] = theta.to(self.inv_freq)

@@ -30,8 +30,10 @@ a method for its configuration through ``scaling_refusal``).
 
 Encoders offer the methods themselves: a class lists ``supported_scalings`` and
 implements ``with_scaling(kind, factor, train_len)``, returning a scaled copy
-that shares the trained parameters. :func:`scaled_encoder` is the one entry
-point; neither the model nor the evaluator asks which encoder it holds.
+that shares the trained parameters (:func:`module_copy`). This module holds the
+formulas and imports nothing of the encoders; which method a run uses, and
+whether it applies, is evaluation's policy (:mod:`posexp.evaluation.scaling`,
+whose :func:`~posexp.evaluation.scaling.scaled_encoder` is the one entry point).
 
 The rotary formulas follow Hugging Face transformers' ``ROPE_INIT_FUNCTIONS``
 (``modeling_rope_utils``) number for number; ``tests/test_scaling.py`` checks it.
@@ -46,7 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from posexp.encoders.rope import rope_frequencies
+from posexp.encoders.frequencies import rope_frequencies
 from posexp.errors import ConfigError
 
 NONE = "none"
@@ -171,69 +173,11 @@ def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int
     raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
 
 
-# -- the encoder hook ------------------------------------------------------------------
+# -- what encoders share ---------------------------------------------------------------
 
 def supported_scalings(encoder_or_cls) -> tuple[str, ...]:
     """The context-extension methods an encoder offers (``supported_scalings``; none by default)."""
     return tuple(getattr(encoder_or_cls, "supported_scalings", ()))
-
-
-def encoders_supporting(kind: str) -> list[str]:
-    """Names of registered encoders that offer ``kind``."""
-    from posexp.encoders import registry
-
-    return [name for name, cls in registry().items() if kind in supported_scalings(cls)]
-
-
-def default_rerope_window(train_len: int) -> int:
-    """ReRoPE's window when ``eval.rerope_window`` is unset: half the training length (at least 1)."""
-    return max(1, int(train_len) // 2)
-
-
-def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
-    """Raise :class:`ConfigError` for an unknown scaling or one the encoding does not offer.
-
-    ``encoder_cls`` may also be an encoder instance, whose ``scaling_refusal(kind)``
-    (if it has one) can refuse a method its configuration does not support.
-    """
-    if kind not in SCALINGS:
-        raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
-    if kind == NONE:
-        return
-    if encoder_cls is None:
-        from posexp.encoders import get
-
-        encoder_cls = get(encoder_name)
-    offered = supported_scalings(encoder_cls)
-    if kind not in offered:
-        users = encoders_supporting(kind)
-        mine = f"; encoder {encoder_name!r} offers: {', '.join(offered)}" if offered else \
-            f"; encoder {encoder_name!r} offers none (use eval.scaling=none)"
-        raise ConfigError("eval.scaling",
-                          f"{kind!r} does not apply to encoder {encoder_name!r}: it applies to "
-                          f"{', '.join(users) or 'no registered encoder'}{mine}")
-    refusal = getattr(encoder_cls, "scaling_refusal", None)
-    if refusal is not None and not isinstance(encoder_cls, type):
-        reason = refusal(kind)
-        if reason is not None:
-            raise ConfigError("eval.scaling", reason)
-
-
-def default_factor(length: int, train_len: int) -> float:
-    """``s = eval length / train length``, never below 1 (nothing to extend at or under the training length)."""
-    return max(1.0, length / train_len)
-
-
-def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int) -> nn.Module:
-    """The encoder itself for ``none``, else its ``with_scaling`` copy.
-
-    Raises:
-        ConfigError: the encoding does not offer ``kind``.
-    """
-    check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), encoder)
-    if kind == NONE:
-        return encoder
-    return encoder.with_scaling(kind, float(factor), int(train_len))
 
 
 def module_copy(module: nn.Module) -> nn.Module:
@@ -250,7 +194,6 @@ def module_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-__all__ = ["REROPE", "ROTARY_SCALINGS", "SCALINGS", "check_scaling", "default_factor", "default_rerope_window",
-           "dynamic_ntk_base",
-           "encoders_supporting", "llama3_frequencies", "module_copy", "ntk_base", "rope_frequencies",
-           "rope_scaling", "scaled_encoder", "supported_scalings", "yarn_attention_scaling", "yarn_frequencies"]
+__all__ = ["NONE", "REROPE", "ROTARY_SCALINGS", "SCALINGS", "dynamic_ntk_base", "llama3_frequencies", "module_copy",
+           "ntk_base", "rope_frequencies", "rope_scaling", "supported_scalings", "yarn_attention_scaling",
+           "yarn_frequencies"]

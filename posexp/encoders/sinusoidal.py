@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from posexp.encoders import register
 from posexp.encoders.base import PositionalEncoder
 from posexp.encoders.frequencies import FREQ_SCHEDULES, check_schedule, frequency_schedule
+from posexp.encoders.scaling import module_copy
 from posexp.errors import require
 
 LAYOUTS = ("interleaved", "halves")
@@ -103,7 +104,7 @@ class Sinusoidal(PositionalEncoder):
     """
 
     description = "Sinusoidal: fixed sin/cos position vectors added to the embeddings (Vaswani et al. 2017)"
-    # evaluation-time context extension: position interpolation (posexp/scaling.py)
+    # evaluation-time context extension: position interpolation (posexp/encoders/scaling.py)
     supported_scalings = ("linear",)
     position_scale = 1.0  # positions are multiplied by this; 1 / s on a scaled copy
 
@@ -158,8 +159,6 @@ class Sinusoidal(PositionalEncoder):
             factor: ``s``; positions ``0 .. s*train_len`` map into the trained ``0 .. train_len``.
             train_len: the training context length (unused: the table is defined at any position).
         """
-        from posexp.encoders.scaling import module_copy
-
         clone = module_copy(self)
         clone.position_scale = 1.0 / float(factor)
         return clone

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from posexp.encoders import register
 from posexp.encoders.base import PositionalEncoder
-from posexp.encoders.rope import apply_rotary, rope_frequencies
+from posexp.encoders.frequencies import rope_frequencies
+from posexp.encoders.rope import apply_rotary
 from posexp.errors import require
 
 

@@ -47,10 +47,7 @@ records what it ran with (``batch_windows``, ``attn_block_size``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import math
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
@@ -60,8 +57,9 @@ import torch
 
 from posexp.validate import check_protocol
 from posexp.errors import ConfigError, PosexpError
+from posexp.evaluation.memory import PeakMemory, free_memory, is_out_of_memory
+from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 from posexp.model import GPT
-from posexp.encoders.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
@@ -150,102 +148,6 @@ def batch_means_se(target_losses: np.ndarray, block: int) -> tuple[Optional[floa
     return float(math.sqrt(var)), m
 
 
-# -- memory --------------------------------------------------------------------------------
-
-def _proc_status_kb(field_name: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_rss_high_water_mark() -> bool:
-    """Linux >= 4.0: writing 5 to clear_refs resets VmHWM to the current RSS."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _release_free_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc), so the next peak is not hidden in reused memory."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-
-class PeakMemory:
-    """Peak memory of a block of work, above what was in use when it started.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` (tensor memory held by the caching
-    allocator). CPU: the process's resident-set high-water mark ``VmHWM``, reset
-    just before the work through ``/proc/self/clear_refs`` after ``malloc_trim``
-    has returned freed heap pages. Unlike Python-level tracing (tracemalloc does
-    not see torch's allocator) or a sampling thread (which can miss a short
-    peak), the kernel counts every page, including oneDNN scratch buffers and
-    allocator overhead that a tensor-level profile misses; the price is that it
-    also counts anything else the process touches meanwhile (nothing, here).
-    Where the mark cannot be reset (not Linux) only the lifetime peak
-    ``ru_maxrss`` is known and ``delta_mb`` is None.
-
-    Attributes (after the block):
-        delta_mb: peak minus the memory in use at the start, MiB (None when unknown).
-        peak_mb: the absolute peak (CUDA: allocated; CPU: process RSS), MiB.
-        method: how it was measured, recorded in each row.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.delta_mb: Optional[float] = None
-        self.peak_mb: Optional[float] = None
-        self.method = "none"
-
-    def __enter__(self) -> "PeakMemory":
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-        elif self.device.type == "cpu":
-            _release_free_heap()
-            self._resettable = _reset_rss_high_water_mark() and _proc_status_kb("VmHWM") is not None
-            self._base = _proc_status_kb("VmRSS") if self._resettable else None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self.peak_mb, self.delta_mb = peak / 2**20, (peak - self._base) / 2**20
-            self.method = "cuda max_memory_allocated"
-        elif self.device.type == "cpu":
-            if self._resettable:
-                hwm = _proc_status_kb("VmHWM")
-                self.peak_mb, self.delta_mb = hwm / 1024, max(0, hwm - self._base) / 1024
-                self.method = "rss high-water mark (VmHWM reset per length)"
-            else:
-                import resource
-
-                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                self.peak_mb = rss / 2**20 if sys.platform == "darwin" else rss / 1024
-                self.method = "process lifetime peak rss (ru_maxrss)"
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
-
-
 # -- the evaluation loop -------------------------------------------------------------------
 
 @dataclass
@@ -269,14 +171,6 @@ def _forward_losses(model: GPT, val: np.ndarray, starts: np.ndarray, length: int
     return losses.double().cpu().numpy()
 
 
-def _free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    else:
-        _release_free_heap()
-
-
 def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
                  device: torch.device, log: Callable[[str], None], pos: Optional[np.ndarray] = None) -> LengthResult:
     L = length
@@ -295,7 +189,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             if not is_out_of_memory(e):
                 raise
             del e
-            _free_memory(device)
+            free_memory(device)
             retries += 1
             blocked = model.encoder.uses_bias or model.encoder.uses_scores
             if per_batch > 1:
@@ -347,6 +241,53 @@ def _not_applicable_row(reason: str) -> dict:
             "peak_mem_mb": None, "peak_rss_mb": None, "eval_s": 0.0, "reason": reason}
 
 
+def _length_factor(scaling: str, length: int, train_len: int, scaling_factor: Optional[float],
+                   rerope_window: Optional[int]) -> Optional[float]:
+    """The ``scaling_factor`` of a length's row: None unscaled, else the one number the method is run with."""
+    if scaling == NONE:
+        return None
+    if scaling == REROPE:
+        # one window at every length (Su 2023); the row keeps it as the method's number
+        return float(rerope_window if rerope_window is not None else default_rerope_window(train_len))
+    if scaling_factor is not None:
+        return float(scaling_factor)
+    return 1.0 if scaling == "dynamic_ntk" else default_factor(length, train_len)
+
+
+def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[int], last_k: Optional[int],
+                  scaling: str, factor: Optional[float]) -> dict:
+    """What a row measured: its length, protocol and scaling (the fields of :data:`ROW_KEY`, and ``multiple``)."""
+    return {"length": length, "multiple": length / train_len, "protocol": protocol,
+            "stride": stride if protocol == "sliding" else None,
+            "last_k": last_k if protocol == "last_k" else None,
+            "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}
+
+
+def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, factor: Optional[float],
+                           position_plan) -> Optional[str]:
+    """Why a length cannot be evaluated (positions never trained, or more than the encoder represents), or None."""
+    if position_plan is not None and not position_plan.eval_supports(length):
+        return (f"trained with randomized positions drawn from "
+                f"0..{position_plan.max_position - 1} (train.max_position)")
+    if not encoder.supports(length):
+        scaled = f" with {scaling} scaling by {factor:g}" if factor is not None else ""
+        return f"encoder {base_encoder.name!r}{scaled} represents at most {encoder.max_length} positions"
+    return None
+
+
+def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
+                    device: torch.device, log: Callable[[str], None], position_plan,
+                    dtype: torch.dtype) -> tuple[LengthResult, float, PeakMemory]:
+    """One length's forward passes with ``encoder`` in the model: the losses, seconds taken and peak memory."""
+    with _Swapped(model, encoder), PeakMemory(device) as mem:
+        t0 = time.perf_counter()
+        pos = position_plan.eval_positions(length) if position_plan is not None else None
+        with _autocast(device, dtype):
+            res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
+        elapsed = time.perf_counter() - t0
+    return res, elapsed, mem
+
+
 @torch.inference_mode()
 def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int,
              batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
@@ -368,7 +309,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         on_row: called with each row as soon as it is done.
         stride: ``S`` for ``sliding``.
         last_k: ``K`` for ``last_k``.
-        scaling: context extension (``posexp/scaling.py``); ``none`` leaves the encoder as trained.
+        scaling: context extension (:mod:`posexp.evaluation.scaling`); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
             (for ``dynamic_ntk``, whose formula already follows the length: 1).
         rerope_window: ``w`` for ``scaling=rerope``; None = half of ``train_len``. The
@@ -404,35 +345,16 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     rows = []
     try:
         for length in lengths:
-            if scaling == NONE:
-                factor = None
-            elif scaling == REROPE:
-                # one window at every length (Su 2023); the row keeps it as the method's number
-                factor = float(rerope_window if rerope_window is not None else default_rerope_window(train_len))
-            elif scaling_factor is not None:
-                factor = float(scaling_factor)
-            else:
-                factor = 1.0 if scaling == "dynamic_ntk" else default_factor(length, train_len)
+            factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
-            row = {"length": length, "multiple": length / train_len, "protocol": protocol,
-                   "stride": stride if protocol == "sliding" else None,
-                   "last_k": last_k if protocol == "last_k" else None,
-                   "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}
-            if position_plan is not None and not position_plan.eval_supports(length):
-                row.update(_not_applicable_row(f"trained with randomized positions drawn from "
-                                               f"0..{position_plan.max_position - 1} (train.max_position)"))
-            elif not encoder.supports(length):
-                scaled = f" with {scaling} scaling by {factor:g}" if factor is not None else ""
-                row.update(_not_applicable_row(f"encoder {base_encoder.name!r}{scaled} represents at most "
-                                               f"{encoder.max_length} positions"))
+            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor)
+            reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
+            if reason is not None:
+                row.update(_not_applicable_row(reason))
             else:
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
-                with _Swapped(model, encoder), PeakMemory(device) as mem:
-                    t0 = time.perf_counter()
-                    pos = position_plan.eval_positions(length) if position_plan is not None else None
-                    with _autocast(device, dtype):
-                        res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
-                    elapsed = time.perf_counter() - t0
+                res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
+                                                    position_plan, dtype)
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
                     positions.append({**{k: row[k] for k in ROW_KEY}, "position_sum": res.position_sum,

@@ -1,0 +1,124 @@
+"""Local corpora: the interpreter's standard library (``data=stdlib``) and a user's text (``data=text``).
+
+Files are split by a hash of each file's relative path, so a file stays on its
+side of the split; when that leaves one side empty (one file, or an unlucky
+hash) the tail of the text is held out instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from posexp.data.tokenizer import ByteTokenizer, TokenizerSpec
+from posexp.data.tokens import CACHE_VERSION, DOC_SEPARATOR, Corpus, Log, corpus_fingerprint, make_tokenizer, tokenize
+from posexp.errors import PosexpError
+
+_STDLIB_EXCLUDE = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def stdlib_files() -> list[Path]:
+    root = stdlib_root()
+    files = [p for p in root.rglob("*.py")
+             if not (set(p.relative_to(root).parts[:-1]) & _STDLIB_EXCLUDE) and p.is_file()]
+    return sorted(files)
+
+
+def text_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def _is_val(relpath: str, val_fraction: float) -> bool:
+    # A hash of the relative path, not of the content, so a file stays on its
+    # side of the split across interpreter patch releases.
+    h = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
+    return h / 2**64 < val_fraction
+
+
+def source_key(name: str, root: Path, files: list[Path], val_fraction: float) -> str:
+    """The cache key of a local corpus: its name, root, split share and every file's size and mtime."""
+    h = hashlib.sha256(f"v{CACHE_VERSION}|{name}|{root}|{val_fraction!r}".encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def _read_documents(root: Path, files: list[Path], strict: bool) -> Iterator[dict]:
+    for f in files:
+        raw = f.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if strict:
+                raise PosexpError(f"data.path: {f} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                                  "data=text reads UTF-8 text files only") from None
+            continue
+        if "\x00" in text:
+            if strict:
+                raise PosexpError(f"data.path: {f} contains NUL bytes, so it looks binary; "
+                                  "data=text reads UTF-8 text files only")
+            continue
+        rel = f.name if root.is_file() else str(f.relative_to(root))
+        yield {"path": rel, "text": text}
+
+
+def _join(texts: list[str]) -> np.ndarray:
+    sep = bytes([DOC_SEPARATOR])
+    return np.frombuffer(sep.join(t.encode("utf-8") for t in texts), dtype=np.uint8).copy()
+
+
+def _documents(texts: list[str]):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"text": texts})
+
+
+def build_local(name: str, root: Path, files: list[Path], strict: bool, path: Optional[str], source: str,
+                 val_fraction: float, spec: TokenizerSpec, key: str, log: Log) -> tuple[Corpus, Any]:
+    """Tokenize the files of ``stdlib`` or ``text`` into a :class:`Corpus`; also returns the tokenizer to cache."""
+    from datasets import Dataset  # heavy import, only when building
+
+    docs = Dataset.from_list(list(_read_documents(root, files, strict)))
+    if len(docs) == 0 or sum(len(t) for t in docs["text"]) == 0:
+        raise PosexpError(f"data.path: {path or root} holds no text")
+    is_val = [_is_val(p, val_fraction) for p in docs["path"]]
+    val_docs = docs.select([i for i, v in enumerate(is_val) if v])
+    train_docs = docs.select([i for i, v in enumerate(is_val) if not v])
+    if len(val_docs) > 0 and len(train_docs) > 0:
+        split = "by_file"
+    else:
+        # One file (or an unlucky hash): hold out the tail of the text instead.
+        split = "by_tail"
+        joined = _join(docs["text"])
+        cut = int(round(joined.size * (1 - val_fraction)))
+        if spec.is_byte:
+            train, val = joined[:cut].copy(), joined[cut:].copy()
+            tokenizer = ByteTokenizer()
+            meta = dict(name=name, fingerprint=corpus_fingerprint(train, val, tokenizer), files=len(docs), val_files=0,
+                        split=split, source=source, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.name,
+                        val_bytes=int(val.size))
+            return Corpus(train=train, val=val, **meta), tokenizer
+        while cut < joined.size and (joined[cut] & 0xC0) == 0x80:
+            cut += 1  # a BPE split must not cut a character in two
+        sep = chr(DOC_SEPARATOR)
+        train_docs = _documents(joined[:cut].tobytes().decode("utf-8").split(sep))
+        val_docs = _documents(joined[cut:].tobytes().decode("utf-8").split(sep))
+    tokenizer = make_tokenizer(spec, train_docs, "text", False, log)
+    train, _ = tokenize(train_docs, "text", tokenizer, True, f"posexp-{key}-train", False)
+    val, val_bytes = tokenize(val_docs, "text", tokenizer, True, f"posexp-{key}-val", False)
+    meta = dict(name=name, fingerprint=corpus_fingerprint(train, val, tokenizer), files=len(docs),
+                val_files=len(val_docs) if split == "by_file" else 0, split=split, source=source,
+                vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.name, val_bytes=val_bytes)
+    return Corpus(train=train, val=val, **meta), tokenizer

@@ -1,0 +1,74 @@
+"""Which evaluation-time context extension a run uses, and whether its encoder offers it.
+
+The formulas live with the encoders (:mod:`posexp.encoders.scaling`); this is
+the policy evaluation applies on top of them: the factor ``s`` a length gets,
+ReRoPE's default window, the check that an encoding offers a method (with a
+message naming the encoders that do), and :func:`scaled_encoder`, the one entry
+point through which the evaluator gets a scaled copy of a trained encoder.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from posexp.encoders import get, registry
+from posexp.encoders.scaling import NONE, REROPE, SCALINGS, supported_scalings
+from posexp.errors import ConfigError
+
+
+def encoders_supporting(kind: str) -> list[str]:
+    """Names of registered encoders that offer ``kind``."""
+    return [name for name, cls in registry().items() if kind in supported_scalings(cls)]
+
+
+def default_rerope_window(train_len: int) -> int:
+    """ReRoPE's window when ``eval.rerope_window`` is unset: half the training length (at least 1)."""
+    return max(1, int(train_len) // 2)
+
+
+def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
+    """Raise :class:`ConfigError` for an unknown scaling or one the encoding does not offer.
+
+    ``encoder_cls`` may also be an encoder instance, whose ``scaling_refusal(kind)``
+    (if it has one) can refuse a method its configuration does not support.
+    """
+    if kind not in SCALINGS:
+        raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
+    if kind == NONE:
+        return
+    if encoder_cls is None:
+        encoder_cls = get(encoder_name)
+    offered = supported_scalings(encoder_cls)
+    if kind not in offered:
+        users = encoders_supporting(kind)
+        mine = f"; encoder {encoder_name!r} offers: {', '.join(offered)}" if offered else \
+            f"; encoder {encoder_name!r} offers none (use eval.scaling=none)"
+        raise ConfigError("eval.scaling",
+                          f"{kind!r} does not apply to encoder {encoder_name!r}: it applies to "
+                          f"{', '.join(users) or 'no registered encoder'}{mine}")
+    refusal = getattr(encoder_cls, "scaling_refusal", None)
+    if refusal is not None and not isinstance(encoder_cls, type):
+        reason = refusal(kind)
+        if reason is not None:
+            raise ConfigError("eval.scaling", reason)
+
+
+def default_factor(length: int, train_len: int) -> float:
+    """``s = eval length / train length``, never below 1 (nothing to extend at or under the training length)."""
+    return max(1.0, length / train_len)
+
+
+def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int) -> nn.Module:
+    """The encoder itself for ``none``, else its ``with_scaling`` copy.
+
+    Raises:
+        ConfigError: the encoding does not offer ``kind``.
+    """
+    check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), encoder)
+    if kind == NONE:
+        return encoder
+    return encoder.with_scaling(kind, float(factor), int(train_len))
+
+
+__all__ = ["NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor", "default_rerope_window",
+           "encoders_supporting", "scaled_encoder"]
