@@ -76,13 +76,7 @@ def plot_ppl_vs_length(
     if any_gaps:
         handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
         labels.append("not applicable")
-    if handles:
-        if legend_below or not named:
-            # unnamed lines: only the training length and "not applicable" remain, and "best" inside
-            # the axes would test every point of a hundred lines against candidate boxes (seconds)
-            fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
-        else:
-            ax.legend(handles, labels, fontsize=7, loc="best", framealpha=0.85)
+    _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=7)
     return save_png(fig, path)
 
 
@@ -326,9 +320,17 @@ def _finish(fig, ax, path, title, named: bool, legend_below: bool, legend_cols: 
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     _title_and_note(ax, title, named, n_series)
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        if legend_below or not named:
-            fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
-        else:
-            ax.legend(handles, labels, fontsize=6, loc="best", framealpha=0.85)
+    _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=6)
     return save_png(fig, path)
+
+
+def _legend(fig, ax, handles: list, labels: list, below: bool, ncol: int, inside_fontsize: float) -> None:
+    """The legend inside the axes, or below them for many series (or unnamed ones); none without entries."""
+    if not handles:
+        return
+    if below:
+        # unnamed lines: only the training length and "not applicable" remain, and "best" inside
+        # the axes would test every point of a hundred lines against candidate boxes (seconds)
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=6, frameon=False)
+    else:
+        ax.legend(handles, labels, fontsize=inside_fontsize, loc="best", framealpha=0.85)
