@@ -278,7 +278,8 @@ def analyze(
 
     Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
     """
-    from posexp.analysis.app import analyze_runs_main, is_run_dir, register_schema
+    from posexp.analysis.attention import analyze_runs_main, is_run_dir
+    from posexp.analysis.schema import register_schema
 
     args = list(overrides or [])
     if any(is_run_dir(a) or Path(a).is_dir() for a in args):  # run folders; Hydra overrides are not folders

@@ -17,19 +17,19 @@ import pytest
 import torch
 from rich.console import Console
 
-from posexp.analysis.app import (
+from posexp.analysis.app import run_analyze
+from posexp.analysis.attention import attention_statistics
+from posexp.analysis.geometry import (
     analyse_unit,
-    attention_statistics,
     decay_summary,
     diagonal_means,
     envelope,
     position_dependence,
-    register_schema,
     rope_relative_bound,
     rotary_frequencies,
-    run_analyze,
     score_map,
 )
+from posexp.analysis.schema import register_schema
 from posexp.config import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError

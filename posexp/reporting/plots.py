@@ -1,9 +1,8 @@
-"""Perplexity-vs-context-length plots.
+"""Perplexity-vs-context-length plots, and the other figures of runs and reports.
 
-matplotlib is imported inside the function, not at module level: the report and
-the CLI import this module, and most of their work (tables, CSV) never draws.
-We build a bare ``Figure`` with the Agg canvas instead of using pyplot, so there
-is no global figure state and no display is ever needed.
+Each figure follows the house style of :mod:`posexp.figures` (size, resolution,
+saving). matplotlib is imported inside the functions, not at module level: the
+report and the CLI import this module, and most of their work (tables, CSV) never draws.
 """
 
 from __future__ import annotations
@@ -11,16 +10,11 @@ from __future__ import annotations
 import math
 import os
 import textwrap
-from io import BytesIO
 from pathlib import Path
 from typing import Optional, Sequence
 
-from posexp.io import atomic_write_bytes
+from posexp.figures import FIG_HEIGHT_IN, mark_train_len, new_figure, save_png
 
-# Sized for a paper column: readable at 100% when placed 3.5-5 in wide.
-FIG_WIDTH_IN = 4.5
-FIG_HEIGHT_IN = 3.0
-DPI = 150
 # Past this many series a legend inside the axes hides the data, so it moves below.
 MAX_INSIDE_LEGEND = 6
 # Past this many, a legend is a wall of text taller than the plot; colours then follow
@@ -62,22 +56,36 @@ def plot_ppl_vs_length(
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
-    from matplotlib import ticker
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+
+    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
+    ticks, any_points, any_gaps = _draw_ppl_series(ax, series, named)
+    if train_len is not None:
+        ticks.add(int(train_len))
+        mark_train_len(ax, train_len)
+    _length_axis(ax, ticks)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    if len(ticks) > 7:
+        ax.tick_params(axis="x", labelrotation=45)
+    _ppl_axis(ax, any_points)
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    _title_and_note(ax, title, named, len(series))
+
+    handles, labels = ax.get_legend_handles_labels()
+    if any_gaps:
+        handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
+        labels.append("not applicable")
+    _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=7)
+    return save_png(fig, path)
+
+
+def _draw_ppl_series(ax, series: Sequence[Series], named: bool) -> tuple[set[int], bool, bool]:
+    """One line (and band) per series, gaps marked on the bottom edge; returns (lengths, any point, any gap)."""
     from matplotlib.transforms import blended_transform_factory
 
-    named = len(series) <= MAX_LEGEND_SERIES
-    legend_below = named and len(series) > MAX_INSIDE_LEGEND
-    legend_cols = 2 if len(series) <= 16 else 3
-    legend_rows = math.ceil((len(series) + 1) / legend_cols) if legend_below else 0
-    fig = Figure(figsize=(FIG_WIDTH_IN, FIG_HEIGHT_IN + 0.13 * legend_rows), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
     # x in data coordinates, y in axes coordinates: puts "n/a" markers on the bottom edge.
     bottom_edge = blended_transform_factory(ax.transData, ax.transAxes)
-
     ticks: set[int] = set()
     any_points = any_gaps = False
     for (label, lengths, ppls, lows, highs), color in zip(series, _colors(len(series))):
@@ -97,10 +105,12 @@ def plot_ppl_vs_length(
             any_gaps = True
             ax.plot(gaps, [0.0] * len(gaps), transform=bottom_edge, linestyle="none", marker="x",
                     markersize=5, color=color, clip_on=False)
+    return ticks, any_points, any_gaps
 
-    if train_len is not None:
-        ticks.add(int(train_len))
-        ax.axvline(train_len, color="0.35", linestyle="--", linewidth=0.9, label=f"train length ({train_len})")
+
+def _length_axis(ax, ticks: set[int]) -> None:
+    """Context length on log2 x, a labelled tick at every evaluated length and nowhere else."""
+    from matplotlib import ticker
 
     ax.set_xscale("log", base=2)
     if ticks:
@@ -109,10 +119,11 @@ def plot_ppl_vs_length(
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _format_tokens(v)))
     ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_xlabel("context length (tokens)", fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.tick_params(which="both", labelsize=7)
-    if len(ticks) > 7:
-        ax.tick_params(axis="x", labelrotation=45)
+
+
+def _ppl_axis(ax, any_points: bool) -> None:
+    """Perplexity on a log y axis with plain-number labels, or a note when nothing was applicable."""
+    from matplotlib import ticker
 
     if any_points:
         ax.set_yscale("log")
@@ -125,28 +136,15 @@ def plot_ppl_vs_length(
         ax.text(0.5, 0.5, "no applicable lengths", transform=ax.transAxes, ha="center", va="center",
                 fontsize=8, color="0.4")
         ax.set_yticks([])
-    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+
+
+def _title_and_note(ax, title: str | None, named: bool, n_series: int) -> None:
+    """The wrapped title, and where series are too many to name, how their colours read."""
     if title:
         ax.set_title(textwrap.fill(title, 60), fontsize=9)
     if not named:
-        ax.text(0.01, 0.99, f"{len(series)} series, coloured in order (dark first)", transform=ax.transAxes,
+        ax.text(0.01, 0.99, f"{n_series} series, coloured in order (dark first)", transform=ax.transAxes,
                 ha="left", va="top", fontsize=6, color="0.3")
-
-    handles, labels = ax.get_legend_handles_labels()
-    if any_gaps:
-        handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
-        labels.append("not applicable")
-    if handles:
-        if legend_below or not named:
-            # unnamed lines: only the training length and "not applicable" remain, and "best" inside
-            # the axes would test every point of a hundred lines against candidate boxes (seconds)
-            fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
-        else:
-            ax.legend(handles, labels, fontsize=7, loc="best", framealpha=0.85)
-
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return atomic_write_bytes(path, buf.getvalue())
 
 
 def _finite_or_nan(value: float | None) -> float:
@@ -263,7 +261,7 @@ def plot_position_overlay(
         ticks.add(int(length))
     if train_len is not None:
         ticks.add(int(train_len))
-        ax.axvline(train_len, color="0.35", linestyle="--", linewidth=0.9, label=f"train length ({train_len})")
+        mark_train_len(ax, train_len)
     ax.set_xscale("log", base=2)
     if ticks:
         ax.set_xlim(1, max(ticks) * 1.2)
@@ -309,32 +307,30 @@ def plot_training_curves(
 
 def _new_figure(n_series: int):
     """A column-width figure with room below the axes for a long legend."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     named = n_series <= MAX_LEGEND_SERIES
     legend_below = named and n_series > MAX_INSIDE_LEGEND
     legend_cols = 2 if n_series <= 16 else 3
     legend_rows = math.ceil((n_series + 1) / legend_cols) if legend_below else 0
-    fig = Figure(figsize=(FIG_WIDTH_IN, FIG_HEIGHT_IN + 0.13 * legend_rows), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(FIG_HEIGHT_IN + 0.13 * legend_rows)
     return fig, fig.add_subplot(), named, legend_below, legend_cols
 
 
 def _finish(fig, ax, path, title, named: bool, legend_below: bool, legend_cols: int, n_series: int) -> Path:
     ax.tick_params(which="both", labelsize=7)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    if title:
-        ax.set_title(textwrap.fill(title, 60), fontsize=9)
-    if not named:
-        ax.text(0.01, 0.99, f"{n_series} series, coloured in order (dark first)", transform=ax.transAxes,
-                ha="left", va="top", fontsize=6, color="0.3")
+    _title_and_note(ax, title, named, n_series)
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        if legend_below or not named:
-            fig.legend(handles, labels, loc="outside lower center", ncol=legend_cols, fontsize=6, frameon=False)
-        else:
-            ax.legend(handles, labels, fontsize=6, loc="best", framealpha=0.85)
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return atomic_write_bytes(path, buf.getvalue())
+    _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=6)
+    return save_png(fig, path)
+
+
+def _legend(fig, ax, handles: list, labels: list, below: bool, ncol: int, inside_fontsize: float) -> None:
+    """The legend inside the axes, or below them for many series (or unnamed ones); none without entries."""
+    if not handles:
+        return
+    if below:
+        # unnamed lines: only the training length and "not applicable" remain, and "best" inside
+        # the axes would test every point of a hundred lines against candidate boxes (seconds)
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=6, frameon=False)
+    else:
+        ax.legend(handles, labels, fontsize=inside_fontsize, loc="best", framealpha=0.85)

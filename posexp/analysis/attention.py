@@ -1,0 +1,196 @@
+"""``posexp analyze RUN_DIR``: a trained run's encoding and the attention of its model.
+
+The same geometry as :mod:`posexp.analysis.app`, computed on the trained encoder,
+and the attention of the trained model measured on validation text at multiples
+of the training length: per layer and head, the mean distance from a query to the
+keys it attends to and the entropy of its attention. Writes into ``RUN_DIR/analysis/``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor
+
+from posexp.analysis.app import ANALYSIS_JSON, analyse_encoder, print_summary
+from posexp.analysis.figures import draw_attention
+from posexp.analysis.schema import AnalyzeConfig, check_analyze
+from posexp.errors import ConfigError, PosexpError, require
+from posexp.io import atomic_write_json
+
+
+@torch.no_grad()
+def attention_statistics(model, tokens: np.ndarray, length: int, n_windows: int) -> dict:
+    """Per layer and head, mean attention distance and entropy on ``n_windows`` windows of ``length`` tokens.
+
+    The attention probabilities are recomputed from each block's input exactly as
+    the model forms its logits: ``q k^T / sqrt(Dh)`` after ``rotate``, plus ``bias``
+    and ``scores``, causal mask, softmax. For query ``i``: mean distance
+    ``sum_j a_ij (i - j)`` (tokens) and entropy ``-sum_j a_ij log a_ij`` (nats);
+    both averaged over every query of every window.
+
+    Returns:
+        ``{"mean_distance": (layers, heads), "entropy": (layers, heads)}`` numpy arrays, and
+        the uniform-attention references ``uniform_distance`` / ``uniform_entropy``.
+    """
+
+    blocks = list(model.blocks)
+    n_layers, H = len(blocks), model.shape.n_heads
+    dist_sum = np.zeros((n_layers, H))
+    ent_sum = np.zeros((n_layers, H))
+    count = 0
+    captured: dict[int, tuple] = {}
+
+    def hook_for(i):
+        def hook(module, args):
+            captured[i] = (module, args[0], args[1])
+        return hook
+
+    handles = [b.attn.register_forward_pre_hook(hook_for(i)) for i, b in enumerate(blocks)]
+    device = next(model.parameters()).device
+    try:
+        for w in range(n_windows):
+            idx = torch.as_tensor(np.asarray(tokens[w * length:(w + 1) * length], dtype=np.int64),
+                                  device=device)[None]
+            captured.clear()
+            model(idx)
+            for i in range(n_layers):
+                attn, x, plan = captured[i]
+                probs = _attention_probs(attn, x, plan)  # (1, H, L, L)
+                L = probs.shape[-1]
+                d = (torch.arange(L, device=device)[:, None] - torch.arange(L, device=device)[None, :]).clamp(min=0)
+                dist_sum[i] += (probs * d).sum(-1).mean(-1)[0].double().cpu().numpy()
+                plogp = torch.where(probs > 0, probs * probs.clamp_min(1e-30).log(), torch.zeros_like(probs))
+                ent_sum[i] += (-plogp.sum(-1)).mean(-1)[0].double().cpu().numpy()
+            count += 1
+    finally:
+        for h in handles:
+            h.remove()
+    i = np.arange(length)
+    return {"mean_distance": dist_sum / count, "entropy": ent_sum / count,
+            "uniform_distance": float((i / 2).mean()), "uniform_entropy": float(np.log(i + 1).mean())}
+
+
+def _attention_probs(attn, x: Tensor, plan) -> Tensor:
+    B, L, D = x.shape
+    enc = plan.encoder
+    q, k, _ = attn.qkv(x).view(B, L, 3, attn.n_heads, attn.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh)
+    if enc.uses_rotate:
+        q, k = enc.rotate(q, k, plan.pos, plan.pos)
+    logits = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(attn.head_dim)  # SDPA's default scale
+    if plan.needs_mask:
+        logits = logits + plan.bias(0, L, torch.float32)  # bias (if any) with the causal mask
+        if enc.uses_scores:
+            logits = logits + enc.scores(q, k, plan.pos, plan.pos).float()
+    else:
+        future = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    return logits.softmax(-1)
+
+
+def is_run_dir(arg: str) -> bool:
+    p = Path(arg)
+    return p.is_dir() and (p / "results.json").is_file() and (p / "checkpoint").is_dir()
+
+
+def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
+    """Run folders and ``analyze.KEY=VALUE`` overrides of ``posexp analyze RUN_DIR...``."""
+    import yaml
+
+    runs, over = [], {}
+    keys = list(AnalyzeConfig.__dataclass_fields__)
+    for arg in args:
+        if is_run_dir(arg):
+            runs.append(Path(arg))
+            continue
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/); pass the folder "
+                              "of one trained run, e.g. outputs/2026-11-22/10-00-00")
+        require(key.startswith("analyze.") and key[len("analyze."):] in keys, key,
+                "with a trained run only analyze.* settings apply; choose one of: "
+                + ", ".join("analyze." + k for k in keys))
+        over[key[len("analyze."):]] = yaml.safe_load(value)
+    return runs, over
+
+
+def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = None) -> dict:
+    """``posexp analyze RUN_DIR``: the trained encoder's geometry and the model's attention vs length.
+
+    Loads the run as ``posexp eval`` does (:func:`posexp.commands.eval.prepare`: its saved config,
+    its corpus, safetensors weights) and writes into ``RUN_DIR/analysis/``.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.commands.eval import prepare
+
+    console = console or Console()
+    p = prepare(run_dir, [])
+    a = OmegaConf.structured(AnalyzeConfig)
+    for k, v in overrides.items():
+        try:
+            a[k] = v
+        except OmegaConfBaseException:
+            raise ConfigError(f"analyze.{k}", f"{v!r} is not a valid value") from None
+    check_analyze(a)
+    cfg = OmegaConf.create(OmegaConf.to_container(p.cfg, resolve=True))
+    cfg.analyze = a
+    out = Path(run_dir) / "analysis"
+    model = p.model.eval()
+    result = analyse_encoder(model.encoder, cfg, out, note="trained encoder of this run")
+    train_len = int(cfg.train_len)
+    rows = []
+    for m in sorted(set(int(x) for x in a.multiples)):
+        length = m * train_len
+        row: dict[str, Any] = {"multiple": m, "length": length}
+        if not model.encoder.supports(length):
+            row["not_applicable"] = f"{model.encoder.name} encodes at most {model.encoder.max_length} positions"
+        elif len(p.corpus.val) < length:
+            row["not_applicable"] = f"the validation text has only {len(p.corpus.val)} tokens"
+        else:
+            n = max(1, min(int(a.tokens) // length, len(p.corpus.val) // length))
+            stats = attention_statistics(model, p.corpus.val, length, n)
+            row.update({"windows": n, "mean_distance": stats["mean_distance"].round(4).tolist(),
+                        "entropy": stats["entropy"].round(4).tolist(),
+                        "uniform_distance": stats["uniform_distance"], "uniform_entropy": stats["uniform_entropy"]})
+        rows.append(row)
+        console.print(f"attention at {length} tokens ({m}× train_len): "
+                      + (row.get("not_applicable") or f"{row['windows']} window(s)"), highlight=False)
+    result["attention"] = rows
+    if a.figures:
+        result["figures"] += draw_attention(rows, train_len, result["label"], out)
+    atomic_write_json(out / ANALYSIS_JSON, result)
+    print_summary(result, console)
+    _print_attention(rows, console)
+    console.print(f"wrote {out / ANALYSIS_JSON} and {len(result['figures'])} figure(s) in {out}", highlight=False)
+    return result
+
+
+def _print_attention(rows: list[dict], console: Console) -> None:
+    t = Table(title="attention per layer (mean over heads; per head in analysis.json)")
+    t.add_column("length", justify="right")
+    t.add_column("mean distance (tokens)")
+    t.add_column("entropy (nats)")
+    t.add_column("uniform: distance / entropy")
+    for r in rows:
+        if "mean_distance" not in r:
+            t.add_row(str(r["length"]), "n/a", r["not_applicable"], "")
+            continue
+        d = np.array(r["mean_distance"]).mean(1)
+        e = np.array(r["entropy"]).mean(1)
+        t.add_row(str(r["length"]), ", ".join(f"{v:.1f}" for v in d), ", ".join(f"{v:.2f}" for v in e),
+                  f"{r['uniform_distance']:.1f} / {r['uniform_entropy']:.2f}")
+    console.print(t)
+
+
+def analyze_runs_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
+    """``posexp analyze RUN_DIR... [analyze.KEY=VALUE...]``: analyse each run folder; returns their results."""
+    runs, overrides = parse_run_args(args)
+    return [analyze_run(r, overrides, console) for r in runs]
