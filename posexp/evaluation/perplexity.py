@@ -46,7 +46,6 @@ records what it ran with (``batch_windows``, ``attn_block_size``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import math
@@ -61,6 +60,7 @@ import torch
 from posexp.config import check_protocol
 from posexp.errors import ConfigError, PosexpError
 from posexp.model import GPT
+from posexp.runtime import autocast
 from posexp.encoders.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 
 Z95 = 1.959964  # two-sided 95% normal quantile
@@ -321,12 +321,6 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
                         retries)
 
 
-def _autocast(device: torch.device, dtype: torch.dtype):
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 class _Swapped:
     """Put ``encoder`` into ``model`` for the duration of a block."""
 
@@ -430,7 +424,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
                 with _Swapped(model, encoder), PeakMemory(device) as mem:
                     t0 = time.perf_counter()
                     pos = position_plan.eval_positions(length) if position_plan is not None else None
-                    with _autocast(device, dtype):
+                    with autocast(device, dtype):
                         res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
                     elapsed = time.perf_counter() - t0
                 row.update(_summarise(res, win, length, elapsed, mem))
