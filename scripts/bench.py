@@ -249,18 +249,17 @@ def matmul_peak(sizes: list[int], dtype: torch.dtype, reps: int, clock: Clock) -
 
 def train_config():
     """The default run's training settings, for ``make_optimizer`` and the clip value."""
-    from omegaconf import OmegaConf
-
     from posexp.config import TrainConfig
 
-    return OmegaConf.create({"train": asdict(TrainConfig())})
+    return TrainConfig()
 
 
 class Trainee:
     """A model with its optimizer, taking full training steps on one fixed batch."""
 
     def __init__(self, c: Contender, shape: Shape, precision: str, batch: Tensor, clock: Clock):
-        from posexp.training.trainer import autocast, make_optimizer, resolve_precision
+        from posexp.runtime import autocast, resolve_precision
+        from posexp.training.optim import make_optimizer
 
         torch.manual_seed(0)
         self.contender, self.precision = c, precision
@@ -286,7 +285,7 @@ class Trainee:
                 logits = logits_of(self.model, self.x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), self.y.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         if timed:
@@ -446,7 +445,7 @@ def main() -> None:
     from rich.table import Table
 
     from posexp.io import atomic_write_json
-    from posexp.training.trainer import resolve_precision
+    from posexp.runtime import resolve_precision
 
     console = Console(width=max(Console().width, 150))
     log = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731

@@ -13,7 +13,7 @@ from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate
 from posexp.model import GPT, ModelShape
 from posexp.commands.train import run_train
-from posexp.training.trainer import autocast, bf16_is_native, resolve_device, resolve_precision
+from posexp.runtime import autocast, bf16_is_native, resolve_device, resolve_precision
 
 CPU = torch.device("cpu")
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "eval.multiples=[1]",

@@ -14,18 +14,18 @@ from posexp.encoders import create
 from posexp.evaluation.perplexity import eval_budget, evaluate
 from posexp.model import GPT, ModelShape
 from posexp.commands.train import run_train
-from posexp.training.trainer import lr_at
+from posexp.training.optim import lr_at
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "eval.multiples=[1,2]")
 
 
 def test_lr_warms_up_then_decays_to_the_floor(compose):
     cfg = compose("train.lr=0.01", "train.warmup_steps=10", "train.steps=110", "train.min_lr_ratio=0.1")
-    lrs = [lr_at(s, cfg) for s in range(110)]
+    lrs = [lr_at(s, cfg.train) for s in range(110)]
     assert lrs[0] == pytest.approx(0.001) and lrs[9] == pytest.approx(0.01)
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))  # warmup rises
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine falls
-    assert lr_at(110, cfg) == pytest.approx(0.001)  # ends at min_lr_ratio * lr
+    assert lr_at(110, cfg.train) == pytest.approx(0.001)  # ends at min_lr_ratio * lr
     assert lrs[60] == pytest.approx(0.001 + 0.5 * 0.009, rel=1e-6)  # halfway down the cosine
 
 
@@ -54,14 +54,14 @@ def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
 
 def test_encoder_lr_mult_defaults_and_groups(compose):
     from posexp.build import build_encoder, build_model
-    from posexp.training.trainer import make_optimizer
+    from posexp.training.optim import make_optimizer
 
     assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
     assert compose("encoder=rope").encoder.lr_mult == 1.0
     cfg = compose("experiment=smoke", "encoder=kerple", "encoder.lr_mult=4")
     assert build_encoder(cfg).lr_mult == 4.0
     model = build_model(cfg, 256)
-    groups = make_optimizer(model, cfg).param_groups
+    groups = make_optimizer(model, cfg.train).param_groups
     encoder_params = {id(p) for p in model.encoder.parameters()}
     assert encoder_params
     for g in groups:

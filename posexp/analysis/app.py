@@ -28,7 +28,8 @@ from posexp.config import eval_lengths
 from posexp.validate import validate
 from posexp.io import atomic_write_json
 
-log = logging.getLogger(__name__)
+# the logger name train.log and users' logging filters have always seen, wherever the module lives
+log = logging.getLogger("posexp.analyze")
 
 ANALYSIS_JSON = "analysis.json"
 COMPARISON_PNG = "comparison.png"

@@ -257,7 +257,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[
     """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results."""
     from posexp.commands.train import (evaluate_config, git_commit, results_table, versions, write_loss_by_position,
                             write_results)
-    from posexp.training.trainer import resolve_device
+    from posexp.runtime import resolve_device
 
     console = console or Console()
     warn = lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)  # noqa: E731

@@ -26,7 +26,8 @@ from omegaconf import DictConfig
 
 from posexp.errors import ConfigError
 
-log = logging.getLogger(__name__)
+# the logger name train.log and users' logging filters have always seen, wherever the module lives
+log = logging.getLogger("posexp.sweeps")
 
 # hydra/<group>=<option> -> (the plugin module, its PyPI name)
 PLUGINS = {

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -27,7 +27,8 @@ from posexp.evaluation.perplexity import evaluate, loss_by_position_rows, row_ke
 from posexp.io import atomic_write_text
 from posexp.data.tokenizer import bits_per_byte
 from posexp.positions import PositionPlan
-from posexp.training.trainer import resolve_device, resolve_precision, save_checkpoint, train
+from posexp.runtime import resolve_device, resolve_precision
+from posexp.training.trainer import save_checkpoint, train
 
 RESULTS_JSON = "results.json"
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
@@ -415,7 +416,9 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         console.print(reused.message(), highlight=False)
     else:
         try:
-            result = train(model, corpus, cfg, run_dir, resume=resume)
+            result = train(model, corpus, OmegaConf.to_object(cfg.train), run_dir, train_len=int(cfg.train_len),
+                           seed=int(cfg.seed), plan=PositionPlan(cfg), config_hash=config_hash(cfg),
+                           compiled=bool(cfg.get("compile", False)), resume=resume)
         except TrainingDiverged as e:
             if w.is_main:
                 write_run_status(run_dir, cfg, overrides, "diverged", e, corpus.info(), step=e.step)

@@ -46,7 +46,6 @@ records what it ran with (``batch_windows``, ``attn_block_size``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 from posexp.model import GPT
+from posexp.runtime import autocast
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
@@ -215,12 +215,6 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
                         retries)
 
 
-def _autocast(device: torch.device, dtype: torch.dtype):
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 class _Swapped:
     """Put ``encoder`` into ``model`` for the duration of a block."""
 
@@ -282,7 +276,7 @@ def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: 
     with _Swapped(model, encoder), PeakMemory(device) as mem:
         t0 = time.perf_counter()
         pos = position_plan.eval_positions(length) if position_plan is not None else None
-        with _autocast(device, dtype):
+        with autocast(device, dtype):
             res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
         elapsed = time.perf_counter() - t0
     return res, elapsed, mem

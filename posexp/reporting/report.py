@@ -43,7 +43,8 @@ from rich.text import Text
 from posexp.errors import ConfigError, PosexpError
 from posexp.io import atomic_write_text
 
-log = logging.getLogger(__name__)
+# the logger name train.log and users' logging filters have always seen, wherever the module lives
+log = logging.getLogger("posexp.report")
 
 RESULTS_FILE = "results.json"
 SUMMARY_MD = "summary.md"

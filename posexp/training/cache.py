@@ -53,7 +53,8 @@ from posexp.config import weights_config
 from posexp.errors import PosexpError
 from posexp.io import atomic_write_bytes, atomic_write_json
 
-log = logging.getLogger(__name__)
+# the logger name train.log and users' logging filters have always seen, wherever the module lives
+log = logging.getLogger("posexp.cache")
 
 FORMAT = 1
 ENTRY_FILE = "entry.json"
