@@ -221,7 +221,7 @@ def report(
                                                            "All but rich print only the table, for redirecting."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv."""
-    from posexp.reporting.report import report_main
+    from posexp.reporting import report_main
 
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
@@ -276,10 +276,12 @@ def analyze(
 
     Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
     """
-    from posexp.analysis.app import analyze_runs_main, is_run_dir, register_schema
+    from posexp.analysis.app import analyze_runs_main, register_schema
+    from posexp.rundir import is_run_dir
 
     args = list(overrides or [])
-    if any(is_run_dir(a) or Path(a).is_dir() for a in args):  # run folders; Hydra overrides are not folders
+    # run folders; Hydra overrides are not folders
+    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in args):
         try:
             analyze_runs_main(args)
         except PosexpError as e:

@@ -390,33 +390,3 @@ def config_hash(cfg: DictConfig) -> str:
         relevant["encoder"] = {k: v for k, v in relevant["encoder"].items() if k != "lr_mult"}
     blob = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-HYDRA_CONFIG = Path(".hydra") / "config.yaml"
-
-
-def read_saved_config(run_dir: Path) -> DictConfig:
-    """A run's ``.hydra/config.yaml`` as written by Hydra, or a :class:`PosexpError` naming the file.
-
-    Shared by ``posexp resume`` and ``posexp eval``, so a damaged file gets the same
-    one-line message from both instead of a YAML traceback.
-    """
-    import yaml
-    from omegaconf.errors import OmegaConfBaseException
-
-    from posexp.errors import PosexpError
-
-    path = Path(run_dir) / HYDRA_CONFIG
-    try:
-        loaded = OmegaConf.load(path)
-    except yaml.YAMLError as e:
-        raise PosexpError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    except (OSError, UnicodeDecodeError, ValueError, OmegaConfBaseException) as e:
-        raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, DictConfig):
-        raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
-    encoder = loaded.get("encoder")
-    if isinstance(encoder, DictConfig) and "lr_mult" not in encoder:
-        # written before encoder.lr_mult existed: the encoder trained at train.lr (t5's default is now 10)
-        encoder.lr_mult = 1.0
-    return loaded

@@ -48,6 +48,7 @@ from torch import Tensor
 from posexp.config import Config, build_encoder, eval_lengths, validate
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.io import atomic_write_bytes, atomic_write_json
+from posexp.rundir import is_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -831,11 +832,6 @@ def _attention_probs(attn, x: Tensor, plan) -> Tensor:
     return logits.softmax(-1)
 
 
-def is_run_dir(arg: str) -> bool:
-    p = Path(arg)
-    return p.is_dir() and (p / "results.json").is_file() and (p / "checkpoint").is_dir()
-
-
 def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
     """Run folders and ``analyze.KEY=VALUE`` overrides of ``posexp analyze RUN_DIR...``."""
     import yaml
@@ -843,7 +839,7 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
     runs, over = [], {}
     keys = list(AnalyzeConfig.__dataclass_fields__)
     for arg in args:
-        if is_run_dir(arg):
+        if is_run_dir(arg, needs_weights=True):
             runs.append(Path(arg))
             continue
         key, eq, value = arg.partition("=")
