@@ -114,7 +114,7 @@ def build_report(
     """Load runs and line them up: one column per evaluated length, one line per run or group.
 
     Args:
-        run_dirs: run folders, e.g. from :func:`find_runs`; their order is kept.
+        run_dirs: run folders, e.g. from :func:`posexp.rundir.find_runs`; their order is kept.
         by: dotted config keys to group by (``encoder``, ``base``, ``model.n_layers``); runs with the
             same values are averaged with a 95% t-interval. None: one line per run.
         metrics: summary metrics after the lengths (see :func:`parse_metric`); None: ratio, maxlen, auc.

@@ -3,6 +3,17 @@
 ``posexp report DIR...`` and :class:`SweepSummaryCallback` both end up in
 :func:`report_main`; ``posexp eval`` and ``posexp resume`` call
 :func:`refresh_sweep_summary` after they change a run of a sweep.
+
+Each run folder holds a ``results.json`` written by the trainer (plus
+``loss_by_position.csv`` and ``metrics.csv`` for the figures); reporting only
+reads those files, so a report can be rebuilt at any time without touching a
+model, and without importing torch.
+
+``--by`` groups runs by config keys and averages the runs of a group (seeds)
+with a Student-t interval; ``--metric`` adds one-number summaries of each
+curve (ratio at k× the training length, the longest length within a tolerance,
+the area under log perplexity over log length); ``--where``/``--sort`` choose
+and order; ``--format`` prints the table as rich, markdown, csv, json or latex.
 """
 
 from __future__ import annotations
