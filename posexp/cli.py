@@ -166,7 +166,7 @@ def train(
         _fail(PosexpError(missing))
     from posexp.training import distributed
 
-    # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/distributed.py)
+    # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
     with distributed.worker_overrides() as quiet:
         try:
             _run_hydra(_train_app, "posexp train", [*_flags_first(overrides or []), *quiet])
@@ -223,7 +223,7 @@ def report(
                                                            "All but rich print only the table, for redirecting."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv."""
-    from posexp.reporting.report import report_main
+    from posexp.reporting import report_main
 
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
@@ -278,11 +278,13 @@ def analyze(
 
     Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
     """
-    from posexp.analysis.attention import analyze_runs_main, is_run_dir
+    from posexp.analysis.attention import analyze_runs_main
     from posexp.analysis.schema import register_schema
+    from posexp.rundir import is_run_dir
 
     args = list(overrides or [])
-    if any(is_run_dir(a) or Path(a).is_dir() for a in args):  # run folders; Hydra overrides are not folders
+    # run folders; Hydra overrides are not folders
+    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in args):
         try:
             analyze_runs_main(args)
         except PosexpError as e:

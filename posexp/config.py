@@ -1,9 +1,12 @@
-"""Config schema: one dataclass per group, stored in Hydra's ConfigStore.
+"""Config schema: one dataclass per group, which :func:`posexp.validate.register_configs` stores in Hydra's
+ConfigStore, and the one rule of what shapes the trained weights (:func:`weights_config`, :func:`config_hash`).
 
 Hydra merges ``configs/*.yaml`` onto these schemas at compose time, so an
 unknown key or a value of the wrong type fails with the key's name before
 anything runs. Range checks that a type cannot express (``base > 1``, lengths
-positive, ``d_model`` divisible by the heads) live in :func:`validate`.
+positive, ``d_model`` divisible by the heads) live in :mod:`posexp.validate`.
+
+A leaf: imports nothing of posexp, so every module may import it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from posexp.errors import PosexpError
 
 def config_dir() -> Path:
     """The shipped ``configs/`` folder: beside the package in a checkout, inside it in a wheel."""
@@ -27,7 +29,7 @@ def config_dir() -> Path:
 
 @dataclass
 class DataConfig:
-    """``configs/data/*.yaml`` document the keys; ``posexp/data.py`` loads, splits and caches."""
+    """``configs/data/*.yaml`` document the keys; ``posexp/data/`` loads, splits and caches."""
 
     name: Optional[str] = "stdlib"  # stdlib/text: the corpus; hf: a Hub id or a local data set folder
     # the loader: stdlib, text or hf (unset: the name, as in configs written before data=hf existed)
@@ -48,7 +50,7 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    """``configs/tokenizer/*.yaml``; ``posexp/tokenizer.py`` builds them."""
+    """``configs/tokenizer/*.yaml``; ``posexp/data/tokenizer.py`` builds them."""
 
     name: str = "byte"
     description: str = ""
@@ -104,7 +106,7 @@ class TrainConfig:
 class EvalConfig:
     """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
 
-    ``configs/eval/default.yaml`` documents each key; ``posexp/evaluate.py`` says
+    ``configs/eval/default.yaml`` documents each key; ``posexp/evaluation/perplexity.py`` says
     exactly which tokens each protocol scores.
     """
 
@@ -135,10 +137,10 @@ class Config:
     device: str = "auto"
     precision: str = "auto"
     compile: bool = False
-    # Sweep cache (posexp/cache.py): reuse the weights of a finished run with the same training config.
+    # Sweep cache (posexp/training/cache.py): reuse the weights of a finished run with the same training config.
     cache: bool = False
     cache_dir: str = "outputs/cache"
-    # What the train task returns to a Hydra sweeper (posexp/sweeps.py): "longest", "mean" or an eval length.
+    # What the train task returns to a Hydra sweeper (posexp/commands/sweeps.py): "longest", "mean" or an eval length.
     objective: Any = "longest"
 
 
@@ -236,32 +238,3 @@ def config_hash(cfg: DictConfig) -> str:
         relevant["encoder"].pop("lr_mult")
     blob = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-HYDRA_CONFIG = Path(".hydra") / "config.yaml"
-
-
-def read_saved_config(run_dir: Path) -> DictConfig:
-    """A run's ``.hydra/config.yaml`` as written by Hydra, or a :class:`PosexpError` naming the file.
-
-    Shared by ``posexp resume`` and ``posexp eval``, so a damaged file gets the same
-    one-line message from both instead of a YAML traceback.
-    """
-    import yaml
-    from omegaconf.errors import OmegaConfBaseException
-
-
-    path = Path(run_dir) / HYDRA_CONFIG
-    try:
-        loaded = OmegaConf.load(path)
-    except yaml.YAMLError as e:
-        raise PosexpError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    except (OSError, UnicodeDecodeError, ValueError, OmegaConfBaseException) as e:
-        raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, DictConfig):
-        raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
-    encoder = loaded.get("encoder")
-    if isinstance(encoder, DictConfig) and "lr_mult" not in encoder:
-        # written before encoder.lr_mult existed: the encoder trained at train.lr (t5's default is now 10)
-        encoder.lr_mult = 1.0
-    return loaded

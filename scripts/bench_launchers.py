@@ -9,7 +9,7 @@ each run; the joblib one adds ``hydra/launcher=joblib hydra.launcher.n_jobs=N``.
 The basic launcher runs the jobs one after another in one process on all cores
 (and once more with ``train.threads=1``, to tell the gain of running runs side by
 side from the gain of fewer threads per run); joblib runs N at once, each on
-floor(cores / N) torch threads (posexp/sweeps.py).
+floor(cores / N) torch threads (posexp/commands/sweeps.py).
 Repeats alternate the two launchers, so a load change on a shared machine hits
 both. Also reported: each run's training throughput (results.json), which shows
 how much of the difference is parallelism and how much is start-up.

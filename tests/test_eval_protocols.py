@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from conftest import SMOKE, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
-from posexp.evaluation.perplexity import batch_means_se, evaluate, merge_rows, plan_windows
+from posexp.evaluation.perplexity import batch_means_se, evaluate, plan_windows
+from posexp.rundir import merge_rows
 from posexp.model import GPT, ModelShape
 
 CPU = torch.device("cpu")

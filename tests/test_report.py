@@ -18,7 +18,7 @@ from rich.console import Console
 from posexp.errors import PosexpError
 from posexp.io import atomic_write_bytes, atomic_write_text
 from posexp.reporting.plots import plot_ppl_vs_length
-from posexp.reporting.report import (
+from posexp.reporting import (
     SweepSummaryCallback,
     build_report,
     find_runs,
@@ -431,7 +431,7 @@ def test_callback_never_raises(tmp_path, caplog):
 
 
 from posexp.errors import ConfigError  # noqa: E402
-from posexp.reporting.report import (  # noqa: E402
+from posexp.reporting import (  # noqa: E402
     mean_interval,
     metric_value,
     parse_metric,
@@ -710,7 +710,7 @@ def test_report_md_is_self_contained_with_figures(tmp_path):
 
 
 def test_legend_names_encoding_and_base(tmp_path):
-    from posexp.reporting.report import _legend
+    from posexp.reporting.render import _legend
 
     runs = seeds(tmp_path, "rope", [3.0, 3.1]) + seeds(tmp_path, "alibi", [3.5], base=None)
     report = build_report(runs, by="encoder")

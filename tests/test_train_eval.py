@@ -78,7 +78,8 @@ def test_runs_saved_before_lr_mult_existed_keep_their_rate_and_hash(compose, tmp
     back gives lr_mult 1 (not t5's new default), and its config hash is unchanged, so resume works."""
     from omegaconf import OmegaConf
 
-    from posexp.config import HYDRA_CONFIG, config_hash, read_saved_config
+    from posexp.config import config_hash
+    from posexp.rundir import HYDRA_CONFIG, read_saved_config
 
     cfg = compose("encoder=t5", "encoder.lr_mult=1")
     old = OmegaConf.to_container(cfg)

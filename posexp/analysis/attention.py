@@ -24,6 +24,7 @@ from posexp.analysis.figures import draw_attention
 from posexp.analysis.schema import AnalyzeConfig, check_analyze
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.io import atomic_write_json
+from posexp.rundir import is_run_dir
 
 
 @torch.no_grad()
@@ -95,11 +96,6 @@ def _attention_probs(attn, x: Tensor, plan) -> Tensor:
     return logits.softmax(-1)
 
 
-def is_run_dir(arg: str) -> bool:
-    p = Path(arg)
-    return p.is_dir() and (p / "results.json").is_file() and (p / "checkpoint").is_dir()
-
-
 def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
     """Run folders and ``analyze.KEY=VALUE`` overrides of ``posexp analyze RUN_DIR...``."""
     import yaml
@@ -107,12 +103,12 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
     runs, over = [], {}
     keys = list(AnalyzeConfig.__dataclass_fields__)
     for arg in args:
-        if is_run_dir(arg):
+        if is_run_dir(arg, needs_weights=True):
             runs.append(Path(arg))
             continue
         key, eq, value = arg.partition("=")
         if not eq:
-            raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/); pass the folder "
+            raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/model.safetensors); pass the folder "
                               "of one trained run, e.g. outputs/2026-11-22/10-00-00")
         require(key.startswith("analyze.") and key[len("analyze."):] in keys, key,
                 "with a trained run only analyze.* settings apply; choose one of: "

@@ -28,13 +28,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.config import HYDRA_CONFIG, EvalConfig, config_hash, eval_lengths, read_saved_config
+from posexp.config import EvalConfig, config_hash, eval_lengths
 from posexp.validate import validate
 from posexp.errors import ConfigError, PosexpError
-from posexp.evaluation.perplexity import merge_rows
+from posexp.rundir import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key,
+                           read_results, read_saved_config, runs_under)
 
-RESULTS_JSON = "results.json"
-CHECKPOINT = Path("checkpoint") / "model.safetensors"
 EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
 VALUE_HINTS = {
     "lengths": "a list of integers, e.g. eval.lengths=[256,1024,8192]",
@@ -135,8 +134,6 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
     A folder given directly must be such a run. Below a folder given, folders with
     ``results.json`` but no checkpoint are skipped with a warning.
     """
-    from posexp.reporting.report import _natural_key
-
     if not folders:
         raise PosexpError("give at least one run folder (or a sweep folder), e.g. "
                           "posexp eval outputs/2026-11-22/10-00-00 eval.lengths=[256,1024]")
@@ -148,20 +145,18 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
                               "or a folder above runs")
         if not root.is_dir():
             raise PosexpError(f"{root}: is a file; pass the run folder that contains it")
-        if (root / RESULTS_JSON).is_file():
-            if not (root / CHECKPOINT).is_file():
+        if is_run_dir(root):
+            if not is_run_dir(root, needs_weights=True):
                 raise PosexpError(f"{root}: no checkpoint ({CHECKPOINT} is missing), so there are no weights to "
                                   "evaluate; retrain the run with posexp train")
             found.setdefault(root.resolve(), root)
             continue
         skipped = []
-        for folder, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "checkpoint"]
-            if RESULTS_JSON in filenames:
-                if (Path(folder) / CHECKPOINT).is_file():
-                    found.setdefault(Path(folder).resolve(), Path(folder))
-                else:
-                    skipped.append(folder)
+        for folder in runs_under(root):
+            if is_run_dir(folder, needs_weights=True):
+                found.setdefault(folder.resolve(), folder)
+            else:
+                skipped.append(folder)
         for folder in skipped:
             if warn is not None:
                 warn(f"skipping {folder}: it has {RESULTS_JSON} but no {CHECKPOINT}")
@@ -169,7 +164,7 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
             extra = f" ({len(skipped)} folder(s) with results but no checkpoint)" if skipped else ""
             raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
                               f"{CHECKPOINT}")
-    return sorted(found.values(), key=_natural_key)
+    return sorted(found.values(), key=natural_key)
 
 
 @dataclass
@@ -198,13 +193,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     from posexp.data.corpus import check_fits, corpus_from_config
     from posexp.build import build_model
 
-    try:
-        results = json.loads((run_dir / RESULTS_JSON).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PosexpError(f"{run_dir / RESULTS_JSON}: cannot be read ({e})") from None
-    if not isinstance(results, dict) or not isinstance(results.get("rows"), list) or \
-            not isinstance(results.get("run"), dict):
-        raise PosexpError(f"{run_dir / RESULTS_JSON}: not a results file (expected \"run\" and \"rows\")")
+    results = read_results(run_dir)
     base_cfg = load_run_config(run_dir, results)
     cfg = apply_eval_overrides(base_cfg, overrides)
     validate(cfg)
@@ -241,16 +230,13 @@ def _recorded_sha256(run_dir: Path) -> Optional[str]:
 # -- the command ---------------------------------------------------------------------------------
 
 def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
-    from posexp.reporting.report import SUMMARY_MD, build_report, find_runs, write_summary
+    """A sweep folder given whose summary.md predates this evaluation gets it rewritten."""
+    from posexp.reporting.summary import refresh_sweep_summary
 
     for raw in folders:
         root = Path(raw)
-        if (root / SUMMARY_MD).is_file() and not (root / RESULTS_JSON).is_file():
-            try:
-                write_summary(build_report(find_runs([root])), root)
-                console.print(f"refreshed {root / SUMMARY_MD}", highlight=False)
-            except PosexpError as e:
-                console.print(f"[yellow]could not refresh {root / SUMMARY_MD}: {e}[/]", highlight=False)
+        if (root / SUMMARY_MD).is_file() and not is_run_dir(root):
+            refresh_sweep_summary(root, console)
 
 
 def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:

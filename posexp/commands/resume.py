@@ -2,7 +2,7 @@
 
 The run is rebuilt from what its folder says: the config Hydra saved
 (``.hydra/config.yaml``), the overrides it was launched with, and the latest
-resumable checkpoint (:mod:`posexp.checkpoint`). Training continues at the
+resumable checkpoint (:mod:`posexp.training.checkpoint`). Training continues at the
 checkpoint's step; ``metrics.csv`` drops the rows logged after that step (they
 are logged again); then the run is evaluated and written as usual. Everything is
 checked before anything is written, so refusing a folder leaves it as it was.
@@ -17,14 +17,10 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
-from rich.markup import escape
 
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
-from posexp.config import HYDRA_CONFIG
 from posexp.errors import PosexpError
-
-RESULTS_JSON = "results.json"
-HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
+from posexp.rundir import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
 
@@ -64,7 +60,7 @@ def load_config(run_dir: Path) -> DictConfig:
     """The run's ``.hydra/config.yaml`` on the config schema (keys added since it was written get defaults)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from posexp.config import Config, read_saved_config
+    from posexp.config import Config
     from posexp.validate import register_configs
 
     loaded = read_saved_config(run_dir)
@@ -74,18 +70,6 @@ def load_config(run_dir: Path) -> DictConfig:
     except OmegaConfBaseException as e:
         raise PosexpError(f"{run_dir / HYDRA_CONFIG}: does not fit posexp's config schema "
                           f"({str(e).splitlines()[0]}); was it edited?") from None
-
-
-def load_overrides(run_dir: Path) -> list[str]:
-    """The overrides the run was launched with (its label), empty when Hydra did not record them."""
-    import yaml
-
-    path = run_dir / HYDRA_OVERRIDES
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return []
-    return [str(o) for o in loaded] if isinstance(loaded, list) else []
 
 
 def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
@@ -111,7 +95,7 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
         console.print(f"resuming {run_dir} at step {pointer['step']} of {cfg.train.steps}", highlight=False)
 
     # Hydra is not running, so its log file handler is not either: append to the run's train.log ourselves.
-    handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+    handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     old_level = root.level
@@ -123,20 +107,9 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
         root.removeHandler(handler)
         root.setLevel(old_level)
         handler.close()
-    _refresh_sweep_summary(run_dir, console)
-    return results
-
-
-def _refresh_sweep_summary(run_dir: Path, console: Console) -> None:
-    """A resumed sweep job belongs in its sweep's summary.md, which was written without it."""
-    from posexp.reporting.report import build_report, find_runs, write_summary
-
     sweep = run_dir.resolve().parent
-    if not (sweep / "multirun.yaml").is_file():
-        return
-    try:
-        summary = write_summary(build_report(find_runs([sweep])), sweep)
-        console.print(f"refreshed {summary}", highlight=False)
-    except PosexpError as e:
-        console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]",
-                      highlight=False)
+    if is_sweep_dir(sweep):  # a resumed sweep job belongs in its sweep's summary.md, written without it
+        from posexp.reporting.summary import refresh_sweep_summary
+
+        refresh_sweep_summary(sweep, console)
+    return results

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ from typing import Any, Iterable, Optional, Sequence
 from omegaconf import DictConfig
 
 from posexp.errors import ConfigError
+from posexp.rundir import RESULTS_JSON, run_status, runs_under
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.sweeps")
@@ -139,15 +139,14 @@ def missing_plugin(args: Sequence[str]) -> Optional[str]:
 def failed_runs(sweep_dir: Path, since: float) -> list[str]:
     """Run folders under ``sweep_dir`` whose results.json, written at or after ``since``, says failed or diverged."""
     out = []
-    for path in sorted(Path(sweep_dir).rglob("results.json")):
+    for run_dir in runs_under(sweep_dir):
         try:
-            if path.stat().st_mtime < since:
+            if (run_dir / RESULTS_JSON).stat().st_mtime < since:
                 continue
-            status = json.loads(path.read_text(encoding="utf-8")).get("run", {}).get("status")
-        except (OSError, ValueError, AttributeError):
+        except OSError:
             continue
-        if status in ("failed", "diverged"):
-            out.append(str(path.parent))
+        if run_status(run_dir) in ("failed", "diverged"):
+            out.append(str(run_dir))
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import platform
 import subprocess
 from pathlib import Path
@@ -23,21 +22,18 @@ from posexp.training import cache, distributed
 from posexp.data.corpus import check_fits, corpus_from_config
 from posexp.training.distributed import shard
 from posexp.errors import ConfigError, TrainingDiverged
-from posexp.evaluation.perplexity import evaluate, loss_by_position_rows, row_key
+from posexp.evaluation.perplexity import evaluate, loss_by_position_rows
 from posexp.io import atomic_write_text
 from posexp.data.tokenizer import bits_per_byte
 from posexp.positions import PositionPlan
+from posexp.rundir import (LOSS_BY_POSITION_PNG, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD,
+                           merge_loss_by_position, write_loss_by_position_csv, write_results_json)
 from posexp.runtime import resolve_device, resolve_precision
 from posexp.training.trainer import save_checkpoint, train
 
-RESULTS_JSON = "results.json"
-LOSS_BY_POSITION_CSV = "loss_by_position.csv"
-LOSS_BY_POSITION_PNG = "loss_by_position.png"
 CSV_COLUMNS = ["length", "multiple", "protocol", "stride", "last_k", "scaling", "scaling_factor", "applicable",
                "ppl", "ppl_low", "ppl_high", "loss", "loss_se", "se_blocks", "tokens", "first_target",
                "last_target", "windows", "forward_tokens", "tokens_per_s", "peak_mem_mb", "peak_rss_mb"]
-POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
-                    "count"]
 
 
 def git_commit() -> Optional[str]:
@@ -111,7 +107,7 @@ def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], statu
     except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
         pass
     run.update(corpus_info or {})
-    return atomic_write_text(run_dir / RESULTS_JSON, json.dumps({"run": run, "rows": []}, indent=2, default=str) + "\n")
+    return write_results_json(run_dir, {"run": run, "rows": []}, allow_nan=True, default=str)
 
 
 def eval_settings(cfg: DictConfig) -> dict:
@@ -285,13 +281,13 @@ def write_results(run_dir: Path, results: dict) -> None:
         label = view_label(view) + (factor_text(view[3], fixed) if fixed is not None else "")
         series.append((label, [r["length"] for r in rows], [r["ppl"] for r in rows],
                        [r.get("ppl_low") for r in rows], [r.get("ppl_high") for r in rows]))
-    plot_ppl_vs_length(series, run_dir / "ppl_vs_length.png", train_len=run["train_len"],
+    plot_ppl_vs_length(series, run_dir / PPL_PLOT, train_len=run["train_len"],
                        title=f"{run['label']} (trained at {run['train_len']} tokens)",
                        ylabel=f"perplexity (per {token_unit(run)})")
-    atomic_write_text(run_dir / "results.csv", results_csv(results))
-    atomic_write_text(run_dir / "results.md", results_markdown(results))
+    atomic_write_text(run_dir / RESULTS_CSV, results_csv(results))
+    atomic_write_text(run_dir / RESULTS_MD, results_markdown(results))
     # written last: a folder with results.json is a finished run
-    atomic_write_text(run_dir / RESULTS_JSON, json.dumps(results, indent=2, allow_nan=False) + "\n")
+    write_results_json(run_dir, results)
 
 
 def evaluate_config(model, val, cfg: DictConfig, device: torch.device,
@@ -309,28 +305,6 @@ def evaluate_config(model, val, cfg: DictConfig, device: torch.device,
     return rows, positions
 
 
-def _parse_position_row(raw: dict) -> dict:
-    def opt(value: str, cast):
-        return None if value in ("", None) else cast(value)
-
-    return {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
-            "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
-            "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
-            "count": int(raw["count"])}
-
-
-def read_loss_by_position(run_dir: Path) -> list[dict]:
-    """The rows of a run's ``loss_by_position.csv``; empty if it has none (or an unreadable one)."""
-    path = run_dir / LOSS_BY_POSITION_CSV
-    if not path.is_file():
-        return []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            return [_parse_position_row(r) for r in csv.DictReader(f)]
-    except (OSError, KeyError, ValueError):
-        return []  # rebuilt from what this evaluation measured
-
-
 def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, label: str) -> None:
     """Merge new per-position losses into ``loss_by_position.csv`` and redraw ``loss_by_position.png``.
 
@@ -342,13 +316,7 @@ def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, l
     from posexp.reporting.plots import plot_loss_by_position
 
     new = loss_by_position_rows(records)
-    fresh = {row_key(r) for r in new}
-    rows = [r for r in read_loss_by_position(run_dir) if row_key(r) not in fresh] + new
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({**r, "loss": f"{r['loss']:.6f}"})
+    rows = merge_loss_by_position(run_dir, new)
     # the main view if measured, else the one just evaluated
     curves = [curve_of(r, train_len) for r in rows]
     main = (("nonoverlap", None, None, None), None)
@@ -363,7 +331,7 @@ def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, l
         view = view_label(chosen[0]) + (factor_text(chosen[0][3], chosen[1]) if chosen[1] is not None else "")
     plot_loss_by_position(series, run_dir / LOSS_BY_POSITION_PNG, train_len=train_len,
                           title=f"{label}: loss by position ({view})")
-    atomic_write_text(run_dir / LOSS_BY_POSITION_CSV, buf.getvalue())
+    write_loss_by_position_csv(run_dir, rows)
 
 
 def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None,
@@ -408,7 +376,7 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
                   highlight=False)
     if w.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    # cache=true: a finished training of the same training config is evaluated, not repeated (posexp/cache.py)
+    # cache=true: a finished training of the same training config is evaluated, not repeated (posexp/training/cache.py)
     reused = distributed.broadcast(cache.lookup(cfg, corpus.fingerprint)) if cfg.get("cache") and not resume else None
     if reused is not None:
         result = reused.restore(model, run_dir, device) if w.is_main else None

@@ -58,6 +58,7 @@ from posexp.validate import check_protocol
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
+from posexp.rundir import ROW_KEY
 from posexp.model import GPT
 from posexp.runtime import autocast
 
@@ -389,25 +390,6 @@ def _summarise(res: LengthResult, win: Windows, length: int, elapsed: float, mem
         "oom_retries": res.retries,
         "eval_s": elapsed,
     }
-
-
-# -- identity of a row, for replacing re-evaluated rows ---------------------------------------
-
-ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor")
-
-
-def row_key(row: dict) -> tuple:
-    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor."""
-    factor = row.get("scaling_factor")
-    return (int(row["length"]), row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"),
-            None if factor is None else round(float(factor), 9))
-
-
-def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` with each row that ``new`` re-measures replaced in place, and the rest of ``new`` appended."""
-    fresh = {row_key(r): r for r in new}
-    merged = [fresh.pop(row_key(r), r) for r in old]
-    return merged + [r for r in new if row_key(r) in fresh]
 
 
 def loss_by_position_rows(records: list[dict]) -> list[dict]:

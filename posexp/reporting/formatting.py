@@ -1,0 +1,90 @@
+"""Small formatters shared by every output: numbers, perplexities, markdown/csv escaping, paths."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+
+MISSING = "—"  # the run was not evaluated at this length
+
+
+NOT_APPLICABLE = "n/a"  # the encoding cannot run at this length (e.g. learned positions)
+
+
+# Interval bands for more lines than this turn the overlay into a smear.
+MAX_BANDS = 6
+
+
+def _fmt_view(protocol: Any, scaling: Any) -> str:
+    return f"{protocol}" + (f" with scaling {scaling}" if scaling is not None else "")
+
+
+def _fmt_settings(settings: Any) -> str:
+    if isinstance(settings, dict):
+        return ", ".join(f"{k}={v}" for k, v in settings.items()) or "none"
+    return "unknown" if settings is None else str(settings)
+
+
+def _fmt_fixed(value: float, decimals: int) -> str:
+    return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
+
+
+def _fmt_ppl(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else str(value)
+
+
+def _fmt_ratio(value: Optional[float]) -> str:
+    return NOT_APPLICABLE if value is None else f"{value:.2f}"
+
+
+def _fmt_num(value: Any, spec: str = "g") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
+def _fmt_int(value: Any) -> str:
+    return f"{int(value):,}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+
+
+def _num(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _csv(value: Any) -> str:
+    """None as an empty cell, booleans lowercase like JSON, dicts as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _short(fingerprint: Any) -> str:
+    return "none" if fingerprint is None else str(fingerprint)[:12]
+
+
+def _plural(word: str, items: list) -> str:
+    return word if len(items) == 1 else word + "s"
+
+
+def _md(text: str) -> str:
+    """Escape what would break a markdown table cell or turn into emphasis."""
+    text = str(text).replace("\n", " ")
+    return re.sub(r"([\\|*_`\[\]<>])", r"\\\1", text)
+
+
+def _display_path(path: Path, out_dir: str | os.PathLike | None) -> str:
+    """Relative to the summary when the run lives under it, so a sweep folder can be moved."""
+    if out_dir is not None:
+        try:
+            rel = path.resolve().relative_to(Path(out_dir).resolve())
+            return rel.as_posix() or "."
+        except ValueError:
+            pass
+    return path.as_posix()

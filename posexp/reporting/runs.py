@@ -1,0 +1,75 @@
+"""A run as the report sees it: one run folder's ``results.json``, its overrides and config.
+
+Reading the files is :mod:`posexp.rundir`'s job; this module only shapes them into :class:`Run`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from posexp.rundir import read_config_dict, read_overrides, read_results, results_file
+
+
+@dataclass
+class Run:
+    """One run folder's ``results.json``.
+
+    Attributes:
+        path: the run folder.
+        info: the ``run`` object (label, encoder, config, ...).
+        rows: the ``rows`` list, one per evaluated (length, protocol, scaling).
+        overrides: the Hydra overrides the run was launched with, or None when unknown.
+    """
+
+    path: Path
+    info: dict
+    rows: list[dict]
+    overrides: Optional[list[str]]
+    _config: Optional[dict] = field(default=None, repr=False)
+
+    @property
+    def config(self) -> dict:
+        """The resolved config: from results.json, else the run's ``.hydra/config.yaml``; {} when neither."""
+        if self._config is None:
+            self._config = _run_config(self)
+        return self._config
+
+    @property
+    def status(self) -> str:
+        return str(self.info.get("status") or "unknown")
+
+    @property
+    def train_len(self) -> Optional[int]:
+        value = self.info.get("train_len")
+        return int(value) if isinstance(value, (int, float)) else None
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Read one run folder's ``results.json``.
+
+    Args:
+        path: the run folder (or its ``results.json``).
+
+    Returns:
+        The parsed :class:`Run`.
+
+    Raises:
+        PosexpError: the file is missing, unreadable, not JSON, or not shaped like results.
+    """
+    folder = results_file(path).parent
+    data = read_results(path)
+    info = data["run"]
+    overrides = info.get("overrides")
+    # Overrides from results.json, else from Hydra's own record of the launch.
+    overrides = [str(o) for o in overrides] if isinstance(overrides, list) else read_overrides(folder)
+    return Run(path=folder, info=info, rows=data["rows"], overrides=overrides)
+
+
+def _run_config(run: Run) -> dict:
+    config = run.info.get("config")
+    if isinstance(config, dict):
+        return config
+    return read_config_dict(run.path)

@@ -1,0 +1,164 @@
+"""Entry points: ``posexp report``, the end-of-sweep Hydra callback and the sweep-summary refresh.
+
+``posexp report DIR...`` and :class:`SweepSummaryCallback` both end up in
+:func:`report_main`; ``posexp eval`` and ``posexp resume`` call
+:func:`refresh_sweep_summary` after they change a run of a sweep.
+
+Each run folder holds a ``results.json`` written by the trainer (plus
+``loss_by_position.csv`` and ``metrics.csv`` for the figures); reporting only
+reads those files, so a report can be rebuilt at any time without touching a
+model, and without importing torch.
+
+``--by`` groups runs by config keys and averages the runs of a group (seeds)
+with a Student-t interval; ``--metric`` adds one-number summaries of each
+curve (ratio at k× the training length, the longest length within a tolerance,
+the area under log perplexity over log length); ``--where``/``--sort`` choose
+and order; ``--format`` prints the table as rich, markdown, csv, json or latex.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra.experimental.callback import Callback
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from posexp.errors import ConfigError, PosexpError
+from posexp.reporting.build import build_report
+from posexp.reporting.document import write_report, write_summary
+from posexp.reporting.render import FORMATS, RENDERERS, print_report
+from posexp.reporting.selection import DEFAULT_TOLERANCE
+from posexp.rundir import RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+
+# the logger name users' logging filters and test captures have always seen
+log = logging.getLogger("posexp.report")
+
+
+def report_main(
+    paths: Sequence[str | os.PathLike] | str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    console: Console | None = None,
+    *,
+    by: Sequence[str] | str | None = None,
+    metrics: Sequence[str] | str | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    where: Sequence[str] | str | None = None,
+    sort: Optional[str] = None,
+    fmt: str = "rich",
+    err_console: Console | None = None,
+) -> Path:
+    """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
+
+    Args:
+        paths: run folders, sweep folders, or folders above them.
+        out: where to write the files. Default: the folder given, when exactly one
+            was given (for a sweep that is the sweep root), else the current folder.
+        console: where the table goes (stdout by default).
+        by, metrics, tolerance, where, sort: see :func:`build_report`.
+        fmt: ``rich`` (terminal), ``markdown``, ``csv``, ``json`` or ``latex``. The last four print only
+            the table to ``console``, so the output can be redirected; notes and warnings go to ``err_console``.
+        err_console: where notes go for machine-readable formats (stderr by default).
+
+    Returns:
+        The path of ``summary.md``.
+
+    Raises:
+        PosexpError: bad paths, no runs, an unreadable run, or an unwritable output folder.
+        ConfigError: a bad option, naming it and the allowed values.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError("--format", f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    report = build_report(find_runs(paths), by=by, metrics=metrics, tolerance=tolerance, where=where, sort=sort)
+    report.warnings += _unfinished_sweep_jobs(paths)
+    console = console or Console()
+    if fmt == "rich":
+        print_report(report, console)
+        notes = console
+    else:
+        console.file.write(RENDERERS[fmt](report))
+        console.file.flush()
+        notes = err_console or Console(stderr=True)
+        for warning in report.warnings:
+            notes.print(Text.assemble(("warning: ", "bold yellow"), warning))
+    if out is not None:
+        out_dir = Path(out)
+    elif len(paths) == 1:
+        given = Path(paths[0])
+        out_dir = given.parent if given.is_file() else given
+    else:
+        out_dir = Path.cwd()
+    full = write_report(report, out_dir)
+    summary = out_dir / SUMMARY_MD
+    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD} and {SUMMARY_CSV}"))
+    return summary
+
+
+def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """Warn about sweep jobs without results, which would otherwise just be absent from the table."""
+    warnings = []
+    for raw in paths:
+        root = Path(raw)
+        if not is_sweep_dir(root):
+            continue
+        missing = [d.name for d in iter_jobs(root) if not (d / RESULTS_JSON).is_file()]
+        if missing:
+            warnings.append(
+                f"{root}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
+                f"{'are' if len(missing) > 1 else 'is'} not in the table"
+            )
+    return warnings
+
+
+class SweepSummaryCallback(Callback):
+    """Hydra callback: write the sweep summary into the sweep folder when a multirun ends.
+
+    Enable it in the primary config::
+
+        hydra:
+          callbacks:
+            sweep_summary:
+              _target_: posexp.reporting.summary.SweepSummaryCallback
+    """
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        """Summarise ``config.hydra.sweep.dir``; never raises, since the runs themselves are already safe."""
+        sweep_dir = "<unknown sweep dir>"
+        try:
+            sweep_dir = str(config.hydra.sweep.dir)
+            report_main([sweep_dir])
+        except PosexpError as e:
+            log.warning("sweep summary not written: %s", e)
+        except Exception:  # a bug here must not turn a finished sweep into a failed one
+            log.warning("sweep summary not written; the runs are intact, retry with `posexp report %s`",
+                        sweep_dir, exc_info=True)
+
+
+def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optional[Path]:
+    """Rewrite a sweep folder's ``summary.md``/``summary.csv`` after one of its runs was evaluated or resumed.
+
+    The summary was written when the sweep ended, without what changed since. A failure
+    is printed, not raised: the runs themselves are already written.
+
+    Args:
+        sweep: the sweep folder.
+        console: where the outcome is printed.
+
+    Returns:
+        The path of ``summary.md``, or None when it could not be rewritten.
+    """
+    sweep = Path(sweep)
+    try:
+        summary = write_summary(build_report(find_runs([sweep])), sweep)
+    except PosexpError as e:
+        console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)
+        return None
+    console.print(f"refreshed {summary}", highlight=False)
+    return summary

@@ -1,0 +1,72 @@
+"""The run folder's one owner: every command finds the same runs, and reporting stays torch-free."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from posexp.rundir import (CHECKPOINT, MULTIRUN_YAML, RESULTS_JSON, find_runs, is_run_dir, merge_loss_by_position,
+                           read_loss_by_position, runs_under, write_loss_by_position_csv, write_results_json)
+
+
+def _fake_run(folder: Path, status: str = "completed", weights: bool = True) -> Path:
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    if weights:
+        (folder / CHECKPOINT).parent.mkdir()
+        (folder / CHECKPOINT).write_bytes(b"not read by the finders")
+    write_results_json(folder, {"run": {"status": status}, "rows": []})
+    return folder
+
+
+def test_reporting_and_rundir_never_import_torch():
+    code = ("import pkgutil, sys, posexp.rundir, posexp.reporting\n"
+            "for m in pkgutil.iter_modules(posexp.reporting.__path__):\n"
+            "    __import__('posexp.reporting.' + m.name)\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_report_eval_analyze_and_sweeps_see_the_same_runs(tmp_path):
+    from posexp.analysis import app
+    from posexp.commands.eval import find_eval_runs
+    from posexp.commands.sweeps import failed_runs
+
+    sweep = tmp_path / "sweep"
+    runs = [_fake_run(sweep / str(i), status="failed" if i == 10 else "completed") for i in range(12)]
+    (sweep / MULTIRUN_YAML).write_text("hydra: {}\n")
+    (sweep / ".submitit").mkdir()  # hidden folders never hold runs
+    (sweep / ".submitit" / RESULTS_JSON).write_text("{}")
+
+    assert runs_under(sweep) == runs  # natural order: 2 before 10
+    assert find_runs([sweep]) == runs
+    assert find_eval_runs([sweep]) == runs
+    assert app.is_run_dir is is_run_dir  # analyze asks the same question
+    assert [d for d in runs_under(sweep) if is_run_dir(d, needs_weights=True)] == runs
+    assert failed_runs(sweep, since=0.0) == [str(runs[10])]
+
+
+def test_a_run_without_weights_is_reported_but_not_evaluated(tmp_path):
+    from posexp.commands.eval import find_eval_runs
+
+    sweep = tmp_path / "sweep"
+    kept, dropped = _fake_run(sweep / "0"), _fake_run(sweep / "1", weights=False)
+    warnings: list[str] = []
+    assert find_runs([sweep]) == [kept, dropped]
+    assert find_eval_runs([sweep], warnings.append) == [kept]
+    assert len(warnings) == 1 and str(dropped) in warnings[0]
+    assert is_run_dir(dropped) and not is_run_dir(dropped, needs_weights=True)
+
+
+def test_loss_by_position_merge_replaces_remeasured_keys(tmp_path):
+    def row(length: int, position: int, loss: float, scaling=None) -> dict:
+        return {"protocol": "nonoverlap", "stride": None, "last_k": None, "scaling": scaling, "scaling_factor": None,
+                "length": length, "position": position, "loss": loss, "count": 2}
+
+    write_loss_by_position_csv(tmp_path, [row(64, 0, 1.0), row(64, 1, 2.0), row(128, 0, 3.0)])
+    merged = merge_loss_by_position(tmp_path, [row(64, 0, 5.0)])
+    assert [(r["length"], r["position"], r["loss"]) for r in merged] == [(128, 0, 3.0), (64, 0, 5.0)]
+    write_loss_by_position_csv(tmp_path, merged)
+    assert read_loss_by_position(tmp_path) == merged
