@@ -52,14 +52,14 @@ import posexp
 from posexp.config import weights_config
 from posexp.errors import PosexpError
 from posexp.io import atomic_write_bytes, atomic_write_json
+from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.cache")
 
 FORMAT = 1
 ENTRY_FILE = "entry.json"
-WEIGHTS_FILE = "model.safetensors"
-METRICS_FILE = "metrics.csv"
+# an entry holds the run folder's weights and training curve under the run folder's names
 def cache_key(cfg: DictConfig, corpus_fingerprint: str) -> str:
     """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions."""
     import torch
@@ -104,7 +104,7 @@ class CacheEntry:
         """Load the cached weights into ``model`` and the training curve into ``run_dir``.
 
         Returns:
-            The :class:`posexp.train.TrainResult` the original training returned.
+            The :class:`posexp.training.trainer.TrainResult` the original training returned.
 
         Raises:
             PosexpError: the cached weights are corrupt or do not fit ``model``.
@@ -115,9 +115,9 @@ class CacheEntry:
         load_weights(model, self.path / WEIGHTS_FILE, config_hash=None, sha256=self.entry["sha256"],
                      hint=f"delete the cache entry {self.path} and run again to retrain it")
         model.to(device).eval()
-        metrics = self.path / METRICS_FILE
+        metrics = self.path / METRICS_CSV
         if metrics.is_file():
-            atomic_write_bytes(Path(run_dir) / METRICS_FILE, metrics.read_bytes())
+            atomic_write_bytes(Path(run_dir) / METRICS_CSV, metrics.read_bytes())
         saved = self.entry.get("train", {})
         names = {f.name for f in dataclasses.fields(TrainResult)}
         return TrainResult(**{k: v for k, v in saved.items() if k in names})
@@ -180,7 +180,7 @@ def store(cfg: DictConfig, corpus_fingerprint: str, run_dir: Path, result) -> Op
     Call only after training ended normally and the final checkpoint was written. A failure
     to write the cache is logged and does not fail the run.
     """
-    from posexp.training.checkpoint import CHECKPOINT_DIR, META_FILE, sha256_file
+    from posexp.training.checkpoint import META_FILE, sha256_file
 
     key = cache_key(cfg, corpus_fingerprint)
     root = cache_root(cfg)
@@ -197,8 +197,8 @@ def store(cfg: DictConfig, corpus_fingerprint: str, run_dir: Path, result) -> Op
             sha = json.loads((weights.parent / META_FILE).read_text(encoding="utf-8"))["sha256"]
         except (OSError, ValueError, KeyError, TypeError):
             sha = sha256_file(tmp / WEIGHTS_FILE)
-        if (Path(run_dir) / METRICS_FILE).is_file():
-            shutil.copyfile(Path(run_dir) / METRICS_FILE, tmp / METRICS_FILE)
+        if (Path(run_dir) / METRICS_CSV).is_file():
+            shutil.copyfile(Path(run_dir) / METRICS_CSV, tmp / METRICS_CSV)
         import torch
 
         train = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}

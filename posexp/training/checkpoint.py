@@ -7,7 +7,7 @@ A run folder's ``checkpoint/`` holds
 - ``step-NNNNNNNN.safetensors`` and ``step-NNNNNNNN.state.pt``: the weights and the
   trainer state at step N (AdamW moments, every RNG state, the running loss of the
   current logging interval). The data position is the step itself: the batch of
-  step s is a function of (seed, s), see :class:`posexp.data.BatchSampler`;
+  step s is a function of (seed, s), see :class:`posexp.data.corpus.BatchSampler`;
 - ``resume.json``: which step pair is the latest complete one, with the SHA-256 of
   both files and the config hash of the run.
 
@@ -33,9 +33,8 @@ import torch
 
 from posexp.errors import PosexpError
 from posexp.io import atomic_path, atomic_write_bytes, atomic_write_json
+from posexp.rundir import CHECKPOINT_DIR, WEIGHTS_FILE
 
-CHECKPOINT_DIR = "checkpoint"
-WEIGHTS_FILE = "model.safetensors"
 META_FILE = "meta.json"
 RESUME_FILE = "resume.json"
 STATE_FORMAT = 1

@@ -41,7 +41,8 @@ from posexp.io import atomic_write_text
 from posexp.model import GPT
 from posexp.positions import PositionPlan
 from posexp.runtime import autocast, bf16_is_native, resolve_device, resolve_precision
-from posexp.training.checkpoint import CHECKPOINT_DIR, WEIGHTS_FILE, save_final
+from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
+from posexp.training.checkpoint import save_final
 from posexp.training.distributed import World, shard, world
 from posexp.training.optim import lr_at, make_optimizer, set_lr
 from posexp.training.state import TrainState
@@ -383,7 +384,7 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
         warn_if_slow_bf16(t.precision, device, console)
     state, resumed = TrainState.begin(run_dir, model, opt, config_hash, device, resume, t.steps)
     # only rank 0 writes; the others keep the same numbers, and so take the same decisions
-    metrics = MetricsWriter(run_dir / "metrics.csv", resume_step=state.step if resume else None) if w.is_main else None
+    metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if resume else None) if w.is_main else None
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
     schedule = CheckpointSchedule(t.checkpoint_every, t.checkpoint_minutes, t.steps,
                                   saved_step=state.step if resumed else None)
