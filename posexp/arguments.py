@@ -184,11 +184,14 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
             if o.key_or_group in groups and o.package is None and not o.is_delete():
                 _check_group(o, loader.get_group_options(o.key_or_group), ns.multirun)
         keys = [o for o in parsed if o.key_or_group not in groups and not o.key_or_group.startswith("hydra.")]
+        schemas: dict = {}  # group choices -> their composed config
         for overrides in _variants(parsed):
             try:
                 # the keys a command line may set depend on its group choices (each encoder has its own)
                 choices = [ov for ov, o in overrides if o.key_or_group in groups]
-                chosen = compose(config_name, overrides=choices)
+                if tuple(choices) not in schemas:
+                    schemas[tuple(choices)] = compose(config_name, overrides=choices)
+                chosen = schemas[tuple(choices)]
                 for o in keys:
                     try:
                         _check_key(chosen, o)
