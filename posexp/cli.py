@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
+from posexp.arguments import OverrideError, check_overrides, full_error_requested
 from posexp.config import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 
@@ -104,13 +105,32 @@ class FailedJobsCallback(Callback):
 
 
 def _run_hydra(app, prog: str, args: List[str]) -> None:
-    """Call a ``@hydra.main`` function as if ``prog args...`` had been typed."""
+    """Call a ``@hydra.main`` function as if ``prog args...`` had been typed.
+
+    ``--help`` / ``-h`` print Hydra's help, then the table of the main keys.
+    """
+    from posexp.arguments import print_key_table
+
     saved = sys.argv
     sys.argv = [prog, *args]
     try:
         app()
+    except SystemExit as e:
+        if not e.code and any(a in ("-h", "--help") for a in args):
+            print_key_table("analyze" if app is _analyze_app else "config", prog)
+        raise
     finally:
         sys.argv = saved
+
+
+def _check_overrides(config_name: str, args: List[str], folders: bool = False) -> None:
+    """Refuse a bad override in one line before Hydra starts (so no run folder is made); with
+    HYDRA_FULL_ERROR=1 (or POSEXP_DEBUG=1) Hydra reports the errors it knows, in full."""
+    try:
+        check_overrides(config_name, args, folders=folders)
+    except OverrideError as e:
+        if not (e.hydra_reports and full_error_requested()):
+            _fail(e)
 
 
 def _flags_first(args: List[str]) -> list[str]:
@@ -143,6 +163,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
@@ -164,6 +185,7 @@ def train(
     missing = missing_plugin(list(overrides or []))
     if missing:
         _fail(PosexpError(missing))
+    _check_overrides("config", list(overrides or []))
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
@@ -294,6 +316,7 @@ def analyze(
 
     register_configs()
     register_schema()
+    _check_overrides("analyze", args, folders=True)
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
 
 

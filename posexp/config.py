@@ -62,9 +62,9 @@ class TokenizerConfig:
 class ModelConfig:
     """``configs/model/*.yaml``; :class:`posexp.model.ModelShape` adds the vocabulary size to it."""
 
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
+    d_model: int = 128  # width of the residual stream (embedding size)
+    n_layers: int = 2  # Transformer blocks
+    n_heads: int = 4  # attention heads per layer; d_model must divide by it
     mlp_ratio: float = 4.0
     dropout: float = 0.0
     # Queries per block on the bias / scores paths; memory per layer is
@@ -74,11 +74,11 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 500
-    batch_size: int = 32
-    lr: float = 3e-3
+    steps: int = 500  # optimizer steps
+    batch_size: int = 32  # windows of train_len tokens per step (the global batch under torchrun)
+    lr: float = 3e-3  # peak learning rate (AdamW, linear warmup then cosine decay)
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 60
+    warmup_steps: int = 60  # steps of linear learning-rate warmup
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -91,13 +91,13 @@ class TrainConfig:
     progress: bool = True
     # Resumable checkpoints (posexp resume RUN_DIR): every N steps and/or every M minutes; 0 turns either off.
     # One is always written when training ends or is interrupted.
-    checkpoint_every: int = 100
+    checkpoint_every: int = 100  # steps between resumable checkpoints; 0 = off
     checkpoint_minutes: float = 10.0
     # Training-time position tricks for any encoding (posexp/positions.py):
     # randomized positions (Ruoss et al. 2023) and sequence-length warmup (Li et al. 2022).
-    positions: str = "contiguous"
+    positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023)
     max_position: Optional[int] = None
-    curriculum: str = "none"
+    curriculum: str = "none"  # none | linear: sequence-length warmup (Li et al. 2022)
     curriculum_start_len: Optional[int] = None
     curriculum_steps: Optional[int] = None
 
@@ -110,13 +110,13 @@ class EvalConfig:
     exactly which tokens each protocol scores.
     """
 
-    lengths: Optional[List[int]] = None
-    multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    tokens: int = 65536
-    protocol: str = "nonoverlap"
+    lengths: Optional[List[int]] = None  # eval lengths in tokens; null = eval.multiples x train_len
+    multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # eval lengths as multiples of train_len
+    tokens: int = 65536  # target tokens scored at every length
+    protocol: str = "nonoverlap"  # which tokens are scored: nonoverlap | sliding | last_k
     stride: Optional[int] = None
     last_k: Optional[int] = None
-    scaling: str = "none"
+    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | rerope
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
     batch_tokens: int = 16384
@@ -131,17 +131,17 @@ class Config:
     model: ModelConfig = MISSING
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
-    base: float = 10000.0
-    train_len: int = 128
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "auto"
-    compile: bool = False
+    base: float = 10000.0  # base frequency of sinusoidal and rotary encodings (ignored by the others)
+    train_len: int = 128  # training context length in tokens
+    seed: int = 0  # seeds model initialisation and data order
+    device: str = "auto"  # auto | cpu | cuda | mps (auto: cuda, else mps, else cpu)
+    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 autocast where the hardware has it)
+    compile: bool = False  # torch.compile the training step
     # Sweep cache (posexp/training/cache.py): reuse the weights of a finished run with the same training config.
-    cache: bool = False
+    cache: bool = False  # reuse the weights of a finished run with the same training config
     cache_dir: str = "outputs/cache"
     # What the train task returns to a Hydra sweeper (posexp/commands/sweeps.py): "longest", "mean" or an eval length.
-    objective: Any = "longest"
+    objective: Any = "longest"  # what a sweeper minimises: longest | mean | an eval length
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
