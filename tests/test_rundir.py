@@ -30,7 +30,7 @@ def test_reporting_and_rundir_never_import_torch():
 
 
 def test_report_eval_analyze_and_sweeps_see_the_same_runs(tmp_path):
-    from posexp.analysis import app
+    from posexp.analysis import attention as app
     from posexp.commands.eval import find_eval_runs
     from posexp.commands.sweeps import failed_runs
 

@@ -101,7 +101,7 @@ def test_hydra_full_error_keeps_hydras_own_report(tmp_path, monkeypatch):
 
 def test_valid_overrides_and_sweeps_pass_the_check():
     from posexp.arguments import check_overrides
-    from posexp.config import register_configs
+    from posexp.validate import register_configs
 
     register_configs()
     check_overrides("config", ["-m", "encoder=rope,alibi", "base=100,10000", "experiment=smoke", "seed=range(2)",
@@ -140,7 +140,8 @@ def test_every_main_key_has_a_meaning():
     from hydra import compose, initialize_config_dir
 
     from posexp.arguments import MAIN_KEYS, key_table
-    from posexp.config import config_dir, register_configs
+    from posexp.config import config_dir
+    from posexp.validate import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
