@@ -80,7 +80,7 @@ _train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
     """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
-    from posexp.commands.train import write_run_status
+    from posexp.evaluation.provenance import write_run_status
 
     if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
         try:

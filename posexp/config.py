@@ -159,8 +159,9 @@ def eval_lengths(cfg: Config | DictConfig) -> list[int]:
 
 
 def typed(cfg: DictConfig) -> Config:
-    """The composed config as the :class:`Config` dataclass (its groups as their dataclasses, the encoder's
-    options as the encoder's own schema), interpolations resolved: what commands hand down from the edge."""
+    """The composed config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations
+    resolved: what commands hand down from the edge. ``encoder`` stays open (``Any``): the encoder's own schema
+    when Hydra composed it, a mapping when a saved run's config was merged; only the factory reads it."""
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
 
 

@@ -241,8 +241,8 @@ def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
 
 def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
     """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results."""
-    from posexp.commands.train import (evaluate_config, git_commit, results_table, versions, write_loss_by_position,
-                            write_results)
+    from posexp.evaluation.provenance import git_commit, versions
+    from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
     from posexp.runtime import resolve_device
 
     console = console or Console()
