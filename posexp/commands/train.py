@@ -5,20 +5,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import platform
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import posexp
 from posexp.build import build_model
 from posexp.config import config_hash, eval_lengths, to_container
-from posexp.validate import validate
+from posexp.validate import config_warnings, out_of_memory, validate
 from posexp.training import cache, distributed
 from posexp.data.corpus import check_fits, corpus_from_config
 from posexp.training.distributed import shard
@@ -30,6 +32,8 @@ from posexp.positions import PositionPlan
 from posexp.runtime import resolve_device, resolve_precision
 from posexp.training.trainer import save_checkpoint, train
 
+# the logger name train.log and users' logging filters have always seen, wherever the module lives
+log = logging.getLogger("posexp.train")
 RESULTS_JSON = "results.json"
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
 LOSS_BY_POSITION_PNG = "loss_by_position.png"
@@ -366,6 +370,28 @@ def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, l
     atomic_write_text(run_dir / LOSS_BY_POSITION_CSV, buf.getvalue())
 
 
+def _warner(console: Console):
+    """A warning for the user: yellow on the run's console, and in train.log."""
+    def warn(message: str) -> None:
+        log.warning(message)
+        console.print(f"[yellow]warning: {escape(message)}[/]", highlight=False, soft_wrap=True)  # one line, for grep
+    return warn
+
+
+def warn_about_settings(cfg: DictConfig, warn: Callable[[str], None], is_main: bool) -> bool:
+    """Warn about settings that train, but probably not as meant; returns whether ``cache_dir`` can be written.
+
+    With ``cache=true`` and a ``cache_dir`` that cannot be written, this is said once, here: the run reads the
+    cache but stores nothing.
+    """
+    for note in config_warnings(cfg):
+        warn(note)
+    problem = cache.unwritable_warning(cfg) if cfg.get("cache") and is_main else None
+    if problem is not None:
+        warn(problem)
+    return problem is None
+
+
 def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None,
               resume: bool = False) -> dict:
     """Validate, load data, train, checkpoint, evaluate and write the results of one run.
@@ -386,6 +412,8 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         shard(cfg.train.batch_size, w)  # a batch that does not split fails here, before any data is read
         if not w.is_main:
             console = Console(quiet=True)
+    warn = _warner(console)
+    cache_writable = warn_about_settings(cfg, warn, w.is_main)
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
@@ -394,10 +422,11 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         torch.set_num_threads(cfg.train.threads)
     for turn in (True, False):  # rank 0 builds the token cache first, the others then read it
         if w.is_main == turn:
-            corpus = corpus_from_config(cfg, log=lambda msg: console.print(msg, highlight=False))
+            corpus = corpus_from_config(cfg, log=lambda msg: console.print(msg, highlight=False), warn=warn)
         distributed.barrier()
     check_fits(corpus, cfg.train_len, max(lengths))
-    model = build_model(cfg, corpus.vocab_size)
+    with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
+        model = build_model(cfg, corpus.vocab_size)
     base = getattr(model.encoder, "base", None)
     console.print(f"[bold]posexp[/] encoder [cyan]{cfg.encoder.name}[/]"
                   f"{f' base {base:g}' if base is not None else ''} · {model.num_params():,} params · "
@@ -416,9 +445,10 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         console.print(reused.message(), highlight=False)
     else:
         try:
-            result = train(model, corpus, OmegaConf.to_object(cfg.train), run_dir, train_len=int(cfg.train_len),
-                           seed=int(cfg.seed), plan=PositionPlan(cfg), config_hash=config_hash(cfg),
-                           compiled=bool(cfg.get("compile", False)), resume=resume)
+            with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
+                result = train(model, corpus, OmegaConf.to_object(cfg.train), run_dir, train_len=int(cfg.train_len),
+                               seed=int(cfg.seed), plan=PositionPlan(cfg), config_hash=config_hash(cfg),
+                               compiled=bool(cfg.get("compile", False)), resume=resume)
         except TrainingDiverged as e:
             if w.is_main:
                 write_run_status(run_dir, cfg, overrides, "diverged", e, corpus.info(), step=e.step)
@@ -427,7 +457,7 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         return {}  # rank 0 evaluates and writes; the weights are the same on every rank
     save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
                                      "encoder": cfg.encoder.name})
-    if cfg.get("cache") and reused is None:
+    if cfg.get("cache") and reused is None and cache_writable:
         cache.store(cfg, corpus.fingerprint, run_dir, result)
     rows, positions = evaluate_config(model, corpus.val, cfg, device, console)
     results = {"run": provenance(cfg, overrides, corpus.info(), model, result), "rows": rows}
