@@ -13,7 +13,9 @@ import torch
 from conftest import REPO, SMOKE, run_cli
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError, PosexpError
-from posexp.validate import GiB, validate
+from posexp.validate import validate
+
+GiB = 2**30
 
 # ---------------------------------------------------------------------------- memory
 
