@@ -12,7 +12,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -107,6 +107,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def unwritable(folder: str | os.PathLike) -> Optional[str]:
+    """Why no file can be created in ``folder`` (made if missing), or None when one can.
+
+    Tried rather than predicted (``os.access`` says yes to root on a read-only mount):
+    a hidden probe file is created and removed.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".posexp-probe.{os.getpid()}.{secrets.token_hex(4)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -11,8 +11,11 @@ nothing of the domain imports it back but the commands, the CLI and analysis.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from typing import Optional
+import os
+from typing import Iterator, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
@@ -24,10 +27,14 @@ from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS,
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
+from posexp.evaluation.memory import is_out_of_memory
 from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling
-from posexp.errors import ConfigError, require
+from posexp.errors import ConfigError, PosexpError, require
 from posexp.model import check_shape
 from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len
+from posexp.runtime import resolve_device, resolve_precision
+
+GiB = 2**30
 
 
 def register_configs() -> None:
@@ -43,8 +50,13 @@ def register_configs() -> None:
         cs.store(group="schema/encoder", name=name, node=options_schema(cls))
 
 
-def validate(cfg: DictConfig) -> None:
-    """Range and consistency checks a type cannot express. Raises :class:`ConfigError`."""
+def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
+    """Range and consistency checks a type cannot express. Raises :class:`ConfigError`.
+
+    Args:
+        memory: what must fit in the memory of the run's device (:func:`check_memory`): ``"train"`` (weights,
+            gradients, optimizer state and activations), ``"weights"`` (evaluating a trained run), or None.
+    """
     check_finite(cfg)
     require(cfg.encoder.name in registry(), "encoder",
             f"unknown encoder {cfg.encoder.name!r}; choose one of: {', '.join(registry())}")
@@ -101,6 +113,8 @@ def validate(cfg: DictConfig) -> None:
     require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
             "must name a folder (absolute, or relative to the folder posexp is started in)")
     check_objective(cfg)
+    if memory is not None:
+        check_memory(cfg, training=memory == "train")
 
 
 def check_finite(cfg: DictConfig) -> None:
@@ -266,3 +280,141 @@ def check_objective(cfg: DictConfig) -> None:
         return
     raise ConfigError("objective", f"must be longest, mean or an eval length in tokens, e.g. objective=512 "
                                    f"(got {objective!r})")
+
+
+# ---------------------------------------------------------------------------- memory
+
+def parameters_lower_bound(model, vocab_size: int) -> int:
+    """The parameters of a GPT of shape ``model`` that are certain: the attention and MLP matrices of every
+    layer and the (tied) token embedding. Norms and an encoder's own parameters come on top."""
+    d, ratio = int(model.d_model), float(model.mlp_ratio)
+    hidden = int(ratio * d)
+    return int(model.n_layers) * (4 * d * d + 2 * d * hidden) + vocab_size * d
+
+
+def training_bytes_lower_bound(cfg: DictConfig, vocab_size: int, activation_bytes: int,
+                               processes: int = 1) -> tuple[int, int]:
+    """Bytes one process must hold to train ``cfg``: ``(weights and optimizer, activations)``, both lower bounds.
+
+    Weights, gradients and AdamW's two moments are fp32 whatever the precision (16 bytes per parameter).
+    Backward keeps, per layer, at least the input of every linear map: three of width ``d_model`` (qkv,
+    attention output, MLP input) and the MLP's hidden activation, for each of the ``batch_size x train_len``
+    tokens of a process's share of the batch; and the logits, which the loss reads in fp32. Attention scores,
+    norms and the encoder's own tensors come on top, so a config this refuses could not have trained.
+    """
+    m, t = cfg.model, cfg.train
+    tokens = math.ceil(int(t.batch_size) / processes) * int(cfg.train_len)
+    d = int(m.d_model)
+    per_layer = (3 * d + int(float(m.mlp_ratio) * d)) * activation_bytes
+    activations = tokens * (int(m.n_layers) * per_layer + vocab_size * 4)
+    return 16 * parameters_lower_bound(m, vocab_size), activations
+
+
+def memory_capacity(device) -> Optional[tuple[int, str]]:
+    """The memory a run on ``device`` can use at most, in bytes, and its name; None where it is not known.
+
+    CPU: physical RAM, or the container's cgroup limit where that is lower. CUDA: the GPU's total memory.
+    """
+    if device.type == "cuda":
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_properties(index).total_memory, f"GPU {torch.cuda.get_device_name(index)}"
+    if device.type != "cpu":
+        return None
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < ram:
+            return int(limit), "this container's memory limit"
+    return ram, "this machine's RAM"
+
+
+def check_memory(cfg: DictConfig, training: bool = True) -> None:
+    """Refuse a model whose weights (and, to train, gradients, optimizer state and activations) cannot fit in
+    the memory of the run's device, before anything is allocated.
+
+    The estimate is a lower bound (:func:`training_bytes_lower_bound`), so only a config that cannot run is
+    refused; one that fits the estimate may still run out (the commands turn that into one line too).
+
+    Raises:
+        ConfigError: naming the keys to lower.
+    """
+    try:
+        device = resolve_device(str(cfg.train.device), "train.device")
+        element_bytes = resolve_precision(str(cfg.train.precision), device).itemsize
+    except ConfigError:
+        return  # the run's own device check says what is wrong
+    capacity = memory_capacity(device)
+    if capacity is None:
+        return
+    available, where = capacity
+    vocab_size = 256  # bytes; a byte-level BPE vocabulary has these 256 and may end up smaller than asked for
+    processes = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    weights, activations = training_bytes_lower_bound(cfg, vocab_size, element_bytes, processes)
+    if not training:
+        weights, activations = weights // 4, 0  # fp32 weights alone
+    if weights + activations <= available:
+        return
+    params = parameters_lower_bound(cfg.model, vocab_size)
+    have = f"{where} is {_size(available)}"
+    if weights > available / 2 or not training:
+        need = "16 bytes each for weights, gradients and AdamW state" if training else "4 bytes each"
+        raise ConfigError("model.d_model", f"a model of model.d_model={cfg.model.d_model} and "
+                                           f"model.n_layers={cfg.model.n_layers} has at least {params:,} parameters "
+                                           f"({need}: {_size(weights)}) but {have}; lower model.d_model "
+                                           "or model.n_layers")
+    raise ConfigError("train.batch_size", f"training activations of train.batch_size={cfg.train.batch_size} x "
+                                          f"train_len={cfg.train_len} tokens through model.n_layers="
+                                          f"{cfg.model.n_layers} layers of model.d_model={cfg.model.d_model} need at "
+                                          f"least {_size(activations)} (and the model "
+                                          f"{_size(weights)} more) but {have}; lower train.batch_size, "
+                                          "train_len, model.d_model or model.n_layers")
+
+
+@contextlib.contextmanager
+def out_of_memory(doing: str, device, lower: str) -> Iterator[None]:
+    """Turn running out of memory inside the block (where :func:`check_memory` could not foresee it) into one
+    line naming the keys to lower; torch's own message goes to the log.
+
+    Args:
+        doing: what the block does, e.g. ``"building the model"``.
+        device: where it allocates.
+        lower: the keys that shrink what it allocates.
+
+    Raises:
+        PosexpError: the block ran out of memory.
+    """
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        logging.getLogger("posexp.train").warning("out of memory %s on %s: %s", doing, device, e)
+        capacity = memory_capacity(device)
+        where = f" ({capacity[1]} is {_size(capacity[0])})" if capacity is not None else ""
+        raise PosexpError(f"ran out of memory {doing} on {device}{where}; lower {lower}") from None
+
+
+def config_warnings(cfg: DictConfig) -> list[str]:
+    """Settings that are allowed but probably not meant; the run goes on and says so."""
+    t = cfg.train
+    notes = []
+    if t.warmup_steps >= t.steps:
+        peak = "reaches train.lr only at the last step" if t.warmup_steps == t.steps else \
+            f"never reaches train.lr (it ends at {t.steps / t.warmup_steps:.0%} of it)"
+        notes.append(f"train.warmup_steps={t.warmup_steps} is not shorter than train.steps={t.steps}: the learning "
+                     f"rate rises for the whole run, {peak}, and never decays; lower train.warmup_steps "
+                     f"(e.g. train.warmup_steps={t.steps // 10})")
+    return notes
+
+
+def _size(n: float) -> str:
+    return f"{n / GiB:,.1f} GiB" if n >= GiB else f"{n / 2**20:,.0f} MiB"

@@ -101,7 +101,7 @@ def _curves_for_json(unit: dict) -> dict:
 def run_analyze(cfg: DictConfig, out: Path, console: Optional[Console] = None) -> dict:
     """``posexp analyze encoder=... base=...``: check the config, analyse, write, print a summary."""
     console = console or Console()
-    validate(cfg)
+    validate(cfg, memory=None)  # no model is built, only the encoder
     check_analyze(cfg.analyze)
     torch.manual_seed(int(cfg.seed))  # learned encoders are analysed at their seeded initialisation
     encoder = build_encoder(cfg)

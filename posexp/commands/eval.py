@@ -196,7 +196,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
     results = read_results(run_dir)
     base_cfg = load_run_config(run_dir, results)
     cfg = apply_eval_overrides(base_cfg, overrides)
-    validate(cfg)
+    validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "

@@ -7,12 +7,14 @@ Each step lives in its own package; this module only sequences them.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from posexp.build import build_model
 from posexp.config import Config, config_hash, eval_lengths, typed
@@ -27,7 +29,10 @@ from posexp.runtime import resolve_device
 from posexp.training import cache, distributed
 from posexp.training.distributed import World, shard
 from posexp.training.trainer import TrainResult, save_checkpoint, train
-from posexp.validate import validate
+from posexp.validate import config_warnings, out_of_memory, validate
+
+# the logger name train.log and users' logging filters have always seen, wherever the module lives
+log = logging.getLogger("posexp.train")
 
 
 def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None,
@@ -51,15 +56,18 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         shard(spec.train.batch_size, w)  # a batch that does not split fails here, before any data is read
         if not w.is_main:
             console = Console(quiet=True)
+    warn = _warner(console)
+    cache_writable = warn_about_settings(cfg, warn, w.is_main)
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest:
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {longest} "
                                          f"(got {spec.eval.tokens})")
     if spec.train.threads:
         torch.set_num_threads(spec.train.threads)
-    corpus = _load_corpus(cfg, w, console)
+    corpus = _load_corpus(cfg, w, console, warn)
     check_fits(corpus, spec.train_len, longest)
-    model = build_model(cfg, corpus.vocab_size)
+    with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
+        model = build_model(cfg, corpus.vocab_size)
     _announce(spec, model, corpus, device, w, run_dir, console)
     if w.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -70,12 +78,13 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         cache.log.info(reused.message())
         console.print(reused.message(), highlight=False)
     else:
-        result = _train(cfg, spec, model, corpus, run_dir, overrides, w, resume)
+        with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
+            result = _train(cfg, spec, model, corpus, run_dir, overrides, w, resume)
     if not w.is_main:
         return {}  # rank 0 evaluates and writes; the weights are the same on every rank
     save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
                                      "encoder": cfg.encoder.name})
-    if spec.cache and reused is None:
+    if spec.cache and reused is None and cache_writable:
         cache.store(cfg, corpus.fingerprint, run_dir, result)
     results = _evaluate_and_write(cfg, spec, model, corpus, device, run_dir, overrides, result, reused, console)
     trained = f"weights from cache {reused.key}" if reused is not None else \
@@ -84,11 +93,33 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
     return results
 
 
-def _load_corpus(cfg: DictConfig, w: World, console: Console) -> Corpus:
+def _warner(console: Console) -> Callable[[str], None]:
+    """A warning for the user: yellow on the run's console, and in train.log."""
+    def warn(message: str) -> None:
+        log.warning(message)
+        console.print(f"[yellow]warning: {escape(message)}[/]", highlight=False, soft_wrap=True)  # one line, for grep
+    return warn
+
+
+def warn_about_settings(cfg: DictConfig, warn: Callable[[str], None], is_main: bool) -> bool:
+    """Warn about settings that train, but probably not as meant; returns whether ``cache_dir`` can be written.
+
+    With ``cache=true`` and a ``cache_dir`` that cannot be written, this is said once, here: the run reads the
+    cache but stores nothing.
+    """
+    for note in config_warnings(cfg):
+        warn(note)
+    problem = cache.unwritable_warning(cfg) if cfg.get("cache") and is_main else None
+    if problem is not None:
+        warn(problem)
+    return problem is None
+
+
+def _load_corpus(cfg: DictConfig, w: World, console: Console, warn: Callable[[str], None]) -> Corpus:
     corpus = None
     for turn in (True, False):  # rank 0 builds the token cache first, the others then read it
         if w.is_main == turn:
-            corpus = corpus_from_config(cfg, log=lambda msg: console.print(msg, highlight=False))
+            corpus = corpus_from_config(cfg, log=lambda msg: console.print(msg, highlight=False), warn=warn)
         distributed.barrier()
     return corpus
 

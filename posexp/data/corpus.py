@@ -23,20 +23,21 @@ and the run says so).
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from posexp.data.hub import HubSource, build_hub, hub_key
-from posexp.data.local import build_local, source_key, stdlib_files, stdlib_root, text_files
+from posexp.data.local import build_local, source_key, stdlib_files, stdlib_root, text_source
 from posexp.data.tokenizer import TokenizerSpec, check_spec
 from posexp.data.tokens import DOC_SEPARATOR, VOCAB_SIZE, Corpus, Log, cache_root, read_cache, write_cache
 from posexp.errors import ConfigError, PosexpError
 
 KINDS = ("stdlib", "text", "hf")
+log = logging.getLogger("posexp.data")
 
 
 def data_kind(data: Any) -> str:
@@ -60,12 +61,12 @@ def hub_source(data: Any) -> HubSource:
                      separate_rows=bool(data.get("separate_rows", True)), max_train_docs=data.get("max_train_docs"))
 
 
-def corpus_from_config(cfg: Any, log: Log = None) -> Corpus:
+def corpus_from_config(cfg: Any, log: Log = None, warn: Log = None) -> Corpus:
     """Load (or build and cache) the corpus of a run's config: ``cfg.data`` tokenized by ``cfg.tokenizer``."""
     d = cfg.data
     kind = data_kind(d)
     return load_corpus(kind, d.get("path"), float(d.val_fraction), d.get("cache_dir"), tokenizer=tokenizer_spec(cfg),
-                       hub=hub_source(d) if kind == "hf" else None, log=log)
+                       hub=hub_source(d) if kind == "hf" else None, log=log, warn=warn)
 
 
 def _slug(name: str) -> str:
@@ -76,7 +77,7 @@ def _slug(name: str) -> str:
 
 def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.05,
                 cache_dir: Optional[str] = None, *, tokenizer: Optional[TokenizerSpec] = None,
-                hub: Optional[HubSource] = None, log: Log = None) -> Corpus:
+                hub: Optional[HubSource] = None, log: Log = None, warn: Log = None) -> Corpus:
     """Load (or build and cache) a tokenized corpus.
 
     Args:
@@ -88,6 +89,7 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
         tokenizer: ``byte`` (default) or a BPE spec; part of the cache key.
         hub: the data set of ``hf``.
         log: called with a line for the user when something is built or a split is carved.
+        warn: called with a warning for the user (the token cache cannot be written); also logged.
 
     Raises:
         PosexpError: missing or unreadable path, non-UTF-8 or binary files, no text at all, a Hub data set
@@ -106,7 +108,7 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
         if cached is not None:
             return cached
         corpus, tok = build_hub(hub, val_fraction, spec, key + spec.key(), log)
-        write_cache(cdir, corpus, tok)
+        _warn(warn, write_cache(cdir, corpus, tok))
         return corpus
 
     if name == "stdlib":
@@ -117,13 +119,8 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
     elif name == "text":
         if not path:
             raise ConfigError("data.path", "data=text needs the text to train on: data.path=FILE_OR_DIR")
-        root = Path(path).expanduser().resolve()
-        if not root.exists():
-            raise ConfigError("data.path", f"{path} does not exist; give a UTF-8 text file or a folder of them")
-        files, strict = text_files(root), True
+        (root, files), strict = text_source(path), True
         source = str(root)
-        if not files:
-            raise ConfigError("data.path", f"{path} is an empty folder; it needs UTF-8 text files")
     else:
         raise ConfigError("data", f"unknown data set {name!r}; choose one of: {', '.join(KINDS)}")
 
@@ -134,8 +131,15 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
     if cached is not None:
         return cached
     corpus, tok = build_local(name, root, files, strict, path, source, val_fraction, spec, key + spec.key(), log)
-    write_cache(cdir, corpus, tok)
+    _warn(warn, write_cache(cdir, corpus, tok))
     return corpus
+
+
+def _warn(warn: Log, message: Optional[str]) -> None:
+    if message is not None:
+        log.warning(message)
+        if warn is not None:
+            warn(message)
 
 
 def check_fits(corpus: Corpus, train_len: int, longest_eval: int) -> None:

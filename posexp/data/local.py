@@ -8,6 +8,7 @@ hash) the tail of the text is held out instead.
 from __future__ import annotations
 
 import hashlib
+import stat
 import sysconfig
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -16,7 +17,7 @@ import numpy as np
 
 from posexp.data.tokenizer import ByteTokenizer, TokenizerSpec
 from posexp.data.tokens import CACHE_VERSION, DOC_SEPARATOR, Corpus, Log, corpus_fingerprint, make_tokenizer, tokenize
-from posexp.errors import PosexpError
+from posexp.errors import ConfigError, PosexpError
 
 _STDLIB_EXCLUDE = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
@@ -37,6 +38,41 @@ def text_files(path: Path) -> list[Path]:
         return [path]
     return sorted(p for p in path.rglob("*")
                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def text_source(path: str) -> tuple[Path, list[Path]]:
+    """The root and the files of ``data.path``: a non-empty file, or a folder with files in it (``~`` is the
+    user's home, as in a shell).
+
+    Raises:
+        ConfigError: the path is missing, is not a regular file or folder (a device, a pipe, a socket), is an
+            empty file, or is a folder without any (non-hidden) files.
+    """
+    root = Path(path).expanduser().resolve()
+    if not root.exists():
+        raise ConfigError("data.path", f"{path} does not exist; give a UTF-8 text file or a folder of them")
+    if root.is_file():
+        if root.stat().st_size == 0:
+            raise ConfigError("data.path", f"{path} is empty, it holds no text; it needs UTF-8 text")
+        return root, [root]
+    if not root.is_dir():
+        raise ConfigError("data.path", f"{path} is not a regular file or folder (it is {_file_kind(root)}); "
+                                       "give a UTF-8 text file or a folder of them")
+    files = text_files(root)
+    if not files:
+        what = "an empty folder" if not any(root.iterdir()) else \
+            "a folder that has no text files (only hidden files or empty subfolders; hidden ones are skipped)"
+        raise ConfigError("data.path", f"{path} is {what}; it needs UTF-8 text files")
+    return root, files
+
+
+def _file_kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "neither"
 
 
 def _is_val(relpath: str, val_fraction: float) -> bool:
@@ -92,7 +128,8 @@ def build_local(name: str, root: Path, files: list[Path], strict: bool, path: Op
 
     docs = Dataset.from_list(list(_read_documents(root, files, strict)))
     if len(docs) == 0 or sum(len(t) for t in docs["text"]) == 0:
-        raise PosexpError(f"data.path: {path or root} holds no text")
+        what = "its files are all empty" if root.is_dir() else "it is empty"
+        raise PosexpError(f"data.path: {path or root} holds no text ({what})")
     is_val = [_is_val(p, val_fraction) for p in docs["path"]]
     val_docs = docs.select([i for i, v in enumerate(is_val) if v])
     train_docs = docs.select([i for i, v in enumerate(is_val) if not v])

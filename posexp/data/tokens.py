@@ -97,8 +97,12 @@ def read_cache(cdir: Path) -> Optional[Corpus]:
         return None  # a damaged cache is rebuilt
 
 
-def write_cache(cdir: Path, corpus: Corpus, tokenizer) -> None:
-    """Cache ``corpus`` (and a BPE tokenizer's ``tokenizer.json``) in ``cdir``; best effort."""
+def write_cache(cdir: Path, corpus: Corpus, tokenizer) -> Optional[str]:
+    """Cache ``corpus`` (and a BPE tokenizer's ``tokenizer.json``) in ``cdir``; best effort.
+
+    Returns:
+        Why the cache could not be written, for the user; None when it was.
+    """
     meta = {f.name: getattr(corpus, f.name) for f in fields(corpus) if f.name not in ("train", "val", "tokenizer_file")}
     try:
         cdir.mkdir(parents=True, exist_ok=True)
@@ -110,8 +114,11 @@ def write_cache(cdir: Path, corpus: Corpus, tokenizer) -> None:
             np.save(buf, arr)
             atomic_write_bytes(cdir / fname, buf.getvalue())
         atomic_write_text(cdir / "meta.json", json.dumps(meta, indent=2))  # written last: marks the cache complete
-    except OSError:
-        pass  # a read-only cache folder only costs the rebuild next time
+    except OSError as e:
+        # a read-only cache folder only costs the rebuild next time
+        return (f"the token cache {cdir.parent} cannot be written ({e.strerror or e}): every run tokenizes the "
+                "corpus again; set data.cache_dir (or POSEXP_CACHE) to a writable folder")
+    return None
 
 
 def corpus_fingerprint(train: np.ndarray, val: np.ndarray, tokenizer) -> str:

@@ -103,10 +103,13 @@ class PeakMemory:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    if isinstance(error, torch.OutOfMemoryError):
+    """Whether ``error`` is an allocation that failed: CUDA's, the CPU allocator's (``not enough memory``,
+    ``can't allocate memory``) or Python's own :class:`MemoryError`."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return True
     text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(error, RuntimeError) and any(
+        s in text for s in ("out of memory", "can't allocate memory", "not enough memory"))
 
 
 def free_memory(device: torch.device) -> None:

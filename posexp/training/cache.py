@@ -51,7 +51,7 @@ from omegaconf import DictConfig
 import posexp
 from posexp.config import weights_config
 from posexp.errors import PosexpError
-from posexp.io import atomic_write_bytes, atomic_write_json
+from posexp.io import atomic_write_bytes, atomic_write_json, unwritable
 from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -83,6 +83,17 @@ def cache_root(cfg: DictConfig) -> Path:
     except (ImportError, ValueError):
         pass
     return Path(start) / root
+
+
+def unwritable_warning(cfg: DictConfig) -> Optional[str]:
+    """What to tell the user when ``cache_dir`` cannot be written (the run then reads the cache but stores
+    nothing), or None when it can."""
+    root = cache_root(cfg)
+    problem = unwritable(root)
+    if problem is None:
+        return None
+    return (f"cache_dir {root} cannot be written ({problem}): this run's training will not be cached; "
+            "set cache_dir to a writable folder")
 
 
 @dataclass
