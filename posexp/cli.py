@@ -208,7 +208,7 @@ def resume(
                                    show_default=False, metavar="RUN_DIR"),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
-    from posexp.training.distributed import world
+    from posexp.runtime import world
     from posexp.commands.resume import resume_main
 
     try:

@@ -1,6 +1,6 @@
 """The house style of every figure posexp draws: size, resolution, axes, saving.
 
-Shared by the reports' plots (:mod:`posexp.reporting.plots`) and the analysis
+Shared by the reports' plots (:mod:`posexp.plots`) and the analysis
 figures (:mod:`posexp.analysis.figures`), so a figure of either reads the same
 in a paper column. Torch-free, and matplotlib is imported only inside the
 functions: the report and the CLI import this module, and most of their work

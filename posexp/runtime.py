@@ -6,18 +6,22 @@ runs the forward pass under bf16 autocast (weights, gradients and optimizer stat
 stay fp32; losses are computed in fp32), ``auto`` only where the hardware has
 native bf16 matmuls (:func:`bf16_is_native`). Training and evaluation share this
 policy, so a run is evaluated in the precision it was trained in.
+
+Also this process's place among the ones ``torchrun`` started (:func:`world`), which decides its
+device; what the processes do together is :mod:`posexp.training.distributed`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+from dataclasses import dataclass
 
 import torch
 
-from posexp.errors import ConfigError
-from posexp.training.distributed import world
+from posexp.errors import ConfigError, PosexpError
 
-__all__ = ["autocast", "bf16_is_native", "resolve_device", "resolve_precision"]
+__all__ = ["World", "autocast", "bf16_is_native", "resolve_device", "resolve_precision", "world"]
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -88,3 +92,41 @@ def autocast(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ones torchrun started (one process: rank 0 of 1)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise PosexpError(f"environment variable {name}={value!r} is not an integer; it is set by torchrun "
+                          "(torchrun --nproc_per_node=N -m posexp train ...)") from None
+
+
+def world() -> World:
+    """Rank, world size and local rank from the environment torchrun sets."""
+    size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    if size < 1 or not 0 <= rank < size:
+        raise PosexpError(f"RANK={rank} WORLD_SIZE={size}: not a valid process group (0 <= RANK < WORLD_SIZE)")
+    return World(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", rank))

@@ -21,13 +21,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from posexp.build import build_encoder
-from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS, Config, DataConfig, EvalConfig,
+from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, Config, DataConfig, EvalConfig,
                            ModelConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position, eval_lengths,
                            to_container)
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
 from posexp.evaluation.memory import is_out_of_memory
+from posexp.evaluation.perplexity import check_protocol
 from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.model import check_shape
@@ -216,29 +217,6 @@ def validate_eval(cfg: DictConfig, encoder=None) -> None:
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
     check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name, encoder=encoder,
                           rerope_window=e.get("rerope_window"), train_len=int(cfg.train_len))
-
-
-def check_protocol(protocol: str, stride: Optional[int], last_k: Optional[int], shortest: int) -> None:
-    """``eval.protocol`` known, and ``eval.stride`` / ``eval.last_k`` set exactly when it uses them, within range."""
-    require(protocol in PROTOCOLS, "eval.protocol",
-            f"unknown protocol {protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
-    if protocol == "sliding":
-        require(stride is not None, "eval.stride",
-                f"protocol sliding needs a stride: eval.stride=S with 1 <= S <= {shortest} (the shortest eval "
-                "length); S=1 is Press et al. 2022's setting, larger S is proportionally faster")
-        require(1 <= stride <= shortest, "eval.stride",
-                f"must be between 1 and the shortest eval length {shortest} (got {stride})")
-    else:
-        require(stride is None, "eval.stride",
-                f"only applies to eval.protocol=sliding (protocol is {protocol}); drop it or set eval.protocol=sliding")
-    if protocol == "last_k":
-        require(last_k is not None, "eval.last_k",
-                f"protocol last_k needs K: eval.last_k=K with 1 <= K <= {shortest} (the shortest eval length)")
-        require(1 <= last_k <= shortest, "eval.last_k",
-                f"must be between 1 and the shortest eval length {shortest} (got {last_k})")
-    else:
-        require(last_k is None, "eval.last_k",
-                f"only applies to eval.protocol=last_k (protocol is {protocol}); drop it or set eval.protocol=last_k")
 
 
 def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,

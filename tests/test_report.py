@@ -17,7 +17,7 @@ from rich.console import Console
 
 from posexp.errors import PosexpError
 from posexp.io import atomic_write_bytes, atomic_write_text
-from posexp.reporting.plots import plot_ppl_vs_length
+from posexp.plots import plot_ppl_vs_length
 from posexp.reporting import (
     SweepSummaryCallback,
     build_report,

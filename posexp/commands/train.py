@@ -27,7 +27,8 @@ from posexp.positions import PositionPlan
 from posexp.rundir import RESULTS_JSON
 from posexp.runtime import resolve_device
 from posexp.training import cache, distributed
-from posexp.training.distributed import World, shard
+from posexp.runtime import World
+from posexp.training.distributed import shard
 from posexp.training.trainer import TrainResult, save_checkpoint, train
 from posexp.validate import config_warnings, out_of_memory, validate
 

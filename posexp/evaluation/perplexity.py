@@ -54,8 +54,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import torch
 
-from posexp.validate import check_protocol
-from posexp.errors import ConfigError, PosexpError
+from posexp.config import PROTOCOLS
+from posexp.errors import ConfigError, PosexpError, require
 from posexp.evaluation.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
 from posexp.rundir import ROW_KEY
@@ -67,6 +67,29 @@ MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
 
 
 # -- which targets each protocol scores ----------------------------------------------------
+
+def check_protocol(protocol: str, stride: Optional[int], last_k: Optional[int], shortest: int) -> None:
+    """``eval.protocol`` known, and ``eval.stride`` / ``eval.last_k`` set exactly when it uses them, within range."""
+    require(protocol in PROTOCOLS, "eval.protocol",
+            f"unknown protocol {protocol!r}; choose one of: {', '.join(PROTOCOLS)}")
+    if protocol == "sliding":
+        require(stride is not None, "eval.stride",
+                f"protocol sliding needs a stride: eval.stride=S with 1 <= S <= {shortest} (the shortest eval "
+                "length); S=1 is Press et al. 2022's setting, larger S is proportionally faster")
+        require(1 <= stride <= shortest, "eval.stride",
+                f"must be between 1 and the shortest eval length {shortest} (got {stride})")
+    else:
+        require(stride is None, "eval.stride",
+                f"only applies to eval.protocol=sliding (protocol is {protocol}); drop it or set eval.protocol=sliding")
+    if protocol == "last_k":
+        require(last_k is not None, "eval.last_k",
+                f"protocol last_k needs K: eval.last_k=K with 1 <= K <= {shortest} (the shortest eval length)")
+        require(1 <= last_k <= shortest, "eval.last_k",
+                f"must be between 1 and the shortest eval length {shortest} (got {last_k})")
+    else:
+        require(last_k is None, "eval.last_k",
+                f"only applies to eval.protocol=last_k (protocol is {protocol}); drop it or set eval.protocol=last_k")
+
 
 def eval_budget(requested: int, val_tokens: int, longest: int) -> int:
     """Target tokens scored at every length: at most ``requested``, a multiple of ``longest``, within the split."""

@@ -21,7 +21,7 @@ from posexp.evaluation.perplexity import evaluate, loss_by_position_rows
 from posexp.evaluation.scaling import default_factor
 from posexp.io import atomic_write_text
 from posexp.positions import PositionPlan
-from posexp.reporting.plots import plot_loss_by_position, plot_ppl_vs_length
+from posexp.plots import plot_loss_by_position, plot_ppl_vs_length
 from posexp.rundir import (LOSS_BY_POSITION_PNG, PPL_PLOT, RESULTS_CSV, RESULTS_MD, merge_loss_by_position,
                            write_loss_by_position_csv, write_results_json)
 from posexp.runtime import resolve_precision

@@ -3,7 +3,7 @@
 Owns the comparison of runs: loading them (:mod:`.runs`), choosing and describing
 them (:mod:`.selection`), replicate statistics (:mod:`.stats`), the table and its
 groups (:mod:`.build`), the table in five formats (:mod:`.render`), ``report.md``,
-``summary.md`` and their figures (:mod:`.document`, :mod:`.plots`), and the entry
+``summary.md`` and their figures (:mod:`.document`, drawn by :mod:`posexp.plots`), and the entry
 points (:mod:`.summary`: ``posexp report``, the end-of-sweep Hydra callback).
 
 Run-folder files are named, found and read through :mod:`posexp.rundir`. This

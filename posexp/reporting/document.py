@@ -1,6 +1,6 @@
 """Files a report writes: ``summary.md``/``summary.csv``, ``report.md`` and its figures.
 
-Figures are drawn by :mod:`posexp.reporting.plots` (matplotlib is imported only when drawing).
+Figures are drawn by :mod:`posexp.plots` (matplotlib is imported only when drawing).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         PosexpError: the folder cannot be written to.
     """
     out_dir = Path(out_dir)
-    from posexp.reporting.plots import plot_ppl_vs_length  # pulls in matplotlib; only now that we draw
+    from posexp.plots import plot_ppl_vs_length  # pulls in matplotlib; only now that we draw
 
     try:
         _writable_folder(out_dir, "summary")
@@ -124,7 +124,7 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
     Raises:
         PosexpError: the folder cannot be written to.
     """
-    from posexp.reporting.plots import plot_position_overlay, plot_ppl_vs_length, plot_training_curves
+    from posexp.plots import plot_position_overlay, plot_ppl_vs_length, plot_training_curves
 
     out_dir = Path(out_dir)
     try:

@@ -21,59 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
 from posexp.errors import ConfigError, PosexpError
+from posexp.runtime import World, world
 
 # Ranks other than 0 wait for rank 0 at the next collective while it evaluates a run (in a sweep, the
 # next job's first one); evaluating to 16x the training length can take long, so the default 10-minute
 # (NCCL) / 30-minute (gloo) timeout would abort healthy sweeps.
 TIMEOUT = datetime.timedelta(hours=6)
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place among the ones torchrun started (one process: rank 0 of 1)."""
-
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one process that writes files and prints."""
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise PosexpError(f"environment variable {name}={value!r} is not an integer; it is set by torchrun "
-                          "(torchrun --nproc_per_node=N -m posexp train ...)") from None
-
-
-def world() -> World:
-    """Rank, world size and local rank from the environment torchrun sets."""
-    size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    if size < 1 or not 0 <= rank < size:
-        raise PosexpError(f"RANK={rank} WORLD_SIZE={size}: not a valid process group (0 <= RANK < WORLD_SIZE)")
-    return World(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", rank))
 
 
 def is_main() -> bool:

@@ -43,7 +43,8 @@ from posexp.positions import PositionPlan
 from posexp.runtime import autocast, bf16_is_native, resolve_device, resolve_precision
 from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
-from posexp.training.distributed import World, shard, world
+from posexp.runtime import World, world
+from posexp.training.distributed import shard
 from posexp.training.optim import lr_at, make_optimizer, set_lr
 from posexp.training.state import TrainState
 

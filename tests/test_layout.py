@@ -1,0 +1,122 @@
+"""The package layout the README's "How it is built" promises: who may import whom, no cycles, readable sizes.
+
+Imports are read from the source (function-level ones too: a lazy import hides a dependency, it does not
+remove it), so these tests need no import of posexp itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "posexp"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        name = ".".join(("posexp",) + f.relative_to(PKG).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """The posexp modules (and third-party top-level packages) ``name`` imports anywhere in its source."""
+    tree = ast.parse(MODULES[name].read_text())
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t.startswith("posexp.") and t not in MODULES:
+                t = t.rpartition(".")[0]
+            found.add(t if t.startswith("posexp") else t.split(".")[0])
+    found.discard(name)
+    return {t for t in found if not (t.startswith("posexp") and name.startswith(t + "."))}  # its own packages
+
+
+def _under(prefix: str) -> list[str]:
+    return [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
+
+
+def _offending(modules: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    bad = {}
+    for m in modules:
+        hits = sorted(t for t in _imports(m) if any(t == f or t.startswith(f + ".") for f in forbidden))
+        if hits:
+            bad[m] = hits
+    return bad
+
+
+def test_config_is_a_leaf():
+    assert not [t for t in _imports("posexp.config") if t.startswith("posexp") and t != "posexp.configs"]
+
+
+def test_encoders_import_nothing_outside_themselves_but_errors():
+    bad = {m: sorted(t for t in _imports(m) if t.startswith("posexp") and not t.startswith("posexp.encoders")
+                     and t != "posexp.errors") for m in _under("posexp.encoders")}
+    assert not {m: v for m, v in bad.items() if v}
+
+
+@pytest.mark.parametrize("layer,forbidden", [
+    ("posexp.runtime", ("posexp.training", "posexp.evaluation", "posexp.commands", "posexp.data")),
+    ("posexp.plots", ("torch", "posexp.reporting", "posexp.evaluation")),
+    ("posexp.figures", ("torch", "posexp.reporting", "posexp.evaluation", "posexp.analysis")),
+    ("posexp.rundir", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
+    ("posexp.reporting", ("torch", "posexp.commands", "posexp.training", "posexp.evaluation", "posexp.analysis",
+                          "posexp.model", "posexp.build", "posexp.validate")),
+    ("posexp.data", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.training",
+                     "posexp.evaluation")),
+    ("posexp.training", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.evaluation",
+                         "posexp.cli")),
+    ("posexp.evaluation", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli",
+                           "posexp.validate")),
+    ("posexp.commands", ("posexp.analysis", "posexp.cli")),
+    ("posexp.validate", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli")),
+    ("posexp.build", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.validate")),
+])
+def test_each_layer_imports_only_what_sits_below_it(layer, forbidden):
+    assert not _offending(_under(layer), forbidden)
+
+
+def test_nothing_imports_analysis_but_the_cli():
+    users = [m for m in MODULES if not m.startswith("posexp.analysis")
+             and any(t.startswith("posexp.analysis") for t in _imports(m))]
+    assert users == ["posexp.cli"]
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t in _imports(m) if t in MODULES} for m in MODULES}
+    # a cycle is a module that reaches itself
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            assert m != start, f"{start} imports itself through {sorted(seen)}"
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])
+
+
+def test_modules_and_functions_stay_readable():
+    long_modules = {m: n for m, f in MODULES.items() if (n := len(f.read_text().splitlines())) > 600}
+    long_functions = {}
+    for m, f in MODULES.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long_functions[f"{m}.{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long_modules and not long_functions
