@@ -243,13 +243,20 @@ def report(
         None, "--where", help="Keep runs with KEY=VALUE (or KEY!=VALUE; VALUE may be a,b for any of); repeatable."),
     fmt: str = typer.Option("rich", "--format", "-f", help="Table format: rich, markdown, csv, json, latex. "
                                                            "All but rich print only the table, for redirecting."),
+    strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2 at the first run whose "
+                                                        "results.json cannot be read, instead of leaving it out."),
 ) -> None:
-    """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv."""
+    """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
+
+    A run whose results.json cannot be read (not JSON, cut short, wrong shape, unreadable) is left out with a
+    one-line warning naming it and the others are reported (exit status 0); with --strict it stops the report
+    (exit status 2).
+    """
     from posexp.reporting import report_main
 
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
-                    tolerance=tolerance, where=where, sort=sort, fmt=fmt)
+                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict)
     except PosexpError as e:
         _fail(e)
 
@@ -260,15 +267,19 @@ def eval_cmd(
         ..., help="Run folders (or sweep folders: every run under them), then eval.* overrides, e.g. "
                   "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn.",
         show_default=False, metavar="RUN_DIR|eval.KEY=VALUE"),
+    strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
+                                                        "the first run whose results.json cannot be read."),
 ) -> None:
     """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
 
     New rows join each run's results.json (a re-measured row replaces its old one); the other outputs are redrawn.
+    A run whose results.json cannot be read is skipped with a one-line warning naming it and the others are
+    evaluated (exit status 0); with --strict nothing is evaluated (exit status 2).
     """
     from posexp.commands.eval import reeval_main
 
     try:
-        reeval_main(list(args))
+        reeval_main(list(args), strict=strict)
     except PosexpError as e:
         _fail(e)
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -174,11 +175,13 @@ def read_results(path: str | os.PathLike) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise PosexpError(f"{file}: cannot be read ({e})") from None
     try:
+        # NaN and Infinity are not JSON, but Python wrote them before results.json held nulls in their place
+        # (and a hand-edit may add them): read them, then turn them into the nulls written today.
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise PosexpError(
             f"{file}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); the run may have been "
-            "interrupted while writing it. Re-run it, or leave its folder out of the report."
+            "interrupted while writing it. Re-run it, or leave its folder out."
         ) from None
 
     def bad(what: str) -> PosexpError:
@@ -191,9 +194,10 @@ def read_results(path: str | os.PathLike) -> dict:
     if not isinstance(data.get("rows"), list):
         raise bad('"rows" is missing or not a list')
     for i, row in enumerate(data["rows"]):
-        if not isinstance(row, dict) or not isinstance(row.get("length"), (int, float)):
+        if not isinstance(row, dict) or not isinstance(row.get("length"), (int, float)) \
+                or not math.isfinite(row["length"]):
             raise bad(f'row {i} has no numeric "length"')
-    return data
+    return finite_results(data)
 
 
 def run_status(run_dir: str | os.PathLike) -> Optional[str]:
@@ -208,14 +212,60 @@ def write_results_json(run_dir: str | os.PathLike, results: dict, *, allow_nan: 
                        default: Any = None) -> Path:
     """Write ``results.json`` atomically: a folder with it is a finished (or failed) run.
 
+    A number JSON cannot hold (NaN, infinity) never stops the file from being written:
+    it is written as ``null`` and its row says so in ``note`` (see :func:`finite_results`),
+    which the report and the tables show as n/a.
+
     Args:
         run_dir: the run folder.
         results: ``{"run": ..., "rows": [...]}``.
-        allow_nan: False for measured results, so a NaN is an error here rather than invalid JSON on disk.
+        allow_nan: no longer changes the file (non-finite numbers are always written as null, so it
+            stays strict JSON); kept so that callers need not change.
         default: passed to :func:`json.dumps` (``str`` where a failed run records whatever it has).
     """
-    text = json.dumps(results, indent=2, allow_nan=allow_nan, default=default) + "\n"
+    del allow_nan  # every non-finite number is gone before dumping
+    text = json.dumps(finite_results(results), indent=2, allow_nan=False, default=default) + "\n"
     return atomic_write_text(Path(run_dir) / RESULTS_JSON, text)
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (at any depth) replaced by None."""
+    if _non_finite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def finite_results(results: dict) -> dict:
+    """A copy of ``results`` that JSON can hold: each NaN or infinity becomes None.
+
+    A row that had one keeps ``applicable`` as it was and says which fields were not
+    finite in ``note`` (``"non-finite loss (nan), ppl (nan)"``): its ``ppl`` is null,
+    which the report, ``results.md`` and the console table all show as n/a.
+    """
+    out = {k: _finite(v) for k, v in results.items() if k != "rows"}
+    if "rows" not in results:
+        return out
+    rows = []
+    for row in results["rows"]:
+        if not isinstance(row, dict):
+            rows.append(_finite(row))
+            continue
+        bad = [f"{k} ({row[k]})" for k in sorted(row) if _non_finite(row[k])]
+        fixed = _finite(row)
+        if bad:
+            note = f"non-finite {', '.join(bad)}"
+            fixed["note"] = f"{row['note']}; {note}" if row.get("note") else note
+        rows.append(fixed)
+    out["rows"] = rows
+    return out
 
 
 # -- identity of a row, for replacing re-evaluated rows ------------------------------------------

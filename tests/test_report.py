@@ -295,7 +295,7 @@ def test_corrupt_results_raises_helpful_error(tmp_path):
     bad.mkdir()
     (bad / "results.json").write_text('{"run": {"label": "x"}, "rows": [')
     with pytest.raises(PosexpError, match=r"1[/\\]results\.json: not valid JSON"):
-        report_main([str(tmp_path / "sweep")], console=quiet_console())
+        report_main([str(tmp_path / "sweep")], console=quiet_console(), strict=True)
     (bad / "results.json").write_text("[1, 2]")
     with pytest.raises(PosexpError, match=r"results\.json: top level is a list"):
         load_run(bad)

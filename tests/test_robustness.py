@@ -346,7 +346,8 @@ def _case_report_mixed_with_a_broken_run(tmp, full):
     shutil.copytree(full, tmp / "sweep" / "0")
     (tmp / "sweep" / "1").mkdir()
     (tmp / "sweep" / "1" / "results.json").write_text('{"run": {"label": "x"}, "rows": [')
-    return ("report", str(tmp / "sweep")), [str(tmp / "sweep" / "1" / "results.json"), "not valid JSON"], tmp / "sweep"
+    return ("report", "--strict", str(tmp / "sweep")), [str(tmp / "sweep" / "1" / "results.json"), "not valid JSON"], \
+        tmp / "sweep"
 
 
 def _case_report_a_file(tmp, full):

@@ -11,7 +11,9 @@ factor replaces the old one, every other earlier row is kept. Then
 rewritten, ``results.json`` last.
 
 Everything that can be checked is checked for every run before any run is
-evaluated, so bad input leaves every ``results.json`` as it was.
+evaluated, so bad input leaves every ``results.json`` as it was. A run whose
+``results.json`` cannot be read is the exception: it is skipped with a warning
+naming it and the other runs are evaluated (``--strict``: nothing is).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.text import Text
 
 from posexp.config import EvalConfig, config_hash, eval_lengths
 from posexp.validate import validate
@@ -187,13 +190,13 @@ def load_run_config(run_dir: Path, results: dict) -> DictConfig:
     raise PosexpError(f"{run_dir}: no {HYDRA_CONFIG} and no config in {RESULTS_JSON}; cannot rebuild the model")
 
 
-def prepare(run_dir: Path, overrides: list[tuple[str, Any]]) -> Prepared:
-    """Load and check one run: results, config + overrides, corpus, weights. Writes nothing."""
+def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[dict] = None) -> Prepared:
+    """Load and check one run: results (unless given), config + overrides, corpus, weights. Writes nothing."""
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
     from posexp.build import build_model
 
-    results = read_results(run_dir)
+    results = read_results(run_dir) if results is None else results
     base_cfg = load_run_config(run_dir, results)
     cfg = apply_eval_overrides(base_cfg, overrides)
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
@@ -239,22 +242,33 @@ def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
             refresh_sweep_summary(root, console)
 
 
-def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
-    """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results."""
-    from posexp.evaluation.provenance import git_commit, versions
-    from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
-    from posexp.runtime import resolve_device
+def _warn(console: Console, message: str) -> None:
+    """One line, however narrow the terminal: a warning names a folder, read (and grepped) whole."""
+    console.print(Text.assemble(("warning: ", "bold yellow"), (message, "yellow")), soft_wrap=True)
 
-    console = console or Console()
-    warn = lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)  # noqa: E731
-    folders, raw_overrides = split_args(args)
-    overrides = parse_eval_overrides(raw_overrides)
-    runs = find_eval_runs(folders, warn)
-    given = {Path(f).resolve() for f in folders}
+
+def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: set[Path], console: Console,
+                strict: bool = False) -> list[Prepared]:
+    """Check every run before any is evaluated.
+
+    A run whose ``results.json`` cannot be read is skipped with a warning (unless ``strict``), so
+    one damaged run of a sweep does not stop the others; as is a run found under a folder given
+    that a rotary-only scaling cannot apply to. Any other problem stops everything.
+
+    Raises:
+        PosexpError: the first problem, when ``strict``, when no run is left, or when it is not one of those two.
+    """
     prepared, refused = [], []
-    for run_dir in runs:  # every check before any evaluation
+    for run_dir in runs:
         try:
-            prepared.append(prepare(run_dir, overrides))
+            results = read_results(run_dir)
+        except PosexpError as e:
+            if strict:
+                raise
+            refused.append((run_dir, e))
+            continue
+        try:
+            prepared.append(prepare(run_dir, overrides, results))
         except ConfigError as e:
             # a sweep over encodings: a rotary-only scaling skips the runs it cannot apply to
             if e.key != "eval.scaling" or "does not apply" not in str(e) or run_dir.resolve() in given:
@@ -263,7 +277,25 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None) -> list[
     if refused and not prepared:
         raise refused[0][1]
     for run_dir, e in refused:
-        warn(f"skipping {run_dir}: {e}")
+        _warn(console, f"skipping {run_dir}: {e}")
+    return prepared
+
+
+def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, strict: bool = False) -> list[dict]:
+    """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results.
+
+    With ``strict``, a run whose ``results.json`` cannot be read stops the command before anything is
+    evaluated; otherwise it is skipped with a warning and the other runs are evaluated.
+    """
+    from posexp.evaluation.provenance import git_commit, versions
+    from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
+    from posexp.runtime import resolve_device
+
+    console = console or Console()
+    folders, raw_overrides = split_args(args)
+    overrides = parse_eval_overrides(raw_overrides)
+    runs = find_eval_runs(folders, lambda msg: _warn(console, msg))
+    prepared = prepare_all(runs, overrides, {Path(f).resolve() for f in folders}, console, strict=strict)
 
     out = []
     for p in prepared:

@@ -196,7 +196,8 @@ def _forward_losses(model: GPT, val: np.ndarray, starts: np.ndarray, length: int
 
 
 def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
-                 device: torch.device, log: Callable[[str], None], pos: Optional[np.ndarray] = None) -> LengthResult:
+                 device: torch.device, log: Callable[[str], None], pos: Optional[np.ndarray] = None,
+                 progress: Optional[Callable[[int, int, int], None]] = None) -> LengthResult:
     L = length
     target_losses = np.full(win.last - win.first + 1, np.nan)
     position_sum = np.zeros(L)
@@ -205,6 +206,8 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
     retries = 0
     i = 0
     n = win.starts.size
+    if progress is not None:
+        progress(L, 0, n)
     while i < n:
         chunk = win.starts[i:i + per_batch]
         try:
@@ -235,6 +238,8 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             position_sum[L - k:] += losses[j, L - k:]
             position_count[L - k:] += 1
         i += chunk.size
+        if progress is not None:
+            progress(L, i, n)
     return LengthResult(target_losses, position_sum, position_count, per_batch, model.shape.attn_block_size,
                         retries)
 
@@ -295,13 +300,13 @@ def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, fac
 
 def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
                     device: torch.device, log: Callable[[str], None], position_plan,
-                    dtype: torch.dtype) -> tuple[LengthResult, float, PeakMemory]:
+                    dtype: torch.dtype, progress=None) -> tuple[LengthResult, float, PeakMemory]:
     """One length's forward passes with ``encoder`` in the model: the losses, seconds taken and peak memory."""
     with _Swapped(model, encoder), PeakMemory(device) as mem:
         t0 = time.perf_counter()
         pos = position_plan.eval_positions(length) if position_plan is not None else None
         with autocast(device, dtype):
-            res = _run_windows(model, val, win, length, batch_tokens, device, log, pos)
+            res = _run_windows(model, val, win, length, batch_tokens, device, log, pos, progress)
         elapsed = time.perf_counter() - t0
     return res, elapsed, mem
 
@@ -312,7 +317,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
-             position_plan=None, dtype: torch.dtype = torch.float32) -> list[dict]:
+             position_plan=None, dtype: torch.dtype = torch.float32,
+             progress: Optional[Callable[[int, int, int], None]] = None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
@@ -338,6 +344,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         position_plan: a :class:`posexp.positions.PositionPlan`; a model trained with
             randomized positions is evaluated with them too (Ruoss et al. 2023), and lengths
             beyond its ``max_position`` are not applicable. None = positions ``0 .. L-1``.
+        progress: called as ``progress(length, windows_done, windows)`` before a measured length's first
+            batch and after each batch (not for lengths that are not applicable).
         dtype: the forward pass's autocast precision (the training precision, ``torch.bfloat16``
             or ``torch.float32``). Whatever it is, log-softmax and cross-entropy run in fp32
             (``GPT.token_losses``) and losses are summed in float64, so perplexities do not
@@ -372,7 +380,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             else:
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
                 res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
-                                                    position_plan, dtype)
+                                                    position_plan, dtype, progress)
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
                     positions.append({**{k: row[k] for k in ROW_KEY}, "position_sum": res.position_sum,

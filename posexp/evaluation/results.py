@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import csv
 import io
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from omegaconf import DictConfig
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from posexp.config import Config, eval_lengths
@@ -22,8 +24,8 @@ from posexp.evaluation.scaling import default_factor
 from posexp.io import atomic_write_text
 from posexp.positions import PositionPlan
 from posexp.plots import plot_loss_by_position, plot_ppl_vs_length
-from posexp.rundir import (LOSS_BY_POSITION_PNG, PPL_PLOT, RESULTS_CSV, RESULTS_MD, merge_loss_by_position,
-                           write_loss_by_position_csv, write_results_json)
+from posexp.rundir import (LOSS_BY_POSITION_PNG, PPL_PLOT, RESULTS_CSV, RESULTS_MD, finite_results,
+                           merge_loss_by_position, write_loss_by_position_csv, write_results_json)
 from posexp.runtime import resolve_precision
 
 CSV_COLUMNS = ["length", "multiple", "protocol", "stride", "last_k", "scaling", "scaling_factor", "applicable",
@@ -150,28 +152,87 @@ def results_csv(results: dict) -> str:
     return buf.getvalue()
 
 
-def results_table(results: dict) -> Table:
-    run = results["run"]
-    rows = display_rows(results)
-    # one "evaluation" column, only when something other than the default protocol was measured
-    show_view = any(view_of(r) != ("nonoverlap", None, None, None) for r in rows)
-    # the fixed phrase first: Rich wraps a long title to the table's width, and labels can be long
-    table = Table(title=f"perplexity by context length — {run['label']} (trained at {run['train_len']} tokens)")
-    columns = [("length", "right"), ("× train", "right")] + ([("evaluation", "left")] if show_view else []) + [
-        ("ppl", "right"), ("95% interval", "left"), ("loss (nats)", "right"), ("tokens/s", "right"),
-        ("peak MiB", "right")]
-    for col, justify in columns:
-        table.add_column(col, justify=justify)
-    for r in rows:
+# The per-run table's columns: (header, justify, dropped first on a narrow terminal). The headers are
+# short so that eight columns of numbers fit 80 characters; results.md spells them out.
+RESULT_COLUMNS = [("length", "right", False), ("×train", "right", False), ("evaluation", "left", False),
+                  ("ppl", "right", False), ("95% CI", "left", False), ("loss", "right", False),
+                  ("tok/s", "right", True), ("MiB", "right", True)]
+
+
+class ResultsTable:
+    """The per-run table printed at the end of ``posexp train`` and ``posexp eval``, laid out for the width it gets.
+
+    No number is ever split across lines or cut: every number column is ``no_wrap``, and on a
+    terminal too narrow for all of them the throughput and memory columns (in ``results.md`` and
+    ``results.csv`` anyway) are left out before anything else; only the evaluation label wraps.
+    """
+
+    def __init__(self, results: dict):
+        self.results = results
+        self.rows = display_rows(results)
+        # one "evaluation" column, only when something other than the default protocol was measured
+        self.show_view = any(view_of(r) != ("nonoverlap", None, None, None) for r in self.rows)
+
+    def _cells(self, r: dict) -> dict[str, str]:
         interval = f"{r['ppl_low']:.2f}–{r['ppl_high']:.2f}" if r.get("ppl_low") is not None else ""
-        view = [protocol_text(r) + (f", {scaling_text(r)}" if r.get("scaling") else "")] if show_view else []
-        table.add_row(str(r["length"]), f"{r['multiple']:g}", *view, _fmt(r["ppl"], ".3f"), interval,
-                      _fmt(r["loss"], ".4f"), _fmt(r.get("tokens_per_s"), ",.0f"), _fmt(r.get("peak_mem_mb"), ",.0f"))
-    return table
+        return {"length": str(r["length"]), "×train": f"{r['multiple']:g}",
+                "evaluation": protocol_text(r) + (f", {scaling_text(r)}" if r.get("scaling") else ""),
+                "ppl": _fmt(r["ppl"], ".3f"), "95% CI": interval, "loss": _fmt(r["loss"], ".4f"),
+                "tok/s": _fmt(r.get("tokens_per_s"), ",.0f"), "MiB": _fmt(r.get("peak_mem_mb"), ",.0f")}
+
+    def table(self, width: Optional[int] = None) -> Table:
+        """The table for a terminal ``width`` characters wide (None: every column)."""
+        run = self.results["run"]
+        cells = [self._cells(r) for r in self.rows]
+        columns = [c for c in RESULT_COLUMNS if c[0] != "evaluation" or self.show_view]
+
+        def needed(cols) -> int:  # content + one space either side + a rule between columns and at the edges
+            def widest(name):
+                texts = [name, *(c[name] for c in cells)]
+                return max(len(w) for t in texts for w in t.split()) if name == "evaluation" else max(map(len, texts))
+            return sum(widest(name) + 3 for name, _, _ in cols) + 1
+
+        dropped = []
+        while width is not None and needed(columns) > width and any(optional for _, _, optional in columns):
+            dropped.append(next(c for c in reversed(columns) if c[2]))
+            columns.remove(dropped[-1])
+        # the fixed phrase first: Rich wraps a long title to the table's width, and labels can be long
+        table = Table(title=f"perplexity by context length — {run['label']} (trained at {run['train_len']} tokens)")
+        for name, justify, _ in columns:
+            if name == "evaluation":  # the one text column: wraps at its spaces, folds only a word wider than itself
+                table.add_column(name, justify=justify, overflow="fold")
+            else:
+                table.add_column(name, justify=justify, no_wrap=True)
+        for c in cells:
+            table.add_row(*(c[name] for name, _, _ in columns))
+        notes = [f"length {r['length']}: {r['note']}" for r in self.rows if r.get("note")]
+        if dropped:
+            notes.append(f"{' and '.join(n for n, _, _ in reversed(dropped))} left out at this width; "
+                         f"all columns are in {RESULTS_MD}")
+        if notes:
+            table.caption = "; ".join(notes)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table(options.max_width)
+
+
+def results_table(results: dict) -> ResultsTable:
+    """The per-run table (a Rich renderable that fits the terminal it is printed on)."""
+    return ResultsTable(results)
 
 
 def write_results(run_dir: Path, results: dict) -> None:
-    """``results.json`` (the public contract), ``results.csv``, ``results.md`` and ``ppl_vs_length.png``."""
+    """``results.json`` (the public contract), ``results.csv``, ``results.md`` and ``ppl_vs_length.png``.
+
+    A NaN or infinite number (a diverging evaluation) is replaced by None in ``results``
+    itself first, its row saying so in ``note`` (:func:`posexp.rundir.finite_results`),
+    so that every file and the console table show n/a there and ``results.json`` is
+    always written.
+    """
+    clean = finite_results(results)
+    results.clear()
+    results.update(clean)
     run = results["run"]
     series = []
     shown = display_rows(results)
@@ -199,13 +260,79 @@ def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
     e = cfg.eval
     positions: Optional[list[dict]] = [] if getattr(e, "loss_by_position", True) else None
     log = (lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)) if console is not None else None
-    rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens), device,
-                    protocol=e.protocol, stride=getattr(e, "stride", None), last_k=getattr(e, "last_k", None),
-                    scaling=getattr(e, "scaling", "none"), scaling_factor=getattr(e, "scaling_factor", None),
-                    rerope_window=getattr(e, "rerope_window", None), positions=positions,
-                    log=log, position_plan=PositionPlan(cfg),
-                    dtype=resolve_precision(cfg.train.precision, device))  # losses accumulate in fp32 anyway
+    progress = EvalProgress(console, eval_lengths(cfg)) if console is not None else None
+    try:
+        rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens),
+                        device, protocol=e.protocol, stride=getattr(e, "stride", None),
+                        last_k=getattr(e, "last_k", None), scaling=getattr(e, "scaling", "none"),
+                        scaling_factor=getattr(e, "scaling_factor", None),
+                        rerope_window=getattr(e, "rerope_window", None), positions=positions,
+                        log=log, position_plan=PositionPlan(cfg), progress=progress,
+                        dtype=resolve_precision(cfg.train.precision, device))  # losses accumulate in fp32 anyway
+    finally:
+        if progress is not None:
+            progress.close()
     return rows, positions
+
+
+# An evaluation shorter than this prints nothing more than before; a longer one says how far it is.
+PROGRESS_AFTER_S = 3.0
+
+
+class EvalProgress:
+    """How far an evaluation is, once it has run for more than :data:`PROGRESS_AFTER_S` seconds.
+
+    On a terminal, a transient Rich progress line for the length being measured (windows done
+    of its windows), gone when the length is; anywhere else (a pipe, a log file), one plain
+    line per length as it finishes. A short evaluation, the smoke runs included, prints nothing.
+    Called as ``progress(length, windows_done, windows)`` by :func:`posexp.evaluation.perplexity.evaluate`.
+
+    Args:
+        console: where the progress goes.
+        lengths: every length of the evaluation (for "length 3 of 6").
+        clock: seconds, monotonic (a fake one in tests).
+        after: seconds of evaluation before anything is shown.
+    """
+
+    def __init__(self, console: Console, lengths: list[int], clock: Callable[[], float] = time.monotonic,
+                 after: float = PROGRESS_AFTER_S):
+        self.console, self.lengths, self.clock, self.after = console, sorted(set(lengths)), clock, after
+        self.started = clock()
+        self.length_started = self.started
+        self.bar: Optional[Progress] = None
+        self.task: Optional[TaskID] = None
+
+    def __call__(self, length: int, done: int, total: int) -> None:
+        now = self.clock()
+        if done == 0:
+            self.length_started = now
+        if now - self.started < self.after:
+            return
+        which = f"length {length} ({self.lengths.index(length) + 1 if length in self.lengths else '?'} of " \
+                f"{len(self.lengths)})"
+        if not self.console.is_terminal:
+            if done == total:
+                self.console.print(f"evaluated {which}: {total:,} windows in {now - self.length_started:.1f} s",
+                                   highlight=False)
+            return
+        if self.bar is None:
+            self.bar = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("windows"), TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+        if done == 0 or self.task is None:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(which, total=total, completed=done)
+        self.bar.update(self.task, completed=done)
+        if done == total:
+            self.bar.remove_task(self.task)
+            self.task = None
+
+    def close(self) -> None:
+        """Take the progress line off the terminal (transient), whether the evaluation finished or not."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, label: str) -> None:

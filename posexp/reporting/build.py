@@ -110,6 +110,7 @@ def build_report(
     tolerance: float = DEFAULT_TOLERANCE,
     where: Sequence[str] | str | None = None,
     sort: Optional[str] = None,
+    strict: bool = False,
 ) -> Report:
     """Load runs and line them up: one column per evaluated length, one line per run or group.
 
@@ -121,12 +122,15 @@ def build_report(
         tolerance: the tolerance of a plain ``maxlen`` (0.1 = ppl within +10%).
         where: ``KEY=VALUE`` / ``KEY!=VALUE`` filters on config keys, all of which must hold.
         sort: a metric, ``--by`` key or ``n`` to sort the lines by; a leading ``-`` sorts descending.
+        strict: refuse the whole report when one run's ``results.json`` cannot be loaded. Otherwise
+            (the default) such a run is left out, with a warning naming its file and the problem.
 
     Returns:
         The :class:`Report`.
 
     Raises:
-        PosexpError: no run folders, one of them cannot be loaded, or no run passes the filters.
+        PosexpError: no run folders, no run that can be loaded (with ``strict``: any that cannot), or no
+            run passes the filters.
         ConfigError: an unknown ``--by``/``--where`` key, metric or sort column.
     """
     by_keys = parse_by(by)
@@ -135,8 +139,8 @@ def build_report(
     sort_key = parse_sort(sort, chosen, by_keys, tolerance)
     if sort_key is not None and sort_key.metric is not None and sort_key.metric.name not in {m.name for m in chosen}:
         chosen.append(sort_key.metric)
-    runs = _load_runs(run_dirs, by_keys, filters)
-    warnings: list[str] = []
+    runs, skipped = _load_runs(run_dirs, by_keys, filters, strict)
+    warnings: list[str] = [f"not in the table: {problem}" for problem in skipped]
 
     protocol, scaling, other_views = _pick_view(runs)
     if protocol is not None and protocol != MAIN_PROTOCOL:
@@ -175,10 +179,24 @@ def build_report(
     return report
 
 
-def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filters: list[Filter]) -> list[Run]:
-    """The runs of ``run_dirs`` that pass ``filters``, after checking that every key names something."""
-    runs = [load_run(d) for d in run_dirs]
+def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filters: list[Filter],
+               strict: bool = False) -> tuple[list[Run], list[str]]:
+    """The runs of ``run_dirs`` that pass ``filters``, after checking that every key names something,
+    and the problems of the runs that could not be loaded (left out unless ``strict``)."""
+    runs: list[Run] = []
+    skipped: list[str] = []
+    for folder in run_dirs:
+        try:
+            runs.append(load_run(folder))
+        except PosexpError as e:
+            # one damaged results.json in a sweep must not hide the others
+            if strict:
+                raise
+            skipped.append(str(e))
     if not runs:
+        if skipped:
+            raise PosexpError(skipped[0] + (f" ({len(skipped) - 1} more run(s) cannot be read either)"
+                                            if len(skipped) > 1 else ""))
         raise PosexpError(f"no runs to report; pass folders containing {RESULTS_JSON}")
     for option, keys in (("--by", by_keys), ("--where", [f.key for f in filters])):
         for key in keys:
@@ -190,7 +208,7 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
             raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs); "
                               "values are compared as in results.json, e.g. --where encoder=rope --where base=10000")
         runs = kept
-    return runs
+    return runs, skipped
 
 
 def _pick_view(runs: list[Run]) -> tuple[Any, Any, list[tuple[Any, Any]]]:

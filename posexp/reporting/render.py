@@ -154,36 +154,75 @@ def _table_notes(report: Report) -> list[str]:
 
 
 def print_report(report: Report, console: Console | None = None) -> None:
-    """Print the comparison as a Rich table, followed by the notes and any warnings."""
+    """Print the comparison as a Rich table, followed by the notes and any warnings.
+
+    No number is split across lines or cut: number cells never wrap, and when the lengths
+    and metrics do not fit the terminal side by side the table is printed in parts, each
+    repeating the run (or ``--by``) columns.
+    """
     console = console or Console()
-    # No vertical rules: a dozen columns of "4.92 ±0.10" fit a normal terminal that way.
-    table = Table(title=_title(report), title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
     columns = _columns(report)
     n_keys = len(report.by) + 1 if report.by else 1
     lines = [_group_cells(report, group) for group in report.groups]
-    for i, name in enumerate(columns):
-        if i < n_keys and name != "n":
-            # Keys keep their width (up to a point) on a narrow terminal; the numbers wrap instead.
-            widest = max([len(name), *(len(line[i][0]) for line in lines)])
-            table.add_column(name, overflow="fold", min_width=min(widest, 12))
-        elif name == "flags":
-            table.add_column(name, style="yellow", overflow="fold")
+    numbers = list(range(n_keys, len(columns) - 1))  # lengths and metrics; the last column is the flags
+    parts: list[list[int]] = []
+    for i in numbers:
+        if parts and _ReportTable(report, columns, lines, n_keys, parts[-1] + [i]).width_fits(console):
+            parts[-1].append(i)
         else:
-            table.add_column(name, justify="right", no_wrap=name == "n", overflow="fold")
-    for group, line in zip(report.groups, lines):
-        texts = []
-        for text, stat, decimals in line:
-            # Text(), not str: labels like "model=[a,b]" would otherwise be parsed as Rich markup.
-            # "±0.12" in one piece: a narrow terminal wraps the cell before it, not inside it.
-            texts.append(Text(text) if stat is None else
-                         Text(_stat_text(stat, decimals, group, plus_minus=" ±"),
-                              style="" if stat.applicable else "dim"))
-        table.add_row(*texts, style="yellow" if group.flags else None)
-    console.print(table)
+            parts.append([i])
+    parts = parts or [[]]  # no lengths or metrics at all: the keys and flags still make a table
+    for k, part in enumerate(parts):
+        console.print(_ReportTable(report, columns, lines, n_keys, part, title=k == 0,
+                                   flags=k == len(parts) - 1).table)
     for note in _table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     for warning in report.warnings:
-        console.print(Text.assemble(("warning: ", "bold yellow"), warning))
+        # one line each, however narrow the terminal: a warning is read (and grepped) whole
+        console.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+
+
+class _ReportTable:
+    """The report's Rich table with the key columns and the number columns ``shown`` (and the flags)."""
+
+    def __init__(self, report: Report, columns: list[str], lines: list, n_keys: int, shown: list[int],
+                 title: bool = True, flags: bool = False):
+        keep = [*range(n_keys), *shown, *([len(columns) - 1] if flags else [])]
+        # No vertical rules: a dozen columns of "4.92 ±0.10" fit a normal terminal that way.
+        self.table = Table(title=_title(report) if title else None, title_style="bold", header_style="bold",
+                           box=box.SIMPLE_HEAD)
+        for i in keep:
+            name = columns[i]
+            if i < n_keys and name != "n":
+                # Keys keep their width (up to a point) on a narrow terminal; they wrap, the numbers never do.
+                widest = max([len(name), *(len(line[i][0]) for line in lines)])
+                self.table.add_column(name, overflow="fold", min_width=min(widest, 12))
+            elif name == "flags":
+                self.table.add_column(name, style="yellow", overflow="fold")
+            else:
+                self.table.add_column(name, justify="right", no_wrap=True)
+        for group, line in zip(report.groups, lines):
+            texts = []
+            for i in keep:
+                text, stat, decimals = line[i]
+                # Text(), not str: labels like "model=[a,b]" would otherwise be parsed as Rich markup.
+                texts.append(Text(text) if stat is None else
+                             Text(_stat_text(stat, decimals, group, plus_minus=" ±"),
+                                  style="" if stat.applicable else "dim"))
+            self.table.add_row(*texts, style="yellow" if group.flags else None)
+
+    def width_fits(self, console: Console) -> bool:
+        """Whether the table fits ``console`` with its text columns at their narrowest and every number whole."""
+        # Rich's own measure takes a number's narrowest as its longest word ("±0.12"), not the whole cell.
+        needed = 1  # SIMPLE_HEAD: a one-space edge, then per column its content, two pads and a one-space divider
+        for column in self.table.columns:
+            texts = [str(column.header), *(str(cell) for cell in column.cells)]
+            if column.no_wrap:
+                width = max(len(t) for t in texts)
+            else:
+                width = max([column.min_width or 0, *(len(w) for t in texts for w in t.split())])
+            needed += width + 3
+        return needed <= console.width
 
 
 def render_table_markdown(report: Report) -> str:

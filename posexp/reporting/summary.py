@@ -51,6 +51,7 @@ def report_main(
     sort: Optional[str] = None,
     fmt: str = "rich",
     err_console: Console | None = None,
+    strict: bool = False,
 ) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
@@ -63,6 +64,8 @@ def report_main(
         fmt: ``rich`` (terminal), ``markdown``, ``csv``, ``json`` or ``latex``. The last four print only
             the table to ``console``, so the output can be redirected; notes and warnings go to ``err_console``.
         err_console: where notes go for machine-readable formats (stderr by default).
+        strict: stop at the first run whose ``results.json`` cannot be loaded. By default such runs
+            are left out of the table and named in a one-line warning each (the exit status stays 0).
 
     Returns:
         The path of ``summary.md``.
@@ -75,7 +78,8 @@ def report_main(
         raise ConfigError("--format", f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    report = build_report(find_runs(paths), by=by, metrics=metrics, tolerance=tolerance, where=where, sort=sort)
+    report = build_report(find_runs(paths), by=by, metrics=metrics, tolerance=tolerance, where=where, sort=sort,
+                          strict=strict)
     report.warnings += _unfinished_sweep_jobs(paths)
     console = console or Console()
     if fmt == "rich":
@@ -86,7 +90,8 @@ def report_main(
         console.file.flush()
         notes = err_console or Console(stderr=True)
         for warning in report.warnings:
-            notes.print(Text.assemble(("warning: ", "bold yellow"), warning))
+            # one line each, however narrow the terminal: a warning is read (and grepped) whole
+            notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
     if out is not None:
         out_dir = Path(out)
     elif len(paths) == 1:
