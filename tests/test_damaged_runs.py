@@ -364,3 +364,20 @@ def test_evaluate_reports_windows_done_per_length():
         mine = [c for c in calls if c[0] == n]
         assert mine[0][1] == 0 and mine[-1][1] == mine[-1][2] > 0
         assert np.all(np.diff([c[1] for c in mine]) > 0)
+
+
+@pytest.mark.parametrize("value,expected", [(math.nan, "nan"), (1e4, "inf")])
+def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected):
+    """A diverged model's NaN losses (or losses past exp's float range) become a row, not an assertion/overflow."""
+    import numpy as np
+    import torch
+
+    from posexp.encoders import create
+    from posexp.evaluation.perplexity import evaluate
+    from posexp.model import GPT, ModelShape
+
+    model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2)).eval()
+    model.token_losses = lambda x, y, pos=None: torch.full(y.shape, value)
+    val = np.arange(300, dtype=np.uint16) % 256
+    row = evaluate(model, val, [16], 16, tokens=128, batch_tokens=64, device=torch.device("cpu"))[0]
+    assert row["applicable"] and str(row["ppl"]) == expected

@@ -394,19 +394,28 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     return rows
 
 
+def _exp(x: float) -> float:
+    """``e**x``, infinite past float range: a diverged model's perplexity is inf (written as null with a note)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _summarise(res: LengthResult, win: Windows, length: int, elapsed: float, mem: PeakMemory) -> dict:
     tl = res.target_losses
-    assert not np.isnan(tl).any(), "every target in the scored range is scored exactly once"
+    # every target in the scored range is scored exactly once (a NaN loss is the model's, not a gap)
+    assert int(res.position_count.sum()) == tl.size, "every target in the scored range is scored exactly once"
     loss = float(tl.mean())
     se, blocks = batch_means_se(tl, length)
     forward_tokens = int(win.starts.size * length)
     return {
         "applicable": True,
-        "ppl": math.exp(loss),
+        "ppl": _exp(loss),
         "loss": loss,
         "loss_se": se,
-        "ppl_low": math.exp(loss - Z95 * se) if se is not None else None,
-        "ppl_high": math.exp(loss + Z95 * se) if se is not None else None,
+        "ppl_low": _exp(loss - Z95 * se) if se is not None else None,
+        "ppl_high": _exp(loss + Z95 * se) if se is not None else None,
         "se_blocks": blocks,
         "tokens": int(tl.size),
         "targets": [win.first, win.last],
