@@ -208,8 +208,7 @@ def run_status(run_dir: str | os.PathLike) -> Optional[str]:
         return None
 
 
-def write_results_json(run_dir: str | os.PathLike, results: dict, *, allow_nan: bool = False,
-                       default: Any = None) -> Path:
+def write_results_json(run_dir: str | os.PathLike, results: dict, *, default: Any = None) -> Path:
     """Write ``results.json`` atomically: a folder with it is a finished (or failed) run.
 
     A number JSON cannot hold (NaN, infinity) never stops the file from being written:
@@ -219,11 +218,8 @@ def write_results_json(run_dir: str | os.PathLike, results: dict, *, allow_nan: 
     Args:
         run_dir: the run folder.
         results: ``{"run": ..., "rows": [...]}``.
-        allow_nan: no longer changes the file (non-finite numbers are always written as null, so it
-            stays strict JSON); kept so that callers need not change.
         default: passed to :func:`json.dumps` (``str`` where a failed run records whatever it has).
     """
-    del allow_nan  # every non-finite number is gone before dumping
     text = json.dumps(finite_results(results), indent=2, allow_nan=False, default=default) + "\n"
     return atomic_write_text(Path(run_dir) / RESULTS_JSON, text)
 

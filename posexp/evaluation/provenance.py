@@ -90,7 +90,7 @@ def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], statu
     except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
         pass
     run.update(corpus_info or {})
-    return write_results_json(run_dir, {"run": run, "rows": []}, allow_nan=True, default=str)
+    return write_results_json(run_dir, {"run": run, "rows": []}, default=str)
 
 
 def eval_settings(cfg: DictConfig) -> dict:
