@@ -20,7 +20,7 @@ import typer
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
@@ -243,25 +243,33 @@ class Folders:
     args: List[str] = field(default_factory=list)
 
 
-def _check_jobs(jobs: List[List[str]], multirun: bool) -> DictConfig:
+def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
     """Compose and validate the config of each job (a covering subset of a large sweep) before any trains.
 
     Returns:
-        The first job's ``hydra`` settings, where its run and sweep folders are named.
+        The first job's run and sweep folders as Hydra would name them (``run``, ``sweep``), and whether
+        its sweeper is Hydra's basic one (``basic``).
     """
     from hydra import compose, initialize_config_dir
+    from hydra.core.utils import setup_globals
+    from hydra.errors import HydraException
     from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
 
     from posexp.commands.sweeps import jobs_to_check, swept_values
     from posexp.commands.train import check_config
 
-    first = None
+    first: dict = {}
     checked = jobs_to_check(jobs)
+    setup_globals()  # the ${now:...} resolver of Hydra's folder names
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for job, label in zip(checked, swept_values(checked)):
-            cfg = compose("config", overrides=job, return_hydra_config=True)
-            if first is None:
-                first = cfg.hydra
+            try:
+                cfg = compose("config", overrides=job, return_hydra_config=True)
+                first = first or {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir),
+                                  "basic": str(cfg.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")}
+            except (HydraException, OmegaConfBaseException) as e:
+                raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
             with open_dict(cfg):
                 del cfg["hydra"]
             try:
@@ -296,7 +304,6 @@ def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
     """
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.utils import setup_globals
 
     from posexp.commands.sweeps import fixed_overrides, sweep_jobs
     from posexp.rundir import claim_named_dir, new_run_dir
@@ -308,19 +315,17 @@ def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
     if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
         return None
     jobs = sweep_jobs(ns.overrides) if ns.multirun else [list(ns.overrides)]
-    hydra_cfg = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun)
-    if not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun)
+    if not first["basic"]:
         jobs = None  # a sweeper such as Optuna chooses the jobs as it goes
     key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
-    setup_globals()  # the ${now:...} resolver
-    path = Path(str(OmegaConf.select(hydra_cfg, key.partition(".")[2])))
-    named = [o for o in OverridesParser.create().parse_overrides(ns.overrides) if o.key_or_group == key]
+    path = Path(first["sweep" if ns.multirun else "run"])
+    named = {o.input_line for o in OverridesParser.create().parse_overrides(ns.overrides) if o.key_or_group == key}
     if named:
         created = claim_named_dir(path, key, sweep=ns.multirun, overwrite=overwrite)
     else:
         path, created = new_run_dir(path, key)
-    given = [named[-1].input_line] if named else []
-    rest = [a for a in args if a not in given]
+    rest = [a for a in args if a not in named]
     return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, _override_text(key, path)])
 
 

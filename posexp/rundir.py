@@ -435,9 +435,8 @@ def make_parents(path: Path, key: str) -> list[Path]:
 
 
 def new_run_dir(base: str | os.PathLike, key: str = "hydra.run.dir") -> tuple[Path, list[Path]]:
-    """Claim a fresh folder ``base``, else ``base-1``, ``base-2``, ... and lock it for this process.
-
-    os.mkdir is atomic: of several processes asking for the same name, exactly one creates it.
+    """Claim a fresh folder ``base``, else ``base-1``, ``base-2``, ... (os.mkdir: one process gets each name),
+    and lock it for this process.
 
     Returns:
         The folder, and every folder created for it (itself last), for :func:`discard_unused`.
@@ -474,8 +473,7 @@ def lock_run(run_dir: str | os.PathLike) -> bool:
         import fcntl
     except ImportError:  # no flock on this platform: folders are still claimed by os.mkdir
         return False
-    path = Path(run_dir)
-    name = str(path.resolve())
+    path, name = Path(run_dir), str(Path(run_dir).resolve())
     if name in _held:
         return False
     try:
@@ -519,9 +517,7 @@ def run_contents(run_dir: str | os.PathLike) -> Optional[str]:
     if (path / RESULTS_JSON).is_file():
         status = run_status(path)
         return f"a {status} run" if status and status != "completed" else "a finished run"
-    if any((path / name).exists() for name in RUN_FILES):
-        return "an unfinished run"
-    return None
+    return "an unfinished run" if any((path / name).exists() for name in RUN_FILES) else None
 
 
 def clear_run_files(folder: str | os.PathLike) -> None:
@@ -558,11 +554,11 @@ def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite
     if not path.exists():
         try:
             path.mkdir()
+            created.append(path)
         except FileExistsError:
             pass  # made by another process just now: the lock below decides
         except OSError as e:
             raise _cannot_create(path, e, key) from None
-        created.append(path)
     if not os.access(path, os.W_OK | os.X_OK):
         raise _cannot_create(path, PermissionError(), key)
     lock_run(path)
@@ -571,7 +567,7 @@ def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite
     if runs or (sweep and is_sweep_dir(path)):
         held = f"a sweep ({len(runs)} run folder{'s' if len(runs) != 1 else ''})"
     if held is not None and not overwrite:
-        advice = f"continue it with: posexp resume {path}; " if held == "an unfinished run" else ""
+        advice = f"continue it with: posexp resume {path}; " if held == "an unfinished run" and not sweep else ""
         raise RunFolderTaken(f"{path}: holds {held}; {advice}choose another {key}=DIR, or replace it with "
                              f"posexp train ... {OVERWRITE_FLAG}")
     if held is not None:
@@ -596,8 +592,7 @@ def discard_unused(run_dir: str | os.PathLike, created: Sequence[Path]) -> None:
         return
     unlock_run(path)
     shutil.rmtree(path / HYDRA_OUTPUT, ignore_errors=True)
-    if (path / TRAIN_LOG).is_file():
-        (path / TRAIN_LOG).unlink()
+    (path / TRAIN_LOG).unlink(missing_ok=True)
     for folder in reversed(list(created)):
         try:
             folder.rmdir()  # only an empty one: a folder another run uses since stays
