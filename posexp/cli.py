@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
@@ -25,6 +27,7 @@ from rich.markup import escape
 from posexp.arguments import OverrideError, check_overrides, full_error_requested
 from posexp.config import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.rundir import OVERWRITE_FLAG, RunFolderTaken
 
 CONFIG_DIR = config_dir()
 GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "experiment", "search")
@@ -59,13 +62,21 @@ def train_task(cfg: DictConfig) -> Optional[float]:
         set_job_threads(cfg, hc.launcher)
         return objective_value(run_train(cfg, run_dir, overrides), cfg)
     except TrainingInterrupted as e:
-        _fail(e)  # stops a sweep too: the user asked to stop
+        if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
+            raise SystemExit(e.exit_code)
+        _fail(e)
     except PosexpError as e:
         if hc.mode != RunMode.MULTIRUN:
             _fail(e)
-        _record_failed_job(cfg, run_dir, overrides, e)
+        if isinstance(e, RunFolderTaken):  # another run's folder: nothing of this job's goes there
+            err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(e))}", highlight=False,
+                              soft_wrap=True)
+            _failed_jobs.append(str(run_dir))
+        else:
+            _record_failed_job(cfg, run_dir, overrides, e)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        if hc.mode != RunMode.MULTIRUN:
+            err_console.print("interrupted")
         raise SystemExit(130)
     except Exception as e:
         if hc.mode != RunMode.MULTIRUN:
@@ -175,24 +186,35 @@ def train(
         None, help="Hydra overrides, e.g. encoder=rope base=10000; -m to sweep; --help for Hydra's help.",
         autocompletion=complete_overrides, show_default=False),
 ) -> None:
-    """Train one model per configuration and evaluate it at several context lengths (a Hydra app)."""
+    """Train one model per configuration and evaluate it at several context lengths (a Hydra app).
+
+    A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
+    """
     from posexp.commands.sweeps import missing_plugin, unique
 
     _failed_jobs.clear()
     from posexp.validate import register_configs  # here, not at import: `posexp report` and `list` need no torch
 
     register_configs()
-    missing = missing_plugin(list(overrides or []))
+    args = list(overrides or [])
+    overwrite = OVERWRITE_FLAG in args
+    args = [a for a in args if a != OVERWRITE_FLAG]
+    missing = missing_plugin(args)
     if missing:
         _fail(PosexpError(missing))
-    _check_overrides("config", list(overrides or []))
+    _check_overrides("config", args)
+    from posexp.rundir import unlock_run
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
     with distributed.worker_overrides() as quiet:
         try:
-            _run_hydra(_train_app, "posexp train", [*_flags_first(overrides or []), *quiet])
+            folders = None if quiet else _claim_folders(args, overwrite)
+            _run_claimed(folders, [*_flags_first(folders.args if folders else args), *quiet])
+        except PosexpError as e:
+            _fail(e)
         finally:
+            unlock_run()
             distributed.shutdown()
     _failed_jobs[:] = unique(_failed_jobs)
     if _failed_jobs and distributed.is_main():
@@ -200,6 +222,145 @@ def train(
                           "each has a results.json with the reason, the other jobs' results are kept",
                           highlight=False, soft_wrap=True)
         raise SystemExit(1)
+
+
+@dataclass
+class Folders:
+    """The run (or sweep) folder of a ``posexp train`` command line, claimed before Hydra starts.
+
+    Attributes:
+        path: the run folder, or the sweep folder with ``-m``.
+        created: the folders made for it (to remove again if the run never starts).
+        multirun: a sweep (``-m``).
+        jobs: each sweep job's overrides (a basic sweep's); None when a sweeper draws them.
+        args: the command line for Hydra, naming the claimed folder.
+    """
+
+    path: Path
+    created: List[Path]
+    multirun: bool
+    jobs: Optional[List[List[str]]]
+    args: List[str] = field(default_factory=list)
+
+
+def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
+    """Compose and validate the config of each job (a covering subset of a large sweep) before any trains.
+
+    Returns:
+        The first job's run and sweep folders as Hydra would name them (``run``, ``sweep``), and whether
+        its sweeper is Hydra's basic one (``basic``).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.utils import setup_globals
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.commands.sweeps import jobs_to_check, swept_values
+    from posexp.commands.train import check_config
+
+    first: dict = {}
+    checked = jobs_to_check(jobs)
+    setup_globals()  # the ${now:...} resolver of Hydra's folder names
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for job, label in zip(checked, swept_values(checked)):
+            try:
+                cfg = compose("config", overrides=job, return_hydra_config=True)
+                first = first or {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir),
+                                  "basic": str(cfg.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")}
+            except (HydraException, OmegaConfBaseException) as e:
+                raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
+            with open_dict(cfg):
+                del cfg["hydra"]
+            try:
+                check_config(cfg)
+            except PosexpError as e:
+                if multirun and label:
+                    raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
+                raise
+    return first
+
+
+def _override_text(key: str, path: Path) -> str:
+    """``key=path`` as a Hydra override, quoted where the path has characters Hydra's grammar reserves."""
+    text = str(path)
+    if all(c.isalnum() or c in "/._-:+@~" for c in text):
+        return f"{key}={text}"
+    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+
+
+def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
+    """Check every job's config, then claim the run (or sweep) folder of ``posexp train ARGS``.
+
+    A folder Hydra would name from the clock (``outputs/DATE/TIME``) becomes ``TIME-1``, ``TIME-2``, ...
+    when another run has it; a folder the user named (``hydra.run.dir``) must hold no run.
+
+    Returns:
+        The folders, and the command line naming the claimed one; None when Hydra writes no run
+        (``--cfg``, ``--info``, ``--help``, shell completion).
+
+    Raises:
+        PosexpError: a config error, a folder that cannot be created, or one that holds a run.
+    """
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from posexp.commands.sweeps import fixed_overrides, sweep_jobs
+    from posexp.rundir import claim_named_dir, new_run_dir
+
+    try:
+        ns = get_args_parser().parse_args(args)
+    except SystemExit:
+        return None  # Hydra's argparse says what is wrong
+    if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
+        return None
+    jobs = sweep_jobs(ns.overrides) if ns.multirun else [list(ns.overrides)]
+    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun)
+    if not first["basic"]:
+        jobs = None  # a sweeper such as Optuna chooses the jobs as it goes
+    key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
+    path = Path(first["sweep" if ns.multirun else "run"])
+    named = {o.input_line for o in OverridesParser.create().parse_overrides(ns.overrides) if o.key_or_group == key}
+    if named:
+        created = claim_named_dir(path, key, sweep=ns.multirun, overwrite=overwrite)
+    else:
+        path, created = new_run_dir(path, key)
+    rest = [a for a in args if a not in named]
+    return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, _override_text(key, path)])
+
+
+def _run_claimed(folders: Optional[Folders], args: List[str]) -> None:
+    """Run Hydra; a run that never started leaves no folder, an interrupted sweep says where it stands."""
+    from posexp.rundir import discard_unused
+
+    multirun = folders is not None and folders.multirun
+    previous = signal.getsignal(signal.SIGTERM)
+    if multirun:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _run_hydra(_train_app, "posexp train", args)
+    except (SystemExit, KeyboardInterrupt) as e:
+        code = 130 if isinstance(e, KeyboardInterrupt) else e.code
+        if folders is not None and not multirun and code == PosexpError.exit_code:
+            discard_unused(folders.path, folders.created)
+        if multirun and code in (130, 128 + signal.SIGTERM):
+            _report_interrupted_sweep(folders, code)
+        raise
+    finally:
+        if multirun:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _report_interrupted_sweep(folders: Folders, code: int) -> None:
+    from posexp.commands.sweeps import sweep_progress
+
+    name = signal.Signals(code - 128).name if code > 128 else "SIGINT"
+    err_console.print(f"[bold red]error:[/] sweep {escape(str(folders.path))} stopped by {name}: "
+                      f"{escape(sweep_progress(folders.path, folders.jobs))}", highlight=False, soft_wrap=True)
 
 
 @app.command()

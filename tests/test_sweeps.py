@@ -221,13 +221,17 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
     """Two jobs at once, one thread each on 2 cores, logs per job, and a failed job fails the command."""
     from posexp.commands.sweeps import available_cores
 
-    proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "train.steps=6,0",
-                   "hydra.sweep.dir=sweep", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr  # job 1 has train.steps=0
+    # job 1's text is shorter than one training window: a mistake that shows only when the job reads its
+    # data (a config mistake such as train.steps=0 is refused before any job starts)
+    (tmp_path / "big.txt").write_text(Path(json.__file__).read_text(encoding="utf-8") * 20, encoding="utf-8")
+    (tmp_path / "tiny.txt").write_text("def f():\n    return 1\n", encoding="utf-8")
+    proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "data=text",
+                   "data.path=big.txt,tiny.txt", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
     assert "1 sweep job(s) failed" in proc.stderr and "sweep/1" in proc.stderr
     ok, failed = _results(tmp_path / "sweep" / "0"), _results(tmp_path / "sweep" / "1")
     assert ok["run"]["status"] == "completed" and failed["run"]["status"] == "failed"
-    assert "train.steps" in failed["run"]["error"]["message"]
+    assert "fewer than one window" in failed["run"]["error"]["message"]
     assert ok["run"]["train"]["threads"] == max(1, available_cores() // 2)
     log = (tmp_path / "sweep" / "0" / "train.log").read_text()
     assert "torch threads for this job" in log and "step 6 loss" in log  # logging works in the worker

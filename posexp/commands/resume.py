@@ -20,7 +20,8 @@ from rich.console import Console
 
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.errors import PosexpError
-from posexp.rundir import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config
+from posexp.rundir import (HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config,
+                           run_lock)
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
 
@@ -73,14 +74,24 @@ def load_config(run_dir: Path) -> DictConfig:
 
 
 def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
-    """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results."""
+    """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results.
+
+    Raises:
+        RunFolderTaken: another process is training in the folder.
+    """
+    run_dir = Path(run_dir)
+    check_resumable(run_dir)
+    with run_lock(run_dir):  # refused while another process trains there
+        return _resume(run_dir, console or Console())
+
+
+def _resume(run_dir: Path, console: Console) -> dict:
+    """:func:`resume_main` in a run folder this process holds."""
     from posexp.config import config_hash
     from posexp.validate import validate
     from posexp.commands.train import run_train
 
-    run_dir = Path(run_dir)
-    console = console or Console()
-    check_resumable(run_dir)
+    check_resumable(run_dir)  # again, now that no other process can finish the run meanwhile
     cfg = load_config(run_dir)
     validate(cfg)
     pointer = read_resume_pointer(run_dir)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import logging
 import math
 import os
@@ -155,3 +156,78 @@ def unique(items: Iterable[str]) -> list[str]:
     for item in items:
         seen.setdefault(str(Path(item).resolve()), None)
     return list(seen)
+
+
+# -- the jobs of a sweep, checked before the first one trains --------------------------------------
+
+# A sweep with more jobs than this has a covering subset checked (every value of every swept key once).
+MAX_CHECKED_JOBS = 64
+
+
+def sweep_jobs(overrides: Sequence[str]) -> Optional[list[list[str]]]:
+    """The overrides of each job of a basic sweep, in the order Hydra's basic sweeper numbers them.
+
+    The basic sweeper runs the cartesian product of the swept values, the first override varying slowest.
+
+    Returns:
+        One list per job; None when a value is a sweeper's to draw (``interval(...)``, a glob).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    choices: dict[str, list[str]] = {}  # as BasicSweeper.split_arguments: a key given twice keeps its first place
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            choices[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_interval_sweep() or isinstance(o.value(), Glob):
+            return None
+        else:
+            choices[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+    return [list(job) for job in itertools.product(*choices.values())]
+
+
+def fixed_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides that are not sweeps: what every job of a sweeper's search shares."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+            if not o.is_sweep_override()]
+
+
+def jobs_to_check(jobs: list[list[str]], limit: int = MAX_CHECKED_JOBS) -> list[list[str]]:
+    """All jobs up to ``limit``; beyond it, jobs that together hold every value of every swept key."""
+    if len(jobs) <= limit:
+        return jobs
+    values = [list(dict.fromkeys(job[i] for job in jobs)) for i in range(len(jobs[0]))]
+    return [[v[n % len(v)] for v in values] for n in range(max(len(v) for v in values))]
+
+
+def swept_values(jobs: list[list[str]]) -> list[str]:
+    """Each job's overrides that differ between jobs, as one label per job (``encoder=rope base=100``)."""
+    common = set.intersection(*(set(job) for job in jobs)) if jobs else set()
+    return [" ".join(o for o in job if o not in common and not o.startswith("hydra")) for job in jobs]
+
+
+def sweep_progress(sweep_dir: Path, jobs: Optional[list[list[str]]]) -> str:
+    """Where an interrupted sweep stands, in one line: jobs finished, interrupted (with the command that
+    continues each) and never started (with their overrides)."""
+    from posexp.rundir import iter_jobs
+
+    started = {int(d.name): d for d in iter_jobs(sweep_dir)} if sweep_dir.is_dir() else {}
+    status = {n: run_status(d) if (d / RESULTS_JSON).is_file() else None for n, d in started.items()}
+    finished = [str(n) for n, s in status.items() if s == "completed"]
+    failed = [str(n) for n, s in status.items() if s in ("failed", "diverged")]
+    stopped = [n for n, s in status.items() if s is None]
+    parts = [f"finished: {', '.join(finished) or 'none'}"]
+    if failed:
+        parts.append(f"failed: {', '.join(failed)}")
+    resume = "; ".join(f"posexp resume {started[n]}" for n in stopped)
+    parts.append(f"interrupted: {', '.join(map(str, stopped))} (continue with: {resume})" if stopped
+                 else "interrupted: none")
+    if jobs is not None:
+        labels = swept_values(jobs)
+        waiting = [f"{n} ({labels[n]})" if labels[n] else str(n) for n in range(len(jobs)) if n not in started]
+        shown = waiting[:10] + ([f"... {len(waiting) - 10} more"] if len(waiting) > 10 else [])
+        parts.append(f"never started: {', '.join(shown) or 'none'}")
+    return "; ".join(parts)

@@ -7,9 +7,10 @@ Each step lives in its own package; this module only sequences them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -24,7 +25,7 @@ from posexp.evaluation.provenance import provenance, write_run_status
 from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
 from posexp.model import GPT
 from posexp.positions import PositionPlan
-from posexp.rundir import RESULTS_JSON
+from posexp.rundir import RESULTS_JSON, RunFolderTaken, run_contents, run_lock
 from posexp.runtime import resolve_device
 from posexp.training import cache, distributed
 from posexp.runtime import World
@@ -48,8 +49,7 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         TrainingDiverged: after writing a results.json with status "diverged".
     """
     console = console or Console()
-    validate(cfg)
-    spec = typed(cfg)  # the edge: what follows reads the typed config
+    spec = check_config(cfg)  # the edge: what follows reads the typed config
     device = resolve_device(spec.train.device)
     w = distributed.setup(device)
     if w.distributed:  # several processes (torchrun): rank 0's run folder for all; only rank 0 writes or prints
@@ -57,12 +57,54 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         shard(spec.train.batch_size, w)  # a batch that does not split fails here, before any data is read
         if not w.is_main:
             console = Console(quiet=True)
-    warn = _warner(console)
-    cache_writable = warn_about_settings(cfg, warn, w.is_main)
+    with _claimed(run_dir, w.is_main, resume):
+        return _run(cfg, spec, device, w, run_dir, overrides, console, resume)
+
+
+def check_config(cfg: DictConfig) -> Config:
+    """Everything about a run's config that can be checked without its data: :func:`validate`, and
+    enough evaluation tokens for the longest eval length. ``posexp train`` checks every sweep job with it
+    before the first one trains.
+
+    Returns:
+        The typed config.
+
+    Raises:
+        ConfigError: naming the key and what is allowed.
+    """
+    validate(cfg)
+    spec = typed(cfg)
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest:
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {longest} "
                                          f"(got {spec.eval.tokens})")
+    return spec
+
+
+@contextlib.contextmanager
+def _claimed(run_dir: Path, is_main: bool, resume: bool) -> Iterator[None]:
+    """Hold the run folder for this process while it trains and writes there (rank 0 only: it alone writes).
+
+    Raises:
+        RunFolderTaken: another process trains there, or (not resuming) a run was written there already.
+    """
+    if not is_main:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(run_dir):
+        if not resume and (run_dir / RESULTS_JSON).is_file():
+            raise RunFolderTaken(f"{run_dir}: holds {run_contents(run_dir)} ({RESULTS_JSON}); choose another "
+                                 "run folder")
+        yield
+
+
+def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir: Path, overrides: list[str],
+         console: Console, resume: bool) -> dict:
+    """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
+    warn = _warner(console)
+    cache_writable = warn_about_settings(cfg, warn, w.is_main)
+    longest = max(eval_lengths(spec))
     if spec.train.threads:
         torch.set_num_threads(spec.train.threads)
     corpus = _load_corpus(cfg, w, console, warn)
@@ -70,8 +112,6 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(cfg, corpus.vocab_size)
     _announce(spec, model, corpus, device, w, run_dir, console)
-    if w.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
     # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
     reused = distributed.broadcast(cache.lookup(cfg, corpus.fingerprint)) if spec.cache and not resume else None
     if reused is not None:
