@@ -27,7 +27,7 @@ from rich.markup import escape
 from posexp.arguments import OverrideError, check_overrides, full_error_requested
 from posexp.config import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
-from posexp.rundir import OVERWRITE_FLAG, RunFolderTaken
+from posexp.runlock import OVERWRITE_FLAG, RunFolderTaken
 
 CONFIG_DIR = config_dir()
 GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "experiment", "search")
@@ -203,7 +203,7 @@ def train(
     if missing:
         _fail(PosexpError(missing))
     _check_overrides("config", args)
-    from posexp.rundir import unlock_run
+    from posexp.runlock import unlock_run
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
@@ -306,7 +306,7 @@ def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from posexp.commands.sweeps import fixed_overrides, sweep_jobs
-    from posexp.rundir import claim_named_dir, new_run_dir
+    from posexp.runlock import claim_named_dir, new_run_dir
 
     try:
         ns = get_args_parser().parse_args(args)
@@ -331,7 +331,7 @@ def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
 
 def _run_claimed(folders: Optional[Folders], args: List[str]) -> None:
     """Run Hydra; a run that never started leaves no folder, an interrupted sweep says where it stands."""
-    from posexp.rundir import discard_unused
+    from posexp.runlock import discard_unused
 
     multirun = folders is not None and folders.multirun
     previous = signal.getsignal(signal.SIGTERM)

@@ -76,6 +76,7 @@ def test_encoders_import_nothing_outside_themselves_but_errors():
     ("posexp.runtime", ("posexp.training", "posexp.evaluation", "posexp.commands", "posexp.data")),
     ("posexp.plots", ("torch", "posexp.reporting", "posexp.evaluation")),
     ("posexp.figures", ("torch", "posexp.reporting", "posexp.evaluation", "posexp.analysis")),
+    ("posexp.runlock", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
     ("posexp.rundir", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
     ("posexp.reporting", ("torch", "posexp.commands", "posexp.training", "posexp.evaluation", "posexp.analysis",
                           "posexp.model", "posexp.build", "posexp.validate")),

@@ -20,8 +20,9 @@ from rich.console import Console
 
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.errors import PosexpError
-from posexp.rundir import (HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config,
-                           run_lock)
+from posexp.rundir import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config
+from posexp.runlock import run_lock
+
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
 

@@ -25,7 +25,8 @@ from posexp.evaluation.provenance import provenance, write_run_status
 from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
 from posexp.model import GPT
 from posexp.positions import PositionPlan
-from posexp.rundir import RESULTS_JSON, RunFolderTaken, run_contents, run_lock
+from posexp.rundir import RESULTS_JSON
+from posexp.runlock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime import resolve_device
 from posexp.training import cache, distributed
 from posexp.runtime import World
