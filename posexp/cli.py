@@ -269,6 +269,8 @@ def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
                 first = first or {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir),
                                   "basic": str(cfg.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")}
             except (HydraException, OmegaConfBaseException) as e:
+                if full_error_requested():
+                    raise  # Hydra's own report, in full
                 raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
             with open_dict(cfg):
                 del cfg["hydra"]
