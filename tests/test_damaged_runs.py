@@ -381,3 +381,25 @@ def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected)
     val = np.arange(300, dtype=np.uint16) % 256
     row = evaluate(model, val, [16], 16, tokens=128, batch_tokens=64, device=torch.device("cpu"))[0]
     assert row["applicable"] and str(row["ppl"]) == expected
+
+
+def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
+    """Two commands never write one run's results.json at once: eval waits for no one, it refuses."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "results.json").read_bytes()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from posexp.runlock import lock_run; "
+                               f"lock_run({str(run)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = invoke("eval", str(run), "eval.lengths=[32]", columns=200)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 2
+    assert "another posexp process is training in this folder" in result.output
+    assert (run / "results.json").read_bytes() == before

@@ -34,6 +34,7 @@ from rich.text import Text
 from posexp.config import EvalConfig, config_hash, eval_lengths
 from posexp.validate import validate
 from posexp.errors import ConfigError, PosexpError
+from posexp.runlock import run_lock
 from posexp.rundir import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key,
                            read_results, read_saved_config, runs_under)
 
@@ -287,10 +288,6 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     With ``strict``, a run whose ``results.json`` cannot be read stops the command before anything is
     evaluated; otherwise it is skipped with a warning and the other runs are evaluated.
     """
-    from posexp.evaluation.provenance import git_commit, versions
-    from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
-    from posexp.runtime import resolve_device
-
     console = console or Console()
     folders, raw_overrides = split_args(args)
     overrides = parse_eval_overrides(raw_overrides)
@@ -299,36 +296,46 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
 
     out = []
     for p in prepared:
-        cfg = p.cfg
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        device = resolve_device(cfg.train.device)
-        p.model.to(device)
-        e = cfg.eval
-        console.print(f"[bold]posexp eval[/] {p.run_dir} · encoder [cyan]{cfg.encoder.name}[/] · lengths "
-                      f"{', '.join(map(str, eval_lengths(cfg)))} · protocol {e.protocol}"
-                      f"{f' S={e.stride}' if e.stride is not None else ''}"
-                      f"{f' K={e.last_k}' if e.last_k is not None else ''} · scaling {e.scaling}"
-                      f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''} · {device}",
-                      highlight=False)
-        rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console)
-        results = p.results
-        results["rows"] = merge_rows(results["rows"], rows)
-        results.setdefault("evaluations", []).append({
-            "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "overrides": list(raw_overrides),
-            "rows": len(rows),
-            "device": str(device),
-            "git_commit": git_commit(),
-            "versions": versions(),
-        })
-        label = str(results["run"].get("label") or p.run_dir.name)
-        if positions:
-            write_loss_by_position(p.run_dir, positions, int(cfg.train_len), label)
-        write_results(p.run_dir, results)  # results.json last
-        console.print(results_table(results))
-        console.print(f"wrote {p.run_dir / RESULTS_JSON} ({len(rows)} row(s) evaluated, {len(results['rows'])} in all)",
-                      highlight=False)
-        out.append(results)
+        with run_lock(p.run_dir):  # refused while another posexp process trains or evaluates there
+            out.append(_evaluate_run(p, raw_overrides, console))
     _refresh_sweep_summaries(folders, console)
     return out
+
+
+def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -> dict:
+    """Evaluate one prepared run, merge its rows into its results.json and redraw its files."""
+    from posexp.evaluation.provenance import git_commit, versions
+    from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
+    from posexp.runtime import resolve_device
+
+    cfg = p.cfg
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
+    p.model.to(device)
+    e = cfg.eval
+    console.print(f"[bold]posexp eval[/] {p.run_dir} · encoder [cyan]{cfg.encoder.name}[/] · lengths "
+                  f"{', '.join(map(str, eval_lengths(cfg)))} · protocol {e.protocol}"
+                  f"{f' S={e.stride}' if e.stride is not None else ''}"
+                  f"{f' K={e.last_k}' if e.last_k is not None else ''} · scaling {e.scaling}"
+                  f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''} · {device}",
+                  highlight=False)
+    rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console)
+    results = p.results
+    results["rows"] = merge_rows(results["rows"], rows)
+    results.setdefault("evaluations", []).append({
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "overrides": list(raw_overrides),
+        "rows": len(rows),
+        "device": str(device),
+        "git_commit": git_commit(),
+        "versions": versions(),
+    })
+    label = str(results["run"].get("label") or p.run_dir.name)
+    if positions:
+        write_loss_by_position(p.run_dir, positions, int(cfg.train_len), label)
+    write_results(p.run_dir, results)  # results.json last
+    console.print(results_table(results))
+    console.print(f"wrote {p.run_dir / RESULTS_JSON} ({len(rows)} row(s) evaluated, {len(results['rows'])} in all)",
+                  highlight=False)
+    return results
