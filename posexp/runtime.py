@@ -3,9 +3,14 @@
 ``device=auto|cpu|cuda|mps``: ``auto`` = cuda, else mps, else cpu; under torchrun each
 process takes the CUDA device of its ``LOCAL_RANK``. ``precision=auto|fp32|bf16``
 runs the forward pass under bf16 autocast (weights, gradients and optimizer state
-stay fp32; losses are computed in fp32), ``auto`` only where the hardware has
-native bf16 matmuls (:func:`bf16_is_native`). Training and evaluation share this
-policy, so a run is evaluated in the precision it was trained in.
+stay fp32; losses are computed in fp32). ``auto`` (:func:`choose_precision`) is bf16
+on a GPU with native bf16 matmuls (:func:`bf16_is_native`); on a CPU with them it is
+whichever of fp32 and bf16 a short probe of the run's own training step measures
+faster (:func:`measured_cpu_precision`, cached per machine), because a CPU that
+*has* bf16 instructions need not run them faster: oneDNN's AVX512-BF16 kernels
+without AMX are often slower than its fp32 ones. Everywhere else fp32. The choice
+and its reason go into results.json; a run is evaluated in the precision it was
+trained in.
 
 Also this process's place among the ones ``torchrun`` started (:func:`world`), which decides its
 device; what the processes do together is :mod:`posexp.training.distributed`.
@@ -14,14 +19,22 @@ device; what the processes do together is :mod:`posexp.training.distributed`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
+import platform
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
 from posexp.errors import ConfigError, PosexpError
+from posexp.io import atomic_write_json
 
-__all__ = ["World", "autocast", "bf16_is_native", "resolve_device", "resolve_precision", "world"]
+__all__ = ["PrecisionChoice", "World", "autocast", "bf16_is_native", "choose_precision", "measured_cpu_precision",
+           "resolve_device", "resolve_precision", "world"]
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -81,10 +94,141 @@ def bf16_is_native(device: torch.device) -> bool:
 
 
 def resolve_precision(name: str, device: torch.device) -> torch.dtype:
-    """``fp32``, ``bf16``, or ``auto`` = bf16 where the hardware runs it natively, else fp32."""
-    if name == "bf16" or (name == "auto" and bf16_is_native(device)):
-        return torch.bfloat16
-    return torch.float32
+    """The dtype :func:`choose_precision` picks without a probe: ``fp32``, ``bf16``, or for ``auto`` bf16 on a
+    GPU with native bf16 matmuls and fp32 everywhere else (a CPU's ``auto`` needs a measurement to pick bf16)."""
+    return choose_precision(name, device).dtype
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The dtype of a run's forward pass, what was asked for, and why (results.json's ``train.precision_choice``).
+
+    Attributes:
+        dtype: ``torch.float32`` or ``torch.bfloat16``.
+        asked: the ``precision`` setting, ``auto``, ``fp32`` or ``bf16``.
+        reason: one sentence a person reads.
+        probe: for a measured choice, the seconds per probe step of each precision, the workload and the cache file.
+    """
+
+    dtype: torch.dtype
+    asked: str
+    reason: str
+    probe: Optional[dict] = None
+
+    @property
+    def name(self) -> str:
+        """``float32`` or ``bfloat16``, as results.json writes dtypes."""
+        return str(self.dtype).replace("torch.", "")
+
+    def record(self) -> dict:
+        return {"asked": self.asked, "dtype": self.name, "reason": self.reason,
+                **({"probe": self.probe} if self.probe is not None else {})}
+
+
+def choose_precision(name: str, device: torch.device, probe: Optional[Callable[[torch.dtype], None]] = None,
+                     workload: Optional[dict] = None, cache_dir: Optional[Path] = None) -> PrecisionChoice:
+    """The precision of a run: what was asked for, or for ``auto`` the faster one where that is known.
+
+    Args:
+        name: ``auto``, ``fp32`` or ``bf16``.
+        device: where the run computes.
+        probe: one forward and backward pass of the run's own model at its own shapes under autocast of the
+            given dtype; only a CPU with native bf16 matmuls uses it (:func:`measured_cpu_precision`). Without
+            it, such a CPU's ``auto`` is fp32, the reference numerics.
+        workload: what ``probe`` computes (model shape, batch), part of the cache key.
+        cache_dir: where measured choices are kept; None: measured again every time.
+    """
+    if name == "fp32":
+        return PrecisionChoice(torch.float32, name, "asked for")
+    if name == "bf16":
+        return PrecisionChoice(torch.bfloat16, name, "asked for" + (
+            "" if bf16_is_native(device) else f"; {device.type} has no native bf16 matmuls, it emulates them"))
+    if not bf16_is_native(device):
+        return PrecisionChoice(torch.float32, name, f"{device.type} has no native bf16 matmuls: fp32")
+    if device.type != "cpu":
+        return PrecisionChoice(torch.bfloat16, name, f"{device.type} multiplies bf16 natively: bf16 autocast")
+    if probe is None:
+        return PrecisionChoice(torch.float32, name, "CPU with bf16 instructions, not measured for this workload: "
+                                                    "fp32, the reference numerics")
+    return measured_cpu_precision(probe, workload or {}, cache_dir)
+
+
+# bf16 has to take at most this fraction of fp32's time to be chosen: within the margin the two are as fast
+# (probe noise on a shared machine) and fp32 wins the tie, being the numerics every table was made with
+BF16_MARGIN = 0.95
+PROBE_ROUNDS = 3
+
+
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(workload: dict) -> dict:
+    """What a measured precision choice holds for: this CPU, its bf16 units, torch, the thread count, the workload."""
+    flags = {flag: bool(getattr(torch.cpu, f"_is_{flag}_supported", lambda: False)())
+             for flag in ("avx512_bf16", "amx_tile")}
+    return {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(), **flags,
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "workload": workload}
+
+
+def time_precisions(probe: Callable[[torch.dtype], None], rounds: int = PROBE_ROUNDS,
+                    clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds of ``probe`` in fp32 and bf16: one warm-up each, then ``rounds`` interleaved rounds (the order
+    alternating, so a load change on a shared machine hits both alike). The global RNG states are left as found."""
+    times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+    dtypes = [torch.float32, torch.bfloat16]
+    with torch.random.fork_rng(devices=[]):
+        for dtype in dtypes:
+            probe(dtype)
+        for r in range(rounds):
+            for dtype in dtypes if r % 2 == 0 else dtypes[::-1]:
+                start = clock()
+                probe(dtype)
+                times[str(dtype).replace("torch.", "")].append(round(clock() - start, 6))
+    return times
+
+
+def measured_cpu_precision(probe: Callable[[torch.dtype], None], workload: dict, cache_dir: Optional[Path] = None,
+                           clock: Callable[[], float] = time.perf_counter) -> PrecisionChoice:
+    """``precision=auto`` on a CPU with native bf16 matmuls: the precision whose probe step is faster.
+
+    The best of :data:`PROBE_ROUNDS` interleaved rounds of each (the least disturbed by other processes) is
+    compared; bf16 is chosen only at :data:`BF16_MARGIN` of fp32's time or less. The measurement is kept in
+    ``cache_dir/precision/<key>.json``, keyed on :func:`machine_key`, so every later run of the workload on
+    this machine makes the same choice without measuring; a cache that cannot be written only costs the probe.
+    """
+    key = machine_key(workload)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / "precision" / f"{digest}.json" if cache_dir is not None else None
+    cached = None
+    if path is not None and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            cached = cached if cached.get("key") == json.loads(json.dumps(key, default=str)) else None
+        except (OSError, ValueError, AttributeError):
+            cached = None
+    times = cached["seconds"] if cached else time_precisions(probe, clock=clock)
+    if path is not None and cached is None:
+        try:
+            atomic_write_json(path, {"key": key, "seconds": times})
+        except OSError:
+            pass
+    fp32, bf16 = min(times["float32"]), min(times["bfloat16"])
+    dtype = torch.bfloat16 if bf16 <= BF16_MARGIN * fp32 else torch.float32
+    faster = "bf16 is faster" if dtype == torch.bfloat16 else (
+        "fp32 is faster" if fp32 <= bf16 else f"bf16 is less than {1 - BF16_MARGIN:.0%} faster")
+    reason = (f"measured on this CPU (threads={key['threads']}): a training step's forward and backward took "
+              f"{fp32 * 1e3:.1f} ms in fp32, {bf16 * 1e3:.1f} ms in bf16 (best of {len(times['float32'])} "
+              f"interleaved rounds): {faster}" + (f"; measured by an earlier run, read from {path}" if cached else ""))
+    return PrecisionChoice(dtype, "auto", reason, {"seconds": times, "workload": workload, "cached": bool(cached),
+                                                   **({"file": str(path)} if path is not None else {})})
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

@@ -191,7 +191,7 @@ def _train(cfg: DictConfig, spec: Config, model: GPT, corpus: Corpus, run_dir: P
 
 def _evaluate_and_write(cfg: DictConfig, spec: Config, model: GPT, corpus: Corpus, device: torch.device,
                         run_dir: Path, overrides: list[str], result: TrainResult, reused, console: Console) -> dict:
-    rows, positions = evaluate_config(model, corpus.val, spec, device, console)
+    rows, positions = evaluate_config(model, corpus.val, spec, device, console, trained_in=result.precision)
     results = {"run": provenance(cfg, overrides, corpus.info(), model, result), "rows": rows}
     if reused is not None:
         results["run"]["cached_from"] = reused.provenance()

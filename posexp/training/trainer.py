@@ -40,12 +40,13 @@ from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from posexp.io import atomic_write_text
 from posexp.model import GPT
 from posexp.positions import PositionPlan
-from posexp.runtime import autocast, bf16_is_native, resolve_device, resolve_precision
+from posexp.runtime import autocast, bf16_is_native, resolve_device
 from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
 from posexp.runtime import World, world
 from posexp.training.distributed import shard
 from posexp.training.optim import lr_at, make_optimizer, set_lr
+from posexp.training.precision import training_precision
 from posexp.training.state import TrainState
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -99,6 +100,7 @@ class TrainResult:
     resumed_at: list[int] = field(default_factory=list)  # steps a resumed run continued from
     processes: int = 1  # data-parallel ranks (torchrun); the batch is the global one
     compiled: bool = False
+    precision_choice: Optional[dict] = None  # what precision was asked for, what ran and why (PrecisionChoice)
 
 
 class MetricsWriter:
@@ -374,16 +376,18 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
     """
     w = world()
     device = resolve_device(t.device)
-    dtype = resolve_precision(t.precision, device)
     model.to(device).train()
     net = loss_module(model, device, compiled=compiled)
     opt = make_optimizer(model, t)
-    take_step = TrainStep(model, net, opt, BatchSampler(corpus.train, train_len, t.batch_size, seed), plan, t,
-                          device, dtype, w)
     console = console or Console(stderr=True)
     if w.is_main:
         warn_if_slow_bf16(t.precision, device, console)
     state, resumed = TrainState.begin(run_dir, model, opt, config_hash, device, resume, t.steps)
+    choice = training_precision(model, t, train_len, device, saved=state.precision if resumed else None)
+    state.precision, dtype = choice.name, choice.dtype
+    log.info("precision %s (%s): %s", choice.name, choice.asked, choice.reason)
+    take_step = TrainStep(model, net, opt, BatchSampler(corpus.train, train_len, t.batch_size, seed), plan, t,
+                          device, dtype, w)
     # only rank 0 writes; the others keep the same numbers, and so take the same decisions
     metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if resume else None) if w.is_main else None
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
@@ -429,7 +433,8 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
     return TrainResult(steps=t.steps, tokens=state.tokens, final_loss=state.loss, wall_s=wall,
                        tokens_per_s=state.tokens / wall if wall > 0 else 0.0,
                        precision=str(dtype).replace("torch.", ""), device=str(device),
-                       resumed_at=state.resumed_at, processes=w.size, compiled=compiled)
+                       resumed_at=state.resumed_at, processes=w.size, compiled=compiled,
+                       precision_choice=choice.record())
 
 
 def interrupted(signum: int, done: int, steps: int, run_dir: Path) -> TrainingInterrupted:
