@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 # keeps the ratio finite if c or L is driven to 0 (then psi(max(L, 0)) = 0 for the first query)
@@ -88,6 +88,22 @@ class FIRE(PositionalEncoder):
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         x = self.normalized_distance(q_pos, k_pos)  # (Lq, Lk)
         return self.mlp(x[..., None]).permute(2, 0, 1)  # (Lq, Lk, 1) -> (Lq, Lk, H) -> (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        first, last = self.mlp[0], self.mlp[2]
+        w1, b1 = first.weight[:, 0], first.bias  # (W,), (W,)
+        w2, b2 = last.weight, last.bias  # (H, W), (H,)
+        c, threshold = self.c.abs(), self.threshold
+        dtype = self.c.dtype
+
+        def bias_at(h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            # normalized_distance and the MLP for head h alone: psi(i - j) / psi(max(L, i)) -> f_theta(x)[h]
+            normaliser = torch.log1p(c * torch.maximum(i.to(dtype), threshold)) + EPS
+            x = torch.log1p(c * (i - j).clamp(min=0).to(dtype)) / normaliser
+            hidden = torch.relu(x[..., None] * w1 + b1)  # (..., W)
+            return (hidden * w2[h]).sum(-1) + b2[h]
+
+        return bias_score_mod(bias_at, q_pos, k_pos)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mlp_width={self.mlp[0].out_features}"

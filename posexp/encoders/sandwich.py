@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 
@@ -82,6 +82,13 @@ class Sandwich(PositionalEncoder):
         table = sandwich_kernel(torch.arange(n, device=dist.device), self.sinusoid_dim, self._base)  # (n,)
         kernel = table.to(self.head_scale.dtype)[dist]  # (Lq, Lk)
         return self.head_scale[:, None, None] * kernel[None]  # (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        # the kernel of every distance a causal entry can have, once; each logit is then a lookup
+        far = int(q_pos.max() - k_pos.min()) + 1 if q_pos.numel() and k_pos.numel() else 1
+        table = sandwich_kernel(torch.arange(max(far, 1), device=q_pos.device), self.sinusoid_dim, self._base)
+        table, scale = table.to(self.head_scale.dtype), self.head_scale
+        return bias_score_mod(lambda h, i, j: scale[h] * table[(i - j).clamp(0, far - 1)], q_pos, k_pos)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sinusoid_dim={self.sinusoid_dim}"

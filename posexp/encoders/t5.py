@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 
@@ -91,6 +91,14 @@ class T5Bias(PositionalEncoder):
         dist = relative_distance(q_pos, k_pos).clamp(0, self.max_distance)  # (Lq, Lk)
         buckets = self.bucket_table[dist]  # (Lq, Lk)
         return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        table, weight, far = self.bucket_table, self.relative_attention_bias.weight, self.max_distance
+
+        def bias_at(h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return weight[table[(i - j).clamp(0, far)], h]  # the (bucket, head) entry, as bias() looks it up
+
+        return bias_score_mod(bias_at, q_pos, k_pos)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
