@@ -49,8 +49,9 @@ def fused_by_default(device: torch.device) -> bool:
 def _compiled_flex() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    # compiled once per process; dynamo recompiles for new shapes and reuses the kernels of seen ones
-    return torch.compile(flex_attention, dynamic=False)
+    # compiled once per process; after a second length dynamo compiles a kernel for any length, so evaluation
+    # lengths and a sequence-length curriculum do not exhaust its recompile limit (then: the unfused fallback)
+    return torch.compile(flex_attention)
 
 
 def causal_block_mask(q_len: int, kv_len: int, offset: int, device: torch.device):

@@ -28,7 +28,7 @@ def test_top_level_keys_drive_the_train_keys(compose):
     assert (cfg.train.device, cfg.train.precision) == ("cpu", "fp32")
     default = compose()
     assert (default.precision, default.train.precision, default.device, default.compile) == ("auto", "auto", "auto",
-                                                                                             False)
+                                                                                             "auto")
     # the old keys are still accepted, and win over the top level
     old_style = compose("train.device=cpu", "train.precision=bf16", "compile=true")
     assert (old_style.train.device, old_style.train.precision, old_style.device) == ("cpu", "bf16", "auto")

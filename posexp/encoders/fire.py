@@ -100,8 +100,12 @@ class FIRE(PositionalEncoder):
             # normalized_distance and the MLP for head h alone: psi(i - j) / psi(max(L, i)) -> f_theta(x)[h]
             normaliser = torch.log1p(c * torch.maximum(i.to(dtype), threshold)) + EPS
             x = torch.log1p(c * (i - j).clamp(min=0).to(dtype)) / normaliser
-            hidden = torch.relu(x[..., None] * w1 + b1)  # (..., W)
-            return (hidden * w2[h]).sum(-1) + b2[h]
+            # the hidden layer unrolled, a sum of scalars: a score_mod's arithmetic must stay elementwise
+            # to compile into FlexAttention's kernel
+            out = b2[h]
+            for u in range(w1.shape[0]):
+                out = out + torch.relu(x * w1[u] + b1[u]) * w2[h, u]
+            return out
 
         return bias_score_mod(bias_at, q_pos, k_pos)
 

@@ -68,6 +68,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
                      else {}),
                   "device": train_result.device, "threads": torch.get_num_threads(),
                   "processes": train_result.processes, "compile": train_result.compiled,
+                  **({"tf32": True} if getattr(train_result, "tf32", False) else {}),
                   **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {}),
                   **({"positions": tricks} if (tricks := PositionPlan(cfg).describe()) else {})},
     }

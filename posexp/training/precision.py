@@ -11,6 +11,7 @@ on whether its choice was measured now or read from the cache.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +22,9 @@ from posexp.data.tokens import cache_root
 from posexp.model import GPT
 from posexp.runtime import PrecisionChoice, autocast, choose_precision
 from posexp.training import distributed
+
+# train.log's logger, as the trainer's
+log = logging.getLogger("posexp.train")
 
 __all__ = ["PROBE_TOKENS", "probe_workload", "training_precision"]
 
@@ -50,6 +54,7 @@ def training_precision(model: GPT, t: TrainConfig, train_len: int, device: torch
         cache_dir: where measured choices are kept (default: the machine's posexp cache, ``$POSEXP_CACHE``).
     """
     if saved and t.precision == "auto":
+        log.info("precision %s (auto): kept from the run's first session", saved)
         return PrecisionChoice(getattr(torch, saved), "auto", f"{saved}, the choice this run made when it started "
                                                               "(resumed from its checkpoint)")
     rows = max(1, min(t.batch_size, PROBE_TOKENS // max(1, train_len)))
@@ -67,4 +72,5 @@ def training_precision(model: GPT, t: TrainConfig, train_len: int, device: torch
                               cache_root(None) if cache_dir is None else cache_dir)
     # under torchrun every rank computes in rank 0's choice (one process: the choice as it is)
     dtype_name, reason, probed = distributed.broadcast((choice.name, choice.reason, choice.probe))
+    log.info("precision %s (%s): %s", dtype_name, choice.asked, reason)
     return PrecisionChoice(getattr(torch, dtype_name), choice.asked, reason, probed)
