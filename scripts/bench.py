@@ -2,6 +2,7 @@
 
     python scripts/bench.py                          # everything at the fixed shape below
     python scripts/bench.py --quick                  # a tiny shape: a smoke check in about a minute
+    python scripts/bench.py --gpu                    # on a GPU: GPT-2-small shape, bf16 (scripts/bench_gpu.py)
     python scripts/bench.py --families rope alibi --steps 5 --json bench.json
     pip install -e '.[bench]'                        # the peers: transformers, x-transformers
 
@@ -424,6 +425,10 @@ def print_training(console, train_rows: list[dict], shape: Shape, probe: float, 
 
 
 def main() -> None:
+    if "--gpu" in sys.argv[1:]:  # the GPU benchmark: GPT-2-small shape, bf16, 16K and 64K evaluation
+        from bench_gpu import main as gpu_main
+
+        return gpu_main(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per model (median reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed training steps per model first")
