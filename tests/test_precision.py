@@ -160,6 +160,19 @@ def test_the_probe_leaves_weights_gradients_and_rng_as_found(monkeypatch, compos
     assert resumed.dtype == torch.bfloat16 and "resumed" in resumed.reason  # a resumed run keeps its choice
 
 
+def test_evaluation_keeps_the_precision_the_run_trained_in(compose, monkeypatch):
+    from posexp.evaluation.results import eval_dtype
+
+    auto, fp32 = compose("precision=auto"), compose("precision=fp32")
+    _native_cpu_bf16(monkeypatch, True)
+    assert eval_dtype(auto, CPU, "bfloat16") == torch.bfloat16  # measured faster when it trained
+    assert eval_dtype(auto, CPU, "float32") == torch.float32
+    assert eval_dtype(auto, CPU, None) == torch.float32  # a run that does not say: fp32 without a measurement
+    assert eval_dtype(fp32, CPU, "bfloat16") == torch.float32  # asked for: what was asked
+    _native_cpu_bf16(monkeypatch, False)
+    assert eval_dtype(auto, CPU, "bfloat16") == torch.float32  # a bf16 GPU run, evaluated where bf16 is emulated
+
+
 def test_auto_stays_fp32_on_a_cpu_without_a_measurement():
     assert resolve_precision("auto", CPU) == torch.float32
 

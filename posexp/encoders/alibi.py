@@ -44,6 +44,9 @@ def alibi_slopes(n_heads: int) -> Tensor:
 class ALiBi(PositionalEncoder):
     """Fixed, head-specific linear distance penalties on the attention logits (Press et al. 2022).
 
+    The bias also comes as a FlexAttention ``score_mod`` (``-m_h (i - j)`` per logit), which the model
+    uses for fused attention on CUDA (:mod:`posexp.fused`).
+
     Args:
         d_model: model width.
         n_heads: attention heads; each gets its own slope.

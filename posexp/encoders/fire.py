@@ -38,6 +38,10 @@ EPS = 1e-6
 class FIRE(PositionalEncoder):
     """Learned MLP of the progressively normalised log distance (Li et al. 2024).
 
+    The bias also comes as a FlexAttention ``score_mod`` (the normalised distance and the MLP's
+    output for the logit's head, computed per logit), which the model uses for fused attention on
+    CUDA (:mod:`posexp.fused`).
+
     ``c`` and ``L`` are learned, as in the paper, and enter through ``|c|`` and
     ``|L|`` (the authors' implementation does the same) so any value the optimiser
     reaches is admissible. ``L`` is stored as ``init_threshold * s`` with a learned

@@ -35,6 +35,9 @@ def _softplus_inverse(y: Tensor) -> Tensor:
 class Kerple(PositionalEncoder):
     """Learned per-head CPD-kernel logit bias, log or power variant (Chi et al. 2022).
 
+    The bias also comes as a FlexAttention ``score_mod`` (the same kernel of ``|i - j|`` with the head's
+    ``r1, r2``), which the model uses for fused attention on CUDA (:mod:`posexp.fused`).
+
     The paper keeps ``r1, r2`` admissible by clamping them after every optimiser
     step. A clamp has a zero gradient wherever it binds, so here they are
     reparametrised instead: ``r = softplus(raw)`` for the positive ones and

@@ -48,6 +48,10 @@ def sandwich_kernel(distance: Tensor, dim: int, base: float = 10000.0) -> Tensor
 class Sandwich(PositionalEncoder):
     """Parameter-free logit bias ``(p_m . p_n - d~/2) / (8h/H)`` from sinusoids (Chi et al. 2023).
 
+    The bias also comes as a FlexAttention ``score_mod`` (a lookup into the kernel of every distance
+    the positions can have, built once per forward), which the model uses for fused attention on
+    CUDA (:mod:`posexp.fused`).
+
     Args:
         d_model: model width.
         n_heads: attention heads; head ``h`` divides the bias by ``8h / H``.

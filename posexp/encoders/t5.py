@@ -59,6 +59,10 @@ def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) 
 class T5Bias(PositionalEncoder):
     """A learned logit bias per (distance bucket, head), shared by all layers (Raffel et al. 2020).
 
+    The bias also comes as a FlexAttention ``score_mod`` (a lookup of the bucket table and the
+    (bucket, head) entry per logit, gradients included), which the model uses for fused attention
+    on CUDA (:mod:`posexp.fused`).
+
     Args:
         d_model: model width.
         n_heads: attention heads; each has its own bias per bucket.
