@@ -99,6 +99,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=False)
         self.proj = nn.Linear(shape.d_model, shape.d_model, bias=False)
         self.dropout = shape.dropout
+        # FlexAttention's kernels tile the head width: a power of two, at least 16
+        self.fusable = self.head_dim >= 16 and self.head_dim & (self.head_dim - 1) == 0
 
     def forward(self, x: Tensor, plan: AttentionPlan) -> Tensor:
         B, L, D = x.shape
@@ -107,7 +109,7 @@ class CausalSelfAttention(nn.Module):
         if enc.uses_rotate:
             q, k = enc.rotate(q, k, plan.pos, plan.pos)
         p = self.dropout if self.training else 0.0
-        if plan.fused and p == 0.0:  # FlexAttention has no attention dropout
+        if plan.fused and p == 0.0 and self.fusable:  # FlexAttention has no attention dropout
             y = plan.flex(q, k, v)  # (B, H, L, Dh)
         elif not plan.needs_mask:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # (B, H, L, Dh)

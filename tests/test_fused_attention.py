@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import SMOKE
-from posexp.build import build_encoder
+from posexp.build import build_encoder, build_model
 from posexp.config import config_dir
 from posexp.fused import causal_block_mask, flex_attend, flex_available, fused_by_default
 from posexp.model import GPT, ModelShape
@@ -85,10 +85,9 @@ def test_score_mod_adds_to_the_score_and_keeps_its_dtype(compose):
 
 
 def _models(compose, name: str, block: int):
-    cfg = compose(f"encoder={name}", "model.d_model=32", f"model.n_heads={H}", "model.n_layers=2",
+    # head width 16: the narrowest FlexAttention's kernels take
+    cfg = compose(f"encoder={name}", "model.d_model=64", f"model.n_heads={H}", "model.n_layers=2",
                   f"model.attn_block_size={block}")
-    from posexp.build import build_model
-
     model = build_model(cfg, 64).eval()
     with torch.no_grad():
         for p in model.encoder.parameters():
@@ -98,17 +97,34 @@ def _models(compose, name: str, block: int):
 
 @needs_flex
 @pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
-def test_the_flex_path_computes_what_the_blocked_path_computes(compose, name):
+def test_the_flex_path_computes_what_the_blocked_path_computes(compose, name, monkeypatch):
     """FlexAttention's unfused reference on a CPU: the same logits as the blocked float-mask path, at a length
     that is not a multiple of the query block (three blocks, the last one short)."""
+    import posexp.model
+
+    calls = []
+    attend = posexp.model.flex_attend
+    monkeypatch.setattr(posexp.model, "flex_attend", lambda *a, **kw: calls.append(1) or attend(*a, **kw))
     model = _models(compose, name, block=32)
     idx = torch.randint(0, 64, (2, 77), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         model.fused_attention = False
         blocked = model(idx)
+        assert not calls
         model.fused_attention = True
         fused = model(idx)
+    assert len(calls) == 2  # both layers took the fused path
     torch.testing.assert_close(fused, blocked, rtol=1e-5, atol=1e-5)
+
+
+def test_head_widths_flexattention_cannot_tile_keep_the_blocked_path(compose, monkeypatch):
+    import posexp.model
+
+    monkeypatch.setattr(posexp.model, "flex_attend", lambda *a, **kw: pytest.fail("head width 8 went fused"))
+    model = build_model(compose("encoder=alibi", "model.d_model=32", "model.n_heads=4"), 64).eval()
+    model.fused_attention = True
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 64, (1, 20)))).all()
 
 
 @needs_flex
