@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -154,10 +155,13 @@ def choose_precision(name: str, device: torch.device, probe: Optional[Callable[[
     return measured_cpu_precision(probe, workload or {}, cache_dir)
 
 
-# bf16 has to take at most this fraction of fp32's time to be chosen: within the margin the two are as fast
-# (probe noise on a shared machine) and fp32 wins the tie, being the numerics every table was made with
+# bf16 has to take at most this fraction of fp32's time, in every round, to be chosen: within the margin the
+# two are as fast, and a noisy measurement on a shared machine must not pick bf16; fp32 wins those, being the
+# numerics every table was made with
 BF16_MARGIN = 0.95
 PROBE_ROUNDS = 3
+PROBE_MIN_SECONDS = 0.05  # a tiny workload repeats its probe within a round until a round takes about this long
+PROBE_FORMAT = 2  # in the cache key: a change of how the probe measures measures again
 
 
 def cpu_name() -> str:
@@ -175,34 +179,41 @@ def machine_key(workload: dict) -> dict:
     """What a measured precision choice holds for: this CPU, its bf16 units, torch, the thread count, the workload."""
     flags = {flag: bool(getattr(torch.cpu, f"_is_{flag}_supported", lambda: False)())
              for flag in ("avx512_bf16", "amx_tile")}
-    return {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(), **flags,
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "workload": workload}
+    return {"probe": PROBE_FORMAT, "cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(),
+            **flags, "torch": torch.__version__, "threads": torch.get_num_threads(), "workload": workload}
 
 
 def time_precisions(probe: Callable[[torch.dtype], None], rounds: int = PROBE_ROUNDS,
-                    clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds of ``probe`` in fp32 and bf16: one warm-up each, then ``rounds`` interleaved rounds (the order
-    alternating, so a load change on a shared machine hits both alike). The global RNG states are left as found."""
+                    clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
+    """Seconds per ``probe`` call in fp32 and bf16: one warm-up each, then ``rounds`` interleaved rounds (the
+    order alternating, so a load change hits both alike), each of as many calls as take about
+    :data:`PROBE_MIN_SECONDS`. The default clock is the process's CPU time, which leaves out the time other
+    processes held the cores. The global RNG states are left as found."""
     times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
     dtypes = [torch.float32, torch.bfloat16]
     with torch.random.fork_rng(devices=[]):
+        warm = []
         for dtype in dtypes:
+            start = clock()
             probe(dtype)
+            warm.append(clock() - start)
+        reps = max(1, min(50, math.ceil(PROBE_MIN_SECONDS / max(min(warm), 1e-6))))
         for r in range(rounds):
             for dtype in dtypes if r % 2 == 0 else dtypes[::-1]:
                 start = clock()
-                probe(dtype)
-                times[str(dtype).replace("torch.", "")].append(round(clock() - start, 6))
+                for _ in range(reps):
+                    probe(dtype)
+                times[str(dtype).replace("torch.", "")].append(round((clock() - start) / reps, 6))
     return times
 
 
 def measured_cpu_precision(probe: Callable[[torch.dtype], None], workload: dict, cache_dir: Optional[Path] = None,
-                           clock: Callable[[], float] = time.perf_counter) -> PrecisionChoice:
-    """``precision=auto`` on a CPU with native bf16 matmuls: the precision whose probe step is faster.
+                           clock: Callable[[], float] = time.process_time) -> PrecisionChoice:
+    """``precision=auto`` on a CPU with native bf16 matmuls: bf16 only if its probe step is faster in every round.
 
-    The best of :data:`PROBE_ROUNDS` interleaved rounds of each (the least disturbed by other processes) is
-    compared; bf16 is chosen only at :data:`BF16_MARGIN` of fp32's time or less. The measurement is kept in
-    ``cache_dir/precision/<key>.json``, keyed on :func:`machine_key`, so every later run of the workload on
+    bf16 is chosen when it took at most :data:`BF16_MARGIN` of fp32's time in each of the
+    :data:`PROBE_ROUNDS` interleaved rounds (:func:`time_precisions`); otherwise fp32. The measurement is kept
+    in ``cache_dir/precision/<key>.json``, keyed on :func:`machine_key`, so every later run of the workload on
     this machine makes the same choice without measuring; a cache that cannot be written only costs the probe.
     """
     key = machine_key(workload)
@@ -221,13 +232,17 @@ def measured_cpu_precision(probe: Callable[[torch.dtype], None], workload: dict,
             atomic_write_json(path, {"key": key, "seconds": times})
         except OSError:
             pass
-    fp32, bf16 = min(times["float32"]), min(times["bfloat16"])
-    dtype = torch.bfloat16 if bf16 <= BF16_MARGIN * fp32 else torch.float32
-    faster = "bf16 is faster" if dtype == torch.bfloat16 else (
-        "fp32 is faster" if fp32 <= bf16 else f"bf16 is less than {1 - BF16_MARGIN:.0%} faster")
+    fp32, bf16 = times["float32"], times["bfloat16"]
+    bf16_wins = all(b <= BF16_MARGIN * f for f, b in zip(fp32, bf16))
+    dtype = torch.bfloat16 if bf16_wins else torch.float32
+    faster = "bf16 is faster in every round" if bf16_wins else (
+        "fp32 is faster" if min(fp32) <= min(bf16) else
+        f"bf16 is not {1 - BF16_MARGIN:.0%} faster in every round")
+    rounds = ", ".join(f"{f * 1e3:.1f}/{b * 1e3:.1f}" for f, b in zip(fp32, bf16))
     reason = (f"measured on this CPU (threads={key['threads']}): a training step's forward and backward took "
-              f"{fp32 * 1e3:.1f} ms in fp32, {bf16 * 1e3:.1f} ms in bf16 (best of {len(times['float32'])} "
-              f"interleaved rounds): {faster}" + (f"; measured by an earlier run, read from {path}" if cached else ""))
+              f"{min(fp32) * 1e3:.1f} ms in fp32, {min(bf16) * 1e3:.1f} ms in bf16 (CPU time, best of "
+              f"{len(fp32)} interleaved rounds; fp32/bf16 per round {rounds} ms): {faster}"
+              + (f"; measured by an earlier run, read from {path}" if cached else ""))
     return PrecisionChoice(dtype, "auto", reason, {"seconds": times, "workload": workload, "cached": bool(cached),
                                                    **({"file": str(path)} if path is not None else {})})
 
