@@ -10,8 +10,9 @@ machine and thread count it ends with bitwise the same weights.
 Devices, precision and the step's settings follow :mod:`posexp.runtime`: ``compile=auto`` (the
 default) trains through ``torch.compile`` on CUDA and eagerly elsewhere (evaluation stays eager: its
 lengths vary); on CUDA fp32 matmuls may use TF32 and batches are copied from pinned memory without
-blocking; AdamW is the fused kernel where torch has one (:mod:`posexp.training.optim`). The step makes
-no host sync: the loss stays on the device until a logging interval ends. The optimizer and its
+blocking; AdamW is the fused kernel where torch has one (:mod:`posexp.training.optim`). The loop makes
+no host sync per step: the loss stays on the device until a logging interval ends (an encoder may still
+sync in its own hooks: sandwich sizes its kernel table from the positions). The optimizer and its
 schedule are in :mod:`posexp.training.optim`, what a step carries to the next (and
 into a checkpoint) in :mod:`posexp.training.state`.
 
@@ -217,6 +218,7 @@ class TrainStep:
         device: where the batch goes.
         dtype: the autocast precision of the forward pass.
         w: this process's place among the ranks.
+        pin_memory: copy each batch from pinned host memory, asynchronously (CUDA).
     """
 
     def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler,
