@@ -135,7 +135,7 @@ class Config:
     train_len: int = 128  # training context length in tokens
     seed: int = 0  # seeds model initialisation and data order
     device: str = "auto"  # auto | cpu | cuda | mps (auto: cuda, else mps, else cpu)
-    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 autocast where the hardware has it)
+    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 on GPUs that have it, the faster one measured on CPUs)
     compile: Any = "auto"  # torch.compile the training step: auto (on CUDA only) | true | false
     # Sweep cache (posexp/training/cache.py): reuse the weights of a finished run with the same training config.
     cache: bool = False  # reuse the weights of a finished run with the same training config
