@@ -135,8 +135,8 @@ class Config:
     train_len: int = 128  # training context length in tokens
     seed: int = 0  # seeds model initialisation and data order
     device: str = "auto"  # auto | cpu | cuda | mps (auto: cuda, else mps, else cpu)
-    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 autocast where the hardware has it)
-    compile: bool = False  # torch.compile the training step
+    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 on GPUs that have it, the faster one measured on CPUs)
+    compile: Any = "auto"  # torch.compile the training step: auto (on CUDA only) | true | false
     # Sweep cache (posexp/training/cache.py): reuse the weights of a finished run with the same training config.
     cache: bool = False  # reuse the weights of a finished run with the same training config
     cache_dir: str = "outputs/cache"
@@ -203,6 +203,10 @@ def weights_config(cfg: DictConfig) -> dict:
     ``train.max_position``, the range comes from the eval lengths (excluded above), so it is filled in.
     """
     out = to_container(cfg)
+    if out.get("compile") == "auto":
+        # written as false, the value of every training cached before compile=auto: compiled or eager, a step
+        # computes the same thing up to float rounding (as with train.threads), and auto is eager but on CUDA
+        out["compile"] = False
     for dotted in NOT_WEIGHTS:
         group, _, key = dotted.rpartition(".")
         node = out.get(group) if group else out

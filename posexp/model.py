@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from posexp.config import ModelConfig
 from posexp.encoders.base import PositionalEncoder
 from posexp.errors import require
+from posexp.fused import causal_block_mask, flex_attend, fused_by_default
 
 
 @dataclass
@@ -42,14 +43,30 @@ def check_shape(shape: ModelConfig) -> None:
 
 class AttentionPlan:
     """Per-forward state shared by the layers that use one encoder: positions and, when the
-    whole sequence is one query block, the additive bias computed once for all those layers."""
+    whole sequence is one query block, the additive bias computed once for all those layers;
+    on the fused path, the encoder's ``score_mod`` and the causal block mask, also built once.
 
-    def __init__(self, encoder: PositionalEncoder, pos: Tensor, block_size: int):
+    Args:
+        fused: attend through FlexAttention with the encoder's ``score_mod`` where it has one
+            (:mod:`posexp.fused`); the blocked path otherwise.
+    """
+
+    def __init__(self, encoder: PositionalEncoder, pos: Tensor, block_size: int, fused: bool = False):
         self.encoder = encoder
         self.pos = pos
         self.block_size = block_size
         self.needs_mask = encoder.uses_bias or encoder.uses_scores
+        self.fused = fused and encoder.uses_score_mod and not encoder.uses_scores
         self._full_bias: Optional[Tensor] = None
+        self._flex: Optional[tuple] = None
+
+    def flex(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Causal attention over the whole sequence with the encoder's bias inside the fused kernel."""
+        if self._flex is None:
+            L = self.pos.shape[0]
+            self._flex = (self.encoder.score_mod(self.pos, self.pos), causal_block_mask(L, L, 0, self.pos.device))
+        score_mod, block_mask = self._flex
+        return flex_attend(q, k, v, score_mod, block_mask)
 
     def bias(self, start: int, end: int, dtype: torch.dtype) -> Optional[Tensor]:
         """Additive logits ``(1, H, end-start, end)`` for queries ``start:end`` over keys ``0:end``,
@@ -82,6 +99,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=False)
         self.proj = nn.Linear(shape.d_model, shape.d_model, bias=False)
         self.dropout = shape.dropout
+        # FlexAttention's kernels tile the head width: a power of two, at least 16
+        self.fusable = self.head_dim >= 16 and self.head_dim & (self.head_dim - 1) == 0
 
     def forward(self, x: Tensor, plan: AttentionPlan) -> Tensor:
         B, L, D = x.shape
@@ -90,7 +109,9 @@ class CausalSelfAttention(nn.Module):
         if enc.uses_rotate:
             q, k = enc.rotate(q, k, plan.pos, plan.pos)
         p = self.dropout if self.training else 0.0
-        if not plan.needs_mask:
+        if plan.fused and p == 0.0 and self.fusable:  # FlexAttention has no attention dropout
+            y = plan.flex(q, k, v)  # (B, H, L, Dh)
+        elif not plan.needs_mask:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # (B, H, L, Dh)
         else:
             outs = []
@@ -141,7 +162,13 @@ class GPT(nn.Module):
         encoder: the positional encoding; its parameters (if any) train with the model. Its
             ``embed`` acts once on the input; block ``i`` calls the hooks of
             ``encoder.for_layers(n_layers)[i]`` (the encoder itself unless it mixes encodings per layer).
+
+    Attributes:
+        fused_attention: whether bias encoders with a ``score_mod`` attend through FlexAttention; None (the
+            default) = where it runs fused (CUDA, :func:`posexp.fused.fused_by_default`).
     """
+
+    fused_attention: Optional[bool] = None
 
     def __init__(self, shape: ModelShape, encoder: PositionalEncoder):
         super().__init__()
@@ -184,9 +211,10 @@ class GPT(nn.Module):
         x = self.drop(x)
         # each block attends with its own layer's encoder (the same one for all, unless mixed)
         plans: dict[int, AttentionPlan] = {}
+        fused = fused_by_default(idx.device) if self.fused_attention is None else self.fused_attention
         for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
             if id(enc) not in plans:
-                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size)
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused)
             x = block(x, plans[id(enc)])
         return self.lm_head(self.ln_f(x))  # (B, L, vocab)
 

@@ -33,7 +33,7 @@ from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.model import check_shape
 from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len
-from posexp.runtime import resolve_device, resolve_precision
+from posexp.runtime import check_compile, resolve_device, resolve_precision
 
 GiB = 2**30
 
@@ -89,6 +89,7 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
             f"unknown precision {t.precision!r}; choose one of: {', '.join(PRECISIONS)}")
     require(t.device in DEVICES, "train.device",
             f"unknown device {t.device!r}; choose one of: {', '.join(DEVICES)}")
+    check_compile(cfg.get("compile", "auto"))
     require(t.threads is None or t.threads > 0, "train.threads", f"must be a positive integer (got {t.threads})")
     require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
     require(t.checkpoint_every >= 0, "train.checkpoint_every",

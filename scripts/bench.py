@@ -2,6 +2,7 @@
 
     python scripts/bench.py                          # everything at the fixed shape below
     python scripts/bench.py --quick                  # a tiny shape: a smoke check in about a minute
+    python scripts/bench.py --gpu                    # on a GPU: GPT-2-small shape, bf16 (scripts/bench_gpu.py)
     python scripts/bench.py --families rope alibi --steps 5 --json bench.json
     pip install -e '.[bench]'                        # the peers: transformers, x-transformers
 
@@ -54,6 +55,7 @@ dropout. Differences a peer cannot switch off are printed with its row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -258,8 +260,10 @@ class Trainee:
     """A model with its optimizer, taking full training steps on one fixed batch."""
 
     def __init__(self, c: Contender, shape: Shape, precision: str, batch: Tensor, clock: Clock):
-        from posexp.runtime import autocast, resolve_precision
+        from posexp.model import GPT
+        from posexp.runtime import autocast, choose_precision
         from posexp.training.optim import make_optimizer
+        from posexp.training.precision import training_precision
 
         torch.manual_seed(0)
         self.contender, self.precision = c, precision
@@ -267,7 +271,13 @@ class Trainee:
         self.cfg = train_config()
         self.opt = make_optimizer(self.model, self.cfg)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.dtype = resolve_precision(precision, torch.device("cpu"))
+        cpu = torch.device("cpu")
+        if precision == "auto" and isinstance(self.model, GPT):  # what posexp train decides for this model
+            t = dataclasses.replace(self.cfg, precision="auto", batch_size=shape.batch)
+            self.choice = training_precision(self.model, t, shape.seq, cpu)
+        else:
+            self.choice = choose_precision(precision, cpu)
+        self.dtype = self.choice.dtype
         self._autocast = lambda: autocast(torch.device("cpu"), self.dtype)
         self.x, self.y = batch[:, :-1], batch[:, 1:]
         self.clock = clock
@@ -322,6 +332,7 @@ def bench_training(contenders: list[tuple[Contender, str]], shape: Shape, steps:
         tps = tokens / step_s
         rows.append({"impl": c.impl, "name": c.name, "family": c.family, "label": c.label,
                      "precision": t.precision, "dtype": str(t.dtype).replace("torch.", ""),
+                     "precision_choice": t.choice.record(),
                      "tokens_per_s": tps, "step_s_median": step_s, "step_s_all": t.times,
                      "params": sum(p.numel() for p in t.model.parameters()),
                      "flops_per_token": flops, "gflops": tps * flops / 1e9,
@@ -404,8 +415,8 @@ def print_training(console, train_rows: list[dict], shape: Shape, probe: float, 
                       f"{r['mfu']:.0%}", f"{r['params'] / 1e6:.2f}M", r["notes"])
     console.print(table)
     console.print(f"MFU = training GFLOP/s / fp32 matmul {probe:.1f} GFLOP/s (n=1024 products probed in the same "
-                  f"rounds; standalone peak {peak32['gflops']:.1f}). precision=auto resolves to {auto} on this "
-                  "CPU" + ("; its rows equal the fp32 rows, so they are not timed twice." if auto == "float32" else "."))
+                  f"rounds; standalone peak {peak32['gflops']:.1f}). precision=auto on this CPU: {auto}"
+                  + ("; its rows would equal the fp32 rows, so they are not timed twice." if auto == "float32" else "."))
     nope = next((r for r in train_rows if r["impl"] == "posexp" and r["family"] == "none"), None)
     if nope:
         rel = ", ".join(f"{r['family']} {r['tokens_per_s'] / nope['tokens_per_s']:.2f}x" for r in train_rows
@@ -414,6 +425,10 @@ def print_training(console, train_rows: list[dict], shape: Shape, probe: float, 
 
 
 def main() -> None:
+    if "--gpu" in sys.argv[1:]:  # the GPU benchmark: GPT-2-small shape, bf16, 16K and 64K evaluation
+        from bench_gpu import main as gpu_main
+
+        return gpu_main(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per model (median reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed training steps per model first")
@@ -445,7 +460,7 @@ def main() -> None:
     from rich.table import Table
 
     from posexp.io import atomic_write_json
-    from posexp.runtime import resolve_precision
+    from posexp.runtime import bf16_is_native
 
     console = Console(width=max(Console().width, 150))
     log = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
@@ -461,7 +476,8 @@ def main() -> None:
     sizes_fp32, sizes_bf16 = ([256, 512], [128]) if args.quick else ([512, 1024, 2048], [256, 512])
     peak32 = matmul_peak(sizes_fp32, torch.float32, reps=5, clock=clock)
     peak16 = matmul_peak(sizes_bf16, torch.bfloat16, reps=3, clock=clock)
-    auto = str(resolve_precision("auto", torch.device("cpu"))).replace("torch.", "")
+    native = bf16_is_native(torch.device("cpu"))
+    auto = "measured per model (a probe of both)" if native else "float32"
     console.print(f"matmul peak: fp32 {peak32['gflops']:.1f} GFLOP/s {peak32['by_size']}, "
                   f"bf16 {peak16['gflops']:.1f} GFLOP/s {peak16['by_size']} "
                   f"(bf16 / fp32 = {peak16['gflops'] / peak32['gflops']:.2f}); precision=auto -> {auto}")
@@ -474,7 +490,7 @@ def main() -> None:
         console.print(f"not installed, skipped: {', '.join(missing)} (pip install -e '.[bench]')")
     peers = [c for c in peers if peer_available(c)]
     runs = [(c, "fp32") for c in ours]
-    if auto != "float32":  # auto is a different dtype here: time it too
+    if native:  # auto may be either dtype here: time it too (scripts/bench_precision.py: fp32, bf16 and auto)
         runs += [(c, "auto") for c in ours]
     runs += [(c, "fp32") for c in peers]
     train_rows, probe = [], float("nan")

@@ -1,4 +1,5 @@
-"""Devices and precision: the top-level keys, auto = bf16 only where it is native, fp32 perplexities."""
+"""Devices and precision: the top-level keys, auto = bf16 only where it is native and (on a CPU) measured faster,
+fp32 perplexities."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate
 from posexp.model import GPT, ModelShape
 from posexp.commands.train import run_train
-from posexp.runtime import autocast, bf16_is_native, resolve_device, resolve_precision
+from posexp.runtime import (BF16_MARGIN, autocast, bf16_is_native, choose_precision, measured_cpu_precision,
+                            resolve_device, resolve_precision)
+from posexp.training.precision import training_precision
 
 CPU = torch.device("cpu")
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "eval.multiples=[1]",
@@ -25,7 +28,7 @@ def test_top_level_keys_drive_the_train_keys(compose):
     assert (cfg.train.device, cfg.train.precision) == ("cpu", "fp32")
     default = compose()
     assert (default.precision, default.train.precision, default.device, default.compile) == ("auto", "auto", "auto",
-                                                                                             False)
+                                                                                             "auto")
     # the old keys are still accepted, and win over the top level
     old_style = compose("train.device=cpu", "train.precision=bf16", "compile=true")
     assert (old_style.train.device, old_style.train.precision, old_style.device) == ("cpu", "bf16", "auto")
@@ -60,13 +63,20 @@ def test_cuda_without_a_gpu_is_a_config_error():
     assert resolve_device("auto").type in ("cpu", "mps")
 
 
+def _native_cpu_bf16(monkeypatch, native: bool) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+
+
 def test_auto_is_bf16_only_with_native_bf16_matmuls(monkeypatch):
-    for flag in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        monkeypatch.setattr(torch.cpu, flag, lambda: False, raising=False)
+    _native_cpu_bf16(monkeypatch, False)
     assert resolve_precision("auto", CPU) == torch.float32  # an AVX2 CPU converts bf16 back and forth: slow
     assert resolve_precision("bf16", CPU) == torch.bfloat16  # asked for explicitly: given
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
-    assert resolve_precision("auto", CPU) == torch.bfloat16
+    assert choose_precision("auto", CPU, probe=lambda dtype: pytest.fail("an AVX2 CPU is never probed")).dtype \
+        == torch.float32
+    _native_cpu_bf16(monkeypatch, True)
+    # bf16 instructions are no promise of speed: without a measurement a CPU's auto is fp32
+    assert resolve_precision("auto", CPU) == torch.float32
     assert resolve_precision("fp32", CPU) == torch.float32
 
     # a pre-Ampere GPU emulates bf16: torch.cuda.is_bf16_supported() says yes unless emulation is excluded
@@ -78,9 +88,117 @@ def test_auto_is_bf16_only_with_native_bf16_matmuls(monkeypatch):
     assert resolve_precision("auto", torch.device("mps")) == torch.float32
 
 
-def test_auto_stays_fp32_on_a_cpu_without_bf16_hardware():
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert resolve_precision("auto", CPU) == (torch.bfloat16 if native else torch.float32)
+class FakeWork:
+    """A probe and a clock: each probe call takes ``seconds[dtype]`` of the fake clock's time (or, given lists,
+    the next of them)."""
+
+    def __init__(self, fp32, bf16):
+        self.seconds = {torch.float32: fp32, torch.bfloat16: bf16}
+        self.now, self.calls = 0.0, []
+
+    def probe(self, dtype):
+        self.calls.append(dtype)
+        took = self.seconds[dtype]
+        self.now += took.pop(0) if isinstance(took, list) else took
+
+    def clock(self):
+        return self.now
+
+
+@pytest.mark.parametrize("fp32,bf16,chosen", [
+    (1.0, 0.5, torch.bfloat16),  # an AMX CPU: bf16 twice as fast
+    (1.0, 1.6, torch.float32),  # AVX512-BF16 without AMX, as measured on a Xeon: bf16 0.63x
+    (1.0, 0.97, torch.float32),  # within the margin: fp32, the reference numerics, wins the tie
+])
+def test_a_cpus_auto_is_the_precision_measured_faster(monkeypatch, fp32, bf16, chosen):
+    _native_cpu_bf16(monkeypatch, True)
+    work = FakeWork(fp32, bf16)
+    choice = measured_cpu_precision(work.probe, {"d_model": 8}, cache_dir=None, clock=work.clock)
+    assert choice.dtype == chosen and choice.asked == "auto"
+    assert work.calls.count(torch.float32) == work.calls.count(torch.bfloat16) == 4  # a warm-up + 3 rounds each
+    assert work.calls[2:] == [torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, torch.float32,
+                              torch.bfloat16]  # interleaved, the order alternating
+    record = choice.record()
+    assert record["dtype"] == str(chosen).replace("torch.", "") and record["probe"]["seconds"]["float32"] == [fp32] * 3
+    assert f"{fp32 * 1e3:.1f} ms in fp32, {bf16 * 1e3:.1f} ms in bf16" in record["reason"]
+    assert BF16_MARGIN == 0.95
+
+
+def test_bf16_has_to_win_every_round(monkeypatch):
+    """Rounds disturbed by other processes (seen on a loaded 2-core machine, wall clock) do not make bf16 the
+    choice because its luckiest round beat fp32's."""
+    _native_cpu_bf16(monkeypatch, True)
+    # a warm-up each, then three rounds
+    work = FakeWork([0.4, 0.43, 1.4, 0.97], [0.5, 1.48, 1.34, 0.38])
+    choice = measured_cpu_precision(work.probe, {"d_model": 8}, cache_dir=None, clock=work.clock)
+    assert min(choice.probe["seconds"]["bfloat16"]) < BF16_MARGIN * min(choice.probe["seconds"]["float32"])
+    assert choice.dtype == torch.float32 and "not 5% faster in every round" in choice.reason
+    work = FakeWork([1.0, 1.0, 3.0, 1.0], [0.5, 0.5, 0.5, 0.5])
+    assert measured_cpu_precision(work.probe, {"d_model": 8}, cache_dir=None, clock=work.clock).dtype \
+        == torch.bfloat16
+
+
+def test_a_tiny_workload_repeats_its_probe_within_a_round(monkeypatch):
+    _native_cpu_bf16(monkeypatch, True)
+    work = FakeWork(0.001, 0.002)  # 1 ms: 50 calls make a round of the probe's minimum 50 ms
+    choice = measured_cpu_precision(work.probe, {"d_model": 8}, cache_dir=None, clock=work.clock)
+    assert work.calls.count(torch.float32) == 1 + 3 * 50
+    assert choice.probe["seconds"]["float32"] == [0.001] * 3 and choice.dtype == torch.float32
+
+
+def test_a_measured_choice_is_cached_per_machine_and_workload(monkeypatch, tmp_path):
+    _native_cpu_bf16(monkeypatch, True)
+    fast_bf16 = FakeWork(1.0, 0.5)
+    first = measured_cpu_precision(fast_bf16.probe, {"d_model": 8}, tmp_path, clock=fast_bf16.clock)
+    assert first.dtype == torch.bfloat16 and not first.probe["cached"]
+    slow_bf16 = FakeWork(1.0, 2.0)
+    again = measured_cpu_precision(slow_bf16.probe, {"d_model": 8}, tmp_path, clock=slow_bf16.clock)
+    assert first.dtype == again.dtype and not slow_bf16.calls  # read, not measured: the same choice
+    assert again.probe["cached"] and "read from" in again.reason and again.probe["file"] == first.probe["file"]
+    other = measured_cpu_precision(slow_bf16.probe, {"d_model": 16}, tmp_path, clock=slow_bf16.clock)
+    assert other.dtype == torch.float32 and slow_bf16.calls  # another workload is measured for itself
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        fresh = FakeWork(1.0, 2.0)
+        measured_cpu_precision(fresh.probe, {"d_model": 8}, tmp_path, clock=fresh.clock)
+        assert fresh.calls  # another thread count is another machine
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_probe_leaves_weights_gradients_and_rng_as_found(monkeypatch, compose, tmp_path):
+    _native_cpu_bf16(monkeypatch, True)
+    model = GPT(ModelShape(d_model=32, n_layers=2, n_heads=2, dropout=0.1), create("alibi", d_model=32, n_heads=2))
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    spec = compose("precision=auto", "train.batch_size=4")
+    choice = training_precision(model, spec.train, 16, CPU, cache_dir=tmp_path)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert choice.probe["workload"]["rows"] == 4 and choice.probe["workload"]["encoder"] == "alibi"
+    assert (tmp_path / "precision").is_dir()
+    resumed = training_precision(model, spec.train, 16, CPU, saved="bfloat16", cache_dir=tmp_path)
+    assert resumed.dtype == torch.bfloat16 and "resumed" in resumed.reason  # a resumed run keeps its choice
+
+
+def test_evaluation_keeps_the_precision_the_run_trained_in(compose, monkeypatch):
+    from posexp.evaluation.results import eval_dtype
+
+    auto, fp32 = compose("precision=auto"), compose("precision=fp32")
+    _native_cpu_bf16(monkeypatch, True)
+    assert eval_dtype(auto, CPU, "bfloat16") == torch.bfloat16  # measured faster when it trained
+    assert eval_dtype(auto, CPU, "float32") == torch.float32
+    assert eval_dtype(auto, CPU, None) == torch.float32  # a run that does not say: fp32 without a measurement
+    assert eval_dtype(fp32, CPU, "bfloat16") == torch.float32  # asked for: what was asked
+    _native_cpu_bf16(monkeypatch, False)
+    assert eval_dtype(auto, CPU, "bfloat16") == torch.float32  # a bf16 GPU run, evaluated where bf16 is emulated
+
+
+def test_auto_stays_fp32_on_a_cpu_without_a_measurement():
+    assert resolve_precision("auto", CPU) == torch.float32
 
 
 def _tiny_model() -> GPT:
@@ -124,8 +242,23 @@ def test_bf16_training_records_its_precision(compose, tmp_path):
     assert np.isfinite(train["final_loss"]) and result["rows"][0]["ppl"] > 1
     fp32 = run_train(compose(*TINY, "precision=fp32"), tmp_path / "fp32", list(TINY))
     assert fp32["run"]["train"]["precision"] == "float32"
+    assert train["precision_choice"] == {"asked": "bf16", "dtype": "bfloat16", "reason": "asked for" + (
+        "" if bf16_is_native(CPU) else "; cpu has no native bf16 matmuls, it emulates them")}
     # the same run in bf16: close, not identical (bf16 rounds every matmul's inputs)
     assert train["final_loss"] == pytest.approx(fp32["run"]["train"]["final_loss"], abs=0.05)
+
+
+def test_auto_trains_and_evaluates_in_the_precision_it_measured_faster(compose, tmp_path):
+    result = run_train(compose(*TINY, "device=cpu"), tmp_path / "auto", list(TINY))
+    train = result["run"]["train"]
+    choice = train["precision_choice"]
+    assert choice["asked"] == "auto" and choice["dtype"] == train["precision"]
+    if bf16_is_native(CPU):  # measured: bf16 only if faster by the margin in every round, else fp32
+        seconds = choice["probe"]["seconds"]
+        bf16_wins = all(b <= BF16_MARGIN * f for f, b in zip(seconds["float32"], seconds["bfloat16"]))
+        assert train["precision"] == ("bfloat16" if bf16_wins else "float32"), choice["reason"]
+    else:
+        assert train["precision"] == "float32" and "probe" not in choice
 
 
 @pytest.mark.slow

@@ -320,7 +320,8 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   f"{f' K={e.last_k}' if e.last_k is not None else ''} · scaling {e.scaling}"
                   f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''} · {device}",
                   highlight=False)
-    rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console)
+    trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
+    rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
     results = p.results
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({

@@ -27,7 +27,7 @@ from posexp.model import GPT
 from posexp.positions import PositionPlan
 from posexp.rundir import RESULTS_JSON
 from posexp.runlock import RunFolderTaken, run_contents, run_lock
-from posexp.runtime import resolve_device
+from posexp.runtime import resolve_device, step_settings
 from posexp.training import cache, distributed
 from posexp.runtime import World
 from posexp.training.distributed import shard
@@ -174,7 +174,7 @@ def _announce(spec: Config, model: GPT, corpus: Corpus, device: torch.device, w:
                   f"data {corpus.name} ({corpus.train.size:,} train / {corpus.val.size:,} val tokens) · "
                   f"train_len {spec.train_len} · {device}"
                   f"{f' × {w.size} processes' if w.distributed else ''} · {torch.get_num_threads()} threads"
-                  f"{' · compiled' if spec.compile else ''} · run dir {run_dir}",
+                  f"{' · compiled' if step_settings(device, spec.compile).compile else ''} · run dir {run_dir}",
                   highlight=False)
 
 
@@ -191,7 +191,7 @@ def _train(cfg: DictConfig, spec: Config, model: GPT, corpus: Corpus, run_dir: P
 
 def _evaluate_and_write(cfg: DictConfig, spec: Config, model: GPT, corpus: Corpus, device: torch.device,
                         run_dir: Path, overrides: list[str], result: TrainResult, reused, console: Console) -> dict:
-    rows, positions = evaluate_config(model, corpus.val, spec, device, console)
+    rows, positions = evaluate_config(model, corpus.val, spec, device, console, trained_in=result.precision)
     results = {"run": provenance(cfg, overrides, corpus.info(), model, result), "rows": rows}
     if reused is not None:
         results["run"]["cached_from"] = reused.provenance()

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 
 
 def _geometric_slopes(n: int) -> Tensor:
@@ -44,6 +44,9 @@ def alibi_slopes(n_heads: int) -> Tensor:
 class ALiBi(PositionalEncoder):
     """Fixed, head-specific linear distance penalties on the attention logits (Press et al. 2022).
 
+    The bias also comes as a FlexAttention ``score_mod`` (``-m_h (i - j)`` per logit), which the model
+    uses for fused attention on CUDA (:mod:`posexp.fused`).
+
     Args:
         d_model: model width.
         n_heads: attention heads; each gets its own slope.
@@ -60,3 +63,8 @@ class ALiBi(PositionalEncoder):
         # -m_h * (i - j) (Press et al. 2022, §3); positive above the diagonal, which the model masks
         dist = relative_distance(q_pos, k_pos).to(self.slopes.dtype)  # (Lq, Lk)
         return -self.slopes[:, None, None] * dist[None]  # (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        slopes = self.slopes
+        # the same -m_h * (i - j), one logit at a time inside a fused kernel
+        return bias_score_mod(lambda h, i, j: -slopes[h] * (i - j).to(slopes.dtype), q_pos, k_pos)

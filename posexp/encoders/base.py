@@ -17,13 +17,30 @@ hook         arguments                                        returns
 
 Positions are absolute token indices, so a block of queries late in a long
 sequence passes its own ``q_pos``.
+
+One optional companion of ``bias``, for fused attention kernels: an encoder whose
+bias of query ``i`` and key ``j`` in head ``h`` is a function of ``(h, q_pos[i],
+k_pos[j])`` alone may also give it as a FlexAttention ``score_mod``
+(:meth:`PositionalEncoder.score_mod`, usually through :func:`bias_score_mod`).
+``score_mod(q_pos, k_pos)`` returns ``f(score, b, h, q_idx, kv_idx) -> score +
+bias``, where ``q_idx`` / ``kv_idx`` index ``q_pos`` / ``k_pos``; built only of
+elementwise operations and lookups into tensors, it is both a FlexAttention
+``score_mod`` (evaluated inside the fused kernel, with nothing ``Lq x Lk`` in
+memory) and a plain tensor function: called with broadcastable index grids
+``h (H, 1, 1)``, ``q_idx (1, Lq, 1)``, ``kv_idx (1, 1, Lk)`` and ``score = 0`` it
+gives ``bias(q_pos, k_pos)`` on every causal entry (``k_pos <= q_pos``); future
+keys are masked, and may hold anything finite. The model uses it where
+FlexAttention runs fused (CUDA) and ``bias`` everywhere else.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from torch import Tensor, nn
+
+# A FlexAttention score_mod: (score, batch, head, q_idx, kv_idx) -> score
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class PositionalEncoder(nn.Module):
@@ -72,6 +89,11 @@ class PositionalEncoder(nn.Module):
     def scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:
         return None
 
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> Optional[ScoreMod]:
+        """``bias`` as a FlexAttention ``score_mod`` over indices into ``q_pos`` / ``k_pos`` (see the module
+        docstring), or None: this encoder's bias has no fused form and the model takes ``bias``."""
+        return None
+
     # -- which hooks are in use (decided by overriding, never by name) -------------------
     def _overrides(self, hook: str) -> bool:
         return getattr(type(self), hook) is not getattr(PositionalEncoder, hook)
@@ -91,6 +113,10 @@ class PositionalEncoder(nn.Module):
     @property
     def uses_scores(self) -> bool:
         return self._overrides("scores")
+
+    @property
+    def uses_score_mod(self) -> bool:
+        return self._overrides("score_mod")
 
     # -- which encoder each layer uses ----------------------------------------------------
     def for_layers(self, n_layers: int) -> list["PositionalEncoder"]:
@@ -129,4 +155,14 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return q_pos[:, None] - k_pos[None, :]
 
 
-__all__ = ["PositionalEncoder", "relative_distance"]
+def bias_score_mod(bias_at: Callable[[Tensor, Tensor, Tensor], Tensor], q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+    """The ``score_mod`` adding ``bias_at(h, i, j)``, the bias of head ``h`` for query position ``i`` and key
+    position ``j`` (broadcastable tensors, elementwise), at ``i = q_pos[q_idx]``, ``j = k_pos[kv_idx]``."""
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + bias_at(h, q_pos[q_idx], k_pos[kv_idx]).to(score.dtype)
+
+    return score_mod
+
+
+__all__ = ["PositionalEncoder", "ScoreMod", "bias_score_mod", "relative_distance"]

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 # keeps the ratio finite if c or L is driven to 0 (then psi(max(L, 0)) = 0 for the first query)
@@ -37,6 +37,10 @@ EPS = 1e-6
 @register("fire")
 class FIRE(PositionalEncoder):
     """Learned MLP of the progressively normalised log distance (Li et al. 2024).
+
+    The bias also comes as a FlexAttention ``score_mod`` (the normalised distance and the MLP's
+    output for the logit's head, computed per logit), which the model uses for fused attention on
+    CUDA (:mod:`posexp.fused`).
 
     ``c`` and ``L`` are learned, as in the paper, and enter through ``|c|`` and
     ``|L|`` (the authors' implementation does the same) so any value the optimiser
@@ -88,6 +92,26 @@ class FIRE(PositionalEncoder):
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         x = self.normalized_distance(q_pos, k_pos)  # (Lq, Lk)
         return self.mlp(x[..., None]).permute(2, 0, 1)  # (Lq, Lk, 1) -> (Lq, Lk, H) -> (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        first, last = self.mlp[0], self.mlp[2]
+        w1, b1 = first.weight[:, 0], first.bias  # (W,), (W,)
+        w2, b2 = last.weight, last.bias  # (H, W), (H,)
+        c, threshold = self.c.abs(), self.threshold
+        dtype = self.c.dtype
+
+        def bias_at(h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            # normalized_distance and the MLP for head h alone: psi(i - j) / psi(max(L, i)) -> f_theta(x)[h]
+            normaliser = torch.log1p(c * torch.maximum(i.to(dtype), threshold)) + EPS
+            x = torch.log1p(c * (i - j).clamp(min=0).to(dtype)) / normaliser
+            # the hidden layer unrolled, a sum of scalars: a score_mod's arithmetic must stay elementwise
+            # to compile into FlexAttention's kernel
+            out = b2[h]
+            for u in range(w1.shape[0]):
+                out = out + torch.relu(x * w1[u] + b1[u]) * w2[h, u]
+            return out
+
+        return bias_score_mod(bias_at, q_pos, k_pos)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mlp_width={self.mlp[0].out_features}"

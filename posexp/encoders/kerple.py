@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 VARIANTS = ("log", "power")
@@ -34,6 +34,9 @@ def _softplus_inverse(y: Tensor) -> Tensor:
 @register("kerple")
 class Kerple(PositionalEncoder):
     """Learned per-head CPD-kernel logit bias, log or power variant (Chi et al. 2022).
+
+    The bias also comes as a FlexAttention ``score_mod`` (the same kernel of ``|i - j|`` with the head's
+    ``r1, r2``), which the model uses for fused attention on CUDA (:mod:`posexp.fused`).
 
     The paper keeps ``r1, r2`` admissible by clamping them after every optimiser
     step. A clamp has a zero gradient wherever it binds, so here they are
@@ -78,16 +81,24 @@ class Kerple(PositionalEncoder):
         return F.softplus(self.raw_r2) if self.variant == "log" else 2 * torch.sigmoid(self.raw_r2)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        dist = relative_distance(q_pos, k_pos).abs().to(self.raw_r1.dtype)[None]  # (1, Lq, Lk), |m - n|
-        r1, r2 = self.r1[:, None, None], self.r2[:, None, None]  # (H, 1, 1)
+        dist = relative_distance(q_pos, k_pos).abs()[None]  # (1, Lq, Lk), |m - n|
+        return self._kernel(self.r1[:, None, None], self.r2[:, None, None], dist)  # (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        r1, r2 = self.r1, self.r2  # (H,), computed once per forward, looked up per logit
+        return bias_score_mod(lambda h, i, j: self._kernel(r1[h], r2[h], (i - j).abs()), q_pos, k_pos)
+
+    def _kernel(self, r1: Tensor, r2: Tensor, dist: Tensor) -> Tensor:
+        """The bias at distances ``dist = |m - n|`` for (broadcastable) ``r1, r2``."""
+        dist = dist.to(r1.dtype)
         if self.variant == "log":
             # -r1 log(1 + r2 |m - n|) (Chi et al. 2022, logarithmic variant)
-            return -r1 * torch.log1p(r2 * dist)  # (H, Lq, Lk)
+            return -r1 * torch.log1p(r2 * dist)
         # -r1 |m - n|^r2 (Chi et al. 2022, power variant), written as exp(r2 log|m-n|) with log 1 on the diagonal:
         # pow(0, r2) has a NaN gradient with respect to r2
         safe = dist.clamp(min=1)
         power = torch.where(dist > 0, torch.exp(r2 * safe.log()), torch.zeros_like(safe))
-        return -r1 * power  # (H, Lq, Lk)
+        return -r1 * power
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, variant={self.variant}"

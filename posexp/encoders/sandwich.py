@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 
@@ -47,6 +47,10 @@ def sandwich_kernel(distance: Tensor, dim: int, base: float = 10000.0) -> Tensor
 @register("sandwich")
 class Sandwich(PositionalEncoder):
     """Parameter-free logit bias ``(p_m . p_n - d~/2) / (8h/H)`` from sinusoids (Chi et al. 2023).
+
+    The bias also comes as a FlexAttention ``score_mod`` (a lookup into the kernel of every distance
+    the positions can have, built once per forward), which the model uses for fused attention on
+    CUDA (:mod:`posexp.fused`).
 
     Args:
         d_model: model width.
@@ -82,6 +86,13 @@ class Sandwich(PositionalEncoder):
         table = sandwich_kernel(torch.arange(n, device=dist.device), self.sinusoid_dim, self._base)  # (n,)
         kernel = table.to(self.head_scale.dtype)[dist]  # (Lq, Lk)
         return self.head_scale[:, None, None] * kernel[None]  # (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        # the kernel of every distance a causal entry can have, once; each logit is then a lookup
+        far = int(q_pos.max() - k_pos.min()) + 1 if q_pos.numel() and k_pos.numel() else 1
+        table = sandwich_kernel(torch.arange(max(far, 1), device=q_pos.device), self.sinusoid_dim, self._base)
+        table, scale = table.to(self.head_scale.dtype), self.head_scale
+        return bias_score_mod(lambda h, i, j: scale[h] * table[(i - j).clamp(0, far - 1)], q_pos, k_pos)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sinusoid_dim={self.sinusoid_dim}"

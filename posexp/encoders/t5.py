@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 
@@ -58,6 +58,10 @@ def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128) 
 @register("t5")
 class T5Bias(PositionalEncoder):
     """A learned logit bias per (distance bucket, head), shared by all layers (Raffel et al. 2020).
+
+    The bias also comes as a FlexAttention ``score_mod`` (a lookup of the bucket table and the
+    (bucket, head) entry per logit, gradients included), which the model uses for fused attention
+    on CUDA (:mod:`posexp.fused`).
 
     Args:
         d_model: model width.
@@ -91,6 +95,14 @@ class T5Bias(PositionalEncoder):
         dist = relative_distance(q_pos, k_pos).clamp(0, self.max_distance)  # (Lq, Lk)
         buckets = self.bucket_table[dist]  # (Lq, Lk)
         return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Lq, Lk)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+        table, weight, far = self.bucket_table, self.relative_attention_bias.weight, self.max_distance
+
+        def bias_at(h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return weight[table[(i - j).clamp(0, far)], h]  # the (bucket, head) entry, as bias() looks it up
+
+        return bias_score_mod(bias_at, q_pos, k_pos)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"

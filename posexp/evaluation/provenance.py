@@ -64,8 +64,11 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "train": {"steps": train_result.steps, "tokens": train_result.tokens,
                   "final_loss": train_result.final_loss, "wall_s": round(train_result.wall_s, 3),
                   "tokens_per_s": round(train_result.tokens_per_s, 1), "precision": train_result.precision,
+                  **({"precision_choice": choice} if (choice := getattr(train_result, "precision_choice", None))
+                     else {}),
                   "device": train_result.device, "threads": torch.get_num_threads(),
                   "processes": train_result.processes, "compile": train_result.compiled,
+                  **({"tf32": True} if getattr(train_result, "tf32", False) else {}),
                   **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {}),
                   **({"positions": tricks} if (tricks := PositionPlan(cfg).describe()) else {})},
     }

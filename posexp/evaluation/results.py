@@ -26,7 +26,7 @@ from posexp.positions import PositionPlan
 from posexp.plots import plot_loss_by_position, plot_ppl_vs_length
 from posexp.rundir import (LOSS_BY_POSITION_PNG, PPL_PLOT, RESULTS_CSV, RESULTS_MD, finite_results,
                            merge_loss_by_position, write_loss_by_position_csv, write_results_json)
-from posexp.runtime import resolve_precision
+from posexp.runtime import bf16_is_native, resolve_precision
 
 CSV_COLUMNS = ["length", "multiple", "protocol", "stride", "last_k", "scaling", "scaling_factor", "applicable",
                "ppl", "ppl_low", "ppl_high", "loss", "loss_se", "se_blocks", "tokens", "first_target",
@@ -252,10 +252,13 @@ def write_results(run_dir: Path, results: dict) -> None:
 
 
 def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
-                    console: Optional[Console] = None) -> tuple[list[dict], Optional[list[dict]]]:
+                    console: Optional[Console] = None,
+                    trained_in: Optional[str] = None) -> tuple[list[dict], Optional[list[dict]]]:
     """Rows (and per-position records, unless ``eval.loss_by_position`` is off) for the ``eval`` group of ``cfg``.
 
     ``cfg`` is typed, or a run's saved config as written, which may predate keys added since (their defaults).
+    ``trained_in`` is the dtype the run trained in (results.json's ``train.precision``), which evaluation
+    keeps; without it, what ``train.precision`` resolves to without a measurement.
     """
     e = cfg.eval
     positions: Optional[list[dict]] = [] if getattr(e, "loss_by_position", True) else None
@@ -268,11 +271,21 @@ def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
                         scaling_factor=getattr(e, "scaling_factor", None),
                         rerope_window=getattr(e, "rerope_window", None), positions=positions,
                         log=log, position_plan=PositionPlan(cfg), progress=progress,
-                        dtype=resolve_precision(cfg.train.precision, device))  # losses accumulate in fp32 anyway
+                        dtype=eval_dtype(cfg, device, trained_in))  # losses accumulate in fp32 anyway
     finally:
         if progress is not None:
             progress.close()
     return rows, positions
+
+
+def eval_dtype(cfg: Config | DictConfig, device: torch.device, trained_in: Optional[str]) -> torch.dtype:
+    """The autocast dtype of an evaluation: for ``precision=auto``, the one the run trained in (which a probe
+    may have chosen) unless that is bf16 and ``device`` would only emulate it; else what ``train.precision``
+    resolves to on ``device``."""
+    if cfg.train.precision == "auto" and (trained_in == "float32" or
+                                          (trained_in == "bfloat16" and bf16_is_native(device))):
+        return getattr(torch, trained_in)
+    return resolve_precision(cfg.train.precision, device)
 
 
 # An evaluation shorter than this prints nothing more than before; a longer one says how far it is.

@@ -40,6 +40,7 @@ class TrainState:
     running_loss: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # summed since that row
     elapsed_s: float = 0.0  # training wall time of the run's earlier sessions
     resumed_at: list[int] = field(default_factory=list)  # the steps this run continued from
+    precision: str = ""  # the dtype of the forward pass (float32 / bfloat16), which a resumed precision=auto keeps
 
     @classmethod
     def begin(cls, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config_hash: str,

@@ -7,8 +7,12 @@ or SIGTERM, and when training ends. A resumed run takes the same steps on the
 same batches with the same RNG states as an uninterrupted one, so on the same
 machine and thread count it ends with bitwise the same weights.
 
-Devices and precision follow :mod:`posexp.runtime`; ``compile=true`` trains through
-``torch.compile`` (evaluation stays eager: its lengths vary). The optimizer and its
+Devices, precision and the step's settings follow :mod:`posexp.runtime`: ``compile=auto`` (the
+default) trains through ``torch.compile`` on CUDA and eagerly elsewhere (evaluation stays eager: its
+lengths vary); on CUDA fp32 matmuls may use TF32 and batches are copied from pinned memory without
+blocking; AdamW is the fused kernel where torch has one (:mod:`posexp.training.optim`). The loop makes
+no host sync per step: the loss stays on the device until a logging interval ends (an encoder may still
+sync in its own hooks: sandwich sizes its kernel table from the positions). The optimizer and its
 schedule are in :mod:`posexp.training.optim`, what a step carries to the next (and
 into a checkpoint) in :mod:`posexp.training.state`.
 
@@ -40,12 +44,13 @@ from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from posexp.io import atomic_write_text
 from posexp.model import GPT
 from posexp.positions import PositionPlan
-from posexp.runtime import autocast, bf16_is_native, resolve_device, resolve_precision
+from posexp.runtime import autocast, bf16_is_native, resolve_device, step_settings
 from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
 from posexp.runtime import World, world
 from posexp.training.distributed import shard
 from posexp.training.optim import lr_at, make_optimizer, set_lr
+from posexp.training.precision import training_precision
 from posexp.training.state import TrainState
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -99,6 +104,8 @@ class TrainResult:
     resumed_at: list[int] = field(default_factory=list)  # steps a resumed run continued from
     processes: int = 1  # data-parallel ranks (torchrun); the batch is the global one
     compiled: bool = False
+    tf32: bool = False  # fp32 matmuls on CUDA may use TensorFloat-32
+    precision_choice: Optional[dict] = None  # what precision was asked for, what ran and why (PrecisionChoice)
 
 
 class MetricsWriter:
@@ -211,12 +218,15 @@ class TrainStep:
         device: where the batch goes.
         dtype: the autocast precision of the forward pass.
         w: this process's place among the ranks.
+        pin_memory: copy each batch from pinned host memory, asynchronously (CUDA).
     """
 
     def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler,
-                 plan: PositionPlan, t: TrainConfig, device: torch.device, dtype: torch.dtype, w: World):
+                 plan: PositionPlan, t: TrainConfig, device: torch.device, dtype: torch.dtype, w: World,
+                 pin_memory: bool = False):
         self.model, self.net, self.optimizer, self.sampler, self.plan = model, net, optimizer, sampler, plan
         self.t, self.device, self.dtype, self.world = t, device, dtype, w
+        self.pin_memory = pin_memory
         self.rows = shard(t.batch_size, w)  # this process's slice of every global batch (all of it in one process)
 
     def __call__(self, step: int, stop: "StopOnSignal") -> StepResult:
@@ -224,7 +234,10 @@ class TrainStep:
         set_lr(self.optimizer, lr)
         length = self.plan.length_at(step)
         batch = self.sampler.batch(step)[self.rows, :length + 1]  # a curriculum trains on each window's first tokens
-        batch = torch.from_numpy(batch.astype("int64")).to(self.device, non_blocking=True)
+        batch = torch.from_numpy(batch.astype("int64"))
+        if self.pin_memory:  # a copy from pinned memory is asynchronous: the GPU does not wait on the host
+            batch = batch.pin_memory()
+        batch = batch.to(self.device, non_blocking=True)
         pos = self.plan.train_positions(step, length, self.device)
         with autocast(self.device, self.dtype):
             loss = self.net(batch[:, :-1], batch[:, 1:], pos).mean()
@@ -354,7 +367,7 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) ->
 
 
 def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
-          plan: PositionPlan, config_hash: str, compiled: bool = False, console: Optional[Console] = None,
+          plan: PositionPlan, config_hash: str, compiled: object = False, console: Optional[Console] = None,
           resume: bool = False) -> TrainResult:
     """Train ``model`` on ``corpus.train`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens.
 
@@ -364,7 +377,7 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
         seed: the seed of the batches.
         plan: randomized positions / length curriculum (both off by default).
         config_hash: the run's config hash, recorded in and checked against its checkpoints.
-        compiled: train through ``torch.compile``.
+        compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.step_settings`).
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
 
     Raises:
@@ -374,16 +387,18 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
     """
     w = world()
     device = resolve_device(t.device)
-    dtype = resolve_precision(t.precision, device)
+    settings = step_settings(device, compiled).apply()
     model.to(device).train()
-    net = loss_module(model, device, compiled=compiled)
+    net = loss_module(model, device, compiled=settings.compile)
     opt = make_optimizer(model, t)
-    take_step = TrainStep(model, net, opt, BatchSampler(corpus.train, train_len, t.batch_size, seed), plan, t,
-                          device, dtype, w)
     console = console or Console(stderr=True)
     if w.is_main:
         warn_if_slow_bf16(t.precision, device, console)
     state, resumed = TrainState.begin(run_dir, model, opt, config_hash, device, resume, t.steps)
+    choice = training_precision(model, t, train_len, device, saved=state.precision if resumed else None)
+    state.precision, dtype = choice.name, choice.dtype  # a checkpoint keeps the choice for a resumed run
+    take_step = TrainStep(model, net, opt, BatchSampler(corpus.train, train_len, t.batch_size, seed), plan, t,
+                          device, dtype, w, pin_memory=settings.pin_memory)
     # only rank 0 writes; the others keep the same numbers, and so take the same decisions
     metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if resume else None) if w.is_main else None
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
@@ -429,7 +444,8 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
     return TrainResult(steps=t.steps, tokens=state.tokens, final_loss=state.loss, wall_s=wall,
                        tokens_per_s=state.tokens / wall if wall > 0 else 0.0,
                        precision=str(dtype).replace("torch.", ""), device=str(device),
-                       resumed_at=state.resumed_at, processes=w.size, compiled=compiled)
+                       resumed_at=state.resumed_at, processes=w.size, compiled=settings.compile,
+                       tf32=settings.tf32, precision_choice=choice.record())
 
 
 def interrupted(signum: int, done: int, steps: int, run_dir: Path) -> TrainingInterrupted:

@@ -1,0 +1,224 @@
+"""The fused-attention hook: every bias encoder's ``score_mod`` is its ``bias``, and the model's FlexAttention
+path computes what its blocked path computes.
+
+The ``score_mod`` tests are plain tensor functions and run everywhere; the model tests on a CPU use
+FlexAttention's unfused reference (forward only); the ``cuda`` tests compare the fused kernel, outputs and
+gradients, and skip cleanly without a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import SMOKE
+from posexp.build import build_encoder, build_model
+from posexp.config import config_dir
+from posexp.fused import causal_block_mask, flex_attend, flex_available, fused_by_default
+from posexp.model import GPT, ModelShape
+
+ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
+H = 4
+needs_flex = pytest.mark.skipif(not flex_available(), reason="this torch has no FlexAttention (PyTorch >= 2.5)")
+
+
+def on_cuda(test):
+    """A test of the fused kernel: marked ``cuda`` (``-m cuda`` selects them) and skipped without a GPU."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
+
+
+def _encoder(compose, name: str, **extra):
+    enc = build_encoder(compose(f"encoder={name}", "model.d_model=32", f"model.n_heads={H}", "model.n_layers=2",
+                                *[f"encoder.{k}={v}" for k, v in extra.items()]))
+    torch.manual_seed(1)
+    with torch.no_grad():  # learned biases start at zero (T5) or near a fixed shape: make every entry count
+        for p in enc.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return enc
+
+
+def _bias_encoders(compose):
+    return [name for name in ENCODERS if name != "mixed" and _encoder(compose, name).uses_bias]
+
+
+def test_every_bias_encoder_has_a_fused_form(compose):
+    # alibi, t5, kerple, sandwich, fire: all biases of (head, query position, key position)
+    names = _bias_encoders(compose)
+    assert {"alibi", "t5", "kerple", "sandwich", "fire"} <= set(names)
+    assert all(_encoder(compose, n).uses_score_mod for n in names), names
+    assert not any(_encoder(compose, n).uses_score_mod for n in ENCODERS if n not in names and n != "mixed")
+
+
+POSITIONS = {
+    "contiguous": (torch.arange(0, 77), torch.arange(0, 77)),
+    "offset query block": (torch.arange(300, 364), torch.arange(0, 364)),  # queries late in a long sequence
+    "randomized": (torch.tensor([3, 9, 40, 41, 200, 513]), torch.tensor([3, 9, 40, 41, 200, 513])),
+}
+
+
+@pytest.mark.parametrize("positions", sorted(POSITIONS))
+@pytest.mark.parametrize("name,options", [("alibi", {}), ("t5", {}), ("kerple", {"variant": "log"}),
+                                          ("kerple", {"variant": "power"}), ("sandwich", {}), ("fire", {})])
+def test_score_mod_on_index_grids_is_the_bias(compose, name, options, positions):
+    enc = _encoder(compose, name, **options)
+    q_pos, k_pos = POSITIONS[positions]
+    Lq, Lk = len(q_pos), len(k_pos)
+    mod = enc.score_mod(q_pos, k_pos)
+    h, qi, ki = torch.arange(H)[:, None, None], torch.arange(Lq)[None, :, None], torch.arange(Lk)[None, None, :]
+    with torch.no_grad():
+        fused = mod(torch.zeros(H, Lq, Lk), torch.zeros((), dtype=torch.long), h, qi, ki)
+        reference = enc.bias(q_pos, k_pos)
+    causal = k_pos[None, :] <= q_pos[:, None]  # (Lq, Lk): what attention sees
+    assert fused.shape == reference.shape == (H, Lq, Lk)
+    assert torch.isfinite(fused).all()
+    torch.testing.assert_close(fused[:, causal], reference[:, causal], rtol=1e-5, atol=1e-5)
+    assert reference[:, causal].std() > 0  # the comparison is not of constants
+
+
+def test_score_mod_adds_to_the_score_and_keeps_its_dtype(compose):
+    enc = _encoder(compose, "alibi")
+    mod = enc.score_mod(torch.arange(8), torch.arange(8))
+    score = torch.full((), 2.0, dtype=torch.bfloat16)
+    out = mod(score, torch.tensor(0), torch.tensor(1), torch.tensor(5), torch.tensor(2))
+    assert out.dtype == torch.bfloat16
+    assert out.item() == pytest.approx(2.0 - enc.slopes[1].item() * 3, abs=2e-2)
+
+
+def _models(compose, name: str, block: int):
+    # head width 16: the narrowest FlexAttention's kernels take
+    cfg = compose(f"encoder={name}", "model.d_model=64", f"model.n_heads={H}", "model.n_layers=2",
+                  f"model.attn_block_size={block}")
+    model = build_model(cfg, 64).eval()
+    with torch.no_grad():
+        for p in model.encoder.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return model
+
+
+@needs_flex
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_the_flex_path_computes_what_the_blocked_path_computes(compose, name, monkeypatch):
+    """FlexAttention's unfused reference on a CPU: the same logits as the blocked float-mask path, at a length
+    that is not a multiple of the query block (three blocks, the last one short)."""
+    import posexp.model
+
+    calls = []
+    attend = posexp.model.flex_attend
+    monkeypatch.setattr(posexp.model, "flex_attend", lambda *a, **kw: calls.append(1) or attend(*a, **kw))
+    model = _models(compose, name, block=32)
+    idx = torch.randint(0, 64, (2, 77), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.fused_attention = False
+        blocked = model(idx)
+        assert not calls
+        model.fused_attention = True
+        fused = model(idx)
+    assert len(calls) == 2  # both layers took the fused path
+    torch.testing.assert_close(fused, blocked, rtol=1e-5, atol=1e-5)
+
+
+def test_head_widths_flexattention_cannot_tile_keep_the_blocked_path(compose, monkeypatch):
+    import posexp.model
+
+    monkeypatch.setattr(posexp.model, "flex_attend", lambda *a, **kw: pytest.fail("head width 8 went fused"))
+    model = build_model(compose("encoder=alibi", "model.d_model=32", "model.n_heads=4"), 64).eval()
+    model.fused_attention = True
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 64, (1, 20)))).all()
+
+
+@needs_flex
+def test_an_offset_query_block_sees_its_own_positions(compose):
+    """Queries 48..76 over keys 0..76 give the last rows of attention over the whole sequence."""
+    enc = _encoder(compose, "t5")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, H, 77, 8) for _ in range(3))
+    pos = torch.arange(77)
+    with torch.no_grad():
+        whole = flex_attend(q, k, v, enc.score_mod(pos, pos), compiled=False)
+        late = flex_attend(q[:, :, 48:], k, v, enc.score_mod(pos[48:], pos), offset=48, compiled=False)
+    torch.testing.assert_close(late, whole[:, :, 48:], rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_keeps_the_blocked_path_by_default():
+    assert not fused_by_default(torch.device("cpu"))
+    model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), _alibi())
+    assert model.fused_attention is None  # None: fused where it runs fused (CUDA)
+
+
+def _alibi():
+    from posexp.encoders import create
+
+    return create("alibi", d_model=16, n_heads=2)
+
+
+# -- on a GPU --------------------------------------------------------------------------------------------
+
+def _reference_and_fused(model, idx, dtype):
+    """Logits and gradients of every parameter, blocked path then fused path, under autocast of ``dtype``."""
+    out = []
+    for fused in (False, True):
+        model.fused_attention = fused
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+            logits = model(idx)
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
+        loss.backward()
+        out.append((logits.float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    return out
+
+
+@on_cuda
+@pytest.mark.parametrize("length", [256, 300])  # a multiple of the query block and FlexAttention's, and not
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_fused_kernel_equals_the_reference_path_outputs_and_gradients(compose, name, dtype, tol, length):
+    torch.backends.cuda.matmul.allow_tf32 = False  # the 1e-5 comparison is of fp32 arithmetic
+    model = _models(compose, name, block=128).cuda().train()
+    idx = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(0)).cuda()
+    (ref, ref_grads), (fused, fused_grads) = _reference_and_fused(model, idx, dtype)
+    torch.testing.assert_close(fused, ref, rtol=tol, atol=tol)
+    assert ref_grads.keys() == fused_grads.keys()
+    for n in ref_grads:
+        torch.testing.assert_close(fused_grads[n], ref_grads[n], rtol=tol, atol=tol, msg=n)
+
+
+@on_cuda
+def test_fused_offset_query_block_on_cuda(compose):
+    enc = _encoder(compose, "alibi").cuda()
+    q, k, v = (torch.randn(1, H, 1000, 64, device="cuda") for _ in range(3))
+    pos = torch.arange(1000, device="cuda")
+    whole = flex_attend(q, k, v, enc.score_mod(pos, pos))
+    late = flex_attend(q[:, :, 700:], k, v, enc.score_mod(pos[700:], pos), block_mask=causal_block_mask(
+        300, 1000, 700, q.device), offset=700)
+    torch.testing.assert_close(late, whole[:, :, 700:], rtol=1e-5, atol=1e-5)
+
+
+@on_cuda
+def test_short_cuda_training_resumes_to_the_same_numbers(compose, tmp_path, monkeypatch):
+    """Compiled, bf16, fused ALiBi on the GPU: stopped by SIGTERM at step 4 of 8, resumed, the same loss."""
+    import os
+    import signal
+
+    from posexp.commands.train import run_train
+    from posexp.errors import TrainingInterrupted
+    from posexp.training import trainer
+
+    overrides = [*SMOKE, "encoder=alibi", "device=cuda", "train.steps=8", "eval.multiples=[1]",
+                 "eval.loss_by_position=false"]
+    whole = run_train(compose(*overrides), tmp_path / "whole", overrides)["run"]["train"]
+    assert whole["device"].startswith("cuda") and whole["compile"] is True and whole["precision"] == "bfloat16"
+    sample = trainer.BatchSampler.batch
+
+    def batch_then_signal(self, step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return sample(self, step)
+
+    monkeypatch.setattr(trainer.BatchSampler, "batch", batch_then_signal)
+    with pytest.raises(TrainingInterrupted):
+        run_train(compose(*overrides), tmp_path / "resumed", overrides)
+    monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
+    resumed = run_train(compose(*overrides), tmp_path / "resumed", overrides, resume=True)["run"]["train"]
+    assert resumed["resumed_at"] == [4]
+    assert resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-4)
