@@ -28,8 +28,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -52,6 +53,12 @@ from posexp.training.state import TrainState
 log = logging.getLogger("posexp.train")
 
 __all__ = ["CHECKPOINT_DIR", "WEIGHTS_FILE", "TrainResult", "save_checkpoint", "train"]
+
+
+class Sampler(Protocol):
+    """What the training step draws its batches from."""
+
+    def window(self, step: int, length: int) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
 
 
 class TokenLosses(torch.nn.Module):
@@ -205,7 +212,8 @@ class TrainStep:
         model: the model being trained (its parameters are clipped).
         net: what computes the token losses (:func:`loss_module`: maybe data-parallel, maybe compiled).
         optimizer: from :func:`posexp.training.optim.make_optimizer`.
-        sampler: the batches, a function of (seed, step).
+        sampler: the batches, a function of (seed, step): ``sampler.window(step, length)`` gives the tokens
+            ``(B, L + 1)`` and the answer mask of the targets ``(B, L)`` (None: every target is trained on).
         plan: positions and curriculum length of each step.
         t: the training settings (schedule, batch size, clip).
         device: where the batch goes.
@@ -213,7 +221,7 @@ class TrainStep:
         w: this process's place among the ranks.
     """
 
-    def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler,
+    def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: "Sampler",
                  plan: PositionPlan, t: TrainConfig, device: torch.device, dtype: torch.dtype, w: World):
         self.model, self.net, self.optimizer, self.sampler, self.plan = model, net, optimizer, sampler, plan
         self.t, self.device, self.dtype, self.world = t, device, dtype, w
@@ -222,12 +230,18 @@ class TrainStep:
     def __call__(self, step: int, stop: "StopOnSignal") -> StepResult:
         lr = lr_at(step, self.t)
         set_lr(self.optimizer, lr)
-        length = self.plan.length_at(step)
-        batch = self.sampler.batch(step)[self.rows, :length + 1]  # a curriculum trains on each window's first tokens
-        batch = torch.from_numpy(batch.astype("int64")).to(self.device, non_blocking=True)
+        # a curriculum trains on each window's first tokens; a task draws a length up to it
+        tokens, answer = self.sampler.window(step, self.plan.length_at(step))
+        batch = torch.from_numpy(tokens[self.rows].astype("int64")).to(self.device, non_blocking=True)
+        length = batch.shape[1] - 1
         pos = self.plan.train_positions(step, length, self.device)
         with autocast(self.device, self.dtype):
-            loss = self.net(batch[:, :-1], batch[:, 1:], pos).mean()
+            losses = self.net(batch[:, :-1], batch[:, 1:], pos)  # (B, L) nats
+        if answer is None:
+            loss = losses.mean()
+        else:  # a task trains on its answer tokens only
+            mask = torch.from_numpy(answer[self.rows]).to(self.device, non_blocking=True)
+            loss = (losses * mask).sum() / mask.sum().clamp(min=1)
         loss.backward()
         if self.t.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
@@ -353,10 +367,11 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) ->
         console.print(f"[yellow]{note}[/]", highlight=False)
 
 
-def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
+def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
           plan: PositionPlan, config_hash: str, compiled: bool = False, console: Optional[Console] = None,
-          resume: bool = False) -> TrainResult:
-    """Train ``model`` on ``corpus.train`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens.
+          resume: bool = False, sampler: Optional["Sampler"] = None) -> TrainResult:
+    """Train ``model`` on ``corpus.train`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens
+    (or on the batches of ``sampler``: a task's instances).
 
     Args:
         t: the run's ``train`` settings.
@@ -366,6 +381,8 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
         config_hash: the run's config hash, recorded in and checked against its checkpoints.
         compiled: train through ``torch.compile``.
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
+        sampler: the training batches when they are not windows of ``corpus`` (a
+            :class:`posexp.tasks.sampler.TaskSampler`).
 
     Raises:
         TrainingDiverged: the loss became NaN or infinite; the last checkpoint before it is kept.
@@ -378,8 +395,8 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
     model.to(device).train()
     net = loss_module(model, device, compiled=compiled)
     opt = make_optimizer(model, t)
-    take_step = TrainStep(model, net, opt, BatchSampler(corpus.train, train_len, t.batch_size, seed), plan, t,
-                          device, dtype, w)
+    sampler = sampler or BatchSampler(corpus.train, train_len, t.batch_size, seed)
+    take_step = TrainStep(model, net, opt, sampler, plan, t, device, dtype, w)
     console = console or Console(stderr=True)
     if w.is_main:
         warn_if_slow_bf16(t.precision, device, console)
