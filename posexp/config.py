@@ -110,7 +110,8 @@ class TaskConfig:
     description: str = ""
     # alphabet size of copy / reverse / sort, keys (and values) of mqar; null = the task's default
     symbols: Optional[int] = None
-    min_size: int = 1  # smallest instance trained on (symbols, digits, bits, pairs, instructions, filler tokens)
+    # smallest instance trained on (symbols, digits, bits, pairs, instructions, filler tokens); null = the task's own
+    min_size: Optional[int] = None
     digits: int = 5  # passkey: digits of the key
 
 

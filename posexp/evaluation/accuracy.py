@@ -62,7 +62,8 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[Option
     z2 = z * z
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at p = 0 (p = 1) the lower (upper) limit is exactly 0 (1); rounding would leave 1e-17 of it
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == trials else min(1.0, centre + half))
 
 
 def eval_instances(task: Task, length: int, count: int, depth_index: int = 0, depth: Optional[float] = None):

@@ -49,7 +49,7 @@ def build_task(task_cfg: Any, train: Optional[np.ndarray] = None, val: Optional[
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
     cls = TASKS[name]
-    min_size, symbols = int(_option(task_cfg, "min_size", 1)), _option(task_cfg, "symbols", None)
+    min_size, symbols = _option(task_cfg, "min_size", None), _option(task_cfg, "symbols", None)
     if cls is Passkey:
         if symbols is not None:
             raise ConfigError("task.symbols", "task=passkey has no alphabet to size; drop task.symbols")

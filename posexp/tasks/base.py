@@ -44,7 +44,8 @@ class Task(ABC):
 
     Args:
         symbols: the task's alphabet or key vocabulary (None: its default; ignored by tasks without one).
-        min_size: the smallest instance size training draws.
+        min_size: the smallest instance size training draws (None: the smallest the task is defined for, at
+            least 1).
     """
 
     name: str = ""
@@ -53,12 +54,14 @@ class Task(ABC):
     default_symbols: Optional[int] = None
     smallest: int = 1  # the smallest size the task is defined for
 
-    def __init__(self, symbols: Optional[int] = None, min_size: int = 1):
+    def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None):
         if symbols is not None and self.default_symbols is None:
             raise ConfigError("task.symbols", f"task={self.name} has no alphabet to size; drop task.symbols")
         self.symbols = int(symbols if symbols is not None else (self.default_symbols or 0))
         if self.default_symbols is not None and self.symbols < 2:
             raise ConfigError("task.symbols", f"must be at least 2 (got {self.symbols})")
+        if min_size is None:
+            min_size = max(1, self.smallest)
         if min_size < self.smallest:
             raise ConfigError("task.min_size", f"task={self.name} needs at least {self.smallest} {self.size_unit} "
                                                f"per instance (got {min_size})")

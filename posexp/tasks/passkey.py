@@ -35,7 +35,7 @@ class Passkey(Task):
     smallest = 0
     uses_data = True
 
-    def __init__(self, train: np.ndarray, val: np.ndarray, digits: int = 5, min_size: int = 1):
+    def __init__(self, train: np.ndarray, val: np.ndarray, digits: int = 5, min_size: int | None = None):
         super().__init__(None, min_size)
         if digits < 1:
             raise ConfigError("task.digits", f"must be a positive number of digits (got {digits})")
