@@ -30,6 +30,7 @@ TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Sort, A
                                                           FlipFlop)}
 LM = "lm"
 TASK_NAMES = (LM, *TASKS)
+DEFAULT_DIGITS = 5  # task.digits, the passkey's length (TaskConfig's default)
 GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
 
 
@@ -55,7 +56,9 @@ def build_task(task_cfg: Any, train: Optional[np.ndarray] = None, val: Optional[
             raise ConfigError("task.symbols", "task=passkey has no alphabet to size; drop task.symbols")
         empty = np.zeros(0, dtype=np.int64)
         return Passkey(train if train is not None else empty, val if val is not None else empty,
-                       int(_option(task_cfg, "digits", 5)), min_size)
+                       int(_option(task_cfg, "digits", DEFAULT_DIGITS)), min_size)
+    if int(_option(task_cfg, "digits", DEFAULT_DIGITS)) != DEFAULT_DIGITS:
+        raise ConfigError("task.digits", f"only applies to task=passkey (the task is {name}); drop task.digits")
     return cls(symbols, min_size)
 
 
