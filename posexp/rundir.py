@@ -69,6 +69,7 @@ REPORT_PLOT = "report_ppl_vs_length.png"
 # Not "loss_by_position.png": a report written into a run folder must not replace the run's own figure.
 REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
+REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
 
 # The columns of loss_by_position.csv: the row key, then the position and its loss.
 POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
