@@ -85,3 +85,34 @@ def test_learned_positions_past_their_table_are_not_applicable_on_a_task(tmp_pat
     by_length = {r["length"]: r for r in _rows(run)}
     assert by_length[64]["applicable"] and not by_length[128]["applicable"]
     assert by_length[128]["exact_match"] is None and "64" in by_length[128]["reason"]
+
+
+def test_an_interrupted_task_run_resumes_to_identical_numbers(tmp_path, monkeypatch):
+    """SIGTERM during step 4 (from the task's sampler): the run checkpoints it; resume ends where an
+    uninterrupted run ends, rows and weights alike."""
+    import os
+    import signal
+
+    from posexp.tasks.sampler import TaskSampler
+
+    args = ["train", "task=reverse", "encoder=alibi", *SMOKE, "train.steps=8", "train.checkpoint_every=2",
+            "eval.examples=16"]
+    full = tmp_path / "full"
+    assert CliRunner().invoke(app, [*args, f"hydra.run.dir={full}"]).exit_code == 0
+    window = TaskSampler.window
+
+    def window_then_signal(self, step, length):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return window(self, step, length)
+
+    monkeypatch.setattr(TaskSampler, "window", window_then_signal)
+    run = tmp_path / "run"
+    stopped = CliRunner().invoke(app, [*args, f"hydra.run.dir={run}"])
+    assert stopped.exit_code == 128 + signal.SIGTERM and not (run / "results.json").exists()
+    monkeypatch.setattr(TaskSampler, "window", window)
+    resumed = CliRunner().invoke(app, ["resume", str(run)])
+    assert resumed.exit_code == 0, resumed.output
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("eval_s", "tokens_per_s", "peak_mem_mb")}
+                          for r in rows]  # noqa: E731
+    assert strip(_rows(run)) == strip(_rows(full))
