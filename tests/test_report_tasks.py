@@ -86,3 +86,24 @@ def test_unknown_task_metrics_name_the_option(bad):
     with pytest.raises(ConfigError) as e:
         parse_task_metric(bad)
     assert e.value.key == "--metric" and "acc@Kx" in str(e.value)
+
+
+def _last_k_rows(losses: dict[int, float], train_len: int = 128) -> list[dict]:
+    return [{"length": n, "multiple": n / train_len, "protocol": "last_k", "last_k": 64, "scaling": None,
+             "applicable": True, "ppl": 2.718281828 ** loss, "loss": loss} for n, loss in losses.items()]
+
+
+def test_context_gain_is_the_fall_of_the_last_k_loss_and_shows_by_default_with_last_k_rows(tmp_path):
+    from posexp.reporting.build import build_report
+
+    make_run(tmp_path / "a", {128: 10.0, 512: 12.0}, extra_rows=_last_k_rows({128: 2.0, 256: 1.9, 512: 1.85}))
+    make_run(tmp_path / "b", {128: 10.0, 512: 12.0}, overrides=["encoder=alibi"], encoder="alibi",
+             extra_rows=_last_k_rows({128: 2.0, 512: 2.1}))
+    report = build_report([tmp_path / "a", tmp_path / "b"])
+    assert "gain" in [m.name for m in report.metrics]
+    gains = {g.label: g.metrics["gain"].mean for g in report.groups}
+    assert gains["encoder=rope"] == pytest.approx(0.15) and gains["encoder=alibi"] == pytest.approx(-0.1)
+    at2 = build_report([tmp_path / "a"], metrics=["gain@2x"]).groups[0].metrics["gain@2x"]
+    assert at2.mean == pytest.approx(0.1)
+    without = build_report([make_run(tmp_path / "c", {128: 10.0})])
+    assert "gain" not in [m.name for m in without.metrics]
