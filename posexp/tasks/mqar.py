@@ -26,7 +26,7 @@ class MQAR(Task):
     name = "mqar"
     citation = "Arora et al. 2023 (Zoology)"
     size_unit = "key-value pairs"
-    default_symbols = 256
+    default_symbols = 64
 
     @property
     def vocab_size(self) -> int:
