@@ -140,7 +140,11 @@ def test_eval_instances_do_not_depend_on_the_run_and_differ_by_length_and_depth(
     task = make("copy")
     a, b = eval_instances(task, 40, 8), eval_instances(task, 40, 8)
     assert np.array_equal(a.tokens, b.tokens)
-    assert not np.array_equal(eval_instances(task, 40, 8, depth_index=1).tokens, a.tokens)
+    assert not np.array_equal(eval_instances(task, 48, 8).tokens[:, 8:], a.tokens)
+    key = make("passkey")
+    at_half = eval_instances(key, 80, 4, depth=0.5)
+    assert np.array_equal(at_half.tokens, eval_instances(key, 80, 4, depth=0.5).tokens)
+    assert not np.array_equal(at_half.tokens, eval_instances(key, 80, 4, depth=0.25).tokens)
 
 
 @pytest.mark.parametrize("name,length", [("copy", 1), ("addition", 4), ("passkey", 10), ("mqar", 2)])

@@ -44,7 +44,7 @@ from posexp.tasks.base import Task
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 EVAL_PROTOCOL = "teacher_forced"  # a task row's protocol: the argmax at each answer position, true prefix read
-_EVAL_STREAM = 4  # eval instances: a generator of (stream, length, depth index), apart from training's
+_EVAL_STREAM = 4  # eval instances: a generator of (stream, length[, depth]), apart from training's
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[Optional[float], Optional[float]]:
@@ -63,12 +63,16 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[Option
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
     # at p = 0 (p = 1) the lower (upper) limit is exactly 0 (1); rounding would leave 1e-17 of it
-    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == trials else min(1.0, centre + half))
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
 
 
-def eval_instances(task: Task, length: int, count: int, depth_index: int = 0, depth: Optional[float] = None):
-    """The instances every run is scored on at ``length`` (and ``depth``): seeded by the length and depth only."""
-    rng = np.random.default_rng([_EVAL_STREAM, length, depth_index])
+def eval_instances(task: Task, length: int, count: int, depth: Optional[float] = None):
+    """The instances every run is scored on at ``length`` (and ``depth``): seeded by the length and depth only,
+    so a depth gets the same instances whatever other depths are measured with it."""
+    key = [_EVAL_STREAM, length] + ([] if depth is None else [1, int(round(float(depth) * 10**6))])
+    rng = np.random.default_rng(key)
     options = {"split": "val"}
     if depth is not None:
         options["depth"] = depth
@@ -128,7 +132,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
     base_encoder = model.encoder
     check_scaling(scaling, base_encoder.name, base_encoder)
     plan = PositionPlan(cfg)
-    depths = list(enumerate(e.depths)) if task.name == "passkey" else [(0, None)]
+    depths = list(e.depths) if task.name == "passkey" else [None]
     dtype = resolve_precision(cfg.train.precision, device)
     model.eval()
     rows = []
@@ -138,7 +142,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                                     getattr(e, "rerope_window", None))
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, plan)
-            for index, depth in depths:
+            for depth in depths:
                 row = {"metric": ACCURACY, "task": task.name, "length": length, "multiple": length / train_len,
                        "depth": None if depth is None else float(depth), "protocol": EVAL_PROTOCOL, "stride": None,
                        "last_k": None, "scaling": None if scaling == NONE else scaling, "scaling_factor": factor,
@@ -146,7 +150,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                 if reason is not None:
                     row.update(_not_applicable(reason))
                 else:
-                    made = eval_instances(task, length, int(e.examples), index, depth)
+                    made = eval_instances(task, length, int(e.examples), depth)
                     pos = plan.eval_positions(length)
                     with _Swapped(model, encoder), PeakMemory(device) as mem, autocast(device, dtype):
                         t0 = time.perf_counter()
@@ -154,7 +158,8 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                                                         int(e.batch_tokens), device)
                         elapsed = time.perf_counter() - t0
                     row.update(_summarise(right, total, loss_sum))
-                    row.update(eval_s=elapsed, tokens_per_s=made.tokens.shape[0] * length / elapsed if elapsed else None,
+                    read = made.tokens.shape[0] * length
+                    row.update(eval_s=elapsed, tokens_per_s=read / elapsed if elapsed else None,
                                peak_mem_mb=mem.delta_mb)
                 rows.append(row)
                 if on_row is not None:
