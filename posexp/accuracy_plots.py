@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -91,16 +92,18 @@ def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],
                        fontsize=7)
     ax.set_yticks(range(len(depths)))
     ax.set_yticklabels([f"{d:g}" for d in depths], fontsize=7)
-    ax.set_xlabel("context length (tokens)" + (f"; * = training length" if train_len in lengths else ""),
+    ax.set_xlabel("context length (tokens)" + ("; * = training length" if train_len in lengths else ""),
                   fontsize=8)
     ax.set_ylabel("depth of the key (0 = start of the filler)", fontsize=8)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
-            text = "n/a" if math.isnan(data[i, j]) else f"{data[i, j]:.0f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=6, color="0.1")
+            value = data[i, j]
+            text = "n/a" if math.isnan(value) else f"{value:.0f}"
+            dark = not math.isnan(value) and (value < 25 or value > 85)  # the colour map's dark ends
+            ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white" if dark else "0.1")
     bar = fig.colorbar(image, ax=ax)
     bar.set_label("exact match (%)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(textwrap.fill(title, 60), fontsize=9)
     return save_png(fig, path)
