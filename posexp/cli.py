@@ -30,7 +30,7 @@ from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runlock import OVERWRITE_FLAG, RunFolderTaken
 
 CONFIG_DIR = config_dir()
-GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "experiment", "search")
+GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "task", "experiment", "search")
 TOP_KEYS = ("base=", "train_len=", "seed=")
 
 err_console = Console(stderr=True)
@@ -509,7 +509,7 @@ def _yaml_description(path: Path) -> str:
 
 @app.command("list")
 def list_cmd() -> None:
-    """What you can choose: encoders (with their options), data sets, tokenizers and experiments."""
+    """What you can choose: encoders (with their options), data sets, tokenizers, tasks and experiments."""
     from rich.table import Table
 
     from posexp.encoders import option_names, registry
@@ -529,6 +529,7 @@ def list_cmd() -> None:
     console.print(table)
     for group, title in (("data", "data sets  (posexp train data=NAME)"),
                          ("tokenizer", "tokenizers  (posexp train tokenizer=NAME)"),
+                         ("task", "tasks  (posexp train task=NAME; lm = language modelling on data)"),
                          ("experiment", "experiments  (posexp train experiment=NAME)")):
         t = Table(title=title)
         t.add_column("name", style="cyan")

@@ -103,6 +103,19 @@ class TrainConfig:
 
 
 @dataclass
+class TaskConfig:
+    """``configs/task/*.yaml``; ``posexp/tasks/`` generates the instances. ``lm`` is language modelling on ``data``."""
+
+    name: str = "lm"  # lm | copy | reverse | sort | addition | parity | mqar | passkey | flipflop
+    description: str = ""
+    # alphabet size of copy / reverse / sort, keys (and values) of mqar; null = the task's default
+    symbols: Optional[int] = None
+    # smallest instance trained on (symbols, digits, bits, pairs, instructions, filler tokens); null = the task's own
+    min_size: Optional[int] = None
+    digits: int = 5  # passkey: digits of the key
+
+
+@dataclass
 class EvalConfig:
     """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
 
@@ -121,6 +134,9 @@ class EvalConfig:
     rerope_window: Optional[int] = None
     batch_tokens: int = 16384
     loss_by_position: bool = True
+    # task runs (task != lm): instances per length (and depth), and the passkey's depths in [0, 1]
+    examples: int = 256
+    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
 
 
 @dataclass
@@ -131,6 +147,7 @@ class Config:
     model: ModelConfig = MISSING
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
+    task: TaskConfig = field(default_factory=TaskConfig)
     base: float = 10000.0  # base frequency of sinusoidal and rotary encodings (ignored by the others)
     train_len: int = 128  # training context length in tokens
     seed: int = 0  # seeds model initialisation and data order
@@ -145,6 +162,7 @@ class Config:
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
+LM = "lm"  # task=lm: language modelling on data, measured by perplexity
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PROTOCOLS = ("nonoverlap", "sliding", "last_k")
 DATASETS = ("stdlib", "text", "hf")  # data.kind: the loaders
@@ -187,7 +205,15 @@ NOT_WEIGHTS: dict[str, str] = {
     "data.cache_dir": "where the token cache is kept; the corpus fingerprint says what it holds",
     "data.description": "text for posexp list",
     "tokenizer.description": "text for posexp list",
+    "task.description": "text for posexp list",
 }
+
+
+def is_task(cfg: Any) -> bool:
+    """Whether a run trains on a generated task (measured by accuracy) rather than language modelling."""
+    task = cfg.get("task") if hasattr(cfg, "get") else getattr(cfg, "task", None)
+    name = (task.get("name") if hasattr(task, "get") else getattr(task, "name", None)) if task is not None else None
+    return name is not None and str(name) != LM
 
 
 def default_max_position(train_len: int, longest_eval: int) -> int:
@@ -212,6 +238,8 @@ def weights_config(cfg: DictConfig) -> dict:
         node = out.get(group) if group else out
         if isinstance(node, dict):
             node.pop(key, None)
+    if isinstance(out.get("task"), dict) and out["task"].get("name", LM) == LM:
+        out.pop("task")  # language modelling, as before tasks existed: the cache keys of earlier runs hold
     t = out.get("train")
     if isinstance(t, dict) and t.get("positions") == "randomized" and t.get("max_position") is None:
         t["max_position"] = default_max_position(cfg.train_len, max(eval_lengths(cfg)))
@@ -220,8 +248,9 @@ def weights_config(cfg: DictConfig) -> dict:
 
 # The run-folder hash (results.json's config_hash, checkpoints, resume) is format 1, kept byte for byte so
 # that every run folder written so far keeps its hash: it covers these top-level keys of weights_config
-# (base, device, precision and compile reach the weights through encoder.* and train.*), ...
-HASH_KEYS = ("encoder", "data", "tokenizer", "model", "train", "train_len", "seed")
+# (base, device, precision and compile reach the weights through encoder.* and train.*; task only when it is
+# not lm, so language-modelling runs keep the hash they had before tasks existed), ...
+HASH_KEYS = ("encoder", "data", "tokenizer", "model", "train", "train_len", "seed", "task")
 # ... with these keys put back, which format 1 hashed although they do not shape the weights ...
 HASH_ALSO = ("train.threads", "data.cache_dir", "data.description", "tokenizer.description")
 

@@ -5,7 +5,8 @@ A run folder is what ``posexp train`` leaves behind and what ``eval``, ``resume`
 
     results.json            the public contract: "run" (provenance) and "rows" (one per measurement);
                             written last, so a folder with it is a finished (or failed) run
-    results.csv / .md       the same rows for people; ppl_vs_length.png their figure
+    results.csv / .md       the same rows for people; ppl_vs_length.png their figure (a task run:
+                            accuracy_vs_length.png, and passkey_heatmap.png for task=passkey)
     loss_by_position.csv    mean loss per position in the window, per measurement (and its .png)
     metrics.csv             the training curve; train.log the run's log
     checkpoint/             model.safetensors + meta.json (and resumable step files while training)
@@ -47,6 +48,8 @@ RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 PPL_PLOT = "ppl_vs_length.png"
+ACCURACY_PLOT = "accuracy_vs_length.png"  # task runs
+PASSKEY_HEATMAP = "passkey_heatmap.png"  # task=passkey: exact match per length x depth
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
 LOSS_BY_POSITION_PNG = "loss_by_position.png"
 METRICS_CSV = "metrics.csv"
@@ -66,6 +69,7 @@ REPORT_PLOT = "report_ppl_vs_length.png"
 # Not "loss_by_position.png": a report written into a run folder must not replace the run's own figure.
 REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
+REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
 
 # The columns of loss_by_position.csv: the row key, then the position and its loss.
 POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
@@ -272,13 +276,21 @@ def finite_results(results: dict) -> dict:
 # -- identity of a row, for replacing re-evaluated rows ------------------------------------------
 
 ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor")
+# A row's "metric": what it measured. Rows of different metrics share results.json, never a table.
+PERPLEXITY, ACCURACY = "perplexity", "accuracy"
+
+
+def row_metric(row: dict) -> str:
+    """A row's metric; rows written before the field existed are perplexity rows."""
+    return str(row.get("metric") or PERPLEXITY)
 
 
 def row_key(row: dict) -> tuple:
-    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor."""
+    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor, and the
+    metric and depth (passkey) of the row."""
     factor = row.get("scaling_factor")
     return (int(row["length"]), row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"),
-            None if factor is None else round(float(factor), 9))
+            None if factor is None else round(float(factor), 9), row_metric(row), row.get("depth"))
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:

@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from posexp.build import build_encoder
 from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, Config, DataConfig, EvalConfig,
-                           ModelConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position, eval_lengths,
-                           to_container)
+                           ModelConfig, TaskConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position,
+                           eval_lengths, is_task, to_container)
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
@@ -34,6 +34,8 @@ from posexp.errors import ConfigError, PosexpError, require
 from posexp.model import check_shape
 from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len
 from posexp.runtime import check_compile, resolve_device, resolve_precision
+from posexp.tasks import build_task, check_task_name
+from posexp.tasks.source import DATA_TASKS, check_task_lengths
 
 GiB = 2**30
 
@@ -47,6 +49,7 @@ def register_configs() -> None:
     cs.store(group="schema/model", name="model", node=ModelConfig)
     cs.store(group="schema/train", name="train", node=TrainConfig)
     cs.store(group="schema/eval", name="eval", node=EvalConfig)
+    cs.store(group="schema/task", name="task", node=TaskConfig)
     for name, cls in registry().items():
         cs.store(group="schema/encoder", name=name, node=options_schema(cls))
 
@@ -112,6 +115,7 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
     validate_eval(cfg, encoder)
 
     validate_data(cfg)
+    validate_task(cfg)
     require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
             "must name a folder (absolute, or relative to the folder posexp is started in)")
     check_objective(cfg)
@@ -210,6 +214,39 @@ def validate_data(cfg: DictConfig) -> None:
         require(d.get("max_train_docs") is None or d.max_train_docs > 0, "data.max_train_docs",
                 f"must be a positive number of rows, or null for all (got {d.get('max_train_docs')})")
     check_spec(tokenizer_spec(cfg))
+
+
+def validate_task(cfg: DictConfig) -> None:
+    """``task`` (posexp/tasks/): a known task, options and lengths it can build, eval keys of tasks, and a
+    ``data`` it can use (the generated tasks read none; passkey reads bytes)."""
+    task_cfg = cfg.get("task")
+    if task_cfg is None:
+        return  # a config saved before tasks existed: language modelling
+    check_task_name(str(task_cfg.name))
+    if not is_task(cfg):
+        return
+    e, name = cfg.eval, str(task_cfg.name)
+    require(e.get("examples", 1) > 0, "eval.examples",
+            f"must be a positive number of instances per length (got {e.get('examples')})")
+    depths = list(e.get("depths") or [])
+    require(len(depths) > 0 and all(0 <= d <= 1 for d in depths), "eval.depths",
+            f"must list depths in [0, 1] (0 = key before all the filler, 1 = right before the question; got {depths})")
+    require(e.protocol == "nonoverlap", "eval.protocol",
+            f"applies to task=lm (perplexity); task={name} scores its answers teacher-forced: drop eval.protocol")
+    if name in DATA_TASKS:
+        require(tokenizer_spec(cfg).name == "byte", "tokenizer",
+                f"task={name} reads its filler text as bytes: use tokenizer=byte (got {tokenizer_spec(cfg).name})")
+    else:
+        require(data_kind(cfg.data) == "stdlib" and tokenizer_spec(cfg).name == "byte", "data",
+                f"task={name} generates its own sequences and reads no data (only task=lm and task=passkey do); "
+                "drop the data= / tokenizer= overrides")
+    task = build_task(task_cfg)
+    check_task_lengths(task, int(cfg.train_len), eval_lengths(cfg) if _lengths_valid(cfg) else [])
+    t = cfg.train
+    if t.curriculum == "linear":
+        start = t.curriculum_start_len if t.curriculum_start_len is not None else default_start_len(cfg.train_len)
+        require(start >= task.shortest_length(), "train.curriculum_start_len",
+                f"must hold one instance of task={name}: at least {task.shortest_length()} tokens (got {start})")
 
 
 def validate_eval(cfg: DictConfig, encoder=None) -> None:

@@ -148,11 +148,11 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
         row: dict[str, Any] = {"multiple": m, "length": length}
         if not model.encoder.supports(length):
             row["not_applicable"] = f"{model.encoder.name} encodes at most {model.encoder.max_length} positions"
-        elif len(p.corpus.val) < length:
+        elif p.task is None and len(p.corpus.val) < length:
             row["not_applicable"] = f"the validation text has only {len(p.corpus.val)} tokens"
         else:
-            n = max(1, min(int(a.tokens) // length, len(p.corpus.val) // length))
-            stats = attention_statistics(model, p.corpus.val, length, n)
+            n, text = _windows(p, length, int(a.tokens))
+            stats = attention_statistics(model, text, length, n)
             row.update({"windows": n, "mean_distance": stats["mean_distance"].round(4).tolist(),
                         "entropy": stats["entropy"].round(4).tolist(),
                         "uniform_distance": stats["uniform_distance"], "uniform_entropy": stats["uniform_entropy"]})
@@ -167,6 +167,17 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
     _print_attention(rows, console)
     console.print(f"wrote {out / ANALYSIS_JSON} and {len(result['figures'])} figure(s) in {out}", highlight=False)
     return result
+
+
+def _windows(p, length: int, tokens: int) -> tuple[int, np.ndarray]:
+    """How many windows of ``length`` to read, and the tokens they are cut from: the validation text, or for
+    a task run its evaluation instances of that length, one per window."""
+    if p.task is None:
+        return max(1, min(tokens // length, len(p.corpus.val) // length)), p.corpus.val
+    from posexp.evaluation.accuracy import eval_instances
+
+    n = max(1, tokens // length)
+    return n, eval_instances(p.task, length, n).tokens[:, :-1].reshape(-1)
 
 
 def _print_attention(rows: list[dict], console: Console) -> None:

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.text import Text
 
-from posexp.config import EvalConfig, config_hash, eval_lengths
+from posexp.config import EvalConfig, config_hash, eval_lengths, is_task
 from posexp.validate import validate
 from posexp.errors import ConfigError, PosexpError
 from posexp.runlock import run_lock
@@ -180,6 +180,7 @@ class Prepared:
     results: dict
     model: Any
     corpus: Any
+    task: Any = None  # a task run's task (posexp/tasks/); None for language modelling
 
 
 def load_run_config(run_dir: Path, results: dict) -> DictConfig:
@@ -195,6 +196,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     """Load and check one run: results (unless given), config + overrides, corpus, weights. Writes nothing."""
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
+    from posexp.tasks.source import DATA_TASKS, TrainingSource
     from posexp.build import build_model
 
     results = read_results(run_dir) if results is None else results
@@ -202,24 +204,29 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     cfg = apply_eval_overrides(base_cfg, overrides)
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
     lengths = eval_lengths(cfg)
-    if cfg.eval.tokens < max(lengths):
+    if cfg.eval.tokens < max(lengths) and not is_task(cfg):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
                                          f"(got {cfg.eval.tokens})")
     recorded = results["run"].get("config_hash")
     if recorded is not None and recorded != config_hash(cfg):
         raise PosexpError(f"{run_dir}: {HYDRA_CONFIG} does not match the config the run was trained with "
                           f"(config hash {config_hash(cfg)} vs {recorded} in {RESULTS_JSON}); was it edited?")
-    corpus = corpus_from_config(cfg)  # the tokenizer too: a config without one is byte-level
+    task = is_task(cfg)
+    # the tokenizer too: a config without one is byte-level; a generated task reads no corpus
+    corpus = corpus_from_config(cfg) if not task or cfg.task.name in DATA_TASKS else None
+    source = TrainingSource.of_task(cfg, corpus) if task else TrainingSource.of_corpus(corpus)
     recorded_fp = results["run"].get("corpus_fingerprint")
-    if recorded_fp is not None and recorded_fp != corpus.fingerprint:
-        raise PosexpError(f"{run_dir}: the {cfg.data.name} corpus here (fingerprint {corpus.fingerprint}) is not "
+    if recorded_fp is not None and recorded_fp != source.fingerprint:
+        what = f"task={cfg.task.name}'s instances" if task else f"the {cfg.data.name} corpus"
+        raise PosexpError(f"{run_dir}: {what} here (fingerprint {source.fingerprint}) is not "
                           f"the one the run was trained and evaluated on ({recorded_fp}); new rows would not be "
                           "comparable with the old ones")
-    check_fits(corpus, int(cfg.train_len), max(lengths))
-    model = build_model(cfg, corpus.vocab_size)
+    if not task:
+        check_fits(corpus, int(cfg.train_len), max(lengths))
+    model = build_model(cfg, source.vocab_size)
     load_weights(model, run_dir / CHECKPOINT, config_hash(cfg), sha256=_recorded_sha256(run_dir),
                  hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
-    return Prepared(run_dir, cfg, results, model, corpus)
+    return Prepared(run_dir, cfg, results, model, corpus, source.task)
 
 
 def _recorded_sha256(run_dir: Path) -> Optional[str]:
@@ -305,6 +312,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
 def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -> dict:
     """Evaluate one prepared run, merge its rows into its results.json and redraw its files."""
     from posexp.evaluation.provenance import git_commit, versions
+    from posexp.evaluation.accuracy import evaluate_task
     from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
     from posexp.runtime import resolve_device
 
@@ -321,7 +329,10 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''} · {device}",
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
-    rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
+    if p.task is not None:
+        rows, positions = evaluate_task(p.model, p.task, cfg, device), None
+    else:
+        rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
     results = p.results
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({

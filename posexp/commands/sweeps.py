@@ -93,7 +93,8 @@ def _launcher_name(launcher: Any) -> str:
 # -- the objective ------------------------------------------------------------------------------
 
 def objective_value(results: dict, cfg: DictConfig) -> Optional[float]:
-    """The loss in nats per token (log perplexity) that ``objective`` picks from a run's rows; lower is better.
+    """The loss in nats per token (log perplexity) that ``objective`` picks from a run's rows; lower is better
+    (a task run: the loss of its answer tokens).
 
     ``longest``: at the longest eval length; ``mean``: the mean over the eval lengths (the log of
     the geometric mean perplexity); an integer: at that eval length. A length the encoder cannot
@@ -108,7 +109,8 @@ def objective_value(results: dict, cfg: DictConfig) -> Optional[float]:
     objective = cfg.get("objective", "longest")
     by_length: dict[int, Optional[float]] = {}
     for r in rows:  # one row per length for one run; the first wins if a protocol added more
-        by_length.setdefault(int(r["length"]), r.get("loss") if r.get("applicable", True) else None)
+        loss = r.get("loss") if "loss" in r else r.get("answer_loss")  # a task row: nats per answer token
+        by_length.setdefault(int(r["length"]), loss if r.get("applicable", True) else None)
     if objective == "mean":
         picked = list(by_length.values())
     else:

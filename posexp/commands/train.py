@@ -18,16 +18,19 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.build import build_model
-from posexp.config import Config, config_hash, eval_lengths, typed
+from posexp.config import Config, config_hash, eval_lengths, is_task, typed
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, TrainingDiverged
 from posexp.evaluation.provenance import provenance, write_run_status
+from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
 from posexp.model import GPT
 from posexp.positions import PositionPlan
 from posexp.rundir import RESULTS_JSON
 from posexp.runlock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime import resolve_device, step_settings
+from posexp.tasks.sampler import TaskSampler
+from posexp.tasks.source import DATA_TASKS, TrainingSource
 from posexp.training import cache, distributed
 from posexp.runtime import World
 from posexp.training.distributed import shard
@@ -76,7 +79,7 @@ def check_config(cfg: DictConfig) -> Config:
     validate(cfg)
     spec = typed(cfg)
     longest = max(eval_lengths(spec))
-    if spec.eval.tokens < longest:
+    if spec.eval.tokens < longest and not is_task(spec):  # a task scores eval.examples instances instead
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {longest} "
                                          f"(got {spec.eval.tokens})")
     return spec
@@ -105,30 +108,28 @@ def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
     warn = _warner(console)
     cache_writable = warn_about_settings(cfg, warn, w.is_main)
-    longest = max(eval_lengths(spec))
     if spec.train.threads:
         torch.set_num_threads(spec.train.threads)
-    corpus = _load_corpus(cfg, w, console, warn)
-    check_fits(corpus, spec.train_len, longest)
+    source = _load_source(cfg, spec, w, console, warn)
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
-        model = build_model(cfg, corpus.vocab_size)
-    _announce(spec, model, corpus, device, w, run_dir, console)
+        model = build_model(cfg, source.vocab_size)
+    _announce(spec, model, source, device, w, run_dir, console)
     # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
-    reused = distributed.broadcast(cache.lookup(cfg, corpus.fingerprint)) if spec.cache and not resume else None
+    reused = distributed.broadcast(cache.lookup(cfg, source.fingerprint)) if spec.cache and not resume else None
     if reused is not None:
         result = reused.restore(model, run_dir, device) if w.is_main else None
         cache.log.info(reused.message())
         console.print(reused.message(), highlight=False)
     else:
         with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
-            result = _train(cfg, spec, model, corpus, run_dir, overrides, w, resume)
+            result = _train(cfg, spec, model, source, run_dir, overrides, w, resume)
     if not w.is_main:
         return {}  # rank 0 evaluates and writes; the weights are the same on every rank
     save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
                                      "encoder": cfg.encoder.name})
     if spec.cache and reused is None and cache_writable:
-        cache.store(cfg, corpus.fingerprint, run_dir, result)
-    results = _evaluate_and_write(cfg, spec, model, corpus, device, run_dir, overrides, result, reused, console)
+        cache.store(cfg, source.fingerprint, run_dir, result)
+    results = _evaluate_and_write(cfg, spec, model, source, device, run_dir, overrides, result, reused, console)
     trained = f"weights from cache {reused.key}" if reused is not None else \
         f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s"
     console.print(f"wrote {run_dir / RESULTS_JSON} ({trained})", highlight=False)
@@ -166,33 +167,50 @@ def _load_corpus(cfg: DictConfig, w: World, console: Console, warn: Callable[[st
     return corpus
 
 
-def _announce(spec: Config, model: GPT, corpus: Corpus, device: torch.device, w: World, run_dir: Path,
+def _load_source(cfg: DictConfig, spec: Config, w: World, console: Console,
+                 warn: Callable[[str], None]) -> TrainingSource:
+    """What the run trains on: the corpus of ``data`` (task=lm), or a task (with ``data``'s text for passkey)."""
+    longest = max(eval_lengths(spec))
+    needs_corpus = not is_task(spec) or spec.task.name in DATA_TASKS
+    corpus = _load_corpus(cfg, w, console, warn) if needs_corpus else None
+    if not is_task(spec):
+        check_fits(corpus, spec.train_len, longest)
+        return TrainingSource.of_corpus(corpus)
+    return TrainingSource.of_task(spec, corpus)
+
+
+def _announce(spec: Config, model: GPT, source: TrainingSource, device: torch.device, w: World, run_dir: Path,
               console: Console) -> None:
     base = getattr(model.encoder, "base", None)
     console.print(f"[bold]posexp[/] encoder [cyan]{model.encoder.name}[/]"
                   f"{f' base {base:g}' if base is not None else ''} · {model.num_params():,} params · "
-                  f"data {corpus.name} ({corpus.train.size:,} train / {corpus.val.size:,} val tokens) · "
+                  f"{source.describe()} · "
                   f"train_len {spec.train_len} · {device}"
                   f"{f' × {w.size} processes' if w.distributed else ''} · {torch.get_num_threads()} threads"
                   f"{' · compiled' if step_settings(device, spec.compile).compile else ''} · run dir {run_dir}",
                   highlight=False)
 
 
-def _train(cfg: DictConfig, spec: Config, model: GPT, corpus: Corpus, run_dir: Path, overrides: list[str],
+def _train(cfg: DictConfig, spec: Config, model: GPT, source: TrainingSource, run_dir: Path, overrides: list[str],
            w: World, resume: bool) -> TrainResult:
+    sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else None
     try:
-        return train(model, corpus, spec.train, run_dir, train_len=spec.train_len, seed=spec.seed,
-                     plan=PositionPlan(spec), config_hash=config_hash(cfg), compiled=spec.compile, resume=resume)
+        return train(model, source.corpus, spec.train, run_dir, train_len=spec.train_len, seed=spec.seed,
+                     plan=PositionPlan(spec), config_hash=config_hash(cfg), compiled=spec.compile, resume=resume,
+                     sampler=sampler)
     except TrainingDiverged as e:
         if w.is_main:
-            write_run_status(run_dir, cfg, overrides, "diverged", e, corpus.info(), step=e.step)
+            write_run_status(run_dir, cfg, overrides, "diverged", e, source.info(), step=e.step)
         raise
 
 
-def _evaluate_and_write(cfg: DictConfig, spec: Config, model: GPT, corpus: Corpus, device: torch.device,
+def _evaluate_and_write(cfg: DictConfig, spec: Config, model: GPT, source: TrainingSource, device: torch.device,
                         run_dir: Path, overrides: list[str], result: TrainResult, reused, console: Console) -> dict:
-    rows, positions = evaluate_config(model, corpus.val, spec, device, console, trained_in=result.precision)
-    results = {"run": provenance(cfg, overrides, corpus.info(), model, result), "rows": rows}
+    if source.task is not None:
+        rows, positions = evaluate_task(model, source.task, spec, device), None
+    else:
+        rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision)
+    results = {"run": provenance(cfg, overrides, source.info(), model, result), "rows": rows}
     if reused is not None:
         results["run"]["cached_from"] = reused.provenance()
         results["run"]["train"]["threads"] = reused.entry.get("threads")  # of the training, not this evaluation

@@ -173,6 +173,11 @@ class BatchSampler:
         starts = rng.integers(0, self.tokens.size - self.seq_len, size=self.batch_size)
         return self.tokens[starts[:, None] + self._offsets[None, :]]  # (B, seq_len + 1)
 
+    def window(self, step: int, length: int) -> tuple[np.ndarray, None]:
+        """Step ``step``'s windows cut to their first ``length + 1`` tokens (a length curriculum), every target
+        scored (no answer mask)."""
+        return self.batch(step)[:, :length + 1], None
+
 
 __all__ = ["DOC_SEPARATOR", "KINDS", "VOCAB_SIZE", "BatchSampler", "Corpus", "HubSource", "check_fits",
            "corpus_from_config", "data_kind", "hub_source", "load_corpus", "stdlib_files", "stdlib_root",

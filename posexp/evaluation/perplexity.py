@@ -58,7 +58,7 @@ from posexp.config import PROTOCOLS
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.evaluation.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
-from posexp.rundir import ROW_KEY
+from posexp.rundir import PERPLEXITY, ROW_KEY
 from posexp.model import GPT
 from posexp.runtime import autocast
 
@@ -280,7 +280,7 @@ def _length_factor(scaling: str, length: int, train_len: int, scaling_factor: Op
 def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[int], last_k: Optional[int],
                   scaling: str, factor: Optional[float]) -> dict:
     """What a row measured: its length, protocol and scaling (the fields of :data:`ROW_KEY`, and ``multiple``)."""
-    return {"length": length, "multiple": length / train_len, "protocol": protocol,
+    return {"metric": PERPLEXITY, "length": length, "multiple": length / train_len, "protocol": protocol,
             "stride": stride if protocol == "sliding" else None,
             "last_k": last_k if protocol == "last_k" else None,
             "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}

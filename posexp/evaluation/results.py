@@ -21,6 +21,7 @@ from posexp.config import Config, eval_lengths
 from posexp.data.tokenizer import bits_per_byte
 from posexp.evaluation.perplexity import evaluate, loss_by_position_rows
 from posexp.evaluation.scaling import default_factor
+from posexp.evaluation.task_results import is_task_results, task_table, write_task_results
 from posexp.io import atomic_write_text
 from posexp.positions import PositionPlan
 from posexp.plots import plot_loss_by_position, plot_ppl_vs_length
@@ -217,9 +218,9 @@ class ResultsTable:
         yield self.table(options.max_width)
 
 
-def results_table(results: dict) -> ResultsTable:
-    """The per-run table (a Rich renderable that fits the terminal it is printed on)."""
-    return ResultsTable(results)
+def results_table(results: dict) -> ResultsTable | Table:
+    """The per-run table (a Rich renderable that fits the terminal it is printed on); a task run's accuracy."""
+    return task_table(results) if is_task_results(results) else ResultsTable(results)
 
 
 def write_results(run_dir: Path, results: dict) -> None:
@@ -233,6 +234,9 @@ def write_results(run_dir: Path, results: dict) -> None:
     clean = finite_results(results)
     results.clear()
     results.update(clean)
+    if is_task_results(results):
+        write_task_results(run_dir, results)
+        return
     run = results["run"]
     series = []
     shown = display_rows(results)

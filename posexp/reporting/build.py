@@ -21,8 +21,8 @@ from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_ppl, _fmt_settings, _num, _short
 from posexp.reporting.runs import Run, load_run
 from posexp.reporting.selection import (DEFAULT_TOLERANCE, EXECUTION_KEYS, Filter, Metric, SortKey, _ABSENT, _canon,
-                                        _flatten, _show, _unknown_key_error, config_value, parse_by, parse_metrics,
-                                        parse_sort, parse_where)
+                                        _flatten, _show, _unknown_key_error, config_value, parse_by, parse_metric,
+                                        parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import Stat, _stat
 from posexp.rundir import RESULTS_JSON
 
@@ -140,6 +140,8 @@ def build_report(
     if sort_key is not None and sort_key.metric is not None and sort_key.metric.name not in {m.name for m in chosen}:
         chosen.append(sort_key.metric)
     runs, skipped = _load_runs(run_dirs, by_keys, filters, strict)
+    if metrics is None and any(r.get("protocol") == "last_k" for run in runs for r in run.rows):
+        chosen.append(parse_metric("gain"))  # last_k rows measured: say whether longer context helped
     warnings: list[str] = [f"not in the table: {problem}" for problem in skipped]
 
     protocol, scaling, other_views = _pick_view(runs)
@@ -366,6 +368,8 @@ def metric_value(metric: Metric, row: ReportRow, report: "Report") -> tuple[Opti
     cells, train_len = row.cells, row.run.train_len
     if train_len is None:
         return None, None
+    if metric.kind == "gain":
+        return context_gain(row.run, train_len, metric.at(train_len))
     at_train = cells.get(train_len)
     if metric.kind == "ppl_at":
         cell = cells.get(metric.at(train_len))
@@ -401,6 +405,21 @@ def metric_value(metric: Metric, row: ReportRow, report: "Report") -> tuple[Opti
     xs = [math.log2(n) for n in span]
     ys = [math.log(cells[n].ppl) for n in span]
     return True, sum((xs[i + 1] - xs[i]) * (ys[i] + ys[i + 1]) / 2 for i in range(len(span) - 1))
+
+
+def context_gain(run: Run, train_len: int, length: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
+    """Loss of the run's ``last_k`` rows at ``train_len`` minus at ``length`` (None: the longest one), unscaled:
+    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them."""
+    losses = {int(r["length"]): r.get("loss") for r in run.rows
+              if r.get("protocol") == "last_k" and r.get("scaling") is None}
+    if train_len not in losses:
+        return None, None
+    target = length if length is not None else max(losses)
+    if target not in losses or target == train_len and length is None:
+        return None, None
+    if losses[train_len] is None or losses[target] is None:
+        return False, None
+    return True, losses[train_len] - losses[target]
 
 
 def _auc_multiple(rows: list[ReportRow]) -> Optional[float]:

@@ -39,8 +39,8 @@ RUN_KEYS = ("encoder", "base", "train_len", "seed", "corpus", "corpus_fingerprin
 _ABSENT = object()  # the key is not in this run's config at all (e.g. encoder.rotary_fraction for alibi)
 
 
-_METRIC_HELP = ("ratio, ratio@Kx (e.g. ratio@8x), ratio@N (N tokens), ppl@Kx, ppl@N, maxlen, maxlen@P% "
-                "(e.g. maxlen@10%), auc, auc@Kx")
+_METRIC_HELP = ("ratio, ratio@Kx (e.g. ratio@8x), ratio@N (N tokens), ppl@Kx, ppl@N, gain, gain@Kx, maxlen, "
+                "maxlen@P% (e.g. maxlen@10%), auc, auc@Kx")
 
 
 def config_value(run: Run, key: str) -> Any:
@@ -209,7 +209,7 @@ class Metric:
 
     @property
     def decimals(self) -> int:
-        return 0 if self.kind == "maxlen" else 2
+        return 0 if self.kind == "maxlen" else 3 if self.kind == "gain" else 2
 
     def describe(self, report: Any) -> str:
         """One sentence for the notes under the table (``report``: the :class:`~posexp.reporting.build.Report`)."""
@@ -223,6 +223,12 @@ class Metric:
             return f"{self.name} = ppl at {where} / ppl at the training length (lower is better; 1 = no loss)."
         if self.kind == "ppl_at":
             return f"{self.name} = perplexity at {where}."
+        if self.kind == "gain":
+            at = where if self.length is not None or self.multiple is not None else "the longest last_k length"
+            return (f"{self.name} = context gain: loss (nats/token) of the same last K tokens at the training length "
+                    f"minus at {at}, from eval.protocol=last_k rows (Kazemnejad et al. 2023's setting, which scores "
+                    "the same tokens at every length); > 0: the model profits from context longer than it trained "
+                    "with; n/a without last_k rows.")
         if self.kind == "maxlen":
             return (f"{self.name} = the longest evaluated length (tokens) up to which every evaluated length keeps "
                     f"ppl within +{self.tolerance:.0%} of the training-length ppl (higher is better; capped at the "
@@ -240,7 +246,7 @@ def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE) -> Metric:
         ConfigError: for ``--metric`` (or ``--tolerance``), naming the allowed forms.
     """
     raw = str(text).strip()
-    match = re.fullmatch(r"(ratio|ppl|maxlen|auc)(?:@(.+))?", raw)
+    match = re.fullmatch(r"(ratio|ppl|maxlen|auc|gain)(?:@(.+))?", raw)
     if not match:
         raise ConfigError("--metric", f"unknown metric {raw!r}; choose from {_METRIC_HELP}")
     kind, arg = match.group(1), match.group(2)
@@ -265,6 +271,11 @@ def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE) -> Metric:
     if kind == "ppl":
         multiple, length = at_length()
         return Metric(raw, "ppl_at", multiple, length)
+    if kind == "gain":
+        if arg is None:
+            return Metric("gain", "gain")
+        multiple, length = at_length()
+        return Metric(raw, "gain", multiple, length)
     if kind == "maxlen":
         if arg is None:
             check_tolerance(tolerance)

@@ -29,11 +29,15 @@ from rich.markup import escape
 from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
+from posexp.io import atomic_write_text
+from posexp.reporting.accuracy import (TaskReport, build_task_report, is_task_run, print_task_report,
+                                       split_task_metrics, write_task_report)
 from posexp.reporting.build import build_report
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
-from posexp.reporting.selection import DEFAULT_TOLERANCE
-from posexp.rundir import RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+from posexp.reporting.runs import load_run
+from posexp.reporting.selection import DEFAULT_TOLERANCE, parse_by, parse_where
+from posexp.rundir import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")
@@ -78,20 +82,24 @@ def report_main(
         raise ConfigError("--format", f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    report = build_report(find_runs(paths), by=by, metrics=metrics, tolerance=tolerance, where=where, sort=sort,
-                          strict=strict)
-    report.warnings += _unfinished_sweep_jobs(paths)
+    lm_dirs, task_report = _split_tasks(find_runs(paths), by, metrics, where)
+    lm_metrics = split_task_metrics(metrics)[0] if metrics is not None else None
+    report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
+                          strict=strict) if lm_dirs else None
     console = console or Console()
-    if fmt == "rich":
-        print_report(report, console)
-        notes = console
-    else:
-        console.file.write(RENDERERS[fmt](report))
-        console.file.flush()
-        notes = err_console or Console(stderr=True)
-        for warning in report.warnings:
-            # one line each, however narrow the terminal: a warning is read (and grepped) whole
-            notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+    notes = console if fmt == "rich" else (err_console or Console(stderr=True))
+    if report is not None:
+        report.warnings += _unfinished_sweep_jobs(paths)
+        if fmt == "rich":
+            print_report(report, console)
+        else:
+            console.file.write(RENDERERS[fmt](report))
+            console.file.flush()
+            for warning in report.warnings:
+                # one line each, however narrow the terminal: a warning is read (and grepped) whole
+                notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+    if task_report is not None:
+        print_task_report(task_report, notes)  # its own tables: accuracy never shares a table with perplexity
     if out is not None:
         out_dir = Path(out)
     elif len(paths) == 1:
@@ -99,10 +107,40 @@ def report_main(
         out_dir = given.parent if given.is_file() else given
     else:
         out_dir = Path.cwd()
-    full = write_report(report, out_dir)
+    full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
+    if task_report is not None:
+        _write_task_sections(task_report, out_dir, lm=report is not None)
     summary = out_dir / SUMMARY_MD
     notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD} and {SUMMARY_CSV}"))
     return summary
+
+
+def _split_tasks(run_dirs: list[Path], by, metrics, where) -> tuple[list[Path], Optional[TaskReport]]:
+    """The language-modelling run folders, and the report of the task runs among ``run_dirs`` (None: none)."""
+    lm_dirs, task_runs = [], []
+    filters = parse_where(where)
+    for folder in run_dirs:
+        try:
+            run = load_run(folder)
+        except PosexpError:
+            lm_dirs.append(folder)  # the perplexity report names what is wrong with it
+            continue
+        if not is_task_run(run):
+            lm_dirs.append(folder)
+        elif all(f.matches(run) for f in filters):
+            task_runs.append(run)
+    if not task_runs:
+        return lm_dirs, None
+    by_keys = [k for k in parse_by(by) if k not in ("task", "task.name")]  # one table per task anyway
+    return lm_dirs, build_task_report(task_runs, by_keys, split_task_metrics(metrics)[1])
+
+
+def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool) -> None:
+    """report.md and summary.md: the task tables after the perplexity report (or alone, when no run is an LM's)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (REPORT_MD, SUMMARY_MD):
+        before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else None
+        atomic_write_text(out_dir / name, write_task_report(task_report, out_dir, after=before))
 
 
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
@@ -161,7 +199,10 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     """
     sweep = Path(sweep)
     try:
-        summary = write_summary(build_report(find_runs([sweep])), sweep)
+        lm_dirs, task_report = _split_tasks(find_runs([sweep]), None, None, None)
+        summary = write_summary(build_report(lm_dirs), sweep) if lm_dirs else sweep / SUMMARY_MD
+        if task_report is not None:
+            _write_task_sections(task_report, sweep, lm=bool(lm_dirs))
     except PosexpError as e:
         console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)
         return None

@@ -32,8 +32,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -57,6 +58,12 @@ from posexp.training.state import TrainState
 log = logging.getLogger("posexp.train")
 
 __all__ = ["CHECKPOINT_DIR", "WEIGHTS_FILE", "TrainResult", "save_checkpoint", "train"]
+
+
+class Sampler(Protocol):
+    """What the training step draws its batches from."""
+
+    def window(self, step: int, length: int) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
 
 
 class TokenLosses(torch.nn.Module):
@@ -212,7 +219,8 @@ class TrainStep:
         model: the model being trained (its parameters are clipped).
         net: what computes the token losses (:func:`loss_module`: maybe data-parallel, maybe compiled).
         optimizer: from :func:`posexp.training.optim.make_optimizer`.
-        sampler: the batches, a function of (seed, step).
+        sampler: the batches, a function of (seed, step): ``sampler.window(step, length)`` gives the tokens
+            ``(B, L + 1)`` and the answer mask of the targets ``(B, L)`` (None: every target is trained on).
         plan: positions and curriculum length of each step.
         t: the training settings (schedule, batch size, clip).
         device: where the batch goes.
@@ -221,7 +229,7 @@ class TrainStep:
         pin_memory: copy each batch from pinned host memory, asynchronously (CUDA).
     """
 
-    def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: BatchSampler,
+    def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: "Sampler",
                  plan: PositionPlan, t: TrainConfig, device: torch.device, dtype: torch.dtype, w: World,
                  pin_memory: bool = False):
         self.model, self.net, self.optimizer, self.sampler, self.plan = model, net, optimizer, sampler, plan
@@ -232,15 +240,21 @@ class TrainStep:
     def __call__(self, step: int, stop: "StopOnSignal") -> StepResult:
         lr = lr_at(step, self.t)
         set_lr(self.optimizer, lr)
-        length = self.plan.length_at(step)
-        batch = self.sampler.batch(step)[self.rows, :length + 1]  # a curriculum trains on each window's first tokens
-        batch = torch.from_numpy(batch.astype("int64"))
+        # a curriculum trains on each window's first tokens; a task draws a length up to it
+        tokens, answer = self.sampler.window(step, self.plan.length_at(step))
+        batch = torch.from_numpy(tokens[self.rows].astype("int64"))
         if self.pin_memory:  # a copy from pinned memory is asynchronous: the GPU does not wait on the host
             batch = batch.pin_memory()
         batch = batch.to(self.device, non_blocking=True)
+        length = batch.shape[1] - 1
         pos = self.plan.train_positions(step, length, self.device)
         with autocast(self.device, self.dtype):
-            loss = self.net(batch[:, :-1], batch[:, 1:], pos).mean()
+            losses = self.net(batch[:, :-1], batch[:, 1:], pos)  # (B, L) nats
+        if answer is None:
+            loss = losses.mean()
+        else:  # a task trains on its answer tokens only
+            mask = torch.from_numpy(answer[self.rows]).to(self.device, non_blocking=True)
+            loss = (losses * mask).sum() / mask.sum().clamp(min=1)
         loss.backward()
         if self.t.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
@@ -366,19 +380,19 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) ->
         console.print(f"[yellow]{note}[/]", highlight=False)
 
 
-def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
+def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
           plan: PositionPlan, config_hash: str, compiled: object = False, console: Optional[Console] = None,
-          resume: bool = False) -> TrainResult:
-    """Train ``model`` on ``corpus.train`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens.
+          resume: bool = False, sampler: Optional["Sampler"] = None) -> TrainResult:
+    """Train ``model`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens (``corpus.train`` or ``sampler``).
 
     Args:
         t: the run's ``train`` settings.
-        train_len: the training context length.
-        seed: the seed of the batches.
+        train_len, seed: the training context length, and the seed of the batches.
         plan: randomized positions / length curriculum (both off by default).
-        config_hash: the run's config hash, recorded in and checked against its checkpoints.
+        config_hash: recorded in and checked against the run's checkpoints.
         compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.step_settings`).
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
+        sampler: the batches when they are not windows of ``corpus`` (a task's ``TaskSampler``).
 
     Raises:
         TrainingDiverged: the loss became NaN or infinite; the last checkpoint before it is kept.
@@ -397,8 +411,8 @@ def train(model: GPT, corpus: Corpus, t: TrainConfig, run_dir: Path, *, train_le
     state, resumed = TrainState.begin(run_dir, model, opt, config_hash, device, resume, t.steps)
     choice = training_precision(model, t, train_len, device, saved=state.precision if resumed else None)
     state.precision, dtype = choice.name, choice.dtype  # a checkpoint keeps the choice for a resumed run
-    take_step = TrainStep(model, net, opt, BatchSampler(corpus.train, train_len, t.batch_size, seed), plan, t,
-                          device, dtype, w, pin_memory=settings.pin_memory)
+    sampler = sampler or BatchSampler(corpus.train, train_len, t.batch_size, seed)
+    take_step = TrainStep(model, net, opt, sampler, plan, t, device, dtype, w, pin_memory=settings.pin_memory)
     # only rank 0 writes; the others keep the same numbers, and so take the same decisions
     metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if resume else None) if w.is_main else None
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)

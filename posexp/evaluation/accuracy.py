@@ -1,0 +1,169 @@
+"""Accuracy of a trained model on a generated task, at each eval length (and, for passkey, each depth).
+
+At every length ``L`` (``eval.lengths``, or ``eval.multiples`` x ``train_len``) the model reads
+``eval.examples`` fresh instances of exactly ``L`` tokens (:meth:`posexp.tasks.base.Task.instances`). The
+instances depend only on the task, the length and the depth, never on the run's seed, so every run of a
+sweep is scored on the same instances (as every perplexity row scores the same validation tokens). Scoring
+is teacher-forced: the model reads the true instance and its argmax at every answer position is compared
+with the answer token there.
+
+A row reports:
+
+- ``exact_match``: the share of instances whose every answer token is right, with the 95% Wilson score
+  interval over the instances (Wilson 1927; the interval of choice for a proportion near 0 or 1, where the
+  normal one leaves [0, 1]).
+- ``token_accuracy``: the share of answer tokens that are right, with the Wilson interval over the answer
+  tokens. Tokens of one instance are not independent trials, so this interval is narrower than the truth
+  when errors cluster within instances; ``exact_match``'s is not.
+- ``answer_loss``: mean cross-entropy in nats of the answer tokens.
+- ``examples``, ``answer_tokens``, ``size`` (the instance size at that length).
+
+Lengths an encoder cannot represent, or past the range of randomized training positions, are "not
+applicable", as for perplexity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from posexp.config import Config, eval_lengths
+from posexp.evaluation.memory import PeakMemory
+from posexp.evaluation.perplexity import _length_factor, _not_applicable_reason, _Swapped
+from posexp.evaluation.scaling import NONE, check_scaling, scaled_encoder
+from posexp.model import GPT
+from posexp.positions import PositionPlan
+from posexp.rundir import ACCURACY
+from posexp.runtime import autocast, resolve_precision
+from posexp.tasks.base import Task
+
+Z95 = 1.959964  # two-sided 95% normal quantile
+EVAL_PROTOCOL = "teacher_forced"  # a task row's protocol: the argmax at each answer position, true prefix read
+_EVAL_STREAM = 4  # eval instances: a generator of (stream, length[, depth]), apart from training's
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[Optional[float], Optional[float]]:
+    """The Wilson score interval of a proportion (Wilson 1927, "Probable inference, the law of succession, and
+    statistical inference", JASA 22, eq. for the limits of p at ``z`` standard errors).
+
+    ``(p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)``: inside [0, 1] and not empty at ``p = 0`` or 1.
+
+    Returns:
+        ``(low, high)``; ``(None, None)`` without trials.
+    """
+    if trials <= 0:
+        return None, None
+    p = successes / trials
+    z2 = z * z
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    # at p = 0 (p = 1) the lower (upper) limit is exactly 0 (1); rounding would leave 1e-17 of it
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == trials else min(1.0, centre + half)
+    return low, high
+
+
+def eval_instances(task: Task, length: int, count: int, depth: Optional[float] = None):
+    """The instances every run is scored on at ``length`` (and ``depth``): seeded by the length and depth only,
+    so a depth gets the same instances whatever other depths are measured with it."""
+    key = [_EVAL_STREAM, length] + ([] if depth is None else [1, int(round(float(depth) * 10**6))])
+    rng = np.random.default_rng(key)
+    options = {"split": "val"}
+    if depth is not None:
+        options["depth"] = depth
+    return task.instances(length, count, rng, **options)
+
+
+def _score(model: GPT, tokens: np.ndarray, answer: np.ndarray, pos: Optional[np.ndarray], batch_tokens: int,
+           device: torch.device) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per instance: answer tokens right and answer tokens; and the summed answer loss (nats)."""
+    count, width = tokens.shape
+    per_batch = max(1, batch_tokens // (width - 1))
+    right, total, loss_sum = np.zeros(count, np.int64), np.zeros(count, np.int64), 0.0
+    pos_t = None if pos is None else torch.from_numpy(pos).to(device)
+    for start in range(0, count, per_batch):
+        batch = torch.from_numpy(tokens[start:start + per_batch]).to(device)
+        mask = torch.from_numpy(answer[start:start + per_batch, 1:]).to(device)  # which targets are answers
+        logits = model(batch[:, :-1], pos_t).float()  # (b, L, vocab)
+        targets = batch[:, 1:]
+        hit = (logits.argmax(-1) == targets) & mask
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+        right[start:start + per_batch] = hit.sum(1).cpu().numpy()
+        total[start:start + per_batch] = mask.sum(1).cpu().numpy()
+        loss_sum += float((losses * mask).sum().double())
+    return right, total, loss_sum
+
+
+def _summarise(right: np.ndarray, total: np.ndarray, loss_sum: float) -> dict:
+    examples, answer_tokens = int(right.size), int(total.sum())
+    exact = int((right == total).sum())
+    correct = int(right.sum())
+    em_low, em_high = wilson_interval(exact, examples)
+    tok_low, tok_high = wilson_interval(correct, answer_tokens)
+    return {"applicable": True, "exact_match": exact / examples if examples else None,
+            "exact_match_low": em_low, "exact_match_high": em_high,
+            "token_accuracy": correct / answer_tokens if answer_tokens else None,
+            "token_accuracy_low": tok_low, "token_accuracy_high": tok_high,
+            "answer_loss": loss_sum / answer_tokens if answer_tokens else None,
+            "examples": examples, "answer_tokens": answer_tokens}
+
+
+def _not_applicable(reason: str) -> dict:
+    return {"applicable": False, "exact_match": None, "exact_match_low": None, "exact_match_high": None,
+            "token_accuracy": None, "token_accuracy_low": None, "token_accuracy_high": None, "answer_loss": None,
+            "examples": 0, "answer_tokens": 0, "reason": reason}
+
+
+@torch.inference_mode()
+def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
+                  on_row: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for passkey.
+
+    Raises:
+        ConfigError: a scaling the encoder does not offer.
+    """
+    e, train_len = cfg.eval, int(cfg.train_len)
+    scaling = getattr(e, "scaling", NONE) or NONE
+    base_encoder = model.encoder
+    check_scaling(scaling, base_encoder.name, base_encoder)
+    plan = PositionPlan(cfg)
+    depths = list(e.depths) if task.name == "passkey" else [None]
+    dtype = resolve_precision(cfg.train.precision, device)
+    model.eval()
+    rows = []
+    try:
+        for length in eval_lengths(cfg):
+            factor = _length_factor(scaling, length, train_len, getattr(e, "scaling_factor", None),
+                                    getattr(e, "rerope_window", None))
+            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
+            reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, plan)
+            for depth in depths:
+                row = {"metric": ACCURACY, "task": task.name, "length": length, "multiple": length / train_len,
+                       "depth": None if depth is None else float(depth), "protocol": EVAL_PROTOCOL, "stride": None,
+                       "last_k": None, "scaling": None if scaling == NONE else scaling, "scaling_factor": factor,
+                       "size": task.size_for(length)}
+                if reason is not None:
+                    row.update(_not_applicable(reason))
+                else:
+                    made = eval_instances(task, length, int(e.examples), depth)
+                    pos = plan.eval_positions(length)
+                    with _Swapped(model, encoder), PeakMemory(device) as mem, autocast(device, dtype):
+                        t0 = time.perf_counter()
+                        right, total, loss_sum = _score(model, made.tokens, made.answer, pos,
+                                                        int(e.batch_tokens), device)
+                        elapsed = time.perf_counter() - t0
+                    row.update(_summarise(right, total, loss_sum))
+                    read = made.tokens.shape[0] * length
+                    row.update(eval_s=elapsed, tokens_per_s=read / elapsed if elapsed else None,
+                               peak_mem_mb=mem.delta_mb)
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    finally:
+        model.encoder = base_encoder
+    return rows

@@ -1,0 +1,78 @@
+"""Generated tasks beside language modelling: ``task=copy|reverse|sort|addition|parity|mqar|passkey|flipflop``.
+
+Each task is one file here and one yaml in ``configs/task/``; :func:`build_task` makes the task of a run's
+config. A task is a data generator with an answer mask (:mod:`posexp.tasks.base`); the encoders, model,
+trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
+measures it. Adding a task: a :class:`~posexp.tasks.base.Task` subclass in a new file, an entry in
+:data:`TASKS`, a yaml in ``configs/task/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Optional
+
+import numpy as np
+
+from posexp.errors import ConfigError
+from posexp.tasks.addition import Addition
+from posexp.tasks.base import PAD, Instances, Task
+from posexp.tasks.copy import Copy
+from posexp.tasks.flipflop import FlipFlop
+from posexp.tasks.mqar import MQAR
+from posexp.tasks.parity import Parity
+from posexp.tasks.passkey import Passkey
+from posexp.tasks.reverse import Reverse
+from posexp.tasks.sort import Sort
+
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Sort, Addition, Parity, MQAR, Passkey,
+                                                          FlipFlop)}
+LM = "lm"
+TASK_NAMES = (LM, *TASKS)
+DEFAULT_DIGITS = 5  # task.digits, the passkey's length (TaskConfig's default)
+GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
+
+
+def check_task_name(name: str) -> None:
+    if name != LM and name not in TASKS:
+        raise ConfigError("task", f"unknown task {name!r}; choose one of: {', '.join(TASK_NAMES)}")
+
+
+def build_task(task_cfg: Any, train: Optional[np.ndarray] = None, val: Optional[np.ndarray] = None) -> Task:
+    """The task of a run's ``task`` group; ``train`` / ``val`` are ``data``'s token splits (passkey's filler).
+
+    Raises:
+        ConfigError: an unknown task or option out of range.
+    """
+    name = str(task_cfg.name)
+    check_task_name(name)
+    if name == LM:
+        raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
+    cls = TASKS[name]
+    min_size, symbols = _option(task_cfg, "min_size", None), _option(task_cfg, "symbols", None)
+    if cls is Passkey:
+        if symbols is not None:
+            raise ConfigError("task.symbols", "task=passkey has no alphabet to size; drop task.symbols")
+        empty = np.zeros(0, dtype=np.int64)
+        return Passkey(train if train is not None else empty, val if val is not None else empty,
+                       int(_option(task_cfg, "digits", DEFAULT_DIGITS)), min_size)
+    if int(_option(task_cfg, "digits", DEFAULT_DIGITS)) != DEFAULT_DIGITS:
+        raise ConfigError("task.digits", f"only applies to task=passkey (the task is {name}); drop task.digits")
+    return cls(symbols, min_size)
+
+
+def _option(task_cfg: Any, key: str, default: Any) -> Any:
+    """A key of the task group: typed (a dataclass), or a saved config's mapping that may predate the key."""
+    return task_cfg.get(key, default) if hasattr(task_cfg, "get") else getattr(task_cfg, key, default)
+
+
+def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
+    """16 hex digits naming what a task's instances are made from: generator, options, and data for passkey."""
+    blob = json.dumps({"task": task.name, "options": task.options(), "version": GENERATOR_VERSION,
+                       "data": data_fingerprint}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+__all__ = ["LM", "PAD", "TASKS", "TASK_NAMES", "Instances", "Task", "build_task", "check_task_name",
+           "task_fingerprint"]

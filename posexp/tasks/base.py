@@ -1,0 +1,149 @@
+"""What every task is: a seeded generator of token sequences whose answer tokens are marked.
+
+A task instance is one sequence of tokens, the model reads all but its last token and predicts each next
+one, as in language modelling; only the tokens marked as the answer are trained on and scored. Lengths are
+counted as for perplexity: an instance "of length ``L``" is read as ``L`` tokens (it has ``L + 1``, the last
+one only ever a target), so ``train_len`` and ``eval.lengths`` mean the same for a task and for ``task=lm``.
+
+An instance of a length is the largest instance of the task that fits in it (``size_for``), with the tokens
+it leaves over filled by the task's padding token at the start, so every requested length is met exactly.
+Training draws each step's length uniformly from the shortest length that holds one instance of
+``task.min_size`` up to ``train_len`` (one length per step, shared by the batch, as Ruoss et al. 2023 draw one
+length per batch), so the instance sizes of training are (close to) uniform up to the largest that fits.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from posexp.errors import ConfigError
+
+PAD = 0  # every task's token 0: fills a length an instance does not use; never an answer
+
+
+@dataclass
+class Instances:
+    """``count`` instances of one length: ``tokens (count, L + 1)`` and ``answer (count, L + 1)``, true where a
+    token is part of the answer (scored and trained on; never the first token)."""
+
+    tokens: np.ndarray
+    answer: np.ndarray
+
+    @property
+    def length(self) -> int:
+        """The length the model reads: ``L``."""
+        return int(self.tokens.shape[1]) - 1
+
+
+class Task(ABC):
+    """A generated task. Subclasses say how many tokens an instance of a size has and build instances.
+
+    Args:
+        symbols: the task's alphabet or key vocabulary (None: its default; ignored by tasks without one).
+        min_size: the smallest instance size training draws (None: the smallest the task is defined for, at
+            least 1).
+    """
+
+    name: str = ""
+    citation: str = ""
+    size_unit: str = "items"  # what a size counts, for messages
+    default_symbols: Optional[int] = None
+    smallest: int = 1  # the smallest size the task is defined for
+
+    def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None):
+        if symbols is not None and self.default_symbols is None:
+            raise ConfigError("task.symbols", f"task={self.name} has no alphabet to size; drop task.symbols")
+        self.symbols = int(symbols if symbols is not None else (self.default_symbols or 0))
+        if self.default_symbols is not None and self.symbols < 2:
+            raise ConfigError("task.symbols", f"must be at least 2 (got {self.symbols})")
+        if min_size is None:
+            min_size = max(1, self.smallest)
+        if min_size < self.smallest:
+            raise ConfigError("task.min_size", f"task={self.name} needs at least {self.smallest} {self.size_unit} "
+                                               f"per instance (got {min_size})")
+        self.min_size = int(min_size)
+
+    # -- what subclasses define ---------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Tokens of the task's own vocabulary (the model's embedding follows it)."""
+
+    @abstractmethod
+    def tokens_for(self, size: int) -> int:
+        """Tokens of an instance of ``size`` (increasing in ``size``), answer included."""
+
+    @abstractmethod
+    def generate(self, size: int, count: int, rng: np.random.Generator, **options) -> Instances:
+        """``count`` instances of ``size``, exactly ``tokens_for(size)`` tokens each, from ``rng`` alone."""
+
+    def largest_size(self) -> Optional[int]:
+        """The largest size the task can build (e.g. distinct keys), None if unbounded."""
+        return None
+
+    def options(self) -> dict:
+        """What, besides its name, defines the task's instances (provenance and the task's fingerprint)."""
+        return {"symbols": self.symbols} if self.default_symbols is not None else {}
+
+    # -- lengths ------------------------------------------------------------------------------
+
+    def size_for(self, length: int) -> int:
+        """The largest size whose instance is read in at most ``length`` tokens (0 if none is)."""
+        lo, hi = 0, max(1, length + 1)
+        while lo < hi:  # tokens_for increases with size
+            mid = (lo + hi + 1) // 2
+            if self.tokens_for(mid) <= length + 1:
+                lo = mid
+            else:
+                hi = mid - 1
+        limit = self.largest_size()
+        return lo if limit is None else min(lo, limit)
+
+    def shortest_length(self, size: Optional[int] = None) -> int:
+        """The shortest length holding one instance of ``size`` (default ``task.min_size``)."""
+        return self.tokens_for(self.min_size if size is None else size) - 1
+
+    def check_length(self, length: int, key: str) -> None:
+        """Refuse a length no instance of ``task.min_size`` fits in, or one past what the task can build.
+
+        Raises:
+            ConfigError: naming ``key``.
+        """
+        shortest = self.shortest_length()
+        if length < shortest:
+            raise ConfigError(key, f"length {length} is too short for one instance of task={self.name}: "
+                                   f"{self.min_size} {self.size_unit} (task.min_size) take {shortest + 1} tokens, "
+                                   f"read as {shortest}; use lengths >= {shortest}")
+        limit = self.largest_size()
+        if limit is not None and self.tokens_for(limit + 1) <= length + 1:
+            raise ConfigError(key, f"length {length} needs more than the {limit} {self.size_unit} task={self.name} "
+                                   f"can build with task.symbols={self.symbols}; raise task.symbols or use lengths "
+                                   f"<= {self.tokens_for(limit) - 1}")
+
+    def instances(self, length: int, count: int, rng: np.random.Generator, **options) -> Instances:
+        """``count`` instances read in exactly ``length`` tokens: the largest size that fits, padded at the start."""
+        size = self.size_for(length)
+        made = self.generate(size, count, rng, **options)
+        pad = length + 1 - made.tokens.shape[1]
+        if pad == 0:
+            return made
+        tokens = np.concatenate([np.full((count, pad), PAD, dtype=np.int64), made.tokens], axis=1)
+        answer = np.concatenate([np.zeros((count, pad), dtype=bool), made.answer], axis=1)
+        return Instances(tokens, answer)
+
+
+def fill(count: int, width: int, high: int, rng: np.random.Generator, low: int = 0) -> np.ndarray:
+    """``(count, width)`` integers drawn uniformly from ``low .. high - 1``."""
+    return rng.integers(low, high, size=(count, width), dtype=np.int64)
+
+
+def with_answer(parts: list[tuple[np.ndarray, bool]]) -> Instances:
+    """Instances from column blocks ``(tokens (count, w), is_answer)``, joined left to right."""
+    tokens = np.concatenate([p for p, _ in parts], axis=1).astype(np.int64)
+    answer = np.concatenate([np.full(p.shape, flag, dtype=bool) for p, flag in parts], axis=1)
+    return Instances(tokens, answer)

@@ -1,0 +1,109 @@
+"""posexp report over task runs: their own tables (never mixed with perplexity), intervals over seeds,
+acc@Kx and maxlen@accP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from posexp.errors import ConfigError
+from posexp.evaluation.accuracy import wilson_interval
+from posexp.reporting.accuracy import build_task_report, parse_task_metric
+from posexp.reporting.runs import load_run
+from posexp.reporting.summary import report_main
+from test_report import make_run
+
+
+def make_task_run(folder: Path, accuracy: dict[int, float | None], task: str = "copy", encoder: str = "rope",
+                  seed: int = 0, train_len: int = 64, examples: int = 200) -> Path:
+    """A task run's folder as the trainer writes it; None = not applicable."""
+    rows = []
+    for length, acc in accuracy.items():
+        exact = None if acc is None else round(acc * examples)
+        low, high = (None, None) if acc is None else wilson_interval(exact, examples)
+        rows.append({"metric": "accuracy", "task": task, "length": length, "multiple": length / train_len,
+                     "depth": None, "protocol": "teacher_forced", "scaling": None, "scaling_factor": None,
+                     "applicable": acc is not None, "exact_match": None if acc is None else exact / examples,
+                     "exact_match_low": low, "exact_match_high": high, "examples": examples})
+    overrides = [f"task={task}", f"encoder={encoder}", f"seed={seed}"]
+    run = {"label": " ".join(overrides), "overrides": overrides, "encoder": encoder, "train_len": train_len,
+           "seed": seed, "status": "completed", "task": {"name": task, "options": {}},
+           "config": {"encoder": {"name": encoder}, "seed": seed, "train_len": train_len, "task": {"name": task}}}
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
+    return folder
+
+
+def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(tmp_path):
+    runs = [load_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2, 256: 0.2}, seed=s))
+            for s, acc2 in ((0, 0.95), (1, 0.85))]
+    report = build_task_report(runs, ["encoder"], ["acc@2x", "maxlen@acc90", "maxlen@acc80"])
+    (group,) = report.groups
+    cell = group.cells[128]
+    assert cell.n == 2 and cell.mean == pytest.approx(90.0)
+    assert cell.low < 85 and cell.high > 95  # t(0.975, 1) = 12.71: wide with two seeds
+    assert group.metrics["acc@2x"].mean == pytest.approx(90.0)
+    # seed 0 keeps >= 90% of its 100% up to 128 tokens; seed 1 (85%) only at 64
+    assert group.metrics["maxlen@acc90"].mean == pytest.approx((128 + 64) / 2)
+    assert group.metrics["maxlen@acc80"].mean == pytest.approx(128)
+
+
+def test_a_single_run_shows_its_wilson_interval_and_not_applicable_lengths(tmp_path):
+    run = load_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
+    (group,) = build_task_report([run]).groups
+    low, high = wilson_interval(100, 200)
+    assert group.cells[64].low == pytest.approx(100 * low) and group.cells[64].high == pytest.approx(100 * high)
+    assert group.cells[128].applicable is False
+    assert group.metrics["acc@2x"].applicable is False
+
+
+def test_lm_and_task_runs_get_separate_tables(tmp_path):
+    make_run(tmp_path / "sweep" / "0", {128: 10.0, 256: 12.0})
+    make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
+    make_task_run(tmp_path / "sweep" / "2", {64: 0.9, 128: 0.1}, task="mqar")
+    report_main([tmp_path / "sweep"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
+                metrics=["ratio", "acc@2x"])
+    text = (tmp_path / "sweep" / "report.md").read_text()
+    perplexity, tasks = text.split("## Tasks: accuracy vs context length")
+    assert "task=copy" not in perplexity and "task=mqar" not in perplexity  # no task run in the perplexity table
+    assert "### task copy" in tasks and "### task mqar" in tasks and "acc@2x" in tasks and "50.0" in tasks
+    assert (tmp_path / "sweep" / "report_accuracy_vs_length.png").is_file()
+    assert "## Tasks" in (tmp_path / "sweep" / "summary.md").read_text()
+
+
+def test_a_report_of_task_runs_only(tmp_path):
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200))
+    text = (tmp_path / "s" / "report.md").read_text()
+    assert text.startswith("# Tasks: accuracy vs context length") and "maxlen@acc90" in text
+
+
+@pytest.mark.parametrize("bad", ["acc@", "acc@twox", "maxlen@acc0", "maxlen@acc150"])
+def test_unknown_task_metrics_name_the_option(bad):
+    with pytest.raises(ConfigError) as e:
+        parse_task_metric(bad)
+    assert e.value.key == "--metric" and "acc@Kx" in str(e.value)
+
+
+def _last_k_rows(losses: dict[int, float], train_len: int = 128) -> list[dict]:
+    return [{"length": n, "multiple": n / train_len, "protocol": "last_k", "last_k": 64, "scaling": None,
+             "applicable": True, "ppl": 2.718281828 ** loss, "loss": loss} for n, loss in losses.items()]
+
+
+def test_context_gain_is_the_fall_of_the_last_k_loss_and_shows_by_default_with_last_k_rows(tmp_path):
+    from posexp.reporting.build import build_report
+
+    make_run(tmp_path / "a", {128: 10.0, 512: 12.0}, extra_rows=_last_k_rows({128: 2.0, 256: 1.9, 512: 1.85}))
+    make_run(tmp_path / "b", {128: 10.0, 512: 12.0}, overrides=["encoder=alibi"], encoder="alibi",
+             extra_rows=_last_k_rows({128: 2.0, 512: 2.1}))
+    report = build_report([tmp_path / "a", tmp_path / "b"])
+    assert "gain" in [m.name for m in report.metrics]
+    gains = {g.label: g.metrics["gain"].mean for g in report.groups}
+    assert gains["encoder=rope"] == pytest.approx(0.15) and gains["encoder=alibi"] == pytest.approx(-0.1)
+    at2 = build_report([tmp_path / "a"], metrics=["gain@2x"]).groups[0].metrics["gain@2x"]
+    assert at2.mean == pytest.approx(0.1)
+    without = build_report([make_run(tmp_path / "c", {128: 10.0})])
+    assert "gain" not in [m.name for m in without.metrics]

@@ -1,0 +1,175 @@
+"""The task generators: every answer right by construction (checked by an independent solver per task),
+seeded and deterministic, every requested length met exactly; and the Wilson interval of the accuracy rows."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from posexp.config import config_dir
+from posexp.errors import ConfigError
+from posexp.evaluation.accuracy import eval_instances, wilson_interval
+from posexp.tasks import PAD, TASKS, Task
+from posexp.tasks.passkey import Passkey
+from posexp.tasks.sampler import TaskSampler
+
+SHIPPED = sorted(p.stem for p in (config_dir() / "task").glob("*.yaml") if p.stem != "lm")
+FILLER = np.frombuffer(b"The grass is green. The sky is blue. 0123 456 789 " * 40, dtype=np.uint8).astype(np.int64)
+
+
+def make(name: str, **options) -> Task:
+    if name == "passkey":
+        return Passkey(FILLER[:1500], FILLER[500:], **options)
+    return TASKS[name](**options)
+
+
+def _strip(row: np.ndarray) -> np.ndarray:
+    """An instance without its padding."""
+    start = 0
+    while start < row.size and row[start] == PAD:
+        start += 1
+    return row[start:]
+
+
+def solve(name: str, row: np.ndarray, answer: np.ndarray) -> tuple[list[int], list[int]]:
+    """(the answer tokens a solver written from the task's description expects, the tokens marked as answer)."""
+    marked = row[answer].tolist()
+    pad = row.size - _strip(row).size
+    seq, ans = row[pad:].tolist(), answer[pad:]
+    if name in ("copy", "reverse", "sort"):
+        n = (len(seq) - 1) // 2
+        x = seq[:n]
+        assert seq[n] == 1 and not ans[: n + 1].any()
+        return {"copy": x, "reverse": x[::-1], "sort": sorted(x)}[name], marked
+    if name == "addition":
+        n = (len(seq) - 3) // 3
+        a, b = seq[:n], seq[n + 1:2 * n + 1]
+        assert seq[n] == 11 and seq[2 * n + 1] == 12
+        value = sum((d - 1) * 10**i for i, d in enumerate(a)) + sum((d - 1) * 10**i for i, d in enumerate(b))
+        return [int(c) + 1 for c in str(value).zfill(n + 1)[::-1]], marked
+    if name == "parity":
+        return [sum(t - 1 for t in seq[:-2]) % 2 + 1], marked
+    if name == "mqar":
+        d = len(seq) // 4
+        table = dict(zip(seq[0:2 * d:2], seq[1:2 * d:2]))
+        assert len(table) == d  # distinct keys
+        queries = seq[2 * d:]
+        assert sorted(queries[0::2]) == sorted(table)  # every key queried once
+        return [table[k] for k in queries[0::2]], marked
+    if name == "flipflop":
+        expected, memory = [], None
+        for op, bit in zip(seq[0::2], seq[1::2]):
+            if op == 3:
+                memory = bit
+            elif op == 4:
+                expected.append(memory)
+        assert seq[0] == 3 and seq[-2] == 4
+        return expected, marked
+    if name == "passkey":
+        text = bytes(seq)
+        needle = re.search(rb"pass key (\d+)\. ", text)
+        assert text[-15:-5] == b"pass key? "
+        return list(needle.group(1)), marked
+    raise AssertionError(name)
+
+
+def test_every_shipped_task_yaml_has_a_generator():
+    assert SHIPPED == sorted(TASKS)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_answers_are_right_by_construction_and_every_length_is_met(name):
+    task = make(name)
+    rng = np.random.default_rng(0)
+    shortest = task.shortest_length()
+    for length in sorted({shortest, shortest + 1, shortest + 2, shortest + 3, 64, 65, 97}):
+        made = task.instances(length, 16, rng, split="val")
+        assert made.tokens.shape == (16, length + 1) and made.length == length
+        assert made.tokens.min() >= 0 and made.tokens.max() < task.vocab_size
+        assert not made.answer[:, 0].any() and made.answer.any(axis=1).all()
+        assert (made.tokens[~made.answer] >= 0).all() and (made.tokens[made.answer] != PAD).all()
+        for row, answer in zip(made.tokens, made.answer):
+            expected, marked = solve(name, row, answer)
+            assert marked == expected
+        # the largest instance that fits: one size more would not
+        assert task.tokens_for(task.size_for(length)) <= length + 1 < task.tokens_for(task.size_for(length) + 1)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_generators_are_seeded_and_deterministic(name):
+    task = make(name)
+    a = task.instances(40, 8, np.random.default_rng([1, 2]), split="train")
+    b = task.instances(40, 8, np.random.default_rng([1, 2]), split="train")
+    c = task.instances(40, 8, np.random.default_rng([1, 3]), split="train")
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.answer, b.answer)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_training_draws_lengths_up_to_train_len_and_masks_the_answers(name):
+    task = make(name)
+    sampler = TaskSampler(task, batch_size=4, seed=7)
+    lengths = set()
+    for step in range(60):
+        tokens, mask = sampler.window(step, 48)
+        assert tokens.shape[0] == 4 and mask.shape == (4, tokens.shape[1] - 1)
+        full = np.concatenate([np.zeros((4, 1), dtype=bool), mask], axis=1)  # the mask is of the targets
+        for row, answer in zip(tokens, full):
+            expected, marked = solve(name, row, answer)
+            assert marked == expected  # exactly the answer tokens are trained on
+        lengths.add(tokens.shape[1] - 1)
+        again, _ = sampler.window(step, 48)
+        assert np.array_equal(tokens, again)  # a function of (seed, step): resumable
+    assert min(lengths) >= task.shortest_length() and max(lengths) <= 48 and len(lengths) > 5
+
+
+def test_passkey_puts_the_key_at_the_requested_depth():
+    task = make("passkey")
+    for depth in (0.0, 0.25, 0.5, 1.0):
+        made = task.instances(120, 4, np.random.default_rng(0), split="val", depth=depth)
+        size = task.size_for(120)
+        for row in made.tokens:
+            body = bytes(_strip(row).tolist())
+            assert body.find(b"pass key ") == round(depth * size)
+
+
+def test_eval_instances_do_not_depend_on_the_run_and_differ_by_length_and_depth():
+    task = make("copy")
+    a, b = eval_instances(task, 40, 8), eval_instances(task, 40, 8)
+    assert np.array_equal(a.tokens, b.tokens)
+    assert not np.array_equal(eval_instances(task, 48, 8).tokens[:, 8:], a.tokens)
+    key = make("passkey")
+    at_half = eval_instances(key, 80, 4, depth=0.5)
+    assert np.array_equal(at_half.tokens, eval_instances(key, 80, 4, depth=0.5).tokens)
+    assert not np.array_equal(at_half.tokens, eval_instances(key, 80, 4, depth=0.25).tokens)
+
+
+@pytest.mark.parametrize("name,length", [("copy", 1), ("addition", 4), ("passkey", 10), ("mqar", 2)])
+def test_a_length_too_short_for_one_instance_is_refused_with_the_shortest_allowed(name, length):
+    with pytest.raises(ConfigError, match="too short for one instance") as e:
+        make(name).check_length(length, "eval.lengths")
+    assert e.value.key == "eval.lengths"
+
+
+def test_mqar_refuses_more_pairs_than_distinct_keys():
+    with pytest.raises(ConfigError, match="task.symbols"):
+        make("mqar", symbols=8).check_length(40, "eval.lengths")  # 10 pairs of 8 keys
+
+
+def test_wilson_interval_matches_the_closed_form_and_stays_in_0_1():
+    # 0 of n: the upper limit is z^2 / (n + z^2) (Wilson 1927)
+    z = 1.959964
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(z * z / (10 + z * z), rel=1e-9)
+    low, high = wilson_interval(10, 10)
+    assert high == 1.0 and low == pytest.approx(10 / (10 + z * z), rel=1e-9)
+    for k, n in ((3, 7), (50, 100), (1, 1000)):
+        low, high = wilson_interval(k, n)
+        assert 0 <= low < k / n < high <= 1
+        low2, high2 = wilson_interval(n - k, n)
+        assert low2 == pytest.approx(1 - high) and high2 == pytest.approx(1 - low)  # symmetric
+    assert wilson_interval(0, 0) == (None, None)
+    assert math.isclose(sum(wilson_interval(50, 100)) / 2, 0.5)
