@@ -47,6 +47,15 @@ def full_error_requested() -> bool:
     return any(os.environ.get(v, "") not in ("", "0") for v in ("HYDRA_FULL_ERROR", "POSEXP_DEBUG"))
 
 
+def override_text(key: str, value: object) -> str:
+    """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
+    (a folder path with spaces or brackets)."""
+    text = str(value)
+    if all(c.isalnum() or c in "/._-:+@~" for c in text):
+        return f"{key}={text}"
+    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+
+
 def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"did you mean {prefix}{close[0]}? " if close else ""
@@ -206,7 +215,7 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
 
 # -- posexp train --help: the main keys ---------------------------------------------------------
 
-MAIN_KEYS = ("base", "train_len", "seed", "device", "precision", "compile", "cache", "objective",
+MAIN_KEYS = ("base", "scaling", "scaling_factor", "train_len", "seed", "device", "precision", "compile", "cache", "objective",
              "model.d_model", "model.n_layers", "model.n_heads", "train.steps", "train.batch_size", "train.lr",
              "train.warmup_steps", "train.checkpoint_every", "train.positions", "train.curriculum",
              "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
@@ -252,7 +261,8 @@ def key_descriptions() -> dict:
 
     root = config_dir()
     sources = [("", inspect.getsource(schema.Config).splitlines()[1:]),
-               ("", (root / "config.yaml").read_text().splitlines())]
+               ("", (root / "config.yaml").read_text().splitlines()),
+               ("", inspect.getsource(schema.FinetuneAppConfig).splitlines()[1:])]
     for group, cls in (("model", schema.ModelConfig), ("train", schema.TrainConfig), ("eval", schema.EvalConfig)):
         sources.append((f"{group}.", inspect.getsource(cls).splitlines()[1:]))
         sources += [(f"{group}.", path.read_text().splitlines()) for path in sorted((root / group).glob("*.yaml"))]
@@ -274,7 +284,9 @@ def key_table(cfg: DictConfig) -> list:
     for key in MAIN_KEYS:
         value = defaults
         for part in key.split("."):
-            value = value[part]
+            value = value.get(part, KeyError) if isinstance(value, dict) else KeyError
+        if value is KeyError:
+            continue  # a key of another app (posexp finetune has no model.*, posexp train no scaling)
         text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         rows.append((key, text.replace(" ", ""), meanings.get(key, "")))
     return rows
