@@ -215,10 +215,13 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
 
 # -- posexp train --help: the main keys ---------------------------------------------------------
 
-MAIN_KEYS = ("base", "scaling", "scaling_factor", "train_len", "seed", "device", "precision", "compile", "cache", "objective",
+MAIN_KEYS = ("base", "train_len", "seed", "device", "precision", "compile", "cache", "objective",
              "model.d_model", "model.n_layers", "model.n_heads", "train.steps", "train.batch_size", "train.lr",
              "train.warmup_steps", "train.checkpoint_every", "train.positions", "train.curriculum",
              "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
+# posexp finetune --help: the keys of configs/finetune.yaml a fine-tune sets (the rest is the parent's)
+FINETUNE_KEYS = ("scaling", "scaling_factor", "train_len", "seed", "cache", "train.steps", "train.batch_size",
+                 "train.lr", "train.warmup_steps", "eval.multiples", "eval.tokens")
 _KEY_LINE = re.compile(r"^\s*(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
 
 
@@ -276,17 +279,15 @@ def key_descriptions() -> dict:
     return {**above, **trailing}
 
 
-def key_table(cfg: DictConfig) -> list:
-    """Rows ``(key, default, meaning)`` of :data:`MAIN_KEYS`, the defaults as written in the composed ``cfg``."""
+def key_table(cfg: DictConfig, keys: Sequence[str] = MAIN_KEYS) -> list:
+    """Rows ``(key, default, meaning)`` of ``keys``, the defaults as written in the composed ``cfg``."""
     meanings = key_descriptions()
     defaults = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    for key in MAIN_KEYS:
+    for key in keys:
         value = defaults
         for part in key.split("."):
-            value = value.get(part, KeyError) if isinstance(value, dict) else KeyError
-        if value is KeyError:
-            continue  # a key of another app (posexp finetune has no model.*, posexp train no scaling)
+            value = value[part]
         text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         rows.append((key, text.replace(" ", ""), meanings.get(key, "")))
     return rows
@@ -306,6 +307,6 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("default", no_wrap=True)
     table.add_column("meaning")
-    for row in key_table(cfg):
+    for row in key_table(cfg, FINETUNE_KEYS if config_name == "finetune" else MAIN_KEYS):
         table.add_row(*row)
     Console().print(table)
