@@ -46,10 +46,10 @@ def _error_lines(result) -> list[str]:
 
 @pytest.fixture(scope="module")
 def parents(tmp_path_factory) -> dict[str, Path]:
-    """Finished smoke runs to fine-tune: rope and a learned table."""
+    """Finished smoke runs to fine-tune: rope, a learned table and a bias (alibi)."""
     root = tmp_path_factory.mktemp("parents")
     out = {}
-    for encoder in ("rope", "learned"):
+    for encoder in ("rope", "learned", "alibi"):
         result = invoke("train", *SMOKE, f"encoder={encoder}", "train.threads=1", f"hydra.run.dir={root / encoder}")
         assert result.exit_code == 0, result.output
         out[encoder] = root / encoder
@@ -135,6 +135,15 @@ def test_finetune_records_its_lineage_and_evaluates_at_the_new_length(parents, l
     assert run["config"]["encoder"] == parent_run["config"]["encoder"]
 
 
+def test_a_bias_encoding_fine_tunes_directly(parents, tmp_path):
+    """ALiBi has nothing to interpolate: scaling=none trains it at the new length as it is."""
+    run_dir = tmp_path / "alibi"
+    result = invoke("finetune", str(parents["alibi"]), *QUICK, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    run = _results(run_dir)["run"]
+    assert (run["encoder"], run["scaling"], run["scaling_factor"], run["train_len"]) == ("alibi", "none", 1.0, 64)
+
+
 def test_finetune_starts_from_the_parents_weights(parents, tmp_path):
     """With a learning rate too small to move them, the fine-tuned weights are the parent's."""
     run_dir = tmp_path / "still"
@@ -188,6 +197,7 @@ def test_a_finished_finetune_is_reused_from_the_cache(parents, tmp_path):
     ("corpus", "data: the parent"),
     ("encoder", "encoder: encoder=alibi: a fine-tune keeps the parent's"),
     ("rerope", "scaling: unknown scaling 'rerope' for fine-tuning"),
+    ("bias", "scaling: 'linear' does not apply to encoder 'alibi', which fine-tunes with scaling=none"),
     ("no_parent", "give the run folder to fine-tune first"),
 ])
 def test_bad_input_is_one_line_and_leaves_no_folder(parents, tmp_path, case, key):
@@ -201,6 +211,7 @@ def test_bad_input_is_one_line_and_leaves_no_folder(parents, tmp_path, case, key
         "corpus": (str(parents["rope"]), "train_len=64", "data=text", "data.path=/etc/hostname"),
         "encoder": (str(parents["rope"]), "encoder=alibi"),
         "rerope": (str(parents["rope"]), "scaling=rerope"),
+        "bias": (str(parents["alibi"]), "scaling=linear"),
         "no_parent": ("train_len=64",),
     }[case]
     run_dir = tmp_path / "new"
