@@ -159,7 +159,8 @@ def child_config(app: DictConfig) -> DictConfig:
     factor = mine.get("scaling_factor")
     if factor is None:  # s = L'/L (Chen et al. 2023, §2.3); dynamic NTK's own factor a defaults to 1
         factor = 1.0 if mine["scaling"] in ("none", "dynamic_ntk") else new_len / parent_len
-    child = {k: resolved[k] for k in ("encoder", "data", "tokenizer", "model", "base")}
+    # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
+    child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
     child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
     child["finetune"] = {"parent": str(parent), "parent_config_hash": str(results["run"].get("config_hash")
                                                                            or config_hash(parent_cfg)),
