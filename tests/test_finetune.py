@@ -234,3 +234,13 @@ def test_a_sweep_of_scalings_reports_by_scaling_with_the_parent_beside(parents, 
     assert "scaling" in header and "parent ppl@1x" in header, header
     parent_ppl = next(r["ppl"] for r in _results(parents["rope"])["rows"] if r["length"] == PARENT_LEN)
     assert len(rows) == 2 and all(f"{parent_ppl:.3f}" in row for row in rows), rows
+
+
+def test_evaluation_does_not_scale_a_run_fine_tuned_with_a_scaling_again(linear_child):
+    before = (linear_child / "results.json").read_bytes()
+    result = invoke("eval", str(linear_child), "eval.scaling=ntk")
+    assert result.exit_code == 2, result.output
+    assert _error_lines(result) == ["error: eval.scaling: this run fine-tunes with scaling=linear, which evaluation "
+                                    "applies as trained; another evaluation-time scaling on top (ntk) is not "
+                                    "defined: use eval.scaling=none"]
+    assert (linear_child / "results.json").read_bytes() == before
