@@ -80,6 +80,26 @@ def _parse(args: Sequence[str], folders: bool) -> list:
     return parsed
 
 
+# KEY=~... (a `~` Hydra's grammar rejects, and a shell leaves alone after `KEY=`); `+`/`++` prefixes kept
+_HOME_VALUE = re.compile(r"^(\+{0,2}[\w.\-/@]+)=(~[^'\"\\]*)$")
+
+
+def expand_home(args: Sequence[str]) -> List[str]:
+    """Expand a value's leading ``~`` as a shell expands ``~/x``: ``data.path=~/corpus`` is then a quoted
+    absolute path Hydra accepts (and the run records), each value of a sweep ``KEY=~/a,~/b`` alike.
+    Quoted values, flags and every other argument pass through unchanged."""
+    out = []
+    for arg in args:
+        m = _HOME_VALUE.match(arg)
+        if not m:
+            out.append(arg)
+            continue
+        key, value = m.groups()
+        parts = [os.path.expanduser(p) if p.startswith("~") else p for p in value.split(",")]
+        out.append(f"{key}=" + ",".join(f"'{p}'" if "'" not in p else p for p in parts))
+    return out
+
+
 def _values(override) -> Optional[List[str]]:
     """The values an override sets, as override text; None for a sweep that cannot be listed (interval, glob)."""
     from hydra.core.override_parser.types import Glob

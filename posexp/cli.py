@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.arguments import OverrideError, check_overrides, full_error_requested, override_text
+from posexp.arguments import OverrideError, check_overrides, expand_home, full_error_requested, override_text
 from posexp.config import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runlock import OVERWRITE_FLAG, RunFolderTaken
@@ -221,7 +221,7 @@ def finetune(
     from posexp.commands.finetune import CONFIG_NAME, parent_argument
 
     try:
-        given = parent_argument(list(args or []))
+        given = parent_argument(expand_home(args or []))
     except PosexpError as e:
         _fail(e)
     _launch(_finetune_app, CONFIG_NAME, given)
@@ -235,6 +235,7 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     from posexp.validate import register_configs  # here, not at import: `posexp report` and `list` need no torch
 
     register_configs()
+    args = expand_home(args)
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]
     missing = missing_plugin(args)
@@ -509,7 +510,7 @@ def analyze(
     from posexp.analysis.schema import register_schema
     from posexp.rundir import is_run_dir
 
-    args = list(overrides or [])
+    args = expand_home(overrides or [])
     # run folders; Hydra overrides are not folders
     if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in args):
         try:

@@ -89,11 +89,13 @@ def test_empty_file_and_folder_without_text_files_are_named_as_such(tmp_path):
 def test_the_readme_data_path_example_is_an_override_hydra_accepts(monkeypatch, tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from posexp.arguments import expand_home
+
     line = next(x for x in (REPO / "README.md").read_text().splitlines() if x.startswith("posexp train data=text"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    args = os.path.expandvars(line.split("#")[0]).split()[2:]  # as the shell passes them
+    args = expand_home(os.path.expandvars(line.split("#")[0]).split()[2:])  # as the shell passes them, as posexp
     OverridesParser.create().parse_overrides(args)
-    assert any(a.startswith(f"data.path={tmp_path}") for a in args)
+    assert f"data.path='{tmp_path}/corpus/'" in args
 
 
 def test_a_hydra_quoted_home_path_is_expanded(compose, monkeypatch, tmp_path):
@@ -102,6 +104,25 @@ def test_a_hydra_quoted_home_path_is_expanded(compose, monkeypatch, tmp_path):
     (tmp_path / "corpus" / "a.txt").write_text("some text to train on. " * 200)
     cfg = compose("data=text", "data.path='~/corpus'", f"data.cache_dir={tmp_path / 'cache'}")
     assert corpus_from_config(cfg).train.size > 0
+
+
+def test_a_bare_home_path_on_the_command_line_is_expanded_as_a_shell_would(monkeypatch, tmp_path):
+    from posexp.arguments import expand_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert expand_home(["data.path=~/corpus", "+data.cache_dir=~", "encoder=rope", "-m"]) == [
+        f"data.path='{tmp_path}/corpus'", f"+data.cache_dir='{tmp_path}'", "encoder=rope", "-m"]
+    assert expand_home(["data.path=~/a,~/b"]) == [f"data.path='{tmp_path}/a','{tmp_path}/b'"]
+    assert expand_home(["data.path='~/corpus'", "~model.dropout"]) == ["data.path='~/corpus'", "~model.dropout"]
+
+
+def test_posexp_train_takes_the_readme_style_home_path(monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    (home / "corpus").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))  # run_cli passes the environment on
+    r = run_cli("train", *SMOKE, "data=text", "data.path=~/corpus", "--cfg", "job", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"path: {home}/corpus" in r.stdout
 
 
 # ---------------------------------------------------------------------------- warnings on the terminal

@@ -66,7 +66,7 @@ def parent_argument(args: Sequence[str]) -> list[str]:
                                    f"have their shape); to train another, use posexp train {arg}")
         out.append(arg)
     if parent is not None:
-        out.append(override_text("parent", Path(parent).resolve()))
+        out.append(override_text("parent", Path(parent).expanduser().resolve()))
     elif not any(a.split("=", 1)[0].lstrip("+~") == "parent" for a in out) and not _help_only(args):
         raise PosexpError("give the run folder to fine-tune first, e.g. posexp finetune outputs/2026-11-22/10-00-00 "
                           "train_len=512 scaling=linear")
