@@ -47,6 +47,15 @@ def full_error_requested() -> bool:
     return any(os.environ.get(v, "") not in ("", "0") for v in ("HYDRA_FULL_ERROR", "POSEXP_DEBUG"))
 
 
+def override_text(key: str, value: object) -> str:
+    """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
+    (a folder path with spaces or brackets)."""
+    text = str(value)
+    if all(c.isalnum() or c in "/._-:+@~" for c in text):
+        return f"{key}={text}"
+    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+
+
 def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"did you mean {prefix}{close[0]}? " if close else ""
@@ -230,6 +239,9 @@ MAIN_KEYS = ("base", "train_len", "seed", "device", "precision", "compile", "cac
              "model.d_model", "model.n_layers", "model.n_heads", "train.steps", "train.batch_size", "train.lr",
              "train.warmup_steps", "train.checkpoint_every", "train.positions", "train.curriculum",
              "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
+# posexp finetune --help: the keys of configs/finetune.yaml a fine-tune sets (the rest is the parent's)
+FINETUNE_KEYS = ("scaling", "scaling_factor", "train_len", "seed", "cache", "train.steps", "train.batch_size",
+                 "train.lr", "train.warmup_steps", "eval.multiples", "eval.tokens")
 _KEY_LINE = re.compile(r"^\s*(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
 
 
@@ -272,7 +284,8 @@ def key_descriptions() -> dict:
 
     root = config_dir()
     sources = [("", inspect.getsource(schema.Config).splitlines()[1:]),
-               ("", (root / "config.yaml").read_text().splitlines())]
+               ("", (root / "config.yaml").read_text().splitlines()),
+               ("", inspect.getsource(schema.FinetuneAppConfig).splitlines()[1:])]
     for group, cls in (("model", schema.ModelConfig), ("train", schema.TrainConfig), ("eval", schema.EvalConfig)):
         sources.append((f"{group}.", inspect.getsource(cls).splitlines()[1:]))
         sources += [(f"{group}.", path.read_text().splitlines()) for path in sorted((root / group).glob("*.yaml"))]
@@ -286,12 +299,12 @@ def key_descriptions() -> dict:
     return {**above, **trailing}
 
 
-def key_table(cfg: DictConfig) -> list:
-    """Rows ``(key, default, meaning)`` of :data:`MAIN_KEYS`, the defaults as written in the composed ``cfg``."""
+def key_table(cfg: DictConfig, keys: Sequence[str] = MAIN_KEYS) -> list:
+    """Rows ``(key, default, meaning)`` of ``keys``, the defaults as written in the composed ``cfg``."""
     meanings = key_descriptions()
     defaults = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    for key in MAIN_KEYS:
+    for key in keys:
         value = defaults
         for part in key.split("."):
             value = value[part]
@@ -314,6 +327,6 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("default", no_wrap=True)
     table.add_column("meaning")
-    for row in key_table(cfg):
+    for row in key_table(cfg, FINETUNE_KEYS if config_name == "finetune" else MAIN_KEYS):
         table.add_row(*row)
     Console().print(table)

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.arguments import OverrideError, check_overrides, expand_home, full_error_requested
+from posexp.arguments import OverrideError, check_overrides, expand_home, full_error_requested, override_text
 from posexp.config import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runlock import OVERWRITE_FLAG, RunFolderTaken
@@ -54,13 +54,25 @@ def train_task(cfg: DictConfig) -> Optional[float]:
     submitit) pickle it by reference.
     """
     from posexp.commands.train import run_train
+
+    return _task(cfg, run_train)
+
+
+def finetune_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
+    from posexp.commands.finetune import run_finetune
+
+    return _task(cfg, run_finetune)
+
+
+def _task(cfg: DictConfig, run) -> Optional[float]:
     from posexp.commands.sweeps import objective_value, set_job_threads
 
     hc = HydraConfig.get()
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
     try:
         set_job_threads(cfg, hc.launcher)
-        return objective_value(run_train(cfg, run_dir, overrides), cfg)
+        return objective_value(run(cfg, run_dir, overrides), cfg)
     except TrainingInterrupted as e:
         if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
             raise SystemExit(e.exit_code)
@@ -87,6 +99,7 @@ def train_task(cfg: DictConfig) -> Optional[float]:
 
 
 _train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
+_finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
 
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
@@ -128,7 +141,7 @@ def _run_hydra(app, prog: str, args: List[str]) -> None:
         app()
     except SystemExit as e:
         if not e.code and any(a in ("-h", "--help") for a in args):
-            print_key_table("analyze" if app is _analyze_app else "config", prog)
+            print_key_table({_analyze_app: "analyze", _finetune_app: "finetune"}.get(app, "config"), prog)
         raise
     finally:
         sys.argv = saved
@@ -190,27 +203,53 @@ def train(
 
     A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
     """
+    _launch(_train_app, "config", list(overrides or []))
+
+
+@app.command(context_settings=HYDRA_PASSTHROUGH)
+def finetune(
+    args: Optional[List[str]] = typer.Argument(
+        None, help="The run folder to fine-tune, then Hydra overrides, e.g. train_len=512 scaling=yarn "
+                   "train.steps=200; -m to sweep; --help for Hydra's help.", show_default=False,
+        metavar="RUN_DIR [OVERRIDES]"),
+) -> None:
+    """Extend a finished run's context: fine-tune it at a longer train_len, its positions scaled (a Hydra app).
+
+    scaling=none (direct fine-tuning), linear (position interpolation), ntk, dynamic_ntk, yarn or llama3;
+    the new run records its parent, and evaluates at multiples of the new length.
+    """
+    from posexp.commands.finetune import CONFIG_NAME, parent_argument
+
+    try:
+        given = parent_argument(expand_home(args or []))
+    except PosexpError as e:
+        _fail(e)
+    _launch(_finetune_app, CONFIG_NAME, given)
+
+
+def _launch(hydra_app, config_name: str, args: List[str]) -> None:
+    """Check the command line, claim the run (or sweep) folder and run ``hydra_app`` on it."""
     from posexp.commands.sweeps import missing_plugin, unique
 
     _failed_jobs.clear()
     from posexp.validate import register_configs  # here, not at import: `posexp report` and `list` need no torch
 
     register_configs()
-    args = expand_home(overrides or [])
+    args = expand_home(args)
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]
     missing = missing_plugin(args)
     if missing:
         _fail(PosexpError(missing))
-    _check_overrides("config", args)
+    _check_overrides(config_name, args)
     from posexp.runlock import unlock_run
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
     with distributed.worker_overrides() as quiet:
         try:
-            folders = None if quiet else _claim_folders(args, overwrite)
-            _run_claimed(folders, [*_flags_first(folders.args if folders else args), *quiet])
+            folders = None if quiet else _claim_folders(args, overwrite, config_name)
+            _run_claimed(folders, [*_flags_first(folders.args if folders else args), *quiet], hydra_app)
         except PosexpError as e:
             _fail(e)
         finally:
@@ -243,7 +282,7 @@ class Folders:
     args: List[str] = field(default_factory=list)
 
 
-def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
+def _check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "config") -> dict:
     """Compose and validate the config of each job (a covering subset of a large sweep) before any trains.
 
     Returns:
@@ -256,6 +295,7 @@ def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    from posexp.commands.finetune import CONFIG_NAME, check_finetune
     from posexp.commands.sweeps import jobs_to_check, swept_values
     from posexp.commands.train import check_config
 
@@ -265,7 +305,7 @@ def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         for job, label in zip(checked, swept_values(checked)):
             try:
-                cfg = compose("config", overrides=job, return_hydra_config=True)
+                cfg = compose(config_name, overrides=job, return_hydra_config=True)
                 first = first or {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir),
                                   "basic": str(cfg.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")}
             except (HydraException, OmegaConfBaseException) as e:
@@ -275,7 +315,7 @@ def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
             with open_dict(cfg):
                 del cfg["hydra"]
             try:
-                check_config(cfg)
+                check_finetune(cfg) if config_name == CONFIG_NAME else check_config(cfg)
             except PosexpError as e:
                 if multirun and label:
                     raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
@@ -283,15 +323,7 @@ def _check_jobs(jobs: List[List[str]], multirun: bool) -> dict:
     return first
 
 
-def _override_text(key: str, path: Path) -> str:
-    """``key=path`` as a Hydra override, quoted where the path has characters Hydra's grammar reserves."""
-    text = str(path)
-    if all(c.isalnum() or c in "/._-:+@~" for c in text):
-        return f"{key}={text}"
-    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
-
-
-def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
+def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config") -> Optional[Folders]:
     """Check every job's config, then claim the run (or sweep) folder of ``posexp train ARGS``.
 
     A folder Hydra would name from the clock (``outputs/DATE/TIME``) becomes ``TIME-1``, ``TIME-2``, ...
@@ -317,7 +349,7 @@ def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
     if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
         return None
     jobs = sweep_jobs(ns.overrides) if ns.multirun else [list(ns.overrides)]
-    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun)
+    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun, config_name)
     if not first["basic"]:
         jobs = None  # a sweeper such as Optuna chooses the jobs as it goes
     key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
@@ -328,10 +360,10 @@ def _claim_folders(args: List[str], overwrite: bool) -> Optional[Folders]:
     else:
         path, created = new_run_dir(path, key)
     rest = [a for a in args if a not in named]
-    return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, _override_text(key, path)])
+    return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, override_text(key, path)])
 
 
-def _run_claimed(folders: Optional[Folders], args: List[str]) -> None:
+def _run_claimed(folders: Optional[Folders], args: List[str], hydra_app=_train_app) -> None:
     """Run Hydra; a run that never started leaves no folder, an interrupted sweep says where it stands."""
     from posexp.runlock import discard_unused
 
@@ -340,7 +372,7 @@ def _run_claimed(folders: Optional[Folders], args: List[str]) -> None:
     if multirun:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
         signal.signal(signal.SIGTERM, _terminate)
     try:
-        _run_hydra(_train_app, "posexp train", args)
+        _run_hydra(hydra_app, "posexp finetune" if hydra_app is _finetune_app else "posexp train", args)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
         if folders is not None and not multirun and code == PosexpError.exit_code:

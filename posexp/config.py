@@ -140,6 +140,20 @@ class EvalConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    """A fine-tuned run's lineage (``posexp finetune``): the parent it started from and how its encoding was
+    extended. None on a run trained from scratch; ``posexp/commands/finetune.py`` fills it in."""
+
+    parent: str = MISSING  # the parent run folder
+    parent_config_hash: str = MISSING
+    parent_weights_sha256: str = MISSING  # SHA-256 of the parent's checkpoint/model.safetensors
+    parent_train_len: int = MISSING  # the length the parent trained at; train_len is the new one
+    parent_corpus_fingerprint: Optional[str] = None  # the tokens the parent trained on
+    scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3
+    scaling_factor: float = 1.0  # s (for dynamic_ntk the factor a of its formula)
+
+
+@dataclass
 class Config:
     encoder: Any = MISSING
     data: DataConfig = MISSING
@@ -159,6 +173,31 @@ class Config:
     cache_dir: str = "outputs/cache"
     # What the train task returns to a Hydra sweeper (posexp/commands/sweeps.py): "longest", "mean" or an eval length.
     objective: Any = "longest"  # what a sweeper minimises: longest | mean | an eval length
+    finetune: Optional[FinetuneConfig] = None  # lineage of a fine-tuned run (posexp finetune); None otherwise
+
+
+@dataclass
+class FinetuneAppConfig:
+    """What ``posexp finetune RUN_DIR`` lets a user set (``configs/finetune.yaml``); the rest is the parent's.
+
+    :func:`posexp.commands.finetune.child_config` turns it and the parent's config into the new run's
+    :class:`Config`.
+    """
+
+    parent: str = MISSING  # the parent run folder (the command's RUN_DIR)
+    scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 (what the encoding offers)
+    scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
+    train_len: Optional[int] = None  # the new training length; null: 4x the parent's
+    data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
+    train: TrainConfig = MISSING
+    eval: EvalConfig = MISSING
+    seed: int = 0  # seeds the fine-tuning data order (and any new table rows)
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    cache: bool = False
+    cache_dir: str = "outputs/cache"
+    objective: Any = "longest"
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -206,6 +245,7 @@ NOT_WEIGHTS: dict[str, str] = {
     "data.description": "text for posexp list",
     "tokenizer.description": "text for posexp list",
     "task.description": "text for posexp list",
+    "finetune.parent": "where the parent run lies; its weights' SHA-256 says what it was",
 }
 
 
@@ -233,6 +273,8 @@ def weights_config(cfg: DictConfig) -> dict:
         # written as false, the value of every training cached before compile=auto: compiled or eager, a step
         # computes the same thing up to float rounding (as with train.threads), and auto is eager but on CUDA
         out["compile"] = False
+    if out.get("finetune", 0) is None:
+        del out["finetune"]  # a run trained from scratch: its key as before fine-tuning existed
     for dotted in NOT_WEIGHTS:
         group, _, key = dotted.rpartition(".")
         node = out.get(group) if group else out
@@ -270,5 +312,7 @@ def config_hash(cfg: DictConfig) -> str:
     if isinstance(relevant.get("encoder"), dict) and relevant["encoder"].get("lr_mult") == 1.0:
         # ... and no encoder.lr_mult at the plain rate, which every run had before the option existed
         relevant["encoder"].pop("lr_mult")
+    if weights.get("finetune") is not None:  # a fine-tuned run: its lineage shapes its weights
+        relevant["finetune"] = weights["finetune"]
     blob = json.dumps(relevant, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

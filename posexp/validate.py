@@ -20,16 +20,16 @@ from typing import Iterator, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from posexp.build import build_encoder
+from posexp.build import build_encoder, extend_encoder
 from posexp.config import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, Config, DataConfig, EvalConfig,
-                           ModelConfig, TaskConfig, TokenizerConfig, TrainConfig, config_dir, default_max_position,
-                           eval_lengths, is_task, to_container)
+                           FinetuneAppConfig, ModelConfig, TaskConfig, TokenizerConfig, TrainConfig, config_dir,
+                           default_max_position, eval_lengths, is_task, to_container)
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
 from posexp.evaluation.memory import is_out_of_memory
 from posexp.evaluation.perplexity import check_protocol
-from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling
+from posexp.evaluation.scaling import NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.model import check_shape
 from posexp.positions import CURRICULA, POSITION_SCHEMES, default_start_len
@@ -44,6 +44,7 @@ def register_configs() -> None:
     """Store the schemas; idempotent (Hydra may be started several times in one process)."""
     cs = ConfigStore.instance()
     cs.store(name="posexp_schema", node=Config)
+    cs.store(name="posexp_finetune_schema", node=FinetuneAppConfig)
     cs.store(group="schema/data", name="data", node=DataConfig)
     cs.store(group="schema/tokenizer", name="tokenizer", node=TokenizerConfig)
     cs.store(group="schema/model", name="model", node=ModelConfig)
@@ -72,6 +73,8 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
     check_shape(cfg.model)
     # the encoder checks its own options and their combinations, before any data is read
     encoder = build_encoder(cfg)
+    if cfg.get("finetune") is not None:
+        encoder = validate_finetune(cfg, encoder)
     check_fits_train_len(cfg, encoder)
 
     t = cfg.train
@@ -121,6 +124,29 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
     check_objective(cfg)
     if memory is not None:
         check_memory(cfg, training=memory == "train")
+
+
+def validate_finetune(cfg: DictConfig, parent_encoder: PositionalEncoder) -> PositionalEncoder:
+    """A fine-tuned run's lineage: a longer ``train_len`` than the parent's, a scaling its encoding offers for
+    training, a factor >= 1, and no evaluation-time scaling on top of a trained one.
+
+    Returns:
+        The encoder the run trains (the parent's, extended).
+    """
+    ft = cfg.finetune
+    parent_len = int(ft.parent_train_len)
+    require(cfg.train_len >= parent_len, "train_len",
+            f"must be at least the parent's training length {parent_len} (got {cfg.train_len}): posexp finetune "
+            "extends a trained context; to train at a shorter length, use posexp train")
+    reason = finetune_scaling_refusal(str(ft.scaling), parent_encoder)
+    require(reason is None, "scaling", reason or "")
+    require(ft.scaling_factor >= 1, "scaling_factor",
+            f"must be >= 1, the factor the context is extended by (got {ft.scaling_factor:g}); leave it unset for "
+            f"train_len / the parent's ({cfg.train_len} / {parent_len})")
+    require(ft.scaling == NONE or cfg.eval.scaling == NONE, "eval.scaling",
+            f"this run fine-tunes with scaling={ft.scaling}, which evaluation applies as trained; another "
+            f"evaluation-time scaling on top ({cfg.eval.scaling}) is not defined: use eval.scaling=none")
+    return extend_encoder(parent_encoder, cfg)
 
 
 def check_finite(cfg: DictConfig) -> None:

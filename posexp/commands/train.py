@@ -20,7 +20,7 @@ from rich.markup import escape
 from posexp.build import build_model
 from posexp.config import Config, config_hash, eval_lengths, is_task, typed
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
-from posexp.errors import ConfigError, TrainingDiverged
+from posexp.errors import ConfigError, PosexpError, TrainingDiverged
 from posexp.evaluation.provenance import provenance, write_run_status
 from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
@@ -34,6 +34,7 @@ from posexp.tasks.source import DATA_TASKS, TrainingSource
 from posexp.training import cache, distributed
 from posexp.runtime import World
 from posexp.training.distributed import shard
+from posexp.training.checkpoint import parent_weights, read_resume_pointer
 from posexp.training.trainer import TrainResult, save_checkpoint, train
 from posexp.validate import config_warnings, out_of_memory, validate
 
@@ -111,8 +112,15 @@ def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir:
     if spec.train.threads:
         torch.set_num_threads(spec.train.threads)
     source = _load_source(cfg, spec, w, console, warn)
+    lineage = spec.finetune
+    if lineage is not None and lineage.parent_corpus_fingerprint not in (None, source.fingerprint):
+        raise PosexpError(f"the data here ({source.describe()}, fingerprint {source.fingerprint}) is not what the "
+                          f"parent {lineage.parent} trained on ({lineage.parent_corpus_fingerprint}); a fine-tune "
+                          "continues on its parent's data")
+    # a fine-tune starts from its parent's weights, unless it resumes from a checkpoint of its own
+    start = parent_weights(lineage) if lineage is not None and not (resume and read_resume_pointer(run_dir)) else None
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
-        model = build_model(cfg, source.vocab_size)
+        model = build_model(cfg, source.vocab_size, init=start)
     _announce(spec, model, source, device, w, run_dir, console)
     # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
     reused = distributed.broadcast(cache.lookup(cfg, source.fingerprint)) if spec.cache and not resume else None

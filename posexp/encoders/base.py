@@ -39,6 +39,8 @@ from typing import Callable, Optional
 
 from torch import Tensor, nn
 
+from posexp.errors import ConfigError
+
 # A FlexAttention score_mod: (score, batch, head, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -135,6 +137,24 @@ class PositionalEncoder(nn.Module):
     def label(self) -> str:
         """How results name this encoding: the registry name, or a mixed encoding's per-layer pattern."""
         return self.name
+
+    def extended(self, kind: str, factor: float, train_len: int, new_len: int) -> "PositionalEncoder":
+        """The encoder a fine-tune at ``new_len`` tokens trains, from this one trained at ``train_len``.
+
+        ``none`` (direct fine-tuning) keeps the encoding as it is. Any other method is the encoder's own
+        evaluation-time ``with_scaling`` copy, which shares this encoder's parameters: training and evaluation
+        read positions through one implementation (position interpolation, Chen et al. 2023, and the rotary
+        formulas of ``posexp/encoders/scaling.py``).
+
+        Raises:
+            ConfigError: ``none`` for an encoding that cannot represent ``new_len`` positions.
+        """
+        if kind != "none":
+            return self.with_scaling(kind, factor, train_len)  # type: ignore[attr-defined]
+        if not self.supports(new_len):
+            raise ConfigError("train_len", f"encoder {self.name!r} represents positions 0..{self.max_length - 1}, "
+                                           f"fewer than train_len={new_len}, and scaling=none keeps it as it is")
+        return self
 
     def supports(self, length: int) -> bool:
         """Whether a sequence of ``length`` tokens can be encoded at all."""

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from posexp.encoders import register
 from posexp.encoders.base import PositionalEncoder
 from posexp.encoders.scaling import module_copy
-from posexp.errors import require
+from posexp.errors import ConfigError, require
 
 
 @register("learned")
@@ -59,6 +59,34 @@ class Learned(PositionalEncoder):
         clone.position_scale = 1.0 / float(factor)
         clone.max_length = int(self.max_length * float(factor) + 1e-9)  # positions m with m / s < max_length
         return clone
+
+    def extended(self, kind: str, factor: float, train_len: int, new_len: int) -> "Learned":
+        """A table of ``new_len`` rows for fine-tuning at ``new_len`` tokens, starting from this one.
+
+        ``linear``: row ``m`` is this table read at ``m / s`` (:meth:`with_scaling`'s interpolation, so the
+        fine-tune starts from exactly what evaluation-time interpolation reads): the 1-D form of the resize
+        ViT and DeiT apply to a trained position table at a new resolution (Dosovitskiy et al. 2021, §3.2;
+        Touvron et al. 2021, §3, who interpolate bicubically in 2-D), with position interpolation's
+        ``m L / L'`` (Chen et al. 2023, §2.3). ``none``: the trained rows are kept and new rows are added,
+        initialised as the table was (GPT-2's N(0, 0.02)); they learn from zero during fine-tuning.
+
+        Raises:
+            ConfigError: a factor too small for the table to cover ``new_len`` positions.
+        """
+        rows = max(new_len, self.max_length)
+        table = Learned(self.d_model, self.n_heads, max_length=rows)  # new rows drawn as at initialisation
+        table.name, table.lr_mult = self.name, self.lr_mult
+        with torch.no_grad():
+            if kind == "none":
+                table.wpe.weight[:self.max_length] = self.wpe.weight
+                return table
+            scaled = self.with_scaling(kind, factor, train_len)
+            if scaled.max_length < new_len:
+                raise ConfigError("scaling_factor", f"{factor:g} stretches the {self.max_length} trained rows over "
+                                                    f"{scaled.max_length} positions, fewer than train_len={new_len}; "
+                                                    f"use at least {new_len / self.max_length:g} (or leave it unset)")
+            table.wpe.weight.copy_(scaled._interpolated(torch.arange(rows)))
+        return table
 
     def _interpolated(self, pos: Tensor) -> Tensor:
         table = self.wpe.weight  # (max_rows, D)

@@ -56,6 +56,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "config_hash": config_hash(cfg),
         **corpus_info,
         "eval_settings": eval_settings(cfg),
+        **lineage(cfg),
         "versions": versions(),
         "python_version": platform.python_version(),
         "git_commit": git_commit(),
@@ -72,6 +73,22 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
                   **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {}),
                   **({"positions": tricks} if (tricks := PositionPlan(cfg).describe()) else {})},
     }
+
+
+def lineage(cfg: DictConfig) -> dict:
+    """A fine-tuned run's parent, scaling and budget (``posexp finetune``); {} for a run trained from scratch.
+
+    ``parent``, ``scaling`` and ``scaling_factor`` are top-level keys of results.json's ``run``, so that
+    ``posexp report --by scaling`` groups by them; ``finetune`` holds the whole record.
+    """
+    ft = cfg.get("finetune")
+    if ft is None:
+        return {}
+    t = cfg.train
+    record = {**to_container(ft), "train_len": int(cfg.train_len), "steps": int(t.steps),
+              "tokens": int(t.steps) * int(t.batch_size) * int(cfg.train_len), "lr": float(t.lr)}
+    return {"parent": str(ft.parent), "scaling": str(ft.scaling), "scaling_factor": float(ft.scaling_factor),
+            "parent_train_len": int(ft.parent_train_len), "finetune": record}
 
 
 def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], status: str, error: BaseException,

@@ -116,6 +116,10 @@ def results_markdown(results: dict) -> str:
         f"(the windows, for nonoverlap).",
         "",
     ]
+    if isinstance(run.get("finetune"), dict):  # posexp finetune: where the run started
+        ft = run["finetune"]
+        lines[-1:-1] = ["", f"Fine-tuned from `{ft['parent']}` (trained at {ft['parent_train_len']} tokens, config "
+                            f"hash {ft['parent_config_hash']}) with scaling `{ft['scaling']}` ×{ft['scaling_factor']:g}."]
     bpb = run.get("tokenizer", "byte") != "byte" and bool(run.get("tokens_per_byte"))
     if bpb:
         lines[-1:-1] = ["", f"Per-token perplexities are not comparable across tokenizers; bits per byte are "

@@ -9,6 +9,8 @@ point through which the evaluator gets a scaled copy of a trained encoder.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import nn
 
 from posexp.encoders import get, registry
@@ -53,6 +55,32 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
             raise ConfigError("eval.scaling", reason)
 
 
+# what a fine-tune can train with: every frequency or position scaling; ReRoPE's clamped distances are
+# evaluation-time only (Su 2023 proposes it without training)
+FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k != REROPE)
+
+
+def finetune_scaling_refusal(kind: str, encoder: nn.Module) -> Optional[str]:
+    """Why ``posexp finetune ... scaling=kind`` cannot train ``encoder``, or None when it can.
+
+    The methods are the encoder's evaluation-time ones (:func:`check_scaling`), so a fine-tune trains with
+    exactly the frequencies or positions that ``eval.scaling`` reads; ``none`` suits every encoding.
+    """
+    if kind not in FINETUNE_SCALINGS:
+        return f"unknown scaling {kind!r} for fine-tuning; choose one of: {', '.join(FINETUNE_SCALINGS)}"
+    if kind == NONE:
+        return None
+    name = getattr(encoder, "name", type(encoder).__name__)
+    offered = [k for k in supported_scalings(encoder) if k in FINETUNE_SCALINGS]
+    if kind not in offered:
+        users = encoders_supporting(kind)
+        return (f"{kind!r} does not apply to encoder {name!r}, which fine-tunes with scaling="
+                f"{', '.join([NONE, *offered])}; {kind} applies to {', '.join(users) or 'no registered encoder'}")
+    refusal = getattr(encoder, "scaling_refusal", None)
+    reason = refusal(kind) if refusal is not None else None
+    return reason.replace("rerope (or none)", "none") if reason else None
+
+
 def default_factor(length: int, train_len: int) -> float:
     """``s = eval length / train length``, never below 1 (nothing to extend at or under the training length)."""
     return max(1.0, length / train_len)
@@ -70,5 +98,5 @@ def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int)
     return encoder.with_scaling(kind, float(factor), int(train_len))
 
 
-__all__ = ["NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor", "default_rerope_window",
-           "encoders_supporting", "scaled_encoder"]
+__all__ = ["FINETUNE_SCALINGS", "NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor",
+           "default_rerope_window", "encoders_supporting", "finetune_scaling_refusal", "scaled_encoder"]

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -178,7 +178,34 @@ def build_report(
     for group in groups:
         _aggregate(group, report)
     report.groups = _sort_groups(groups, sort_key)
+    _add_parent_metrics(report)
     return report
+
+
+def _add_parent_metrics(report: Report) -> None:
+    """Fine-tuned runs (``posexp finetune``): every metric but ``ratio`` again on their parents, beside their own."""
+    parents: dict[str, Optional[ReportRow]] = {}
+
+    def parent_of(row: ReportRow) -> Optional[ReportRow]:
+        path = row.run.info.get("parent")
+        if isinstance(path, str) and path not in parents:
+            try:
+                run = load_run(path)
+                parents[path] = ReportRow(path, run, _cells(run, report.protocol, report.scaling), None)
+            except PosexpError as e:
+                parents[path] = None
+                report.warnings.append(f"{row.label}: its parent cannot be read, its parent columns are blank ({e})")
+        return parents.get(path) if isinstance(path, str) else None
+
+    if not [row for row in report.rows if parent_of(row) is not None]:
+        return
+    pairs = [(m, replace(m, name=f"parent {m.name}", of_parent=True)) for m in report.metrics if m.kind != "ratio"]
+    for group in report.groups:
+        for mine, theirs in pairs:
+            values = {p.run.path: metric_value(mine, p, report) for row in group.rows if (p := parent_of(row))}
+            group.metrics[theirs.name] = _stat(list(values.values()))  # a parent shared by seeds counts once
+    beside = dict((mine.name, theirs) for mine, theirs in pairs)
+    report.metrics = [m for mine in report.metrics for m in (mine, beside.get(mine.name)) if m is not None]
 
 
 def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filters: list[Filter],

@@ -33,7 +33,7 @@ EXECUTION_KEYS = frozenset({
 # Top-level keys of results.json's "run" that a user can group or filter by directly;
 # "encoder" and "base" are the effective ones (a per-layer mix's label, null when unused).
 RUN_KEYS = ("encoder", "base", "train_len", "seed", "corpus", "corpus_fingerprint", "tokenizer", "status",
-            "params", "config_hash", "git_commit")
+            "params", "config_hash", "git_commit", "parent", "scaling", "scaling_factor", "parent_train_len")
 
 
 _ABSENT = object()  # the key is not in this run's config at all (e.g. encoder.rotary_fraction for alibi)
@@ -198,6 +198,7 @@ class Metric:
     multiple: Optional[float] = None
     length: Optional[int] = None
     tolerance: Optional[float] = None
+    of_parent: bool = False  # measured on a fine-tuned run's parent (posexp finetune), beside the run's own
 
     def at(self, train_len: Optional[int]) -> Optional[int]:
         """The length this metric looks at for a run trained at ``train_len``."""
@@ -213,6 +214,9 @@ class Metric:
 
     def describe(self, report: Any) -> str:
         """One sentence for the notes under the table (``report``: the :class:`~posexp.reporting.build.Report`)."""
+        if self.of_parent:
+            return (f"{self.name} = {self.name.removeprefix('parent ')} of the run each fine-tune started from "
+                    "(its parent, at the parent's own training length for multiples).")
         if self.length is not None:
             where = f"{self.length} tokens"
         else:

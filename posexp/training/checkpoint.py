@@ -26,7 +26,7 @@ import json
 import pickle
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -134,6 +134,19 @@ def load_weights(model: torch.nn.Module, path: Path, config_hash: Optional[str],
     except (SafetensorError, RuntimeError, OSError, ValueError) as e:
         raise PosexpError(f"{path}: does not fit the model of this run's config "
                           f"({str(e).splitlines()[0]}); {hint}") from None
+
+
+def parent_weights(finetune: Any) -> Callable[[torch.nn.Module], None]:
+    """What loads a fine-tune's starting point: the parent's final weights, refused unless they are the ones its
+    lineage recorded (SHA-256 and config hash of ``finetune``, a :class:`posexp.config.FinetuneConfig`)."""
+    path = Path(finetune.parent) / CHECKPOINT_DIR / WEIGHTS_FILE
+    hint = (f"the fine-tune starts from the weights the parent {finetune.parent} had when it was launched; "
+            "fine-tune the parent as it is now in a new run")
+
+    def load(model: torch.nn.Module) -> None:
+        load_weights(model, path, finetune.parent_config_hash, hint, sha256=finetune.parent_weights_sha256)
+
+    return load
 
 
 # -- resumable trainer state -----------------------------------------------------------------------

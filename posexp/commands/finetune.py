@@ -1,0 +1,197 @@
+"""``posexp finetune RUN_DIR [overrides]``: extend a finished run's context by fine-tuning it at a longer length.
+
+The recipe of context extension as it is used in practice: a model trained at ``L`` is trained briefly
+at ``L' > L`` with its positions interpolated (position interpolation, Chen et al. 2023; NTK-aware
+scaling, bloc97 2023; YaRN, Peng et al. 2023; Llama 3.1's frequency bands) or not at all (direct
+fine-tuning, ``scaling=none``, the papers' baseline).
+
+The command's own config (``configs/finetune.yaml``, :class:`~posexp.config.FinetuneAppConfig`) says
+what a fine-tune may choose: the new ``train_len``, the ``scaling`` and its factor, the ``train``
+recipe (``configs/train/finetune.yaml``), ``eval``, the seed and where to compute. Everything that
+shapes the weights (encoder, model, tokenizer, corpus) is the parent's. :func:`child_config` turns
+the two into the new run's ordinary :class:`~posexp.config.Config`, whose ``finetune`` node records
+the lineage (parent folder, config hash, SHA-256 of its weights, scaling, factor); from there the
+run is a normal ``posexp train`` run (:func:`posexp.commands.train.run_train`): checkpoints,
+``posexp resume``, the sweep cache, ``posexp eval`` and reports work unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from posexp.config import Config, DataConfig, config_hash, to_container
+from posexp.errors import ConfigError, PosexpError
+from posexp.io import atomic_write_text
+from posexp.rundir import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_results
+
+CONFIG_NAME = "finetune"
+# what the parent fixes: the trained weights have its encoder, shape and vocabulary
+PARENT_KEYS = ("encoder", "model", "tokenizer", "base")
+# what the fine-tune sets; the rest of the new run's config is the parent's
+CHILD_KEYS = ("train", "eval", "seed", "device", "precision", "compile", "cache", "cache_dir", "objective")
+# the keys of data.* that say which corpus (not where it is cached or how it is described)
+CORPUS_KEYS = tuple(k for k in DataConfig.__dataclass_fields__ if k not in ("description", "cache_dir"))
+# a Hydra flag followed by its value (posexp finetune --cfg job RUN_DIR ...)
+_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun")
+DEFAULT_MULTIPLE = 4  # train_len unset: the parent's times this
+
+
+def parent_argument(args: Sequence[str]) -> list[str]:
+    """The command line with its run folder (the first argument that is not a flag nor ``KEY=VALUE``) turned
+    into the ``parent=`` override of the Hydra app; keys the parent fixes are refused.
+
+    Raises:
+        PosexpError: no run folder, or an override of the encoder, model, tokenizer or base.
+    """
+    from posexp.arguments import override_text
+
+    out, parent, skip = [], None, False
+    for arg in args:
+        if skip or arg.startswith("-"):
+            skip = arg in _FLAGS_WITH_VALUE
+            out.append(arg)
+            continue
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if ("=" not in arg or Path(arg).is_dir()) and parent is None and not key.startswith("parent"):
+            parent = arg
+            continue
+        if key.split(".")[0] in PARENT_KEYS:
+            raise ConfigError(key, f"{arg}: a fine-tune keeps the parent's {', '.join(PARENT_KEYS)} (its weights "
+                                   f"have their shape); to train another, use posexp train {arg}")
+        out.append(arg)
+    if parent is not None:
+        out.append(override_text("parent", Path(parent).expanduser().resolve()))
+    elif not any(a.split("=", 1)[0].lstrip("+~") == "parent" for a in out) and not _help_only(args):
+        raise PosexpError("give the run folder to fine-tune first, e.g. posexp finetune outputs/2026-11-22/10-00-00 "
+                          "train_len=512 scaling=linear")
+    return out
+
+
+def _help_only(args: Sequence[str]) -> bool:
+    return any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc") for a in args)
+
+
+# -- the parent ------------------------------------------------------------------------------------
+
+def check_parent(parent: Path) -> dict:
+    """A finished run with weights, trained from scratch.
+
+    Returns:
+        Its ``results.json``.
+
+    Raises:
+        PosexpError: what the folder is instead, and what to do.
+    """
+    if not parent.is_dir():
+        raise PosexpError(f"{parent}: no such run folder; give a finished run's folder (the run dir posexp train "
+                          "printed)")
+    if not (parent / HYDRA_CONFIG).is_file() or not (parent / RESULTS_JSON).is_file():
+        raise PosexpError(f"{parent}: not a finished run (no {HYDRA_CONFIG} or {RESULTS_JSON}); posexp finetune "
+                          "starts from a run posexp train finished")
+    results = read_results(parent)
+    status = results["run"].get("status")
+    if status not in ("completed", None) or not results["rows"]:
+        raise PosexpError(f"{parent}: not a finished run ({RESULTS_JSON} has status {status}); finish it first "
+                          f"with posexp resume {parent}, or fine-tune another run")
+    if not (parent / CHECKPOINT).is_file():
+        raise PosexpError(f"{parent}: has no weights ({CHECKPOINT} is missing); retrain it with posexp train")
+    return results
+
+
+def _weights_sha256(parent: Path) -> str:
+    """The SHA-256 of the parent's weights: the one its checkpoint recorded, checked against the file."""
+    from posexp.training.checkpoint import META_FILE, sha256_file
+
+    digest = sha256_file(parent / CHECKPOINT)
+    try:
+        recorded = json.loads((parent / CHECKPOINT).with_name(META_FILE).read_text(encoding="utf-8")).get("sha256")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        recorded = None
+    if isinstance(recorded, str) and recorded != digest:
+        raise PosexpError(f"{parent / CHECKPOINT}: truncated or corrupt (its SHA-256 is not the one recorded when "
+                          "it was written); retrain the parent with posexp train")
+    return digest
+
+
+def _check_corpus(requested, parent_data: dict, parent: Path) -> None:
+    """``data=...`` given to a fine-tune must name the parent's corpus."""
+    if requested is None:
+        return
+    asked = to_container(requested) if isinstance(requested, DictConfig) else requested
+    if not isinstance(asked, dict):
+        raise ConfigError("data", f"choose a data set by name (data=stdlib), got {asked!r}")
+    differ = [k for k in CORPUS_KEYS if asked.get(k) != parent_data.get(k)]
+    if differ:
+        raise ConfigError("data", f"the parent {parent} trained on {parent_data.get('name')} "
+                                  f"({', '.join(f'data.{k}={parent_data.get(k)}' for k in differ)}), not "
+                                  f"{asked.get('name')}; a fine-tune continues on its parent's corpus: drop data=...")
+
+
+# -- the new run's config ----------------------------------------------------------------------------
+
+def child_config(app: DictConfig) -> DictConfig:
+    """The new run's config: the parent's encoder, model, tokenizer and corpus, the fine-tune's training and
+    evaluation, and the lineage in ``finetune``.
+
+    Raises:
+        PosexpError: the parent is not a finished run trained from scratch, or its weights are damaged.
+        ConfigError: another corpus than the parent's was requested.
+    """
+    from posexp.commands.resume import load_config
+
+    parent = Path(str(app.parent)).resolve()
+    results = check_parent(parent)
+    parent_cfg = load_config(parent)
+    if parent_cfg.get("finetune") is not None:
+        raise PosexpError(f"{parent}: is itself a fine-tune (of {parent_cfg.finetune.parent}); fine-tune a run "
+                          "trained from scratch")
+    resolved = to_container(parent_cfg)
+    _check_corpus(app.get("data"), resolved["data"], parent)
+    mine = to_container(app)
+    parent_len = int(resolved["train_len"])
+    new_len = int(mine["train_len"]) if mine.get("train_len") is not None else DEFAULT_MULTIPLE * parent_len
+    factor = mine.get("scaling_factor")
+    if factor is None:  # s = L'/L (Chen et al. 2023, §2.3); dynamic NTK's own factor a defaults to 1
+        factor = 1.0 if mine["scaling"] in ("none", "dynamic_ntk") else new_len / parent_len
+    # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
+    child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
+    child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
+    child["finetune"] = {"parent": str(parent), "parent_config_hash": str(results["run"].get("config_hash")
+                                                                           or config_hash(parent_cfg)),
+                         "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
+                         "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
+                         "scaling": str(mine["scaling"]), "scaling_factor": float(factor)}
+    from posexp.validate import register_configs
+
+    register_configs()
+    return OmegaConf.merge(OmegaConf.structured(Config), child)
+
+
+def check_finetune(app: DictConfig) -> DictConfig:
+    """Everything about a fine-tune that can be checked before it runs (every sweep job is checked first).
+
+    Returns:
+        The new run's config.
+    """
+    from posexp.commands.train import check_config
+
+    cfg = child_config(app)
+    check_config(cfg)
+    return cfg
+
+
+def run_finetune(app: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
+    """One fine-tune: the new run's config is written as the run folder's ``.hydra/config.yaml`` (so that
+    ``posexp resume``, ``posexp eval`` and reports read it as any run's), then it trains as a run does."""
+    from posexp.commands.train import run_train
+
+    cfg = check_finetune(app)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / HYDRA_CONFIG, OmegaConf.to_yaml(cfg))
+    return run_train(cfg, run_dir, overrides, console)

@@ -1,0 +1,246 @@
+"""posexp finetune: a finished run trained on at a longer length, its positions scaled as evaluation scales them.
+
+What a user relies on: the fine-tune starts from the parent's weights and trains with exactly the
+frequencies the evaluation-time scaling uses; the new run records where it came from; it resumes, caches
+and refuses bad input like a training run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from conftest import SMOKE
+
+PARENT_LEN = 32  # experiment=smoke's train_len
+# a fine-tune of a smoke parent in seconds: 2x its length, a few steps, two eval lengths
+QUICK = ("train_len=64", "train.steps=6", "train.batch_size=4", "train.warmup_steps=2", "train.log_every=1",
+         "train.checkpoint_every=2", "train.threads=1", "train.progress=false", "eval.tokens=1024")
+
+
+def invoke(*args: str):
+    from posexp.cli import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _numbers(run_dir: Path) -> list[tuple]:
+    return [(r["length"], r["ppl"], r["loss"]) for r in _results(run_dir)["rows"]]
+
+
+def _error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def parents(tmp_path_factory) -> dict[str, Path]:
+    """Finished smoke runs to fine-tune: rope, a learned table and a bias (alibi)."""
+    root = tmp_path_factory.mktemp("parents")
+    out = {}
+    for encoder in ("rope", "learned", "alibi"):
+        result = invoke("train", *SMOKE, f"encoder={encoder}", "train.threads=1", f"hydra.run.dir={root / encoder}")
+        assert result.exit_code == 0, result.output
+        out[encoder] = root / encoder
+    return out
+
+
+@pytest.fixture(scope="module")
+def linear_child(parents, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("child") / "linear"
+    result = invoke("finetune", str(parents["rope"]), *QUICK, "scaling=linear", f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+# -- one implementation of the scaled frequencies -------------------------------------------------------
+
+def _child_cfg(parent: Path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from posexp.commands.finetune import check_finetune
+    from posexp.config import config_dir
+    from posexp.validate import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        app = compose("finetune", overrides=[f"parent={parent}", *overrides])
+    return check_finetune(app)
+
+
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "dynamic_ntk", "yarn", "llama3"])
+def test_training_uses_the_frequencies_evaluation_uses(parents, scaling):
+    """The fine-tuned encoder is the evaluation-time scaled copy: same frequencies, same YaRN temperature, at
+    the training length and beyond (dynamic NTK follows the length read)."""
+    from posexp.build import build_encoder, build_model
+    from posexp.evaluation.scaling import scaled_encoder
+
+    cfg = _child_cfg(parents["rope"], "train_len=128", f"scaling={scaling}")
+    factor = 1.0 if scaling == "dynamic_ntk" else 128 / PARENT_LEN
+    assert cfg.finetune.scaling_factor == factor
+    trained = build_model(cfg, 256).encoder
+    evaluated = scaled_encoder(build_encoder(cfg), scaling, factor, PARENT_LEN)
+    for seq_len in (128, 512):
+        (theta, scale), (theta_eval, scale_eval) = trained.frequencies(seq_len), evaluated.frequencies(seq_len)
+        assert torch.equal(theta, theta_eval) and scale == scale_eval
+    if scaling == "yarn":  # YaRN's temperature sqrt(1/t) = 0.1 ln s + 1 (Peng et al. 2023, §3.4) trains too
+        assert trained.attention_scaling == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
+
+
+def test_a_learned_table_is_resized_by_interpolation_or_new_rows(parents):
+    """linear: row m of the new table is the parent's table read at m / s, exactly what evaluation-time
+    interpolation reads; none: the parent's rows are kept and new ones added."""
+    from posexp.build import build_model
+    from posexp.training.checkpoint import parent_weights
+
+    for scaling in ("linear", "none"):
+        cfg = _child_cfg(parents["learned"], "train_len=64", f"scaling={scaling}")
+        parent_model = build_model(cfg, 256, init=lambda m: None)  # shape only
+        parent_table = load_file(str(parents["learned"] / "checkpoint" / "model.safetensors"))["encoder.wpe.weight"]
+        model = build_model(cfg, 256, init=parent_weights(cfg.finetune))
+        table = model.encoder.wpe.weight.detach()
+        assert table.shape == (64, parent_model.encoder.wpe.weight.shape[1])
+        if scaling == "none":
+            assert torch.equal(table[:PARENT_LEN], parent_table)
+        else:
+            assert torch.equal(table[::2], parent_table)  # m / 2 on a trained row
+            assert torch.allclose(table[1:-1:2], (parent_table[:-1] + parent_table[1:]) / 2, atol=1e-6)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+def test_finetune_records_its_lineage_and_evaluates_at_the_new_length(parents, linear_child):
+    from posexp.training.checkpoint import sha256_file
+
+    parent_run = _results(parents["rope"])["run"]
+    run = _results(linear_child)["run"]
+    assert (run["parent"], run["scaling"], run["scaling_factor"], run["train_len"]) == \
+        (str(parents["rope"].resolve()), "linear", 2.0, 64)
+    ft = run["finetune"]
+    assert ft["parent_config_hash"] == parent_run["config_hash"]
+    assert ft["parent_weights_sha256"] == sha256_file(parents["rope"] / "checkpoint" / "model.safetensors")
+    assert (ft["parent_train_len"], ft["steps"], ft["tokens"]) == (PARENT_LEN, 6, 6 * 4 * 64)
+    assert [r["length"] for r in _results(linear_child)["rows"]] == [64, 128, 256]  # 1x, 2x, 4x the new length
+    assert run["config"]["encoder"] == parent_run["config"]["encoder"]
+
+
+def test_a_bias_encoding_fine_tunes_directly(parents, tmp_path):
+    """ALiBi has nothing to interpolate: scaling=none trains it at the new length as it is."""
+    run_dir = tmp_path / "alibi"
+    result = invoke("finetune", str(parents["alibi"]), *QUICK, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    run = _results(run_dir)["run"]
+    assert (run["encoder"], run["scaling"], run["scaling_factor"], run["train_len"]) == ("alibi", "none", 1.0, 64)
+
+
+def test_finetune_starts_from_the_parents_weights(parents, tmp_path):
+    """With a learning rate too small to move them, the fine-tuned weights are the parent's."""
+    run_dir = tmp_path / "still"
+    result = invoke("finetune", str(parents["rope"]), *QUICK, "train.lr=1e-12", f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    parent = load_file(str(parents["rope"] / "checkpoint" / "model.safetensors"))
+    child = load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+    assert parent.keys() == child.keys()
+    assert all(torch.allclose(parent[k], child[k], atol=1e-6) for k in parent)
+
+
+def test_a_killed_finetune_resumes_to_the_same_numbers(parents, linear_child, tmp_path, monkeypatch):
+    from posexp.training import trainer
+
+    sample = trainer.BatchSampler.batch
+
+    def batch_then_signal(self, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return sample(self, step)
+
+    monkeypatch.setattr(trainer.BatchSampler, "batch", batch_then_signal)
+    run_dir = tmp_path / "killed"
+    result = invoke("finetune", str(parents["rope"]), *QUICK, "scaling=linear", f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    assert not (run_dir / "results.json").exists()
+    monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
+    resumed = invoke("resume", str(run_dir))
+    assert resumed.exit_code == 0, resumed.output
+    assert _numbers(run_dir) == _numbers(linear_child)
+    assert _results(run_dir)["run"]["finetune"] == _results(linear_child)["run"]["finetune"]
+
+
+def test_a_finished_finetune_is_reused_from_the_cache(parents, tmp_path):
+    args = (str(parents["rope"]), *QUICK, "scaling=yarn", "cache=true", f"cache_dir={tmp_path / 'cache'}")
+    first = invoke("finetune", *args, f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.exit_code == 0, first.output
+    second = invoke("finetune", *args, f"hydra.run.dir={tmp_path / 'b'}")
+    assert second.exit_code == 0, second.output
+    assert "reused from cache" in second.stdout
+    assert _numbers(tmp_path / "a") == _numbers(tmp_path / "b")
+    # another scaling is another training
+    third = invoke("finetune", *args[:-2], "scaling=ntk", *args[-1:], f"hydra.run.dir={tmp_path / 'c'}")
+    assert third.exit_code == 0 and "reused from cache" not in third.stdout
+
+
+@pytest.mark.parametrize("case,key", [
+    ("unfinished", "not a finished run"),
+    ("shorter", "train_len: must be at least the parent's training length 32"),
+    ("unsupported", "scaling: 'ntk' does not apply to encoder 'learned'"),
+    ("corpus", "data: the parent"),
+    ("encoder", "encoder: encoder=alibi: a fine-tune keeps the parent's"),
+    ("rerope", "scaling: unknown scaling 'rerope' for fine-tuning"),
+    ("bias", "scaling: 'linear' does not apply to encoder 'alibi', which fine-tunes with scaling=none"),
+    ("no_parent", "give the run folder to fine-tune first"),
+])
+def test_bad_input_is_one_line_and_leaves_no_folder(parents, tmp_path, case, key):
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(parents["rope"], unfinished)
+    (unfinished / "results.json").unlink()
+    args = {
+        "unfinished": (str(unfinished), "train_len=64"),
+        "shorter": (str(parents["rope"]), "train_len=16"),
+        "unsupported": (str(parents["learned"]), "train_len=64", "scaling=ntk"),
+        "corpus": (str(parents["rope"]), "train_len=64", "data=text", "data.path=/etc/hostname"),
+        "encoder": (str(parents["rope"]), "encoder=alibi"),
+        "rerope": (str(parents["rope"]), "scaling=rerope"),
+        "bias": (str(parents["alibi"]), "scaling=linear"),
+        "no_parent": ("train_len=64",),
+    }[case]
+    run_dir = tmp_path / "new"
+    result = invoke("finetune", *args, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 2, result.output
+    lines = _error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], lines
+    assert not run_dir.exists()
+
+
+def test_a_sweep_of_scalings_reports_by_scaling_with_the_parent_beside(parents, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = invoke("finetune", str(parents["rope"]), *QUICK, "-m", "scaling=none,linear",
+                    f"hydra.sweep.dir={sweep}")
+    assert result.exit_code == 0, result.output
+    assert sorted(_results(sweep / job)["run"]["scaling"] for job in ("0", "1")) == ["linear", "none"]
+    report = invoke("report", str(sweep), "--by", "scaling", "--metric", "ppl@1x", "--format", "csv")
+    assert report.exit_code == 0, report.output
+    header, *rows = report.stdout.strip().splitlines()
+    assert "scaling" in header and "parent ppl@1x" in header, header
+    parent_ppl = next(r["ppl"] for r in _results(parents["rope"])["rows"] if r["length"] == PARENT_LEN)
+    assert len(rows) == 2 and all(f"{parent_ppl:.3f}" in row for row in rows), rows
+
+
+def test_evaluation_does_not_scale_a_run_fine_tuned_with_a_scaling_again(linear_child):
+    before = (linear_child / "results.json").read_bytes()
+    result = invoke("eval", str(linear_child), "eval.scaling=ntk")
+    assert result.exit_code == 2, result.output
+    assert _error_lines(result) == ["error: eval.scaling: this run fine-tunes with scaling=linear, which evaluation "
+                                    "applies as trained; another evaluation-time scaling on top (ntk) is not "
+                                    "defined: use eval.scaling=none"]
+    assert (linear_child / "results.json").read_bytes() == before
