@@ -30,7 +30,7 @@ from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runlock import OVERWRITE_FLAG, RunFolderTaken
 
 CONFIG_DIR = config_dir()
-GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "experiment", "search")
+GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "logger", "experiment", "search")
 TOP_KEYS = ("base=", "train_len=", "seed=")
 
 err_console = Console(stderr=True)
@@ -507,9 +507,33 @@ def _yaml_description(path: Path) -> str:
     return ""
 
 
+def _model_table():
+    """The model sizes with their parameter counts, computed from each shape (no torch needed)."""
+    from omegaconf import OmegaConf
+    from rich.table import Table
+
+    from posexp.config import ModelConfig
+
+    table = Table(title="model sizes  (posexp train model=NAME)")
+    for column in ("name", "d_model", "layers", "heads", "FFN", "params", "with byte vocab", "what it is"):
+        table.add_column(column, style="cyan" if column == "name" else None,
+                         justify="right" if column in ("d_model", "layers", "heads", "FFN", "params") else "left")
+    for name in _options("model"):
+        path = CONFIG_DIR / "model" / f"{name}.yaml"
+        raw = OmegaConf.load(path)
+        raw.pop("defaults", None)
+        shape: ModelConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
+        table.add_row(name, str(shape.d_model), str(shape.n_layers), str(shape.n_heads),
+                      str(int(shape.mlp_ratio * shape.d_model)), f"{shape.param_count() / 1e6:.1f}M",
+                      f"{shape.param_count(256) / 1e6:.2f}M", _yaml_description(path))
+    table.caption = "params: the blocks and final norm; an encoding's own parameters come on top"
+    return table
+
+
 @app.command("list")
 def list_cmd() -> None:
-    """What you can choose: encoders (with their options), data sets, tokenizers and experiments."""
+    """What you can choose: encoders (with their options), model sizes, data sets, tokenizers, experiment
+    trackers and experiments."""
     from rich.table import Table
 
     from posexp.encoders import option_names, registry
@@ -527,8 +551,10 @@ def list_cmd() -> None:
         opts = ", ".join(option_names(name)) if cls is not None else ""
         table.add_row(name, desc, opts or "—")
     console.print(table)
+    console.print(_model_table())
     for group, title in (("data", "data sets  (posexp train data=NAME)"),
                          ("tokenizer", "tokenizers  (posexp train tokenizer=NAME)"),
+                         ("logger", "experiment trackers  (posexp train logger=NAME or logger=[NAME,NAME])"),
                          ("experiment", "experiments  (posexp train experiment=NAME)")):
         t = Table(title=title)
         t.add_column("name", style="cyan")

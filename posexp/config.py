@@ -71,6 +71,15 @@ class ModelConfig:
     # O(block * L * heads) instead of O(L^2 * heads).
     attn_block_size: int = 256
 
+    def param_count(self, vocab_size: int = 0) -> int:
+        """Trainable parameters of a model of this shape (:class:`posexp.model.GPT`): its blocks and final
+        LayerNorm, plus ``vocab_size x d_model`` for the token embeddings (tied to the output layer). An
+        encoding's own parameters (learned, t5, ...) come on top."""
+        d, hidden = self.d_model, int(self.mlp_ratio * self.d_model)
+        # attention's qkv and output projections, the MLP's two, two LayerNorms (weight and bias); no linear biases
+        block = 4 * d * d + 2 * d * hidden + 2 * 2 * d
+        return self.n_layers * block + 2 * d + vocab_size * d
+
 
 @dataclass
 class TrainConfig:
