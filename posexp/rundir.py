@@ -54,6 +54,8 @@ METRICS_CSV = "metrics.csv"
 TRAIN_LOG = "train.log"
 # The experiment trackers a run reports to (logger=...) and the ids that find its tracked run again.
 TRACKERS_JSON = "trackers.json"
+TENSORBOARD_DIR = "tensorboard"  # logger=tensorboard's event files (unless logger.tensorboard.log_dir says otherwise)
+WANDB_DIR = "wandb"  # logger=wandb's run files (W&B names the folder)
 CHECKPOINT_DIR = "checkpoint"
 WEIGHTS_FILE = "model.safetensors"
 CHECKPOINT = Path(CHECKPOINT_DIR) / WEIGHTS_FILE  # the final weights, relative to the run folder

@@ -11,9 +11,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from posexp.rundir import TENSORBOARD_DIR
 from posexp.tracking.base import Point, RunIdentity, Tracker, flat_config
-
-LOG_DIR = "tensorboard"  # under the run folder, unless logger.tensorboard.log_dir says otherwise
 
 
 class TensorBoardTracker(Tracker):
@@ -30,7 +29,7 @@ class TensorBoardTracker(Tracker):
 
     @classmethod
     def start(cls, settings, run: RunIdentity) -> "TensorBoardTracker":
-        log_dir = Path(settings.log_dir) if settings.log_dir else run.run_dir / LOG_DIR
+        log_dir = Path(settings.log_dir) if settings.log_dir else run.run_dir / TENSORBOARD_DIR
         tracker = cls(log_dir, purge_step=run.resume_step)
         if run.resume_step is None:
             tracker.log_config(run.config)
