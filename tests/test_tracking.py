@@ -265,6 +265,20 @@ def test_wandb_runs_offline_without_an_api_key_and_holds_everything(compose, tmp
     assert {"results.json", "ppl_vs_length.png"} <= stored
 
 
+def test_posexp_eval_appends_to_the_same_wandb_run_after_its_last_step(compose, tmp_path, wandb_offline):
+    from posexp.commands.eval import reeval_main
+
+    run_dir = tmp_path / "run"
+    _train(compose, run_dir, "logger=wandb")
+    trained = json.loads((run_dir / "trackers.json").read_text())["wandb"]
+    [results] = reeval_main([str(run_dir), "eval.lengths=[48]"])
+    records = _wandb_records(run_dir, runs=2)  # an offline run continued later is a second folder, same id
+    assert {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"} == {trained["id"]}
+    [added] = [h for h in _history(records) if h.get("eval/length") == 48 and "eval/ppl/nonoverlap" in h]
+    assert added["eval/ppl/nonoverlap"] == pytest.approx(_ppl_by_length(results)[48], rel=1e-9)
+    assert added["_step"] > trained["step"]  # W&B keeps a step only if it is past the run's last one
+
+
 # -- a sweep: one tracked run per job, grouped -----------------------------------------------------
 
 def test_a_sweep_of_two_jobs_gives_two_grouped_runs(tmp_path, mlflow_store, wandb_offline):
