@@ -244,6 +244,7 @@ def wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # artifact staging: not the user's home
 
 
 def test_wandb_runs_offline_without_an_api_key_and_holds_everything(compose, tmp_path, wandb_offline):
