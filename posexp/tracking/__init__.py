@@ -13,6 +13,7 @@ left out with a warning; the run's own files are what posexp guarantees.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -101,6 +102,8 @@ class Trackers:
                 self.trackers.remove(tracker)
                 self.warn(f"logger={tracker.name}: {what} failed ({type(e).__name__}: {e}); the run goes on "
                           "without it")
+                with contextlib.suppress(Exception):  # mark its tracked run failed, if the tracker still can
+                    tracker.finish("failed")
 
     def log_train(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
         values = {"loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
