@@ -66,7 +66,7 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
 
 @contextlib.contextmanager
 def _tracked(cfg: DictConfig, spec: Config, run_dir: Path, overrides: list[str], is_main: bool, resume: bool,
-             warn: Callable[[str], None]) -> Iterator[tracking.Trackers]:
+             warn: Callable[[str], None], console: Console) -> Iterator[tracking.Trackers]:
     """The run's experiment trackers (``logger=...``; none on ranks other than 0), closed with the run's outcome."""
     if not is_main or not tracking.chosen(spec.logger):
         yield tracking.NO_TRACKERS
@@ -74,6 +74,9 @@ def _tracked(cfg: DictConfig, spec: Config, run_dir: Path, overrides: list[str],
     pointer = read_resume_pointer(run_dir) if resume else None
     trackers = tracking.start(spec.logger, run_dir, run_label(overrides), to_container(cfg),
                               resume_step=(pointer or {}).get("step", 0) if resume else None, warn=warn)
+    for line in trackers.where():
+        log.info(line)
+        console.print(line, highlight=False, soft_wrap=True)
     try:
         yield trackers
     except TrainingInterrupted:
@@ -137,7 +140,7 @@ def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir:
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(cfg, corpus.vocab_size)
     _announce(spec, model, corpus, device, w, run_dir, console)
-    with _tracked(cfg, spec, run_dir, overrides, w.is_main, resume, warn) as trackers:
+    with _tracked(cfg, spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
         reused = distributed.broadcast(cache.lookup(cfg, corpus.fingerprint)) if spec.cache and not resume else None
         if reused is not None:

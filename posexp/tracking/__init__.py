@@ -105,6 +105,12 @@ class Trackers:
                 with contextlib.suppress(Exception):  # mark its tracked run failed, if the tracker still can
                     tracker.finish("failed")
 
+    def where(self) -> list[str]:
+        """Where each tracked run is, one line per tracker."""
+        lines = []
+        self._each("saying where it is", lambda t: lines.append(t.where()))
+        return lines
+
     def log_train(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
         values = {"loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
         self._each("logging the training curve", lambda t: t.log_train(step, values))

@@ -144,6 +144,10 @@ class Tracker:
     def record(self) -> dict:
         raise NotImplementedError
 
+    def where(self) -> str:
+        """One line for the terminal: where the tracked run is and how to look at it."""
+        raise NotImplementedError
+
 
 def read_records(folder: Path) -> dict:
     """The trackers a folder's runs were reported to (:data:`TRACKERS_JSON`), or {} when it has none or it

@@ -147,3 +147,6 @@ class MLflowTracker(Tracker):
 
     def record(self) -> dict:
         return {"tracking_uri": self.uri, "experiment_id": self.experiment_id, "run_id": self.run_id}
+
+    def where(self) -> str:
+        return f"mlflow: run {self.run_id} in {self.uri} (mlflow ui --backend-store-uri {self.uri})"

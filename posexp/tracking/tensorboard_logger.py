@@ -76,3 +76,6 @@ class TensorBoardTracker(Tracker):
 
     def record(self) -> dict:
         return {"log_dir": str(self.log_dir.resolve()), "reports": self.reports}
+
+    def where(self) -> str:
+        return f"tensorboard: {self.log_dir} (tensorboard --logdir {self.log_dir})"

@@ -62,6 +62,8 @@ class WandbTracker(Tracker):
     def _init(cls, run: RunIdentity, **kwargs):
         import wandb
 
+        if os.environ.get("WANDB_MODE") == "":  # unset, as resolve_mode read it (W&B itself rejects "")
+            del os.environ["WANDB_MODE"]
         # console="off": the run's own progress bar and messages stay as they are
         settings = wandb.Settings(console="off", silent=True)
         wb = wandb.init(dir=str(run.run_dir), settings=settings, reinit="create_new", **kwargs)
@@ -119,3 +121,9 @@ class WandbTracker(Tracker):
         return {"id": self.run.id, "project": self.run.project, "entity": self.run.entity or None,
                 "mode": "offline" if self.run.offline else None, "dir": str(Path(self.run.dir).parent.resolve()),
                 "step": self.step}
+
+    def where(self) -> str:
+        if self.run.offline:
+            folder = Path(self.run.dir).parent
+            return f"wandb: offline run {self.run.id} in {folder} (upload it with: wandb sync {folder})"
+        return f"wandb: {self.run.url or self.run.id}"
