@@ -124,6 +124,8 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
     values = _values(override) or []
     if override.is_sweep_override() and not multirun:
         values = []  # the sweep check below names it
+    # several options of one group at once (logger=[tensorboard,mlflow]): each must exist
+    values = [v.strip() for value in values for v in (value[1:-1].split(",") if value.startswith("[") else [value])]
     for value in values:
         if value not in options:
             what = f"{group}={value}" if value else f"{group}="

@@ -30,7 +30,7 @@ from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runlock import OVERWRITE_FLAG, RunFolderTaken
 
 CONFIG_DIR = config_dir()
-GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "task", "experiment", "search")
+GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "task", "logger", "experiment", "search")
 TOP_KEYS = ("base=", "train_len=", "seed=")
 
 err_console = Console(stderr=True)
@@ -165,8 +165,9 @@ def _flags_first(args: List[str]) -> list[str]:
 
 
 def _options(group: str) -> list[str]:
-    folder = CONFIG_DIR / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    from posexp.listing import options
+
+    return options(group)
 
 
 def complete_overrides(incomplete: str) -> list[str]:
@@ -526,49 +527,13 @@ def analyze(
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
 
 
-def _yaml_description(path: Path) -> str:
-    """A config's ``description`` key, else its first comment line that is not a Hydra directive."""
-    from omegaconf import OmegaConf
-
-    desc = OmegaConf.load(path).get("description")
-    if desc:
-        return str(desc)
-    for line in path.read_text().splitlines():
-        if line.startswith("#") and "@package" not in line:
-            return line.lstrip("# ").strip()
-    return ""
-
-
 @app.command("list")
 def list_cmd() -> None:
-    """What you can choose: encoders (with their options), data sets, tokenizers, tasks and experiments."""
-    from rich.table import Table
+    """What you can choose: encoders (with their options), model sizes, data sets, tokenizers, tasks, experiment
+    trackers and experiments."""
+    from posexp.listing import print_choices
 
-    from posexp.encoders import option_names, registry
-
-    console = Console()
-    reg = registry()
-    table = Table(title="encoders  (posexp train encoder=NAME)")
-    table.add_column("name", style="cyan")
-    table.add_column("what it is")
-    table.add_column("options")
-    for name in _options("encoder"):
-        cls = reg.get(name)
-        desc = cls.description if cls is not None and cls.description else _yaml_description(
-            CONFIG_DIR / "encoder" / f"{name}.yaml")
-        opts = ", ".join(option_names(name)) if cls is not None else ""
-        table.add_row(name, desc, opts or "—")
-    console.print(table)
-    for group, title in (("data", "data sets  (posexp train data=NAME)"),
-                         ("tokenizer", "tokenizers  (posexp train tokenizer=NAME)"),
-                         ("task", "tasks  (posexp train task=NAME; lm = language modelling on data)"),
-                         ("experiment", "experiments  (posexp train experiment=NAME)")):
-        t = Table(title=title)
-        t.add_column("name", style="cyan")
-        t.add_column("what it is")
-        for name in _options(group):
-            t.add_row(name, _yaml_description(CONFIG_DIR / group / f"{name}.yaml"))
-        console.print(t)
+    print_choices(Console())
 
 
 def main() -> None:

@@ -71,6 +71,15 @@ class ModelConfig:
     # O(block * L * heads) instead of O(L^2 * heads).
     attn_block_size: int = 256
 
+    def param_count(self, vocab_size: int = 0) -> int:
+        """Trainable parameters of a model of this shape (:class:`posexp.model.GPT`): its blocks and final
+        LayerNorm, plus ``vocab_size x d_model`` for the token embeddings (tied to the output layer). An
+        encoding's own parameters (learned, t5, ...) come on top."""
+        d, hidden = self.d_model, int(self.mlp_ratio * self.d_model)
+        # attention's qkv and output projections, the MLP's two, two LayerNorms (weight and bias); no linear biases
+        block = 4 * d * d + 2 * d * hidden + 2 * 2 * d
+        return self.n_layers * block + 2 * d + vocab_size * d
+
 
 @dataclass
 class TrainConfig:
@@ -154,6 +163,42 @@ class FinetuneConfig:
 
 
 @dataclass
+class TensorBoardConfig:
+    """``configs/logger/tensorboard.yaml``: event files ``tensorboard --logdir`` reads."""
+
+    log_dir: Optional[str] = None  # null = RUN_DIR/tensorboard (a sweep's jobs side by side under its folder)
+
+
+@dataclass
+class MLflowConfig:
+    """``configs/logger/mlflow.yaml``."""
+
+    tracking_uri: Optional[str] = None  # null = $MLFLOW_TRACKING_URI, else MLflow's own local default
+    experiment: str = "posexp"
+
+
+@dataclass
+class WandbConfig:
+    """``configs/logger/wandb.yaml``."""
+
+    project: str = "posexp"
+    entity: Optional[str] = None
+    # online | offline | disabled; null = $WANDB_MODE, else online only where an API key is configured
+    mode: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    """The experiment trackers a run reports to (``logger=tensorboard``, ``logger=[tensorboard,mlflow]``); each
+    ``configs/logger/*.yaml`` fills in its own key, and the keys left null are trackers not used."""
+
+    tensorboard: Optional[TensorBoardConfig] = None
+    mlflow: Optional[MLflowConfig] = None
+    wandb: Optional[WandbConfig] = None
+
+
+@dataclass
 class Config:
     encoder: Any = MISSING
     data: DataConfig = MISSING
@@ -162,6 +207,7 @@ class Config:
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
     task: TaskConfig = field(default_factory=TaskConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # experiment trackers: none by default
     base: float = 10000.0  # base frequency of sinusoidal and rotary encodings (ignored by the others)
     train_len: int = 128  # training context length in tokens
     seed: int = 0  # seeds model initialisation and data order
@@ -236,6 +282,7 @@ NOT_WEIGHTS: dict[str, str] = {
     "cache_dir": "where reused trainings are kept",
     "objective": "what a sweeper is told after training",
     "hydra": "Hydra's own settings: output folders, launchers, logging",
+    "logger": "which experiment trackers hear about the run",
     "train.progress": "the progress bar",
     "train.log_every": "how often metrics.csv gets a row",
     "train.checkpoint_every": "when resumable checkpoints are written; a resumed run is bit-identical",

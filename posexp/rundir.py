@@ -9,6 +9,7 @@ A run folder is what ``posexp train`` leaves behind and what ``eval``, ``resume`
                             accuracy_vs_length.png, and passkey_heatmap.png for task=passkey)
     loss_by_position.csv    mean loss per position in the window, per measurement (and its .png)
     metrics.csv             the training curve; train.log the run's log
+    trackers.json           the tracked runs (logger=tensorboard/mlflow/wandb) that eval and resume append to
     checkpoint/             model.safetensors + meta.json (and resumable step files while training)
     .hydra/                 config.yaml and overrides.yaml, as Hydra wrote them
 
@@ -54,6 +55,10 @@ LOSS_BY_POSITION_CSV = "loss_by_position.csv"
 LOSS_BY_POSITION_PNG = "loss_by_position.png"
 METRICS_CSV = "metrics.csv"
 TRAIN_LOG = "train.log"
+# The experiment trackers a run reports to (logger=...) and the ids that find its tracked run again.
+TRACKERS_JSON = "trackers.json"
+TENSORBOARD_DIR = "tensorboard"  # logger=tensorboard's event files (unless logger.tensorboard.log_dir says otherwise)
+WANDB_DIR = "wandb"  # logger=wandb's run files (W&B names the folder)
 CHECKPOINT_DIR = "checkpoint"
 WEIGHTS_FILE = "model.safetensors"
 CHECKPOINT = Path(CHECKPOINT_DIR) / WEIGHTS_FILE  # the final weights, relative to the run folder

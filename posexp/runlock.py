@@ -18,16 +18,17 @@ from typing import Iterator, Optional, Sequence
 from posexp.errors import PosexpError
 from posexp.rundir import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML,
                            PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV,
-                           RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TRAIN_LOG, is_sweep_dir, iter_jobs,
-                           run_status)
+                           RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON,
+                           TRAIN_LOG, WANDB_DIR, is_sweep_dir, iter_jobs, run_status)
 
 HYDRA_OUTPUT = ".hydra"
 # What a run writes into its folder: a folder holding one of these is a run's, not a free one.
 RUN_FILES = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
-             METRICS_CSV, TRAIN_LOG, CHECKPOINT_DIR, HYDRA_OUTPUT, "analysis")
+             METRICS_CSV, TRAIN_LOG, CHECKPOINT_DIR, HYDRA_OUTPUT, "analysis", TRACKERS_JSON, TENSORBOARD_DIR,
+             WANDB_DIR)
 # What a sweep writes into its own folder, besides its numbered job folders.
 SWEEP_FILES = (MULTIRUN_YAML, SUMMARY_MD, SUMMARY_CSV, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT,
-               REPORT_TRAINING_PLOT, PPL_PLOT)
+               REPORT_TRAINING_PLOT, PPL_PLOT, TRACKERS_JSON)
 OVERWRITE_FLAG = "--overwrite"
 
 _held: dict[str, int] = {}  # resolved run folder -> the open descriptor whose flock claims it for this process

@@ -90,6 +90,10 @@ def test_encoders_import_nothing_outside_themselves_but_errors():
     ("posexp.evaluation", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli",
                            "posexp.validate")),
     ("posexp.commands", ("posexp.analysis", "posexp.cli")),
+    # the trackers hear about a run from the commands; they know results rows and run folders, not the domain
+    ("posexp.tracking", ("posexp.commands", "posexp.training", "posexp.evaluation", "posexp.reporting",
+                         "posexp.analysis", "posexp.cli", "posexp.model", "posexp.build", "posexp.validate",
+                         "posexp.data", "posexp.encoders")),
     ("posexp.validate", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli")),
     ("posexp.build", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.validate")),
 ])
@@ -124,3 +128,13 @@ def test_modules_and_functions_stay_readable():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
                 long_functions[f"{m}.{node.name}"] = node.end_lineno - node.lineno + 1
     assert not long_modules and not long_functions
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """pyproject's explicit package list: a folder left out installs everywhere but in an editable checkout."""
+    import tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("posexp",) + d.relative_to(PKG).parts) for d in PKG.rglob("*")
+               if d.is_dir() and (d / "__init__.py").is_file()}
+    assert folders <= listed, f"add to [tool.setuptools] packages: {sorted(folders - listed)}"

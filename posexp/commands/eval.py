@@ -347,7 +347,18 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     if positions:
         write_loss_by_position(p.run_dir, positions, int(cfg.train_len), label)
     write_results(p.run_dir, results)  # results.json last
+    _report_to_trackers(p.run_dir, rows, console)
     console.print(results_table(results))
     console.print(f"wrote {p.run_dir / RESULTS_JSON} ({len(rows)} row(s) evaluated, {len(results['rows'])} in all)",
                   highlight=False)
     return results
+
+
+def _report_to_trackers(run_dir: Path, rows: list[dict], console: Console) -> None:
+    """The new rows and the redrawn files go to the tracked runs the run reported to (trackers.json), if any."""
+    from posexp import tracking
+
+    trackers = tracking.reopen(run_dir, lambda message: _warn(console, message))
+    if trackers:
+        trackers.log_results(rows, run_dir)
+        trackers.finish("completed")

@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.build import build_model
-from posexp.config import Config, config_hash, eval_lengths, is_task, typed
+from posexp.config import Config, config_hash, eval_lengths, is_task, to_container, typed
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
-from posexp.errors import ConfigError, PosexpError, TrainingDiverged
-from posexp.evaluation.provenance import provenance, write_run_status
+from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task
+from posexp.evaluation.provenance import provenance, run_label, write_run_status
 from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
 from posexp.model import GPT
 from posexp.positions import PositionPlan
@@ -31,11 +31,13 @@ from posexp.runlock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime import resolve_device, step_settings
 from posexp.tasks.sampler import TaskSampler
 from posexp.tasks.source import DATA_TASKS, TrainingSource
+from posexp import tracking
 from posexp.training import cache, distributed
+from posexp.training.checkpoint import read_resume_pointer
 from posexp.runtime import World
 from posexp.training.distributed import shard
-from posexp.training.checkpoint import parent_weights, read_resume_pointer
-from posexp.training.trainer import TrainResult, save_checkpoint, train
+from posexp.training.checkpoint import parent_weights
+from posexp.training.trainer import LogHook, TrainResult, save_checkpoint, train
 from posexp.validate import config_warnings, out_of_memory, validate
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -66,6 +68,30 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         return _run(cfg, spec, device, w, run_dir, overrides, console, resume)
 
 
+@contextlib.contextmanager
+def _tracked(cfg: DictConfig, spec: Config, run_dir: Path, overrides: list[str], is_main: bool, resume: bool,
+             warn: Callable[[str], None], console: Console) -> Iterator[tracking.Trackers]:
+    """The run's experiment trackers (``logger=...``; none on ranks other than 0), closed with the run's outcome."""
+    if not is_main or not tracking.chosen(spec.logger):
+        yield tracking.NO_TRACKERS
+        return
+    pointer = read_resume_pointer(run_dir) if resume else None
+    trackers = tracking.start(spec.logger, run_dir, run_label(overrides), to_container(cfg),
+                              resume_step=(pointer or {}).get("step", 0) if resume else None, warn=warn)
+    for line in trackers.where():
+        log.info(line)
+        console.print(line, highlight=False, soft_wrap=True)
+    try:
+        yield trackers
+    except TrainingInterrupted:
+        trackers.finish("interrupted")
+        raise
+    except BaseException:
+        trackers.finish("failed")
+        raise
+    trackers.finish("completed")
+
+
 def check_config(cfg: DictConfig) -> Config:
     """Everything about a run's config that can be checked without its data: :func:`validate`, and
     enough evaluation tokens for the longest eval length. ``posexp train`` checks every sweep job with it
@@ -79,6 +105,7 @@ def check_config(cfg: DictConfig) -> Config:
     """
     validate(cfg)
     spec = typed(cfg)
+    tracking.check_loggers(spec.logger)  # a tracker library not installed stops here, before any job trains
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest and not is_task(spec):  # a task scores eval.examples instances instead
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {longest} "
@@ -122,22 +149,24 @@ def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir:
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(cfg, source.vocab_size, init=start)
     _announce(spec, model, source, device, w, run_dir, console)
-    # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
-    reused = distributed.broadcast(cache.lookup(cfg, source.fingerprint)) if spec.cache and not resume else None
-    if reused is not None:
-        result = reused.restore(model, run_dir, device) if w.is_main else None
-        cache.log.info(reused.message())
-        console.print(reused.message(), highlight=False)
-    else:
-        with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
-            result = _train(cfg, spec, model, source, run_dir, overrides, w, resume)
-    if not w.is_main:
-        return {}  # rank 0 evaluates and writes; the weights are the same on every rank
-    save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
-                                     "encoder": cfg.encoder.name})
-    if spec.cache and reused is None and cache_writable:
-        cache.store(cfg, source.fingerprint, run_dir, result)
-    results = _evaluate_and_write(cfg, spec, model, source, device, run_dir, overrides, result, reused, console)
+    with _tracked(cfg, spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
+        # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
+        reused = distributed.broadcast(cache.lookup(cfg, source.fingerprint)) if spec.cache and not resume else None
+        if reused is not None:
+            result = reused.restore(model, run_dir, device) if w.is_main else None
+            cache.log.info(reused.message())
+            console.print(reused.message(), highlight=False)
+        else:
+            with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
+                result = _train(cfg, spec, model, source, run_dir, overrides, w, resume, trackers.log_train)
+        if not w.is_main:
+            return {}  # rank 0 evaluates and writes; the weights are the same on every rank
+        save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
+                                         "encoder": cfg.encoder.name})
+        if spec.cache and reused is None and cache_writable:
+            cache.store(cfg, source.fingerprint, run_dir, result)
+        results = _evaluate_and_write(cfg, spec, model, source, device, run_dir, overrides, result, reused, console)
+        trackers.log_results(results["rows"], run_dir)
     trained = f"weights from cache {reused.key}" if reused is not None else \
         f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s"
     console.print(f"wrote {run_dir / RESULTS_JSON} ({trained})", highlight=False)
@@ -200,12 +229,12 @@ def _announce(spec: Config, model: GPT, source: TrainingSource, device: torch.de
 
 
 def _train(cfg: DictConfig, spec: Config, model: GPT, source: TrainingSource, run_dir: Path, overrides: list[str],
-           w: World, resume: bool) -> TrainResult:
+           w: World, resume: bool, on_log: LogHook) -> TrainResult:
     sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else None
     try:
         return train(model, source.corpus, spec.train, run_dir, train_len=spec.train_len, seed=spec.seed,
                      plan=PositionPlan(spec), config_hash=config_hash(cfg), compiled=spec.compile, resume=resume,
-                     sampler=sampler)
+                     sampler=sampler, on_log=on_log)
     except TrainingDiverged as e:
         if w.is_main:
             write_run_status(run_dir, cfg, overrides, "diverged", e, source.info(), step=e.step)

@@ -336,12 +336,17 @@ class CheckpointSchedule:
         self.saved_step, self.last_save = done, time.perf_counter()
 
 
+# Called at every logging step with (step, loss, lr, tokens_per_s): how experiment trackers hear of training.
+LogHook = Callable[[int, float, float, float], None]
+
+
 class TrainingLog:
-    """The report of each logging interval: a ``metrics.csv`` row (rank 0), a ``train.log`` line, the progress bar."""
+    """The report of each logging interval: a ``metrics.csv`` row (rank 0), a ``train.log`` line, the progress bar,
+    and the ``on_log`` hook (experiment trackers)."""
 
     def __init__(self, metrics: Optional[MetricsWriter], progress: Progress, state: TrainState, steps: int,
-                 encoder: str):
-        self.metrics, self.progress, self.state = metrics, progress, state
+                 encoder: str, on_log: Optional[LogHook] = None):
+        self.metrics, self.progress, self.state, self.on_log = metrics, progress, state, on_log
         self.task = progress.add_task("train", total=steps, completed=state.step, encoder=encoder, loss="-", tps="-")
         self.interval_tokens = 0  # tokens trained since the last metrics row
         self.start = self.last_time = time.perf_counter()
@@ -359,6 +364,8 @@ class TrainingLog:
             self.metrics.write(step=done, tokens=self.state.tokens, loss=f"{loss:.6f}", lr=f"{lr:.6g}",
                                tokens_per_s=f"{tps:.1f}", elapsed_s=f"{self.state.elapsed_s + now - self.start:.3f}")
         log.info("step %d loss %.4f lr %.3g tokens/s %.0f", done, loss, lr, tps)
+        if self.on_log is not None:
+            self.on_log(done, loss, lr, tps)
         self.progress.update(self.task, completed=done, loss=f"{loss:.3f}", tps=f"{tps:,.0f}")
         self.last_time, self.interval_tokens = now, 0
 
@@ -382,21 +389,20 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) ->
 
 def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
           plan: PositionPlan, config_hash: str, compiled: object = False, console: Optional[Console] = None,
-          resume: bool = False, sampler: Optional["Sampler"] = None) -> TrainResult:
+          resume: bool = False, sampler: Optional["Sampler"] = None, on_log: Optional[LogHook] = None) -> TrainResult:
     """Train ``model`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens (``corpus.train`` or ``sampler``).
 
     Args:
-        t: the run's ``train`` settings.
-        train_len, seed: the training context length, and the seed of the batches.
-        plan: randomized positions / length curriculum (both off by default).
-        config_hash: recorded in and checked against the run's checkpoints.
+        t, train_len, seed: the run's ``train`` settings, training context length, and the seed of the batches.
+        plan, config_hash: randomized positions / curriculum (off by default); the hash checkpoints record.
         compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.step_settings`).
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
         sampler: the batches when they are not windows of ``corpus`` (a task's ``TaskSampler``).
+        on_log: called with (step, loss, lr, tokens/s) at every logging step, on the rank that writes.
 
     Raises:
-        TrainingDiverged: the loss became NaN or infinite; the last checkpoint before it is kept.
-        TrainingInterrupted: SIGINT or SIGTERM; the finished step was checkpointed.
+        TrainingDiverged, TrainingInterrupted: the loss became NaN or infinite (the checkpoint before it is
+            kept); SIGINT or SIGTERM (the finished step was checkpointed).
         PosexpError: a resumable checkpoint that cannot be used.
     """
     w = world()
@@ -430,7 +436,8 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     signum = None
     try:
         with progress, StopOnSignal() as stop:
-            report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name)
+            report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name,
+                                 on_log=on_log if w.is_main else None)
             for step in range(state.step, t.steps):
                 out = take_step(step, stop)
                 guard.record(step + 1, out.loss)

@@ -1,0 +1,212 @@
+"""Experiment trackers: TensorBoard, MLflow and Weights & Biases (``logger=...``), several at once.
+
+A run reports to the trackers its config names (``configs/logger/``): the resolved config as
+hyperparameters, the training curve at every logging step, every evaluation row, and its figures and
+results.json as artifacts. The tracked runs are recorded in the run folder (``trackers.json``), so
+``posexp eval`` and ``posexp resume`` append to the same ones.
+
+Each library is an optional extra (``pip install 'posexp[tensorboard]'``, ``[mlflow]``, ``[wandb]``,
+``[trackers]`` for all three) and is imported only by a run that uses it: with ``logger=none`` this
+package costs nothing but its own standard-library imports. A tracker that fails while a run trains is
+left out with a warning; the run's own files are what posexp guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+from posexp.errors import ConfigError, PosexpError
+from posexp.rundir import is_sweep_dir
+from posexp.tracking.base import RunIdentity, Tracker, artifacts, eval_points, read_records, write_records
+
+log = logging.getLogger("posexp.tracking")
+
+# logger option -> (the module it needs, the extra that installs it)
+LIBRARIES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+TRACKERS = tuple(LIBRARIES)
+
+
+def chosen(logger_cfg) -> list[str]:
+    """The trackers a ``logger`` config names, in a fixed order."""
+    if logger_cfg is None:
+        return []
+    return [name for name in TRACKERS if getattr(logger_cfg, name, None) is not None]
+
+
+def missing_library(name: str) -> Optional[str]:
+    """What tracker ``name`` lacks here (``needs the wandb package, which is not installed: pip install ...``),
+    or None. Looks the library up without importing it."""
+    module, extra = LIBRARIES[name]
+    if importlib.util.find_spec(module) is None:
+        return f"needs the {module} package, which is not installed: pip install 'posexp[{extra}]'"
+    return None
+
+
+def check_loggers(logger_cfg) -> None:
+    """Everything about the ``logger`` config that can be checked before a run starts.
+
+    Raises:
+        ConfigError: a tracker whose library is not installed (naming the extra to install), or a bad option.
+    """
+    for name in chosen(logger_cfg):
+        problem = missing_library(name)
+        if problem is not None:
+            raise ConfigError("logger", f"{name} {problem}")
+    if logger_cfg is not None and getattr(logger_cfg, "wandb", None) is not None:
+        from posexp.tracking.wandb_logger import resolve_mode
+
+        resolve_mode(logger_cfg.wandb.mode)
+
+
+def _tracker_class(name: str):
+    if name == "tensorboard":
+        from posexp.tracking.tensorboard_logger import TensorBoardTracker
+
+        return TensorBoardTracker
+    if name == "mlflow":
+        from posexp.tracking.mlflow_logger import MLflowTracker
+
+        return MLflowTracker
+    from posexp.tracking.wandb_logger import WandbTracker
+
+    return WandbTracker
+
+
+class Trackers:
+    """The trackers of one run, called together; each failure leaves that tracker out with a warning.
+
+    Args:
+        trackers: the open trackers.
+        run_dir: where ``trackers.json`` records them.
+        warn: how a tracker's failure is told to the user.
+    """
+
+    def __init__(self, trackers: list[Tracker], run_dir: Optional[Path] = None,
+                 warn: Optional[Callable[[str], None]] = None):
+        self.trackers, self.run_dir = list(trackers), run_dir
+        self.warn = warn or log.warning
+
+    def __bool__(self) -> bool:
+        return bool(self.trackers)
+
+    def _each(self, what: str, call: Callable[[Tracker], None]) -> None:
+        for tracker in list(self.trackers):
+            try:
+                call(tracker)
+            except Exception as e:  # a tracker's failure must not lose the run; its files are the record
+                self.trackers.remove(tracker)
+                self.warn(f"logger={tracker.name}: {what} failed ({type(e).__name__}: {e}); the run goes on "
+                          "without it")
+                with contextlib.suppress(Exception):  # mark its tracked run failed, if the tracker still can
+                    tracker.finish("failed")
+
+    def where(self) -> list[str]:
+        """Where each tracked run is, one line per tracker."""
+        lines = []
+        self._each("saying where it is", lambda t: lines.append(t.where()))
+        return lines
+
+    def log_train(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
+        values = {"loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
+        self._each("logging the training curve", lambda t: t.log_train(step, values))
+
+    def log_results(self, rows: list[dict], run_dir: Path) -> None:
+        """Every row given (a train's, or the rows a ``posexp eval`` measured), then the run's artifacts."""
+        points = eval_points(rows)
+        self._each("logging the evaluation", lambda t: t.log_eval(points, rows))
+        files = artifacts(run_dir)
+        self._each("storing the results and figures", lambda t: t.log_artifacts(files))
+
+    def finish(self, status: str) -> None:
+        """Close every tracked run (``completed``, ``failed`` or ``interrupted``) and record where they are."""
+        self._save()
+        self._each("closing the run", lambda t: t.finish(status))
+
+    def _save(self) -> None:
+        if self.run_dir is None or not self.trackers:
+            return
+        records = read_records(self.run_dir)
+        for t in self.trackers:
+            try:
+                records[t.name] = t.record()
+            except Exception as e:
+                self.warn(f"logger={t.name}: could not record its run id ({type(e).__name__}: {e})")
+        write_records(self.run_dir, records)
+
+
+NO_TRACKERS = Trackers([])
+
+
+def _identity(run_dir: Path, name: str, config: dict, resume_step: Optional[int]) -> RunIdentity:
+    sweep = run_dir.resolve().parent
+    if not is_sweep_dir(sweep):
+        return RunIdentity(run_dir, name, config=config, resume_step=resume_step)
+    try:
+        group = os.path.relpath(sweep, Path.cwd().resolve() / "outputs")
+    except ValueError:  # another drive (Windows)
+        group = str(sweep)
+    if group.startswith(".."):
+        group = str(sweep)
+    return RunIdentity(run_dir, name, group=group, sweep_dir=sweep, config=config, resume_step=resume_step)
+
+
+def start(logger_cfg, run_dir: Path, name: str, config: dict, resume_step: Optional[int] = None,
+          warn: Optional[Callable[[str], None]] = None) -> Trackers:
+    """Open the trackers ``logger_cfg`` names for the run in ``run_dir`` (``posexp train``, ``posexp resume``).
+
+    A run that recorded tracked runs (``trackers.json``: a resumed one) reopens them; a tracker not recorded
+    there starts a new tracked run, which logs the config.
+
+    Args:
+        name: the run's label in the trackers.
+        config: the resolved config, logged as hyperparameters.
+        resume_step: the checkpoint step a resumed training continues from.
+
+    Raises:
+        PosexpError: a tracker that cannot start (its library missing, its store unreachable); nothing was
+            trained yet.
+    """
+    names = chosen(logger_cfg)
+    if not names:
+        return NO_TRACKERS
+    check_loggers(logger_cfg)
+    run = _identity(run_dir, name, config, resume_step)
+    records = read_records(run_dir)
+    opened: list[Tracker] = []
+    try:
+        for n in names:
+            cls = _tracker_class(n)
+            opened.append(cls.reopen(records[n], run) if n in records else cls.start(getattr(logger_cfg, n), run))
+    except Exception as e:
+        for t in opened:
+            t.finish("failed")
+        if isinstance(e, PosexpError):
+            raise
+        raise PosexpError(f"logger={n}: could not start ({type(e).__name__}: {str(e).strip().splitlines()[0]})") \
+            from None
+    trackers = Trackers(opened, run_dir, warn)
+    trackers._save()
+    return trackers
+
+
+def reopen(run_dir: Path, warn: Callable[[str], None]) -> Trackers:
+    """The tracked runs recorded in ``run_dir`` (``posexp eval`` appends its rows to them); a tracker whose
+    library is missing here, or that cannot be reached, is left out with a warning."""
+    records = read_records(run_dir)
+    opened: list[Tracker] = []
+    run = _identity(run_dir, run_dir.name, {}, None)
+    for n in (n for n in TRACKERS if n in records):
+        problem = missing_library(n)
+        if problem is not None:
+            warn(f"{run_dir}: its {n} run is not updated: logger={n} {problem}")
+            continue
+        try:
+            opened.append(_tracker_class(n).reopen(records[n], run))
+        except Exception as e:
+            warn(f"{run_dir}: its {n} run is not updated ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
+    return Trackers(opened, run_dir, warn)
