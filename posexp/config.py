@@ -235,6 +235,7 @@ class FinetuneAppConfig:
     scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
     data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
+    logger: Any = None  # null: the parent's experiment trackers; logger=NAME chooses others (logger=none: none)
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
     seed: int = 0  # seeds the fine-tuning data order (and any new table rows)

@@ -230,10 +230,13 @@ def test_a_sweep_of_scalings_reports_by_scaling_with_the_parent_beside(parents, 
     assert sorted(_results(sweep / job)["run"]["scaling"] for job in ("0", "1")) == ["linear", "none"]
     report = invoke("report", str(sweep), "--by", "scaling", "--metric", "ppl@1x", "--format", "csv")
     assert report.exit_code == 0, report.output
-    header, *rows = report.stdout.strip().splitlines()
-    assert "scaling" in header and "parent ppl@1x" in header, header
+    import csv
+    import io
+
+    table = list(csv.DictReader(io.StringIO(report.stdout)))
+    assert "scaling" in table[0] and "parent ppl@1x" in table[0], list(table[0])
     parent_ppl = next(r["ppl"] for r in _results(parents["rope"])["rows"] if r["length"] == PARENT_LEN)
-    assert len(rows) == 2 and all(f"{parent_ppl:.3f}" in row for row in rows), rows
+    assert len(table) == 2 and all(float(row["parent ppl@1x"]) == pytest.approx(parent_ppl) for row in table), table
 
 
 def test_evaluation_does_not_scale_a_run_fine_tuned_with_a_scaling_again(linear_child):
@@ -244,3 +247,36 @@ def test_evaluation_does_not_scale_a_run_fine_tuned_with_a_scaling_again(linear_
                                     "applies as trained; another evaluation-time scaling on top (ntk) is not "
                                     "defined: use eval.scaling=none"]
     assert (linear_child / "results.json").read_bytes() == before
+
+
+# -- experiment trackers: the parent's by default, or the ones the fine-tune names --------------------
+
+def test_a_finetune_reports_to_the_parents_trackers_unless_told_otherwise(parents, tmp_path):
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    tracked = tmp_path / "tracked"
+    shutil.copytree(parents["rope"], tracked)
+    saved = OmegaConf.load(tracked / ".hydra" / "config.yaml")
+    saved.logger = {"tensorboard": {"log_dir": None}, "mlflow": None, "wandb": None}
+    OmegaConf.save(saved, tracked / ".hydra" / "config.yaml")
+    assert _child_cfg(tracked, "train_len=64").logger.tensorboard is not None  # inherited
+    assert _child_cfg(tracked, "train_len=64", "logger=none").logger.tensorboard is None
+    chosen = _child_cfg(parents["rope"], "train_len=64", "logger=tensorboard").logger
+    assert chosen.tensorboard is not None and chosen.mlflow is None
+
+
+def test_a_finetune_with_logger_tensorboard_writes_its_curve_and_rows(parents, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "tb"
+    result = invoke("finetune", str(parents["rope"]), *QUICK, "scaling=linear", "logger=tensorboard",
+                    f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 7))
+    rows = {r["length"]: r["ppl"] for r in _results(run_dir)["rows"] if r["protocol"] == "nonoverlap"}
+    assert {e.step: e.value for e in acc.Scalars("eval/ppl/nonoverlap")} == pytest.approx(rows, rel=1e-6)

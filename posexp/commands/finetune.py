@@ -162,6 +162,8 @@ def child_config(app: DictConfig) -> DictConfig:
     # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
     child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
     child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
+    if mine.get("logger") is not None:  # trackers chosen for the fine-tune, else the parent's
+        child["logger"] = mine["logger"]
     child["finetune"] = {"parent": str(parent), "parent_config_hash": str(results["run"].get("config_hash")
                                                                            or config_hash(parent_cfg)),
                          "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
