@@ -160,11 +160,28 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize("overrides,needles", BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
-def test_bad_input_is_a_clear_message_not_a_traceback(tmp_path, overrides, needles):
-    proc = run_cli("train", *SMOKE, *overrides, "hydra.run.dir=run", cwd=tmp_path)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+def test_bad_input_is_a_clear_message_not_a_traceback(tmp_path, monkeypatch, overrides, needles):
+    # in this interpreter (the CLI as a user calls it, without starting Python and torch 20 times); the
+    # fresh-interpreter form is checked once below
+    from typer.testing import CliRunner
+
+    from posexp.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", *SMOKE, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})
+    out = result.output
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in out
     for needle in needles:
         assert needle in out, (needle, out)
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+@pytest.mark.parametrize("overrides,needles", [BAD_INPUT[0], BAD_INPUT[7]], ids=["encoder=nope", "train_len=0"])
+def test_bad_input_in_a_fresh_interpreter_is_one_message(tmp_path, overrides, needles):
+    proc = run_cli("train", *SMOKE, *overrides, "hydra.run.dir=run", cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out
+    assert all(needle in out for needle in needles), out
+    assert not (tmp_path / "run").exists()

@@ -86,6 +86,7 @@ def full_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # the SIGTERM-mid-step test keeps kill-and-resume in the default suite
 def test_sigkill_at_a_random_moment_then_resume_gives_identical_numbers(full_run, tmp_path):
     seed = random.randrange(2**32)
     target = random.Random(seed).randint(2, STEPS // 2)

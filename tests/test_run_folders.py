@@ -93,6 +93,7 @@ def test_a_fresh_folder_is_claimed_by_exactly_one_caller(tmp_path):
     assert [p.name for p in got] == ["10-00-00", "10-00-00-1", "10-00-00-2"]
 
 
+@pytest.mark.slow  # the two-runs-in-one-second test keeps the race in the default suite
 def test_four_trains_started_at_once_in_one_folder_end_with_four_complete_runs(tmp_path):
     procs = [_popen("train", *FAST, f"seed={i}", cwd=tmp_path) for i in range(4)]
     outs = [p.communicate(timeout=240) for p in procs]
@@ -195,7 +196,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(where, tmp_path, monkeypat
 
 # -- 14: an interrupted sweep says where it stands -------------------------------------------------
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("stop", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_an_interrupted_sweep_names_finished_interrupted_and_unstarted_jobs(stop, tmp_path):
     proc = _popen("train", "-m", *STOPPABLE, "train.steps=20,100000,20", "hydra.sweep.dir=sweep", cwd=tmp_path)
     try:

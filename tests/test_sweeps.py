@@ -239,6 +239,7 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
 
 
 @needs_submitit
+@pytest.mark.slow  # the joblib launcher test keeps a launcher in the default suite
 def test_submitit_local_sweep(tmp_path):
     proc = run_cli("train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", *TINY,
                    "hydra.sweep.dir=sweep", cwd=tmp_path)
