@@ -208,6 +208,7 @@ def test_attention_statistics_match_closed_forms(encoder):
 
 # -- the command --------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a two-job sweep, then analyze; the single-run command tests stay in the default suite
 def test_analyze_multirun_compares_bases(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_cli("analyze", "-m", "encoder=rope", "base=100,10000", *TINY, "analyze.length=64",

@@ -469,6 +469,7 @@ def test_list_shows_the_new_options(tmp_path):
         assert option in proc.stdout, option
 
 
+@pytest.mark.slow  # rerope rows and mixing stay covered in-process above; this is the end-to-end run
 def test_a_mixed_run_says_its_mix_and_evaluates_with_rerope(tmp_path):
     proc = run_cli("train", *SMOKE, "encoder=mixed", "encoder.layers=[rope,none]",
                    "encoder.options={rope:{rotary_fraction:0.5}}", "eval.scaling=rerope", "eval.rerope_window=16",
