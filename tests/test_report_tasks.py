@@ -107,3 +107,19 @@ def test_context_gain_is_the_fall_of_the_last_k_loss_and_shows_by_default_with_l
     assert at2.mean == pytest.approx(0.1)
     without = build_report([make_run(tmp_path / "c", {128: 10.0})])
     assert "gain" not in [m.name for m in without.metrics]
+
+
+def test_tok_metrics_read_the_per_token_accuracy_where_exact_match_is_zero(tmp_path):
+    runs = []
+    for seed, tokens in ((0, {64: 0.9, 128: 0.4}), (1, {64: 0.8, 128: 0.2})):
+        folder = make_task_run(tmp_path / str(seed), {64: 0.5, 128: 0.0}, seed=seed)
+        results = json.loads((folder / "results.json").read_text())
+        for row in results["rows"]:
+            row["token_accuracy"] = tokens[row["length"]]
+        (folder / "results.json").write_text(json.dumps(results))
+        runs.append(load_run(folder))
+    report = build_task_report(runs, ["encoder"], ["acc@2x", "tok@2x", "tok@64"])
+    (group,) = report.groups
+    assert group.metrics["acc@2x"].mean == pytest.approx(0.0)
+    assert group.metrics["tok@2x"].mean == pytest.approx(30.0) and group.metrics["tok@64"].mean == pytest.approx(85.0)
+    assert "per-token" in parse_task_metric("tok@2x").describe()

@@ -7,6 +7,10 @@ over them (a single run: its own Wilson interval), and these metrics:
 
 ``acc@Kx`` / ``acc@N``
     Exact-match accuracy (%) at K times the training length / at N tokens.
+``tok@Kx`` / ``tok@N``
+    Per-token accuracy (%) of the answer at K times the training length / at N tokens: the share of answer
+    tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which moves where exact
+    match is 0 everywhere.
 ``maxlen@accP`` (default ``maxlen@acc90``)
     The longest length up to which accuracy stays at least P% of the in-distribution accuracy (the
     accuracy at the training length), every evaluated length from the training length on included;
@@ -27,7 +31,9 @@ from posexp.reporting.stats import Stat, _stat
 from posexp.rundir import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
-TASK_METRIC_HELP = "acc@Kx (e.g. acc@4x), acc@N (N tokens), maxlen@accP (e.g. maxlen@acc90)"
+TASK_METRIC_HELP = "acc@Kx (e.g. acc@4x), acc@N (N tokens), tok@Kx / tok@N (per-token), maxlen@accP (e.g. maxlen@acc90)"
+# the row field each kind of metric reads
+FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "tok": "token_accuracy"}
 
 
 def is_task_run(run: Run) -> bool:
@@ -36,31 +42,32 @@ def is_task_run(run: Run) -> bool:
 
 
 def is_task_metric(text: str) -> bool:
-    return text.strip().lower().startswith(("acc@", "maxlen@acc"))
+    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc"))
 
 
 @dataclass(frozen=True)
 class TaskMetric:
     name: str
-    kind: str  # "acc" or "maxlen"
+    kind: str  # "acc" (exact match), "tok" (per-token accuracy) or "maxlen"
     multiple: Optional[float] = None
     length: Optional[int] = None
     share: float = 0.9
 
     def describe(self) -> str:
-        if self.kind == "acc":
+        if self.kind in ("acc", "tok"):
             where = f"{self.multiple:g}x the training length" if self.multiple is not None else f"{self.length} tokens"
-            return f"{self.name} = exact-match accuracy (%) at {where}."
+            what = "exact-match accuracy" if self.kind == "acc" else "per-token accuracy of the answer"
+            return f"{self.name} = {what} (%) at {where}."
         return (f"{self.name} = the longest length up to which exact-match accuracy stays >= {self.share:.0%} of "
                 "the accuracy at the training length.")
 
 
 def parse_task_metric(text: str) -> TaskMetric:
     raw = text.strip().lower()
-    if m := re.fullmatch(r"acc@(\d+(?:\.\d+)?)x", raw):
-        return TaskMetric(raw, "acc", multiple=float(m.group(1)))
-    if m := re.fullmatch(r"acc@(\d+)", raw):
-        return TaskMetric(raw, "acc", length=int(m.group(1)))
+    if m := re.fullmatch(r"(acc|tok)@(\d+(?:\.\d+)?)x", raw):
+        return TaskMetric(raw, m.group(1), multiple=float(m.group(2)))
+    if m := re.fullmatch(r"(acc|tok)@(\d+)", raw):
+        return TaskMetric(raw, m.group(1), length=int(m.group(2)))
     if m := re.fullmatch(r"maxlen@acc(\d+(?:\.\d+)?)%?", raw):
         share = float(m.group(1)) / 100
         if 0 < share <= 1:
@@ -68,22 +75,23 @@ def parse_task_metric(text: str) -> TaskMetric:
     raise ConfigError("--metric", f"unknown task metric {text!r}; choose from {TASK_METRIC_HELP}")
 
 
-def run_accuracy(run: Run) -> dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]]:
-    """length -> (applicable, exact match, low, high) of a run's unscaled rows; passkey: the mean over depths
-    (its interval then the range of the depths' own intervals, so it is never narrower than one depth's)."""
+def run_accuracy(run: Run, name: str = "exact_match"
+                 ) -> dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]]:
+    """length -> (applicable, accuracy, low, high) of a run's unscaled rows, the accuracy ``name``
+    (``exact_match`` or ``token_accuracy``); passkey: the mean over depths, without an interval."""
     by_length: dict[int, list[dict]] = {}
     for r in run.rows:
         if row_metric(r) == ACCURACY and r.get("scaling") is None:
             by_length.setdefault(int(r["length"]), []).append(r)
     out = {}
     for length, rows in by_length.items():
-        values = [r.get("exact_match") for r in rows]
+        values = [r.get(name) for r in rows]
         if not all(r.get("applicable", True) for r in rows) or any(v is None for v in values):
             out[length] = (False, None, None, None)
             continue
         mean = math.fsum(values) / len(values)
         if len(rows) == 1:
-            out[length] = (True, mean, rows[0].get("exact_match_low"), rows[0].get("exact_match_high"))
+            out[length] = (True, mean, rows[0].get(f"{name}_low"), rows[0].get(f"{name}_high"))
         else:
             out[length] = (True, mean, None, None)
     return out
@@ -91,7 +99,7 @@ def run_accuracy(run: Run) -> dict[int, tuple[bool, Optional[float], Optional[fl
 
 def metric_value(metric: TaskMetric, acc: dict, train_len: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
     """One run's value of ``metric``: (applicable, value); accuracies in %."""
-    if metric.kind == "acc":
+    if metric.kind in ("acc", "tok"):
         length = metric.length if metric.length is not None else (
             int(round(metric.multiple * train_len)) if train_len else None)
         cell = acc.get(length) if length is not None else None
@@ -152,6 +160,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
         if group.train_len is None:
             warnings.append(f"task {group.task}, {group.label}: runs trained at different lengths are averaged")
         per_run = [run_accuracy(run) for run in group.runs]
+        per_field = {"exact_match": per_run}
         group_lengths = sorted({n for acc in per_run for n in acc})
         lengths.update(group_lengths)
         for n in group_lengths:
@@ -160,8 +169,11 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
             single = next(((100 * c[2], 100 * c[3]) for c in cells if c and c[0] and c[2] is not None), (None, None))
             group.cells[n] = _stat(pairs, single)
         for metric in chosen:
+            field_name = FIELDS[metric.kind]
+            if field_name not in per_field:
+                per_field[field_name] = [run_accuracy(run, field_name) for run in group.runs]
             group.metrics[metric.name] = _stat([metric_value(metric, acc, run.train_len)
-                                                for acc, run in zip(per_run, group.runs)])
+                                                for acc, run in zip(per_field[field_name], group.runs)])
     ordered = sorted(groups.values(), key=lambda g: g.task)
     return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings)
 
