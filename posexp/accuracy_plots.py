@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
-from posexp.figures import FIG_HEIGHT_IN, mark_train_len, new_figure, save_png
-from posexp.plots import _colors, _length_axis, _legend, _title_and_note
+from posexp.figures import FIG_HEIGHT_IN, new_figure, save_png
+from posexp.plots import draw_series, finish_by_length
 
 # (label, lengths, accuracies, lows, highs), accuracies in [0, 1]; None = not applicable (a gap)
 AccuracySeries = tuple[str, Sequence[int], Sequence[Optional[float]], Optional[Sequence[Optional[float]]],
@@ -31,45 +31,13 @@ def plot_accuracy_vs_length(series: Sequence[AccuracySeries], path: str | os.Pat
 
     Lengths without a value (not applicable) break the line and get an ``x`` on the bottom edge.
     """
-    from matplotlib.lines import Line2D
-    from matplotlib.transforms import blended_transform_factory
-
     named = len(series) <= 30
     fig = new_figure(FIG_HEIGHT_IN + (0.13 * math.ceil(len(series) / 2) if len(series) > 6 else 0))
     ax = fig.add_subplot()
-    bottom_edge = blended_transform_factory(ax.transData, ax.transAxes)
-    ticks: set[int] = set()
-    any_gaps = False
-    for (label, lengths, values, lows, highs), color in zip(series, _colors(len(series))):
-        x = [float(n) for n in lengths]
-        ticks.update(int(n) for n in lengths)
-        y = [_value(v) for v in values]
-        ax.plot(x, y, marker="o", markersize=3, linewidth=1.2, color=color, label=label if named else None)
-        if lows is not None and highs is not None:
-            ax.fill_between(x, [_value(v) for v in lows], [_value(v) for v in highs], color=color, alpha=0.18,
-                            linewidth=0)
-        gaps = [xi for xi, yi in zip(x, y) if math.isnan(yi)]
-        if gaps:
-            any_gaps = True
-            ax.plot(gaps, [0.0] * len(gaps), transform=bottom_edge, linestyle="none", marker="x", markersize=5,
-                    color=color, clip_on=False)
-    if train_len is not None:
-        ticks.add(int(train_len))
-        mark_train_len(ax, train_len)
-    _length_axis(ax, ticks)
-    ax.set_ylim(-3, 103)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.tick_params(which="both", labelsize=7)
-    if len(ticks) > 7:
-        ax.tick_params(axis="x", labelrotation=45)
-    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    _title_and_note(ax, title, named, len(series))
-    handles, labels = ax.get_legend_handles_labels()
-    if any_gaps:
-        handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
-        labels.append("not applicable")
-    _legend(fig, ax, handles, labels, below=len(series) > 6 or not named, ncol=2, inside_fontsize=7)
-    return save_png(fig, path)
+    ticks, _, any_gaps = draw_series(ax, series, named, value=_value, what="accuracies")
+    return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
+                            title=title, named=named, n_series=len(series), legend_below=len(series) > 6,
+                            legend_cols=2, y_axis=lambda a: a.set_ylim(-3, 103))
 
 
 def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],

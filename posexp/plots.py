@@ -11,7 +11,7 @@ import math
 import os
 import textwrap
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from posexp.figures import FIG_HEIGHT_IN, mark_train_len, new_figure, save_png
 
@@ -56,10 +56,55 @@ def plot_ppl_vs_length(
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
+    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
+    ticks, any_points, any_gaps = draw_series(ax, series, named)
+    return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
+                            title=title, named=named, n_series=len(series), legend_below=legend_below,
+                            legend_cols=legend_cols, y_axis=lambda a: _ppl_axis(a, any_points))
+
+
+def draw_series(ax, series: Sequence[Series], named: bool, value: Callable[[Optional[float]], float] | None = None,
+                what: str = "perplexities") -> tuple[set[int], bool, bool]:
+    """One line (and band) per series, gaps marked on the bottom edge; returns (lengths, any point, any gap).
+
+    ``value`` maps each number (and interval bound) to what is drawn, NaN for a gap (default: the number
+    when finite); ``what`` names the numbers in the error for a series whose lengths do not match them.
+    """
+    from matplotlib.transforms import blended_transform_factory
+
+    # x in data coordinates, y in axes coordinates: puts "n/a" markers on the bottom edge.
+    bottom_edge = blended_transform_factory(ax.transData, ax.transAxes)
+    ticks: set[int] = set()
+    any_points = any_gaps = False
+    value = value or _finite_or_nan
+    for (label, lengths, ppls, lows, highs), color in zip(series, _colors(len(series))):
+        if len(lengths) != len(ppls):
+            raise ValueError(f"series {label!r}: {len(lengths)} lengths but {len(ppls)} {what}")
+        ticks.update(int(n) for n in lengths)
+        x = [float(n) for n in lengths]
+        y = [value(p) for p in ppls]
+        any_points |= any(not math.isnan(v) for v in y)
+        ax.plot(x, y, marker="o", markersize=3, linewidth=1.2, color=color, label=label if named else None)
+        if lows is not None and highs is not None:
+            lo = [value(v) for v in lows]
+            hi = [value(v) for v in highs]
+            ax.fill_between(x, lo, hi, color=color, alpha=0.18, linewidth=0)
+        gaps = [xi for xi, yi in zip(x, y) if math.isnan(yi)]
+        if gaps:
+            any_gaps = True
+            ax.plot(gaps, [0.0] * len(gaps), transform=bottom_edge, linestyle="none", marker="x",
+                    markersize=5, color=color, clip_on=False)
+    return ticks, any_points, any_gaps
+
+
+def finish_by_length(fig, ax, path, *, ticks: set[int], any_gaps: bool, train_len: Optional[int], ylabel: str,
+                     title: Optional[str], named: bool, n_series: int, legend_below: bool, legend_cols: int,
+                     y_axis: Callable[[object], None]) -> Path:
+    """What every figure of a value against context length shares after its lines are drawn: the training
+    length, the log2 length axis, ``y_axis`` (the figure's own y scale), labels, grid, title, the legend
+    with its "not applicable" entry when a series has gaps; then the PNG at ``path``."""
     from matplotlib.lines import Line2D
 
-    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
-    ticks, any_points, any_gaps = _draw_ppl_series(ax, series, named)
     if train_len is not None:
         ticks.add(int(train_len))
         mark_train_len(ax, train_len)
@@ -68,9 +113,9 @@ def plot_ppl_vs_length(
     ax.tick_params(which="both", labelsize=7)
     if len(ticks) > 7:
         ax.tick_params(axis="x", labelrotation=45)
-    _ppl_axis(ax, any_points)
+    y_axis(ax)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    _title_and_note(ax, title, named, len(series))
+    _title_and_note(ax, title, named, n_series)
 
     handles, labels = ax.get_legend_handles_labels()
     if any_gaps:
@@ -78,34 +123,6 @@ def plot_ppl_vs_length(
         labels.append("not applicable")
     _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=7)
     return save_png(fig, path)
-
-
-def _draw_ppl_series(ax, series: Sequence[Series], named: bool) -> tuple[set[int], bool, bool]:
-    """One line (and band) per series, gaps marked on the bottom edge; returns (lengths, any point, any gap)."""
-    from matplotlib.transforms import blended_transform_factory
-
-    # x in data coordinates, y in axes coordinates: puts "n/a" markers on the bottom edge.
-    bottom_edge = blended_transform_factory(ax.transData, ax.transAxes)
-    ticks: set[int] = set()
-    any_points = any_gaps = False
-    for (label, lengths, ppls, lows, highs), color in zip(series, _colors(len(series))):
-        if len(lengths) != len(ppls):
-            raise ValueError(f"series {label!r}: {len(lengths)} lengths but {len(ppls)} perplexities")
-        ticks.update(int(n) for n in lengths)
-        x = [float(n) for n in lengths]
-        y = [_finite_or_nan(p) for p in ppls]
-        any_points |= any(not math.isnan(v) for v in y)
-        ax.plot(x, y, marker="o", markersize=3, linewidth=1.2, color=color, label=label if named else None)
-        if lows is not None and highs is not None:
-            lo = [_finite_or_nan(v) for v in lows]
-            hi = [_finite_or_nan(v) for v in highs]
-            ax.fill_between(x, lo, hi, color=color, alpha=0.18, linewidth=0)
-        gaps = [xi for xi, yi in zip(x, y) if math.isnan(yi)]
-        if gaps:
-            any_gaps = True
-            ax.plot(gaps, [0.0] * len(gaps), transform=bottom_edge, linestyle="none", marker="x",
-                    markersize=5, color=color, clip_on=False)
-    return ticks, any_points, any_gaps
 
 
 def _length_axis(ax, ticks: set[int]) -> None:
