@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,18 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 
 
 SMOKE = ("experiment=smoke", "train.progress=false")
+
+
+def sigterm_at_step(monkeypatch, owner: type, method: str, step: int):
+    """Patch ``owner.method(self, step, ...)`` (a batch sampler's) to send this process SIGTERM when asked for
+    ``step`` (0-based), then do its work: the signal arrives while that training step runs. Returns the
+    original method, for a test that puts it back before resuming."""
+    original = getattr(owner, method)
+
+    def then_signal(self, at, *args):
+        if at == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, at, *args)
+
+    monkeypatch.setattr(owner, method, then_signal)
+    return original

@@ -8,7 +8,6 @@ and refuses bad input like a training run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import SMOKE
+from conftest import SMOKE, sigterm_at_step
 
 PARENT_LEN = 32  # experiment=smoke's train_len
 # a fine-tune of a smoke parent in seconds: 2x its length, a few steps, two eval lengths
@@ -158,14 +157,7 @@ def test_finetune_starts_from_the_parents_weights(parents, tmp_path):
 def test_a_killed_finetune_resumes_to_the_same_numbers(parents, linear_child, tmp_path, monkeypatch):
     from posexp.training import trainer
 
-    sample = trainer.BatchSampler.batch
-
-    def batch_then_signal(self, step):
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return sample(self, step)
-
-    monkeypatch.setattr(trainer.BatchSampler, "batch", batch_then_signal)
+    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 2)
     run_dir = tmp_path / "killed"
     result = invoke("finetune", str(parents["rope"]), *QUICK, "scaling=linear", f"hydra.run.dir={run_dir}")
     assert result.exit_code == 128 + signal.SIGTERM, result.output

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SMOKE
+from conftest import SMOKE, sigterm_at_step
 from posexp.build import build_encoder, build_model
 from posexp.config import config_dir
 from posexp.fused import causal_block_mask, flex_attend, flex_available, fused_by_default
@@ -197,9 +197,6 @@ def test_fused_offset_query_block_on_cuda(compose):
 @on_cuda
 def test_short_cuda_training_resumes_to_the_same_numbers(compose, tmp_path, monkeypatch):
     """Compiled, bf16, fused ALiBi on the GPU: stopped by SIGTERM at step 4 of 8, resumed, the same loss."""
-    import os
-    import signal
-
     from posexp.commands.train import run_train
     from posexp.errors import TrainingInterrupted
     from posexp.training import trainer
@@ -208,14 +205,7 @@ def test_short_cuda_training_resumes_to_the_same_numbers(compose, tmp_path, monk
                  "eval.loss_by_position=false"]
     whole = run_train(compose(*overrides), tmp_path / "whole", overrides)["run"]["train"]
     assert whole["device"].startswith("cuda") and whole["compile"] is True and whole["precision"] == "bfloat16"
-    sample = trainer.BatchSampler.batch
-
-    def batch_then_signal(self, step):
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return sample(self, step)
-
-    monkeypatch.setattr(trainer.BatchSampler, "batch", batch_then_signal)
+    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 3)
     with pytest.raises(TrainingInterrupted):
         run_train(compose(*overrides), tmp_path / "resumed", overrides)
     monkeypatch.setattr(trainer.BatchSampler, "batch", sample)

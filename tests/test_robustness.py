@@ -23,7 +23,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import SMOKE
+from conftest import SMOKE, sigterm_at_step
 
 STEPS = 60
 # log every step and checkpoint every 4: a kill usually lands between a checkpoint and the
@@ -142,14 +142,7 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers
     """The signal arrives while step 6 runs (here, from the batch sampler): step 6 finishes and is checkpointed."""
     from posexp.training import trainer
 
-    sample = trainer.BatchSampler.batch
-
-    def batch_then_signal(self, step):
-        if step == 5:  # 0-based: the 6th step
-            os.kill(os.getpid(), signal.SIGTERM)
-        return sample(self, step)
-
-    monkeypatch.setattr(trainer.BatchSampler, "batch", batch_then_signal)
+    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 5)  # 0-based: the 6th step
     run_dir = tmp_path / "run"
     result = invoke("train", *RESUMABLE, f"hydra.run.dir={run_dir}")
     assert result.exit_code == 128 + signal.SIGTERM, result.output

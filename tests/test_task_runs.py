@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SMOKE, run_cli
+from conftest import SMOKE, run_cli, sigterm_at_step
 from posexp.cli import app
 
 FAST = (*SMOKE, "train.steps=4", "eval.examples=16")
@@ -90,7 +90,6 @@ def test_learned_positions_past_their_table_are_not_applicable_on_a_task(tmp_pat
 def test_an_interrupted_task_run_resumes_to_identical_numbers(tmp_path, monkeypatch):
     """SIGTERM during step 4 (from the task's sampler): the run checkpoints it; resume ends where an
     uninterrupted run ends, rows and weights alike."""
-    import os
     import signal
 
     from posexp.tasks.sampler import TaskSampler
@@ -99,14 +98,7 @@ def test_an_interrupted_task_run_resumes_to_identical_numbers(tmp_path, monkeypa
             "eval.examples=16"]
     full = tmp_path / "full"
     assert CliRunner().invoke(app, [*args, f"hydra.run.dir={full}"]).exit_code == 0
-    window = TaskSampler.window
-
-    def window_then_signal(self, step, length):
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return window(self, step, length)
-
-    monkeypatch.setattr(TaskSampler, "window", window_then_signal)
+    window = sigterm_at_step(monkeypatch, TaskSampler, "window", 3)
     run = tmp_path / "run"
     stopped = CliRunner().invoke(app, [*args, f"hydra.run.dir={run}"])
     assert stopped.exit_code == 128 + signal.SIGTERM and not (run / "results.json").exists()
