@@ -222,7 +222,7 @@ def finetune(
     from posexp.commands.finetune import CONFIG_NAME, parent_argument
 
     try:
-        given = parent_argument(expand_home(args or []))
+        given = parent_argument(args or [])
     except PosexpError as e:
         _fail(e)
     _launch(_finetune_app, CONFIG_NAME, given)
