@@ -70,15 +70,21 @@ class ModelConfig:
     # Queries per block on the bias / scores paths; memory per layer is
     # O(block * L * heads) instead of O(L^2 * heads).
     attn_block_size: int = 256
+    # How the weights start. gpt2: N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 n_layers))
+    # (Radford et al. 2019, §2.3). pytorch: each layer's own default (nn.Linear: U(+-1/sqrt(fan_in)), nn.Embedding:
+    # N(0, 1)), which small task models need (configs/task/mqar.yaml). Encoders initialise their own parameters.
+    init: str = "gpt2"
+    # The output layer shares the token embedding's weights (Press & Wolf 2017); false: a separate output layer.
+    tie_embeddings: bool = True
 
     def param_count(self, vocab_size: int = 0) -> int:
         """Trainable parameters of a model of this shape (:class:`posexp.model.GPT`): its blocks and final
-        LayerNorm, plus ``vocab_size x d_model`` for the token embeddings (tied to the output layer). An
-        encoding's own parameters (learned, t5, ...) come on top."""
+        LayerNorm, plus ``vocab_size x d_model`` for the token embeddings (twice when the output layer is not
+        tied to them). An encoding's own parameters (learned, t5, ...) come on top."""
         d, hidden = self.d_model, int(self.mlp_ratio * self.d_model)
         # attention's qkv and output projections, the MLP's two, two LayerNorms (weight and bias); no linear biases
         block = 4 * d * d + 2 * d * hidden + 2 * 2 * d
-        return self.n_layers * block + 2 * d + vocab_size * d
+        return self.n_layers * block + 2 * d + vocab_size * d * (1 if self.tie_embeddings else 2)
 
 
 @dataclass
@@ -310,6 +316,11 @@ def default_max_position(train_len: int, longest_eval: int) -> int:
     return max(int(train_len), int(longest_eval))
 
 
+# model keys added after runs were written, with the value every one of those runs had: at that value they stay
+# out of weights_config, so earlier run folders keep their hash and earlier cache entries their key
+MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True}
+
+
 def weights_config(cfg: DictConfig) -> dict:
     """The resolved config less :data:`NOT_WEIGHTS`: everything that shapes the trained weights.
 
@@ -328,6 +339,10 @@ def weights_config(cfg: DictConfig) -> dict:
         node = out.get(group) if group else out
         if isinstance(node, dict):
             node.pop(key, None)
+    model = out.get("model")
+    for key, before in MODEL_KEYS_BEFORE.items():
+        if isinstance(model, dict) and key in model and model[key] == before:
+            model.pop(key)
     if isinstance(out.get("task"), dict) and out["task"].get("name", LM) == LM:
         out.pop("task")  # language modelling, as before tasks existed: the cache keys of earlier runs hold
     t = out.get("train")

@@ -39,6 +39,11 @@ def check_shape(shape: ModelConfig) -> None:
     require(0 <= shape.dropout < 1, "model.dropout", f"must be in [0, 1) (got {shape.dropout})")
     require(shape.attn_block_size > 0, "model.attn_block_size",
             f"must be a positive integer (got {shape.attn_block_size})")
+    init = getattr(shape, "init", "gpt2")  # a run saved before the key existed: GPT-2's
+    require(init in INITS, "model.init", f"must be one of {', '.join(INITS)} (got {init!r})")
+
+
+INITS = ("gpt2", "pytorch")
 
 
 class AttentionPlan:
@@ -181,14 +186,17 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
         self.ln_f = nn.LayerNorm(shape.d_model)
         self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
-        # the encoder initialises its own parameters
-        for module in (self.wte, self.blocks):
-            module.apply(self._init_weights)
-        # GPT-2's scaled init of the residual projections, 1/sqrt(2 * n_layers)
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight") and not name.startswith("encoder."):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layers))
+        if shape.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
+        # the encoder initialises its own parameters; init=pytorch keeps each layer's default initialisation
+        if shape.init == "gpt2":
+            untied = () if shape.tie_embeddings else (self.lm_head,)
+            for module in (self.wte, self.blocks, *untied):
+                module.apply(self._init_weights)
+            # GPT-2's scaled init of the residual projections, 1/sqrt(2 * n_layers) (Radford et al. 2019, §2.3)
+            for name, p in self.named_parameters():
+                if name.endswith("proj.weight") and not name.startswith("encoder."):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

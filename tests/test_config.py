@@ -44,7 +44,8 @@ def test_keys_that_do_not_shape_the_weights_leave_the_cache_key_alone(compose, d
 
 
 @pytest.mark.parametrize("override", ["train.lr=0.001", "seed=1", "model.d_model=64", "encoder=alibi",
-                                      "train_len=64", "tokenizer=bpe"])
+                                      "train_len=64", "tokenizer=bpe", "model.init=pytorch",
+                                      "model.tie_embeddings=false"])
 def test_keys_that_shape_the_weights_change_hash_and_cache_key(compose, override):
     plain, changed = compose(), compose(override)
     assert config_hash(changed) != config_hash(plain)

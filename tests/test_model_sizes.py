@@ -47,3 +47,39 @@ def test_posexp_list_shows_each_size_with_its_parameter_count():
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 3}
     assert set(MODELS) <= set(rows)
     assert "85.0M" in rows["gpt2_small"] and "201.4M" in rows["press2022"] and "0.4M" in rows["small"]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_an_untied_output_layer_is_its_own_parameter_and_counted(compose, tie):
+    cfg = compose("task=copy", f"model.tie_embeddings={str(tie).lower()}", "encoder=none")
+    model = build_model(cfg, vocab_size=18)
+    assert (model.lm_head.weight is model.wte.weight) == tie
+    assert (model.lm_head.weight.data_ptr() == model.wte.weight.data_ptr()) == tie
+    assert OmegaConf.to_object(cfg.model).param_count(18) == model.num_params()
+
+
+def test_init_pytorch_keeps_the_layers_defaults_and_gpt2_draws_n_0_002(compose):
+    """GPT-2 (Radford et al. 2019): N(0, 0.02). pytorch: nn.Embedding N(0, 1), nn.Linear U(+-1/sqrt(fan_in))."""
+    gpt2 = build_model(compose("encoder=none", "model.tie_embeddings=false"), vocab_size=256)
+    torch_init = build_model(compose("encoder=none", "model.init=pytorch", "model.tie_embeddings=false"),
+                             vocab_size=256)
+    assert abs(gpt2.wte.weight.std().item() - 0.02) < 0.002
+    assert abs(gpt2.lm_head.weight.std().item() - 0.02) < 0.002
+    assert abs(torch_init.wte.weight.std().item() - 1.0) < 0.05
+    fc = torch_init.blocks[0].mlp.fc.weight  # fan_in d_model = 128
+    assert fc.abs().max().item() <= 128 ** -0.5 and abs(fc.std().item() - (3 * 128) ** -0.5) < 0.005
+    assert abs(gpt2.blocks[0].mlp.fc.weight.std().item() - 0.02) < 0.002
+
+
+def test_an_unknown_init_is_one_line_naming_the_key_and_the_choices(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from conftest import SMOKE
+    from posexp.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", *SMOKE, "model.init=xavier", "hydra.run.dir=run"])
+    out = result.output.strip()
+    assert result.exit_code == 2 and len(out.splitlines()) == 1, out
+    assert "model.init" in out and "gpt2" in out and "pytorch" in out and "xavier" in out
+    assert not (tmp_path / "run").exists()
