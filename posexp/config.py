@@ -340,9 +340,10 @@ def weights_config(cfg: DictConfig) -> dict:
         if isinstance(node, dict):
             node.pop(key, None)
     model = out.get("model")
-    for key, before in MODEL_KEYS_BEFORE.items():
-        if isinstance(model, dict) and key in model and model[key] == before:
-            model.pop(key)
+    if isinstance(model, dict):
+        for key, before in MODEL_KEYS_BEFORE.items():
+            if key in model and model[key] == before:
+                del model[key]
     if isinstance(out.get("task"), dict) and out["task"].get("name", LM) == LM:
         out.pop("task")  # language modelling, as before tasks existed: the cache keys of earlier runs hold
     t = out.get("train")

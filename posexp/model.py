@@ -29,6 +29,9 @@ class ModelShape(ModelConfig):
     vocab_size: int = 256
 
 
+INITS = ("gpt2", "pytorch")  # model.init: GPT-2's N(0, 0.02), or each layer's PyTorch default
+
+
 def check_shape(shape: ModelConfig) -> None:
     require(shape.d_model > 0, "model.d_model", f"must be a positive integer (got {shape.d_model})")
     require(shape.n_heads > 0, "model.n_heads", f"must be a positive integer (got {shape.n_heads})")
@@ -41,9 +44,6 @@ def check_shape(shape: ModelConfig) -> None:
             f"must be a positive integer (got {shape.attn_block_size})")
     init = getattr(shape, "init", "gpt2")  # a run saved before the key existed: GPT-2's
     require(init in INITS, "model.init", f"must be one of {', '.join(INITS)} (got {init!r})")
-
-
-INITS = ("gpt2", "pytorch")
 
 
 class AttentionPlan:

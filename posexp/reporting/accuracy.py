@@ -159,8 +159,10 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     for group in groups.values():
         if group.train_len is None:
             warnings.append(f"task {group.task}, {group.label}: runs trained at different lengths are averaged")
-        per_run = [run_accuracy(run) for run in group.runs]
-        per_field = {"exact_match": per_run}
+        # each run's accuracies by length, per row field the table (exact match) and the chosen metrics read
+        per_field = {name: [run_accuracy(run, name) for run in group.runs]
+                     for name in {"exact_match", *(FIELDS[m.kind] for m in chosen)}}
+        per_run = per_field["exact_match"]
         group_lengths = sorted({n for acc in per_run for n in acc})
         lengths.update(group_lengths)
         for n in group_lengths:
@@ -169,11 +171,8 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
             single = next(((100 * c[2], 100 * c[3]) for c in cells if c and c[0] and c[2] is not None), (None, None))
             group.cells[n] = _stat(pairs, single)
         for metric in chosen:
-            field_name = FIELDS[metric.kind]
-            if field_name not in per_field:
-                per_field[field_name] = [run_accuracy(run, field_name) for run in group.runs]
             group.metrics[metric.name] = _stat([metric_value(metric, acc, run.train_len)
-                                                for acc, run in zip(per_field[field_name], group.runs)])
+                                                for acc, run in zip(per_field[FIELDS[metric.kind]], group.runs)])
     ordered = sorted(groups.values(), key=lambda g: g.task)
     return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings)
 
