@@ -31,7 +31,7 @@ One run measures, side by side in one process and one time window:
    window of the training length (``posexp eval`` adds its bookkeeping on
    top; ``scripts/bench_eval.py`` measures that on the default model). Peak
    memory is the rise of the resident set's high-water mark during the
-   window (``posexp.evaluation.memory.PeakMemory``).
+   window (``posexp.runtime.memory.PeakMemory``).
 4. **ratios**: posexp / best peer of each family, in tokens/s and in MFU.
 
 FLOPs per trained token (counted from the configuration, the convention of
@@ -121,7 +121,7 @@ class Contender:
 def posexp_model(family: str) -> Callable[[Shape, int], nn.Module]:
     def build(shape: Shape, max_len: int) -> nn.Module:
         from posexp.encoders import create
-        from posexp.model import GPT, ModelShape
+        from posexp.model.gpt import GPT, ModelShape
 
         options = {"max_length": max_len} if family == "learned" else {}
         enc = create(family, d_model=shape.d_model, n_heads=shape.n_heads, **options)
@@ -205,7 +205,7 @@ def peer_available(c: Contender) -> bool:
 
 def logits_of(model: nn.Module, idx: Tensor) -> Tensor:
     """``(B, L, vocab)`` logits from any contender."""
-    from posexp.model import GPT
+    from posexp.model.gpt import GPT
 
     if isinstance(model, GPT):
         return model(idx)
@@ -251,7 +251,7 @@ def matmul_peak(sizes: list[int], dtype: torch.dtype, reps: int, clock: Clock) -
 
 def train_config():
     """The default run's training settings, for ``make_optimizer`` and the clip value."""
-    from posexp.config import TrainConfig
+    from posexp.config.schema import TrainConfig
 
     return TrainConfig()
 
@@ -260,10 +260,11 @@ class Trainee:
     """A model with its optimizer, taking full training steps on one fixed batch."""
 
     def __init__(self, c: Contender, shape: Shape, precision: str, batch: Tensor, clock: Clock):
-        from posexp.model import GPT
-        from posexp.runtime import autocast, choose_precision
+        from posexp.model.gpt import GPT
+        from posexp.runtime.device import autocast
+        from posexp.runtime.precision import choose_precision
         from posexp.training.optim import make_optimizer
-        from posexp.training.precision import training_precision
+        from posexp.runtime.precision import training_precision
 
         torch.manual_seed(0)
         self.contender, self.precision = c, precision
@@ -285,7 +286,7 @@ class Trainee:
         self.loss = float("nan")
 
     def step(self, timed: bool) -> None:
-        from posexp.model import GPT
+        from posexp.model.gpt import GPT
 
         t0 = self.clock()
         with self._autocast():
@@ -342,7 +343,7 @@ def bench_training(contenders: list[tuple[Contender, str]], shape: Shape, steps:
 
 def eval_one(impl: str, family: str, name: str, shape: Shape, length: int, clock: Clock) -> dict:
     """One window of ``length`` tokens in this process: tokens/s and memory."""
-    from posexp.evaluation.memory import PeakMemory
+    from posexp.runtime.memory import PeakMemory
 
     c = next(c for c in all_contenders() if (c.impl, c.family, c.name) == (impl, family, name))
     torch.manual_seed(0)
@@ -459,8 +460,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from posexp.io import atomic_write_json
-    from posexp.runtime import bf16_is_native
+    from posexp.runs.atomic import atomic_write_json
+    from posexp.runtime.precision import bf16_is_native
 
     console = Console(width=max(Console().width, 150))
     log = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731

@@ -33,7 +33,7 @@ import time
 
 def _default_shape() -> dict:
     """The default model's width, depth and heads, from the config schema (what ``posexp train`` builds)."""
-    from posexp.config import ModelConfig
+    from posexp.config.schema import ModelConfig
 
     m = ModelConfig()
     return {"d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads}
@@ -48,7 +48,7 @@ def _model(encoder: str):
     import torch
 
     from posexp.encoders import create
-    from posexp.model import GPT, ModelShape
+    from posexp.model.gpt import GPT, ModelShape
 
     torch.manual_seed(0)
     shape = ModelShape(vocab_size=VOCAB, **DEFAULT_SHAPE)

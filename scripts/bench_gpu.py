@@ -89,7 +89,7 @@ class LossOf(nn.Module):
         self.model = model
 
     def forward(self, idx: Tensor, targets: Tensor) -> Tensor:
-        from posexp.model import GPT
+        from posexp.model.gpt import GPT
 
         if isinstance(self.model, GPT):
             return self.model.token_losses(idx, targets).mean()  # what posexp's trainer computes
@@ -107,8 +107,8 @@ def compiled(module: nn.Module, enable: bool) -> tuple[Callable, str]:
 def train_one(c: Contender, shape: Shape, device: torch.device, dtype: torch.dtype, steps: int, warmup: int,
               compile_: bool, peak_tflops: float) -> dict:
     """tokens/s, MFU and peak memory of full training steps of one contender."""
-    from posexp.config import TrainConfig
-    from posexp.runtime import autocast
+    from posexp.config.schema import TrainConfig
+    from posexp.runtime.device import autocast
     from posexp.training.optim import make_optimizer
 
     torch.manual_seed(0)
@@ -158,7 +158,7 @@ def train_one(c: Contender, shape: Shape, device: torch.device, dtype: torch.dty
 
 def eval_one(c: Contender, shape: Shape, length: int, device: torch.device, dtype: torch.dtype) -> dict:
     """tokens/s and peak memory above the weights of one window of ``length`` tokens."""
-    from posexp.runtime import autocast
+    from posexp.runtime.device import autocast
 
     torch.manual_seed(0)
     model = c.build(shape, length).to(device).eval()

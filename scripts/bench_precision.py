@@ -7,7 +7,7 @@
 For each posexp family, three models train side by side from the same initial
 weights on the same batch (scripts/bench.py's shape and training step): fp32, bf16
 autocast, and ``auto`` (the precision ``posexp train precision=auto`` picks for
-that model on this machine: :func:`posexp.training.precision.training_precision`,
+that model on this machine: :func:`posexp.runtime.precision.training_precision`,
 whose probe result is cached per machine like a real run's). Steps run
 round-robin, one step of each model in turn; a *round* is ``--warmup`` untimed
 and ``--steps`` timed steps of each, and the table gives each model's tokens/s
@@ -59,9 +59,9 @@ def timed_rounds(family: str, shape: Shape, rounds: int, steps: int, warmup: int
 
 def final_losses(family: str, shape: Shape, steps: int) -> dict:
     """Mean loss of the last 10 of ``steps`` steps on the stdlib corpus, in fp32 and in bf16, same batches."""
-    from posexp.config import TrainConfig
+    from posexp.config.schema import TrainConfig
     from posexp.data.corpus import BatchSampler, load_corpus
-    from posexp.runtime import autocast
+    from posexp.runtime.device import autocast
     from posexp.training.optim import lr_at, make_optimizer, set_lr
 
     corpus = load_corpus("stdlib")

@@ -27,8 +27,8 @@ def compose():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from posexp.config import config_dir
-    from posexp.validate import register_configs
+    from posexp.config.schema import config_dir
+    from posexp.commands.validation import register_configs
 
     register_configs()
 

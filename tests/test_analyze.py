@@ -30,7 +30,7 @@ from posexp.analysis.geometry import (
     score_map,
 )
 from posexp.analysis.schema import register_schema
-from posexp.config import config_dir
+from posexp.config.schema import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError
 from conftest import run_cli
@@ -180,7 +180,7 @@ def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
 
 @pytest.mark.parametrize("encoder", ["none", "rope", "alibi"])
 def test_attention_statistics_match_closed_forms(encoder):
-    from posexp.model import GPT, ModelShape
+    from posexp.model.gpt import GPT, ModelShape
 
     torch.manual_seed(0)
     enc = create(encoder, d_model=32, n_heads=2)
@@ -227,7 +227,7 @@ def test_analyze_multirun_compares_bases(tmp_path):
 def test_analyze_bad_input_is_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     result = CliRunner().invoke(app, ["analyze", "encoder=rope", "base=0.5", f"hydra.run.dir={tmp_path / 'r'}"])
     assert result.exit_code == 2

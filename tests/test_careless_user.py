@@ -12,7 +12,7 @@ import torch
 from conftest import REPO, SMOKE, run_cli
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError, PosexpError
-from posexp.validate import validate
+from posexp.commands.validation import validate
 
 GiB = 2**30
 
@@ -32,16 +32,16 @@ def test_a_model_that_cannot_fit_in_memory_is_refused_before_allocation(compose,
 
 @pytest.mark.parametrize("overrides", [(), ("model.d_model=512", "model.n_layers=8")])
 def test_configs_that_fit_a_24_gib_machine_are_not_refused(compose, monkeypatch, overrides):
-    import posexp.validate
+    import posexp.runtime.memory
 
-    monkeypatch.setattr(posexp.validate, "memory_capacity", lambda device: (24 * GiB, "this machine's RAM"))
+    monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (24 * GiB, "this machine's RAM"))
     validate(compose(*overrides, "device=cpu"))
 
 
 def test_evaluating_needs_only_the_weights_to_fit(compose, monkeypatch):
-    import posexp.validate
+    import posexp.runtime.memory
 
-    monkeypatch.setattr(posexp.validate, "memory_capacity", lambda device: (1 * GiB, "this machine's RAM"))
+    monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (1 * GiB, "this machine's RAM"))
     cfg = compose("model.d_model=1024", "model.n_layers=8", "device=cpu")  # ~100M parameters: 0.4 GiB of fp32
     with pytest.raises(ConfigError):
         validate(cfg)
@@ -89,7 +89,7 @@ def test_empty_file_and_folder_without_text_files_are_named_as_such(tmp_path):
 def test_the_readme_data_path_example_is_an_override_hydra_accepts(monkeypatch, tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from posexp.arguments import expand_home
+    from posexp.cli.arguments import expand_home
 
     line = next(x for x in (REPO / "README.md").read_text().splitlines() if x.startswith("posexp train data=text"))
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -107,7 +107,7 @@ def test_a_hydra_quoted_home_path_is_expanded(compose, monkeypatch, tmp_path):
 
 
 def test_a_bare_home_path_on_the_command_line_is_expanded_as_a_shell_would(monkeypatch, tmp_path):
-    from posexp.arguments import expand_home
+    from posexp.cli.arguments import expand_home
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert expand_home(["data.path=~/corpus", "+data.cache_dir=~", "encoder=rope", "-m"]) == [

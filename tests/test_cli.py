@@ -65,7 +65,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
 
     from posexp.data.corpus import load_corpus
     from posexp.evaluation.perplexity import evaluate
-    from posexp.build import build_model
+    from posexp.model.factory import build_model
 
     run_dir, _ = smoke_run
     res = _results(run_dir)
@@ -165,7 +165,7 @@ def test_bad_input_is_a_clear_message_not_a_traceback(tmp_path, monkeypatch, ove
     # fresh-interpreter form is checked once below
     from typer.testing import CliRunner
 
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["train", *SMOKE, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from posexp.config import HASH_ALSO, NOT_WEIGHTS, config_hash, weights_config
+from posexp.config.identity import HASH_ALSO, NOT_WEIGHTS, config_hash, weights_config
 
 # (overrides, config_hash, SHA-256 of the training config the sweep cache keyed on) as computed by
 # posexp 616cc01, the last version with two separate rules: run folders and cache entries written by it

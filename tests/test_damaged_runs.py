@@ -23,8 +23,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from conftest import SMOKE
-from posexp.cli import app
-from posexp.rundir import write_results_json
+from posexp.cli.app import app
+from posexp.runs.layout import write_results_json
 
 EVAL = {"tokens": 65536, "protocol": "nonoverlap"}
 
@@ -280,7 +280,7 @@ def test_posexp_report_piped_at_80_columns_keeps_numbers_whole(tmp_path):
 
 
 def test_the_per_run_table_keeps_every_number_whole_at_80_columns():
-    from posexp.evaluation.results import results_table
+    from posexp.runs.results import results_table
 
     rows = []
     for i, n in enumerate([64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]):
@@ -312,7 +312,7 @@ class FakeClock:
 
 
 def test_a_short_evaluation_prints_no_progress_a_long_one_a_line_per_length_when_piped():
-    from posexp.evaluation.results import EvalProgress
+    from posexp.evaluation.runner import EvalProgress
 
     clock = FakeClock()
     console = Console(file=io.StringIO(), width=80)  # not a terminal
@@ -332,7 +332,7 @@ def test_a_short_evaluation_prints_no_progress_a_long_one_a_line_per_length_when
 
 
 def test_on_a_terminal_the_progress_line_is_transient():
-    from posexp.evaluation.results import EvalProgress
+    from posexp.evaluation.runner import EvalProgress
 
     clock = FakeClock()
     console = Console(file=io.StringIO(), width=80, force_terminal=True)
@@ -351,7 +351,7 @@ def test_evaluate_reports_windows_done_per_length():
 
     from posexp.encoders import create
     from posexp.evaluation.perplexity import evaluate
-    from posexp.model import GPT, ModelShape
+    from posexp.model.gpt import GPT, ModelShape
 
     torch.manual_seed(0)
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2)).eval()
@@ -374,7 +374,7 @@ def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected)
 
     from posexp.encoders import create
     from posexp.evaluation.perplexity import evaluate
-    from posexp.model import GPT, ModelShape
+    from posexp.model.gpt import GPT, ModelShape
 
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2)).eval()
     model.token_losses = lambda x, y, pos=None: torch.full(y.shape, value)
@@ -391,7 +391,7 @@ def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
     before = (run / "results.json").read_bytes()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from posexp.runlock import lock_run; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from posexp.runs.lock import lock_run; "
                                f"lock_run({str(run)!r}); print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -305,7 +305,7 @@ def test_a_hub_data_set_offline_and_not_cached_is_one_clear_message(tmp_path, mo
     (["data.kind=books"], "data", "choose one of: hf, pg19, stdlib, text, wikitext103"),
 ])
 def test_bad_data_and_tokenizer_settings_name_the_key(compose, overrides, key, needle):
-    from posexp.validate import validate
+    from posexp.commands.validation import validate
 
     with pytest.raises(ConfigError, match=needle) as e:
         validate(compose(*overrides))

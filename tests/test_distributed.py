@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from posexp.runtime import World, world
+from posexp.runtime.device import World, world
 from posexp.training.distributed import shard, worker_overrides
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.train import run_train

@@ -21,7 +21,7 @@ from posexp.encoders.rope import ReRoPEScores, rope_frequencies
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate
-from posexp.model import GPT, AttentionPlan, ModelShape
+from posexp.model.gpt import GPT, AttentionPlan, ModelShape
 from posexp.encoders.scaling import rope_scaling
 
 D_MODEL, N_HEADS, VOCAB = 32, 4, 64
@@ -332,7 +332,7 @@ def test_rerope_evaluation_rows_record_the_window():
     (["encoder=mixed", "encoder.layers=[rope,alibi]", "eval.scaling=yarn"], "eval.scaling", "layer 1"),
 ])
 def test_config_validation_refuses_bad_combinations_before_training(compose, overrides, key, needle):
-    from posexp.validate import validate
+    from posexp.commands.validation import validate
 
     with pytest.raises(ConfigError) as err:
         validate(compose(*overrides))
@@ -340,7 +340,7 @@ def test_config_validation_refuses_bad_combinations_before_training(compose, ove
 
 
 def test_config_validation_accepts_the_new_options(compose):
-    from posexp.validate import validate
+    from posexp.commands.validation import validate
 
     validate(compose("encoder=rope", "encoder.rotary_fraction=0.25", "eval.scaling=rerope", "eval.rerope_window=64"))
     validate(compose("encoder=rope", "encoder.freq_schedule=linear", "eval.scaling=linear"))
@@ -505,7 +505,7 @@ BAD_INPUT = [
 def test_bad_input_is_a_one_line_message_and_exit_code_2(tmp_path, monkeypatch, overrides, needles):
     from typer.testing import CliRunner
 
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)  # in this interpreter; tests/test_cli.py checks the fresh-interpreter form
     result = CliRunner().invoke(app, ["train", *SMOKE, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})

@@ -14,7 +14,7 @@ from posexp.encoders.alibi import alibi_slopes
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.encoders.t5 import t5_bucket
 from posexp.errors import ConfigError
-from posexp.model import GPT, ModelShape
+from posexp.model.gpt import GPT, ModelShape
 
 ENCODER_CONFIGS = Path(__file__).parents[1] / "configs" / "encoder"
 CONFIG_NAMES = sorted(p.stem for p in ENCODER_CONFIGS.glob("*.yaml"))

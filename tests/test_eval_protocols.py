@@ -18,8 +18,8 @@ from conftest import SMOKE, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.perplexity import batch_means_se, evaluate, plan_windows
-from posexp.rundir import merge_rows
-from posexp.model import GPT, ModelShape
+from posexp.runs.layout import merge_rows
+from posexp.model.gpt import GPT, ModelShape
 
 CPU = torch.device("cpu")
 
@@ -113,7 +113,7 @@ def test_bad_protocol_settings_name_the_key(kwargs, key):
 
 
 def test_config_validation_names_the_key_and_the_allowed_values(compose):
-    from posexp.validate import validate
+    from posexp.commands.validation import validate
 
     for overrides, key, needle in [
         (["eval.protocol=sliding"], "eval.stride", "eval.stride=S"),
@@ -289,7 +289,7 @@ def run_copy(trained, tmp_path) -> Path:
 def _cli(*args: str, cwd: Path):
     from typer.testing import CliRunner
 
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     old = os.getcwd()
     os.chdir(cwd)

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from posexp.config import config_dir
+from posexp.config.schema import config_dir
 from posexp.commands.train import run_train
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))

@@ -26,7 +26,7 @@ QUICK = ("train_len=64", "train.steps=6", "train.batch_size=4", "train.warmup_st
 
 
 def invoke(*args: str):
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
@@ -69,8 +69,8 @@ def _child_cfg(parent: Path, *overrides: str):
     from hydra import compose, initialize_config_dir
 
     from posexp.commands.finetune import check_finetune
-    from posexp.config import config_dir
-    from posexp.validate import register_configs
+    from posexp.config.schema import config_dir
+    from posexp.commands.validation import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
@@ -82,8 +82,8 @@ def _child_cfg(parent: Path, *overrides: str):
 def test_training_uses_the_frequencies_evaluation_uses(parents, scaling):
     """The fine-tuned encoder is the evaluation-time scaled copy: same frequencies, same YaRN temperature, at
     the training length and beyond (dynamic NTK follows the length read)."""
-    from posexp.build import build_encoder, build_model
-    from posexp.evaluation.scaling import scaled_encoder
+    from posexp.model.factory import build_encoder, build_model
+    from posexp.evaluation.extension import scaled_encoder
 
     cfg = _child_cfg(parents["rope"], "train_len=128", f"scaling={scaling}")
     factor = 1.0 if scaling == "dynamic_ntk" else 128 / PARENT_LEN
@@ -100,7 +100,7 @@ def test_training_uses_the_frequencies_evaluation_uses(parents, scaling):
 def test_a_learned_table_is_resized_by_interpolation_or_new_rows(parents):
     """linear: row m of the new table is the parent's table read at m / s, exactly what evaluation-time
     interpolation reads; none: the parent's rows are kept and new ones added."""
-    from posexp.build import build_model
+    from posexp.model.factory import build_model
     from posexp.training.checkpoint import parent_weights
 
     for scaling in ("linear", "none"):

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import SMOKE, sigterm_at_step
-from posexp.build import build_encoder, build_model
-from posexp.config import config_dir
-from posexp.fused import causal_block_mask, flex_attend, flex_available, fused_by_default
-from posexp.model import GPT, ModelShape
+from posexp.model.factory import build_encoder, build_model
+from posexp.config.schema import config_dir
+from posexp.model.fused import causal_block_mask, flex_attend, flex_available, fused_by_default
+from posexp.model.gpt import GPT, ModelShape
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 H = 4
@@ -100,11 +100,11 @@ def _models(compose, name: str, block: int):
 def test_the_flex_path_computes_what_the_blocked_path_computes(compose, name, monkeypatch):
     """FlexAttention's unfused reference on a CPU: the same logits as the blocked float-mask path, at a length
     that is not a multiple of the query block (three blocks, the last one short)."""
-    import posexp.model
+    import posexp.model.gpt
 
     calls = []
-    attend = posexp.model.flex_attend
-    monkeypatch.setattr(posexp.model, "flex_attend", lambda *a, **kw: calls.append(1) or attend(*a, **kw))
+    attend = posexp.model.gpt.flex_attend
+    monkeypatch.setattr(posexp.model.gpt, "flex_attend", lambda *a, **kw: calls.append(1) or attend(*a, **kw))
     model = _models(compose, name, block=32)
     idx = torch.randint(0, 64, (2, 77), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -118,9 +118,9 @@ def test_the_flex_path_computes_what_the_blocked_path_computes(compose, name, mo
 
 
 def test_head_widths_flexattention_cannot_tile_keep_the_blocked_path(compose, monkeypatch):
-    import posexp.model
+    import posexp.model.gpt
 
-    monkeypatch.setattr(posexp.model, "flex_attend", lambda *a, **kw: pytest.fail("head width 8 went fused"))
+    monkeypatch.setattr(posexp.model.gpt, "flex_attend", lambda *a, **kw: pytest.fail("head width 8 went fused"))
     model = build_model(compose("encoder=alibi", "model.d_model=32", "model.n_heads=4"), 64).eval()
     model.fused_attention = True
     with torch.no_grad():

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from conftest import SMOKE
-from posexp.config import config_hash, weights_config
+from posexp.config.identity import config_hash, weights_config
 from posexp.errors import ConfigError
-from posexp.runtime import choose_precision, step_settings
-from posexp.validate import validate
+from posexp.runtime.precision import choose_precision
+from posexp.runtime.device import step_settings
+from posexp.commands.validation import validate
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -74,10 +75,10 @@ def on_cuda(test):
 def test_a_cuda_step_makes_no_host_sync(compose, encoder):
     """After a warm-up step, a whole eager training step (batch copy, forward, backward, clip, fused AdamW)
     runs under CUDA's sync debug mode set to error."""
-    from posexp.build import build_model
+    from posexp.model.factory import build_model
     from posexp.data.corpus import BatchSampler
-    from posexp.positions import PositionPlan
-    from posexp.runtime import world
+    from posexp.model.positions import PositionPlan
+    from posexp.runtime.device import world
     from posexp.training.optim import make_optimizer
     from posexp.training.trainer import StopOnSignal, TrainStep, loss_module
 

@@ -63,7 +63,7 @@ def _offending(modules: list[str], forbidden: tuple[str, ...]) -> dict[str, list
 
 
 def test_config_is_a_leaf():
-    assert not [t for t in _imports("posexp.config") if t.startswith("posexp") and t != "posexp.configs"]
+    assert not [t for t in _imports("posexp.config.schema") if t.startswith("posexp") and t != "posexp.configs"]
 
 
 def test_encoders_import_nothing_outside_themselves_but_errors():
@@ -73,29 +73,29 @@ def test_encoders_import_nothing_outside_themselves_but_errors():
 
 
 @pytest.mark.parametrize("layer,forbidden", [
-    ("posexp.runtime", ("posexp.training", "posexp.evaluation", "posexp.commands", "posexp.data")),
-    ("posexp.plots", ("torch", "posexp.reporting", "posexp.evaluation")),
-    ("posexp.figures", ("torch", "posexp.reporting", "posexp.evaluation", "posexp.analysis")),
-    ("posexp.runlock", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
-    ("posexp.rundir", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
+    ("posexp.runtime.device", ("posexp.training", "posexp.evaluation", "posexp.commands", "posexp.data")),
+    ("posexp.plots.perplexity", ("torch", "posexp.reporting", "posexp.evaluation")),
+    ("posexp.plots.style", ("torch", "posexp.reporting", "posexp.evaluation", "posexp.analysis")),
+    ("posexp.runs.lock", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
+    ("posexp.runs.layout", ("torch", "posexp.reporting", "posexp.commands", "posexp.training", "posexp.evaluation")),
     ("posexp.reporting", ("torch", "posexp.commands", "posexp.training", "posexp.evaluation", "posexp.analysis",
-                          "posexp.model", "posexp.build", "posexp.validate")),
+                          "posexp.model.gpt", "posexp.model.factory", "posexp.commands.validation")),
     ("posexp.data", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.training",
                      "posexp.evaluation", "posexp.tasks")),
     ("posexp.tasks", ("torch", "posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.training",
-                      "posexp.evaluation", "posexp.validate", "posexp.model", "posexp.cli")),
-    ("posexp.accuracy_plots", ("torch", "posexp.reporting", "posexp.evaluation")),
+                      "posexp.evaluation", "posexp.commands.validation", "posexp.model.gpt", "posexp.cli.app")),
+    ("posexp.plots.accuracy", ("torch", "posexp.reporting", "posexp.evaluation")),
     ("posexp.training", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.evaluation",
-                         "posexp.cli")),
-    ("posexp.evaluation", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli",
-                           "posexp.validate")),
-    ("posexp.commands", ("posexp.analysis", "posexp.cli")),
+                         "posexp.cli.app")),
+    ("posexp.evaluation", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli.app",
+                           "posexp.commands.validation")),
+    ("posexp.commands", ("posexp.analysis", "posexp.cli.app")),
     # the trackers hear about a run from the commands; they know results rows and run folders, not the domain
     ("posexp.tracking", ("posexp.commands", "posexp.training", "posexp.evaluation", "posexp.reporting",
-                         "posexp.analysis", "posexp.cli", "posexp.model", "posexp.build", "posexp.validate",
+                         "posexp.analysis", "posexp.cli.app", "posexp.model.gpt", "posexp.model.factory", "posexp.commands.validation",
                          "posexp.data", "posexp.encoders")),
-    ("posexp.validate", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli")),
-    ("posexp.build", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.validate")),
+    ("posexp.commands.validation", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.cli.app")),
+    ("posexp.model.factory", ("posexp.commands", "posexp.reporting", "posexp.analysis", "posexp.commands.validation")),
 ])
 def test_each_layer_imports_only_what_sits_below_it(layer, forbidden):
     assert not _offending(_under(layer), forbidden)
@@ -104,7 +104,7 @@ def test_each_layer_imports_only_what_sits_below_it(layer, forbidden):
 def test_nothing_imports_analysis_but_the_cli():
     users = [m for m in MODULES if not m.startswith("posexp.analysis")
              and any(t.startswith("posexp.analysis") for t in _imports(m))]
-    assert users == ["posexp.cli"]
+    assert users == ["posexp.cli.app"]
 
 
 def test_no_import_cycles():

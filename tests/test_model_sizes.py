@@ -8,8 +8,8 @@ from rich.console import Console
 
 from omegaconf import OmegaConf
 
-from posexp.build import build_model
-from posexp.config import ModelConfig, config_dir
+from posexp.model.factory import build_model
+from posexp.config.schema import ModelConfig, config_dir
 
 MODELS = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
 
@@ -39,7 +39,7 @@ def test_the_default_model_is_still_small(compose):
 
 
 def test_posexp_list_shows_each_size_with_its_parameter_count():
-    from posexp.listing import model_table
+    from posexp.cli.listing import model_table
 
     console = Console(width=250, record=True)
     console.print(model_table())
@@ -75,7 +75,7 @@ def test_an_unknown_init_is_one_line_naming_the_key_and_the_choices(tmp_path, mo
     from typer.testing import CliRunner
 
     from conftest import SMOKE
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["train", *SMOKE, "model.init=xavier", "hydra.run.dir=run"])

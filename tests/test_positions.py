@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from posexp.errors import ConfigError
-from posexp.model import GPT
-from posexp.positions import PositionPlan, curriculum_length, randomized_positions
+from posexp.model.gpt import GPT
+from posexp.model.positions import PositionPlan, curriculum_length, randomized_positions
 from posexp.commands.train import run_train
-from posexp.validate import validate
+from posexp.commands.validation import validate
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=8", "eval.multiples=[1,2,4]")
 

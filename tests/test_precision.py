@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from conftest import SMOKE, run_cli
-from posexp.validate import validate
+from posexp.commands.validation import validate
 from posexp.encoders import create
 from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate
-from posexp.model import GPT, ModelShape
+from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
-from posexp.runtime import (BF16_MARGIN, autocast, bf16_is_native, choose_precision, measured_cpu_precision,
-                            resolve_device, resolve_precision)
-from posexp.training.precision import training_precision
+from posexp.runtime.precision import (BF16_MARGIN, bf16_is_native, choose_precision, measured_cpu_precision, resolve_precision)
+from posexp.runtime.device import autocast, resolve_device
+from posexp.runtime.precision import training_precision
 
 CPU = torch.device("cpu")
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "eval.multiples=[1]",
@@ -185,7 +185,7 @@ def test_the_probe_leaves_weights_gradients_and_rng_as_found(monkeypatch, compos
 
 
 def test_evaluation_keeps_the_precision_the_run_trained_in(compose, monkeypatch):
-    from posexp.evaluation.results import eval_dtype
+    from posexp.evaluation.runner import eval_dtype
 
     auto, fp32 = compose("precision=auto"), compose("precision=fp32")
     _native_cpu_bf16(monkeypatch, True)

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_cli
 from posexp.commands.train import check_config
-from posexp.config import config_dir, eval_lengths
+from posexp.config.schema import config_dir, eval_lengths
 
 PRESETS = sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml"))
 

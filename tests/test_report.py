@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from posexp.errors import PosexpError
-from posexp.io import atomic_write_bytes, atomic_write_text
-from posexp.plots import plot_ppl_vs_length
+from posexp.runs.atomic import atomic_write_bytes, atomic_write_text
+from posexp.plots.perplexity import plot_ppl_vs_length
 from posexp.reporting import (
     SweepSummaryCallback,
     build_report,
@@ -722,7 +722,7 @@ def test_legend_names_encoding_and_base(tmp_path):
 def test_cli_report_options_and_errors(tmp_path):
     from typer.testing import CliRunner
 
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     seeds(tmp_path / "sweep", "rope", [3.0, 3.2])
     runner = CliRunner()

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from posexp.errors import ConfigError
 from posexp.evaluation.accuracy import wilson_interval
-from posexp.reporting.accuracy import build_task_report, parse_task_metric
+from posexp.reporting.task_report import build_task_report, parse_task_metric
 from posexp.reporting.runs import load_run
 from posexp.reporting.summary import report_main
 from test_report import make_run
@@ -94,7 +94,7 @@ def _last_k_rows(losses: dict[int, float], train_len: int = 128) -> list[dict]:
 
 
 def test_context_gain_is_the_fall_of_the_last_k_loss_and_shows_by_default_with_last_k_rows(tmp_path):
-    from posexp.reporting.build import build_report
+    from posexp.reporting.lm_report import build_report
 
     make_run(tmp_path / "a", {128: 10.0, 512: 12.0}, extra_rows=_last_k_rows({128: 2.0, 256: 1.9, 512: 1.85}))
     make_run(tmp_path / "b", {128: 10.0, 512: 12.0}, overrides=["encoder=alibi"], encoder="alibi",

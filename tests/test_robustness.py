@@ -72,7 +72,7 @@ def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
 
 def invoke(*args: str):
     """``posexp ARGS`` in this process: the same commands without an interpreter's start-up."""
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
@@ -440,7 +440,7 @@ def test_metrics_csv_drops_a_half_written_line_and_rows_after_the_checkpoint(tmp
 
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
-    from posexp.io import atomic_path
+    from posexp.runs.atomic import atomic_path
 
     target = tmp_path / "model.safetensors"
     target.write_bytes(b"old")

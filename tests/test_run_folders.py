@@ -28,7 +28,7 @@ LONG = (*STOPPABLE, "train.steps=100000")
 
 
 def invoke(*args: str):
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
@@ -84,7 +84,7 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path, mon
 
 
 def test_a_fresh_folder_is_claimed_by_exactly_one_caller(tmp_path):
-    from posexp.runlock import new_run_dir, unlock_run
+    from posexp.runs.lock import new_run_dir, unlock_run
 
     try:
         got = [new_run_dir(tmp_path / "outputs" / "10-00-00")[0] for _ in range(3)]
@@ -145,7 +145,7 @@ def test_train_and_resume_refuse_a_run_that_is_still_training(tmp_path):
         proc.kill()
         proc.communicate()
     # a killed run leaves no lock behind: resume takes the folder (and is refused only for what it finds there)
-    from posexp.runlock import lock_run, unlock_run
+    from posexp.runs.lock import lock_run, unlock_run
 
     assert lock_run(run) is True
     unlock_run(run)

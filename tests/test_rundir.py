@@ -6,8 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posexp.rundir import (CHECKPOINT, MULTIRUN_YAML, RESULTS_JSON, find_runs, is_run_dir, merge_loss_by_position,
-                           read_loss_by_position, runs_under, write_loss_by_position_csv, write_results_json)
+from posexp.runs.layout import (CHECKPOINT, MULTIRUN_YAML, RESULTS_JSON, find_runs, is_run_dir, merge_loss_by_position, read_loss_by_position, runs_under, write_loss_by_position_csv, write_results_json)
 
 
 def _fake_run(folder: Path, status: str = "completed", weights: bool = True) -> Path:
@@ -21,7 +20,7 @@ def _fake_run(folder: Path, status: str = "completed", weights: bool = True) -> 
 
 
 def test_reporting_and_rundir_never_import_torch():
-    code = ("import pkgutil, sys, posexp.rundir, posexp.reporting\n"
+    code = ("import pkgutil, sys, posexp.runs.layout, posexp.reporting\n"
             "for m in pkgutil.iter_modules(posexp.reporting.__path__):\n"
             "    __import__('posexp.reporting.' + m.name)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")

@@ -82,7 +82,7 @@ def test_objective_of_an_unreachable_length_is_worst(compose):
 
 @pytest.mark.parametrize("bad", ["longst", "0", "-4"])
 def test_bad_objective_is_refused_naming_the_key(compose, bad):
-    from posexp.validate import validate
+    from posexp.commands.validation import validate
     from posexp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="objective.*longest, mean or an eval length"):
@@ -205,7 +205,7 @@ def test_missing_plugin_is_named_with_the_install_command(monkeypatch):
     from typer.testing import CliRunner
 
     from posexp.commands import sweeps
-    from posexp.cli import app
+    from posexp.cli.app import app
 
     monkeypatch.setitem(sweeps.PLUGINS, "hydra/launcher=joblib",
                         ("hydra_plugins.posexp_not_installed", "hydra-joblib-launcher"))

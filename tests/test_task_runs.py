@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import SMOKE, run_cli, sigterm_at_step
-from posexp.cli import app
+from posexp.cli.app import app
 
 FAST = (*SMOKE, "train.steps=4", "eval.examples=16")
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from posexp.config import config_dir
+from posexp.config.schema import config_dir
 from posexp.errors import ConfigError
 from posexp.evaluation.accuracy import eval_instances, wilson_interval
 from posexp.tasks import PAD, TASKS, Task

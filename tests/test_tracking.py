@@ -19,7 +19,7 @@ import pytest
 from conftest import run_cli
 from posexp.commands.train import check_config, run_train
 from posexp.errors import ConfigError
-from posexp.tracking.base import eval_points, metric_name, row_value
+from posexp.tracking.tracker import eval_points, metric_name, row_value
 
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "train.warmup_steps=1",
         "eval.multiples=[1,2]", "train.threads=1")
@@ -84,7 +84,7 @@ def test_rows_not_measured_are_not_points():
 
 def test_logger_none_imports_no_tracker_library(tmp_path):
     """A default run never imports tensorboard, mlflow or wandb, installed or not."""
-    code = ("import sys\nfrom posexp.cli import main\n"
+    code = ("import sys\nfrom posexp.cli.app import main\n"
             f"sys.argv = ['posexp', 'train', *{list(TINY)!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorboard', 'mlflow', 'wandb', "
@@ -98,7 +98,7 @@ def test_logger_none_imports_no_tracker_library(tmp_path):
 
 def test_a_missing_library_names_its_extra_in_one_line_before_anything_runs(tmp_path):
     """mlflow made unimportable (as when it is not installed): one line, exit 2, no run folder."""
-    code = ("import sys\nsys.modules['mlflow'] = None\nfrom posexp.cli import main\n"
+    code = ("import sys\nsys.modules['mlflow'] = None\nfrom posexp.cli.app import main\n"
             f"sys.argv = ['posexp', 'train', *{list(TINY)!r}, 'logger=[tensorboard,mlflow]', "
             f"'hydra.run.dir={tmp_path / 'run'}']\nmain()\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,

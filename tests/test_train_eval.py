@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from posexp.config import eval_lengths
+from posexp.config.schema import eval_lengths
 from posexp.encoders import create
 from posexp.evaluation.perplexity import eval_budget, evaluate
-from posexp.model import GPT, ModelShape
+from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.training.optim import lr_at
 
@@ -53,7 +53,7 @@ def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
 
 
 def test_encoder_lr_mult_defaults_and_groups(compose):
-    from posexp.build import build_encoder, build_model
+    from posexp.model.factory import build_encoder, build_model
     from posexp.training.optim import make_optimizer
 
     assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
@@ -78,8 +78,8 @@ def test_runs_saved_before_lr_mult_existed_keep_their_rate_and_hash(compose, tmp
     back gives lr_mult 1 (not t5's new default), and its config hash is unchanged, so resume works."""
     from omegaconf import OmegaConf
 
-    from posexp.config import config_hash
-    from posexp.rundir import HYDRA_CONFIG, read_saved_config
+    from posexp.config.identity import config_hash
+    from posexp.runs.layout import HYDRA_CONFIG, read_saved_config
 
     cfg = compose("encoder=t5", "encoder.lr_mult=1")
     old = OmegaConf.to_container(cfg)

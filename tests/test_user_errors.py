@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from posexp.cli import app
+from posexp.cli.app import app
 
 # small enough that a case which is wrongly accepted still finishes in seconds (and then fails its asserts)
 TINY = ("model.d_model=32", "model.n_heads=2", "train_len=32", "train.steps=2", "train.batch_size=2",
@@ -100,8 +100,8 @@ def test_hydra_full_error_keeps_hydras_own_report(tmp_path, monkeypatch):
 
 
 def test_valid_overrides_and_sweeps_pass_the_check():
-    from posexp.arguments import check_overrides
-    from posexp.validate import register_configs
+    from posexp.cli.arguments import check_overrides
+    from posexp.commands.validation import register_configs
 
     register_configs()
     check_overrides("config", ["-m", "encoder=rope,alibi", "base=100,10000", "experiment=smoke", "seed=range(2)",
@@ -139,9 +139,9 @@ def test_train_help_says_what_the_main_keys_mean(monkeypatch):
 def test_every_main_key_has_a_meaning():
     from hydra import compose, initialize_config_dir
 
-    from posexp.arguments import MAIN_KEYS, key_table
-    from posexp.config import config_dir
-    from posexp.validate import register_configs
+    from posexp.cli.arguments import MAIN_KEYS, key_table
+    from posexp.config.schema import config_dir
+    from posexp.commands.validation import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

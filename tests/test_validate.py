@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SMOKE, run_cli
 from posexp.errors import ConfigError
-from posexp.validate import validate
+from posexp.commands.validation import validate
 
 
 @pytest.mark.parametrize("override,key", [

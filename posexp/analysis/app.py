@@ -1,7 +1,7 @@
 """``posexp analyze`` as a Hydra job: the geometry of one configured encoding, without training.
 
 Builds the encoder the config names, analyses each unit of it
-(:mod:`posexp.analysis.geometry`), draws its figures (:mod:`posexp.analysis.figures`),
+(:mod:`posexp.analysis.geometry`), draws its figures (:mod:`posexp.analysis.drawing`),
 writes ``analysis.json`` and prints a summary; at the end of a ``-m`` sweep,
 :class:`AnalyzeSweepCallback` draws one comparison across the jobs.
 """
@@ -20,13 +20,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posexp.analysis.figures import draw_comparison, draw_unit
+from posexp.analysis.drawing import draw_comparison, draw_unit
 from posexp.analysis.geometry import RELATIVE_TOLERANCE, analyse_unit, units
 from posexp.analysis.schema import check_analyze
-from posexp.build import build_encoder
-from posexp.config import eval_lengths
-from posexp.validate import validate
-from posexp.io import atomic_write_json
+from posexp.model.factory import build_encoder
+from posexp.config.schema import eval_lengths
+from posexp.commands.validation import validate
+from posexp.runs.atomic import atomic_write_json
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.analyze")

@@ -20,11 +20,11 @@ from rich.table import Table
 from torch import Tensor
 
 from posexp.analysis.app import ANALYSIS_JSON, analyse_encoder, print_summary
-from posexp.analysis.figures import draw_attention
+from posexp.analysis.drawing import draw_attention
 from posexp.analysis.schema import AnalyzeConfig, check_analyze
 from posexp.errors import ConfigError, PosexpError, require
-from posexp.io import atomic_write_json
-from posexp.rundir import is_run_dir
+from posexp.runs.atomic import atomic_write_json
+from posexp.runs.layout import is_run_dir
 
 
 @torch.no_grad()

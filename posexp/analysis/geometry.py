@@ -1,7 +1,7 @@
 """The geometry of a positional encoding: score maps through its hooks, and what they show.
 
 Pure tensor math, no files and no figures. Every encoder is analysed through its
-hooks (:mod:`posexp.encoders.base`), never by name, so each gets what applies to
+hooks (:mod:`posexp.encoders.contract`), never by name, so each gets what applies to
 the way it touches attention:
 
 ``embed``   the encodings ``p_m`` themselves: the inner products ``<p_m, p_n>``

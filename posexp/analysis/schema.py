@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from posexp.config import Config
+from posexp.config.schema import Config
 from posexp.errors import require
 
 @dataclass
@@ -27,7 +27,7 @@ class AnalyzeConfig:
 def _analyze_root_schema() -> type:
     """The training schema plus ``analyze``; ``configs/analyze.yaml`` merges it after ``config``.
 
-    A subclass of :class:`posexp.config.Config` whose inherited fields are all MISSING,
+    A subclass of :class:`posexp.config.schema.Config` whose inherited fields are all MISSING,
     so merging it keeps every value ``configs/config.yaml`` set (a MISSING value never
     overrides one that is set) and only adds the ``analyze`` node.
     """
@@ -51,7 +51,7 @@ def register_schema() -> None:
     """Store the ``posexp analyze`` schema: the training config plus ``analyze.*``; idempotent."""
     from hydra.core.config_store import ConfigStore
 
-    from posexp.validate import register_configs
+    from posexp.commands.validation import register_configs
 
     register_configs()
     ConfigStore.instance().store(name="posexp_analyze_schema", node=AnalyzeRootConfig)

@@ -31,12 +31,12 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.text import Text
 
-from posexp.config import EvalConfig, config_hash, eval_lengths, is_task
-from posexp.validate import validate
+from posexp.config.schema import EvalConfig, eval_lengths, is_task
+from posexp.config.identity import config_hash
+from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError
-from posexp.runlock import run_lock
-from posexp.rundir import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key,
-                           read_results, read_saved_config, runs_under)
+from posexp.runs.lock import run_lock
+from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, read_saved_config, runs_under)
 
 EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
 VALUE_HINTS = {
@@ -197,7 +197,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
     from posexp.tasks.source import DATA_TASKS, TrainingSource
-    from posexp.build import build_model
+    from posexp.model.factory import build_model
 
     results = read_results(run_dir) if results is None else results
     base_cfg = load_run_config(run_dir, results)
@@ -311,10 +311,11 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
 
 def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -> dict:
     """Evaluate one prepared run, merge its rows into its results.json and redraw its files."""
-    from posexp.evaluation.provenance import git_commit, versions
+    from posexp.runs.provenance import git_commit, versions
     from posexp.evaluation.accuracy import evaluate_task
-    from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
-    from posexp.runtime import resolve_device
+    from posexp.evaluation.runner import evaluate_config
+    from posexp.runs.results import results_table, write_loss_by_position, write_results
+    from posexp.runtime.device import resolve_device
 
     cfg = p.cfg
     if cfg.train.threads:

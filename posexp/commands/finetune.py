@@ -5,11 +5,11 @@ at ``L' > L`` with its positions interpolated (position interpolation, Chen et a
 scaling, bloc97 2023; YaRN, Peng et al. 2023; Llama 3.1's frequency bands) or not at all (direct
 fine-tuning, ``scaling=none``, the papers' baseline).
 
-The command's own config (``configs/finetune.yaml``, :class:`~posexp.config.FinetuneAppConfig`) says
+The command's own config (``configs/finetune.yaml``, :class:`~posexp.config.schema.FinetuneAppConfig`) says
 what a fine-tune may choose: the new ``train_len``, the ``scaling`` and its factor, the ``train``
 recipe (``configs/train/finetune.yaml``), ``eval``, the seed and where to compute. Everything that
 shapes the weights (encoder, model, tokenizer, corpus) is the parent's. :func:`child_config` turns
-the two into the new run's ordinary :class:`~posexp.config.Config`, whose ``finetune`` node records
+the two into the new run's ordinary :class:`~posexp.config.schema.Config`, whose ``finetune`` node records
 the lineage (parent folder, config hash, SHA-256 of its weights, scaling, factor); from there the
 run is a normal ``posexp train`` run (:func:`posexp.commands.train.run_train`): checkpoints,
 ``posexp resume``, the sweep cache, ``posexp eval`` and reports work unchanged.
@@ -24,10 +24,11 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.config import Config, DataConfig, config_hash, to_container
+from posexp.config.schema import Config, DataConfig, to_container
+from posexp.config.identity import config_hash
 from posexp.errors import ConfigError, PosexpError
-from posexp.io import atomic_write_text
-from posexp.rundir import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_results
+from posexp.runs.atomic import atomic_write_text
+from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_results
 
 CONFIG_NAME = "finetune"
 # what the parent fixes: the trained weights have its encoder, shape and vocabulary
@@ -49,7 +50,7 @@ def parent_argument(args: Sequence[str]) -> list[str]:
     Raises:
         PosexpError: no run folder, or an override of the encoder, model, tokenizer or base.
     """
-    from posexp.arguments import override_text
+    from posexp.cli.arguments import override_text
 
     out, parent, skip = [], None, False
     for arg in args:
@@ -169,7 +170,7 @@ def child_config(app: DictConfig) -> DictConfig:
                          "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
                          "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
                          "scaling": str(mine["scaling"]), "scaling_factor": float(factor)}
-    from posexp.validate import register_configs
+    from posexp.commands.validation import register_configs
 
     register_configs()
     return OmegaConf.merge(OmegaConf.structured(Config), child)

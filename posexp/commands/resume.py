@@ -20,8 +20,8 @@ from rich.console import Console
 
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.errors import PosexpError
-from posexp.rundir import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config
-from posexp.runlock import run_lock
+from posexp.runs.layout import (HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config)
+from posexp.runs.lock import run_lock
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
@@ -62,8 +62,8 @@ def load_config(run_dir: Path) -> DictConfig:
     """The run's ``.hydra/config.yaml`` on the config schema (keys added since it was written get defaults)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from posexp.config import Config
-    from posexp.validate import register_configs
+    from posexp.config.schema import Config
+    from posexp.commands.validation import register_configs
 
     loaded = read_saved_config(run_dir)
     register_configs()
@@ -88,8 +88,8 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
 
 def _resume(run_dir: Path, console: Console) -> dict:
     """:func:`resume_main` in a run folder this process holds."""
-    from posexp.config import config_hash
-    from posexp.validate import validate
+    from posexp.config.identity import config_hash
+    from posexp.commands.validation import validate
     from posexp.commands.train import run_train
 
     check_resumable(run_dir)  # again, now that no other process can finish the run meanwhile

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Optional, Sequence
 from omegaconf import DictConfig
 
 from posexp.errors import ConfigError
-from posexp.rundir import RESULTS_JSON, run_status, runs_under
+from posexp.runs.layout import RESULTS_JSON, run_status, runs_under
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.sweeps")
@@ -214,7 +214,7 @@ def swept_values(jobs: list[list[str]]) -> list[str]:
 def sweep_progress(sweep_dir: Path, jobs: Optional[list[list[str]]]) -> str:
     """Where an interrupted sweep stands, in one line: jobs finished, interrupted (with the command that
     continues each) and never started (with their overrides)."""
-    from posexp.rundir import iter_jobs
+    from posexp.runs.layout import iter_jobs
 
     started = {int(d.name): d for d in iter_jobs(sweep_dir)} if sweep_dir.is_dir() else {}
     status = {n: run_status(d) if (d / RESULTS_JSON).is_file() else None for n, d in started.items()}

@@ -1,6 +1,6 @@
 """``posexp train``, one run: a composed config in, a run folder with checkpoint and results out.
 
-The recipe, in order: check the config, convert it to the typed :class:`~posexp.config.Config` once,
+The recipe, in order: check the config, convert it to the typed :class:`~posexp.config.schema.Config` once,
 load the corpus, build the model, train (or reuse a cached training), checkpoint, evaluate, write.
 Each step lives in its own package; this module only sequences them.
 """
@@ -17,28 +17,31 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.build import build_model
-from posexp.config import Config, config_hash, eval_lengths, is_task, to_container, typed
+from posexp.model.factory import build_model
+from posexp.config.schema import Config, eval_lengths, is_task, to_container, typed
+from posexp.config.identity import config_hash
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task
-from posexp.evaluation.provenance import provenance, run_label, write_run_status
-from posexp.evaluation.results import evaluate_config, results_table, write_loss_by_position, write_results
-from posexp.model import GPT
-from posexp.positions import PositionPlan
-from posexp.rundir import RESULTS_JSON
-from posexp.runlock import RunFolderTaken, run_contents, run_lock
-from posexp.runtime import resolve_device, step_settings
+from posexp.runs.provenance import provenance, run_label, write_run_status
+from posexp.evaluation.runner import evaluate_config
+from posexp.runs.results import results_table, write_loss_by_position, write_results
+from posexp.model.gpt import GPT
+from posexp.model.positions import PositionPlan
+from posexp.runs.layout import RESULTS_JSON
+from posexp.runs.lock import RunFolderTaken, run_contents, run_lock
+from posexp.runtime.device import resolve_device, step_settings
 from posexp.tasks.sampler import TaskSampler
 from posexp.tasks.source import DATA_TASKS, TrainingSource
 from posexp import tracking
 from posexp.training import cache, distributed
 from posexp.training.checkpoint import read_resume_pointer
-from posexp.runtime import World
+from posexp.runtime.device import World
 from posexp.training.distributed import shard
 from posexp.training.checkpoint import parent_weights
 from posexp.training.trainer import LogHook, TrainResult, save_checkpoint, train
-from posexp.validate import config_warnings, out_of_memory, validate
+from posexp.commands.validation import config_warnings, validate
+from posexp.runtime.memory import out_of_memory
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.train")

@@ -167,7 +167,7 @@ class BPETokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def save(self, folder: Path) -> Optional[Path]:
-        from posexp.io import atomic_write_text
+        from posexp.runs.atomic import atomic_write_text
 
         return atomic_write_text(Path(folder) / TOKENIZER_JSON, self.to_str())
 

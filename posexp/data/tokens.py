@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from posexp.data.tokenizer import BYTE_VOCAB_SIZE, TOKENIZER_JSON, BPETokenizer, ByteTokenizer, TokenizerSpec
-from posexp.io import atomic_write_bytes, atomic_write_text
+from posexp.runs.atomic import atomic_write_bytes, atomic_write_text
 
 VOCAB_SIZE = BYTE_VOCAB_SIZE  # byte-level, the default tokenizer
 DOC_SEPARATOR = 0

@@ -23,7 +23,7 @@ import pkgutil
 import typing
 from typing import Any, Callable, Dict, Type
 
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.errors import ConfigError
 
 _REGISTRY: Dict[str, Type[PositionalEncoder]] = {}

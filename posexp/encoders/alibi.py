@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
+from posexp.encoders.contract import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 
 
 def _geometric_slopes(n: int) -> Tensor:
@@ -45,7 +45,7 @@ class ALiBi(PositionalEncoder):
     """Fixed, head-specific linear distance penalties on the attention logits (Press et al. 2022).
 
     The bias also comes as a FlexAttention ``score_mod`` (``-m_h (i - j)`` per logit), which the model
-    uses for fused attention on CUDA (:mod:`posexp.fused`).
+    uses for fused attention on CUDA (:mod:`posexp.model.fused`).
 
     Args:
         d_model: model width.

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.errors import require
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
+from posexp.encoders.contract import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 # keeps the ratio finite if c or L is driven to 0 (then psi(max(L, 0)) = 0 for the first query)
@@ -40,7 +40,7 @@ class FIRE(PositionalEncoder):
 
     The bias also comes as a FlexAttention ``score_mod`` (the normalised distance and the MLP's
     output for the logit's head, computed per logit), which the model uses for fused attention on
-    CUDA (:mod:`posexp.fused`).
+    CUDA (:mod:`posexp.model.fused`).
 
     ``c`` and ``L`` are learned, as in the paper, and enter through ``|c|`` and
     ``|L|`` (the authors' implementation does the same) so any value the optimiser

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
+from posexp.encoders.contract import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 VARIANTS = ("log", "power")
@@ -36,7 +36,7 @@ class Kerple(PositionalEncoder):
     """Learned per-head CPD-kernel logit bias, log or power variant (Chi et al. 2022).
 
     The bias also comes as a FlexAttention ``score_mod`` (the same kernel of ``|i - j|`` with the head's
-    ``r1, r2``), which the model uses for fused attention on CUDA (:mod:`posexp.fused`).
+    ``r1, r2``), which the model uses for fused attention on CUDA (:mod:`posexp.model.fused`).
 
     The paper keeps ``r1, r2`` admissible by clamping them after every optimiser
     step. A clamp has a zero gradient wherever it binds, so here they are

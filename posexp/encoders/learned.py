@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder
 from posexp.encoders.scaling import module_copy
 from posexp.errors import ConfigError, require
 

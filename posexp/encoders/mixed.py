@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 from torch import nn
 
 from posexp.encoders import create, option_names, register, registry
-from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder
 from posexp.encoders.scaling import module_copy, supported_scalings
 from posexp.errors import ConfigError, require
 

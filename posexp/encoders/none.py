@@ -9,7 +9,7 @@ Positional Encoding on Length Generalization in Transformers").
 from __future__ import annotations
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder
 
 
 @register("none")

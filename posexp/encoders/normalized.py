@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder
 
 
 @register("normalized")

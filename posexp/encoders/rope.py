@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.encoders.frequencies import check_schedule, rope_frequencies
 from posexp.encoders.scaling import module_copy, rope_scaling
 from posexp.errors import ConfigError, require

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
+from posexp.encoders.contract import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 
@@ -50,7 +50,7 @@ class Sandwich(PositionalEncoder):
 
     The bias also comes as a FlexAttention ``score_mod`` (a lookup into the kernel of every distance
     the positions can have, built once per forward), which the model uses for fused attention on
-    CUDA (:mod:`posexp.fused`).
+    CUDA (:mod:`posexp.model.fused`).
 
     Args:
         d_model: model width.

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
+from posexp.encoders.contract import PositionalEncoder, ScoreMod, bias_score_mod, relative_distance
 from posexp.errors import require
 
 
@@ -61,7 +61,7 @@ class T5Bias(PositionalEncoder):
 
     The bias also comes as a FlexAttention ``score_mod`` (a lookup of the bucket table and the
     (bucket, head) entry per logit, gradients included), which the model uses for fused attention
-    on CUDA (:mod:`posexp.fused`).
+    on CUDA (:mod:`posexp.model.fused`).
 
     Args:
         d_model: model width.

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder, relative_distance
+from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import require
 

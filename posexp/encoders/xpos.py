@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders import register
-from posexp.encoders.base import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder
 from posexp.encoders.frequencies import rope_frequencies
 from posexp.encoders.rope import apply_rotary
 from posexp.errors import require

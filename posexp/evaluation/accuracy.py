@@ -1,7 +1,7 @@
 """Accuracy of a trained model on a generated task, at each eval length (and, for passkey, each depth).
 
 At every length ``L`` (``eval.lengths``, or ``eval.multiples`` x ``train_len``) the model reads
-``eval.examples`` fresh instances of exactly ``L`` tokens (:meth:`posexp.tasks.base.Task.instances`). The
+``eval.examples`` fresh instances of exactly ``L`` tokens (:meth:`posexp.tasks.task.Task.instances`). The
 instances depend only on the task, the length and the depth, never on the run's seed, so every run of a
 sweep is scored on the same instances (as every perplexity row scores the same validation tokens). Scoring
 is teacher-forced: the model reads the true instance and its argmax at every answer position is compared
@@ -32,15 +32,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posexp.config import Config, eval_lengths
-from posexp.evaluation.memory import PeakMemory
+from posexp.config.schema import Config, eval_lengths
+from posexp.runtime.memory import PeakMemory
 from posexp.evaluation.perplexity import _length_factor, _not_applicable_reason, _Swapped
-from posexp.evaluation.scaling import NONE, check_scaling, scaled_encoder
-from posexp.model import GPT
-from posexp.positions import PositionPlan
-from posexp.rundir import ACCURACY
-from posexp.runtime import autocast, resolve_precision
-from posexp.tasks.base import Task
+from posexp.evaluation.extension import NONE, check_scaling, scaled_encoder
+from posexp.model.gpt import GPT
+from posexp.model.positions import PositionPlan
+from posexp.runs.layout import ACCURACY
+from posexp.runtime.device import autocast
+from posexp.runtime.precision import resolve_precision
+from posexp.tasks.task import Task
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 EVAL_PROTOCOL = "teacher_forced"  # a task row's protocol: the argmax at each answer position, true prefix read

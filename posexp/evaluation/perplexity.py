@@ -54,13 +54,13 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import torch
 
-from posexp.config import PROTOCOLS
+from posexp.config.schema import PROTOCOLS
 from posexp.errors import ConfigError, PosexpError, require
-from posexp.evaluation.memory import PeakMemory, free_memory, is_out_of_memory
-from posexp.evaluation.scaling import NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder
-from posexp.rundir import PERPLEXITY, ROW_KEY
-from posexp.model import GPT
-from posexp.runtime import autocast
+from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
+from posexp.evaluation.extension import (NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder)
+from posexp.runs.layout import PERPLEXITY, ROW_KEY
+from posexp.model.gpt import GPT
+from posexp.runtime.device import autocast
 
 Z95 = 1.959964  # two-sided 95% normal quantile
 MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
@@ -333,7 +333,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         on_row: called with each row as soon as it is done.
         stride: ``S`` for ``sliding``.
         last_k: ``K`` for ``last_k``.
-        scaling: context extension (:mod:`posexp.evaluation.scaling`); ``none`` leaves the encoder as trained.
+        scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
             (for ``dynamic_ntk``, whose formula already follows the length: 1).
         rerope_window: ``w`` for ``scaling=rerope``; None = half of ``train_len``. The
@@ -341,7 +341,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         positions: if a list, one ``{key..., "length", "position_sum", "position_count"}`` per length
             is appended (for ``loss_by_position.csv``).
         log: where progress notes (out-of-memory retries) go.
-        position_plan: a :class:`posexp.positions.PositionPlan`; a model trained with
+        position_plan: a :class:`posexp.model.positions.PositionPlan`; a model trained with
             randomized positions is evaluated with them too (Ruoss et al. 2023), and lengths
             beyond its ``max_position`` are not applicable. None = positions ``0 .. L-1``.
         progress: called as ``progress(length, windows_done, windows)`` before a measured length's first

@@ -3,16 +3,16 @@
 Owns the comparison of runs: loading them (:mod:`.runs`), choosing and describing
 them (:mod:`.selection`), replicate statistics (:mod:`.stats`), the table and its
 groups (:mod:`.build`), the table in five formats (:mod:`.render`), ``report.md``,
-``summary.md`` and their figures (:mod:`.document`, drawn by :mod:`posexp.plots`), and the entry
+``summary.md`` and their figures (:mod:`.document`, drawn by :mod:`posexp.plots.perplexity`), and the entry
 points (:mod:`.summary`: ``posexp report``, the end-of-sweep Hydra callback).
 
-Run-folder files are named, found and read through :mod:`posexp.rundir`. This
+Run-folder files are named, found and read through :mod:`posexp.runs.layout`. This
 package must never import torch, directly or through another posexp module
 (``posexp report`` runs where no model can be built), nor anything of
 ``posexp.commands``, ``training``, ``evaluation`` or ``analysis``.
 """
 
-from posexp.reporting.build import Cell, Group, Report, ReportRow, build_report, metric_value
+from posexp.reporting.lm_report import Cell, Group, Report, ReportRow, build_report, metric_value
 from posexp.reporting.document import render_report_markdown, write_report, write_summary
 from posexp.reporting.render import (FORMATS, RENDERERS, print_report, render_csv, render_json, render_latex,
                                      render_markdown, render_table_csv, render_table_markdown)
@@ -21,7 +21,7 @@ from posexp.reporting.selection import (DEFAULT_METRICS, DEFAULT_TOLERANCE, Filt
                                         config_value, parse_by, parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import Stat, mean_interval, t_quantile
 from posexp.reporting.summary import SweepSummaryCallback, refresh_sweep_summary, report_main
-from posexp.rundir import find_runs
+from posexp.runs.layout import find_runs
 
 __all__ = [
     "Cell", "Group", "Report", "ReportRow", "build_report", "metric_value",

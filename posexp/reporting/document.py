@@ -1,6 +1,6 @@
 """Files a report writes: ``summary.md``/``summary.csv``, ``report.md`` and its figures.
 
-Figures are drawn by :mod:`posexp.plots` (matplotlib is imported only when drawing).
+Figures are drawn by :mod:`posexp.plots.perplexity` (matplotlib is imported only when drawing).
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Sequence
 
 from posexp.errors import PosexpError
-from posexp.io import atomic_write_text
-from posexp.reporting.build import Report
+from posexp.runs.atomic import atomic_write_text
+from posexp.reporting.lm_report import Report
 from posexp.reporting.formatting import MAX_BANDS, _display_path, _fmt_int, _fmt_num, _fmt_view, _md, _plural
 from posexp.reporting.render import (_legend, _plot_series, _ppl_label, _settings, _table_notes, render_csv,
                                      render_markdown, render_table_markdown)
-from posexp.rundir import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV,
-                           SUMMARY_MD, read_position_curve, read_training_curve)
+from posexp.runs.layout import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV, SUMMARY_MD, read_position_curve, read_training_curve)
 
 
 def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True) -> Path:
@@ -37,7 +36,7 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         PosexpError: the folder cannot be written to.
     """
     out_dir = Path(out_dir)
-    from posexp.plots import plot_ppl_vs_length  # pulls in matplotlib; only now that we draw
+    from posexp.plots.perplexity import plot_ppl_vs_length
 
     try:
         _writable_folder(out_dir, "summary")
@@ -124,7 +123,7 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
     Raises:
         PosexpError: the folder cannot be written to.
     """
-    from posexp.plots import plot_position_overlay, plot_ppl_vs_length, plot_training_curves
+    from posexp.plots.perplexity import plot_position_overlay, plot_ppl_vs_length, plot_training_curves
 
     out_dir = Path(out_dir)
     try:

@@ -18,12 +18,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posexp.reporting.build import Cell, Group, Report
+from posexp.reporting.lm_report import Cell, Group, Report
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
                                          _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short)
 from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show
 from posexp.reporting.stats import Stat
-from posexp.rundir import PPL_PLOT, SUMMARY_CSV
+from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
 
 PPL_LABEL = "perplexity per token"

@@ -1,6 +1,6 @@
 """A run as the report sees it: one run folder's ``results.json``, its overrides and config.
 
-Reading the files is :mod:`posexp.rundir`'s job; this module only shapes them into :class:`Run`.
+Reading the files is :mod:`posexp.runs.layout`'s job; this module only shapes them into :class:`Run`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from posexp.rundir import read_config_dict, read_overrides, read_results, results_file
+from posexp.runs.layout import read_config_dict, read_overrides, read_results, results_file
 
 
 @dataclass

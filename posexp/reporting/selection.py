@@ -213,7 +213,7 @@ class Metric:
         return 0 if self.kind == "maxlen" else 3 if self.kind == "gain" else 2
 
     def describe(self, report: Any) -> str:
-        """One sentence for the notes under the table (``report``: the :class:`~posexp.reporting.build.Report`)."""
+        """One sentence for the notes under the table (``report``: the :class:`~posexp.reporting.lm_report.Report`)."""
         if self.of_parent:
             return (f"{self.name} = {self.name.removeprefix('parent ')} of the run each fine-tune started from "
                     "(its parent, at the parent's own training length for multiples).")

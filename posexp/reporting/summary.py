@@ -29,15 +29,14 @@ from rich.markup import escape
 from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.io import atomic_write_text
-from posexp.reporting.accuracy import (TaskReport, build_task_report, is_task_run, print_task_report,
-                                       split_task_metrics, write_task_report)
-from posexp.reporting.build import build_report
+from posexp.runs.atomic import atomic_write_text
+from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report)
+from posexp.reporting.lm_report import build_report
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
 from posexp.reporting.selection import DEFAULT_TOLERANCE, parse_by, parse_where
-from posexp.rundir import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+from posexp.runs.layout import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")

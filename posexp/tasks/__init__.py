@@ -1,9 +1,9 @@
 """Generated tasks beside language modelling: ``task=copy|reverse|sort|addition|parity|mqar|passkey|flipflop``.
 
 Each task is one file here and one yaml in ``configs/task/``; :func:`build_task` makes the task of a run's
-config. A task is a data generator with an answer mask (:mod:`posexp.tasks.base`); the encoders, model,
+config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
 trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
-measures it. Adding a task: a :class:`~posexp.tasks.base.Task` subclass in a new file, an entry in
+measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, an entry in
 :data:`TASKS`, a yaml in ``configs/task/``.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from posexp.errors import ConfigError
 from posexp.tasks.addition import Addition
-from posexp.tasks.base import PAD, Instances, Task
+from posexp.tasks.task import PAD, Instances, Task
 from posexp.tasks.copy import Copy
 from posexp.tasks.flipflop import FlipFlop
 from posexp.tasks.mqar import MQAR

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.base import Instances, Task, with_answer
+from posexp.tasks.task import Instances, Task, with_answer
 
 DIGIT0, PLUS, EQUALS = 1, 11, 12
 

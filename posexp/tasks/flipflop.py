@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.base import Instances, Task
+from posexp.tasks.task import Instances, Task
 
 BIT0, WRITE, READ, IGNORE = 1, 3, 4, 5
 P_IGNORE, P_WRITE = 0.8, 0.1  # the rest reads

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from posexp.tasks.base import Instances, Task, with_answer
+from posexp.tasks.task import Instances, Task, with_answer
 
 FIRST_KEY = 1
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.base import Instances, Task, with_answer
+from posexp.tasks.task import Instances, Task, with_answer
 
 BIT0, EQUALS = 1, 3
 

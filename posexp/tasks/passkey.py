@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from posexp.errors import ConfigError
-from posexp.tasks.base import Instances, Task
+from posexp.tasks.task import Instances, Task
 
 NEEDLE_START, NEEDLE_END, QUESTION = b"pass key ", b". ", b"pass key? "
 DIGIT0 = ord("0")

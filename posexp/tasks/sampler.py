@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.base import Task
+from posexp.tasks.task import Task
 
 _TRAIN_STREAM = 3  # apart from the position draws (positions.py) and the language-model batches
 

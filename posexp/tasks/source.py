@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from posexp.config import eval_lengths
+from posexp.config.schema import eval_lengths
 from posexp.data.tokens import Corpus
 from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_fingerprint
 

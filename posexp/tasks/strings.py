@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.base import Instances, Task, fill, with_answer
+from posexp.tasks.task import Instances, Task, fill, with_answer
 
 SEP = 1
 FIRST_SYMBOL = 2

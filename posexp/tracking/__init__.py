@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.rundir import is_sweep_dir
-from posexp.tracking.base import RunIdentity, Tracker, artifacts, eval_points, read_records, write_records
+from posexp.runs.layout import is_sweep_dir
+from posexp.tracking.tracker import RunIdentity, Tracker, artifacts, eval_points, read_records, write_records
 
 log = logging.getLogger("posexp.tracking")
 
@@ -58,21 +58,21 @@ def check_loggers(logger_cfg) -> None:
         if problem is not None:
             raise ConfigError("logger", f"{name} {problem}")
     if logger_cfg is not None and getattr(logger_cfg, "wandb", None) is not None:
-        from posexp.tracking.wandb_logger import resolve_mode
+        from posexp.tracking.wandb_tracker import resolve_mode
 
         resolve_mode(logger_cfg.wandb.mode)
 
 
 def _tracker_class(name: str):
     if name == "tensorboard":
-        from posexp.tracking.tensorboard_logger import TensorBoardTracker
+        from posexp.tracking.tensorboard_tracker import TensorBoardTracker
 
         return TensorBoardTracker
     if name == "mlflow":
-        from posexp.tracking.mlflow_logger import MLflowTracker
+        from posexp.tracking.mlflow_tracker import MLflowTracker
 
         return MLflowTracker
-    from posexp.tracking.wandb_logger import WandbTracker
+    from posexp.tracking.wandb_tracker import WandbTracker
 
     return WandbTracker
 

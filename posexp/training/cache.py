@@ -4,7 +4,7 @@ With ``cache=true`` a run first looks for its *training key* in ``cache_dir``
 (default ``outputs/cache``, relative to the folder posexp is started in). The key
 hashes everything that shapes the trained weights, and nothing else:
 
-- :func:`posexp.config.weights_config`, the one rule of what shapes the weights: the
+- :func:`posexp.config.identity.weights_config`, the one rule of what shapes the weights: the
   resolved config without ``eval.*`` (evaluation never touches the weights), without
   the keys that only change how a run reports or saves itself (progress bar, logging
   and checkpoint cadence, thread count, token-cache folder) and without the cache and
@@ -15,7 +15,7 @@ hashes everything that shapes the trained weights, and nothing else:
 - the posexp and torch versions.
 
 Every key a later version adds to the config is part of the key unless listed in
-:data:`posexp.config.NOT_WEIGHTS`: an unknown key costs a retraining, never a wrong reuse.
+:data:`posexp.config.identity.NOT_WEIGHTS`: an unknown key costs a retraining, never a wrong reuse.
 
 A hit loads the cached weights (checked against their SHA-256), copies the
 training curve (``metrics.csv``) into the run folder, and the run continues as if
@@ -49,10 +49,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 import posexp
-from posexp.config import weights_config
+from posexp.config.identity import weights_config
 from posexp.errors import PosexpError
-from posexp.io import atomic_write_bytes, atomic_write_json, unwritable
-from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
+from posexp.runs.atomic import atomic_write_bytes, atomic_write_json, unwritable
+from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.cache")

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from posexp.errors import PosexpError
-from posexp.io import atomic_path, atomic_write_bytes, atomic_write_json
-from posexp.rundir import CHECKPOINT_DIR, WEIGHTS_FILE
+from posexp.runs.atomic import atomic_path, atomic_write_bytes, atomic_write_json
+from posexp.runs.layout import CHECKPOINT_DIR, WEIGHTS_FILE
 
 META_FILE = "meta.json"
 RESUME_FILE = "resume.json"
@@ -138,7 +138,7 @@ def load_weights(model: torch.nn.Module, path: Path, config_hash: Optional[str],
 
 def parent_weights(finetune: Any) -> Callable[[torch.nn.Module], None]:
     """What loads a fine-tune's starting point: the parent's final weights, refused unless they are the ones its
-    lineage recorded (SHA-256 and config hash of ``finetune``, a :class:`posexp.config.FinetuneConfig`)."""
+    lineage recorded (SHA-256 and config hash of ``finetune``, a :class:`posexp.config.schema.FinetuneConfig`)."""
     path = Path(finetune.parent) / CHECKPOINT_DIR / WEIGHTS_FILE
     hint = (f"the fine-tune starts from the weights the parent {finetune.parent} had when it was launched; "
             "fine-tune the parent as it is now in a new run")

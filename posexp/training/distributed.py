@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.runtime import World, world
+from posexp.runtime.device import World, world
 
 # Ranks other than 0 wait for rank 0 at the next collective while it evaluates a run (in a sweep, the
 # next job's first one); evaluating to 16x the training length can take long, so the default 10-minute

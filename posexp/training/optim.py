@@ -1,6 +1,6 @@
 """The optimizer and its learning-rate schedule: AdamW, linear warmup then cosine decay.
 
-Both take the typed :class:`posexp.config.TrainConfig` (``lr``, ``warmup_steps``,
+Both take the typed :class:`posexp.config.schema.TrainConfig` (``lr``, ``warmup_steps``,
 ``steps``, ``min_lr_ratio``, ``weight_decay``, ``beta1``, ``beta2``).
 """
 
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from posexp.config import TrainConfig
+from posexp.config.schema import TrainConfig
 
 __all__ = ["lr_at", "make_optimizer", "set_lr"]
 
@@ -41,7 +41,7 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimi
     """
     # No weight decay on gains, biases and embeddings of positions (GPT-2 / nanoGPT convention).
     # An encoder's parameters take its lr_mult: one group per multiplier, the schedule scales each.
-    from posexp.encoders.base import PositionalEncoder
+    from posexp.encoders.contract import PositionalEncoder
 
     owners = {name: m.lr_mult for name, m in model.named_modules() if isinstance(m, PositionalEncoder)}
     decay: list = []

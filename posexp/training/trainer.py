@@ -7,7 +7,7 @@ or SIGTERM, and when training ends. A resumed run takes the same steps on the
 same batches with the same RNG states as an uninterrupted one, so on the same
 machine and thread count it ends with bitwise the same weights.
 
-Devices, precision and the step's settings follow :mod:`posexp.runtime`: ``compile=auto`` (the
+Devices, precision and the step's settings follow :mod:`posexp.runtime.device`: ``compile=auto`` (the
 default) trains through ``torch.compile`` on CUDA and eagerly elsewhere (evaluation stays eager: its
 lengths vary); on CUDA fp32 matmuls may use TF32 and batches are copied from pinned memory without
 blocking; AdamW is the fused kernel where torch has one (:mod:`posexp.training.optim`). The loop makes
@@ -39,19 +39,20 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from posexp.config import TrainConfig
+from posexp.config.schema import TrainConfig
 from posexp.data.corpus import BatchSampler, Corpus
 from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
-from posexp.io import atomic_write_text
-from posexp.model import GPT
-from posexp.positions import PositionPlan
-from posexp.runtime import autocast, bf16_is_native, resolve_device, step_settings
-from posexp.rundir import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
+from posexp.runs.atomic import atomic_write_text
+from posexp.model.gpt import GPT
+from posexp.model.positions import PositionPlan
+from posexp.runtime.device import autocast, resolve_device, step_settings
+from posexp.runtime.precision import bf16_is_native
+from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
-from posexp.runtime import World, world
+from posexp.runtime.device import World, world
 from posexp.training.distributed import shard
 from posexp.training.optim import lr_at, make_optimizer, set_lr
-from posexp.training.precision import training_precision
+from posexp.runtime.precision import training_precision
 from posexp.training.state import TrainState
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -395,7 +396,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     Args:
         t, train_len, seed: the run's ``train`` settings, training context length, and the seed of the batches.
         plan, config_hash: randomized positions / curriculum (off by default); the hash checkpoints record.
-        compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.step_settings`).
+        compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.device.step_settings`).
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
         sampler: the batches when they are not windows of ``corpus`` (a task's ``TaskSampler``).
         on_log: called with (step, loss, lr, tokens/s) at every logging step, on the rank that writes.

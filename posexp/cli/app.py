@@ -1,0 +1,544 @@
+"""The ``posexp`` command.
+
+``posexp train`` is Hydra's own application: its arguments go to the
+``@hydra.main`` function unchanged, so ``-m``, ``--cfg job``, ``--help``,
+``hydra/launcher=...`` and sweepers behave as Hydra documents them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import hydra
+import typer
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.markup import escape
+
+from posexp.cli.arguments import OverrideError, check_overrides, expand_home, full_error_requested, override_text
+from posexp.config.schema import config_dir
+from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken
+
+CONFIG_DIR = config_dir()
+GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "task", "logger", "experiment", "search")
+TOP_KEYS = ("base=", "train_len=", "seed=")
+
+err_console = Console(stderr=True)
+# Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
+_failed_jobs: list[str] = []
+
+
+def _fail(error: PosexpError) -> None:
+    from posexp.training.distributed import is_main
+
+    # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
+    if is_main():  # under torchrun every rank fails alike; one message is enough
+        err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+    raise SystemExit(error.exit_code)
+
+
+def train_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed).
+
+    A module-level name, so that launchers running jobs in other processes (joblib,
+    submitit) pickle it by reference.
+    """
+    from posexp.commands.train import run_train
+
+    return _task(cfg, run_train)
+
+
+def finetune_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
+    from posexp.commands.finetune import run_finetune
+
+    return _task(cfg, run_finetune)
+
+
+def _task(cfg: DictConfig, run) -> Optional[float]:
+    from posexp.commands.sweeps import objective_value, set_job_threads
+
+    hc = HydraConfig.get()
+    run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
+    try:
+        set_job_threads(cfg, hc.launcher)
+        return objective_value(run(cfg, run_dir, overrides), cfg)
+    except TrainingInterrupted as e:
+        if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
+            raise SystemExit(e.exit_code)
+        _fail(e)
+    except PosexpError as e:
+        if hc.mode != RunMode.MULTIRUN:
+            _fail(e)
+        if isinstance(e, RunFolderTaken):  # another run's folder: nothing of this job's goes there
+            err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(e))}", highlight=False,
+                              soft_wrap=True)
+            _failed_jobs.append(str(run_dir))
+        else:
+            _record_failed_job(cfg, run_dir, overrides, e)
+    except KeyboardInterrupt:
+        if hc.mode != RunMode.MULTIRUN:
+            err_console.print("interrupted")
+        raise SystemExit(130)
+    except Exception as e:
+        if hc.mode != RunMode.MULTIRUN:
+            raise
+        logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
+        _record_failed_job(cfg, run_dir, overrides, e)
+    return None
+
+
+_train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
+_finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
+
+
+def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
+    """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
+    from posexp.runs.provenance import write_run_status
+
+    if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
+        try:
+            write_run_status(run_dir, cfg, overrides, "failed", error)
+        except OSError as e:
+            err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
+    err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
+                      soft_wrap=True)
+    _failed_jobs.append(str(run_dir))
+
+
+class FailedJobsCallback(Callback):
+    """Hydra callback: count the sweep jobs that failed in other processes (joblib, submitit) too."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._start = time.time() - 1.0  # file times may trail the clock a little
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from posexp.commands.sweeps import failed_runs
+
+        _failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
+
+
+def _run_hydra(app, prog: str, args: List[str]) -> None:
+    """Call a ``@hydra.main`` function as if ``prog args...`` had been typed.
+
+    ``--help`` / ``-h`` print Hydra's help, then the table of the main keys.
+    """
+    from posexp.cli.arguments import print_key_table
+
+    saved = sys.argv
+    sys.argv = [prog, *args]
+    try:
+        app()
+    except SystemExit as e:
+        if not e.code and any(a in ("-h", "--help") for a in args):
+            print_key_table({_analyze_app: "analyze", _finetune_app: "finetune"}.get(app, "config"), prog)
+        raise
+    finally:
+        sys.argv = saved
+
+
+def _check_overrides(config_name: str, args: List[str], folders: bool = False) -> None:
+    """Refuse a bad override in one line before Hydra starts (so no run folder is made); with
+    HYDRA_FULL_ERROR=1 (or POSEXP_DEBUG=1) Hydra reports the errors it knows, in full."""
+    try:
+        check_overrides(config_name, args, folders=folders)
+    except OverrideError as e:
+        if not (e.hydra_reports and full_error_requested()):
+            _fail(e)
+
+
+def _flags_first(args: List[str]) -> list[str]:
+    """``-m`` moved before the overrides: ``posexp train encoder=rope -m base=100,1000`` sweeps as typed
+    (Hydra's argparse takes no overrides after a flag)."""
+    flags = [a for a in args if a in ("-m", "--multirun")]
+    return flags + [a for a in args if a not in flags]
+
+
+def _options(group: str) -> list[str]:
+    from posexp.cli.listing import options
+
+    return options(group)
+
+
+def complete_overrides(incomplete: str) -> list[str]:
+    """Shell completion for ``posexp train``: config groups, their options and the top-level keys."""
+    if "=" in incomplete:
+        key, _, prefix = incomplete.partition("=")
+        if key in GROUPS:
+            return [f"{key}={o}" for o in _options(key) if o.startswith(prefix)]
+        return []
+    words = [f"{g}=" for g in GROUPS] + list(TOP_KEYS) + ["-m", "--cfg", "--help"]
+    return [w for w in words if w.startswith(incomplete)]
+
+
+app = typer.Typer(
+    name="posexp",
+    help="Experiments with positional encodings: train a small causal LM per encoding, measure perplexity "
+         "at 1x..16x the training length, compare runs.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command(context_settings=HYDRA_PASSTHROUGH)
+def train(
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Hydra overrides, e.g. encoder=rope base=10000; -m to sweep; --help for Hydra's help.",
+        autocompletion=complete_overrides, show_default=False),
+) -> None:
+    """Train one model per configuration and evaluate it at several context lengths (a Hydra app).
+
+    A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
+    """
+    _launch(_train_app, "config", list(overrides or []))
+
+
+@app.command(context_settings=HYDRA_PASSTHROUGH)
+def finetune(
+    args: Optional[List[str]] = typer.Argument(
+        None, help="The run folder to fine-tune, then Hydra overrides, e.g. train_len=512 scaling=yarn "
+                   "train.steps=200; -m to sweep; --help for Hydra's help.", show_default=False,
+        metavar="RUN_DIR [OVERRIDES]"),
+) -> None:
+    """Extend a finished run's context: fine-tune it at a longer train_len, its positions scaled (a Hydra app).
+
+    scaling=none (direct fine-tuning), linear (position interpolation), ntk, dynamic_ntk, yarn or llama3;
+    the new run records its parent, and evaluates at multiples of the new length.
+    """
+    from posexp.commands.finetune import CONFIG_NAME, parent_argument
+
+    try:
+        given = parent_argument(args or [])
+    except PosexpError as e:
+        _fail(e)
+    _launch(_finetune_app, CONFIG_NAME, given)
+
+
+def _launch(hydra_app, config_name: str, args: List[str]) -> None:
+    """Check the command line, claim the run (or sweep) folder and run ``hydra_app`` on it."""
+    from posexp.commands.sweeps import missing_plugin, unique
+
+    _failed_jobs.clear()
+    from posexp.commands.validation import register_configs
+
+    register_configs()
+    args = expand_home(args)
+    overwrite = OVERWRITE_FLAG in args
+    args = [a for a in args if a != OVERWRITE_FLAG]
+    missing = missing_plugin(args)
+    if missing:
+        _fail(PosexpError(missing))
+    _check_overrides(config_name, args)
+    from posexp.runs.lock import unlock_run
+    from posexp.training import distributed
+
+    # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
+    with distributed.worker_overrides() as quiet:
+        try:
+            folders = None if quiet else _claim_folders(args, overwrite, config_name)
+            _run_claimed(folders, [*_flags_first(folders.args if folders else args), *quiet], hydra_app)
+        except PosexpError as e:
+            _fail(e)
+        finally:
+            unlock_run()
+            distributed.shutdown()
+    _failed_jobs[:] = unique(_failed_jobs)
+    if _failed_jobs and distributed.is_main():
+        err_console.print(f"[bold red]error:[/] {len(_failed_jobs)} sweep job(s) failed: {', '.join(_failed_jobs)}; "
+                          "each has a results.json with the reason, the other jobs' results are kept",
+                          highlight=False, soft_wrap=True)
+        raise SystemExit(1)
+
+
+@dataclass
+class Folders:
+    """The run (or sweep) folder of a ``posexp train`` command line, claimed before Hydra starts.
+
+    Attributes:
+        path: the run folder, or the sweep folder with ``-m``.
+        created: the folders made for it (to remove again if the run never starts).
+        multirun: a sweep (``-m``).
+        jobs: each sweep job's overrides (a basic sweep's); None when a sweeper draws them.
+        args: the command line for Hydra, naming the claimed folder.
+    """
+
+    path: Path
+    created: List[Path]
+    multirun: bool
+    jobs: Optional[List[List[str]]]
+    args: List[str] = field(default_factory=list)
+
+
+def _check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "config") -> dict:
+    """Compose and validate the config of each job (a covering subset of a large sweep) before any trains.
+
+    Returns:
+        The first job's run and sweep folders as Hydra would name them (``run``, ``sweep``), and whether
+        its sweeper is Hydra's basic one (``basic``).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.utils import setup_globals
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.commands.finetune import CONFIG_NAME, check_finetune
+    from posexp.commands.sweeps import jobs_to_check, swept_values
+    from posexp.commands.train import check_config
+
+    first: dict = {}
+    checked = jobs_to_check(jobs)
+    setup_globals()  # the ${now:...} resolver of Hydra's folder names
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for job, label in zip(checked, swept_values(checked)):
+            try:
+                cfg = compose(config_name, overrides=job, return_hydra_config=True)
+                first = first or {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir),
+                                  "basic": str(cfg.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")}
+            except (HydraException, OmegaConfBaseException) as e:
+                if full_error_requested():
+                    raise  # Hydra's own report, in full
+                raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
+            with open_dict(cfg):
+                del cfg["hydra"]
+            try:
+                check_finetune(cfg) if config_name == CONFIG_NAME else check_config(cfg)
+            except PosexpError as e:
+                if multirun and label:
+                    raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
+                raise
+    return first
+
+
+def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config") -> Optional[Folders]:
+    """Check every job's config, then claim the run (or sweep) folder of ``posexp train ARGS``.
+
+    A folder Hydra would name from the clock (``outputs/DATE/TIME``) becomes ``TIME-1``, ``TIME-2``, ...
+    when another run has it; a folder the user named (``hydra.run.dir``) must hold no run.
+
+    Returns:
+        The folders, and the command line naming the claimed one; None when Hydra writes no run
+        (``--cfg``, ``--info``, ``--help``, shell completion).
+
+    Raises:
+        PosexpError: a config error, a folder that cannot be created, or one that holds a run.
+    """
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from posexp.commands.sweeps import fixed_overrides, sweep_jobs
+    from posexp.runs.lock import claim_named_dir, new_run_dir
+
+    try:
+        ns = get_args_parser().parse_args(args)
+    except SystemExit:
+        return None  # Hydra's argparse says what is wrong
+    if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
+        return None
+    jobs = sweep_jobs(ns.overrides) if ns.multirun else [list(ns.overrides)]
+    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun, config_name)
+    if not first["basic"]:
+        jobs = None  # a sweeper such as Optuna chooses the jobs as it goes
+    key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
+    path = Path(first["sweep" if ns.multirun else "run"])
+    named = {o.input_line for o in OverridesParser.create().parse_overrides(ns.overrides) if o.key_or_group == key}
+    if named:
+        created = claim_named_dir(path, key, sweep=ns.multirun, overwrite=overwrite)
+    else:
+        path, created = new_run_dir(path, key)
+    rest = [a for a in args if a not in named]
+    return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, override_text(key, path)])
+
+
+def _run_claimed(folders: Optional[Folders], args: List[str], hydra_app=_train_app) -> None:
+    """Run Hydra; a run that never started leaves no folder, an interrupted sweep says where it stands."""
+    from posexp.runs.lock import discard_unused
+
+    multirun = folders is not None and folders.multirun
+    previous = signal.getsignal(signal.SIGTERM)
+    if multirun:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _run_hydra(hydra_app, "posexp finetune" if hydra_app is _finetune_app else "posexp train", args)
+    except (SystemExit, KeyboardInterrupt) as e:
+        code = 130 if isinstance(e, KeyboardInterrupt) else e.code
+        if folders is not None and not multirun and code == PosexpError.exit_code:
+            discard_unused(folders.path, folders.created)
+        if multirun and code in (130, 128 + signal.SIGTERM):
+            _report_interrupted_sweep(folders, code)
+        raise
+    finally:
+        if multirun:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _report_interrupted_sweep(folders: Folders, code: int) -> None:
+    from posexp.commands.sweeps import sweep_progress
+
+    name = signal.Signals(code - 128).name if code > 128 else "SIGINT"
+    err_console.print(f"[bold red]error:[/] sweep {escape(str(folders.path))} stopped by {name}: "
+                      f"{escape(sweep_progress(folders.path, folders.jobs))}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run.",
+                                   show_default=False, metavar="RUN_DIR"),
+) -> None:
+    """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
+    from posexp.runtime.device import world
+    from posexp.commands.resume import resume_main
+
+    try:
+        if world().distributed:
+            raise PosexpError("posexp resume runs in one process; start it without torchrun (a run trained by "
+                              "several processes continues in one with the same global batch)")
+        resume_main(run_dir)
+    except PosexpError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted; continue with: posexp resume {run_dir}")
+        raise SystemExit(130)
+
+
+@app.command()
+def report(
+    folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Where to write report.md (with figures), summary.md and summary.csv; "
+                                  "default: the folder given."),
+    by: Optional[List[str]] = typer.Option(
+        None, "--by", help="Group by config keys, comma-separated: encoder,base,train_len,model.n_layers,... "
+                           "Runs with the same values (e.g. seeds) are averaged with a 95% t-interval."),
+    metric: Optional[List[str]] = typer.Option(
+        None, "--metric", help="Summary columns, comma-separated: ratio, ratio@8x, ratio@1024, ppl@8x, maxlen, "
+                               "maxlen@10%, auc, auc@16x. Default: ratio,maxlen,auc."),
+    tolerance: float = typer.Option(0.1, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
+                                                             "of the training-length value."),
+    sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "
+                                                            "descending."),
+    where: Optional[List[str]] = typer.Option(
+        None, "--where", help="Keep runs with KEY=VALUE (or KEY!=VALUE; VALUE may be a,b for any of); repeatable."),
+    fmt: str = typer.Option("rich", "--format", "-f", help="Table format: rich, markdown, csv, json, latex. "
+                                                           "All but rich print only the table, for redirecting."),
+    strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2 at the first run whose "
+                                                        "results.json cannot be read, instead of leaving it out."),
+) -> None:
+    """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
+
+    A run whose results.json cannot be read (not JSON, cut short, wrong shape, unreadable) is left out with a
+    one-line warning naming it and the others are reported (exit status 0); with --strict it stops the report
+    (exit status 2).
+    """
+    from posexp.reporting import report_main
+
+    try:
+        report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
+                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict)
+    except PosexpError as e:
+        _fail(e)
+
+
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_cmd(
+    args: List[str] = typer.Argument(
+        ..., help="Run folders (or sweep folders: every run under them), then eval.* overrides, e.g. "
+                  "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn.",
+        show_default=False, metavar="RUN_DIR|eval.KEY=VALUE"),
+    strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
+                                                        "the first run whose results.json cannot be read."),
+) -> None:
+    """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
+
+    New rows join each run's results.json (a re-measured row replaces its old one); the other outputs are redrawn.
+    A run whose results.json cannot be read is skipped with a one-line warning naming it and the others are
+    evaluated (exit status 0); with --strict nothing is evaluated (exit status 2).
+    """
+    from posexp.commands.eval import reeval_main
+
+    try:
+        reeval_main(list(args), strict=strict)
+    except PosexpError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; results of runs not yet finished were left as they were")
+        raise SystemExit(130)
+
+
+def analyze_task(cfg: DictConfig) -> None:
+    """The Hydra task of ``posexp analyze``: one encoding's geometry (module-level, so launchers can pickle it)."""
+    from posexp.analysis.app import run_analyze
+
+    try:
+        run_analyze(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except PosexpError as e:
+        _fail(e)
+
+
+_analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
+
+
+@app.command(context_settings=HYDRA_PASSTHROUGH)
+def analyze(
+    overrides: Optional[List[str]] = typer.Argument(
+        None, help="Hydra overrides, e.g. encoder=rope base=10000 (-m to sweep, --help for Hydra's help); "
+                   "or trained run folders, then analyze.KEY=VALUE.",
+        autocompletion=complete_overrides, show_default=False),
+) -> None:
+    """The geometry of an encoding without training (a Hydra app), or of a trained run's encoding and attention.
+
+    Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
+    """
+    from posexp.analysis.attention import analyze_runs_main
+    from posexp.analysis.schema import register_schema
+    from posexp.runs.layout import is_run_dir
+
+    args = expand_home(overrides or [])
+    # run folders; Hydra overrides are not folders
+    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in args):
+        try:
+            analyze_runs_main(args)
+        except PosexpError as e:
+            _fail(e)
+        return
+    from posexp.commands.validation import register_configs
+
+    register_configs()
+    register_schema()
+    _check_overrides("analyze", args, folders=True)
+    _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
+
+
+@app.command("list")
+def list_cmd() -> None:
+    """What you can choose: encoders (with their options), model sizes, data sets, tokenizers, tasks, experiment
+    trackers and experiments."""
+    from posexp.cli.listing import print_choices
+
+    print_choices(Console())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

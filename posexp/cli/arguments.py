@@ -1,0 +1,334 @@
+"""What a user types to the Hydra apps (``posexp train``, ``posexp analyze``), checked before Hydra runs.
+
+Hydra skips an ``optional`` config group whose option does not exist, so ``experiment=smok``
+would silently run the full default training, and ``+key=`` / ``++key=`` add keys the schema does
+not have, so ``+model.d_modle=64`` would be ignored. Its own errors are several lines and exit 1.
+:func:`check_overrides` composes the config for every value a command line names before Hydra
+starts, and turns each of these mistakes into one :class:`OverrideError` naming the key and what
+is allowed, so nothing runs and no run folder is made. :func:`key_table` is the table of the main
+keys that ``posexp train --help`` prints, taken from the configs' and the schema's own comments.
+
+This module imports Hydra and ``posexp.config.schema`` only (no torch until a config is composed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import re
+from typing import Iterator, List, Optional, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from posexp.errors import PosexpError
+
+FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
+# the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
+OPTIONAL_GROUPS = ("experiment", "search")
+
+
+class OverrideError(PosexpError):
+    """A command-line override Hydra cannot use.
+
+    Args:
+        message: what is wrong and what is allowed.
+        hydra_reports: Hydra reports this one itself (with its full text when HYDRA_FULL_ERROR=1);
+            False for the mistakes Hydra lets through silently.
+    """
+
+    def __init__(self, message: str, hydra_reports: bool = True):
+        self.hydra_reports = hydra_reports
+        super().__init__(message)
+
+
+def full_error_requested() -> bool:
+    """HYDRA_FULL_ERROR=1 (Hydra's own switch) or POSEXP_DEBUG=1: leave Hydra's errors to Hydra, in full."""
+    return any(os.environ.get(v, "") not in ("", "0") for v in ("HYDRA_FULL_ERROR", "POSEXP_DEBUG"))
+
+
+def override_text(key: str, value: object) -> str:
+    """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
+    (a folder path with spaces or brackets)."""
+    text = str(value)
+    if all(c.isalnum() or c in "/._-:+@~" for c in text):
+        return f"{key}={text}"
+    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+
+
+def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {prefix}{close[0]}? " if close else ""
+
+
+def _parse(args: Sequence[str], folders: bool) -> list:
+    """Hydra's own parse of each override; an argument that is none names itself (and the folder it is not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser, parsed = OverridesParser.create(), []
+    for arg in args:
+        try:
+            parsed.append(parser.parse_override(arg))
+        except HydraException as e:  # the parser's syntax error: the argument alone names it better
+            if "=" not in arg and folders:
+                raise OverrideError(f"{arg}: no such run folder, and not an override KEY=VALUE "
+                                    "(e.g. encoder=rope base=10000)") from None
+            reason = str(e).splitlines()[0]
+            raise OverrideError(f"{arg}: not an override KEY=VALUE (Hydra's parser: {reason}; quote a value "
+                                f"with spaces or brackets, e.g. 'key=\"a b\"'; {FULL_ERROR_HINT})") from None
+    return parsed
+
+
+# KEY=~... (a `~` Hydra's grammar rejects, and a shell leaves alone after `KEY=`); `+`/`++` prefixes kept
+_HOME_VALUE = re.compile(r"^(\+{0,2}[\w.\-/@]+)=(~[^'\"\\]*)$")
+
+
+def expand_home(args: Sequence[str]) -> List[str]:
+    """Expand a value's leading ``~`` as a shell expands ``~/x``: ``data.path=~/corpus`` is then a quoted
+    absolute path Hydra accepts (and the run records), each value of a sweep ``KEY=~/a,~/b`` alike.
+    Quoted values, flags and every other argument pass through unchanged."""
+    out = []
+    for arg in args:
+        m = _HOME_VALUE.match(arg)
+        if not m:
+            out.append(arg)
+            continue
+        key, value = m.groups()
+        parts = [os.path.expanduser(p) if p.startswith("~") else p for p in value.split(",")]
+        out.append(f"{key}=" + ",".join(f"'{p}'" if "'" not in p else p for p in parts))
+    return out
+
+
+def _values(override) -> Optional[List[str]]:
+    """The values an override sets, as override text; None for a sweep that cannot be listed (interval, glob)."""
+    from hydra.core.override_parser.types import Glob
+
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    if override.is_interval_sweep() or isinstance(override.value(), Glob):
+        return None  # a sweeper draws these; Hydra checks them as it does
+    return list(override.sweep_string_iterator())
+
+
+def _groups(loader, parent: str = "") -> Iterator[str]:
+    for name in loader.list_groups(parent):
+        group = f"{parent}/{name}" if parent else name
+        if group != "schema":  # the type schemas behind the yaml files, not choices
+            yield group
+            yield from _groups(loader, group)
+
+
+def _check_group(override, options: List[str], multirun: bool) -> None:
+    group = override.key_or_group
+    values = _values(override) or []
+    if override.is_sweep_override() and not multirun:
+        values = []  # the sweep check below names it
+    # several options of one group at once (logger=[tensorboard,mlflow]): each must exist
+    values = [v.strip() for value in values for v in (value[1:-1].split(",") if value.startswith("[") else [value])]
+    for value in values:
+        if value not in options:
+            what = f"{group}={value}" if value else f"{group}="
+            raise OverrideError(f"{what}: no such {group} option; {_did_you_mean(value, options, f'{group}=')}"
+                                f"choose one of: {', '.join(options)}", hydra_reports=group not in OPTIONAL_GROUPS)
+
+
+def _check_key(cfg: DictConfig, override) -> None:
+    """The override's key is in the composed schema, whichever of =, + or ++ brought it."""
+    key = override.key_or_group
+    node, path = cfg, []
+    for part in key.split("."):
+        if isinstance(node, ListConfig) and part.isdigit():
+            node, path = None, [*path, part]  # an element of a list: its type is the list's to check
+            break
+        if not isinstance(node, DictConfig):
+            raise OverrideError(f"{override.input_line}: {'.'.join(path)} is a value, not a group of keys")
+        keys = [str(k) for k in node.keys()]
+        if part not in keys:
+            where = ".".join(path)
+            prefix = f"{where}." if where else ""
+            raise OverrideError(f"{override.input_line}: {prefix}{part} is not a config key; "
+                                f"{_did_you_mean(part, keys, prefix)}"
+                                f"keys of {where or 'the top level'}: {', '.join(keys)}",
+                                hydra_reports=override.type.name == "CHANGE")
+        node, path = node._get_node(part), [*path, part]
+
+
+def _one_line(error: Exception) -> str:
+    """Hydra's composition error as one line: the key, what went wrong, and where the full text is."""
+    cause = error.__cause__
+    if cause is not None and getattr(cause, "full_key", None):
+        reason = str(getattr(cause, "msg", cause)).splitlines()[0]
+        return f"{cause.full_key}: {reason} ({FULL_ERROR_HINT})"
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
+    return f"{'; '.join(lines[:3])} ({FULL_ERROR_HINT})"
+
+
+def _variants(parsed: list) -> Iterator[list]:
+    """``(override text, override)`` lists to compose: the first value of every sweep, then each other value
+    of each sweep in turn (one composition per value, not per job). Deletions and unlisted sweeps are left out."""
+    fixed = [(o, [""] if o.is_delete() else _values(o)) for o in parsed]
+    base = [(o.input_line if o.is_delete() else f"{o.get_key_element()}={v[0]}", o) if v else None for o, v in fixed]
+    yield [b for b in base if b is not None]
+    for i, (o, values) in enumerate(fixed):
+        for value in (values or [])[1:]:
+            variant = list(base)
+            variant[i] = (f"{o.get_key_element()}={value}", o)
+            yield [b for b in variant if b is not None]
+
+
+def check_overrides(config_name: str, args: Sequence[str], folders: bool = False) -> None:
+    """Check the overrides of a Hydra app's command line against its config groups and schema.
+
+    Args:
+        config_name: the app's primary config (``config`` or ``analyze``); the schemas must be registered.
+        args: the command line after the subcommand, flags included (``-m``, ``--cfg job``).
+        folders: the app also takes folders (``posexp analyze RUN_DIR``), for the message of a missing one.
+
+    Raises:
+        OverrideError: an unknown group option, key or type, a malformed override, a sweep without ``-m``.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.config.schema import config_dir
+
+    try:
+        ns = get_args_parser().parse_args(list(args))
+    except SystemExit:
+        return  # Hydra's argparse reports an unknown flag itself, with its usage
+    if ns.help or ns.hydra_help or ns.shell_completion or ns.config_dir or ns.config_path or ns.config_name:
+        return
+    parsed = _parse(ns.overrides, folders)
+    for o in parsed:
+        if o.is_sweep_override() and not ns.multirun:
+            raise OverrideError(f"{o.input_line}: several values sweep, which needs -m (posexp ... -m "
+                                f"{o.input_line}); for one list value write {o.key_or_group}=[...], for a string "
+                                f"with commas quote it: {o.key_or_group}='...'")
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        groups = set(_groups(loader))
+        for o in parsed:
+            if o.key_or_group in groups and o.package is None and not o.is_delete():
+                _check_group(o, loader.get_group_options(o.key_or_group), ns.multirun)
+        keys = [o for o in parsed if o.key_or_group not in groups and not o.key_or_group.startswith("hydra.")]
+        schemas: dict = {}  # group choices -> their composed config
+        for overrides in _variants(parsed):
+            try:
+                # the keys a command line may set depend on its group choices (each encoder has its own)
+                choices = [ov for ov, o in overrides if o.key_or_group in groups]
+                if tuple(choices) not in schemas:
+                    schemas[tuple(choices)] = compose(config_name, overrides=choices)
+                chosen = schemas[tuple(choices)]
+                for o in keys:
+                    try:
+                        _check_key(chosen, o)
+                    except OverrideError as e:
+                        if ns.multirun and choices:  # which job of the sweep lacks the key
+                            raise OverrideError(f"{e} (with {' '.join(choices)})", e.hydra_reports) from None
+                        raise
+                compose(config_name, overrides=[ov for ov, _ in overrides])  # types, as Hydra will merge them
+            except (HydraException, OmegaConfBaseException) as e:
+                raise OverrideError(_one_line(e)) from e
+
+
+# -- posexp train --help: the main keys ---------------------------------------------------------
+
+MAIN_KEYS = ("base", "train_len", "seed", "device", "precision", "compile", "cache", "objective",
+             "model.d_model", "model.n_layers", "model.n_heads", "train.steps", "train.batch_size", "train.lr",
+             "train.warmup_steps", "train.checkpoint_every", "train.positions", "train.curriculum",
+             "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
+# posexp finetune --help: the keys of configs/finetune.yaml a fine-tune sets (the rest is the parent's)
+FINETUNE_KEYS = ("scaling", "scaling_factor", "train_len", "seed", "cache", "train.steps", "train.batch_size",
+                 "train.lr", "train.warmup_steps", "eval.multiples", "eval.tokens")
+_KEY_LINE = re.compile(r"^\s*(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    cut = re.search(r"(?<=[a-z)])[.;](\s|$)", text)
+    return text[:cut.start()] if cut else text
+
+
+def comment_descriptions(lines: Sequence[str]) -> tuple:
+    """``key -> meaning`` from a yaml file's or a dataclass's comments: ``(trailing, above)``.
+
+    ``trailing`` holds a key line's own comment (``lr: float = 3e-3  # peak learning rate``), ``above``
+    the first sentence of the comment block above it. Example lines (``#   posexp train ...``) and Hydra
+    directives are not descriptions.
+    """
+    trailing, above, block = {}, {}, []
+    for line in lines:
+        s = line.strip()
+        if s.startswith("#"):
+            text = s.lstrip("#").strip()
+            if not (text.startswith(("posexp", "@package")) or s.startswith("#   ")):
+                block.append(text)
+            continue
+        m = _KEY_LINE.match(line)
+        if m and m.group(1) not in ("defaults", "hydra"):
+            if m.group(2):
+                trailing.setdefault(m.group(1), " ".join(m.group(2).split()))
+            if block:
+                above.setdefault(m.group(1), _first_sentence(" ".join(block)))
+        block = []
+    return trailing, above
+
+
+def key_descriptions() -> dict:
+    """Meaning of every documented key: a key's own comment in the schema or ``configs/``, else the
+    comment above it there (the schema first)."""
+    from posexp.config import schema
+    from posexp.config.schema import config_dir
+
+    root = config_dir()
+    sources = [("", inspect.getsource(schema.Config).splitlines()[1:]),
+               ("", (root / "config.yaml").read_text().splitlines()),
+               ("", inspect.getsource(schema.FinetuneAppConfig).splitlines()[1:])]
+    for group, cls in (("model", schema.ModelConfig), ("train", schema.TrainConfig), ("eval", schema.EvalConfig)):
+        sources.append((f"{group}.", inspect.getsource(cls).splitlines()[1:]))
+        sources += [(f"{group}.", path.read_text().splitlines()) for path in sorted((root / group).glob("*.yaml"))]
+    trailing, above = {}, {}
+    for prefix, lines in sources:
+        own, block = comment_descriptions(lines)
+        for k, v in own.items():
+            trailing.setdefault(prefix + k, v)
+        for k, v in block.items():
+            above.setdefault(prefix + k, v)
+    return {**above, **trailing}
+
+
+def key_table(cfg: DictConfig, keys: Sequence[str] = MAIN_KEYS) -> list:
+    """Rows ``(key, default, meaning)`` of ``keys``, the defaults as written in the composed ``cfg``."""
+    meanings = key_descriptions()
+    defaults = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
+    rows = []
+    for key in keys:
+        value = defaults
+        for part in key.split("."):
+            value = value[part]
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        rows.append((key, text.replace(" ", ""), meanings.get(key, "")))
+    return rows
+
+
+def print_key_table(config_name: str, prog: str = "posexp train") -> None:
+    """Print :func:`key_table` of the shipped defaults (``posexp train --help``)."""
+    from hydra import compose, initialize_config_dir
+    from rich.console import Console
+    from rich.table import Table
+
+    from posexp.config.schema import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name)
+    table = Table(title=f"main keys  ({prog} KEY=VALUE; every key: {prog} --cfg job)", title_justify="left")
+    table.add_column("key", style="cyan", no_wrap=True)
+    table.add_column("default", no_wrap=True)
+    table.add_column("meaning")
+    for row in key_table(cfg, FINETUNE_KEYS if config_name == "finetune" else MAIN_KEYS):
+        table.add_row(*row)
+    Console().print(table)

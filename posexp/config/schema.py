@@ -1,0 +1,300 @@
+"""Config schema: one dataclass per group, which :func:`posexp.commands.validation.register_configs` stores in Hydra's
+ConfigStore, and the one rule of what shapes the trained weights (:func:`weights_config`, :func:`config_hash`).
+
+Hydra merges ``configs/*.yaml`` onto these schemas at compose time, so an
+unknown key or a value of the wrong type fails with the key's name before
+anything runs. Range checks that a type cannot express (``base > 1``, lengths
+positive, ``d_model`` divisible by the heads) live in :mod:`posexp.commands.validation`.
+
+A leaf: imports nothing of posexp, so every module may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+def config_dir() -> Path:
+    """The shipped ``configs/`` folder: beside the package in a checkout, inside it in a wheel."""
+    import posexp.configs as shipped  # the top-level configs/ folder, mapped as a package
+
+    return Path(shipped.__file__).resolve().parent
+
+
+@dataclass
+class DataConfig:
+    """``configs/data/*.yaml`` document the keys; ``posexp/data/`` loads, splits and caches."""
+
+    name: Optional[str] = "stdlib"  # stdlib/text: the corpus; hf: a Hub id or a local data set folder
+    # the loader: stdlib, text or hf (unset: the name, as in configs written before data=hf existed)
+    kind: Optional[str] = None
+    description: str = ""
+    path: Optional[str] = None
+    val_fraction: float = 0.05
+    cache_dir: Optional[str] = None
+    # data=hf only
+    config: Optional[str] = None
+    revision: Optional[str] = None
+    train_split: str = "train"
+    validation_split: Optional[str] = "validation"
+    text_column: str = "text"
+    separate_rows: bool = True
+    max_train_docs: Optional[int] = None
+
+
+@dataclass
+class TokenizerConfig:
+    """``configs/tokenizer/*.yaml``; ``posexp/data/tokenizer.py`` builds them."""
+
+    name: str = "byte"
+    description: str = ""
+    vocab_size: Optional[int] = None  # bpe: vocabulary incl. the document separator (unset: 4096); byte: 256
+    min_frequency: int = 2
+
+
+@dataclass
+class ModelConfig:
+    """``configs/model/*.yaml``; :class:`posexp.model.gpt.ModelShape` adds the vocabulary size to it."""
+
+    d_model: int = 128  # width of the residual stream (embedding size)
+    n_layers: int = 2  # Transformer blocks
+    n_heads: int = 4  # attention heads per layer; d_model must divide by it
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    # Queries per block on the bias / scores paths; memory per layer is
+    # O(block * L * heads) instead of O(L^2 * heads).
+    attn_block_size: int = 256
+    # How the weights start. gpt2: N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2 n_layers))
+    # (Radford et al. 2019, §2.3). pytorch: each layer's own default (nn.Linear: U(+-1/sqrt(fan_in)), nn.Embedding:
+    # N(0, 1)), which small task models need (configs/task/mqar.yaml). Encoders initialise their own parameters.
+    init: str = "gpt2"
+    # The output layer shares the token embedding's weights (Press & Wolf 2017); false: a separate output layer.
+    tie_embeddings: bool = True
+
+    def param_count(self, vocab_size: int = 0) -> int:
+        """Trainable parameters of a model of this shape (:class:`posexp.model.gpt.GPT`): its blocks and final
+        LayerNorm, plus ``vocab_size x d_model`` for the token embeddings (twice when the output layer is not
+        tied to them). An encoding's own parameters (learned, t5, ...) come on top."""
+        d, hidden = self.d_model, int(self.mlp_ratio * self.d_model)
+        # attention's qkv and output projections, the MLP's two, two LayerNorms (weight and bias); no linear biases
+        block = 4 * d * d + 2 * d * hidden + 2 * 2 * d
+        return self.n_layers * block + 2 * d + vocab_size * d * (1 if self.tie_embeddings else 2)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 500  # optimizer steps
+    batch_size: int = 32  # windows of train_len tokens per step (the global batch under torchrun)
+    lr: float = 3e-3  # peak learning rate (AdamW, linear warmup then cosine decay)
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 60  # steps of linear learning-rate warmup
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    # configs/train/default.yaml sets these to ${precision} / ${device}, the top-level keys users type
+    precision: str = "auto"
+    device: str = "auto"
+    threads: Optional[int] = None
+    log_every: int = 25
+    progress: bool = True
+    # Resumable checkpoints (posexp resume RUN_DIR): every N steps and/or every M minutes; 0 turns either off.
+    # One is always written when training ends or is interrupted.
+    checkpoint_every: int = 100  # steps between resumable checkpoints; 0 = off
+    checkpoint_minutes: float = 10.0
+    # Training-time position tricks for any encoding (posexp/positions.py):
+    # randomized positions (Ruoss et al. 2023) and sequence-length warmup (Li et al. 2022).
+    positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023)
+    max_position: Optional[int] = None
+    curriculum: str = "none"  # none | linear: sequence-length warmup (Li et al. 2022)
+    curriculum_start_len: Optional[int] = None
+    curriculum_steps: Optional[int] = None
+
+
+@dataclass
+class TaskConfig:
+    """``configs/task/*.yaml``; ``posexp/tasks/`` generates the instances. ``lm`` is language modelling on ``data``."""
+
+    name: str = "lm"  # lm | copy | reverse | sort | addition | parity | mqar | passkey | flipflop
+    description: str = ""
+    # alphabet size of copy / reverse / sort, keys (and values) of mqar; null = the task's default
+    symbols: Optional[int] = None
+    # smallest instance trained on (symbols, digits, bits, pairs, instructions, filler tokens); null = the task's own
+    min_size: Optional[int] = None
+    digits: int = 5  # passkey: digits of the key
+
+
+@dataclass
+class EvalConfig:
+    """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
+
+    ``configs/eval/default.yaml`` documents each key; ``posexp/evaluation/perplexity.py`` says
+    exactly which tokens each protocol scores.
+    """
+
+    lengths: Optional[List[int]] = None  # eval lengths in tokens; null = eval.multiples x train_len
+    multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # eval lengths as multiples of train_len
+    tokens: int = 65536  # target tokens scored at every length
+    protocol: str = "nonoverlap"  # which tokens are scored: nonoverlap | sliding | last_k
+    stride: Optional[int] = None
+    last_k: Optional[int] = None
+    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | rerope
+    scaling_factor: Optional[float] = None
+    rerope_window: Optional[int] = None
+    batch_tokens: int = 16384
+    loss_by_position: bool = True
+    # task runs (task != lm): instances per length (and depth), and the passkey's depths in [0, 1]
+    examples: int = 256
+    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+
+
+@dataclass
+class FinetuneConfig:
+    """A fine-tuned run's lineage (``posexp finetune``): the parent it started from and how its encoding was
+    extended. None on a run trained from scratch; ``posexp/commands/finetune.py`` fills it in."""
+
+    parent: str = MISSING  # the parent run folder
+    parent_config_hash: str = MISSING
+    parent_weights_sha256: str = MISSING  # SHA-256 of the parent's checkpoint/model.safetensors
+    parent_train_len: int = MISSING  # the length the parent trained at; train_len is the new one
+    parent_corpus_fingerprint: Optional[str] = None  # the tokens the parent trained on
+    scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3
+    scaling_factor: float = 1.0  # s (for dynamic_ntk the factor a of its formula)
+
+
+@dataclass
+class TensorBoardConfig:
+    """``configs/logger/tensorboard.yaml``: event files ``tensorboard --logdir`` reads."""
+
+    log_dir: Optional[str] = None  # null = RUN_DIR/tensorboard (a sweep's jobs side by side under its folder)
+
+
+@dataclass
+class MLflowConfig:
+    """``configs/logger/mlflow.yaml``."""
+
+    tracking_uri: Optional[str] = None  # null = $MLFLOW_TRACKING_URI, else MLflow's own local default
+    experiment: str = "posexp"
+
+
+@dataclass
+class WandbConfig:
+    """``configs/logger/wandb.yaml``."""
+
+    project: str = "posexp"
+    entity: Optional[str] = None
+    # online | offline | disabled; null = $WANDB_MODE, else online only where an API key is configured
+    mode: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class LoggerConfig:
+    """The experiment trackers a run reports to (``logger=tensorboard``, ``logger=[tensorboard,mlflow]``); each
+    ``configs/logger/*.yaml`` fills in its own key, and the keys left null are trackers not used."""
+
+    tensorboard: Optional[TensorBoardConfig] = None
+    mlflow: Optional[MLflowConfig] = None
+    wandb: Optional[WandbConfig] = None
+
+
+@dataclass
+class Config:
+    encoder: Any = MISSING
+    data: DataConfig = MISSING
+    tokenizer: TokenizerConfig = MISSING
+    model: ModelConfig = MISSING
+    train: TrainConfig = MISSING
+    eval: EvalConfig = MISSING
+    task: TaskConfig = field(default_factory=TaskConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # experiment trackers: none by default
+    base: float = 10000.0  # base frequency of sinusoidal and rotary encodings (ignored by the others)
+    train_len: int = 128  # training context length in tokens
+    seed: int = 0  # seeds model initialisation and data order
+    device: str = "auto"  # auto | cpu | cuda | mps (auto: cuda, else mps, else cpu)
+    precision: str = "auto"  # auto | fp32 | bf16 (auto: bf16 on GPUs that have it, the faster one measured on CPUs)
+    compile: Any = "auto"  # torch.compile the training step: auto (on CUDA only) | true | false
+    # Sweep cache (posexp/training/cache.py): reuse the weights of a finished run with the same training config.
+    cache: bool = False  # reuse the weights of a finished run with the same training config
+    cache_dir: str = "outputs/cache"
+    # What the train task returns to a Hydra sweeper (posexp/commands/sweeps.py): "longest", "mean" or an eval length.
+    objective: Any = "longest"  # what a sweeper minimises: longest | mean | an eval length
+    finetune: Optional[FinetuneConfig] = None  # lineage of a fine-tuned run (posexp finetune); None otherwise
+
+
+@dataclass
+class FinetuneAppConfig:
+    """What ``posexp finetune RUN_DIR`` lets a user set (``configs/finetune.yaml``); the rest is the parent's.
+
+    :func:`posexp.commands.finetune.child_config` turns it and the parent's config into the new run's
+    :class:`Config`.
+    """
+
+    parent: str = MISSING  # the parent run folder (the command's RUN_DIR)
+    scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 (what the encoding offers)
+    scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
+    train_len: Optional[int] = None  # the new training length; null: 4x the parent's
+    data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
+    logger: Any = None  # null: the parent's experiment trackers; logger=NAME chooses others (logger=none: none)
+    train: TrainConfig = MISSING
+    eval: EvalConfig = MISSING
+    seed: int = 0  # seeds the fine-tuning data order (and any new table rows)
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    cache: bool = False
+    cache_dir: str = "outputs/cache"
+    objective: Any = "longest"
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+LM = "lm"  # task=lm: language modelling on data, measured by perplexity
+
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+PROTOCOLS = ("nonoverlap", "sliding", "last_k")
+
+
+DATASETS = ("stdlib", "text", "hf")  # data.kind: the loaders
+
+
+OBJECTIVES = ("longest", "mean")  # objective: besides an eval length in tokens
+
+
+def eval_lengths(cfg: Config | DictConfig) -> list[int]:
+    """``eval.lengths`` if given, else ``eval.multiples`` times ``train_len``; sorted, unique."""
+    if cfg.eval.lengths is not None:
+        return sorted(set(int(n) for n in cfg.eval.lengths))
+    return sorted(set(int(m) * int(cfg.train_len) for m in cfg.eval.multiples))
+
+
+def typed(cfg: DictConfig) -> Config:
+    """The composed config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations
+    resolved: what commands hand down from the edge. ``encoder`` stays open (``Any``): the encoder's own schema
+    when Hydra composed it, a mapping when a saved run's config was merged; only the factory reads it."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def to_container(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def is_task(cfg: Any) -> bool:
+    """Whether a run trains on a generated task (measured by accuracy) rather than language modelling."""
+    task = cfg.get("task") if hasattr(cfg, "get") else getattr(cfg, "task", None)
+    name = (task.get("name") if hasattr(task, "get") else getattr(task, "name", None)) if task is not None else None
+    return name is not None and str(name) != LM
+
+
+def default_max_position(train_len: int, longest_eval: int) -> int:
+    """``train.max_position`` when unset: every position training or evaluation reads (Ruoss et al. 2023 draw
+    training positions from a range that covers the longest evaluated length)."""
+    return max(int(train_len), int(longest_eval))

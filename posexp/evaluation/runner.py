@@ -1,0 +1,115 @@
+"""A run's perplexity evaluation as its ``eval`` group configures it: the lengths, the protocol, the
+scaling, the dtype the run trained in, and a progress line for evaluations that take a while.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from posexp.config.schema import Config, eval_lengths
+from posexp.evaluation.perplexity import evaluate
+from posexp.model.positions import PositionPlan
+from posexp.runtime.precision import bf16_is_native, resolve_precision
+
+
+def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
+                    console: Optional[Console] = None,
+                    trained_in: Optional[str] = None) -> tuple[list[dict], Optional[list[dict]]]:
+    """Rows (and per-position records, unless ``eval.loss_by_position`` is off) for the ``eval`` group of ``cfg``.
+
+    ``cfg`` is typed, or a run's saved config as written, which may predate keys added since (their defaults).
+    ``trained_in`` is the dtype the run trained in (results.json's ``train.precision``), which evaluation
+    keeps; without it, what ``train.precision`` resolves to without a measurement.
+    """
+    e = cfg.eval
+    positions: Optional[list[dict]] = [] if getattr(e, "loss_by_position", True) else None
+    log = (lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)) if console is not None else None
+    progress = EvalProgress(console, eval_lengths(cfg)) if console is not None else None
+    try:
+        rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens),
+                        device, protocol=e.protocol, stride=getattr(e, "stride", None),
+                        last_k=getattr(e, "last_k", None), scaling=getattr(e, "scaling", "none"),
+                        scaling_factor=getattr(e, "scaling_factor", None),
+                        rerope_window=getattr(e, "rerope_window", None), positions=positions,
+                        log=log, position_plan=PositionPlan(cfg), progress=progress,
+                        dtype=eval_dtype(cfg, device, trained_in))  # losses accumulate in fp32 anyway
+    finally:
+        if progress is not None:
+            progress.close()
+    return rows, positions
+
+
+def eval_dtype(cfg: Config | DictConfig, device: torch.device, trained_in: Optional[str]) -> torch.dtype:
+    """The autocast dtype of an evaluation: for ``precision=auto``, the one the run trained in (which a probe
+    may have chosen) unless that is bf16 and ``device`` would only emulate it; else what ``train.precision``
+    resolves to on ``device``."""
+    if cfg.train.precision == "auto" and (trained_in == "float32" or
+                                          (trained_in == "bfloat16" and bf16_is_native(device))):
+        return getattr(torch, trained_in)
+    return resolve_precision(cfg.train.precision, device)
+
+
+# An evaluation shorter than this prints nothing more than before; a longer one says how far it is.
+PROGRESS_AFTER_S = 3.0
+
+
+class EvalProgress:
+    """How far an evaluation is, once it has run for more than :data:`PROGRESS_AFTER_S` seconds.
+
+    On a terminal, a transient Rich progress line for the length being measured (windows done
+    of its windows), gone when the length is; anywhere else (a pipe, a log file), one plain
+    line per length as it finishes. A short evaluation, the smoke runs included, prints nothing.
+    Called as ``progress(length, windows_done, windows)`` by :func:`posexp.evaluation.perplexity.evaluate`.
+
+    Args:
+        console: where the progress goes.
+        lengths: every length of the evaluation (for "length 3 of 6").
+        clock: seconds, monotonic (a fake one in tests).
+        after: seconds of evaluation before anything is shown.
+    """
+
+    def __init__(self, console: Console, lengths: list[int], clock: Callable[[], float] = time.monotonic,
+                 after: float = PROGRESS_AFTER_S):
+        self.console, self.lengths, self.clock, self.after = console, sorted(set(lengths)), clock, after
+        self.started = clock()
+        self.length_started = self.started
+        self.bar: Optional[Progress] = None
+        self.task: Optional[TaskID] = None
+
+    def __call__(self, length: int, done: int, total: int) -> None:
+        now = self.clock()
+        if done == 0:
+            self.length_started = now
+        if now - self.started < self.after:
+            return
+        which = f"length {length} ({self.lengths.index(length) + 1 if length in self.lengths else '?'} of " \
+                f"{len(self.lengths)})"
+        if not self.console.is_terminal:
+            if done == total:
+                self.console.print(f"evaluated {which}: {total:,} windows in {now - self.length_started:.1f} s",
+                                   highlight=False)
+            return
+        if self.bar is None:
+            self.bar = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("windows"), TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+        if done == 0 or self.task is None:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(which, total=total, completed=done)
+        self.bar.update(self.task, completed=done)
+        if done == total:
+            self.bar.remove_task(self.task)
+            self.task = None
+
+    def close(self) -> None:
+        """Take the progress line off the terminal (transient), whether the evaluation finished or not."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

@@ -1,0 +1,232 @@
+"""A small pre-norm causal Transformer whose positional encoding is a plug-in.
+
+The model calls the encoder's hooks (``embed``, ``rotate``, ``bias``, ``scores``)
+and never asks which encoder it holds. There is no ``block_size`` assertion:
+reading longer contexts than the training length is the point of the project.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posexp.config.schema import ModelConfig
+from posexp.encoders.contract import PositionalEncoder
+from posexp.errors import require
+from posexp.model.fused import causal_block_mask, flex_attend, fused_by_default
+
+
+@dataclass
+class ModelShape(ModelConfig):
+    """The ``model`` group's widths, depth and heads (:class:`posexp.config.schema.ModelConfig`, the one place they
+    are declared, with their defaults) and the vocabulary, which the tokenizer decides."""
+
+    vocab_size: int = 256
+
+
+INITS = ("gpt2", "pytorch")  # model.init: GPT-2's N(0, 0.02), or each layer's PyTorch default
+
+
+def check_shape(shape: ModelConfig) -> None:
+    require(shape.d_model > 0, "model.d_model", f"must be a positive integer (got {shape.d_model})")
+    require(shape.n_heads > 0, "model.n_heads", f"must be a positive integer (got {shape.n_heads})")
+    require(shape.n_layers > 0, "model.n_layers", f"must be a positive integer (got {shape.n_layers})")
+    require(shape.d_model % shape.n_heads == 0, "model.d_model",
+            f"must be divisible by model.n_heads (got d_model={shape.d_model}, n_heads={shape.n_heads})")
+    require(shape.mlp_ratio > 0, "model.mlp_ratio", f"must be > 0 (got {shape.mlp_ratio})")
+    require(0 <= shape.dropout < 1, "model.dropout", f"must be in [0, 1) (got {shape.dropout})")
+    require(shape.attn_block_size > 0, "model.attn_block_size",
+            f"must be a positive integer (got {shape.attn_block_size})")
+    init = getattr(shape, "init", "gpt2")  # a run saved before the key existed: GPT-2's
+    require(init in INITS, "model.init", f"must be one of {', '.join(INITS)} (got {init!r})")
+
+
+class AttentionPlan:
+    """Per-forward state shared by the layers that use one encoder: positions and, when the
+    whole sequence is one query block, the additive bias computed once for all those layers;
+    on the fused path, the encoder's ``score_mod`` and the causal block mask, also built once.
+
+    Args:
+        fused: attend through FlexAttention with the encoder's ``score_mod`` where it has one
+            (:mod:`posexp.model.fused`); the blocked path otherwise.
+    """
+
+    def __init__(self, encoder: PositionalEncoder, pos: Tensor, block_size: int, fused: bool = False):
+        self.encoder = encoder
+        self.pos = pos
+        self.block_size = block_size
+        self.needs_mask = encoder.uses_bias or encoder.uses_scores
+        self.fused = fused and encoder.uses_score_mod and not encoder.uses_scores
+        self._full_bias: Optional[Tensor] = None
+        self._flex: Optional[tuple] = None
+
+    def flex(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Causal attention over the whole sequence with the encoder's bias inside the fused kernel."""
+        if self._flex is None:
+            L = self.pos.shape[0]
+            self._flex = (self.encoder.score_mod(self.pos, self.pos), causal_block_mask(L, L, 0, self.pos.device))
+        score_mod, block_mask = self._flex
+        return flex_attend(q, k, v, score_mod, block_mask)
+
+    def bias(self, start: int, end: int, dtype: torch.dtype) -> Optional[Tensor]:
+        """Additive logits ``(1, H, end-start, end)`` for queries ``start:end`` over keys ``0:end``,
+        causal mask included (a mask, never None, on this path)."""
+        L = self.pos.shape[0]
+        whole = start == 0 and end == L
+        if whole and self._full_bias is not None:
+            return self._full_bias
+        q_pos, k_pos = self.pos[start:end], self.pos[:end]
+        bias = self.encoder.bias(q_pos, k_pos) if self.encoder.uses_bias else None
+        q_idx = torch.arange(start, end, device=self.pos.device)
+        k_idx = torch.arange(end, device=self.pos.device)
+        future = k_idx[None, :] > q_idx[:, None]  # (Lq, Lk)
+        if bias is None:
+            mask = torch.zeros(future.shape, dtype=dtype, device=future.device)
+        else:
+            mask = bias.to(dtype)
+        # 4-D: with a 3-D mask SDPA on CPU falls back to its unfused math path (torch 2.13)
+        mask = mask.masked_fill(future, float("-inf")).view(1, -1, *future.shape)  # (1, H or 1, Lq, Lk)
+        if whole:
+            self._full_bias = mask
+        return mask
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.n_heads = shape.n_heads
+        self.head_dim = shape.d_model // shape.n_heads
+        self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=False)
+        self.proj = nn.Linear(shape.d_model, shape.d_model, bias=False)
+        self.dropout = shape.dropout
+        # FlexAttention's kernels tile the head width: a power of two, at least 16
+        self.fusable = self.head_dim >= 16 and self.head_dim & (self.head_dim - 1) == 0
+
+    def forward(self, x: Tensor, plan: AttentionPlan) -> Tensor:
+        B, L, D = x.shape
+        enc = plan.encoder
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, L, Dh)
+        if enc.uses_rotate:
+            q, k = enc.rotate(q, k, plan.pos, plan.pos)
+        p = self.dropout if self.training else 0.0
+        if plan.fused and p == 0.0 and self.fusable:  # FlexAttention has no attention dropout
+            y = plan.flex(q, k, v)  # (B, H, L, Dh)
+        elif not plan.needs_mask:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # (B, H, L, Dh)
+        else:
+            outs = []
+            for start in range(0, L, plan.block_size):
+                end = min(start + plan.block_size, L)
+                qb, kb, vb = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
+                mask = plan.bias(start, end, q.dtype)  # (1, H, Lq, Lk)
+                if enc.uses_scores:
+                    extra = enc.scores(qb, kb, plan.pos[start:end], plan.pos[:end])
+                    mask = mask + extra.to(q.dtype)  # (B, H, Lq, Lk)
+                outs.append(F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p))
+            y = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, L, Dh)
+        y = y.transpose(1, 2).reshape(B, L, D)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        hidden = int(shape.mlp_ratio * shape.d_model)
+        self.fc = nn.Linear(shape.d_model, hidden, bias=False)
+        self.proj = nn.Linear(hidden, shape.d_model, bias=False)
+        self.drop = nn.Dropout(shape.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(shape.d_model)
+        self.attn = CausalSelfAttention(shape)
+        self.ln2 = nn.LayerNorm(shape.d_model)
+        self.mlp = MLP(shape)
+
+    def forward(self, x: Tensor, plan: AttentionPlan) -> Tensor:
+        x = x + self.attn(self.ln1(x), plan)
+        x = x + self.mlp(self.ln2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """Decoder-only language model with a pluggable positional encoder.
+
+    Args:
+        shape: widths, depth, heads.
+        encoder: the positional encoding; its parameters (if any) train with the model. Its
+            ``embed`` acts once on the input; block ``i`` calls the hooks of
+            ``encoder.for_layers(n_layers)[i]`` (the encoder itself unless it mixes encodings per layer).
+
+    Attributes:
+        fused_attention: whether bias encoders with a ``score_mod`` attend through FlexAttention; None (the
+            default) = where it runs fused (CUDA, :func:`posexp.model.fused.fused_by_default`).
+    """
+
+    fused_attention: Optional[bool] = None
+
+    def __init__(self, shape: ModelShape, encoder: PositionalEncoder):
+        super().__init__()
+        check_shape(shape)
+        self.shape = shape
+        self.encoder = encoder
+        encoder.for_layers(shape.n_layers)  # a per-layer mix builds (and checks) its layers here
+        self.wte = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.drop = nn.Dropout(shape.dropout)
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
+        self.ln_f = nn.LayerNorm(shape.d_model)
+        self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
+        if shape.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
+        # the encoder initialises its own parameters; init=pytorch keeps each layer's default initialisation
+        if shape.init == "gpt2":
+            untied = () if shape.tie_embeddings else (self.lm_head,)
+            for module in (self.wte, self.blocks, *untied):
+                module.apply(self._init_weights)
+            # GPT-2's scaled init of the residual projections, 1/sqrt(2 * n_layers) (Radford et al. 2019, §2.3)
+            for name, p in self.named_parameters():
+                if name.endswith("proj.weight") and not name.startswith("encoder."):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: Tensor, pos: Optional[Tensor] = None) -> Tensor:
+        """Logits ``(B, L, vocab)`` for tokens ``idx (B, L)`` at positions ``pos (L,)`` (default ``0..L-1``)."""
+        B, L = idx.shape
+        if pos is None:
+            pos = torch.arange(L, device=idx.device)
+        x = self.wte(idx)  # (B, L, D)
+        if self.encoder.uses_embed:
+            x = self.encoder.embed(x, pos)
+        x = self.drop(x)
+        # each block attends with its own layer's encoder (the same one for all, unless mixed)
+        plans: dict[int, AttentionPlan] = {}
+        fused = fused_by_default(idx.device) if self.fused_attention is None else self.fused_attention
+        for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
+            if id(enc) not in plans:
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused)
+            x = block(x, plans[id(enc)])
+        return self.lm_head(self.ln_f(x))  # (B, L, vocab)
+
+    def token_losses(self, idx: Tensor, targets: Tensor, pos: Optional[Tensor] = None) -> Tensor:
+        """Cross-entropy in nats of each target token, ``(B, L)``, accumulated in fp32."""
+        logits = self(idx, pos)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)

@@ -1,0 +1,77 @@
+"""Figures of task runs: accuracy against context length, and the passkey's length x depth grid.
+
+House style of :mod:`posexp.plots.style`; matplotlib is imported inside the functions. Torch-free: a run's
+files (``posexp/evaluation/``) and ``posexp report`` both draw through here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from pathlib import Path
+from typing import Optional, Sequence
+
+from posexp.plots.style import FIG_HEIGHT_IN, new_figure, save_png
+from posexp.plots.perplexity import draw_series, finish_by_length
+
+# (label, lengths, accuracies, lows, highs), accuracies in [0, 1]; None = not applicable (a gap)
+AccuracySeries = tuple[str, Sequence[int], Sequence[Optional[float]], Optional[Sequence[Optional[float]]],
+                       Optional[Sequence[Optional[float]]]]
+
+
+def _value(x: Optional[float]) -> float:
+    return math.nan if x is None or not math.isfinite(float(x)) else 100.0 * float(x)
+
+
+def plot_accuracy_vs_length(series: Sequence[AccuracySeries], path: str | os.PathLike,
+                            train_len: Optional[int] = None, title: Optional[str] = None,
+                            ylabel: str = "exact match (%)") -> Path:
+    """Accuracy (in %) against evaluation length (log2 tokens), one line and 95% band per series.
+
+    Lengths without a value (not applicable) break the line and get an ``x`` on the bottom edge.
+    """
+    named = len(series) <= 30
+    fig = new_figure(FIG_HEIGHT_IN + (0.13 * math.ceil(len(series) / 2) if len(series) > 6 else 0))
+    ax = fig.add_subplot()
+    ticks, _, any_gaps = draw_series(ax, series, named, value=_value, what="accuracies")
+    return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
+                            title=title, named=named, n_series=len(series), legend_below=len(series) > 6,
+                            legend_cols=2, y_axis=lambda a: a.set_ylim(-3, 103))
+
+
+def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],
+                         grid: Sequence[Sequence[Optional[float]]], path: str | os.PathLike,
+                         train_len: Optional[int] = None, title: Optional[str] = None) -> Path:
+    """Exact-match accuracy (%) of the passkey per context length (columns) x depth (rows), each cell labelled.
+
+    Args:
+        grid: ``grid[i][j]`` the accuracy in [0, 1] at ``depths[i]`` and ``lengths[j]``; None = not applicable.
+    """
+    import numpy as np
+
+    data = np.array([[_value(v) for v in row] for row in grid], dtype=float)
+    fig = new_figure(FIG_HEIGHT_IN + 0.1 * max(0, len(depths) - 5))
+    ax = fig.add_subplot()
+    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
+    ax.set_facecolor("0.85")
+    ax.set_xticks(range(len(lengths)))
+    ax.set_xticklabels([str(n) + ("*" if train_len is not None and n == train_len else "") for n in lengths],
+                       fontsize=7)
+    ax.set_yticks(range(len(depths)))
+    ax.set_yticklabels([f"{d:g}" for d in depths], fontsize=7)
+    ax.set_xlabel("context length (tokens)" + ("; * = training length" if train_len in lengths else ""),
+                  fontsize=8)
+    ax.set_ylabel("depth of the key (0 = start of the filler)", fontsize=8)
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            value = data[i, j]
+            text = "n/a" if math.isnan(value) else f"{value:.0f}"
+            dark = not math.isnan(value) and (value < 25 or value > 85)  # the colour map's dark ends
+            ax.text(j, i, text, ha="center", va="center", fontsize=6, color="white" if dark else "0.1")
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label("exact match (%)", fontsize=7)
+    bar.ax.tick_params(labelsize=6)
+    if title:
+        ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    return save_png(fig, path)

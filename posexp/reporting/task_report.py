@@ -1,0 +1,281 @@
+"""The report of task runs: accuracy per context length, beside (never mixed with) the perplexity report.
+
+Task runs (``task=copy``, ``reverse``, ...) have accuracy rows instead of perplexity rows. ``posexp report``
+gives them their own table: one line per task and ``--by`` group, exact-match accuracy (%) at every length
+(for passkey, the mean over the depths measured), the mean over a group's runs (seeds) with a 95% t-interval
+over them (a single run: its own Wilson interval), and these metrics:
+
+``acc@Kx`` / ``acc@N``
+    Exact-match accuracy (%) at K times the training length / at N tokens.
+``tok@Kx`` / ``tok@N``
+    Per-token accuracy (%) of the answer at K times the training length / at N tokens: the share of answer
+    tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which moves where exact
+    match is 0 everywhere.
+``maxlen@accP`` (default ``maxlen@acc90``)
+    The longest length up to which accuracy stays at least P% of the in-distribution accuracy (the
+    accuracy at the training length), every evaluated length from the training length on included;
+    n/a when the accuracy at the training length is 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from posexp.errors import ConfigError
+from posexp.reporting.runs import Run
+from posexp.reporting.selection import _show, config_value
+from posexp.reporting.stats import Stat, _stat
+from posexp.runs.layout import ACCURACY, row_metric
+
+DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
+TASK_METRIC_HELP = "acc@Kx (e.g. acc@4x), acc@N (N tokens), tok@Kx / tok@N (per-token), maxlen@accP (e.g. maxlen@acc90)"
+# the row field each kind of metric reads
+FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "tok": "token_accuracy"}
+
+
+def is_task_run(run: Run) -> bool:
+    """Whether a run trained on a generated task (its rows are accuracy rows)."""
+    return isinstance(run.info.get("task"), dict) or any(row_metric(r) == ACCURACY for r in run.rows)
+
+
+def is_task_metric(text: str) -> bool:
+    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc"))
+
+
+@dataclass(frozen=True)
+class TaskMetric:
+    name: str
+    kind: str  # "acc" (exact match), "tok" (per-token accuracy) or "maxlen"
+    multiple: Optional[float] = None
+    length: Optional[int] = None
+    share: float = 0.9
+
+    def describe(self) -> str:
+        if self.kind in ("acc", "tok"):
+            where = f"{self.multiple:g}x the training length" if self.multiple is not None else f"{self.length} tokens"
+            what = "exact-match accuracy" if self.kind == "acc" else "per-token accuracy of the answer"
+            return f"{self.name} = {what} (%) at {where}."
+        return (f"{self.name} = the longest length up to which exact-match accuracy stays >= {self.share:.0%} of "
+                "the accuracy at the training length.")
+
+
+def parse_task_metric(text: str) -> TaskMetric:
+    raw = text.strip().lower()
+    if m := re.fullmatch(r"(acc|tok)@(\d+(?:\.\d+)?)x", raw):
+        return TaskMetric(raw, m.group(1), multiple=float(m.group(2)))
+    if m := re.fullmatch(r"(acc|tok)@(\d+)", raw):
+        return TaskMetric(raw, m.group(1), length=int(m.group(2)))
+    if m := re.fullmatch(r"maxlen@acc(\d+(?:\.\d+)?)%?", raw):
+        share = float(m.group(1)) / 100
+        if 0 < share <= 1:
+            return TaskMetric(raw, "maxlen", share=share)
+    raise ConfigError("--metric", f"unknown task metric {text!r}; choose from {TASK_METRIC_HELP}")
+
+
+def run_accuracy(run: Run, name: str = "exact_match"
+                 ) -> dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]]:
+    """length -> (applicable, accuracy, low, high) of a run's unscaled rows, the accuracy ``name``
+    (``exact_match`` or ``token_accuracy``); passkey: the mean over depths, without an interval."""
+    by_length: dict[int, list[dict]] = {}
+    for r in run.rows:
+        if row_metric(r) == ACCURACY and r.get("scaling") is None:
+            by_length.setdefault(int(r["length"]), []).append(r)
+    out = {}
+    for length, rows in by_length.items():
+        values = [r.get(name) for r in rows]
+        if not all(r.get("applicable", True) for r in rows) or any(v is None for v in values):
+            out[length] = (False, None, None, None)
+            continue
+        mean = math.fsum(values) / len(values)
+        if len(rows) == 1:
+            out[length] = (True, mean, rows[0].get(f"{name}_low"), rows[0].get(f"{name}_high"))
+        else:
+            out[length] = (True, mean, None, None)
+    return out
+
+
+def metric_value(metric: TaskMetric, acc: dict, train_len: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
+    """One run's value of ``metric``: (applicable, value); accuracies in %."""
+    if metric.kind in ("acc", "tok"):
+        length = metric.length if metric.length is not None else (
+            int(round(metric.multiple * train_len)) if train_len else None)
+        cell = acc.get(length) if length is not None else None
+        if cell is None:
+            return None, None
+        return (True, 100 * cell[1]) if cell[0] else (False, None)
+    if train_len is None or train_len not in acc or not acc[train_len][0]:
+        return None, None
+    if not acc[train_len][1]:
+        return False, None  # nothing in distribution to keep
+    floor = metric.share * acc[train_len][1]
+    best = None
+    for length in sorted(n for n in acc if n >= train_len):
+        ok, value = acc[length][0], acc[length][1]
+        if not ok or value is None or value < floor:
+            break
+        best = length
+    return (True, float(best)) if best is not None else (False, None)
+
+
+@dataclass
+class TaskGroup:
+    task: str
+    label: str
+    runs: list[Run]
+    cells: dict[int, Stat] = field(default_factory=dict)
+    metrics: dict[str, Stat] = field(default_factory=dict)
+
+    @property
+    def train_len(self) -> Optional[int]:
+        lengths = {r.train_len for r in self.runs}
+        return lengths.pop() if len(lengths) == 1 else None
+
+
+@dataclass
+class TaskReport:
+    groups: list[TaskGroup]
+    lengths: list[int]
+    metrics: list[TaskMetric]
+    by: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None
+                      ) -> TaskReport:
+    """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy."""
+    chosen = [parse_task_metric(m) for m in (metrics or DEFAULT_TASK_METRICS)]
+    groups: dict[tuple, TaskGroup] = {}
+    for i, run in enumerate(runs):
+        task = str((run.info.get("task") or {}).get("name") or "?")
+        values = tuple(_show(config_value(run, key)) for key in by)
+        key = (task, values) if by else (task, (i,))
+        label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
+        groups.setdefault(key, TaskGroup(task, label, [])).runs.append(run)
+    warnings = []
+    lengths: set[int] = set()
+    for group in groups.values():
+        if group.train_len is None:
+            warnings.append(f"task {group.task}, {group.label}: runs trained at different lengths are averaged")
+        # each run's accuracies by length, per row field the table (exact match) and the chosen metrics read
+        per_field = {name: [run_accuracy(run, name) for run in group.runs]
+                     for name in {"exact_match", *(FIELDS[m.kind] for m in chosen)}}
+        per_run = per_field["exact_match"]
+        group_lengths = sorted({n for acc in per_run for n in acc})
+        lengths.update(group_lengths)
+        for n in group_lengths:
+            cells = [acc.get(n) for acc in per_run]
+            pairs = [(None, None) if c is None else (c[0], None if c[1] is None else 100 * c[1]) for c in cells]
+            single = next(((100 * c[2], 100 * c[3]) for c in cells if c and c[0] and c[2] is not None), (None, None))
+            group.cells[n] = _stat(pairs, single)
+        for metric in chosen:
+            group.metrics[metric.name] = _stat([metric_value(metric, acc, run.train_len)
+                                                for acc, run in zip(per_field[FIELDS[metric.kind]], group.runs)])
+    ordered = sorted(groups.values(), key=lambda g: g.task)
+    return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings)
+
+
+def _cell_text(stat: Optional[Stat], decimals: int = 1, of: int = 0) -> str:
+    return "" if stat is None else stat.text(decimals, of=of)
+
+
+def task_table_lines(report: TaskReport) -> list[str]:
+    """The report's markdown: one table per task (exact match %, mean ± 95% t-interval over runs)."""
+    lines = ["# Tasks: accuracy vs context length", "",
+             "Exact-match accuracy (%) of the whole answer, teacher-forced, on the same fresh instances for every "
+             "run; a group of several runs (seeds) shows mean ± the 95% t-interval over them, a single run its "
+             "own accuracy (its 95% Wilson interval is in its results.md). passkey: the mean over the depths "
+             "measured (the per-depth grid is each run's passkey_heatmap.png). n/a: not applicable at that "
+             "length (positions never trained, or past a learned table).", ""]
+    for warning in report.warnings:
+        lines += [f"> **Warning:** {warning}", ""]
+    for task in dict.fromkeys(g.task for g in report.groups):
+        groups = [g for g in report.groups if g.task == task]
+        lengths = sorted({n for g in groups for n in g.cells})
+        train = {g.train_len for g in groups}
+        train_len = train.pop() if len(train) == 1 else None
+        head = [f"{n}" + (f" ({n / train_len:g}x)" if train_len else "") for n in lengths]
+        metric_names = [m.name for m in report.metrics]
+        lines += [f"## task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""), "",
+                  "| " + " | ".join(["group" if report.by else "run", "n", *head, *metric_names]) + " |",
+                  "|---|---:|" + "---:|" * (len(lengths) + len(metric_names))]
+        for g in groups:
+            cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
+            metric_cells = [_cell_text(g.metrics.get(name), 0 if name.startswith("maxlen") else 1, len(g.runs))
+                            for name in metric_names]
+            lines.append("| " + " | ".join([g.label.replace("|", "\\|"), str(len(g.runs)), *cells, *metric_cells])
+                         + " |")
+        lines.append("")
+    lines += [f"- {m.describe()}" for m in report.metrics]
+    return lines
+
+
+def task_plot_series(report: TaskReport) -> list[tuple]:
+    """(label, lengths, accuracy in [0, 1], low, high) per group, for the accuracy-vs-length figure."""
+    series = []
+    for g in report.groups:
+        lengths = sorted(g.cells)
+        stat = [g.cells[n] for n in lengths]
+        frac = lambda v: None if v is None else v / 100  # noqa: E731
+        series.append((f"{g.task}: {g.label}", lengths, [frac(s.mean if s.applicable else None) for s in stat],
+                       [frac(s.low) for s in stat], [frac(s.high) for s in stat]))
+    return series
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[list[str]], Optional[list[str]]]:
+    """``--metric`` values as (perplexity metrics, task metrics); None where none of a kind was asked for."""
+    if metrics is None:
+        return None, None
+    items = [m.strip() for part in ([metrics] if isinstance(metrics, str) else metrics) for m in str(part).split(",")
+             if m.strip()]
+    lm = [m for m in items if not is_task_metric(m)]
+    task = [m for m in items if is_task_metric(m)]
+    return lm or None, task or None
+
+
+def print_task_report(report: TaskReport, console) -> None:
+    """One rich table per task."""
+    from rich.table import Table
+
+    for task in dict.fromkeys(g.task for g in report.groups):
+        groups = [g for g in report.groups if g.task == task]
+        lengths = sorted({n for g in groups for n in g.cells})
+        table = Table(title=f"task {task}: exact match (%) by context length")
+        table.add_column("group" if report.by else "run", overflow="fold")
+        table.add_column("n", justify="right")
+        for n in lengths:
+            table.add_column(str(n), justify="right", no_wrap=True)
+        for m in report.metrics:
+            table.add_column(m.name, justify="right", no_wrap=True)
+        for g in groups:
+            table.add_row(g.label, str(len(g.runs)), *[_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths],
+                          *[_cell_text(g.metrics.get(m.name), 0 if m.kind == "maxlen" else 1, len(g.runs))
+                            for m in report.metrics])
+        console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning: {warning}[/]", highlight=False, soft_wrap=True)
+
+
+def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) -> str:
+    """Draw ``report_accuracy_vs_length.png`` into ``out_dir``; returns the markdown of the task section
+    (``after``, the perplexity report's markdown, first when there is one)."""
+    from pathlib import Path
+
+    from posexp.plots.accuracy import plot_accuracy_vs_length
+    from posexp.runs.layout import REPORT_ACCURACY_PLOT
+
+    train = {g.train_len for g in report.groups}
+    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT,
+                            train_len=train.pop() if len(train) == 1 else None,
+                            title="exact match vs context length (mean over each group's runs)")
+    lines = task_table_lines(report)
+    lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
+              "Lines: mean exact match of each group; bands: 95% interval (over runs, or the run's Wilson interval). "
+              "Dashed: the training length. x: not applicable."]
+    text = "\n".join(lines) + "\n"
+    return (after.rstrip("\n") + "\n\n" + text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")
+            if after else text)

@@ -1,0 +1,218 @@
+"""Claiming and locking run folders: one run, one folder, and no two processes training in it.
+
+A default run folder (Hydra's ``outputs/DATE/TIME``, second resolution) is claimed by
+creating it exclusively, with a numbered suffix when another run took the same second;
+a folder the user named is refused when a run already wrote there (``--overwrite``
+replaces it). While a process trains, it holds an ``flock`` on the folder's lock file,
+which the kernel releases if the process dies, so a killed run never leaves it stuck.
+Torch-free, like :mod:`posexp.runs.layout`, whose file names it uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from posexp.errors import PosexpError
+from posexp.runs.layout import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML, PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON, TRAIN_LOG, WANDB_DIR, is_sweep_dir, iter_jobs, run_status)
+
+HYDRA_OUTPUT = ".hydra"
+# What a run writes into its folder: a folder holding one of these is a run's, not a free one.
+RUN_FILES = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
+             METRICS_CSV, TRAIN_LOG, CHECKPOINT_DIR, HYDRA_OUTPUT, "analysis", TRACKERS_JSON, TENSORBOARD_DIR,
+             WANDB_DIR)
+# What a sweep writes into its own folder, besides its numbered job folders.
+SWEEP_FILES = (MULTIRUN_YAML, SUMMARY_MD, SUMMARY_CSV, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT,
+               REPORT_TRAINING_PLOT, PPL_PLOT, TRACKERS_JSON)
+OVERWRITE_FLAG = "--overwrite"
+
+_held: dict[str, int] = {}  # resolved run folder -> the open descriptor whose flock claims it for this process
+
+
+class RunFolderTaken(PosexpError):
+    """The run folder is another run's: one that is still training, or one already written."""
+
+
+def _cannot_create(path: Path, error: OSError, key: str) -> PosexpError:
+    reason = {FileExistsError: "a file is in the way", NotADirectoryError: "a file is in the way",
+              PermissionError: "permission denied"}.get(type(error), error.strerror or str(error))
+    return PosexpError(f"{path}: cannot create the run folder ({reason}); choose another with {key}=DIR")
+
+
+def make_parents(path: Path, key: str) -> list[Path]:
+    """Create the missing folders above ``path``; returns those created, deepest last (to remove if unused)."""
+    missing = [p for p in reversed(path.parents) if not p.exists()]
+    try:
+        for folder in missing:
+            folder.mkdir(exist_ok=True)
+    except OSError as e:
+        raise _cannot_create(path, e, key) from None
+    return missing
+
+
+def new_run_dir(base: str | os.PathLike, key: str = "hydra.run.dir") -> tuple[Path, list[Path]]:
+    """Claim a fresh folder ``base``, else ``base-1``, ``base-2``, ... (os.mkdir: one process gets each name),
+    and lock it for this process.
+
+    Returns:
+        The folder, and every folder created for it (itself last), for :func:`discard_unused`.
+
+    Raises:
+        PosexpError: the folder cannot be created (a file in the way, no permission, a read-only place).
+    """
+    base = Path(base)
+    created = make_parents(base, key)
+    for n in range(10_000):
+        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise _cannot_create(path, e, key) from None
+        lock_run(path)
+        return path, [*created, path]
+    raise PosexpError(f"{base}: 10000 run folders of that name exist already; choose another with {key}=DIR")
+
+
+def lock_run(run_dir: str | os.PathLike) -> bool:
+    """Claim ``run_dir`` for this process until :func:`unlock_run` (or the process ends).
+
+    Returns:
+        True if this call took the lock, False if this process held it already.
+
+    Raises:
+        RunFolderTaken: another process holds it (it is training there).
+        PosexpError: the folder cannot be opened.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: folders are still claimed by os.mkdir
+        return False
+    path, name = Path(run_dir), str(Path(run_dir).resolve())
+    if name in _held:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise PosexpError(f"{path}: cannot open the run folder ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RunFolderTaken(f"{path}: another posexp process is training in this folder; wait for it to "
+                             "finish (or stop it), or choose another folder") from None
+    _held[name] = fd
+    return True
+
+
+def unlock_run(run_dir: Optional[str | os.PathLike] = None) -> None:
+    """Give up this process's claim on ``run_dir`` (closing the descriptor releases the flock); on every
+    folder when None (the end of a command run in-process, e.g. from tests)."""
+    names = list(_held) if run_dir is None else [str(Path(run_dir).resolve())]
+    for name in names:
+        fd = _held.pop(name, None)
+        if fd is not None:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold the claim on ``run_dir`` for the block (a claim this process held already is kept after it)."""
+    took = lock_run(run_dir)
+    try:
+        yield
+    finally:
+        if took:
+            unlock_run(run_dir)
+
+
+def run_contents(run_dir: str | os.PathLike) -> Optional[str]:
+    """What run ``run_dir`` holds, in words ("a finished run", ...); None when it holds none."""
+    path = Path(run_dir)
+    if (path / RESULTS_JSON).is_file():
+        status = run_status(path)
+        return f"a {status} run" if status and status != "completed" else "a finished run"
+    return "an unfinished run" if any((path / name).exists() for name in RUN_FILES) else None
+
+
+def clear_run_files(folder: str | os.PathLike) -> None:
+    """Remove what a run (or a sweep) wrote into ``folder``; files of the user's own are left."""
+    import shutil
+
+    for name in (*RUN_FILES, *SWEEP_FILES):
+        target = Path(folder) / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+
+
+def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite: bool) -> list[Path]:
+    """Claim the folder the user named (``hydra.run.dir`` / ``hydra.sweep.dir``) for a new run or sweep.
+
+    Args:
+        key: the override that named it, for the messages.
+        sweep: it is a sweep folder (its numbered job folders are checked too).
+        overwrite: replace a run or sweep written there before (never one still training).
+
+    Returns:
+        The folders created for it, for :func:`discard_unused`.
+
+    Raises:
+        RunFolderTaken: it holds a run (or a sweep), or one is training there.
+        PosexpError: it cannot be created or written.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PosexpError(f"{path}: is a file, not a folder; choose another {key}=DIR")
+    created = make_parents(path, key) if not path.exists() else []
+    if not path.exists():
+        try:
+            path.mkdir()
+            created.append(path)
+        except FileExistsError:
+            pass  # made by another process just now: the lock below decides
+        except OSError as e:
+            raise _cannot_create(path, e, key) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _cannot_create(path, PermissionError(), key)
+    lock_run(path)
+    held = run_contents(path)
+    runs = [d for d in iter_jobs(path) if run_contents(d)] if sweep else []
+    if runs or (sweep and is_sweep_dir(path)):
+        held = f"a sweep ({len(runs)} run folder{'s' if len(runs) != 1 else ''})"
+    if held is not None and not overwrite:
+        advice = f"continue it with: posexp resume {path}; " if held == "an unfinished run" and not sweep else ""
+        raise RunFolderTaken(f"{path}: holds {held}; {advice}choose another {key}=DIR, or replace it with "
+                             f"posexp train ... {OVERWRITE_FLAG}")
+    if held is not None:
+        for job in iter_jobs(path) if sweep else []:
+            with run_lock(job):  # not one still training; released for the job's own process to take
+                clear_run_files(job)
+        clear_run_files(path)
+    return created
+
+
+def discard_unused(run_dir: str | os.PathLike, created: Sequence[Path]) -> None:
+    """Remove a run folder a command made but never used: it holds only what Hydra writes before the run
+    starts (``.hydra/``, ``train.log``). Folders it created above it go too, if left empty."""
+    import shutil
+
+    path = Path(run_dir)
+    try:
+        names = {p.name for p in path.iterdir()}
+    except OSError:
+        return
+    if not names <= {HYDRA_OUTPUT, TRAIN_LOG}:
+        return
+    unlock_run(path)
+    shutil.rmtree(path / HYDRA_OUTPUT, ignore_errors=True)
+    (path / TRAIN_LOG).unlink(missing_ok=True)
+    for folder in reversed(list(created)):
+        try:
+            folder.rmdir()  # only an empty one: a folder another run uses since stays
+        except OSError:
+            break

@@ -1,0 +1,131 @@
+"""What a run's results.json says about where its numbers came from: config, corpus, versions, commit.
+
+Also the results.json of a run that did not finish (failed, diverged), so reports list it with its reason.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import torch
+from omegaconf import DictConfig
+
+import posexp
+from posexp.config.identity import config_hash
+from posexp.config.schema import to_container
+from posexp.model.positions import PositionPlan
+from posexp.runs.layout import write_results_json
+
+
+def git_commit() -> Optional[str]:
+    """The commit of the posexp source in use, with ``-dirty`` if it has local changes; None outside git."""
+    src = Path(posexp.__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict:
+    """What produced a result: posexp, torch and Python versions."""
+    return {"posexp": posexp.__version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def run_label(overrides: list[str]) -> str:
+    return " ".join(overrides) if overrides else "default"
+
+
+def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, train_result) -> dict:
+    base = getattr(model.encoder, "base", None)
+    return {
+        "label": run_label(overrides),
+        "overrides": list(overrides),
+        "encoder": model.encoder.label,  # the registry name, or a per-layer mix: mixed[rope,rope,rope,none]
+        "base": base,
+        "train_len": int(cfg.train_len),
+        "seed": int(cfg.seed),
+        "config": to_container(cfg),
+        "config_hash": config_hash(cfg),
+        **corpus_info,
+        "eval_settings": eval_settings(cfg),
+        **lineage(cfg),
+        "versions": versions(),
+        "python_version": platform.python_version(),
+        "git_commit": git_commit(),
+        "status": "completed",
+        "params": model.num_params(),
+        "train": {"steps": train_result.steps, "tokens": train_result.tokens,
+                  "final_loss": train_result.final_loss, "wall_s": round(train_result.wall_s, 3),
+                  "tokens_per_s": round(train_result.tokens_per_s, 1), "precision": train_result.precision,
+                  **({"precision_choice": choice} if (choice := getattr(train_result, "precision_choice", None))
+                     else {}),
+                  "device": train_result.device, "threads": torch.get_num_threads(),
+                  "processes": train_result.processes, "compile": train_result.compiled,
+                  **({"tf32": True} if getattr(train_result, "tf32", False) else {}),
+                  **({"resumed_at": train_result.resumed_at} if train_result.resumed_at else {}),
+                  **({"positions": tricks} if (tricks := PositionPlan(cfg).describe()) else {})},
+    }
+
+
+def lineage(cfg: DictConfig) -> dict:
+    """A fine-tuned run's parent, scaling and budget (``posexp finetune``); {} for a run trained from scratch.
+
+    ``parent``, ``scaling`` and ``scaling_factor`` are top-level keys of results.json's ``run``, so that
+    ``posexp report --by scaling`` groups by them; ``finetune`` holds the whole record.
+    """
+    ft = cfg.get("finetune")
+    if ft is None:
+        return {}
+    t = cfg.train
+    record = {**to_container(ft), "train_len": int(cfg.train_len), "steps": int(t.steps),
+              "tokens": int(t.steps) * int(t.batch_size) * int(cfg.train_len), "lr": float(t.lr)}
+    return {"parent": str(ft.parent), "scaling": str(ft.scaling), "scaling_factor": float(ft.scaling_factor),
+            "parent_train_len": int(ft.parent_train_len), "finetune": record}
+
+
+def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], status: str, error: BaseException,
+                     corpus_info: Optional[dict] = None, step: Optional[int] = None) -> Path:
+    """A ``results.json`` without rows for a run that did not finish: ``status`` "failed" or "diverged".
+
+    It carries what is known of the run and ``error`` (message, type, step), so
+    ``posexp report`` and the sweep summary list the run with its reason instead
+    of silently dropping it.
+    """
+    run = {"label": run_label(overrides), "overrides": list(overrides), "status": status,
+           "error": {"message": str(error), "type": type(error).__name__,
+                     **({"step": int(step)} if step is not None else {})},
+           "versions": versions(),
+           "python_version": platform.python_version(), "git_commit": git_commit()}
+    try:  # the config itself may be what failed
+        run.update({"encoder": cfg.encoder.name, "train_len": int(cfg.train_len), "seed": int(cfg.seed),
+                    "config": to_container(cfg), "config_hash": config_hash(cfg), "eval_settings": eval_settings(cfg)})
+    except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
+        pass
+    run.update(corpus_info or {})
+    return write_results_json(run_dir, {"run": run, "rows": []}, default=str)
+
+
+def eval_settings(cfg: DictConfig) -> dict:
+    """The evaluation settings the report compares runs by; keys beyond tokens/protocol only when in use."""
+    e = cfg.eval
+    settings = {"tokens": int(e.tokens), "protocol": e.protocol}
+    if e.get("stride") is not None:
+        settings["stride"] = int(e.stride)
+    if e.get("last_k") is not None:
+        settings["last_k"] = int(e.last_k)
+    if e.get("scaling", "none") != "none":
+        settings["scaling"] = e.scaling
+        if e.get("scaling_factor") is not None:
+            settings["scaling_factor"] = float(e.scaling_factor)
+        if e.get("rerope_window") is not None:
+            settings["rerope_window"] = int(e.rerope_window)
+    return settings

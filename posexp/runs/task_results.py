@@ -1,0 +1,140 @@
+"""A task run's results as files: results.md, results.csv, accuracy_vs_length.png, passkey_heatmap.png and
+the console table. :mod:`posexp.runs.results` hands a run here when its rows are accuracy rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Optional
+
+from rich.table import Table
+
+from posexp.plots.accuracy import plot_accuracy_vs_length, plot_passkey_heatmap
+from posexp.runs.atomic import atomic_write_text
+from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, PASSKEY_HEATMAP, RESULTS_CSV, RESULTS_MD, row_metric, write_results_json)
+
+TASK_CSV_COLUMNS = ["length", "multiple", "depth", "size", "scaling", "scaling_factor", "applicable", "exact_match",
+                    "exact_match_low", "exact_match_high", "token_accuracy", "token_accuracy_low",
+                    "token_accuracy_high", "answer_loss", "examples", "answer_tokens", "tokens_per_s"]
+
+
+def is_task_results(results: dict) -> bool:
+    """Whether a run's results are a task's (accuracy rows), not perplexity."""
+    task = results.get("run", {}).get("task")
+    return isinstance(task, dict) or any(row_metric(r) == ACCURACY for r in results.get("rows", []))
+
+
+def accuracy_rows(results: dict) -> list[dict]:
+    """The accuracy rows, by scaling (none first), length and depth."""
+    rows = [r for r in results["rows"] if row_metric(r) == ACCURACY]
+    return sorted(rows, key=lambda r: (r.get("scaling") is not None, str(r.get("scaling")),
+                                       r.get("scaling_factor") or 0, r["length"], r.get("depth") or 0))
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def _interval(row: dict, key: str) -> str:
+    low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+    return "n/a" if low is None or high is None else f"{100 * low:.1f}–{100 * high:.1f}"
+
+
+def _scaling(row: dict) -> str:
+    if row.get("scaling") is None:
+        return "none"
+    factor = row.get("scaling_factor")
+    return str(row["scaling"]) + (f" ×{factor:g}" if factor is not None else "")
+
+
+def task_description(run: dict) -> str:
+    task = run.get("task") or {}
+    options = ", ".join(f"{k} {v}" for k, v in (task.get("options") or {}).items())
+    return f"task `{task.get('name', '?')}`" + (f" ({options})" if options else "") + \
+        (f", after {task['citation']}" if task.get("citation") else "")
+
+
+def task_markdown(results: dict) -> str:
+    run = results["run"]
+    rows = accuracy_rows(results)
+    depth = any(r.get("depth") is not None for r in rows)
+    lines = [
+        f"# {run['label']}",
+        "",
+        f"{task_description(run)}; encoder `{run['encoder']}`, trained on lengths up to {run['train_len']} tokens "
+        f"for {run['train']['steps']} steps, {run['params']:,} parameters. Each row scores fresh instances of "
+        "exactly that length (the same instances for every run), teacher-forced: exact match = every answer "
+        "token is the argmax; token accuracy = share of answer tokens right. 95% Wilson intervals, over "
+        "instances (exact match) and over answer tokens (token accuracy, which treats the tokens of one instance "
+        "as independent).",
+        "",
+        "| length | × train |" + (" depth |" if depth else "") + " size | scaling | exact match % | 95% interval "
+        "| token accuracy % | 95% interval | answer loss (nats) | instances |",
+        "|---:|---:|" + ("---:|" if depth else "") + "---:|---|---:|---|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        loss = "n/a" if r.get("answer_loss") is None else f"{r['answer_loss']:.4f}"
+        lines.append(f"| {r['length']} | {r['multiple']:g} |" + (f" {r.get('depth', 0):g} |" if depth else "") +
+                     f" {r.get('size', '')} | {_scaling(r)} | {_pct(r.get('exact_match'))} "
+                     f"| {_interval(r, 'exact_match')} | {_pct(r.get('token_accuracy'))} "
+                     f"| {_interval(r, 'token_accuracy')} | {loss} | {r.get('examples', 0)} |")
+    notes = [f"- length {r['length']}: not applicable ({r['reason']})" for r in rows if r.get("reason")]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def task_csv(results: dict) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=TASK_CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in accuracy_rows(results):
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def task_table(results: dict) -> Table:
+    """The console table of a task run."""
+    run = results["run"]
+    rows = accuracy_rows(results)
+    depth = any(r.get("depth") is not None for r in rows)
+    table = Table(title=f"accuracy by context length — {run['label']} (trained at up to {run['train_len']} tokens)")
+    for name in ["length", "×train"] + (["depth"] if depth else []) + ["exact %", "95% CI", "token %", "loss"]:
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        loss = "n/a" if r.get("answer_loss") is None else f"{r['answer_loss']:.3f}"
+        table.add_row(str(r["length"]) + ("" if r.get("scaling") is None else f" {_scaling(r)}"),
+                      f"{r['multiple']:g}", *([f"{r.get('depth'):g}"] if depth else []), _pct(r.get("exact_match")),
+                      _interval(r, "exact_match"), _pct(r.get("token_accuracy")), loss)
+    notes = [f"length {r['length']}: {r['reason']}" for r in rows if r.get("reason")]
+    if notes:
+        table.caption = "; ".join(dict.fromkeys(notes))
+    return table
+
+
+def write_task_results(run_dir: Path, results: dict) -> None:
+    """results.csv, results.md, accuracy_vs_length.png (and passkey_heatmap.png), then results.json."""
+    run = results["run"]
+    rows = [r for r in accuracy_rows(results) if r.get("scaling") is None]
+    depths = sorted({r["depth"] for r in rows if r.get("depth") is not None})
+    series = []
+    for depth in depths or [None]:
+        sel = [r for r in rows if r.get("depth") == depth]
+        label = "exact match" if depth is None else f"depth {depth:g}"
+        series.append((label, [r["length"] for r in sel], [r.get("exact_match") for r in sel],
+                       [r.get("exact_match_low") for r in sel], [r.get("exact_match_high") for r in sel]))
+    if depth_free := [r for r in rows if r.get("depth") is None]:
+        series.append(("per token", [r["length"] for r in depth_free], [r.get("token_accuracy") for r in depth_free],
+                       [r.get("token_accuracy_low") for r in depth_free],
+                       [r.get("token_accuracy_high") for r in depth_free]))
+    title = f"{run['label']} ({(run.get('task') or {}).get('name', 'task')}, trained up to {run['train_len']} tokens)"
+    plot_accuracy_vs_length(series, run_dir / ACCURACY_PLOT, train_len=run["train_len"], title=title,
+                            ylabel="accuracy (%)")
+    if depths:
+        lengths = sorted({r["length"] for r in rows})
+        cell = {(r["depth"], r["length"]): r.get("exact_match") for r in rows}
+        plot_passkey_heatmap(lengths, depths, [[cell.get((d, n)) for n in lengths] for d in depths],
+                             run_dir / PASSKEY_HEATMAP, train_len=run["train_len"], title=title)
+    atomic_write_text(run_dir / RESULTS_CSV, task_csv(results))
+    atomic_write_text(run_dir / RESULTS_MD, task_markdown(results))
+    write_results_json(run_dir, results)  # last: a folder with results.json is a finished run

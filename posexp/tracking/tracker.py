@@ -1,0 +1,173 @@
+"""What every experiment tracker is told, in one form: the run's identity, its config, the training
+curve, evaluation points and artifacts; and the record in the run folder that lets a later command
+(``posexp eval``, ``posexp resume``) append to the same tracked run.
+
+Standard library only: the tracker libraries are imported by their own modules, and only when a
+run asks for them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from posexp.runs.atomic import atomic_write_text
+from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
+
+# What a run folder hands its trackers as artifacts, when present: the results and the run's figures.
+ARTIFACTS = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_PNG, ACCURACY_PLOT, PASSKEY_HEATMAP)
+
+
+@dataclass
+class RunIdentity:
+    """Who a tracked run is.
+
+    Attributes:
+        run_dir: the posexp run folder.
+        name: the run's label (its overrides, ``default`` without any).
+        group: the sweep folder's name for a sweep job (``multirun/2026-11-22/10-00-00``), else None.
+        sweep_dir: the sweep folder of a sweep job, else None.
+        config: the resolved config, nested.
+        resume_step: the checkpoint step a resumed training continues from (its later steps are logged again).
+    """
+
+    run_dir: Path
+    name: str
+    group: Optional[str] = None
+    sweep_dir: Optional[Path] = None
+    config: dict = field(default_factory=dict)
+    resume_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One evaluation number: ``name`` at ``length`` tokens (the x axis every tracker plots it against)."""
+
+    name: str
+    length: int
+    value: float
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/ ]")  # what MLflow allows in a metric name; the strictest of the three
+
+
+# What each kind of results row measures, as the series a tracker draws: a perplexity row its perplexity,
+# a task row (posexp/evaluation/accuracy.py) its exact-match and per-token accuracy.
+ROW_FIELDS = {PERPLEXITY: ("ppl",), ACCURACY: ("exact_match", "token_accuracy")}
+
+
+def row_fields(row: dict) -> tuple[str, ...]:
+    """The fields of ``row`` that are series (``ppl``; ``exact_match`` and ``token_accuracy``)."""
+    return ROW_FIELDS.get(row_metric(row), (row_metric(row),))
+
+
+def metric_name(row: dict, value: Optional[str] = None) -> str:
+    """The series a results row's ``value`` (its first field by default) belongs to: ``eval/<value>/<how>``.
+
+    Everything that tells rows of one run apart besides the length is in ``<how>`` (the protocol with its
+    stride or last_k, the scaling with its factor, a task and its depth), so one series is one curve over
+    length: ``eval/ppl/nonoverlap``, ``eval/ppl/sliding_S64_yarn_x4``, ``eval/exact_match/copy_teacher_forced``.
+    Always two slashes: MLflow's file store keeps each name as a file path, where no name may be another's folder.
+    """
+    value = value or row_fields(row)[0]
+    parts = [str(row[key]) for key in ("task", "protocol") if row.get(key)]
+    if row.get("stride") is not None:
+        parts.append(f"S{row['stride']}")
+    if row.get("last_k") is not None:
+        parts.append(f"K{row['last_k']}")
+    if row.get("scaling") not in (None, "none"):
+        factor = row.get("scaling_factor")
+        parts.append(f"{row['scaling']}{f'_x{factor:g}' if isinstance(factor, (int, float)) else ''}")
+    if row.get("depth") is not None:
+        depth = row["depth"]
+        parts.append(f"depth{depth:g}" if isinstance(depth, (int, float)) else f"depth{depth}")
+    how = "_".join(p.replace("/", "_") for p in parts) or "all"
+    return _UNSAFE.sub("_", f"eval/{value.replace('/', '_')}/{how}")
+
+
+def point_key(point: "Point") -> str:
+    """One point as a name of its own (``eval/ppl/nonoverlap_L512``), for tables of runs with one value per key."""
+    return f"{point.name}_L{point.length}"
+
+
+def row_value(row: dict, field: Optional[str] = None) -> Optional[float]:
+    """A row's number (its first series field by default); None when not measured."""
+    value = row.get(field or row_fields(row)[0])
+    if row.get("applicable") is False or isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def eval_points(rows: list[dict]) -> list[Point]:
+    """The measured rows as points, one per series field, shortest length first within each series (rows not
+    applicable are left out)."""
+    points = [Point(metric_name(r, f), int(r["length"]), v) for r in rows for f in row_fields(r)
+              if (v := row_value(r, f)) is not None and isinstance(r.get("length"), int)]
+    return sorted(points, key=lambda p: (p.name, p.length))
+
+
+def flat_config(config: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys with scalar values (lists and None as text): what hyperparameter
+    tables take."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_config(value, dotted + "."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[dotted] = value
+        else:
+            out[dotted] = json.dumps(value, default=str)
+    return out
+
+
+def artifacts(run_dir: Path) -> list[Path]:
+    return [run_dir / name for name in ARTIFACTS if (run_dir / name).is_file()]
+
+
+class Tracker:
+    """One tracker's side of a run. Subclasses implement each call for their library.
+
+    ``record()`` is what the run folder keeps (:data:`TRACKERS_JSON`) to reopen the same tracked run.
+    """
+
+    name = ""
+
+    def log_train(self, step: int, values: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def log_eval(self, points: list[Point], rows: list[dict]) -> None:
+        raise NotImplementedError
+
+    def log_artifacts(self, files: list[Path]) -> None:
+        raise NotImplementedError
+
+    def finish(self, status: str) -> None:
+        """``status``: ``completed``, ``failed`` or ``interrupted``."""
+        raise NotImplementedError
+
+    def record(self) -> dict:
+        raise NotImplementedError
+
+    def where(self) -> str:
+        """One line for the terminal: where the tracked run is and how to look at it."""
+        raise NotImplementedError
+
+
+def read_records(folder: Path) -> dict:
+    """The trackers a folder's runs were reported to (:data:`TRACKERS_JSON`), or {} when it has none or it
+    cannot be read."""
+    try:
+        data = json.loads((folder / TRACKERS_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_records(folder: Path, records: dict) -> None:
+    atomic_write_text(folder / TRACKERS_JSON, json.dumps(records, indent=2, sort_keys=True) + "\n")
