@@ -384,7 +384,7 @@ def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected)
 
 
 def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
-    """Two commands never write one run's results.json at once: eval waits for no one, it refuses."""
+    """Two commands never write one run's results.json at once: eval refuses a run that is training."""
     import subprocess
     import sys
 
@@ -401,5 +401,5 @@ def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
         holder.kill()
         holder.wait()
     assert result.exit_code == 2
-    assert "another posexp process is training in this folder" in result.output
+    assert "another posexp process (posexp, pid" in result.output and "is training in this folder" in result.output
     assert (run / "results.json").read_bytes() == before

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,7 +140,7 @@ def test_train_and_resume_refuse_a_run_that_is_still_training(tmp_path):
             finally:
                 second.kill()
             assert second.returncode == 2, err
-            assert "run: another posexp process is training in this folder" in _one_error_line(err)
+            assert re.search(r"run: another posexp process \(.*pid \d+\) is training in this folder", _one_error_line(err))
         assert proc.poll() is None  # the run itself goes on
     finally:
         proc.kill()

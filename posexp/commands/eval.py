@@ -35,7 +35,7 @@ from posexp.config.schema import EvalConfig, eval_lengths, is_task
 from posexp.config.identity import config_hash
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError
-from posexp.runs.lock import run_lock
+from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, read_saved_config, runs_under)
 
 EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
@@ -303,7 +303,8 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
 
     out = []
     for p in prepared:
-        with run_lock(p.run_dir):  # refused while another posexp process trains or evaluates there
+        # refused while another process trains there; waits for another evaluation, whose rows it keeps
+        with run_lock(p.run_dir, EVALUATING, wait_for=(EVALUATING,), on_wait=lambda line: console.print(line, highlight=False, soft_wrap=True)):
             out.append(_evaluate_run(p, raw_overrides, console))
     _refresh_sweep_summaries(folders, console)
     return out
@@ -334,7 +335,7 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
         rows, positions = evaluate_task(p.model, p.task, cfg, device), None
     else:
         rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
-    results = p.results
+    results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -11,11 +11,15 @@ Torch-free, like :mod:`posexp.runs.layout`, whose file names it uses.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
+import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from posexp.errors import PosexpError
+from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML, PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON, TRAIN_LOG, WANDB_DIR, is_sweep_dir, iter_jobs, run_status)
 
 HYDRA_OUTPUT = ".hydra"
@@ -27,6 +31,11 @@ RUN_FILES = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_C
 SWEEP_FILES = (MULTIRUN_YAML, SUMMARY_MD, SUMMARY_CSV, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT,
                REPORT_TRAINING_PLOT, PPL_PLOT, TRACKERS_JSON)
 OVERWRITE_FLAG = "--overwrite"
+# Who holds a run folder's claim and what it does there, so a refused or waiting command can say so.
+# Written by the holder once it has the flock, removed when it lets go; a note left by a killed process
+# is overwritten by the next holder, so a note is only ever read while its writer holds the claim.
+LOCK_NOTE = ".posexp-lock.json"
+TRAINING, EVALUATING = "training", "evaluating"
 
 _held: dict[str, int] = {}  # resolved run folder -> the open descriptor whose flock claims it for this process
 
@@ -77,14 +86,47 @@ def new_run_dir(base: str | os.PathLike, key: str = "hydra.run.dir") -> tuple[Pa
     raise PosexpError(f"{base}: 10000 run folders of that name exist already; choose another with {key}=DIR")
 
 
-def lock_run(run_dir: str | os.PathLike) -> bool:
+def _holder(path: Path, patience: float = 2.0) -> tuple[str, str]:
+    """What the process holding ``path`` does there, and who it is, from its note.
+
+    A holder writes its note just after it takes the claim, so a missing note is waited for a moment;
+    a holder that never writes one (an older posexp, a read-only folder) is taken to be training.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            note = json.loads((path / LOCK_NOTE).read_text())
+            return str(note["doing"]), f"another posexp process ({note['command']}, pid {int(note['pid'])})"
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() > deadline:
+                return TRAINING, "another posexp process"
+            time.sleep(0.05)
+
+
+def _write_note(path: Path, doing: str) -> None:
+    command = " ".join(["posexp", *sys.argv[1:2]]) if Path(sys.argv[0]).name in ("posexp", "__main__.py") else "posexp"
+    try:  # atomic: a process refused or waiting at this moment reads the whole note or none
+        atomic_write_text(path / LOCK_NOTE, json.dumps({"pid": os.getpid(), "doing": doing, "command": command}))
+    except OSError:
+        pass  # a read-only folder: the claim holds without its note
+
+
+def lock_run(run_dir: str | os.PathLike, doing: str = TRAINING, wait_for: Sequence[str] = (),
+             on_wait: Optional[Callable[[str], None]] = None) -> bool:
     """Claim ``run_dir`` for this process until :func:`unlock_run` (or the process ends).
+
+    Args:
+        run_dir: the run folder.
+        doing: what this process does there ("training", "evaluating"), told to a process refused.
+        wait_for: wait (rather than refuse) while the holder does one of these; e.g. an evaluation waits
+            for another evaluation of the same run, whose rows it then merges with its own.
+        on_wait: called once with a line saying whom this process waits for.
 
     Returns:
         True if this call took the lock, False if this process held it already.
 
     Raises:
-        RunFolderTaken: another process holds it (it is training there).
+        RunFolderTaken: another process holds it, doing something not in ``wait_for``.
         PosexpError: the folder cannot be opened.
     """
     try:
@@ -98,13 +140,23 @@ def lock_run(run_dir: str | os.PathLike) -> bool:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         raise PosexpError(f"{path}: cannot open the run folder ({e.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise RunFolderTaken(f"{path}: another posexp process is training in this folder; wait for it to "
-                             "finish (or stop it), or choose another folder") from None
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            held_for, who = _holder(path)
+            if held_for not in wait_for:
+                os.close(fd)
+                raise RunFolderTaken(f"{path}: {who} is {held_for} in this folder; wait for it to finish "
+                                     "(or stop it), or choose another folder") from None
+            if not told and on_wait is not None:
+                on_wait(f"{path}: waiting for {who}, {held_for} in this folder")
+                told = True
+            time.sleep(0.2)
     _held[name] = fd
+    _write_note(path, doing)
     return True
 
 
@@ -115,13 +167,17 @@ def unlock_run(run_dir: Optional[str | os.PathLike] = None) -> None:
     for name in names:
         fd = _held.pop(name, None)
         if fd is not None:
+            with contextlib.suppress(OSError):
+                (Path(name) / LOCK_NOTE).unlink(missing_ok=True)
             os.close(fd)
 
 
 @contextlib.contextmanager
-def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
-    """Hold the claim on ``run_dir`` for the block (a claim this process held already is kept after it)."""
-    took = lock_run(run_dir)
+def run_lock(run_dir: str | os.PathLike, doing: str = TRAINING, wait_for: Sequence[str] = (),
+             on_wait: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """Hold the claim on ``run_dir`` for the block (a claim this process held already is kept after it);
+    the arguments are :func:`lock_run`'s."""
+    took = lock_run(run_dir, doing, wait_for, on_wait)
     try:
         yield
     finally:
@@ -189,8 +245,11 @@ def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite
         raise RunFolderTaken(f"{path}: holds {held}; {advice}choose another {key}=DIR, or replace it with "
                              f"posexp train ... {OVERWRITE_FLAG}")
     if held is not None:
-        for job in iter_jobs(path) if sweep else []:
-            with run_lock(job):  # not one still training; released for the job's own process to take
+        jobs = list(iter_jobs(path)) if sweep else []
+        with contextlib.ExitStack() as claims:
+            for job in jobs:  # every job is claimed before any is emptied: one busy job means nothing is touched
+                claims.enter_context(run_lock(job))
+            for job in jobs:  # then released for the job's own process to take
                 clear_run_files(job)
         clear_run_files(path)
     return created
@@ -206,7 +265,7 @@ def discard_unused(run_dir: str | os.PathLike, created: Sequence[Path]) -> None:
         names = {p.name for p in path.iterdir()}
     except OSError:
         return
-    if not names <= {HYDRA_OUTPUT, TRAIN_LOG}:
+    if not names <= {HYDRA_OUTPUT, TRAIN_LOG, LOCK_NOTE}:
         return
     unlock_run(path)
     shutil.rmtree(path / HYDRA_OUTPUT, ignore_errors=True)

@@ -1,0 +1,106 @@
+"""Two posexp commands meeting on one run folder lose nothing.
+
+Evaluations of one run queue behind each other and each merges its rows into the results.json it finds
+once it holds the run, so none is dropped; a command refused because another holds the run says what
+that other one does there; ``--overwrite`` of a sweep claims every job before it empties any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import SMOKE
+from posexp.cli.app import app
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = invoke("train", *SMOKE, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+@contextlib.contextmanager
+def held_by(run: Path, doing: str) -> Iterator[None]:
+    """Another process holds ``run``'s claim, ``doing`` something there, for the block."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from posexp.runs.lock import lock_run; "
+                               f"lock_run({str(run)!r}, {doing!r}); print('held', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _lengths(run: Path) -> set[int]:
+    return {row["length"] for row in json.loads((run / "results.json").read_text())["rows"]}
+
+
+def test_four_evaluations_of_one_run_at_once_keep_every_row(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = _lengths(run)
+    new = [40, 48, 56, 80]
+    procs = [subprocess.Popen([sys.executable, "-m", "posexp", "eval", str(run), f"eval.lengths=[{n}]"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in new]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    assert _lengths(run) == before | set(new)
+    assert not (run / ".posexp-lock.json").exists()
+
+
+def test_a_command_refused_by_an_evaluation_says_it_is_evaluating(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "results.json").read_bytes()
+    with held_by(run, "evaluating"):
+        result = invoke("train", *SMOKE, f"hydra.run.dir={run}", "--overwrite")
+    assert result.exit_code == 2
+    assert "is evaluating in this folder" in result.output and "training" not in result.output
+    assert (run / "results.json").read_bytes() == before
+
+
+def test_an_evaluation_waits_for_another_and_keeps_its_rows(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; from posexp.runs.lock import lock_run; "
+                                f"lock_run({str(run)!r}, 'evaluating'); print('held', flush=True); "
+                                "time.sleep(3)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stdout.readline().strip() == "held"
+        result = invoke("eval", str(run), "eval.lengths=[40]")
+    finally:
+        waiting.wait()
+    assert result.exit_code == 0, result.output
+    assert "waiting for" in result.output and "evaluating in this folder" in result.output
+    assert 40 in _lengths(run)
+
+
+def test_overwriting_a_sweep_with_one_busy_job_touches_nothing(trained, tmp_path):
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1"):
+        shutil.copytree(trained, sweep / job)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
+    with held_by(sweep / "1", "training"):
+        result = invoke("train", "-m", *SMOKE, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert "is training in this folder" in result.output
+    after = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
+    assert after == before
