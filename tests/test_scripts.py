@@ -83,3 +83,21 @@ def test_every_script_answers_help(helps):
 
 def test_bench_help_lists_the_gpu_benchmark(helps):
     assert "--gpu" in helps["bench.py"].stdout
+
+
+def test_every_study_has_the_tables_it_last_produced_beside_it_with_commit_and_machine(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import study
+
+    assert {p.name for p in SCRIPTS.glob("study_*.md")} == {f"study_{name}.md" for name in study.STUDIES}
+    for name in study.STUDIES:
+        text = (SCRIPTS / f"study_{name}.md").read_text()
+        assert text.startswith(f"# Study: {name}\n")
+        assert "Last produced" in text and " commit `" in text and " on " in text, name
+        steps = study.commands(name)
+        assert [w for w, _ in steps][-len(study.STUDIES[name].tables):] == [t.title for t in study.STUDIES[name].tables]
+        for what, argv in steps:
+            assert not any("{" in a for a in argv), f"{name}: {what}: a folder left unfilled in {argv}"
+    lm_tables = [argv for name in ("default", "converged", "encodings", "tasks", "finetune")
+                 for _, argv in study.commands(name) if "report" in argv]
+    assert lm_tables and all(argv[-2:] == ["--format", "markdown"] for argv in lm_tables)
