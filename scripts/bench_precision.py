@@ -5,7 +5,7 @@
     python scripts/bench_precision.py --loss-steps 200        # the loss check, also where fp32 is faster
 
 For each posexp family, three models train side by side from the same initial
-weights on the same batch (scripts/bench.py's shape and training step): fp32, bf16
+weights on the same batch (scripts/benchlib.py's shape and training step, as scripts/bench.py times it): fp32, bf16
 autocast, and ``auto`` (the precision ``posexp train precision=auto`` picks for
 that model on this machine: :func:`posexp.runtime.precision.training_precision`,
 whose probe result is cached per machine like a real run's). Steps run
