@@ -183,6 +183,9 @@ def markdown(name: str, tables: list[tuple[str, list[str], str]], commit: str, r
 
 def run(name: str, dry_run: bool) -> None:
     out = SCRIPTS / f"study_{name}.md"
+    taken = [f for f in folders(name).values() if (REPO / f).exists()]
+    if taken and not dry_run:  # posexp refuses to write runs into a folder that has some
+        raise SystemExit(f"study {name}: {', '.join(taken)} already hold runs; move them away to run it again")
     tables = []
     for what, argv in commands(name):
         print(f"# {what}\n{' '.join(argv)}", flush=True)
