@@ -58,3 +58,7 @@ def test_the_commits_the_measured_tables_name_exist():
     missing = [c for c in sorted(commits) if subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=REPO,
                                                             capture_output=True).returncode != 0]
     assert not missing
+
+
+def test_every_code_block_of_the_readme_is_closed():
+    assert sum(1 for line in README.splitlines() if line.startswith("```")) % 2 == 0
