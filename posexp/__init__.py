@@ -1,4 +1,55 @@
 """posexp: train small causal LMs with one positional encoding each and measure how
-their perplexity holds up at longer contexts than they were trained on."""
+their perplexity holds up at longer contexts than they were trained on.
+
+How it is built
+---------------
+One direction of data, each stage handing a plain object to the next; each idea
+has one home, and the subpackages name the layers, from the command line down::
+
+    posexp train ARGS ─► cli/        the Typer app; what the user typed is checked before Hydra
+                                     composes configs/ onto the schemas (config/)
+                      ─► commands/   the recipe (train, eval, resume, finetune, sweeps) and, beside
+                                     it, validation.py: ranges, combinations, whether it fits in memory
+                           ├─ data/        text ─► tokenizer ─► cached train/val token arrays ─► batches
+                           ├─ tasks/       or task=copy|reverse|...: seeded instances with an answer mask
+                           ├─ model/       the encoder (encoders/) inside a GPT: model/factory.py builds both
+                           ├─ runtime/     device, precision, memory: one owner of each
+                           ├─ training/    the loop, optimizer, resumable checkpoints, the sweep cache, torchrun
+                           ├─ evaluation/  perplexity per length x protocol x scaling (accuracy for a task) ─► rows
+                           └─ runs/        the run folder: layout, lock, provenance, results.json/.csv/.md
+                           (train, eval and resume also report to tracking/: logger=tensorboard|mlflow|wandb)
+    posexp report DIRS ─► reporting/   runs ─► groups, metrics, t-intervals ─► 5 formats, report.md
+    posexp analyze     ─► analysis/    the geometry of an encoding's hooks, the attention of trained runs
+                          plots/       every figure, in one house style
+
+Who may import whom (``tests/test_layout.py`` checks it, with no import cycle,
+lazy imports included):
+
+- ``config/`` (schemas, the rule of what shapes the weights and its hash) is a
+  leaf; ``encoders/`` imports nothing of posexp but :mod:`posexp.errors`.
+- ``model/``, ``runtime/``, ``data/``, ``tasks/``, ``training/`` and
+  ``evaluation/`` sit below the commands and never import ``commands/``,
+  ``reporting/`` or ``analysis/``; ``training/`` does not import
+  ``evaluation/``, and ``tasks/`` is torch-free.
+- ``runs/``'s layout and lock, ``plots/`` and ``reporting/`` are torch-free,
+  so ``posexp report`` runs where no model can be built; ``reporting/`` reads
+  run folders only through :mod:`posexp.runs.layout`.
+- ``tracking/`` knows results rows and run folders, not the model or the data.
+- ``commands/`` may import anything below it; only ``cli/`` imports
+  ``analysis/``.
+
+Where the next one goes:
+
+- An encoding: one file in ``posexp/encoders/`` (a ``PositionalEncoder``
+  subclass with ``@register``, the hook contract in
+  :mod:`posexp.encoders.contract`) and one yaml in ``configs/encoder/``.
+- A task: one file in ``posexp/tasks/`` (a ``Task`` subclass), an entry in
+  ``posexp.tasks.TASKS`` and one yaml in ``configs/task/``;
+  ``tests/test_tasks.py`` picks it up from the yaml and needs an independent
+  solver for it.
+- A kind of evaluation: a module in ``posexp/evaluation/`` that returns rows
+  for ``runs/`` to write; a row's ``"metric"`` (``"perplexity"``,
+  ``"accuracy"``) says which tables it belongs in.
+"""
 
 __version__ = "0.1.0"

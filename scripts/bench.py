@@ -55,7 +55,6 @@ dropout. Differences a peer cannot switch off are printed with its row.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -63,245 +62,25 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-FAMILIES = ("none", "rope", "alibi", "t5", "learned")
-FAMILY_LABEL = {"none": "NoPE", "rope": "rotary", "alibi": "ALiBi", "t5": "T5 bias", "learned": "learned abs."}
+from posexp.runs.atomic import atomic_write_json
+from posexp.runtime.memory import PeakMemory
+from posexp.runtime.precision import bf16_is_native
 
-
-@dataclass(frozen=True)
-class Shape:
-    vocab: int = 256
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    seq: int = 256
-    batch: int = 16
-
-    @property
-    def d_ff(self) -> int:
-        return 4 * self.d_model
-
-
-QUICK = Shape(vocab=256, d_model=64, n_layers=2, n_heads=2, seq=64, batch=4)
-
-
-def train_flops_per_token(shape: Shape, mlp_matrices: int = 2, d_ff: Optional[int] = None, seq: Optional[int] = None) -> float:
-    """Training FLOPs per token, ``6 N + 12 n_layers d L`` (Chowdhery et al. 2022, PaLM, Appendix B)."""
-    d, d_ff = shape.d_model, d_ff or shape.d_ff
-    n = shape.n_layers * (4 * d * d + mlp_matrices * d * d_ff) + shape.vocab * d
-    return 6 * n + 12 * shape.n_layers * d * (seq or shape.seq)
-
-
-# -- the models ---------------------------------------------------------------------------------
-
-@dataclass
-class Contender:
-    """One model in the comparison: how to build it and call it, and how it differs from posexp's block."""
-
-    impl: str  # "posexp", "transformers", "x-transformers"
-    name: str
-    family: str
-    build: Callable[[Shape, int], nn.Module]  # (shape, max positions) -> model
-    mlp_matrices: int = 2
-    notes: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{self.impl} {self.name}" if self.impl != "posexp" else f"posexp {self.family}"
-
-
-def posexp_model(family: str) -> Callable[[Shape, int], nn.Module]:
-    def build(shape: Shape, max_len: int) -> nn.Module:
-        from posexp.encoders import create
-        from posexp.model.gpt import GPT, ModelShape
-
-        options = {"max_length": max_len} if family == "learned" else {}
-        enc = create(family, d_model=shape.d_model, n_heads=shape.n_heads, **options)
-        return GPT(ModelShape(vocab_size=shape.vocab, d_model=shape.d_model, n_layers=shape.n_layers,
-                              n_heads=shape.n_heads), enc)
-
-    return build
-
-
-def _llama(shape: Shape, max_len: int) -> nn.Module:
-    import transformers
-
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=shape.vocab, hidden_size=shape.d_model, intermediate_size=shape.d_ff,
-        num_hidden_layers=shape.n_layers, num_attention_heads=shape.n_heads, num_key_value_heads=shape.n_heads,
-        hidden_act="gelu", max_position_embeddings=max_len, tie_word_embeddings=True, attention_dropout=0.0,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attn_implementation="sdpa"))
-
-
-def _gpt2(shape: Shape, max_len: int) -> nn.Module:
-    import transformers
-
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=shape.vocab, n_embd=shape.d_model, n_layer=shape.n_layers, n_head=shape.n_heads,
-        n_inner=shape.d_ff, n_positions=max_len, activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, tie_word_embeddings=True, attn_implementation="sdpa"))
-
-
-def _bloom(shape: Shape, max_len: int) -> nn.Module:
-    import transformers
-
-    return transformers.BloomForCausalLM(transformers.BloomConfig(
-        vocab_size=shape.vocab, hidden_size=shape.d_model, n_layer=shape.n_layers, n_head=shape.n_heads,
-        hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=True))
-
-
-def _xt(**options) -> Callable[[Shape, int], nn.Module]:
-    def build(shape: Shape, max_len: int) -> nn.Module:
-        from x_transformers import Decoder, TransformerWrapper
-
-        pos = {k: v for k, v in options.items() if k == "use_abs_pos_emb"}
-        layer_options = {k: v for k, v in options.items() if k != "use_abs_pos_emb"}
-        if layer_options.get("rotary_pos_emb"):
-            layer_options["rotary_emb_dim"] = shape.d_model // shape.n_heads  # the whole head, as posexp
-        return TransformerWrapper(
-            num_tokens=shape.vocab, max_seq_len=max_len, tie_embedding=True, **pos,
-            attn_layers=Decoder(dim=shape.d_model, depth=shape.n_layers, heads=shape.n_heads,
-                                attn_dim_head=shape.d_model // shape.n_heads, ff_mult=4, ff_no_bias=True,
-                                **{"attn_flash": True, **layer_options}))
-
-    return build
-
-
-HF_NOTE = "biases in every linear"
-PEERS = [
-    Contender("transformers", "Llama (RoPE)", "rope", _llama, mlp_matrices=3,
-              notes="gated MLP (3 matrices of d x 4d, GELU), RMSNorm, sdpa attention"),
-    Contender("transformers", "GPT-2 (learned)", "learned", _gpt2, notes=f"{HF_NOTE}, exact GELU, sdpa attention"),
-    Contender("transformers", "Bloom (ALiBi)", "alibi", _bloom,
-              notes=f"{HF_NOTE}, tanh-GELU, extra embedding LayerNorm, eager attention"),
-    Contender("x-transformers", "rotary", "rope", _xt(rotary_pos_emb=True, use_abs_pos_emb=False),
-              notes="bias-free LayerNorm, flash attention"),
-    Contender("x-transformers", "ALiBi", "alibi", _xt(alibi_pos_bias=True, use_abs_pos_emb=False),
-              notes="bias-free LayerNorm"),
-    Contender("x-transformers", "T5 bias", "t5", _xt(rel_pos_bias=True, use_abs_pos_emb=False, attn_flash=False),
-              notes="bias-free LayerNorm, its own attention (flash refuses T5 bias)"),
-    Contender("x-transformers", "absolute", "learned", _xt(use_abs_pos_emb=True),
-              notes="bias-free LayerNorm, embedding scaled by d^-1/2"),
-    Contender("x-transformers", "NoPE", "none", _xt(use_abs_pos_emb=False), notes="bias-free LayerNorm"),
-]
-
-
-def peer_available(c: Contender) -> bool:
-    module = {"transformers": "transformers", "x-transformers": "x_transformers"}[c.impl]
-    try:
-        __import__(module)
-        return True
-    except ImportError:
-        return False
-
-
-def logits_of(model: nn.Module, idx: Tensor) -> Tensor:
-    """``(B, L, vocab)`` logits from any contender."""
-    from posexp.model.gpt import GPT
-
-    if isinstance(model, GPT):
-        return model(idx)
-    if hasattr(model, "config"):  # transformers
-        return model(input_ids=idx, use_cache=False).logits
-    return model(idx)
-
-
-# -- measuring ----------------------------------------------------------------------------------
-
-class Clock:
-    """Seconds of ``wall`` time, or of ``cpu`` time (process CPU seconds / threads).
-
-    On a machine other jobs share, wall time includes the time the process waited
-    for a core; CPU time does not. With one thread, CPU time is exactly the work done.
-    """
-
-    def __init__(self, kind: str = "wall"):
-        self.kind, self._now = kind, CLOCKS[kind]
-        self.threads = torch.get_num_threads() if kind == "cpu" else 1
-
-    def __call__(self) -> float:
-        return self._now() / self.threads
-
-
-def matmul_gflops(n: int, dtype: torch.dtype, reps: int, clock: Clock) -> float:
-    """Median GFLOP/s of an ``n x n`` by ``n x n`` product (2 n^3 FLOPs) after one warm-up."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(reps):
-        t0 = clock()
-        a @ b
-        times.append(clock() - t0)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
-
-
-def matmul_peak(sizes: list[int], dtype: torch.dtype, reps: int, clock: Clock) -> dict:
-    by_size = {n: matmul_gflops(n, dtype, reps, clock) for n in sizes}
-    return {"dtype": str(dtype).replace("torch.", ""), "gflops": max(by_size.values()),
-            "by_size": {str(n): round(g, 2) for n, g in by_size.items()}}
-
-
-def train_config():
-    """The default run's training settings, for ``make_optimizer`` and the clip value."""
-    from posexp.config.schema import TrainConfig
-
-    return TrainConfig()
-
-
-class Trainee:
-    """A model with its optimizer, taking full training steps on one fixed batch."""
-
-    def __init__(self, c: Contender, shape: Shape, precision: str, batch: Tensor, clock: Clock):
-        from posexp.model.gpt import GPT
-        from posexp.runtime.device import autocast
-        from posexp.runtime.precision import choose_precision
-        from posexp.training.optim import make_optimizer
-        from posexp.runtime.precision import training_precision
-
-        torch.manual_seed(0)
-        self.contender, self.precision = c, precision
-        self.model = c.build(shape, shape.seq).train()
-        self.cfg = train_config()
-        self.opt = make_optimizer(self.model, self.cfg)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        cpu = torch.device("cpu")
-        if precision == "auto" and isinstance(self.model, GPT):  # what posexp train decides for this model
-            t = dataclasses.replace(self.cfg, precision="auto", batch_size=shape.batch)
-            self.choice = training_precision(self.model, t, shape.seq, cpu)
-        else:
-            self.choice = choose_precision(precision, cpu)
-        self.dtype = self.choice.dtype
-        self._autocast = lambda: autocast(torch.device("cpu"), self.dtype)
-        self.x, self.y = batch[:, :-1], batch[:, 1:]
-        self.clock = clock
-        self.times: list[float] = []
-        self.loss = float("nan")
-
-    def step(self, timed: bool) -> None:
-        from posexp.model.gpt import GPT
-
-        t0 = self.clock()
-        with self._autocast():
-            if isinstance(self.model, GPT):
-                loss = self.model.token_losses(self.x, self.y).mean()  # what posexp's trainer computes
-            else:
-                logits = logits_of(self.model, self.x)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), self.y.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        if timed:
-            self.times.append(self.clock() - t0)
-            self.loss = float(loss.detach())  # after the clock stopped
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gpu  # noqa: E402
+from benchlib import (CLOCKS, FAMILIES, FAMILY_LABEL, PEERS, QUICK, Clock, Contender, Shape, Trainee,  # noqa: E402
+                      all_contenders, best_peer_ratios, logits_of, matmul_gflops, matmul_peak, peer_available,
+                      posexp_model, train_flops_per_token)
 
 
 def bench_training(contenders: list[tuple[Contender, str]], shape: Shape, steps: int, warmup: int,
@@ -343,8 +122,6 @@ def bench_training(contenders: list[tuple[Contender, str]], shape: Shape, steps:
 
 def eval_one(impl: str, family: str, name: str, shape: Shape, length: int, clock: Clock) -> dict:
     """One window of ``length`` tokens in this process: tokens/s and memory."""
-    from posexp.runtime.memory import PeakMemory
-
     c = next(c for c in all_contenders() if (c.impl, c.family, c.name) == (impl, family, name))
     torch.manual_seed(0)
     model = c.build(shape, length).eval()
@@ -380,32 +157,7 @@ def eval_child(c: Contender, shape: Shape, length: int, mem_limit_gib: float, th
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def all_contenders() -> list[Contender]:
-    return [Contender("posexp", f, f, posexp_model(f)) for f in FAMILIES] + PEERS
-
-
-# -- output -------------------------------------------------------------------------------------
-
-def best_peer_ratios(rows: list[dict], key: str) -> list[dict]:
-    out = []
-    for fam in FAMILIES:
-        mine = [r for r in rows if r["impl"] == "posexp" and r["family"] == fam and r.get("precision", "fp32") == "fp32"
-                and r.get(key) is not None]
-        peers = [r for r in rows if r["impl"] != "posexp" and r["family"] == fam]
-        ran = [r for r in peers if r.get(key) is not None]
-        if mine and ran:
-            best = max(ran, key=lambda r: r[key])
-            out.append({"family": fam, "posexp": mine[0][key], "best_peer": best["label"], "peer": best[key],
-                        "ratio": mine[0][key] / best[key]})
-        elif mine and peers:  # every peer failed (out of memory): posexp ran, they did not
-            out.append({"family": fam, "posexp": mine[0][key], "best_peer": "every peer: " + peers[0]["error"],
-                        "peer": None, "ratio": None})
-    return out
-
-
 def print_training(console, train_rows: list[dict], shape: Shape, probe: float, peak32: dict, auto: str) -> None:
-    from rich.table import Table
-
     table = Table(title=f"training, batch {shape.batch} x {shape.seq} tokens, d_model {shape.d_model}, "
                         f"{shape.n_layers} layers, {shape.n_heads} heads, MLP {shape.d_ff}, vocab {shape.vocab}")
     for col in ("model", "precision", "tokens/s", "MFLOP/token", "GFLOP/s", "MFU", "params", "differs from posexp by"):
@@ -425,12 +177,11 @@ def print_training(console, train_rows: list[dict], shape: Shape, probe: float, 
         console.print(f"posexp families / posexp NoPE (tokens/s): {rel}")
 
 
-def main() -> None:
-    if "--gpu" in sys.argv[1:]:  # the GPU benchmark: GPT-2-small shape, bf16, 16K and 64K evaluation
-        from bench_gpu import main as gpu_main
-
-        return gpu_main(sys.argv[1:])
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", action="store_true",
+                    help="on a CUDA GPU instead: GPT-2-small shape, bf16, evaluation at 16K and 64K tokens "
+                         "(scripts/bench_gpu.py; python scripts/bench.py --gpu --help lists its options)")
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per model (median reported)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed training steps per model first")
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -447,33 +198,93 @@ def main() -> None:
     ap.add_argument("--mem-limit-gib", type=float, default=8.0, help="address-space limit of each evaluation process")
     ap.add_argument("--eval-one", nargs=4, metavar=("IMPL", "FAMILY", "NAME", "LENGTH"), help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def contenders(args: argparse.Namespace, native: bool, log: Callable[[str], None]) -> tuple[list, list, list]:
+    """posexp's models, the installed peers, and the (model, precision) pairs to train."""
+    ours = [Contender("posexp", f, f, posexp_model(f)) for f in args.families]
+    peers = [] if args.no_peers else [c for c in PEERS if c.family in args.families]
+    missing = sorted({c.impl for c in peers if not peer_available(c)})
+    if missing:
+        log(f"not installed, skipped: {', '.join(missing)} (pip install -e '.[bench]')")
+    peers = [c for c in peers if peer_available(c)]
+    runs = [(c, "fp32") for c in ours]
+    if native:  # auto may be either dtype here: time it too (scripts/bench_precision.py: fp32, bf16 and auto)
+        runs += [(c, "auto") for c in ours]
+    return ours, peers, runs + [(c, "fp32") for c in peers]
+
+
+def evaluation_section(console: Console, models: list[Contender], shape: Shape, lengths: list[int],
+                       args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
+    """One window per model and length, each in a fresh process; the table of them."""
+    rows = []
+    et = Table(title=f"evaluation, one window, batch 1 (address-space limit {args.mem_limit_gib:g} GiB per process)")
+    for col in ("model", "length", "tokens/s", "eval peak MiB", "process peak MiB"):
+        et.add_column(col, justify="left" if col == "model" else "right")
+    for c in models:
+        for length in lengths:
+            log(f"  eval {c.label} at {length:,}")
+            r = eval_child(c, shape, length, args.mem_limit_gib, args.threads, args.clock)
+            rows.append(r)
+            if "error" in r:
+                et.add_row(c.label, f"{length:,}", r["error"], "", "")
+            else:
+                et.add_row(c.label, f"{length:,}", f"{r['tokens_per_s']:,.0f}",
+                           f"{r['eval_peak_mib']:,.0f}" if r["eval_peak_mib"] is not None else "?",
+                           f"{r['process_peak_mib']:,.0f}")
+    console.print(et)
+    console.print("eval peak = rise of the RSS high-water mark during the window; learned tables are built "
+                  "with as many rows as the window (speed only: untrained rows).")
+    return rows
+
+
+def ratios_section(console: Console, train_rows: list[dict], eval_rows: list[dict], lengths: list[int]) -> dict:
+    """posexp / best peer of each family, in training tokens/s and MFU and in evaluation tokens/s per length."""
+    ratios = {"train_tokens_per_s": best_peer_ratios(train_rows, "tokens_per_s"),
+              "train_mfu": best_peer_ratios(train_rows, "mfu")}
+    for length in lengths:
+        ratios[f"eval_tokens_per_s_{length}"] = best_peer_ratios(eval_rows, "tokens_per_s",
+                                                                 lambda r, n=length: r["length"] == n)
+    rt = Table(title="posexp / best peer of the same family")
+    for col in ("family", "measure", "posexp", "best peer", "peer", "ratio"):
+        rt.add_column(col, justify="left" if col in ("family", "measure", "best peer") else "right")
+    for measure, items in ratios.items():
+        f = "{:.0%}" if measure == "train_mfu" else "{:,.0f}"
+        for x in items:
+            rt.add_row(FAMILY_LABEL[x["family"]], measure, f.format(x["posexp"]), x["best_peer"],
+                       "-" if x["peer"] is None else f.format(x["peer"]),
+                       "-" if x["ratio"] is None else f"{x['ratio']:.2f}x")
+    if rt.row_count:
+        console.print(rt)
+    return ratios
+
+
+def eval_one_main(args: argparse.Namespace) -> None:
+    """The child process of one evaluation window: prints its row as JSON."""
+    limit = int(args.mem_limit_gib * 2 ** 30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    impl, family, name, length = args.eval_one
+    print(json.dumps(eval_one(impl, family, name, Shape(**json.loads(args.shape)), int(length), Clock(args.clock))))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--gpu" in argv:  # the GPU benchmark has its own shape and options
+        return bench_gpu.main(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
-
     if args.eval_one:
-        limit = int(args.mem_limit_gib * 2 ** 30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        impl, family, name, length = args.eval_one
-        print(json.dumps(eval_one(impl, family, name, Shape(**json.loads(args.shape)), int(length), Clock(args.clock))))
-        return
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from posexp.runs.atomic import atomic_write_json
-    from posexp.runtime.precision import bf16_is_native
-
+        return eval_one_main(args)
     console = Console(width=max(Console().width, 150))
     log = lambda msg: console.print(f"[dim]{msg}[/]")  # noqa: E731
     shape = QUICK if args.quick else Shape()
     steps = min(args.steps, 3) if args.quick else args.steps
     eval_lengths = args.eval_lengths if args.eval_lengths is not None else ([512] if args.quick else [4096, 16384])
-    cpu = platform.processor() or platform.machine()
     clock = Clock(args.clock)
     console.print(f"[bold]posexp bench[/]: torch {torch.__version__}, {args.threads} threads, {args.clock} clock, "
-                  f"{torch.backends.cpu.get_cpu_capability()} ({cpu}); shape {shape}")
-
-    # 1. peak
+                  f"{torch.backends.cpu.get_cpu_capability()} ({platform.processor() or platform.machine()}); "
+                  f"shape {shape}")
     sizes_fp32, sizes_bf16 = ([256, 512], [128]) if args.quick else ([512, 1024, 2048], [256, 512])
     peak32 = matmul_peak(sizes_fp32, torch.float32, reps=5, clock=clock)
     peak16 = matmul_peak(sizes_bf16, torch.bfloat16, reps=3, clock=clock)
@@ -482,65 +293,14 @@ def main() -> None:
     console.print(f"matmul peak: fp32 {peak32['gflops']:.1f} GFLOP/s {peak32['by_size']}, "
                   f"bf16 {peak16['gflops']:.1f} GFLOP/s {peak16['by_size']} "
                   f"(bf16 / fp32 = {peak16['gflops'] / peak32['gflops']:.2f}); precision=auto -> {auto}")
-
-    # 2. training
-    ours = [Contender("posexp", f, f, posexp_model(f)) for f in args.families]
-    peers = [] if args.no_peers else [c for c in PEERS if c.family in args.families]
-    missing = sorted({c.impl for c in peers if not peer_available(c)})
-    if missing:
-        console.print(f"not installed, skipped: {', '.join(missing)} (pip install -e '.[bench]')")
-    peers = [c for c in peers if peer_available(c)]
-    runs = [(c, "fp32") for c in ours]
-    if native:  # auto may be either dtype here: time it too (scripts/bench_precision.py: fp32, bf16 and auto)
-        runs += [(c, "auto") for c in ours]
-    runs += [(c, "fp32") for c in peers]
+    ours, peers, runs = contenders(args, native, log)
     train_rows, probe = [], float("nan")
     if not args.no_train:
         console.print(f"training: {len(runs)} models, {args.warmup} warm-up + {steps} timed steps each, round-robin")
         train_rows, probe = bench_training(runs, shape, steps, args.warmup, log, clock)
         print_training(console, train_rows, shape, probe, peak32, auto)
-
-    # 3. evaluation
-    # 3. evaluation
-    eval_rows = []
-    if eval_lengths:
-        et = Table(title=f"evaluation, one window, batch 1 (address-space limit {args.mem_limit_gib:g} GiB per process)")
-        for col in ("model", "length", "tokens/s", "eval peak MiB", "process peak MiB"):
-            et.add_column(col, justify="left" if col == "model" else "right")
-        for c in ours + peers:
-            for length in eval_lengths:
-                log(f"  eval {c.label} at {length:,}")
-                r = eval_child(c, shape, length, args.mem_limit_gib, args.threads, args.clock)
-                eval_rows.append(r)
-                if "error" in r:
-                    et.add_row(c.label, f"{length:,}", r["error"], "", "")
-                else:
-                    et.add_row(c.label, f"{length:,}", f"{r['tokens_per_s']:,.0f}",
-                               f"{r['eval_peak_mib']:,.0f}" if r["eval_peak_mib"] is not None else "?",
-                               f"{r['process_peak_mib']:,.0f}")
-        console.print(et)
-        console.print("eval peak = rise of the RSS high-water mark during the window; learned tables are built "
-                      "with as many rows as the window (speed only: untrained rows).")
-
-    # 4. ratios
-    rt = Table(title="posexp / best peer of the same family")
-    for col in ("family", "measure", "posexp", "best peer", "peer", "ratio"):
-        rt.add_column(col, justify="left" if col in ("family", "measure", "best peer") else "right")
-    ratios = {"train_tokens_per_s": best_peer_ratios(train_rows, "tokens_per_s"),
-              "train_mfu": best_peer_ratios(train_rows, "mfu")}
-    for length in eval_lengths:
-        ratios[f"eval_tokens_per_s_{length}"] = best_peer_ratios([r for r in eval_rows if r["length"] == length],
-                                                                 "tokens_per_s")
-    fmt = {"train_mfu": "{:.0%}"}
-    for measure, items in ratios.items():
-        for x in items:
-            f = fmt.get(measure, "{:,.0f}")
-            rt.add_row(FAMILY_LABEL[x["family"]], measure, f.format(x["posexp"]), x["best_peer"],
-                       "-" if x["peer"] is None else f.format(x["peer"]),
-                       "-" if x["ratio"] is None else f"{x['ratio']:.2f}x")
-    if rt.row_count:
-        console.print(rt)
-
+    eval_rows = evaluation_section(console, ours + peers, shape, eval_lengths, args, log) if eval_lengths else []
+    ratios = ratios_section(console, train_rows, eval_rows, eval_lengths)
     if args.json:
         atomic_write_json(args.json, {
             "shape": asdict(shape), "threads": args.threads, "clock": args.clock, "torch": torch.__version__,

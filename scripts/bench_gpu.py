@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -47,9 +46,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posexp.config.schema import TrainConfig
+from posexp.model.gpt import GPT
+from posexp.runs.atomic import atomic_write_json
+from posexp.runtime.device import autocast
+from posexp.training.optim import make_optimizer
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import FAMILIES, PEERS, Contender, Shape, logits_of, peer_available, posexp_model, \
-    train_flops_per_token  # noqa: E402
+from benchlib import (FAMILIES, PEERS, Contender, Shape, best_peer_ratios, logits_of, peer_available,  # noqa: E402
+                      posexp_model, train_flops_per_token)
 
 GPT2_SMALL = Shape(vocab=50304, d_model=768, n_layers=12, n_heads=12, seq=1024, batch=32)
 TINY = Shape(vocab=256, d_model=64, n_layers=2, n_heads=4, seq=64, batch=4)
@@ -89,8 +94,6 @@ class LossOf(nn.Module):
         self.model = model
 
     def forward(self, idx: Tensor, targets: Tensor) -> Tensor:
-        from posexp.model.gpt import GPT
-
         if isinstance(self.model, GPT):
             return self.model.token_losses(idx, targets).mean()  # what posexp's trainer computes
         logits = logits_of(self.model, idx)
@@ -107,10 +110,6 @@ def compiled(module: nn.Module, enable: bool) -> tuple[Callable, str]:
 def train_one(c: Contender, shape: Shape, device: torch.device, dtype: torch.dtype, steps: int, warmup: int,
               compile_: bool, peak_tflops: float) -> dict:
     """tokens/s, MFU and peak memory of full training steps of one contender."""
-    from posexp.config.schema import TrainConfig
-    from posexp.runtime.device import autocast
-    from posexp.training.optim import make_optimizer
-
     torch.manual_seed(0)
     model = c.build(shape, shape.seq).to(device).train()
     cfg = TrainConfig()
@@ -158,8 +157,6 @@ def train_one(c: Contender, shape: Shape, device: torch.device, dtype: torch.dty
 
 def eval_one(c: Contender, shape: Shape, length: int, device: torch.device, dtype: torch.dtype) -> dict:
     """tokens/s and peak memory above the weights of one window of ``length`` tokens."""
-    from posexp.runtime.device import autocast
-
     torch.manual_seed(0)
     model = c.build(shape, length).to(device).eval()
     idx = torch.randint(0, shape.vocab, (1, length + 1), generator=torch.Generator().manual_seed(0)).to(device)
@@ -198,23 +195,6 @@ def guarded(run: Callable[[], dict], base: dict, device: torch.device) -> dict:
             torch.cuda.empty_cache()
 
 
-def ratios(rows: list[dict], key: str, where: Callable[[dict], bool]) -> list[dict]:
-    """posexp over the best peer of each family among ``rows`` that satisfy ``where``."""
-    out = []
-    for fam in FAMILIES:
-        mine = [r for r in rows if where(r) and r["impl"] == "posexp" and r["family"] == fam and key in r]
-        peers = [r for r in rows if where(r) and r["impl"] != "posexp" and r["family"] == fam]
-        ran = [r for r in peers if key in r]
-        if mine and ran:
-            best = max(ran, key=lambda r: r[key])
-            out.append({"family": fam, "posexp": mine[0][key], "best_peer": best["label"], "peer": best[key],
-                        "ratio": mine[0][key] / best[key], "target": TARGETS.get(fam)})
-        elif mine and peers:
-            out.append({"family": fam, "posexp": mine[0][key], "best_peer": "none ran: " + peers[0]["error"],
-                        "peer": None, "ratio": None, "target": TARGETS.get(fam)})
-    return out
-
-
 def contenders(families: list[str], peers: bool) -> list[Contender]:
     ours = [Contender("posexp", f, f, posexp_model(f)) for f in families]
     theirs = [c for c in PEERS if c.family in families and peer_available(c)] if peers else []
@@ -235,7 +215,7 @@ def print_rows(title: str, rows: list[dict], columns: list[tuple[str, str]]) -> 
               (f"  [{r['mode']}]" if r.get("mode", "compiled") != "compiled" else ""))
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="bench.py --gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true",
@@ -249,19 +229,44 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--no-compile", action="store_true", help="every model eager")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--json", metavar="OUT")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def settings(args: argparse.Namespace) -> dict:
+    """Device, dtype, shape, lengths and step counts: the GPU's, or a tiny CPU run's for ``--dry-run``."""
     if args.dry_run:
-        device, dtype, shape = torch.device("cpu"), torch.float32, TINY
-        lengths, eval_lengths, tokens = [64, 128], [256, 512], 256
-        steps, warmup, compile_ = 1, 1, False
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("bench.py --gpu: torch sees no CUDA device (--dry-run runs the code paths on a CPU)")
-        device, dtype, shape = torch.device("cuda"), torch.bfloat16, GPT2_SMALL
-        lengths, eval_lengths, tokens = args.lengths, args.eval_lengths, args.tokens
-        steps, warmup, compile_ = args.steps, args.warmup, not args.no_compile
-        torch.backends.cuda.matmul.allow_tf32 = True
+        return dict(device=torch.device("cpu"), dtype=torch.float32, shape=TINY, lengths=[64, 128],
+                    eval_lengths=[256, 512], tokens=256, steps=1, warmup=1, compile_=False)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.py --gpu: torch sees no CUDA device (--dry-run runs the code paths on a CPU)")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    return dict(device=torch.device("cuda"), dtype=torch.bfloat16, shape=GPT2_SMALL, lengths=args.lengths,
+                eval_lengths=args.eval_lengths, tokens=args.tokens, steps=args.steps, warmup=args.warmup,
+                compile_=not args.no_compile)
+
+
+def summarise(train_rows: list[dict], eval_rows: list[dict], lengths: list[int], eval_lengths: list[int]) -> dict:
+    """posexp / best peer per family, training (tokens/s, MFU) per sequence and evaluation per length; printed."""
+    summary = {f"train_tokens_per_s_{seq}": best_peer_ratios(train_rows, "tokens_per_s", lambda r, s=seq: r["seq"] == s,
+                                                             TARGETS) for seq in lengths}
+    summary.update({f"train_mfu_{seq}": best_peer_ratios(train_rows, "mfu", lambda r, s=seq: r["seq"] == s, TARGETS)
+                    for seq in lengths})
+    summary.update({f"eval_tokens_per_s_{n}": best_peer_ratios(eval_rows, "tokens_per_s",
+                                                               lambda r, n=n: r["length"] == n, TARGETS)
+                    for n in eval_lengths})
+    print("\nposexp / best peer")
+    for measure, items in summary.items():
+        for x in items:
+            ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
+            target = f" (target >= {x['target']}x)" if x["target"] and measure.startswith("train_tokens") else ""
+            print(f"  {measure:28s} {x['family']:8s} {ratio:>7s}{target}  vs {x['best_peer']}")
+    return summary
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    s = settings(args)
+    device, dtype, shape = s["device"], s["dtype"], s["shape"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
     print(f"bench.py --gpu: {name}, torch {torch.__version__}, {dtype}; shape {shape}")
     if args.dry_run:
@@ -272,39 +277,28 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     models = contenders(args.families, not args.no_peers)
     train_rows = []
-    for seq in lengths:
-        s = dataclasses.replace(shape, seq=seq, batch=max(1, tokens // seq))
+    for seq in s["lengths"]:
+        sh = dataclasses.replace(shape, seq=seq, batch=max(1, s["tokens"] // seq))
         for c in models:
-            base = {"label": c.label, "impl": c.impl, "family": c.family, "seq": seq, "batch": s.batch}
-            train_rows.append(guarded(lambda: train_one(c, s, device, dtype, steps, warmup, compile_, peak["tflops"]),
-                                      base, device))
-        print_rows(f"training, sequence {seq}, batch {s.batch}", [r for r in train_rows if r["seq"] == seq],
+            base = {"label": c.label, "impl": c.impl, "family": c.family, "seq": seq, "batch": sh.batch}
+            train_rows.append(guarded(lambda: train_one(c, sh, device, dtype, s["steps"], s["warmup"], s["compile_"],
+                                                        peak["tflops"]), base, device))
+        print_rows(f"training, sequence {seq}, batch {sh.batch}", [r for r in train_rows if r["seq"] == seq],
                    [("model", ""), ("tokens_per_s", ",.0f"), ("mfu", ".1%"), ("peak_gib", ".1f")])
     eval_rows = []
-    for length in eval_lengths:
+    for length in s["eval_lengths"]:
         for c in models:
             base = {"label": c.label, "impl": c.impl, "family": c.family, "length": length}
             eval_rows.append(guarded(lambda: eval_one(c, shape, length, device, dtype), base, device))
         print_rows(f"evaluation, one window of {length} tokens", [r for r in eval_rows if r["length"] == length],
                    [("model", ""), ("tokens_per_s", ",.0f"), ("peak_gib", ".2f")])
-
-    summary = {f"train_tokens_per_s_{seq}": ratios(train_rows, "tokens_per_s", lambda r, s=seq: r["seq"] == s)
-               for seq in lengths}
-    summary.update({f"train_mfu_{seq}": ratios(train_rows, "mfu", lambda r, s=seq: r["seq"] == s) for seq in lengths})
-    summary.update({f"eval_tokens_per_s_{n}": ratios(eval_rows, "tokens_per_s", lambda r, n=n: r["length"] == n)
-                    for n in eval_lengths})
-    print("\nposexp / best peer")
-    for measure, items in summary.items():
-        for x in items:
-            ratio = "-" if x["ratio"] is None else f"{x['ratio']:.2f}x"
-            target = f" (target >= {x['target']}x)" if x["target"] and measure.startswith("train_tokens") else ""
-            print(f"  {measure:28s} {x['family']:8s} {ratio:>7s}{target}  vs {x['best_peer']}")
+    summary = summarise(train_rows, eval_rows, s["lengths"], s["eval_lengths"])
     if args.json:
-        Path(args.json).write_text(json.dumps({
+        atomic_write_json(args.json, {
             "device": name, "torch": torch.__version__, "dtype": str(dtype), "shape": dataclasses.asdict(shape),
-            "tokens_per_step": tokens, "steps": steps, "warmup": warmup, "compile": compile_, "matmul_peak": peak,
-            "training": train_rows, "evaluation": eval_rows, "ratios": summary, "dry_run": args.dry_run,
-        }, indent=2) + "\n")
+            "tokens_per_step": s["tokens"], "steps": s["steps"], "warmup": s["warmup"], "compile": s["compile_"],
+            "matmul_peak": peak, "training": train_rows, "evaluation": eval_rows, "ratios": summary,
+            "dry_run": args.dry_run})
         print(f"wrote {args.json}")
 
 

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from posexp.runs.atomic import atomic_write_json
+
 
 def sweep(launcher: list[str], runs: int, steps: int, workdir: Path) -> dict:
     """Run one sweep in a fresh interpreter; wall seconds and the runs' training throughput."""
@@ -82,9 +84,9 @@ def main() -> None:
         statistics.median(r["wall_s"] for r in results["joblib"])
     print(f"joblib speed-up: {speedup:.2f}x over basic, {vs_one:.2f}x over basic with 1 thread (median wall time)")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "load_average": [load_before, load_after], "results": results,
-                                         "speedup": speedup, "speedup_vs_1_thread": vs_one}, indent=2) + "\n")
+        atomic_write_json(args.json, {"args": {k: str(v) for k, v in vars(args).items()},
+                                      "load_average": [load_before, load_after], "results": results,
+                                      "speedup": speedup, "speedup_vs_1_thread": vs_one})
 
 
 if __name__ == "__main__":

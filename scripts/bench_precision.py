@@ -5,7 +5,7 @@
     python scripts/bench_precision.py --loss-steps 200        # the loss check, also where fp32 is faster
 
 For each posexp family, three models train side by side from the same initial
-weights on the same batch (scripts/bench.py's shape and training step): fp32, bf16
+weights on the same batch (scripts/benchlib.py's shape and training step, as scripts/bench.py times it): fp32, bf16
 autocast, and ``auto`` (the precision ``posexp train precision=auto`` picks for
 that model on this machine: :func:`posexp.runtime.precision.training_precision`,
 whose probe result is cached per machine like a real run's). Steps run
@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
+from posexp.config.schema import TrainConfig
+from posexp.data.corpus import BatchSampler, load_corpus
+from posexp.runs.atomic import atomic_write_json
+from posexp.runtime.device import autocast
+from posexp.training.optim import lr_at, make_optimizer, set_lr
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import FAMILIES, Clock, Contender, Shape, Trainee, posexp_model  # noqa: E402
+from benchlib import FAMILIES, QUICK, Clock, Contender, Shape, Trainee, posexp_model  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16", "auto")
 AUTO_TARGET = 0.97  # auto's tokens/s over the faster precision's
@@ -59,11 +64,6 @@ def timed_rounds(family: str, shape: Shape, rounds: int, steps: int, warmup: int
 
 def final_losses(family: str, shape: Shape, steps: int) -> dict:
     """Mean loss of the last 10 of ``steps`` steps on the stdlib corpus, in fp32 and in bf16, same batches."""
-    from posexp.config.schema import TrainConfig
-    from posexp.data.corpus import BatchSampler, load_corpus
-    from posexp.runtime.device import autocast
-    from posexp.training.optim import lr_at, make_optimizer, set_lr
-
     corpus = load_corpus("stdlib")
     t = TrainConfig(steps=steps, warmup_steps=max(1, steps // 10), batch_size=shape.batch)
     sampler = BatchSampler(corpus.train, shape.seq, shape.batch, 0)
@@ -102,8 +102,6 @@ def main() -> None:
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from bench import QUICK
-
     shape = QUICK if args.quick else Shape()
     clock = Clock(args.clock)
     print(f"torch {torch.__version__}, {args.threads} threads, {args.clock} clock, "
@@ -138,7 +136,7 @@ def main() -> None:
         report["families"][family] = entry
     print("\nall targets met" if ok else "\nsome target NOT met")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_json(args.json, report)
 
 
 if __name__ == "__main__":

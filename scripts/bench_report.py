@@ -8,8 +8,11 @@ Fabricates run folders in a temporary folder, shaped like the ones ``posexp trai
 writes with the default settings (results.json with the full ``run`` record and
 one row per length at 1x..16x of a 128-token training length, loss_by_position.csv
 with every position of every window length, metrics.csv, .hydra/config.yaml and
-overrides.yaml): 10 encodings x 2 bases x 5 seeds for 100 runs. The perplexities
-are made up; the point is the time to read, group, tabulate and draw them.
+overrides.yaml): 10 encodings x 2 bases x 5 seeds for 100 runs, written by the
+functions a run writes its folder with (``posexp.runs``), the config from the schemas'
+defaults and its ``config_hash``. The perplexities and the corpus are made up (the
+corpus is named ``fabricated``); the point is the time to read, group, tabulate and
+draw them.
 
 Then it times the whole command as a user runs it (a fresh ``posexp report``
 process: Python start, imports, reading, the table, report.md and four figures),
@@ -20,7 +23,7 @@ output" is when the table's first line arrives; the figures are drawn after it.
 from __future__ import annotations
 
 import argparse
-import json
+import hashlib
 import math
 import os
 import random
@@ -33,83 +36,103 @@ import tempfile
 import time
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from posexp.config.identity import config_hash
+from posexp.config.schema import DataConfig, EvalConfig, ModelConfig, TokenizerConfig, TrainConfig
+from posexp.runs.atomic import atomic_write_text
+from posexp.runs.layout import (HYDRA_CONFIG, HYDRA_OVERRIDES, METRICS_CSV, MULTIRUN_YAML, write_loss_by_position_csv,
+                                write_results_json)
+from posexp.runs.provenance import git_commit, run_label, versions
+
 ENCODERS = ["none", "sinusoidal", "learned", "rope", "alibi", "t5", "kerple", "fire", "xpos", "shaw"]
 BASES = [100.0, 10000.0]
 TRAIN_LEN = 128
 MULTIPLES = [1, 2, 4, 8, 16]
+# the fabricated runs' corpus: one name and fingerprint for all, so the report compares them, and never
+# mistaken for a real corpus's
+CORPUS = {"corpus": "fabricated", "corpus_fingerprint": hashlib.sha256(b"scripts/bench_report.py").hexdigest()[:16],
+          "corpus_source": "made up by scripts/bench_report.py", "tokenizer": "byte", "vocab_size": 256}
 
 
 def _config(encoder: str, base: float, seed: int) -> dict:
+    """The default run's config, from the schemas' own defaults, with this run's encoder, base and seed."""
+    group = lambda schema: OmegaConf.to_container(OmegaConf.structured(schema))  # noqa: E731
+    config = {"encoder": {"name": encoder}, "data": group(DataConfig), "tokenizer": group(TokenizerConfig),
+              "model": group(ModelConfig), "train": group(TrainConfig), "eval": group(EvalConfig),
+              "base": base, "train_len": TRAIN_LEN, "seed": seed}
+    config["train"]["threads"] = 1
+    config["eval"]["multiples"] = MULTIPLES
+    return config
+
+
+def _rows(encoder: str, slope: float, rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """results.json rows at 1x..16x and loss_by_position.csv rows, the loss rising past train_len by ``slope``."""
+    rows, positions = [], []
+    for m in MULTIPLES:
+        length = m * TRAIN_LEN
+        applicable = not (encoder == "learned" and length > TRAIN_LEN)
+        loss = 1.6 + slope * math.log2(m) + rng.gauss(0, 0.02)
+        ppl = math.exp(loss) if applicable else None
+        rows.append({
+            "length": length, "multiple": float(m), "protocol": "nonoverlap", "stride": None, "last_k": None,
+            "scaling": None, "scaling_factor": None, "applicable": applicable, "ppl": ppl,
+            "loss": loss if applicable else None, "loss_se": 0.015 if applicable else None,
+            "ppl_low": ppl * 0.97 if applicable else None, "ppl_high": ppl * 1.03 if applicable else None,
+            "se_blocks": 65536 // length, "tokens": 65536, "targets": [1, 65536], "windows": 65536 // length,
+            "forward_tokens": 65536, "tokens_per_s": 90000.0, "peak_mem_mb": 20.0, "peak_rss_mb": 400.0,
+            "mem_measure": "rss high-water mark (VmHWM reset per length)", "batch_windows": 128,
+            "attn_block_size": 256, "oom_retries": 0, "eval_s": 0.7,
+        })
+        if applicable:
+            # loss falls with context, then rises past the training length by the run's slope
+            positions += [{"protocol": "nonoverlap", "stride": None, "last_k": None, "scaling": None,
+                           "scaling_factor": None, "length": length, "position": p, "count": 65536 // length,
+                           "loss": 1.2 + 0.8 / (p + 1) + slope * max(0, p - TRAIN_LEN) / length}
+                          for p in range(length)]
+    return rows, positions
+
+
+def _run_record(encoder: str, base: float, seed: int, overrides: list[str], config: dict) -> dict:
+    """results.json's ``run``: what a finished default run records, with the provenance of this machine."""
     return {
-        "encoder": {"name": encoder},
-        "data": {"name": "stdlib", "path": None, "val_fraction": 0.05, "cache_dir": None},
-        "model": {"d_model": 128, "n_layers": 2, "n_heads": 4, "mlp_ratio": 4.0, "dropout": 0.0,
-                  "attn_block_size": 256},
-        "train": {"steps": 500, "batch_size": 32, "lr": 0.003, "min_lr_ratio": 0.1, "warmup_steps": 60,
-                  "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "precision": "fp32",
-                  "device": "auto", "threads": 1, "log_every": 25, "progress": True, "checkpoint_every": 100,
-                  "checkpoint_minutes": 10.0},
-        "eval": {"lengths": None, "multiples": MULTIPLES, "tokens": 65536, "protocol": "nonoverlap",
-                 "stride": None, "last_k": None, "scaling": "none", "scaling_factor": None,
-                 "rerope_window": None, "batch_tokens": 16384, "loss_by_position": True},
-        "base": base, "train_len": TRAIN_LEN, "seed": seed,
+        "label": run_label(overrides), "overrides": overrides, "encoder": encoder,
+        "base": base if encoder in ("sinusoidal", "rope", "xpos") else None, "train_len": TRAIN_LEN,
+        "seed": seed, "config": config, "config_hash": config_hash(OmegaConf.create(config)), **CORPUS,
+        "train_tokens": 10894723, "val_tokens": 1224650, "files": 734, "val_files": 42, "split": "by_file",
+        "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
+        "versions": versions(), "python_version": versions()["python"], "git_commit": git_commit(),
+        "status": "completed", "params": 427808,
+        "train": {"steps": 500, "tokens": 2048000, "final_loss": 1.6, "wall_s": 150.0, "tokens_per_s": 15000.0,
+                  "precision": "float32", "device": "cpu", "threads": 1},
     }
 
 
 def fabricate(root: Path, n_runs: int) -> None:
-    """Write ``n_runs`` run folders (0/, 1/, ...) and a multirun.yaml under ``root``, like a sweep."""
+    """Write ``n_runs`` run folders (0/, 1/, ...) and a multirun.yaml under ``root``, like a sweep.
+
+    Each is written by the functions a run writes its folder with (``posexp.runs``): results.json,
+    loss_by_position.csv, and the file names of the run-folder layout.
+    """
     rng = random.Random(0)
     combos = [(e, b) for e in ENCODERS for b in BASES]
     for i in range(n_runs):
         encoder, base = combos[i % len(combos)]
         seed = i // len(combos)
         folder = root / str(i)
-        (folder / ".hydra").mkdir(parents=True)
+        (folder / HYDRA_CONFIG).parent.mkdir(parents=True)
         overrides = [f"encoder={encoder}", f"base={base:g}", f"seed={seed}", "train.threads=1"]
-        slope = rng.uniform(0.0, 0.5)
-        rows, positions = [], ["protocol,stride,last_k,scaling,scaling_factor,length,position,loss,count"]
-        for m in MULTIPLES:
-            length = m * TRAIN_LEN
-            applicable = not (encoder == "learned" and length > TRAIN_LEN)
-            loss = 1.6 + slope * math.log2(m) + rng.gauss(0, 0.02)
-            ppl = math.exp(loss) if applicable else None
-            rows.append({
-                "length": length, "multiple": float(m), "protocol": "nonoverlap", "stride": None, "last_k": None,
-                "scaling": None, "scaling_factor": None, "applicable": applicable, "ppl": ppl,
-                "loss": loss if applicable else None, "loss_se": 0.015 if applicable else None,
-                "ppl_low": ppl * 0.97 if applicable else None, "ppl_high": ppl * 1.03 if applicable else None,
-                "se_blocks": 65536 // length, "tokens": 65536, "targets": [1, 65536], "windows": 65536 // length,
-                "forward_tokens": 65536, "tokens_per_s": 90000.0, "peak_mem_mb": 20.0, "peak_rss_mb": 400.0,
-                "mem_measure": "rss high-water mark (VmHWM reset per length)", "batch_windows": 128,
-                "attn_block_size": 256, "oom_retries": 0, "eval_s": 0.7,
-            })
-            if applicable:
-                windows = 65536 // length
-                # loss falls with context, then rises past the training length by the run's slope
-                loss_at = [1.2 + 0.8 / (p + 1) + slope * max(0, p - TRAIN_LEN) / length for p in range(length)]
-                positions += [f"nonoverlap,,,,,{length},{p},{v:.6f},{windows}" for p, v in enumerate(loss_at)]
         config = _config(encoder, base, seed)
-        run = {
-            "label": " ".join(overrides), "overrides": overrides, "encoder": encoder,
-            "base": base if encoder in ("sinusoidal", "rope", "xpos") else None, "train_len": TRAIN_LEN,
-            "seed": seed, "config": config, "config_hash": f"{i:016x}", "corpus": "stdlib",
-            "corpus_fingerprint": "a9ee661f12d338ce", "corpus_source": "python stdlib", "train_tokens": 10894723,
-            "val_tokens": 1224650, "files": 734, "val_files": 42, "split": "by_file", "tokenizer": "byte",
-            "vocab_size": 256, "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
-            "versions": {"posexp": "0.1.0", "torch": "2.13.0+cpu", "python": "3.11.7"},
-            "python_version": "3.11.7", "git_commit": None, "status": "completed", "params": 427808,
-            "train": {"steps": 500, "tokens": 2048000, "final_loss": 1.6, "wall_s": 150.0, "tokens_per_s": 15000.0,
-                      "precision": "float32", "device": "cpu", "threads": 1},
-        }
-        (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}, indent=2) + "\n")
-        (folder / "loss_by_position.csv").write_text("\n".join(positions) + "\n")
+        rows, positions = _rows(encoder, rng.uniform(0.0, 0.5), rng)
+        write_results_json(folder, {"run": _run_record(encoder, base, seed, overrides, config), "rows": rows})
+        write_loss_by_position_csv(folder, positions)
         metrics = ["step,tokens,loss,lr,tokens_per_s,elapsed_s"]
         metrics += [f"{s},{s * 4096},{4.5 * math.exp(-s / 150) + 1.5:.6f},0.003,15000.0,{s * 0.27:.3f}"
                     for s in range(25, 551, 25)]
-        (folder / "metrics.csv").write_text("\n".join(metrics) + "\n")
-        (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-        (folder / ".hydra" / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
-    (root / "multirun.yaml").write_text("hydra: {}\n")
+        atomic_write_text(folder / METRICS_CSV, "\n".join(metrics) + "\n")
+        atomic_write_text(folder / HYDRA_OVERRIDES, OmegaConf.to_yaml(overrides))
+        atomic_write_text(folder / HYDRA_CONFIG, OmegaConf.to_yaml(config))
+    atomic_write_text(root / MULTIRUN_YAML, "hydra: {}\n")
 
 
 def _time(cmd: list[str], repeats: int) -> tuple[list[float], list[float], list[float]]:

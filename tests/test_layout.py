@@ -1,4 +1,4 @@
-"""The package layout the README's "How it is built" promises: who may import whom, no cycles, readable sizes.
+"""The package layout ``posexp/__init__.py``'s docstring states: who may import whom, no cycles, readable sizes.
 
 Imports are read from the source (function-level ones too: a lazy import hides a dependency, it does not
 remove it), so these tests need no import of posexp itself.

@@ -113,7 +113,7 @@ def test_an_interrupted_task_run_resumes_to_identical_numbers(tmp_path, monkeypa
 @pytest.mark.slow
 def test_mqar_learns_with_its_yaml_init(tmp_path):
     """4 key-value pairs, 1500 steps (about 15 s): the task yaml's init=pytorch, untied model recalls every value.
-    With GPT-2's N(0, 0.02) the same model stays near 45% of values (README, "Beyond perplexity")."""
+    With GPT-2's N(0, 0.02) the same model stays near 45% of values (scripts/study_tasks.md)."""
     run = tmp_path / "mqar"
     done = run_cli("train", "task=mqar", "encoder=rope", "task.symbols=16", "train_len=16", "eval.multiples=[1]",
                    "train.steps=1500", "train.progress=false", f"hydra.run.dir={run}", cwd=tmp_path)
