@@ -109,6 +109,16 @@ def test_a_clear_difference_is_called_by_the_metrics_direction(tmp_path):
     assert "base=10000 (" in line and "cannot be told apart from base=100 at n = 3" in line
 
 
+def test_no_difference_and_groups_kept_apart_are_said_so(tmp_path):
+    runs = ratio_runs(tmp_path, {100: [1.2, 1.3], 1000: [1.2, 1.3]}, seeds=(0, 1))
+    runs.append(make_run(tmp_path / "other", {128: 3.0, 256: 3.0, 512: 4.0}, ["base=10000", "seed=0"],
+                         base=10000.0, fingerprint="fp-other"))
+    report = build_report(runs, by="base", metrics="ratio")
+    line = verdict_line(report.comparison, report.metrics[0])
+    assert "base=1000 shows no difference at all" in line
+    assert "not compared: base=10000 (measured differently: different corpus)" in line
+
+
 def test_baseline_selects_the_reference(tmp_path):
     runs = ratio_runs(tmp_path, journey_ratios())
     report = build_report(runs, by="base", metrics="ratio", baseline="base=1000")

@@ -46,7 +46,8 @@ CONFIDENCE = 0.95
 PAIRED, WELCH, NONE = "paired t", "Welch t", "none"
 BETTER, WORSE, SAME, NO_INTERVAL, NOT_COMPARED = "better", "worse", "indistinguishable", "no interval", "not compared"
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
-KEPT_APART = "kept apart: not comparable"
+# flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
+NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length"}
 
 
 def higher_is_better(metric: Metric) -> bool:
@@ -139,7 +140,7 @@ def parse_baseline(baseline: Sequence[str] | str | None, by: list[str]) -> list[
 
 def comparable(group: Group) -> bool:
     """A group whose numbers may be set against the others' (same corpus, eval settings, train length, finished)."""
-    return KEPT_APART not in group.flags and not any(f.startswith("status:") for f in group.flags)
+    return not any(f in NOT_COMPARABLE or f.startswith("status:") for f in group.flags)
 
 
 def pick_reference(groups: list[Group], filters: list[Filter]) -> Optional[Group]:
@@ -178,7 +179,7 @@ def compare_groups(groups: list[Group], metrics: list[Metric], reference: Group)
         for metric in metrics:
             diff = Difference(group.label, metric.name, reference.label)
             if not comparable(group):
-                diff.reason = "kept apart from the others (different corpus, eval settings, train length or status)"
+                diff.reason = "measured differently: " + "; ".join(group.flags)
             else:
                 _fill(diff, _seeded(group, metric.name), _seeded(reference, metric.name), higher_is_better(metric))
             comparison.differences.append(diff)
@@ -257,15 +258,19 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
         if hits:
             parts.append(f"{_names([f'{d.group} ({interval_text(d, decimals)}, n = {d.n})' for d in hits])} "
                          f"{'is' if len(hits) == 1 else 'are'} {verdict} beyond the interval")
-    same = [d for d in diffs if d.verdict == SAME]
+    same = [d for d in diffs if d.verdict == SAME and d.needed]
     if same:
         sizes = {d.n for d in same}
         at = f"n = {sizes.pop()}" if len(sizes) == 1 else "their n"
-        needed = [str(d.needed) if d.needed else "∞" for d in same]
         unit = "seed pairs" if all(d.method == PAIRED for d in same) else "runs per group"
         parts.append(f"{_names([f'{d.group} ({interval_text(d, decimals)})' for d in same])} cannot be told apart "
-                     f"from {comparison.reference} at {at}; about {_names(needed)} {unit} would be needed to "
-                     f"resolve a difference of {'this' if len(same) == 1 else 'each'} size (80% power, α = 0.05)")
+                     f"from {comparison.reference} at {at}; about {_names([str(d.needed) for d in same])} {unit} "
+                     f"would be needed to resolve a difference of {'this' if len(same) == 1 else 'each'} size "
+                     "(80% power, α = 0.05)")
+    equal = [d for d in diffs if d.verdict == SAME and not d.needed]
+    if equal:
+        parts.append(f"{_names([d.group for d in equal])} {'shows' if len(equal) == 1 else 'show'} no difference "
+                     "at all")
     single = [d for d in diffs if d.verdict == NO_INTERVAL]
     if single:
         parts.append(f"{_names([d.group for d in single])}: one run (n = 1) in the group or the reference, "
