@@ -249,9 +249,9 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
     """The comparison on ``metric`` in one plain sentence (or a few, joined), e.g. for the table's notes."""
     diffs = comparison.of_metric(metric.name)
     decimals = comparison.decimals[metric.name]
-    methods = sorted({d.method for d in diffs if d.method != NONE})
+    used = sorted({d.method for d in diffs if d.method != NONE})
     head = (f"{metric.name} ({'higher' if higher_is_better(metric) else 'lower'} is better), each group − "
-            f"{comparison.reference}" + (f" ({', '.join(methods)}, 95%)" if methods else "") + ": ")
+            f"{comparison.reference}" + (f" ({', '.join(used)}, 95%)" if used else "") + ": ")
     parts = []
     for verdict in (BETTER, WORSE):
         hits = [d for d in diffs if d.verdict == verdict]
@@ -281,16 +281,18 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
     return head + ("; ".join(parts) if parts else "no other group") + "."
 
 
-def comparison_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
-    """The comparison table: a header and, per non-reference group, n, method and each metric's difference."""
-    header = ["group", "n", "method", *(f"Δ {m.name} (95%)" for m in comparison.metrics)]
-    rows: dict[str, list[str]] = {}
-    for d in comparison.differences:
-        if d.group not in rows:
-            rows[d.group] = [d.group, str(d.n) if d.n else "—", d.method]
-        mark = {BETTER: " (better)", WORSE: " (worse)"}.get(d.verdict, "")
-        rows[d.group].append(interval_text(d, comparison.decimals[d.metric]) + mark)
-    return header, list(rows.values())
+def comparison_rows(comparison: Comparison, method: bool = True) -> tuple[list[str], list[list[str]]]:
+    """The comparison table, one line per group and metric: n, method (unless ``method`` is False), the
+    difference with its interval, and the verdict."""
+    header = ["group", "metric", "n", *(["method"] if method else []), "difference (95%)", "verdict"]
+    rows = [[d.group, d.metric, str(d.n) if d.n else "—", *([d.method] if method else []),
+             interval_text(d, comparison.decimals[d.metric]), d.verdict] for d in comparison.differences]
+    return header, rows
+
+
+def methods(comparison: Comparison) -> list[str]:
+    """The interval methods the comparison used (``paired t``, ``Welch t``)."""
+    return sorted({d.method for d in comparison.differences if d.method != NONE})
 
 
 def comparison_markdown(comparison: Comparison, md) -> list[str]:
@@ -300,7 +302,7 @@ def comparison_markdown(comparison: Comparison, md) -> list[str]:
              "difference (group − reference) with its 95% interval. Paired t: over the seeds both groups share "
              "(Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the seeds differ (Welch 1947).", "",
              "| " + " | ".join(md(h) for h in header) + " |",
-             "|" + "|".join([" --- ", " ---: ", " --- "] + [" ---: "] * (len(header) - 3)) + "|"]
+             "| --- | --- | ---: | --- | ---: | --- |"]
     lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
     lines.append("")
     # prose, not a table cell: the seed hint keeps its code span

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_rows,
-                                      higher_is_better, sweep_keys, verdict_lines)
+                                      higher_is_better, methods, sweep_keys, verdict_lines)
 from posexp.reporting.lm_report import Cell, Group, Report, _aggregate, _group_rows, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
                                          _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short)
@@ -233,16 +233,18 @@ def print_report(report: Report, console: Console | None = None) -> None:
 def _print_comparison(report: Report, console: Console) -> None:
     """The comparison with the reference group: a table of differences, then one plain line per metric."""
     comparison = report.comparison
-    header, rows = comparison_rows(comparison)
-    table = Table(title=f"Difference to {comparison.reference} (95% interval)",
-                  title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="right" if i == 1 or i > 2 else "left", no_wrap=i > 2)
+    header, rows = comparison_rows(comparison, method=False)  # the method goes in the title: 80 columns
+    table = Table(title=f"Each group − {comparison.reference} ({', '.join(methods(comparison)) or 'no interval'}, "
+                        "95% interval)", title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
+    for name in header:
+        # the labels wrap; a number and its interval never do
+        table.add_column(name, justify="right" if name in ("n", "difference (95%)") else "left",
+                         no_wrap=name in ("n", "difference (95%)"), overflow="fold")
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     console.print(table)
     for line in verdict_lines(comparison):
-        console.print(Text(line), soft_wrap=True)
+        console.print(Text(line))
 
 
 class _ReportTable:
