@@ -107,6 +107,11 @@ def test_a_clear_difference_is_called_by_the_metrics_direction(tmp_path):
     line = verdict_line(report.comparison, report.metrics[0])
     assert "base=1000 (+0.617 [" in line and "is worse beyond the interval" in line
     assert "base=10000 (" in line and "cannot be told apart from base=100 at n = 3" in line
+    assert verdicts[("base=1000", "maxlen@10%")] == "equal"  # 256 tokens for every seed of both
+    assert "maxlen@10% (higher is better)" in verdict_line(report.comparison, report.metrics[1])
+    # against the worse group, the same difference is called better
+    report = build_report(runs, by="base", metrics="ratio", baseline="base=1000")
+    assert {d.group: d.verdict for d in report.comparison.differences} == {"base=100": "better", "base=10000": "better"}
 
 
 def test_no_difference_and_groups_kept_apart_are_said_so(tmp_path):

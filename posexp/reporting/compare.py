@@ -44,7 +44,8 @@ class Group(Protocol):
 
 CONFIDENCE = 0.95
 PAIRED, WELCH, NONE = "paired t", "Welch t", "none"
-BETTER, WORSE, SAME, NO_INTERVAL, NOT_COMPARED = "better", "worse", "indistinguishable", "no interval", "not compared"
+BETTER, WORSE, SAME, EQUAL = "better", "worse", "indistinguishable", "equal"
+NO_INTERVAL, NOT_COMPARED = "no interval", "not compared"
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
 # flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
 NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length"}
@@ -67,7 +68,8 @@ class Difference:
         low, high: its 95% interval; None when no interval exists.
         n: paired: the number of shared seeds; unpaired: the smaller group's number of runs.
         method: ``paired t``, ``Welch t`` or ``none``.
-        verdict: ``better``, ``worse``, ``indistinguishable``, ``no interval`` or ``not compared``.
+        verdict: ``better``, ``worse``, ``indistinguishable``, ``equal`` (the same value for every seed),
+            ``no interval`` or ``not compared``.
         needed: runs (pairs, or per group) a test would need to detect this difference; None unless indistinguishable.
         reason: why there is no interval or no comparison.
     """
@@ -218,6 +220,8 @@ def _fill(diff: Difference, mine: list[tuple[Any, float]], ref: list[tuple[Any, 
         return
     if diff.low > 0 or diff.high < 0:
         diff.verdict = BETTER if (diff.difference > 0) == higher else WORSE
+    elif diff.low == diff.high == 0:
+        diff.verdict = EQUAL
     else:
         diff.verdict = SAME
         # at least one more than now: the interval at this n already contains 0
@@ -267,7 +271,7 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
                      f"from {comparison.reference} at {at}; about {_names([str(d.needed) for d in same])} {unit} "
                      f"would be needed to resolve a difference of {'this' if len(same) == 1 else 'each'} size "
                      "(80% power, α = 0.05)")
-    equal = [d for d in diffs if d.verdict == SAME and not d.needed]
+    equal = [d for d in diffs if d.verdict == EQUAL or d.verdict == SAME and not d.needed]
     if equal:
         parts.append(f"{_names([d.group for d in equal])} {'shows' if len(equal) == 1 else 'show'} no difference "
                      "at all")
