@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_fixed
 
 
-def t_quantile(p: float, df: int) -> float:
+def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t distribution with ``df`` degrees of freedom.
 
     Student (1908), "The probable error of a mean", Biometrika 6(1): the density
