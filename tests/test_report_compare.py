@@ -185,9 +185,12 @@ def test_report_md_and_terminal_carry_the_comparison(tmp_path):
 def test_sweep_summary_md_compares_what_the_sweep_varies(tmp_path):
     # what the end-of-sweep callback does: report the sweep folder without --by
     ratio_runs(tmp_path / "sweep", journey_ratios())
-    report_main([tmp_path / "sweep"], console=Console(file=io.StringIO(), width=200))
+    out = io.StringIO()
+    report_main([tmp_path / "sweep"], console=Console(file=out, width=200))
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "## Comparison" in summary and "cannot be told apart from base=100 at n = 3" in summary
+    # the terminal of the finished sweep says it too, under its one-line-per-run table
+    assert "Grouped by base" in out.getvalue() and "cannot be told apart from base=100 at n = 3" in out.getvalue()
     header = (tmp_path / "sweep" / "summary.csv").read_text().splitlines()[0].split(",")
     assert header[:5] == ["label", "run_dir", "encoder", "base", "seed"]
 

@@ -101,10 +101,12 @@ class Comparison:
         metrics: the compared metrics, in table order.
         differences: one per (non-reference group, metric), groups in table order.
         decimals: metric name -> decimals of its differences.
+        by: the keys the groups differ in.
     """
 
     reference: str
     metrics: list[Metric]
+    by: list[str] = field(default_factory=list)
     differences: list[Difference] = field(default_factory=list)
     decimals: dict[str, int] = field(default_factory=dict)
 
@@ -161,19 +163,21 @@ def pick_reference(groups: list[Group], filters: list[Filter]) -> Optional[Group
                                     + "; ".join(g.label for g in candidates))
 
 
-def compare_groups(groups: list[Group], metrics: list[Metric], reference: Group) -> Comparison:
+def compare_groups(groups: list[Group], metrics: list[Metric], reference: Group,
+                   by: Sequence[str] = ()) -> Comparison:
     """Each group's values of ``metrics`` (``Group.values``) against ``reference``'s.
 
     Args:
         groups: the report's groups, in table order.
         metrics: the summary metrics; those without per-run values (a fine-tune's parent columns) are skipped.
         reference: one of ``groups``.
+        by: the keys the groups differ in (``--by``).
 
     Returns:
         The :class:`Comparison`.
     """
     metrics = [m for m in metrics if m.name in reference.values]
-    comparison = Comparison(reference.label, metrics,
+    comparison = Comparison(reference.label, metrics, list(by),
                             decimals={m.name: m.decimals + (1 if m.decimals else 0) for m in metrics})
     for group in groups:
         if group is reference:

@@ -193,7 +193,7 @@ def compare(report: Report, reference: list[Filter]) -> None:
     if report.by and len(report.groups) > 1:
         chosen = pick_reference(report.groups, reference)
         if chosen is not None:
-            report.comparison = compare_groups(report.groups, report.metrics, chosen)
+            report.comparison = compare_groups(report.groups, report.metrics, chosen, report.by)
 
 
 def _add_parent_metrics(report: Report) -> None:

@@ -224,15 +224,21 @@ def print_report(report: Report, console: Console | None = None) -> None:
     for note in _table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     if report.comparison is not None:
-        _print_comparison(report, console)
+        _print_comparison(report.comparison, console)
+    elif (comparison := sweep_comparison(report)) is not None:
+        # a sweep's runs, one line each: the verdict over what the sweep varies, as summary.md has it
+        keys = ",".join(comparison.by)
+        console.print(Text(f"Grouped by {keys} (what the runs' overrides vary); the table per group: "
+                           f"posexp report ... --by {keys}", style="dim"))
+        for line in verdict_lines(comparison):
+            console.print(Text(line))
     for warning in report.warnings:
         # one line each, however narrow the terminal: a warning is read (and grepped) whole
         console.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
-def _print_comparison(report: Report, console: Console) -> None:
+def _print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison with the reference group: a table of differences, then one plain line per metric."""
-    comparison = report.comparison
     header, rows = comparison_rows(comparison, method=False)  # the method goes in the title: 80 columns
     table = Table(title=f"Each group − {comparison.reference} ({', '.join(methods(comparison)) or 'no interval'}, "
                         "95% interval)", title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
