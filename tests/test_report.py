@@ -312,8 +312,8 @@ def test_summary_csv_rows(tmp_path):
     write_summary(report, tmp_path / "sweep")
     with (tmp_path / "sweep" / "summary.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["label", "run_dir", "encoder", "base", "length", "multiple", "protocol", "scaling",
-                             "ppl", "ppl_low", "ppl_high", "loss", "applicable", "flags"]
+    assert list(rows[0]) == ["label", "run_dir", "encoder", "base", "seed", "length", "multiple", "protocol",
+                             "scaling", "ppl", "ppl_low", "ppl_high", "loss", "applicable", "flags"]
     assert [(r["label"], r["length"], r["ppl"], r["applicable"]) for r in rows] == [
         ("encoder=rope", "128", "3.0", "true"),
         ("encoder=rope", "256", "3.3", "true"),
@@ -489,7 +489,8 @@ def test_group_by_encoder_averages_seeds_with_t_interval(tmp_path):
     assert alibi.cells[128].low == pytest.approx(4.0 * 0.98) and alibi.cells[128].spread is None
     md = render_table_markdown(report)
     assert md.splitlines()[0] == "| encoder | n | 128 (train) | 256 | ratio@2x | flags |"
-    assert f"| rope | 3 | {mean:.2f} ± {(high - low) / 2:.2f} |" in md
+    # the lower perplexity of each column is bold; a ratio equal in every line is not
+    assert f"| rope | 3 | **{mean:.2f} ± {(high - low) / 2:.2f}** |" in md
     assert "| alibi | 1 | 4.00 | 6.00 | 1.50 |" in md
     assert not any(g.flags for g in report.groups)
 

@@ -441,6 +441,9 @@ def report(
                                                            "All but rich print only the table, for redirecting."),
     strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2 at the first run whose "
                                                         "results.json cannot be read, instead of leaving it out."),
+    baseline: Optional[List[str]] = typer.Option(
+        None, "--baseline", help="With --by: the reference group the others are compared with, KEY=VALUE "
+                                 "(e.g. encoder=rope or encoder=rope,base=100); default: the first group."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
@@ -452,7 +455,7 @@ def report(
 
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
-                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict)
+                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline)
     except PosexpError as e:
         _fail(e)
 

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
+from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
 from posexp.reporting.formatting import MAX_BANDS, _display_path, _fmt_int, _fmt_num, _fmt_view, _md, _plural
 from posexp.reporting.render import (_legend, _plot_series, _ppl_label, _settings, _table_notes, render_csv,
@@ -177,6 +178,8 @@ def render_report_markdown(report: Report, out_dir: str | os.PathLike | None = N
         lines[-1] = ""
     lines.append(render_table_markdown(report))
     lines += [f"- {_md(note)}" for note in _table_notes(report)]
+    if report.comparison is not None:
+        lines += ["", *comparison_markdown(report.comparison, _md)]
     for file, title, caption in figures:
         lines += ["", f"## {title}", "", f"![{title.lower()}]({file})", "", caption]
     lines += ["", "## Runs", "", "| run | group | folder | encoder | base | train len | seed | params | steps "

@@ -19,10 +19,11 @@ from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_ppl, _fmt_settings, _num, _short
-from posexp.reporting.runs import Run, load_run
+from posexp.reporting.runs import Run, context_gain, load_run
 from posexp.reporting.selection import (DEFAULT_TOLERANCE, EXECUTION_KEYS, Filter, Metric, SortKey, _ABSENT, _canon,
                                         _flatten, _show, _unknown_key_error, config_value, parse_by, parse_metric,
                                         parse_metrics, parse_sort, parse_where)
+from posexp.reporting.compare import Comparison, compare_groups, parse_baseline, pick_reference
 from posexp.reporting.stats import Stat, _stat
 from posexp.runs.layout import RESULTS_JSON
 
@@ -79,6 +80,7 @@ class Report:
         groups: the table's lines, in display order.
         filters: the ``--where`` filters applied.
         auc_multiple: the span of plain ``auc`` (multiple of the training length), None when no run has one.
+        comparison: each group against the reference group (with ``--by`` and two or more groups), else None.
     """
 
     rows: list[ReportRow]
@@ -97,6 +99,7 @@ class Report:
     groups: list["Group"] = field(default_factory=list)
     filters: list["Filter"] = field(default_factory=list)
     auc_multiple: Optional[float] = None
+    comparison: Optional[Comparison] = None
 
     @property
     def encoders(self) -> list[str]:
@@ -111,6 +114,7 @@ def build_report(
     where: Sequence[str] | str | None = None,
     sort: Optional[str] = None,
     strict: bool = False,
+    baseline: Sequence[str] | str | None = None,
 ) -> Report:
     """Load runs and line them up: one column per evaluated length, one line per run or group.
 
@@ -122,8 +126,9 @@ def build_report(
         tolerance: the tolerance of a plain ``maxlen`` (0.1 = ppl within +10%).
         where: ``KEY=VALUE`` / ``KEY!=VALUE`` filters on config keys, all of which must hold.
         sort: a metric, ``--by`` key or ``n`` to sort the lines by; a leading ``-`` sorts descending.
-        strict: refuse the whole report when one run's ``results.json`` cannot be loaded. Otherwise
-            (the default) such a run is left out, with a warning naming its file and the problem.
+        strict: refuse the whole report when one run's ``results.json`` cannot be loaded. Otherwise (the
+            default) such a run is left out, with a warning naming its file and the problem.
+        baseline: ``KEY=VALUE`` naming the reference group of the comparison (:mod:`.compare`); default: the first.
 
     Returns:
         The :class:`Report`.
@@ -131,7 +136,7 @@ def build_report(
     Raises:
         PosexpError: no run folders, no run that can be loaded (with ``strict``: any that cannot), or no
             run passes the filters.
-        ConfigError: an unknown ``--by``/``--where`` key, metric or sort column.
+        ConfigError: an unknown ``--by``/``--where`` key, metric, sort column or ``--baseline`` group.
     """
     by_keys = parse_by(by)
     chosen = parse_metrics(metrics, tolerance)
@@ -178,8 +183,17 @@ def build_report(
     for group in groups:
         _aggregate(group, report)
     report.groups = _sort_groups(groups, sort_key)
+    compare(report, parse_baseline(baseline, by_keys))
     _add_parent_metrics(report)
     return report
+
+
+def compare(report: Report, reference: list[Filter]) -> None:
+    """Set ``report.comparison`` when there are groups to compare (with ``--by``, two or more)."""
+    if report.by and len(report.groups) > 1:
+        chosen = pick_reference(report.groups, reference)
+        if chosen is not None:
+            report.comparison = compare_groups(report.groups, report.metrics, chosen, report.by)
 
 
 def _add_parent_metrics(report: Report) -> None:
@@ -434,21 +448,6 @@ def metric_value(metric: Metric, row: ReportRow, report: "Report") -> tuple[Opti
     return True, sum((xs[i + 1] - xs[i]) * (ys[i] + ys[i + 1]) / 2 for i in range(len(span) - 1))
 
 
-def context_gain(run: Run, train_len: int, length: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
-    """Loss of the run's ``last_k`` rows at ``train_len`` minus at ``length`` (None: the longest one), unscaled:
-    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them."""
-    losses = {int(r["length"]): r.get("loss") for r in run.rows
-              if r.get("protocol") == "last_k" and r.get("scaling") is None}
-    if train_len not in losses:
-        return None, None
-    target = length if length is not None else max(losses)
-    if target not in losses or target == train_len and length is None:
-        return None, None
-    if losses[train_len] is None or losses[target] is None:
-        return False, None
-    return True, losses[train_len] - losses[target]
-
-
 def _auc_multiple(rows: list[ReportRow]) -> Optional[float]:
     """The span of plain ``auc``: the largest multiple of its training length that every run was evaluated at."""
     reach = []
@@ -469,6 +468,7 @@ class Group:
         rows: its runs.
         cells: length -> perplexity over the runs.
         metrics: metric name -> value over the runs.
+        values: metric name -> each run's value (None: n/a or missing), in the order of ``rows``.
         flags: why its numbers need care (different corpus, pooled configs, failed...).
     """
 
@@ -477,6 +477,7 @@ class Group:
     rows: list[ReportRow]
     cells: dict[int, Stat] = field(default_factory=dict)
     metrics: dict[str, Stat] = field(default_factory=dict)
+    values: dict[str, list[Optional[float]]] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
 
     @property
@@ -566,7 +567,9 @@ def _aggregate(group: Group, report: "Report") -> None:
                        and c.applicable), (None, None))
         group.cells[n] = _stat(pairs, single)
     for metric in report.metrics:
-        group.metrics[metric.name] = _stat([metric_value(metric, row, report) for row in group.rows])
+        values = [metric_value(metric, row, report) for row in group.rows]
+        group.metrics[metric.name] = _stat(values)
+        group.values[metric.name] = [v if ok else None for ok, v in values]
 
 
 def _sort_groups(groups: list[Group], sort: Optional[SortKey]) -> list[Group]:

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import re
+from dataclasses import replace
 from io import StringIO
 from typing import Optional
 
@@ -18,10 +19,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posexp.reporting.lm_report import Cell, Group, Report
+from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_rows,
+                                      higher_is_better, methods, sweep_keys, verdict_lines)
+from posexp.reporting.lm_report import Cell, Group, Report, _aggregate, _group_rows, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
                                          _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short)
-from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show
+from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show, config_value
 from posexp.reporting.stats import Stat
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
@@ -33,7 +36,7 @@ FORMATS = ("rich", "markdown", "csv", "json", "latex")
 
 
 CSV_COLUMNS = [
-    "label", "run_dir", "encoder", "base", "length", "multiple", "protocol", "scaling",
+    "label", "run_dir", "encoder", "base", "seed", "length", "multiple", "protocol", "scaling",
     "ppl", "ppl_low", "ppl_high", "loss", "applicable", "flags",
 ]
 
@@ -58,6 +61,24 @@ def _plot_series(report: Report) -> list[tuple]:
             [c.high for c in cells] if bands else None,
         ))
     return series
+
+
+def sweep_comparison(report: Report) -> Optional[Comparison]:
+    """The comparison of a report built without ``--by``, grouped by what its runs' overrides vary (not the seed).
+
+    What a sweep's own ``summary.md`` shows: ``base=100,1000,10000 seed=0,1,2`` compares the bases.
+    """
+    if report.by:
+        return report.comparison
+    keys = sweep_keys([row.run for row in report.rows])
+    if not keys:
+        return None
+    grouped = replace(report, by=keys, warnings=[], comparison=None)
+    grouped.groups = _group_rows(report.rows, keys, grouped.warnings)
+    for group in grouped.groups:
+        _aggregate(group, grouped)
+    compare(grouped, [])
+    return grouped.comparison
 
 
 def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) -> str:
@@ -89,7 +110,11 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     if report.other_views:
         views = "; ".join(_fmt_view(p, s) for p, s in report.other_views)
         lines += ["", f"Also in the results but not in this table (see {SUMMARY_CSV}): {views}."]
-    lines += ["", f"![perplexity vs context length]({PPL_PLOT})", "", "## Runs", ""]
+    lines += ["", f"![perplexity vs context length]({PPL_PLOT})", ""]
+    comparison = sweep_comparison(report)
+    if comparison is not None:
+        lines += [*comparison_markdown(comparison, _md), ""]
+    lines += ["## Runs", ""]
 
     lines.append("| run | folder | encoder | base | train len | seed | params | steps | final loss | status |")
     lines.append("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
@@ -106,16 +131,23 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
 
 
 def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
-    """The text of ``summary.csv``: one line per run and evaluated row, every protocol included."""
+    """The text of ``summary.csv``: one line per run and evaluated row, every protocol included.
+
+    Besides the fixed columns, one per ``--by`` key (without ``--by``: per key a sweep varies), so a
+    spreadsheet can group the rows as the report did.
+    """
     buf = StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    keys = [k for k in (report.by or sweep_keys([row.run for row in report.rows])) if k not in CSV_COLUMNS]
+    writer.writerow([*CSV_COLUMNS[:5], *keys, *CSV_COLUMNS[5:]])
     for row in report.rows:
         info, flags = row.run.info, "; ".join(row.flags)
+        key_cells = [_csv(None if (v := config_value(row.run, k)) is _ABSENT else v) for k in keys]
         for r in sorted(row.run.rows, key=lambda r: (float(r["length"]), str(r.get("protocol")), str(r.get("scaling")))):
             writer.writerow([
                 row.label, _display_path(row.run.path, out_dir), _csv(info.get("encoder")), _csv(info.get("base")),
-                int(r["length"]), _csv(r.get("multiple")), _csv(r.get("protocol")), _csv(r.get("scaling")),
+                _csv(info.get("seed")), *key_cells, int(r["length"]), _csv(r.get("multiple")), _csv(r.get("protocol")),
+                _csv(r.get("scaling")),
                 _csv(r.get("ppl")), _csv(r.get("ppl_low")), _csv(r.get("ppl_high")), _csv(r.get("loss")),
                 _csv(bool(r.get("applicable", r.get("ppl") is not None))), flags,
             ])
@@ -143,12 +175,25 @@ def _stat_text(stat: Stat, decimals: int, group: Group, plus_minus: str = " ± "
     return stat.text(decimals, plus_minus, of=group.n)
 
 
+def _best_cells(report: Report) -> set[tuple[int, int]]:
+    """(group index, column index) of the best mean of each number column: the lowest perplexity, ratio and
+    auc, the highest maxlen and gain; ties are all marked, lines kept apart never."""
+    n_keys = len(report.by) + 1 if report.by else 1
+    lines = [_group_cells(report, group) for group in report.groups]
+    higher = [False] * len(report.lengths) + [higher_is_better(m) for m in report.metrics]
+    return {(i, n_keys + j) for j, high in enumerate(higher)
+            for i in best_groups(report.groups, high, [line[n_keys + j][1] for line in lines])}
+
+
 def _table_notes(report: Report) -> list[str]:
     notes = [f"Values are {_ppl_label(report)} on held-out text (lower is better); "
              f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated.']
     if report.by:
         notes.append("With n ≥ 2: mean over the group's runs ± the half-width of its 95% t-interval "
                      "(Student 1908, n − 1 degrees of freedom); n = 1 shows the run's value.")
+    if len(report.groups) > 1:
+        notes.append("Bold: the best value of its column (lowest perplexity, ratio and auc; highest maxlen and "
+                     "gain); ties are all bold.")
     notes += [m.describe(report) for m in report.metrics]
     return notes
 
@@ -164,6 +209,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     columns = _columns(report)
     n_keys = len(report.by) + 1 if report.by else 1
     lines = [_group_cells(report, group) for group in report.groups]
+    best = _best_cells(report)
     numbers = list(range(n_keys, len(columns) - 1))  # lengths and metrics; the last column is the flags
     parts: list[list[int]] = []
     for i in numbers:
@@ -174,19 +220,44 @@ def print_report(report: Report, console: Console | None = None) -> None:
     parts = parts or [[]]  # no lengths or metrics at all: the keys and flags still make a table
     for k, part in enumerate(parts):
         console.print(_ReportTable(report, columns, lines, n_keys, part, title=k == 0,
-                                   flags=k == len(parts) - 1).table)
+                                   flags=k == len(parts) - 1, best=best).table)
     for note in _table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
+    if report.comparison is not None:
+        _print_comparison(report.comparison, console)
+    elif (comparison := sweep_comparison(report)) is not None:
+        # a sweep's runs, one line each: the verdict over what the sweep varies, as summary.md has it
+        keys = ",".join(comparison.by)
+        console.print(Text(f"Grouped by {keys} (what the runs' overrides vary); the table per group: "
+                           f"posexp report ... --by {keys}", style="dim"))
+        for line in verdict_lines(comparison):
+            console.print(Text(line))
     for warning in report.warnings:
         # one line each, however narrow the terminal: a warning is read (and grepped) whole
         console.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+
+
+def _print_comparison(comparison: Comparison, console: Console) -> None:
+    """The comparison with the reference group: a table of differences, then one plain line per metric."""
+    header, rows = comparison_rows(comparison, method=False)  # the method goes in the title: 80 columns
+    table = Table(title=f"Each group − {comparison.reference} ({', '.join(methods(comparison)) or 'no interval'}, "
+                        "95% interval)", title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
+    for name in header:
+        # the labels wrap; a number and its interval never do
+        table.add_column(name, justify="right" if name in ("n", "difference (95%)") else "left",
+                         no_wrap=name in ("n", "difference (95%)"), overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    console.print(table)
+    for line in verdict_lines(comparison):
+        console.print(Text(line))
 
 
 class _ReportTable:
     """The report's Rich table with the key columns and the number columns ``shown`` (and the flags)."""
 
     def __init__(self, report: Report, columns: list[str], lines: list, n_keys: int, shown: list[int],
-                 title: bool = True, flags: bool = False):
+                 title: bool = True, flags: bool = False, best: frozenset | set = frozenset()):
         keep = [*range(n_keys), *shown, *([len(columns) - 1] if flags else [])]
         # No vertical rules: a dozen columns of "4.92 ±0.10" fit a normal terminal that way.
         self.table = Table(title=_title(report) if title else None, title_style="bold", header_style="bold",
@@ -201,14 +272,14 @@ class _ReportTable:
                 self.table.add_column(name, style="yellow", overflow="fold")
             else:
                 self.table.add_column(name, justify="right", no_wrap=True)
-        for group, line in zip(report.groups, lines):
+        for g, (group, line) in enumerate(zip(report.groups, lines)):
             texts = []
             for i in keep:
                 text, stat, decimals = line[i]
+                style = "bold green" if (g, i) in best else "" if stat is None or stat.applicable else "dim"
                 # Text(), not str: labels like "model=[a,b]" would otherwise be parsed as Rich markup.
                 texts.append(Text(text) if stat is None else
-                             Text(_stat_text(stat, decimals, group, plus_minus=" ±"),
-                                  style="" if stat.applicable else "dim"))
+                             Text(_stat_text(stat, decimals, group, plus_minus=" ±"), style=style))
             self.table.add_row(*texts, style="yellow" if group.flags else None)
 
     def width_fits(self, console: Console) -> bool:
@@ -225,6 +296,16 @@ class _ReportTable:
         return needed <= console.width
 
 
+def _best_columns(report: Report) -> list[list[str]]:
+    """Per group, the columns (``ppl@N`` and metric names) where it has the best value."""
+    n_keys = len(report.by) + 1 if report.by else 1
+    names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
+    marks: list[list[str]] = [[] for _ in report.groups]
+    for g, i in sorted(_best_cells(report)):
+        marks[g].append(names[i - n_keys])
+    return marks
+
+
 def render_table_markdown(report: Report) -> str:
     """The grouped table as a markdown table (``--format markdown``; the table in ``report.md``)."""
     columns = _columns(report)
@@ -232,9 +313,12 @@ def render_table_markdown(report: Report) -> str:
     lines = ["| " + " | ".join(_md(c) for c in columns) + " |",
              "|" + "|".join(" --- " if i < n_keys and c != "n" or c == "flags" else " ---: "
                             for i, c in enumerate(columns)) + "|"]
-    for group in report.groups:
-        cells = [_md(text) if stat is None else _stat_text(stat, decimals, group)
-                 for text, stat, decimals in _group_cells(report, group)]
+    best = _best_cells(report)
+    for g, group in enumerate(report.groups):
+        cells = []
+        for i, (text, stat, decimals) in enumerate(_group_cells(report, group)):
+            number = "" if stat is None else _stat_text(stat, decimals, group)
+            cells.append(_md(text) if stat is None else f"**{number}**" if (g, i) in best else number)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -246,8 +330,9 @@ def render_table_csv(report: Report) -> str:
     keys = [*report.by, "n"] if report.by else ["run"]
     stats = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
     writer.writerow([*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
-                     "flags", "runs"])
-    for group in report.groups:
+                     "flags", "runs", "seeds", "best"])
+    best = _best_columns(report)
+    for g, group in enumerate(report.groups):
         key_cells = [_csv(group.key.get(k)) for k in report.by] + [str(group.n)] if report.by else [group.label]
         values = []
         for stat in [group.cells.get(n, Stat()) for n in report.lengths] + \
@@ -256,13 +341,15 @@ def render_table_csv(report: Report) -> str:
             values += [_csv(stat.mean if ok else None), _csv(stat.low if ok else None),
                        _csv(stat.high if ok else None), str(stat.n)]
         writer.writerow([*key_cells, *values, "; ".join(group.flags),
-                         " ".join(row.run.path.as_posix() for row in group.rows)])
+                         " ".join(row.run.path.as_posix() for row in group.rows),
+                         " ".join(_csv(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
     return buf.getvalue()
 
 
 def render_json(report: Report) -> str:
     """The report as JSON (``--format json``): settings, metric definitions, groups with their runs."""
     name, fingerprint = report.corpus
+    best = _best_columns(report)
     data = {
         "by": list(report.by),
         "protocol": report.protocol, "scaling": report.scaling, "train_len": report.train_len,
@@ -276,7 +363,10 @@ def render_json(report: Report) -> str:
             "metrics": {k: v.as_dict() for k, v in group.metrics.items()},
             "flags": group.flags,
             "runs": [row.run.path.as_posix() for row in group.rows],
-        } for group in report.groups],
+            "seeds": [row.run.info.get("seed") for row in group.rows],
+            "best": best[g],
+        } for g, group in enumerate(report.groups)],
+        "comparison": None if report.comparison is None else comparison_json(report.comparison),
         "warnings": report.warnings,
     }
     return json.dumps(data, indent=2, default=str) + "\n"
@@ -299,13 +389,15 @@ def render_latex(report: Report) -> str:
         " & ".join(_latex(c) for c in columns) + r" \\",
         "\\midrule",
     ]
-    for group in report.groups:
+    best = _best_cells(report)
+    for g, group in enumerate(report.groups):
         cells = []
-        for text, stat, decimals in _group_cells(report, group)[:len(columns)]:
+        for i, (text, stat, decimals) in enumerate(_group_cells(report, group)[:len(columns)]):
             if stat is None:
                 cells.append(_latex(text))
             elif stat.applicable and stat.mean is not None:
-                cells.append(_stat_text(stat, decimals, group, plus_minus=r" \pm ").join("$$"))
+                number = _stat_text(stat, decimals, group, plus_minus=r" \pm ")
+                cells.append((f"\\mathbf{{{number}}}" if (g, i) in best else number).join("$$"))
             else:
                 cells.append(_latex(stat.text(decimals)))
         lines.append(" & ".join(cells) + r" \\")

@@ -73,3 +73,18 @@ def _run_config(run: Run) -> dict:
     if isinstance(config, dict):
         return config
     return read_config_dict(run.path)
+
+
+def context_gain(run: Run, train_len: int, length: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
+    """Loss of the run's ``last_k`` rows at ``train_len`` minus at ``length`` (None: the longest one), unscaled:
+    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them."""
+    losses = {int(r["length"]): r.get("loss") for r in run.rows
+              if r.get("protocol") == "last_k" and r.get("scaling") is None}
+    if train_len not in losses:
+        return None, None
+    target = length if length is not None else max(losses)
+    if target not in losses or target == train_len and length is None:
+        return None, None
+    if losses[train_len] is None or losses[target] is None:
+        return False, None
+    return True, losses[train_len] - losses[target]

@@ -10,7 +10,8 @@ reads those files, so a report can be rebuilt at any time without touching a
 model, and without importing torch.
 
 ``--by`` groups runs by config keys and averages the runs of a group (seeds)
-with a Student-t interval; ``--metric`` adds one-number summaries of each
+with a Student-t interval, and compares each group with a reference group
+(``--baseline``; :mod:`.compare`); ``--metric`` adds one-number summaries of each
 curve (ratio at k× the training length, the longest length within a tolerance,
 the area under log perplexity over log length); ``--where``/``--sort`` choose
 and order; ``--format`` prints the table as rich, markdown, csv, json or latex.
@@ -55,6 +56,7 @@ def report_main(
     fmt: str = "rich",
     err_console: Console | None = None,
     strict: bool = False,
+    baseline: Sequence[str] | str | None = None,
 ) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
@@ -69,6 +71,8 @@ def report_main(
         err_console: where notes go for machine-readable formats (stderr by default).
         strict: stop at the first run whose ``results.json`` cannot be loaded. By default such runs
             are left out of the table and named in a one-line warning each (the exit status stays 0).
+        baseline: ``KEY=VALUE`` naming the reference group the others are compared with (needs ``by``);
+            default: the first group.
 
     Returns:
         The path of ``summary.md``.
@@ -84,7 +88,7 @@ def report_main(
     lm_dirs, task_report = _split_tasks(find_runs(paths), by, metrics, where)
     lm_metrics = split_task_metrics(metrics)[0] if metrics is not None else None
     report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
-                          strict=strict) if lm_dirs else None
+                          strict=strict, baseline=baseline) if lm_dirs else None
     console = console or Console()
     notes = console if fmt == "rich" else (err_console or Console(stderr=True))
     if report is not None:
