@@ -69,3 +69,23 @@ def test_loss_by_position_merge_replaces_remeasured_keys(tmp_path):
     assert [(r["length"], r["position"], r["loss"]) for r in merged] == [(128, 0, 3.0), (64, 0, 5.0)]
     write_loss_by_position_csv(tmp_path, merged)
     assert read_loss_by_position(tmp_path) == merged
+
+
+def test_weights_are_written_with_the_permissions_of_every_other_run_file(tmp_path):
+    """safetensors writes a fresh 0o600 file; a lab mate must be able to load the weights as the results."""
+    import os
+    import stat
+
+    import torch
+
+    from posexp.runs.atomic import atomic_write_json
+    from posexp.training.checkpoint import save_weights
+
+    old = os.umask(0o022)
+    try:
+        save_weights(torch.nn.Linear(2, 2), tmp_path / "model.safetensors", "0" * 16, step=1)
+        atomic_write_json(tmp_path / "results.json", {})
+    finally:
+        os.umask(old)
+    mode = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("model.safetensors", "results.json")}
+    assert mode == {"model.safetensors": 0o644, "results.json": 0o644}

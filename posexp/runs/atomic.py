@@ -97,6 +97,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # created here with umask permissions; a writer that truncates it keeps them
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         yield tmp
+        # a writer that replaces the file (safetensors does) makes it 0o600: give it the run's permissions
+        os.chmod(tmp, 0o666 & ~_umask())
         fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             os.fsync(fd)
@@ -107,6 +109,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def unwritable(folder: str | os.PathLike) -> Optional[str]:
