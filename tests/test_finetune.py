@@ -272,3 +272,24 @@ def test_a_finetune_with_logger_tensorboard_writes_its_curve_and_rows(parents, t
     assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, 7))
     rows = {r["length"]: r["ppl"] for r in _results(run_dir)["rows"] if r["protocol"] == "nonoverlap"}
     assert {e.step: e.value for e in acc.Scalars("eval/ppl/nonoverlap")} == pytest.approx(rows, rel=1e-6)
+
+
+def test_the_run_folder_is_read_where_it_stands_among_flags_and_overrides(tmp_path, monkeypatch):
+    """``posexp finetune myrun train_len=256 --cfg job``: a bare folder name, with a flag and its value after."""
+    from posexp.commands.finetune import parent_argument
+
+    (tmp_path / "myrun").mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = parent_argument(["myrun", "train_len=256", "--cfg", "job"])
+    assert out == [f"parent={tmp_path / 'myrun'}", "train_len=256", "--cfg", "job"]
+
+
+def test_two_run_folders_are_one_line(tmp_path, monkeypatch):
+    from posexp.commands.finetune import parent_argument
+    from posexp.errors import PosexpError
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PosexpError, match=r"takes one run folder; got a and b"):
+        parent_argument(["a", "b", "train_len=256"])

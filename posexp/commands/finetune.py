@@ -59,16 +59,20 @@ def parent_argument(args: Sequence[str]) -> list[str]:
             out.append(arg)
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
-        if ("=" not in arg or Path(arg).is_dir()) and parent is None and not key.startswith("parent"):
+        if ("=" not in arg or Path(arg).is_dir()) and not key.startswith("parent"):
+            if parent is not None:
+                raise PosexpError(f"posexp finetune takes one run folder; got {parent} and {arg} "
+                                  "(fine-tune each with its own command)")
             parent = arg
+            # in the folder's place: Hydra reads overrides as one run of arguments, so one appended after
+            # a flag and its value (--cfg job) would be refused as unrecognized
+            out.append(override_text("parent", Path(parent).expanduser().resolve()))
             continue
         if key.split(".")[0] in PARENT_KEYS:
             raise ConfigError(key, f"{arg}: a fine-tune keeps the parent's {', '.join(PARENT_KEYS)} (its weights "
                                    f"have their shape); to train another, use posexp train {arg}")
         out.append(arg)
-    if parent is not None:
-        out.append(override_text("parent", Path(parent).expanduser().resolve()))
-    elif not any(a.split("=", 1)[0].lstrip("+~") == "parent" for a in out) and not _help_only(args):
+    if parent is None and not any(a.split("=", 1)[0].lstrip("+~") == "parent" for a in out) and not _help_only(args):
         raise PosexpError("give the run folder to fine-tune first, e.g. posexp finetune outputs/2026-11-22/10-00-00 "
                           "train_len=512 scaling=linear")
     return out
