@@ -173,3 +173,9 @@ def test_wilson_interval_matches_the_closed_form_and_stays_in_0_1():
         assert low2 == pytest.approx(1 - high) and high2 == pytest.approx(1 - low)  # symmetric
     assert wilson_interval(0, 0) == (None, None)
     assert math.isclose(sum(wilson_interval(50, 100)) / 2, 0.5)
+
+
+def test_a_depth_listed_twice_is_measured_once():
+    from posexp.evaluation.accuracy import eval_depths
+
+    assert eval_depths([0.5, 0.0, 0.5, 1]) == [0.5, 0.0, 1.0]

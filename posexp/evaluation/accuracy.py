@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -121,6 +121,11 @@ def _not_applicable(reason: str) -> dict:
 
 
 @torch.inference_mode()
+def eval_depths(depths: Sequence[float]) -> list[float]:
+    """``eval.depths`` in the order given, each once: a depth listed twice is measured (and written) once."""
+    return list(dict.fromkeys(float(d) for d in depths))
+
+
 def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                   on_row: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for passkey.
@@ -133,7 +138,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
     base_encoder = model.encoder
     check_scaling(scaling, base_encoder.name, base_encoder)
     plan = PositionPlan(cfg)
-    depths = list(e.depths) if task.name == "passkey" else [None]
+    depths = eval_depths(e.depths) if task.name == "passkey" else [None]
     dtype = resolve_precision(cfg.train.precision, device)
     model.eval()
     rows = []
