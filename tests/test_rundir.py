@@ -89,3 +89,16 @@ def test_weights_are_written_with_the_permissions_of_every_other_run_file(tmp_pa
         os.umask(old)
     mode = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in ("model.safetensors", "results.json")}
     assert mode == {"model.safetensors": 0o644, "results.json": 0o644}
+
+
+def test_runs_behind_symbolic_links_are_found_once_and_a_loop_ends(tmp_path):
+    """A folder of links to the runs one wants to compare is reported like the runs themselves."""
+    for name in ("a", "b"):
+        write_results_json(tmp_path / "runs" / name, {"run": {}, "rows": []})
+    pick = tmp_path / "pick"
+    pick.mkdir()
+    (pick / "first").symlink_to(tmp_path / "runs" / "a", target_is_directory=True)
+    (pick / "again").symlink_to(tmp_path / "runs" / "a", target_is_directory=True)
+    (pick / "loop").symlink_to(pick, target_is_directory=True)
+    found = find_runs([pick])
+    assert [p.resolve() for p in found] == [(tmp_path / "runs" / "a").resolve()]

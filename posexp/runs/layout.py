@@ -102,10 +102,17 @@ def runs_under(root: str | os.PathLike) -> list[Path]:
     """Every folder at or below ``root`` that holds ``results.json``, sorted naturally.
 
     Hidden folders (``.hydra``, ``.git``) never hold runs and ``checkpoint/`` can be a
-    large tree, so neither is searched.
+    large tree, so neither is searched. Symbolic links to folders are followed (a folder of
+    links to the runs one wants to compare is a common way to collect them), each real folder
+    once, so a link that points back up cannot loop.
     """
-    found = []
-    for folder, dirnames, filenames in os.walk(root):
+    found, seen = [], set()
+    for folder, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != CHECKPOINT_DIR]
         if RESULTS_JSON in filenames:
             found.append(Path(folder))
