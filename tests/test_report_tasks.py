@@ -123,3 +123,54 @@ def test_tok_metrics_read_the_per_token_accuracy_where_exact_match_is_zero(tmp_p
     assert group.metrics["acc@2x"].mean == pytest.approx(0.0)
     assert group.metrics["tok@2x"].mean == pytest.approx(30.0) and group.metrics["tok@64"].mean == pytest.approx(85.0)
     assert "per-token" in parse_task_metric("tok@2x").describe()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "markdown", "latex"])
+def test_task_runs_print_in_every_machine_format(tmp_path, fmt):
+    """--format prints the task tables to stdout as it does the perplexity table (it printed nothing)."""
+    import io
+
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    out = io.StringIO()
+    report_main([tmp_path / "s"], console=Console(file=out, width=200), fmt=fmt,
+                err_console=Console(file=io.StringIO()))
+    text = out.getvalue()
+    if fmt == "json":
+        (record,) = json.loads(text)["tasks"]
+        assert record["task"] == "copy" and record["exact_match"]["128"]["mean"] == pytest.approx(50.0)
+    else:
+        assert "50.0" in text and ("copy" in text)
+
+
+def test_json_of_lm_and_task_runs_is_one_document(tmp_path):
+    import io
+
+    make_run(tmp_path / "sweep" / "0", {128: 10.0, 256: 12.0})
+    make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
+    out = io.StringIO()
+    report_main([tmp_path / "sweep"], console=Console(file=out, width=200), fmt="json",
+                err_console=Console(file=io.StringIO()))
+    data = json.loads(out.getvalue())
+    assert data["groups"] and data["tasks"][0]["task"] == "copy"
+
+
+def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
+    runs = [load_run(make_task_run(tmp_path / str(i), {n: 0.5, 2 * n: 0.1}, seed=i, train_len=n))
+            for i, n in enumerate((32, 64))]
+    report = build_task_report(runs, ["encoder"])
+    assert sorted(g.label for g in report.groups) == ["encoder=rope train_len=32", "encoder=rope train_len=64"]
+    assert all(len(g.runs) == 1 for g in report.groups)
+
+
+def test_a_filtered_report_keeps_the_sweeps_own_summary(tmp_path):
+    import io
+
+    sweep = tmp_path / "sweep"
+    make_task_run(sweep / "0", {64: 1.0, 128: 0.5})
+    make_task_run(sweep / "1", {64: 1.0, 128: 0.2}, encoder="alibi")
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    (sweep / "summary.md").write_text("the sweep's own summary\n")
+    report_main([sweep], console=Console(file=io.StringIO(), width=200), where=["encoder=alibi"])
+    assert (sweep / "summary.md").read_text() == "the sweep's own summary\n"
+    (written,) = (sweep / "reports").iterdir()
+    assert written.name == "where-encoder=alibi" and "alibi" in (written / "summary.md").read_text()

@@ -88,3 +88,11 @@ def _display_path(path: Path, out_dir: str | os.PathLike | None) -> str:
         except ValueError:
             pass
     return path.as_posix()
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped (and ×, ±, — as LaTeX writes them)."""
+    special = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+               "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
+               "—": "---", "×": r"$\times$", "±": r"$\pm$"}
+    return "".join(special.get(ch, ch) for ch in str(text))

@@ -22,7 +22,7 @@ from rich.text import Text
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_rows,
                                       higher_is_better, methods, sweep_keys, verdict_lines)
 from posexp.reporting.lm_report import Cell, Group, Report, _aggregate, _group_rows, compare
-from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
+from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
                                          _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short)
 from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show, config_value
 from posexp.reporting.stats import Stat
@@ -386,7 +386,7 @@ def render_latex(report: Report) -> str:
         "% needs \\usepackage{booktabs}",
         f"\\begin{{tabular}}{{{spec}}}",
         "\\toprule",
-        " & ".join(_latex(c) for c in columns) + r" \\",
+        " & ".join(latex_escape(c) for c in columns) + r" \\",
         "\\midrule",
     ]
     best = _best_cells(report)
@@ -394,12 +394,12 @@ def render_latex(report: Report) -> str:
         cells = []
         for i, (text, stat, decimals) in enumerate(_group_cells(report, group)[:len(columns)]):
             if stat is None:
-                cells.append(_latex(text))
+                cells.append(latex_escape(text))
             elif stat.applicable and stat.mean is not None:
                 number = _stat_text(stat, decimals, group, plus_minus=r" \pm ")
                 cells.append((f"\\mathbf{{{number}}}" if (g, i) in best else number).join("$$"))
             else:
-                cells.append(_latex(stat.text(decimals)))
+                cells.append(latex_escape(stat.text(decimals)))
         lines.append(" & ".join(cells) + r" \\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -407,13 +407,6 @@ def render_latex(report: Report) -> str:
 
 RENDERERS = {"markdown": render_table_markdown, "csv": render_table_csv, "json": render_json,
              "latex": render_latex}
-
-
-def _latex(text: str) -> str:
-    special = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-               "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-               "—": "---", "×": r"$\times$", "±": r"$\pm$"}
-    return "".join(special.get(ch, ch) for ch in str(text))
 
 
 def _latex_comment(text: str) -> str:

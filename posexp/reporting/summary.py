@@ -19,8 +19,10 @@ and order; ``--format`` prints the table as rich, markdown, csv, json or latex.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -31,7 +33,7 @@ from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report)
+from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_RENDERERS)
 from posexp.reporting.lm_report import build_report
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
@@ -96,26 +98,59 @@ def report_main(
         if fmt == "rich":
             print_report(report, console)
         else:
-            console.file.write(RENDERERS[fmt](report))
+            console.file.write(_machine_text(report, task_report, fmt))
             console.file.flush()
             for warning in report.warnings:
                 # one line each, however narrow the terminal: a warning is read (and grepped) whole
                 notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
-    if task_report is not None:
-        print_task_report(task_report, notes)  # its own tables: accuracy never shares a table with perplexity
-    if out is not None:
-        out_dir = Path(out)
-    elif len(paths) == 1:
-        given = Path(paths[0])
-        out_dir = given.parent if given.is_file() else given
-    else:
-        out_dir = Path.cwd()
+    if task_report is not None:  # its own tables: accuracy never shares a table with perplexity
+        if fmt == "rich":
+            print_task_report(task_report, console)
+        else:
+            if report is None:
+                console.file.write(TASK_RENDERERS[fmt](task_report))
+                console.file.flush()
+            for warning in task_report.warnings:
+                notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+    out_dir = _out_dir(paths, out, where)
     full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
     summary = out_dir / SUMMARY_MD
-    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD} and {SUMMARY_CSV}"))
+    csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
+    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
     return summary
+
+
+def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
+    """The perplexity report in ``fmt``, followed by the task report's tables when there are task runs too
+    (for JSON, one document: the task records under ``"tasks"``)."""
+    text = RENDERERS[fmt](report)
+    if task_report is None:
+        return text
+    tasks = TASK_RENDERERS[fmt](task_report)
+    if fmt == "json":
+        lm, task = json.loads(text), json.loads(tasks)
+        return json.dumps({**lm, "tasks": task["tasks"], "warnings": lm["warnings"] + task["warnings"]},
+                          indent=2) + "\n"
+    return text + "\n" + tasks
+
+
+def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
+             where: Sequence[str] | str | None) -> Path:
+    """Where the report's files go: ``--out``; else the one folder given (a filtered report of a sweep
+    goes to ``reports/where-KEY=VALUE/`` inside it, so the sweep's own summary.md is kept); else here."""
+    if out is not None:
+        return Path(out)
+    if len(paths) != 1:
+        return Path.cwd()
+    given = Path(paths[0])
+    folder = given.parent if given.is_file() else given
+    filters = [where] if isinstance(where, str) else list(where or [])
+    if filters and is_sweep_dir(folder):
+        slug = re.sub(r"[^A-Za-z0-9=.,!_-]+", "_", "where-" + "-".join(filters))[:120]
+        return folder / "reports" / slug
+    return folder
 
 
 def _split_tasks(run_dirs: list[Path], by, metrics, where) -> tuple[list[Path], Optional[TaskReport]]:

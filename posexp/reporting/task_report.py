@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from posexp.errors import ConfigError
+from posexp.reporting.formatting import latex_escape
 from posexp.reporting.runs import Run
 from posexp.reporting.selection import _show, config_value
 from posexp.reporting.stats import Stat, _stat
@@ -151,14 +152,17 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
         values = tuple(_show(config_value(run, key)) for key in by)
-        key = (task, values) if by else (task, (i,))
+        # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
+        key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
         groups.setdefault(key, TaskGroup(task, label, [])).runs.append(run)
-    warnings = []
+    split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
+    for key, group in groups.items():
+        if key[:2] in split:
+            group.label += f" train_len={_show(key[2])}"
+    warnings: list[str] = []
     lengths: set[int] = set()
     for group in groups.values():
-        if group.train_len is None:
-            warnings.append(f"task {group.task}, {group.label}: runs trained at different lengths are averaged")
         # each run's accuracies by length, per row field the table (exact match) and the chosen metrics read
         per_field = {name: [run_accuracy(run, name) for run in group.runs]
                      for name in {"exact_match", *(FIELDS[m.kind] for m in chosen)}}
@@ -279,3 +283,63 @@ def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) 
     text = "\n".join(lines) + "\n"
     return (after.rstrip("\n") + "\n\n" + text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")
             if after else text)
+
+
+# -- machine-readable formats (posexp report --format) ---------------------------------------------
+
+def _task_records(report: TaskReport) -> list[dict]:
+    """One record per group: its task, label, runs, training length, accuracy per length and metrics."""
+    return [{"task": g.task, "group": g.label, "n": len(g.runs), "train_len": g.train_len,
+             "exact_match": {str(n): stat.as_dict() for n, stat in sorted(g.cells.items())},
+             "metrics": {name: stat.as_dict() for name, stat in g.metrics.items()}} for g in report.groups]
+
+
+def render_task_json(report: TaskReport) -> str:
+    """The task report as JSON: ``{"tasks": [records], "warnings": [...]}`` (accuracy in %)."""
+    import json
+
+    return json.dumps({"tasks": _task_records(report), "warnings": report.warnings}, indent=2) + "\n"
+
+
+def render_task_csv(report: TaskReport) -> str:
+    """One CSV row per group and value: task, group, n, train_len, what (a length or a metric), mean, low, high."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["task", "group", "n", "train_len", "what", "mean", "low", "high"])
+    for record in _task_records(report):
+        values = [(f"exact_match@{n}", stat) for n, stat in record["exact_match"].items()]
+        for what, stat in [*values, *record["metrics"].items()]:
+            writer.writerow([record["task"], record["group"], record["n"], record["train_len"], what,
+                             *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high"))])
+    return out.getvalue()
+
+
+def render_task_markdown(report: TaskReport) -> str:
+    """The tables of report.md's task section, without the figure."""
+    return "\n".join(task_table_lines(report)) + "\n"
+
+
+def render_task_latex(report: TaskReport) -> str:
+    """One ``tabular`` per task (booktabs rules), exact match (%) by length and the chosen metrics."""
+    out = []
+    for task in dict.fromkeys(g.task for g in report.groups):
+        groups = [g for g in report.groups if g.task == task]
+        lengths = sorted({n for g in groups for n in g.cells})
+        names = [m.name for m in report.metrics]
+        out += [f"% task {latex_escape(task)}: exact match (%) by context length, mean $\\pm$ 95\\% interval",
+                "\\begin{tabular}{l r " + "r " * (len(lengths) + len(names)) + "}", "\\toprule",
+                " & ".join(["group", "n", *map(str, lengths), *map(latex_escape, names)]) + " \\\\", "\\midrule"]
+        for g in groups:
+            cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
+            cells += [_cell_text(g.metrics.get(name), 0 if name.startswith("maxlen") else 1, len(g.runs))
+                      for name in names]
+            out.append(" & ".join([latex_escape(g.label), str(len(g.runs)), *map(latex_escape, cells)]) + " \\\\")
+        out += ["\\bottomrule", "\\end{tabular}", ""]
+    return "\n".join(out)
+
+
+TASK_RENDERERS = {"markdown": render_task_markdown, "csv": render_task_csv, "json": render_task_json,
+                  "latex": render_task_latex}
