@@ -41,6 +41,8 @@ TRAIN_CASES = [
     (["outputs/typo"], ["outputs/typo", "KEY=VALUE"]),
     (["hydra/launcher=nope"], ["hydra/launcher=nope", "basic", "joblib"]),
     (["~model.d_model"], ["model.d_model", "deletion"]),
+    # joblib refused n_jobs=0 with a traceback once the sweep had started
+    (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0", "seed=0,1"], ["hydra.launcher.n_jobs=0", "at least 1"]),
 ]
 
 ANALYZE_CASES = [
@@ -148,3 +150,17 @@ def test_every_main_key_has_a_meaning():
         rows = key_table(compose("config"))
     assert [r[0] for r in rows] == list(MAIN_KEYS)
     assert all(meaning for _, _, meaning in rows), [r for r in rows if not r[2]]
+
+
+@pytest.mark.parametrize("env", [{"COLUMNS": "0"}, {"COLUMNS": "wide"}, {"PYTHONIOENCODING": "ascii"}],
+                         ids=["COLUMNS=0", "COLUMNS=wide", "PYTHONIOENCODING=ascii"])
+def test_a_terminal_setting_never_hides_an_error_nor_raises(env, tmp_path, monkeypatch):
+    """COLUMNS=0 printed nothing at all (not even the error); an ASCII-only output raised on posexp's "·"."""
+    from conftest import run_cli
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    bad = run_cli("train", "encoder=rpoe", cwd=tmp_path)
+    assert bad.returncode == 2 and "did you mean encoder=rope" in bad.stderr, bad.stderr
+    listing = run_cli("list", cwd=tmp_path)
+    assert listing.returncode == 0 and "rope" in listing.stdout and "Traceback" not in listing.stderr

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import signal
 import sys
 import time
@@ -33,6 +35,10 @@ CONFIG_DIR = config_dir()
 GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "task", "logger", "experiment", "search")
 TOP_KEYS = ("base=", "train_len=", "seed=")
 
+# COLUMNS=0 (or not a number) made every console zero characters wide, errors included: dropped before
+# the first console is made, so rich measures the terminal (or takes 80 columns) instead
+if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
+    del os.environ["COLUMNS"]
 err_console = Console(stderr=True)
 # Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
 _failed_jobs: list[str] = []
@@ -539,7 +545,16 @@ def list_cmd() -> None:
     print_choices(Console())
 
 
+def _usable_streams() -> None:
+    """An output encoding that cannot write posexp's "·" or "×" (``PYTHONIOENCODING=ascii``) raised in the
+    middle of a run: such characters are written as "?" instead."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="replace")
+
+
 def main() -> None:
+    _usable_streams()
     app()
 
 

@@ -111,6 +111,20 @@ def _values(override) -> Optional[List[str]]:
     return list(override.sweep_string_iterator())
 
 
+def _check_launcher(override) -> None:
+    """Launcher settings that joblib and submitit would only refuse with a traceback once the sweep starts."""
+    if override.key_or_group != "hydra.launcher.n_jobs":
+        return
+    for value in _values(override) or []:
+        try:
+            ok = int(value) != 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise OverrideError(f"hydra.launcher.n_jobs={value}: must be a whole number of jobs run at once, "
+                                "at least 1 (or -1: one per CPU core, -2: all but one)")
+
+
 def _groups(loader, parent: str = "") -> Iterator[str]:
     for name in loader.list_groups(parent):
         group = f"{parent}/{name}" if parent else name
@@ -208,6 +222,7 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
             raise OverrideError(f"{o.input_line}: several values sweep, which needs -m (posexp ... -m "
                                 f"{o.input_line}); for one list value write {o.key_or_group}=[...], for a string "
                                 f"with commas quote it: {o.key_or_group}='...'")
+        _check_launcher(o)
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         groups = set(_groups(loader))
