@@ -138,8 +138,10 @@ def test_speed_is_measured_against_rope():
 
 
 def test_a_max_length_encoding_is_refused_past_it_not_failed():
-    (result,) = run_checks(lambda d, h: create("learned", d, h, max_length=100), PROBE, ["length"])
-    assert result.status == PASS and result.measured == 100 and "refused past max_length=100" in result.detail
+    results = run_checks(lambda d, h: create("learned", d, h, max_length=300), PROBE, NOT_TIMED)
+    assert not [r for r in results if r.status == FAIL]
+    (length,) = [r for r in results if r.name == "length"]
+    assert length.measured == 300 and "refused past max_length=300" in length.detail
 
 
 def test_markdown_output_is_one_table_row_per_check():

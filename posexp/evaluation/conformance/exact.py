@@ -15,7 +15,7 @@ import torch
 from posexp.encoders.contract import PositionalEncoder
 from posexp.evaluation.conformance.probe import (
     EncoderFactory, Probe, attention_logits, build_model, causal_diff, layer_encoders, relative_diff, tokens)
-from posexp.evaluation.conformance.result import FAIL, NOT_APPLICABLE, PASS, Check, within
+from posexp.evaluation.conformance.result import NOT_APPLICABLE, Check, within
 
 EXACT = 1e-6  # max abs difference in float64 of outputs that must be equal
 FUSED = 1e-5  # score_mod vs bias in fp32, relative to the largest bias
@@ -120,7 +120,7 @@ def check_fused(make_encoder: EncoderFactory, probe: Probe) -> Check:
     fused = [e for e in layer_encoders(encoder, probe) if e.uses_score_mod and e.uses_bias]
     if not fused:
         return Check("fused = plain", NOT_APPLICABLE, None, "", "no score_mod: the model always takes bias()")
-    L = probe.lengths[-1]
+    L = min(probe.lengths[-1], encoder.max_length or probe.lengths[-1])
     pos = torch.arange(L)
     worst = 0.0
     for enc in fused:
