@@ -65,6 +65,10 @@ def _measured(value: Optional[float]) -> str:
     return f"{value:.2g}" if abs(value) < 1e-2 else f"{value:.3g}"
 
 
+def _markdown_cell(text: object) -> str:
+    return str(text).replace("|", "\\|")
+
+
 def _title(name: str, options: dict, results: list[Check], seconds: float) -> str:
     counts = {s: sum(r.status == s for r in results) for s in (PASS, FAIL, "n/a")}
     given = f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
@@ -81,7 +85,7 @@ def render(name: str, options: dict, results: list[Check], seconds: float, fmt: 
                                        for r in results), "seconds": round(seconds, 2), "probe": asdict(probe),
                                        "checks": [r.as_dict() for r in results]}, default=str))
     elif fmt == "markdown":
-        cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+        cell = _markdown_cell
         lines = [f"**{cell(title)}**", "", "| check | status | measured | tolerance | detail |", "|---|---|---|---|---|"]
         lines += [f"| {cell(r.name)} | {r.status} | {_measured(r.measured)} | {cell(r.tolerance)} | {cell(r.detail)} |"
                   for r in results]
