@@ -11,6 +11,7 @@ from posexp.encoders import create
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
 from posexp.encoders.scaling import ROTARY_SCALINGS, rope_frequencies, rope_scaling, yarn_attention_scaling
+from posexp.evaluation.conformance.scalings import transformers_rope
 from posexp.evaluation.extension import check_scaling, encoders_supporting, scaled_encoder
 
 SHAPES = [(32, 10000.0, 128), (64, 500000.0, 32), (16, 100.0, 256)]  # (head dim, base, train_len)
@@ -19,15 +20,8 @@ FACTORS = [1.0, 2.0, 4.0, 8.0, 16.0]
 
 def _hf(kind: str, dim: int, base: float, train_len: int, factor: float, seq_len=None, **extra):
     """transformers' own inv_freq and attention scaling for a Llama config of head width ``dim``."""
-    transformers = pytest.importorskip("transformers")
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = {"rope_type": kind, "factor": factor, "rope_theta": base, **extra}
-    max_pos = train_len if kind in ("linear", "dynamic") else int(train_len * max(factor, 1.0)) + 1
-    cfg = transformers.LlamaConfig(hidden_size=dim * 2, num_attention_heads=2, head_dim=dim,
-                                   max_position_embeddings=max_pos, rope_parameters=params)
-    inv_freq, attention = ROPE_INIT_FUNCTIONS[kind](cfg, "cpu", seq_len=seq_len)
-    return inv_freq, float(attention)
+    pytest.importorskip("transformers")
+    return transformers_rope(kind, dim, base, train_len, factor, seq_len=seq_len, **extra)
 
 
 def _close(ours: torch.Tensor, theirs: torch.Tensor) -> None:

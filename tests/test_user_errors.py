@@ -114,7 +114,7 @@ def test_valid_overrides_and_sweeps_pass_the_check():
 
 # -- 13: -h everywhere, and what the main keys mean ------------------------------------------------
 
-@pytest.mark.parametrize("command", ["train", "analyze", "eval", "report", "resume", "list"])
+@pytest.mark.parametrize("command", ["train", "analyze", "eval", "report", "resume", "list", "check"])
 def test_dash_h_is_help_on_every_subcommand(command, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, [command, "-h"])

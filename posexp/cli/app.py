@@ -536,6 +536,25 @@ def analyze(
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
 
 
+@app.command("check")
+def check_cmd(
+    encoder: str = typer.Argument(..., help="A registered encoder (posexp list shows them), built-in or plugin.",
+                                  show_default=False),
+    options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500.",
+                                                  show_default=False),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown (for CI)."),
+) -> None:
+    """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
+    scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails."""
+    from posexp.commands.check import check_main
+
+    try:
+        code = check_main(encoder, list(options or []), fmt)
+    except PosexpError as e:
+        _fail(e)
+    raise SystemExit(code)
+
+
 @app.command("list")
 def list_cmd() -> None:
     """What you can choose: encoders (with their options), model sizes, data sets, tokenizers, tasks, experiment

@@ -53,6 +53,7 @@ class ALiBi(PositionalEncoder):
     """
 
     description = "ALiBi: linear distance penalty with a fixed slope per head (Press et al. 2022)"
+    relative = True  # -m_h (i - j)
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__(d_model, n_heads)

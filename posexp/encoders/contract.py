@@ -56,6 +56,9 @@ class PositionalEncoder(nn.Module):
         name: the registry name (``configs/encoder/<name>.yaml``).
         max_length: the longest sequence the encoding can represent, or None
             for any length. The evaluator marks longer lengths "not applicable".
+        relative: True for an encoding whose attention logits depend on positions only through
+            ``q_pos - k_pos`` (and on content), so that moving every query and key by the same
+            amount changes nothing; ``posexp check`` holds an encoding that declares it to that.
         base: the base frequency actually used, or None for encodings without one.
         lr_mult: the trainer gives the encoder's own parameters ``lr_mult * train.lr``
             (option ``encoder.lr_mult`` of every encoder). 1 unless an encoding needs
@@ -66,6 +69,7 @@ class PositionalEncoder(nn.Module):
     name: str = "base"
     description: str = ""
     max_length: Optional[int] = None
+    relative: bool = False
     lr_mult: float = 1.0
 
     def __init__(self, d_model: int, n_heads: int):

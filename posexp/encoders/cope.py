@@ -66,6 +66,7 @@ class CoPE(PositionalEncoder):
     """
 
     description = "CoPE: positions count gated tokens, p_ij = sum_t sigmoid(q_i.k_t), q.e[p] (Golovneva et al. 2024)"
+    relative = True  # positions are counts of gated keys between j and i, never token indices
 
     def __init__(self, d_model: int, n_heads: int, npos_max: int = 64):
         super().__init__(d_model, n_heads)

@@ -85,6 +85,7 @@ class DeBERTa(PositionalEncoder):
     """
 
     description = "DeBERTa: content-to-position + position-to-content logits, log buckets (He et al. 2021)"
+    relative = True  # P is read at delta(i, j), a bucket of i - j
 
     def __init__(self, d_model: int, n_heads: int, position_buckets: int = 32, max_relative_positions: int = 128):
         super().__init__(d_model, n_heads)

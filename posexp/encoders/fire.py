@@ -57,6 +57,7 @@ class FIRE(PositionalEncoder):
     """
 
     description = "FIRE: MLP of log distance normalised by log(max(L, i)), learned c and L (Li et al. 2024)"
+    # not relative: past the threshold L the distance is normalised by psi(i), the query's own position
 
     def __init__(self, d_model: int, n_heads: int, mlp_width: int = 32, init_c: float = 0.1,
                  init_threshold: float = 512.0):

@@ -53,6 +53,7 @@ class Kerple(PositionalEncoder):
     """
 
     description = "KERPLE: learned per-head -r1*log(1+r2|i-j|) or -r1*|i-j|^r2 logit bias (Chi et al. 2022)"
+    relative = True  # a kernel of |i - j|
 
     def __init__(self, d_model: int, n_heads: int, variant: str = "log"):
         super().__init__(d_model, n_heads)

@@ -147,6 +147,11 @@ class Mixed(PositionalEncoder):
     def supports(self, length: int) -> bool:
         return all(e.supports(length) for e in self.per_layer)
 
+    @property
+    def relative(self) -> bool:  # type: ignore[override]
+        """Relative when every layer's encoding is."""
+        return all(e.relative for e in self.per_layer)
+
     def scaling_refusal(self, kind: str) -> Optional[str]:
         """A scaling applies to a mix when every layer that depends on position offers it."""
         for i, enc in enumerate(self.per_layer):

@@ -17,6 +17,7 @@ class NoPE(PositionalEncoder):
     """No positional information: attention sees only content and the causal mask."""
 
     description = "NoPE: no position signal; order comes only from the causal mask (Kazemnejad et al. 2023)"
+    relative = True  # vacuously: no position enters at all
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__(d_model, n_heads)

@@ -74,6 +74,7 @@ class RoPE(PositionalEncoder):
     """
 
     description = "RoPE: rotate q and k by position-dependent angles (Su et al. 2021)"
+    relative = True  # <R_m q, R_n k> = <q, R_{n-m} k> (see the module docstring)
     # evaluation-time context extension, see posexp/encoders/scaling.py and with_scaling
     supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
     attention_scaling = 1.0  # YaRN's sqrt(1/t) on q and k; 1 unless scaled
@@ -141,6 +142,7 @@ class RoPE(PositionalEncoder):
             theta, clone.attention_scaling = rope_scaling(kind, self.rot_dim, self._base, factor, train_len)
         clone.inv_freq = theta.to(self.inv_freq)
         clone._dynamic_cache = {}
+        clone.relative = kind != "dynamic_ntk"  # its base follows the largest key position, not distances
         return clone
 
     def frequencies(self, seq_len: int) -> tuple[Tensor, float]:
@@ -221,6 +223,7 @@ class ReRoPEScores(PositionalEncoder):
     """
 
     description = "ReRoPE: RoPE with the relative position clamped at a window (Su 2023)"
+    relative = True  # RoPE at min(m - n, w)
 
     def __init__(self, rope: RoPE, window: int):
         super().__init__(rope.d_model, rope.n_heads)

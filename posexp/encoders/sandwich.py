@@ -63,6 +63,7 @@ class Sandwich(PositionalEncoder):
     """
 
     description = "Sandwich: parameter-free bias p_m.p_n of sinusoids, scaled per head (Chi et al. 2023)"
+    relative = True  # p_m . p_n is a function of m - n
 
     def __init__(self, d_model: int, n_heads: int, sinusoid_dim: int = 128, base: float = 10000.0):
         super().__init__(d_model, n_heads)

@@ -48,6 +48,7 @@ class ShawRelative(PositionalEncoder):
     """
 
     description = "Shaw: learned relative key vectors q.a_{i-j} clipped at max_relative_position (Shaw et al. 2018)"
+    relative = True  # q_i . a_{clip(j - i)}
 
     def __init__(self, d_model: int, n_heads: int, max_relative_position: int = 16):
         super().__init__(d_model, n_heads)

@@ -71,6 +71,7 @@ class T5Bias(PositionalEncoder):
     """
 
     description = "T5: learned scalar logit bias per log-bucketed distance and head (Raffel et al. 2020)"
+    relative = True  # a bias per bucket of i - j
     lr_mult = 10.0  # see the module docstring
 
     def __init__(self, d_model: int, n_heads: int, num_buckets: int = 32, max_distance: int = 128):

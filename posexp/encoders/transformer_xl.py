@@ -44,6 +44,7 @@ class TransformerXL(PositionalEncoder):
     """
 
     description = "Transformer-XL: q.W_R R_{i-j} + u.k_j + v.W_R R_{i-j} with sinusoidal R (Dai et al. 2019)"
+    relative = True  # R_{i-j}, u and v replace every absolute term
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0):
         super().__init__(d_model, n_heads)

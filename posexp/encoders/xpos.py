@@ -52,6 +52,7 @@ class XPos(PositionalEncoder):
     """
 
     description = "xPos: RoPE with per-pair exponential decay zeta^((n-m)/B) of the score (Sun et al. 2023)"
+    relative = True  # zeta^((n-m)/B) times RoPE's rotation by n - m
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0, gamma: float = 0.4,
                  scale_base: float = 512.0):

@@ -1,0 +1,128 @@
+"""``posexp check ENCODER [KEY=VALUE ...]``: hold an encoding to the encoder contract, no training.
+
+The encoder is found by name in the registry (:func:`posexp.encoders.registry`), so a built-in and a plugin are
+checked alike; its options are typed as ``posexp train encoder.KEY=VALUE`` types them (Hydra's override
+grammar: ``layers=[rope,none]``, ``options={rope:{rotary_fraction:0.5}}``). The checks themselves are
+:mod:`posexp.evaluation.conformance`. Exit status: 0 when nothing fails, 1 when a check fails, 2 for a bad
+encoder name or option (:class:`posexp.errors.PosexpError`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any, Optional, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from posexp.cli.arguments import _did_you_mean
+from posexp.encoders import create, option_names, registry
+from posexp.errors import ConfigError, PosexpError
+from posexp.evaluation.conformance import FAIL, PASS, Check, Probe, run_checks
+
+FORMATS = ("table", "json", "markdown")
+_STYLE = {PASS: "green", FAIL: "bold red"}
+
+
+def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
+    """The encoder options of ``KEY=VALUE`` arguments (``encoder.KEY=VALUE`` too), typed by Hydra's grammar.
+
+    Raises:
+        ConfigError: an unknown encoder, an argument that is not ``KEY=VALUE``, or an option the encoder lacks.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    encoders = list(registry())
+    if name not in encoders:
+        raise ConfigError("encoder", f"no such encoder {name!r}; {_did_you_mean(name, encoders)}"
+                                     f"choose one of: {', '.join(encoders)}")
+    allowed = option_names(name) + ["lr_mult"]
+    parser, options = OverridesParser.create(), {}
+    for arg in args:
+        try:
+            override = parser.parse_override(arg)
+        except HydraException:
+            override = None
+        if override is None or "=" not in arg:
+            raise ConfigError("encoder", f"{arg}: not an option KEY=VALUE (e.g. posexp check rope base=500)")
+        key = override.key_or_group.removeprefix("encoder.")
+        if key not in allowed:
+            raise ConfigError(f"encoder.{key}", f"not an option of encoder {name!r}; "
+                                                f"{_did_you_mean(key, allowed)}its options are: {', '.join(allowed)}")
+        options[key] = override.value()
+    return options
+
+
+def _measured(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    if float(value).is_integer() and abs(value) < 1e6:
+        return str(int(value))
+    return f"{value:.2g}" if abs(value) < 1e-2 else f"{value:.3g}"
+
+
+def _markdown_cell(text: object) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _title(name: str, options: dict, results: list[Check], seconds: float) -> str:
+    counts = {s: sum(r.status == s for r in results) for s in (PASS, FAIL, "n/a")}
+    given = f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
+    return (f"posexp check {name}{given}: {counts[PASS]} pass, {counts[FAIL]} fail, {counts['n/a']} n/a "
+            f"in {seconds:.1f} s")
+
+
+def render(name: str, options: dict, results: list[Check], seconds: float, fmt: str, console: Console,
+           probe: Probe) -> None:
+    """Print the results as a rich table, a markdown table or JSON (the last two alone on stdout)."""
+    title = _title(name, options, results, seconds)
+    if fmt == "json":
+        console.print_json(json.dumps({"encoder": name, "options": options, "passed": all(r.status != FAIL
+                                       for r in results), "seconds": round(seconds, 2), "probe": asdict(probe),
+                                       "checks": [r.as_dict() for r in results]}, default=str))
+    elif fmt == "markdown":
+        cell = _markdown_cell
+        lines = [f"**{cell(title)}**", "", "| check | status | measured | tolerance | detail |", "|---|---|---|---|---|"]
+        lines += [f"| {cell(r.name)} | {r.status} | {_measured(r.measured)} | {cell(r.tolerance)} | {cell(r.detail)} |"
+                  for r in results]
+        console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    else:
+        table = Table(title=escape(title), title_justify="left")
+        for column in ("check", "status", "measured", "tolerance", "detail"):
+            table.add_column(column, overflow="fold")
+        for r in results:
+            style = _STYLE.get(r.status, "dim")
+            table.add_row(escape(r.name), f"[{style}]{r.status}[/]", _measured(r.measured), escape(r.tolerance),
+                          escape(r.detail))
+        console.print(table)
+
+
+def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Optional[Console] = None,
+               probe: Optional[Probe] = None) -> int:
+    """Run every conformance check on encoder ``name`` with options ``args`` and print the results.
+
+    Args:
+        probe: the probe model (default :class:`~posexp.evaluation.conformance.Probe`).
+
+    Returns:
+        The exit status: 1 when a check fails, else 0.
+
+    Raises:
+        PosexpError: an unknown format, encoder or option, or an option value the encoder refuses.
+    """
+    if fmt not in FORMATS:
+        raise PosexpError(f"--format {fmt}: choose one of: {', '.join(FORMATS)}")
+    options = parse_options(name, args)
+    probe = probe or Probe()
+    create(name, d_model=probe.d_model, n_heads=probe.n_heads, **options)  # a bad value fails here, in one line
+    start = time.perf_counter()
+    results = run_checks(lambda d_model, n_heads: create(name, d_model=d_model, n_heads=n_heads, **options), probe)
+    render(name, options, results, time.perf_counter() - start, fmt, console or Console(), probe)
+    return 1 if any(r.status == FAIL for r in results) else 0
+
+
+__all__ = ["FORMATS", "check_main", "parse_options", "render"]

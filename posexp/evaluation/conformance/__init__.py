@@ -1,0 +1,88 @@
+"""A conformance kit for positional encodings: ``posexp check ENCODER``.
+
+Holds any encoding, built-in or plugin, to the encoder contract (:mod:`posexp.encoders.contract`) in a small
+random GPT on a CPU, with no training, in seconds. Each check returns a :class:`Check`: pass, fail or n/a, the
+number it measured and the bound it held it to.
+
+===========================  ==========================================================================
+check                        what it holds the encoding to
+===========================  ==========================================================================
+causality                    no output at or before ``t`` depends on the tokens after ``t``
+prefix                       nor on how many tokens follow: the first ``t + 1`` outputs are the prefix's own
+absolute positions           query blocks with their own ``q_pos`` give the rows of the whole sequence
+relative                     an encoding declaring ``relative = True``: logits invariant under a common shift
+fused = plain                ``score_mod``, applied as a tensor function, equals ``bias``
+length                       runs at 16x the nominal training length or refuses past its ``max_length``;
+                             no NaN/inf in outputs or gradients
+memory linear in length      the largest tensor of a forward pass grows linearly with the length
+scalings: factor 1           each evaluation-time scaling it offers is the identity at factor 1
+scalings: = transformers     rotary scalings equal transformers' ``ROPE_INIT_FUNCTIONS``
+determinism                  two seeded runs are bitwise equal
+bf16                         bf16 autocast runs, finite, close to fp32
+speed vs rope                forward + backward time at the default model shape
+===========================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from posexp.evaluation.conformance.exact import (
+    check_causality, check_fused, check_offsets, check_prefix, check_relative)
+from posexp.evaluation.conformance.numerics import (
+    check_bf16, check_determinism, check_length, check_memory, check_speed)
+from posexp.evaluation.conformance.probe import EncoderFactory, Probe
+from posexp.evaluation.conformance.result import FAIL, NOT_APPLICABLE, PASS, Check
+from posexp.evaluation.conformance.scalings import check_scaling_identity, check_scaling_reference
+
+CHECKS: dict[str, Callable[[EncoderFactory, Probe], Check]] = {
+    "causality": check_causality,
+    "prefix": check_prefix,
+    "absolute positions": check_offsets,
+    "relative": check_relative,
+    "fused = plain": check_fused,
+    "length": check_length,
+    "memory linear in length": check_memory,
+    "scalings: factor 1": check_scaling_identity,
+    "scalings: = transformers": check_scaling_reference,
+    "determinism": check_determinism,
+    "bf16": check_bf16,
+    "speed vs rope": check_speed,
+}
+
+
+def run_checks(make_encoder: EncoderFactory, probe: Optional[Probe] = None, names: Optional[Iterable[str]] = None,
+               on_check: Optional[Callable[[Check], None]] = None) -> list[Check]:
+    """Every check of :data:`CHECKS` on the encoder ``make_encoder(d_model, n_heads)`` builds.
+
+    A check whose code raises fails with the exception's message: a broken hook is a finding, not a crash.
+
+    Args:
+        make_encoder: builds a fresh encoder for a model of the given width and heads.
+        probe: the probe model's shape and lengths (default :class:`Probe`).
+        names: the checks to run, keys of :data:`CHECKS` (default: all, in that order).
+        on_check: called with each result as it is measured (for progress).
+    """
+    probe = probe or Probe()
+    results = []
+    threads = torch.get_num_threads()
+    # the probe's tensors are tiny: one thread computes them as fast as several, and does not slow to a crawl
+    # on a busy machine, where several threads of one small operation wait for each other
+    torch.set_num_threads(1)
+    try:
+        for name in CHECKS if names is None else names:
+            try:
+                result = CHECKS[name](make_encoder, probe)
+            except Exception as e:  # noqa: BLE001 (the encoder's code, whatever it raises, is what is under test)
+                result = Check(name, FAIL, None, "", f"raised {type(e).__name__}: {e}")
+            results.append(result)
+            if on_check is not None:
+                on_check(result)
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
+__all__ = ["CHECKS", "FAIL", "NOT_APPLICABLE", "PASS", "Check", "Probe", "run_checks"]

@@ -1,0 +1,36 @@
+"""One line of ``posexp check``'s table: a property, whether it holds, and the number that says so."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one conformance check.
+
+    Attributes:
+        name: what is checked, e.g. ``causality``.
+        status: ``pass``, ``fail`` or ``n/a`` (the encoding does not claim the property, or has no such hook).
+        measured: the number measured (a max abs difference, a growth exponent, ...), None if nothing was.
+        tolerance: the bound ``measured`` is held to, in words (``<= 1e-06``).
+        detail: how it was measured, or what went wrong.
+    """
+
+    name: str
+    status: str
+    measured: Optional[float] = None
+    tolerance: str = ""
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def within(name: str, measured: float, bound: float, detail: str, fmt: str = ".0e") -> Check:
+    """``pass`` when ``measured <= bound`` (a NaN fails), else ``fail``."""
+    ok = measured <= bound  # False for NaN
+    return Check(name, PASS if ok else FAIL, measured, f"<= {bound:{fmt}}", detail)
