@@ -61,6 +61,10 @@ DAMAGE = {
     "wrong_shape": b'[1, 2, 3]\n',
     "rows_not_a_list": b'{"run": {}, "rows": {"length": 128}}\n',
     "unreadable": b'{"run": {"label": "caf\xe9"}, "rows": []}\n',  # not UTF-8: cannot be read as text
+    # hand edits: a value of the wrong type, an impossible one
+    "ppl_a_string": b'{"run": {"label": "x"}, "rows": [{"length": 128, "ppl": "4.6"}]}\n',
+    "ppl_zero": b'{"run": {"label": "x"}, "rows": [{"length": 128, "ppl": 0}]}\n',
+    "accuracy_above_1": b'{"run": {"label": "x"}, "rows": [{"length": 128, "exact_match": 1.5}]}\n',
 }
 
 

@@ -218,7 +218,29 @@ def read_results(path: str | os.PathLike) -> dict:
         if not isinstance(row, dict) or not isinstance(row.get("length"), (int, float)) \
                 or not math.isfinite(row["length"]):
             raise bad(f'row {i} has no numeric "length"')
+        _check_row_values(file, i, row)
     return finite_results(data)
+
+
+# the numbers a row may hold, with the range a measurement can have (None: not measured, or not finite)
+_ROW_RANGES = {"ppl": (0.0, math.inf, False), "loss": (-math.inf, math.inf, True),
+               "exact_match": (0.0, 1.0, True), "token_accuracy": (0.0, 1.0, True)}
+
+
+def _check_row_values(file: Path, i: int, row: dict) -> None:
+    """A hand-edited value of the wrong type or out of range is named here, before anything reads or rewrites it."""
+    for key, (low, high, closed) in _ROW_RANGES.items():
+        value = row.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PosexpError(f"{file}: row {i} ({key}) is {value!r}, not a number; restore the file "
+                              "(or evaluate the run again with posexp eval)")
+        inside = (low <= value <= high) if closed else (low < value <= high)
+        if not inside and not math.isinf(value):
+            bounds = f"[{low:g}, {high:g}]" if closed else f"> {low:g}"
+            raise PosexpError(f"{file}: row {i} ({key}) is {value!r}, impossible for a measurement ({key} "
+                              f"{bounds}); restore the file (or evaluate the run again with posexp eval)")
 
 
 def run_status(run_dir: str | os.PathLike) -> Optional[str]:
