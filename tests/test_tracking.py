@@ -308,3 +308,47 @@ def test_a_sweep_of_two_jobs_gives_two_grouped_runs(tmp_path, mlflow_store, wand
     groups = {r.run.run_group for job in ("0", "1") for r in _wandb_records(sweep / job)
               if r.WhichOneof("record_type") == "run"}
     assert groups == {str(sweep)}  # the sweep folder (outside ./outputs here, so its full path)
+
+
+def test_an_unreachable_tracking_server_is_one_line_within_seconds():
+    """MLflow's client retried for minutes in silence; a closed port or a black-holed address is told in seconds."""
+    import socket
+    import time
+
+    from posexp.errors import PosexpError
+    from posexp.tracking.tracker import check_reachable
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(PosexpError, match=r"logger.mlflow.tracking_uri: cannot reach the tracking server"):
+            check_reachable(url, "logger.mlflow.tracking_uri")
+    assert time.monotonic() - start < 10
+    check_reachable("file:///nowhere", "logger.mlflow.tracking_uri")  # not a server: left to the tracker
+
+
+def test_mlflow_against_an_unreachable_server_fails_before_training(compose, tmp_path):
+    pytest.importorskip("mlflow")
+    import socket
+
+    from posexp.errors import PosexpError
+    from posexp.tracking.mlflow_tracker import _client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        with pytest.raises(PosexpError, match="cannot reach"):
+            _client(f"http://127.0.0.1:{s.getsockname()[1]}")
+
+
+def test_mlflow_skinny_and_the_default_sqlite_store_is_one_line_naming_the_fix(monkeypatch):
+    pytest.importorskip("mlflow")
+    import importlib.util
+
+    from posexp.errors import PosexpError
+    from posexp.tracking import mlflow_tracker
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else real(name, *a))
+    with pytest.raises(PosexpError, match=r"needs the full MLflow package: pip install mlflow"):
+        mlflow_tracker._client("sqlite:///mlflow.db")

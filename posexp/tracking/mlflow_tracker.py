@@ -9,13 +9,14 @@ tokens, and each of its points also as ``<series>_L<length>`` for the runs table
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from pathlib import Path
 from typing import Optional
 
 from posexp.errors import PosexpError
-from posexp.tracking.tracker import (Point, RunIdentity, Tracker, flat_config, point_key, read_records, write_records)
+from posexp.tracking.tracker import (Point, check_reachable, RunIdentity, Tracker, flat_config, point_key, read_records, write_records)
 
 STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
@@ -33,6 +34,12 @@ def _client(tracking_uri: Optional[str]):
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri or mlflow.get_tracking_uri()
+    check_reachable(uri, "logger.mlflow.tracking_uri")
+    if uri.startswith("sqlite:") and importlib.util.find_spec("sqlalchemy") is None:
+        # MLflow 3's default store; mlflow-skinny (the tracking client alone) cannot open it
+        raise PosexpError(f"logger.mlflow.tracking_uri: the store {uri} (MLflow's default) needs the full MLflow "
+                          "package: pip install mlflow (or posexp's extra '.[mlflow]'); or set "
+                          "logger.mlflow.tracking_uri=http://HOST:PORT of a running MLflow server")
     try:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # opens the store now, not at the first metric

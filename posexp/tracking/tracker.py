@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
 
@@ -128,6 +131,30 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, Any]:
 
 def artifacts(run_dir: Path) -> list[Path]:
     return [run_dir / name for name in ARTIFACTS if (run_dir / name).is_file()]
+
+
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(url: str, key: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """Fail in seconds, in one line, when the tracking server at ``url`` (http or https) cannot be reached.
+
+    The trackers' own clients retry with back-off for minutes before they give up, silently; a run should
+    not train for nothing, nor wait that long to be told. Other schemes (files, databases) are left to them.
+
+    Raises:
+        PosexpError: no connection to the server's host and port within ``timeout`` seconds.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        reason = "no answer" if isinstance(e, socket.timeout) else (e.strerror or type(e).__name__)
+        raise PosexpError(f"{key}: cannot reach the tracking server {url} ({reason} within {timeout:g} s); "
+                          "start it or fix the address, or train without this logger") from None
 
 
 class Tracker:

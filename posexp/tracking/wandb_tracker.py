@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from posexp.errors import ConfigError
-from posexp.tracking.tracker import Point, RunIdentity, Tracker, point_key
+from posexp.tracking.tracker import Point, RunIdentity, Tracker, check_reachable, point_key
 
 MODES = ("online", "offline", "disabled")
 ROW_COLUMNS = ("metric", "length", "protocol", "stride", "last_k", "scaling", "scaling_factor", "value")
@@ -64,6 +64,8 @@ class WandbTracker(Tracker):
 
         if os.environ.get("WANDB_MODE") == "":  # unset, as resolve_mode read it (W&B itself rejects "")
             del os.environ["WANDB_MODE"]
+        if kwargs.get("mode") == "online":
+            check_reachable(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai", "logger.wandb.mode")
         # console="off": the run's own progress bar and messages stay as they are
         settings = wandb.Settings(console="off", silent=True)
         wb = wandb.init(dir=str(run.run_dir), settings=settings, reinit="create_new", **kwargs)
