@@ -164,3 +164,13 @@ def test_a_terminal_setting_never_hides_an_error_nor_raises(env, tmp_path, monke
     assert bad.returncode == 2 and "did you mean encoder=rope" in bad.stderr, bad.stderr
     listing = run_cli("list", cwd=tmp_path)
     assert listing.returncode == 0 and "rope" in listing.stdout and "Traceback" not in listing.stderr
+
+
+@pytest.mark.parametrize("args", [[f"hydra.run.dir={'x' * 300}"], ["-m", f"hydra.sweep.dir=s/{'y' * 300}", "seed=0,1"]],
+                         ids=["run", "sweep"])
+def test_a_folder_name_too_long_for_the_filesystem_is_one_line(args, tmp_path, monkeypatch):
+    """It raised OSError (ENAMETOOLONG) from the folder claim."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", *args, *TINY])
+    _assert_one_line_error(result, [args[-1 if len(args) == 1 else 1].split("=")[0], "longer than this filesystem "
+                                    "allows"], tmp_path)

@@ -50,6 +50,33 @@ def _cannot_create(path: Path, error: OSError, key: str) -> PosexpError:
     return PosexpError(f"{path}: cannot create the run folder ({reason}); choose another with {key}=DIR")
 
 
+def check_name_lengths(path: Path, key: str) -> None:
+    """A folder name longer than the filesystem allows is one line naming the key, not an OSError later.
+
+    Raises:
+        PosexpError: a component of ``path`` (or the whole path) is too long for the filesystem.
+    """
+    existing = next((p for p in [path, *path.parents] if _exists(p)), Path("/"))
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        name_max, path_max = 255, 4096
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise PosexpError(f"{key}={path}: the folder name {part[:24]}... is {len(os.fsencode(part))} bytes, "
+                              f"longer than this filesystem allows ({name_max}); choose a shorter {key}=DIR")
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        raise PosexpError(f"{key}={path}: the path is longer than this filesystem allows ({path_max} bytes); "
+                          f"choose a shorter {key}=DIR")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # ENAMETOOLONG, among others
+        return False
+
+
 def make_parents(path: Path, key: str) -> list[Path]:
     """Create the missing folders above ``path``; returns those created, deepest last (to remove if unused)."""
     missing = [p for p in reversed(path.parents) if not p.exists()]
@@ -72,6 +99,7 @@ def new_run_dir(base: str | os.PathLike, key: str = "hydra.run.dir") -> tuple[Pa
         PosexpError: the folder cannot be created (a file in the way, no permission, a read-only place).
     """
     base = Path(base)
+    check_name_lengths(base, key)
     created = make_parents(base, key)
     for n in range(10_000):
         path = base if n == 0 else base.with_name(f"{base.name}-{n}")
@@ -222,6 +250,7 @@ def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite
         PosexpError: it cannot be created or written.
     """
     path = Path(path)
+    check_name_lengths(path, key)
     if path.exists() and not path.is_dir():
         raise PosexpError(f"{path}: is a file, not a folder; choose another {key}=DIR")
     created = make_parents(path, key) if not path.exists() else []
