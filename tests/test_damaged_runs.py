@@ -407,3 +407,19 @@ def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
     assert result.exit_code == 2
     assert "another posexp process (posexp, pid" in result.output and "is training in this folder" in result.output
     assert (run / "results.json").read_bytes() == before
+
+
+def test_eval_of_a_failed_sweep_job_that_kept_its_weights_writes_its_rows(trained, tmp_path):
+    """A job that failed after training (say, out of memory while evaluating) has weights but no train record:
+    posexp eval raised KeyError('train') while writing results.md."""
+    run = tmp_path / "job"
+    shutil.copytree(trained, run)
+    recorded = json.loads((run / "results.json").read_text())["run"]
+    failed = {k: recorded[k] for k in ("label", "overrides", "encoder", "train_len", "seed", "config",
+                                       "config_hash", "eval_settings") if k in recorded}
+    failed.update(status="failed", error={"message": "out of memory", "type": "RuntimeError"})
+    write_results_json(run, {"run": failed, "rows": []})
+    result = invoke("eval", str(run), "eval.lengths=[40]", columns=200)
+    assert result.exit_code == 0, result.output
+    assert [row["length"] for row in json.loads((run / "results.json").read_text())["rows"]] == [40]
+    assert "recorded as failed" in (run / "results.md").read_text()

@@ -107,12 +107,16 @@ def results_markdown(results: dict) -> str:
     run = results["run"]
     base = f"{run['base']:g}" if run.get("base") is not None else "none"
     rows = display_rows(results)
+    train = run.get("train") or {}  # absent when the run failed after training, its weights kept
+    trained = (f"{train['steps']} steps ({train['tokens']:,} tokens)" if "steps" in train and "tokens" in train
+               else f"steps not recorded (the run is recorded as {run.get('status', 'unfinished')})")
+    params = f"{run['params']:,} parameters" if isinstance(run.get("params"), int) else "parameters not recorded"
     lines = [
-        f"# {run['label']}",
+        f"# {run.get('label', '')}",
         "",
-        f"encoder `{run['encoder']}`, base {base}, trained at {run['train_len']} tokens for "
-        f"{run['train']['steps']} steps ({run['train']['tokens']:,} tokens), {run['params']:,} parameters, "
-        f"corpus `{run['corpus']}` ({run['corpus_fingerprint']}). Perplexity per {token_unit(run)} on the "
+        f"encoder `{run.get('encoder')}`, base {base}, trained at {run.get('train_len')} tokens for {trained}, "
+        f"{params}, corpus `{run.get('corpus', '?')}` ({run.get('corpus_fingerprint', '?')}). Perplexity per "
+        f"{token_unit(run)} on the "
         f"validation split; 95% interval from the standard error over blocks of L consecutive scored tokens "
         f"(the windows, for nonoverlap).",
         "",
