@@ -22,6 +22,9 @@ GiB = 2**30
 @pytest.mark.parametrize("overrides,key,also", [
     (("model.d_model=65536", "model.n_layers=64"), "model.d_model", "model.n_layers"),
     (("train.batch_size=1000000000",), "train.batch_size", "train_len"),
+    # a task's sizes: the OOM killer ended the first (exit 137), numpy raised on the second
+    (("task=copy", "task.symbols=100000000"), "task.symbols", "GiB"),
+    (("task=copy", "eval.examples=1000000000"), "eval.examples", "eval lengths"),
 ])
 def test_a_model_that_cannot_fit_in_memory_is_refused_before_allocation(compose, overrides, key, also):
     with pytest.raises(ConfigError) as e:

@@ -209,7 +209,10 @@ def check_memory(cfg: DictConfig, training: bool = True) -> None:
     if capacity is None:
         return
     available, where = capacity
-    vocab_size = 256  # bytes; a byte-level BPE vocabulary has these 256 and may end up smaller than asked for
+    symbols = _task_option(cfg, "symbols")
+    # bytes (a byte-level BPE vocabulary has these 256 and may end up smaller than asked for); a task's alphabet
+    vocab_size = 256 if symbols is None else int(symbols)
+    _check_task_examples(cfg, available, where)
     processes = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
     weights, activations = training_bytes_lower_bound(cfg, vocab_size, element_bytes, processes)
     if not training:
@@ -218,6 +221,11 @@ def check_memory(cfg: DictConfig, training: bool = True) -> None:
         return
     params = parameters_lower_bound(cfg.model, vocab_size)
     have = f"{where} is {_size(available)}"
+    if symbols is not None and 16 * vocab_size * int(cfg.model.d_model) > available / 2:
+        raise ConfigError("task.symbols", f"an alphabet of task.symbols={symbols:,} needs an embedding of at least "
+                                          f"{vocab_size * int(cfg.model.d_model):,} parameters "
+                                          f"({_size(16 * vocab_size * int(cfg.model.d_model))} to train) but "
+                                          f"{have}; lower task.symbols")
     if weights > available / 2 or not training:
         need = "16 bytes each for weights, gradients and AdamW state" if training else "4 bytes each"
         raise ConfigError("model.d_model", f"a model of model.d_model={cfg.model.d_model} and "
@@ -230,6 +238,26 @@ def check_memory(cfg: DictConfig, training: bool = True) -> None:
                                           f"least {_size(activations)} (and the model "
                                           f"{_size(weights)} more) but {have}; lower train.batch_size, "
                                           "train_len, model.d_model or model.n_layers")
+
+
+def _task_option(cfg: DictConfig, key: str) -> Optional[int]:
+    value = (cfg.get("task") or {}).get(key)
+    return None if value is None else int(value)
+
+
+def _check_task_examples(cfg: DictConfig, available: int, where: str) -> None:
+    """A task's evaluation holds its ``eval.examples`` instances at an eval length as one int64 array at least:
+    refuse a count whose array alone cannot fit."""
+    if not (cfg.get("task") or {}).get("name"):
+        return
+    from posexp.config.schema import eval_lengths
+
+    examples, longest = int(cfg.eval.examples), max(eval_lengths(cfg))
+    need = 8 * examples * longest
+    if need > available:
+        raise ConfigError("eval.examples", f"eval.examples={examples:,} instances at {longest:,} tokens need at "
+                                           f"least {_size(need)} but {where} is {_size(available)}; lower "
+                                           "eval.examples or the eval lengths")
 
 
 @contextlib.contextmanager
