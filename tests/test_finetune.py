@@ -293,3 +293,25 @@ def test_two_run_folders_are_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(PosexpError, match=r"takes one run folder; got a and b"):
         parent_argument(["a", "b", "train_len=256"])
+
+
+def test_a_parent_overwritten_since_the_fine_tune_is_flagged_not_shown(parents, linear_child, tmp_path):
+    """Report's parent columns showed the numbers of whatever run now stands in the parent's folder."""
+    parent, child = tmp_path / "parent", tmp_path / "child"
+    shutil.copytree(parents["rope"], parent)
+    shutil.copytree(linear_child, child)
+    results = _results(child)
+    results["run"]["parent"] = str(parent)
+    (child / "results.json").write_text(json.dumps(results))
+
+    def report():
+        out = invoke("report", str(child), "--metric", "ppl@1x", "--format", "csv")
+        assert out.exit_code == 0, out.output
+        return out
+
+    assert "parent ppl@1x" in report().stdout  # the parent as it was: shown beside
+    weights = parent / "checkpoint" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")  # overwritten by another run since
+    flagged = report()
+    assert "parent ppl@1x" not in flagged.stdout
+    assert "was overwritten or changed since the fine-tune" in flagged.output

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_ppl, _fmt_settings, _num, _short
-from posexp.reporting.runs import Run, context_gain, load_run
+from posexp.reporting.runs import Run, context_gain, load_run, parent_changed
 from posexp.reporting.selection import (DEFAULT_TOLERANCE, EXECUTION_KEYS, Filter, Metric, SortKey, _ABSENT, _canon,
                                         _flatten, _show, _unknown_key_error, config_value, parse_by, parse_metric,
                                         parse_metrics, parse_sort, parse_where)
@@ -200,6 +200,8 @@ def _add_parent_metrics(report: Report) -> None:
     """Fine-tuned runs (``posexp finetune``): every metric but ``ratio`` again on their parents, beside their own."""
     parents: dict[str, Optional[ReportRow]] = {}
 
+    changed: dict[str, Optional[str]] = {}  # a fine-tune's label -> why its parent is not the one it started from
+
     def parent_of(row: ReportRow) -> Optional[ReportRow]:
         path = row.run.info.get("parent")
         if isinstance(path, str) and path not in parents:
@@ -209,7 +211,11 @@ def _add_parent_metrics(report: Report) -> None:
             except PosexpError as e:
                 parents[path] = None
                 report.warnings.append(f"{row.label}: its parent cannot be read, its parent columns are blank ({e})")
-        return parents.get(path) if isinstance(path, str) else None
+        if isinstance(path, str) and parents.get(path) is not None and row.label not in changed:
+            changed[row.label] = why = parent_changed(row.run, path)
+            if why:
+                report.warnings.append(f"{row.label}: {why}; its parent columns are blank")
+        return parents.get(path) if isinstance(path, str) and not changed.get(row.label) else None
 
     if not [row for row in report.rows if parent_of(row) is not None]:
         return

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from posexp.runs.layout import read_config_dict, read_overrides, read_results, results_file
+from posexp.runs.layout import CHECKPOINT, read_config_dict, read_overrides, read_results, results_file, sha256_file
 
 
 @dataclass
@@ -88,3 +88,20 @@ def context_gain(run: Run, train_len: int, length: Optional[int]) -> tuple[Optio
     if losses[train_len] is None or losses[target] is None:
         return False, None
     return True, losses[train_len] - losses[target]
+
+
+def parent_changed(child: Run, parent_dir: str | os.PathLike) -> Optional[str]:
+    """Why a fine-tune's parent is no longer the one it started from (its weights overwritten or changed since,
+    or gone), in words; None when the parent's weights are those the fine-tune recorded, or it recorded none."""
+    recorded = (child.info.get("finetune") or {}).get("parent_weights_sha256")
+    if not recorded:
+        return None
+    weights = Path(parent_dir) / CHECKPOINT
+    try:
+        now = sha256_file(weights)
+    except OSError:
+        return f"its parent's weights {weights} are gone"
+    if now != recorded:
+        return (f"its parent {parent_dir} was overwritten or changed since the fine-tune (weights SHA-256 "
+                f"{recorded[:12]} then, {now[:12]} now)")
+    return None

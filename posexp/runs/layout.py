@@ -30,6 +30,7 @@ imports only the standard library, omegaconf/yaml, :mod:`posexp.errors` and
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -88,6 +89,15 @@ def natural_key(path: Path) -> list:
     # re.split with a capture group alternates text, number, text, ... so positions
     # always hold the same type and the lists compare cleanly: 2 < 10, not "10" < "2".
     return [int(tok) if i % 2 else tok.lower() for i, tok in enumerate(re.split(r"(\d+)", str(path)))]
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks (weights can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def is_run_dir(path: str | os.PathLike, needs_weights: bool = False) -> bool:

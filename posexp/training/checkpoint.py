@@ -33,20 +33,12 @@ import torch
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_path, atomic_write_bytes, atomic_write_json
-from posexp.runs.layout import CHECKPOINT_DIR, WEIGHTS_FILE
+from posexp.runs.layout import CHECKPOINT_DIR, WEIGHTS_FILE, sha256_file
 
 META_FILE = "meta.json"
 RESUME_FILE = "resume.json"
 STATE_FORMAT = 1
 _LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError, KeyError, TypeError)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- RNG states ------------------------------------------------------------------------------------
