@@ -104,3 +104,22 @@ def test_overwriting_a_sweep_with_one_busy_job_touches_nothing(trained, tmp_path
     assert "is training in this folder" in result.output
     after = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
     assert after == before
+
+
+def test_sigterm_during_an_evaluation_says_what_was_kept_and_how_to_finish(trained, tmp_path):
+    import signal
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "results.json").read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "posexp", "eval", str(run), "eval.lengths=[32,64,128,256,512]",
+                             "eval.tokens=400000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # stopped once it is measuring, not while it starts
+        if line.startswith("evaluated length"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and "results.json is as it was" in err and "Traceback" not in err
+    assert f"finish with: posexp eval {run} 'eval.lengths=[32,64,128,256,512]' eval.tokens=400000" in err
+    assert (run / "results.json").read_bytes() == before

@@ -21,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
+import signal
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +37,7 @@ from rich.text import Text
 from posexp.config.schema import EvalConfig, eval_lengths, is_task
 from posexp.config.identity import config_hash
 from posexp.commands.validation import validate
-from posexp.errors import ConfigError, PosexpError
+from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, read_saved_config, runs_under)
 
@@ -301,13 +304,44 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     runs = find_eval_runs(folders, lambda msg: _warn(console, msg))
     prepared = prepare_all(runs, overrides, {Path(f).resolve() for f in folders}, console, strict=strict)
 
-    out = []
-    for p in prepared:
-        # refused while another process trains there; waits for another evaluation, whose rows it keeps
-        with run_lock(p.run_dir, EVALUATING, wait_for=(EVALUATING,), on_wait=lambda line: console.print(line, highlight=False, soft_wrap=True)):
-            out.append(_evaluate_run(p, raw_overrides, console))
+    out: list[dict] = []
+    previous = signal.getsignal(signal.SIGTERM)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, _stop)
+    try:
+        for p in prepared:
+            # refused while another process trains there; waits for another evaluation, whose rows it keeps
+            with run_lock(p.run_dir, EVALUATING, wait_for=(EVALUATING,),
+                          on_wait=lambda line: console.print(line, highlight=False, soft_wrap=True)):
+                out.append(_evaluate_run(p, raw_overrides, console))
+    except (KeyboardInterrupt, _Stopped) as e:
+        raise _stopped([p.run_dir for p in prepared], len(out), raw_overrides,
+                       signal.SIGTERM if isinstance(e, _Stopped) else signal.SIGINT) from None
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
     _refresh_sweep_summaries(folders, console)
     return out
+
+
+class _Stopped(Exception):
+    """SIGTERM during an evaluation (a scheduler's time limit, kill): stop as Ctrl-C does."""
+
+
+def _stop(signum, frame) -> None:
+    raise _Stopped()
+
+
+def _stopped(runs: list[Path], finished: int, overrides: Sequence[str], signum: int) -> TrainingInterrupted:
+    """What a stopped ``posexp eval`` kept, and the command that finishes it."""
+    kept = (f"{finished} of {len(runs)} run(s) evaluated and written ({', '.join(map(str, runs[:finished]))}); "
+            if finished else "")
+    rest = runs[finished:]
+    again = "posexp eval " + shlex.join([*map(str, rest), *overrides])
+    return TrainingInterrupted(f"posexp eval stopped by {signal.Signals(signum).name}: {kept}{rest[0]}'s "
+                               f"evaluation was not written, its results.json is as it was; finish with: {again}",
+                               128 + signum)
 
 
 def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -> dict:
