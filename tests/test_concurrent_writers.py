@@ -123,3 +123,17 @@ def test_sigterm_during_an_evaluation_says_what_was_kept_and_how_to_finish(train
     assert "stopped by SIGTERM" in err and "results.json is as it was" in err and "Traceback" not in err
     assert f"finish with: posexp eval {run} 'eval.lengths=[32,64,128,256,512]' eval.tokens=400000" in err
     assert (run / "results.json").read_bytes() == before
+
+
+def test_overwrite_replaces_only_what_posexp_wrote(trained, tmp_path):
+    """The user's own files in a run folder (notes, W&B's settings file) survive --overwrite."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    (run / "notes.md").write_text("why I ran this\n")
+    (run / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
+    (run / "wandb" / "settings").write_text("[default]\nproject = mine\n")
+    result = invoke("train", *SMOKE, "seed=3", f"hydra.run.dir={run}", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert (run / "notes.md").read_text() == "why I ran this\n"
+    assert (run / "wandb" / "settings").is_file() and not (run / "wandb" / "offline-run-20260101_000000-abc").exists()
+    assert json.loads((run / "results.json").read_text())["run"]["seed"] == 3

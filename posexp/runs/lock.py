@@ -228,10 +228,31 @@ def clear_run_files(folder: str | os.PathLike) -> None:
 
     for name in (*RUN_FILES, *SWEEP_FILES):
         target = Path(folder) / name
-        if target.is_dir() and not target.is_symlink():
+        if name == WANDB_DIR and target.is_dir() and not target.is_symlink():
+            _clear_wandb(target)
+        elif target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
+
+
+# W&B's own files in its folder: its runs (offline-run-*, run-*), their latest-run link and debug logs; the user's
+# settings file there (wandb/settings: entity, project, base_url) is theirs
+_WANDB_RUN_FILES = ("run-", "offline-run-", "latest-run", "debug")
+
+
+def _clear_wandb(folder: Path) -> None:
+    import shutil
+
+    for entry in folder.iterdir():
+        if not entry.name.startswith(_WANDB_RUN_FILES):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # when nothing of the user's is left
 
 
 def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite: bool) -> list[Path]:
