@@ -60,6 +60,7 @@ from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.extension import (NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder)
 from posexp.runs.layout import PERPLEXITY, ROW_KEY
 from posexp.model.gpt import GPT
+from posexp.model.window import AttentionWindow, window_fields
 from posexp.runtime.device import autocast
 
 Z95 = 1.959964  # two-sided 95% normal quantile
@@ -218,7 +219,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             del e
             free_memory(device)
             retries += 1
-            blocked = model.encoder.uses_bias or model.encoder.uses_scores
+            blocked = model.encoder.uses_bias or model.encoder.uses_scores or model.attention_window is not None
             if per_batch > 1:
                 per_batch //= 2
                 log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
@@ -278,12 +279,13 @@ def _length_factor(scaling: str, length: int, train_len: int, scaling_factor: Op
 
 
 def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[int], last_k: Optional[int],
-                  scaling: str, factor: Optional[float]) -> dict:
-    """What a row measured: its length, protocol and scaling (the fields of :data:`ROW_KEY`, and ``multiple``)."""
+                  scaling: str, factor: Optional[float], window: Optional[AttentionWindow] = None) -> dict:
+    """What a row measured: its length, protocol, scaling and window (the fields of :data:`ROW_KEY`, and
+    ``multiple``); a row without a window has no ``window`` / ``sinks`` fields."""
     return {"metric": PERPLEXITY, "length": length, "multiple": length / train_len, "protocol": protocol,
             "stride": stride if protocol == "sliding" else None,
             "last_k": last_k if protocol == "last_k" else None,
-            "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}
+            "scaling": None if scaling == NONE else scaling, "scaling_factor": factor, **window_fields(window)}
 
 
 def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, factor: Optional[float],
@@ -318,7 +320,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
              position_plan=None, dtype: torch.dtype = torch.float32,
-             progress: Optional[Callable[[int, int, int], None]] = None) -> list[dict]:
+             progress: Optional[Callable[[int, int, int], None]] = None,
+             window: Optional[AttentionWindow] = None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
@@ -350,6 +353,9 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             or ``torch.float32``). Whatever it is, log-softmax and cross-entropy run in fp32
             (``GPT.token_losses``) and losses are summed in float64, so perplexities do not
             carry bf16's 8-bit mantissa.
+        window: every query attends only within it (``eval.window`` / ``eval.sinks``,
+            :mod:`posexp.model.window`), with any protocol and scaling; its rows record ``window`` and
+            ``sinks``. None = the whole causal past, and rows without those fields.
 
     Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
     learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
@@ -367,13 +373,14 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     budget = eval_budget(tokens, val_tokens, lengths[-1])
     n_last = last_k_windows(tokens, last_k, val_tokens, lengths[-1]) if protocol == "last_k" else None
     model.eval()
-    configured_block = model.shape.attn_block_size
+    configured_block, configured_window = model.shape.attn_block_size, model.attention_window
+    model.attention_window = window
     rows = []
     try:
         for length in lengths:
             factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
-            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor)
+            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
             if reason is not None:
                 row.update(_not_applicable_row(reason))
@@ -383,7 +390,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
                                                     position_plan, dtype, progress)
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
-                    positions.append({**{k: row[k] for k in ROW_KEY}, "position_sum": res.position_sum,
+                    positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,
                                       "position_count": res.position_count})
             rows.append(row)
             if on_row is not None:
@@ -391,6 +398,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     finally:
         model.encoder = base_encoder
         model.shape.attn_block_size = configured_block
+        model.attention_window = configured_window
     return rows
 
 
@@ -436,7 +444,7 @@ def loss_by_position_rows(records: list[dict]) -> list[dict]:
     """``loss_by_position.csv`` rows (key..., position, loss, count) of the scored positions of each record."""
     out = []
     for rec in records:
-        key = {k: rec[k] for k in ROW_KEY}
+        key = {k: rec.get(k) for k in ROW_KEY}
         for p in np.flatnonzero(rec["position_count"]):
             c = int(rec["position_count"][p])
             out.append({**key, "position": int(p), "loss": float(rec["position_sum"][p] / c), "count": c})

@@ -56,10 +56,15 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention)
 
 
-def causal_block_mask(q_len: int, kv_len: int, offset: int, device: torch.device):
+def causal_block_mask(q_len: int, kv_len: int, offset: int, device: torch.device, window=None):
     """The block-sparse causal mask of queries ``offset .. offset + q_len - 1`` over keys ``0 .. kv_len - 1``
-    (query row ``i`` sees keys ``<= offset + i``), as FlexAttention's ``BlockMask``."""
+    (query row ``i`` sees keys ``<= offset + i``), as FlexAttention's ``BlockMask``; with ``window``
+    (a :class:`posexp.model.window.AttentionWindow`), only the keys of its window and its sinks, so the
+    kernel skips the key blocks older than the window."""
     from torch.nn.attention.flex_attention import create_block_mask
+
+    if window is not None:
+        return create_block_mask(window.mask_mod(offset), None, None, q_len, kv_len, device=device)
 
     def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return q_idx + offset >= kv_idx

@@ -76,9 +76,11 @@ REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
 REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
 
-# The columns of loss_by_position.csv: the row key, then the position and its loss.
+# The columns of loss_by_position.csv: the row key, then the position and its loss; and, only in a file with
+# rows of a windowed evaluation (eval.window), the window and its sinks.
 POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
                     "count"]
+WINDOW_COLUMNS = ["window", "sinks"]
 
 # -- finding runs ---------------------------------------------------------------------------------
 
@@ -287,7 +289,7 @@ def finite_results(results: dict) -> dict:
 
 # -- identity of a row, for replacing re-evaluated rows ------------------------------------------
 
-ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor")
+ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor", "window", "sinks")
 # A row's "metric": what it measured. Rows of different metrics share results.json, never a table.
 PERPLEXITY, ACCURACY = "perplexity", "accuracy"
 
@@ -298,11 +300,13 @@ def row_metric(row: dict) -> str:
 
 
 def row_key(row: dict) -> tuple:
-    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor, and the
-    metric and depth (passkey) of the row."""
+    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor, window and
+    sinks (``eval.window``; a row without them attended to its whole past), and the metric and depth (passkey)
+    of the row."""
     factor = row.get("scaling_factor")
     return (int(row["length"]), row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"),
-            None if factor is None else round(float(factor), 9), row_metric(row), row.get("depth"))
+            None if factor is None else round(float(factor), 9), row_metric(row), row.get("depth"),
+            row.get("window"), row.get("sinks"))
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
@@ -322,7 +326,7 @@ def _parse_position_row(raw: dict) -> dict:
     return {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
             "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
             "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
-            "count": int(raw["count"])}
+            "count": int(raw["count"]), "window": opt(raw.get("window"), int), "sinks": opt(raw.get("sinks"), int)}
 
 
 def read_loss_by_position(run_dir: str | os.PathLike) -> list[dict]:
@@ -346,7 +350,9 @@ def merge_loss_by_position(run_dir: str | os.PathLike, new: list[dict]) -> list[
 def write_loss_by_position_csv(run_dir: str | os.PathLike, rows: list[dict]) -> Path:
     """Write ``loss_by_position.csv`` atomically (losses to 6 decimals)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS, lineterminator="\n")
+    windowed = any(r.get("window") is not None for r in rows)
+    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS + (WINDOW_COLUMNS if windowed else []), lineterminator="\n",
+                       extrasaction="ignore")
     w.writeheader()
     for r in rows:
         w.writerow({**r, "loss": f"{r['loss']:.6f}"})
