@@ -4,6 +4,9 @@ evaluation without it is what it always was."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 
 import numpy as np
@@ -191,3 +194,63 @@ def test_posexp_eval_window_null_drops_the_sinks_it_was_trained_with(compose):
     trained = compose("eval.window=128", "eval.sinks=4")
     cfg = apply_eval_overrides(trained, parse_eval_overrides(["eval.window=null"]))
     assert cfg.eval.window is None and cfg.eval.sinks is None
+
+
+# -- reports ---------------------------------------------------------------------------------------
+
+def _rows(ppls: dict[int, float], **fields) -> list[dict]:
+    return [{"length": n, "multiple": n / 128, "protocol": "nonoverlap", "stride": None, "last_k": None,
+             "scaling": None, "scaling_factor": None, "applicable": True, "ppl": p, "loss": math.log(p),
+             "ppl_low": p * 0.98, "ppl_high": p * 1.02, "tokens": 1024, "targets": [1, 1024], "windows": 4,
+             **fields} for n, p in ppls.items()]
+
+
+def test_reports_keep_windowed_rows_apart_like_scalings(tmp_path):
+    from test_report import make_run
+
+    from posexp.reporting import build_report, render_csv, render_json, render_markdown
+
+    windowed = _rows({128: 3.0, 512: 3.1}, window=128, sinks=4)
+    both = make_run(tmp_path / "both", {}, extra_rows=windowed + _rows({128: 3.0, 512: 5.0}))
+    report = build_report([both])
+    assert report.window is None and report.rows[0].cells[512].ppl == 5.0  # plain rows, though listed second
+    assert "nonoverlap with window 128 + 4 sinks" in render_markdown(report)
+    only = make_run(tmp_path / "only", {}, extra_rows=windowed)
+    report = build_report([only])
+    assert report.window == (128, 4) and report.rows[0].cells[512].ppl == 3.1
+    assert "with window 128 + 4 sinks" in render_markdown(report)
+    assert (json.loads(render_json(report))["window"], json.loads(render_json(report))["sinks"]) == (128, 4)
+    table = list(csv.DictReader(io.StringIO(render_csv(report))))
+    assert [(r["length"], r["window"], r["sinks"]) for r in table] == [("128", "128", "4"), ("512", "128", "4")]
+    assert "window" not in json.loads(render_json(build_report([make_run(tmp_path / "plain", {128: 3.0})])))
+
+
+def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
+    from test_report import make_run
+
+    from posexp.runs.layout import read_results
+    from posexp.runs.results import results_csv, results_markdown, write_results
+
+    folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0, 512: 5.0}) + _rows({512: 3.1}, window=128))
+    results = read_results(folder)
+    write_results(folder, results)
+    table = list(csv.DictReader(io.StringIO(results_csv(results))))
+    assert [(r["length"], r["window"]) for r in table] == [("128", ""), ("512", ""), ("512", "128")]
+    assert "| 512 | 4 | nonoverlap window 128 |" in results_markdown(results)
+    plain = make_run(tmp_path / "p", {}, extra_rows=_rows({128: 3.0}))
+    assert "window" not in results_csv(read_results(plain)).splitlines()[0].split(",")  # as it was
+
+
+def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
+    from test_report import make_run
+
+    from posexp.reporting.runs import context_gain, load_run
+
+    def last_k(ppls, **fields):
+        return [{**r, "protocol": "last_k", "last_k": 32} for r in _rows(ppls, **fields)]
+
+    folder = make_run(tmp_path / "r", {}, extra_rows=last_k({128: 3.0, 512: 2.5}) + last_k({128: 3.0, 512: 3.0},
+                                                                                           window=128))
+    run = load_run(folder)
+    assert context_gain(run, 128, None) == (True, pytest.approx(math.log(3.0) - math.log(2.5)))
+    assert context_gain(run, 128, None, (128, None)) == (True, pytest.approx(0.0))

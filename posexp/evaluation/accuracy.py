@@ -146,7 +146,6 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
     depths = eval_depths(e.depths) if task.name == "passkey" else [None]
     dtype = resolve_precision(cfg.train.precision, device)
     model.eval()
-    configured_window, model.attention_window = model.attention_window, window
     rows = []
     try:
         for length in eval_lengths(cfg):
@@ -161,7 +160,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                 else:
                     made = eval_instances(task, length, int(e.examples), depth)
                     pos = plan.eval_positions(length)
-                    with _Swapped(model, encoder), PeakMemory(device) as mem, autocast(device, dtype):
+                    with _Swapped(model, encoder, window), PeakMemory(device) as mem, autocast(device, dtype):
                         t0 = time.perf_counter()
                         right, total, loss_sum = _score(model, made.tokens, made.answer, pos,
                                                         int(e.batch_tokens), device)
@@ -175,7 +174,6 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                     on_row(row)
     finally:
         model.encoder = base_encoder
-        model.attention_window = configured_window
     return rows
 
 

@@ -246,17 +246,21 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
 
 
 class _Swapped:
-    """Put ``encoder`` into ``model`` for the duration of a block."""
+    """Put ``encoder`` into ``model``, and have it attend within ``window`` (None: the whole past), for the
+    duration of a block."""
 
-    def __init__(self, model: GPT, encoder):
+    def __init__(self, model: GPT, encoder, window: Optional[AttentionWindow] = None):
         self.model, self.encoder, self.saved = model, encoder, model.encoder
+        self.window, self.saved_window = window, model.attention_window
 
     def __enter__(self):
         if self.encoder is not self.saved:
             self.model.encoder = self.encoder
+        self.model.attention_window = self.window
 
     def __exit__(self, *exc):
         self.model.encoder = self.saved
+        self.model.attention_window = self.saved_window
 
 
 def _not_applicable_row(reason: str) -> dict:
@@ -302,9 +306,11 @@ def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, fac
 
 def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
                     device: torch.device, log: Callable[[str], None], position_plan,
-                    dtype: torch.dtype, progress=None) -> tuple[LengthResult, float, PeakMemory]:
-    """One length's forward passes with ``encoder`` in the model: the losses, seconds taken and peak memory."""
-    with _Swapped(model, encoder), PeakMemory(device) as mem:
+                    dtype: torch.dtype, progress=None,
+                    window: Optional[AttentionWindow] = None) -> tuple[LengthResult, float, PeakMemory]:
+    """One length's forward passes with ``encoder`` in the model, attending within ``window``: the losses,
+    seconds taken and peak memory."""
+    with _Swapped(model, encoder, window), PeakMemory(device) as mem:
         t0 = time.perf_counter()
         pos = position_plan.eval_positions(length) if position_plan is not None else None
         with autocast(device, dtype):
@@ -319,9 +325,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
-             position_plan=None, dtype: torch.dtype = torch.float32,
-             progress: Optional[Callable[[int, int, int], None]] = None,
-             window: Optional[AttentionWindow] = None) -> list[dict]:
+             position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
+             progress: Optional[Callable[[int, int, int], None]] = None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
@@ -329,13 +334,11 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         val: validation tokens.
         lengths: window lengths ``L``.
         train_len: the training length (for ``multiple`` and the default scaling factor).
-        tokens: ``eval.tokens``, the scored-target budget.
-        batch_tokens: forward tokens per batch.
+        tokens, batch_tokens: ``eval.tokens``, the scored-target budget; forward tokens per batch.
         device: where to run.
         protocol: ``nonoverlap``, ``sliding`` or ``last_k`` (module docstring).
         on_row: called with each row as soon as it is done.
-        stride: ``S`` for ``sliding``.
-        last_k: ``K`` for ``last_k``.
+        stride, last_k: ``S`` for ``sliding``, ``K`` for ``last_k``.
         scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
             (for ``dynamic_ntk``, whose formula already follows the length: 1).
@@ -353,9 +356,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             or ``torch.float32``). Whatever it is, log-softmax and cross-entropy run in fp32
             (``GPT.token_losses``) and losses are summed in float64, so perplexities do not
             carry bf16's 8-bit mantissa.
-        window: every query attends only within it (``eval.window`` / ``eval.sinks``,
-            :mod:`posexp.model.window`), with any protocol and scaling; its rows record ``window`` and
-            ``sinks``. None = the whole causal past, and rows without those fields.
+        window: each query attends only within it (``eval.window``, :mod:`posexp.model.window`), with any
+            protocol and scaling; rows then record ``window`` and ``sinks``. None = the whole causal past.
 
     Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
     learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
@@ -373,8 +375,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     budget = eval_budget(tokens, val_tokens, lengths[-1])
     n_last = last_k_windows(tokens, last_k, val_tokens, lengths[-1]) if protocol == "last_k" else None
     model.eval()
-    configured_block, configured_window = model.shape.attn_block_size, model.attention_window
-    model.attention_window = window
+    configured_block = model.shape.attn_block_size
     rows = []
     try:
         for length in lengths:
@@ -387,7 +388,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             else:
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
                 res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
-                                                    position_plan, dtype, progress)
+                                                    position_plan, dtype, progress, window)
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
                     positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,
@@ -398,7 +399,6 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     finally:
         model.encoder = base_encoder
         model.shape.attn_block_size = configured_block
-        model.attention_window = configured_window
     return rows
 
 

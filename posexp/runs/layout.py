@@ -309,6 +309,13 @@ def row_key(row: dict) -> tuple:
             row.get("window"), row.get("sinks"))
 
 
+def window_text(row: dict) -> str:
+    """`` window 128``, `` window 128 + 4 sinks``, or nothing for a row that attended to its whole past."""
+    if row.get("window") is None:
+        return ""
+    return f" window {row['window']}" + (f" + {row['sinks']} sinks" if row.get("sinks") else "")
+
+
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
     """``old`` with each row that ``new`` re-measures replaced in place, and the rest of ``new`` appended."""
     fresh = {row_key(r): r for r in new}
@@ -360,8 +367,9 @@ def write_loss_by_position_csv(run_dir: str | os.PathLike, rows: list[dict]) -> 
 
 
 def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
-                        length: int) -> dict[int, tuple[float, int]]:
-    """position -> (mean loss, windows) of one window length, from a run's ``loss_by_position.csv``.
+                        length: int, window: Optional[tuple] = None) -> dict[int, tuple[float, int]]:
+    """position -> (mean loss, windows) of one window length, from a run's ``loss_by_position.csv``; ``window``
+    is the (window, sinks) of a windowed evaluation's curve, None for the plain one.
 
     The file has every position of every evaluated length, thousands of lines per
     run; a substring test skips other lengths before any parsing.
@@ -370,6 +378,7 @@ def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
     out: dict[int, tuple[float, int]] = {}
     want_scaling = "" if scaling is None else str(scaling)
     needle, want_length = f",{length},", str(length)
+    want_window = ("", "") if window is None else (str(window[0]), "" if not window[1] else str(window[1]))
     try:
         with open(path, encoding="utf-8") as f:
             header = f.readline().strip().split(",")
@@ -377,6 +386,7 @@ def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
             ip, isc, il, ipos, iloss, icount = (col["protocol"], col["scaling"], col["length"], col["position"],
                                                 col["loss"], col["count"])
             ifac = col.get("scaling_factor")
+            iw, isk = col.get("window"), col.get("sinks")  # only in a file with windowed rows
             for line in f:
                 if needle not in line:
                     continue
@@ -385,6 +395,8 @@ def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
                     continue
                 if scaling is None and ifac is not None and rec[ifac]:
                     continue  # a fixed scaling factor is its own curve
+                if (("", "") if iw is None else (rec[iw], rec[isk])) != want_window:
+                    continue  # a windowed evaluation is its own curve too
                 out[int(rec[ipos])] = (float(rec[iloss]), int(rec[icount]))
     except (OSError, KeyError, ValueError, IndexError):
         return {}
