@@ -254,3 +254,30 @@ def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
     run = load_run(folder)
     assert context_gain(run, 128, None) == (True, pytest.approx(math.log(3.0) - math.log(2.5)))
     assert context_gain(run, 128, None, (128, None)) == (True, pytest.approx(0.0))
+
+
+# -- the commands ----------------------------------------------------------------------------------
+
+def test_train_and_posexp_eval_with_a_window(compose, tmp_path):
+    from rich.console import Console
+
+    from posexp.commands.eval import reeval_main
+    from posexp.commands.train import run_train
+    from posexp.runs.layout import read_loss_by_position, read_results
+    from posexp.tracking.tracker import metric_name
+
+    overrides = ["experiment=smoke", "train.progress=false", "train.steps=2", "train.warmup_steps=0",
+                 "eval.window=16", "eval.sinks=2"]
+    run_train(compose(*overrides), tmp_path, overrides, console=Console(file=io.StringIO()))
+    trained = read_results(tmp_path)["rows"]
+    assert {(r["window"], r["sinks"]) for r in trained} == {(16, 2)}
+    assert read_results(tmp_path)["run"]["eval_settings"]["window"] == 16
+    quiet = Console(file=io.StringIO(), width=200)
+    reeval_main([str(tmp_path), "eval.window=null"], quiet)  # the plain rows, beside the windowed ones
+    reeval_main([str(tmp_path), "eval.window=8"], quiet)  # sinks belong to the window they were given with
+    rows = read_results(tmp_path)["rows"]
+    lengths = sorted({r["length"] for r in rows})
+    assert [(r.get("window"), r.get("sinks")) for r in rows] == (
+        [(16, 2)] * len(lengths) + [(None, None)] * len(lengths) + [(8, None)] * len(lengths))
+    assert {(r["window"], r["sinks"]) for r in read_loss_by_position(tmp_path)} == {(16, 2), (None, None), (8, None)}
+    assert len({metric_name(r) for r in rows if r["length"] == lengths[0]}) == 3
