@@ -279,5 +279,6 @@ def test_train_and_posexp_eval_with_a_window(compose, tmp_path):
     lengths = sorted({r["length"] for r in rows})
     assert [(r.get("window"), r.get("sinks")) for r in rows] == (
         [(16, 2)] * len(lengths) + [(None, None)] * len(lengths) + [(8, None)] * len(lengths))
-    assert {(r["window"], r["sinks"]) for r in read_loss_by_position(tmp_path)} == {(16, 2), (None, None), (8, None)}
+    assert {(r.get("window"), r.get("sinks")) for r in read_loss_by_position(tmp_path)} == {(16, 2), (None, None),
+                                                                                           (8, None)}
     assert len({metric_name(r) for r in rows if r["length"] == lengths[0]}) == 3

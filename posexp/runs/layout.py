@@ -330,10 +330,13 @@ def _parse_position_row(raw: dict) -> dict:
     def opt(value: str, cast):
         return None if value in ("", None) else cast(value)
 
-    return {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
-            "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
-            "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
-            "count": int(raw["count"]), "window": opt(raw.get("window"), int), "sinks": opt(raw.get("sinks"), int)}
+    row = {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
+           "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
+           "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
+           "count": int(raw["count"])}
+    if raw.get("window"):  # a windowed evaluation's row (eval.window); a plain row has no such fields
+        row.update(window=int(raw["window"]), sinks=opt(raw.get("sinks"), int))
+    return row
 
 
 def read_loss_by_position(run_dir: str | os.PathLike) -> list[dict]:
