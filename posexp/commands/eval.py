@@ -52,12 +52,15 @@ VALUE_HINTS = {
     "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, rerope",
     "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
     "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
+    "window": "a positive integer number of keys, e.g. eval.window=128, or null",
+    "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
     "batch_tokens": "an integer",
     "loss_by_position": "true or false",
 }
 # Changing the first key without the second resets the second to its default:
-# a stride belongs to the sliding protocol, a factor to the scaling it was given for.
-DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window"), "multiples": ("lengths",)}
+# a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
+DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window"), "multiples": ("lengths",),
+                  "window": ("sinks",)}
 
 
 # -- arguments -------------------------------------------------------------------------------
@@ -362,7 +365,9 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   f"{', '.join(map(str, eval_lengths(cfg)))} · protocol {e.protocol}"
                   f"{f' S={e.stride}' if e.stride is not None else ''}"
                   f"{f' K={e.last_k}' if e.last_k is not None else ''} · scaling {e.scaling}"
-                  f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''} · {device}",
+                  f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''}"
+                  f"{f' · window {e.window}' if e.get('window') is not None else ''}"
+                  f"{f' + {e.sinks} sinks' if e.get('sinks') is not None else ''} · {device}",
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
     if p.task is not None:

@@ -44,6 +44,7 @@ from posexp.evaluation.extension import NONE, REROPE, SCALINGS, check_scaling, f
 from posexp.evaluation.perplexity import check_protocol
 from posexp.model.factory import build_encoder, extend_encoder
 from posexp.model.gpt import check_shape
+from posexp.model.window import check_window
 from posexp.model.positions import CURRICULA, POSITION_SCHEMES, default_start_len
 from posexp.runtime.device import check_compile
 from posexp.runtime.memory import check_memory
@@ -292,6 +293,7 @@ def validate_eval(cfg: DictConfig, encoder=None) -> None:
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
     check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name, encoder=encoder,
                           rerope_window=e.get("rerope_window"), train_len=int(cfg.train_len))
+    check_window(e.get("window"), e.get("sinks"))
 
 
 def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,

@@ -145,6 +145,8 @@ class EvalConfig:
     scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | rerope
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
+    window: Optional[int] = None  # attend only to the last K keys (a window baseline); null = the whole past
+    sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384
     loss_by_position: bool = True
     # task runs (task != lm): instances per length (and depth), and the passkey's depths in [0, 1]

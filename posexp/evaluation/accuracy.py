@@ -38,6 +38,7 @@ from posexp.evaluation.perplexity import _length_factor, _not_applicable_reason,
 from posexp.evaluation.extension import NONE, check_scaling, scaled_encoder
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
+from posexp.model.window import AttentionWindow, window_fields, window_of
 from posexp.runs.layout import ACCURACY
 from posexp.runtime.device import autocast
 from posexp.runtime.precision import resolve_precision
@@ -130,10 +131,14 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                   on_row: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for passkey.
 
+    With ``eval.window`` every query attends only within the window (:mod:`posexp.model.window`) and the rows
+    record ``window`` and ``sinks``.
+
     Raises:
-        ConfigError: a scaling the encoder does not offer.
+        ConfigError: a scaling the encoder does not offer, or a bad window.
     """
     e, train_len = cfg.eval, int(cfg.train_len)
+    window = window_of(getattr(e, "window", None), getattr(e, "sinks", None))
     scaling = getattr(e, "scaling", NONE) or NONE
     base_encoder = model.encoder
     check_scaling(scaling, base_encoder.name, base_encoder)
@@ -149,16 +154,13 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, plan)
             for depth in depths:
-                row = {"metric": ACCURACY, "task": task.name, "length": length, "multiple": length / train_len,
-                       "depth": None if depth is None else float(depth), "protocol": EVAL_PROTOCOL, "stride": None,
-                       "last_k": None, "scaling": None if scaling == NONE else scaling, "scaling_factor": factor,
-                       "size": task.size_for(length)}
+                row = _row_identity(task, length, train_len, depth, scaling, factor, window)
                 if reason is not None:
                     row.update(_not_applicable(reason))
                 else:
                     made = eval_instances(task, length, int(e.examples), depth)
                     pos = plan.eval_positions(length)
-                    with _Swapped(model, encoder), PeakMemory(device) as mem, autocast(device, dtype):
+                    with _Swapped(model, encoder, window), PeakMemory(device) as mem, autocast(device, dtype):
                         t0 = time.perf_counter()
                         right, total, loss_sum = _score(model, made.tokens, made.answer, pos,
                                                         int(e.batch_tokens), device)
@@ -173,3 +175,12 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
     finally:
         model.encoder = base_encoder
     return rows
+
+
+def _row_identity(task: Task, length: int, train_len: int, depth: Optional[float], scaling: str,
+                  factor: Optional[float], window: Optional[AttentionWindow]) -> dict:
+    """What an accuracy row measured; ``window`` / ``sinks`` only for a windowed evaluation."""
+    return {"metric": ACCURACY, "task": task.name, "length": length, "multiple": length / train_len,
+            "depth": None if depth is None else float(depth), "protocol": EVAL_PROTOCOL, "stride": None,
+            "last_k": None, "scaling": None if scaling == NONE else scaling, "scaling_factor": factor,
+            "size": task.size_for(length), **window_fields(window)}

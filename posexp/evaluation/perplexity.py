@@ -60,6 +60,7 @@ from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.extension import (NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder)
 from posexp.runs.layout import PERPLEXITY, ROW_KEY
 from posexp.model.gpt import GPT
+from posexp.model.window import AttentionWindow, window_fields
 from posexp.runtime.device import autocast
 
 Z95 = 1.959964  # two-sided 95% normal quantile
@@ -218,7 +219,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             del e
             free_memory(device)
             retries += 1
-            blocked = model.encoder.uses_bias or model.encoder.uses_scores
+            blocked = model.encoder.uses_bias or model.encoder.uses_scores or model.attention_window is not None
             if per_batch > 1:
                 per_batch //= 2
                 log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
@@ -245,17 +246,21 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
 
 
 class _Swapped:
-    """Put ``encoder`` into ``model`` for the duration of a block."""
+    """Put ``encoder`` into ``model``, and have it attend within ``window`` (None: the whole past), for the
+    duration of a block."""
 
-    def __init__(self, model: GPT, encoder):
+    def __init__(self, model: GPT, encoder, window: Optional[AttentionWindow] = None):
         self.model, self.encoder, self.saved = model, encoder, model.encoder
+        self.window, self.saved_window = window, model.attention_window
 
     def __enter__(self):
         if self.encoder is not self.saved:
             self.model.encoder = self.encoder
+        self.model.attention_window = self.window
 
     def __exit__(self, *exc):
         self.model.encoder = self.saved
+        self.model.attention_window = self.saved_window
 
 
 def _not_applicable_row(reason: str) -> dict:
@@ -278,12 +283,13 @@ def _length_factor(scaling: str, length: int, train_len: int, scaling_factor: Op
 
 
 def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[int], last_k: Optional[int],
-                  scaling: str, factor: Optional[float]) -> dict:
-    """What a row measured: its length, protocol and scaling (the fields of :data:`ROW_KEY`, and ``multiple``)."""
+                  scaling: str, factor: Optional[float], window: Optional[AttentionWindow] = None) -> dict:
+    """What a row measured: its length, protocol, scaling and window (the fields of :data:`ROW_KEY`, and
+    ``multiple``); a row without a window has no ``window`` / ``sinks`` fields."""
     return {"metric": PERPLEXITY, "length": length, "multiple": length / train_len, "protocol": protocol,
             "stride": stride if protocol == "sliding" else None,
             "last_k": last_k if protocol == "last_k" else None,
-            "scaling": None if scaling == NONE else scaling, "scaling_factor": factor}
+            "scaling": None if scaling == NONE else scaling, "scaling_factor": factor, **window_fields(window)}
 
 
 def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, factor: Optional[float],
@@ -300,9 +306,11 @@ def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, fac
 
 def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
                     device: torch.device, log: Callable[[str], None], position_plan,
-                    dtype: torch.dtype, progress=None) -> tuple[LengthResult, float, PeakMemory]:
-    """One length's forward passes with ``encoder`` in the model: the losses, seconds taken and peak memory."""
-    with _Swapped(model, encoder), PeakMemory(device) as mem:
+                    dtype: torch.dtype, progress=None,
+                    window: Optional[AttentionWindow] = None) -> tuple[LengthResult, float, PeakMemory]:
+    """One length's forward passes with ``encoder`` in the model, attending within ``window``: the losses,
+    seconds taken and peak memory."""
+    with _Swapped(model, encoder, window), PeakMemory(device) as mem:
         t0 = time.perf_counter()
         pos = position_plan.eval_positions(length) if position_plan is not None else None
         with autocast(device, dtype):
@@ -317,7 +325,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
-             position_plan=None, dtype: torch.dtype = torch.float32,
+             position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
              progress: Optional[Callable[[int, int, int], None]] = None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
@@ -326,13 +334,11 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         val: validation tokens.
         lengths: window lengths ``L``.
         train_len: the training length (for ``multiple`` and the default scaling factor).
-        tokens: ``eval.tokens``, the scored-target budget.
-        batch_tokens: forward tokens per batch.
+        tokens, batch_tokens: ``eval.tokens``, the scored-target budget; forward tokens per batch.
         device: where to run.
         protocol: ``nonoverlap``, ``sliding`` or ``last_k`` (module docstring).
         on_row: called with each row as soon as it is done.
-        stride: ``S`` for ``sliding``.
-        last_k: ``K`` for ``last_k``.
+        stride, last_k: ``S`` for ``sliding``, ``K`` for ``last_k``.
         scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
             (for ``dynamic_ntk``, whose formula already follows the length: 1).
@@ -350,6 +356,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             or ``torch.float32``). Whatever it is, log-softmax and cross-entropy run in fp32
             (``GPT.token_losses``) and losses are summed in float64, so perplexities do not
             carry bf16's 8-bit mantissa.
+        window: each query attends only within it (``eval.window``, :mod:`posexp.model.window`), with any
+            protocol and scaling; rows then record ``window`` and ``sinks``. None = the whole causal past.
 
     Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
     learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
@@ -373,17 +381,17 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         for length in lengths:
             factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
-            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor)
+            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
             if reason is not None:
                 row.update(_not_applicable_row(reason))
             else:
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
                 res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
-                                                    position_plan, dtype, progress)
+                                                    position_plan, dtype, progress, window)
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
-                    positions.append({**{k: row[k] for k in ROW_KEY}, "position_sum": res.position_sum,
+                    positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,
                                       "position_count": res.position_count})
             rows.append(row)
             if on_row is not None:
@@ -436,7 +444,7 @@ def loss_by_position_rows(records: list[dict]) -> list[dict]:
     """``loss_by_position.csv`` rows (key..., position, loss, count) of the scored positions of each record."""
     out = []
     for rec in records:
-        key = {k: rec[k] for k in ROW_KEY}
+        key = {k: rec.get(k) for k in ROW_KEY}
         for p in np.flatnonzero(rec["position_count"]):
             c = int(rec["position_count"][p])
             out.append({**key, "position": int(p), "loss": float(rec["position_sum"][p] / c), "count": c})

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from posexp.config.schema import Config, eval_lengths
 from posexp.evaluation.perplexity import evaluate
 from posexp.model.positions import PositionPlan
+from posexp.model.window import window_of
 from posexp.runtime.precision import bf16_is_native, resolve_precision
 
 
@@ -38,7 +39,8 @@ def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
                         scaling_factor=getattr(e, "scaling_factor", None),
                         rerope_window=getattr(e, "rerope_window", None), positions=positions,
                         log=log, position_plan=PositionPlan(cfg), progress=progress,
-                        dtype=eval_dtype(cfg, device, trained_in))  # losses accumulate in fp32 anyway
+                        dtype=eval_dtype(cfg, device, trained_in),  # losses accumulate in fp32 anyway
+                        window=window_of(getattr(e, "window", None), getattr(e, "sinks", None)))
     finally:
         if progress is not None:
             progress.close()

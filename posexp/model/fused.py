@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from posexp.model.window import AttentionWindow
 
 __all__ = ["causal_block_mask", "flex_attend", "flex_available", "fused_by_default"]
 
@@ -56,10 +59,16 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention)
 
 
-def causal_block_mask(q_len: int, kv_len: int, offset: int, device: torch.device):
+def causal_block_mask(q_len: int, kv_len: int, offset: int, device: torch.device,
+                      window: Optional["AttentionWindow"] = None):
     """The block-sparse causal mask of queries ``offset .. offset + q_len - 1`` over keys ``0 .. kv_len - 1``
-    (query row ``i`` sees keys ``<= offset + i``), as FlexAttention's ``BlockMask``."""
+    (query row ``i`` sees keys ``<= offset + i``), as FlexAttention's ``BlockMask``; with ``window``
+    (a :class:`posexp.model.window.AttentionWindow`), only the keys of its window and its sinks, so the
+    kernel skips the key blocks older than the window."""
     from torch.nn.attention.flex_attention import create_block_mask
+
+    if window is not None:
+        return create_block_mask(window.mask_mod(offset), None, None, q_len, kv_len, device=device)
 
     def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return q_idx + offset >= kv_idx

@@ -19,6 +19,7 @@ from posexp.config.schema import ModelConfig
 from posexp.encoders.contract import PositionalEncoder
 from posexp.errors import require
 from posexp.model.fused import causal_block_mask, flex_attend, fused_by_default
+from posexp.model.window import AttentionWindow
 
 
 @dataclass
@@ -54,13 +55,17 @@ class AttentionPlan:
     Args:
         fused: attend through FlexAttention with the encoder's ``score_mod`` where it has one
             (:mod:`posexp.model.fused`); the blocked path otherwise.
+        window: keys older than this window (and not sinks) are masked too (:mod:`posexp.model.window`); an
+            encoding that would attend through plain causal SDPA then takes the blocked path.
     """
 
-    def __init__(self, encoder: PositionalEncoder, pos: Tensor, block_size: int, fused: bool = False):
+    def __init__(self, encoder: PositionalEncoder, pos: Tensor, block_size: int, fused: bool = False,
+                 window: Optional[AttentionWindow] = None):
         self.encoder = encoder
         self.pos = pos
         self.block_size = block_size
-        self.needs_mask = encoder.uses_bias or encoder.uses_scores
+        self.window = window
+        self.needs_mask = encoder.uses_bias or encoder.uses_scores or window is not None
         self.fused = fused and encoder.uses_score_mod and not encoder.uses_scores
         self._full_bias: Optional[Tensor] = None
         self._flex: Optional[tuple] = None
@@ -69,7 +74,8 @@ class AttentionPlan:
         """Causal attention over the whole sequence with the encoder's bias inside the fused kernel."""
         if self._flex is None:
             L = self.pos.shape[0]
-            self._flex = (self.encoder.score_mod(self.pos, self.pos), causal_block_mask(L, L, 0, self.pos.device))
+            block_mask = causal_block_mask(L, L, 0, self.pos.device, self.window)
+            self._flex = (self.encoder.score_mod(self.pos, self.pos), block_mask)
         score_mod, block_mask = self._flex
         return flex_attend(q, k, v, score_mod, block_mask)
 
@@ -85,6 +91,8 @@ class AttentionPlan:
         q_idx = torch.arange(start, end, device=self.pos.device)
         k_idx = torch.arange(end, device=self.pos.device)
         future = k_idx[None, :] > q_idx[:, None]  # (Lq, Lk)
+        if self.window is not None:
+            future = future | self.window.hidden(q_idx[:, None], k_idx[None, :])  # masked the same way
         if bias is None:
             mask = torch.zeros(future.shape, dtype=dtype, device=future.device)
         else:
@@ -171,9 +179,12 @@ class GPT(nn.Module):
     Attributes:
         fused_attention: whether bias encoders with a ``score_mod`` attend through FlexAttention; None (the
             default) = where it runs fused (CUDA, :func:`posexp.model.fused.fused_by_default`).
+        attention_window: every layer attends only within this window (``eval.window`` / ``eval.sinks``,
+            :mod:`posexp.model.window`); None (the default) = the whole causal past.
     """
 
     fused_attention: Optional[bool] = None
+    attention_window: Optional[AttentionWindow] = None
 
     def __init__(self, shape: ModelShape, encoder: PositionalEncoder):
         super().__init__()
@@ -222,7 +233,7 @@ class GPT(nn.Module):
         fused = fused_by_default(idx.device) if self.fused_attention is None else self.fused_attention
         for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
             if id(enc) not in plans:
-                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused)
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused, self.attention_window)
             x = block(x, plans[id(enc)])
         return self.lm_head(self.ln_f(x))  # (B, L, vocab)
 

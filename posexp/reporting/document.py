@@ -44,7 +44,7 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         if plot:
             plot_ppl_vs_length(
                 _plot_series(report), out_dir / PPL_PLOT, train_len=report.train_len,
-                title=f"protocol: {_fmt_view(report.protocol, report.scaling)}", ylabel=_ppl_label(report),
+                title=f"protocol: {_fmt_view(report.protocol, report.scaling, report.window)}", ylabel=_ppl_label(report),
             )
         atomic_write_text(out_dir / SUMMARY_CSV, render_csv(report, out_dir))
         return atomic_write_text(out_dir / SUMMARY_MD, render_markdown(report, out_dir))
@@ -82,7 +82,7 @@ def _position_series(report: Report) -> list[tuple]:
         sums: dict[int, float] = {}
         weights: dict[int, int] = {}
         for row in group.rows:
-            curve = read_position_curve(row.run.path, report.protocol, report.scaling, length)
+            curve = read_position_curve(row.run.path, report.protocol, report.scaling, length, report.window)
             for position, (loss, count) in curve.items():
                 sums[position] = sums.get(position, 0.0) + loss * count
                 weights[position] = weights.get(position, 0) + count
@@ -129,7 +129,7 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
     out_dir = Path(out_dir)
     try:
         _writable_folder(out_dir, "report")
-        view = _fmt_view(report.protocol, report.scaling)
+        view = _fmt_view(report.protocol, report.scaling, report.window)
         # Without --by the groups are the runs, and the summary's figure is this one.
         ppl_file = REPORT_PLOT if report.by else PPL_PLOT
         plot_ppl_vs_length(_group_plot_series(report), out_dir / ppl_file, train_len=report.train_len,

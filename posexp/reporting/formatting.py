@@ -20,8 +20,13 @@ NOT_APPLICABLE = "n/a"  # the encoding cannot run at this length (e.g. learned p
 MAX_BANDS = 6
 
 
-def _fmt_view(protocol: Any, scaling: Any) -> str:
-    return f"{protocol}" + (f" with scaling {scaling}" if scaling is not None else "")
+def _fmt_view(protocol: Any, scaling: Any, window: Any = None) -> str:
+    """``nonoverlap``, ``nonoverlap with scaling yarn``, ``nonoverlap with window 128 + 4 sinks``."""
+    text = f"{protocol}" + (f" with scaling {scaling}" if scaling is not None else "")
+    if window is not None:
+        size, sinks = window
+        text += f" with window {size}" + (f" + {sinks} sinks" if sinks else "")
+    return text
 
 
 def _fmt_settings(settings: Any) -> str:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
+from posexp.reporting.comparability import flag_outliers
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_ppl, _fmt_settings, _num, _short
-from posexp.reporting.runs import Run, context_gain, load_run, parent_changed
+from posexp.reporting.runs import Run, context_gain, load_run, parent_changed, window_key
 from posexp.reporting.selection import (DEFAULT_TOLERANCE, EXECUTION_KEYS, Filter, Metric, SortKey, _ABSENT, _canon,
                                         _flatten, _show, _unknown_key_error, config_value, parse_by, parse_metric,
                                         parse_metrics, parse_sort, parse_where)
@@ -74,7 +75,8 @@ class Report:
         corpus: (majority) corpus name and fingerprint.
         eval_settings: (majority) evaluation settings.
         warnings: human-readable problems, repeated in every output.
-        other_views: (protocol, scaling) pairs present in the results but not in the table.
+        other_views: (protocol, scaling, window) views present in the results but not in the table.
+        window: (window, sinks) of the windowed rows the table shows (``eval.window``); None = plain rows.
         by: the ``--by`` keys (empty: one group per run).
         metrics: the summary metrics shown after the lengths.
         groups: the table's lines, in display order.
@@ -93,13 +95,14 @@ class Report:
     corpus: tuple[Optional[str], Optional[str]]
     eval_settings: Any
     warnings: list[str]
-    other_views: list[tuple[Any, Any]]
+    other_views: list[tuple[Any, Any, Any]]
     by: list[str] = field(default_factory=list)
     metrics: list["Metric"] = field(default_factory=list)
     groups: list["Group"] = field(default_factory=list)
     filters: list["Filter"] = field(default_factory=list)
     auc_multiple: Optional[float] = None
     comparison: Optional[Comparison] = None
+    window: Optional[tuple] = None
 
     @property
     def encoders(self) -> list[str]:
@@ -149,16 +152,16 @@ def build_report(
         chosen.append(parse_metric("gain"))  # last_k rows measured: say whether longer context helped
     warnings: list[str] = [f"not in the table: {problem}" for problem in skipped]
 
-    protocol, scaling, other_views = _pick_view(runs)
+    protocol, scaling, window, other_views = _pick_view(runs)
     if protocol is not None and protocol != MAIN_PROTOCOL:
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
 
     labels, shared = _labels(runs)
-    rows = [ReportRow(label, run, _cells(run, protocol, scaling), None) for label, run in zip(labels, runs)]
+    rows = [ReportRow(label, run, _cells(run, protocol, scaling, window), None) for label, run in zip(labels, runs)]
     lengths = sorted({n for row in rows for n in row.cells})
 
     # Grouping by train_len compares training lengths on purpose: not a stray run to flag.
-    train_len, corpus, eval_settings = _flag_outliers(rows, warnings, train_len_varies="train_len" in by_keys)
+    train_len, corpus, eval_settings = flag_outliers(rows, warnings, train_len_varies="train_len" in by_keys)
     for row in rows:
         if row.run.status != "completed":
             row.flags.append(f"status: {row.run.status}")
@@ -176,7 +179,7 @@ def build_report(
     report = Report(
         rows=rows, lengths=lengths, protocol=protocol, scaling=scaling, train_len=train_len,
         ratio_length=ratio_length, shared_overrides=shared, corpus=corpus, eval_settings=eval_settings,
-        warnings=warnings, other_views=other_views, by=by_keys, metrics=chosen, filters=filters,
+        warnings=warnings, other_views=other_views, window=window, by=by_keys, metrics=chosen, filters=filters,
         auc_multiple=_auc_multiple(rows),
     )
     groups = _group_rows(rows, by_keys, warnings)
@@ -207,7 +210,7 @@ def _add_parent_metrics(report: Report) -> None:
         if isinstance(path, str) and path not in parents:
             try:
                 run = load_run(path)
-                parents[path] = ReportRow(path, run, _cells(run, report.protocol, report.scaling), None)
+                parents[path] = ReportRow(path, run, _cells(run, report.protocol, report.scaling, report.window), None)
             except PosexpError as e:
                 parents[path] = None
                 report.warnings.append(f"{row.label}: its parent cannot be read, its parent columns are blank ({e})")
@@ -260,21 +263,23 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
     return runs, skipped
 
 
-def _pick_view(runs: list[Run]) -> tuple[Any, Any, list[tuple[Any, Any]]]:
-    """Choose the (protocol, scaling) the table shows: nonoverlap without scaling if any run has it."""
-    views: list[tuple[Any, Any]] = []
+def _pick_view(runs: list[Run]) -> tuple[Any, Any, Any, list[tuple[Any, Any, Any]]]:
+    """Choose the (protocol, scaling, window) the table shows: nonoverlap without scaling or window if any run
+    has it. A windowed row is a view of its own, like a scaled one: never in the same cell as a plain row."""
+    views: list[tuple[Any, Any, Any]] = []
     for run in runs:
         for row in run.rows:
-            view = (row.get("protocol"), row.get("scaling"))
+            view = (row.get("protocol"), row.get("scaling"), window_key(row))
             if view not in views:
                 views.append(view)
     if not views:
-        return None, None, []
+        return None, None, None, []
     chosen = next(
-        (v for v in views if v == (MAIN_PROTOCOL, None)),
-        next((v for v in views if v[1] is None), views[0]),  # otherwise the first protocol found, unscaled if possible
+        (v for v in views if v == (MAIN_PROTOCOL, None, None)),
+        # otherwise the first protocol found, unscaled and unwindowed if possible
+        next((v for v in views if v[1:] == (None, None)), next((v for v in views if v[1] is None), views[0])),
     )
-    return chosen[0], chosen[1], [v for v in views if v != chosen]
+    return chosen[0], chosen[1], chosen[2], [v for v in views if v != chosen]
 
 
 def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:
@@ -310,10 +315,10 @@ def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:
     return labels, shared
 
 
-def _cells(run: Run, protocol: Any, scaling: Any) -> dict[int, Cell]:
+def _cells(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> dict[int, Cell]:
     cells: dict[int, Cell] = {}
     for row in run.rows:
-        if row.get("protocol") != protocol or row.get("scaling") != scaling:
+        if row.get("protocol") != protocol or row.get("scaling") != scaling or window_key(row) != window:
             continue
         length = int(row["length"])
         if length in cells:
@@ -322,61 +327,6 @@ def _cells(run: Run, protocol: Any, scaling: Any) -> dict[int, Cell]:
         applicable = bool(row.get("applicable", ppl is not None)) and ppl is not None
         cells[length] = Cell(applicable, ppl if applicable else None, _num(row.get("ppl_low")), _num(row.get("ppl_high")))
     return cells
-
-
-def _flag_outliers(rows: list[ReportRow], warnings: list[str],
-                   train_len_varies: bool = False) -> tuple[Optional[int], tuple, Any]:
-    """Flag runs whose corpus, eval settings or training length differ from the majority.
-
-    Args:
-        rows: the report's rows; flags are appended to them.
-        warnings: the report's warnings; one is appended per flagged run.
-        train_len_varies: the training length is a compared variable (``--by train_len``): do not flag it.
-
-    Returns:
-        The majority training length, (corpus, fingerprint) and eval settings.
-    """
-
-    def majority(values: list[Any]) -> Any:
-        # Compare through canonical JSON so dicts (eval settings) can be counted;
-        # ties go to the value seen first, i.e. the first run.
-        keys = [json.dumps(v, sort_keys=True, default=str) for v in values]
-        top = Counter(keys).most_common(1)[0][0]
-        return values[keys.index(top)], keys
-
-    infos = [row.run.info for row in rows]
-    # A run that stopped before it read its data or evaluated has no fingerprint or eval settings:
-    # unknown is not different (its status is flagged already), so it neither votes nor is flagged.
-    unknown = [row.run.status != "completed" for row in rows]
-
-    def majority_known(key: str) -> tuple[Any, list[str]]:
-        values = [i.get(key) for i in infos]
-        known = [v for v, u in zip(values, unknown) if not (u and v is None)] or values
-        value, _ = majority(known)
-        top = json.dumps(value, sort_keys=True, default=str)
-        keys = [top if u and v is None else json.dumps(v, sort_keys=True, default=str)
-                for v, u in zip(values, unknown)]
-        return value, keys
-
-    corpus_fp, fp_keys = majority_known("corpus_fingerprint")
-    corpus_name = next((i.get("corpus") for i in infos if i.get("corpus_fingerprint") == corpus_fp), None)
-    eval_settings, eval_keys = majority_known("eval_settings")
-    train_len, len_keys = majority([row.run.train_len for row in rows])
-
-    checks = [
-        (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({_short(i.get('corpus_fingerprint'))}) "
-                                                f"vs {corpus_name} ({_short(corpus_fp)}) for the others"),
-        (eval_keys, "different eval settings", lambda i: f"eval settings {_fmt_settings(i.get('eval_settings'))} "
-                                                         f"vs {_fmt_settings(eval_settings)} for the others"),
-        (len_keys, "different train length", lambda i: f"trained at {i.get('train_len')} tokens vs {train_len} for the others"),
-    ][:2 if train_len_varies else 3]
-    for keys, flag, detail in checks:
-        top = Counter(keys).most_common(1)[0][0]
-        for row, key in zip(rows, keys):
-            if key != top:
-                row.flags.append(flag)
-                warnings.append(f"{row.label}: {flag}, {detail(row.run.info)}; not comparable with the other runs")
-    return train_len, (corpus_name, corpus_fp), eval_settings
 
 
 def _ratio_length(rows: list[ReportRow], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
@@ -416,7 +366,7 @@ def metric_value(metric: Metric, row: ReportRow, report: "Report") -> tuple[Opti
     if train_len is None:
         return None, None
     if metric.kind == "gain":
-        return context_gain(row.run, train_len, metric.at(train_len))
+        return context_gain(row.run, train_len, metric.at(train_len), report.window)
     at_train = cells.get(train_len)
     if metric.kind == "ppl_at":
         cell = cells.get(metric.at(train_len))

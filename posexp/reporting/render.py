@@ -108,7 +108,7 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
                   + _ratio_note(report)]
     if report.other_views:
-        views = "; ".join(_fmt_view(p, s) for p, s in report.other_views)
+        views = "; ".join(_fmt_view(*view) for view in report.other_views)
         lines += ["", f"Also in the results but not in this table (see {SUMMARY_CSV}): {views}."]
     lines += ["", f"![perplexity vs context length]({PPL_PLOT})", ""]
     comparison = sweep_comparison(report)
@@ -139,15 +139,20 @@ def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
     buf = StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     keys = [k for k in (report.by or sweep_keys([row.run for row in report.rows])) if k not in CSV_COLUMNS]
-    writer.writerow([*CSV_COLUMNS[:5], *keys, *CSV_COLUMNS[5:]])
+    # a windowed row (eval.window) says so in two more columns, only in a file that has one
+    windowed = any(r.get("window") is not None for row in report.rows for r in row.run.rows)
+    scaling_at = CSV_COLUMNS.index("scaling") + 1
+    columns = CSV_COLUMNS[:scaling_at] + (["window", "sinks"] if windowed else []) + CSV_COLUMNS[scaling_at:]
+    writer.writerow([*columns[:5], *keys, *columns[5:]])
     for row in report.rows:
         info, flags = row.run.info, "; ".join(row.flags)
         key_cells = [_csv(None if (v := config_value(row.run, k)) is _ABSENT else v) for k in keys]
-        for r in sorted(row.run.rows, key=lambda r: (float(r["length"]), str(r.get("protocol")), str(r.get("scaling")))):
+        for r in sorted(row.run.rows, key=lambda r: (float(r["length"]), str(r.get("protocol")), str(r.get("scaling")),
+                                                     r.get("window") or 0, r.get("sinks") or 0)):
             writer.writerow([
                 row.label, _display_path(row.run.path, out_dir), _csv(info.get("encoder")), _csv(info.get("base")),
                 _csv(info.get("seed")), *key_cells, int(r["length"]), _csv(r.get("multiple")), _csv(r.get("protocol")),
-                _csv(r.get("scaling")),
+                _csv(r.get("scaling")), *([_csv(r.get("window")), _csv(r.get("sinks"))] if windowed else []),
                 _csv(r.get("ppl")), _csv(r.get("ppl_low")), _csv(r.get("ppl_high")), _csv(r.get("loss")),
                 _csv(bool(r.get("applicable", r.get("ppl") is not None))), flags,
             ])
@@ -352,7 +357,9 @@ def render_json(report: Report) -> str:
     best = _best_columns(report)
     data = {
         "by": list(report.by),
-        "protocol": report.protocol, "scaling": report.scaling, "train_len": report.train_len,
+        "protocol": report.protocol, "scaling": report.scaling,
+        **({} if report.window is None else {"window": report.window[0], "sinks": report.window[1]}),
+        "train_len": report.train_len,
         "corpus": name, "corpus_fingerprint": fingerprint, "eval_settings": report.eval_settings,
         "lengths": report.lengths,
         "metrics": {m.name: m.describe(report) for m in report.metrics},
@@ -380,7 +387,7 @@ def render_latex(report: Report) -> str:
         columns = columns[:-1]  # an empty flags column only takes width in a paper
     spec = "".join("l" if i < n_keys and c != "n" or c == "flags" else "r" for i, c in enumerate(columns))
     lines = [
-        f"% posexp report: {_ppl_label(report)}, protocol {_fmt_view(report.protocol, report.scaling)}, "
+        f"% posexp report: {_ppl_label(report)}, protocol {_fmt_view(report.protocol, report.scaling, report.window)}, "
         f"training length {report.train_len}",
         *(f"% {_latex_comment(note)}" for note in _table_notes(report)[1:]),
         "% needs \\usepackage{booktabs}",
@@ -430,7 +437,7 @@ def _legend(report: Report, group: Group) -> str:
 
 
 def _title(report: Report) -> str:
-    parts = [f"protocol {_fmt_view(report.protocol, report.scaling)}"]
+    parts = [f"protocol {_fmt_view(report.protocol, report.scaling, report.window)}"]
     if report.train_len is not None:
         parts.append(f"train length {report.train_len}")
     return "Perplexity vs context length (" + ", ".join(parts) + ")"
@@ -440,7 +447,7 @@ def _settings(report: Report) -> list[str]:
     name, fingerprint = report.corpus
     return [
         f"Corpus: {_md(name or 'unknown')} (fingerprint `{_short(fingerprint)}`)",
-        f"Protocol: {_md(_fmt_view(report.protocol, report.scaling))}",
+        f"Protocol: {_md(_fmt_view(report.protocol, report.scaling, report.window))}",
         f"Eval settings: {_md(_fmt_settings(report.eval_settings))}",
         f"Training length: {report.train_len if report.train_len is not None else 'unknown'} tokens",
     ]

@@ -75,11 +75,18 @@ def _run_config(run: Run) -> dict:
     return read_config_dict(run.path)
 
 
-def context_gain(run: Run, train_len: int, length: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
+def window_key(row: dict) -> Optional[tuple]:
+    """(window, sinks) of a windowed row (``eval.window``), None for a row that attended to its whole past."""
+    return None if row.get("window") is None else (row.get("window"), row.get("sinks"))
+
+
+def context_gain(run: Run, train_len: int, length: Optional[int],
+                 window: Optional[tuple] = None) -> tuple[Optional[bool], Optional[float]]:
     """Loss of the run's ``last_k`` rows at ``train_len`` minus at ``length`` (None: the longest one), unscaled:
-    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them."""
+    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them.
+    ``window``: (window, sinks) of the windowed rows to read (``eval.window``); None = the plain rows."""
     losses = {int(r["length"]): r.get("loss") for r in run.rows
-              if r.get("protocol") == "last_k" and r.get("scaling") is None}
+              if r.get("protocol") == "last_k" and r.get("scaling") is None and window_key(r) == window}
     if train_len not in losses:
         return None, None
     target = length if length is not None else max(losses)

@@ -78,11 +78,11 @@ def parse_task_metric(text: str) -> TaskMetric:
 
 def run_accuracy(run: Run, name: str = "exact_match"
                  ) -> dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]]:
-    """length -> (applicable, accuracy, low, high) of a run's unscaled rows, the accuracy ``name``
+    """length -> (applicable, accuracy, low, high) of a run's unscaled, unwindowed rows, the accuracy ``name``
     (``exact_match`` or ``token_accuracy``); passkey: the mean over depths, without an interval."""
     by_length: dict[int, list[dict]] = {}
     for r in run.rows:
-        if row_metric(r) == ACCURACY and r.get("scaling") is None:
+        if row_metric(r) == ACCURACY and r.get("scaling") is None and r.get("window") is None:
             by_length.setdefault(int(r["length"]), []).append(r)
     out = {}
     for length, rows in by_length.items():

@@ -77,9 +77,11 @@ REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
 REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
 
-# The columns of loss_by_position.csv: the row key, then the position and its loss.
+# The columns of loss_by_position.csv: the row key, then the position and its loss; and, only in a file with
+# rows of a windowed evaluation (eval.window), the window and its sinks.
 POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
                     "count"]
+WINDOW_COLUMNS = ["window", "sinks"]
 
 # -- finding runs ---------------------------------------------------------------------------------
 
@@ -319,7 +321,7 @@ def finite_results(results: dict) -> dict:
 
 # -- identity of a row, for replacing re-evaluated rows ------------------------------------------
 
-ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor")
+ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor", "window", "sinks")
 # A row's "metric": what it measured. Rows of different metrics share results.json, never a table.
 PERPLEXITY, ACCURACY = "perplexity", "accuracy"
 
@@ -330,11 +332,20 @@ def row_metric(row: dict) -> str:
 
 
 def row_key(row: dict) -> tuple:
-    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor, and the
-    metric and depth (passkey) of the row."""
+    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor, window and
+    sinks (``eval.window``; a row without them attended to its whole past), and the metric and depth (passkey)
+    of the row."""
     factor = row.get("scaling_factor")
     return (int(row["length"]), row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"),
-            None if factor is None else round(float(factor), 9), row_metric(row), row.get("depth"))
+            None if factor is None else round(float(factor), 9), row_metric(row), row.get("depth"),
+            row.get("window"), row.get("sinks"))
+
+
+def window_text(row: dict) -> str:
+    """`` window 128``, `` window 128 + 4 sinks``, or nothing for a row that attended to its whole past."""
+    if row.get("window") is None:
+        return ""
+    return f" window {row['window']}" + (f" + {row['sinks']} sinks" if row.get("sinks") else "")
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
@@ -351,10 +362,13 @@ def _parse_position_row(raw: dict) -> dict:
     def opt(value: str, cast):
         return None if value in ("", None) else cast(value)
 
-    return {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
-            "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
-            "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
-            "count": int(raw["count"])}
+    row = {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
+           "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
+           "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
+           "count": int(raw["count"])}
+    if raw.get("window"):  # a windowed evaluation's row (eval.window); a plain row has no such fields
+        row.update(window=int(raw["window"]), sinks=opt(raw.get("sinks"), int))
+    return row
 
 
 def read_loss_by_position(run_dir: str | os.PathLike) -> list[dict]:
@@ -378,7 +392,9 @@ def merge_loss_by_position(run_dir: str | os.PathLike, new: list[dict]) -> list[
 def write_loss_by_position_csv(run_dir: str | os.PathLike, rows: list[dict]) -> Path:
     """Write ``loss_by_position.csv`` atomically (losses to 6 decimals)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS, lineterminator="\n")
+    windowed = any(r.get("window") is not None for r in rows)
+    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS + (WINDOW_COLUMNS if windowed else []), lineterminator="\n",
+                       extrasaction="ignore")
     w.writeheader()
     for r in rows:
         w.writerow({**r, "loss": f"{r['loss']:.6f}"})
@@ -386,8 +402,9 @@ def write_loss_by_position_csv(run_dir: str | os.PathLike, rows: list[dict]) -> 
 
 
 def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
-                        length: int) -> dict[int, tuple[float, int]]:
-    """position -> (mean loss, windows) of one window length, from a run's ``loss_by_position.csv``.
+                        length: int, window: Optional[tuple] = None) -> dict[int, tuple[float, int]]:
+    """position -> (mean loss, windows) of one window length, from a run's ``loss_by_position.csv``; ``window``
+    is the (window, sinks) of a windowed evaluation's curve, None for the plain one.
 
     The file has every position of every evaluated length, thousands of lines per
     run; a substring test skips other lengths before any parsing.
@@ -396,6 +413,7 @@ def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
     out: dict[int, tuple[float, int]] = {}
     want_scaling = "" if scaling is None else str(scaling)
     needle, want_length = f",{length},", str(length)
+    want_window = ("", "") if window is None else (str(window[0]), "" if not window[1] else str(window[1]))
     try:
         with open(path, encoding="utf-8") as f:
             header = f.readline().strip().split(",")
@@ -403,6 +421,7 @@ def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
             ip, isc, il, ipos, iloss, icount = (col["protocol"], col["scaling"], col["length"], col["position"],
                                                 col["loss"], col["count"])
             ifac = col.get("scaling_factor")
+            iw, isk = col.get("window"), col.get("sinks")  # only in a file with windowed rows
             for line in f:
                 if needle not in line:
                     continue
@@ -411,6 +430,8 @@ def read_position_curve(run_dir: str | os.PathLike, protocol: Any, scaling: Any,
                     continue
                 if scaling is None and ifac is not None and rec[ifac]:
                     continue  # a fixed scaling factor is its own curve
+                if (("", "") if iw is None else (rec[iw], rec[isk])) != want_window:
+                    continue  # a windowed evaluation is its own curve too
                 out[int(rec[ipos])] = (float(rec[iloss]), int(rec[icount]))
     except (OSError, KeyError, ValueError, IndexError):
         return {}

@@ -128,4 +128,8 @@ def eval_settings(cfg: DictConfig) -> dict:
             settings["scaling_factor"] = float(e.scaling_factor)
         if e.get("rerope_window") is not None:
             settings["rerope_window"] = int(e.rerope_window)
+    if e.get("window") is not None:  # a window baseline (posexp/model/window.py)
+        settings["window"] = int(e.window)
+        if e.get("sinks") is not None:
+            settings["sinks"] = int(e.sinks)
     return settings

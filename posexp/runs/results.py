@@ -26,6 +26,7 @@ from posexp.runs.layout import (
     finite_results,
     merge_loss_by_position,
     write_loss_by_position_csv,
+    window_text,
     write_results_json,
 )
 from posexp.runs.task_results import is_task_results, task_table, write_task_results
@@ -33,6 +34,7 @@ from posexp.runs.task_results import is_task_results, task_table, write_task_res
 CSV_COLUMNS = ["length", "multiple", "protocol", "stride", "last_k", "scaling", "scaling_factor", "applicable",
                "ppl", "ppl_low", "ppl_high", "loss", "loss_se", "se_blocks", "tokens", "first_target",
                "last_target", "windows", "forward_tokens", "tokens_per_s", "peak_mem_mb", "peak_rss_mb"]
+WINDOW_CSV_COLUMNS = ["window", "sinks"]  # after scaling_factor, only in the file of a run with windowed rows
 
 
 def token_unit(run: dict) -> str:
@@ -46,12 +48,15 @@ def _fmt(x, spec: str) -> str:
 
 
 def protocol_text(row: dict) -> str:
-    """``nonoverlap``, ``sliding S=64``, ``last_k K=64``."""
+    """``nonoverlap``, ``sliding S=64``, ``last_k K=64``; then `` window 128`` (`` + 4 sinks``) of a windowed row."""
     if row.get("stride") is not None:
-        return f"{row['protocol']} S={row['stride']}"
-    if row.get("last_k") is not None:
-        return f"{row['protocol']} K={row['last_k']}"
-    return str(row["protocol"])
+        text = f"{row['protocol']} S={row['stride']}"
+    elif row.get("last_k") is not None:
+        text = f"{row['protocol']} K={row['last_k']}"
+    else:
+        text = str(row["protocol"])
+    return text + window_text(row)
+
 
 
 def scaling_text(row: dict) -> str:
@@ -67,9 +72,13 @@ def factor_text(scaling: Optional[str], factor: float) -> str:
     return f" w={factor:g}" if scaling == "rerope" else f" ×{factor:g}"
 
 
+MAIN_VIEW = ("nonoverlap", None, None, None, None, None)
+
+
 def view_of(row: dict) -> tuple:
-    """The (protocol, stride, K, scaling) a row belongs to; lengths within a view form one curve."""
-    return (row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"))
+    """The (protocol, stride, K, scaling, window, sinks) a row belongs to; lengths within a view form one curve."""
+    return (row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"), row.get("window"),
+            row.get("sinks"))
 
 
 def curve_of(row: dict, train_len: int) -> tuple:
@@ -83,15 +92,15 @@ def curve_of(row: dict, train_len: int) -> tuple:
 
 
 def view_label(view: tuple) -> str:
-    protocol, stride, last_k, scaling = view
-    text = protocol_text({"protocol": protocol, "stride": stride, "last_k": last_k})
+    protocol, stride, last_k, scaling, window, sinks = view
+    text = protocol_text({"protocol": protocol, "stride": stride, "last_k": last_k, "window": window, "sinks": sinks})
     return text if scaling is None else f"{text}, {scaling}"
 
 
 def display_rows(results: dict) -> list[dict]:
     """Rows grouped by view (the main ``nonoverlap`` without scaling first), each view by length."""
     views = list(dict.fromkeys(view_of(r) for r in results["rows"]))
-    views.sort(key=lambda v: v != ("nonoverlap", None, None, None))  # stable: otherwise first-seen order
+    views.sort(key=lambda v: v != MAIN_VIEW)  # stable: otherwise first-seen order
     order = {v: i for i, v in enumerate(views)}
     return sorted(results["rows"], key=lambda r: (order[view_of(r)], r["length"], r.get("scaling_factor") or 0))
 
@@ -154,7 +163,11 @@ def results_markdown(results: dict) -> str:
 
 def results_csv(results: dict) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    columns = CSV_COLUMNS
+    if any(r.get("window") is not None for r in results["rows"]):
+        at = CSV_COLUMNS.index("scaling_factor") + 1
+        columns = CSV_COLUMNS[:at] + WINDOW_CSV_COLUMNS + CSV_COLUMNS[at:]
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in results["rows"]:
         targets = r.get("targets") or (None, None)
@@ -181,7 +194,7 @@ class ResultsTable:
         self.results = results
         self.rows = display_rows(results)
         # one "evaluation" column, only when something other than the default protocol was measured
-        self.show_view = any(view_of(r) != ("nonoverlap", None, None, None) for r in self.rows)
+        self.show_view = any(view_of(r) != MAIN_VIEW for r in self.rows)
 
     def _cells(self, r: dict) -> dict[str, str]:
         interval = f"{r['ppl_low']:.2f}–{r['ppl_high']:.2f}" if r.get("ppl_low") is not None else ""
@@ -276,7 +289,7 @@ def write_loss_by_position(run_dir: Path, records: list[dict], train_len: int, l
     rows = merge_loss_by_position(run_dir, new)
     # the main view if measured, else the one just evaluated
     curves = [curve_of(r, train_len) for r in rows]
-    main = (("nonoverlap", None, None, None), None)
+    main = (MAIN_VIEW, None)
     chosen = main if main in curves else (curve_of(new[0], train_len) if new else None)
     series = []
     for length in sorted({r["length"] for r, c in zip(rows, curves) if c == chosen}):

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from posexp.plots.accuracy import plot_accuracy_vs_length, plot_passkey_heatmap
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, PASSKEY_HEATMAP, RESULTS_CSV, RESULTS_MD, row_metric, write_results_json)
+from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, PASSKEY_HEATMAP, RESULTS_CSV, RESULTS_MD, row_metric, window_text, write_results_json)
 
 TASK_CSV_COLUMNS = ["length", "multiple", "depth", "size", "scaling", "scaling_factor", "applicable", "exact_match",
                     "exact_match_low", "exact_match_high", "token_accuracy", "token_accuracy_low",
@@ -29,7 +29,8 @@ def is_task_results(results: dict) -> bool:
 def accuracy_rows(results: dict) -> list[dict]:
     """The accuracy rows, by scaling (none first), length and depth."""
     rows = [r for r in results["rows"] if row_metric(r) == ACCURACY]
-    return sorted(rows, key=lambda r: (r.get("scaling") is not None, str(r.get("scaling")),
+    return sorted(rows, key=lambda r: (r.get("window") is not None, r.get("window") or 0, r.get("sinks") or 0,
+                                       r.get("scaling") is not None, str(r.get("scaling")),
                                        r.get("scaling_factor") or 0, r["length"], r.get("depth") or 0))
 
 
@@ -43,10 +44,11 @@ def _interval(row: dict, key: str) -> str:
 
 
 def _scaling(row: dict) -> str:
+    """``none``, ``yarn ×4``, and after either the window of a windowed row: ``none window 16 + 4 sinks``."""
     if row.get("scaling") is None:
-        return "none"
+        return "none" + window_text(row)
     factor = row.get("scaling_factor")
-    return str(row["scaling"]) + (f" ×{factor:g}" if factor is not None else "")
+    return str(row["scaling"]) + (f" ×{factor:g}" if factor is not None else "") + window_text(row)
 
 
 def task_description(run: dict) -> str:
@@ -86,7 +88,11 @@ def task_markdown(results: dict) -> str:
 
 def task_csv(results: dict) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=TASK_CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    columns = TASK_CSV_COLUMNS
+    if any(r.get("window") is not None for r in results["rows"]):  # windowed rows: their window after the scaling
+        at = TASK_CSV_COLUMNS.index("scaling_factor") + 1
+        columns = TASK_CSV_COLUMNS[:at] + ["window", "sinks"] + TASK_CSV_COLUMNS[at:]
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in accuracy_rows(results):
         w.writerow(r)
@@ -103,7 +109,7 @@ def task_table(results: dict) -> Table:
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
         loss = "n/a" if r.get("answer_loss") is None else f"{r['answer_loss']:.3f}"
-        table.add_row(str(r["length"]) + ("" if r.get("scaling") is None else f" {_scaling(r)}"),
+        table.add_row(str(r["length"]) + ("" if _scaling(r) == "none" else f" {_scaling(r)}"),
                       f"{r['multiple']:g}", *([f"{r.get('depth'):g}"] if depth else []), _pct(r.get("exact_match")),
                       _interval(r, "exact_match"), _pct(r.get("token_accuracy")), loss)
     notes = [f"length {r['length']}: {r['reason']}" for r in rows if r.get("reason")]
@@ -115,7 +121,7 @@ def task_table(results: dict) -> Table:
 def write_task_results(run_dir: Path, results: dict) -> None:
     """results.csv, results.md, accuracy_vs_length.png (and passkey_heatmap.png), then results.json."""
     run = results["run"]
-    rows = [r for r in accuracy_rows(results) if r.get("scaling") is None]
+    rows = [r for r in accuracy_rows(results) if r.get("scaling") is None and r.get("window") is None]
     depths = sorted({r["depth"] for r in rows if r.get("depth") is not None})
     series = []
     for depth in depths or [None]:

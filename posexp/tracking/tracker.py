@@ -72,7 +72,7 @@ def metric_name(row: dict, value: Optional[str] = None) -> str:
     """The series a results row's ``value`` (its first field by default) belongs to: ``eval/<value>/<how>``.
 
     Everything that tells rows of one run apart besides the length is in ``<how>`` (the protocol with its
-    stride or last_k, the scaling with its factor, a task and its depth), so one series is one curve over
+    stride or last_k, the scaling with its factor, the window and its sinks, a task and its depth), so one series is one curve over
     length: ``eval/ppl/nonoverlap``, ``eval/ppl/sliding_S64_yarn_x4``, ``eval/exact_match/copy_teacher_forced``.
     Always two slashes: MLflow's file store keeps each name as a file path, where no name may be another's folder.
     """
@@ -85,6 +85,8 @@ def metric_name(row: dict, value: Optional[str] = None) -> str:
     if row.get("scaling") not in (None, "none"):
         factor = row.get("scaling_factor")
         parts.append(f"{row['scaling']}{f'_x{factor:g}' if isinstance(factor, (int, float)) else ''}")
+    if row.get("window") is not None:  # a window baseline is its own curve (eval/ppl/nonoverlap_W128_sinks4)
+        parts.append(f"W{row['window']}" + (f"_sinks{row['sinks']}" if row.get("sinks") else ""))
     if row.get("depth") is not None:
         depth = row["depth"]
         parts.append(f"depth{depth:g}" if isinstance(depth, (int, float)) else f"depth{depth}")
