@@ -68,7 +68,6 @@ class PlainProgress:
         self.last_tokens, self.last_time = tokens, now
 
 
-def plain_progress(console: Console, shown: bool, encoder: str, steps: int, step: int,
-                   tokens: int) -> Optional[PlainProgress]:
-    """:class:`PlainProgress` where the bar is not drawn (``console`` is not a terminal) but progress is wanted."""
-    return PlainProgress(console, encoder, steps, step, tokens) if shown and not console.is_terminal else None
+def plain_progress(console: Console, encoder: str, steps: int, step: int, tokens: int) -> Optional[PlainProgress]:
+    """:class:`PlainProgress` where :func:`progress_bar` draws nothing: ``console`` is not a terminal."""
+    return None if console.is_terminal else PlainProgress(console, encoder, steps, step, tokens)

@@ -52,7 +52,7 @@ from posexp.training.checkpoint import save_final
 from posexp.runtime.device import World, world
 from posexp.training.distributed import shard
 from posexp.training.optim import lr_at, make_optimizer, set_lr
-from posexp.training.progress import PlainProgress, plain_progress, progress_bar
+from posexp.training.progress import plain_progress, progress_bar
 from posexp.runtime.precision import training_precision
 from posexp.training.state import TrainState
 
@@ -348,8 +348,10 @@ class TrainingLog:
     (experiment trackers)."""
 
     def __init__(self, metrics: Optional[MetricsWriter], progress: Progress, state: TrainState, steps: int,
-                 encoder: str, on_log: Optional[LogHook] = None, plain: Optional[PlainProgress] = None):
-        self.metrics, self.progress, self.state, self.on_log, self.plain = metrics, progress, state, on_log, plain
+                 encoder: str, on_log: Optional[LogHook] = None, shown: bool = False):
+        self.metrics, self.progress, self.state, self.on_log = metrics, progress, state, on_log
+        # off a terminal the bar draws nothing: plain lines instead
+        self.plain = plain_progress(progress.console, encoder, steps, state.step, state.tokens) if shown else None
         self.task = progress.add_task("train", total=steps, completed=state.step, encoder=encoder, loss="-", tps="-")
         self.interval_tokens = 0  # tokens trained since the last metrics row
         self.start = self.last_time = time.perf_counter()
@@ -420,8 +422,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
     schedule = CheckpointSchedule(t.checkpoint_every, t.checkpoint_minutes, t.steps,
                                   saved_step=state.step if resumed else None)
-    shown = t.progress and w.is_main
-    progress = progress_bar(console, shown)
+    progress = progress_bar(console, t.progress and w.is_main)
 
     def checkpoint() -> None:
         guard.check_weights(model, state.step, schedule.saved_step)
@@ -434,9 +435,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     try:
         with progress, StopOnSignal() as stop:
             report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name,
-                                 on_log=on_log if w.is_main else None,
-                                 plain=plain_progress(console, shown, model.encoder.name, t.steps, state.step,
-                                                      state.tokens))
+                                 on_log=on_log if w.is_main else None, shown=t.progress and w.is_main)
             for step in range(state.step, t.steps):
                 out = take_step(step, stop)
                 guard.record(step + 1, out.loss)
