@@ -345,4 +345,9 @@ def config_warnings(cfg: DictConfig) -> list[str]:
         notes.append(f"train.warmup_steps={t.warmup_steps} is not shorter than train.steps={t.steps}: the learning "
                      f"rate rises for the whole run, {peak}, and never decays; lower train.warmup_steps "
                      f"(e.g. train.warmup_steps={t.steps // 10})")
+    elif 3 * t.warmup_steps > t.steps:
+        notes.append(f"train.warmup_steps={t.warmup_steps} is more than a third of train.steps={t.steps}: the "
+                     f"learning rate is still rising for {t.warmup_steps / t.steps:.0%} of the run, leaving little "
+                     f"of the cosine decay; a warmup of 2-10% of the steps is usual "
+                     f"(e.g. train.warmup_steps={max(1, t.steps // 20)})")
     return notes
