@@ -53,3 +53,12 @@ Where the next one goes:
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # ``posexp.load_run`` imports the model code only when used, so ``import posexp`` stays light
+    if name == "load_run":
+        from posexp.commands.loading import load_run
+
+        return load_run
+    raise AttributeError(f"module 'posexp' has no attribute {name!r}")

@@ -135,6 +135,39 @@ def test_list_names_every_encoder_data_set_and_experiment(tmp_path):
             assert yaml.stem in proc.stdout, (group, yaml.stem)
 
 
+def test_list_reads_at_80_columns(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from posexp.cli.listing import yaml_description
+    from posexp.config.schema import config_dir
+
+    env = {**os.environ, "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, "-m", "posexp", "list"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out  # no name or description cut short
+    words = set(re.findall(r"[^\s│┃]+", out))
+    for group in ("model", "data", "experiment", "logger"):
+        for yaml in (config_dir() / group).glob("*.yaml"):
+            desc = yaml_description(yaml)
+            assert set(desc.split()) <= words, (yaml, desc)  # every word whole: no 9-character column folding them
+
+
+def test_a_description_is_the_header_first_sentence_not_its_first_line():
+    from posexp.cli.listing import yaml_description
+    from posexp.config.schema import config_dir
+
+    assert yaml_description(config_dir() / "model" / "press2022.yaml") == (
+        "The ALiBi paper's WikiText-103 model (Press et al. 2022): 16 layers of d_model 1024, 8 heads, FFN 4096.")
+    # a long first sentence ends at its first clause rather than mid-word
+    assert yaml_description(config_dir() / "experiment" / "converged.yaml") == (
+        "The built-in data trained long enough that the training-length perplexity stops being a race of how "
+        "fast each encoding is learned")
+
+
 BAD_INPUT = [
     (["encoder=nope"], ["encoder", "rope", "alibi"]),
     (["nope=1"], ["nope"]),

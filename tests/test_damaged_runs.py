@@ -315,7 +315,7 @@ class FakeClock:
         return self.now
 
 
-def test_a_short_evaluation_prints_no_progress_a_long_one_a_line_per_length_when_piped():
+def test_a_short_evaluation_prints_no_progress_a_long_one_a_line_per_tenth_when_piped():
     from posexp.evaluation.runner import EvalProgress
 
     clock = FakeClock()
@@ -332,7 +332,24 @@ def test_a_short_evaluation_prints_no_progress_a_long_one_a_line_per_length_when
     progress(256, 4, 8)
     progress(256, 8, 8)
     progress.close()
-    assert console.file.getvalue() == "evaluated length 256 (3 of 3): 8 windows in 2.0 s\n"
+    lines = console.file.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["67%", "83%", "100%"]  # each tenth passed, once
+    assert lines[-1] == "eval 100%  length 256 (3 of 3): 8/8 windows  0:00:08 so far  eta 0:00:00"
+
+
+def test_piped_training_prints_a_plain_line_every_tenth():
+    from posexp.training.progress import PlainProgress
+
+    clock = FakeClock()
+    console = Console(file=io.StringIO(), width=80)  # not a terminal, as under nohup or a scheduler
+    plain = PlainProgress(console, "rope", steps=100, step=0, tokens=0, clock=clock)
+    for step in range(5, 101, 5):  # train.log_every=5
+        clock.now += 1.0
+        plain(step, 2.0, tokens=step * 1000)
+    lines = console.file.getvalue().splitlines()
+    assert len(lines) == 10 and lines[0].startswith("train rope step 10/100 (10%)")
+    assert lines[4] == "train rope step 50/100 (50%)  loss 2.000  5,000 tokens/s  eta 0:00:10"
+    assert lines[-1].startswith("train rope step 100/100 (100%)") and lines[-1].endswith("eta 0:00:00")
 
 
 def test_on_a_terminal_the_progress_line_is_transient():

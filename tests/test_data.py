@@ -68,6 +68,34 @@ def test_non_text_files_are_refused_by_name(tmp_path, content, needle):
     assert "weird.bin" in str(e.value)
 
 
+def test_on_bad_file_skip_leaves_them_out_and_says_how_many(tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    for i in range(4):
+        (root / f"note{i}.txt").write_text(f"note {i}: " + "plain words " * 200, encoding="utf-8")
+    (root / "latin1.txt").write_bytes("caf\xe9 ".encode("latin-1") * 50)
+    (root / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    cache = str(tmp_path / "cache")
+    with pytest.raises(PosexpError, match="data.on_bad_file=skip"):  # the default still stops, naming the way out
+        load_corpus("text", str(root), cache_dir=cache)
+    for attempt in ("built", "cached"):  # said again when the corpus comes from the cache
+        warnings = []
+        corpus = load_corpus("text", str(root), cache_dir=cache, skip_bad_files=True, warn=warnings.append)
+        assert corpus.files == 4, attempt
+        assert warnings == [f"data.on_bad_file=skip: left out 2 of 6 files under {root} that are not UTF-8 text"]
+        assert b"caf" not in corpus.train.tobytes() + corpus.val.tobytes()
+    with pytest.raises(PosexpError, match="latin1.txt|image.png"):  # a skipping build does not answer the default
+        load_corpus("text", str(root), cache_dir=cache)
+
+
+def test_on_bad_file_takes_error_or_skip(compose):
+    from posexp.commands.validation import validate
+
+    validate(compose("data=text", "data.path=x.txt", "data.on_bad_file=skip"), memory=None)
+    with pytest.raises(ConfigError, match="data.on_bad_file.*error, skip"):
+        validate(compose("data=text", "data.path=x.txt", "data.on_bad_file=ignore"), memory=None)
+
+
 def test_missing_and_empty_paths(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_corpus("text", str(tmp_path / "nope.txt"))

@@ -45,3 +45,22 @@ def test_posexp_train_refuses_inf_in_one_line(tmp_path):
     proc = run_cli("train", *SMOKE, "base=inf", "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: base: must be a finite number (got inf)"]
+
+
+@pytest.mark.parametrize("steps, warmup, warned", [(500, 60, False), (300, 100, False), (300, 101, True),
+                                                   (20, 5, False), (12, 5, True)])
+def test_a_warmup_over_a_third_of_the_run_is_warned(compose, steps, warmup, warned):
+    from posexp.commands.validation import config_warnings
+
+    notes = config_warnings(compose(f"train.steps={steps}", f"train.warmup_steps={warmup}"))
+    third = [n for n in notes if "more than a third" in n]
+    assert bool(third) == warned
+    if warned:
+        assert f"train.warmup_steps={warmup}" in third[0] and f"train.steps={steps}" in third[0]
+
+
+def test_the_shipped_runs_are_not_warned_about_warmup(compose):
+    from posexp.commands.validation import config_warnings
+
+    for overrides in ((), ("experiment=smoke",), ("experiment=converged",), ("task=copy",)):
+        assert config_warnings(compose(*overrides)) == [], overrides

@@ -5,6 +5,7 @@ Torch is imported only for the encoder table; the model sizes' parameter counts 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -27,15 +28,37 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+# A full stop that ends a sentence: not the one of "et al.", "e.g." or "i.e.".
+SENTENCE_END = re.compile(r"(?<!\bal)(?<!\be\.g)(?<!\bi\.e)\.(?=\s|$)")
+# A first sentence longer than this is shortened to its first clause (up to ": ").
+LONG_SENTENCE = 160
+
+
 def yaml_description(path: Path) -> str:
-    """A config's ``description`` key, else its first comment line that is not a Hydra directive."""
+    """A config's ``description`` key, else the first sentence of its header comment: the comment lines
+    before the first usage example (``#   posexp train ...``) or blank line, Hydra directives left out."""
     desc = OmegaConf.load(path).get("description")
     if desc:
         return str(desc)
+    header = []
     for line in path.read_text().splitlines():
-        if line.startswith("#") and "@package" not in line:
-            return line.lstrip("# ").strip()
-    return ""
+        if not line.startswith("#"):
+            break
+        text = line[1:]
+        if "@package" in text:
+            continue
+        if text.startswith("  ") or not text.strip():
+            break
+        header.append(text.strip())
+    return first_sentence(" ".join(header))
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to its first full stop, and a long sentence up to its first clause: never cut mid-word."""
+    end = SENTENCE_END.search(text)
+    sentence = text[:end.end()] if end else text
+    clause = sentence.find(": ", 30)
+    return sentence[:clause] if len(sentence) > LONG_SENTENCE and clause > 0 else sentence
 
 
 def encoder_table() -> Table:
@@ -43,7 +66,7 @@ def encoder_table() -> Table:
 
     reg = registry()
     table = Table(title="encoders  (posexp train encoder=NAME)")
-    table.add_column("name", style="cyan")
+    table.add_column("name", style="cyan", no_wrap=True)
     table.add_column("what it is")
     table.add_column("options")
     for name in options("encoder"):
@@ -55,27 +78,44 @@ def encoder_table() -> Table:
     return table
 
 
-def model_table() -> Table:
-    """The model sizes with their parameter counts, computed from each shape (no torch needed)."""
+# Narrower consoles get the model sizes' descriptions under their table, not in a squeezed column.
+WIDE = 120
+
+
+def model_table(described: bool = True) -> Table:
+    """The model sizes with their parameter counts, computed from each shape (no torch needed); their
+    descriptions in a last column when ``described`` (else :func:`model_notes` has them)."""
     table = Table(title="model sizes  (posexp train model=NAME)")
-    for column in ("name", "d_model", "layers", "heads", "FFN", "params", "with byte vocab", "what it is"):
-        table.add_column(column, style="cyan" if column == "name" else None,
+    columns = ("name", "d_model", "layers", "heads", "FFN", "params", "with byte vocab", "what it is")
+    for column in columns if described else columns[:-1]:
+        table.add_column(column, style="cyan" if column == "name" else None, no_wrap=column == "name",
                          justify="right" if column in ("d_model", "layers", "heads", "FFN", "params") else "left")
     for name in options("model"):
         path = config_dir() / "model" / f"{name}.yaml"
         raw = OmegaConf.load(path)
         raw.pop("defaults", None)
         shape: ModelConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
-        table.add_row(name, str(shape.d_model), str(shape.n_layers), str(shape.n_heads),
-                      str(int(shape.mlp_ratio * shape.d_model)), f"{shape.param_count() / 1e6:.1f}M",
-                      f"{shape.param_count(256) / 1e6:.2f}M", yaml_description(path))
+        cells = (name, str(shape.d_model), str(shape.n_layers), str(shape.n_heads),
+                 str(int(shape.mlp_ratio * shape.d_model)), f"{shape.param_count() / 1e6:.1f}M",
+                 f"{shape.param_count(256) / 1e6:.2f}M", yaml_description(path))
+        table.add_row(*(cells if described else cells[:-1]))
     table.caption = "params: the blocks and final norm; an encoding's own parameters come on top"
     return table
 
 
+def model_notes() -> Table:
+    """What each model size is, one line each (wrapped at word boundaries): :func:`model_table`'s last column."""
+    notes = Table.grid(padding=(0, 2))
+    notes.add_column(style="cyan", no_wrap=True)
+    notes.add_column()
+    for name in options("model"):
+        notes.add_row(name, yaml_description(config_dir() / "model" / f"{name}.yaml"))
+    return notes
+
+
 def group_table(group: str, title: str) -> Table:
     table = Table(title=title)
-    table.add_column("name", style="cyan")
+    table.add_column("name", style="cyan", no_wrap=True)
     table.add_column("what it is")
     for name in options(group):
         table.add_row(name, yaml_description(config_dir() / group / f"{name}.yaml"))
@@ -85,6 +125,9 @@ def group_table(group: str, title: str) -> Table:
 def print_choices(console: Console) -> None:
     """Every table of ``posexp list``."""
     console.print(encoder_table())
-    console.print(model_table())
+    wide = console.width >= WIDE
+    console.print(model_table(described=wide))
+    if not wide:
+        console.print(model_notes())
     for group, title in GROUP_TABLES:
         console.print(group_table(group, title))

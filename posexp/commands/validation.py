@@ -36,7 +36,7 @@ from posexp.config.schema import (
     is_task,
     to_container,
 )
-from posexp.data.corpus import data_kind, tokenizer_spec
+from posexp.data.corpus import BAD_FILE_CHOICES, data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
 from posexp.errors import ConfigError, require
@@ -241,6 +241,8 @@ def validate_data(cfg: DictConfig) -> None:
     if kind == "text":
         require(d.path is not None and str(d.path).strip() != "", "data.path",
                 "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
+        require(d.get("on_bad_file", "error") in BAD_FILE_CHOICES, "data.on_bad_file",
+                f"must be one of: {', '.join(BAD_FILE_CHOICES)} (got {d.get('on_bad_file')!r})")
     if kind == "hf":
         require(d.name is not None and str(d.name).strip() != "", "data.name",
                 "data=hf needs a data set: data.name=OWNER/NAME (a Hub id, e.g. Salesforce/wikitext) or a local "
@@ -347,4 +349,9 @@ def config_warnings(cfg: DictConfig) -> list[str]:
         notes.append(f"train.warmup_steps={t.warmup_steps} is not shorter than train.steps={t.steps}: the learning "
                      f"rate rises for the whole run, {peak}, and never decays; lower train.warmup_steps "
                      f"(e.g. train.warmup_steps={t.steps // 10})")
+    elif 3 * t.warmup_steps > t.steps:
+        notes.append(f"train.warmup_steps={t.warmup_steps} is more than a third of train.steps={t.steps}: the "
+                     f"learning rate is still rising for {t.warmup_steps / t.steps:.0%} of the run, leaving little "
+                     f"of the cosine decay; a warmup of 2-10% of the steps is usual "
+                     f"(e.g. train.warmup_steps={t.steps // 20})")
     return notes

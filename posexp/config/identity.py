@@ -30,6 +30,8 @@ NOT_WEIGHTS: dict[str, str] = {
     "tokenizer.description": "text for posexp list",
     "task.description": "text for posexp list",
     "finetune.parent": "where the parent run lies; its weights' SHA-256 says what it was",
+    # error stops a run whose data skip would leave files out of, so the two never train on different text
+    "data.on_bad_file": "what happens to a file that is not UTF-8 text: no run trains on one either way",
 }
 
 

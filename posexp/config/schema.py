@@ -34,6 +34,8 @@ class DataConfig:
     kind: Optional[str] = None
     description: str = ""
     path: Optional[str] = None
+    # data=text: a file that is not UTF-8 text stops the run (error) or is left out, with a count (skip)
+    on_bad_file: str = "error"
     val_fraction: float = 0.05
     cache_dir: Optional[str] = None
     # data=hf only

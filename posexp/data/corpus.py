@@ -61,12 +61,17 @@ def hub_source(data: Any) -> HubSource:
                      separate_rows=bool(data.get("separate_rows", True)), max_train_docs=data.get("max_train_docs"))
 
 
+# data.on_bad_file: what data=text does with a file that is not UTF-8 text
+BAD_FILE_CHOICES = ("error", "skip")
+
+
 def corpus_from_config(cfg: Any, log: Log = None, warn: Log = None) -> Corpus:
     """Load (or build and cache) the corpus of a run's config: ``cfg.data`` tokenized by ``cfg.tokenizer``."""
     d = cfg.data
     kind = data_kind(d)
     return load_corpus(kind, d.get("path"), float(d.val_fraction), d.get("cache_dir"), tokenizer=tokenizer_spec(cfg),
-                       hub=hub_source(d) if kind == "hf" else None, log=log, warn=warn)
+                       hub=hub_source(d) if kind == "hf" else None, log=log, warn=warn,
+                       skip_bad_files=d.get("on_bad_file", "error") == "skip")
 
 
 def _slug(name: str) -> str:
@@ -77,7 +82,8 @@ def _slug(name: str) -> str:
 
 def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.05,
                 cache_dir: Optional[str] = None, *, tokenizer: Optional[TokenizerSpec] = None,
-                hub: Optional[HubSource] = None, log: Log = None, warn: Log = None) -> Corpus:
+                hub: Optional[HubSource] = None, log: Log = None, warn: Log = None,
+                skip_bad_files: bool = False) -> Corpus:
     """Load (or build and cache) a tokenized corpus.
 
     Args:
@@ -89,7 +95,9 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
         tokenizer: ``byte`` (default) or a BPE spec; part of the cache key.
         hub: the data set of ``hf``.
         log: called with a line for the user when something is built or a split is carved.
-        warn: called with a warning for the user (the token cache cannot be written); also logged.
+        warn: called with a warning for the user (the token cache cannot be written, ``text`` files left out);
+            also logged.
+        skip_bad_files: ``text`` leaves out files that are not UTF-8 text (or hold NUL bytes) instead of failing.
 
     Raises:
         PosexpError: missing or unreadable path, non-UTF-8 or binary files, no text at all, a Hub data set
@@ -119,19 +127,21 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
     elif name == "text":
         if not path:
             raise ConfigError("data.path", "data=text needs the text to train on: data.path=FILE_OR_DIR")
-        (root, files), strict = text_source(path), True
+        (root, files), strict = text_source(path), not skip_bad_files
         source = str(root)
     else:
         raise ConfigError("data", f"unknown data set {name!r}; choose one of: {', '.join(KINDS)}")
 
     # byte-level caches keep the key they had before tokenizers existed
-    key = source_key(name, root, files, val_fraction)
+    key = source_key(name, root, files, val_fraction, skip_bad_files=name == "text" and skip_bad_files)
     cdir = cache_root(cache_dir) / (f"{name}-{key}" + (f"-{spec.key()}" if spec.key() else ""))
-    cached = read_cache(cdir)
-    if cached is not None:
-        return cached
-    corpus, tok = build_local(name, root, files, strict, path, source, val_fraction, spec, key + spec.key(), log)
-    _warn(warn, write_cache(cdir, corpus, tok))
+    corpus = read_cache(cdir)
+    if corpus is None:
+        corpus, tok = build_local(name, root, files, strict, path, source, val_fraction, spec, key + spec.key(), log)
+        _warn(warn, write_cache(cdir, corpus, tok))
+    if name == "text" and corpus.files < len(files):  # every file read is a document: the rest were left out
+        _warn(warn, f"data.on_bad_file=skip: left out {len(files) - corpus.files} of {len(files)} files under "
+                    f"{root} that are not UTF-8 text")
     return corpus
 
 

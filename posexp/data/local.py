@@ -82,9 +82,11 @@ def _is_val(relpath: str, val_fraction: float) -> bool:
     return h / 2**64 < val_fraction
 
 
-def source_key(name: str, root: Path, files: list[Path], val_fraction: float) -> str:
-    """The cache key of a local corpus: its name, root, split share and every file's size and mtime."""
-    h = hashlib.sha256(f"v{CACHE_VERSION}|{name}|{root}|{val_fraction!r}".encode())
+def source_key(name: str, root: Path, files: list[Path], val_fraction: float, skip_bad_files: bool = False) -> str:
+    """The cache key of a local corpus: its name, root, split share and every file's size and mtime, and
+    whether files that are not UTF-8 text were left out (a corpus built so must not answer a run that errs)."""
+    skip = "|skip-bad-files" if skip_bad_files else ""  # only then: earlier cache entries keep their key
+    h = hashlib.sha256(f"v{CACHE_VERSION}|{name}|{root}|{val_fraction!r}{skip}".encode())
     for f in files:
         st = f.stat()
         h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -99,12 +101,14 @@ def _read_documents(root: Path, files: list[Path], strict: bool) -> Iterator[dic
         except UnicodeDecodeError as e:
             if strict:
                 raise PosexpError(f"data.path: {f} is not UTF-8 text ({e.reason} at byte {e.start}); "
-                                  "data=text reads UTF-8 text files only") from None
+                                  "data=text reads UTF-8 text files only (data.on_bad_file=skip leaves such "
+                                  "files out)") from None
             continue
         if "\x00" in text:
             if strict:
                 raise PosexpError(f"data.path: {f} contains NUL bytes, so it looks binary; "
-                                  "data=text reads UTF-8 text files only")
+                                  "data=text reads UTF-8 text files only (data.on_bad_file=skip leaves such "
+                                  "files out)")
             continue
         rel = f.name if root.is_file() else str(f.relative_to(root))
         yield {"path": rel, "text": text}

@@ -17,6 +17,7 @@ from posexp.evaluation.perplexity import evaluate
 from posexp.model.positions import PositionPlan
 from posexp.model.window import window_of
 from posexp.runtime.precision import bf16_is_native, resolve_precision
+from posexp.training.progress import PARTS, clock_time
 
 
 def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
@@ -65,8 +66,10 @@ class EvalProgress:
     """How far an evaluation is, once it has run for more than :data:`PROGRESS_AFTER_S` seconds.
 
     On a terminal, a transient Rich progress line for the length being measured (windows done
-    of its windows), gone when the length is; anywhere else (a pipe, a log file), one plain
-    line per length as it finishes. A short evaluation, the smoke runs included, prints nothing.
+    of its windows), gone when the length is; anywhere else (a pipe, a log file), a plain line
+    each time the evaluation passes another tenth (each length counted as an equal share: every
+    length reads the same ``eval.tokens``), with the time so far and an ETA. A short
+    evaluation, the smoke runs included, prints nothing.
     Called as ``progress(length, windows_done, windows)`` by :func:`posexp.evaluation.perplexity.evaluate`.
 
     Args:
@@ -83,6 +86,7 @@ class EvalProgress:
         self.length_started = self.started
         self.bar: Optional[Progress] = None
         self.task: Optional[TaskID] = None
+        self.tenths = 0  # of the evaluation, the last plain line said
 
     def __call__(self, length: int, done: int, total: int) -> None:
         now = self.clock()
@@ -93,9 +97,7 @@ class EvalProgress:
         which = f"length {length} ({self.lengths.index(length) + 1 if length in self.lengths else '?'} of " \
                 f"{len(self.lengths)})"
         if not self.console.is_terminal:
-            if done == total:
-                self.console.print(f"evaluated {which}: {total:,} windows in {now - self.length_started:.1f} s",
-                                   highlight=False)
+            self._plain_line(length, done, total, which, now)
             return
         if self.bar is None:
             self.bar = Progress(TextColumn("eval {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -109,6 +111,18 @@ class EvalProgress:
         if done == total:
             self.bar.remove_task(self.task)
             self.task = None
+
+    def _plain_line(self, length: int, done: int, total: int, which: str, now: float) -> None:
+        index = self.lengths.index(length) if length in self.lengths else 0
+        share = (index + (done / total if total else 1.0)) / len(self.lengths)
+        tenths = int(share * PARTS + 1e-9)
+        if tenths <= self.tenths:
+            return
+        self.tenths = tenths
+        elapsed = now - self.started
+        self.console.print(f"eval {100 * share:.0f}%  {which}: {done:,}/{total:,} windows  "
+                           f"{clock_time(elapsed)} so far  eta {clock_time(elapsed * (1 - share) / share)}",
+                           highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         """Take the progress line off the terminal (transient), whether the evaluation finished or not."""

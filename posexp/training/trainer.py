@@ -37,7 +37,7 @@ from typing import Callable, Optional, Protocol
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress
 
 from posexp.config.schema import TrainConfig
 from posexp.data.corpus import BatchSampler, Corpus
@@ -52,6 +52,7 @@ from posexp.training.checkpoint import save_final
 from posexp.runtime.device import World, world
 from posexp.training.distributed import shard
 from posexp.training.optim import lr_at, make_optimizer, set_lr
+from posexp.training.progress import plain_progress, progress_bar
 from posexp.runtime.precision import training_precision
 from posexp.training.state import TrainState
 
@@ -342,12 +343,15 @@ LogHook = Callable[[int, float, float, float], None]
 
 
 class TrainingLog:
-    """The report of each logging interval: a ``metrics.csv`` row (rank 0), a ``train.log`` line, the progress bar,
-    and the ``on_log`` hook (experiment trackers)."""
+    """The report of each logging interval: a ``metrics.csv`` row (rank 0), a ``train.log`` line, the progress bar
+    (or, when the output is not a terminal, a plain line every tenth of training), and the ``on_log`` hook
+    (experiment trackers)."""
 
     def __init__(self, metrics: Optional[MetricsWriter], progress: Progress, state: TrainState, steps: int,
-                 encoder: str, on_log: Optional[LogHook] = None):
+                 encoder: str, on_log: Optional[LogHook] = None, shown: bool = False):
         self.metrics, self.progress, self.state, self.on_log = metrics, progress, state, on_log
+        # off a terminal the bar draws nothing: plain lines instead
+        self.plain = plain_progress(progress.console, encoder, steps, state.step, state.tokens) if shown else None
         self.task = progress.add_task("train", total=steps, completed=state.step, encoder=encoder, loss="-", tps="-")
         self.interval_tokens = 0  # tokens trained since the last metrics row
         self.start = self.last_time = time.perf_counter()
@@ -368,16 +372,9 @@ class TrainingLog:
         if self.on_log is not None:
             self.on_log(done, loss, lr, tps)
         self.progress.update(self.task, completed=done, loss=f"{loss:.3f}", tps=f"{tps:,.0f}")
+        if self.plain is not None:
+            self.plain(done, loss, self.state.tokens)
         self.last_time, self.interval_tokens = now, 0
-
-
-def progress_bar(console: Console, t: TrainConfig, w: World) -> Progress:
-    return Progress(
-        TextColumn("[bold]train[/] {task.fields[encoder]}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=console, disable=not t.progress or not w.is_main, transient=False,
-    )
 
 
 def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) -> None:
@@ -425,7 +422,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
     schedule = CheckpointSchedule(t.checkpoint_every, t.checkpoint_minutes, t.steps,
                                   saved_step=state.step if resumed else None)
-    progress = progress_bar(console, t, w)
+    progress = progress_bar(console, t.progress and w.is_main)
 
     def checkpoint() -> None:
         guard.check_weights(model, state.step, schedule.saved_step)
@@ -438,7 +435,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     try:
         with progress, StopOnSignal() as stop:
             report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name,
-                                 on_log=on_log if w.is_main else None)
+                                 on_log=on_log if w.is_main else None, shown=t.progress and w.is_main)
             for step in range(state.step, t.steps):
                 out = take_step(step, stop)
                 guard.record(step + 1, out.loss)
