@@ -9,7 +9,6 @@ the others: they form groups of their own, flagged "kept apart".
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
