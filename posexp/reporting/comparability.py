@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Sequence
 
 from posexp.reporting.formatting import _fmt_settings, _short
 
-if TYPE_CHECKING:
-    from posexp.reporting.lm_report import ReportRow
 
-
-def flag_outliers(rows: list[ReportRow], warnings: list[str],
+def flag_outliers(rows: Sequence[Any], warnings: list[str],
                    train_len_varies: bool = False) -> tuple[Optional[int], tuple, Any]:
     """Flag runs whose corpus, eval settings or training length differ from the majority.
 
     Args:
-        rows: the report's rows; flags are appended to them.
+        rows: the report's rows (:class:`~posexp.reporting.lm_report.ReportRow`); flags are appended to them.
         warnings: the report's warnings; one is appended per flagged run.
         train_len_varies: the training length is a compared variable (``--by train_len``): do not flag it.
 
