@@ -174,3 +174,17 @@ def test_a_filtered_report_keeps_the_sweeps_own_summary(tmp_path):
     assert (sweep / "summary.md").read_text() == "the sweep's own summary\n"
     (written,) = (sweep / "reports").iterdir()
     assert written.name == "where-encoder=alibi" and "alibi" in (written / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("kind,metric,allowed", [("task", "ratio", "acc@Kx"), ("lm", "acc@2x", "ratio@Kx")])
+def test_a_metric_no_selected_run_has_is_an_error_naming_those_that_apply(tmp_path, kind, metric, allowed):
+    """It was left out of the table in silence."""
+    import io
+
+    if kind == "task":
+        make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    else:
+        make_run(tmp_path / "s" / "0", {128: 10.0, 256: 12.0})
+    with pytest.raises(ConfigError) as e:
+        report_main([tmp_path / "s"], console=Console(file=io.StringIO()), metrics=[metric])
+    assert e.value.key == "--metric" and metric in str(e.value) and allowed in str(e.value)

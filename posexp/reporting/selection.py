@@ -39,7 +39,7 @@ RUN_KEYS = ("encoder", "base", "train_len", "seed", "corpus", "corpus_fingerprin
 _ABSENT = object()  # the key is not in this run's config at all (e.g. encoder.rotary_fraction for alibi)
 
 
-_METRIC_HELP = ("ratio, ratio@Kx (e.g. ratio@8x), ratio@N (N tokens), ppl@Kx, ppl@N, gain, gain@Kx, maxlen, "
+METRIC_HELP = ("ratio, ratio@Kx (e.g. ratio@8x), ratio@N (N tokens), ppl@Kx, ppl@N, gain, gain@Kx, maxlen, "
                 "maxlen@P% (e.g. maxlen@10%), auc, auc@Kx")
 
 
@@ -252,7 +252,7 @@ def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE) -> Metric:
     raw = str(text).strip()
     match = re.fullmatch(r"(ratio|ppl|maxlen|auc|gain)(?:@(.+))?", raw)
     if not match:
-        raise ConfigError("--metric", f"unknown metric {raw!r}; choose from {_METRIC_HELP}")
+        raise ConfigError("--metric", f"unknown metric {raw!r}; choose from {METRIC_HELP}")
     kind, arg = match.group(1), match.group(2)
 
     def at_length() -> tuple[Optional[float], Optional[int]]:
@@ -340,7 +340,7 @@ def parse_sort(sort: Optional[str], metrics: list[Metric], by: list[str], tolera
     except ConfigError:
         keys = ", ".join([*shown, *by, "n"])
         raise ConfigError("--sort", f"cannot sort by {name!r}; use a shown column ({keys}) or a metric "
-                                    f"({_METRIC_HELP}); prefix - for descending, e.g. --sort=-maxlen") from None
+                                    f"({METRIC_HELP}); prefix - for descending, e.g. --sort=-maxlen") from None
     return SortKey(metric.name, descending, metric)
 
 

@@ -33,12 +33,12 @@ from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_RENDERERS)
+from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_METRIC_HELP, TASK_RENDERERS)
 from posexp.reporting.lm_report import build_report
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
-from posexp.reporting.selection import DEFAULT_TOLERANCE, parse_by, parse_where
+from posexp.reporting.selection import DEFAULT_TOLERANCE, METRIC_HELP, parse_by, parse_where
 from posexp.runs.layout import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
 # the logger name users' logging filters and test captures have always seen
@@ -88,6 +88,7 @@ def report_main(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     lm_dirs, task_report = _split_tasks(find_runs(paths), by, metrics, where)
+    _check_metrics_apply(metrics, bool(lm_dirs), task_report is not None)
     lm_metrics = split_task_metrics(metrics)[0] if metrics is not None else None
     report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
                           strict=strict, baseline=baseline) if lm_dirs else None
@@ -151,6 +152,18 @@ def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
         slug = re.sub(r"[^A-Za-z0-9=.,!_-]+", "_", "where-" + "-".join(filters))[:120]
         return folder / "reports" / slug
     return folder
+
+
+def _check_metrics_apply(metrics, lm_runs: bool, task_runs: bool) -> None:
+    """A ``--metric`` of a kind no selected run has (acc@2x of perplexity runs, ratio of task runs) is an error
+    naming the metrics that apply, not an empty column or a table without it."""
+    lm, task = split_task_metrics(metrics)
+    if lm and not lm_runs:
+        raise ConfigError("--metric", f"{', '.join(lm)}: metrics of perplexity runs, and the runs selected are task "
+                                      f"runs; their metrics: {TASK_METRIC_HELP}")
+    if task and not task_runs:
+        raise ConfigError("--metric", f"{', '.join(task)}: metrics of task runs, and the runs selected are language-"
+                                      f"model runs; their metrics: {METRIC_HELP}")
 
 
 def _split_tasks(run_dirs: list[Path], by, metrics, where) -> tuple[list[Path], Optional[TaskReport]]:
