@@ -39,6 +39,7 @@ from posexp.config.schema import (
 from posexp.data.corpus import data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
+from posexp.encoders.plugins import from_distribution
 from posexp.errors import ConfigError, require
 from posexp.evaluation.extension import NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal
 from posexp.evaluation.perplexity import check_protocol
@@ -64,6 +65,8 @@ def register_configs() -> None:
     cs.store(group="schema/task", name="task", node=TaskConfig)
     for name, cls in registry().items():
         cs.store(group="schema/encoder", name=name, node=options_schema(cls))
+        if from_distribution(cls):  # an installed plugin brings no yaml: encoder=NAME is its schema's defaults
+            cs.store(group="encoder", name=name, node=options_schema(cls))
 
 
 def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
