@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -219,8 +220,12 @@ def finetune(
     scaling=none (direct fine-tuning), linear (position interpolation), ntk, dynamic_ntk, yarn or llama3;
     the new run records its parent, and evaluates at multiples of the new length.
     """
-    from posexp.commands.finetune import CONFIG_NAME, parent_argument
+    from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 
+    if ALLOW_FLAG in (args or []):  # an environment variable, so that a launcher's worker processes see it too
+        os.environ[ALLOW_ENV] = "1"
+        args = [a for a in args if a != ALLOW_FLAG]
     try:
         given = parent_argument(args or [])
     except PosexpError as e:
@@ -416,6 +421,8 @@ def _report_interrupted_sweep(folders: Folders, code: int) -> None:
 def resume(
     run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run.",
                                    show_default=False, metavar="RUN_DIR"),
+    allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Resume a run of a plugin "
+                                               "encoder whose source file changed since training started."),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
     from posexp.runtime.device import world
@@ -425,7 +432,7 @@ def resume(
         if world().distributed:
             raise PosexpError("posexp resume runs in one process; start it without torchrun (a run trained by "
                               "several processes continues in one with the same global batch)")
-        resume_main(run_dir)
+        resume_main(run_dir, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
         _fail(e)
     except KeyboardInterrupt:
@@ -479,6 +486,8 @@ def eval_cmd(
         show_default=False, metavar="RUN_DIR|eval.KEY=VALUE"),
     strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
                                                         "the first run whose results.json cannot be read."),
+    allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Evaluate runs of a plugin "
+                                               "encoder whose source file changed since they were trained."),
 ) -> None:
     """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
 
@@ -489,7 +498,7 @@ def eval_cmd(
     from posexp.commands.eval import reeval_main
 
     try:
-        reeval_main(list(args), strict=strict)
+        reeval_main(list(args), strict=strict, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
         _fail(e)
     except KeyboardInterrupt:

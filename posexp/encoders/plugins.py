@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Type
 
 from posexp.encoders.contract import PositionalEncoder
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 
 ENTRY_POINT_GROUP = "posexp.encoders"
 # how a user names the module of an encoder of their own, in the encoder's yaml
@@ -58,6 +58,8 @@ def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> objec
             sys.path.append(folder)  # after the installed packages: a user's copy.py shadows nothing
     try:
         return importlib.import_module(module)
+    except PosexpError:
+        raise  # the registry's own word on what the module registered
     except ModuleNotFoundError as e:
         if e.name is None or not module.startswith(e.name):
             raise ConfigError("encoder.module", f"importing {module} failed: {e}") from None
@@ -87,7 +89,10 @@ def entry_points() -> Dict[str, List[importlib.metadata.EntryPoint]]:
     """The ``posexp.encoders`` entry points of the installed distributions, by name (one each, unless two
     distributions claim one name); the same distribution found twice on ``sys.path`` counts once."""
     found: Dict[str, List[importlib.metadata.EntryPoint]] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    # every distribution's own entry points: importlib.metadata.entry_points() keeps one per name
+    eps = [ep for dist in importlib.metadata.distributions() for ep in dist.entry_points
+           if ep.group == ENTRY_POINT_GROUP]
+    for ep in eps:
         same = found.setdefault(ep.name, [])
         if all(other.value != ep.value for other in same):
             same.append(ep)
