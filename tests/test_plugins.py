@@ -137,6 +137,9 @@ def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
     refused = run_cli("resume", "run", cwd=project)
     assert refused.returncode != 0 and "changed since the run was trained" in refused.stderr
     assert "--allow-changed-encoder" in refused.stderr
+    resumed = run_cli("resume", "run", "--allow-changed-encoder", cwd=project)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (project / "run" / "results.json").is_file()
 
 
 @pytest.mark.parametrize("args,expected", [

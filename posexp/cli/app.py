@@ -535,8 +535,9 @@ def analyze(
     from posexp.runs.layout import is_run_dir
 
     args = expand_home(overrides or [])
-    # run folders; Hydra overrides are not folders
-    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in args):
+    # run folders; Hydra overrides are not folders, nor is the user's config folder (--config-dir DIR)
+    named = [a for i, a in enumerate(args) if not (i and args[i - 1] in ("--config-dir", "-cd"))]
+    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in named):
         try:
             analyze_runs_main(args)
         except PosexpError as e:
