@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,7 +84,13 @@ def _sweep_jobs(sweep: Path) -> dict:
 
 # -- the worked example, end to end ----------------------------------------------------------------
 
+def _repository_state() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+                          capture_output=True, text=True).stdout
+
+
 def test_sweep_against_builtins_and_report_from_a_folder_outside_the_repository(project):
+    before = _repository_state()
     proc = run_cli("train", "--config-dir", "conf", "-m", "encoder=rope,alibi,logrope", *TINY,
                    "hydra.sweep.dir=sweep", cwd=project)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -100,6 +107,7 @@ def test_sweep_against_builtins_and_report_from_a_folder_outside_the_repository(
     assert report.returncode == 0, report.stderr[-2000:]
     assert "encoder=logrope" in report.stdout and "encoder=alibi" in report.stdout
     assert (project / "sweep" / "report.md").is_file()
+    assert _repository_state() == before  # no file of posexp written or changed
 
     # eval of a plugin's run, from another folder: the module is imported from where the run found it
     again = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project.parent)

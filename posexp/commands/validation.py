@@ -15,7 +15,7 @@ import math
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from posexp.config.schema import (
     DATASETS,
@@ -66,7 +66,10 @@ def register_configs() -> None:
     for name, cls in registry().items():
         cs.store(group="schema/encoder", name=name, node=options_schema(cls))
         if from_distribution(cls):  # an installed plugin brings no yaml: encoder=NAME is its schema's defaults
-            cs.store(group="encoder", name=name, node=options_schema(cls))
+            node = OmegaConf.structured(options_schema(cls))
+            if "base" in node:
+                node.base = "${base}"  # as the built-ins' yaml files have it: the top-level base=... reaches it
+            cs.store(group="encoder", name=name, node=node)
 
 
 def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
