@@ -103,18 +103,20 @@ def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Typ
         ConfigError: the module cannot be imported, or holds no encoder to call ``name``.
     """
     registry()
-    if name in _REGISTRY and _REGISTRY[name].__module__ == module:
-        return _REGISTRY[name]
+    before = _REGISTRY.get(name)
     mod = plugins.import_module(module, roots)
-    if name in _REGISTRY and not plugins.is_builtin(_REGISTRY[name]):
-        return _REGISTRY[name]
+    cls = _REGISTRY.get(name)
+    # registered by this import, or earlier by the module or one of its submodules
+    if cls is not None and (cls is not before or cls.__module__ == module or cls.__module__.startswith(module + ".")):
+        return cls
     found = plugins.encoder_classes(mod)
-    if name not in _REGISTRY and len(found) == 1:
-        return register(name)(found[0])
-    registered = [n for n, c in _REGISTRY.items() if c.__module__ == module]
-    if name in _REGISTRY:
+    if cls is None or not plugins.is_builtin(cls):
+        if len(found) == 1:
+            return register(name)(found[0])  # another plugin's name: register says which two claim it
+    else:
         raise ConfigError("encoder.module", f"{name!r} is posexp's built-in encoder, which wins over {module}'s; "
                                             f"give your encoder another name")
+    registered = [n for n, c in _REGISTRY.items() if c.__module__ == module]
     raise ConfigError("encoder.module", f"module {module} registers no encoder {name!r} (it registers: "
                                         f"{', '.join(registered) or 'none'}); decorate its class with "
                                         f"@register({name!r}) from posexp.encoders")
