@@ -117,7 +117,8 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
     return runs, over
 
 
-def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = None) -> dict:
+def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = None,
+                allow_changed_encoder: bool = False) -> dict:
     """``posexp analyze RUN_DIR``: the trained encoder's geometry and the model's attention vs length.
 
     Loads the run as ``posexp eval`` does (:func:`posexp.commands.eval.prepare`: its saved config,
@@ -128,7 +129,8 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
     from posexp.commands.eval import prepare
 
     console = console or Console()
-    p = prepare(run_dir, [])
+    p = prepare(run_dir, [], allow_changed_encoder=allow_changed_encoder,
+                warn=lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
     a = OmegaConf.structured(AnalyzeConfig)
     for k, v in overrides.items():
         try:
@@ -198,6 +200,10 @@ def _print_attention(rows: list[dict], console: Console) -> None:
 
 
 def analyze_runs_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
-    """``posexp analyze RUN_DIR... [analyze.KEY=VALUE...]``: analyse each run folder; returns their results."""
-    runs, overrides = parse_run_args(args)
-    return [analyze_run(r, overrides, console) for r in runs]
+    """``posexp analyze RUN_DIR... [analyze.KEY=VALUE...] [--allow-changed-encoder]``: analyse each run folder;
+    returns their results."""
+    from posexp.commands.encoder_source import ALLOW_FLAG
+
+    allow = ALLOW_FLAG in args
+    runs, overrides = parse_run_args([a for a in args if a != ALLOW_FLAG])
+    return [analyze_run(r, overrides, console, allow_changed_encoder=allow) for r in runs]

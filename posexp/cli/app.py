@@ -153,11 +153,11 @@ def _run_hydra(app, prog: str, args: List[str]) -> None:
         sys.argv = saved
 
 
-def _check_overrides(config_name: str, args: List[str], folders: bool = False) -> None:
+def _check_overrides(config_name: str, args: List[str], folders: bool = False, user_dirs=()) -> None:
     """Refuse a bad override in one line before Hydra starts (so no run folder is made); with
     HYDRA_FULL_ERROR=1 (or POSEXP_DEBUG=1) Hydra reports the errors it knows, in full."""
     try:
-        check_overrides(config_name, args, folders=folders)
+        check_overrides(config_name, args, folders=folders, user_dirs=user_dirs)
     except OverrideError as e:
         if not (e.hydra_reports and full_error_requested()):
             _fail(e)
@@ -225,8 +225,12 @@ def finetune(
     scaling=none (direct fine-tuning), linear (position interpolation), ntk, dynamic_ntk, yarn or llama3;
     the new run records its parent, and evaluates at multiples of the new length.
     """
-    from posexp.commands.finetune import CONFIG_NAME, parent_argument
+    from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 
+    if ALLOW_FLAG in (args or []):  # an environment variable, so that a launcher's worker processes see it too
+        os.environ[ALLOW_ENV] = "1"
+        args = [a for a in args if a != ALLOW_FLAG]
     try:
         given = parent_argument(args or [])
     except PosexpError as e:
@@ -239,23 +243,21 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     from posexp.commands.sweeps import missing_plugin, unique
 
     _failed_jobs.clear()
-    from posexp.commands.validation import register_configs
-
-    register_configs()
     args = expand_home(args)
+    user_dirs = _user_encoders(args)
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]
     missing = missing_plugin(args)
     if missing:
         _fail(PosexpError(missing))
-    _check_overrides(config_name, args)
+    _check_overrides(config_name, args, user_dirs=user_dirs)
     from posexp.runs.lock import unlock_run
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
     with distributed.worker_overrides() as quiet:
         try:
-            folders = None if quiet else _claim_folders(args, overwrite, config_name)
+            folders = None if quiet else _claim_folders(args, overwrite, config_name, user_dirs)
             _run_claimed(folders, [*_flags_first(folders.args if folders else args), *quiet], hydra_app)
         except PosexpError as e:
             _fail(e)
@@ -289,19 +291,34 @@ class Folders:
     args: List[str] = field(default_factory=list)
 
 
-def _check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "config") -> dict:
+def _user_encoders(args: List[str]) -> list:
+    """The user's config folders on the command line, their encoders imported and every schema stored."""
+    from posexp.cli.plugins import load_folder_plugins, user_config_dirs
+    from posexp.commands.validation import register_configs
+
+    try:
+        dirs = user_config_dirs(args)
+        load_folder_plugins(dirs)
+        register_configs()
+    except PosexpError as e:
+        _fail(e)
+    return dirs
+
+
+def _check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "config", user_dirs=()) -> dict:
     """Compose and validate the config of each job (a covering subset of a large sweep) before any trains.
 
     Returns:
         The first job's run and sweep folders as Hydra would name them (``run``, ``sweep``), and whether
         its sweeper is Hydra's basic one (``basic``).
     """
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.utils import setup_globals
     from hydra.errors import HydraException
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    from posexp.cli.plugins import initialize_configs
     from posexp.commands.finetune import CONFIG_NAME, check_finetune
     from posexp.commands.sweeps import jobs_to_check, swept_values
     from posexp.commands.train import check_config
@@ -309,7 +326,7 @@ def _check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "confi
     first: dict = {}
     checked = jobs_to_check(jobs)
     setup_globals()  # the ${now:...} resolver of Hydra's folder names
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+    with initialize_configs(user_dirs):
         for job, label in zip(checked, swept_values(checked)):
             try:
                 cfg = compose(config_name, overrides=job, return_hydra_config=True)
@@ -330,7 +347,8 @@ def _check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "confi
     return first
 
 
-def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config") -> Optional[Folders]:
+def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config",
+                   user_dirs=()) -> Optional[Folders]:
     """Check every job's config, then claim the run (or sweep) folder of ``posexp train ARGS``.
 
     A folder Hydra would name from the clock (``outputs/DATE/TIME``) becomes ``TIME-1``, ``TIME-2``, ...
@@ -356,7 +374,7 @@ def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config"
     if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
         return None
     jobs = sweep_jobs(ns.overrides) if ns.multirun else [list(ns.overrides)]
-    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun, config_name)
+    first = _check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun, config_name, user_dirs)
     if not first["basic"]:
         jobs = None  # a sweeper such as Optuna chooses the jobs as it goes
     key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
@@ -408,6 +426,8 @@ def _report_interrupted_sweep(folders: Folders, code: int) -> None:
 def resume(
     run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run.",
                                    show_default=False, metavar="RUN_DIR"),
+    allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Resume a run of a plugin "
+                                               "encoder whose source file changed since training started."),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
     from posexp.runtime.device import world
@@ -417,7 +437,7 @@ def resume(
         if world().distributed:
             raise PosexpError("posexp resume runs in one process; start it without torchrun (a run trained by "
                               "several processes continues in one with the same global batch)")
-        resume_main(run_dir)
+        resume_main(run_dir, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
         _fail(e)
     except KeyboardInterrupt:
@@ -474,6 +494,8 @@ def eval_cmd(
         show_default=False, metavar="RUN_DIR|eval.KEY=VALUE"),
     strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
                                                         "the first run whose results.json cannot be read."),
+    allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Evaluate runs of a plugin "
+                                               "encoder whose source file changed since they were trained."),
 ) -> None:
     """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
 
@@ -484,7 +506,7 @@ def eval_cmd(
     from posexp.commands.eval import reeval_main
 
     try:
-        reeval_main(list(args), strict=strict)
+        reeval_main(list(args), strict=strict, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
         _fail(e)
     except KeyboardInterrupt:
@@ -521,18 +543,17 @@ def analyze(
     from posexp.runs.layout import is_run_dir
 
     args = expand_home(overrides or [])
-    # run folders; Hydra overrides are not folders
-    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in args):
+    # run folders; Hydra overrides are not folders, nor is the user's config folder (--config-dir DIR)
+    named = [a for i, a in enumerate(args) if not (i and args[i - 1] in ("--config-dir", "-cd"))]
+    if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in named):
         try:
             analyze_runs_main(args)
         except PosexpError as e:
             _fail(e)
         return
-    from posexp.commands.validation import register_configs
-
-    register_configs()
+    user_dirs = _user_encoders(args)
     register_schema()
-    _check_overrides("analyze", args, folders=True)
+    _check_overrides("analyze", args, folders=True, user_dirs=user_dirs)
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
 
 
@@ -556,12 +577,19 @@ def check_cmd(
 
 
 @app.command("list")
-def list_cmd() -> None:
-    """What you can choose: encoders (with their options), model sizes, data sets, tokenizers, tasks, experiment
-    trackers and experiments."""
+def list_cmd(
+    config_dir: Optional[Path] = typer.Option(
+        None, "--config-dir", "-cd", help="A config folder of yours (as posexp train --config-dir): its encoders "
+                                          "are listed too.", show_default=False),
+) -> None:
+    """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
+    tokenizers, tasks, experiment trackers and experiments."""
     from posexp.cli.listing import print_choices
 
-    print_choices(Console())
+    try:
+        print_choices(Console(), ["--config-dir", str(config_dir)] if config_dir else [])
+    except PosexpError as e:
+        _fail(e)
 
 
 def _usable_streams() -> None:

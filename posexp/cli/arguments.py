@@ -17,10 +17,13 @@ import difflib
 import inspect
 import os
 import re
+from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from posexp.cli.plugins import guess_hint, initialize_configs
+from posexp.encoders.plugins import HOW_TO
 from posexp.errors import PosexpError
 
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
@@ -143,8 +146,9 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
     for value in values:
         if value not in options:
             what = f"{group}={value}" if value else f"{group}="
+            own = f"; {HOW_TO}" if group == "encoder" else ""
             raise OverrideError(f"{what}: no such {group} option; {_did_you_mean(value, options, f'{group}=')}"
-                                f"choose one of: {', '.join(options)}", hydra_reports=group not in OPTIONAL_GROUPS)
+                                f"choose one of: {', '.join(options)}{own}", hydra_reports=group not in OPTIONAL_GROUPS)
 
 
 def _check_key(cfg: DictConfig, override) -> None:
@@ -159,6 +163,9 @@ def _check_key(cfg: DictConfig, override) -> None:
             raise OverrideError(f"{override.input_line}: {'.'.join(path)} is a value, not a group of keys")
         keys = [str(k) for k in node.keys()]
         if part not in keys:
+            hint = guess_hint(key)
+            if hint:
+                raise OverrideError(f"{override.input_line}: {hint}", hydra_reports=override.type.name == "CHANGE")
             where = ".".join(path)
             prefix = f"{where}." if where else ""
             raise OverrideError(f"{override.input_line}: {prefix}{part} is not a config key; "
@@ -191,30 +198,33 @@ def _variants(parsed: list) -> Iterator[list]:
             yield [b for b in variant if b is not None]
 
 
-def check_overrides(config_name: str, args: Sequence[str], folders: bool = False) -> None:
+def check_overrides(config_name: str, args: Sequence[str], folders: bool = False,
+                    user_dirs: Sequence[Path] = ()) -> None:
     """Check the overrides of a Hydra app's command line against its config groups and schema.
 
     Args:
         config_name: the app's primary config (``config`` or ``analyze``); the schemas must be registered.
         args: the command line after the subcommand, flags included (``-m``, ``--cfg job``).
         folders: the app also takes folders (``posexp analyze RUN_DIR``), for the message of a missing one.
+        user_dirs: the user's config folders (``--config-dir``, ``hydra.searchpath``), whose options count.
 
     Raises:
         OverrideError: an unknown group option, key or type, a malformed override, a sweep without ``-m``.
     """
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from posexp.config.schema import config_dir
-
     try:
         ns = get_args_parser().parse_args(list(args))
     except SystemExit:
         return  # Hydra's argparse reports an unknown flag itself, with its usage
-    if ns.help or ns.hydra_help or ns.shell_completion or ns.config_dir or ns.config_path or ns.config_name:
+    if ns.config_path:
+        raise OverrideError(f"--config-path {ns.config_path}: replaces posexp's own configs; to add a folder of "
+                            "yours beside them use --config-dir DIR (or hydra.searchpath=[file://DIR])")
+    if ns.help or ns.hydra_help or ns.shell_completion or ns.config_name:
         return
     parsed = _parse(ns.overrides, folders)
     for o in parsed:
@@ -223,7 +233,7 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
                                 f"{o.input_line}); for one list value write {o.key_or_group}=[...], for a string "
                                 f"with commas quote it: {o.key_or_group}='...'")
         _check_launcher(o)
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+    with initialize_configs(user_dirs):
         loader = GlobalHydra.instance().config_loader()
         groups = set(_groups(loader))
         for o in parsed:

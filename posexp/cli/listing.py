@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -61,20 +62,26 @@ def first_sentence(text: str) -> str:
     return sentence[:clause] if len(sentence) > LONG_SENTENCE and clause > 0 else sentence
 
 
-def encoder_table() -> Table:
-    from posexp.encoders import option_names, registry
+def encoder_table(user_dirs: Sequence[Path] = ()) -> Table:
+    """The encoders: built-ins, installed plugins, and those of the user's config folders ``user_dirs``."""
+    from posexp.encoders import option_names, origin, registry
 
     reg = registry()
+    yamls = {p.stem: p for folder in (config_dir(), *user_dirs) for p in sorted((folder / "encoder").glob("*.yaml"))}
     table = Table(title="encoders  (posexp train encoder=NAME)")
     table.add_column("name", style="cyan", no_wrap=True)
     table.add_column("what it is")
     table.add_column("options")
-    for name in options("encoder"):
+    table.add_column("from")
+    for name in sorted(set(reg) | set(yamls)):
         cls = reg.get(name)
-        desc = cls.description if cls is not None and cls.description else yaml_description(
-            config_dir() / "encoder" / f"{name}.yaml")
+        desc = cls.description if cls is not None and cls.description else (
+            yaml_description(yamls[name]) if name in yamls else "")
         opts = ", ".join(option_names(name)) if cls is not None else ""
-        table.add_row(name, desc, opts or "—")
+        where = origin(name) if cls is not None else str(yamls[name])
+        if cls is not None and name in yamls and yamls[name].parent.parent != config_dir():
+            where += f"; config {yamls[name]}"
+        table.add_row(name, desc, opts or "—", where)
     return table
 
 
@@ -122,9 +129,17 @@ def group_table(group: str, title: str) -> Table:
     return table
 
 
-def print_choices(console: Console) -> None:
-    """Every table of ``posexp list``."""
-    console.print(encoder_table())
+def print_choices(console: Console, args: Sequence[str] = ()) -> None:
+    """Every table of ``posexp list``; ``args`` may name a config folder of the user's (``--config-dir DIR``).
+
+    Raises:
+        PosexpError: the folder does not exist, or one of its encoders cannot be imported.
+    """
+    from posexp.cli.plugins import load_folder_plugins, user_config_dirs
+
+    dirs = user_config_dirs(args)
+    load_folder_plugins(dirs)
+    console.print(encoder_table(dirs))
     wide = console.width >= WIDE
     console.print(model_table(described=wide))
     if not wide:

@@ -36,6 +36,7 @@ from rich.text import Text
 
 from posexp.config.schema import EvalConfig, eval_lengths, is_task
 from posexp.config.identity import config_hash
+from posexp.commands.encoder_source import check_encoder_source
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.lock import EVALUATING, run_lock
@@ -198,8 +199,10 @@ def load_run_config(run_dir: Path, results: dict) -> DictConfig:
     raise PosexpError(f"{run_dir}: no {HYDRA_CONFIG} and no config in {RESULTS_JSON}; cannot rebuild the model")
 
 
-def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[dict] = None) -> Prepared:
-    """Load and check one run: results (unless given), config + overrides, corpus, weights. Writes nothing."""
+def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[dict] = None,
+            allow_changed_encoder: bool = False, warn=None) -> Prepared:
+    """Load and check one run: results (unless given), config + overrides, a plugin encoder's code, corpus,
+    weights. Writes nothing."""
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
     from posexp.tasks.source import DATA_TASKS, TrainingSource
@@ -207,6 +210,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
 
     results = read_results(run_dir) if results is None else results
     base_cfg = load_run_config(run_dir, results)
+    check_encoder_source(run_dir, base_cfg, results, allow_changed_encoder, warn)
     cfg = apply_eval_overrides(base_cfg, overrides)
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
     lengths = eval_lengths(cfg)
@@ -262,7 +266,7 @@ def _warn(console: Console, message: str) -> None:
 
 
 def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: set[Path], console: Console,
-                strict: bool = False) -> list[Prepared]:
+                strict: bool = False, allow_changed_encoder: bool = False) -> list[Prepared]:
     """Check every run before any is evaluated.
 
     A run whose ``results.json`` cannot be read is skipped with a warning (unless ``strict``), so
@@ -282,7 +286,7 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
             refused.append((run_dir, e))
             continue
         try:
-            prepared.append(prepare(run_dir, overrides, results))
+            prepared.append(prepare(run_dir, overrides, results, allow_changed_encoder, lambda m: _warn(console, m)))
         except ConfigError as e:
             # a sweep over encodings: a rotary-only scaling skips the runs it cannot apply to
             if e.key != "eval.scaling" or "does not apply" not in str(e) or run_dir.resolve() in given:
@@ -295,17 +299,20 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
     return prepared
 
 
-def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, strict: bool = False) -> list[dict]:
+def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, strict: bool = False,
+                allow_changed_encoder: bool = False) -> list[dict]:
     """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results.
 
     With ``strict``, a run whose ``results.json`` cannot be read stops the command before anything is
-    evaluated; otherwise it is skipped with a warning and the other runs are evaluated.
+    evaluated; otherwise it is skipped with a warning and the other runs are evaluated. A run of a plugin
+    encoder whose source changed since it was trained stops the command unless ``allow_changed_encoder``.
     """
     console = console or Console()
     folders, raw_overrides = split_args(args)
     overrides = parse_eval_overrides(raw_overrides)
     runs = find_eval_runs(folders, lambda msg: _warn(console, msg))
-    prepared = prepare_all(runs, overrides, {Path(f).resolve() for f in folders}, console, strict=strict)
+    prepared = prepare_all(runs, overrides, {Path(f).resolve() for f in folders}, console, strict=strict,
+                           allow_changed_encoder=allow_changed_encoder)
 
     out: list[dict] = []
     previous = signal.getsignal(signal.SIGTERM)

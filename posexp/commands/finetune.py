@@ -18,6 +18,8 @@ run is a normal ``posexp train`` run (:func:`posexp.commands.train.run_train`): 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -31,6 +33,9 @@ from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_results
 
 CONFIG_NAME = "finetune"
+# set by posexp finetune --allow-changed-encoder: fine-tune a plugin encoder's run although its source changed
+ALLOW_ENV = "POSEXP_ALLOW_CHANGED_ENCODER"
+log = logging.getLogger("posexp.finetune")
 # what the parent fixes: the trained weights have its encoder, shape and vocabulary
 PARENT_KEYS = ("encoder", "model", "tokenizer", "base")
 # what the fine-tune sets; the rest of the new run's config is the parent's
@@ -148,11 +153,14 @@ def child_config(app: DictConfig) -> DictConfig:
         PosexpError: the parent is not a finished run trained from scratch, or its weights are damaged.
         ConfigError: another corpus than the parent's was requested.
     """
+    from posexp.commands.encoder_source import check_encoder_source
     from posexp.commands.resume import load_config
 
     parent = Path(str(app.parent)).resolve()
     results = check_parent(parent)
     parent_cfg = load_config(parent)
+    check_encoder_source(parent, parent_cfg, results, os.environ.get(ALLOW_ENV, "") not in ("", "0"),
+                         lambda m: log.warning("%s", m))
     if parent_cfg.get("finetune") is not None:
         raise PosexpError(f"{parent}: is itself a fine-tune (of {parent_cfg.finetune.parent}); fine-tune a run "
                           "trained from scratch")

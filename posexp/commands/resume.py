@@ -74,8 +74,11 @@ def load_config(run_dir: Path) -> DictConfig:
                           f"({str(e).splitlines()[0]}); was it edited?") from None
 
 
-def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
+def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_changed_encoder: bool = False) -> dict:
     """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results.
+
+    A run of a plugin encoder whose source changed since training started is refused unless
+    ``allow_changed_encoder``.
 
     Raises:
         RunFolderTaken: another process is training in the folder.
@@ -83,17 +86,20 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None) -> dict:
     run_dir = Path(run_dir)
     check_resumable(run_dir)
     with run_lock(run_dir):  # refused while another process trains there
-        return _resume(run_dir, console or Console())
+        return _resume(run_dir, console or Console(), allow_changed_encoder)
 
 
-def _resume(run_dir: Path, console: Console) -> dict:
+def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False) -> dict:
     """:func:`resume_main` in a run folder this process holds."""
     from posexp.config.identity import config_hash
+    from posexp.commands.encoder_source import check_encoder_source
     from posexp.commands.validation import validate
     from posexp.commands.train import run_train
 
     check_resumable(run_dir)  # again, now that no other process can finish the run meanwhile
     cfg = load_config(run_dir)
+    check_encoder_source(run_dir, cfg, None, allow_changed_encoder,
+                         lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
     validate(cfg)
     pointer = read_resume_pointer(run_dir)
     if pointer is not None and pointer["config_hash"] != config_hash(cfg):

@@ -23,7 +23,7 @@ from posexp.config.identity import config_hash
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task
-from posexp.runs.provenance import provenance, run_label, write_run_status
+from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
 from posexp.evaluation.runner import evaluate_config
 from posexp.runs.results import results_table, write_loss_by_position, write_results
 from posexp.model.gpt import GPT
@@ -152,6 +152,8 @@ def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir:
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(cfg, source.vocab_size, init=start)
     _announce(spec, model, source, device, w, run_dir, console)
+    if w.is_main and not resume:
+        write_encoder_source(run_dir, cfg)
     with _tracked(cfg, spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
         reused = distributed.broadcast(cache.lookup(cfg, source.fingerprint)) if spec.cache and not resume else None

@@ -15,7 +15,7 @@ import math
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from posexp.config.schema import (
     DATASETS,
@@ -38,7 +38,8 @@ from posexp.config.schema import (
 )
 from posexp.data.corpus import BAD_FILE_CHOICES, data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
-from posexp.encoders import PositionalEncoder, option_names, options_schema, registry
+from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, options_schema, registry
+from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
 from posexp.evaluation.extension import NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal
 from posexp.evaluation.perplexity import check_protocol
@@ -65,6 +66,11 @@ def register_configs() -> None:
     cs.store(group="schema/task", name="task", node=TaskConfig)
     for name, cls in registry().items():
         cs.store(group="schema/encoder", name=name, node=options_schema(cls))
+        if from_distribution(cls):  # an installed plugin brings no yaml: encoder=NAME is its schema's defaults
+            node = OmegaConf.structured(options_schema(cls))
+            if "base" in node:
+                node.base = "${base}"  # as the built-ins' yaml files have it: the top-level base=... reaches it
+            cs.store(group="encoder", name=name, node=node)
 
 
 def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
@@ -75,8 +81,7 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
             gradients, optimizer state and activations), ``"weights"`` (evaluating a trained run), or None.
     """
     check_finite(cfg)
-    require(cfg.encoder.name in registry(), "encoder",
-            f"unknown encoder {cfg.encoder.name!r}; choose one of: {', '.join(registry())}")
+    resolve_encoder(cfg)
     require(cfg.base > 1, "base", f"must be > 1 (got {cfg.base:g})")
     require(cfg.train_len > 0, "train_len", f"must be a positive integer (got {cfg.train_len})")
     require(cfg.seed >= 0, "seed", f"must be >= 0 (got {cfg.seed})")
@@ -136,6 +141,17 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
     check_objective(cfg)
     if memory is not None:
         check_memory(cfg, training=memory == "train")
+
+
+def resolve_encoder(cfg: DictConfig) -> type:
+    """The class of the run's encoder: a built-in, an installed plugin, or one of the module ``encoder.module``
+    names (imported here, as in a process that did not compose the config: eval, resume, a launcher's worker).
+
+    Raises:
+        ConfigError: no such encoder, or its module cannot be imported.
+    """
+    module = cfg.encoder.get(MODULE_KEY)
+    return load_plugin(str(cfg.encoder.name), str(module)) if module else get(str(cfg.encoder.name))
 
 
 def validate_finetune(cfg: DictConfig, parent_encoder: PositionalEncoder) -> PositionalEncoder:

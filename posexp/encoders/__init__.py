@@ -7,36 +7,61 @@ Use them in your own models::
     q, k = enc.rotate(q, k, pos, pos)
 
 Adding an encoding is one file here that decorates its class with
-``@register("name")`` and one ``configs/encoder/<name>.yaml``. The options a
-user may set are the keyword arguments of the class's ``__init__`` after
-``d_model`` and ``n_heads``; their type hints become the config schema.
+``@register("name")`` and one ``configs/encoder/<name>.yaml``; an encoding from
+outside the package (a module of the user's project, or an installed package's
+entry point) enters the same registry through :mod:`posexp.encoders.plugins`.
+The options a user may set are the keyword arguments of the class's ``__init__``
+after ``d_model`` and ``n_heads``; their type hints become the config schema.
 Every encoder also takes ``lr_mult`` (see :class:`PositionalEncoder`), the
-learning-rate multiplier of its own parameters.
+learning-rate multiplier of its own parameters. A built-in name wins over a plugin's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
+import logging
 import pkgutil
 import typing
-from typing import Any, Callable, Dict, Type
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence, Type
 
+from posexp.encoders import plugins
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.errors import ConfigError
 
 _REGISTRY: Dict[str, Type[PositionalEncoder]] = {}
 _NOT_OPTIONS = {"self", "d_model", "n_heads"}
-_NOT_ENCODERS = {"base", "frequencies"}  # modules of this package that hold no encoder
+_NOT_ENCODERS = {"base", "frequencies", "plugins"}  # modules of this package that hold no encoder
+_loaded = {"builtins": False, "entry_points": False}
+log = logging.getLogger("posexp.encoders")
 
 
 def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEncoder]]:
-    """Class decorator: make an encoder available as ``encoder=<name>`` and ``create(name)``."""
+    """Class decorator: make an encoder available as ``encoder=<name>`` and ``create(name)``.
+
+    A plugin (a class outside ``posexp/encoders/``) that takes a built-in name is left out, with a warning.
+
+    Raises:
+        ConfigError: two plugins register one name.
+    """
 
     def wrap(cls: Type[PositionalEncoder]) -> Type[PositionalEncoder]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise RuntimeError(f"two encoders registered as {name!r}")
+        builtin = plugins.is_builtin(cls)
+        if not builtin:
+            _load_builtins()  # so that a built-in name is taken before a plugin asks for it
+        other = _REGISTRY.get(name)
+        if other is not None and other is not cls:
+            if builtin:
+                raise RuntimeError(f"two encoders registered as {name!r}")
+            if plugins.is_builtin(other):
+                log.warning("the plugin encoder %r (%s) is shadowed by posexp's built-in %r, which wins; "
+                            "register it under another name", name, plugins.origin(cls), name)
+                return cls
+            raise ConfigError("encoder", f"two plugins claim the encoder name {name!r}: {plugins.origin(other)} "
+                                         f"and {plugins.origin(cls)}; rename one")
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -44,16 +69,68 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
     return wrap
 
 
-def _load_all() -> None:
+def _load_builtins() -> None:
+    if _loaded["builtins"]:
+        return
+    _loaded["builtins"] = True
     for info in pkgutil.iter_modules(__path__):
         if not info.name.startswith("_") and info.name not in _NOT_ENCODERS:
             importlib.import_module(f"{__name__}.{info.name}")
 
 
 def registry() -> Dict[str, Type[PositionalEncoder]]:
-    """Every registered encoder by name, sorted."""
-    _load_all()
+    """Every registered encoder by name, sorted: the built-ins, the installed plugins (entry points in the
+    group ``posexp.encoders``, loaded on the first call) and the plugin modules imported so far."""
+    _load_builtins()
+    if not _loaded["entry_points"]:
+        _loaded["entry_points"] = True
+        builtins = [n for n, c in _REGISTRY.items() if plugins.is_builtin(c)]
+        for name, cls in plugins.entry_point_classes(builtins).items():
+            register(name)(cls)
     return dict(sorted(_REGISTRY.items()))
+
+
+def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Type[PositionalEncoder]:
+    """The encoder ``name`` of the user's module ``module``, imported if it was not (``encoder.module``).
+
+    A module that registers no encoder of that name but defines exactly one encoder class has it
+    registered as ``name``.
+
+    Args:
+        roots: folders to import from besides the working folder (where a run's plugin was trained).
+
+    Raises:
+        ConfigError: the module cannot be imported, or holds no encoder to call ``name``.
+    """
+    registry()
+    before = _REGISTRY.get(name)
+    mod = plugins.import_module(module, roots)
+    cls = _REGISTRY.get(name)
+    # registered by this import, or earlier by the module or one of its submodules
+    if cls is not None and (cls is not before or cls.__module__ == module or cls.__module__.startswith(module + ".")):
+        return cls
+    found = plugins.encoder_classes(mod)
+    if cls is None or not plugins.is_builtin(cls):
+        if len(found) == 1:
+            return register(name)(found[0])  # another plugin's name: register says which two claim it
+    else:
+        raise ConfigError("encoder.module", f"{name!r} is posexp's built-in encoder, which wins over {module}'s; "
+                                            f"give your encoder another name")
+    registered = [n for n, c in _REGISTRY.items() if c.__module__ == module]
+    raise ConfigError("encoder.module", f"module {module} registers no encoder {name!r} (it registers: "
+                                        f"{', '.join(registered) or 'none'}); decorate its class with "
+                                        f"@register({name!r}) from posexp.encoders")
+
+
+def source_record(name: str) -> Optional[dict]:
+    """What a run records of a plugin encoder's code (:func:`posexp.encoders.plugins.source_record`); None for
+    a built-in."""
+    return plugins.source_record(get(name))
+
+
+def origin(name: str) -> str:
+    """Where the encoder ``name`` came from: built-in, an installed distribution, or a module's file."""
+    return plugins.origin(get(name))
 
 
 def _option_params(cls: Type[PositionalEncoder]) -> list[inspect.Parameter]:
@@ -66,6 +143,8 @@ def options_schema(cls: Type[PositionalEncoder]) -> type:
     """A dataclass of the encoder's options (from its ``__init__``), for Hydra's ConfigStore."""
     hints = typing.get_type_hints(cls.__init__)
     fields: list[tuple[str, Any, Any]] = [("name", str, dataclasses.field(default=cls.name))]
+    if not plugins.is_builtin(cls):  # the module to import it from, recorded in every run's config
+        fields.append((plugins.MODULE_KEY, str, dataclasses.field(default=cls.__module__)))
     for p in _option_params(cls):
         if p.default is inspect.Parameter.empty:
             raise TypeError(f"{cls.__name__}.__init__: option {p.name!r} needs a default")
@@ -85,9 +164,17 @@ def option_names(name: str) -> list[str]:
 
 
 def get(name: str) -> Type[PositionalEncoder]:
+    """The class of the encoder ``name``.
+
+    Raises:
+        ConfigError: no such encoder, naming the close ones and how to add one's own.
+    """
     reg = registry()
     if name not in reg:
-        raise ConfigError("encoder", f"unknown encoder {name!r}; choose one of: {', '.join(reg)}")
+        close = difflib.get_close_matches(name, list(reg), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError("encoder", f"unknown encoder {name!r}; {hint}choose one of: {', '.join(reg)}; "
+                                     f"{plugins.HOW_TO}")
     return reg[name]
 
 
@@ -98,19 +185,23 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
         name: a registered encoder (``posexp list`` shows them).
         d_model: model width.
         n_heads: attention heads.
-        **options: the encoder's options, as in ``configs/encoder/<name>.yaml``.
+        **options: the encoder's options, as in ``configs/encoder/<name>.yaml``; ``module``: the user's
+            module that defines a plugin encoder, imported first.
 
     Raises:
         ConfigError: unknown name, unknown option, or a value out of range.
     """
-    cls = get(name)
+    module = options.pop(plugins.MODULE_KEY, None)
+    cls = load_plugin(name, module) if module else get(name)
     allowed = option_names(name)
     lr_mult = options.pop("lr_mult", None)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], allowed + ["lr_mult"], n=1, cutoff=0.6)
+        hint = f"did you mean encoder.{close[0]}? " if close else ""
         raise ConfigError(
             f"encoder.{unknown[0]}",
-            f"not an option of encoder {name!r}; its options are: {', '.join(allowed + ['lr_mult'])}",
+            f"not an option of encoder {name!r}; {hint}its options are: {', '.join(allowed + ['lr_mult'])}",
         )
     encoder = cls(d_model=d_model, n_heads=n_heads, **options)
     if lr_mult is not None:
@@ -121,4 +212,5 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
     return encoder
 
 
-__all__ = ["PositionalEncoder", "create", "get", "options_schema", "register", "registry", "relative_distance"]
+__all__ = ["PositionalEncoder", "create", "get", "load_plugin", "options_schema", "origin", "register", "registry",
+           "relative_distance", "source_record"]

@@ -5,6 +5,7 @@ Also the results.json of a run that did not finish (failed, diverged), so report
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 from pathlib import Path
@@ -17,7 +18,10 @@ import posexp
 from posexp.config.identity import config_hash
 from posexp.config.schema import to_container
 from posexp.model.positions import PositionPlan
+from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import write_results_json
+
+ENCODER_SOURCE = "encoder_source.json"  # a plugin encoder's code, recorded as training starts
 
 
 def git_commit() -> Optional[str]:
@@ -40,6 +44,35 @@ def versions() -> dict:
     return {"posexp": posexp.__version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
+def encoder_source(cfg: DictConfig) -> Optional[dict]:
+    """A plugin encoder's code: module, class, file, SHA-256 of the file, distribution and version where it
+    was installed (:func:`posexp.encoders.plugins.source_record`); None for a built-in."""
+    from posexp.encoders import source_record
+
+    return source_record(str(cfg.encoder.name))
+
+
+def write_encoder_source(run_dir: Path, cfg: DictConfig) -> None:
+    """Record a plugin encoder's code in the run folder as training starts, for ``posexp resume`` to compare
+    with (results.json records it too, once the run finishes); nothing for a built-in."""
+    record = encoder_source(cfg)
+    if record is not None:
+        atomic_write_json(run_dir / ENCODER_SOURCE, record)
+
+
+def recorded_encoder_source(run_dir: Path, results: Optional[dict] = None) -> Optional[dict]:
+    """The plugin encoder's code a run was trained with: from results.json, else from the record written when
+    training started; None for a built-in encoder (or a run written before plugins existed)."""
+    recorded = ((results or {}).get("run") or {}).get("encoder_source")
+    if isinstance(recorded, dict):
+        return recorded
+    try:
+        recorded = json.loads((run_dir / ENCODER_SOURCE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
 def run_label(overrides: list[str]) -> str:
     return " ".join(overrides) if overrides else "default"
 
@@ -55,6 +88,7 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "seed": int(cfg.seed),
         "config": to_container(cfg),
         "config_hash": config_hash(cfg),
+        **({"encoder_source": plugin} if (plugin := encoder_source(cfg)) else {}),
         **corpus_info,
         "eval_settings": eval_settings(cfg),
         **lineage(cfg),
@@ -108,6 +142,8 @@ def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], statu
     try:  # the config itself may be what failed
         run.update({"encoder": cfg.encoder.name, "train_len": int(cfg.train_len), "seed": int(cfg.seed),
                     "config": to_container(cfg), "config_hash": config_hash(cfg), "eval_settings": eval_settings(cfg)})
+        if (plugin := encoder_source(cfg)) is not None:
+            run["encoder_source"] = plugin
     except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
         pass
     run.update(corpus_info or {})

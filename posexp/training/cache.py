@@ -12,7 +12,8 @@ hashes everything that shapes the trained weights, and nothing else:
   (the position range of ``train.positions=randomized`` with ``train.max_position`` unset);
 - the corpus fingerprint (the tokens themselves: another Python's standard library,
   or an edited ``data.path``, is another corpus);
-- the posexp and torch versions.
+- the posexp and torch versions;
+- for an encoder from outside the package, the SHA-256 of its source file.
 
 Every key a later version adds to the config is part of the key unless listed in
 :data:`posexp.config.identity.NOT_WEIGHTS`: an unknown key costs a retraining, never a wrong reuse.
@@ -61,11 +62,19 @@ FORMAT = 1
 ENTRY_FILE = "entry.json"
 # an entry holds the run folder's weights and training curve under the run folder's names
 def cache_key(cfg: DictConfig, corpus_fingerprint: str) -> str:
-    """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions."""
+    """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions; for a plugin
+    encoder also the SHA-256 of its source file (an edited encoder is another training). Built-in encoders'
+    keys are as they were before plugins existed: posexp's version stands for their code."""
     import torch
 
-    blob = json.dumps({"format": FORMAT, "config": weights_config(cfg), "corpus": corpus_fingerprint,
-                       "posexp": posexp.__version__, "torch": torch.__version__}, sort_keys=True, default=str)
+    from posexp.encoders import source_record
+
+    key = {"format": FORMAT, "config": weights_config(cfg), "corpus": corpus_fingerprint,
+           "posexp": posexp.__version__, "torch": torch.__version__}
+    plugin = source_record(str(cfg.encoder.name))
+    if plugin is not None:
+        key["encoder_source"] = plugin["sha256"]
+    blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,68 @@
+"""A finished or interrupted run of a plugin encoder, used again: is its code here, and is it the same code?
+
+``posexp eval``, ``posexp resume`` and ``posexp finetune`` rebuild a run's encoder from code that lives
+outside posexp. :func:`check_encoder_source` imports it (from the working folder, else from where the run
+found it) and compares the SHA-256 of its source file with the one the run recorded, so that numbers are
+never silently added to a run by code other than the code that trained it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+from omegaconf import DictConfig
+
+from posexp.encoders import load_plugin, source_record
+from posexp.encoders.plugins import MODULE_KEY
+from posexp.errors import PosexpError
+from posexp.runs.provenance import recorded_encoder_source
+
+ALLOW_FLAG = "--allow-changed-encoder"
+
+
+def _import_root(recorded: dict) -> list[str]:
+    """The folder the run imported its module from: its file less one folder per dotted part."""
+    file, module = recorded.get("file"), str(recorded.get("module") or "")
+    if not file or not module:
+        return []
+    path = Path(file)
+    depth = len(module.split(".")) + (1 if path.name == "__init__.py" else 0)
+    return [str(path.parents[depth - 1])] if len(path.parents) >= depth else []
+
+
+def check_encoder_source(run_dir: Path, cfg: DictConfig, results: Optional[dict] = None,
+                         allow_changed: bool = False, warn: Optional[Callable[[str], None]] = None) -> None:
+    """A run trained with a plugin encoder can be rebuilt here from the same code.
+
+    Args:
+        cfg: the run's config (its ``encoder.module`` names a module plugin's module).
+        results: the run's results.json, if read already.
+        allow_changed: go on with a changed source, with a warning (the user's ``--allow-changed-encoder``).
+
+    Raises:
+        PosexpError: one line: the plugin cannot be imported here, or its source changed since the run was trained.
+    """
+    recorded = recorded_encoder_source(run_dir, results)
+    if recorded is None:
+        return  # a built-in encoder: posexp's version and commit say what its code was
+    name = str(cfg.encoder.name)
+    where = f"{recorded.get('module')}, {recorded.get('file')}" + (
+        f", {recorded['distribution']} {recorded.get('version')}" if recorded.get("distribution") else "")
+    try:
+        module = cfg.encoder.get(MODULE_KEY)
+        if module:
+            load_plugin(name, str(module), roots=_import_root(recorded))
+        now = source_record(name) or {}
+    except PosexpError as e:
+        raise PosexpError(f"{run_dir}: trained with the plugin encoder {name!r} ({where}), which cannot be loaded "
+                          f"here: {e}") from None
+    old, new = recorded.get("sha256"), now.get("sha256")
+    if old is None or new == old:
+        return
+    message = (f"{run_dir}: the source of encoder {name!r} changed since the run was trained: {now.get('file')} "
+               f"has sha256 {str(new)[:12]}, the run recorded {old[:12]} ({recorded.get('file')})")
+    if not allow_changed:
+        raise PosexpError(f"{message}; restore that file, or add {ALLOW_FLAG} to go on with the code as it is now")
+    if warn is not None:
+        warn(f"{message}; going on with the code as it is now ({ALLOW_FLAG})")

@@ -1,0 +1,1 @@
+"""Positional encodings of my own, used by posexp without a fork (see ../README.md)."""
