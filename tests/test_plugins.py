@@ -285,3 +285,11 @@ def test_two_user_modules_claiming_one_name_is_one_clear_error(tmp_path, registr
     registry_state.load_plugin("twin", "first_pe")
     with pytest.raises(ConfigError, match="two plugins claim the encoder name 'twin': first_pe .* and second_pe"):
         registry_state.load_plugin("twin", "second_pe")
+
+
+def test_posexp_check_takes_the_users_config_folder(project):
+    """The worked example is checked against the contract before any training, from its own folder."""
+    proc = run_cli("check", "--config-dir", "conf", "logrope", "--format", "json", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    checks = {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}
+    assert checks["causality"] == "pass" and checks["absolute positions"] == "pass"

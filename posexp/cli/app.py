@@ -564,12 +564,16 @@ def check_cmd(
     options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500.",
                                                   show_default=False),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown (for CI)."),
+    config_dir: Optional[Path] = typer.Option(None, "--config-dir", "-cd", show_default=False,
+                                              help="Your config folder, whose encoder/*.yaml name their modules."),
 ) -> None:
     """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
     scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails."""
+    from posexp.cli.plugins import load_folder_plugins, user_config_dirs
     from posexp.commands.check import check_main
 
     try:
+        load_folder_plugins(user_config_dirs(["--config-dir", str(config_dir)] if config_dir else []))
         code = check_main(encoder, list(options or []), fmt)
     except PosexpError as e:
         _fail(e)
