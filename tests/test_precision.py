@@ -17,6 +17,7 @@ from posexp.commands.train import run_train
 from posexp.runtime.precision import (BF16_MARGIN, bf16_is_native, choose_precision, measured_cpu_precision, resolve_precision)
 from posexp.runtime.device import autocast, resolve_device
 from posexp.runtime.precision import training_precision
+from posexp.commands.edge import typed
 
 CPU = torch.device("cpu")
 TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "eval.multiples=[1]",
@@ -43,7 +44,7 @@ def test_top_level_keys_drive_the_train_keys(compose):
 ])
 def test_unknown_device_or_precision_names_the_key_and_the_choices(compose, override, key, allowed):
     with pytest.raises(ConfigError) as err:
-        validate(compose(override))
+        validate(typed(compose(override)))
     assert err.value.key == key
     assert all(a in str(err.value) for a in allowed), str(err.value)
 

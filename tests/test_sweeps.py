@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 import pytest
+from posexp.commands.edge import typed
 import yaml
 
 from conftest import run_cli
@@ -86,7 +87,7 @@ def test_bad_objective_is_refused_naming_the_key(compose, bad):
     from posexp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="objective.*longest, mean or an eval length"):
-        validate(compose(*TINY, f"objective={bad}"))
+        validate(typed(compose(*TINY, f"objective={bad}")))
 
 
 def test_bad_objective_on_the_command_line_is_one_line(tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from posexp.commands.edge import typed
 from posexp.config.schema import eval_lengths
 from posexp.encoders import create
 from posexp.evaluation.perplexity import eval_budget, evaluate
@@ -58,7 +59,7 @@ def test_encoder_lr_mult_defaults_and_groups(compose):
 
     assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
     assert compose("encoder=rope").encoder.lr_mult == 1.0
-    cfg = compose("experiment=smoke", "encoder=kerple", "encoder.lr_mult=4")
+    cfg = typed(compose("experiment=smoke", "encoder=kerple", "encoder.lr_mult=4"))
     assert build_encoder(cfg).lr_mult == 4.0
     model = build_model(cfg, 256)
     groups = make_optimizer(model, cfg.train).param_groups
@@ -78,18 +79,22 @@ def test_runs_saved_before_lr_mult_existed_keep_their_rate_and_hash(compose, tmp
     back gives lr_mult 1 (not t5's new default), and its config hash is unchanged, so resume works."""
     from omegaconf import OmegaConf
 
+    from posexp.commands.edge import folder_run_hash, load_saved
     from posexp.config.identity import config_hash
-    from posexp.runs.layout import HYDRA_CONFIG, read_saved_config
+    from posexp.config.legacy import format1_hash
+    from posexp.runs.layout import HYDRA_CONFIG
 
     cfg = compose("encoder=t5", "encoder.lr_mult=1")
     old = OmegaConf.to_container(cfg)
     del old["encoder"]["lr_mult"]
     (tmp_path / HYDRA_CONFIG).parent.mkdir(parents=True)
     (tmp_path / HYDRA_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
-    saved = read_saved_config(tmp_path)
-    assert saved.encoder.lr_mult == 1.0
-    assert config_hash(saved) == config_hash(OmegaConf.create(old)) == config_hash(cfg)
-    assert config_hash(compose("encoder=t5")) != config_hash(cfg)  # lr_mult 10 trains other weights
+    recorded = format1_hash(OmegaConf.to_container(cfg, resolve=True))  # what the run recorded then
+    (tmp_path / "results.json").write_text(json.dumps({"run": {"config_hash": recorded}, "rows": []}))
+    saved = load_saved(tmp_path)
+    assert saved.spec.encoder["lr_mult"] == 1.0
+    assert folder_run_hash(tmp_path, saved).value == recorded
+    assert config_hash(typed(compose("encoder=t5"))) != config_hash(typed(cfg))  # lr_mult 10: other weights
 
 
 def test_eval_lengths_default_to_multiples_of_train_len(compose):

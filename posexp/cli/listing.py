@@ -6,6 +6,7 @@ Torch is imported only for the encoder table; the model sizes' parameter counts 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -29,7 +30,8 @@ def options(group: str) -> list[str]:
 
 def yaml_description(path: Path) -> str:
     """A config's ``description`` key, else its first comment line that is not a Hydra directive."""
-    desc = OmegaConf.load(path).get("description")
+    loaded: Any = OmegaConf.load(path)
+    desc = loaded.get("description")
     if desc:
         return str(desc)
     for line in path.read_text().splitlines():
@@ -63,9 +65,9 @@ def model_table() -> Table:
                          justify="right" if column in ("d_model", "layers", "heads", "FFN", "params") else "left")
     for name in options("model"):
         path = config_dir() / "model" / f"{name}.yaml"
-        raw = OmegaConf.load(path)
+        raw: Any = OmegaConf.load(path)
         raw.pop("defaults", None)
-        shape: ModelConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
+        shape: Any = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
         table.add_row(name, str(shape.d_model), str(shape.n_layers), str(shape.n_heads),
                       str(int(shape.mlp_ratio * shape.d_model)), f"{shape.param_count() / 1e6:.1f}M",
                       f"{shape.param_count(256) / 1e6:.2f}M", yaml_description(path))

@@ -5,17 +5,17 @@ Also the results.json of a run that did not finish (failed, diverged), so report
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig
 
 import posexp
-from posexp.config.identity import config_hash
-from posexp.config.schema import to_container
+from posexp.config.identity import RunHash, config_dict, run_hash
+from posexp.config.schema import Config
 from posexp.model.positions import PositionPlan
 from posexp.runs.layout import write_results_json
 
@@ -44,7 +44,8 @@ def run_label(overrides: list[str]) -> str:
     return " ".join(overrides) if overrides else "default"
 
 
-def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, train_result) -> dict:
+def provenance(cfg: Config, overrides: list[str], corpus_info: dict, model, train_result, identity: RunHash) -> dict:
+    """results.json's ``run``: what the run was, and ``identity``, the hash (and its format) its folder records."""
     base = getattr(model.encoder, "base", None)
     return {
         "label": run_label(overrides),
@@ -53,8 +54,9 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "base": base,
         "train_len": int(cfg.train_len),
         "seed": int(cfg.seed),
-        "config": to_container(cfg),
-        "config_hash": config_hash(cfg),
+        "config": config_dict(cfg),
+        "config_hash": identity.value,
+        "hash_format": identity.format,
         **corpus_info,
         "eval_settings": eval_settings(cfg),
         **lineage(cfg),
@@ -76,56 +78,61 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
     }
 
 
-def lineage(cfg: DictConfig) -> dict:
+def lineage(cfg: Config) -> dict:
     """A fine-tuned run's parent, scaling and budget (``posexp finetune``); {} for a run trained from scratch.
 
     ``parent``, ``scaling`` and ``scaling_factor`` are top-level keys of results.json's ``run``, so that
     ``posexp report --by scaling`` groups by them; ``finetune`` holds the whole record.
     """
-    ft = cfg.get("finetune")
+    ft = cfg.finetune
     if ft is None:
         return {}
     t = cfg.train
-    record = {**to_container(ft), "train_len": int(cfg.train_len), "steps": int(t.steps),
+    record = {**dataclasses.asdict(ft), "train_len": int(cfg.train_len), "steps": int(t.steps),
               "tokens": int(t.steps) * int(t.batch_size) * int(cfg.train_len), "lr": float(t.lr)}
     return {"parent": str(ft.parent), "scaling": str(ft.scaling), "scaling_factor": float(ft.scaling_factor),
             "parent_train_len": int(ft.parent_train_len), "finetune": record}
 
 
-def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], status: str, error: BaseException,
-                     corpus_info: Optional[dict] = None, step: Optional[int] = None) -> Path:
+def write_run_status(run_dir: Path, cfg: Optional[Config], overrides: list[str], status: str, error: BaseException,
+                     corpus_info: Optional[dict] = None, step: Optional[int] = None,
+                     identity: Optional[RunHash] = None) -> Path:
     """A ``results.json`` without rows for a run that did not finish: ``status`` "failed" or "diverged".
 
     It carries what is known of the run and ``error`` (message, type, step), so
     ``posexp report`` and the sweep summary list the run with its reason instead
-    of silently dropping it.
+    of silently dropping it. ``identity`` is the hash the run's checkpoints record (a new run's by default).
     """
-    run = {"label": run_label(overrides), "overrides": list(overrides), "status": status,
-           "error": {"message": str(error), "type": type(error).__name__,
-                     **({"step": int(step)} if step is not None else {})},
-           "versions": versions(),
-           "python_version": platform.python_version(), "git_commit": git_commit()}
-    try:  # the config itself may be what failed
-        run.update({"encoder": cfg.encoder.name, "train_len": int(cfg.train_len), "seed": int(cfg.seed),
-                    "config": to_container(cfg), "config_hash": config_hash(cfg), "eval_settings": eval_settings(cfg)})
+    run: dict[str, Any] = {
+        "label": run_label(overrides), "overrides": list(overrides), "status": status,
+        "error": {"message": str(error), "type": type(error).__name__, **({"step": int(step)} if step is not None else {})},
+        "versions": versions(), "python_version": platform.python_version(), "git_commit": git_commit()}
+    if cfg is None:  # the config itself is what failed
+        return write_results_json(run_dir, {"run": {**run, **(corpus_info or {})}, "rows": []}, default=str)
+    try:
+        run.update({"encoder": cfg.encoder["name"], "train_len": int(cfg.train_len), "seed": int(cfg.seed),
+                    "config": config_dict(cfg)})
+        identity = identity or run_hash(cfg)
+        run.update({"config_hash": identity.value, "hash_format": identity.format,
+                    "eval_settings": eval_settings(cfg)})
     except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
         pass
     run.update(corpus_info or {})
     return write_results_json(run_dir, {"run": run, "rows": []}, default=str)
 
 
-def eval_settings(cfg: DictConfig) -> dict:
+def eval_settings(cfg: Config) -> dict:
     """The evaluation settings the report compares runs by; keys beyond tokens/protocol only when in use."""
     e = cfg.eval
     settings = {"tokens": int(e.tokens), "protocol": e.protocol}
-    if e.get("stride") is not None:
+    if e.stride is not None:
         settings["stride"] = int(e.stride)
-    if e.get("last_k") is not None:
+    if e.last_k is not None:
         settings["last_k"] = int(e.last_k)
-    if e.get("scaling", "none") != "none":
+    if e.scaling != "none":
         settings["scaling"] = e.scaling
-        if e.get("scaling_factor") is not None:
+        if e.scaling_factor is not None:
             settings["scaling_factor"] = float(e.scaling_factor)
-        if e.get("rerope_window") is not None:
+        if e.rerope_window is not None:
             settings["rerope_window"] = int(e.rerope_window)
     return settings

@@ -21,8 +21,8 @@ import sys
 from typing import Iterator, Optional
 
 import torch
-from omegaconf import DictConfig
 
+from posexp.config.schema import Config
 from posexp.errors import ConfigError, PosexpError
 from posexp.runtime.device import resolve_device
 from posexp.runtime.precision import resolve_precision
@@ -145,7 +145,7 @@ def parameters_lower_bound(model, vocab_size: int) -> int:
     return int(model.n_layers) * (4 * d * d + 2 * d * hidden) + vocab_size * d
 
 
-def training_bytes_lower_bound(cfg: DictConfig, vocab_size: int, activation_bytes: int,
+def training_bytes_lower_bound(cfg: Config, vocab_size: int, activation_bytes: int,
                                processes: int = 1) -> tuple[int, int]:
     """Bytes one process must hold to train ``cfg``: ``(weights and optimizer, activations)``, both lower bounds.
 
@@ -190,7 +190,7 @@ def memory_capacity(device) -> Optional[tuple[int, str]]:
     return ram, "this machine's RAM"
 
 
-def check_memory(cfg: DictConfig, training: bool = True) -> None:
+def check_memory(cfg: Config, training: bool = True) -> None:
     """Refuse a model whose weights (and, to train, gradients, optimizer state and activations) cannot fit in
     the memory of the run's device, before anything is allocated.
 
