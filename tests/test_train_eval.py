@@ -17,7 +17,7 @@ from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.training.optim import lr_at
 
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "eval.multiples=[1,2]")
+TINY = ("train.steps=6", "eval.multiples=[1,2]")  # on the shared tiny run (conftest.TINY_RUN)
 
 
 def test_lr_warms_up_then_decays_to_the_floor(compose):
@@ -36,14 +36,14 @@ def _trained_weights(run_dir) -> dict:
     return load_file(str(run_dir / "checkpoint" / "model.safetensors"))
 
 
-def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
+def test_encoder_lr_mult_scales_only_the_encoders_own_steps(tiny, tmp_path):
     """AdamW's first step moves each parameter by about lr (times the sign of its gradient), so with
     encoder.lr_mult=10 T5's biases (zero at the start) move ten times as far; every other weight,
     whose gradient is the same in both runs at the first step, takes exactly the same step."""
     after = {}
     for mult in (1, 10):
         overrides = [*TINY, "train.steps=1", "train.warmup_steps=1", "encoder=t5", f"encoder.lr_mult={mult}"]
-        run_train(compose(*overrides), tmp_path / str(mult), overrides)
+        run_train(tiny(*overrides), tmp_path / str(mult), overrides)
         after[mult] = _trained_weights(tmp_path / str(mult))
     key = "encoder.relative_attention_bias.weight"
     moved = {m: w[key][w[key] != 0].abs() for m, w in after.items()}
@@ -130,10 +130,10 @@ def test_evaluation_matches_a_direct_computation():
     assert row["windows"] == 8 and row["tokens"] == 400
 
 
-def test_same_seed_same_numbers(compose, tmp_path):
+def test_same_seed_same_numbers(tiny, tmp_path):
     overrides = [*TINY, "encoder=t5"]
-    a = run_train(compose(*overrides), tmp_path / "a", overrides)
-    b = run_train(compose(*overrides), tmp_path / "b", overrides)
+    a = run_train(tiny(*overrides), tmp_path / "a", overrides)
+    b = run_train(tiny(*overrides), tmp_path / "b", overrides)
     assert [r["loss"] for r in a["rows"]] == [r["loss"] for r in b["rows"]]
     numbers = lambda res: [(r["ppl"], r["loss"], r["ppl_low"], r["ppl_high"]) for r in res["rows"]]  # noqa: E731
     assert numbers(a) == numbers(b)  # exactly, not approximately
@@ -143,7 +143,7 @@ def test_same_seed_same_numbers(compose, tmp_path):
               for d in ("a", "b")]
     assert losses[0] == losses[1]  # the whole training curve, not only the end
     assert a["run"]["config_hash"] == b["run"]["config_hash"]
-    c = run_train(compose(*overrides, "seed=1"), tmp_path / "c", [*overrides, "seed=1"])
+    c = run_train(tiny(*overrides, "seed=1"), tmp_path / "c", [*overrides, "seed=1"])
     assert [r["loss"] for r in c["rows"]] != [r["loss"] for r in a["rows"]]
     on_disk = json.loads((tmp_path / "a" / "results.json").read_text())
     assert on_disk["rows"][0]["loss"] == a["rows"][0]["loss"]
