@@ -344,15 +344,14 @@ def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config"
     Raises:
         PosexpError: a config error, a folder that cannot be created, or one that holds a run.
     """
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from posexp.cli.hydra_adapter import parse_command_line
     from posexp.commands.sweeps import fixed_overrides, sweep_jobs
     from posexp.runs.lock import claim_named_dir, new_run_dir
 
-    try:
-        ns = get_args_parser().parse_args(args)
-    except SystemExit:
+    ns = parse_command_line(args)
+    if ns is None:
         return None  # Hydra's argparse says what is wrong
     if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
         return None

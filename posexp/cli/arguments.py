@@ -190,16 +190,15 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
         OverrideError: an unknown group option, key or type, a malformed override, a sweep without ``-m``.
     """
     from hydra import compose, initialize_config_dir
-    from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from posexp.cli.hydra_adapter import parse_command_line
     from posexp.config.schema import config_dir
 
-    try:
-        ns = get_args_parser().parse_args(list(args))
-    except SystemExit:
+    ns = parse_command_line(args)
+    if ns is None:
         return  # Hydra's argparse reports an unknown flag itself, with its usage
     if ns.help or ns.hydra_help or ns.shell_completion or ns.config_dir or ns.config_path or ns.config_name:
         return
