@@ -179,7 +179,8 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
                                          "steps": result.steps, "encoder": spec.encoder["name"]})
         if spec.cache and reused is None and cache_writable:
             cache.store(spec, source.fingerprint, run_dir, result)
-        results = _evaluate_and_write(spec, model, source, device, run_dir, overrides, identity, result, reused, console)
+        results = _evaluate_and_write(spec, model, source, device, run_dir, overrides, identity, result, reused,
+                                      console)
         trackers.log_results(results["rows"], run_dir)
     trained = f"weights from cache {reused.key}" if reused is not None else \
         f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s"

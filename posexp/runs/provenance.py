@@ -105,7 +105,8 @@ def write_run_status(run_dir: Path, cfg: Optional[Config], overrides: list[str],
     """
     run: dict[str, Any] = {
         "label": run_label(overrides), "overrides": list(overrides), "status": status,
-        "error": {"message": str(error), "type": type(error).__name__, **({"step": int(step)} if step is not None else {})},
+        "error": {"message": str(error), "type": type(error).__name__,
+                  **({"step": int(step)} if step is not None else {})},
         "versions": versions(), "python_version": platform.python_version(), "git_commit": git_commit()}
     if cfg is None:  # the config itself is what failed
         return write_results_json(run_dir, {"run": {**run, **(corpus_info or {})}, "rows": []}, default=str)
