@@ -204,6 +204,7 @@ class LoggerConfig:
 
 @dataclass
 class Config:
+    # the encoder's options: its own schema at compose time, a plain mapping (name, options) once typed
     encoder: Any = MISSING
     data: DataConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
