@@ -50,6 +50,28 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
 
 SMOKE = ("experiment=smoke", "train.progress=false")
 
+# What every tiny run pins, so that a test gives the same numbers alone, in any order and on any CPU: fp32 (no
+# precision=auto probe, whose timed forward passes would reach a test's spies and whose choice depends on the
+# CPU), one thread, and a sweep cache in the test's own folder.
+TINY_RUN = (*SMOKE, "precision=fp32", "train.threads=1")
+
+
+@pytest.fixture
+def tiny(compose, tmp_path, monkeypatch, _private_cache):
+    """``tiny(*overrides)``: the smoke experiment composed as ``posexp train`` would, pinned by :data:`TINY_RUN`,
+    with the token cache (``POSEXP_CACHE``) and the sweep cache (``cache_dir``) under the test's ``tmp_path``.
+    Overrides given come last and win. Torch's thread count is put back afterwards."""
+    import torch
+
+    monkeypatch.setenv("POSEXP_CACHE", str(_private_cache))  # the session's token cache, whatever ran before
+    threads = torch.get_num_threads()
+
+    def _tiny(*overrides: str):
+        return compose(*TINY_RUN, f"cache_dir={tmp_path / 'sweep-cache'}", *overrides)
+
+    yield _tiny
+    torch.set_num_threads(threads)
+
 
 def sigterm_at_step(monkeypatch, owner: type, method: str, step: int):
     """Patch ``owner.method(self, step, ...)`` (a batch sampler's) to send this process SIGTERM when asked for

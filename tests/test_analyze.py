@@ -18,6 +18,8 @@ import torch
 from rich.console import Console
 
 from posexp.analysis.app import run_analyze
+from posexp.analysis.schema import AnalyzeRootConfig
+from posexp.commands.edge import typed
 from posexp.analysis.attention import attention_statistics
 from posexp.analysis.geometry import (
     analyse_unit,
@@ -159,7 +161,8 @@ def test_alibi_bias_is_linear_with_the_paper_slopes(n_heads):
 @pytest.mark.parametrize("name", ENCODERS)
 def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
     cfg = compose_analyze(f"encoder={name}", *TINY, "analyze.length=48", "analyze.figures=false")
-    result = run_analyze(cfg, tmp_path, Console(file=open(Path(tmp_path) / "out.txt", "w")))
+    spec = typed(cfg, AnalyzeRootConfig)
+    result = run_analyze(spec, spec.analyze, tmp_path, Console(file=open(Path(tmp_path) / "out.txt", "w")))
     saved = json.loads((tmp_path / "analysis.json").read_text())
     assert saved["encoder"] == name and saved["units"]
     for unit in saved["units"]:
@@ -172,8 +175,9 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
 
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
     cfg = compose_analyze("encoder=rope", *TINY, "analyze.length=1")
+    spec = typed(cfg, AnalyzeRootConfig)
     with pytest.raises(ConfigError, match="analyze.length"):
-        run_analyze(cfg, tmp_path, Console(file=open(Path(tmp_path) / "out.txt", "w")))
+        run_analyze(spec, spec.analyze, tmp_path, Console(file=open(Path(tmp_path) / "out.txt", "w")))
 
 
 # -- attention statistics of a model ------------------------------------------------------------

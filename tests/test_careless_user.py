@@ -13,6 +13,7 @@ from conftest import REPO, SMOKE, run_cli
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.validation import validate
+from posexp.commands.edge import typed
 
 GiB = 2**30
 
@@ -28,7 +29,7 @@ GiB = 2**30
 ])
 def test_a_model_that_cannot_fit_in_memory_is_refused_before_allocation(compose, overrides, key, also):
     with pytest.raises(ConfigError) as e:
-        validate(compose(*overrides, "device=cpu"))
+        validate(typed(compose(*overrides, "device=cpu")))
     assert e.value.key == key and also in str(e.value) and "GiB" in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -38,14 +39,14 @@ def test_configs_that_fit_a_24_gib_machine_are_not_refused(compose, monkeypatch,
     import posexp.runtime.memory
 
     monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (24 * GiB, "this machine's RAM"))
-    validate(compose(*overrides, "device=cpu"))
+    validate(typed(compose(*overrides, "device=cpu")))
 
 
 def test_evaluating_needs_only_the_weights_to_fit(compose, monkeypatch):
     import posexp.runtime.memory
 
     monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (1 * GiB, "this machine's RAM"))
-    cfg = compose("model.d_model=1024", "model.n_layers=8", "device=cpu")  # ~100M parameters: 0.4 GiB of fp32
+    cfg = typed(compose("model.d_model=1024", "model.n_layers=8", "device=cpu"))  # ~100M parameters: 0.4 GiB of fp32
     with pytest.raises(ConfigError):
         validate(cfg)
     validate(cfg, memory="weights")
@@ -105,7 +106,7 @@ def test_a_hydra_quoted_home_path_is_expanded(compose, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "a.txt").write_text("some text to train on. " * 200)
-    cfg = compose("data=text", "data.path='~/corpus'", f"data.cache_dir={tmp_path / 'cache'}")
+    cfg = typed(compose("data=text", "data.path='~/corpus'", f"data.cache_dir={tmp_path / 'cache'}"))
     assert corpus_from_config(cfg).train.size > 0
 
 

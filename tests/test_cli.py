@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from posexp.commands.edge import typed
+
 from conftest import SMOKE, run_cli
 
 RUN_KEYS = {"encoder", "base", "train_len", "overrides", "config_hash", "corpus_fingerprint", "versions",
@@ -69,7 +71,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
 
     run_dir, _ = smoke_run
     res = _results(run_dir)
-    cfg = compose(*res["run"]["overrides"])
+    cfg = typed(compose(*res["run"]["overrides"]))
     model = build_model(cfg, 256)
     load_model(model, str(run_dir / "checkpoint" / "model.safetensors"))
     corpus = load_corpus("stdlib")

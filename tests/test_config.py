@@ -1,4 +1,5 @@
-"""What shapes the weights: one rule (config.weights_config) behind the run-folder hash and the cache key."""
+"""What shapes the weights: one rule (config.identity.weights_config) behind the run-folder hash and the cache
+key; the hash format new runs record, and format 1, which old run folders keep."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import hashlib
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
-from posexp.config.identity import HASH_ALSO, NOT_WEIGHTS, config_hash, weights_config
-
+from posexp.commands.edge import typed
+from posexp.config.identity import HASH_OMITS, NOT_WEIGHTS, config_dict, config_hash, weights_config
+from posexp.config.legacy import HASH_ALSO, format1_hash
+from posexp.data.corpus import data_kind, tokenizer_spec
 # (overrides, config_hash, SHA-256 of the training config the sweep cache keyed on) as computed by
 # posexp 616cc01, the last version with two separate rules: run folders and cache entries written by it
 # must keep their hash and their cache hits.
@@ -30,44 +34,67 @@ def _digest(d: dict) -> str:
 
 @pytest.mark.parametrize("overrides,saved_hash,saved_cache", SAVED, ids=[" ".join(c[0]) or "default" for c in SAVED])
 def test_saved_runs_keep_their_hash_and_cache_hits(compose, overrides, saved_hash, saved_cache):
+    """A folder written in format 1 still hashes to what it recorded; a cache entry keeps its key."""
     cfg = compose(*overrides)
-    assert config_hash(cfg) == saved_hash
-    assert _digest(weights_config(cfg)) == saved_cache
+    written = config_dict(typed(cfg))
+    assert written == OmegaConf.to_container(cfg, resolve=True)  # the config as Hydra saves it
+    assert format1_hash(written) == saved_hash
+    assert _digest(weights_config(typed(cfg))) == saved_cache
 
 
 @pytest.mark.parametrize("dotted", sorted(NOT_WEIGHTS))
 def test_keys_that_do_not_shape_the_weights_leave_the_cache_key_alone(compose, dotted):
-    cfg = compose()
+    weights = weights_config(typed(compose()))
     group, _, key = dotted.rpartition(".")
-    assert key not in (weights_config(cfg).get(group, {}) if group else weights_config(cfg))
+    assert key not in (weights.get(group, {}) if group else weights)
     assert NOT_WEIGHTS[dotted].strip(), f"{dotted} needs its reason"
 
 
 @pytest.mark.parametrize("override", ["train.lr=0.001", "seed=1", "model.d_model=64", "encoder=alibi",
                                       "train_len=64", "tokenizer=bpe", "model.init=pytorch",
-                                      "model.tie_embeddings=false"])
+                                      "model.tie_embeddings=false", "base=500", "precision=bf16"])
 def test_keys_that_shape_the_weights_change_hash_and_cache_key(compose, override):
-    plain, changed = compose(), compose(override)
+    plain, changed = typed(compose()), typed(compose(override))
     assert config_hash(changed) != config_hash(plain)
     assert _digest(weights_config(changed)) != _digest(weights_config(plain))
 
 
-def test_the_hash_differs_from_the_rule_only_where_it_says(compose):
-    """Of the keys the rule leaves out, only HASH_ALSO reach the hash (format 1 hashed them)."""
-    plain = compose()
-    for dotted in NOT_WEIGHTS:
-        if dotted in HASH_ALSO or not dotted.startswith(("train.", "data.", "tokenizer.")):
-            continue
-        value = {"train.progress": "false", "train.log_every": "7", "train.checkpoint_every": "3",
-                 "train.checkpoint_minutes": "2.5", "data.on_bad_file": "skip"}[dotted]
-        assert config_hash(compose(f"{dotted}={value}")) == config_hash(plain), dotted
-    assert config_hash(compose("train.threads=3")) != config_hash(plain)
+@pytest.mark.parametrize("override", ["train.threads=3", "train.progress=false", "train.log_every=7",
+                                      "train.checkpoint_every=3", "train.checkpoint_minutes=2.5",
+                                      "data.cache_dir=/tmp/x", "data.description=x", "tokenizer.description=x",
+                                      "eval.multiples=[1,2]", "eval.tokens=4096", "cache=true", "objective=mean",
+                                      "logger=tensorboard", "compile=true", "data.on_bad_file=skip"])
+def test_keys_that_do_not_shape_the_weights_leave_the_hash_alone(compose, override):
+    """The hash new runs record covers what shapes the weights only: thread count, logging, checkpoint timing,
+    where the token cache lies, evaluation, trackers and compiling leave it as it was."""
+    assert config_hash(typed(compose(override))) == config_hash(typed(compose()))
+
+
+def test_format_1_hashed_the_thread_count_and_format_2_does_not(compose):
+    """Why the format changed: format 1 gave the same training on 3 threads another name."""
+    plain, threads = typed(compose()), typed(compose("train.threads=3"))
+    assert format1_hash(config_dict(threads)) != format1_hash(config_dict(plain))
+    assert config_hash(threads) == config_hash(plain)
+    assert "train.threads" in HASH_ALSO and "base" in HASH_OMITS
+
+
+def test_a_base_the_encoder_does_not_read_leaves_the_hash_alone(compose):
+    """``base`` reaches the weights as ``encoder.base``; ALiBi has none, so ``base=`` cannot change its weights."""
+    assert config_hash(typed(compose("encoder=alibi", "base=500"))) == config_hash(typed(compose("encoder=alibi")))
+
+
+def test_the_typed_config_reads_the_tokenizer_and_the_loader(compose):
+    """Read from the typed config: tokenizer=bpe is BPE (not byte), data=wikitext103 loads through hf."""
+    spec = typed(compose("tokenizer=bpe", "data=wikitext103"))
+    assert tokenizer_spec(spec).name == "bpe"
+    assert data_kind(spec.data) == "hf"
+    assert data_kind(typed(compose()).data) == "stdlib"
 
 
 def test_randomized_positions_key_on_the_range_eval_lengths_imply(compose):
     """The default range of train.positions=randomized comes from the eval lengths: the cache keys on it."""
-    short = compose("train.positions=randomized", "eval.multiples=[1,2]")
-    long = compose("train.positions=randomized", "eval.multiples=[1,16]")
+    short = typed(compose("train.positions=randomized", "eval.multiples=[1,2]"))
+    long = typed(compose("train.positions=randomized", "eval.multiples=[1,16]"))
     assert weights_config(short)["train"]["max_position"] == 256
     assert weights_config(long)["train"]["max_position"] == 2048
     assert _digest(weights_config(short)) != _digest(weights_config(long))

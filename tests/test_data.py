@@ -10,6 +10,7 @@ import pytest
 
 from posexp.data.corpus import (DOC_SEPARATOR, BatchSampler, check_fits, load_corpus, stdlib_files, stdlib_root)
 from posexp.errors import ConfigError, PosexpError
+from posexp.commands.edge import typed
 
 
 def test_stdlib_corpus_excludes_tests_and_site_packages():
@@ -336,7 +337,7 @@ def test_bad_data_and_tokenizer_settings_name_the_key(compose, overrides, key, n
     from posexp.commands.validation import validate
 
     with pytest.raises(ConfigError, match=needle) as e:
-        validate(compose(*overrides))
+        validate(typed(compose(*overrides)))
     assert e.value.key == key
 
 

@@ -16,7 +16,9 @@ from posexp.training.distributed import shard, worker_overrides
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.train import run_train
 
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=20", "train.log_every=1", "eval.multiples=[1]",
+from conftest import TINY_RUN
+
+TINY = ("train.steps=20", "train.log_every=1", "eval.multiples=[1]",
         "eval.loss_by_position=false")
 
 
@@ -60,14 +62,14 @@ def _losses(metrics: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
-def test_two_processes_train_like_one(compose, tmp_path):
+def test_two_processes_train_like_one(tiny, tmp_path):
     """torchrun with 2 CPU processes (gloo) and one process on the same global batch: the same loss curve."""
-    one = run_train(compose(*TINY), tmp_path / "one", list(TINY))
+    one = run_train(tiny(*TINY), tmp_path / "one", list(TINY))
     work = tmp_path / "ddp"
     work.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "posexp", "train", *TINY], cwd=work, env=env, capture_output=True, text=True,
+                           "-m", "posexp", "train", *TINY_RUN, *TINY], cwd=work, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = sorted(p.relative_to(work) for p in work.rglob("*") if p.is_file())

@@ -23,6 +23,7 @@ from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate
 from posexp.model.gpt import GPT, AttentionPlan, ModelShape
 from posexp.encoders.scaling import rope_scaling
+from posexp.commands.edge import typed
 
 D_MODEL, N_HEADS, VOCAB = 32, 4, 64
 HEAD_DIM = D_MODEL // N_HEADS
@@ -335,17 +336,17 @@ def test_config_validation_refuses_bad_combinations_before_training(compose, ove
     from posexp.commands.validation import validate
 
     with pytest.raises(ConfigError) as err:
-        validate(compose(*overrides))
+        validate(typed(compose(*overrides)))
     assert err.value.key == key and needle in str(err.value), (overrides, str(err.value))
 
 
 def test_config_validation_accepts_the_new_options(compose):
     from posexp.commands.validation import validate
 
-    validate(compose("encoder=rope", "encoder.rotary_fraction=0.25", "eval.scaling=rerope", "eval.rerope_window=64"))
-    validate(compose("encoder=rope", "encoder.freq_schedule=linear", "eval.scaling=linear"))
-    validate(compose("encoder=sinusoidal", "encoder.layout=halves", "encoder.learnable_base=true"))
-    validate(compose("encoder=mixed", "encoder.layers=[rope,rope,rope,none]", "model.n_layers=8", "eval.scaling=yarn"))
+    validate(typed(compose("encoder=rope", "encoder.rotary_fraction=0.25", "eval.scaling=rerope", "eval.rerope_window=64")))
+    validate(typed(compose("encoder=rope", "encoder.freq_schedule=linear", "eval.scaling=linear")))
+    validate(typed(compose("encoder=sinusoidal", "encoder.layout=halves", "encoder.learnable_base=true")))
+    validate(typed(compose("encoder=mixed", "encoder.layers=[rope,rope,rope,none]", "model.n_layers=8", "eval.scaling=yarn")))
 
 
 # -- per-layer mixes ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.perplexity import batch_means_se, evaluate, plan_windows
 from posexp.runs.layout import merge_rows
 from posexp.model.gpt import GPT, ModelShape
+from posexp.commands.edge import typed
 
 CPU = torch.device("cpu")
 
@@ -124,7 +125,7 @@ def test_config_validation_names_the_key_and_the_allowed_values(compose):
         (["eval.scaling=linear", "eval.scaling_factor=0.5"], "eval.scaling_factor", ">= 1"),
     ]:
         with pytest.raises(ConfigError) as err:
-            validate(compose(*overrides))
+            validate(typed(compose(*overrides)))
         assert err.value.key == key and needle in str(err.value), (overrides, str(err.value))
 
 

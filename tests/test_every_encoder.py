@@ -17,7 +17,7 @@ from posexp.config.schema import config_dir
 from posexp.commands.train import run_train
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "train.log_every=3", "eval.tokens=256",
+TINY = ("train.steps=6", "train.log_every=3", "eval.tokens=256",
         "eval.multiples=[1,4]", "eval.loss_by_position=false")
 
 
@@ -28,9 +28,9 @@ def test_the_family_is_all_there():
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_encoder_trains_and_evaluates_end_to_end(compose, tmp_path, name):
+def test_encoder_trains_and_evaluates_end_to_end(tiny, tmp_path, name):
     overrides = [*TINY, f"encoder={name}"]
-    results = run_train(compose(*overrides), tmp_path, overrides)
+    results = run_train(tiny(*overrides), tmp_path, overrides)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["rows"] == results["rows"]
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()

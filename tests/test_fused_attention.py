@@ -16,6 +16,7 @@ from posexp.model.factory import build_encoder, build_model
 from posexp.config.schema import config_dir
 from posexp.model.fused import causal_block_mask, flex_attend, flex_available, fused_by_default
 from posexp.model.gpt import GPT, ModelShape
+from posexp.commands.edge import typed
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 H = 4
@@ -28,8 +29,8 @@ def on_cuda(test):
 
 
 def _encoder(compose, name: str, **extra):
-    enc = build_encoder(compose(f"encoder={name}", "model.d_model=32", f"model.n_heads={H}", "model.n_layers=2",
-                                *[f"encoder.{k}={v}" for k, v in extra.items()]))
+    enc = build_encoder(typed(compose(f"encoder={name}", "model.d_model=32", f"model.n_heads={H}", "model.n_layers=2",
+                                *[f"encoder.{k}={v}" for k, v in extra.items()])))
     torch.manual_seed(1)
     with torch.no_grad():  # learned biases start at zero (T5) or near a fixed shape: make every entry count
         for p in enc.parameters():
@@ -121,7 +122,7 @@ def test_head_widths_flexattention_cannot_tile_keep_the_blocked_path(compose, mo
     import posexp.model.gpt
 
     monkeypatch.setattr(posexp.model.gpt, "flex_attend", lambda *a, **kw: pytest.fail("head width 8 went fused"))
-    model = build_model(compose("encoder=alibi", "model.d_model=32", "model.n_heads=4"), 64).eval()
+    model = build_model(typed(compose("encoder=alibi", "model.d_model=32", "model.n_heads=4")), 64).eval()
     model.fused_attention = True
     with torch.no_grad():
         assert torch.isfinite(model(torch.randint(0, 64, (1, 20)))).all()
@@ -197,7 +198,8 @@ def test_fused_offset_query_block_on_cuda(compose):
 @on_cuda
 def test_short_cuda_training_resumes_to_the_same_numbers(compose, tmp_path, monkeypatch):
     """Compiled, bf16, fused ALiBi on the GPU: stopped by SIGTERM at step 4 of 8, resumed, the same loss."""
-    from posexp.commands.train import run_train
+    from posexp.commands.train import check_config, run_train, train_run
+    from posexp.config.identity import run_hash
     from posexp.errors import TrainingInterrupted
     from posexp.training import trainer
 
@@ -209,6 +211,7 @@ def test_short_cuda_training_resumes_to_the_same_numbers(compose, tmp_path, monk
     with pytest.raises(TrainingInterrupted):
         run_train(compose(*overrides), tmp_path / "resumed", overrides)
     monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
-    resumed = run_train(compose(*overrides), tmp_path / "resumed", overrides, resume=True)["run"]["train"]
+    spec = check_config(compose(*overrides))
+    resumed = train_run(spec, tmp_path / "resumed", overrides, resume=run_hash(spec))["run"]["train"]
     assert resumed["resumed_at"] == [4]
     assert resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-4)

@@ -15,6 +15,7 @@ from posexp.errors import ConfigError
 from posexp.runtime.precision import choose_precision
 from posexp.runtime.device import step_settings
 from posexp.commands.validation import validate
+from posexp.commands.edge import typed
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -43,17 +44,17 @@ def test_bf16_autocast_where_the_gpu_has_it(monkeypatch):
 @pytest.mark.parametrize("value", ["maybe", 1, 0.5])
 def test_compile_is_auto_true_or_false(compose, value):
     with pytest.raises(ConfigError) as err:
-        validate(compose(f"compile={value}"))
+        validate(typed(compose(f"compile={value}")))
     assert err.value.key == "compile" and "auto, true or false" in str(err.value)
 
 
 def test_compile_auto_keeps_the_cache_key_and_hash_of_compile_false(compose):
     """Trainings cached before compile=auto (all of them with compile false) are still found."""
-    default, eager = compose(), compose("compile=false")
+    default, eager = typed(compose()), typed(compose("compile=false"))
     assert default.compile == "auto"
     assert weights_config(default) == weights_config(eager)
     assert config_hash(default) == config_hash(eager)
-    assert weights_config(compose("compile=true")) != weights_config(eager)
+    assert weights_config(typed(compose("compile=true"))) != weights_config(eager)
 
 
 def test_default_cpu_run_records_an_eager_fp32_step_without_tf32(compose, tmp_path):
@@ -82,7 +83,7 @@ def test_a_cuda_step_makes_no_host_sync(compose, encoder):
     from posexp.training.optim import make_optimizer
     from posexp.training.trainer import StopOnSignal, TrainStep, loss_module
 
-    cfg = compose(*SMOKE, f"encoder={encoder}")
+    cfg = typed(compose(*SMOKE, f"encoder={encoder}"))
     model = build_model(cfg, 256).to(CUDA).train()
     opt = make_optimizer(model, cfg.train)
     assert opt.defaults.get("fused") is True  # the fused AdamW kernel on CUDA

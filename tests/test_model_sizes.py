@@ -6,21 +6,20 @@ import pytest
 import torch
 from rich.console import Console
 
-from omegaconf import OmegaConf
 
 from posexp.model.factory import build_model
 from posexp.config.schema import ModelConfig, config_dir
+from posexp.commands.edge import typed
 
 MODELS = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_the_listed_parameter_count_is_the_built_models(compose, name):
-    cfg = compose(f"model={name}", "encoder=none")  # NoPE: no parameters of the encoding's own
+    cfg = typed(compose(f"model={name}", "encoder=none"))  # NoPE: no parameters of the encoding's own
     with torch.device("meta"):  # the shape without the memory: press2022 has 201M parameters
         model = build_model(cfg, vocab_size=256)
-    shape = OmegaConf.to_object(cfg.model)  # the ModelConfig `posexp list` computes from
-    assert isinstance(shape, ModelConfig) and shape.param_count(256) == model.num_params()
+    assert isinstance(cfg.model, ModelConfig) and cfg.model.param_count(256) == model.num_params()
 
 
 @pytest.mark.parametrize("name,d_model,layers,heads,ffn", [
@@ -51,17 +50,17 @@ def test_posexp_list_shows_each_size_with_its_parameter_count():
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_an_untied_output_layer_is_its_own_parameter_and_counted(compose, tie):
-    cfg = compose("task=copy", f"model.tie_embeddings={str(tie).lower()}", "encoder=none")
+    cfg = typed(compose("task=copy", f"model.tie_embeddings={str(tie).lower()}", "encoder=none"))
     model = build_model(cfg, vocab_size=18)
     assert (model.lm_head.weight is model.wte.weight) == tie
     assert (model.lm_head.weight.data_ptr() == model.wte.weight.data_ptr()) == tie
-    assert OmegaConf.to_object(cfg.model).param_count(18) == model.num_params()
+    assert cfg.model.param_count(18) == model.num_params()
 
 
 def test_init_pytorch_keeps_the_layers_defaults_and_gpt2_draws_n_0_002(compose):
     """GPT-2 (Radford et al. 2019): N(0, 0.02). pytorch: nn.Embedding N(0, 1), nn.Linear U(+-1/sqrt(fan_in))."""
-    gpt2 = build_model(compose("encoder=none", "model.tie_embeddings=false"), vocab_size=256)
-    torch_init = build_model(compose("encoder=none", "model.init=pytorch", "model.tie_embeddings=false"),
+    gpt2 = build_model(typed(compose("encoder=none", "model.tie_embeddings=false")), vocab_size=256)
+    torch_init = build_model(typed(compose("encoder=none", "model.init=pytorch", "model.tie_embeddings=false")),
                              vocab_size=256)
     assert abs(gpt2.wte.weight.std().item() - 0.02) < 0.002
     assert abs(gpt2.lm_head.weight.std().item() - 0.02) < 0.002

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from posexp.config.schema import Config, EvalConfig, TrainConfig
 from posexp.errors import ConfigError
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan, curriculum_length, randomized_positions
+from posexp.commands.edge import typed
 from posexp.commands.train import run_train
 from posexp.commands.validation import validate
 
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=8", "eval.multiples=[1,2,4]")
+TINY = ("train.steps=8", "eval.multiples=[1,2,4]")  # on top of the shared tiny run (conftest.TINY_RUN)
 
 
 def test_randomized_positions_are_sorted_distinct_and_in_range():
@@ -64,8 +66,8 @@ def test_curriculum_grows_linearly_in_multiples_of_8_then_holds():
     assert curriculum_length(7, 100, 12, 0) == 100  # no warmup steps: the full length at once
 
 
-def test_training_feeds_the_drawn_positions_and_the_curriculum_lengths(compose, tmp_path, monkeypatch):
-    cfg = compose(*TINY, "train.positions=randomized", "train.max_position=256", "train.curriculum=linear",
+def test_training_feeds_the_drawn_positions_and_the_curriculum_lengths(tiny, tmp_path, monkeypatch):
+    cfg = tiny(*TINY, "train.positions=randomized", "train.max_position=256", "train.curriculum=linear",
                   "train.curriculum_steps=4", "train.curriculum_start_len=8")
     seen = []
     original = GPT.token_losses
@@ -77,7 +79,7 @@ def test_training_feeds_the_drawn_positions_and_the_curriculum_lengths(compose, 
 
     monkeypatch.setattr(GPT, "token_losses", spy)
     results = run_train(cfg, tmp_path / "run", ["train.positions=randomized"])
-    plan = PositionPlan(cfg)
+    plan = PositionPlan(typed(cfg))
     assert [n for n, _ in seen] == [plan.length_at(s) for s in range(8)]
     assert seen[0][0] == 8 and seen[-1][0] == cfg.train_len
     for step, (n, pos) in enumerate(seen):
@@ -89,9 +91,9 @@ def test_training_feeds_the_drawn_positions_and_the_curriculum_lengths(compose, 
     assert results["run"]["train"]["positions"]["scheme"] == "randomized"
 
 
-def test_learned_table_trained_with_randomized_positions_answers_past_the_training_length(compose, tmp_path):
+def test_learned_table_trained_with_randomized_positions_answers_past_the_training_length(tiny, tmp_path):
     # a learned table of max_position rows, all of them trained: lengths up to it become applicable
-    cfg = compose(*TINY, "encoder=learned", "encoder.max_length=128", "train.positions=randomized",
+    cfg = tiny(*TINY, "encoder=learned", "encoder.max_length=128", "train.positions=randomized",
                   "train.max_position=128")
     results = run_train(cfg, tmp_path / "run", ["encoder=learned", "train.positions=randomized"])
     rows = {r["length"]: r for r in results["rows"]}
@@ -100,12 +102,12 @@ def test_learned_table_trained_with_randomized_positions_answers_past_the_traini
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["run"]["train"]["positions"]["max_position"] == 128
 
-    plain = run_train(compose(*TINY, "encoder=learned"), tmp_path / "plain", ["encoder=learned"])
+    plain = run_train(tiny(*TINY, "encoder=learned"), tmp_path / "plain", ["encoder=learned"])
     assert [r["applicable"] for r in plain["rows"]] == [True, False, False]
 
 
-def test_lengths_past_max_position_are_not_applicable(compose, tmp_path):
-    cfg = compose(*TINY, "train.positions=randomized", "train.max_position=64")
+def test_lengths_past_max_position_are_not_applicable(tiny, tmp_path):
+    cfg = tiny(*TINY, "train.positions=randomized", "train.max_position=64")
     results = run_train(cfg, tmp_path / "run", [])
     rows = {r["length"]: r for r in results["rows"]}
     assert rows[64]["applicable"] and not rows[128]["applicable"]
@@ -122,17 +124,13 @@ def test_lengths_past_max_position_are_not_applicable(compose, tmp_path):
     (("train.curriculum=linear", "train.curriculum_steps=99"), "train.curriculum_steps"),
     (("train.curriculum_steps=4",), "train.curriculum_steps"),  # without a curriculum
 ])
-def test_bad_position_options_are_refused_naming_the_key(compose, overrides, key):
-    cfg = compose(*TINY, *overrides)
+def test_bad_position_options_are_refused_naming_the_key(tiny, overrides, key):
+    cfg = tiny(*TINY, *overrides)
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        validate(typed(cfg))
     assert err.value.key == key
 
 
-def _cfg(positions: str, train_len: int, steps: int, max_position=None, seed: int = 0):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.create({"seed": seed, "train_len": train_len,
-                             "eval": {"lengths": None, "multiples": [1, 2, 4]},
-                             "train": {"positions": positions, "max_position": max_position, "curriculum": "none",
-                                       "curriculum_start_len": None, "curriculum_steps": None, "steps": steps}})
+def _cfg(positions: str, train_len: int, steps: int, max_position=None, seed: int = 0) -> Config:
+    return Config(seed=seed, train_len=train_len, eval=EvalConfig(multiples=[1, 2, 4]),
+                  train=TrainConfig(positions=positions, max_position=max_position, steps=steps))

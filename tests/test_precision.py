@@ -17,10 +17,10 @@ from posexp.commands.train import run_train
 from posexp.runtime.precision import (BF16_MARGIN, bf16_is_native, choose_precision, measured_cpu_precision, resolve_precision)
 from posexp.runtime.device import autocast, resolve_device
 from posexp.runtime.precision import training_precision
+from posexp.commands.edge import typed
 
 CPU = torch.device("cpu")
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "eval.multiples=[1]",
-        "eval.loss_by_position=false")
+TINY = ("train.steps=4", "train.log_every=2", "eval.multiples=[1]", "eval.loss_by_position=false")  # on conftest.TINY_RUN
 
 
 def test_top_level_keys_drive_the_train_keys(compose):
@@ -43,7 +43,7 @@ def test_top_level_keys_drive_the_train_keys(compose):
 ])
 def test_unknown_device_or_precision_names_the_key_and_the_choices(compose, override, key, allowed):
     with pytest.raises(ConfigError) as err:
-        validate(compose(override))
+        validate(typed(compose(override)))
     assert err.value.key == key
     assert all(a in str(err.value) for a in allowed), str(err.value)
 
@@ -234,13 +234,13 @@ def test_bf16_evaluation_accumulates_in_fp32():
     assert abs(total.item() / losses.numel() - fp32["loss"]) > 100 * 1e-4
 
 
-def test_bf16_training_records_its_precision(compose, tmp_path):
+def test_bf16_training_records_its_precision(tiny, tmp_path):
     overrides = [*TINY, "precision=bf16"]
-    result = run_train(compose(*overrides), tmp_path / "bf16", overrides)
+    result = run_train(tiny(*overrides), tmp_path / "bf16", overrides)
     train = result["run"]["train"]
     assert train["precision"] == "bfloat16" and train["processes"] == 1 and train["compile"] is False
     assert np.isfinite(train["final_loss"]) and result["rows"][0]["ppl"] > 1
-    fp32 = run_train(compose(*TINY, "precision=fp32"), tmp_path / "fp32", list(TINY))
+    fp32 = run_train(tiny(*TINY, "precision=fp32"), tmp_path / "fp32", list(TINY))
     assert fp32["run"]["train"]["precision"] == "float32"
     assert train["precision_choice"] == {"asked": "bf16", "dtype": "bfloat16", "reason": "asked for" + (
         "" if bf16_is_native(CPU) else "; cpu has no native bf16 matmuls, it emulates them")}
@@ -248,8 +248,8 @@ def test_bf16_training_records_its_precision(compose, tmp_path):
     assert train["final_loss"] == pytest.approx(fp32["run"]["train"]["final_loss"], abs=0.05)
 
 
-def test_auto_trains_and_evaluates_in_the_precision_it_measured_faster(compose, tmp_path):
-    result = run_train(compose(*TINY, "device=cpu"), tmp_path / "auto", list(TINY))
+def test_auto_trains_and_evaluates_in_the_precision_it_measured_faster(tiny, tmp_path):
+    result = run_train(tiny(*TINY, "device=cpu", "precision=auto"), tmp_path / "auto", list(TINY))
     train = result["run"]["train"]
     choice = train["precision_choice"]
     assert choice["asked"] == "auto" and choice["dtype"] == train["precision"]
@@ -262,10 +262,10 @@ def test_auto_trains_and_evaluates_in_the_precision_it_measured_faster(compose, 
 
 
 @pytest.mark.slow
-def test_compiled_training_matches_eager(compose, tmp_path):
+def test_compiled_training_matches_eager(tiny, tmp_path):
     overrides = [*TINY, "device=cpu"]
-    eager = run_train(compose(*overrides), tmp_path / "eager", overrides)
-    compiled = run_train(compose(*overrides, "compile=true"), tmp_path / "compiled", [*overrides, "compile=true"])
+    eager = run_train(tiny(*overrides), tmp_path / "eager", overrides)
+    compiled = run_train(tiny(*overrides, "compile=true"), tmp_path / "compiled", [*overrides, "compile=true"])
     assert compiled["run"]["train"]["compile"] is True
     assert compiled["run"]["train"]["final_loss"] == pytest.approx(eager["run"]["train"]["final_loss"], abs=1e-3)
     assert compiled["rows"][0]["loss"] == pytest.approx(eager["rows"][0]["loss"], abs=1e-3)

@@ -14,13 +14,13 @@ import math
 from pathlib import Path
 
 import pytest
+from posexp.commands.edge import typed
 import yaml
 
-from conftest import run_cli
+from conftest import TINY_RUN, run_cli
 
-# Smaller than experiment=smoke alone: these tests check wiring, not learning.
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "train.warmup_steps=2", "train.log_every=2",
-        "eval.tokens=256", "eval.loss_by_position=false")
+# On the shared tiny run (conftest.TINY_RUN), smaller still: these tests check wiring, not learning.
+TINY = ("train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256", "eval.loss_by_position=false")
 
 
 def _needs(module: str, package: str, extra: str):
@@ -66,31 +66,31 @@ ROWS = {"rows": [{"length": 32, "loss": 4.0, "applicable": True}, {"length": 64,
 
 
 @pytest.mark.parametrize("objective, expected", [("longest", 5.5), ("mean", 14.0 / 3), (64, 4.5)])
-def test_objective_picks_the_loss_it_names(compose, objective, expected):
+def test_objective_picks_the_loss_it_names(tiny, objective, expected):
     from posexp.commands.sweeps import objective_value
 
-    cfg = compose(*TINY, f"objective={objective}")
+    cfg = tiny(*TINY, f"objective={objective}")
     assert objective_value(ROWS, cfg) == pytest.approx(expected)
 
 
-def test_objective_of_an_unreachable_length_is_worst(compose):
+def test_objective_of_an_unreachable_length_is_worst(tiny):
     from posexp.commands.sweeps import objective_value
 
     rows = {"rows": [*ROWS["rows"][:2], {"length": 128, "loss": None, "applicable": False}]}
-    assert objective_value(rows, compose(*TINY)) == math.inf
+    assert objective_value(rows, tiny(*TINY)) == math.inf
 
 
 @pytest.mark.parametrize("bad", ["longst", "0", "-4"])
-def test_bad_objective_is_refused_naming_the_key(compose, bad):
+def test_bad_objective_is_refused_naming_the_key(tiny, bad):
     from posexp.commands.validation import validate
     from posexp.errors import ConfigError
 
     with pytest.raises(ConfigError, match="objective.*longest, mean or an eval length"):
-        validate(compose(*TINY, f"objective={bad}"))
+        validate(typed(tiny(*TINY, f"objective={bad}")))
 
 
 def test_bad_objective_on_the_command_line_is_one_line(tmp_path):
-    proc = run_cli("train", *TINY, "objective=longst", "hydra.run.dir=run", cwd=tmp_path)
+    proc = run_cli("train", *TINY_RUN, *TINY, "objective=longst", "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 2
     assert "error: objective: must be longest, mean or an eval length" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "run" / "results.json").exists()
@@ -98,21 +98,21 @@ def test_bad_objective_on_the_command_line_is_one_line(tmp_path):
 
 # -- the cache key -----------------------------------------------------------------------------------
 
-def test_cache_key_covers_training_and_nothing_else(compose):
+def test_cache_key_covers_training_and_nothing_else(tiny):
     from omegaconf import OmegaConf
 
     from posexp.training.cache import cache_key
 
-    cfg = compose(*TINY)
-    base = cache_key(cfg, "corpus-a")
+    cfg = tiny(*TINY)
+    base = cache_key(typed(cfg), "corpus-a")
 
     def key_with(dotted: str, value) -> str:  # one override, as on the command line
         changed = cfg.copy()
         OmegaConf.update(changed, dotted, value, merge=False)
-        return cache_key(changed, "corpus-a")
+        return cache_key(typed(changed), "corpus-a")
 
     same = {"eval.multiples": [1, 2, 4, 8], "eval.tokens": 512, "eval.protocol": "last_k", "eval.last_k": 16,
-            "train.progress": True, "train.log_every": 3, "train.threads": 1, "train.checkpoint_every": 2,
+            "train.progress": True, "train.log_every": 3, "train.threads": 3, "train.checkpoint_every": 2,
             "objective": "mean", "cache": True, "cache_dir": "/elsewhere"}
     for dotted, value in same.items():
         assert key_with(dotted, value) == base, dotted
@@ -120,14 +120,14 @@ def test_cache_key_covers_training_and_nothing_else(compose):
                "model.d_model": 16, "data.val_fraction": 0.1}
     for dotted, value in changed.items():
         assert key_with(dotted, value) != base, dotted
-    assert cache_key(compose(*TINY, "encoder=alibi"), "corpus-a") != base
-    assert cache_key(cfg, "corpus-b") != base  # other tokens, other weights
+    assert cache_key(typed(tiny(*TINY, "encoder=alibi")), "corpus-a") != base
+    assert cache_key(typed(cfg), "corpus-b") != base  # other tokens, other weights
 
 
-def test_an_incomplete_or_corrupt_entry_is_never_reused(compose, tmp_path):
+def test_an_incomplete_or_corrupt_entry_is_never_reused(tiny, tmp_path):
     from posexp.training.cache import ENTRY_FILE, WEIGHTS_FILE, cache_key, lookup
 
-    cfg = compose(*TINY, "cache=true", f"cache_dir={tmp_path}")
+    cfg = typed(tiny(*TINY, "cache=true", f"cache_dir={tmp_path}"))
     entry = tmp_path / cache_key(cfg, "fp")
     entry.mkdir()
     (entry / WEIGHTS_FILE).write_bytes(b"half a file")
@@ -142,9 +142,10 @@ def test_an_incomplete_or_corrupt_entry_is_never_reused(compose, tmp_path):
 def cached_pair(tmp_path_factory):
     """The same tiny training twice with cache=true; the second asks for other eval lengths."""
     cwd = tmp_path_factory.mktemp("cache")
-    first = run_cli("train", *TINY, "cache=true", "hydra.run.dir=first", cwd=cwd)
+    first = run_cli("train", *TINY_RUN, *TINY, "cache=true", "hydra.run.dir=first", cwd=cwd)
     assert first.returncode == 0, first.stderr
-    second = run_cli("train", *TINY, "cache=true", "eval.multiples=[2,4,8]", "hydra.run.dir=second", cwd=cwd)
+    second = run_cli("train", *TINY_RUN, *TINY, "cache=true", "eval.multiples=[2,4,8]", "hydra.run.dir=second",
+                     cwd=cwd)
     assert second.returncode == 0, second.stderr
     return cwd, second
 
@@ -187,16 +188,16 @@ def test_reused_run_is_a_complete_run_folder(cached_pair):
     assert _losses(second)[32] == _losses(cwd / "first")[32]
 
 
-def test_training_key_change_misses_and_eval_change_hits(cached_pair, compose):
+def test_training_key_change_misses_and_eval_change_hits(cached_pair, tiny):
     from posexp.training.cache import lookup
     from posexp.data.corpus import load_corpus
 
     cwd, _ = cached_pair
     fingerprint = load_corpus("stdlib").fingerprint
     root = f"cache_dir={cwd / 'outputs' / 'cache'}"
-    assert lookup(compose(*TINY, "cache=true", root, "eval.lengths=[100,300]"), fingerprint) is not None
-    assert lookup(compose(*TINY, "cache=true", root, "train.lr=0.001"), fingerprint) is None
-    assert lookup(compose(*TINY, "cache=true", root, "seed=3"), fingerprint) is None
+    assert lookup(typed(tiny(*TINY, "cache=true", root, "eval.lengths=[100,300]")), fingerprint) is not None
+    assert lookup(typed(tiny(*TINY, "cache=true", root, "train.lr=0.001")), fingerprint) is None
+    assert lookup(typed(tiny(*TINY, "cache=true", root, "seed=3")), fingerprint) is None
 
 
 # -- launchers and sweepers -------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
     # data (a config mistake such as train.steps=0 is refused before any job starts)
     (tmp_path / "big.txt").write_text(Path(json.__file__).read_text(encoding="utf-8") * 20, encoding="utf-8")
     (tmp_path / "tiny.txt").write_text("def f():\n    return 1\n", encoding="utf-8")
-    proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "data=text",
+    proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY_RUN, *TINY, "data=text",
                    "data.path=big.txt,tiny.txt", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "1 sweep job(s) failed" in proc.stderr and "sweep/1" in proc.stderr
@@ -241,7 +242,7 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
 @needs_submitit
 @pytest.mark.slow  # the joblib launcher test keeps a launcher in the default suite
 def test_submitit_local_sweep(tmp_path):
-    proc = run_cli("train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", *TINY,
+    proc = run_cli("train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", *TINY_RUN, *TINY,
                    "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     run = _results(tmp_path / "sweep" / "0")["run"]
@@ -252,7 +253,7 @@ def test_submitit_local_sweep(tmp_path):
 @pytest.mark.slow  # two full runs in a row, and the sweeps extra besides
 @needs_optuna
 def test_optuna_search_minimises_the_returned_objective(tmp_path):
-    proc = run_cli("train", "-m", "search=base", *TINY, "hydra.sweeper.n_trials=2", "hydra.sweep.dir=sweep",
+    proc = run_cli("train", "-m", "search=base", *TINY_RUN, *TINY, "hydra.sweeper.n_trials=2", "hydra.sweep.dir=sweep",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     best = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())

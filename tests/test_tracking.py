@@ -16,21 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import TINY_RUN, run_cli
 from posexp.commands.train import check_config, run_train
 from posexp.errors import ConfigError
 from posexp.tracking.tracker import eval_points, metric_name, row_value
 
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=4", "train.log_every=2", "train.warmup_steps=1",
+TINY = ("train.steps=4", "train.log_every=2", "train.warmup_steps=1",
         "eval.multiples=[1,2]", "train.threads=1")
 
 
-def _train(compose, run_dir: Path, *overrides: str) -> dict:
+def _train(tiny, run_dir: Path, *overrides: str) -> dict:
     """``posexp train`` in this process, leaving the run folder Hydra would (``.hydra/`` included)."""
     from omegaconf import OmegaConf
 
     args = [*TINY, *overrides]
-    cfg = compose(*args)
+    cfg = tiny(*args)
     (run_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     OmegaConf.save(OmegaConf.create(args), run_dir / ".hydra" / "overrides.yaml")
@@ -85,7 +85,7 @@ def test_rows_not_measured_are_not_points():
 def test_logger_none_imports_no_tracker_library(tmp_path):
     """A default run never imports tensorboard, mlflow or wandb, installed or not."""
     code = ("import sys\nfrom posexp.cli.app import main\n"
-            f"sys.argv = ['posexp', 'train', *{list(TINY)!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
+            f"sys.argv = ['posexp', 'train', *{list(TINY_RUN + TINY)!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorboard', 'mlflow', 'wandb', "
             "'tensorboardX'}))\n")
@@ -99,7 +99,7 @@ def test_logger_none_imports_no_tracker_library(tmp_path):
 def test_a_missing_library_names_its_extra_in_one_line_before_anything_runs(tmp_path):
     """mlflow made unimportable (as when it is not installed): one line, exit 2, no run folder."""
     code = ("import sys\nsys.modules['mlflow'] = None\nfrom posexp.cli.app import main\n"
-            f"sys.argv = ['posexp', 'train', *{list(TINY)!r}, 'logger=[tensorboard,mlflow]', "
+            f"sys.argv = ['posexp', 'train', *{list(TINY_RUN + TINY)!r}, 'logger=[tensorboard,mlflow]', "
             f"'hydra.run.dir={tmp_path / 'run'}']\nmain()\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "COLUMNS": "200"})
@@ -109,11 +109,11 @@ def test_a_missing_library_names_its_extra_in_one_line_before_anything_runs(tmp_
     assert not (tmp_path / "run").exists()
 
 
-def test_an_unknown_wandb_mode_is_refused_with_the_choices(compose):
+def test_an_unknown_wandb_mode_is_refused_with_the_choices(tiny):
     pytest.importorskip("wandb")
     with pytest.raises(ConfigError, match=r"logger.wandb.mode: unknown W&B mode 'ofline'; choose one of: online, "
                                           r"offline, disabled"):
-        check_config(compose(*TINY, "logger=wandb", "logger.wandb.mode=ofline"))
+        check_config(tiny(*TINY, "logger=wandb", "logger.wandb.mode=ofline"))
 
 
 # -- TensorBoard -----------------------------------------------------------------------------------
@@ -126,10 +126,10 @@ def _event_accumulator(log_dir: Path):
     return acc
 
 
-def test_tensorboard_reads_back_the_curve_every_row_and_the_files(compose, tmp_path):
+def test_tensorboard_reads_back_the_curve_every_row_and_the_files(tiny, tmp_path):
     pytest.importorskip("tensorboard")
     run_dir = tmp_path / "run"
-    results = _train(compose, run_dir, "logger=tensorboard")
+    results = _train(tiny, run_dir, "logger=tensorboard")
     acc = _event_accumulator(run_dir / "tensorboard")
     tags = acc.Tags()
     loss = acc.Scalars("train/loss")
@@ -143,12 +143,12 @@ def test_tensorboard_reads_back_the_curve_every_row_and_the_files(compose, tmp_p
         str((run_dir / "tensorboard").resolve())
 
 
-def test_posexp_eval_appends_its_rows_to_the_tensorboard_run(compose, tmp_path):
+def test_posexp_eval_appends_its_rows_to_the_tensorboard_run(tiny, tmp_path):
     pytest.importorskip("tensorboard")
     from posexp.commands.eval import reeval_main
 
     run_dir = tmp_path / "run"
-    _train(compose, run_dir, "logger=tensorboard")
+    _train(tiny, run_dir, "logger=tensorboard")
     [results] = reeval_main([str(run_dir), "eval.protocol=sliding", "eval.stride=16"])
     acc = _event_accumulator(run_dir / "tensorboard")
     sliding = {e.step: e.value for e in acc.Scalars("eval/ppl/sliding_S16")}
@@ -175,9 +175,9 @@ def _mlflow_runs(uri: str):
     return client, client.search_runs([experiment.experiment_id]) if experiment else []
 
 
-def test_mlflow_holds_params_curve_rows_and_artifacts(compose, tmp_path, mlflow_store):
+def test_mlflow_holds_params_curve_rows_and_artifacts(tiny, tmp_path, mlflow_store):
     run_dir = tmp_path / "run"
-    results = _train(compose, run_dir, "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_store}")
+    results = _train(tiny, run_dir, "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_store}")
     client, runs = _mlflow_runs(mlflow_store)
     [run] = runs
     assert run.info.status == "FINISHED"
@@ -191,12 +191,12 @@ def test_mlflow_holds_params_curve_rows_and_artifacts(compose, tmp_path, mlflow_
     assert json.loads((run_dir / "trackers.json").read_text())["mlflow"]["run_id"] == run.info.run_id
 
 
-def test_resume_and_eval_append_to_the_same_mlflow_run(compose, tmp_path, mlflow_store):
+def test_resume_and_eval_append_to_the_same_mlflow_run(tiny, tmp_path, mlflow_store):
     from posexp.commands.eval import reeval_main
     from posexp.commands.resume import resume_main
 
     run_dir = tmp_path / "run"
-    _train(compose, run_dir, "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_store}")
+    _train(tiny, run_dir, "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_store}")
     (run_dir / "results.json").unlink()  # a run killed after its last checkpoint: resume evaluates it again
     resume_main(run_dir)
     reeval_main([str(run_dir), "eval.lengths=[96]"])
@@ -260,9 +260,9 @@ def wandb_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))  # artifact staging: not the user's home
 
 
-def test_wandb_runs_offline_without_an_api_key_and_holds_everything(compose, tmp_path, wandb_offline):
+def test_wandb_runs_offline_without_an_api_key_and_holds_everything(tiny, tmp_path, wandb_offline):
     run_dir = tmp_path / "run"
-    results = _train(compose, run_dir, "logger=wandb")
+    results = _train(tiny, run_dir, "logger=wandb")
     record = json.loads((run_dir / "trackers.json").read_text())["wandb"]
     assert record["mode"] == "offline"
     records = _wandb_records(run_dir)
@@ -279,11 +279,11 @@ def test_wandb_runs_offline_without_an_api_key_and_holds_everything(compose, tmp
     assert {"results.json", "ppl_vs_length.png"} <= stored
 
 
-def test_posexp_eval_appends_to_the_same_wandb_run_after_its_last_step(compose, tmp_path, wandb_offline):
+def test_posexp_eval_appends_to_the_same_wandb_run_after_its_last_step(tiny, tmp_path, wandb_offline):
     from posexp.commands.eval import reeval_main
 
     run_dir = tmp_path / "run"
-    _train(compose, run_dir, "logger=wandb")
+    _train(tiny, run_dir, "logger=wandb")
     trained = json.loads((run_dir / "trackers.json").read_text())["wandb"]
     [results] = reeval_main([str(run_dir), "eval.lengths=[48]"])
     records = _wandb_records(run_dir, runs=2)  # an offline run continued later is a second folder, same id
@@ -297,13 +297,14 @@ def test_posexp_eval_appends_to_the_same_wandb_run_after_its_last_step(compose, 
 
 def test_a_sweep_of_two_jobs_gives_two_grouped_runs(tmp_path, mlflow_store, wandb_offline):
     sweep = tmp_path / "sweep"
-    result = run_cli("train", "-m", *TINY, "encoder=rope,alibi", "logger=[mlflow,wandb]",
+    result = run_cli("train", "-m", *TINY_RUN, *TINY, "encoder=rope,alibi", "logger=[mlflow,wandb]",
                      f"logger.mlflow.tracking_uri={mlflow_store}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     client, runs = _mlflow_runs(mlflow_store)
     parent = json.loads((sweep / "trackers.json").read_text())["mlflow"]["parent_run_id"]
     children = [r for r in runs if r.info.run_id != parent]
-    assert sorted(r.info.run_name.split()[len(TINY)] for r in children) == ["encoder=alibi", "encoder=rope"]
+    swept = [next(w for w in r.info.run_name.split() if w.startswith("encoder=")) for r in children]
+    assert sorted(swept) == ["encoder=alibi", "encoder=rope"]  # the label names each job's encoder
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent}
     groups = {r.run.run_group for job in ("0", "1") for r in _wandb_records(sweep / job)
               if r.WhichOneof("record_type") == "run"}

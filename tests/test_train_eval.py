@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from posexp.commands.edge import typed
 from posexp.config.schema import eval_lengths
 from posexp.encoders import create
 from posexp.evaluation.perplexity import eval_budget, evaluate
@@ -16,7 +17,7 @@ from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.training.optim import lr_at
 
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "eval.multiples=[1,2]")
+TINY = ("train.steps=6", "eval.multiples=[1,2]")  # on the shared tiny run (conftest.TINY_RUN)
 
 
 def test_lr_warms_up_then_decays_to_the_floor(compose):
@@ -35,14 +36,14 @@ def _trained_weights(run_dir) -> dict:
     return load_file(str(run_dir / "checkpoint" / "model.safetensors"))
 
 
-def test_encoder_lr_mult_scales_only_the_encoders_own_steps(compose, tmp_path):
+def test_encoder_lr_mult_scales_only_the_encoders_own_steps(tiny, tmp_path):
     """AdamW's first step moves each parameter by about lr (times the sign of its gradient), so with
     encoder.lr_mult=10 T5's biases (zero at the start) move ten times as far; every other weight,
     whose gradient is the same in both runs at the first step, takes exactly the same step."""
     after = {}
     for mult in (1, 10):
         overrides = [*TINY, "train.steps=1", "train.warmup_steps=1", "encoder=t5", f"encoder.lr_mult={mult}"]
-        run_train(compose(*overrides), tmp_path / str(mult), overrides)
+        run_train(tiny(*overrides), tmp_path / str(mult), overrides)
         after[mult] = _trained_weights(tmp_path / str(mult))
     key = "encoder.relative_attention_bias.weight"
     moved = {m: w[key][w[key] != 0].abs() for m, w in after.items()}
@@ -58,7 +59,7 @@ def test_encoder_lr_mult_defaults_and_groups(compose):
 
     assert compose("encoder=t5").encoder.lr_mult == create("t5", d_model=16, n_heads=2).lr_mult
     assert compose("encoder=rope").encoder.lr_mult == 1.0
-    cfg = compose("experiment=smoke", "encoder=kerple", "encoder.lr_mult=4")
+    cfg = typed(compose("experiment=smoke", "encoder=kerple", "encoder.lr_mult=4"))
     assert build_encoder(cfg).lr_mult == 4.0
     model = build_model(cfg, 256)
     groups = make_optimizer(model, cfg.train).param_groups
@@ -78,18 +79,22 @@ def test_runs_saved_before_lr_mult_existed_keep_their_rate_and_hash(compose, tmp
     back gives lr_mult 1 (not t5's new default), and its config hash is unchanged, so resume works."""
     from omegaconf import OmegaConf
 
+    from posexp.commands.edge import folder_run_hash, load_saved
     from posexp.config.identity import config_hash
-    from posexp.runs.layout import HYDRA_CONFIG, read_saved_config
+    from posexp.config.legacy import format1_hash
+    from posexp.runs.layout import HYDRA_CONFIG
 
     cfg = compose("encoder=t5", "encoder.lr_mult=1")
     old = OmegaConf.to_container(cfg)
     del old["encoder"]["lr_mult"]
     (tmp_path / HYDRA_CONFIG).parent.mkdir(parents=True)
     (tmp_path / HYDRA_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
-    saved = read_saved_config(tmp_path)
-    assert saved.encoder.lr_mult == 1.0
-    assert config_hash(saved) == config_hash(OmegaConf.create(old)) == config_hash(cfg)
-    assert config_hash(compose("encoder=t5")) != config_hash(cfg)  # lr_mult 10 trains other weights
+    recorded = format1_hash(OmegaConf.to_container(cfg, resolve=True))  # what the run recorded then
+    (tmp_path / "results.json").write_text(json.dumps({"run": {"config_hash": recorded}, "rows": []}))
+    saved = load_saved(tmp_path)
+    assert saved.spec.encoder["lr_mult"] == 1.0
+    assert folder_run_hash(tmp_path, saved).value == recorded
+    assert config_hash(typed(compose("encoder=t5"))) != config_hash(typed(cfg))  # lr_mult 10: other weights
 
 
 def test_eval_lengths_default_to_multiples_of_train_len(compose):
@@ -125,10 +130,10 @@ def test_evaluation_matches_a_direct_computation():
     assert row["windows"] == 8 and row["tokens"] == 400
 
 
-def test_same_seed_same_numbers(compose, tmp_path):
+def test_same_seed_same_numbers(tiny, tmp_path):
     overrides = [*TINY, "encoder=t5"]
-    a = run_train(compose(*overrides), tmp_path / "a", overrides)
-    b = run_train(compose(*overrides), tmp_path / "b", overrides)
+    a = run_train(tiny(*overrides), tmp_path / "a", overrides)
+    b = run_train(tiny(*overrides), tmp_path / "b", overrides)
     assert [r["loss"] for r in a["rows"]] == [r["loss"] for r in b["rows"]]
     numbers = lambda res: [(r["ppl"], r["loss"], r["ppl_low"], r["ppl_high"]) for r in res["rows"]]  # noqa: E731
     assert numbers(a) == numbers(b)  # exactly, not approximately
@@ -138,7 +143,7 @@ def test_same_seed_same_numbers(compose, tmp_path):
               for d in ("a", "b")]
     assert losses[0] == losses[1]  # the whole training curve, not only the end
     assert a["run"]["config_hash"] == b["run"]["config_hash"]
-    c = run_train(compose(*overrides, "seed=1"), tmp_path / "c", [*overrides, "seed=1"])
+    c = run_train(tiny(*overrides, "seed=1"), tmp_path / "c", [*overrides, "seed=1"])
     assert [r["loss"] for r in c["rows"]] != [r["loss"] for r in a["rows"]]
     on_disk = json.loads((tmp_path / "a" / "results.json").read_text())
     assert on_disk["rows"][0]["loss"] == a["rows"][0]["loss"]

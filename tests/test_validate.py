@@ -7,6 +7,7 @@ import pytest
 from conftest import SMOKE, run_cli
 from posexp.errors import ConfigError
 from posexp.commands.validation import validate
+from posexp.commands.edge import typed
 
 
 @pytest.mark.parametrize("override,key", [
@@ -17,16 +18,16 @@ from posexp.commands.validation import validate
 ])
 def test_non_finite_numbers_are_refused_naming_the_key(compose, override, key):
     if key is None:  # the finite neighbours of the cases above still pass
-        validate(compose(override))
+        validate(typed(compose(override)))
         return
     with pytest.raises(ConfigError) as e:
-        validate(compose(override))
+        validate(typed(compose(override)))
     assert e.value.key == key and "finite" in str(e.value)
 
 
 def test_a_non_finite_encoder_option_is_refused(compose):
     with pytest.raises(ConfigError) as e:
-        validate(compose("encoder=rope", "encoder.base=inf"))
+        validate(typed(compose("encoder=rope", "encoder.base=inf")))
     assert e.value.key in ("base", "encoder.base")
 
 
@@ -36,9 +37,9 @@ def test_a_non_finite_encoder_option_is_refused(compose):
 ])
 def test_an_encoding_shorter_than_train_len_is_refused_before_training(compose, overrides, key):
     with pytest.raises(ConfigError) as e:
-        validate(compose(*overrides, "train_len=128"))
+        validate(typed(compose(*overrides, "train_len=128")))
     assert e.value.key == key and "train_len=128" in str(e.value)
-    validate(compose(*overrides, "train_len=64"))  # exactly as long as the training length is fine
+    validate(typed(compose(*overrides, "train_len=64")))  # exactly as long as the training length is fine
 
 
 def test_posexp_train_refuses_inf_in_one_line(tmp_path):

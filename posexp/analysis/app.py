@@ -15,16 +15,15 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from posexp.analysis.drawing import draw_comparison, draw_unit
 from posexp.analysis.geometry import RELATIVE_TOLERANCE, analyse_unit, units
-from posexp.analysis.schema import check_analyze
+from posexp.analysis.schema import AnalyzeConfig, check_analyze
 from posexp.model.factory import build_encoder
-from posexp.config.schema import eval_lengths
+from posexp.config.schema import Config, eval_lengths
 from posexp.commands.validation import validate
 from posexp.runs.atomic import atomic_write_json
 
@@ -35,9 +34,9 @@ ANALYSIS_JSON = "analysis.json"
 COMPARISON_PNG = "comparison.png"
 
 
-def analysis_length(cfg: DictConfig, encoder) -> tuple[int, Optional[str]]:
+def analysis_length(cfg: Config, a: AnalyzeConfig, encoder) -> tuple[int, Optional[str]]:
     """Positions analysed: ``analyze.length`` or the longest eval length, within the encoder's ``max_length``."""
-    want = int(cfg.analyze.length) if cfg.analyze.length is not None else max(eval_lengths(cfg))
+    want = int(a.length) if a.length is not None else max(eval_lengths(cfg))
     if not encoder.supports(want):
         return int(encoder.max_length), (f"{encoder.name} encodes at most {encoder.max_length} positions; "
                                          f"analysed 0..{encoder.max_length - 1} instead of {want}")
@@ -48,21 +47,21 @@ def _jsonable(unit: dict) -> dict:
     return {k: v for k, v in unit.items() if not k.startswith("_")}
 
 
-def _label(cfg: DictConfig, encoder) -> str:
+def _label(encoder) -> str:
     base = encoder.base
     return f"{encoder.label}" + (f" base={base:g}" if base is not None else "")
 
 
-def analyse_encoder(encoder, cfg: DictConfig, out: Path, note: Optional[str] = None) -> dict:
-    """Analyse ``encoder`` as configured by ``cfg``, write PNGs and ``analysis.json`` to ``out``."""
-    a = cfg.analyze
+def analyse_encoder(encoder, cfg: Config, a: AnalyzeConfig, out: Path, note: Optional[str] = None) -> dict:
+    """Analyse ``encoder`` as configured by ``cfg`` and ``a`` (``analyze.*``), write PNGs and ``analysis.json``
+    to ``out``."""
     train_len = int(cfg.train_len)
     lengths = eval_lengths(cfg)
-    length, clipped = analysis_length(cfg, encoder)
+    length, clipped = analysis_length(cfg, a, encoder)
     heatmap_len = int(a.heatmap_len) if a.heatmap_len is not None else 2 * train_len
-    label = _label(cfg, encoder)
+    label = _label(encoder)
     result: dict[str, Any] = {
-        "encoder": cfg.encoder.name, "label": label, "base": encoder.base, "train_len": train_len,
+        "encoder": cfg.encoder["name"], "label": label, "base": encoder.base, "train_len": train_len,
         "eval_lengths": lengths, "d_model": encoder.d_model, "n_heads": encoder.n_heads, "length": length,
         "content": "q = k = (1, ..., 1) for rotate and scores hooks",
         "notes": [x for x in (note, clipped) if x],
@@ -98,11 +97,12 @@ def _curves_for_json(unit: dict) -> dict:
     return out
 
 
-def run_analyze(cfg: DictConfig, out: Path, console: Optional[Console] = None) -> dict:
-    """``posexp analyze encoder=... base=...``: check the config, analyse, write, print a summary."""
+def run_analyze(cfg: Config, a: AnalyzeConfig, out: Path, console: Optional[Console] = None) -> dict:
+    """``posexp analyze encoder=... base=...``: check the config and ``analyze.*``, analyse, write, print a
+    summary."""
     console = console or Console()
     validate(cfg, memory=None)  # no model is built, only the encoder
-    check_analyze(cfg.analyze)
+    check_analyze(a)
     torch.manual_seed(int(cfg.seed))  # learned encoders are analysed at their seeded initialisation
     encoder = build_encoder(cfg)
     encoder.eval()
@@ -110,7 +110,7 @@ def run_analyze(cfg: DictConfig, out: Path, console: Optional[Console] = None) -
     if any(p.requires_grad for p in encoder.parameters()):
         note = "learned parameters shown at their initialisation (seed); analyse a trained run for the learned values"
     out.mkdir(parents=True, exist_ok=True)
-    result = analyse_encoder(encoder, cfg, out, note)
+    result = analyse_encoder(encoder, cfg, a, out, note)
     print_summary(result, console)
     console.print(f"wrote {out / ANALYSIS_JSON} and {len(result['figures'])} figure(s) in {out}", highlight=False)
     return result

@@ -74,9 +74,9 @@ def attention_statistics(model, tokens: np.ndarray, length: int, n_windows: int)
     finally:
         for h in handles:
             h.remove()
-    i = np.arange(length)
+    at = np.arange(length)
     return {"mean_distance": dist_sum / count, "entropy": ent_sum / count,
-            "uniform_distance": float((i / 2).mean()), "uniform_entropy": float(np.log(i + 1).mean())}
+            "uniform_distance": float((at / 2).mean()), "uniform_entropy": float(np.log(at + 1).mean())}
 
 
 def _attention_probs(attn, x: Tensor, plan) -> Tensor:
@@ -138,11 +138,11 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
         except OmegaConfBaseException:
             raise ConfigError(f"analyze.{k}", f"{v!r} is not a valid value") from None
     check_analyze(a)
-    cfg = OmegaConf.create(OmegaConf.to_container(p.cfg, resolve=True))
-    cfg.analyze = a
+    settings: AnalyzeConfig = OmegaConf.to_object(a)  # type: ignore[assignment]
+    cfg = p.cfg
     out = Path(run_dir) / "analysis"
     model = p.model.eval()
-    result = analyse_encoder(model.encoder, cfg, out, note="trained encoder of this run")
+    result = analyse_encoder(model.encoder, cfg, settings, out, note="trained encoder of this run")
     train_len = int(cfg.train_len)
     rows = []
     for m in sorted(set(int(x) for x in a.multiples)):

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import hydra
 import typer
@@ -110,11 +110,18 @@ _finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), conf
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
     """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
+    from posexp.commands.edge import typed
+    from posexp.config.schema import Config
     from posexp.runs.provenance import write_run_status
 
     if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
+        spec: Optional[Config]
         try:
-            write_run_status(run_dir, cfg, overrides, "failed", error)
+            spec = typed(cfg)
+        except PosexpError:
+            spec = None  # the config itself is what failed
+        try:
+            write_run_status(run_dir, spec, overrides, "failed", error)
         except OSError as e:
             err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
     err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
@@ -361,15 +368,14 @@ def _claim_folders(args: List[str], overwrite: bool, config_name: str = "config"
     Raises:
         PosexpError: a config error, a folder that cannot be created, or one that holds a run.
     """
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from posexp.cli.hydra_adapter import parse_command_line
     from posexp.commands.sweeps import fixed_overrides, sweep_jobs
     from posexp.runs.lock import claim_named_dir, new_run_dir
 
-    try:
-        ns = get_args_parser().parse_args(args)
-    except SystemExit:
+    ns = parse_command_line(args)
+    if ns is None:
         return None  # Hydra's argparse says what is wrong
     if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
         return None
@@ -517,9 +523,12 @@ def eval_cmd(
 def analyze_task(cfg: DictConfig) -> None:
     """The Hydra task of ``posexp analyze``: one encoding's geometry (module-level, so launchers can pickle it)."""
     from posexp.analysis.app import run_analyze
+    from posexp.analysis.schema import AnalyzeRootConfig
+    from posexp.commands.edge import typed
 
     try:
-        run_analyze(cfg, Path(HydraConfig.get().runtime.output_dir))
+        spec: Any = typed(cfg, AnalyzeRootConfig)  # a Config with the analyze group
+        run_analyze(spec, spec.analyze, Path(HydraConfig.get().runtime.output_dir))
     except PosexpError as e:
         _fail(e)
 

@@ -18,7 +18,7 @@ import inspect
 import os
 import re
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -154,7 +154,8 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
 def _check_key(cfg: DictConfig, override) -> None:
     """The override's key is in the composed schema, whichever of =, + or ++ brought it."""
     key = override.key_or_group
-    node, path = cfg, []
+    node: Any = cfg
+    path: list[str] = []
     for part in key.split("."):
         if isinstance(node, ListConfig) and part.isdigit():
             node, path = None, [*path, part]  # an element of a list: its type is the list's to check
@@ -180,7 +181,7 @@ def _one_line(error: Exception) -> str:
     cause = error.__cause__
     if cause is not None and getattr(cause, "full_key", None):
         reason = str(getattr(cause, "msg", cause)).splitlines()[0]
-        return f"{cause.full_key}: {reason} ({FULL_ERROR_HINT})"
+        return f"{getattr(cause, 'full_key')}: {reason} ({FULL_ERROR_HINT})"
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
     return f"{'; '.join(lines[:3])} ({FULL_ERROR_HINT})"
 
@@ -212,14 +213,14 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
         OverrideError: an unknown group option, key or type, a malformed override, a sweep without ``-m``.
     """
     from hydra import compose
-    from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    try:
-        ns = get_args_parser().parse_args(list(args))
-    except SystemExit:
+    from posexp.cli.hydra_adapter import parse_command_line
+
+    ns = parse_command_line(args)
+    if ns is None:
         return  # Hydra's argparse reports an unknown flag itself, with its usage
     if ns.config_path:
         raise OverrideError(f"--config-path {ns.config_path}: replaces posexp's own configs; to add a folder of "
@@ -285,7 +286,9 @@ def comment_descriptions(lines: Sequence[str]) -> tuple:
     the first sentence of the comment block above it. Example lines (``#   posexp train ...``) and Hydra
     directives are not descriptions.
     """
-    trailing, above, block = {}, {}, []
+    trailing: dict[str, str] = {}
+    above: dict[str, str] = {}
+    block: list[str] = []
     for line in lines:
         s = line.strip()
         if s.startswith("#"):
@@ -316,7 +319,8 @@ def key_descriptions() -> dict:
     for group, cls in (("model", schema.ModelConfig), ("train", schema.TrainConfig), ("eval", schema.EvalConfig)):
         sources.append((f"{group}.", inspect.getsource(cls).splitlines()[1:]))
         sources += [(f"{group}.", path.read_text().splitlines()) for path in sorted((root / group).glob("*.yaml"))]
-    trailing, above = {}, {}
+    trailing: dict[str, str] = {}
+    above: dict[str, str] = {}
     for prefix, lines in sources:
         own, block = comment_descriptions(lines)
         for k, v in own.items():
@@ -329,10 +333,10 @@ def key_descriptions() -> dict:
 def key_table(cfg: DictConfig, keys: Sequence[str] = MAIN_KEYS) -> list:
     """Rows ``(key, default, meaning)`` of ``keys``, the defaults as written in the composed ``cfg``."""
     meanings = key_descriptions()
-    defaults = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
+    defaults: Any = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
     for key in keys:
-        value = defaults
+        value: Any = defaults
         for part in key.split("."):
             value = value[part]
         text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

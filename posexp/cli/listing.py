@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -38,7 +38,8 @@ LONG_SENTENCE = 160
 def yaml_description(path: Path) -> str:
     """A config's ``description`` key, else the first sentence of its header comment: the comment lines
     before the first usage example (``#   posexp train ...``) or blank line, Hydra directives left out."""
-    desc = OmegaConf.load(path).get("description")
+    loaded: Any = OmegaConf.load(path)
+    desc = loaded.get("description")
     if desc:
         return str(desc)
     header = []
@@ -99,9 +100,9 @@ def model_table(described: bool = True) -> Table:
                          justify="right" if column in ("d_model", "layers", "heads", "FFN", "params") else "left")
     for name in options("model"):
         path = config_dir() / "model" / f"{name}.yaml"
-        raw = OmegaConf.load(path)
+        raw: Any = OmegaConf.load(path)
         raw.pop("defaults", None)
-        shape: ModelConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
+        shape: Any = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
         cells = (name, str(shape.d_model), str(shape.n_layers), str(shape.n_heads),
                  str(int(shape.mlp_ratio * shape.d_model)), f"{shape.param_count() / 1e6:.1f}M",
                  f"{shape.param_count(256) / 1e6:.2f}M", yaml_description(path))

@@ -9,9 +9,7 @@ never silently added to a run by code other than the code that trained it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
-
-from omegaconf import DictConfig
+from typing import Any, Callable, Mapping, Optional
 
 from posexp.encoders import load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
@@ -31,12 +29,12 @@ def _import_root(recorded: dict) -> list[str]:
     return [str(path.parents[depth - 1])] if len(path.parents) >= depth else []
 
 
-def check_encoder_source(run_dir: Path, cfg: DictConfig, results: Optional[dict] = None,
+def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Optional[dict] = None,
                          allow_changed: bool = False, warn: Optional[Callable[[str], None]] = None) -> None:
     """A run trained with a plugin encoder can be rebuilt here from the same code.
 
     Args:
-        cfg: the run's config (its ``encoder.module`` names a module plugin's module).
+        encoder: the run's ``encoder`` config (its ``module`` names a module plugin's module).
         results: the run's results.json, if read already.
         allow_changed: go on with a changed source, with a warning (the user's ``--allow-changed-encoder``).
 
@@ -46,11 +44,11 @@ def check_encoder_source(run_dir: Path, cfg: DictConfig, results: Optional[dict]
     recorded = recorded_encoder_source(run_dir, results)
     if recorded is None:
         return  # a built-in encoder: posexp's version and commit say what its code was
-    name = str(cfg.encoder.name)
+    name = str(encoder["name"])
     where = f"{recorded.get('module')}, {recorded.get('file')}" + (
         f", {recorded['distribution']} {recorded.get('version')}" if recorded.get("distribution") else "")
     try:
-        module = cfg.encoder.get(MODULE_KEY)
+        module = encoder.get(MODULE_KEY)
         if module:
             load_plugin(name, str(module), roots=_import_root(recorded))
         now = source_record(name) or {}

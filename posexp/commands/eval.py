@@ -34,13 +34,13 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.text import Text
 
-from posexp.config.schema import EvalConfig, eval_lengths, is_task
-from posexp.config.identity import config_hash
+from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
 from posexp.commands.encoder_source import check_encoder_source
+from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.lock import EVALUATING, run_lock
-from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, read_saved_config, runs_under)
+from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, runs_under)
 
 EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
 VALUE_HINTS = {
@@ -117,10 +117,9 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
     """A copy of ``cfg`` whose ``eval`` group is the typed schema, the run's values, then the overrides."""
     from omegaconf.errors import OmegaConfBaseException
 
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    ev = OmegaConf.structured(EvalConfig)
-    stored = cfg.get("eval") or {}
-    ev = OmegaConf.merge(ev, {k: v for k, v in OmegaConf.to_container(stored).items() if k in EVAL_KEYS})
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[assignment]
+    stored: dict = OmegaConf.to_container(cfg.get("eval") or OmegaConf.create({}))  # type: ignore[assignment]
+    ev: Any = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in stored.items() if k in EVAL_KEYS})
     given = {name for name, _ in overrides}
     for key, dependents in DEPENDENT_KEYS.items():
         if key in given:
@@ -183,7 +182,7 @@ class Prepared:
     """A run checked and ready to evaluate."""
 
     run_dir: Path
-    cfg: DictConfig
+    cfg: Config
     results: dict
     model: Any
     corpus: Any
@@ -209,18 +208,20 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     from posexp.model.factory import build_model
 
     results = read_results(run_dir) if results is None else results
-    base_cfg = load_run_config(run_dir, results)
-    check_encoder_source(run_dir, base_cfg, results, allow_changed_encoder, warn)
-    cfg = apply_eval_overrides(base_cfg, overrides)
+    raw = load_run_config(run_dir, results)
+    check_encoder_source(run_dir, raw.encoder, results, allow_changed_encoder, warn)
+    saved = SavedConfig(raw, typed(apply_eval_overrides(raw, overrides)))  # the edge: typed from here on
+    cfg = saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths) and not is_task(cfg):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
                                          f"(got {cfg.eval.tokens})")
     recorded = results["run"].get("config_hash")
-    if recorded is not None and recorded != config_hash(cfg):
+    identity = folder_run_hash(run_dir, saved)  # an old folder is checked in the hash format it recorded
+    if recorded is not None and recorded != identity.value:
         raise PosexpError(f"{run_dir}: {HYDRA_CONFIG} does not match the config the run was trained with "
-                          f"(config hash {config_hash(cfg)} vs {recorded} in {RESULTS_JSON}); was it edited?")
+                          f"(config hash {identity.value} vs {recorded} in {RESULTS_JSON}); was it edited?")
     task = is_task(cfg)
     # the tokenizer too: a config without one is byte-level; a generated task reads no corpus
     corpus = corpus_from_config(cfg) if not task or cfg.task.name in DATA_TASKS else None
@@ -234,7 +235,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     if not task:
         check_fits(corpus, int(cfg.train_len), max(lengths))
     model = build_model(cfg, source.vocab_size)
-    load_weights(model, run_dir / CHECKPOINT, config_hash(cfg), sha256=_recorded_sha256(run_dir),
+    load_weights(model, run_dir / CHECKPOINT, identity.value, sha256=_recorded_sha256(run_dir),
                  hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
     return Prepared(run_dir, cfg, results, model, corpus, source.task)
 
@@ -294,8 +295,8 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
             refused.append((run_dir, e))
     if refused and not prepared:
         raise refused[0][1]
-    for run_dir, e in refused:
-        _warn(console, f"skipping {run_dir}: {e}")
+    for run_dir, reason in refused:
+        _warn(console, f"skipping {run_dir}: {reason}")
     return prepared
 
 
@@ -368,13 +369,13 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     device = resolve_device(cfg.train.device)
     p.model.to(device)
     e = cfg.eval
-    console.print(f"[bold]posexp eval[/] {p.run_dir} · encoder [cyan]{cfg.encoder.name}[/] · lengths "
+    console.print(f"[bold]posexp eval[/] {p.run_dir} · encoder [cyan]{cfg.encoder['name']}[/] · lengths "
                   f"{', '.join(map(str, eval_lengths(cfg)))} · protocol {e.protocol}"
                   f"{f' S={e.stride}' if e.stride is not None else ''}"
                   f"{f' K={e.last_k}' if e.last_k is not None else ''} · scaling {e.scaling}"
                   f"{f' ×{e.scaling_factor:g}' if e.scaling_factor is not None else ''}"
-                  f"{f' · window {e.window}' if e.get('window') is not None else ''}"
-                  f"{f' + {e.sinks} sinks' if e.get('sinks') is not None else ''} · {device}",
+                  f"{f' · window {e.window}' if e.window is not None else ''}"
+                  f"{f' + {e.sinks} sinks' if e.sinks is not None else ''} · {device}",
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
     if p.task is not None:

@@ -11,7 +11,7 @@ recipe (``configs/train/finetune.yaml``), ``eval``, the seed and where to comput
 shapes the weights (encoder, model, tokenizer, corpus) is the parent's. :func:`child_config` turns
 the two into the new run's ordinary :class:`~posexp.config.schema.Config`, whose ``finetune`` node records
 the lineage (parent folder, config hash, SHA-256 of its weights, scaling, factor); from there the
-run is a normal ``posexp train`` run (:func:`posexp.commands.train.run_train`): checkpoints,
+run is a normal ``posexp train`` run (:func:`posexp.commands.train.train_run`): checkpoints,
 ``posexp resume``, the sweep cache, ``posexp eval`` and reports work unchanged.
 """
 
@@ -26,8 +26,9 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.config.schema import Config, DataConfig, to_container
-from posexp.config.identity import config_hash
+from posexp.commands.edge import folder_run_hash, load_saved
+from posexp.config.identity import config_dict
+from posexp.config.schema import Config, DataConfig
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_results
@@ -133,7 +134,7 @@ def _check_corpus(requested, parent_data: dict, parent: Path) -> None:
     """``data=...`` given to a fine-tune must name the parent's corpus."""
     if requested is None:
         return
-    asked = to_container(requested) if isinstance(requested, DictConfig) else requested
+    asked = OmegaConf.to_container(requested, resolve=True) if isinstance(requested, DictConfig) else requested
     if not isinstance(asked, dict):
         raise ConfigError("data", f"choose a data set by name (data=stdlib), got {asked!r}")
     differ = [k for k in CORPUS_KEYS if asked.get(k) != parent_data.get(k)]
@@ -154,19 +155,18 @@ def child_config(app: DictConfig) -> DictConfig:
         ConfigError: another corpus than the parent's was requested.
     """
     from posexp.commands.encoder_source import check_encoder_source
-    from posexp.commands.resume import load_config
 
     parent = Path(str(app.parent)).resolve()
     results = check_parent(parent)
-    parent_cfg = load_config(parent)
-    check_encoder_source(parent, parent_cfg, results, os.environ.get(ALLOW_ENV, "") not in ("", "0"),
+    saved = load_saved(parent)
+    check_encoder_source(parent, saved.raw.encoder, results, os.environ.get(ALLOW_ENV, "") not in ("", "0"),
                          lambda m: log.warning("%s", m))
-    if parent_cfg.get("finetune") is not None:
-        raise PosexpError(f"{parent}: is itself a fine-tune (of {parent_cfg.finetune.parent}); fine-tune a run "
+    if saved.spec.finetune is not None:
+        raise PosexpError(f"{parent}: is itself a fine-tune (of {saved.spec.finetune.parent}); fine-tune a run "
                           "trained from scratch")
-    resolved = to_container(parent_cfg)
+    resolved = config_dict(saved.spec)
     _check_corpus(app.get("data"), resolved["data"], parent)
-    mine = to_container(app)
+    mine: dict = OmegaConf.to_container(app, resolve=True)  # type: ignore[assignment]
     parent_len = int(resolved["train_len"])
     new_len = int(mine["train_len"]) if mine.get("train_len") is not None else DEFAULT_MULTIPLE * parent_len
     factor = mine.get("scaling_factor")
@@ -178,35 +178,35 @@ def child_config(app: DictConfig) -> DictConfig:
     if mine.get("logger") is not None:  # trackers chosen for the fine-tune, else the parent's
         child["logger"] = mine["logger"]
     child["finetune"] = {"parent": str(parent), "parent_config_hash": str(results["run"].get("config_hash")
-                                                                           or config_hash(parent_cfg)),
+                                                                           or folder_run_hash(parent, saved).value),
                          "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
                          "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
                          "scaling": str(mine["scaling"]), "scaling_factor": float(factor)}
     from posexp.commands.validation import register_configs
 
     register_configs()
-    return OmegaConf.merge(OmegaConf.structured(Config), child)
+    merged = OmegaConf.merge(OmegaConf.structured(Config), child)
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
-def check_finetune(app: DictConfig) -> DictConfig:
+def check_finetune(app: DictConfig) -> Config:
     """Everything about a fine-tune that can be checked before it runs (every sweep job is checked first).
 
     Returns:
-        The new run's config.
+        The new run's config, typed.
     """
     from posexp.commands.train import check_config
 
-    cfg = child_config(app)
-    check_config(cfg)
-    return cfg
+    return check_config(child_config(app))
 
 
 def run_finetune(app: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
     """One fine-tune: the new run's config is written as the run folder's ``.hydra/config.yaml`` (so that
     ``posexp resume``, ``posexp eval`` and reports read it as any run's), then it trains as a run does."""
-    from posexp.commands.train import run_train
+    from posexp.commands.train import train_run
 
-    cfg = check_finetune(app)
+    spec = check_finetune(app)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / HYDRA_CONFIG, OmegaConf.to_yaml(cfg))
-    return run_train(cfg, run_dir, overrides, console)
+    atomic_write_text(run_dir / HYDRA_CONFIG, OmegaConf.to_yaml(config_dict(spec)))
+    return train_run(spec, run_dir, overrides, console)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
+from posexp.commands.edge import SavedConfig, folder_run_hash, typed
 from posexp.errors import PosexpError
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, read_results
 
@@ -27,8 +26,8 @@ class Run:
     Attributes:
         path: the run folder.
         config: the run's config as the typed :class:`posexp.config.schema.Config` (keys added to posexp since
-            the run was written get their defaults; ``encoder`` is a mapping, as :func:`~posexp.config.schema.typed`
-            leaves it); the saved OmegaConf config where it no longer fits the schema.
+            the run was written get their defaults; ``encoder`` is a mapping, as
+            :func:`~posexp.commands.edge.typed` leaves it).
         results: the rows of ``results.json``, as a pandas DataFrame when pandas is installed, else a list of dicts.
         info: ``results.json``'s ``run`` record (encoder, seed, corpus, training time, versions, ...).
     """
@@ -37,7 +36,7 @@ class Run:
     config: Any
     results: Any
     info: dict
-    _cfg: DictConfig = field(repr=False)
+    _saved: SavedConfig = field(repr=False)
     _model: Any = field(default=None, repr=False)
 
     @property
@@ -52,7 +51,7 @@ class Run:
             PosexpError: the checkpoint is missing, corrupt or from another config.
         """
         if self._model is None:
-            self._model = _load_model(self.path, self._cfg, self.info)
+            self._model = _load_model(self.path, self._saved, self.info)
         return self._model
 
 
@@ -66,24 +65,10 @@ def load_run(path: str | os.PathLike) -> Run:
 
     run_dir = Path(path)
     results = read_results(run_dir)
-    cfg = apply_eval_overrides(load_run_config(run_dir, results), [])
-    return Run(path=run_dir, config=_typed(cfg), results=_table(results.get("rows") or []),
-               info=results.get("run", {}), _cfg=cfg)
-
-
-def _typed(cfg: DictConfig) -> Any:
-    """``cfg`` on the config schema as its dataclasses, or ``cfg`` itself where it does not fit the schema."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from posexp.commands.validation import register_configs
-    from posexp.config.schema import Config, typed
-
-    register_configs()
-    try:
-        return typed(OmegaConf.merge(OmegaConf.structured(Config), cfg))
-    except OmegaConfBaseException:
-        return cfg
+    raw = apply_eval_overrides(load_run_config(run_dir, results), [])
+    saved = SavedConfig(raw, typed(raw))  # the edge: typed from here on
+    return Run(path=run_dir, config=saved.spec, results=_table(results.get("rows") or []),
+               info=results.get("run", {}), _saved=saved)
 
 
 def _table(rows: list[dict]) -> Any:
@@ -94,16 +79,15 @@ def _table(rows: list[dict]) -> Any:
     return pd.DataFrame(rows)
 
 
-def _load_model(run_dir: Path, cfg: DictConfig, info: dict):
+def _load_model(run_dir: Path, saved: SavedConfig, info: dict):
     from posexp.commands.eval import _recorded_sha256
-    from posexp.config.identity import config_hash
     from posexp.model.factory import build_model
     from posexp.training.checkpoint import load_weights
 
     vocab_size = info.get("vocab_size")
     if not isinstance(vocab_size, int):
         raise PosexpError(f"{run_dir}: results.json records no vocab_size; the model cannot be rebuilt")
-    model = build_model(cfg, vocab_size)
-    load_weights(model, run_dir / CHECKPOINT, config_hash(cfg), sha256=_recorded_sha256(run_dir),
+    model = build_model(saved.spec, vocab_size)
+    load_weights(model, run_dir / CHECKPOINT, folder_run_hash(run_dir, saved).value, sha256=_recorded_sha256(run_dir),
                  hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
     return model.eval()

@@ -15,12 +15,12 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.errors import PosexpError
-from posexp.runs.layout import (HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, read_saved_config)
+from posexp.commands.edge import folder_run_hash, load_saved
+from posexp.runs.layout import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides
 from posexp.runs.lock import run_lock
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
@@ -58,22 +58,6 @@ def check_resumable(run_dir: Path) -> None:
                               "train.lr or with train.grad_clip=1.0")
 
 
-def load_config(run_dir: Path) -> DictConfig:
-    """The run's ``.hydra/config.yaml`` on the config schema (keys added since it was written get defaults)."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from posexp.config.schema import Config
-    from posexp.commands.validation import register_configs
-
-    loaded = read_saved_config(run_dir)
-    register_configs()
-    try:
-        return OmegaConf.merge(OmegaConf.structured(Config), loaded)
-    except OmegaConfBaseException as e:
-        raise PosexpError(f"{run_dir / HYDRA_CONFIG}: does not fit posexp's config schema "
-                          f"({str(e).splitlines()[0]}); was it edited?") from None
-
-
 def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_changed_encoder: bool = False) -> dict:
     """``posexp resume RUN_DIR``: check the folder, then train on from its checkpoint, evaluate, write results.
 
@@ -91,26 +75,25 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_ch
 
 def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False) -> dict:
     """:func:`resume_main` in a run folder this process holds."""
-    from posexp.config.identity import config_hash
     from posexp.commands.encoder_source import check_encoder_source
-    from posexp.commands.validation import validate
-    from posexp.commands.train import run_train
+    from posexp.commands.train import check_spec, train_run
 
     check_resumable(run_dir)  # again, now that no other process can finish the run meanwhile
-    cfg = load_config(run_dir)
-    check_encoder_source(run_dir, cfg, None, allow_changed_encoder,
+    saved = load_saved(run_dir)  # the edge: what follows reads the typed config
+    check_encoder_source(run_dir, saved.raw.encoder, None, allow_changed_encoder,
                          lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
-    validate(cfg)
+    spec = check_spec(saved.spec)
+    identity = folder_run_hash(run_dir, saved)  # an old folder keeps the hash format it recorded
     pointer = read_resume_pointer(run_dir)
-    if pointer is not None and pointer["config_hash"] != config_hash(cfg):
+    if pointer is not None and pointer["config_hash"] != identity.value:
         raise PosexpError(f"{run_dir / CHECKPOINT_DIR / RESUME_FILE}: written by a run with a different config "
                           f"(config hash {pointer['config_hash']}, {run_dir / HYDRA_CONFIG} hashes to "
-                          f"{config_hash(cfg)}); was the config or the checkpoint folder changed?")
+                          f"{identity.value}); was the config or the checkpoint folder changed?")
     if pointer is None:
         console.print(f"{run_dir}: no checkpoint yet, training again from step 0 in the same folder",
                       highlight=False)
     else:
-        console.print(f"resuming {run_dir} at step {pointer['step']} of {cfg.train.steps}", highlight=False)
+        console.print(f"resuming {run_dir} at step {pointer['step']} of {spec.train.steps}", highlight=False)
 
     # Hydra is not running, so its log file handler is not either: append to the run's train.log ourselves.
     handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")
@@ -120,7 +103,7 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
-        results = run_train(cfg, run_dir, load_overrides(run_dir), console, resume=True)
+        results = train_run(spec, run_dir, load_overrides(run_dir), console, resume=identity)
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from omegaconf import DictConfig
@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.model.factory import build_model
-from posexp.config.schema import Config, eval_lengths, is_task, to_container, typed
-from posexp.config.identity import config_hash
+from posexp.config.schema import Config, eval_lengths, is_task
+from posexp.config.identity import RunHash, config_dict, run_hash
+from posexp.commands.edge import typed
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task
@@ -47,19 +48,25 @@ from posexp.runtime.memory import out_of_memory
 log = logging.getLogger("posexp.train")
 
 
-def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None,
-              resume: bool = False) -> dict:
-    """Validate, load data, train, checkpoint, evaluate and write the results of one run.
+def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
+    """``posexp train``'s job: check Hydra's composed config, convert it to the typed one (the edge), then
+    :func:`train_run`."""
+    return train_run(check_config(cfg), run_dir, overrides, console)
+
+
+def train_run(spec: Config, run_dir: Path, overrides: list[str], console: Optional[Console] = None,
+              resume: Optional[RunHash] = None) -> dict:
+    """Load data, train, checkpoint, evaluate and write the results of one run of a checked config.
 
     Args:
-        cfg: the composed config (Hydra's, or a saved run's merged onto the schema).
-        resume: continue training from the run folder's latest checkpoint (``posexp resume``).
+        spec: the typed config, checked (:func:`check_spec`).
+        resume: continue training from the run folder's latest checkpoint (``posexp resume``), whose hash
+            (in the format the folder recorded) this is.
 
     Raises:
         TrainingDiverged: after writing a results.json with status "diverged".
     """
     console = console or Console()
-    spec = check_config(cfg)  # the edge: what follows reads the typed config
     device = resolve_device(spec.train.device)
     w = distributed.setup(device)
     if w.distributed:  # several processes (torchrun): rank 0's run folder for all; only rank 0 writes or prints
@@ -67,19 +74,19 @@ def run_train(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Opt
         shard(spec.train.batch_size, w)  # a batch that does not split fails here, before any data is read
         if not w.is_main:
             console = Console(quiet=True)
-    with _claimed(run_dir, w.is_main, resume):
-        return _run(cfg, spec, device, w, run_dir, overrides, console, resume)
+    with _claimed(run_dir, w.is_main, resume is not None):
+        return _run(spec, device, w, run_dir, overrides, console, resume or run_hash(spec), resume is not None)
 
 
 @contextlib.contextmanager
-def _tracked(cfg: DictConfig, spec: Config, run_dir: Path, overrides: list[str], is_main: bool, resume: bool,
+def _tracked(spec: Config, run_dir: Path, overrides: list[str], is_main: bool, resume: bool,
              warn: Callable[[str], None], console: Console) -> Iterator[tracking.Trackers]:
     """The run's experiment trackers (``logger=...``; none on ranks other than 0), closed with the run's outcome."""
     if not is_main or not tracking.chosen(spec.logger):
         yield tracking.NO_TRACKERS
         return
     pointer = read_resume_pointer(run_dir) if resume else None
-    trackers = tracking.start(spec.logger, run_dir, run_label(overrides), to_container(cfg),
+    trackers = tracking.start(spec.logger, run_dir, run_label(overrides), config_dict(spec),
                               resume_step=(pointer or {}).get("step", 0) if resume else None, warn=warn)
     for line in trackers.where():
         log.info(line)
@@ -96,18 +103,22 @@ def _tracked(cfg: DictConfig, spec: Config, run_dir: Path, overrides: list[str],
 
 
 def check_config(cfg: DictConfig) -> Config:
+    """The composed config typed (the edge) and checked (:func:`check_spec`). ``posexp train`` checks every
+    sweep job with it before the first one trains."""
+    return check_spec(typed(cfg))
+
+
+def check_spec(spec: Config) -> Config:
     """Everything about a run's config that can be checked without its data: :func:`validate`, and
-    enough evaluation tokens for the longest eval length. ``posexp train`` checks every sweep job with it
-    before the first one trains.
+    enough evaluation tokens for the longest eval length.
 
     Returns:
-        The typed config.
+        ``spec``.
 
     Raises:
         ConfigError: naming the key and what is allowed.
     """
-    validate(cfg)
-    spec = typed(cfg)
+    validate(spec)
     tracking.check_loggers(spec.logger)  # a tracker library not installed stops here, before any job trains
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest and not is_task(spec):  # a task scores eval.examples instances instead
@@ -134,14 +145,14 @@ def _claimed(run_dir: Path, is_main: bool, resume: bool) -> Iterator[None]:
         yield
 
 
-def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir: Path, overrides: list[str],
-         console: Console, resume: bool) -> dict:
+def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides: list[str], console: Console,
+         identity: RunHash, resume: bool) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
     warn = _warner(console)
-    cache_writable = warn_about_settings(cfg, warn, w.is_main)
+    cache_writable = warn_about_settings(spec, warn, w.is_main)
     if spec.train.threads:
         torch.set_num_threads(spec.train.threads)
-    source = _load_source(cfg, spec, w, console, warn)
+    source = _load_source(spec, w, console, warn)
     lineage = spec.finetune
     if lineage is not None and lineage.parent_corpus_fingerprint not in (None, source.fingerprint):
         raise PosexpError(f"the data here ({source.describe()}, fingerprint {source.fingerprint}) is not what the "
@@ -150,27 +161,28 @@ def _run(cfg: DictConfig, spec: Config, device: torch.device, w: World, run_dir:
     # a fine-tune starts from its parent's weights, unless it resumes from a checkpoint of its own
     start = parent_weights(lineage) if lineage is not None and not (resume and read_resume_pointer(run_dir)) else None
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
-        model = build_model(cfg, source.vocab_size, init=start)
+        model = build_model(spec, source.vocab_size, init=start)
     _announce(spec, model, source, device, w, run_dir, console)
     if w.is_main and not resume:
-        write_encoder_source(run_dir, cfg)
-    with _tracked(cfg, spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
+        write_encoder_source(run_dir, spec.encoder["name"])
+    with _tracked(spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
-        reused = distributed.broadcast(cache.lookup(cfg, source.fingerprint)) if spec.cache and not resume else None
+        reused = distributed.broadcast(cache.lookup(spec, source.fingerprint)) if spec.cache and not resume else None
         if reused is not None:
             result = reused.restore(model, run_dir, device) if w.is_main else None
             cache.log.info(reused.message())
             console.print(reused.message(), highlight=False)
         else:
             with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
-                result = _train(cfg, spec, model, source, run_dir, overrides, w, resume, trackers.log_train)
+                result = _train(spec, model, source, run_dir, overrides, w, identity, resume, trackers.log_train)
         if not w.is_main:
             return {}  # rank 0 evaluates and writes; the weights are the same on every rank
-        save_checkpoint(model, run_dir, {"config_hash": config_hash(cfg), "steps": result.steps,
-                                         "encoder": cfg.encoder.name})
+        save_checkpoint(model, run_dir, {"config_hash": identity.value, "hash_format": identity.format,
+                                         "steps": result.steps, "encoder": spec.encoder["name"]})
         if spec.cache and reused is None and cache_writable:
-            cache.store(cfg, source.fingerprint, run_dir, result)
-        results = _evaluate_and_write(cfg, spec, model, source, device, run_dir, overrides, result, reused, console)
+            cache.store(spec, source.fingerprint, run_dir, result)
+        results = _evaluate_and_write(spec, model, source, device, run_dir, overrides, identity, result, reused,
+                                      console)
         trackers.log_results(results["rows"], run_dir)
     trained = f"weights from cache {reused.key}" if reused is not None else \
         f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s"
@@ -186,7 +198,7 @@ def _warner(console: Console) -> Callable[[str], None]:
     return warn
 
 
-def warn_about_settings(cfg: DictConfig, warn: Callable[[str], None], is_main: bool) -> bool:
+def warn_about_settings(cfg: Config, warn: Callable[[str], None], is_main: bool) -> bool:
     """Warn about settings that train, but probably not as meant; returns whether ``cache_dir`` can be written.
 
     With ``cache=true`` and a ``cache_dir`` that cannot be written, this is said once, here: the run reads the
@@ -194,13 +206,13 @@ def warn_about_settings(cfg: DictConfig, warn: Callable[[str], None], is_main: b
     """
     for note in config_warnings(cfg):
         warn(note)
-    problem = cache.unwritable_warning(cfg) if cfg.get("cache") and is_main else None
+    problem = cache.unwritable_warning(cfg) if cfg.cache and is_main else None
     if problem is not None:
         warn(problem)
     return problem is None
 
 
-def _load_corpus(cfg: DictConfig, w: World, console: Console, warn: Callable[[str], None]) -> Corpus:
+def _load_corpus(cfg: Config, w: World, console: Console, warn: Callable[[str], None]) -> Corpus:
     corpus = None
     for turn in (True, False):  # rank 0 builds the token cache first, the others then read it
         if w.is_main == turn:
@@ -209,12 +221,12 @@ def _load_corpus(cfg: DictConfig, w: World, console: Console, warn: Callable[[st
     return corpus
 
 
-def _load_source(cfg: DictConfig, spec: Config, w: World, console: Console,
+def _load_source(spec: Config, w: World, console: Console,
                  warn: Callable[[str], None]) -> TrainingSource:
     """What the run trains on: the corpus of ``data`` (task=lm), or a task (with ``data``'s text for passkey)."""
     longest = max(eval_lengths(spec))
     needs_corpus = not is_task(spec) or spec.task.name in DATA_TASKS
-    corpus = _load_corpus(cfg, w, console, warn) if needs_corpus else None
+    corpus = _load_corpus(spec, w, console, warn) if needs_corpus else None
     if not is_task(spec):
         check_fits(corpus, spec.train_len, longest)
         return TrainingSource.of_corpus(corpus)
@@ -233,26 +245,28 @@ def _announce(spec: Config, model: GPT, source: TrainingSource, device: torch.de
                   highlight=False)
 
 
-def _train(cfg: DictConfig, spec: Config, model: GPT, source: TrainingSource, run_dir: Path, overrides: list[str],
-           w: World, resume: bool, on_log: LogHook) -> TrainResult:
+def _train(spec: Config, model: GPT, source: TrainingSource, run_dir: Path, overrides: list[str], w: World,
+           identity: RunHash, resume: bool, on_log: LogHook) -> TrainResult:
     sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else None
     try:
         return train(model, source.corpus, spec.train, run_dir, train_len=spec.train_len, seed=spec.seed,
-                     plan=PositionPlan(spec), config_hash=config_hash(cfg), compiled=spec.compile, resume=resume,
+                     plan=PositionPlan(spec), run_hash=identity, compiled=spec.compile, resume=resume,
                      sampler=sampler, on_log=on_log)
     except TrainingDiverged as e:
         if w.is_main:
-            write_run_status(run_dir, cfg, overrides, "diverged", e, source.info(), step=e.step)
+            write_run_status(run_dir, spec, overrides, "diverged", e, source.info(), step=e.step, identity=identity)
         raise
 
 
-def _evaluate_and_write(cfg: DictConfig, spec: Config, model: GPT, source: TrainingSource, device: torch.device,
-                        run_dir: Path, overrides: list[str], result: TrainResult, reused, console: Console) -> dict:
+def _evaluate_and_write(spec: Config, model: GPT, source: TrainingSource, device: torch.device, run_dir: Path,
+                        overrides: list[str], identity: RunHash, result: TrainResult, reused,
+                        console: Console) -> dict:
     if source.task is not None:
         rows, positions = evaluate_task(model, source.task, spec, device), None
     else:
         rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision)
-    results = {"run": provenance(cfg, overrides, source.info(), model, result), "rows": rows}
+    results: dict[str, Any] = {"run": provenance(spec, overrides, source.info(), model, result, identity),
+                               "rows": rows}
     if reused is not None:
         results["run"]["cached_from"] = reused.provenance()
         results["run"]["train"]["threads"] = reused.entry.get("threads")  # of the training, not this evaluation

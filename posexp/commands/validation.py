@@ -15,7 +15,7 @@ import math
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from posexp.config.schema import (
     DATASETS,
@@ -34,8 +34,8 @@ from posexp.config.schema import (
     default_max_position,
     eval_lengths,
     is_task,
-    to_container,
 )
+from posexp.config.identity import config_dict
 from posexp.data.corpus import BAD_FILE_CHOICES, data_kind, tokenizer_spec
 from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, options_schema, registry
@@ -73,7 +73,7 @@ def register_configs() -> None:
             cs.store(group="encoder", name=name, node=node)
 
 
-def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
+def validate(cfg: Config, memory: Optional[str] = "train") -> None:
     """Range and consistency checks a type cannot express. Raises :class:`ConfigError`.
 
     Args:
@@ -85,12 +85,12 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
     require(cfg.base > 1, "base", f"must be > 1 (got {cfg.base:g})")
     require(cfg.train_len > 0, "train_len", f"must be a positive integer (got {cfg.train_len})")
     require(cfg.seed >= 0, "seed", f"must be >= 0 (got {cfg.seed})")
-    if "base" in option_names(cfg.encoder.name):
-        require(cfg.encoder.base > 1, "base", f"must be > 1 (got {cfg.encoder.base:g})")
+    if "base" in option_names(cfg.encoder["name"]):
+        require(cfg.encoder["base"] > 1, "base", f"must be > 1 (got {cfg.encoder['base']:g})")
     check_shape(cfg.model)
     # the encoder checks its own options and their combinations, before any data is read
     encoder = build_encoder(cfg)
-    if cfg.get("finetune") is not None:
+    if cfg.finetune is not None:
         encoder = validate_finetune(cfg, encoder)
     check_fits_train_len(cfg, encoder)
 
@@ -104,15 +104,14 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
     require(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, "train.beta1/beta2", "must be in [0, 1)")
     require(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, 0 disables clipping (got {t.grad_clip})")
     # the top-level keys first: train.device / train.precision follow them unless set themselves
-    require(cfg.get("device", "auto") in DEVICES, "device",
-            f"unknown device {cfg.get('device')!r}; choose one of: {', '.join(DEVICES)}")
-    require(cfg.get("precision", "auto") in PRECISIONS, "precision",
-            f"unknown precision {cfg.get('precision')!r}; choose one of: {', '.join(PRECISIONS)}")
+    require(cfg.device in DEVICES, "device", f"unknown device {cfg.device!r}; choose one of: {', '.join(DEVICES)}")
+    require(cfg.precision in PRECISIONS, "precision",
+            f"unknown precision {cfg.precision!r}; choose one of: {', '.join(PRECISIONS)}")
     require(t.precision in PRECISIONS, "train.precision",
             f"unknown precision {t.precision!r}; choose one of: {', '.join(PRECISIONS)}")
     require(t.device in DEVICES, "train.device",
             f"unknown device {t.device!r}; choose one of: {', '.join(DEVICES)}")
-    check_compile(cfg.get("compile", "auto"))
+    check_compile(cfg.compile)
     require(t.threads is None or t.threads > 0, "train.threads", f"must be a positive integer (got {t.threads})")
     require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
     require(t.checkpoint_every >= 0, "train.checkpoint_every",
@@ -136,25 +135,25 @@ def validate(cfg: DictConfig, memory: Optional[str] = "train") -> None:
 
     validate_data(cfg)
     validate_task(cfg)
-    require(str(cfg.get("cache_dir", "outputs/cache")).strip() != "", "cache_dir",
+    require(str(cfg.cache_dir).strip() != "", "cache_dir",
             "must name a folder (absolute, or relative to the folder posexp is started in)")
     check_objective(cfg)
     if memory is not None:
         check_memory(cfg, training=memory == "train")
 
 
-def resolve_encoder(cfg: DictConfig) -> type:
+def resolve_encoder(cfg: Config) -> type:
     """The class of the run's encoder: a built-in, an installed plugin, or one of the module ``encoder.module``
     names (imported here, as in a process that did not compose the config: eval, resume, a launcher's worker).
 
     Raises:
         ConfigError: no such encoder, or its module cannot be imported.
     """
-    module = cfg.encoder.get(MODULE_KEY)
-    return load_plugin(str(cfg.encoder.name), str(module)) if module else get(str(cfg.encoder.name))
+    name, module = str(cfg.encoder["name"]), cfg.encoder.get(MODULE_KEY)
+    return load_plugin(name, str(module)) if module else get(name)
 
 
-def validate_finetune(cfg: DictConfig, parent_encoder: PositionalEncoder) -> PositionalEncoder:
+def validate_finetune(cfg: Config, parent_encoder: PositionalEncoder) -> PositionalEncoder:
     """A fine-tuned run's lineage: a longer ``train_len`` than the parent's, a scaling its encoding offers for
     training, a factor >= 1, and no evaluation-time scaling on top of a trained one.
 
@@ -177,11 +176,11 @@ def validate_finetune(cfg: DictConfig, parent_encoder: PositionalEncoder) -> Pos
     return extend_encoder(parent_encoder, cfg)
 
 
-def check_finite(cfg: DictConfig) -> None:
+def check_finite(cfg: Config) -> None:
     """Every number in the config is finite: ``base=inf`` or ``train.lr=nan`` would train (or evaluate) to
     numbers that mean nothing, and a result JSON cannot hold."""
     # top-level keys first: base=inf reaches encoder.base through ${base}, and the user typed base
-    for key, value in sorted(_leaves(to_container(cfg)), key=lambda kv: kv[0].count(".")):
+    for key, value in sorted(_leaves(config_dict(cfg)), key=lambda kv: kv[0].count(".")):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(key, f"must be a finite number (got {value})")
 
@@ -198,17 +197,17 @@ def _leaves(node, prefix: str = ""):
         yield prefix[:-1], node
 
 
-def check_fits_train_len(cfg: DictConfig, encoder: PositionalEncoder) -> None:
+def check_fits_train_len(cfg: Config, encoder: PositionalEncoder) -> None:
     """An encoding that represents fewer positions than ``train_len`` cannot train at that length."""
     if encoder.max_length is None or encoder.max_length >= cfg.train_len:
         return
-    options = option_names(cfg.encoder.name)
+    options = option_names(cfg.encoder["name"])
     key = next((f"encoder.{k}" for k in ("max_length", "bits") if k in options), "encoder")
-    raise ConfigError(key, f"encoder {cfg.encoder.name!r} represents positions 0..{encoder.max_length - 1}, "
+    raise ConfigError(key, f"encoder {cfg.encoder['name']!r} represents positions 0..{encoder.max_length - 1}, "
                            f"fewer than train_len={cfg.train_len}; raise {key} or lower train_len")
 
 
-def validate_positions(cfg: DictConfig, encoder) -> None:
+def validate_positions(cfg: Config, encoder) -> None:
     """``train.positions`` / ``train.curriculum`` and their options (posexp/positions.py)."""
     t = cfg.train
     require(t.positions in POSITION_SCHEMES, "train.positions",
@@ -223,7 +222,7 @@ def validate_positions(cfg: DictConfig, encoder) -> None:
                 f"from 0..max_position-1 (got {max_position})")
         if encoder.max_length is not None:
             require(max_position <= encoder.max_length, "train.max_position",
-                    f"positions up to {max_position - 1} are drawn, but encoder {cfg.encoder.name!r} represents "
+                    f"positions up to {max_position - 1} are drawn, but encoder {cfg.encoder['name']!r} represents "
                     f"0..{encoder.max_length - 1}; lower train.max_position or raise the encoder's length "
                     f"(e.g. encoder.max_length={max_position})")
     else:
@@ -236,16 +235,16 @@ def validate_positions(cfg: DictConfig, encoder) -> None:
                 f"must be in 0..train.steps = {t.steps} (got {t.curriculum_steps})")
     else:
         for key in ("curriculum_start_len", "curriculum_steps"):
-            require(t[key] is None, f"train.{key}", "only applies with train.curriculum=linear")
+            require(getattr(t, key) is None, f"train.{key}", "only applies with train.curriculum=linear")
 
 
-def _lengths_valid(cfg: DictConfig) -> bool:
+def _lengths_valid(cfg: Config) -> bool:
     e = cfg.eval
     values = e.lengths if e.lengths is not None else e.multiples
     return len(values) > 0 and all(v > 0 for v in values)
 
 
-def validate_data(cfg: DictConfig) -> None:
+def validate_data(cfg: Config) -> None:
     """``data.*`` and ``tokenizer.*``: a known loader, what it needs, a tokenizer it can build."""
     d = cfg.data
     kind = data_kind(d)
@@ -257,34 +256,31 @@ def validate_data(cfg: DictConfig) -> None:
     if kind == "text":
         require(d.path is not None and str(d.path).strip() != "", "data.path",
                 "data=text needs the text to train on: data.path=FILE_OR_DIR (UTF-8 text)")
-        require(d.get("on_bad_file", "error") in BAD_FILE_CHOICES, "data.on_bad_file",
-                f"must be one of: {', '.join(BAD_FILE_CHOICES)} (got {d.get('on_bad_file')!r})")
+        require(d.on_bad_file in BAD_FILE_CHOICES, "data.on_bad_file",
+                f"must be one of: {', '.join(BAD_FILE_CHOICES)} (got {d.on_bad_file!r})")
     if kind == "hf":
         require(d.name is not None and str(d.name).strip() != "", "data.name",
                 "data=hf needs a data set: data.name=OWNER/NAME (a Hub id, e.g. Salesforce/wikitext) or a local "
                 "folder (datasets' save_to_disk output, or data files)")
-        require(str(d.get("text_column") or "").strip() != "", "data.text_column",
+        require(str(d.text_column or "").strip() != "", "data.text_column",
                 "must name the data set's text column (e.g. text)")
-        require(str(d.get("train_split") or "").strip() != "", "data.train_split",
+        require(str(d.train_split or "").strip() != "", "data.train_split",
                 "must name the split to train on (e.g. train)")
-        require(d.get("max_train_docs") is None or d.max_train_docs > 0, "data.max_train_docs",
-                f"must be a positive number of rows, or null for all (got {d.get('max_train_docs')})")
+        require(d.max_train_docs is None or d.max_train_docs > 0, "data.max_train_docs",
+                f"must be a positive number of rows, or null for all (got {d.max_train_docs})")
     check_spec(tokenizer_spec(cfg))
 
 
-def validate_task(cfg: DictConfig) -> None:
+def validate_task(cfg: Config) -> None:
     """``task`` (posexp/tasks/): a known task, options and lengths it can build, eval keys of tasks, and a
     ``data`` it can use (the generated tasks read none; passkey reads bytes)."""
-    task_cfg = cfg.get("task")
-    if task_cfg is None:
-        return  # a config saved before tasks existed: language modelling
+    task_cfg = cfg.task
     check_task_name(str(task_cfg.name))
     if not is_task(cfg):
         return
     e, name = cfg.eval, str(task_cfg.name)
-    require(e.get("examples", 1) > 0, "eval.examples",
-            f"must be a positive number of instances per length (got {e.get('examples')})")
-    depths = list(e.get("depths") or [])
+    require(e.examples > 0, "eval.examples", f"must be a positive number of instances per length (got {e.examples})")
+    depths = list(e.depths or [])
     require(len(depths) > 0 and all(0 <= d <= 1 for d in depths), "eval.depths",
             f"must list depths in [0, 1] (0 = key before all the filler, 1 = right before the question; got {depths})")
     require(e.protocol == "nonoverlap", "eval.protocol",
@@ -305,13 +301,13 @@ def validate_task(cfg: DictConfig) -> None:
                 f"must hold one instance of task={name}: at least {task.shortest_length()} tokens (got {start})")
 
 
-def validate_eval(cfg: DictConfig, encoder=None) -> None:
+def validate_eval(cfg: Config, encoder=None) -> None:
     """Checks of the protocol and scaling keys that depend on the eval lengths and the encoder."""
     e = cfg.eval
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
-    check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder.name, encoder=encoder,
-                          rerope_window=e.get("rerope_window"), train_len=int(cfg.train_len))
-    check_window(e.get("window"), e.get("sinks"))
+    check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder["name"], encoder=encoder,
+                          rerope_window=e.rerope_window, train_len=int(cfg.train_len))
+    check_window(e.window, e.sinks)
 
 
 def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,
@@ -340,13 +336,13 @@ def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: s
                 "for eval length / train length at each length")
 
 
-def check_objective(cfg: DictConfig) -> None:
+def check_objective(cfg: Config) -> None:
     """``objective`` is ``longest``, ``mean`` or a positive integer eval length.
 
     Raises:
         ConfigError: naming ``objective`` and the allowed values.
     """
-    objective = cfg.get("objective", "longest")
+    objective = cfg.objective
     if isinstance(objective, str) and objective in OBJECTIVES:
         return
     if isinstance(objective, int) and not isinstance(objective, bool) and objective > 0:
@@ -355,7 +351,7 @@ def check_objective(cfg: DictConfig) -> None:
                                    f"(got {objective!r})")
 
 
-def config_warnings(cfg: DictConfig) -> list[str]:
+def config_warnings(cfg: Config) -> list[str]:
     """Settings that are allowed but probably not meant; the run goes on and says so."""
     t = cfg.train
     notes = []

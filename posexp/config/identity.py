@@ -1,15 +1,20 @@
-"""The run's identity: the one rule of what shapes the trained weights (:func:`weights_config`) and the
-hash of it that names a run in reports and keys the sweep cache (:func:`config_hash`).
+"""The run's identity: the config as recorded (:func:`config_dict`), the one rule of what shapes the trained
+weights (:func:`weights_config`) and the hash of it that names a run in reports (:func:`config_hash`).
+
+Run folders written before the hash covered only the weights carry hash format 1; :mod:`posexp.config.legacy`
+reads them, and nothing else does.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from dataclasses import dataclass
 
-from omegaconf import DictConfig
+from omegaconf import OmegaConf
 
-from posexp.config.schema import LM, default_max_position, eval_lengths, to_container
+from posexp.config.schema import LM, Config, default_max_position
 
 # The one rule: the resolved config shapes the trained weights, except these keys, each for its reason.
 # The sweep cache (training/cache.py) keys on it; the run-folder hash (config_hash) derives from it.
@@ -40,13 +45,34 @@ NOT_WEIGHTS: dict[str, str] = {
 MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True}
 
 
-def weights_config(cfg: DictConfig) -> dict:
-    """The resolved config less :data:`NOT_WEIGHTS`: everything that shapes the trained weights.
+# The hash format new runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json).
+# 1: written by posexp before format 2; it also covered train.threads and descriptions (posexp.config.legacy).
+# 2: weights_config less the top-level keys that reach the weights only through another key.
+HASH_FORMAT = 2
+
+# top-level keys format 2 leaves out: base reaches the weights as encoder.base, device and precision as
+# train.device and train.precision; compile runs the same step eagerly or compiled (up to rounding, as threads)
+HASH_OMITS = ("base", "device", "precision", "compile")
+
+
+def config_dict(cfg: Config) -> dict:
+    """The typed config as plain data, interpolations resolved: what results.json records, trackers are told,
+    and the hashes are computed from."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def weights_config(cfg: Config) -> dict:
+    """:func:`weights_of` the typed config: everything that shapes the trained weights."""
+    return weights_of(config_dict(cfg))
+
+
+def weights_of(config: dict) -> dict:
+    """A config as plain data less :data:`NOT_WEIGHTS`: everything that shapes the trained weights.
 
     A derived value that shapes them is made explicit: with ``train.positions=randomized`` and no
     ``train.max_position``, the range comes from the eval lengths (excluded above), so it is filled in.
     """
-    out = to_container(cfg)
+    out = copy.deepcopy(config)
     if out.get("compile") == "auto":
         # written as false, the value of every training cached before compile=auto: compiled or eager, a step
         # computes the same thing up to float rounding (as with train.threads), and auto is eager but on CUDA
@@ -67,37 +93,34 @@ def weights_config(cfg: DictConfig) -> dict:
         out.pop("task")  # language modelling, as before tasks existed: the cache keys of earlier runs hold
     t = out.get("train")
     if isinstance(t, dict) and t.get("positions") == "randomized" and t.get("max_position") is None:
-        t["max_position"] = default_max_position(cfg.train_len, max(eval_lengths(cfg)))
+        t["max_position"] = default_max_position(int(config["train_len"]), max(_eval_lengths(config)))
     return out
 
 
-# The run-folder hash (results.json's config_hash, checkpoints, resume) is format 1, kept byte for byte so
-# that every run folder written so far keeps its hash: it covers these top-level keys of weights_config
-# (base, device, precision and compile reach the weights through encoder.* and train.*; task only when it is
-# not lm, so language-modelling runs keep the hash they had before tasks existed), ...
-HASH_KEYS = ("encoder", "data", "tokenizer", "model", "train", "train_len", "seed", "task")
+def _eval_lengths(config: dict) -> list[int]:
+    """``eval.lengths``, else ``eval.multiples`` x ``train_len`` of a config as plain data."""
+    e = config.get("eval") or {}
+    if e.get("lengths") is not None:
+        return [int(n) for n in e["lengths"]]
+    return [int(m) * int(config["train_len"]) for m in e.get("multiples") or [1]]
 
 
-# ... with these keys put back, which format 1 hashed although they do not shape the weights ...
-HASH_ALSO = ("train.threads", "data.cache_dir", "data.description", "tokenizer.description")
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """16 hex digits of SHA-256 over what shapes the trained weights (:func:`weights_config`), format 1."""
-    written = to_container(cfg)
-    weights = weights_config(cfg)
-    relevant = {k: weights[k] for k in HASH_KEYS if k in weights}
-    for dotted in HASH_ALSO:
-        group, _, key = dotted.partition(".")
-        if isinstance(relevant.get(group), dict) and key in written.get(group, {}):
-            relevant[group][key] = written[group][key]
-    if isinstance(relevant.get("train"), dict) and "max_position" in written.get("train", {}):
-        # ... train.max_position as written (null: derived from the eval lengths) ...
-        relevant["train"]["max_position"] = written["train"]["max_position"]
-    if isinstance(relevant.get("encoder"), dict) and relevant["encoder"].get("lr_mult") == 1.0:
-        # ... and no encoder.lr_mult at the plain rate, which every run had before the option existed
-        relevant["encoder"].pop("lr_mult")
-    if weights.get("finetune") is not None:  # a fine-tuned run: its lineage shapes its weights
-        relevant["finetune"] = weights["finetune"]
-    blob = json.dumps(relevant, sort_keys=True, default=str)
+def config_hash(cfg: Config) -> str:
+    """16 hex digits of SHA-256 over what shapes the trained weights (:func:`weights_config`), format
+    :data:`HASH_FORMAT`."""
+    weights = {k: v for k, v in weights_config(cfg).items() if k not in HASH_OMITS}
+    blob = json.dumps({"hash_format": HASH_FORMAT, "weights": weights}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunHash:
+    """A run's config hash and the format it was computed in, recorded together wherever a run keeps its hash."""
+
+    value: str
+    format: int = HASH_FORMAT
+
+
+def run_hash(cfg: Config) -> RunHash:
+    """The hash a new run records: :func:`config_hash` in format :data:`HASH_FORMAT`."""
+    return RunHash(config_hash(cfg))

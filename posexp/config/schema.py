@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 
 
 def config_dir() -> Path:
@@ -208,6 +208,7 @@ class LoggerConfig:
 
 @dataclass
 class Config:
+    # the encoder's options: its own schema at compose time, a plain mapping (name, options) once typed
     encoder: Any = MISSING
     data: DataConfig = MISSING
     tokenizer: TokenizerConfig = MISSING
@@ -273,29 +274,16 @@ DATASETS = ("stdlib", "text", "hf")  # data.kind: the loaders
 OBJECTIVES = ("longest", "mean")  # objective: besides an eval length in tokens
 
 
-def eval_lengths(cfg: Config | DictConfig) -> list[int]:
+def eval_lengths(cfg: Config) -> list[int]:
     """``eval.lengths`` if given, else ``eval.multiples`` times ``train_len``; sorted, unique."""
     if cfg.eval.lengths is not None:
         return sorted(set(int(n) for n in cfg.eval.lengths))
     return sorted(set(int(m) * int(cfg.train_len) for m in cfg.eval.multiples))
 
 
-def typed(cfg: DictConfig) -> Config:
-    """The composed config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations
-    resolved: what commands hand down from the edge. ``encoder`` stays open (``Any``): the encoder's own schema
-    when Hydra composed it, a mapping when a saved run's config was merged; only the factory reads it."""
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-
-
-def to_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def is_task(cfg: Any) -> bool:
+def is_task(cfg: Config) -> bool:
     """Whether a run trains on a generated task (measured by accuracy) rather than language modelling."""
-    task = cfg.get("task") if hasattr(cfg, "get") else getattr(cfg, "task", None)
-    name = (task.get("name") if hasattr(task, "get") else getattr(task, "name", None)) if task is not None else None
-    return name is not None and str(name) != LM
+    return cfg.task.name != LM
 
 
 def default_max_position(train_len: int, longest_eval: int) -> int:

@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from posexp.config.schema import Config, DataConfig
 from posexp.data.hub import HubSource, build_hub, hub_key
 from posexp.data.local import build_local, source_key, stdlib_files, stdlib_root, text_source
 from posexp.data.tokenizer import TokenizerSpec, check_spec
@@ -40,38 +41,35 @@ KINDS = ("stdlib", "text", "hf")
 log = logging.getLogger("posexp.data")
 
 
-def data_kind(data: Any) -> str:
+def data_kind(data: DataConfig) -> str:
     """The loader of a ``data`` config: its ``kind`` key, else its name (configs written before ``kind``)."""
-    kind = data.get("kind") if hasattr(data, "get") else None
-    return str(kind or data.name)
+    return str(data.kind or data.name)
 
 
-def tokenizer_spec(cfg: Any) -> TokenizerSpec:
-    """The :class:`TokenizerSpec` of a run's config; ``byte`` for configs without a ``tokenizer`` group."""
-    t = cfg.get("tokenizer") if hasattr(cfg, "get") else None
-    if t is None:
-        return TokenizerSpec()
-    return TokenizerSpec(name=str(t.name), vocab_size=t.get("vocab_size"), min_frequency=int(t.get("min_frequency", 2)))
+def tokenizer_spec(cfg: Config) -> TokenizerSpec:
+    """The :class:`TokenizerSpec` of a run's config (``byte`` for a saved config from before tokenizers, which
+    the schema fills in)."""
+    t = cfg.tokenizer
+    return TokenizerSpec(name=t.name, vocab_size=t.vocab_size, min_frequency=t.min_frequency)
 
 
-def hub_source(data: Any) -> HubSource:
-    return HubSource(name=str(data.name), config=data.get("config"), revision=data.get("revision"),
-                     train_split=str(data.get("train_split", "train")), validation_split=data.get("validation_split"),
-                     text_column=str(data.get("text_column", "text")),
-                     separate_rows=bool(data.get("separate_rows", True)), max_train_docs=data.get("max_train_docs"))
+def hub_source(data: DataConfig) -> HubSource:
+    return HubSource(name=str(data.name), config=data.config, revision=data.revision, train_split=data.train_split,
+                     validation_split=data.validation_split, text_column=data.text_column,
+                     separate_rows=data.separate_rows, max_train_docs=data.max_train_docs)
 
 
 # data.on_bad_file: what data=text does with a file that is not UTF-8 text
 BAD_FILE_CHOICES = ("error", "skip")
 
 
-def corpus_from_config(cfg: Any, log: Log = None, warn: Log = None) -> Corpus:
+def corpus_from_config(cfg: Config, log: Log = None, warn: Log = None) -> Corpus:
     """Load (or build and cache) the corpus of a run's config: ``cfg.data`` tokenized by ``cfg.tokenizer``."""
     d = cfg.data
     kind = data_kind(d)
-    return load_corpus(kind, d.get("path"), float(d.val_fraction), d.get("cache_dir"), tokenizer=tokenizer_spec(cfg),
+    return load_corpus(kind, d.path, d.val_fraction, d.cache_dir, tokenizer=tokenizer_spec(cfg),
                        hub=hub_source(d) if kind == "hf" else None, log=log, warn=warn,
-                       skip_bad_files=d.get("on_bad_file", "error") == "skip")
+                       skip_bad_files=d.on_bad_file == "skip")
 
 
 def _slug(name: str) -> str:

@@ -147,7 +147,7 @@ def build_local(name: str, root: Path, files: list[Path], strict: bool, path: Op
         if spec.is_byte:
             train, val = joined[:cut].copy(), joined[cut:].copy()
             tokenizer = ByteTokenizer()
-            meta = dict(name=name, fingerprint=corpus_fingerprint(train, val, tokenizer), files=len(docs), val_files=0,
+            meta: dict[str, Any] = dict(name=name, fingerprint=corpus_fingerprint(train, val, tokenizer), files=len(docs), val_files=0,
                         split=split, source=source, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.name,
                         val_bytes=int(val.size))
             return Corpus(train=train, val=val, **meta), tokenizer

@@ -154,7 +154,7 @@ class PositionalEncoder(nn.Module):
             ConfigError: ``none`` for an encoding that cannot represent ``new_len`` positions.
         """
         if kind != "none":
-            return self.with_scaling(kind, factor, train_len)  # type: ignore[attr-defined]
+            return self.with_scaling(kind, factor, train_len)  # the scaling encoders' own
         if not self.supports(new_len):
             raise ConfigError("train_len", f"encoder {self.name!r} represents positions 0..{self.max_length - 1}, "
                                            f"fewer than train_len={new_len}, and scaling=none keeps it as it is")

@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import types
 import logging
 import os
 import sys
@@ -70,7 +71,7 @@ def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> objec
         raise ConfigError("encoder.module", f"importing {module} failed: {type(e).__name__}: {e}") from None
 
 
-def encoder_classes(module: object) -> List[Type[PositionalEncoder]]:
+def encoder_classes(module: types.ModuleType) -> List[Type[PositionalEncoder]]:
     """The :class:`PositionalEncoder` subclasses ``module`` defines itself (not those it imports)."""
     return [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, PositionalEncoder)
             and c.__module__ == module.__name__]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -75,7 +75,7 @@ def eval_instances(task: Task, length: int, count: int, depth: Optional[float] =
     so a depth gets the same instances whatever other depths are measured with it."""
     key = [_EVAL_STREAM, length] + ([] if depth is None else [1, int(round(float(depth) * 10**6))])
     rng = np.random.default_rng(key)
-    options = {"split": "val"}
+    options: dict[str, Any] = {"split": "val"}
     if depth is not None:
         options["depth"] = depth
     return task.instances(length, count, rng, **options)

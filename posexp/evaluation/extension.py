@@ -95,7 +95,7 @@ def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int)
     check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), encoder)
     if kind == NONE:
         return encoder
-    return encoder.with_scaling(kind, float(factor), int(train_len))
+    return encoder.with_scaling(kind, float(factor), int(train_len))  # type: ignore[operator]  # checked above
 
 
 __all__ = ["FINETUNE_SCALINGS", "NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor",

@@ -8,7 +8,6 @@ import time
 from typing import Callable, Optional
 
 import torch
-from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -20,25 +19,22 @@ from posexp.runtime.precision import bf16_is_native, resolve_precision
 from posexp.training.progress import PARTS, clock_time
 
 
-def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
+def evaluate_config(model, val, cfg: Config, device: torch.device,
                     console: Optional[Console] = None,
                     trained_in: Optional[str] = None) -> tuple[list[dict], Optional[list[dict]]]:
     """Rows (and per-position records, unless ``eval.loss_by_position`` is off) for the ``eval`` group of ``cfg``.
 
-    ``cfg`` is typed, or a run's saved config as written, which may predate keys added since (their defaults).
     ``trained_in`` is the dtype the run trained in (results.json's ``train.precision``), which evaluation
     keeps; without it, what ``train.precision`` resolves to without a measurement.
     """
     e = cfg.eval
-    positions: Optional[list[dict]] = [] if getattr(e, "loss_by_position", True) else None
+    positions: Optional[list[dict]] = [] if e.loss_by_position else None
     log = (lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)) if console is not None else None
     progress = EvalProgress(console, eval_lengths(cfg)) if console is not None else None
     try:
         rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens),
-                        device, protocol=e.protocol, stride=getattr(e, "stride", None),
-                        last_k=getattr(e, "last_k", None), scaling=getattr(e, "scaling", "none"),
-                        scaling_factor=getattr(e, "scaling_factor", None),
-                        rerope_window=getattr(e, "rerope_window", None), positions=positions,
+                        device, protocol=e.protocol, stride=e.stride, last_k=e.last_k,
+                        scaling=e.scaling, scaling_factor=e.scaling_factor, rerope_window=e.rerope_window, positions=positions,
                         log=log, position_plan=PositionPlan(cfg), progress=progress,
                         dtype=eval_dtype(cfg, device, trained_in),  # losses accumulate in fp32 anyway
                         window=window_of(getattr(e, "window", None), getattr(e, "sinks", None)))
@@ -48,7 +44,7 @@ def evaluate_config(model, val, cfg: Config | DictConfig, device: torch.device,
     return rows, positions
 
 
-def eval_dtype(cfg: Config | DictConfig, device: torch.device, trained_in: Optional[str]) -> torch.dtype:
+def eval_dtype(cfg: Config, device: torch.device, trained_in: Optional[str]) -> torch.dtype:
     """The autocast dtype of an evaluation: for ``precision=auto``, the one the run trained in (which a probe
     may have chosen) unless that is bf16 and ``device`` would only emulate it; else what ``train.precision``
     resolves to on ``device``."""

@@ -7,17 +7,17 @@ and a fine-tuned run's encoder is extended one way everywhere (:func:`extend_enc
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 import torch
-from omegaconf import DictConfig
 
-from posexp.config.schema import to_container
+from posexp.config.schema import Config
 from posexp.encoders import PositionalEncoder, create
 from posexp.model.gpt import GPT, ModelShape
 
 
-def build_encoder(cfg: DictConfig) -> PositionalEncoder:
+def build_encoder(cfg: Config) -> PositionalEncoder:
     """The encoder of ``cfg.encoder`` for the model of ``cfg.model``, bound to its layers.
 
     For a fine-tuned run this is the parent's encoder as the parent trained it; :func:`extend_encoder`
@@ -26,13 +26,13 @@ def build_encoder(cfg: DictConfig) -> PositionalEncoder:
     Raises:
         ConfigError: an unknown option, a value out of range, or options that do not go together.
     """
-    options = {k: v for k, v in to_container(cfg.encoder).items() if k != "name"}
-    encoder = create(cfg.encoder.name, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
+    options = {k: v for k, v in cfg.encoder.items() if k != "name"}
+    encoder = create(cfg.encoder["name"], d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
     encoder.for_layers(int(cfg.model.n_layers))
     return encoder
 
 
-def extend_encoder(encoder: PositionalEncoder, cfg: DictConfig) -> PositionalEncoder:
+def extend_encoder(encoder: PositionalEncoder, cfg: Config) -> PositionalEncoder:
     """A fine-tuned run's encoder: the parent's, extended from its training length to ``train_len`` by
     ``finetune.scaling`` (:meth:`~posexp.encoders.contract.PositionalEncoder.extended`); ``encoder`` itself for a
     run trained from scratch.
@@ -40,7 +40,7 @@ def extend_encoder(encoder: PositionalEncoder, cfg: DictConfig) -> PositionalEnc
     Raises:
         ConfigError: the encoding cannot be extended that way.
     """
-    ft = cfg.get("finetune")
+    ft = cfg.finetune
     if ft is None:
         return encoder
     extended = encoder.extended(str(ft.scaling), float(ft.scaling_factor), int(ft.parent_train_len),
@@ -49,12 +49,12 @@ def extend_encoder(encoder: PositionalEncoder, cfg: DictConfig) -> PositionalEnc
     return extended
 
 
-def model_shape(cfg: DictConfig, vocab_size: int) -> ModelShape:
+def model_shape(cfg: Config, vocab_size: int) -> ModelShape:
     """``cfg.model`` with the tokenizer's vocabulary size."""
-    return ModelShape(vocab_size=vocab_size, **to_container(cfg.model))
+    return ModelShape(vocab_size=vocab_size, **dataclasses.asdict(cfg.model))
 
 
-def build_model(cfg: DictConfig, vocab_size: int, init: Optional[Callable[[GPT], None]] = None) -> GPT:
+def build_model(cfg: Config, vocab_size: int, init: Optional[Callable[[GPT], None]] = None) -> GPT:
     """The encoder from ``cfg.encoder`` inside a GPT of shape ``cfg.model``, initialised from ``cfg.seed``.
 
     Args:

@@ -35,7 +35,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from posexp.config.schema import Config, default_max_position, eval_lengths
 
@@ -74,23 +73,23 @@ class PositionPlan:
     """The positions and lengths of a run's training steps and evaluation windows.
 
     Args:
-        cfg: the run's config, typed or as Hydra composed it (``train.positions``, ``train.max_position``,
+        cfg: the run's typed config (``train.positions``, ``train.max_position``,
             ``train.curriculum``, ``train.curriculum_start_len``, ``train.curriculum_steps``,
             ``train_len``, ``seed``).
     """
 
-    def __init__(self, cfg: Config | DictConfig):
+    def __init__(self, cfg: Config):
         t = cfg.train
         self.seed = int(cfg.seed)
         self.train_len = int(cfg.train_len)
-        self.scheme = str(getattr(t, "positions", None) or "contiguous")
+        self.scheme = t.positions
         self.max_position: Optional[int] = None
         if self.scheme == "randomized":
-            self.max_position = int(getattr(t, "max_position", None)
+            self.max_position = int(t.max_position
                                     or default_max_position(self.train_len, max(eval_lengths(cfg))))
-        self.curriculum = str(getattr(t, "curriculum", None) or "none")
-        self.start_len = int(getattr(t, "curriculum_start_len", None) or default_start_len(self.train_len))
-        steps = getattr(t, "curriculum_steps", None)
+        self.curriculum = t.curriculum
+        self.start_len = int(t.curriculum_start_len or default_start_len(self.train_len))
+        steps = t.curriculum_steps
         self.warmup_steps = int(steps if steps is not None else int(t.steps) // 2)
 
     @property

@@ -10,7 +10,7 @@ import math
 import os
 import textwrap
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from posexp.plots.style import FIG_HEIGHT_IN, new_figure, save_png
 from posexp.plots.perplexity import draw_series, finish_by_length
@@ -37,7 +37,11 @@ def plot_accuracy_vs_length(series: Sequence[AccuracySeries], path: str | os.Pat
     ticks, _, any_gaps = draw_series(ax, series, named, value=_value, what="accuracies")
     return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
                             title=title, named=named, n_series=len(series), legend_below=len(series) > 6,
-                            legend_cols=2, y_axis=lambda a: a.set_ylim(-3, 103))
+                            legend_cols=2, y_axis=_percent_axis)
+
+
+def _percent_axis(ax: Any) -> None:
+    ax.set_ylim(-3, 103)
 
 
 def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],

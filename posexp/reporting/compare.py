@@ -147,7 +147,7 @@ def comparable(group: Group) -> bool:
     return not any(f in NOT_COMPARABLE or f.startswith("status:") for f in group.flags)
 
 
-def pick_reference(groups: list[Group], filters: list[Filter]) -> Optional[Group]:
+def pick_reference(groups: Sequence[Group], filters: list[Filter]) -> Optional[Group]:
     """The group ``filters`` name (all its runs match), else the first comparable group.
 
     Raises:
@@ -163,7 +163,7 @@ def pick_reference(groups: list[Group], filters: list[Filter]) -> Optional[Group
                                     + "; ".join(g.label for g in candidates))
 
 
-def compare_groups(groups: list[Group], metrics: list[Metric], reference: Group,
+def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Group,
                    by: Sequence[str] = ()) -> Comparison:
     """Each group's values of ``metrics`` (``Group.values``) against ``reference``'s.
 
@@ -337,7 +337,7 @@ def comparison_json(comparison: Comparison) -> dict:
     }
 
 
-def best_groups(groups: list[Group], higher: bool, stats: list[Any]) -> set[int]:
+def best_groups(groups: Sequence[Group], higher: bool, stats: list[Any]) -> set[int]:
     """Indexes of the groups with the best mean in one column (ties all marked); empty with fewer than two values
     or when all are equal."""
     values = {i: s.mean for i, (g, s) in enumerate(zip(groups, stats))

@@ -168,7 +168,8 @@ def _group_cells(report: Report, group: Group) -> list[tuple[str, Optional[Stat]
     """(text when not a number, stat, decimals) for every column of a group's line."""
     keys: list[tuple[str, Optional[Stat], int]]
     if report.by:
-        keys = [(_show(group.key.get(k)), None, 0) for k in report.by] + [(str(group.n), None, 0)]
+        keys = [(_show(group.key.get(k)), None, 0) for k in report.by]
+        keys.append((str(group.n), None, 0))
     else:
         keys = [(group.label, None, 0)]
     cells = [("", group.cells.get(n, Stat()), 2) for n in report.lengths]

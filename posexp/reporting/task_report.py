@@ -84,7 +84,7 @@ def run_accuracy(run: Run, name: str = "exact_match"
     for r in run.rows:
         if row_metric(r) == ACCURACY and r.get("scaling") is None and r.get("window") is None:
             by_length.setdefault(int(r["length"]), []).append(r)
-    out = {}
+    out: dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]] = {}
     for length, rows in by_length.items():
         values = [r.get(name) for r in rows]
         if not all(r.get("applicable", True) for r in rows) or any(v is None for v in values):

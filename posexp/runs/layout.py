@@ -23,7 +23,7 @@ the process ends, however it ends, so a killed run never leaves its folder locke
 
 This module is the one place that names those files, reads or merges them, and claims run folders.
 It must stay torch-free (``posexp report`` and ``posexp list`` import it): it
-imports only the standard library, omegaconf/yaml, :mod:`posexp.errors` and
+imports only the standard library, yaml, :mod:`posexp.errors` and
 :mod:`posexp.runs.atomic`.
 """
 
@@ -39,7 +39,6 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
@@ -119,7 +118,7 @@ def runs_under(root: str | os.PathLike) -> list[Path]:
     once, so a link that points back up cannot loop.
     """
     found, seen = [], set()
-    for folder, dirnames, filenames in os.walk(root, followlinks=True):
+    for folder, dirnames, filenames in os.walk(os.fspath(root), followlinks=True):
         real = os.path.realpath(folder)
         if real in seen:
             dirnames[:] = []
@@ -453,31 +452,6 @@ def read_training_curve(run_dir: str | os.PathLike) -> tuple[list[float], list[f
 
 
 # -- the saved config and overrides ---------------------------------------------------------------
-
-
-def read_saved_config(run_dir: str | os.PathLike) -> DictConfig:
-    """A run's ``.hydra/config.yaml`` as written by Hydra, or a :class:`PosexpError` naming the file.
-
-    Shared by ``posexp resume`` and ``posexp eval``, so a damaged file gets the same
-    one-line message from both instead of a YAML traceback.
-    """
-    import yaml
-    from omegaconf.errors import OmegaConfBaseException
-
-    path = Path(run_dir) / HYDRA_CONFIG
-    try:
-        loaded = OmegaConf.load(path)
-    except yaml.YAMLError as e:
-        raise PosexpError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    except (OSError, UnicodeDecodeError, ValueError, OmegaConfBaseException) as e:
-        raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
-    if not isinstance(loaded, DictConfig):
-        raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
-    encoder = loaded.get("encoder")
-    if isinstance(encoder, DictConfig) and "lr_mult" not in encoder:
-        # written before encoder.lr_mult existed: the encoder trained at train.lr (t5's default is now 10)
-        encoder.lr_mult = 1.0
-    return loaded
 
 
 def read_config_dict(run_dir: str | os.PathLike) -> dict:

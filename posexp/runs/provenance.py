@@ -5,18 +5,18 @@ Also the results.json of a run that did not finish (failed, diverged), so report
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig
 
 import posexp
-from posexp.config.identity import config_hash
-from posexp.config.schema import to_container
+from posexp.config.identity import RunHash, config_dict, run_hash
+from posexp.config.schema import Config
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import write_results_json
@@ -44,18 +44,18 @@ def versions() -> dict:
     return {"posexp": posexp.__version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
-def encoder_source(cfg: DictConfig) -> Optional[dict]:
-    """A plugin encoder's code: module, class, file, SHA-256 of the file, distribution and version where it
-    was installed (:func:`posexp.encoders.plugins.source_record`); None for a built-in."""
+def encoder_source(name: str) -> Optional[dict]:
+    """Encoder ``name``'s code when it is a plugin: module, class, file, SHA-256 of the file, distribution and
+    version where it was installed (:func:`posexp.encoders.plugins.source_record`); None for a built-in."""
     from posexp.encoders import source_record
 
-    return source_record(str(cfg.encoder.name))
+    return source_record(str(name))
 
 
-def write_encoder_source(run_dir: Path, cfg: DictConfig) -> None:
-    """Record a plugin encoder's code in the run folder as training starts, for ``posexp resume`` to compare
-    with (results.json records it too, once the run finishes); nothing for a built-in."""
-    record = encoder_source(cfg)
+def write_encoder_source(run_dir: Path, name: str) -> None:
+    """Record plugin encoder ``name``'s code in the run folder as training starts, for ``posexp resume`` to
+    compare with (results.json records it too, once the run finishes); nothing for a built-in."""
+    record = encoder_source(name)
     if record is not None:
         atomic_write_json(run_dir / ENCODER_SOURCE, record)
 
@@ -77,7 +77,8 @@ def run_label(overrides: list[str]) -> str:
     return " ".join(overrides) if overrides else "default"
 
 
-def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, train_result) -> dict:
+def provenance(cfg: Config, overrides: list[str], corpus_info: dict, model, train_result, identity: RunHash) -> dict:
+    """results.json's ``run``: what the run was, and ``identity``, the hash (and its format) its folder records."""
     base = getattr(model.encoder, "base", None)
     return {
         "label": run_label(overrides),
@@ -86,9 +87,10 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
         "base": base,
         "train_len": int(cfg.train_len),
         "seed": int(cfg.seed),
-        "config": to_container(cfg),
-        "config_hash": config_hash(cfg),
-        **({"encoder_source": plugin} if (plugin := encoder_source(cfg)) else {}),
+        "config": config_dict(cfg),
+        "config_hash": identity.value,
+        "hash_format": identity.format,
+        **({"encoder_source": plugin} if (plugin := encoder_source(cfg.encoder["name"])) else {}),
         **corpus_info,
         "eval_settings": eval_settings(cfg),
         **lineage(cfg),
@@ -110,39 +112,45 @@ def provenance(cfg: DictConfig, overrides: list[str], corpus_info: dict, model, 
     }
 
 
-def lineage(cfg: DictConfig) -> dict:
+def lineage(cfg: Config) -> dict:
     """A fine-tuned run's parent, scaling and budget (``posexp finetune``); {} for a run trained from scratch.
 
     ``parent``, ``scaling`` and ``scaling_factor`` are top-level keys of results.json's ``run``, so that
     ``posexp report --by scaling`` groups by them; ``finetune`` holds the whole record.
     """
-    ft = cfg.get("finetune")
+    ft = cfg.finetune
     if ft is None:
         return {}
     t = cfg.train
-    record = {**to_container(ft), "train_len": int(cfg.train_len), "steps": int(t.steps),
+    record = {**dataclasses.asdict(ft), "train_len": int(cfg.train_len), "steps": int(t.steps),
               "tokens": int(t.steps) * int(t.batch_size) * int(cfg.train_len), "lr": float(t.lr)}
     return {"parent": str(ft.parent), "scaling": str(ft.scaling), "scaling_factor": float(ft.scaling_factor),
             "parent_train_len": int(ft.parent_train_len), "finetune": record}
 
 
-def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], status: str, error: BaseException,
-                     corpus_info: Optional[dict] = None, step: Optional[int] = None) -> Path:
+def write_run_status(run_dir: Path, cfg: Optional[Config], overrides: list[str], status: str, error: BaseException,
+                     corpus_info: Optional[dict] = None, step: Optional[int] = None,
+                     identity: Optional[RunHash] = None) -> Path:
     """A ``results.json`` without rows for a run that did not finish: ``status`` "failed" or "diverged".
 
     It carries what is known of the run and ``error`` (message, type, step), so
     ``posexp report`` and the sweep summary list the run with its reason instead
-    of silently dropping it.
+    of silently dropping it. ``identity`` is the hash the run's checkpoints record (a new run's by default).
     """
-    run = {"label": run_label(overrides), "overrides": list(overrides), "status": status,
-           "error": {"message": str(error), "type": type(error).__name__,
-                     **({"step": int(step)} if step is not None else {})},
-           "versions": versions(),
-           "python_version": platform.python_version(), "git_commit": git_commit()}
-    try:  # the config itself may be what failed
-        run.update({"encoder": cfg.encoder.name, "train_len": int(cfg.train_len), "seed": int(cfg.seed),
-                    "config": to_container(cfg), "config_hash": config_hash(cfg), "eval_settings": eval_settings(cfg)})
-        if (plugin := encoder_source(cfg)) is not None:
+    run: dict[str, Any] = {
+        "label": run_label(overrides), "overrides": list(overrides), "status": status,
+        "error": {"message": str(error), "type": type(error).__name__,
+                  **({"step": int(step)} if step is not None else {})},
+        "versions": versions(), "python_version": platform.python_version(), "git_commit": git_commit()}
+    if cfg is None:  # the config itself is what failed
+        return write_results_json(run_dir, {"run": {**run, **(corpus_info or {})}, "rows": []}, default=str)
+    try:
+        run.update({"encoder": cfg.encoder["name"], "train_len": int(cfg.train_len), "seed": int(cfg.seed),
+                    "config": config_dict(cfg)})
+        identity = identity or run_hash(cfg)
+        run.update({"config_hash": identity.value, "hash_format": identity.format,
+                    "eval_settings": eval_settings(cfg)})
+        if (plugin := encoder_source(cfg.encoder["name"])) is not None:
             run["encoder_source"] = plugin
     except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
         pass
@@ -150,22 +158,22 @@ def write_run_status(run_dir: Path, cfg: DictConfig, overrides: list[str], statu
     return write_results_json(run_dir, {"run": run, "rows": []}, default=str)
 
 
-def eval_settings(cfg: DictConfig) -> dict:
+def eval_settings(cfg: Config) -> dict:
     """The evaluation settings the report compares runs by; keys beyond tokens/protocol only when in use."""
     e = cfg.eval
     settings = {"tokens": int(e.tokens), "protocol": e.protocol}
-    if e.get("stride") is not None:
+    if e.stride is not None:
         settings["stride"] = int(e.stride)
-    if e.get("last_k") is not None:
+    if e.last_k is not None:
         settings["last_k"] = int(e.last_k)
-    if e.get("scaling", "none") != "none":
+    if e.scaling != "none":
         settings["scaling"] = e.scaling
-        if e.get("scaling_factor") is not None:
+        if e.scaling_factor is not None:
             settings["scaling_factor"] = float(e.scaling_factor)
-        if e.get("rerope_window") is not None:
+        if e.rerope_window is not None:
             settings["rerope_window"] = int(e.rerope_window)
-    if e.get("window") is not None:  # a window baseline (posexp/model/window.py)
+    if e.window is not None:  # a window baseline (posexp/model/window.py)
         settings["window"] = int(e.window)
-        if e.get("sinks") is not None:
+        if e.sinks is not None:
             settings["sinks"] = int(e.sinks)
     return settings

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
@@ -177,7 +177,7 @@ def results_csv(results: dict) -> str:
 
 # The per-run table's columns: (header, justify, dropped first on a narrow terminal). The headers are
 # short so that eight columns of numbers fit 80 characters; results.md spells them out.
-RESULT_COLUMNS = [("length", "right", False), ("×train", "right", False), ("evaluation", "left", False),
+RESULT_COLUMNS: list[tuple[str, Literal["left", "right"], bool]] = [("length", "right", False), ("×train", "right", False), ("evaluation", "left", False),
                   ("ppl", "right", False), ("95% CI", "left", False), ("loss", "right", False),
                   ("tok/s", "right", True), ("MiB", "right", True)]
 

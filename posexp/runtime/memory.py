@@ -21,8 +21,8 @@ import sys
 from typing import Iterator, Optional
 
 import torch
-from omegaconf import DictConfig
 
+from posexp.config.schema import Config, eval_lengths, is_task
 from posexp.errors import ConfigError, PosexpError
 from posexp.runtime.device import resolve_device
 from posexp.runtime.precision import resolve_precision
@@ -145,7 +145,7 @@ def parameters_lower_bound(model, vocab_size: int) -> int:
     return int(model.n_layers) * (4 * d * d + 2 * d * hidden) + vocab_size * d
 
 
-def training_bytes_lower_bound(cfg: DictConfig, vocab_size: int, activation_bytes: int,
+def training_bytes_lower_bound(cfg: Config, vocab_size: int, activation_bytes: int,
                                processes: int = 1) -> tuple[int, int]:
     """Bytes one process must hold to train ``cfg``: ``(weights and optimizer, activations)``, both lower bounds.
 
@@ -190,7 +190,7 @@ def memory_capacity(device) -> Optional[tuple[int, str]]:
     return ram, "this machine's RAM"
 
 
-def check_memory(cfg: DictConfig, training: bool = True) -> None:
+def check_memory(cfg: Config, training: bool = True) -> None:
     """Refuse a model whose weights (and, to train, gradients, optimizer state and activations) cannot fit in
     the memory of the run's device, before anything is allocated.
 
@@ -209,7 +209,7 @@ def check_memory(cfg: DictConfig, training: bool = True) -> None:
     if capacity is None:
         return
     available, where = capacity
-    symbols = _task_option(cfg, "symbols")
+    symbols = cfg.task.symbols if is_task(cfg) else None
     # bytes (a byte-level BPE vocabulary has these 256 and may end up smaller than asked for); a task's alphabet
     vocab_size = 256 if symbols is None else int(symbols)
     _check_task_examples(cfg, available, where)
@@ -240,18 +240,11 @@ def check_memory(cfg: DictConfig, training: bool = True) -> None:
                                           "train_len, model.d_model or model.n_layers")
 
 
-def _task_option(cfg: DictConfig, key: str) -> Optional[int]:
-    value = (cfg.get("task") or {}).get(key)
-    return None if value is None else int(value)
-
-
-def _check_task_examples(cfg: DictConfig, available: int, where: str) -> None:
+def _check_task_examples(cfg: Config, available: int, where: str) -> None:
     """A task's evaluation holds its ``eval.examples`` instances at an eval length as one int64 array at least:
     refuse a count whose array alone cannot fit."""
-    if not (cfg.get("task") or {}).get("name"):
+    if not is_task(cfg):
         return
-    from posexp.config.schema import eval_lengths
-
     examples, longest = int(cfg.eval.examples), max(eval_lengths(cfg))
     need = 8 * examples * longest
     if need > available:

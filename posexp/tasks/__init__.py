@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
+from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
 from posexp.tasks.addition import Addition
 from posexp.tasks.task import PAD, Instances, Task
@@ -39,7 +40,7 @@ def check_task_name(name: str) -> None:
         raise ConfigError("task", f"unknown task {name!r}; choose one of: {', '.join(TASK_NAMES)}")
 
 
-def build_task(task_cfg: Any, train: Optional[np.ndarray] = None, val: Optional[np.ndarray] = None) -> Task:
+def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Optional[np.ndarray] = None) -> Task:
     """The task of a run's ``task`` group; ``train`` / ``val`` are ``data``'s token splits (passkey's filler).
 
     Raises:
@@ -50,21 +51,16 @@ def build_task(task_cfg: Any, train: Optional[np.ndarray] = None, val: Optional[
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
     cls = TASKS[name]
-    min_size, symbols = _option(task_cfg, "min_size", None), _option(task_cfg, "symbols", None)
+    min_size, symbols = task_cfg.min_size, task_cfg.symbols
     if cls is Passkey:
         if symbols is not None:
             raise ConfigError("task.symbols", "task=passkey has no alphabet to size; drop task.symbols")
         empty = np.zeros(0, dtype=np.int64)
         return Passkey(train if train is not None else empty, val if val is not None else empty,
-                       int(_option(task_cfg, "digits", DEFAULT_DIGITS)), min_size)
-    if int(_option(task_cfg, "digits", DEFAULT_DIGITS)) != DEFAULT_DIGITS:
+                       int(task_cfg.digits), min_size)
+    if int(task_cfg.digits) != DEFAULT_DIGITS:
         raise ConfigError("task.digits", f"only applies to task=passkey (the task is {name}); drop task.digits")
     return cls(symbols, min_size)
-
-
-def _option(task_cfg: Any, key: str, default: Any) -> Any:
-    """A key of the task group: typed (a dataclass), or a saved config's mapping that may predate the key."""
-    return task_cfg.get(key, default) if hasattr(task_cfg, "get") else getattr(task_cfg, key, default)
 
 
 def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:

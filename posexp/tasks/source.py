@@ -8,11 +8,12 @@ never asks which of the two it has.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
-from posexp.config.schema import eval_lengths
+from posexp.config.schema import Config, eval_lengths
 from posexp.data.tokens import Corpus
 from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_fingerprint
+from posexp.tasks.passkey import Passkey
 
 DATA_TASKS = ("passkey",)  # tasks that read data (their filler); the others generate everything
 
@@ -31,7 +32,7 @@ class TrainingSource:
         return cls(corpus.vocab_size, corpus.fingerprint, corpus=corpus)
 
     @classmethod
-    def of_task(cls, cfg: Any, corpus: Optional[Corpus] = None) -> "TrainingSource":
+    def of_task(cls, cfg: Config, corpus: Optional[Corpus] = None) -> "TrainingSource":
         """The task of ``cfg.task`` (passkey's filler from ``corpus``), checked against the run's lengths.
 
         Raises:
@@ -40,7 +41,7 @@ class TrainingSource:
         task = build_task(cfg.task, corpus.train if corpus is not None else None,
                           corpus.val if corpus is not None else None)
         check_task_lengths(task, int(cfg.train_len), eval_lengths(cfg))
-        if corpus is not None and task.name in DATA_TASKS:
+        if corpus is not None and isinstance(task, Passkey):  # DATA_TASKS
             task.check_filler(task.size_for(int(cfg.train_len)), "train")
             task.check_filler(task.size_for(max(eval_lengths(cfg))), "val")
         data = corpus.fingerprint if corpus is not None and task.name in DATA_TASKS else None

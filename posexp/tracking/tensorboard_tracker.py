@@ -45,7 +45,7 @@ class TensorBoardTracker(Tracker):
         import yaml
 
         for summary in hparams(flat_config(config), {"train/loss": None}):
-            self.writer.file_writer.add_summary(summary)
+            self.writer.file_writer.add_summary(summary)  # type: ignore[attr-defined]  # set in __init__
         text = yaml.safe_dump(config, sort_keys=False)
         self.writer.add_text("config", "```yaml\n" + text + "```", 0)
 

@@ -47,10 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 import posexp
 from posexp.config.identity import weights_config
+from posexp.config.schema import Config
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_bytes, atomic_write_json, unwritable
 from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
@@ -61,7 +60,7 @@ log = logging.getLogger("posexp.cache")
 FORMAT = 1
 ENTRY_FILE = "entry.json"
 # an entry holds the run folder's weights and training curve under the run folder's names
-def cache_key(cfg: DictConfig, corpus_fingerprint: str) -> str:
+def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
     """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions; for a plugin
     encoder also the SHA-256 of its source file (an edited encoder is another training). Built-in encoders'
     keys are as they were before plugins existed: posexp's version stands for their code."""
@@ -71,16 +70,16 @@ def cache_key(cfg: DictConfig, corpus_fingerprint: str) -> str:
 
     key = {"format": FORMAT, "config": weights_config(cfg), "corpus": corpus_fingerprint,
            "posexp": posexp.__version__, "torch": torch.__version__}
-    plugin = source_record(str(cfg.encoder.name))
+    plugin = source_record(str(cfg.encoder["name"]))
     if plugin is not None:
         key["encoder_source"] = plugin["sha256"]
     blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cache_root(cfg: DictConfig) -> Path:
+def cache_root(cfg: Config) -> Path:
     """``cache_dir`` as an absolute path; a relative one is taken from the folder posexp was started in."""
-    root = Path(str(cfg.get("cache_dir") or "outputs/cache")).expanduser()
+    root = Path(cfg.cache_dir or "outputs/cache").expanduser()
     if root.is_absolute():
         return root
     start = os.getcwd()
@@ -94,7 +93,7 @@ def cache_root(cfg: DictConfig) -> Path:
     return Path(start) / root
 
 
-def unwritable_warning(cfg: DictConfig) -> Optional[str]:
+def unwritable_warning(cfg: Config) -> Optional[str]:
     """What to tell the user when ``cache_dir`` cannot be written (the run then reads the cache but stores
     nothing), or None when it can."""
     root = cache_root(cfg)
@@ -166,7 +165,7 @@ def _usable(path: Path, key: str) -> bool:
     return entry is not None and sha256_file(path / WEIGHTS_FILE) == entry["sha256"]
 
 
-def lookup(cfg: DictConfig, corpus_fingerprint: str) -> Optional[CacheEntry]:
+def lookup(cfg: Config, corpus_fingerprint: str) -> Optional[CacheEntry]:
     """The cache entry of ``cfg``'s training key, or None (no entry, or one that cannot be used)."""
     key = cache_key(cfg, corpus_fingerprint)
     path = cache_root(cfg) / key
@@ -194,7 +193,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def store(cfg: DictConfig, corpus_fingerprint: str, run_dir: Path, result) -> Optional[Path]:
+def store(cfg: Config, corpus_fingerprint: str, run_dir: Path, result) -> Optional[Path]:
     """Publish a finished training of ``run_dir`` as ``cache_dir/<key>/``; None if it could not be written.
 
     Call only after training ended normally and the final checkpoint was written. A failure

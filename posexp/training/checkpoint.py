@@ -9,7 +9,7 @@ A run folder's ``checkpoint/`` holds
   current logging interval). The data position is the step itself: the batch of
   step s is a function of (seed, s), see :class:`posexp.data.corpus.BatchSampler`;
 - ``resume.json``: which step pair is the latest complete one, with the SHA-256 of
-  both files and the config hash of the run.
+  both files and the config hash of the run with its format.
 
 Each file is written to a temporary name and renamed into place, and
 ``resume.json`` is renamed last, so a kill at any moment leaves the previous
@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from posexp.config.identity import RunHash
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from posexp.runs.layout import CHECKPOINT_DIR, WEIGHTS_FILE, sha256_file
@@ -45,7 +46,8 @@ _LOAD_ERRORS = (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueEr
 
 def rng_states() -> dict:
     """Every RNG a training step may draw from, as tensors and plain values (``weights_only``-loadable)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: Any = np.random.get_state()
+    name, keys, pos, has_gauss, cached = state
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -81,7 +83,7 @@ def save_weights(model: torch.nn.Module, path: Path, config_hash: str, step: int
 
 
 def save_final(model: torch.nn.Module, run_dir: Path, meta: dict) -> Path:
-    """``checkpoint/model.safetensors`` and ``meta.json`` (config hash, steps, SHA-256 of the weights)."""
+    """``checkpoint/model.safetensors`` and ``meta.json`` (config hash and its format, steps, SHA-256 of the weights)."""
     ckpt = run_dir / CHECKPOINT_DIR
     digest = save_weights(model, ckpt / WEIGHTS_FILE, str(meta.get("config_hash", "")), int(meta.get("steps", 0)))
     atomic_write_json(ckpt / META_FILE, {**meta, "sha256": digest})
@@ -143,7 +145,7 @@ def parent_weights(finetune: Any) -> Callable[[torch.nn.Module], None]:
 
 # -- resumable trainer state -----------------------------------------------------------------------
 
-def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], config_hash: str) -> Path:
+def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], run_hash: RunHash) -> Path:
     """Write the weights and trainer state of step ``state["step"]``, then point ``resume.json`` at them.
 
     Older step files are removed once the new pointer is in place.
@@ -152,13 +154,13 @@ def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], co
     step = int(state["step"])
     stem = f"step-{step:08d}"
     weights = ckpt / f"{stem}.safetensors"
-    weights_sha = save_weights(model, weights, config_hash, step)
+    weights_sha = save_weights(model, weights, run_hash.value, step)
     buf = io.BytesIO()
-    torch.save({**state, "format": STATE_FORMAT, "config_hash": config_hash}, buf)
+    torch.save({**state, "format": STATE_FORMAT, "config_hash": run_hash.value}, buf)
     data = buf.getvalue()
     state_file = ckpt / f"{stem}.state.pt"
     atomic_write_bytes(state_file, data)
-    pointer = {"format": STATE_FORMAT, "step": step, "config_hash": config_hash,
+    pointer = {"format": STATE_FORMAT, "step": step, "config_hash": run_hash.value, "hash_format": run_hash.format,
                "weights": weights.name, "weights_sha256": weights_sha,
                "state": state_file.name, "state_sha256": hashlib.sha256(data).hexdigest()}
     path = atomic_write_json(ckpt / RESUME_FILE, pointer)
@@ -207,7 +209,7 @@ def restart_hint(run_dir: Path) -> str:
 
 
 def load_resume(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                config_hash: str, device: torch.device) -> Optional[dict]:
+                run_hash: RunHash, device: torch.device) -> Optional[dict]:
     """Load the latest resumable checkpoint into ``model`` and ``optimizer``; returns the trainer state.
 
     Returns:
@@ -223,11 +225,11 @@ def load_resume(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Op
         return None
     ckpt = run_dir / CHECKPOINT_DIR
     hint = restart_hint(run_dir)
-    if pointer["config_hash"] != config_hash:
+    if pointer["config_hash"] != run_hash.value:
         raise PosexpError(f"{ckpt / RESUME_FILE}: written by a run with a different config (config hash "
-                          f"{pointer['config_hash']}, this run's .hydra/config.yaml hashes to {config_hash}); "
+                          f"{pointer['config_hash']}, this run's .hydra/config.yaml hashes to {run_hash.value}); "
                           f"was the config or the checkpoint folder changed? {hint}")
-    load_weights(model, ckpt / pointer["weights"], config_hash, hint, sha256=pointer["weights_sha256"],
+    load_weights(model, ckpt / pointer["weights"], run_hash.value, hint, sha256=pointer["weights_sha256"],
                  device=str(device))
     state_path = ckpt / pointer["state"]
     if not state_path.is_file():

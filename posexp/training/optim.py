@@ -7,6 +7,7 @@ Both take the typed :class:`posexp.config.schema.TrainConfig` (``lr``, ``warmup_
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimi
             by_mult.setdefault(1.0, []).append(p)
     groups = [{"params": decay, "weight_decay": t.weight_decay, "lr_mult": 1.0}]
     groups += [{"params": ps, "weight_decay": 0.0, "lr_mult": mult} for mult, ps in sorted(by_mult.items())]
-    hyper = {"lr": t.lr, "betas": (t.beta1, t.beta2)}
+    hyper: dict[str, Any] = {"lr": t.lr, "betas": (t.beta1, t.beta2)}
     try:
         return torch.optim.AdamW(groups, fused=True, **hyper)
     except (RuntimeError, TypeError, ValueError):  # no fused kernel for this torch or device

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from posexp.config.identity import RunHash
 from posexp.training.checkpoint import load_resume, rng_states, save_resume, set_rng_states
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -43,7 +44,7 @@ class TrainState:
     precision: str = ""  # the dtype of the forward pass (float32 / bfloat16), which a resumed precision=auto keeps
 
     @classmethod
-    def begin(cls, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config_hash: str,
+    def begin(cls, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_hash: RunHash,
               device: torch.device, resume: bool, total_steps: int) -> tuple["TrainState", bool]:
         """A fresh state, or with ``resume`` the run's latest checkpoint loaded into it, ``model`` and ``optimizer``.
 
@@ -54,7 +55,7 @@ class TrainState:
             PosexpError: a resumable checkpoint that cannot be used.
         """
         if resume:
-            loaded = cls.load(run_dir, model, optimizer, config_hash, device)
+            loaded = cls.load(run_dir, model, optimizer, run_hash, device)
             if loaded is not None:
                 log.info("resumed at step %d of %d", loaded.step, total_steps)
                 return loaded, True
@@ -63,14 +64,14 @@ class TrainState:
         return state, False
 
     @classmethod
-    def load(cls, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config_hash: str,
+    def load(cls, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_hash: RunHash,
              device: torch.device) -> Optional["TrainState"]:
         """The state of the latest resumable checkpoint, with its weights, optimizer and RNG states restored.
 
         Returns:
             None when the run folder has no resumable checkpoint.
         """
-        saved = load_resume(run_dir, model, optimizer, config_hash, device)
+        saved = load_resume(run_dir, model, optimizer, run_hash, device)
         if saved is None:
             return None
         state = cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
@@ -93,10 +94,10 @@ class TrainState:
                      optimizer=optimizer.state_dict(), rng=rng_states(), threads=torch.get_num_threads())
         return saved
 
-    def save(self, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config_hash: str,
+    def save(self, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_hash: RunHash,
              elapsed_s: float) -> Path:
         """Write the weights and this state as the run's latest resumable checkpoint; returns ``resume.json``."""
-        return save_resume(run_dir, model, self.saved_form(optimizer, elapsed_s), config_hash)
+        return save_resume(run_dir, model, self.saved_form(optimizer, elapsed_s), run_hash)
 
     def advance(self, loss: torch.Tensor, tokens: int) -> None:
         """Count one finished step of ``tokens`` tokens whose mean loss is ``loss`` (on the device: no sync)."""

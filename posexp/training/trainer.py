@@ -32,13 +32,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from posexp.config.identity import RunHash
 from posexp.config.schema import TrainConfig
 from posexp.data.corpus import BatchSampler, Corpus
 from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
@@ -97,7 +98,7 @@ def loss_module(model: GPT, device: torch.device, compiled: bool = False) -> tor
         if not torch._dynamo.is_dynamo_supported():
             raise ConfigError("compile", "torch.compile does not support this Python / torch build; "
                                          "drop compile=true")
-        net = torch.compile(net)  # compiled at the first step (about 20 s on a CPU), then reused
+        net = torch.compile(net)  # type: ignore[assignment]  # a module still; compiled at the first step (about 20 s on a CPU), then reused
     return net
 
 
@@ -181,7 +182,7 @@ class StopOnSignal:
 
     def __init__(self):
         self.received: Optional[int] = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopOnSignal":
         if threading.current_thread() is threading.main_thread():
@@ -386,13 +387,13 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) ->
 
 
 def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
-          plan: PositionPlan, config_hash: str, compiled: object = False, console: Optional[Console] = None,
+          plan: PositionPlan, run_hash: RunHash, compiled: object = False, console: Optional[Console] = None,
           resume: bool = False, sampler: Optional["Sampler"] = None, on_log: Optional[LogHook] = None) -> TrainResult:
     """Train ``model`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens (``corpus.train`` or ``sampler``).
 
     Args:
         t, train_len, seed: the run's ``train`` settings, training context length, and the seed of the batches.
-        plan, config_hash: randomized positions / curriculum (off by default); the hash checkpoints record.
+        plan, run_hash: randomized positions / curriculum (off by default); the hash checkpoints record.
         compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.device.step_settings`).
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
         sampler: the batches when they are not windows of ``corpus`` (a task's ``TaskSampler``).
@@ -412,7 +413,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     console = console or Console(stderr=True)
     if w.is_main:
         warn_if_slow_bf16(t.precision, device, console)
-    state, resumed = TrainState.begin(run_dir, model, opt, config_hash, device, resume, t.steps)
+    state, resumed = TrainState.begin(run_dir, model, opt, run_hash, device, resume, t.steps)
     choice = training_precision(model, t, train_len, device, saved=state.precision if resumed else None)
     state.precision, dtype = choice.name, choice.dtype  # a checkpoint keeps the choice for a resumed run
     sampler = sampler or BatchSampler(corpus.train, train_len, t.batch_size, seed)
@@ -427,7 +428,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     def checkpoint() -> None:
         guard.check_weights(model, state.step, schedule.saved_step)
         if w.is_main:
-            state.save(run_dir, model, opt, config_hash, report.elapsed_s())
+            state.save(run_dir, model, opt, run_hash, report.elapsed_s())
         schedule.saved(state.step)
         log.info("checkpoint at step %d", state.step)
 

@@ -126,7 +126,7 @@ def check_speed(make_encoder: EncoderFactory, probe: Probe) -> Check:
     for name, factory in (("rope", lambda d, h: create("rope", d, h)), ("it", make_encoder)):
         models[name] = build_model(factory, probe, shape=shape)
     idx = torch.randint(256, (1, train_len), generator=torch.Generator().manual_seed(0))
-    times = {name: [] for name in models}
+    times: dict[str, list[float]] = {name: [] for name in models}
     for round_ in range(SPEED_ROUNDS + 1):  # interleaved, in alternating order; the first round a warm-up
         for name in sorted(models, reverse=bool(round_ % 2)):
             seconds = _seconds(models[name], idx)

@@ -48,7 +48,7 @@ def transformers_scaling(kind: str, dim: int, base: float, train_len: int, facto
     seq_len = int(factor * train_len)
     if kind == "ntk":  # the static NTK-aware base is transformers' dynamic type at factor 1 read at s * L tokens
         return transformers_rope("dynamic", dim, base, train_len, 1.0, seq_len=seq_len)
-    extra = {"original_max_position_embeddings": train_len} if kind in ("yarn", "llama3") else {}
+    extra: dict[str, float] = {"original_max_position_embeddings": train_len} if kind in ("yarn", "llama3") else {}
     if kind == "llama3":
         extra.update(low_freq_factor=1.0, high_freq_factor=4.0)
     return transformers_rope(_HF_TYPES[kind], dim, base, train_len, factor, seq_len=seq_len, **extra)

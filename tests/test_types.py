@@ -1,0 +1,37 @@
+"""The type checker is part of the test command: mypy, configured in pyproject.toml, passes on the package, and
+is strict enough to refuse the raw Hydra config where a command's typed config is expected."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mypy")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mypy(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_package_type_checks():
+    done = _mypy()
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_raw_hydra_config_where_the_typed_one_is_annotated_is_refused(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from omegaconf import OmegaConf\n"
+                     "from posexp.model.factory import build_model\n"
+                     "from posexp.data.corpus import tokenizer_spec\n"
+                     "def run() -> None:\n"
+                     "    cfg = OmegaConf.create({})\n"
+                     "    build_model(cfg, 256)\n"
+                     "    tokenizer_spec(cfg)\n")
+    done = _mypy(str(probe))
+    assert done.returncode == 1
+    assert done.stdout.count('incompatible type "DictConfig"; expected "Config"') == 2, done.stdout
