@@ -1,5 +1,6 @@
 """The one place posexp reaches into Hydra's private API (``hydra._internal``): reading a command line as
-``@hydra.main`` will, so that posexp checks it (and claims the run folder) before Hydra runs the job.
+``@hydra.main`` will, so that posexp checks it (and claims the run folder) before Hydra runs the job, and
+starting Hydra on posexp's configs with the user's own folders in front, as ``--config-dir`` does.
 
 Hydra 1.3 offers no public parser of its own flags; if a Hydra release moves it, this module is what changes.
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-from hydra._internal.utils import get_args_parser
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path, get_args_parser
+from hydra.core.config_search_path import SearchPathQuery
 
 
 def parse_command_line(args: Sequence[str]) -> Optional[argparse.Namespace]:
@@ -19,3 +22,12 @@ def parse_command_line(args: Sequence[str]) -> Optional[argparse.Namespace]:
         return get_args_parser().parse_args(list(args))
     except SystemExit:
         return None
+
+
+def start_hydra(primary: str, user_dirs: Sequence[str]) -> None:
+    """(Re)create the global Hydra on the config folder ``primary`` with ``user_dirs`` searched before it,
+    where ``--config-dir`` puts its folder. The caller clears the global Hydra first and restores it after."""
+    search_path = create_config_search_path(primary)
+    for folder in reversed(list(user_dirs)):
+        search_path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
+    Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)

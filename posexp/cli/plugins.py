@@ -46,13 +46,13 @@ def user_config_dirs(args: Sequence[str]) -> List[Path]:
     Raises:
         PosexpError: a named folder does not exist.
     """
-    from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    try:
-        ns = get_args_parser().parse_args(list(args))
-    except SystemExit:
+    from posexp.cli.hydra_adapter import parse_command_line
+
+    ns = parse_command_line(args)
+    if ns is None:
         return []  # Hydra's argparse reports it
     named = [("--config-dir", ns.config_dir)] if ns.config_dir else []
     for arg in ns.overrides:
@@ -122,19 +122,13 @@ def initialize_configs(dirs: Sequence[Path] = ()) -> Iterator[None]:
     """Hydra initialised on posexp's configs with the user's folders ``dirs`` before them, as
     ``--config-dir`` places its folder; inside, ``compose`` and the config loader see both."""
     from hydra import initialize_config_dir
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
+    from posexp.cli.hydra_adapter import start_hydra
     from posexp.config.schema import config_dir
 
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         if dirs:
-            search_path = create_config_search_path(str(config_dir()))
-            for folder in reversed(dirs):
-                search_path.prepend(provider="command-line", path=f"file://{folder}",
-                                    anchor=SearchPathQuery(provider="schema"))
             GlobalHydra.instance().clear()  # initialize_config_dir's exit restores what was there before
-            Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+            start_hydra(str(config_dir()), [str(d) for d in dirs])
         yield

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
