@@ -87,8 +87,8 @@ def test_score_mod_adds_to_the_score_and_keeps_its_dtype(compose):
 
 def _models(compose, name: str, block: int):
     # head width 16: the narrowest FlexAttention's kernels take
-    cfg = compose(f"encoder={name}", "model.d_model=64", f"model.n_heads={H}", "model.n_layers=2",
-                  f"model.attn_block_size={block}")
+    cfg = typed(compose(f"encoder={name}", "model.d_model=64", f"model.n_heads={H}", "model.n_layers=2",
+                        f"model.attn_block_size={block}"))
     model = build_model(cfg, 64).eval()
     with torch.no_grad():
         for p in model.encoder.parameters():

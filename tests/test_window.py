@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from posexp.commands.edge import typed
 from posexp.errors import ConfigError
 from posexp.evaluation.perplexity import evaluate
 from posexp.model.factory import build_model
@@ -23,6 +24,16 @@ from posexp.runs.layout import merge_rows, row_key
 
 VOCAB = 64
 
+
+
+@pytest.fixture
+def compose(compose):
+    """The composed config as the commands hand it down: typed (``compose.raw``: as Hydra composes it)."""
+    def typed_compose(*overrides):
+        return typed(compose(*overrides))
+
+    typed_compose.raw = compose
+    return typed_compose
 
 def _model(compose, encoder: str, n_layers: int = 1, block: int = 8):
     # head width 16, the narrowest FlexAttention tiles; query blocks of 8, so a length of 37 spans five
@@ -184,14 +195,14 @@ def test_posexp_eval_refuses_bad_windows_in_one_line(compose, overrides, key):
     from posexp.commands.validation import validate
 
     with pytest.raises(ConfigError) as e:
-        validate(apply_eval_overrides(compose(), parse_eval_overrides(overrides)), memory=None)
+        validate(typed(apply_eval_overrides(compose.raw(), parse_eval_overrides(overrides))), memory=None)
     assert e.value.key == key and "\n" not in str(e.value)
 
 
 def test_posexp_eval_window_null_drops_the_sinks_it_was_trained_with(compose):
     from posexp.commands.eval import apply_eval_overrides, parse_eval_overrides
 
-    trained = compose("eval.window=128", "eval.sinks=4")
+    trained = compose.raw("eval.window=128", "eval.sinks=4")
     cfg = apply_eval_overrides(trained, parse_eval_overrides(["eval.window=null"]))
     assert cfg.eval.window is None and cfg.eval.sinks is None
 
