@@ -226,8 +226,9 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
     # data (a config mistake such as train.steps=0 is refused before any job starts)
     (tmp_path / "big.txt").write_text(Path(json.__file__).read_text(encoding="utf-8") * 20, encoding="utf-8")
     (tmp_path / "tiny.txt").write_text("def f():\n    return 1\n", encoding="utf-8")
+    # train.threads=null: the launcher's share of the cores is what this test checks
     proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY_RUN, *TINY, "data=text",
-                   "data.path=big.txt,tiny.txt", "hydra.sweep.dir=sweep", cwd=tmp_path)
+                   "data.path=big.txt,tiny.txt", "train.threads=null", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "1 sweep job(s) failed" in proc.stderr and "sweep/1" in proc.stderr
     ok, failed = _results(tmp_path / "sweep" / "0"), _results(tmp_path / "sweep" / "1")
