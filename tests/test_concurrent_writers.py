@@ -114,8 +114,8 @@ def test_sigterm_during_an_evaluation_says_what_was_kept_and_how_to_finish(train
     before = (run / "results.json").read_bytes()
     proc = subprocess.Popen([sys.executable, "-m", "posexp", "eval", str(run), "eval.lengths=[32,64,128,256,512]",
                              "eval.tokens=400000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # stopped once it is measuring, not while it starts
-        if line.startswith("evaluated length"):
+    for line in proc.stdout:  # stopped once it is measuring (its header printed), not while it starts
+        if line.startswith("posexp eval"):
             break
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

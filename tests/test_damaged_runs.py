@@ -433,7 +433,7 @@ def test_eval_of_a_failed_sweep_job_that_kept_its_weights_writes_its_rows(traine
     shutil.copytree(trained, run)
     recorded = json.loads((run / "results.json").read_text())["run"]
     failed = {k: recorded[k] for k in ("label", "overrides", "encoder", "train_len", "seed", "config",
-                                       "config_hash", "eval_settings") if k in recorded}
+                                       "config_hash", "hash_format", "eval_settings") if k in recorded}
     failed.update(status="failed", error={"message": "out of memory", "type": "RuntimeError"})
     write_results_json(run, {"run": failed, "rows": []})
     result = invoke("eval", str(run), "eval.lengths=[40]", columns=200)

@@ -251,9 +251,9 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
 
     _failed_jobs.clear()
     args = expand_home(args)
-    user_dirs = _user_encoders(args)
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]
+    user_dirs = _user_encoders(args)  # Hydra's parser, which reads the folders, knows no --overwrite
     missing = missing_plugin(args)
     if missing:
         _fail(PosexpError(missing))
