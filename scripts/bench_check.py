@@ -16,23 +16,12 @@ import argparse
 import io
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def in_process(name: str) -> dict:
@@ -76,7 +65,9 @@ def main() -> None:
         rows.append({"encoder": name, "seconds": round(m["seconds"], 2), **counts})
         print(f"| {name} | {m['seconds']:.1f} | {counts['pass']} | {counts['fail']} | {counts['n/a']} |", flush=True)
     total = time.perf_counter() - start
-    where = f"{cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    from posexp.runtime.precision import cpu_name
+
+    where = f"{cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
     mode = "one `posexp check` command each" if args.cli else "one process"
     print(f"\n{len(names)} encodings in {total:.1f} s ({mode}); {where}")
     if args.json:

@@ -158,14 +158,9 @@ def machine() -> str:
     """The machine a study ran on, in words: CPU, cores, Python and torch."""
     import torch  # only when a study runs: --help and --dry-run stay quick
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from posexp.runtime.precision import cpu_name
+
+    cpu = cpu_name()
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return f"{cpu}, {torch.get_num_threads()} threads{gpu}, Python {platform.python_version()}, torch {torch.__version__}"
 
