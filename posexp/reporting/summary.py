@@ -87,9 +87,9 @@ def report_main(
         raise ConfigError("--format", f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    lm_dirs, task_report = _split_tasks(find_runs(paths), by, metrics, where)
-    _check_metrics_apply(metrics, bool(lm_dirs), task_report is not None)
-    lm_metrics = split_task_metrics(metrics)[0] if metrics is not None else None
+    lm_metrics, task_metrics = split_task_metrics(metrics)
+    lm_dirs, task_report = _split_tasks(find_runs(paths), by, task_metrics, where)
+    _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
     report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
                           strict=strict, baseline=baseline) if lm_dirs else None
     console = console or Console()
@@ -154,10 +154,9 @@ def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
     return folder
 
 
-def _check_metrics_apply(metrics, lm_runs: bool, task_runs: bool) -> None:
+def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_runs: bool, task_runs: bool) -> None:
     """A ``--metric`` of a kind no selected run has (acc@2x of perplexity runs, ratio of task runs) is an error
     naming the metrics that apply, not an empty column or a table without it."""
-    lm, task = split_task_metrics(metrics)
     if lm and not lm_runs:
         raise ConfigError("--metric", f"{', '.join(lm)}: metrics of perplexity runs, and the runs selected are task "
                                       f"runs; their metrics: {TASK_METRIC_HELP}")
@@ -166,7 +165,8 @@ def _check_metrics_apply(metrics, lm_runs: bool, task_runs: bool) -> None:
                                       f"model runs; their metrics: {METRIC_HELP}")
 
 
-def _split_tasks(run_dirs: list[Path], by, metrics, where) -> tuple[list[Path], Optional[TaskReport]]:
+def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where
+                 ) -> tuple[list[Path], Optional[TaskReport]]:
     """The language-modelling run folders, and the report of the task runs among ``run_dirs`` (None: none)."""
     lm_dirs, task_runs = [], []
     filters = parse_where(where)
@@ -183,7 +183,7 @@ def _split_tasks(run_dirs: list[Path], by, metrics, where) -> tuple[list[Path], 
     if not task_runs:
         return lm_dirs, None
     by_keys = [k for k in parse_by(by) if k not in ("task", "task.name")]  # one table per task anyway
-    return lm_dirs, build_task_report(task_runs, by_keys, split_task_metrics(metrics)[1])
+    return lm_dirs, build_task_report(task_runs, by_keys, task_metrics)
 
 
 def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool) -> None:
