@@ -293,3 +293,52 @@ def test_posexp_check_takes_the_users_config_folder(project):
     assert proc.returncode == 0, proc.stderr
     checks = {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}
     assert checks["causality"] == "pass" and checks["absolute positions"] == "pass"
+
+
+ROTARY_PLUGIN = '''
+from posexp.encoders.rope import RoPE
+
+
+class HalfRope(RoPE):
+    """RoPE from outside posexp: acts inside attention, so ``encoder=mixed`` can use it as a layer."""
+'''
+
+
+def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "run"
+    trained = run_cli("train", "encoder=mixed", "encoder.layers=[rope,halfrope]", *TINY, "precision=fp32",
+                      "train.threads=1", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    run = json.loads((out / "results.json").read_text())["run"]
+    assert "encoder_source" not in run  # the encoder is the built-in mix; its plugin layer is what is recorded
+    record = run["layer_sources"]["halfrope"]
+    assert (record["distribution"], record["class"]) == ("half-rope", "HalfRope")
+    assert record["sha256"] == hashlib.sha256((site / "half_rope.py").read_bytes()).hexdigest()
+    assert set(run["layer_sources"]) == {"halfrope"}  # rope is built-in
+
+    (site / "half_rope.py").write_text(ROTARY_PLUGIN + "\n# edited after training\n")
+    changed = run_cli("eval", str(out), "eval.tokens=256", cwd=tmp_path)
+    assert changed.returncode != 0
+    assert "the source of encoder 'halfrope' changed" in changed.stderr and "Traceback" not in changed.stderr
+    allowed = run_cli("eval", str(out), "eval.tokens=256", "--allow-changed-encoder", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+
+
+def test_a_plugin_layer_changes_the_cache_key_and_builtin_mixes_keep_theirs(tmp_path, registry_state, monkeypatch,
+                                                                              compose):
+    from posexp.commands.edge import typed
+    from posexp.training.cache import cache_key
+
+    site = tmp_path / "site"
+    _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)
+    monkeypatch.syspath_prepend(str(site))
+    registry_state._loaded["entry_points"] = False
+    builtin = typed(compose("encoder=mixed", "encoder.layers=[rope,none]"))
+    mixed = typed(compose("encoder=mixed", "encoder.layers=[rope,halfrope]"))
+    key, builtin_key = cache_key(mixed, "corpus"), cache_key(builtin, "corpus")
+    (site / "half_rope.py").write_text(ROTARY_PLUGIN + "\n# edited\n")
+    assert cache_key(mixed, "corpus") != key  # an edited layer is another training
+    assert cache_key(builtin, "corpus") == builtin_key

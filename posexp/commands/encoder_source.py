@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 from posexp.encoders import load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
 from posexp.errors import PosexpError
-from posexp.runs.provenance import recorded_encoder_source
+from posexp.runs.provenance import recorded_sources
 
 ALLOW_FLAG = "--allow-changed-encoder"
 
@@ -31,7 +31,8 @@ def _import_root(recorded: dict) -> list[str]:
 
 def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Optional[dict] = None,
                          allow_changed: bool = False, warn: Optional[Callable[[str], None]] = None) -> None:
-    """A run trained with a plugin encoder can be rebuilt here from the same code.
+    """A run trained with plugin encoders (the encoder itself, or a mix's layers) can be rebuilt here from the
+    same code.
 
     Args:
         encoder: the run's ``encoder`` config (its ``module`` names a module plugin's module).
@@ -39,16 +40,20 @@ def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Opt
         allow_changed: go on with a changed source, with a warning (the user's ``--allow-changed-encoder``).
 
     Raises:
-        PosexpError: one line: the plugin cannot be imported here, or its source changed since the run was trained.
+        PosexpError: one line: a plugin cannot be imported here, or its source changed since the run was trained.
     """
-    recorded = recorded_encoder_source(run_dir, results)
-    if recorded is None:
-        return  # a built-in encoder: posexp's version and commit say what its code was
     name = str(encoder["name"])
+    for plugin, recorded in recorded_sources(run_dir, name, results).items():
+        module = encoder.get(MODULE_KEY) if plugin == name else None
+        _check_one(run_dir, plugin, recorded, module, allow_changed, warn)
+
+
+def _check_one(run_dir: Path, name: str, recorded: dict, module: Optional[str], allow_changed: bool,
+               warn: Optional[Callable[[str], None]]) -> None:
+    """One plugin encoder ``name``: importable here, and its source file's SHA-256 the one the run recorded."""
     where = f"{recorded.get('module')}, {recorded.get('file')}" + (
         f", {recorded['distribution']} {recorded.get('version')}" if recorded.get("distribution") else "")
     try:
-        module = encoder.get(MODULE_KEY)
         if module:
             load_plugin(name, str(module), roots=_import_root(recorded))
         now = source_record(name) or {}

@@ -164,7 +164,7 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
         model = build_model(spec, source.vocab_size, init=start)
     _announce(spec, model, source, device, w, run_dir, console)
     if w.is_main and not resume:
-        write_encoder_source(run_dir, spec.encoder["name"])
+        write_encoder_source(run_dir, spec.encoder)
     with _tracked(spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
         reused = distributed.broadcast(cache.lookup(spec, source.fingerprint)) if spec.cache and not resume else None

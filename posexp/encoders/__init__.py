@@ -26,7 +26,7 @@ import logging
 import pkgutil
 import typing
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Type
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Type
 
 from posexp.encoders import plugins
 from posexp.encoders.contract import PositionalEncoder, relative_distance
@@ -126,6 +126,15 @@ def source_record(name: str) -> Optional[dict]:
     """What a run records of a plugin encoder's code (:func:`posexp.encoders.plugins.source_record`); None for
     a built-in."""
     return plugins.source_record(get(name))
+
+
+def plugin_sources(encoder: Mapping[str, Any]) -> Dict[str, dict]:
+    """The source record of every plugin encoder an ``encoder`` config builds, by registry name: the encoder
+    itself, or each distinct layer of a ``mixed`` one; {} when all of them are built-in."""
+    names = [str(encoder["name"])]
+    if names[0] == "mixed":
+        names = list(dict.fromkeys(str(layer) for layer in (encoder.get("layers") or [])))
+    return {name: record for name in names if name in registry() and (record := source_record(name)) is not None}
 
 
 def origin(name: str) -> str:

@@ -10,7 +10,7 @@ import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -44,33 +44,45 @@ def versions() -> dict:
     return {"posexp": posexp.__version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
-def encoder_source(name: str) -> Optional[dict]:
-    """Encoder ``name``'s code when it is a plugin: module, class, file, SHA-256 of the file, distribution and
-    version where it was installed (:func:`posexp.encoders.plugins.source_record`); None for a built-in."""
-    from posexp.encoders import source_record
+def source_fields(encoder: Mapping[str, Any]) -> dict:
+    """What results.json records of the plugin code an ``encoder`` config builds: ``encoder_source`` (module,
+    class, file, SHA-256, and distribution and version where installed) for a plugin encoder,
+    ``layer_sources`` (layer name → the same record) for a ``mixed`` one with plugin layers; {} for built-ins,
+    whose code posexp's version and commit name."""
+    from posexp.encoders import plugin_sources
 
-    return source_record(str(name))
-
-
-def write_encoder_source(run_dir: Path, name: str) -> None:
-    """Record plugin encoder ``name``'s code in the run folder as training starts, for ``posexp resume`` to
-    compare with (results.json records it too, once the run finishes); nothing for a built-in."""
-    record = encoder_source(name)
-    if record is not None:
-        atomic_write_json(run_dir / ENCODER_SOURCE, record)
+    sources = plugin_sources(encoder)
+    if not sources:
+        return {}
+    name = str(encoder["name"])
+    return {"encoder_source": sources[name]} if name in sources else {"layer_sources": sources}
 
 
-def recorded_encoder_source(run_dir: Path, results: Optional[dict] = None) -> Optional[dict]:
-    """The plugin encoder's code a run was trained with: from results.json, else from the record written when
-    training started; None for a built-in encoder (or a run written before plugins existed)."""
-    recorded = ((results or {}).get("run") or {}).get("encoder_source")
-    if isinstance(recorded, dict):
-        return recorded
+def write_encoder_source(run_dir: Path, encoder: Mapping[str, Any]) -> None:
+    """Record the plugin code ``encoder`` builds in the run folder as training starts, for ``posexp resume`` to
+    compare with (results.json records it too, once the run finishes); nothing for built-ins."""
+    fields = source_fields(encoder)
+    if fields:  # a plugin encoder's record as it is (folders written before mixes were recorded read so)
+        atomic_write_json(run_dir / ENCODER_SOURCE, fields.get("encoder_source") or fields)
+
+
+def recorded_sources(run_dir: Path, encoder_name: str, results: Optional[dict] = None) -> dict[str, dict]:
+    """The plugin code a run was trained with, by encoder name: from results.json, else from the record written
+    when training started; {} for built-in encoders (or a run written before plugins existed)."""
+    run = (results or {}).get("run") or {}
+    if isinstance(run.get("encoder_source"), dict):
+        return {encoder_name: run["encoder_source"]}
+    if isinstance(run.get("layer_sources"), dict):
+        return dict(run["layer_sources"])
     try:
         recorded = json.loads((run_dir / ENCODER_SOURCE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return recorded if isinstance(recorded, dict) else None
+        return {}
+    if not isinstance(recorded, dict):
+        return {}
+    if isinstance(recorded.get("layer_sources"), dict):
+        return dict(recorded["layer_sources"])
+    return {encoder_name: recorded}
 
 
 def run_label(overrides: list[str]) -> str:
@@ -90,7 +102,7 @@ def provenance(cfg: Config, overrides: list[str], corpus_info: dict, model, trai
         "config": config_dict(cfg),
         "config_hash": identity.value,
         "hash_format": identity.format,
-        **({"encoder_source": plugin} if (plugin := encoder_source(cfg.encoder["name"])) else {}),
+        **source_fields(cfg.encoder),
         **corpus_info,
         "eval_settings": eval_settings(cfg),
         **lineage(cfg),
@@ -150,8 +162,7 @@ def write_run_status(run_dir: Path, cfg: Optional[Config], overrides: list[str],
         identity = identity or run_hash(cfg)
         run.update({"config_hash": identity.value, "hash_format": identity.format,
                     "eval_settings": eval_settings(cfg)})
-        if (plugin := encoder_source(cfg.encoder["name"])) is not None:
-            run["encoder_source"] = plugin
+        run.update(source_fields(cfg.encoder))
     except Exception:  # noqa: BLE001 - record what we can, the error message says the rest
         pass
     run.update(corpus_info or {})

@@ -66,13 +66,16 @@ def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
     keys are as they were before plugins existed: posexp's version stands for their code."""
     import torch
 
-    from posexp.encoders import source_record
+    from posexp.encoders import plugin_sources
 
     key = {"format": FORMAT, "config": weights_config(cfg), "corpus": corpus_fingerprint,
            "posexp": posexp.__version__, "torch": torch.__version__}
-    plugin = source_record(str(cfg.encoder["name"]))
-    if plugin is not None:
-        key["encoder_source"] = plugin["sha256"]
+    sources = plugin_sources(cfg.encoder)
+    name = str(cfg.encoder["name"])
+    if name in sources:  # a plugin encoder: the key it always had
+        key["encoder_source"] = sources[name]["sha256"]
+    elif sources:  # a mix with plugin layers
+        key["encoder_source"] = {layer: record["sha256"] for layer, record in sources.items()}
     blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
