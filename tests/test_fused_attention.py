@@ -118,6 +118,33 @@ def test_the_flex_path_computes_what_the_blocked_path_computes(compose, name, mo
     torch.testing.assert_close(fused, blocked, rtol=1e-5, atol=1e-5)
 
 
+@needs_flex
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_every_learned_bias_gets_its_gradient_through_the_flex_path(compose, name, monkeypatch):
+    """FlexAttention's backward returns the gradient of every parameter, those a ``score_mod`` reads included,
+    equal to the blocked path's. Its unfused backward runs here on a CPU with its device check lifted (the arithmetic is the same
+    dense math that CUDA falls back to); a captured 0-d tensor, which that backward cannot differentiate, fails
+    here as it did on an H100 (FIRE's ``|c|`` and ``L``)."""
+    import torch.nn.attention.flex_attention as flex
+
+    if not hasattr(flex, "_validate_device"):
+        pytest.skip("this torch checks FlexAttention's device elsewhere")
+    monkeypatch.setattr(flex, "_validate_device", lambda *a, **kw: None)
+    model = _models(compose, name, block=32).train()
+    idx = torch.randint(0, 64, (2, 77), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for fused in (False, True):
+        model.fused_attention = fused
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    blocked, fused = grads
+    # every parameter, the attention projections (FlexAttention's dq, dk, dv) and the encoder's own
+    assert set(fused) == set(blocked) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for n in blocked:
+        torch.testing.assert_close(fused[n], blocked[n], rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
 def test_head_widths_flexattention_cannot_tile_keep_the_blocked_path(compose, monkeypatch):
     import posexp.model.gpt
 
@@ -182,6 +209,53 @@ def test_fused_kernel_equals_the_reference_path_outputs_and_gradients(compose, n
     assert ref_grads.keys() == fused_grads.keys()
     for n in ref_grads:
         torch.testing.assert_close(fused_grads[n], ref_grads[n], rtol=tol, atol=tol, msg=n)
+
+
+@on_cuda
+def test_a_process_that_compiles_many_score_mods_stays_fused(compose, monkeypatch):
+    """Past dynamo's recompile limit, flex_attention runs its dense reference (every logit in memory, host
+    syncs) with no more than a log line: an H100 test session reached it after 16 compiles. Here the limit is
+    lowered to 2 and four distinct score_mods are compiled; not one call may reach the dense reference."""
+    import torch._higher_order_ops.flex_attention as hop
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    dense, math_attention = [], hop.math_attention
+    monkeypatch.setattr(hop, "math_attention", lambda q, *a, **kw: (
+        dense.append(1) if not isinstance(q, FakeTensor) else None) or math_attention(q, *a, **kw))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    pos = torch.arange(256, device="cuda")
+    q, k, v = (torch.randn(1, H, 256, 16, device="cuda") for _ in range(3))
+    for name in ("alibi", "t5"):
+        enc = _encoder(compose, name).cuda()
+        for dtype in (torch.float32, torch.bfloat16):
+            with torch.no_grad():
+                out = flex_attend(q.to(dtype), k.to(dtype), v.to(dtype), enc.score_mod(pos, pos))
+            assert out.dtype == dtype and torch.isfinite(out).all()
+    assert not dense
+
+
+@on_cuda
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_a_compiled_bf16_step_at_gpt2_small_width_compiles_and_learns(compose, name):
+    """The kernels at the width the GPU runs use (head width 64, GPT-2 small's 12 heads, sequence 1,024), inside
+    a compiled step as posexp trains on CUDA: T5's lookup overflowed the H100's shared memory with Inductor's
+    default tiles, and FIRE's MLP tables were indexed more than once, which Inductor's backward refuses."""
+    model = build_model(typed(compose(f"encoder={name}", "model.d_model=768", "model.n_heads=12",
+                                      "model.n_layers=2")), 256).cuda().train()
+    model.fused_attention = True
+    idx = torch.randint(0, 256, (4, 1025), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    step = torch.compile(lambda i: model.token_losses(i[:, :-1], i[:, 1:]).mean())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step(idx)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.encoder.parameters())
+    assert losses[-1] < losses[0], losses
 
 
 @on_cuda

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import torch
 from torch import Tensor, nn
 
 from posexp.errors import ConfigError
@@ -97,8 +98,16 @@ class PositionalEncoder(nn.Module):
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> Optional[ScoreMod]:
         """``bias`` as a FlexAttention ``score_mod`` over indices into ``q_pos`` / ``k_pos`` (see the module
-        docstring), or None: this encoder's bias has no fused form and the model takes ``bias``."""
+        docstring), or None: this encoder's bias has no fused form and the model takes ``bias``.
+
+        A learned tensor the ``score_mod`` reads must be indexed once per logit (Inductor's backward refuses a
+        tensor that requires grad indexed twice: clone it for the second read) and must not be 0-d (index a
+        per-head copy by ``h``)."""
         return None
+
+    # FlexAttention's ``kernel_options`` for this encoder's fused kernel, or None for Inductor's own choice: an
+    # encoder whose lookups make the default tiles overflow a GPU's shared memory names smaller ones here
+    flex_kernel_options: Optional[dict] = None
 
     # -- which hooks are in use (decided by overriding, never by name) -------------------
     def _overrides(self, hook: str) -> bool:
@@ -174,6 +183,22 @@ class PositionalEncoder(nn.Module):
         return ", ".join(parts)
 
 
+def check_position_range(pos: Tensor, max_length: int, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` (the encoding's limit, "learned position embeddings cover") when a
+    position of ``pos`` lies outside ``0 .. max_length - 1``, instead of an index error deep in an embedding.
+
+    Eager calls only: while ``torch.compile`` traces a step, the check would cost a graph break and a host
+    synchronisation every step (reading the positions' extremes), so it is left out there; every command checks
+    ``supports(length)`` before the first forward.
+    """
+    if torch.compiler.is_compiling() or not pos.numel():
+        return
+    lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read from the device
+    if lo < 0 or hi >= max_length:
+        raise ValueError(f"{what} positions 0..{max_length - 1}, got positions {lo}..{hi}; "
+                         "check supports(length) first")
+
+
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """``q_pos[:, None] - k_pos[None, :]``: how far back each key is, ``(Lq, Lk)``."""
     return q_pos[:, None] - k_pos[None, :]
@@ -189,4 +214,4 @@ def bias_score_mod(bias_at: Callable[[Tensor, Tensor, Tensor], Tensor], q_pos: T
     return score_mod
 
 
-__all__ = ["PositionalEncoder", "ScoreMod", "bias_score_mod", "relative_distance"]
+__all__ = ["PositionalEncoder", "ScoreMod", "bias_score_mod", "check_position_range", "relative_distance"]

@@ -96,20 +96,28 @@ class FIRE(PositionalEncoder):
 
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         first, last = self.mlp[0], self.mlp[2]
-        w1, b1 = first.weight[:, 0], first.bias  # (W,), (W,)
-        w2, b2 = last.weight, last.bias  # (H, W), (H,)
-        c, threshold = self.c.abs(), self.threshold
+        n_heads, width = last.out_features, first.out_features
+        # FlexAttention's backward (PyTorch 2.11) differentiates a learned tensor the score_mod reads only if it
+        # is indexed once per logit and is not 0-d: so every value is a per-head table read once, by the
+        # logit's head h, and each hidden unit u has its own tables (clones: gradients flow back to the MLP)
+        per_head = lambda t: t.expand(n_heads).clone()  # noqa: E731 - a scalar as an (H,) table
+        c, threshold = per_head(self.c.abs()), per_head(self.threshold)
+        w1 = [per_head(first.weight[u, 0]) for u in range(width)]  # (H,) each, every entry the same
+        b1 = [per_head(first.bias[u]) for u in range(width)]
+        w2 = [last.weight[:, u].clone() for u in range(width)]  # (H,)
+        b2 = last.bias
         dtype = self.c.dtype
 
         def bias_at(h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             # normalized_distance and the MLP for head h alone: psi(i - j) / psi(max(L, i)) -> f_theta(x)[h]
-            normaliser = torch.log1p(c * torch.maximum(i.to(dtype), threshold)) + EPS
-            x = torch.log1p(c * (i - j).clamp(min=0).to(dtype)) / normaliser
+            c_h = c[h]
+            normaliser = torch.log1p(c_h * torch.maximum(i.to(dtype), threshold[h])) + EPS
+            x = torch.log1p(c_h * (i - j).clamp(min=0).to(dtype)) / normaliser
             # the hidden layer unrolled, a sum of scalars: a score_mod's arithmetic must stay elementwise
             # to compile into FlexAttention's kernel
             out = b2[h]
-            for u in range(w1.shape[0]):
-                out = out + torch.relu(x * w1[u] + b1[u]) * w2[h, u]
+            for u in range(width):
+                out = out + torch.relu(x * w1[u][h] + b1[u][h]) * w2[u][h]
             return out
 
         return bias_score_mod(bias_at, q_pos, k_pos)

@@ -97,6 +97,11 @@ class T5Bias(PositionalEncoder):
         buckets = self.bucket_table[dist]  # (Lq, Lk)
         return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Lq, Lk)
 
+    # measured on an H100 (torch 2.11, d_model 768, 12 heads, sequence 1,024, bf16, compiled step): Inductor's
+    # default forward tiles fused with the (bucket, head) lookup asked 278,528 bytes of shared memory against
+    # 232,448 and no config compiled; 64 x 64 tiles compile and train
+    flex_kernel_options = {"BLOCK_M": 64, "BLOCK_N": 64}
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
         table, weight, far = self.bucket_table, self.relative_attention_bias.weight, self.max_distance
 

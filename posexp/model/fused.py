@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -48,6 +48,27 @@ def fused_by_default(device: torch.device) -> bool:
     """Whether the model attends through FlexAttention on ``device`` unless told otherwise: on CUDA, where it is
     a fused kernel forward and backward; not on a CPU or MPS (see the module docstring)."""
     return device.type == "cuda" and flex_available()
+
+
+# distinct compiles of FlexAttention one process may hold: one per encoder's score_mod code, dtype, grad mode and
+# (after the second length) dynamic shape. Dynamo's default of 8 is reached by a process that evaluates several
+# runs, or by a test session; past it dynamo runs flex_attention eagerly, FlexAttention's dense reference that
+# materialises every logit (B x H x L x L) and synchronises with the host, with no more than a log line.
+FLEX_RECOMPILE_LIMIT = 256
+
+
+def _recompile_limits():
+    """Dynamo's settings for one call of the compiled kernel: room for :data:`FLEX_RECOMPILE_LIMIT` compiles, and
+    an error rather than the silent dense fallback should even that be reached."""
+    config = torch._dynamo.config
+    limits: dict[str, Any] = {}
+    for name in ("recompile_limit", "cache_size_limit"):  # its name since PyTorch 2.6, and before
+        if hasattr(config, name):
+            limits[name] = max(int(getattr(config, name)), FLEX_RECOMPILE_LIMIT)
+            break
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        limits["fail_on_recompile_limit_hit"] = True
+    return config.patch(limits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,13 +98,15 @@ def causal_block_mask(q_len: int, kv_len: int, offset: int, device: torch.device
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, score_mod: Callable, block_mask=None, offset: int = 0,
-                compiled: Optional[bool] = None) -> Tensor:
+                compiled: Optional[bool] = None, kernel_options: Optional[dict] = None) -> Tensor:
     """Causal attention ``(B, H, Lq, Dh)`` of queries ``q`` (rows ``offset ..`` of the sequence) over keys ``k``
     and values ``v`` (rows ``0 ..``), every logit passed through ``score_mod``.
 
     Args:
         block_mask: :func:`causal_block_mask` of these shapes, if already built (layers share one).
         compiled: the fused kernel (default: on CUDA) or FlexAttention's unfused reference (CPU, no gradient).
+        kernel_options: FlexAttention's tile sizes and stages for the fused kernel (an encoder's
+            ``flex_kernel_options``); None lets Inductor choose.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -91,7 +114,11 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, score_mod: Callable, block_mask
         block_mask = causal_block_mask(q.shape[-2], k.shape[-2], offset, q.device)
     compiled = q.device.type == "cuda" if compiled is None else compiled
     if compiled:
-        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        options: Any = None if kernel_options is None else dict(kernel_options)  # FlexAttention's TypedDict
+        if torch.compiler.is_compiling():  # inside a compiled step, which compiles it into its own graph
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
+        with _recompile_limits():
+            return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
     with warnings.catch_warnings():  # the unfused reference is asked for here, not fallen into
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)

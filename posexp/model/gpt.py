@@ -77,7 +77,7 @@ class AttentionPlan:
             block_mask = causal_block_mask(L, L, 0, self.pos.device, self.window)
             self._flex = (self.encoder.score_mod(self.pos, self.pos), block_mask)
         score_mod, block_mask = self._flex
-        return flex_attend(q, k, v, score_mod, block_mask)
+        return flex_attend(q, k, v, score_mod, block_mask, kernel_options=self.encoder.flex_kernel_options)
 
     def bias(self, start: int, end: int, dtype: torch.dtype) -> Optional[Tensor]:
         """Additive logits ``(1, H, end-start, end)`` for queries ``start:end`` over keys ``0:end``,
