@@ -45,3 +45,33 @@ def test_encoder_trains_and_evaluates_end_to_end(tiny, tmp_path, name):
             assert row["ppl"] is None and row["reason"], (name, row)
     # the loss went down from the uniform 5.55 nats of an untrained byte model
     assert results["run"]["train"]["final_loss"] < math.log(256)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_a_training_step_of_every_encoder_compiles_as_one_graph(compose, name):
+    """On CUDA the step is compiled (``compile=auto``); a graph break inside it splits the step and, where a
+    value is read back to Python (a position range check reading ``pos.max()``), synchronises with the host
+    every step. Dynamo's tracing alone (``backend="eager"``, ``fullgraph=True``) finds both, on any machine."""
+    import torch
+
+    from posexp.commands.edge import typed
+    from posexp.model.factory import build_model
+
+    model = build_model(typed(compose(f"encoder={name}", "model.d_model=32", "model.n_heads=4",
+                                      "model.n_layers=2")), 64).train()
+    idx = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    step = torch.compile(lambda i: model.token_losses(i[:, :-1], i[:, 1:]).mean(), backend="eager", fullgraph=True)
+    step(idx).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_learned_position_out_of_range_is_named_outside_compiled_code(compose):
+    import torch
+
+    from posexp.commands.edge import typed
+    from posexp.model.factory import build_encoder
+
+    enc = build_encoder(typed(compose("encoder=learned", "model.d_model=32", "model.n_heads=4")))
+    with pytest.raises(ValueError, match=rf"cover positions 0\.\.{enc.max_length - 1}, got positions 3\.\.{enc.max_length}"):
+        enc.embed(torch.zeros(1, 2, 32), torch.tensor([3, enc.max_length]))

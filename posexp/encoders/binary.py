@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.contract import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder, check_position_range
 from posexp.errors import require
 
 
@@ -60,9 +60,7 @@ class BinaryPosition(PositionalEncoder):
         nn.init.normal_(self.proj.weight, mean=0.0, std=0.02)
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_length):
-            raise ValueError(f"{self.bits} bits encode positions 0..{self.max_length - 1}, got positions "
-                             f"{int(pos.min())}..{int(pos.max())}; check supports(length) first")
+        check_position_range(pos, self.max_length, f"{self.bits} bits encode")
         code = binary_code(pos, self.bits).to(self.proj.weight.dtype)  # (L, bits)
         return x + self.proj(code).to(x.dtype)  # (B, L, D)
 

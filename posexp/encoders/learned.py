@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.contract import PositionalEncoder
+from posexp.encoders.contract import PositionalEncoder, check_position_range
 from posexp.encoders.scaling import module_copy
 from posexp.errors import ConfigError, require
 
@@ -99,14 +99,8 @@ class Learned(PositionalEncoder):
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         if self.position_scale != 1.0:
-            if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_length):
-                raise ValueError(f"interpolated learned positions cover 0..{self.max_length - 1}, got "
-                                 f"{int(pos.min())}..{int(pos.max())}; check supports(length) first")
+            check_position_range(pos, self.max_length, "interpolated learned positions cover")
             return x + self._interpolated(pos).to(x.dtype)
         # nn.Embedding would fail with a bare index error; say which limit was hit instead
-        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= self.max_length):
-            raise ValueError(
-                f"learned position embeddings cover positions 0..{self.max_length - 1}, "
-                f"got positions {int(pos.min())}..{int(pos.max())}; check supports(length) first"
-            )
+        check_position_range(pos, self.max_length, "learned position embeddings cover")
         return x + self.wpe(pos).to(x.dtype)
