@@ -51,6 +51,7 @@ class Study:
     cost: str
     sweeps: dict[str, list[str]] = field(default_factory=dict)  # folder name -> posexp arguments
     tables: list[Table] = field(default_factory=list)
+    evals: list[list[str]] = field(default_factory=list)  # posexp eval arguments, run on the sweeps before the tables
 
 
 def _report(folders: list[str], *options: str) -> list[str]:
@@ -129,6 +130,19 @@ STUDIES = {
         "about 2 minutes",
         {},
         [Table("scripts/bench_eval.py", _bench("bench_eval.py"))]),
+    "windows": Study(
+        "the six core encodings next to their own window baseline (eval.window=128, the training length): a model "
+        "that by construction reads no further back than it was trained on; perplexity, context gain and passkey",
+        "about 3 minutes of training per LM run and 1-2 per passkey run, then 4 evaluations of each",
+        {"six": _sweep(LM_SIX), "passkey": _sweep("task=passkey", LM_SIX)},
+        [Table("perplexity per byte, plain and windowed", _report(
+            ["{six}"], "--by", "encoder", "--metric", "ppl@1x,ppl@2x,ppl@4x,ppl@8x,ppl@16x")),
+         Table("context gain (last_k: the same last tokens scored with 16x the context), plain and windowed",
+               _report(["{six}"], "--by", "encoder", "--metric", "gain")),
+         Table("passkey retrieval, plain and windowed", _report(["{passkey}"], "--by", "encoder"))],
+        evals=[["eval", "{six}", "eval.window=128"], ["eval", "{six}", "eval.protocol=last_k"],
+               ["eval", "{six}", "eval.protocol=last_k", "eval.window=128"],
+               ["eval", "{passkey}", "eval.window=128"]]),
     "launchers": Study(
         "a 4-run sweep with Hydra's basic launcher, one thread per run, and joblib",
         "about 15 minutes",
@@ -149,6 +163,8 @@ def commands(name: str) -> list[tuple[str, list[str]]]:
     for sweep, args in STUDIES[name].sweeps.items():
         dir_key = "hydra.sweep.dir" if "-m" in args else "hydra.run.dir"
         out.append((f"sweep {sweep}", [*POSEXP, *(a.format(**where) for a in args), f"{dir_key}={where[sweep]}"]))
+    for args in STUDIES[name].evals:
+        out.append((f"eval {' '.join(args[2:])}", [*POSEXP, *(a.format(**where) for a in args)]))
     for table in STUDIES[name].tables:
         out.append((table.title, [a.format(**where) for a in table.command]))
     return out
