@@ -143,6 +143,13 @@ STUDIES = {
         evals=[["eval", "{six}", "eval.window=128"], ["eval", "{six}", "eval.protocol=last_k"],
                ["eval", "{six}", "eval.protocol=last_k", "eval.window=128"],
                ["eval", "{passkey}", "eval.window=128"]]),
+    "gpu": Study(
+        "the CUDA path on one GPU: the fused-kernel tests, then training tokens/s and MFU at GPT-2-small shape next "
+        "to transformers and x-transformers, and long-context evaluation (scripts/bench_gpu.py)",
+        "about 8 minutes for the tests; the whole benchmark about 40 (--families, --lengths and --no-peers shorten it)",
+        {},
+        [Table("pytest -m cuda", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]),
+         Table("scripts/bench.py --gpu", _bench("bench.py", "--gpu"))]),
     "launchers": Study(
         "a 4-run sweep with Hydra's basic launcher, one thread per run, and joblib",
         "about 15 minutes",
