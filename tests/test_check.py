@@ -16,7 +16,7 @@ from torch import Tensor, nn
 import posexp.encoders as encoders
 from posexp.commands.check import check_main
 from posexp.encoders import create, register
-from posexp.encoders.contract import PositionalEncoder, relative_distance
+from posexp.encoders.contract import PositionalEncoder, bias_score_mod, relative_distance
 from posexp.errors import PosexpError
 from posexp.evaluation.conformance import CHECKS, FAIL, PASS, Probe, run_checks
 from conftest import REPO, run_cli
@@ -83,11 +83,43 @@ class Overflows(PositionalEncoder):
         return x + torch.exp(pos.to(x.dtype) / 5)[:, None] * self.direction.to(x.dtype)
 
 
+class ScalarSlope(PositionalEncoder):
+    """ALiBi with one learned slope shared by every head, which its score_mod reads as a 0-d tensor."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        self.slope = nn.Parameter(torch.tensor(0.5))
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return (-self.slope * relative_distance(q_pos, k_pos).float())[None].expand(self.n_heads, -1, -1)
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor):
+        slope = self.slope
+        return bias_score_mod(lambda h, i, j: -slope * (i - j).float(), q_pos, k_pos)
+
+
+class SlopeReadTwice(PositionalEncoder):
+    """ALiBi with learned per-head slopes, which its score_mod looks up twice for every logit."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        self.slopes = nn.Parameter(torch.full((n_heads,), 0.5))
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return -self.slopes[:, None, None] * relative_distance(q_pos, k_pos).float()[None]
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor):
+        slopes = self.slopes
+        return bias_score_mod(lambda h, i, j: -(slopes[h] / 2 + slopes[h] / 2) * (i - j).float(), q_pos, k_pos)
+
+
 # each break, and every check it fails: a future leak also breaks what follows from causality, nothing else fails
 BROKEN = {"length_leak": (LengthLeak, {"prefix", "absolute positions"}),
           "content_leak": (ContentLeak, {"causality", "prefix", "absolute positions"}),
           "ignores_q_pos": (IgnoresQueryPositions, {"absolute positions"}),
-          "falsely_relative": (FalselyRelative, {"relative"}), "overflows": (Overflows, {"length"})}
+          "falsely_relative": (FalselyRelative, {"relative"}), "overflows": (Overflows, {"length"}),
+          # right on a CPU, refused by FlexAttention's backward on a GPU
+          "scalar_slope": (ScalarSlope, {"fused backward"}), "slope_read_twice": (SlopeReadTwice, {"fused backward"})}
 
 
 @pytest.fixture

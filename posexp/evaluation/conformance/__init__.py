@@ -12,6 +12,7 @@ prefix                       nor on how many tokens follow: the first ``t + 1`` 
 absolute positions           query blocks with their own ``q_pos`` give the rows of the whole sequence
 relative                     an encoding declaring ``relative = True``: logits invariant under a common shift
 fused = plain                ``score_mod``, applied as a tensor function, equals ``bias``
+fused backward               each learned tensor ``score_mod`` reads is indexed once per logit and is not 0-d
 length                       runs at 16x the nominal training length or refuses past its ``max_length``;
                              no NaN/inf in outputs or gradients
 memory linear in length      the largest tensor of a forward pass grows linearly with the length
@@ -30,7 +31,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from posexp.evaluation.conformance.exact import (
-    check_causality, check_fused, check_offsets, check_prefix, check_relative)
+    check_causality, check_fused, check_fused_backward, check_offsets, check_prefix, check_relative)
 from posexp.evaluation.conformance.numerics import (
     check_bf16, check_determinism, check_length, check_memory, check_speed)
 from posexp.evaluation.conformance.probe import EncoderFactory, Probe
@@ -43,6 +44,7 @@ CHECKS: dict[str, Callable[[EncoderFactory, Probe], Check]] = {
     "absolute positions": check_offsets,
     "relative": check_relative,
     "fused = plain": check_fused,
+    "fused backward": check_fused_backward,
     "length": check_length,
     "memory linear in length": check_memory,
     "scalings: factor 1": check_scaling_identity,

@@ -5,17 +5,25 @@
   whole sequence gives; the model's blocked attention equals one block, at lengths that are and are not
   multiples of the block;
 * relative encodings: the logits do not change when every query and key position moves by the same amount;
-* fused form: ``score_mod`` evaluated as a plain tensor function equals ``bias`` (fp32, no compile).
+* fused form: ``score_mod`` evaluated as a plain tensor function equals ``bias`` (fp32, no compile);
+* fused backward: every learned tensor a ``score_mod`` reads is one FlexAttention's backward can differentiate:
+  not 0-d, and indexed once per logit (PyTorch 2.11 refuses both, fused and in its dense reference; on a CPU
+  nothing else would show it before a GPU run fails).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any, Callable
+
 import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from posexp.encoders.contract import PositionalEncoder
 from posexp.evaluation.conformance.probe import (
     EncoderFactory, Probe, attention_logits, build_model, causal_diff, layer_encoders, relative_diff, tokens)
-from posexp.evaluation.conformance.result import NOT_APPLICABLE, Check, within
+from posexp.evaluation.conformance.result import FAIL, NOT_APPLICABLE, PASS, Check, within
 
 EXACT = 1e-6  # max abs difference in float64 of outputs that must be equal
 FUSED = 1e-5  # score_mod vs bias in fp32, relative to the largest bias
@@ -138,4 +146,77 @@ def check_fused(make_encoder: EncoderFactory, probe: Probe) -> Check:
                   f"{probe.train_len} tokens and a late block of {probe.block} at {L}: {worst:.1e}")
 
 
-__all__ = ["check_causality", "check_fused", "check_offsets", "check_prefix", "check_relative"]
+def _captured(score_mod: Callable) -> list[Tensor]:
+    """The tensors ``score_mod`` closes over, through nested closures, bound methods, partials, lists, tuples,
+    dicts and modules (their parameters and buffers): what FlexAttention lifts into its kernel as buffers."""
+    found: list[Tensor] = []
+    stack: list[Any] = [score_mod]
+    seen: set[int] = set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Tensor):
+            found.append(obj)
+        elif isinstance(obj, nn.Module):
+            stack.extend([*obj.parameters(), *obj.buffers()])
+        elif isinstance(obj, (list, tuple, set)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif callable(obj):
+            for cell in getattr(obj, "__closure__", None) or ():
+                try:
+                    stack.append(cell.cell_contents)
+                except ValueError:  # a cell not filled yet
+                    pass
+            stack.extend(getattr(obj, attr) for attr in ("__self__", "__func__", "func", "args", "keywords")
+                         if hasattr(obj, attr) and not isinstance(obj, type))
+    return found
+
+
+class _Reads(TorchFunctionMode):
+    """Counts how often each watched tensor is indexed (``t[...]``) while the mode is on."""
+
+    def __init__(self, watched: list[Tensor]):
+        super().__init__()
+        self.watched = {id(t) for t in watched}
+        self.counts: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is Tensor.__getitem__ and args and id(args[0]) in self.watched:
+            self.counts[id(args[0])] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _unfusable(score_mod: Callable, n_heads: int, q_len: int, k_len: int) -> list[str]:
+    """What FlexAttention's backward could not differentiate among the learned tensors ``score_mod`` reads."""
+    learned = [t for t in _captured(score_mod) if t.requires_grad]
+    found = [f"a 0-d learned tensor ({t.item():.3g}): read a per-head copy indexed by h instead"
+             for t in learned if t.dim() == 0]
+    with torch.no_grad(), _Reads(learned) as reads:  # one logit: the last head, the last query, the first key
+        score_mod(torch.zeros(()), torch.zeros((), dtype=torch.long), torch.tensor(n_heads - 1),
+                  torch.tensor(q_len - 1), torch.tensor(0))
+    found += [f"a learned tensor of shape {tuple(t.shape)} indexed {reads.counts[id(t)]} times for one logit: "
+              f"read a clone for each further lookup" for t in learned if reads.counts[id(t)] > 1]
+    return found
+
+
+def check_fused_backward(make_encoder: EncoderFactory, probe: Probe) -> Check:
+    encoder = build_model(make_encoder, probe).encoder
+    fused = [e for e in layer_encoders(encoder, probe) if e.uses_score_mod]
+    if not fused:
+        return Check("fused backward", NOT_APPLICABLE, None, "", "no score_mod")
+    pos = torch.arange(probe.train_len)  # score_mods built with gradients on, as in training
+    problems = list(dict.fromkeys(p for enc in fused for p in _unfusable(enc.score_mod(pos, pos), enc.n_heads,
+                                                                          len(pos), len(pos))))
+    if not problems:
+        return Check("fused backward", PASS, 0.0, "0 tensors",
+                     "every learned tensor score_mod reads is indexed once per logit and is not 0-d")
+    return Check("fused backward", FAIL, float(len(problems)), "0 tensors",
+                 "FlexAttention's backward cannot differentiate " + "; ".join(problems))
+
+
+__all__ = ["check_causality", "check_fused", "check_fused_backward", "check_offsets", "check_prefix",
+           "check_relative"]
