@@ -193,11 +193,13 @@ def _install_completion(value: bool) -> None:
 
     if not value:
         return
+    name = shell.detect_shell()
     try:
-        script, rc = shell.install(shell.detect_shell(), Path.home())
+        script, rc = shell.install(name, Path.home())
     except PosexpError as e:
         _fail(e)
-    print(f"posexp completion installed in {script}, loaded by {rc}; it works in shells started from now on")
+    print(f"{name} completion of posexp installed in {script}, loaded by {rc}; it works in {name} shells started "
+          "from now on")
     raise typer.Exit()
 
 
