@@ -1,4 +1,4 @@
-from posexp.cli.app import main
+from posexp.cli import main
 
 if __name__ == "__main__":
     main()

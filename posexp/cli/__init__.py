@@ -1,5 +1,18 @@
 """The ``posexp`` command line: the Typer app (:mod:`posexp.cli.app`), what a user types to the Hydra apps
-checked before Hydra runs (:mod:`posexp.cli.arguments`), and ``posexp list`` (:mod:`posexp.cli.listing`).
+checked before Hydra runs (:mod:`posexp.cli.arguments`), ``posexp list`` (:mod:`posexp.cli.listing`) and tab
+completion (:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`).
 
 The only package that touches Hydra's argv; the recipes it starts live in :mod:`posexp.commands`.
 """
+
+
+def main() -> None:
+    """The ``posexp`` command. A TAB in the shell is answered at once, before the app (Hydra, torch) is loaded."""
+    from posexp.cli import shell
+
+    if shell.requested():
+        shell.answer()
+        return
+    from posexp.cli.app import main as run_app
+
+    run_app()

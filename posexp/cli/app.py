@@ -32,8 +32,6 @@ from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken
 
 CONFIG_DIR = config_dir()
-GROUPS = ("encoder", "data", "tokenizer", "model", "train", "eval", "task", "logger", "experiment", "search")
-TOP_KEYS = ("base=", "train_len=", "seed=")
 
 # COLUMNS=0 (or not a number) made every console zero characters wide, errors included: dropped before
 # the first console is made, so rich measures the terminal (or takes 80 columns) instead
@@ -177,29 +175,12 @@ def _flags_first(args: List[str]) -> list[str]:
     return flags + [a for a in args if a not in flags]
 
 
-def _options(group: str) -> list[str]:
-    from posexp.cli.listing import options
-
-    return options(group)
-
-
-def complete_overrides(incomplete: str) -> list[str]:
-    """Shell completion for ``posexp train``: config groups, their options and the top-level keys."""
-    if "=" in incomplete:
-        key, _, prefix = incomplete.partition("=")
-        if key in GROUPS:
-            return [f"{key}={o}" for o in _options(key) if o.startswith(prefix)]
-        return []
-    words = [f"{g}=" for g in GROUPS] + list(TOP_KEYS) + ["-m", "--cfg", "--help"]
-    return [w for w in words if w.startswith(incomplete)]
-
-
 app = typer.Typer(
     name="posexp",
     help="Experiments with positional encodings: train a small causal LM per encoding, measure perplexity "
          "at 1x..16x the training length, compare runs.",
     no_args_is_help=True,
-    add_completion=True,
+    add_completion=False,  # posexp's own completion (posexp.cli.shell): Typer's would load torch at every TAB
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -207,17 +188,67 @@ app = typer.Typer(
 HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
+def _install_completion(value: bool) -> None:
+    from posexp.cli import shell
+
+    if not value:
+        return
+    name = shell.detect_shell()
+    try:
+        script, rc = shell.install(name, Path.home())
+    except PosexpError as e:
+        _fail(e)
+    print(f"{name} completion of posexp installed in {script}, loaded by {rc}; it works in {name} shells started "
+          "from now on")
+    raise typer.Exit()
+
+
+def _show_completion(value: bool) -> None:
+    from posexp.cli.shell import SCRIPT
+
+    if value:
+        print(SCRIPT, end="")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    install_completion: bool = typer.Option(
+        False, "--install-completion", is_eager=True, expose_value=False, callback=_install_completion,
+        help="Install tab completion for the shell you run (bash or zsh): subcommands, encoder=NAME, train.KEY=, "
+             "run folders."),
+    show_completion: bool = typer.Option(
+        False, "--show-completion", is_eager=True, expose_value=False, callback=_show_completion,
+        help="Print the completion script (bash and zsh), to load it yourself."),
+) -> None:
+    pass
+
+
+def _shell_completion(args: List[str]) -> bool:
+    """``-sc install=bash``, Hydra's way to set up completion: print posexp's script (for every subcommand)."""
+    from posexp.cli.shell import hydra_request
+
+    try:
+        script = hydra_request(args)
+    except PosexpError as e:
+        _fail(e)
+    if script is not None:
+        print(script, end="")
+    return script is not None
+
+
 @app.command(context_settings=HYDRA_PASSTHROUGH)
 def train(
     overrides: Optional[List[str]] = typer.Argument(
         None, help="Hydra overrides, e.g. encoder=rope base=10000; -m to sweep; --help for Hydra's help.",
-        autocompletion=complete_overrides, show_default=False),
+        show_default=False),
 ) -> None:
     """Train one model per configuration and evaluate it at several context lengths (a Hydra app).
 
     A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
     """
-    _launch(_train_app, "config", list(overrides or []))
+    if not _shell_completion(list(overrides or [])):
+        _launch(_train_app, "config", list(overrides or []))
 
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
@@ -235,6 +266,8 @@ def finetune(
     from posexp.commands.encoder_source import ALLOW_FLAG
     from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 
+    if _shell_completion(list(args or [])):
+        return
     if ALLOW_FLAG in (args or []):  # an environment variable, so that a launcher's worker processes see it too
         os.environ[ALLOW_ENV] = "1"
         args = [a for a in args if a != ALLOW_FLAG]
@@ -440,7 +473,7 @@ def analyze(
     overrides: Optional[List[str]] = typer.Argument(
         None, help="Hydra overrides, e.g. encoder=rope base=10000 (-m to sweep, --help for Hydra's help); "
                    "or trained run folders, then analyze.KEY=VALUE.",
-        autocompletion=complete_overrides, show_default=False),
+        show_default=False),
 ) -> None:
     """The geometry of an encoding without training (a Hydra app), or of a trained run's encoding and attention.
 
@@ -450,6 +483,8 @@ def analyze(
     from posexp.analysis.schema import register_schema
     from posexp.runs.layout import is_run_dir
 
+    if _shell_completion(list(overrides or [])):
+        return
     args = expand_home(overrides or [])
     # run folders; Hydra overrides are not folders, nor is the user's config folder (--config-dir DIR)
     named = [a for i, a in enumerate(args) if not (i and args[i - 1] in ("--config-dir", "-cd"))]
@@ -513,6 +548,11 @@ def _usable_streams() -> None:
 
 
 def main() -> None:
+    from posexp.cli import shell
+
+    if shell.requested():  # a TAB, from an install whose entry point still names this function
+        shell.answer()
+        return
     _usable_streams()
     app()
 
