@@ -188,3 +188,37 @@ def test_a_metric_no_selected_run_has_is_an_error_naming_those_that_apply(tmp_pa
     with pytest.raises(ConfigError) as e:
         report_main([tmp_path / "s"], console=Console(file=io.StringIO()), metrics=[metric])
     assert e.value.key == "--metric" and metric in str(e.value) and allowed in str(e.value)
+
+
+def _cells(output: str, edge: str) -> set[str]:
+    """The text of every table cell on lines that start with ``edge`` (┃ headers, │ rows), one line each."""
+    return {cell.strip() for line in output.splitlines() if line.startswith(edge) for cell in line.split(edge)}
+
+
+@pytest.mark.parametrize("by", [(), ("--by", "encoder")])
+def test_task_tables_at_40_columns_keep_every_label_readable_and_every_number_whole(tmp_path, by):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    accuracy = {64: 1.0, 128: 0.955, 256: 0.5, 512: 0.125, 1024: 0.0, 2048: None}
+    for seed in range(2):
+        make_task_run(tmp_path / "sweep" / f"r{seed}", {n: a and a - seed / 100 for n, a in accuracy.items()},
+                      task="reverse", seed=seed)
+        make_task_run(tmp_path / "sweep" / f"m{seed}", {64: 1.0, 128: 0.5}, task="mqar", encoder="alibi", seed=seed)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), *by], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert max(len(line) for line in out.splitlines()) <= 40 and "…" not in out, out
+    report = build_task_report([load_run(tmp_path / "sweep" / name) for name in ("m0", "m1", "r0", "r1")],
+                               list(by[1:]))
+    headers, cells = _cells(out, "┃"), _cells(out, "│")
+    assert {"encoder" if by else "run"} | {"n", "acc@2x", "acc@4x", "maxlen@acc90"} <= headers | {"encoder"}, out
+    assert {str(n) for n in accuracy} <= headers, out
+    numbers = 0
+    for group in report.groups:
+        for stat in [*group.cells.values(), *group.metrics.values()]:
+            for decimals in (0, 1):
+                text = stat.text(decimals, of=len(group.runs))
+                numbers += text in cells
+    assert numbers >= sum(len(g.cells) + len(g.metrics) for g in report.groups), out

@@ -23,7 +23,7 @@ from posexp.reporting.compare import (Comparison, best_groups, comparison_json, 
                                       higher_is_better, methods, sweep_keys, verdict_lines)
 from posexp.reporting.lm_report import Cell, Group, Report, _aggregate, _group_rows, compare
 from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
-                                         _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short)
+                                         _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short, table_width)
 from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show, config_value
 from posexp.reporting.stats import Stat
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
@@ -290,16 +290,7 @@ class _ReportTable:
 
     def width_fits(self, console: Console) -> bool:
         """Whether the table fits ``console`` with its text columns at their narrowest and every number whole."""
-        # Rich's own measure takes a number's narrowest as its longest word ("±0.12"), not the whole cell.
-        needed = 1  # SIMPLE_HEAD: a one-space edge, then per column its content, two pads and a one-space divider
-        for column in self.table.columns:
-            texts = [str(column.header), *(str(cell) for cell in column.cells)]
-            if column.no_wrap:
-                width = max(len(t) for t in texts)
-            else:
-                width = max([column.min_width or 0, *(len(w) for t in texts for w in t.split())])
-            needed += width + 3
-        return needed <= console.width
+        return table_width(self.table) <= console.width
 
 
 def _best_columns(report: Report) -> list[list[str]]:

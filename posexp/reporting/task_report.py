@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting.formatting import latex_escape
+from posexp.reporting.formatting import latex_escape, table_width
 from posexp.reporting.runs import Run
 from posexp.reporting.selection import _show, config_value
 from posexp.reporting.stats import Stat, _stat
@@ -242,26 +242,43 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
 
 
 def print_task_report(report: TaskReport, console) -> None:
-    """One rich table per task."""
-    from rich.table import Table
-
+    """One rich table per task. Where its lengths and metrics do not fit the terminal side by side it is printed
+    in parts, each repeating the run (or group) and n columns: labels wrap at spaces, numbers are never cut."""
     for task in dict.fromkeys(g.task for g in report.groups):
         groups = [g for g in report.groups if g.task == task]
-        lengths = sorted({n for g in groups for n in g.cells})
-        table = Table(title=f"task {task}: exact match (%) by context length")
-        table.add_column("group" if report.by else "run", overflow="fold")
-        table.add_column("n", justify="right")
-        for n in lengths:
-            table.add_column(str(n), justify="right", no_wrap=True)
-        for m in report.metrics:
-            table.add_column(m.name, justify="right", no_wrap=True)
-        for g in groups:
-            table.add_row(g.label, str(len(g.runs)), *[_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths],
-                          *[_cell_text(g.metrics.get(m.name), 0 if m.kind == "maxlen" else 1, len(g.runs))
-                            for m in report.metrics])
-        console.print(table)
+        columns = [(str(n), [_cell_text(g.cells.get(n), of=len(g.runs)) for g in groups])
+                   for n in sorted({n for g in groups for n in g.cells})]
+        columns += [(m.name, [_cell_text(g.metrics.get(m.name), 0 if m.kind == "maxlen" else 1, len(g.runs))
+                              for g in groups]) for m in report.metrics]
+        parts: list[list] = []
+        for column in columns:
+            if parts and table_width(_task_table(report, groups, [*parts[-1], column])) <= console.width:
+                parts[-1].append(column)
+            else:
+                parts.append([column])
+        for k, part in enumerate(parts or [[]]):
+            console.print(_task_table(report, groups, part, f"task {task}: exact match (%) by context length"
+                                      if k == 0 else None))
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/]", highlight=False, soft_wrap=True)
+
+
+def _task_table(report: TaskReport, groups: list[TaskGroup], columns: list, title: Optional[str] = None):
+    """The rich table of ``groups``: their labels, n, and ``columns`` (header, one cell per group)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title)
+    key = "group" if report.by else "run"
+    # a label keeps its width (up to a point) on a narrow terminal and wraps; a number never does
+    table.add_column(key, overflow="fold", min_width=min(12, max(len(key), *(len(g.label) for g in groups))))
+    table.add_column("n", justify="right", no_wrap=True)
+    for header, _ in columns:
+        table.add_column(header, justify="right", no_wrap=True)
+    for i, g in enumerate(groups):
+        # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
+        table.add_row(Text(g.label), str(len(g.runs)), *(cells[i] for _, cells in columns))
+    return table
 
 
 def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) -> str:
