@@ -26,6 +26,8 @@ from posexp.errors import ConfigError, PosexpError, require
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import is_run_dir
 
+ANALYSIS_DIR = "analysis"  # in the run folder
+
 
 @torch.no_grad()
 def attention_statistics(model, tokens: np.ndarray, length: int, n_windows: int) -> dict:
@@ -140,7 +142,7 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
     check_analyze(a)
     settings: AnalyzeConfig = OmegaConf.to_object(a)  # type: ignore[assignment]
     cfg = p.cfg
-    out = Path(run_dir) / "analysis"
+    out = Path(run_dir) / ANALYSIS_DIR
     model = p.model.eval()
     result = analyse_encoder(model.encoder, cfg, settings, out, note="trained encoder of this run")
     train_len = int(cfg.train_len)
@@ -203,7 +205,10 @@ def analyze_runs_main(args: Sequence[str], console: Optional[Console] = None) ->
     """``posexp analyze RUN_DIR... [analyze.KEY=VALUE...] [--allow-changed-encoder]``: analyse each run folder;
     returns their results."""
     from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.commands.eval import check_writable
 
     allow = ALLOW_FLAG in args
     runs, overrides = parse_run_args([a for a in args if a != ALLOW_FLAG])
+    for run in runs:  # every folder checked before the first is analysed
+        check_writable(run, "posexp analyze", f"its figures and {ANALYSIS_JSON}", into=run / ANALYSIS_DIR)
     return [analyze_run(r, overrides, console, allow_changed_encoder=allow) for r in runs]

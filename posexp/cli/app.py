@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.cli.arguments import OverrideError, check_overrides, expand_home, full_error_requested
-from posexp.cli.folders import Folders, claim_folders
+from posexp.cli.folders import Folders, check_output_folder, claim_folders
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken
@@ -497,6 +497,10 @@ def analyze(
     user_dirs = _user_encoders(args)
     register_schema()
     _check_overrides("analyze", args, folders=True, user_dirs=user_dirs)
+    try:
+        check_output_folder(args, "analyze", user_dirs)
+    except PosexpError as e:
+        _fail(e)
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
 
 

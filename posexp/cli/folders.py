@@ -111,3 +111,39 @@ def claim_folders(args: List[str], overwrite: bool, config_name: str = "config",
         path, created = new_run_dir(path, key)
     rest = [a for a in args if a not in named]
     return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, override_text(key, path)])
+
+
+def check_output_folder(args: List[str], config_name: str, user_dirs=()) -> None:
+    """Refuse, before Hydra starts, a command line whose output folder cannot be made: ``posexp analyze`` from a
+    folder the user cannot write to, whose default ``outputs/...`` Hydra would fail to create with a traceback.
+
+    Raises:
+        PosexpError: naming the folder, the place that is not writable, and the key that chooses another.
+    """
+    from hydra import compose
+    from hydra.core.utils import setup_globals
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.cli.hydra_adapter import parse_command_line
+    from posexp.cli.plugins import initialize_configs
+    from posexp.commands.sweeps import fixed_overrides
+    from posexp.runs.atomic import unwritable
+
+    ns = parse_command_line(args)
+    if ns is None or ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
+        return  # Hydra writes no folder (or reports the command line itself)
+    key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
+    setup_globals()  # the ${now:...} resolver of Hydra's folder names
+    try:
+        with initialize_configs(user_dirs):
+            cfg = compose(config_name, overrides=fixed_overrides(ns.overrides), return_hydra_config=True)
+        path = Path(str(cfg.hydra.sweep.dir if ns.multirun else cfg.hydra.run.dir))
+    except (HydraException, OmegaConfBaseException):
+        return  # Hydra reports it as it starts
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    problem = unwritable(existing) if existing.is_dir() else "a file is in the way"
+    if problem is not None:
+        where = "" if existing == path else f": {existing} is not writable"
+        raise PosexpError(f"{path}: cannot create the output folder ({problem}{where}); run the command from a "
+                          f"folder you can write to, or choose the output folder with {key}=DIR")

@@ -39,6 +39,7 @@ from posexp.commands.encoder_source import check_encoder_source
 from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
+from posexp.runs.atomic import unwritable
 from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, runs_under)
 
@@ -240,6 +241,27 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     return Prepared(run_dir, cfg, results, model, corpus, source.task)
 
 
+def check_writable(run_dir: Path, command: str, writes: str, into: Optional[Path] = None) -> None:
+    """Refuse a run folder this process cannot write to before any work: ``posexp eval`` (and ``analyze``) would
+    otherwise fail when it writes, after minutes of evaluation.
+
+    Args:
+        run_dir: the run folder.
+        command: the command, e.g. "posexp eval", for the message.
+        writes: what it writes there, for the message.
+        into: the folder written into, ``run_dir`` or one inside it (checked if it exists).
+
+    Raises:
+        PosexpError: no file can be created there (permissions, a read-only mount).
+    """
+    target = into if into is not None and into.is_dir() else run_dir
+    problem = unwritable(target)
+    if problem is not None:
+        raise PosexpError(f"{target}: not writable ({problem}), and {command} writes {writes} there; "
+                          f"{command.split()[-1]} a copy instead: cp -r {shlex.quote(str(run_dir))} DIR, "
+                          f"then {command} DIR")
+
+
 def _recorded_sha256(run_dir: Path) -> Optional[str]:
     """The SHA-256 of the weights written beside them in ``checkpoint/meta.json`` (older runs have none)."""
     try:
@@ -286,6 +308,7 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
                 raise
             refused.append((run_dir, e))
             continue
+        check_writable(run_dir, "posexp eval", f"its new rows to {RESULTS_JSON}")
         try:
             prepared.append(prepare(run_dir, overrides, results, allow_changed_encoder, lambda m: _warn(console, m)))
         except ConfigError as e:

@@ -1,0 +1,186 @@
+"""Where runs live: a run folder or a working folder the user cannot write to. Each is one line naming the
+place and what to do, before any work, or it works; nothing is left behind.
+
+Root writes anywhere, whatever a folder's permission bits say, so a read-only folder is made read-only for real:
+as root, the CLI runs in a subprocess without the capabilities that override permissions (``setpriv``), or the
+folder is made immutable (``chattr +i``); as another user, ``chmod`` binds already.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TINY_RUN
+from posexp.cli.app import app
+from posexp.errors import PosexpError
+
+TINY_ANALYZE = ("train_len=32", "analyze.length=64", "analyze.figures=false")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def _error_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+# -- making a folder read-only for real ----------------------------------------------------------------
+
+def _can_create_in(folder: Path, prefix: list[str]) -> bool:
+    probe = folder / "probe"
+    done = subprocess.run([*prefix, sys.executable, "-c", f"open({str(probe)!r}, 'w')"], capture_output=True)
+    probe.unlink(missing_ok=True)
+    return done.returncode == 0
+
+
+def _unprivileged(folder: Path) -> list[str]:
+    """A command prefix that runs a process bound by ``folder``'s permission bits, as a user's is."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores permission bits, and setpriv is not here to drop that power")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    if _can_create_in(folder, prefix):
+        pytest.skip("this machine lets the process write to a read-only folder")
+    return prefix
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only to this very process, root included (immutable), for the in-process checks."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        undo = ["chmod", "755", str(folder)]
+    elif shutil.which("chattr") and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        pytest.skip("root cannot make a folder read-only to itself here (no chattr +i)")
+    try:
+        yield
+    finally:
+        subprocess.run(undo, check=True)
+
+
+def _read_only_copy(trained: Path, where: Path) -> Path:
+    copy = where / "shared_run"
+    shutil.copytree(trained, copy)
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    return copy
+
+
+def _writable_again(folder: Path) -> None:
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+# -- 1: a run folder that cannot be written is refused before any evaluation ------------------------------
+
+@pytest.mark.parametrize("command,writes", [("eval", "results.json"), ("analyze", "analysis.json")])
+def test_a_read_only_run_folder_is_refused_before_any_work(command, writes, trained, tmp_path):
+    run = _read_only_copy(trained, tmp_path)
+    before = (run / "results.json").read_bytes()
+    try:
+        prefix = _unprivileged(run)
+        extra = "eval.lengths=[32]" if command == "eval" else "analyze.figures=false"
+        done = subprocess.run([*prefix, sys.executable, "-m", "posexp", command, str(run), extra], cwd=tmp_path,
+                              env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300)
+    finally:
+        _writable_again(run)
+    assert done.returncode == 2, done.stderr
+    line = _error_line(done.stderr)
+    assert f"{run}: not writable" in line and writes in line and f"cp -r {run} DIR" in line
+    assert "posexp eval" not in done.stdout and "attention at" not in done.stdout  # nothing was evaluated
+    assert (run / "results.json").read_bytes() == before and not (run / "analysis").exists()
+
+
+def test_the_writability_check_probes_the_folder_and_leaves_nothing(trained, tmp_path):
+    from posexp.commands.eval import check_writable
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    names = sorted(p.name for p in run.iterdir())
+    check_writable(run, "posexp eval", "its new rows")  # a writable folder passes
+    assert sorted(p.name for p in run.iterdir()) == names
+    with read_only(run):
+        with pytest.raises(PosexpError) as e:
+            check_writable(run, "posexp eval", "its new rows")
+        result = invoke("eval", str(run), "eval.lengths=[32]")
+    assert str(e.value).startswith(f"{run}: not writable (") and "eval a copy instead" in str(e.value)
+    assert result.exit_code == 2 and "not writable" in _error_line(result.output)
+    assert "posexp eval" not in result.output.split("error:")[0]  # refused before the evaluation's first line
+    assert sorted(p.name for p in run.iterdir()) == names
+
+
+# -- 2: posexp analyze from a working folder that cannot be written -------------------------------------
+
+def test_analyze_from_a_read_only_working_folder_is_one_line_or_writes_elsewhere(tmp_path):
+    cwd = tmp_path / "read_only_cwd"
+    cwd.mkdir()
+    prefix = _unprivileged_dir(cwd)
+
+    def analyze(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, sys.executable, "-m", "posexp", "analyze", "encoder=rope", *TINY_ANALYZE,
+                               *args], cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True,
+                              timeout=300)
+
+    try:
+        refused = analyze()
+        elsewhere = analyze(f"hydra.run.dir={tmp_path / 'analysis'}")
+    finally:
+        cwd.chmod(0o755)
+    assert refused.returncode == 2, refused.stderr
+    line = _error_line(refused.stderr)
+    assert line.startswith("error: outputs/analyze/") and f"{cwd} is not writable" in line
+    assert "run the command from a folder you can write to" in line and "hydra.run.dir=DIR" in line
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert (tmp_path / "analysis" / "analysis.json").is_file()
+    assert list(cwd.iterdir()) == []
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_hydra_starts(tmp_path):
+    from posexp.analysis.schema import register_schema
+    from posexp.cli.folders import check_output_folder
+
+    register_schema()
+    with pytest.raises(PosexpError) as e:  # /proc takes no new folder, whoever asks
+        check_output_folder(["-m", "encoder=rope", "base=100,1000", "hydra.sweep.dir=/proc/posexp/sweep"], "analyze")
+    assert str(e.value).startswith("/proc/posexp/sweep: cannot create the output folder (")
+    assert "/proc is not writable" in str(e.value) and "hydra.sweep.dir=DIR" in str(e.value)
+    check_output_folder(["encoder=rope", f"hydra.run.dir={tmp_path / 'a' / 'b'}"], "analyze")  # makes nothing
+    check_output_folder(["--cfg", "job", "hydra.run.dir=/proc/posexp/run"], "analyze")  # Hydra writes no folder
+    assert list(tmp_path.iterdir()) == []
+
+
+def _unprivileged_dir(folder: Path) -> list[str]:
+    folder.chmod(0o555)
+    try:
+        return _unprivileged(folder)
+    except BaseException:
+        folder.chmod(0o755)
+        raise
