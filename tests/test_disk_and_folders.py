@@ -1,5 +1,5 @@
-"""Where runs live: a run folder or a working folder the user cannot write to. Each is one line naming the
-place and what to do, before any work, or it works; nothing is left behind.
+"""Where runs live: a run folder or a working folder the user cannot write to, folder names outside ASCII.
+Each is one line naming the place (or the character) and what to do, or it works; nothing is left behind.
 
 Root writes anywhere, whatever a folder's permission bits say, so a read-only folder is made read-only for real:
 as root, the CLI runs in a subprocess without the capabilities that override permissions (``setpriv``), or the
@@ -99,7 +99,7 @@ def _writable_again(folder: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
-# -- 1: a run folder that cannot be written is refused before any evaluation ------------------------------
+# -- a run folder that cannot be written is refused before any evaluation ------------------------------
 
 @pytest.mark.parametrize("command,writes", [("eval", "results.json"), ("analyze", "analysis.json")])
 def test_a_read_only_run_folder_is_refused_before_any_work(command, writes, trained, tmp_path):
@@ -137,7 +137,7 @@ def test_the_writability_check_probes_the_folder_and_leaves_nothing(trained, tmp
     assert sorted(p.name for p in run.iterdir()) == names
 
 
-# -- 2: posexp analyze from a working folder that cannot be written -------------------------------------
+# -- posexp analyze from a working folder that cannot be written -------------------------------------
 
 def test_analyze_from_a_read_only_working_folder_is_one_line_or_writes_elsewhere(tmp_path):
     cwd = tmp_path / "read_only_cwd"
@@ -184,3 +184,31 @@ def _unprivileged_dir(folder: Path) -> list[str]:
     except BaseException:
         folder.chmod(0o755)
         raise
+
+
+# -- folder names outside ASCII ----------------------------------------------------------------------
+
+def test_runs_in_folders_named_outside_ascii_train_evaluate_and_fine_tune(tmp_path):
+    parent, child = tmp_path / "runs" / "é", tmp_path / "runs" / "über-ü"
+    trained = invoke("train", *TINY_RUN, f"hydra.run.dir={parent}")  # typed as is: posexp quotes it for Hydra
+    assert trained.exit_code == 0, trained.output
+    evaluated = invoke("eval", str(parent), "eval.lengths=[48]")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert [e["overrides"] for e in _results(parent)["evaluations"]] == [["eval.lengths=[48]"]]
+    tuned = invoke("finetune", str(parent), "train_len=64", "train.steps=2", "train.warmup_steps=0",
+                   "train.progress=false", "train.threads=1", "eval.tokens=256", f"hydra.run.dir={child}")
+    assert tuned.exit_code == 0, tuned.output
+    assert _results(child)["run"]["parent"] == str(parent.resolve())
+
+
+def test_an_override_outside_ascii_that_cannot_be_quoted_for_the_user_names_the_character(tmp_path, monkeypatch):
+    from posexp.cli.arguments import quote_non_ascii
+
+    assert quote_non_ascii(["hydra.run.dir=runs/é", "data.path=[a,ü]", "seed=1", "x='é'", "data.path=my é"]) == \
+        ["hydra.run.dir='runs/é'", "data.path=[a,'ü']", "seed=1", "x='é'", "data.path='my é'"]
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", *TINY_RUN, "data.path={é: 1}")  # a dict's key: quoting it would change its meaning
+    assert result.exit_code == 2
+    line = _error_line(result.output)
+    assert "'é' is not ASCII" in line and "only inside quotes" in line
+    assert list(tmp_path.iterdir()) == []

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.cli.arguments import OverrideError, check_overrides, expand_home, full_error_requested
+from posexp.cli.arguments import OverrideError, check_overrides, expand_home, full_error_requested, quote_non_ascii
 from posexp.cli.folders import Folders, check_output_folder, claim_folders
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
@@ -283,7 +283,7 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     from posexp.commands.sweeps import missing_plugin, unique
 
     _failed_jobs.clear()
-    args = expand_home(args)
+    args = quote_non_ascii(expand_home(args))
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]
     user_dirs = _user_encoders(args)  # Hydra's parser, which reads the folders, knows no --overwrite
@@ -485,7 +485,7 @@ def analyze(
 
     if _shell_completion(list(overrides or [])):
         return
-    args = expand_home(overrides or [])
+    args = quote_non_ascii(expand_home(overrides or []))
     # run folders; Hydra overrides are not folders, nor is the user's config folder (--config-dir DIR)
     named = [a for i, a in enumerate(args) if not (i and args[i - 1] in ("--config-dir", "-cd"))]
     if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in named):

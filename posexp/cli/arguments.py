@@ -54,7 +54,8 @@ def override_text(key: str, value: object) -> str:
     """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
     (a folder path with spaces or brackets)."""
     text = str(value)
-    if all(c.isalnum() or c in "/._-:+@~" for c in text):
+    # Hydra's grammar takes letters outside ASCII (a folder named "é") only inside quotes
+    if all(c.isascii() and (c.isalnum() or c in "/._-:+@~") for c in text):
         return f"{key}={text}"
     return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
 
@@ -77,10 +78,55 @@ def _parse(args: Sequence[str], folders: bool) -> list:
             if "=" not in arg and folders:
                 raise OverrideError(f"{arg}: no such run folder, and not an override KEY=VALUE "
                                     "(e.g. encoder=rope base=10000)") from None
+            if not arg.isascii():
+                raise OverrideError(_non_ascii_message(arg)) from None
             reason = str(e).splitlines()[0]
             raise OverrideError(f"{arg}: not an override KEY=VALUE (Hydra's parser: {reason}; quote a value "
                                 f"with spaces or brackets, e.g. 'key=\"a b\"'; {FULL_ERROR_HINT})") from None
     return parsed
+
+
+def _non_ascii_message(arg: str) -> str:
+    char = next(c for c in arg if not c.isascii())
+    key, _, value = arg.partition("=")
+    example = f"{key}='{value}'" if value and not set("'\"\\[]{}(),") & set(value) else f"{key or 'key'}='...'"
+    return (f"{arg}: {char!r} is not ASCII, and Hydra's override grammar takes such characters only inside quotes; "
+            f"quote the text that has it, e.g. {example} (in a shell: \"{example}\")")
+
+
+# a value's pieces between the list, dict, sweep and call separators of Hydra's grammar
+_PIECE = re.compile(r"[^\[\]{}(),\s]+")
+_KEY_VALUE = re.compile(r"^([+~]{0,2}[\w.\-/@]+)=(.+)$")
+
+
+def quote_non_ascii(args: Sequence[str]) -> List[str]:
+    """Quote what Hydra's grammar takes only quoted, letters outside ASCII: ``hydra.run.dir=runs/é`` becomes
+    ``hydra.run.dir='runs/é'``, ``k=[a,é]`` becomes ``k=[a,'é']``; the value means the same either way (such a
+    piece is a string, never a number). An argument that is quoted, escaped or interpolated already, or whose
+    quoted form Hydra would not parse either, is left as it is, for :func:`check_overrides` to name the
+    character."""
+    out = []
+    for arg in args:
+        m = _KEY_VALUE.match(arg)
+        if arg.isascii() or m is None or set("'\"\\$") & set(m.group(2)):
+            out.append(arg)  # already quoted, escaped or interpolated: the user's own syntax
+            continue
+        key, value = m.groups()
+        pieces = f"{key}=" + _PIECE.sub(lambda p: p.group() if p.group().isascii() else f"'{p.group()}'", value)
+        whole = f"{key}='{value.strip()}'" if not set("[]{}(),") & set(value) else None  # "a b é": one string
+        out.append(next((q for q in (pieces, whole) if q is not None and _parses(q)), arg))
+    return out
+
+
+def _parses(override: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        OverridesParser.create().parse_override(override)
+    except HydraException:
+        return False
+    return True
 
 
 # KEY=~... (a `~` Hydra's grammar rejects, and a shell leaves alone after `KEY=`); `+`/`++` prefixes kept
