@@ -1,5 +1,6 @@
-"""Where runs live: a run folder or a working folder the user cannot write to, folder names outside ASCII.
-Each is one line naming the place (or the character) and what to do, or it works; nothing is left behind.
+"""Where runs live: a run folder or a working folder the user cannot write to, a disk that fills up during a
+run, folder names outside ASCII. Each is one line naming the place and what to do, or it works; nothing is left
+half-written.
 
 Root writes anywhere, whatever a folder's permission bits say, so a read-only folder is made read-only for real:
 as root, the CLI runs in a subprocess without the capabilities that override permissions (``setpriv``), or the
@@ -9,11 +10,13 @@ folder is made immutable (``chattr +i``); as another user, ``chmod`` binds alrea
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Iterator
 
@@ -25,6 +28,8 @@ from posexp.cli.app import app
 from posexp.errors import PosexpError
 
 TINY_ANALYZE = ("train_len=32", "analyze.length=64", "analyze.figures=false")
+# checkpoints at steps 4, 8 and 12: a disk that fills at the second leaves the first
+STEPS = ("train.steps=12", "train.checkpoint_every=4", "train.log_every=1", "eval.multiples=[1,2]")
 
 
 def invoke(*args: str):
@@ -184,6 +189,169 @@ def _unprivileged_dir(folder: Path) -> list[str]:
     except BaseException:
         folder.chmod(0o755)
         raise
+
+
+# -- a disk that fills up during a run ---------------------------------------------------------------
+
+class _FullWrite:
+    """A file on a disk that fills up: the write after ``after`` earlier ones lands half, then ENOSPC, as
+    ``write(2)`` reports it (no file name); closing it fails again, as a buffered file's last flush does."""
+
+    def __init__(self, file, after: int = 0):
+        self.file, self.after, self.failed = file, after, False
+
+    def write(self, data):
+        if self.after > 0:
+            self.after -= 1
+            return self.file.write(data)
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
+        self.failed = True
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.failed:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def fill_disk_at(mp: pytest.MonkeyPatch, name: str) -> None:
+    """Writing a file whose name holds ``name`` fails halfway with ENOSPC: through posexp's atomic writer
+    (Python's file writes), through safetensors' own (Rust) writer, with the error each raises, and (the
+    header and 6 rows in) through the metrics.csv appender."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    import posexp.runs.atomic as atomic
+    import posexp.training.trainer as trainer
+
+    paths: dict[int, str] = {}
+    fake_os = types.ModuleType("os")
+    fake_os.__dict__.update(os.__dict__)
+
+    def open_(path, flags, mode=0o777, **kwargs):
+        fd = os.open(path, flags, mode, **kwargs)
+        paths[fd] = str(path)
+        return fd
+
+    def fdopen(fd, *args, **kwargs):
+        file = os.fdopen(fd, *args, **kwargs)
+        return _FullWrite(file) if name in paths.pop(fd, "") else file
+
+    real_save = safetensors.torch.save_model
+
+    def save_model(model, filename, metadata=None, force_contiguous=False):
+        real_save(model, filename, metadata, force_contiguous)
+        if name in str(filename):
+            os.truncate(filename, os.path.getsize(filename) // 2)
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    def append(path, *args, **kwargs):
+        file = open(path, *args, **kwargs)
+        return _FullWrite(file, after=7) if name in str(path) else file
+
+    fake_os.open, fake_os.fdopen = open_, fdopen
+    mp.setattr(atomic, "os", fake_os)
+    mp.setattr(safetensors.torch, "save_model", save_model)
+    mp.setattr(trainer, "open", append, raising=False)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    result = invoke("train", *TINY_RUN, *STEPS, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+@pytest.mark.parametrize("fails,kept", [("step-00000008.state.pt", 4), ("step-00000008.safetensors", 4),
+                                        ("metrics.csv", 4), ("results.json", 12)])
+def test_a_full_disk_stops_the_run_in_one_line_and_it_resumes_to_the_same_numbers(fails, kept, uninterrupted,
+                                                                                   tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        fill_disk_at(mp, fails)
+        result = invoke("train", *TINY_RUN, *STEPS, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 2, result.output
+    line = _error_line(result.stderr)
+    written = run_dir / ("checkpoint/" + fails if fails.startswith("step") else fails)
+    assert line.startswith(f"error: {written}: could not be written (No space left on device)"), line
+    assert f"last checkpoint (step {kept}) is intact" in line and f"posexp resume {run_dir}" in line
+    left = sorted(p.name for p in (run_dir / "checkpoint").iterdir())
+    assert not [n for n in left if n.endswith(".tmp") or n.startswith("step-00000008")], left  # space given back
+    assert json.loads((run_dir / "checkpoint" / "resume.json").read_text())["step"] == kept
+    assert not (run_dir / "results.json").exists()
+
+    resumed = invoke("resume", str(run_dir))
+    assert resumed.exit_code == 0, resumed.output
+    ours, reference = _results(run_dir), _results(uninterrupted)
+    assert [(r["length"], r["ppl"], r["loss"]) for r in ours["rows"]] == \
+        [(r["length"], r["ppl"], r["loss"]) for r in reference["rows"]]
+    assert ours["run"]["train"]["final_loss"] == reference["run"]["train"]["final_loss"]
+
+
+def test_atomic_writers_name_the_file_a_full_disk_refused(tmp_path):
+    from posexp.runs.atomic import atomic_write_bytes
+
+    (tmp_path / "results.json").write_text("old\n")
+    with pytest.MonkeyPatch.context() as mp:
+        fill_disk_at(mp, "results.json")
+        with pytest.raises(OSError) as e:
+            atomic_write_bytes(tmp_path / "results.json", b"new\n" * 100)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "results.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    assert (tmp_path / "results.json").read_text() == "old\n"
+
+
+def test_a_full_disk_during_eval_keeps_results_json_and_says_how_to_finish(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "results.json").read_bytes()
+    with pytest.MonkeyPatch.context() as mp:
+        fill_disk_at(mp, "results.json")
+        result = invoke("eval", str(run), "eval.lengths=[96]")
+    assert result.exit_code == 2, result.output
+    line = _error_line(result.stderr)
+    assert f"{run / 'results.json'}: could not be written (No space left on device)" in line
+    assert f"free some space, then finish with: posexp eval {run} 'eval.lengths=[96]'" in line
+    assert (run / "results.json").read_bytes() == before
+
+
+@pytest.mark.slow  # two runs in fresh interpreters; the simulated full disk above keeps this in the default suite
+def test_a_real_full_disk_leaves_a_run_that_resumes(tmp_path):
+    """On a size-limited tmpfs (mounted in a user namespace, no privileges needed where the kernel allows
+    them): training fills it, stops in one line, and resumes once there is space."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    posexp = f"{sys.executable} -m posexp"
+    # 700 KiB: room for the .hydra files, the log and the first checkpoint pair (about 430 KiB), not a second
+    script = (f"mount -t tmpfs -o size=700k none {disk} || exit 99; cd {disk}; "
+              f"{posexp} train {' '.join(TINY_RUN)} train.steps=12 train.checkpoint_every=4 hydra.run.dir=run "
+              "2>err.txt; echo $? > code.txt; cp err.txt code.txt run/checkpoint/resume.json "
+              f"{tmp_path}/ 2>/dev/null; rm err.txt code.txt; mount -o remount,size=16m {disk}; "
+              f"{posexp} resume run > /dev/null 2>{tmp_path}/resume_err.txt; echo $? > {tmp_path}/resume_code.txt; "
+              f"cp run/results.json {tmp_path}/")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+    if done.returncode == 99 or not (tmp_path / "code.txt").exists():
+        pytest.skip(f"no tmpfs can be mounted here: {done.stderr.strip()[:200]}")
+    err = (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "code.txt").read_text().strip() == "2", err
+    line = _error_line(err)
+    assert "could not be written (No space left on device)" in line and f"posexp resume {disk / 'run'}" in line
+    assert (tmp_path / "resume_code.txt").read_text().strip() == "0", (tmp_path / "resume_err.txt").read_text()
+    assert _results(tmp_path)["run"]["status"] == "completed"
 
 
 # -- folder names outside ASCII ----------------------------------------------------------------------

@@ -39,7 +39,7 @@ from posexp.commands.encoder_source import check_encoder_source
 from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
-from posexp.runs.atomic import unwritable
+from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, runs_under)
 
@@ -352,6 +352,12 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     except (KeyboardInterrupt, _Stopped) as e:
         raise _stopped([p.run_dir for p in prepared], len(out), raw_overrides,
                        signal.SIGTERM if isinstance(e, _Stopped) else signal.SIGINT) from None
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        raise PosexpError(f"{e.filename}: could not be written ({e.strerror}); "
+                          f"{_left([p.run_dir for p in prepared], len(out), raw_overrides, 'free some space, then')}"
+                          ) from None
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
@@ -369,13 +375,18 @@ def _stop(signum, frame) -> None:
 
 def _stopped(runs: list[Path], finished: int, overrides: Sequence[str], signum: int) -> TrainingInterrupted:
     """What a stopped ``posexp eval`` kept, and the command that finishes it."""
+    return TrainingInterrupted(f"posexp eval stopped by {signal.Signals(signum).name}: "
+                               f"{_left(runs, finished, overrides)}", 128 + signum)
+
+
+def _left(runs: list[Path], finished: int, overrides: Sequence[str], first: str = "") -> str:
+    """The runs a ``posexp eval`` stopped after ``finished`` of them wrote, and the command that finishes it."""
     kept = (f"{finished} of {len(runs)} run(s) evaluated and written ({', '.join(map(str, runs[:finished]))}); "
             if finished else "")
     rest = runs[finished:]
     again = "posexp eval " + shlex.join([*map(str, rest), *overrides])
-    return TrainingInterrupted(f"posexp eval stopped by {signal.Signals(signum).name}: {kept}{rest[0]}'s "
-                               f"evaluation was not written, its results.json is as it was; finish with: {again}",
-                               128 + signum)
+    return (f"{kept}{rest[0]}'s evaluation was not written, its results.json is as it was; "
+            f"{first + ' ' if first else ''}finish with: {again}")
 
 
 def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -> dict:

@@ -29,6 +29,7 @@ from posexp.evaluation.runner import evaluate_config
 from posexp.runs.results import results_table, write_loss_by_position, write_results
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
+from posexp.runs.atomic import DISK_FULL
 from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.lock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime.device import resolve_device, step_settings
@@ -65,6 +66,7 @@ def train_run(spec: Config, run_dir: Path, overrides: list[str], console: Option
 
     Raises:
         TrainingDiverged: after writing a results.json with status "diverged".
+        PosexpError: a full disk (or quota), naming the file that could not be written and how to continue.
     """
     console = console or Console()
     device = resolve_device(spec.train.device)
@@ -75,7 +77,27 @@ def train_run(spec: Config, run_dir: Path, overrides: list[str], console: Option
         if not w.is_main:
             console = Console(quiet=True)
     with _claimed(run_dir, w.is_main, resume is not None):
-        return _run(spec, device, w, run_dir, overrides, console, resume or run_hash(spec), resume is not None)
+        try:
+            return _run(spec, device, w, run_dir, overrides, console, resume or run_hash(spec), resume is not None)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            raise _disk_full(run_dir, e) from None
+
+
+def _disk_full(run_dir: Path, error: OSError) -> PosexpError:
+    """What a run stopped by a full disk left: the checkpoints are written whole or not at all, so the last
+    complete one is intact and the run continues from it."""
+    try:
+        pointer = read_resume_pointer(run_dir)
+    except PosexpError:
+        pointer = None
+    what = f"{error.filename or 'a file of the run'}: could not be written ({error.strerror})"
+    if pointer is None:
+        return PosexpError(f"{what}; the run stopped before its first checkpoint. Free some space, then train it "
+                           "again")
+    return PosexpError(f"{what}; the run stopped, its last checkpoint (step {pointer['step']}) is intact. Free some "
+                       f"space, then continue with: posexp resume {run_dir}")
 
 
 @contextlib.contextmanager

@@ -8,11 +8,18 @@ half-written results.json that breaks the report later.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+# how a writer outside Python (safetensors' Rust) names an OS error: "No space left on device (os error 28)"
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+# the errors that mean the disk (or the user's share of it) cannot take the file
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -43,9 +50,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise
+        raise _naming(e, path)
     _fsync_dir(path.parent)
     return path
 
@@ -105,10 +112,24 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise
+        raise _naming(e, path)
     _fsync_dir(path.parent)
+
+
+def _naming(error: BaseException, path: Path) -> BaseException:
+    """``error`` as an :class:`OSError` naming ``path`` (the file being written, not its temporary name): a
+    write or flush says only "No space left on device", a writer outside Python raises its own type."""
+    if isinstance(error, OSError):
+        error.filename, error.filename2 = str(path), None
+        return error
+    found = _OS_ERROR.search(str(error)) if isinstance(error, Exception) else None
+    if found is None:
+        return error
+    named = OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(path))
+    named.__cause__ = error
+    return named
 
 
 def _umask() -> int:

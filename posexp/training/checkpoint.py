@@ -154,18 +154,35 @@ def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], ru
     step = int(state["step"])
     stem = f"step-{step:08d}"
     weights = ckpt / f"{stem}.safetensors"
-    weights_sha = save_weights(model, weights, run_hash.value, step)
-    buf = io.BytesIO()
-    torch.save({**state, "format": STATE_FORMAT, "config_hash": run_hash.value}, buf)
-    data = buf.getvalue()
     state_file = ckpt / f"{stem}.state.pt"
-    atomic_write_bytes(state_file, data)
-    pointer = {"format": STATE_FORMAT, "step": step, "config_hash": run_hash.value, "hash_format": run_hash.format,
-               "weights": weights.name, "weights_sha256": weights_sha,
-               "state": state_file.name, "state_sha256": hashlib.sha256(data).hexdigest()}
-    path = atomic_write_json(ckpt / RESUME_FILE, pointer)
+    try:
+        weights_sha = save_weights(model, weights, run_hash.value, step)
+        buf = io.BytesIO()
+        torch.save({**state, "format": STATE_FORMAT, "config_hash": run_hash.value}, buf)
+        data = buf.getvalue()
+        atomic_write_bytes(state_file, data)
+        pointer = {"format": STATE_FORMAT, "step": step, "config_hash": run_hash.value,
+                   "hash_format": run_hash.format, "weights": weights.name, "weights_sha256": weights_sha,
+                   "state": state_file.name, "state_sha256": hashlib.sha256(data).hexdigest()}
+        path = atomic_write_json(ckpt / RESUME_FILE, pointer)
+    except BaseException:
+        # a full disk: the previous pair stays the checkpoint, and this one's weights give their space back
+        _remove_unused(ckpt, (weights, state_file))
+        raise
     remove_stale(ckpt, keep={weights.name, state_file.name})
     return path
+
+
+def _remove_unused(ckpt: Path, files: tuple[Path, ...]) -> None:
+    """Delete ``files`` unless ``resume.json`` names them (a pointer written just before the failure does)."""
+    try:
+        pointer = json.loads((ckpt / RESUME_FILE).read_text(encoding="utf-8"))
+        named = {pointer.get("weights"), pointer.get("state")} if isinstance(pointer, dict) else set()
+    except (OSError, ValueError):
+        named = set()
+    for f in files:
+        if f.name not in named:
+            f.unlink(missing_ok=True)
 
 
 def remove_stale(ckpt: Path, keep: set[str]) -> None:

@@ -155,11 +155,18 @@ class MetricsWriter:
         return buf.getvalue()
 
     def write(self, **row) -> None:
-        self._w.writerow([row[c] for c in self.COLUMNS])
-        self._f.flush()
+        try:
+            self._w.writerow([row[c] for c in self.COLUMNS])
+            self._f.flush()
+        except OSError as e:  # a full disk: the error names the file, which a flush does not
+            e.filename = str(self.path)
+            raise
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:
+            pass  # a row whose flush failed (a full disk), already reported by write(): resume logs it again
 
 
 def save_checkpoint(model: GPT, run_dir: Path, meta: dict) -> Path:
