@@ -137,11 +137,11 @@ STUDIES = {
         {"six": _sweep(LM_SIX), "passkey": _sweep("task=passkey", LM_SIX)},
         [Table("perplexity per byte, plain and windowed", _report(
             ["{six}"], "--by", "encoder", "--metric", "ppl@1x,ppl@2x,ppl@4x,ppl@8x,ppl@16x")),
-         Table("context gain (last_k: the same last tokens scored with 16x the context), plain and windowed",
+         Table("context gain (last_k=64: the same last 64 tokens scored with 16x the context), plain and windowed",
                _report(["{six}"], "--by", "encoder", "--metric", "gain")),
          Table("passkey retrieval, plain and windowed", _report(["{passkey}"], "--by", "encoder"))],
-        evals=[["eval", "{six}", "eval.window=128"], ["eval", "{six}", "eval.protocol=last_k"],
-               ["eval", "{six}", "eval.protocol=last_k", "eval.window=128"],
+        evals=[["eval", "{six}", "eval.window=128"], ["eval", "{six}", "eval.protocol=last_k", "eval.last_k=64"],
+               ["eval", "{six}", "eval.protocol=last_k", "eval.last_k=64", "eval.window=128"],
                ["eval", "{passkey}", "eval.window=128"]]),
     "gpu": Study(
         "the CUDA path on one GPU: the fused-kernel tests, then training tokens/s and MFU at GPT-2-small shape next "
