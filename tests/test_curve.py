@@ -1,5 +1,5 @@
 """Extrapolation while training goes (eval.during_training): its config, curve.csv, that it leaves the run as it
-would be without it, resume, the trackers and the figure."""
+would be without it, resume, the trackers, the figures and the report."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from posexp.commands.edge import typed
 from posexp.commands.train import check_config, run_train
 from posexp.config.identity import config_hash
 from posexp.errors import ConfigError
+from posexp.reporting import report_main
+from posexp.reporting.curve_report import diverged_from
 from posexp.runs.curve import CurveWriter
 from posexp.runs.layout import read_curve
 from posexp.training.cache import cache_key
@@ -185,7 +187,33 @@ def test_the_trackers_get_each_point_against_the_step(tiny, tmp_path):
         assert logged == pytest.approx({r["step"]: r["ppl"] for r in rows if r["multiple"] == m}, rel=1e-6)
 
 
-# -- reading curve.csv ------------------------------------------------------------------------------
+# -- reading curve.csv, the report ------------------------------------------------------------------
+
+def _fake_run(folder: Path, encoder: str, ppl_at: dict[int, tuple[float, float]]) -> Path:
+    """A finished run's folder with a curve: ppl_at[step] = (ppl at 1x, ppl at 4x)."""
+    run = {"label": f"encoder={encoder}", "overrides": [f"encoder={encoder}"], "encoder": encoder, "train_len": 128,
+           "seed": 0, "corpus_fingerprint": "fp", "eval_settings": {"tokens": 4096, "protocol": "nonoverlap"},
+           "status": "completed", "train": {"steps": max(ppl_at)}}
+    rows = [{"length": 128, "multiple": 1.0, "protocol": "nonoverlap", "scaling": None, "applicable": True,
+             "ppl": ppl_at[max(ppl_at)][0], "loss": math.log(ppl_at[max(ppl_at)][0])}]
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
+    writer = CurveWriter(folder, "perplexity")
+    for step, ppls in ppl_at.items():
+        writer.write([{"step": step, "length": 128 * m, "multiple": m, "ppl": p, "loss": math.log(p), "tokens": 4096,
+                       "eval_s": 0.5} for m, p in zip((1, 4), ppls)])
+    return folder
+
+
+def test_diverged_from_is_the_step_the_ratio_stays_above_the_tolerance():
+    rows = lambda pairs: [{"step": s, "multiple": m, "ppl": p} for s, (a, b) in pairs.items()  # noqa: E731
+                          for m, p in ((1, a), (4, b))]
+    # above 1.1 at step 100, back within at 200, above again from 300 on
+    ratio, since = diverged_from(rows({100: (5, 6), 200: (5, 5.2), 300: (4, 5), 400: (4, 8)}), 4)
+    assert (ratio, since) == (2.0, 300)
+    assert diverged_from(rows({100: (5, 5), 200: (4, 4.1)}), 4) == (pytest.approx(1.025), None)
+    assert diverged_from(rows({100: (5, 5)}), 8) == (None, None)
+
 
 def test_a_kill_cut_line_is_not_read_and_another_file_is_no_curve(tmp_path):
     writer = CurveWriter(tmp_path, "perplexity")
@@ -195,3 +223,24 @@ def test_a_kill_cut_line_is_not_read_and_another_file_is_no_curve(tmp_path):
     assert [r["step"] for r in read_curve(tmp_path)[1]] == [5]
     (tmp_path / "curve.csv").write_text("step,loss\n1,2\n")
     assert read_curve(tmp_path) == (None, [])
+
+
+def test_report_draws_the_runs_curves_side_by_side_and_says_when_4x_parted(tmp_path):
+    sweep = tmp_path / "sweep"
+    _fake_run(sweep / "0", "rope", {100: (6.0, 6.3), 200: (5.0, 6.0), 300: (4.5, 9.0)})
+    _fake_run(sweep / "1", "alibi", {100: (6.2, 6.1), 200: (5.4, 5.3), 300: (5.0, 4.9)})
+    (sweep / "2").mkdir()  # a run without a curve (nor results) is simply not drawn
+    report_main([sweep], console=Console(quiet=True), err_console=Console(quiet=True))
+    assert (sweep / "report_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (sweep / "report.md").read_text()
+    assert "## Extrapolation during training" in text and "![extrapolation during training](report_curve.png)" in text
+    assert "| encoder=rope | 1 | 300 | 2.00 (from 200) |" in text
+    assert "| encoder=alibi | 1 | 300 | 0.98 |" in text
+
+
+def test_a_report_without_curves_has_no_curve_section(tmp_path):
+    run = _fake_run(tmp_path / "run", "rope", {100: (6.0, 6.3)})
+    (run / "curve.csv").unlink()
+    report_main([run], console=Console(quiet=True), err_console=Console(quiet=True))
+    assert "Extrapolation during training" not in (run / "report.md").read_text()
+    assert not (run / "report_curve.png").exists()
