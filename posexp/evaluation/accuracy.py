@@ -121,12 +121,12 @@ def _not_applicable(reason: str) -> dict:
             "examples": 0, "answer_tokens": 0, "reason": reason}
 
 
-@torch.inference_mode()
 def eval_depths(depths: Sequence[float]) -> list[float]:
     """``eval.depths`` in the order given, each once: a depth listed twice is measured (and written) once."""
     return list(dict.fromkeys(float(d) for d in depths))
 
 
+@torch.inference_mode()
 def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                   on_row: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for passkey.
