@@ -141,7 +141,7 @@ class CurveConfig:
 
     every: Optional[int] = None  # steps between curve points; null or 0 = off (the default)
     multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8])  # lengths as multiples of train_len
-    tokens: int = 8192  # task=lm: target tokens scored at every length (the first of the validation split)
+    tokens: int = 4096  # task=lm: target tokens scored at every length (the first of the validation split)
     examples: int = 64  # task runs: instances scored at every length
 
 

@@ -95,7 +95,7 @@ class CurveProbe:
         e = self.cfg.eval
         return evaluate(self.model, self.val, self.lengths, int(self.cfg.train_len),
                         int(e.during_training.tokens), int(e.batch_tokens), self.device, protocol="nonoverlap",
-                        position_plan=self.plan, dtype=dtype)
+                        position_plan=self.plan, dtype=dtype, memory=False)
 
     def _accuracy(self) -> list[dict]:
         assert self.task is not None
@@ -103,7 +103,7 @@ class CurveProbe:
         plain = dataclasses.replace(e, lengths=self.lengths, examples=int(e.during_training.examples),
                                     scaling="none", scaling_factor=None, rerope_window=None, window=None, sinks=None)
         return _pool_depths(evaluate_task(self.model, self.task, dataclasses.replace(self.cfg, eval=plain),
-                                          self.device))
+                                          self.device, memory=False))
 
 
 def _pool_depths(rows: list[dict]) -> list[dict]:
