@@ -71,6 +71,14 @@ STUDIES = {
         "about 3 minutes of training per encoding on 2 cores",
         {"six": _sweep(LM_SIX)},
         [Table("perplexity per byte at 1x-16x the training length", _report(["{six}"], "--by", "encoder"))]),
+    "curve": Study(
+        "the six core encodings at the default budget, measured at 1x-8x every 25 steps while they train "
+        "(eval.during_training), and what that costs",
+        "about 3 minutes of training per encoding on 2 cores, then 2 default runs for the overhead",
+        {"six": _sweep(LM_SIX, "eval.during_training.every=25")},
+        [Table("4x against 1x as training goes", _bench("curve_table.py", "{six}")),
+         Table("8x against 1x as training goes", _bench("curve_table.py", "{six}", "--multiple", "8")),
+         Table("the curve's overhead (scripts/bench_curve.py)", _bench("bench_curve.py"))]),
     "converged": Study(
         "the same six at 4x the tokens and 8x the optimizer steps (experiment=converged)",
         "11-60 minutes of training per encoding on one thread",
