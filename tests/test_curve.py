@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+import posexp
 from conftest import TINY_RUN, sigterm_at_step
 from posexp.commands.edge import typed
 from posexp.commands.train import check_config, run_train
@@ -122,6 +123,9 @@ def test_curve_csv_holds_each_point_and_matches_posexp_eval_of_the_last_weights(
     [results] = reeval_main([str(run_dir), "eval.multiples=[1,2,4]", "eval.tokens=1024"])
     assert {r["length"]: r["ppl"] for r in results["rows"]} == pytest.approx(last, rel=1e-6)
     assert (run_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curve = posexp.load_run(run_dir).curve  # from Python: a DataFrame with pandas
+    assert len(curve) == len(rows) and list(curve["ppl"] if hasattr(curve, "columns") else
+                                            [r["ppl"] for r in curve]) == [r["ppl"] for r in rows]
 
 
 def test_a_task_run_curves_its_accuracy_on_the_same_instances(tiny, tmp_path):
