@@ -17,15 +17,14 @@ from posexp.reporting import find_runs, load_run
 from posexp.reporting.curve_report import DIVERGED, diverged_from
 from posexp.runs.layout import PERPLEXITY, read_curve
 
-COLUMNS = 8  # steps shown when --steps is not given, spread over the run
+COLUMNS = 8  # at most this many steps shown when --steps is not given, evenly spaced up to the last one
 
 
 def _steps(all_steps: list[int], chosen: str | None) -> list[int]:
     if chosen:
         return [int(s) for s in chosen.split(",")]
-    if len(all_steps) <= COLUMNS:
-        return all_steps
-    return sorted({all_steps[round(i * (len(all_steps) - 1) / (COLUMNS - 1))] for i in range(COLUMNS)})
+    stride = -(-(len(all_steps) - 1) // (COLUMNS - 1)) or 1  # evenly spaced, ending at the last step
+    return all_steps[::-1][::stride][::-1]
 
 
 def main() -> None:
