@@ -70,17 +70,17 @@ def main() -> None:
     within = statistics.median(r["run"]["train"]["curve_s"] / r["run"]["train"]["wall_s"] for r in curved)
     point_steps = curve_s / points / (train_curved / args.steps)
     same = all([r["ppl"] for r in p["rows"]] == [r["ppl"] for r in plain[0]["rows"]] for p in plain + curved)
-    print(f"posexp train {' '.join(common)} [eval.during_training.every={args.every}], {args.repeats} runs each, "
-          "medians")
-    print(f"  without the curve: training {train_plain:.1f} s")
-    print(f"  with the curve:    training {train_curved:.1f} s + curve {curve_s:.1f} s over {points} points "
+    print(f"`posexp train {' '.join(common)}` [`eval.during_training.every={args.every}`], {args.repeats} runs each, "
+          "medians:\n")
+    print(f"- without the curve: training {train_plain:.1f} s")
+    print(f"- with the curve: training {train_curved:.1f} s + curve {curve_s:.1f} s over {points} points "
           f"({curve_s / points:.2f} s a point = {point_steps:.1f} training steps)")
-    print(f"  overhead: {100 * within:.1f}% of training time within a curve run (target <= {100 * TARGET:.0f}%: "
+    print(f"- overhead: {100 * within:.1f}% of training time within a curve run (target <= {100 * TARGET:.0f}%: "
           f"{'met' if within <= TARGET else 'MISSED'}); across runs "
           f"{100 * ((train_curved + curve_s) / train_plain - 1):+.1f}% (the machine's other load included)")
-    print(f"  every N steps that costs {100 * TARGET:.0f}%: N = {point_steps / TARGET:.0f}")
-    print(f"  final perplexities identical with and without the curve: {'yes' if same else 'NO'}")
-    print(f"  load average before / after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"- every N steps that costs {100 * TARGET:.0f}%: N = {point_steps / TARGET:.0f}")
+    print(f"- final perplexities identical with and without the curve: {'yes' if same else 'NO'}")
+    print(f"- load average before / after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
