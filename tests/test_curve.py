@@ -248,3 +248,15 @@ def test_a_report_without_curves_has_no_curve_section(tmp_path):
     report_main([run], console=Console(quiet=True), err_console=Console(quiet=True))
     assert "Extrapolation during training" not in (run / "report.md").read_text()
     assert not (run / "report_curve.png").exists()
+
+
+def test_weights_from_the_sweep_cache_say_they_have_no_curve(tiny, tmp_path):
+    import io
+
+    overrides = ("cache=true", *CURVE)
+    run_train(tiny(*overrides), tmp_path / "first", list(overrides))
+    out = io.StringIO()
+    again = run_train(tiny(*overrides), tmp_path / "again", list(overrides), Console(file=out, width=400))
+    assert "cached_from" in again["run"] and "curve_s" not in again["run"]["train"]
+    assert not (tmp_path / "again" / "curve.csv").exists()
+    assert "eval.during_training: no curve: these weights come from the sweep cache" in out.getvalue()
