@@ -242,6 +242,19 @@ def test_report_draws_the_runs_curves_side_by_side_and_says_when_4x_parted(tmp_p
     assert "| encoder=alibi | 1 | 300 | 0.98 |" in text
 
 
+def test_with_by_a_group_s_runs_are_pooled_into_one_panel(tmp_path):
+    from posexp.reporting.curve_report import panels_of
+    from posexp.reporting.lm_report import build_report
+
+    for seed, ppl4 in ((0, 6.0), (1, 8.0)):
+        _fake_run(tmp_path / str(seed), "rope", {100: (5.0, 5.0), 200: (4.0, ppl4)})
+    [panel] = panels_of(build_report([tmp_path / "0", tmp_path / "1"], by="encoder"))
+    assert panel.runs == 2 and panel.label == "encoder=rope"
+    pooled = {(r["step"], r["multiple"]): r["ppl"] for r in panel.rows}
+    assert pooled[200, 4] == pytest.approx(math.sqrt(6.0 * 8.0))  # exp of the mean loss: the geometric mean
+    assert pooled[100, 1] == pytest.approx(5.0)
+
+
 def test_a_report_without_curves_has_no_curve_section(tmp_path):
     run = _fake_run(tmp_path / "run", "rope", {100: (6.0, 6.3)})
     (run / "curve.csv").unlink()
