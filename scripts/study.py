@@ -33,6 +33,7 @@ READING = "## Reading"
 LM_SIX = "encoder=none,sinusoidal,learned,rope,alibi,t5"
 TASK_FIVE = "encoder=none,sinusoidal,rope,alibi,t5"
 PARALLEL = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]  # two one-thread runs at a time
+CURVE_STEPS = "25,50,100,150,200,300,400,500"  # the curve study's columns
 
 
 @dataclass
@@ -72,6 +73,15 @@ STUDIES = {
         "about 3 minutes of training per encoding on 2 cores",
         {"six": _sweep(LM_SIX)},
         [Table("perplexity per byte at 1x-16x the training length", _report(["{six}"], "--by", "encoder"))]),
+    "curve": Study(
+        "the six core encodings at the default budget, measured at 1x-8x every 25 steps while they train "
+        "(eval.during_training), and what that costs",
+        "about 3 minutes of training per encoding on 2 cores, then 2 default runs for the overhead",
+        {"six": _sweep(LM_SIX, "eval.during_training.every=25")},
+        [Table("4x against 1x as training goes", _bench("curve_table.py", "{six}", "--steps", CURVE_STEPS)),
+         Table("8x against 1x as training goes", _bench("curve_table.py", "{six}", "--multiple", "8", "--steps",
+                                                       CURVE_STEPS)),
+         Table("the curve's overhead (scripts/bench_curve.py)", _bench("bench_curve.py"))]),
     "converged": Study(
         "the same six at 4x the tokens and 8x the optimizer steps (experiment=converged)",
         "11-60 minutes of training per encoding on one thread",

@@ -120,3 +120,22 @@ def test_mqar_learns_with_its_yaml_init(tmp_path):
     assert done.returncode == 0, done.stderr + done.stdout
     (row,) = _rows(run)
     assert row["token_accuracy"] >= 0.95 and row["exact_match"] >= 0.8, row
+
+
+def test_task_evaluation_records_no_gradients(tiny, monkeypatch):
+    """Scoring only reads the weights: no autograd graph (its memory grows with the length), as for perplexity."""
+    import torch
+
+    from posexp.commands.edge import typed
+    from posexp.evaluation import accuracy
+    from posexp.model.factory import build_model
+    from posexp.tasks.source import TrainingSource
+
+    cfg = typed(tiny("task=reverse", "train_len=16", "eval.multiples=[1,2]", "eval.examples=4"))
+    source = TrainingSource.of_task(cfg, None)
+    model = build_model(cfg, source.vocab_size)
+    grad_on: list[bool] = []
+    score = accuracy._score
+    monkeypatch.setattr(accuracy, "_score", lambda *a: grad_on.append(torch.is_grad_enabled()) or score(*a))
+    accuracy.evaluate_task(model, source.task, cfg, torch.device("cpu"))
+    assert grad_on == [False, False]

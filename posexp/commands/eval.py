@@ -43,7 +43,9 @@ from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, runs_under)
 
-EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig))
+# what posexp eval may change; eval.during_training was measured while the run trained, and stays as it was
+TRAINING_ONLY = "during_training"
+EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig) if f.name != TRAINING_ONLY)
 VALUE_HINTS = {
     "lengths": "a list of integers, e.g. eval.lengths=[256,1024,8192]",
     "multiples": "a list of integers, e.g. eval.multiples=[1,2,4,8,16,32]",
@@ -107,6 +109,9 @@ def parse_eval_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
         if ov.is_sweep_override():
             raise ConfigError(key, "posexp eval evaluates one setting at a time; run it once per value")
         name = key[len("eval."):]
+        if name.split(".")[0] == TRAINING_ONLY:
+            raise ConfigError(key, "is measured while a run trains (curve.csv); posexp eval evaluates the trained "
+                                   f"weights only. To measure the curve, train a run with {text}")
         if name not in EVAL_KEYS:
             raise ConfigError(key, f"not an evaluation setting; choose one of: "
                                    f"{', '.join('eval.' + k for k in EVAL_KEYS)}")
@@ -120,7 +125,8 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[assignment]
     stored: dict = OmegaConf.to_container(cfg.get("eval") or OmegaConf.create({}))  # type: ignore[assignment]
-    ev: Any = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in stored.items() if k in EVAL_KEYS})
+    kept = (*EVAL_KEYS, TRAINING_ONLY)  # the run's curve settings stay in the config it records
+    ev: Any = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in stored.items() if k in kept})
     given = {name for name, _ in overrides}
     for key, dependents in DEPENDENT_KEYS.items():
         if key in given:

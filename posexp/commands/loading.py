@@ -4,6 +4,7 @@
 
     run = posexp.load_run("outputs/2025-01-01/12-00-00")
     run.results  # a pandas DataFrame (a list of dicts without pandas): one row per length x protocol
+    run.curve    # curve.csv (eval.during_training) the same way: one row per step x length
     logits = run.model(tokens)  # (B, L, vocab), the weights of the run's checkpoint
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, typed
 from posexp.errors import PosexpError
-from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, read_results
+from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, read_curve, read_results
 
 
 @dataclass
@@ -53,6 +54,12 @@ class Run:
         if self._model is None:
             self._model = _load_model(self.path, self._saved, self.info)
         return self._model
+
+    @property
+    def curve(self) -> Any:
+        """The rows of ``curve.csv`` (``eval.during_training``: step, length, multiple, ppl or accuracy, ...), as
+        :attr:`results` is; empty for a run trained without the curve."""
+        return _table(read_curve(self.path)[1])
 
 
 def load_run(path: str | os.PathLike) -> Run:

@@ -18,19 +18,21 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.model.factory import build_model
-from posexp.config.schema import Config, eval_lengths, is_task
+from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.commands.edge import typed
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task
+from posexp.evaluation.curve import CurveProbe
 from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
 from posexp.evaluation.runner import evaluate_config
 from posexp.runs.results import results_table, write_loss_by_position, write_results
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import DISK_FULL
-from posexp.runs.layout import RESULTS_JSON
+from posexp.runs.curve import CurveWriter, draw_curve
+from posexp.runs.layout import ACCURACY, PERPLEXITY, RESULTS_JSON
 from posexp.runs.lock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime.device import resolve_device, step_settings
 from posexp.tasks.sampler import TaskSampler
@@ -194,9 +196,14 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
             result = reused.restore(model, run_dir, device) if w.is_main else None
             cache.log.info(reused.message())
             console.print(reused.message(), highlight=False)
+            if spec.eval.during_training.every:
+                warn("eval.during_training: no curve: these weights come from the sweep cache, and the curve is "
+                     "measured while a model trains; cache=false trains again and measures it")
         else:
+            probe = _curve_probe(spec, model, source, device, run_dir, resume, trackers, warn) if w.is_main else None
             with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
-                result = _train(spec, model, source, run_dir, overrides, w, identity, resume, trackers.log_train)
+                result = _train(spec, model, source, run_dir, overrides, w, identity, resume, trackers.log_train,
+                                probe)
         if not w.is_main:
             return {}  # rank 0 evaluates and writes; the weights are the same on every rank
         save_checkpoint(model, run_dir, {"config_hash": identity.value, "hash_format": identity.format,
@@ -206,8 +213,10 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
         results = _evaluate_and_write(spec, model, source, device, run_dir, overrides, identity, result, reused,
                                       console)
         trackers.log_results(results["rows"], run_dir)
+    curve_s = results["run"]["train"].get("curve_s")
     trained = f"weights from cache {reused.key}" if reused is not None else \
-        f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s"
+        f"train {result.wall_s:.0f}s, {result.tokens_per_s:,.0f} tokens/s" + \
+        (f"; curve {curve_s:.0f}s" if curve_s is not None else "")
     console.print(f"wrote {run_dir / RESULTS_JSON} ({trained})", highlight=False)
     return results
 
@@ -251,6 +260,10 @@ def _load_source(spec: Config, w: World, console: Console,
     corpus = _load_corpus(spec, w, console, warn) if needs_corpus else None
     if not is_task(spec):
         check_fits(corpus, spec.train_len, longest)
+        if spec.eval.during_training.every and corpus.val.size < max(curve_lengths(spec)) + 1:
+            raise ConfigError("eval.during_training.multiples",
+                              f"the validation split has {corpus.val.size} tokens, fewer than one window of the "
+                              f"longest curve length + 1 = {max(curve_lengths(spec)) + 1}; use smaller multiples")
         return TrainingSource.of_corpus(corpus)
     return TrainingSource.of_task(spec, corpus)
 
@@ -267,13 +280,30 @@ def _announce(spec: Config, model: GPT, source: TrainingSource, device: torch.de
                   highlight=False)
 
 
+def _curve_probe(spec: Config, model: GPT, source: TrainingSource, device: torch.device, run_dir: Path,
+                 resume: bool, trackers: tracking.Trackers, warn: Callable[[str], None]) -> Optional[CurveProbe]:
+    """``eval.during_training``: what measures the model while it trains, into curve.csv and the trackers; None
+    when the curve is off. A resumed run keeps the points up to its checkpoint and measures the later ones again."""
+    if not spec.eval.during_training.every:
+        return None
+    resume_step = (read_resume_pointer(run_dir) or {}).get("step", 0) if resume else None
+    writer = CurveWriter(run_dir, PERPLEXITY if source.task is None else ACCURACY, resume_step)
+
+    def on_point(step: int, rows: list[dict]) -> None:
+        writer.write(rows)
+        trackers.log_curve(step, rows)
+
+    val = source.corpus.val if source.task is None else None
+    return CurveProbe(model, spec, device, on_point, val=val, task=source.task, warn=warn)
+
+
 def _train(spec: Config, model: GPT, source: TrainingSource, run_dir: Path, overrides: list[str], w: World,
-           identity: RunHash, resume: bool, on_log: LogHook) -> TrainResult:
+           identity: RunHash, resume: bool, on_log: LogHook, probe: Optional[CurveProbe] = None) -> TrainResult:
     sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else None
     try:
         return train(model, source.corpus, spec.train, run_dir, train_len=spec.train_len, seed=spec.seed,
                      plan=PositionPlan(spec), run_hash=identity, compiled=spec.compile, resume=resume,
-                     sampler=sampler, on_log=on_log)
+                     sampler=sampler, on_log=on_log, probe=probe)
     except TrainingDiverged as e:
         if w.is_main:
             write_run_status(run_dir, spec, overrides, "diverged", e, source.info(), step=e.step, identity=identity)
@@ -292,6 +322,9 @@ def _evaluate_and_write(spec: Config, model: GPT, source: TrainingSource, device
     if reused is not None:
         results["run"]["cached_from"] = reused.provenance()
         results["run"]["train"]["threads"] = reused.entry.get("threads")  # of the training, not this evaluation
+    elif spec.eval.during_training.every:  # seconds the curve took, every session's: kept off the training clock
+        curve = draw_curve(run_dir, spec.train_len, title=f"{model.encoder.label}: extrapolation during training")
+        results["run"]["train"]["curve_s"] = round(sum(row["eval_s"] for row in curve), 3)
     if positions:
         write_loss_by_position(run_dir, positions, spec.train_len, results["run"]["label"])
     write_results(run_dir, results)

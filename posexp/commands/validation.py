@@ -31,6 +31,7 @@ from posexp.config.schema import (
     TokenizerConfig,
     TrainConfig,
     config_dir,
+    curve_lengths,
     default_max_position,
     eval_lengths,
     is_task,
@@ -135,6 +136,7 @@ def validate(cfg: Config, memory: Optional[str] = "train") -> None:
 
     validate_data(cfg)
     validate_task(cfg)
+    validate_curve(cfg)
     require(str(cfg.cache_dir).strip() != "", "cache_dir",
             "must name a folder (absolute, or relative to the folder posexp is started in)")
     check_objective(cfg)
@@ -310,6 +312,30 @@ def validate_eval(cfg: Config, encoder=None) -> None:
     check_window(e.window, e.sinks)
 
 
+def validate_curve(cfg: Config) -> None:
+    """``eval.during_training``: a step count (0 or null: off), positive multiples, a budget that holds one window
+    of the longest curve length (a task: one instance per length, of a length the task can build)."""
+    c = cfg.eval.during_training
+    require(c.every is None or c.every >= 0, "eval.during_training.every",
+            f"must be a number of steps >= 0; 0 or null turns the curve off (got {c.every})")
+    if not c.every:
+        return
+    require(len(c.multiples) > 0, "eval.during_training.multiples",
+            "must list at least one multiple of train_len, e.g. eval.during_training.multiples=[1,2,4]")
+    bad = [m for m in c.multiples if m <= 0]
+    require(not bad, "eval.during_training.multiples", f"multiples must be positive integers (got {bad})")
+    longest = max(curve_lengths(cfg))
+    if not is_task(cfg):
+        require(c.tokens >= longest, "eval.during_training.tokens",
+                f"must be at least the longest curve length {longest} (got {c.tokens})")
+        return
+    require(c.examples > 0, "eval.during_training.examples",
+            f"must be a positive number of instances per length (got {c.examples})")
+    task = build_task(cfg.task)
+    for length in curve_lengths(cfg):
+        task.check_length(length, "eval.during_training.multiples")
+
+
 def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,
                           rerope_window: Optional[int] = None, train_len: Optional[int] = None) -> None:
     """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
@@ -355,6 +381,10 @@ def config_warnings(cfg: Config) -> list[str]:
     """Settings that are allowed but probably not meant; the run goes on and says so."""
     t = cfg.train
     notes = []
+    every = cfg.eval.during_training.every
+    if every and every > t.steps:
+        notes.append(f"eval.during_training.every={every} is more than train.steps={t.steps}: the curve has one "
+                     f"point, at the last step; lower it (e.g. eval.during_training.every={max(1, t.steps // 10)})")
     if t.warmup_steps >= t.steps:
         peak = "reaches train.lr only at the last step" if t.warmup_steps == t.steps else \
             f"never reaches train.lr (it ends at {t.steps / t.warmup_steps:.0%} of it)"

@@ -131,6 +131,21 @@ class TaskConfig:
 
 
 @dataclass
+class CurveConfig:
+    """``eval.during_training``: extrapolation measured while the model trains, on a small fixed budget.
+
+    Every ``every`` steps (and at the last step) the model is evaluated at ``multiples`` x ``train_len`` on the
+    same held-out tokens (a task: the same instances) each time; rows go to ``curve.csv`` and the trackers.
+    ``configs/eval/default.yaml`` documents each key; it never changes the weights, the config hash or the cache key.
+    """
+
+    every: Optional[int] = None  # steps between curve points; null or 0 = off (the default)
+    multiples: List[int] = field(default_factory=lambda: [1, 2, 4, 8])  # lengths as multiples of train_len
+    tokens: int = 4096  # task=lm: target tokens scored at every length (the first of the validation split)
+    examples: int = 64  # task runs: instances scored at every length
+
+
+@dataclass
 class EvalConfig:
     """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
 
@@ -154,6 +169,8 @@ class EvalConfig:
     # task runs (task != lm): instances per length (and depth), and the passkey's depths in [0, 1]
     examples: int = 256
     depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    # extrapolation while training goes (curve.csv, curve.png): off unless eval.during_training.every is set
+    during_training: CurveConfig = field(default_factory=CurveConfig)
 
 
 @dataclass
@@ -279,6 +296,11 @@ def eval_lengths(cfg: Config) -> list[int]:
     if cfg.eval.lengths is not None:
         return sorted(set(int(n) for n in cfg.eval.lengths))
     return sorted(set(int(m) * int(cfg.train_len) for m in cfg.eval.multiples))
+
+
+def curve_lengths(cfg: Config) -> list[int]:
+    """The lengths ``eval.during_training`` measures: its multiples times ``train_len``, sorted, unique."""
+    return sorted(set(int(m) * int(cfg.train_len) for m in cfg.eval.during_training.multiples))
 
 
 def is_task(cfg: Config) -> bool:

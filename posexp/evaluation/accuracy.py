@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -121,14 +122,14 @@ def _not_applicable(reason: str) -> dict:
             "examples": 0, "answer_tokens": 0, "reason": reason}
 
 
-@torch.inference_mode()
 def eval_depths(depths: Sequence[float]) -> list[float]:
     """``eval.depths`` in the order given, each once: a depth listed twice is measured (and written) once."""
     return list(dict.fromkeys(float(d) for d in depths))
 
 
+@torch.inference_mode()
 def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
-                  on_row: Optional[Callable[[dict], None]] = None) -> list[dict]:
+                  on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
     """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for passkey.
 
     With ``eval.window`` every query attends only within the window (:mod:`posexp.model.window`) and the rows
@@ -160,7 +161,8 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                 else:
                     made = eval_instances(task, length, int(e.examples), depth)
                     pos = plan.eval_positions(length)
-                    with _Swapped(model, encoder, window), PeakMemory(device) as mem, autocast(device, dtype):
+                    mem = PeakMemory(device)  # measured unless memory is off (eval.during_training's quick points)
+                    with _Swapped(model, encoder, window), mem if memory else nullcontext(), autocast(device, dtype):
                         t0 = time.perf_counter()
                         right, total, loss_sum = _score(model, made.tokens, made.answer, pos,
                                                         int(e.batch_tokens), device)

@@ -46,6 +46,7 @@ records what it ran with (``batch_windows``, ``attn_block_size``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -307,10 +308,12 @@ def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, fac
 def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
                     device: torch.device, log: Callable[[str], None], position_plan,
                     dtype: torch.dtype, progress=None,
-                    window: Optional[AttentionWindow] = None) -> tuple[LengthResult, float, PeakMemory]:
+                    window: Optional[AttentionWindow] = None,
+                    memory: bool = True) -> tuple[LengthResult, float, PeakMemory]:
     """One length's forward passes with ``encoder`` in the model, attending within ``window``: the losses,
-    seconds taken and peak memory."""
-    with _Swapped(model, encoder, window), PeakMemory(device) as mem:
+    seconds taken and peak memory (not measured, None, unless ``memory``)."""
+    mem = PeakMemory(device)
+    with _Swapped(model, encoder, window), (mem if memory else contextlib.nullcontext()):
         t0 = time.perf_counter()
         pos = position_plan.eval_positions(length) if position_plan is not None else None
         with autocast(device, dtype):
@@ -326,13 +329,12 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
              position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
-             progress: Optional[Callable[[int, int, int], None]] = None) -> list[dict]:
+             progress: Optional[Callable[[int, int, int], None]] = None, memory: bool = True) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format.
 
     Args:
         model: the trained model (its encoder is swapped for a scaled copy while a scaling runs).
-        val: validation tokens.
-        lengths: window lengths ``L``.
+        val, lengths: validation tokens; window lengths ``L``.
         train_len: the training length (for ``multiple`` and the default scaling factor).
         tokens, batch_tokens: ``eval.tokens``, the scored-target budget; forward tokens per batch.
         device: where to run.
@@ -358,6 +360,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             carry bf16's 8-bit mantissa.
         window: each query attends only within it (``eval.window``, :mod:`posexp.model.window`), with any
             protocol and scaling; rows then record ``window`` and ``sinks``. None = the whole causal past.
+        memory: measure peak memory (:class:`PeakMemory`: a garbage collection per length; the curve skips it).
 
     Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
     learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
@@ -388,7 +391,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
             else:
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
                 res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
-                                                    position_plan, dtype, progress, window)
+                                                    position_plan, dtype, progress, window, memory)
                 row.update(_summarise(res, win, length, elapsed, mem))
                 if positions is not None:
                     positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,

@@ -34,6 +34,7 @@ from rich.text import Text
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_METRIC_HELP, TASK_RENDERERS)
+from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import build_report
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
@@ -117,6 +118,7 @@ def report_main(
     full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
+    write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
     summary = out_dir / SUMMARY_MD
     csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
     notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))

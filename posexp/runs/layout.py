@@ -9,6 +9,7 @@ A run folder is what ``posexp train`` leaves behind and what ``eval``, ``resume`
                             accuracy_vs_length.png, and passkey_heatmap.png for task=passkey)
     loss_by_position.csv    mean loss per position in the window, per measurement (and its .png)
     metrics.csv             the training curve; train.log the run's log
+    curve.csv / .png        with eval.during_training: perplexity (accuracy) at a few lengths while training went
     trackers.json           the tracked runs (logger=tensorboard/mlflow/wandb) that eval and resume append to
     checkpoint/             model.safetensors + meta.json (and resumable step files while training)
     .hydra/                 config.yaml and overrides.yaml, as Hydra wrote them
@@ -54,6 +55,9 @@ PASSKEY_HEATMAP = "passkey_heatmap.png"  # task=passkey: exact match per length 
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
 LOSS_BY_POSITION_PNG = "loss_by_position.png"
 METRICS_CSV = "metrics.csv"
+# eval.during_training: the model measured at a few lengths every N steps while it trained, and its figure
+CURVE_CSV = "curve.csv"
+CURVE_PLOT = "curve.png"
 TRAIN_LOG = "train.log"
 # The experiment trackers a run reports to (logger=...) and the ids that find its tracked run again.
 TRACKERS_JSON = "trackers.json"
@@ -75,6 +79,7 @@ REPORT_PLOT = "report_ppl_vs_length.png"
 REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
 REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
+REPORT_CURVE_PLOT = "report_curve.png"  # the runs' curve.csv side by side
 
 # The columns of loss_by_position.csv: the row key, then the position and its loss; and, only in a file with
 # rows of a windowed evaluation (eval.window), the window and its sinks.
@@ -449,6 +454,41 @@ def read_training_curve(run_dir: str | os.PathLike) -> tuple[list[float], list[f
     except (OSError, KeyError, ValueError, TypeError):
         return [], []
     return steps, losses
+
+
+# curve.csv's columns: a language model's (perplexity) and a task run's (accuracy); the header says which
+CURVE_COLUMNS = {PERPLEXITY: ["step", "length", "multiple", "ppl", "loss", "tokens", "eval_s"],
+                 ACCURACY: ["step", "length", "multiple", "exact_match", "token_accuracy", "answer_loss", "examples",
+                            "eval_s"]}
+
+
+def curve_metric(header: Sequence[str]) -> Optional[str]:
+    """Which kind of curve.csv a header belongs to (:data:`CURVE_COLUMNS`), or None for another file."""
+    return next((metric for metric, columns in CURVE_COLUMNS.items() if list(header) == columns), None)
+
+
+def read_curve(run_dir: str | os.PathLike) -> tuple[Optional[str], list[dict]]:
+    """A run's ``curve.csv``: its metric and rows (numbers parsed; ``step``, ``length`` and ``tokens`` /
+    ``examples`` as ints), in file order. A missing or unreadable file is ``(None, [])``; a line a kill cut
+    short is left out."""
+    try:
+        lines = (Path(run_dir) / CURVE_CSV).read_text(encoding="utf-8").splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()  # the write a kill interrupted
+        records = list(csv.reader(lines))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None, []
+    metric = curve_metric(records[0]) if records else None
+    if metric is None:
+        return None, []
+    columns, rows = CURVE_COLUMNS[metric], []
+    for record in records[1:]:
+        try:
+            rows.append({c: int(v) if c in ("step", "length", "tokens", "examples") else float(v)
+                         for c, v in zip(columns, record, strict=True)})
+        except ValueError:
+            continue
+    return metric, rows
 
 
 # -- the saved config and overrides ---------------------------------------------------------------

@@ -22,7 +22,8 @@ from typing import Callable, Optional
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.layout import is_sweep_dir
-from posexp.tracking.tracker import RunIdentity, Tracker, artifacts, eval_points, read_records, write_records
+from posexp.tracking.tracker import (RunIdentity, Tracker, artifacts, curve_values, eval_points, read_records,
+                                     write_records)
 
 log = logging.getLogger("posexp.tracking")
 
@@ -114,6 +115,12 @@ class Trackers:
     def log_train(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
         values = {"loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
         self._each("logging the training curve", lambda t: t.log_train(step, values))
+
+    def log_curve(self, step: int, rows: list[dict]) -> None:
+        """One point of the extrapolation curve (``eval.during_training``; curve.csv's rows of ``step``)."""
+        values = curve_values(rows)
+        if values:
+            self._each("logging the extrapolation curve", lambda t: t.log_curve(step, values))
 
     def log_results(self, rows: list[dict], run_dir: Path) -> None:
         """Every row given (a train's, or the rows a ``posexp eval`` measured), then the run's artifacts."""

@@ -136,6 +136,12 @@ class MLflowTracker(Tracker):
         self.client.log_batch(self.run_id, metrics=[Metric(f"train/{k}", float(v), now, step)
                                                     for k, v in values.items()])
 
+    def log_curve(self, step: int, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
+
     def log_eval(self, points: list[Point], rows: list[dict]) -> None:
         from mlflow.entities import Metric
 

@@ -53,6 +53,10 @@ class TensorBoardTracker(Tracker):
         for key, value in values.items():
             self.writer.add_scalar(f"train/{key}", value, step)
 
+    def log_curve(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+
     def log_eval(self, points: list[Point], rows: list[dict]) -> None:
         for p in points:
             self.writer.add_scalar(p.name, p.value, p.length)

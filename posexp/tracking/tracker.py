@@ -19,10 +19,11 @@ from typing import Any, Optional
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
+from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, CURVE_CSV, CURVE_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
 
 # What a run folder hands its trackers as artifacts, when present: the results and the run's figures.
-ARTIFACTS = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_PNG, ACCURACY_PLOT, PASSKEY_HEATMAP)
+ARTIFACTS = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_PNG, ACCURACY_PLOT, PASSKEY_HEATMAP,
+             CURVE_CSV, CURVE_PLOT)
 
 
 @dataclass
@@ -116,6 +117,23 @@ def eval_points(rows: list[dict]) -> list[Point]:
     return sorted(points, key=lambda p: (p.name, p.length))
 
 
+# What a curve.csv row (eval.during_training) measures, as series: a language model's perplexity, a task run's
+# exact-match and per-token accuracy.
+CURVE_FIELDS = ("ppl", "exact_match", "token_accuracy")
+
+
+def curve_values(rows: list[dict]) -> dict[str, float]:
+    """One point of the extrapolation curve as tracker series, ``curve/<value>/<multiple>x`` (``curve/ppl/4x``),
+    each drawn against the training step; values not finite are left out."""
+    values = {}
+    for row in rows:
+        for name in CURVE_FIELDS:
+            value = row.get(name)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                values[f"curve/{name}/{float(row['multiple']):g}x"] = float(value)
+    return values
+
+
 def flat_config(config: dict, prefix: str = "") -> dict[str, Any]:
     """A nested config as dotted keys with scalar values (lists and None as text): what hyperparameter
     tables take."""
@@ -168,6 +186,10 @@ class Tracker:
     name = ""
 
     def log_train(self, step: int, values: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def log_curve(self, step: int, values: dict[str, float]) -> None:
+        """A point of the extrapolation curve (:func:`curve_values`: full series names) at training step ``step``."""
         raise NotImplementedError
 
     def log_eval(self, points: list[Point], rows: list[dict]) -> None:

@@ -89,6 +89,10 @@ class WandbTracker(Tracker):
         self.step = max(self.step, step)
         self.run.log({f"train/{k}": v for k, v in values.items()}, step=step)
 
+    def log_curve(self, step: int, values: dict[str, float]) -> None:
+        self.step = max(self.step, step)
+        self.run.log(dict(values), step=step)
+
     def log_eval(self, points: list[Point], rows: list[dict]) -> None:
         import wandb
 

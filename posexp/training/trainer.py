@@ -344,20 +344,38 @@ class CheckpointSchedule:
 
     def saved(self, done: int) -> None:
         self.saved_step, self.last_save = done, time.perf_counter()
+        log.info("checkpoint at step %d", done)
 
 
 # Called at every logging step with (step, loss, lr, tokens_per_s): how experiment trackers hear of training.
 LogHook = Callable[[int, float, float, float], None]
 
 
+class Probe(Protocol):
+    """A measurement of the model taken while it trains (``eval.during_training``, the extrapolation curve).
+
+    It leaves the model as it found it (train mode, weights, RNG streams), so training goes on as without it.
+    """
+
+    def due(self, step: int) -> bool:
+        """Whether to measure after step ``step`` (1-based, as in ``metrics.csv``)."""
+        ...
+
+    def __call__(self, step: int, dtype: torch.dtype) -> None:
+        """Measure the model as it is after ``step``, in the training precision ``dtype``."""
+        ...
+
+
 class TrainingLog:
     """The report of each logging interval: a ``metrics.csv`` row (rank 0), a ``train.log`` line, the progress bar
     (or, when the output is not a terminal, a plain line every tenth of training), and the ``on_log`` hook
-    (experiment trackers)."""
+    (experiment trackers); and the ``probe`` of every step it is due at, whose time the training clock leaves out."""
 
     def __init__(self, metrics: Optional[MetricsWriter], progress: Progress, state: TrainState, steps: int,
-                 encoder: str, on_log: Optional[LogHook] = None, shown: bool = False):
+                 encoder: str, on_log: Optional[LogHook] = None, shown: bool = False, probe: Optional[Probe] = None,
+                 dtype: torch.dtype = torch.float32):
         self.metrics, self.progress, self.state, self.on_log = metrics, progress, state, on_log
+        self.probe, self.dtype = probe, dtype  # the probe measures in the training precision
         # off a terminal the bar draws nothing: plain lines instead
         self.plain = plain_progress(progress.console, encoder, steps, state.step, state.tokens) if shown else None
         self.task = progress.add_task("train", total=steps, completed=state.step, encoder=encoder, loss="-", tps="-")
@@ -365,8 +383,20 @@ class TrainingLog:
         self.start = self.last_time = time.perf_counter()
 
     def elapsed_s(self) -> float:
-        """The run's training wall time: earlier sessions' and this one's."""
+        """The run's training wall time: earlier sessions' and this one's (without the probe's)."""
         return self.state.elapsed_s + time.perf_counter() - self.start
+
+    def stepped(self, tokens: int) -> None:
+        """A step of ``tokens`` tokens is done: count them, and run the probe if it is due. The probe's time is
+        kept off the clock, so tokens/s and the wall time are training's alone."""
+        self.interval_tokens += tokens
+        if self.probe is None or not self.probe.due(self.state.step):
+            return
+        began = time.perf_counter()
+        self.probe(self.state.step, self.dtype)
+        spent = time.perf_counter() - began
+        self.start += spent
+        self.last_time += spent
 
     def row(self, lr: float) -> None:
         loss = self.state.close_interval()
@@ -385,8 +415,8 @@ class TrainingLog:
         self.last_time, self.interval_tokens = now, 0
 
 
-def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) -> None:
-    if precision == "bf16" and not bf16_is_native(device):
+def warn_if_slow_bf16(precision: str, device: torch.device, console: Console, is_main: bool = True) -> None:
+    if is_main and precision == "bf16" and not bf16_is_native(device):
         note = (f"precision=bf16 on {device}, which has no native bf16 matmul: expect it to be much slower than "
                 "fp32 (precision=auto picks the faster one)")
         log.warning(note)
@@ -395,7 +425,8 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console) ->
 
 def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
           plan: PositionPlan, run_hash: RunHash, compiled: object = False, console: Optional[Console] = None,
-          resume: bool = False, sampler: Optional["Sampler"] = None, on_log: Optional[LogHook] = None) -> TrainResult:
+          resume: bool = False, sampler: Optional["Sampler"] = None, on_log: Optional[LogHook] = None,
+          probe: Optional[Probe] = None) -> TrainResult:
     """Train ``model`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens (``corpus.train`` or ``sampler``).
 
     Args:
@@ -405,6 +436,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
         resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
         sampler: the batches when they are not windows of ``corpus`` (a task's ``TaskSampler``).
         on_log: called with (step, loss, lr, tokens/s) at every logging step, on the rank that writes.
+        probe: measured after every step it is due at, on the rank that writes (before that step's checkpoint).
 
     Raises:
         TrainingDiverged, TrainingInterrupted: the loss became NaN or infinite (the checkpoint before it is
@@ -418,8 +450,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     net = loss_module(model, device, compiled=settings.compile)
     opt = make_optimizer(model, t)
     console = console or Console(stderr=True)
-    if w.is_main:
-        warn_if_slow_bf16(t.precision, device, console)
+    warn_if_slow_bf16(t.precision, device, console, w.is_main)
     state, resumed = TrainState.begin(run_dir, model, opt, run_hash, device, resume, t.steps)
     choice = training_precision(model, t, train_len, device, saved=state.precision if resumed else None)
     state.precision, dtype = choice.name, choice.dtype  # a checkpoint keeps the choice for a resumed run
@@ -437,18 +468,17 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
         if w.is_main:
             state.save(run_dir, model, opt, run_hash, report.elapsed_s())
         schedule.saved(state.step)
-        log.info("checkpoint at step %d", state.step)
 
     signum = None
     try:
         with progress, StopOnSignal() as stop:
-            report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name,
-                                 on_log=on_log if w.is_main else None, shown=t.progress and w.is_main)
+            report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name, shown=t.progress and w.is_main,
+                                 on_log=on_log if w.is_main else None, probe=probe if w.is_main else None, dtype=dtype)
             for step in range(state.step, t.steps):
                 out = take_step(step, stop)
                 guard.record(step + 1, out.loss)
                 state.advance(out.loss, out.tokens)
-                report.interval_tokens += out.tokens
+                report.stepped(out.tokens)  # and the probe (eval.during_training), when it is due
                 signum = out.signum
                 if state.step % t.log_every == 0 or state.step == t.steps:
                     guard.check_loss(schedule.saved_step)
