@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -26,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.cli.arguments import OverrideError, check_overrides, expand_home, full_error_requested, quote_non_ascii
-from posexp.cli.folders import Folders, check_output_folder, claim_folders
+from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken
@@ -297,8 +298,10 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
     with distributed.worker_overrides() as quiet:
         try:
-            folders = None if quiet else claim_folders(args, overwrite, config_name, user_dirs)
-            _run_claimed(folders, [*_flags_first(folders.args if folders else args), *quiet], hydra_app)
+            with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
+                _run_claimed(claim, [*_flags_first(args), *quiet], hydra_app)
+        except Refused as e:
+            _fail(e.error)
         except PosexpError as e:
             _fail(e)
         finally:
@@ -326,25 +329,27 @@ def _user_encoders(args: List[str]) -> list:
     return dirs
 
 
-def _run_claimed(folders: Optional[Folders], args: List[str], hydra_app=_train_app) -> None:
-    """Run Hydra; a run that never started leaves no folder, an interrupted sweep says where it stands."""
+def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) -> None:
+    """Run Hydra, which claims the folder (:class:`~posexp.cli.folders.ClaimFolder`); a run that never started
+    leaves no folder, an interrupted sweep says where it stands."""
     from posexp.runs.lock import discard_unused
 
-    multirun = folders is not None and folders.multirun
+    sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
     previous = signal.getsignal(signal.SIGTERM)
-    if multirun:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
+    if sweep:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
         signal.signal(signal.SIGTERM, _terminate)
     try:
         _run_hydra(hydra_app, "posexp finetune" if hydra_app is _finetune_app else "posexp train", args)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
-        if folders is not None and not multirun and code == PosexpError.exit_code:
+        folders = claim.folders if claim is not None else None
+        if folders is not None and not folders.multirun and code == PosexpError.exit_code:
             discard_unused(folders.path, folders.created)
-        if multirun and code in (130, 128 + signal.SIGTERM):
+        if folders is not None and folders.multirun and code in (130, 128 + signal.SIGTERM):
             _report_interrupted_sweep(folders, code)
         raise
     finally:
-        if multirun:
+        if sweep:
             signal.signal(signal.SIGTERM, previous)
 
 

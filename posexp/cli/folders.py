@@ -1,116 +1,166 @@
-"""The run or sweep folder of a ``posexp train`` / ``finetune`` command line: every job's config checked, then
-the folder claimed, before Hydra starts (so a typo in job 7 of a sweep trains nothing, and two commands never
-share a folder)."""
+"""The run or sweep folder of a ``posexp train`` / ``finetune`` job, claimed by a Hydra callback (:class:`ClaimFolder`)
+on the config Hydra composed for it: every job's config is checked, then the folder claimed, before Hydra makes
+or writes anything (so a typo in job 7 of a sweep trains nothing, and two commands never share a folder).
+
+A run's config is composed once, by Hydra; a sweep's jobs are composed as its launcher composes them
+(:func:`~posexp.cli.hydra_adapter.compose_job`), from the sweep config Hydra composed.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import copy
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Iterator, List, Optional
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import full_error_requested, override_text
+from posexp.cli.hydra_adapter import compose_job
+from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
+from posexp.runs.lock import claim_named_dir, new_run_dir
 
 
 @dataclass
 class Folders:
-    """The run (or sweep) folder of a ``posexp train`` command line, claimed before Hydra starts.
+    """The run (or sweep) folder of a ``posexp train`` command line, claimed before Hydra writes there.
 
     Attributes:
         path: the run folder, or the sweep folder with ``-m``.
         created: the folders made for it (to remove again if the run never starts).
         multirun: a sweep (``-m``).
         jobs: each sweep job's overrides (a basic sweep's); None when a sweeper draws them.
-        args: the command line for Hydra, naming the claimed folder.
     """
 
     path: Path
     created: List[Path]
     multirun: bool
     jobs: Optional[List[List[str]]]
-    args: List[str] = field(default_factory=list)
 
 
-def check_jobs(jobs: List[List[str]], multirun: bool, config_name: str = "config", user_dirs=()) -> dict:
-    """Compose and validate the config of each job (a covering subset of a large sweep) before any trains.
+@dataclass
+class Claim:
+    """What a command asks of :class:`ClaimFolder` (``overwrite``) and what it claimed (``folders``: None until
+    Hydra starts a run or sweep; it stays None for ``--cfg``, ``--info``, ``--help`` and shell completion)."""
 
-    Returns:
-        The first job's run and sweep folders as Hydra would name them (``run``, ``sweep``), and whether
-        its sweeper is Hydra's basic one (``basic``).
-    """
-    from hydra import compose
-    from hydra.core.utils import setup_globals
-    from hydra.errors import HydraException
-    from omegaconf import open_dict
-    from omegaconf.errors import OmegaConfBaseException
+    overwrite: bool
+    folders: Optional[Folders] = None
 
-    from posexp.cli.plugins import initialize_configs
+
+class Refused(BaseException):
+    """A job's config or its folder refused inside Hydra's run. A BaseException, as SystemExit is, so that Hydra's
+    report of a failed app (which catches Exception) lets it through to the command, which says it in one line."""
+
+    def __init__(self, error: PosexpError):
+        super().__init__(str(error))
+        self.error = error
+
+
+_claim: Optional[Claim] = None  # the command's request, while its Hydra app runs
+
+
+@contextlib.contextmanager
+def claiming(overwrite: bool) -> Iterator[Claim]:
+    """While inside, the Hydra app's run (or sweep) is checked and its folder claimed by :class:`ClaimFolder`."""
+    global _claim
+    _claim = Claim(overwrite)
+    try:
+        yield _claim
+    finally:
+        _claim = None
+
+
+class ClaimFolder(Callback):
+    """Hydra callback (``hydra.callbacks`` of configs/config.yaml and finetune.yaml): check the job(s), then claim
+    the folder and name it in the config Hydra goes on with. It acts only under :func:`claiming`, so a Hydra app
+    started some other way (or a rank other than 0 under torchrun) claims nothing."""
+
+    def on_run_start(self, config: DictConfig, config_name: Optional[str] = None, **kwargs: Any) -> None:
+        if _claim is None:
+            return
+        _refusing(lambda: _check(config, str(config_name)))
+        path, created = _refusing(lambda: _claim_dir(config, "hydra.run.dir", sweep=False))
+        _claim.folders = Folders(path, created, multirun=False, jobs=None)
+
+    def on_multirun_start(self, config: DictConfig, config_name: Optional[str] = None, **kwargs: Any) -> None:
+        if _claim is None:
+            return
+        jobs = _refusing(lambda: check_sweep(config, str(config_name)))
+        path, created = _refusing(lambda: _claim_dir(config, "hydra.sweep.dir", sweep=True))
+        _claim.folders = Folders(path, created, multirun=True, jobs=jobs)
+
+
+def _refusing(step):
+    try:
+        return step()
+    except PosexpError as e:
+        raise Refused(e) from None
+
+
+def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:
+    """Check one job's composed config (its ``hydra`` node left out, as the job receives it)."""
     from posexp.commands.finetune import CONFIG_NAME, check_finetune
-    from posexp.commands.sweeps import jobs_to_check, swept_values
     from posexp.commands.train import check_config
 
-    first: dict = {}
-    checked = jobs_to_check(jobs)
-    setup_globals()  # the ${now:...} resolver of Hydra's folder names
-    with initialize_configs(user_dirs):
-        for job, label in zip(checked, swept_values(checked)):
-            try:
-                cfg = compose(config_name, overrides=job, return_hydra_config=True)
-                first = first or {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir),
-                                  "basic": str(cfg.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")}
-            except (HydraException, OmegaConfBaseException) as e:
-                if full_error_requested():
-                    raise  # Hydra's own report, in full
-                raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
-            with open_dict(cfg):
-                del cfg["hydra"]
-            try:
-                check_finetune(cfg) if config_name == CONFIG_NAME else check_config(cfg)
-            except PosexpError as e:
-                if multirun and label:
-                    raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
-                raise
-    return first
+    job = copy.deepcopy(config)
+    with read_write(job), open_dict(job):
+        del job["hydra"]
+    try:
+        check_finetune(job) if config_name == CONFIG_NAME else check_config(job)
+    except PosexpError as e:
+        if multirun and label:
+            raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
+        raise
 
 
-def claim_folders(args: List[str], overwrite: bool, config_name: str = "config",
-                   user_dirs=()) -> Optional[Folders]:
-    """Check every job's config, then claim the run (or sweep) folder of ``posexp train ARGS``.
+def check_sweep(config: DictConfig, config_name: str) -> Optional[List[List[str]]]:
+    """Compose and check each job of the sweep Hydra composed (a covering subset of a large one) before any trains.
+
+    Returns:
+        Each job's overrides, in the order Hydra's basic sweeper runs them; None when a sweeper draws them
+        (its jobs' shared overrides are checked).
+    """
+    overrides = [str(o) for o in config.hydra.overrides.task]
+    basic = str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper")
+    jobs = sweep_jobs(overrides) if basic else None
+    checked = jobs_to_check(jobs or [fixed_overrides(overrides)])
+    for job, label in zip(checked, swept_values(checked)):
+        try:
+            composed = compose_job(config, job)
+        except (HydraException, OmegaConfBaseException) as e:
+            if full_error_requested():
+                raise  # Hydra's own report, in full
+            raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
+        _check(composed, config_name, label, multirun=True)
+    return jobs
+
+
+def _claim_dir(config: DictConfig, key: str, sweep: bool) -> tuple[Path, list[Path]]:
+    """Claim the folder ``key`` names in ``config`` and name the claimed one there, for Hydra to make and write.
 
     A folder Hydra would name from the clock (``outputs/DATE/TIME``) becomes ``TIME-1``, ``TIME-2``, ...
     when another run has it; a folder the user named (``hydra.run.dir``) must hold no run.
 
-    Returns:
-        The folders, and the command line naming the claimed one; None when Hydra writes no run
-        (``--cfg``, ``--info``, ``--help``, shell completion).
-
     Raises:
-        PosexpError: a config error, a folder that cannot be created, or one that holds a run.
+        PosexpError: a folder that cannot be created, or one that holds a run (:class:`RunFolderTaken`).
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from posexp.cli.hydra_adapter import parse_command_line
-    from posexp.commands.sweeps import fixed_overrides, sweep_jobs
-    from posexp.runs.lock import claim_named_dir, new_run_dir
-
-    ns = parse_command_line(args)
-    if ns is None:
-        return None  # Hydra's argparse says what is wrong
-    if ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
-        return None
-    jobs = sweep_jobs(ns.overrides) if ns.multirun else [list(ns.overrides)]
-    first = check_jobs(jobs or [fixed_overrides(ns.overrides)], ns.multirun, config_name, user_dirs)
-    if not first["basic"]:
-        jobs = None  # a sweeper such as Optuna chooses the jobs as it goes
-    key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
-    path = Path(first["sweep" if ns.multirun else "run"])
-    named = {o.input_line for o in OverridesParser.create().parse_overrides(ns.overrides) if o.key_or_group == key}
-    if named:
-        created = claim_named_dir(path, key, sweep=ns.multirun, overwrite=overwrite)
-    else:
-        path, created = new_run_dir(path, key)
-    rest = [a for a in args if a not in named]
-    return Folders(path, created, ns.multirun, jobs if ns.multirun else None, [*rest, override_text(key, path)])
+    assert _claim is not None
+    path = Path(str(OmegaConf.select(config, key)))
+    given = [str(o) for o in config.hydra.overrides.hydra]
+    if any(o.key_or_group == key for o in OverridesParser.create().parse_overrides(given)):
+        return path, claim_named_dir(path, key, sweep=sweep, overwrite=_claim.overwrite)
+    path, created = new_run_dir(path, key)
+    with read_write(config.hydra), open_dict(config.hydra):
+        OmegaConf.update(config, key, str(path))
+        # a launcher composes each sweep job again from these overrides: the claimed folder becomes one of them
+        config.hydra.overrides.hydra.append(override_text(key, path))
+    return path, created
 
 
 def check_output_folder(args: List[str], config_name: str, user_dirs=()) -> None:

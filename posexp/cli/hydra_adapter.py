@@ -1,6 +1,6 @@
-"""The one place posexp reaches into Hydra's private API (``hydra._internal``): reading a command line as
-``@hydra.main`` will, so that posexp checks it (and claims the run folder) before Hydra runs the job, and
-starting Hydra on posexp's configs with the user's own folders in front, as ``--config-dir`` does.
+"""The one place posexp reaches into Hydra's private API (``hydra._internal``) and its launchers' ways: reading a
+command line as ``@hydra.main`` will, so that posexp checks it before Hydra runs, starting Hydra on posexp's configs
+with the user's own folders in front, as ``--config-dir`` does, and composing a sweep job as a launcher does.
 
 Hydra 1.3 offers no public parser of its own flags; if a Hydra release moves it, this module is what changes.
 """
@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import create_config_search_path, get_args_parser
 from hydra.core.config_search_path import SearchPathQuery
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 
 
 def parse_command_line(args: Sequence[str]) -> Optional[argparse.Namespace]:
@@ -31,3 +33,13 @@ def start_hydra(primary: str, user_dirs: Sequence[str]) -> None:
     for folder in reversed(list(user_dirs)):
         search_path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
     Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+
+
+def compose_job(sweep_config: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """The config of the sweep job ``overrides`` as Hydra's launchers compose it: from the running Hydra's sweep
+    config (its ``hydra`` overrides, then the job's), run mode, the sweep's resolved values (``${now:...}``) kept.
+
+    Raises:
+        HydraException, OmegaConfBaseException: the job's config cannot be composed.
+    """
+    return GlobalHydra.instance().config_loader().load_sweep_config(sweep_config, list(overrides))
