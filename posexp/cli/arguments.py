@@ -290,21 +290,38 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
         schemas: dict = {}  # group choices -> their composed config
         for overrides in _variants(parsed):
             try:
-                # the keys a command line may set depend on its group choices (each encoder has its own)
-                choices = [ov for ov, o in overrides if o.key_or_group in groups]
-                if tuple(choices) not in schemas:
-                    schemas[tuple(choices)] = compose(config_name, overrides=choices)
-                chosen = schemas[tuple(choices)]
-                for o in keys:
-                    try:
-                        _check_key(chosen, o)
-                    except OverrideError as e:
-                        if ns.multirun and choices:  # which job of the sweep lacks the key
-                            raise OverrideError(f"{e} (with {' '.join(choices)})", e.hydra_reports) from None
-                        raise
                 compose(config_name, overrides=[ov for ov, _ in overrides])  # types, as Hydra will merge them
+                error = None
             except (HydraException, OmegaConfBaseException) as e:
-                raise OverrideError(_one_line(e)) from e
+                error = e
+            # a key Hydra merged (every node is a struct) is one the group choices have, unless + or ++ added it
+            unsure = keys if error is not None else [o for o in keys if o.type.name in ("ADD", "FORCE_ADD")]
+            if unsure:
+                _check_keys(config_name, overrides, unsure, groups, schemas, ns.multirun)
+            if error is not None:
+                raise OverrideError(_one_line(error)) from error
+
+
+def _check_keys(config_name: str, overrides: list, keys: list, groups: set, schemas: dict, multirun: bool) -> None:
+    """Each of ``keys`` is in the config composed with the group choices of ``overrides`` (each encoder has keys
+    of its own), composed once per set of choices (``schemas``)."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    choices = [ov for ov, o in overrides if o.key_or_group in groups]
+    if tuple(choices) not in schemas:
+        try:
+            schemas[tuple(choices)] = compose(config_name, overrides=choices)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise OverrideError(_one_line(e)) from e
+    for o in keys:
+        try:
+            _check_key(schemas[tuple(choices)], o)
+        except OverrideError as e:
+            if multirun and choices:  # which job of the sweep lacks the key
+                raise OverrideError(f"{e} (with {' '.join(choices)})", e.hydra_reports) from None
+            raise
 
 
 # -- posexp train --help: the main keys ---------------------------------------------------------
