@@ -110,6 +110,26 @@ def test_four_trains_started_at_once_in_one_folder_end_with_four_complete_runs(t
         assert (run.parent / "checkpoint" / "model.safetensors").is_file()
 
 
+def test_a_run_is_composed_once_by_posexp_and_claimed_on_hydras_composition(tmp_path, monkeypatch):
+    """Start-up: the override check composes the run's config once; the job check and the folder claim read the
+    config Hydra composed for the run (Hydra composes twice itself: to learn the mode, then the run)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed = []
+    original = ConfigLoaderImpl.load_configuration
+
+    def counted(self, config_name, overrides, *args, **kwargs):
+        composed.append(list(overrides))
+        return original(self, config_name, overrides, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("train", *FAST, "hydra.run.dir=run")
+    assert result.exit_code == 0, result.output
+    assert len(composed) == 3, composed
+    assert (tmp_path / "run" / "results.json").is_file()
+
+
 # -- 2: a folder that holds a run is refused -------------------------------------------------------
 
 def test_train_into_a_finished_run_is_refused_and_overwrite_replaces_it(tmp_path, monkeypatch):
