@@ -26,11 +26,26 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.cli.arguments import OverrideError, check_overrides, expand_home, full_error_requested, quote_non_ascii
+from posexp.analysis.schema import AnalyzeRootConfig, register_schema
+from posexp.cli import shell
+from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, full_error_requested, print_key_table,
+                                  quote_non_ascii)
 from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
-from posexp.config.schema import config_dir
+from posexp.cli.listing import print_choices
+from posexp.cli.plugins import load_folder_plugins, user_config_dirs
+from posexp.commands.edge import typed
+from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument, run_finetune
+from posexp.commands.sweeps import failed_runs, missing_plugin, objective_value, set_job_threads, sweep_progress, unique
+from posexp.config.schema import Config, config_dir
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
-from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken
+from posexp.reporting import report_main
+from posexp.runs.layout import is_run_dir
+from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken, discard_unused, unlock_run
+
+# What a command runs (training, evaluation, analysis, the encoder registry, the rank of a torchrun process) imports
+# torch: `import posexp.cli.app` took 1.9 s with those modules at the top and takes 0.26 s without (median of 7,
+# two CPU cores). They are imported inside the command that needs them, so that `posexp --help` and `posexp report`
+# start without torch.
 
 CONFIG_DIR = config_dir()
 
@@ -44,12 +59,16 @@ _failed_jobs: list[str] = []
 
 
 def _fail(error: PosexpError) -> None:
-    from posexp.training.distributed import is_main
-
     # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
-    if is_main():  # under torchrun every rank fails alike; one message is enough
+    if "RANK" not in os.environ or _is_main():  # under torchrun every rank fails alike; one message is enough
         err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
     raise SystemExit(error.exit_code)
+
+
+def _is_main() -> bool:
+    from posexp.training.distributed import is_main
+
+    return is_main()
 
 
 def train_task(cfg: DictConfig) -> Optional[float]:
@@ -65,14 +84,10 @@ def train_task(cfg: DictConfig) -> Optional[float]:
 
 def finetune_task(cfg: DictConfig) -> Optional[float]:
     """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
-    from posexp.commands.finetune import run_finetune
-
     return _task(cfg, run_finetune)
 
 
 def _task(cfg: DictConfig, run) -> Optional[float]:
-    from posexp.commands.sweeps import objective_value, set_job_threads
-
     hc = HydraConfig.get()
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
     try:
@@ -109,8 +124,6 @@ _finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), conf
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
     """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
-    from posexp.commands.edge import typed
-    from posexp.config.schema import Config
     from posexp.runs.provenance import write_run_status
 
     if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
@@ -135,8 +148,6 @@ class FailedJobsCallback(Callback):
         self._start = time.time() - 1.0  # file times may trail the clock a little
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from posexp.commands.sweeps import failed_runs
-
         _failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
 
 
@@ -145,8 +156,6 @@ def _run_hydra(app, prog: str, args: List[str]) -> None:
 
     ``--help`` / ``-h`` print Hydra's help, then the table of the main keys.
     """
-    from posexp.cli.arguments import print_key_table
-
     saved = sys.argv
     sys.argv = [prog, *args]
     try:
@@ -190,8 +199,6 @@ HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "
 
 
 def _install_completion(value: bool) -> None:
-    from posexp.cli import shell
-
     if not value:
         return
     name = shell.detect_shell()
@@ -205,10 +212,8 @@ def _install_completion(value: bool) -> None:
 
 
 def _show_completion(value: bool) -> None:
-    from posexp.cli.shell import SCRIPT
-
     if value:
-        print(SCRIPT, end="")
+        print(shell.SCRIPT, end="")
         raise typer.Exit()
 
 
@@ -227,10 +232,8 @@ def _root(
 
 def _shell_completion(args: List[str]) -> bool:
     """``-sc install=bash``, Hydra's way to set up completion: print posexp's script (for every subcommand)."""
-    from posexp.cli.shell import hydra_request
-
     try:
-        script = hydra_request(args)
+        script = shell.hydra_request(args)
     except PosexpError as e:
         _fail(e)
     if script is not None:
@@ -265,7 +268,6 @@ def finetune(
     the new run records its parent, and evaluates at multiples of the new length.
     """
     from posexp.commands.encoder_source import ALLOW_FLAG
-    from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 
     if _shell_completion(list(args or [])):
         return
@@ -281,8 +283,6 @@ def finetune(
 
 def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     """Check the command line, claim the run (or sweep) folder and run ``hydra_app`` on it."""
-    from posexp.commands.sweeps import missing_plugin, unique
-
     _failed_jobs.clear()
     args = quote_non_ascii(expand_home(args))
     overwrite = OVERWRITE_FLAG in args
@@ -292,7 +292,6 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     if missing:
         _fail(PosexpError(missing))
     _check_overrides(config_name, args, user_dirs=user_dirs)
-    from posexp.runs.lock import unlock_run
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
@@ -317,7 +316,6 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
 
 def _user_encoders(args: List[str]) -> list:
     """The user's config folders on the command line, their encoders imported and every schema stored."""
-    from posexp.cli.plugins import load_folder_plugins, user_config_dirs
     from posexp.commands.validation import register_configs
 
     try:
@@ -332,8 +330,6 @@ def _user_encoders(args: List[str]) -> list:
 def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) -> None:
     """Run Hydra, which claims the folder (:class:`~posexp.cli.folders.ClaimFolder`); a run that never started
     leaves no folder, an interrupted sweep says where it stands."""
-    from posexp.runs.lock import discard_unused
-
     sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
     previous = signal.getsignal(signal.SIGTERM)
     if sweep:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
@@ -358,8 +354,6 @@ def _terminate(signum, frame) -> None:
 
 
 def _report_interrupted_sweep(folders: Folders, code: int) -> None:
-    from posexp.commands.sweeps import sweep_progress
-
     name = signal.Signals(code - 128).name if code > 128 else "SIGINT"
     err_console.print(f"[bold red]error:[/] sweep {escape(str(folders.path))} stopped by {name}: "
                       f"{escape(sweep_progress(folders.path, folders.jobs))}", highlight=False, soft_wrap=True)
@@ -420,8 +414,6 @@ def report(
     one-line warning naming it and the others are reported (exit status 0); with --strict it stops the report
     (exit status 2).
     """
-    from posexp.reporting import report_main
-
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
                     tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline)
@@ -460,8 +452,6 @@ def eval_cmd(
 def analyze_task(cfg: DictConfig) -> None:
     """The Hydra task of ``posexp analyze``: one encoding's geometry (module-level, so launchers can pickle it)."""
     from posexp.analysis.app import run_analyze
-    from posexp.analysis.schema import AnalyzeRootConfig
-    from posexp.commands.edge import typed
 
     try:
         spec: Any = typed(cfg, AnalyzeRootConfig)  # a Config with the analyze group
@@ -485,8 +475,6 @@ def analyze(
     Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
     """
     from posexp.analysis.attention import analyze_runs_main
-    from posexp.analysis.schema import register_schema
-    from posexp.runs.layout import is_run_dir
 
     if _shell_completion(list(overrides or [])):
         return
@@ -521,7 +509,6 @@ def check_cmd(
 ) -> None:
     """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
     scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails."""
-    from posexp.cli.plugins import load_folder_plugins, user_config_dirs
     from posexp.commands.check import check_main
 
     try:
@@ -540,8 +527,6 @@ def list_cmd(
 ) -> None:
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
-    from posexp.cli.listing import print_choices
-
     try:
         print_choices(Console(), ["--config-dir", str(config_dir)] if config_dir else [])
     except PosexpError as e:
@@ -557,8 +542,6 @@ def _usable_streams() -> None:
 
 
 def main() -> None:
-    from posexp.cli import shell
-
     if shell.requested():  # a TAB, from an install whose entry point still names this function
         shell.answer()
         return

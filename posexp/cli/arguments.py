@@ -8,7 +8,7 @@ starts, and turns each of these mistakes into one :class:`OverrideError` naming 
 is allowed, so nothing runs and no run folder is made. :func:`key_table` is the table of the main
 keys that ``posexp train --help`` prints, taken from the configs' and the schema's own comments.
 
-This module imports Hydra and ``posexp.config.schema`` only (no torch until a config is composed).
+This module imports Hydra and ``posexp.config.schema`` (no torch until an encoder is looked up).
 """
 
 from __future__ import annotations
@@ -20,10 +20,20 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob
+from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
+from rich.table import Table
 
+from posexp.cli.hydra_adapter import parse_command_line
 from posexp.cli.plugins import guess_hint, initialize_configs
-from posexp.encoders.plugins import HOW_TO
+from posexp.config import schema
+from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
@@ -67,9 +77,6 @@ def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
 
 def _parse(args: Sequence[str], folders: bool) -> list:
     """Hydra's own parse of each override; an argument that is none names itself (and the folder it is not)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     parser, parsed = OverridesParser.create(), []
     for arg in args:
         try:
@@ -151,8 +158,6 @@ def expand_home(args: Sequence[str]) -> List[str]:
 
 def _values(override) -> Optional[List[str]]:
     """The values an override sets, as override text; None for a sweep that cannot be listed (interval, glob)."""
-    from hydra.core.override_parser.types import Glob
-
     if not override.is_sweep_override():
         return [override.get_value_element_as_str()]
     if override.is_interval_sweep() or isinstance(override.value(), Glob):
@@ -182,6 +187,12 @@ def _groups(loader, parent: str = "") -> Iterator[str]:
             yield from _groups(loader, group)
 
 
+def _how_to() -> str:
+    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/plugins.py
+
+    return HOW_TO
+
+
 def _check_group(override, options: List[str], multirun: bool) -> None:
     group = override.key_or_group
     values = _values(override) or []
@@ -192,7 +203,7 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
     for value in values:
         if value not in options:
             what = f"{group}={value}" if value else f"{group}="
-            own = f"; {HOW_TO}" if group == "encoder" else ""
+            own = f"; {_how_to()}" if group == "encoder" else ""
             raise OverrideError(f"{what}: no such {group} option; {_did_you_mean(value, options, f'{group}=')}"
                                 f"choose one of: {', '.join(options)}{own}", hydra_reports=group not in OPTIONAL_GROUPS)
 
@@ -258,13 +269,6 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
     Raises:
         OverrideError: an unknown group option, key or type, a malformed override, a sweep without ``-m``.
     """
-    from hydra import compose
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from posexp.cli.hydra_adapter import parse_command_line
-
     ns = parse_command_line(args)
     if ns is None:
         return  # Hydra's argparse reports an unknown flag itself, with its usage
@@ -305,10 +309,6 @@ def check_overrides(config_name: str, args: Sequence[str], folders: bool = False
 def _check_keys(config_name: str, overrides: list, keys: list, groups: set, schemas: dict, multirun: bool) -> None:
     """Each of ``keys`` is in the config composed with the group choices of ``overrides`` (each encoder has keys
     of its own), composed once per set of choices (``schemas``)."""
-    from hydra import compose
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     choices = [ov for ov, o in overrides if o.key_or_group in groups]
     if tuple(choices) not in schemas:
         try:
@@ -372,9 +372,6 @@ def comment_descriptions(lines: Sequence[str]) -> tuple:
 def key_descriptions() -> dict:
     """Meaning of every documented key: a key's own comment in the schema or ``configs/``, else the
     comment above it there (the schema first)."""
-    from posexp.config import schema
-    from posexp.config.schema import config_dir
-
     root = config_dir()
     sources = [("", inspect.getsource(schema.Config).splitlines()[1:]),
                ("", (root / "config.yaml").read_text().splitlines()),
@@ -409,12 +406,6 @@ def key_table(cfg: DictConfig, keys: Sequence[str] = MAIN_KEYS) -> list:
 
 def print_key_table(config_name: str, prog: str = "posexp train") -> None:
     """Print :func:`key_table` of the shipped defaults (``posexp train --help``)."""
-    from hydra import compose, initialize_config_dir
-    from rich.console import Console
-    from rich.table import Table
-
-    from posexp.config.schema import config_dir
-
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name)
     table = Table(title=f"main keys  ({prog} KEY=VALUE; every key: {prog} --cfg job)", title_justify="left")

@@ -14,20 +14,31 @@ import contextlib
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posexp.encoders.plugins import HOW_TO, MODULE_KEY
+from posexp.cli.hydra_adapter import parse_command_line, start_hydra
+from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 
+# posexp.encoders (the registry, HOW_TO, MODULE_KEY) imports torch (posexp/cli/app.py says what that costs at
+# start-up): imported where an encoder is looked up, so that `posexp --help` and `posexp report` start without it.
+
 SEARCHPATH = "hydra.searchpath"
-# keys a user might guess for an encoder of their own; none exists, the message names the way that does
-GUESSED_KEYS = ("plugins", "encoder._target_", f"encoder.{MODULE_KEY}", "encoders")
+# keys a user might guess for an encoder of their own (and encoder.MODULE_KEY); none exists, the message names the
+# way that does
+GUESSED_KEYS = ("plugins", "encoder._target_", "encoders")
 
 
 def guess_hint(key: str) -> Optional[str]:
     """How to use an encoder of one's own, for an override whose key is one a user would guess for it."""
-    if key.lstrip("+") in GUESSED_KEYS:
+    from posexp.encoders.plugins import HOW_TO, MODULE_KEY
+
+    if key.lstrip("+") in (*GUESSED_KEYS, f"encoder.{MODULE_KEY}"):
         return f"posexp builds no encoder from a command-line key; {HOW_TO}"
     return None
 
@@ -46,11 +57,6 @@ def user_config_dirs(args: Sequence[str]) -> List[Path]:
     Raises:
         PosexpError: a named folder does not exist.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    from posexp.cli.hydra_adapter import parse_command_line
-
     ns = parse_command_line(args)
     if ns is None:
         return []  # Hydra's argparse reports it
@@ -90,6 +96,7 @@ def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
             the schema of an encoder that does not exist and names no module.
     """
     from posexp.encoders import load_plugin, registry
+    from posexp.encoders.plugins import MODULE_KEY
 
     loaded = []
     for folder in dirs:
@@ -121,12 +128,6 @@ def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
 def initialize_configs(dirs: Sequence[Path] = ()) -> Iterator[None]:
     """Hydra initialised on posexp's configs with the user's folders ``dirs`` before them, as
     ``--config-dir`` places its folder; inside, ``compose`` and the config loader see both."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from posexp.cli.hydra_adapter import start_hydra
-    from posexp.config.schema import config_dir
-
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         if dirs:
             GlobalHydra.instance().clear()  # initialize_config_dir's exit restores what was there before
