@@ -128,6 +128,26 @@ def test_help_is_hydras(tmp_path):
     assert "encoder:" in proc.stdout and "alibi" in proc.stdout  # config groups with their options
 
 
+@pytest.mark.parametrize("how", ["--help", "report"])
+def test_help_and_reports_start_without_torch(how, tmp_path):
+    """``posexp --help`` and ``posexp report`` (its error too) never wait for torch to load (a TAB loads neither:
+    tests/test_completion.py)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    args = ["--help"] if how == "--help" else ["report", str(tmp_path / "missing")]
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('torch' in sys.modules, file=sys.stderr))\n"
+            f"sys.argv = ['posexp', *{args!r}]\n"
+            "from posexp.cli import main\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.stderr.strip().splitlines()[-1] == "False", proc.stderr
+    assert ("train" if how == "--help" else "no such folder") in proc.stdout + proc.stderr
+
+
 def test_list_names_every_encoder_data_set_and_experiment(tmp_path):
     proc = run_cli("list", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
