@@ -201,11 +201,11 @@ def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_records_divergence(tm
 
 
 def test_a_failing_sweep_job_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
-    from posexp.commands import sweeps
+    from posexp.cli import folders
 
     # A job whose mistake shows only when it runs: the check of every job before the sweep
     # (tests/test_run_folders.py) would refuse train.steps=0 up front, so here it checks the first job only.
-    monkeypatch.setattr(sweeps, "jobs_to_check", lambda jobs, limit=0: jobs[:1])
+    monkeypatch.setattr(folders, "jobs_to_check", lambda jobs, limit=0: jobs[:1])
     monkeypatch.chdir(tmp_path)
     result = invoke("train", "-m", *SMOKE, "train.steps=20,0", "eval.multiples=[1]", "hydra.sweep.dir=sweep")
     assert result.exit_code == 1

@@ -1,6 +1,8 @@
 """The ``posexp`` command line: the Typer app (:mod:`posexp.cli.app`), what a user types to the Hydra apps
-checked before Hydra runs (:mod:`posexp.cli.arguments`), ``posexp list`` (:mod:`posexp.cli.listing`) and tab
-completion (:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`).
+checked before Hydra runs (:mod:`posexp.cli.arguments`), the run or sweep folder claimed on the config Hydra
+composed (:mod:`posexp.cli.folders`), one job inside Hydra (:mod:`posexp.cli.jobs`), ``posexp list``
+(:mod:`posexp.cli.listing`), tab completion (:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`), and Hydra's
+private API behind one adapter (:mod:`posexp.cli.hydra_adapter`).
 
 The only package that touches Hydra's argv; the recipes it starts live in :mod:`posexp.commands`.
 """

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any, List, Optional
 
 import hydra
 import typer
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
@@ -30,17 +26,19 @@ from posexp.analysis.schema import AnalyzeRootConfig, register_schema
 from posexp.cli import shell
 from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, full_error_requested, print_key_table,
                                   quote_non_ascii)
+from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
+from posexp.cli.jobs import failed_jobs, finetune_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, user_config_dirs
 from posexp.commands.edge import typed
-from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument, run_finetune
-from posexp.commands.sweeps import failed_runs, missing_plugin, objective_value, set_job_threads, sweep_progress, unique
-from posexp.config.schema import Config, config_dir
-from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
+from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
+from posexp.config.schema import config_dir
+from posexp.errors import PosexpError
 from posexp.reporting import report_main
 from posexp.runs.layout import is_run_dir
-from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken, discard_unused, unlock_run
+from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
 # What a command runs (training, evaluation, analysis, the encoder registry, the rank of a torchrun process) imports
 # torch: `import posexp.cli.app` took 1.9 s with those modules at the top and takes 0.26 s without (median of 7,
@@ -49,106 +47,8 @@ from posexp.runs.lock import OVERWRITE_FLAG, RunFolderTaken, discard_unused, unl
 
 CONFIG_DIR = config_dir()
 
-# COLUMNS=0 (or not a number) made every console zero characters wide, errors included: dropped before
-# the first console is made, so rich measures the terminal (or takes 80 columns) instead
-if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
-    del os.environ["COLUMNS"]
-err_console = Console(stderr=True)
-# Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
-_failed_jobs: list[str] = []
-
-
-def _fail(error: PosexpError) -> None:
-    # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
-    if "RANK" not in os.environ or _is_main():  # under torchrun every rank fails alike; one message is enough
-        err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-    raise SystemExit(error.exit_code)
-
-
-def _is_main() -> bool:
-    from posexp.training.distributed import is_main
-
-    return is_main()
-
-
-def train_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed).
-
-    A module-level name, so that launchers running jobs in other processes (joblib,
-    submitit) pickle it by reference.
-    """
-    from posexp.commands.train import run_train
-
-    return _task(cfg, run_train)
-
-
-def finetune_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
-    return _task(cfg, run_finetune)
-
-
-def _task(cfg: DictConfig, run) -> Optional[float]:
-    hc = HydraConfig.get()
-    run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
-    try:
-        set_job_threads(cfg, hc.launcher)
-        return objective_value(run(cfg, run_dir, overrides), cfg)
-    except TrainingInterrupted as e:
-        if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
-            raise SystemExit(e.exit_code)
-        _fail(e)
-    except PosexpError as e:
-        if hc.mode != RunMode.MULTIRUN:
-            _fail(e)
-        if isinstance(e, RunFolderTaken):  # another run's folder: nothing of this job's goes there
-            err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(e))}", highlight=False,
-                              soft_wrap=True)
-            _failed_jobs.append(str(run_dir))
-        else:
-            _record_failed_job(cfg, run_dir, overrides, e)
-    except KeyboardInterrupt:
-        if hc.mode != RunMode.MULTIRUN:
-            err_console.print("interrupted")
-        raise SystemExit(130)
-    except Exception as e:
-        if hc.mode != RunMode.MULTIRUN:
-            raise
-        logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
-        _record_failed_job(cfg, run_dir, overrides, e)
-    return None
-
-
 _train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
 _finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
-
-
-def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
-    """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
-    from posexp.runs.provenance import write_run_status
-
-    if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
-        spec: Optional[Config]
-        try:
-            spec = typed(cfg)
-        except PosexpError:
-            spec = None  # the config itself is what failed
-        try:
-            write_run_status(run_dir, spec, overrides, "failed", error)
-        except OSError as e:
-            err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
-    err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
-                      soft_wrap=True)
-    _failed_jobs.append(str(run_dir))
-
-
-class FailedJobsCallback(Callback):
-    """Hydra callback: count the sweep jobs that failed in other processes (joblib, submitit) too."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self._start = time.time() - 1.0  # file times may trail the clock a little
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        _failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
 
 
 def _run_hydra(app, prog: str, args: List[str]) -> None:
@@ -175,7 +75,7 @@ def _check_overrides(config_name: str, args: List[str], folders: bool = False, u
         check_overrides(config_name, args, folders=folders, user_dirs=user_dirs)
     except OverrideError as e:
         if not (e.hydra_reports and full_error_requested()):
-            _fail(e)
+            fail(e)
 
 
 def _flags_first(args: List[str]) -> list[str]:
@@ -205,7 +105,7 @@ def _install_completion(value: bool) -> None:
     try:
         script, rc = shell.install(name, Path.home())
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     print(f"{name} completion of posexp installed in {script}, loaded by {rc}; it works in {name} shells started "
           "from now on")
     raise typer.Exit()
@@ -235,7 +135,7 @@ def _shell_completion(args: List[str]) -> bool:
     try:
         script = shell.hydra_request(args)
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     if script is not None:
         print(script, end="")
     return script is not None
@@ -277,20 +177,20 @@ def finetune(
     try:
         given = parent_argument(args or [])
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     _launch(_finetune_app, CONFIG_NAME, given)
 
 
 def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     """Check the command line, claim the run (or sweep) folder and run ``hydra_app`` on it."""
-    _failed_jobs.clear()
+    failed_jobs.clear()
     args = quote_non_ascii(expand_home(args))
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]
     user_dirs = _user_encoders(args)  # Hydra's parser, which reads the folders, knows no --overwrite
     missing = missing_plugin(args)
     if missing:
-        _fail(PosexpError(missing))
+        fail(PosexpError(missing))
     _check_overrides(config_name, args, user_dirs=user_dirs)
     from posexp.training import distributed
 
@@ -300,15 +200,15 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
             with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
                 _run_claimed(claim, [*_flags_first(args), *quiet], hydra_app)
         except Refused as e:
-            _fail(e.error)
+            fail(e.error)
         except PosexpError as e:
-            _fail(e)
+            fail(e)
         finally:
             unlock_run()
             distributed.shutdown()
-    _failed_jobs[:] = unique(_failed_jobs)
-    if _failed_jobs and distributed.is_main():
-        err_console.print(f"[bold red]error:[/] {len(_failed_jobs)} sweep job(s) failed: {', '.join(_failed_jobs)}; "
+    failed_jobs[:] = unique(failed_jobs)
+    if failed_jobs and distributed.is_main():
+        err_console.print(f"[bold red]error:[/] {len(failed_jobs)} sweep job(s) failed: {', '.join(failed_jobs)}; "
                           "each has a results.json with the reason, the other jobs' results are kept",
                           highlight=False, soft_wrap=True)
         raise SystemExit(1)
@@ -323,7 +223,7 @@ def _user_encoders(args: List[str]) -> list:
         load_folder_plugins(dirs)
         register_configs()
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     return dirs
 
 
@@ -376,7 +276,7 @@ def resume(
                               "several processes continues in one with the same global batch)")
         resume_main(run_dir, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     except KeyboardInterrupt:
         err_console.print(f"interrupted; continue with: posexp resume {run_dir}")
         raise SystemExit(130)
@@ -418,7 +318,7 @@ def report(
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
                     tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline)
     except PosexpError as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -443,7 +343,7 @@ def eval_cmd(
     try:
         reeval_main(list(args), strict=strict, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     except KeyboardInterrupt:
         err_console.print("interrupted; results of runs not yet finished were left as they were")
         raise SystemExit(130)
@@ -457,7 +357,7 @@ def analyze_task(cfg: DictConfig) -> None:
         spec: Any = typed(cfg, AnalyzeRootConfig)  # a Config with the analyze group
         run_analyze(spec, spec.analyze, Path(HydraConfig.get().runtime.output_dir))
     except PosexpError as e:
-        _fail(e)
+        fail(e)
 
 
 _analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
@@ -485,7 +385,7 @@ def analyze(
         try:
             analyze_runs_main(args)
         except PosexpError as e:
-            _fail(e)
+            fail(e)
         return
     user_dirs = _user_encoders(args)
     register_schema()
@@ -493,7 +393,7 @@ def analyze(
     try:
         check_output_folder(args, "analyze", user_dirs)
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
 
 
@@ -515,7 +415,7 @@ def check_cmd(
         load_folder_plugins(user_config_dirs(["--config-dir", str(config_dir)] if config_dir else []))
         code = check_main(encoder, list(options or []), fmt)
     except PosexpError as e:
-        _fail(e)
+        fail(e)
     raise SystemExit(code)
 
 
@@ -530,7 +430,7 @@ def list_cmd(
     try:
         print_choices(Console(), ["--config-dir", str(config_dir)] if config_dir else [])
     except PosexpError as e:
-        _fail(e)
+        fail(e)
 
 
 def _usable_streams() -> None:

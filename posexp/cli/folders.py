@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import full_error_requested, override_text
 from posexp.cli.hydra_adapter import compose_job
+from posexp.commands.finetune import CONFIG_NAME, check_finetune
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
 from posexp.runs.lock import claim_named_dir, new_run_dir
@@ -105,8 +106,7 @@ def _refusing(step):
 
 def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:
     """Check one job's composed config (its ``hydra`` node left out, as the job receives it)."""
-    from posexp.commands.finetune import CONFIG_NAME, check_finetune
-    from posexp.commands.train import check_config
+    from posexp.commands.train import check_config  # torch: see posexp/cli/app.py
 
     job = copy.deepcopy(config)
     with read_write(job), open_dict(job):

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from posexp.cli.plugins import load_folder_plugins, user_config_dirs
 from posexp.config.schema import ModelConfig, config_dir
 
 # the plain groups, each a table of name and description, in the order posexp list prints them
@@ -136,8 +137,6 @@ def print_choices(console: Console, args: Sequence[str] = ()) -> None:
     Raises:
         PosexpError: the folder does not exist, or one of its encoders cannot be imported.
     """
-    from posexp.cli.plugins import load_folder_plugins, user_config_dirs
-
     dirs = user_config_dirs(args)
     load_folder_plugins(dirs)
     console.print(encoder_table(dirs))

@@ -1,0 +1,102 @@
+"""One job of ``posexp train`` / ``finetune`` inside Hydra: the task functions Hydra calls, and a sweep job that
+fails recorded in its folder and counted, so that the sweep goes on and the command's exit status says so.
+
+The task functions are module-level names, so that launchers running jobs in other processes (joblib, submitit)
+pickle them by reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from rich.markup import escape
+
+from posexp.cli.console import err_console, fail
+from posexp.commands.edge import typed
+from posexp.commands.finetune import run_finetune
+from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
+from posexp.config.schema import Config
+from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.runs.lock import RunFolderTaken
+
+# Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
+failed_jobs: list[str] = []
+
+
+def train_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed)."""
+    from posexp.commands.train import run_train  # torch: see posexp/cli/app.py
+
+    return _task(cfg, run_train)
+
+
+def finetune_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
+    return _task(cfg, run_finetune)
+
+
+def _task(cfg: DictConfig, run) -> Optional[float]:
+    hc = HydraConfig.get()
+    run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
+    try:
+        set_job_threads(cfg, hc.launcher)
+        return objective_value(run(cfg, run_dir, overrides), cfg)
+    except TrainingInterrupted as e:
+        if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
+            raise SystemExit(e.exit_code)
+        fail(e)
+    except PosexpError as e:
+        if hc.mode != RunMode.MULTIRUN:
+            fail(e)
+        if isinstance(e, RunFolderTaken):  # another run's folder: nothing of this job's goes there
+            err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(e))}", highlight=False,
+                              soft_wrap=True)
+            failed_jobs.append(str(run_dir))
+        else:
+            _record_failed_job(cfg, run_dir, overrides, e)
+    except KeyboardInterrupt:
+        if hc.mode != RunMode.MULTIRUN:
+            err_console.print("interrupted")
+        raise SystemExit(130)
+    except Exception as e:
+        if hc.mode != RunMode.MULTIRUN:
+            raise
+        logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
+        _record_failed_job(cfg, run_dir, overrides, e)
+    return None
+
+
+def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
+    """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
+    from posexp.runs.provenance import write_run_status  # torch: see posexp/cli/app.py
+
+    if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
+        spec: Optional[Config]
+        try:
+            spec = typed(cfg)
+        except PosexpError:
+            spec = None  # the config itself is what failed
+        try:
+            write_run_status(run_dir, spec, overrides, "failed", error)
+        except OSError as e:
+            err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
+    err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
+                      soft_wrap=True)
+    failed_jobs.append(str(run_dir))
+
+
+class FailedJobsCallback(Callback):
+    """Hydra callback: count the sweep jobs that failed in other processes (joblib, submitit) too."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._start = time.time() - 1.0  # file times may trail the clock a little
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
