@@ -21,7 +21,8 @@ from rich.text import Text
 
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_rows,
                                       higher_is_better, methods, sweep_keys, verdict_lines)
-from posexp.reporting.lm_report import Cell, Group, Report, _aggregate, _group_rows, compare
+from posexp.reporting.grouping import _aggregate, _group_rows
+from posexp.reporting.lm_report import Cell, Group, Report, compare
 from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
                                          _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short, table_width)
 from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show, config_value

@@ -1,0 +1,119 @@
+"""The table's lines: runs grouped by ``--by`` (never pooling different corpora, eval settings, train lengths or
+failures), each group's cells and metrics over its runs, and the ``--sort`` order."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Optional
+
+from posexp.reporting.formatting import _fmt_settings, _short
+from posexp.reporting.metrics import metric_value
+from posexp.reporting.selection import EXECUTION_KEYS, SortKey, _ABSENT, _canon, _flatten, _show, config_value
+from posexp.reporting.stats import Stat, _stat
+from posexp.reporting.table import Group, Report, ReportRow
+
+
+def _group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> list[Group]:
+    """Split runs into groups by ``by``; never pool different corpora, eval settings, train lengths or failures."""
+    if not by:
+        return [Group({}, row.label, [row], flags=list(row.flags)) for row in rows]
+    buckets: dict[tuple, Group] = {}
+    for row in rows:
+        info = row.run.info
+        values = {k: config_value(row.run, k) for k in by}
+        # Numbers measured on different text, or scored differently, are different quantities.
+        guard = (
+            _canon(info.get("corpus_fingerprint")),
+            _canon(info.get("eval_settings")),
+            "" if "train_len" in by else _canon(row.run.train_len),
+            "" if row.run.status == "completed" else str(row.run.path),  # a failure stays visible on its own
+        )
+        bucket = (tuple(_canon(v) for v in values.values()), guard)
+        if bucket not in buckets:
+            label = " ".join(f"{k}={_show(v)}" for k, v in values.items())
+            buckets[bucket] = Group(values, label, [])
+        buckets[bucket].rows.append(row)
+    groups = list(buckets.values())
+
+    # Same --by values in several groups: name what separates them, in the label and the flags.
+    by_values = Counter(_canon(list(g.key.values())) for g in groups)
+    for group in groups:
+        first = group.rows[0]
+        group.flags = list(dict.fromkeys(f for row in group.rows for f in row.flags))
+        if by_values[_canon(list(group.key.values()))] > 1:
+            info = first.run.info
+            parts = []
+            if first.run.status != "completed":
+                parts.append(first.label)
+            if "different corpus" in group.flags:
+                parts.append(f"corpus {info.get('corpus')} {_short(info.get('corpus_fingerprint'))}")
+            if "different eval settings" in group.flags:
+                parts.append(f"eval {_fmt_settings(info.get('eval_settings'))}")
+            if "different train length" in group.flags:
+                parts.append(f"train_len={first.run.train_len}")
+            if parts:
+                group.label += f" [{'; '.join(parts)}]"
+            group.flags.append("kept apart: not comparable")
+        pooled = _pooled_keys(group, by)
+        if pooled:
+            group.flags.append("averaged over " + ", ".join(pooled))
+            warnings.append(f"{group.label}: averages runs that differ in {', '.join(pooled)}, not only in seed; "
+                            f"add {', '.join(k for k, _ in zip(pooled, range(3)))} to --by to separate them")
+    split = [g for g in groups if "kept apart: not comparable" in g.flags]
+    if split:
+        warnings.append(f"{len(split)} groups have the same --by values but a different corpus, eval settings, "
+                        "train length or status; they are shown apart, never averaged together")
+    return groups
+
+
+def _pooled_keys(group: Group, by: list[str]) -> list[str]:
+    """Config keys (other than seed and execution settings) on which a group's runs disagree."""
+    if group.n < 2:
+        return []
+    flats = []
+    for row in group.rows:
+        flat = {k: v for k, v in _flatten(row.run.config).items() if not k.startswith("eval.")}
+        for k in ("encoder", "base"):  # the effective values: base is null where an encoding ignores it
+            flat[k] = row.run.info.get(k)
+        flat.pop("encoder.name", None)
+        flats.append(flat)
+    keys = dict.fromkeys(k for flat in flats for k in flat)
+    differ = [k for k in keys if k not in EXECUTION_KEYS and k not in by
+              and len({_canon(flat.get(k, _ABSENT)) for flat in flats}) > 1]
+    return differ
+
+
+def _aggregate(group: Group, report: "Report") -> None:
+    lengths = sorted({n for row in group.rows for n in row.cells})
+    for n in lengths:
+        pairs = [(c.applicable, c.ppl) for row in group.rows if (c := row.cells.get(n)) is not None]
+        single = next(((c.low, c.high) for row in group.rows if (c := row.cells.get(n)) is not None
+                       and c.applicable), (None, None))
+        group.cells[n] = _stat(pairs, single)
+    for metric in report.metrics:
+        values = [metric_value(metric, row, report) for row in group.rows]
+        group.metrics[metric.name] = _stat(values)
+        group.values[metric.name] = [v if ok else None for ok, v in values]
+
+
+def _sort_groups(groups: list[Group], sort: Optional[SortKey]) -> list[Group]:
+    if sort is None:
+        return groups
+
+    def value(group: Group) -> Any:
+        if sort.metric is not None:
+            stat = group.metrics.get(sort.metric.name, Stat())
+            return stat.mean if stat.applicable else None
+        if sort.name == "n":
+            return group.n
+        return group.key.get(sort.name)
+
+    present = [g for g in groups if value(g) not in (None, _ABSENT)]
+    absent = [g for g in groups if value(g) in (None, _ABSENT)]  # n/a and missing stay last either way
+
+    def order(group: Group) -> tuple:
+        v = value(group)
+        return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, _show(v))
+
+    return sorted(present, key=order, reverse=sort.descending) + absent
+

@@ -1,0 +1,124 @@
+"""What a report is made of: a cell per length, a row per run, groups of rows (the table's lines), the report.
+
+Built by :func:`posexp.reporting.lm_report.build_report`; read by the writers (:mod:`.render`, :mod:`.document`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from posexp.reporting.compare import Comparison
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_ppl
+from posexp.reporting.runs import Run
+from posexp.reporting.selection import Filter, Metric
+from posexp.reporting.stats import Stat
+
+
+@dataclass
+class Cell:
+    """One table cell. ``applicable`` is None when the run has no row for this length."""
+
+    applicable: Optional[bool] = None
+    ppl: Optional[float] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+
+    def text(self) -> str:
+        if self.applicable is None:
+            return MISSING
+        if not self.applicable or self.ppl is None:
+            return NOT_APPLICABLE
+        return _fmt_ppl(self.ppl)
+
+
+@dataclass
+class ReportRow:
+    """One run's line in the table."""
+
+    label: str
+    run: Run
+    cells: dict[int, Cell]
+    ratio: Optional[float]
+    flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """Everything the writers need; built by :func:`build_report`.
+
+    Attributes:
+        rows: one per run, in run order.
+        lengths: every evaluated length in the table, ascending.
+        protocol: evaluation protocol shown in the table.
+        scaling: context-extension scaling shown in the table (None = none).
+        train_len: the (majority) training length.
+        ratio_length: the length used for ``ratio``, or None when no ratio can be computed.
+        shared_overrides: overrides common to every run, left out of the labels.
+        corpus: (majority) corpus name and fingerprint.
+        eval_settings: (majority) evaluation settings.
+        warnings: human-readable problems, repeated in every output.
+        other_views: (protocol, scaling, window) views present in the results but not in the table.
+        window: (window, sinks) of the windowed rows the table shows (``eval.window``); None = plain rows.
+        by: the ``--by`` keys (empty: one group per run).
+        metrics: the summary metrics shown after the lengths.
+        groups: the table's lines, in display order.
+        filters: the ``--where`` filters applied.
+        auc_multiple: the span of plain ``auc`` (multiple of the training length), None when no run has one.
+        comparison: each group against the reference group (with ``--by`` and two or more groups), else None.
+    """
+
+    rows: list[ReportRow]
+    lengths: list[int]
+    protocol: Optional[str]
+    scaling: Any
+    train_len: Optional[int]
+    ratio_length: Optional[int]
+    shared_overrides: list[str]
+    corpus: tuple[Optional[str], Optional[str]]
+    eval_settings: Any
+    warnings: list[str]
+    other_views: list[tuple[Any, Any, Any]]
+    by: list[str] = field(default_factory=list)
+    metrics: list["Metric"] = field(default_factory=list)
+    groups: list["Group"] = field(default_factory=list)
+    filters: list["Filter"] = field(default_factory=list)
+    auc_multiple: Optional[float] = None
+    comparison: Optional[Comparison] = None
+    window: Optional[tuple] = None
+
+    @property
+    def encoders(self) -> list[str]:
+        return list(dict.fromkeys(str(r.run.info.get("encoder") or "?") for r in self.rows))
+
+
+@dataclass
+class Group:
+    """One line of the grouped table: runs with the same ``--by`` values (or one run, without ``--by``).
+
+    Attributes:
+        key: ``--by`` key -> value (empty without ``--by``).
+        label: how the group is named in warnings, plots and without ``--by``.
+        rows: its runs.
+        cells: length -> perplexity over the runs.
+        metrics: metric name -> value over the runs.
+        values: metric name -> each run's value (None: n/a or missing), in the order of ``rows``.
+        flags: why its numbers need care (different corpus, pooled configs, failed...).
+    """
+
+    key: dict[str, Any]
+    label: str
+    rows: list[ReportRow]
+    cells: dict[int, Stat] = field(default_factory=dict)
+    metrics: dict[str, Stat] = field(default_factory=dict)
+    values: dict[str, list[Optional[float]]] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    @property
+    def train_len(self) -> Optional[int]:
+        return self.rows[0].run.train_len if self.rows else None
+
