@@ -95,6 +95,35 @@ def validate(cfg: Config, memory: Optional[str] = "train") -> None:
         encoder = validate_finetune(cfg, encoder)
     check_fits_train_len(cfg, encoder)
 
+    validate_train(cfg)
+    validate_positions(cfg, encoder)
+
+    e = cfg.eval
+    if e.lengths is not None:
+        require(len(e.lengths) > 0, "eval.lengths", "must list at least one length, e.g. eval.lengths=[128,256]")
+        bad = [n for n in e.lengths if n <= 0]
+        require(not bad, "eval.lengths", f"lengths must be positive integers (got {bad})")
+    else:
+        require(len(e.multiples) > 0, "eval.multiples", "must list at least one multiple of train_len")
+        bad = [m for m in e.multiples if m <= 0]
+        require(not bad, "eval.multiples", f"multiples must be positive integers (got {bad})")
+    require(e.tokens > 0, "eval.tokens", f"must be a positive integer (got {e.tokens})")
+    require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
+    validate_eval(cfg, encoder)
+
+    validate_data(cfg)
+    validate_task(cfg)
+    validate_curve(cfg)
+    require(str(cfg.cache_dir).strip() != "", "cache_dir",
+            "must name a folder (absolute, or relative to the folder posexp is started in)")
+    check_objective(cfg)
+    if memory is not None:
+        check_memory(cfg, training=memory == "train")
+
+
+def validate_train(cfg: Config) -> None:
+    """``train.*``: the optimiser's and the schedule's ranges, and where and how the run computes (``device``,
+    ``precision``, ``compile``, ``train.threads``), the checkpoint cadence and the logging interval."""
     t = cfg.train
     require(t.steps > 0, "train.steps", f"must be a positive integer (got {t.steps})")
     require(t.batch_size > 0, "train.batch_size", f"must be a positive integer (got {t.batch_size})")
@@ -119,29 +148,6 @@ def validate(cfg: Config, memory: Optional[str] = "train") -> None:
             f"must be >= 0 steps, 0 turns periodic checkpoints off (got {t.checkpoint_every})")
     require(t.checkpoint_minutes >= 0, "train.checkpoint_minutes",
             f"must be >= 0 minutes, 0 turns timed checkpoints off (got {t.checkpoint_minutes})")
-    validate_positions(cfg, encoder)
-
-    e = cfg.eval
-    if e.lengths is not None:
-        require(len(e.lengths) > 0, "eval.lengths", "must list at least one length, e.g. eval.lengths=[128,256]")
-        bad = [n for n in e.lengths if n <= 0]
-        require(not bad, "eval.lengths", f"lengths must be positive integers (got {bad})")
-    else:
-        require(len(e.multiples) > 0, "eval.multiples", "must list at least one multiple of train_len")
-        bad = [m for m in e.multiples if m <= 0]
-        require(not bad, "eval.multiples", f"multiples must be positive integers (got {bad})")
-    require(e.tokens > 0, "eval.tokens", f"must be a positive integer (got {e.tokens})")
-    require(e.batch_tokens > 0, "eval.batch_tokens", f"must be a positive integer (got {e.batch_tokens})")
-    validate_eval(cfg, encoder)
-
-    validate_data(cfg)
-    validate_task(cfg)
-    validate_curve(cfg)
-    require(str(cfg.cache_dir).strip() != "", "cache_dir",
-            "must name a folder (absolute, or relative to the folder posexp is started in)")
-    check_objective(cfg)
-    if memory is not None:
-        check_memory(cfg, training=memory == "train")
 
 
 def resolve_encoder(cfg: Config) -> type:
