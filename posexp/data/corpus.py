@@ -105,18 +105,7 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
     spec = tokenizer or TokenizerSpec()
     check_spec(spec)
     if name == "hf":
-        if hub is None or not str(hub.name or "").strip():
-            raise ConfigError("data.name", "data=hf needs a data set: data.name=OWNER/NAME (a Hub id) or a local "
-                                           "folder (datasets' save_to_disk output, or data files)")
-        key = hub_key(hub, val_fraction)
-        cdir = cache_root(cache_dir) / (f"hf-{_slug(hub.name)}-{key}" + (f"-{spec.key()}" if spec.key() else ""))
-        cached = read_cache(cdir)
-        if cached is not None:
-            return cached
-        corpus, tok = build_hub(hub, val_fraction, spec, key + spec.key(), log)
-        _warn(warn, write_cache(cdir, corpus, tok))
-        return corpus
-
+        return _load_hub(hub, val_fraction, cache_dir, spec, log, warn)
     if name == "stdlib":
         root, files, strict = stdlib_root(), stdlib_files(), False
         source = f"python {sys.version.split()[0]} stdlib at {root}"
@@ -140,6 +129,22 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
     if name == "text" and corpus.files < len(files):  # every file read is a document: the rest were left out
         _warn(warn, f"data.on_bad_file=skip: left out {len(files) - corpus.files} of {len(files)} files under "
                     f"{root} that are not UTF-8 text")
+    return corpus
+
+
+def _load_hub(hub: Optional[HubSource], val_fraction: float, cache_dir: Optional[str], spec: TokenizerSpec,
+              log: Log, warn: Log) -> Corpus:
+    """``data=hf``: the cached token arrays of the Hub (or local) data set, built and cached on first use."""
+    if hub is None or not str(hub.name or "").strip():
+        raise ConfigError("data.name", "data=hf needs a data set: data.name=OWNER/NAME (a Hub id) or a local "
+                                       "folder (datasets' save_to_disk output, or data files)")
+    key = hub_key(hub, val_fraction)
+    cdir = cache_root(cache_dir) / (f"hf-{_slug(hub.name)}-{key}" + (f"-{spec.key()}" if spec.key() else ""))
+    cached = read_cache(cdir)
+    if cached is not None:
+        return cached
+    corpus, tok = build_hub(hub, val_fraction, spec, key + spec.key(), log)
+    _warn(warn, write_cache(cdir, corpus, tok))
     return corpus
 
 
