@@ -35,7 +35,7 @@ from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_METRIC_HELP, TASK_RENDERERS)
 from posexp.reporting.curve_report import panels_of, write_curve_section
-from posexp.reporting.lm_report import build_report
+from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
@@ -97,6 +97,22 @@ def report_main(
     notes = console if fmt == "rich" else (err_console or Console(stderr=True))
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
+    _print_tables(report, task_report, fmt, console, notes)
+    out_dir = _out_dir(paths, out, where)
+    full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
+    if task_report is not None:
+        _write_task_sections(task_report, out_dir, lm=report is not None)
+    write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
+    summary = out_dir / SUMMARY_MD
+    csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
+    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
+    return summary
+
+
+def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], fmt: str, console: Console,
+                  notes: Console) -> None:
+    """The table(s) to ``console`` in ``fmt``; with a machine-readable format, the warnings to ``notes``."""
+    if report is not None:
         if fmt == "rich":
             print_report(report, console)
         else:
@@ -114,15 +130,6 @@ def report_main(
                 console.file.flush()
             for warning in task_report.warnings:
                 notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
-    out_dir = _out_dir(paths, out, where)
-    full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
-    if task_report is not None:
-        _write_task_sections(task_report, out_dir, lm=report is not None)
-    write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
-    summary = out_dir / SUMMARY_MD
-    csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
-    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
-    return summary
 
 
 def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
