@@ -232,7 +232,7 @@ def fill_disk_at(mp: pytest.MonkeyPatch, name: str) -> None:
     from safetensors import SafetensorError
 
     import posexp.runs.atomic as atomic
-    import posexp.training.trainer as trainer
+    import posexp.training.metrics as metrics_csv
 
     paths: dict[int, str] = {}
     fake_os = types.ModuleType("os")
@@ -262,7 +262,7 @@ def fill_disk_at(mp: pytest.MonkeyPatch, name: str) -> None:
     fake_os.open, fake_os.fdopen = open_, fdopen
     mp.setattr(atomic, "os", fake_os)
     mp.setattr(safetensors.torch, "save_model", save_model)
-    mp.setattr(trainer, "open", append, raising=False)
+    mp.setattr(metrics_csv, "open", append, raising=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
 """The trainer: AdamW, linear warmup then cosine decay, gradient clipping, seeded.
 
-Writes ``metrics.csv`` (step, tokens, loss, lr, tokens_per_s, elapsed_s) while it
-runs, and resumable checkpoints (:mod:`posexp.training.checkpoint`) every
-``train.checkpoint_every`` steps / ``train.checkpoint_minutes`` minutes, on SIGINT
-or SIGTERM, and when training ends. A resumed run takes the same steps on the
+Writes ``metrics.csv`` (:mod:`posexp.training.metrics`) while it runs, and resumable checkpoints
+(:mod:`posexp.training.checkpoint`) every ``train.checkpoint_every`` steps / ``train.checkpoint_minutes``
+minutes, on SIGINT or SIGTERM, and when training ends. A resumed run takes the same steps on the
 same batches with the same RNG states as an uninterrupted one, so on the same
 machine and thread count it ends with bitwise the same weights.
 
@@ -24,8 +23,6 @@ the same numbers, and only rank 0 writes.
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import signal
 import threading
@@ -43,18 +40,18 @@ from posexp.config.identity import RunHash
 from posexp.config.schema import TrainConfig
 from posexp.data.corpus import BatchSampler, Corpus
 from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
-from posexp.runs.atomic import atomic_write_text
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
-from posexp.runtime.device import autocast, resolve_device, step_settings
+from posexp.runtime.device import StepSettings, autocast, resolve_device, step_settings
 from posexp.runtime.precision import bf16_is_native
 from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
 from posexp.runtime.device import World, world
 from posexp.training.distributed import shard
+from posexp.training.metrics import MetricsWriter
 from posexp.training.optim import lr_at, make_optimizer, set_lr
 from posexp.training.progress import plain_progress, progress_bar
-from posexp.runtime.precision import training_precision
+from posexp.runtime.precision import PrecisionChoice, training_precision
 from posexp.training.state import TrainState
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -116,57 +113,6 @@ class TrainResult:
     compiled: bool = False
     tf32: bool = False  # fp32 matmuls on CUDA may use TensorFloat-32
     precision_choice: Optional[dict] = None  # what precision was asked for, what ran and why (PrecisionChoice)
-
-
-class MetricsWriter:
-    """Appends rows to ``metrics.csv`` and flushes each one, so a killed run keeps its curve.
-
-    Args:
-        path: the CSV file.
-        resume_step: when resuming, the step of the checkpoint: rows after it (they will be
-            trained again) and a half-written last line are dropped first, so the file ends up
-            with one row per logged step, as if the run had never stopped.
-    """
-
-    COLUMNS = ["step", "tokens", "loss", "lr", "tokens_per_s", "elapsed_s"]
-
-    def __init__(self, path: Path, resume_step: Optional[int] = None):
-        self.path = path
-        if resume_step is not None and path.exists():
-            atomic_write_text(path, self._rows_through(path, resume_step))
-        new = not path.exists() or path.stat().st_size == 0
-        self._f = open(path, "a", newline="")
-        self._w = csv.writer(self._f)
-        if new:
-            self._w.writerow(self.COLUMNS)
-
-    @classmethod
-    def _rows_through(cls, path: Path, step: int) -> str:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        lines = text.splitlines(keepends=True)
-        if lines and not lines[-1].endswith("\n"):
-            lines.pop()  # the write a kill interrupted
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(cls.COLUMNS)
-        for row in csv.reader(lines[1:]):
-            if len(row) == len(cls.COLUMNS) and row[0].isdigit() and int(row[0]) <= step:
-                w.writerow(row)
-        return buf.getvalue()
-
-    def write(self, **row) -> None:
-        try:
-            self._w.writerow([row[c] for c in self.COLUMNS])
-            self._f.flush()
-        except OSError as e:  # a full disk: the error names the file, which a flush does not
-            e.filename = str(self.path)
-            raise
-
-    def close(self) -> None:
-        try:
-            self._f.close()
-        except OSError:
-            pass  # a row whose flush failed (a full disk), already reported by write(): resume logs it again
 
 
 def save_checkpoint(model: GPT, run_dir: Path, meta: dict) -> Path:
@@ -496,12 +442,17 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
             metrics.close()
     if signum is not None:
         raise interrupted(signum, state.step, t.steps, run_dir)
-    wall = report.elapsed_s()
     model.eval()
-    return TrainResult(steps=t.steps, tokens=state.tokens, final_loss=state.loss, wall_s=wall,
+    return _result(state, t.steps, report.elapsed_s(), device, settings, choice, w.size)
+
+
+def _result(state: TrainState, steps: int, wall: float, device: torch.device, settings: StepSettings,
+            choice: PrecisionChoice, processes: int) -> TrainResult:
+    """What results.json records of a finished training: its size, speed, precision and where it ran."""
+    return TrainResult(steps=steps, tokens=state.tokens, final_loss=state.loss, wall_s=wall,
                        tokens_per_s=state.tokens / wall if wall > 0 else 0.0,
-                       precision=str(dtype).replace("torch.", ""), device=str(device),
-                       resumed_at=state.resumed_at, processes=w.size, compiled=settings.compile,
+                       precision=str(choice.dtype).replace("torch.", ""), device=str(device),
+                       resumed_at=state.resumed_at, processes=processes, compiled=settings.compile,
                        tf32=settings.tf32, precision_choice=choice.record())
 
 
