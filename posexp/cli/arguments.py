@@ -126,9 +126,6 @@ def quote_non_ascii(args: Sequence[str]) -> List[str]:
 
 
 def _parses(override: str) -> bool:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     try:
         OverridesParser.create().parse_override(override)
     except HydraException:

@@ -3,7 +3,8 @@ on the config Hydra composed for it: every job's config is checked, then the fol
 or writes anything (so a typo in job 7 of a sweep trains nothing, and two commands never share a folder).
 
 A run's config is composed once, by Hydra; a sweep's jobs are composed as its launcher composes them
-(:func:`~posexp.cli.hydra_adapter.compose_job`), from the sweep config Hydra composed.
+(:func:`~posexp.cli.hydra_adapter.compose_job`), from the sweep config Hydra composed. ``posexp analyze``, which
+claims no folder, has its output folder checked before Hydra starts (:func:`check_output_folder`).
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
+from hydra import compose
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import setup_globals
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import full_error_requested, override_text
-from posexp.cli.hydra_adapter import compose_job
+from posexp.cli.hydra_adapter import compose_job, parse_command_line
+from posexp.cli.plugins import initialize_configs
 from posexp.commands.finetune import CONFIG_NAME, check_finetune
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
+from posexp.runs.atomic import unwritable
 from posexp.runs.lock import claim_named_dir, new_run_dir
 
 
@@ -170,16 +175,6 @@ def check_output_folder(args: List[str], config_name: str, user_dirs=()) -> None
     Raises:
         PosexpError: naming the folder, the place that is not writable, and the key that chooses another.
     """
-    from hydra import compose
-    from hydra.core.utils import setup_globals
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from posexp.cli.hydra_adapter import parse_command_line
-    from posexp.cli.plugins import initialize_configs
-    from posexp.commands.sweeps import fixed_overrides
-    from posexp.runs.atomic import unwritable
-
     ns = parse_command_line(args)
     if ns is None or ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
         return  # Hydra writes no folder (or reports the command line itself)
