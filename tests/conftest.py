@@ -48,29 +48,45 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
                           text=True, timeout=timeout)
 
 
+# The smoke experiment as shipped, precision=auto and all: for tests of those defaults. A test that trains starts
+# from TINY_RUN.
 SMOKE = ("experiment=smoke", "train.progress=false")
 
-# What every tiny run pins, so that a test gives the same numbers alone, in any order and on any CPU: fp32 (no
-# precision=auto probe, whose timed forward passes would reach a test's spies and whose choice depends on the
-# CPU), one thread, and a sweep cache in the test's own folder.
+# What every tiny run a test starts pins, on the command line or composed by `tiny`, so that a test gives the same
+# numbers alone, in any order and on any CPU: fp32 (no precision=auto probe, whose timed forward passes would reach
+# a test's spies and whose choice depends on the CPU) and one thread; `tiny` adds a sweep cache in the test's own
+# folder, and every test gets torch's thread count back afterwards (_torch_threads).
 TINY_RUN = (*SMOKE, "precision=fp32", "train.threads=1")
+
+
+@pytest.fixture(scope="session")
+def _session_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads(_session_threads):
+    """Torch's thread count put back after each test: a run in this process (``train.threads``, a sweep job's share
+    of the cores) sets it for the rest of the process, and fp32 sums depend on it."""
+    yield
+    import torch
+
+    torch.set_num_threads(_session_threads)
 
 
 @pytest.fixture
 def tiny(compose, tmp_path, monkeypatch, _private_cache):
     """``tiny(*overrides)``: the smoke experiment composed as ``posexp train`` would, pinned by :data:`TINY_RUN`,
-    with the token cache (``POSEXP_CACHE``) and the sweep cache (``cache_dir``) under the test's ``tmp_path``.
-    Overrides given come last and win. Torch's thread count is put back afterwards."""
-    import torch
-
+    with the session's private token cache (``POSEXP_CACHE``) and a sweep cache (``cache_dir``) under the test's
+    ``tmp_path``. Overrides given come last and win."""
     monkeypatch.setenv("POSEXP_CACHE", str(_private_cache))  # the session's token cache, whatever ran before
-    threads = torch.get_num_threads()
 
     def _tiny(*overrides: str):
         return compose(*TINY_RUN, f"cache_dir={tmp_path / 'sweep-cache'}", *overrides)
 
-    yield _tiny
-    torch.set_num_threads(threads)
+    return _tiny
 
 
 def sigterm_at_step(monkeypatch, owner: type, method: str, step: int):

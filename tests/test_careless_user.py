@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import REPO, SMOKE, run_cli
+from conftest import REPO, TINY_RUN, run_cli
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.validation import validate
@@ -67,7 +67,7 @@ def test_running_out_of_memory_unforeseen_is_one_line_naming_what_to_lower(compo
 
     monkeypatch.setattr(command, target, fail)
     with pytest.raises(PosexpError) as e:
-        command.run_train(compose(*SMOKE, "device=cpu"), tmp_path / "run", [])
+        command.run_train(compose(*TINY_RUN, "device=cpu"), tmp_path / "run", [])
     assert "out of memory" in str(e.value) and key in str(e.value) and "\n" not in str(e.value)
 
 
@@ -124,7 +124,7 @@ def test_posexp_train_takes_the_readme_style_home_path(monkeypatch, tmp_path):
     home = tmp_path / "home"
     (home / "corpus").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))  # run_cli passes the environment on
-    r = run_cli("train", *SMOKE, "data=text", "data.path=~/corpus", "--cfg", "job", cwd=tmp_path)
+    r = run_cli("train", *TINY_RUN, "data=text", "data.path=~/corpus", "--cfg", "job", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"path: {home}/corpus" in r.stdout
 
@@ -147,7 +147,7 @@ def test_warmup_longer_than_the_run_and_an_unwritable_cache_dir_are_warned_on_th
     (tmp_path / "a_file").write_text("")
     cache_dir = tmp_path / "a_file" / "cache"
     run = tmp_path / "run"
-    r = run_cli("train", *SMOKE, "train.warmup_steps=20", "cache=true", f"cache_dir={cache_dir}",
+    r = run_cli("train", *TINY_RUN, "train.warmup_steps=20", "cache=true", f"cache_dir={cache_dir}",
                 f"hydra.run.dir={run}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (run / "results.json").is_file()

@@ -10,7 +10,7 @@ import pytest
 
 from posexp.commands.edge import typed
 
-from conftest import SMOKE, run_cli
+from conftest import TINY_RUN, run_cli
 
 RUN_KEYS = {"encoder", "base", "train_len", "overrides", "config_hash", "corpus_fingerprint", "versions",
             "git_commit", "python_version", "label", "status"}
@@ -25,7 +25,7 @@ def _results(run_dir: Path) -> dict:
 def smoke_run(tmp_path_factory):
     """One literal ``posexp train encoder=rope base=10000`` (shrunk by experiment=smoke)."""
     cwd = tmp_path_factory.mktemp("smoke")
-    proc = run_cli("train", "encoder=rope", "base=10000", *SMOKE, "hydra.run.dir=run", cwd=cwd)
+    proc = run_cli("train", "encoder=rope", "base=10000", *TINY_RUN, "hydra.run.dir=run", cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return cwd / "run", proc
 
@@ -85,14 +85,14 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
 
 
 def test_base_is_ignored_and_recorded_as_null_without_one(tmp_path):
-    proc = run_cli("train", "encoder=alibi", "base=100", *SMOKE, "eval.multiples=[1]", "hydra.run.dir=run",
+    proc = run_cli("train", "encoder=alibi", "base=100", *TINY_RUN, "eval.multiples=[1]", "hydra.run.dir=run",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert _results(tmp_path / "run")["run"]["base"] is None
 
 
 def test_learned_is_not_applicable_past_its_length(tmp_path):
-    proc = run_cli("train", "encoder=learned", *SMOKE, "hydra.run.dir=run", cwd=tmp_path)
+    proc = run_cli("train", "encoder=learned", *TINY_RUN, "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = _results(tmp_path / "run")["rows"]
     assert [r["applicable"] for r in rows] == [True, False, False]
@@ -100,7 +100,7 @@ def test_learned_is_not_applicable_past_its_length(tmp_path):
 
 
 def test_multirun_sweeps_and_summarises(tmp_path):
-    proc = run_cli("train", "-m", "encoder=none,alibi", *SMOKE, "eval.multiples=[1,2]", "hydra.sweep.dir=sweep",
+    proc = run_cli("train", "-m", "encoder=none,alibi", *TINY_RUN, "eval.multiples=[1,2]", "hydra.sweep.dir=sweep",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     runs = sorted((tmp_path / "sweep").glob("*/results.json"))
@@ -223,7 +223,7 @@ def test_bad_input_is_a_clear_message_not_a_traceback(tmp_path, monkeypatch, ove
     from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["train", *SMOKE, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["train", *TINY_RUN, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})
     out = result.output
     assert result.exit_code != 0
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
@@ -235,7 +235,7 @@ def test_bad_input_is_a_clear_message_not_a_traceback(tmp_path, monkeypatch, ove
 
 @pytest.mark.parametrize("overrides,needles", [BAD_INPUT[0], BAD_INPUT[7]], ids=["encoder=nope", "train_len=0"])
 def test_bad_input_in_a_fresh_interpreter_is_one_message(tmp_path, overrides, needles):
-    proc = run_cli("train", *SMOKE, *overrides, "hydra.run.dir=run", cwd=tmp_path)
+    proc = run_cli("train", *TINY_RUN, *overrides, "hydra.run.dir=run", cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Traceback" not in out
     assert all(needle in out for needle in needles), out

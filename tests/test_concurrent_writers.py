@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SMOKE
+from conftest import TINY_RUN
 from posexp.cli.app import app
 
 
@@ -29,7 +29,7 @@ def invoke(*args: str):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = invoke("train", *SMOKE, f"hydra.run.dir={run_dir}")
+    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
     assert result.exit_code == 0, result.output
     return run_dir
 
@@ -70,7 +70,7 @@ def test_a_command_refused_by_an_evaluation_says_it_is_evaluating(trained, tmp_p
     shutil.copytree(trained, run)
     before = (run / "results.json").read_bytes()
     with held_by(run, "evaluating"):
-        result = invoke("train", *SMOKE, f"hydra.run.dir={run}", "--overwrite")
+        result = invoke("train", *TINY_RUN, f"hydra.run.dir={run}", "--overwrite")
     assert result.exit_code == 2
     assert "is evaluating in this folder" in result.output and "training" not in result.output
     assert (run / "results.json").read_bytes() == before
@@ -99,7 +99,7 @@ def test_overwriting_a_sweep_with_one_busy_job_touches_nothing(trained, tmp_path
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
     with held_by(sweep / "1", "training"):
-        result = invoke("train", "-m", *SMOKE, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
+        result = invoke("train", "-m", *TINY_RUN, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
     assert result.exit_code == 2, result.output
     assert "is training in this folder" in result.output
     after = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
@@ -132,7 +132,7 @@ def test_overwrite_replaces_only_what_posexp_wrote(trained, tmp_path):
     (run / "notes.md").write_text("why I ran this\n")
     (run / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
     (run / "wandb" / "settings").write_text("[default]\nproject = mine\n")
-    result = invoke("train", *SMOKE, "seed=3", f"hydra.run.dir={run}", "--overwrite")
+    result = invoke("train", *TINY_RUN, "seed=3", f"hydra.run.dir={run}", "--overwrite")
     assert result.exit_code == 0, result.output
     assert (run / "notes.md").read_text() == "why I ran this\n"
     assert (run / "wandb" / "settings").is_file() and not (run / "wandb" / "offline-run-20260101_000000-abc").exists()

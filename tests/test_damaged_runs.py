@@ -22,7 +22,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import SMOKE
+from conftest import TINY_RUN
 from posexp.cli.app import app
 from posexp.runs.layout import write_results_json
 
@@ -124,7 +124,7 @@ def test_report_and_eval_help_say_what_a_damaged_run_does():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = invoke("train", *SMOKE, f"hydra.run.dir={run_dir}", columns=200)
+    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}", columns=200)
     assert result.exit_code == 0, result.output
     return run_dir
 
@@ -170,7 +170,7 @@ def test_training_whose_evaluation_is_not_finite_still_writes_results_json(tmp_p
 
     monkeypatch.setattr(train_command, "evaluate_config", diverging)
     run_dir = tmp_path / "run"
-    result = invoke("train", *SMOKE, f"hydra.run.dir={run_dir}", columns=200)
+    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}", columns=200)
     assert result.exit_code == 0, result.output
     rows = strict_json(run_dir / "results.json")["rows"]
     assert rows[-1]["applicable"] is True and rows[-1]["ppl"] is None and rows[-1]["loss"] is None

@@ -296,10 +296,10 @@ def test_train_on_a_local_hf_data_set_with_bpe_end_to_end(tmp_path):
     """data=hf + tokenizer=bpe as a user types it: the model's vocabulary is the tokenizer's, results say so."""
     from safetensors import safe_open
 
-    from conftest import SMOKE, run_cli
+    from conftest import TINY_RUN, run_cli
 
     path, _ = _hub_like(tmp_path)
-    proc = run_cli("train", *SMOKE, "data=hf", f"data.name={path}", "data.text_column=body", "tokenizer=bpe",
+    proc = run_cli("train", *TINY_RUN, "data=hf", f"data.name={path}", "data.text_column=body", "tokenizer=bpe",
                    "tokenizer.vocab_size=300", "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]

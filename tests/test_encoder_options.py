@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import SMOKE, run_cli
+from conftest import TINY_RUN, run_cli
 from posexp.encoders import create
 from posexp.encoders.frequencies import frequency_schedule
 from posexp.encoders.rope import ReRoPEScores, rope_frequencies
@@ -472,7 +472,7 @@ def test_list_shows_the_new_options(tmp_path):
 
 @pytest.mark.slow  # rerope rows and mixing stay covered in-process above; this is the end-to-end run
 def test_a_mixed_run_says_its_mix_and_evaluates_with_rerope(tmp_path):
-    proc = run_cli("train", *SMOKE, "encoder=mixed", "encoder.layers=[rope,none]",
+    proc = run_cli("train", *TINY_RUN, "encoder=mixed", "encoder.layers=[rope,none]",
                    "encoder.options={rope:{rotary_fraction:0.5}}", "eval.scaling=rerope", "eval.rerope_window=16",
                    "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -509,7 +509,7 @@ def test_bad_input_is_a_one_line_message_and_exit_code_2(tmp_path, monkeypatch, 
     from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)  # in this interpreter; tests/test_cli.py checks the fresh-interpreter form
-    result = CliRunner().invoke(app, ["train", *SMOKE, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["train", *TINY_RUN, *overrides, "hydra.run.dir=run"], env={"COLUMNS": "200"})
     out = result.output
     assert result.exit_code == 2 and isinstance(result.exception, (SystemExit, type(None))), out
     assert "Traceback" not in out

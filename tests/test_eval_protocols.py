@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import SMOKE, run_cli
+from conftest import TINY_RUN, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.perplexity import batch_means_se, evaluate, plan_windows
@@ -275,7 +275,7 @@ def test_merge_rows_replaces_the_same_measurement_and_keeps_the_rest():
 def trained(tmp_path_factory) -> Path:
     """One literal smoke run of rope, trained once for the module; tests work on copies."""
     cwd = tmp_path_factory.mktemp("trained")
-    proc = run_cli("train", *SMOKE, "hydra.run.dir=run", cwd=cwd)
+    proc = run_cli("train", *TINY_RUN, "hydra.run.dir=run", cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     return cwd / "run"
 
@@ -358,7 +358,7 @@ def alibi_run(compose, tmp_path) -> Path:
     """A run of an encoding without rotary frequencies (trained in-process, no .hydra folder)."""
     from posexp.commands.train import run_train
 
-    overrides = [*SMOKE, "encoder=alibi", "train.steps=2", "eval.multiples=[1]"]
+    overrides = [*TINY_RUN, "encoder=alibi", "train.steps=2", "eval.multiples=[1]"]
     run_train(compose(*overrides), tmp_path / "alibi", overrides)
     return tmp_path / "alibi"
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import SMOKE, sigterm_at_step
+from conftest import TINY_RUN, sigterm_at_step
 
 PARENT_LEN = 32  # experiment=smoke's train_len
 # a fine-tune of a smoke parent in seconds: 2x its length, a few steps, two eval lengths
@@ -49,7 +49,7 @@ def parents(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("parents")
     out = {}
     for encoder in ("rope", "learned", "alibi"):
-        result = invoke("train", *SMOKE, f"encoder={encoder}", "train.threads=1", f"hydra.run.dir={root / encoder}")
+        result = invoke("train", *TINY_RUN, f"encoder={encoder}", f"hydra.run.dir={root / encoder}")
         assert result.exit_code == 0, result.output
         out[encoder] = root / encoder
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SMOKE
+from conftest import SMOKE, TINY_RUN
 from posexp.config.identity import config_hash, weights_config
 from posexp.errors import ConfigError
 from posexp.runtime.precision import choose_precision
@@ -60,7 +60,7 @@ def test_compile_auto_keeps_the_cache_key_and_hash_of_compile_false(compose):
 def test_default_cpu_run_records_an_eager_fp32_step_without_tf32(compose, tmp_path):
     from posexp.commands.train import run_train
 
-    overrides = [*SMOKE, "device=cpu", "train.steps=2", "eval.multiples=[1]", "eval.loss_by_position=false"]
+    overrides = [*TINY_RUN, "device=cpu", "train.steps=2", "eval.multiples=[1]", "eval.loss_by_position=false"]
     train = run_train(compose(*overrides), tmp_path, overrides)["run"]["train"]
     assert train["compile"] is False and "tf32" not in train
 

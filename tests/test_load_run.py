@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from conftest import SMOKE, run_cli
+from conftest import TINY_RUN, run_cli
 
-TINY = (*SMOKE, "train.steps=4", "train.log_every=2", "eval.multiples=[1,2]", "eval.tokens=512")
+TINY = (*TINY_RUN, "train.steps=4", "train.log_every=2", "eval.multiples=[1,2]", "eval.tokens=512")
 
 
 @pytest.fixture(scope="module")

@@ -73,11 +73,11 @@ def test_init_pytorch_keeps_the_layers_defaults_and_gpt2_draws_n_0_002(compose):
 def test_an_unknown_init_is_one_line_naming_the_key_and_the_choices(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from conftest import SMOKE
+    from conftest import TINY_RUN
     from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["train", *SMOKE, "model.init=xavier", "hydra.run.dir=run"])
+    result = CliRunner().invoke(app, ["train", *TINY_RUN, "model.init=xavier", "hydra.run.dir=run"])
     out = result.output.strip()
     assert result.exit_code == 2 and len(out.splitlines()) == 1, out
     assert "model.init" in out and "gpt2" in out and "pytorch" in out and "xavier" in out

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, TINY_RUN, run_cli
 
 EXAMPLE = REPO / "scripts" / "plugin_example"
-TINY = ("experiment=smoke", "train.progress=false", "train.steps=6", "train.warmup_steps=2", "train.log_every=2",
-        "eval.tokens=256", "eval.loss_by_position=false")
+TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256",
+        "eval.loss_by_position=false")
 
 
 @pytest.fixture
@@ -309,8 +309,7 @@ def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(t
     _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     out = tmp_path / "run"
-    trained = run_cli("train", "encoder=mixed", "encoder.layers=[rope,halfrope]", *TINY, "precision=fp32",
-                      "train.threads=1", f"hydra.run.dir={out}", cwd=tmp_path)
+    trained = run_cli("train", "encoder=mixed", "encoder.layers=[rope,halfrope]", *TINY, f"hydra.run.dir={out}", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-2000:]
     run = json.loads((out / "results.json").read_text())["run"]
     assert "encoder_source" not in run  # the encoder is the built-in mix; its plugin layer is what is recorded

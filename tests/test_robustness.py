@@ -23,13 +23,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import SMOKE, sigterm_at_step
+from conftest import TINY_RUN, sigterm_at_step
 
 STEPS = 60
 # log every step and checkpoint every 4: a kill usually lands between a checkpoint and the
 # rows logged after it, which resume must drop and log again. T5: an encoder with parameters of
 # its own, in an optimizer group at 10x the learning rate, which resume must restore too.
-RESUMABLE = (*SMOKE, "encoder=t5", f"train.steps={STEPS}", "train.log_every=1", "train.checkpoint_every=4", "train.threads=1",
+RESUMABLE = (*TINY_RUN, "encoder=t5", f"train.steps={STEPS}", "train.log_every=1", "train.checkpoint_every=4",
              "eval.multiples=[1,2]")
 
 
@@ -181,7 +181,7 @@ def test_the_first_sigint_asks_to_stop_the_second_interrupts():
 
 def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_records_divergence(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = invoke("train", *SMOKE, "train.lr=1e6", "train.grad_clip=0", "train.checkpoint_every=1",
+    result = invoke("train", *TINY_RUN, "train.lr=1e6", "train.grad_clip=0", "train.checkpoint_every=1",
                     "hydra.run.dir=run")
     assert result.exit_code == 2
     assert "Traceback" not in result.output
@@ -207,7 +207,7 @@ def test_a_failing_sweep_job_is_recorded_and_the_others_kept(tmp_path, monkeypat
     # (tests/test_run_folders.py) would refuse train.steps=0 up front, so here it checks the first job only.
     monkeypatch.setattr(folders, "jobs_to_check", lambda jobs, limit=0: jobs[:1])
     monkeypatch.chdir(tmp_path)
-    result = invoke("train", "-m", *SMOKE, "train.steps=20,0", "eval.multiples=[1]", "hydra.sweep.dir=sweep")
+    result = invoke("train", "-m", *TINY_RUN, "train.steps=20,0", "eval.multiples=[1]", "hydra.sweep.dir=sweep")
     assert result.exit_code == 1
     assert "Traceback" not in result.output
     assert "1 sweep job(s) failed" in result.stderr
@@ -361,7 +361,7 @@ def _train_text(tmp, name: str, data: bytes | None, needles: list[str]):
         path.mkdir()
     else:
         path.write_bytes(data)
-    return ("train", *SMOKE, "data=text", f"data.path={path}", "hydra.run.dir=run"), needles, tmp / "data"
+    return ("train", *TINY_RUN, "data=text", f"data.path={path}", "hydra.run.dir=run"), needles, tmp / "data"
 
 
 def _case_data_empty_folder(tmp, full):
@@ -386,16 +386,16 @@ def _case_data_smaller_than_a_window(tmp, full):
 
 
 def _case_checkpoint_every_negative(tmp, full):
-    return ("train", *SMOKE, "train.checkpoint_every=-1", "hydra.run.dir=run"), ["train.checkpoint_every", ">= 0"], None
+    return ("train", *TINY_RUN, "train.checkpoint_every=-1", "hydra.run.dir=run"), ["train.checkpoint_every", ">= 0"], None
 
 
 def _case_checkpoint_minutes_negative(tmp, full):
-    return ("train", *SMOKE, "train.checkpoint_minutes=-2", "hydra.run.dir=run"), \
+    return ("train", *TINY_RUN, "train.checkpoint_minutes=-2", "hydra.run.dir=run"), \
         ["train.checkpoint_minutes", ">= 0"], None
 
 
 def _case_checkpoint_every_not_a_number(tmp, full):
-    return ("train", *SMOKE, "train.checkpoint_every=often", "hydra.run.dir=run"), \
+    return ("train", *TINY_RUN, "train.checkpoint_every=often", "hydra.run.dir=run"), \
         ["checkpoint_every", "often"], None
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SMOKE
+from conftest import TINY_RUN
 
-FAST = (*SMOKE, "train.threads=1", "eval.multiples=[1]")
+FAST = (*TINY_RUN, "eval.multiples=[1]")
 # long enough to be caught training: checkpoints every 5 steps, stopped long before the end
-STOPPABLE = (*SMOKE, "train.threads=1", "eval.multiples=[1]", "train.checkpoint_every=5")
+STOPPABLE = (*TINY_RUN, "eval.multiples=[1]", "train.checkpoint_every=5")
 LONG = (*STOPPABLE, "train.steps=100000")
 
 

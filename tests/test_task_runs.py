@@ -8,10 +8,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SMOKE, run_cli, sigterm_at_step
+from conftest import TINY_RUN, run_cli, sigterm_at_step
 from posexp.cli.app import app
 
-FAST = (*SMOKE, "train.steps=4", "eval.examples=16")
+FAST = (*TINY_RUN, "train.steps=4", "eval.examples=16")
 
 
 def _rows(run_dir) -> list[dict]:
@@ -94,7 +94,7 @@ def test_an_interrupted_task_run_resumes_to_identical_numbers(tmp_path, monkeypa
 
     from posexp.tasks.sampler import TaskSampler
 
-    args = ["train", "task=reverse", "encoder=alibi", *SMOKE, "train.steps=8", "train.checkpoint_every=2",
+    args = ["train", "task=reverse", "encoder=alibi", *TINY_RUN, "train.steps=8", "train.checkpoint_every=2",
             "eval.examples=16"]
     full = tmp_path / "full"
     assert CliRunner().invoke(app, [*args, f"hydra.run.dir={full}"]).exit_code == 0

@@ -12,9 +12,11 @@ from typer.testing import CliRunner
 
 from posexp.cli.app import app
 
-# small enough that a case which is wrongly accepted still finishes in seconds (and then fails its asserts)
-TINY = ("model.d_model=32", "model.n_heads=2", "train_len=32", "train.steps=2", "train.batch_size=2",
-        "train.warmup_steps=0", "train.progress=false", "eval.multiples=[1]", "eval.tokens=256")
+from conftest import TINY_RUN
+
+# the shared tiny run, smaller still: a case which is wrongly accepted finishes in seconds (and then fails its asserts)
+TINY = (*TINY_RUN, "train.steps=2", "train.batch_size=2", "train.warmup_steps=0", "eval.multiples=[1]",
+        "eval.tokens=256")
 TINY_ANALYZE = ("train_len=32", "analyze.length=64", "analyze.figures=false")
 
 TRAIN_CASES = [

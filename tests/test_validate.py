@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SMOKE, run_cli
+from conftest import TINY_RUN, run_cli
 from posexp.errors import ConfigError
 from posexp.commands.validation import validate
 from posexp.commands.edge import typed
@@ -43,7 +43,7 @@ def test_an_encoding_shorter_than_train_len_is_refused_before_training(compose, 
 
 
 def test_posexp_train_refuses_inf_in_one_line(tmp_path):
-    proc = run_cli("train", *SMOKE, "base=inf", "hydra.run.dir=run", cwd=tmp_path)
+    proc = run_cli("train", *TINY_RUN, "base=inf", "hydra.run.dir=run", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["error: base: must be a finite number (got inf)"]
 
