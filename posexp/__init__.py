@@ -7,7 +7,8 @@ One direction of data, each stage handing a plain object to the next; each idea
 has one home, and the subpackages name the layers, from the command line down::
 
     posexp train ARGS ─► cli/        the Typer app; what the user typed is checked before Hydra
-                                     composes configs/ onto the schemas (config/)
+                                     composes configs/ onto the schemas (config/), each job and its
+                                     folder on the config Hydra composed
                       ─► commands/   the recipe (train, eval, resume, finetune, sweeps) and, beside
                                      it, validation.py: ranges, combinations, whether it fits in memory
                            ├─ data/        text ─► tokenizer ─► cached train/val token arrays ─► batches
@@ -36,7 +37,9 @@ lazy imports included):
   run folders only through :mod:`posexp.runs.layout`.
 - ``tracking/`` knows results rows and run folders, not the model or the data.
 - ``commands/`` may import anything below it; only ``cli/`` imports
-  ``analysis/``.
+  ``analysis/``, and nothing below ``commands/`` imports ``cli/``.
+- ``cli/`` imports what loads torch only inside the command that runs it, so
+  ``posexp --help`` and ``posexp report`` start without torch.
 
 Where the next one goes:
 
