@@ -107,6 +107,12 @@ def test_nothing_imports_analysis_but_the_cli():
     assert users == ["posexp.cli.app"]
 
 
+def test_nothing_below_the_commands_imports_the_cli():
+    users = [m for m in MODULES if not m.startswith(("posexp.cli", "posexp.commands")) and m != "posexp.__main__"
+             and any(t == "posexp.cli" or t.startswith("posexp.cli.") for t in _imports(m))]
+    assert not users
+
+
 def test_no_import_cycles():
     graph = {m: {t for t in _imports(m) if t in MODULES} for m in MODULES}
     # a cycle is a module that reaches itself
