@@ -176,12 +176,14 @@ def test_reused_weights_give_the_same_numbers_at_common_lengths(cached_pair):
         assert a[length] == b[length]
 
 
-def test_reused_run_is_a_complete_run_folder(cached_pair):
+def test_reused_run_is_a_complete_run_folder(cached_pair, tmp_path):
     """posexp eval accepts it: its checkpoint says it belongs to this run's config."""
+    import shutil
+
     from posexp.commands.eval import reeval_main
 
     cwd, _ = cached_pair
-    second = cwd / "second"
+    second = shutil.copytree(cwd / "second", tmp_path / "second")  # the other tests read the pair as it was made
     with open(second / "metrics.csv") as f:
         assert int(list(csv.DictReader(f))[-1]["step"]) == 6
     reeval_main([str(second), "eval.lengths=[32]"])
