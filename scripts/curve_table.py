@@ -15,7 +15,8 @@ from pathlib import Path
 
 from posexp.reporting import find_runs, load_run
 from posexp.reporting.curve_report import DIVERGED, diverged_from
-from posexp.runs.layout import PERPLEXITY, read_curve
+from posexp.runs.curve import read_curve
+from posexp.runs.layout import PERPLEXITY
 
 COLUMNS = 8  # at most this many steps shown when --steps is not given, evenly spaced up to the last one
 

@@ -21,7 +21,7 @@ from posexp.errors import ConfigError
 from posexp.reporting import report_main
 from posexp.reporting.curve_report import diverged_from
 from posexp.runs.curve import CurveWriter
-from posexp.runs.layout import read_curve
+from posexp.runs.curve import read_curve
 from posexp.training.cache import cache_key
 
 CURVE = ("eval.during_training.every=5", "eval.during_training.multiples=[1,2,4]",

@@ -17,7 +17,8 @@ from typing import Any
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, typed
 from posexp.errors import PosexpError
-from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, read_curve, read_results
+from posexp.runs.curve import read_curve
+from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, read_results
 
 
 @dataclass

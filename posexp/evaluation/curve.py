@@ -33,7 +33,7 @@ from posexp.tasks.task import Task
 # the logger name train.log and users' logging filters have always seen for training
 log = logging.getLogger("posexp.train")
 
-# What a point hands on: the step and its rows (the columns of curve.csv, posexp.runs.layout.CURVE_COLUMNS).
+# What a point hands on: the step and its rows (the columns of curve.csv, posexp.runs.curve.CURVE_COLUMNS).
 PointHook = Callable[[int, list[dict]], None]
 
 

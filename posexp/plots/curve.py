@@ -3,7 +3,7 @@ multiple of the training length against the training step, for one run (``curve.
 by side (``posexp report``).
 
 House style of :mod:`posexp.plots.style`; matplotlib is imported inside the functions. Torch-free: the rows
-are curve.csv's (:func:`posexp.runs.layout.read_curve`).
+are curve.csv's (:func:`posexp.runs.curve.read_curve`).
 """
 
 from __future__ import annotations

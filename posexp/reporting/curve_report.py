@@ -17,7 +17,8 @@ from typing import Any, Optional, Sequence
 from posexp.reporting.formatting import NOT_APPLICABLE, _md
 from posexp.reporting.runs import Run
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import PERPLEXITY, REPORT_CURVE_PLOT, REPORT_MD, read_curve
+from posexp.runs.curve import read_curve
+from posexp.runs.layout import PERPLEXITY, REPORT_CURVE_PLOT, REPORT_MD
 
 MAX_PANELS = 24  # a figure of more panels is unreadable; the section says how many were left out
 # a longer length "has diverged" from the step on which its perplexity stays above (1 + this) x the 1x one

@@ -3,7 +3,8 @@
 The whole file is rewritten atomically after every point (it holds a few hundred short lines at most), so a
 run killed at any moment leaves every point it measured and never a half-written line. A resumed run first
 keeps only the points up to its checkpoint's step: the later ones are measured again, so the file holds
-each step once, as if the run had never stopped. Torch-free; :func:`posexp.runs.layout.read_curve` reads it.
+each step once, as if the run had never stopped. :func:`read_curve` reads it (for reports, ``load_run``).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -12,14 +13,49 @@ import csv
 import io
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from posexp.plots.curve import plot_curve
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import CURVE_COLUMNS, CURVE_CSV, CURVE_PLOT, curve_metric, read_curve
+from posexp.runs.layout import ACCURACY, CURVE_CSV, CURVE_PLOT, PERPLEXITY
 
 # how each column is written: counts as integers, measurements to 8 significant digits, seconds to ms
 _FORMATS = {"step": "d", "length": "d", "tokens": "d", "examples": "d", "multiple": "g", "eval_s": ".3f"}
+
+
+# curve.csv's columns: a language model's (perplexity) and a task run's (accuracy); the header says which
+CURVE_COLUMNS = {PERPLEXITY: ["step", "length", "multiple", "ppl", "loss", "tokens", "eval_s"],
+                 ACCURACY: ["step", "length", "multiple", "exact_match", "token_accuracy", "answer_loss", "examples",
+                            "eval_s"]}
+
+
+def curve_metric(header: Sequence[str]) -> Optional[str]:
+    """Which kind of curve.csv a header belongs to (:data:`CURVE_COLUMNS`), or None for another file."""
+    return next((metric for metric, columns in CURVE_COLUMNS.items() if list(header) == columns), None)
+
+
+def read_curve(run_dir: str | os.PathLike) -> tuple[Optional[str], list[dict]]:
+    """A run's ``curve.csv``: its metric and rows (numbers parsed; ``step``, ``length`` and ``tokens`` /
+    ``examples`` as ints), in file order. A missing or unreadable file is ``(None, [])``; a line a kill cut
+    short is left out."""
+    try:
+        lines = (Path(run_dir) / CURVE_CSV).read_text(encoding="utf-8").splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()  # the write a kill interrupted
+        records = list(csv.reader(lines))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None, []
+    metric = curve_metric(records[0]) if records else None
+    if metric is None:
+        return None, []
+    columns, rows = CURVE_COLUMNS[metric], []
+    for record in records[1:]:
+        try:
+            rows.append({c: int(v) if c in ("step", "length", "tokens", "examples") else float(v)
+                         for c, v in zip(columns, record, strict=True)})
+        except ValueError:
+            continue
+    return metric, rows
 
 
 class CurveWriter:
@@ -28,7 +64,7 @@ class CurveWriter:
     Args:
         run_dir: the run folder.
         metric: ``perplexity`` (a language model) or ``accuracy`` (a task run): which columns
-            (:data:`posexp.runs.layout.CURVE_COLUMNS`).
+            (:data:`CURVE_COLUMNS`).
         resume_step: when resuming, the step of the checkpoint training continues from: the points up to it
             are kept, the later ones dropped. None: a new run, a new file.
     """

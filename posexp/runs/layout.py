@@ -456,41 +456,6 @@ def read_training_curve(run_dir: str | os.PathLike) -> tuple[list[float], list[f
     return steps, losses
 
 
-# curve.csv's columns: a language model's (perplexity) and a task run's (accuracy); the header says which
-CURVE_COLUMNS = {PERPLEXITY: ["step", "length", "multiple", "ppl", "loss", "tokens", "eval_s"],
-                 ACCURACY: ["step", "length", "multiple", "exact_match", "token_accuracy", "answer_loss", "examples",
-                            "eval_s"]}
-
-
-def curve_metric(header: Sequence[str]) -> Optional[str]:
-    """Which kind of curve.csv a header belongs to (:data:`CURVE_COLUMNS`), or None for another file."""
-    return next((metric for metric, columns in CURVE_COLUMNS.items() if list(header) == columns), None)
-
-
-def read_curve(run_dir: str | os.PathLike) -> tuple[Optional[str], list[dict]]:
-    """A run's ``curve.csv``: its metric and rows (numbers parsed; ``step``, ``length`` and ``tokens`` /
-    ``examples`` as ints), in file order. A missing or unreadable file is ``(None, [])``; a line a kill cut
-    short is left out."""
-    try:
-        lines = (Path(run_dir) / CURVE_CSV).read_text(encoding="utf-8").splitlines(keepends=True)
-        if lines and not lines[-1].endswith("\n"):
-            lines.pop()  # the write a kill interrupted
-        records = list(csv.reader(lines))
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return None, []
-    metric = curve_metric(records[0]) if records else None
-    if metric is None:
-        return None, []
-    columns, rows = CURVE_COLUMNS[metric], []
-    for record in records[1:]:
-        try:
-            rows.append({c: int(v) if c in ("step", "length", "tokens", "examples") else float(v)
-                         for c, v in zip(columns, record, strict=True)})
-        except ValueError:
-            continue
-    return metric, rows
-
-
 # -- the saved config and overrides ---------------------------------------------------------------
 
 
