@@ -145,11 +145,13 @@ STUDIES = {
         "that by construction reads no further back than it was trained on; perplexity, context gain and passkey",
         "about 3 minutes of training per LM run and 1-2 per passkey run, then 4 evaluations of each",
         {"six": _sweep(LM_SIX), "passkey": _sweep("task=passkey", LM_SIX)},
-        [Table("perplexity per byte, plain and windowed", _report(
-            ["{six}"], "--by", "encoder", "--metric", "ppl@1x,ppl@2x,ppl@4x,ppl@8x,ppl@16x")),
-         Table("context gain (last_k=64: the same last 64 tokens scored with 16x the context), plain and windowed",
-               _report(["{six}"], "--by", "encoder", "--metric", "gain")),
-         Table("passkey retrieval, plain and windowed", _report(["{passkey}"], "--by", "encoder"))],
+        [Table("perplexity per byte and context gain, plain", _report(
+            ["{six}"], "--by", "encoder", "--metric", "ppl@1x,ppl@2x,ppl@4x,ppl@16x,gain")),
+         Table("the same, windowed (eval.window=128)", _report(
+            ["{six}"], "--by", "encoder", "--metric", "ppl@1x,ppl@2x,ppl@4x,ppl@16x,gain", "--view", "window=128")),
+         Table("passkey retrieval, plain", _report(["{passkey}"], "--by", "encoder")),
+         Table("passkey retrieval, windowed (eval.window=128)", _report(["{passkey}"], "--by", "encoder", "--view",
+                                                                       "window=128"))],
         evals=[["eval", "{six}", "eval.window=128"], ["eval", "{six}", "eval.protocol=last_k", "eval.last_k=64"],
                ["eval", "{six}", "eval.protocol=last_k", "eval.last_k=64", "eval.window=128"],
                ["eval", "{passkey}", "eval.window=128"]]),

@@ -267,6 +267,72 @@ def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
     assert context_gain(run, 128, None, (128, None)) == (True, pytest.approx(0.0))
 
 
+def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
+    from test_report import make_run
+
+    from posexp.reporting import build_report
+
+    def last_k(ppls, **fields):
+        return [{**r, "protocol": "last_k", "last_k": 32} for r in _rows(ppls, **fields)]
+
+    folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0, 512: 5.0}) + _rows({128: 3.0, 512: 3.1},
+                      window=128) + last_k({128: 3.0, 512: 2.5}) + last_k({128: 3.0, 512: 3.0}, window=128))
+    plain, windowed = build_report([folder]), build_report([folder], view="window=128", metrics="gain")
+    assert plain.window is None and plain.rows[0].cells[512].ppl == 5.0
+    assert windowed.window == (128, None) and windowed.protocol == "nonoverlap"
+    assert windowed.rows[0].cells[512].ppl == 3.1
+    assert windowed.groups[0].metrics["gain"].mean == pytest.approx(0.0)  # the windowed last_k rows' gain
+    last = build_report([folder], view=["protocol=last_k", "window=128"])
+    assert (last.protocol, last.window, last.rows[0].cells[512].ppl) == ("last_k", (128, None), 3.0)
+
+
+@pytest.mark.parametrize("view,message", [
+    ("window=64", "no results of the selected runs are window=64; they have: nonoverlap; nonoverlap with window 128"),
+    ("wndow=128", "KEY one of protocol, scaling, window, sinks"),
+    ("window=0", "window=0: a positive integer"),
+    ("protocol=strided", "unknown protocol 'strided'; choose one of nonoverlap, sliding, last_k"),
+    ("sinks=4,window=none", "sinks belong to a window"),
+])
+def test_a_view_that_is_not_there_or_malformed_is_one_line_naming_view(tmp_path, view, message):
+    from test_report import make_run
+
+    from posexp.reporting import build_report
+
+    folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0}) + _rows({128: 3.0}, window=128))
+    with pytest.raises(ConfigError, match="--view") as err:
+        build_report([folder], view=view)
+    assert message in str(err.value)
+
+
+def test_a_view_report_goes_beside_the_folders_own_and_covers_task_runs(tmp_path):
+    from rich.console import Console
+    from test_report import make_run
+    from test_report_tasks import make_task_run
+
+    from posexp.reporting.summary import report_main
+
+    folder = tmp_path / "sweep"
+    make_run(folder / "0", {}, extra_rows=_rows({128: 3.0, 512: 5.0}) + _rows({128: 3.0, 512: 3.1}, window=128))
+    task = make_task_run(folder / "1", {64: 0.9, 128: 0.5})
+    results = json.loads((task / "results.json").read_text())
+    results["rows"] += [{**r, "window": 64, "sinks": None, "exact_match": r["exact_match"] / 2}
+                        for r in results["rows"]]
+    (task / "results.json").write_text(json.dumps(results))
+    report_main([folder], console=Console(file=io.StringIO(), width=200))
+    out = io.StringIO()
+    report_main([folder], console=Console(file=out, width=200), view="window=64", fmt="markdown",
+                err_console=Console(file=io.StringIO()))
+    assert "Rows shown: window 64." in out.getvalue() and "| 45.0 | 25.0 |" in out.getvalue()
+    with pytest.raises(ConfigError, match="no results of the selected runs are window=64"):
+        report_main([folder / "0"], console=Console(file=io.StringIO()), view="window=64")
+    out = io.StringIO()
+    report_main([folder / "0"], console=Console(file=out, width=200), view="window=128", fmt="markdown",
+                err_console=Console(file=io.StringIO()))
+    assert "| 3.00 | 3.10 |" in out.getvalue().replace("3.000", "3.00")
+    mine = (folder / "0" / "reports" / "view-window=128" / "report.md").read_text()
+    assert "window 128" in mine and "window 128" not in (folder / "report.md").read_text().split("Also in")[0]
+
+
 # -- the commands ----------------------------------------------------------------------------------
 
 def test_train_and_posexp_eval_with_a_window(compose, tmp_path):

@@ -307,6 +307,10 @@ def report(
     baseline: Optional[List[str]] = typer.Option(
         None, "--baseline", help="With --by: the reference group the others are compared with, KEY=VALUE "
                                  "(e.g. encoder=rope or encoder=rope,base=100); default: the first group."),
+    view: Optional[List[str]] = typer.Option(
+        None, "--view", help="Which rows to show, KEY=VALUE of protocol, scaling, window, sinks: window=128 (the "
+                             "window baseline of posexp eval RUN eval.window=128), protocol=last_k, scaling=yarn; "
+                             "default: the plain rows. Written to reports/view-.../ of the folder given."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
@@ -316,7 +320,8 @@ def report(
     """
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
-                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline)
+                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline,
+                    view=view)
     except PosexpError as e:
         fail(e)
 

@@ -29,6 +29,7 @@ from posexp.reporting.selection import (DEFAULT_TOLERANCE, Filter, _ABSENT, _unk
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import _stat
 from posexp.reporting.table import Cell, Group, Report, ReportRow
+from posexp.reporting.views import parse_view, pick_view
 from posexp.runs.layout import RESULTS_JSON
 
 __all__ = ["Cell", "Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
@@ -45,6 +46,7 @@ def build_report(
     sort: Optional[str] = None,
     strict: bool = False,
     baseline: Sequence[str] | str | None = None,
+    view: Sequence[str] | str | None = None,
 ) -> Report:
     """Load runs and line them up: one column per evaluated length, one line per run or group.
 
@@ -59,6 +61,8 @@ def build_report(
         strict: refuse the whole report when one run's ``results.json`` cannot be loaded. Otherwise (the
             default) such a run is left out, with a warning naming its file and the problem.
         baseline: ``KEY=VALUE`` naming the reference group of the comparison (:mod:`.compare`); default: the first.
+        view: ``KEY=VALUE`` of the rows to show (:mod:`.views`: ``window=128``, ``protocol=last_k``,
+            ``scaling=yarn``); default: the plain rows.
 
     Returns:
         The :class:`Report`.
@@ -66,9 +70,10 @@ def build_report(
     Raises:
         PosexpError: no run folders, no run that can be loaded (with ``strict``: any that cannot), or no
             run passes the filters.
-        ConfigError: an unknown ``--by``/``--where`` key, metric, sort column or ``--baseline`` group.
+        ConfigError: an unknown ``--by``/``--where`` key, metric, sort column, ``--baseline`` group or ``--view``.
     """
     by_keys = parse_by(by)
+    wanted = parse_view(view)
     chosen = parse_metrics(metrics, tolerance)
     filters = parse_where(where)
     sort_key = parse_sort(sort, chosen, by_keys, tolerance)
@@ -78,7 +83,7 @@ def build_report(
     if metrics is None and any(r.get("protocol") == "last_k" for run in runs for r in run.rows):
         chosen.append(parse_metric("gain"))  # last_k rows measured: say whether longer context helped
 
-    report = _lay_out(runs, by_keys, [f"not in the table: {problem}" for problem in skipped])
+    report = _lay_out(runs, by_keys, [f"not in the table: {problem}" for problem in skipped], wanted)
     report.metrics, report.filters = chosen, filters
     groups = _group_rows(report.rows, by_keys, report.warnings)
     for group in groups:
@@ -89,11 +94,11 @@ def build_report(
     return report
 
 
-def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str]) -> Report:
+def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: Optional[dict] = None) -> Report:
     """The table of ``runs`` before grouping: the view it shows, a row per run (label, cells, flags, ratio), and
     the settings most runs share (the others flagged in ``warnings``)."""
-    protocol, scaling, window, other_views = _pick_view(runs)
-    if protocol is not None and protocol != MAIN_PROTOCOL:
+    protocol, scaling, window, other_views = _pick_view(runs, wanted)
+    if protocol is not None and protocol != MAIN_PROTOCOL and "protocol" not in (wanted or {}):
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
 
     labels, shared = _labels(runs)
@@ -194,22 +199,19 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
     return runs, skipped
 
 
-def _pick_view(runs: list[Run]) -> tuple[Any, Any, Any, list[tuple[Any, Any, Any]]]:
-    """Choose the (protocol, scaling, window) the table shows: nonoverlap without scaling or window if any run
-    has it. A windowed row is a view of its own, like a scaled one: never in the same cell as a plain row."""
+def _pick_view(runs: list[Run], wanted: Optional[dict] = None) -> tuple[Any, Any, Any, list[tuple[Any, Any, Any]]]:
+    """Choose the (protocol, scaling, window) the table shows (:func:`posexp.reporting.views.pick_view`): the
+    view ``wanted`` names (``--view``), else nonoverlap without scaling or window if any run has it. A windowed
+    row is a view of its own, like a scaled one: never in the same cell as a plain row."""
     views: list[tuple[Any, Any, Any]] = []
     for run in runs:
         for row in run.rows:
             view = (row.get("protocol"), row.get("scaling"), window_key(row))
             if view not in views:
                 views.append(view)
-    if not views:
+    chosen = pick_view(views, wanted or {}, MAIN_PROTOCOL)
+    if chosen is None:
         return None, None, None, []
-    chosen = next(
-        (v for v in views if v == (MAIN_PROTOCOL, None, None)),
-        # otherwise the first protocol found, unscaled and unwindowed if possible
-        next((v for v in views if v[1:] == (None, None)), next((v for v in views if v[1] is None), views[0])),
-    )
     return chosen[0], chosen[1], chosen[2], [v for v in views if v != chosen]
 
 

@@ -40,6 +40,7 @@ from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
 from posexp.reporting.selection import DEFAULT_TOLERANCE, METRIC_HELP, parse_by, parse_where
+from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
 # the logger name users' logging filters and test captures have always seen
@@ -60,6 +61,7 @@ def report_main(
     err_console: Console | None = None,
     strict: bool = False,
     baseline: Sequence[str] | str | None = None,
+    view: Sequence[str] | str | None = None,
 ) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
@@ -76,6 +78,8 @@ def report_main(
             are left out of the table and named in a one-line warning each (the exit status stays 0).
         baseline: ``KEY=VALUE`` naming the reference group the others are compared with (needs ``by``);
             default: the first group.
+        view: ``KEY=VALUE`` of the rows to show (:mod:`posexp.reporting.views`), e.g. ``window=128``; default:
+            the plain rows. A report of another view of one folder goes to ``reports/view-.../`` inside it.
 
     Returns:
         The path of ``summary.md``.
@@ -89,16 +93,23 @@ def report_main(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     lm_metrics, task_metrics = split_task_metrics(metrics)
-    lm_dirs, task_report = _split_tasks(find_runs(paths), by, task_metrics, where)
+    wanted = parse_view(view)
+    lm_dirs, task_report = _split_tasks(find_runs(paths), by, task_metrics, where, wanted)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
-    report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
-                          strict=strict, baseline=baseline) if lm_dirs else None
     console = console or Console()
     notes = console if fmt == "rich" else (err_console or Console(stderr=True))
+    try:
+        report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
+                              strict=strict, baseline=baseline, view=view) if lm_dirs else None
+    except ConfigError as e:
+        if e.key != "--view" or task_report is None:
+            raise
+        report = None  # the view is the task runs' alone (a window posexp eval gave them only)
+        notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
     _print_tables(report, task_report, fmt, console, notes)
-    out_dir = _out_dir(paths, out, where)
+    out_dir = _out_dir(paths, out, where, wanted)
     full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
@@ -147,9 +158,10 @@ def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
 
 
 def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
-             where: Sequence[str] | str | None) -> Path:
+             where: Sequence[str] | str | None, wanted: Optional[dict] = None) -> Path:
     """Where the report's files go: ``--out``; else the one folder given (a filtered report of a sweep
-    goes to ``reports/where-KEY=VALUE/`` inside it, so the sweep's own summary.md is kept); else here."""
+    goes to ``reports/where-KEY=VALUE/`` inside it, so the sweep's own summary.md is kept, and a report of
+    another view, ``--view``, to ``reports/view-KEY=VALUE/``); else here."""
     if out is not None:
         return Path(out)
     if len(paths) != 1:
@@ -157,9 +169,10 @@ def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
     given = Path(paths[0])
     folder = given.parent if given.is_file() else given
     filters = [where] if isinstance(where, str) else list(where or [])
-    if filters and is_sweep_dir(folder):
-        slug = re.sub(r"[^A-Za-z0-9=.,!_-]+", "_", "where-" + "-".join(filters))[:120]
-        return folder / "reports" / slug
+    parts = (["where-" + "-".join(filters)] if filters and is_sweep_dir(folder) else []) + (
+        [view_slug(wanted)] if wanted else [])
+    if parts:
+        return folder / "reports" / re.sub(r"[^A-Za-z0-9=.,!_-]+", "_", "-".join(parts))[:120]
     return folder
 
 
@@ -174,7 +187,7 @@ def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_
                                       f"model runs; their metrics: {METRIC_HELP}")
 
 
-def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where
+def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None
                  ) -> tuple[list[Path], Optional[TaskReport]]:
     """The language-modelling run folders, and the report of the task runs among ``run_dirs`` (None: none)."""
     lm_dirs, task_runs = [], []
@@ -192,7 +205,12 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
     if not task_runs:
         return lm_dirs, None
     by_keys = [k for k in parse_by(by) if k not in ("task", "task.name")]  # one table per task anyway
-    return lm_dirs, build_task_report(task_runs, by_keys, task_metrics)
+    try:
+        return lm_dirs, build_task_report(task_runs, by_keys, task_metrics, wanted)
+    except ConfigError as e:
+        if e.key != "--view" or not lm_dirs:
+            raise
+        return lm_dirs, None  # the view is the perplexity runs' alone; a missing one there says so
 
 
 def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool) -> None:

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.formatting import latex_escape, table_width
-from posexp.reporting.runs import Run
+from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import _show, config_value
 from posexp.reporting.stats import Stat, _stat
 from posexp.runs.layout import ACCURACY, row_metric
@@ -76,13 +76,14 @@ def parse_task_metric(text: str) -> TaskMetric:
     raise ConfigError("--metric", f"unknown task metric {text!r}; choose from {TASK_METRIC_HELP}")
 
 
-def run_accuracy(run: Run, name: str = "exact_match"
+def run_accuracy(run: Run, name: str = "exact_match", scaling: Optional[str] = None, window: Optional[tuple] = None
                  ) -> dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]]:
-    """length -> (applicable, accuracy, low, high) of a run's unscaled, unwindowed rows, the accuracy ``name``
-    (``exact_match`` or ``token_accuracy``); passkey: the mean over depths, without an interval."""
+    """length -> (applicable, accuracy, low, high) of a run's rows of one view (default: unscaled, unwindowed;
+    ``window`` = (window, sinks) of windowed rows), the accuracy ``name`` (``exact_match`` or
+    ``token_accuracy``); passkey: the mean over depths, without an interval."""
     by_length: dict[int, list[dict]] = {}
     for r in run.rows:
-        if row_metric(r) == ACCURACY and r.get("scaling") is None and r.get("window") is None:
+        if row_metric(r) == ACCURACY and r.get("scaling") == scaling and window_key(r) == window:
             by_length.setdefault(int(r["length"]), []).append(r)
     out: dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]] = {}
     for length, rows in by_length.items():
@@ -142,11 +143,26 @@ class TaskReport:
     metrics: list[TaskMetric]
     by: list[str]
     warnings: list[str] = field(default_factory=list)
+    scaling: Optional[str] = None  # the view shown (posexp report --view): plain rows by default
+    window: Optional[tuple] = None
+
+    @property
+    def view(self) -> str:
+        """The rows shown, in words ("" for the plain ones)."""
+        text = f"scaling {self.scaling}" if self.scaling is not None else ""
+        if self.window is not None:
+            text += (", " if text else "") + f"window {self.window[0]}" + (
+                f" + {self.window[1]} sinks" if self.window[1] else "")
+        return text
 
 
-def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None
-                      ) -> TaskReport:
-    """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy."""
+def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,
+                      view: Optional[dict] = None) -> TaskReport:
+    """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy, of the
+    rows ``view`` names (``--view``'s scaling, window and sinks; :mod:`posexp.reporting.views`), plain by default."""
+    view = view or {}
+    scaling = view.get("scaling")
+    window = None if view.get("window") is None else (view["window"], view.get("sinks"))
     chosen = [parse_task_metric(m) for m in (metrics or DEFAULT_TASK_METRICS)]
     groups: dict[tuple, TaskGroup] = {}
     for i, run in enumerate(runs):
@@ -164,7 +180,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     lengths: set[int] = set()
     for group in groups.values():
         # each run's accuracies by length, per row field the table (exact match) and the chosen metrics read
-        per_field = {name: [run_accuracy(run, name) for run in group.runs]
+        per_field = {name: [run_accuracy(run, name, scaling, window) for run in group.runs]
                      for name in {"exact_match", *(FIELDS[m.kind] for m in chosen)}}
         per_run = per_field["exact_match"]
         group_lengths = sorted({n for acc in per_run for n in acc})
@@ -178,7 +194,11 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
             group.metrics[metric.name] = _stat([metric_value(metric, acc, run.train_len)
                                                 for acc, run in zip(per_field[FIELDS[metric.kind]], group.runs)])
     ordered = sorted(groups.values(), key=lambda g: g.task)
-    return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings)
+    if view and not lengths:
+        asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in view.items())
+        raise ConfigError("--view", f"no accuracy rows of the selected task runs are {asked} "
+                                    "(posexp eval RUN eval.window=K measures windowed ones)")
+    return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings, scaling, window)
 
 
 def _cell_text(stat: Optional[Stat], decimals: int = 1, of: int = 0) -> str:
@@ -203,6 +223,7 @@ def task_table_lines(report: TaskReport) -> list[str]:
         head = [f"{n}" + (f" ({n / train_len:g}x)" if train_len else "") for n in lengths]
         metric_names = [m.name for m in report.metrics]
         lines += [f"## task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""), "",
+                  *([f"Rows shown: {report.view}.", ""] if report.view else []),
                   "| " + " | ".join(["group" if report.by else "run", "n", *head, *metric_names]) + " |",
                   "|---|---:|" + "---:|" * (len(lengths) + len(metric_names))]
         for g in groups:
@@ -257,8 +278,8 @@ def print_task_report(report: TaskReport, console) -> None:
             else:
                 parts.append([column])
         for k, part in enumerate(parts or [[]]):
-            console.print(_task_table(report, groups, part, f"task {task}: exact match (%) by context length"
-                                      if k == 0 else None))
+            title = f"task {task}: exact match (%) by context length" + (f", {report.view}" if report.view else "")
+            console.print(_task_table(report, groups, part, title if k == 0 else None))
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/]", highlight=False, soft_wrap=True)
 

@@ -1,0 +1,101 @@
+"""Which rows a report shows: ``posexp report --view KEY=VALUE,...``.
+
+A run's results.json can hold several views of the same lengths: the plain ``nonoverlap`` rows, ``sliding`` or
+``last_k`` ones, rows under an evaluation-time scaling (``eval.scaling``) and windowed ones (``eval.window``,
+``eval.sinks``). A table shows one view, never two in one cell; without ``--view`` it is the plain one (or the
+first found), and the others are named under the table. ``--view`` picks another, e.g. ``--view window=128`` for
+the window baseline, ``--view protocol=last_k,window=128``, ``--view scaling=yarn``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from posexp.errors import ConfigError
+from posexp.reporting.formatting import _fmt_view
+
+VIEW_KEYS = ("protocol", "scaling", "window", "sinks")
+PROTOCOLS = ("nonoverlap", "sliding", "last_k")
+NONE = ("none", "null", "")
+
+View = tuple[Any, Any, Optional[tuple]]  # (protocol, scaling, (window, sinks) or None)
+
+
+def _value(key: str, text: str) -> Any:
+    if text.lower() in NONE:
+        if key == "protocol":
+            raise ConfigError("--view", f"protocol needs a value: one of {', '.join(PROTOCOLS)}")
+        return None
+    if key == "protocol":
+        if text not in PROTOCOLS:
+            raise ConfigError("--view", f"unknown protocol {text!r}; choose one of {', '.join(PROTOCOLS)}")
+        return text
+    if key in ("window", "sinks"):
+        try:
+            number = int(text)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise ConfigError("--view", f"{key}={text}: a positive integer (or none), e.g. {key}=128")
+        return number
+    return text  # a scaling's name, as results.json records it
+
+
+def parse_view(view: Sequence[str] | str | None) -> dict[str, Any]:
+    """``--view`` values (``KEY=VALUE``, comma-separated or repeated) as {key: value}; {} without any.
+
+    Raises:
+        ConfigError: an unknown key, a repeated one, or a value of the wrong kind, naming ``--view``.
+    """
+    items = [i.strip() for part in ([view] if isinstance(view, str) else list(view or []))
+             for i in str(part).split(",") if i.strip()]
+    wanted: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().removeprefix("eval.")
+        if not sep or key not in VIEW_KEYS:
+            raise ConfigError("--view", f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(VIEW_KEYS)}, "
+                                        "e.g. --view window=128 or --view protocol=last_k,window=128")
+        if key in wanted:
+            raise ConfigError("--view", f"{key} given twice")
+        wanted[key] = _value(key, text.strip())
+    if wanted.get("sinks") is not None and wanted.get("window", 0) is None:
+        raise ConfigError("--view", "sinks belong to a window: give window=K too")
+    return wanted
+
+
+def matches(view: View, wanted: dict[str, Any]) -> bool:
+    """Whether ``view`` has every value of ``wanted``."""
+    protocol, scaling, window = view
+    size, sinks = window if window is not None else (None, None)
+    have = {"protocol": protocol, "scaling": scaling, "window": size, "sinks": sinks}
+    return all(have[key] == value for key, value in wanted.items())
+
+
+def pick_view(views: list[View], wanted: dict[str, Any], main_protocol: str) -> Optional[View]:
+    """The view a table shows among ``views``: of those matching ``wanted``, the plain one (``main_protocol``,
+    no scaling, no window) first, else the first unscaled and unwindowed one, else the first unscaled, else the
+    first; None when there are no views.
+
+    Raises:
+        ConfigError: ``wanted`` matches none of ``views``, naming those there are.
+    """
+    candidates = [v for v in views if matches(v, wanted)]
+    if views and not candidates:
+        have = "; ".join(_fmt_view(*v) for v in views)
+        asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
+        raise ConfigError("--view", f"no results of the selected runs are {asked}; they have: {have} "
+                                    "(posexp eval RUN eval.KEY=VALUE measures another)")
+    if not candidates:
+        return None
+    return next((v for v in candidates if v == (main_protocol, None, None)),
+                next((v for v in candidates if v[1:] == (None, None)),
+                     next((v for v in candidates if v[1] is None), candidates[0])))
+
+
+def view_slug(wanted: dict[str, Any]) -> str:
+    """``view-window=128,protocol=last_k``: a folder name for a report of this view."""
+    return "view-" + ",".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
+
+
+__all__ = ["VIEW_KEYS", "View", "matches", "parse_view", "pick_view", "view_slug"]
