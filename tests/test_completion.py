@@ -150,6 +150,10 @@ def test_the_copied_value_lists_equal_their_owners():
     assert completion.POSITION_SCHEMES == POSITION_SCHEMES and completion.CURRICULA == CURRICULA
     assert completion.REPORT_FORMATS == FORMATS and completion.CHECK_FORMATS == CHECK_FORMATS
     assert completion.COMPILE == tuple(str(v).lower() for v in COMPILE_SETTINGS)
+    from posexp.reporting.views import PROTOCOLS, VIEW_KEYS
+
+    assert {v.split("=")[0] for v in completion.REPORT_VIEWS} == set(VIEW_KEYS)
+    assert [v.split("=")[1] for v in completion.REPORT_VIEWS if v.startswith("protocol=")] == list(PROTOCOLS)
 
 
 def test_every_builtin_encoders_yaml_lists_its_options():

@@ -309,6 +309,8 @@ class Command:
 
 
 NO_HINT = _choices(())  # an option that takes a value, none of which can be listed
+# posexp report --view (posexp.reporting.views, not imported: a TAB loads no more than it needs)
+REPORT_VIEWS = ("protocol=nonoverlap", "protocol=sliding", "protocol=last_k", "window=", "sinks=", "scaling=")
 HYDRA_OPTIONS: Dict[str, Optional[Completer]] = {
     "-m": None, "--multirun": None, "--cfg": _choices(CFG_PARTS), "-c": _choices(CFG_PARTS), "--package": NO_HINT,
     "-p": NO_HINT, "--resolve": None, "--info": _choices(INFO_PARTS), "-i": _choices(INFO_PARTS),
@@ -324,7 +326,7 @@ COMMANDS: Dict[str, Command] = {
     "report": Command({"--out": _folders, "-o": _folders, "--by": _report_keys, "--metric": NO_HINT,
                        "--tolerance": NO_HINT, "--sort": NO_HINT, "--where": _where,
                        "--format": _choices(REPORT_FORMATS), "-f": _choices(REPORT_FORMATS), "--strict": None,
-                       "--baseline": _where, **HELP}, _folders),
+                       "--baseline": _where, "--view": _choices(REPORT_VIEWS), **HELP}, _folders),
     "check": Command({"--format": _choices(CHECK_FORMATS), "-f": _choices(CHECK_FORMATS), "--config-dir": _folders,
                       "-cd": _folders, **HELP}, _check_arguments),
     "list": Command({"--config-dir": _folders, "-cd": _folders, **HELP}),
