@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TINY_RUN
+from conftest import TINY_RUN, run_cli
 from posexp.cli.app import app
 from posexp.errors import PosexpError
 
@@ -326,6 +326,17 @@ def test_a_full_disk_during_eval_keeps_results_json_and_says_how_to_finish(train
     assert (run / "results.json").read_bytes() == before
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_log_file_that_cannot_be_written_does_not_flood_the_terminal(tmp_path):
+    """train.log on a full disk (/dev/full refuses every write): the run finishes and writes its results, with
+    no "--- Logging error ---" traceback per log line on the terminal."""
+    done = run_cli("train", *TINY_RUN, "hydra.run.dir=run", "hydra.job_logging.handlers.file.filename=/dev/full",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Logging error" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["run"]["status"] == "completed"
+
+
 @pytest.mark.slow  # two runs in fresh interpreters; the simulated full disk above keeps this in the default suite
 def test_a_real_full_disk_leaves_a_run_that_resumes(tmp_path):
     """On a size-limited tmpfs (mounted in a user namespace, no privileges needed where the kernel allows
@@ -350,6 +361,7 @@ def test_a_real_full_disk_leaves_a_run_that_resumes(tmp_path):
     assert (tmp_path / "code.txt").read_text().strip() == "2", err
     line = _error_line(err)
     assert "could not be written (No space left on device)" in line and f"posexp resume {disk / 'run'}" in line
+    assert "Logging error" not in err and "Traceback" not in err, err  # train.log's failed writes stay quiet
     assert (tmp_path / "resume_code.txt").read_text().strip() == "0", (tmp_path / "resume_err.txt").read_text()
     assert _results(tmp_path)["run"]["status"] == "completed"
 

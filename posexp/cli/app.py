@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import signal
 import sys
@@ -439,11 +440,15 @@ def list_cmd(
 
 
 def _usable_streams() -> None:
-    """An output encoding that cannot write posexp's "·" or "×" (``PYTHONIOENCODING=ascii``) raised in the
-    middle of a run: such characters are written as "?" instead."""
+    """Streams that never stop a run. An output encoding that cannot write posexp's "·" or "×"
+    (``PYTHONIOENCODING=ascii``) raised in the middle of a run: such characters are written as "?" instead."""
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="replace")
+    # A log line that cannot be written (train.log on a full disk) is dropped, not printed as a "--- Logging
+    # error ---" traceback per line: the write that matters fails next and says so in one line. The logging
+    # module's documented setting for applications in use (Python docs, logging.raiseExceptions).
+    logging.raiseExceptions = False
 
 
 def main() -> None:
