@@ -8,6 +8,7 @@ hash) the tail of the text is held out instead.
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
 import sysconfig
 from pathlib import Path
@@ -27,10 +28,13 @@ def stdlib_root() -> Path:
 
 
 def stdlib_files() -> list[Path]:
-    root = stdlib_root()
-    files = [p for p in root.rglob("*.py")
-             if not (set(p.relative_to(root).parts[:-1]) & _STDLIB_EXCLUDE) and p.is_file()]
-    return sorted(files)
+    """The standard library's ``.py`` files, sorted; the excluded folders (tests, site-packages) are never walked
+    (a walk that filtered afterwards took 0.3 s, most of a smoke run's data loading)."""
+    files = []
+    for folder, subfolders, names in os.walk(stdlib_root()):
+        subfolders[:] = [name for name in subfolders if name not in _STDLIB_EXCLUDE]
+        files += [Path(folder) / name for name in names if name.endswith(".py")]
+    return sorted(p for p in files if p.is_file())
 
 
 def text_files(path: Path) -> list[Path]:
