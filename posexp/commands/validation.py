@@ -54,18 +54,28 @@ from posexp.tasks import build_task, check_task_name
 from posexp.tasks.source import DATA_TASKS, check_task_lengths
 
 
+# what register_configs stored, by name: each encoder class once, again only if its module was loaded anew
+_stored: dict = {}
+
+
 def register_configs() -> None:
-    """Store the schemas; idempotent (Hydra may be started several times in one process)."""
+    """Store the schemas; idempotent (Hydra may be started several times in one process). Each is stored once
+    per process: turning the 18 encoders' schemas into configs again took 0.07 s of every command."""
     cs = ConfigStore.instance()
-    cs.store(name="posexp_schema", node=Config)
-    cs.store(name="posexp_finetune_schema", node=FinetuneAppConfig)
-    cs.store(group="schema/data", name="data", node=DataConfig)
-    cs.store(group="schema/tokenizer", name="tokenizer", node=TokenizerConfig)
-    cs.store(group="schema/model", name="model", node=ModelConfig)
-    cs.store(group="schema/train", name="train", node=TrainConfig)
-    cs.store(group="schema/eval", name="eval", node=EvalConfig)
-    cs.store(group="schema/task", name="task", node=TaskConfig)
+    if not _stored:
+        cs.store(name="posexp_schema", node=Config)
+        cs.store(name="posexp_finetune_schema", node=FinetuneAppConfig)
+        cs.store(group="schema/data", name="data", node=DataConfig)
+        cs.store(group="schema/tokenizer", name="tokenizer", node=TokenizerConfig)
+        cs.store(group="schema/model", name="model", node=ModelConfig)
+        cs.store(group="schema/train", name="train", node=TrainConfig)
+        cs.store(group="schema/eval", name="eval", node=EvalConfig)
+        cs.store(group="schema/task", name="task", node=TaskConfig)
+        _stored[""] = Config
     for name, cls in registry().items():
+        if _stored.get(name) is cls:
+            continue
+        _stored[name] = cls
         cs.store(group="schema/encoder", name=name, node=options_schema(cls))
         if from_distribution(cls):  # an installed plugin brings no yaml: encoder=NAME is its schema's defaults
             node = OmegaConf.structured(options_schema(cls))
