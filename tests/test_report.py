@@ -350,6 +350,28 @@ def test_plot_with_many_series(tmp_path):
     assert plot_ppl_vs_length(series, tmp_path / "many.png", train_len=128).read_bytes()[:8] == PNG_MAGIC
 
 
+def test_a_fine_tunes_long_label_keeps_the_plot_readable(tmp_path):
+    """A fine-tune's label (its parent's path and every override) was wider than the figure: constrained layout
+    gave up with a warning and the axes collapsed. The legend wraps it; the axes keep most of the figure."""
+    import warnings
+
+    from posexp.plots import perplexity
+
+    label = ("rope, base 10000, parent=/home/someone/experiments/2026-11-25/10-00-00/rope train_len=64 "
+             "train.steps=6 train.batch_size=4 train.warmup_steps=2 train.log_every=1 eval.tokens=1024 scaling=linear")
+    figures = []
+    real_save = perplexity.save_png
+    with warnings.catch_warnings(record=True) as caught, pytest.MonkeyPatch.context() as mp:
+        warnings.simplefilter("always")
+        mp.setattr(perplexity, "save_png", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+        plot_ppl_vs_length([(label, [64, 128, 256], [3.0, 3.4, 4.0], None, None)], tmp_path / "p.png", train_len=64)
+    assert not [w for w in caught if "constrained_layout" in str(w.message)], [str(w.message) for w in caught]
+    assert figures[0].axes[0].get_position().width > 0.5  # of the figure's width
+    shown = figures[0].axes[0].get_legend().get_texts()[0].get_text()
+    assert shown.startswith("rope, base 10000") and shown.endswith("scaling=linear")  # what tells runs apart
+    assert shown.count("\n") <= 2
+
+
 def test_report_of_only_a_failed_run(tmp_path):
     run = make_run(tmp_path / "run", {}, status="failed")
     summary = report_main([str(run)], console=quiet_console())
