@@ -273,3 +273,25 @@ def test_weights_from_the_sweep_cache_say_they_have_no_curve(tiny, tmp_path):
     assert "cached_from" in again["run"] and "curve_s" not in again["run"]["train"]
     assert not (tmp_path / "again" / "curve.csv").exists()
     assert "eval.during_training: no curve: these weights come from the sweep cache" in out.getvalue()
+
+
+def test_a_long_run_label_over_a_panel_is_wrapped_to_it(tmp_path):
+    """A fine-tune's label (its parent's path and every override) ran across its neighbour's panel."""
+    import warnings
+
+    from posexp.plots import curve
+
+    label = ("rope, base 10000, parent=/home/someone/experiments/2026-11-25/10-00-00/rope train_len=64 "
+             "train.steps=6 train.batch_size=4 train.warmup_steps=2 train.log_every=1 eval.tokens=1024 scaling=linear")
+    rows = [{"step": s, "multiple": m, "ppl": 3.0 + m / 10 + 1 / s} for s in (10, 20, 30) for m in (1, 2, 4)]
+    figures = []
+    real_save = curve.save_png
+    with warnings.catch_warnings(record=True) as caught, pytest.MonkeyPatch.context() as mp:
+        warnings.simplefilter("always")
+        mp.setattr(curve, "save_png", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+        curve.plot_curve_panels([(label, curve.PERPLEXITY, rows), ("alibi", curve.PERPLEXITY, rows)],
+                                tmp_path / "panels.png")
+    assert not [w for w in caught if "constrained_layout" in str(w.message)], [str(w.message) for w in caught]
+    shown = figures[0].axes[0].get_title()
+    assert shown.startswith("rope, base 10000") and shown.endswith("scaling=linear")
+    assert all(len(line) <= curve.PANEL_TITLE_WIDTH + 2 for line in shown.splitlines()) and shown.count("\n") <= 2

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from posexp.plots.perplexity import _ppl_axis
-from posexp.plots.style import FIG_WIDTH_IN, new_figure, save_png, style_axes
+from posexp.plots.style import FIG_WIDTH_IN, fit_label, new_figure, save_png, style_axes
 from posexp.runs.layout import PERPLEXITY
 
 # (title, metric, rows): one panel, rows as read from a run's curve.csv
 Panel = tuple[str, str, Sequence[dict]]
 
 MAX_COLUMNS = 3  # panels per row of a report's figure
+PANEL_TITLE_WIDTH = 40  # characters of a run's label over its 2.6-inch panel
 
 
 def _value(metric: str, row: dict) -> float:
@@ -104,7 +105,7 @@ def plot_curve_panels(panels: Sequence[Panel], path: str | os.PathLike, title: O
         name, metric, rows = panels[i]
         _draw(ax, metric, rows, colors)
         style_axes(ax, "training step" if i >= len(panels) - cols else "",
-                   _ylabel(metric) if i % cols == 0 or len(metrics) > 1 else "", name)
+                   _ylabel(metric) if i % cols == 0 or len(metrics) > 1 else "", fit_label(name, PANEL_TITLE_WIDTH))
         ax.tick_params(which="both", labelsize=6)
     handles = [axes.flat[0].plot([], [], color=c, linewidth=1.1, label=f"{m:g}x")[0] for m, c in colors.items()]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 8), fontsize=6, frameon=False,

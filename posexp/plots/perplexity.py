@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from posexp.plots.style import FIG_HEIGHT_IN, mark_train_len, new_figure, save_png
+from posexp.plots.style import FIG_HEIGHT_IN, fit_label, mark_train_len, new_figure, save_png
 
 # Past this many series a legend inside the axes hides the data, so it moves below.
 MAX_INSIDE_LEGEND = 6
@@ -341,23 +341,12 @@ def _finish(fig, ax, path, title, named: bool, legend_below: bool, legend_cols: 
     return save_png(fig, path)
 
 
-def _fit_label(label: str, width: int) -> str:
-    """A legend label wrapped to ``width`` characters, at most three lines: the start and the end are kept, where
-    the middle is left out (``…``), as the end is what tells a scalings sweep's runs apart. A label as long as a
-    fine-tune's (its parent's path and every override) made the legend wider than the figure, and constrained
-    layout gave up: the axes collapsed to nothing."""
-    lines = textwrap.wrap(label, width) or [label]
-    if len(lines) > 3:
-        lines = [lines[0], f"… {lines[-2]}", lines[-1]]
-    return "\n".join(lines)
-
-
 def _legend(fig, ax, handles: list, labels: list, below: bool, ncol: int, inside_fontsize: float) -> None:
     """The legend inside the axes, or below them for many series (or unnamed ones); none without entries."""
     if not handles:
         return
     width = max(24, 84 // ncol) if below else 56
-    labels = [_fit_label(label, width) for label in labels]
+    labels = [fit_label(label, width) for label in labels]
     if below:
         # unnamed lines: only the training length and "not applicable" remain, and "best" inside
         # the axes would test every point of a hundred lines against candidate boxes (seconds)

@@ -11,6 +11,7 @@ there is no global figure state and no display is ever needed.
 from __future__ import annotations
 
 import os
+import textwrap
 from io import BytesIO
 from pathlib import Path
 from typing import Optional
@@ -38,6 +39,17 @@ def save_png(fig, path: str | os.PathLike) -> Path:
     buf = BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def fit_label(label: str, width: int) -> str:
+    """A run's label wrapped to ``width`` characters, at most three lines: the start and the end are kept, where
+    the middle is left out (``…``), as the end is what tells a scalings sweep's runs apart. A label as long as a
+    fine-tune's (its parent's path and every override) was wider than the figure, and constrained layout gave
+    up: the axes collapsed to nothing."""
+    lines = textwrap.wrap(label, width) or [label]
+    if len(lines) > 3:
+        lines = [lines[0], f"… {lines[-2]}", lines[-1]]
+    return "\n".join(lines)
 
 
 def style_axes(ax, xlabel: str, ylabel: str, title: Optional[str] = None) -> None:
