@@ -54,8 +54,10 @@ from posexp.tasks import build_task, check_task_name
 from posexp.tasks.source import DATA_TASKS, check_task_lengths
 
 
-# what register_configs stored, by name: each encoder class once, again only if its module was loaded anew
+# what register_configs stored: each encoder class by its name (again only if its module was loaded anew), and
+# under SCHEMAS the config groups' own schemas
 _stored: dict = {}
+SCHEMAS = ""  # not an encoder's name: those are identifiers
 
 
 def register_configs() -> None:
@@ -71,7 +73,7 @@ def register_configs() -> None:
         cs.store(group="schema/train", name="train", node=TrainConfig)
         cs.store(group="schema/eval", name="eval", node=EvalConfig)
         cs.store(group="schema/task", name="task", node=TaskConfig)
-        _stored[""] = Config
+        _stored[SCHEMAS] = Config
     for name, cls in registry().items():
         if _stored.get(name) is cls:
             continue
