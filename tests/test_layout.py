@@ -127,18 +127,13 @@ def test_no_import_cycles():
 
 
 MAX_MODULE_LINES = 500
-MAX_FUNCTION_LINES = 60  # its code: the signature and body, not the docstring
+MAX_FUNCTION_LINES = 60  # from its def to its last line, the docstring counted
 
 
 def _code_lines(node: ast.AST) -> int:
-    """A function's lines, its docstring left out: documenting each argument (Google style, as STYLE.md asks)
-    must not push a function over the limit; what the limit keeps short is the code one reads at once."""
-    lines = node.end_lineno - node.lineno + 1
-    body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        lines -= body[0].end_lineno - body[0].lineno + 1
-    return lines
+    """A function's lines, from its ``def`` to its last line: the docstring counts, so documenting each argument
+    (Google style, as STYLE.md asks) keeps the code it documents short."""
+    return node.end_lineno - node.lineno + 1
 
 
 def test_modules_and_functions_stay_readable():
@@ -149,7 +144,7 @@ def test_modules_and_functions_stay_readable():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > MAX_FUNCTION_LINES:
                 long_functions[f"{m}.{node.name}"] = _code_lines(node)
     assert not long_modules, f"over {MAX_MODULE_LINES} lines: {long_modules}"
-    assert not long_functions, f"over {MAX_FUNCTION_LINES} lines of code: {long_functions}"
+    assert not long_functions, f"over {MAX_FUNCTION_LINES} lines: {long_functions}"
 
 
 def test_every_subpackage_ships_in_the_wheel():

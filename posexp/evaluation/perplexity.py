@@ -330,50 +330,35 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
              position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
              progress: Optional[Callable[[int, int, int], None]] = None, memory: bool = True) -> list[dict]:
-    """Rows, one per length, in the ``results.json`` row format.
+    """Rows, one per length, in the ``results.json`` row format; a length the encoder cannot represent
+    (``encoder.supports(L)`` false, e.g. a learned table shorter than ``L``) gets ``applicable: false``, ``ppl: null``.
 
     Args:
         model: the trained model (its encoder is swapped for a scaled copy while a scaling runs).
-        val, lengths: validation tokens; window lengths ``L``.
-        train_len: the training length (for ``multiple`` and the default scaling factor).
-        tokens, batch_tokens: ``eval.tokens``, the scored-target budget; forward tokens per batch.
-        device: where to run.
-        protocol: ``nonoverlap``, ``sliding`` or ``last_k`` (module docstring).
-        on_row: called with each row as soon as it is done.
-        stride, last_k: ``S`` for ``sliding``, ``K`` for ``last_k``.
+        val, lengths, train_len: validation tokens; window lengths ``L``; the training length (``multiple``).
+        tokens, batch_tokens, device: ``eval.tokens``, the scored-target budget; forward tokens per batch; where.
+        protocol, stride, last_k: ``nonoverlap``, ``sliding`` (stride ``S``) or ``last_k`` (``K``): module docstring.
+        on_row, log: called with each row as soon as it is done; where progress notes (out-of-memory retries) go.
         scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
-        scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)``
-            (for ``dynamic_ntk``, whose formula already follows the length: 1).
-        rerope_window: ``w`` for ``scaling=rerope``; None = half of ``train_len``. The
-            row records it as its ``scaling_factor``, the one number of that method.
-        positions: if a list, one ``{key..., "length", "position_sum", "position_count"}`` per length
-            is appended (for ``loss_by_position.csv``).
-        log: where progress notes (out-of-memory retries) go.
-        position_plan: a :class:`posexp.model.positions.PositionPlan`; a model trained with
-            randomized positions is evaluated with them too (Ruoss et al. 2023), and lengths
-            beyond its ``max_position`` are not applicable. None = positions ``0 .. L-1``.
-        progress: called as ``progress(length, windows_done, windows)`` before a measured length's first
-            batch and after each batch (not for lengths that are not applicable).
-        dtype: the forward pass's autocast precision (the training precision, ``torch.bfloat16``
-            or ``torch.float32``). Whatever it is, log-softmax and cross-entropy run in fp32
-            (``GPT.token_losses``) and losses are summed in float64, so perplexities do not
-            carry bf16's 8-bit mantissa.
+        scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)`` (``dynamic_ntk``: 1).
+        rerope_window: ``w`` for ``scaling=rerope`` (its row's ``scaling_factor``); None = half of ``train_len``.
+        positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
+        position_plan: a :class:`posexp.model.positions.PositionPlan`: randomized positions (Ruoss et al. 2023)
+            are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
+        progress: ``progress(length, windows_done, windows)``, before a measured length's first batch and after each.
+        dtype: the forward pass's autocast precision. Log-softmax and cross-entropy run in fp32
+            (``GPT.token_losses``) and losses are summed in float64, so perplexities carry no bf16 rounding.
         window: each query attends only within it (``eval.window``, :mod:`posexp.model.window`), with any
             protocol and scaling; rows then record ``window`` and ``sinks``. None = the whole causal past.
         memory: measure peak memory (:class:`PeakMemory`: a garbage collection per length; the curve skips it).
 
-    Lengths the encoder cannot represent (``encoder.supports(L)`` false, e.g. a
-    learned table shorter than ``L``) get ``applicable: false`` and ``ppl: null``.
-
     Raises:
-        ConfigError: an unknown protocol or scaling, a stride or K out of range, a
-            scaling the encoder does not offer.
+        ConfigError: an unknown protocol or scaling, a stride or K out of range, a scaling the encoder lacks.
     """
     lengths = sorted(set(int(n) for n in lengths))
     check_protocol(protocol, stride, last_k, lengths[0])
     base_encoder = model.encoder
     check_scaling(scaling, base_encoder.name, base_encoder)
-    log = log or (lambda msg: None)
     val_tokens = int(val.size)
     budget = eval_budget(tokens, val_tokens, lengths[-1])
     n_last = last_k_windows(tokens, last_k, val_tokens, lengths[-1]) if protocol == "last_k" else None
@@ -390,19 +375,27 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
                 row.update(_not_applicable_row(reason))
             else:
                 win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
-                res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
-                                                    position_plan, dtype, progress, window, memory)
-                row.update(_summarise(res, win, length, elapsed, mem))
-                if positions is not None:
-                    positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,
-                                      "position_count": res.position_count})
+                _measure_row(row, model, encoder, val, win, batch_tokens, device, log or (lambda msg: None),
+                             position_plan, dtype, progress, window, memory, positions)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
     finally:
-        model.encoder = base_encoder
-        model.shape.attn_block_size = configured_block
+        model.encoder, model.shape.attn_block_size = base_encoder, configured_block
     return rows
+
+
+def _measure_row(row: dict, model: GPT, encoder, val: np.ndarray, win: Windows, batch_tokens: int,
+                 device: torch.device, log: Callable[[str], None], position_plan, dtype: torch.dtype, progress,
+                 window: Optional[AttentionWindow], memory: bool, positions: Optional[list]) -> None:
+    """Measure ``row``'s length and add its numbers to ``row``; its per-position losses go to ``positions``."""
+    length = row["length"]
+    res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
+                                        position_plan, dtype, progress, window, memory)
+    row.update(_summarise(res, win, length, elapsed, mem))
+    if positions is not None:
+        positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,
+                          "position_count": res.position_count})
 
 
 def _exp(x: float) -> float:

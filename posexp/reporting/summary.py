@@ -47,22 +47,12 @@ from posexp.runs.layout import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD,
 log = logging.getLogger("posexp.report")
 
 
-def report_main(
-    paths: Sequence[str | os.PathLike] | str | os.PathLike,
-    out: str | os.PathLike | None = None,
-    console: Console | None = None,
-    *,
-    by: Sequence[str] | str | None = None,
-    metrics: Sequence[str] | str | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    where: Sequence[str] | str | None = None,
-    sort: Optional[str] = None,
-    fmt: str = "rich",
-    err_console: Console | None = None,
-    strict: bool = False,
-    baseline: Sequence[str] | str | None = None,
-    view: Sequence[str] | str | None = None,
-) -> Path:
+def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike | None = None,
+                console: Console | None = None, *, by: Sequence[str] | str | None = None,
+                metrics: Sequence[str] | str | None = None, tolerance: float = DEFAULT_TOLERANCE,
+                where: Sequence[str] | str | None = None, sort: Optional[str] = None, fmt: str = "rich",
+                err_console: Console | None = None, strict: bool = False, baseline: Sequence[str] | str | None = None,
+                view: Sequence[str] | str | None = None) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
@@ -109,15 +99,19 @@ def report_main(
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
     _print_tables(report, task_report, fmt, console, notes)
-    out_dir = _out_dir(paths, out, where, wanted)
+    return _write_files(report, task_report, _out_dir(paths, out, where, wanted), notes)
+
+
+def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console) -> Path:
+    """report.md with its figures, the task sections, the curves and summary.md in ``out_dir``; the path of
+    summary.md."""
     full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
     write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
-    summary = out_dir / SUMMARY_MD
     csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
     notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
-    return summary
+    return out_dir / SUMMARY_MD
 
 
 def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], fmt: str, console: Console,

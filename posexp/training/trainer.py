@@ -369,6 +369,25 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console, is
         console.print(f"[yellow]{note}[/]", highlight=False)
 
 
+def _run_steps(take_step: TrainStep, stop: StopOnSignal, t: TrainConfig, state: TrainState, guard: DivergenceGuard,
+               report: TrainingLog, schedule: CheckpointSchedule, checkpoint: Callable[[], None]) -> Optional[int]:
+    """The steps from ``state.step`` to ``t.steps``, each logged and checkpointed when due. Returns the signal that
+    arrived during a step (which stopped them; that step is checkpointed by the caller), or None."""
+    for step in range(state.step, t.steps):
+        out = take_step(step, stop)
+        guard.record(step + 1, out.loss)
+        state.advance(out.loss, out.tokens)
+        report.stepped(out.tokens)  # and the probe (eval.during_training), when it is due
+        if state.step % t.log_every == 0 or state.step == t.steps:
+            guard.check_loss(schedule.saved_step)
+            report.row(out.lr)
+        if out.signum is not None:
+            return out.signum
+        if schedule.due(state.step):
+            checkpoint()
+    return None
+
+
 def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
           plan: PositionPlan, run_hash: RunHash, compiled: object = False, console: Optional[Console] = None,
           resume: bool = False, sampler: Optional["Sampler"] = None, on_log: Optional[LogHook] = None,
@@ -379,18 +398,16 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
         t, train_len, seed: the run's ``train`` settings, training context length, and the seed of the batches.
         plan, run_hash: randomized positions / curriculum (off by default); the hash checkpoints record.
         compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.device.step_settings`).
-        resume: continue from the run folder's latest resumable checkpoint (from step 0 if it has none).
-        sampler: the batches when they are not windows of ``corpus`` (a task's ``TaskSampler``).
+        resume, sampler: continue from the latest resumable checkpoint (step 0 if none); the batches when they
+            are not windows of ``corpus`` (a task's ``TaskSampler``).
         on_log: called with (step, loss, lr, tokens/s) at every logging step, on the rank that writes.
         probe: measured after every step it is due at, on the rank that writes (before that step's checkpoint).
 
     Raises:
-        TrainingDiverged, TrainingInterrupted: the loss became NaN or infinite (the checkpoint before it is
-            kept); SIGINT or SIGTERM (the finished step was checkpointed).
-        PosexpError: a resumable checkpoint that cannot be used.
+        TrainingDiverged, TrainingInterrupted, PosexpError: the loss became NaN or infinite (the checkpoint before
+            it is kept); SIGINT or SIGTERM (the step was checkpointed); a resumable checkpoint that cannot be used.
     """
-    w = world()
-    device = resolve_device(t.device)
+    w, device = world(), resolve_device(t.device)
     settings = step_settings(device, compiled).apply()
     model.to(device).train()
     net = loss_module(model, device, compiled=settings.compile)
@@ -415,24 +432,11 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
             state.save(run_dir, model, opt, run_hash, report.elapsed_s())
         schedule.saved(state.step)
 
-    signum = None
     try:
         with progress, StopOnSignal() as stop:
             report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name, shown=t.progress and w.is_main,
                                  on_log=on_log if w.is_main else None, probe=probe if w.is_main else None, dtype=dtype)
-            for step in range(state.step, t.steps):
-                out = take_step(step, stop)
-                guard.record(step + 1, out.loss)
-                state.advance(out.loss, out.tokens)
-                report.stepped(out.tokens)  # and the probe (eval.during_training), when it is due
-                signum = out.signum
-                if state.step % t.log_every == 0 or state.step == t.steps:
-                    guard.check_loss(schedule.saved_step)
-                    report.row(out.lr)
-                if signum is not None:
-                    break  # checkpointed below
-                if schedule.due(state.step):
-                    checkpoint()
+            signum = _run_steps(take_step, stop, t, state, guard, report, schedule, checkpoint)
             if schedule.pending(state.step):
                 checkpoint()  # the end of training, or the step a signal arrived in
             if not w.distributed:
