@@ -235,8 +235,8 @@ def test_report_draws_the_runs_curves_side_by_side_and_says_when_4x_parted(tmp_p
     _fake_run(sweep / "1", "alibi", {100: (6.2, 6.1), 200: (5.4, 5.3), 300: (5.0, 4.9)})
     (sweep / "2").mkdir()  # a run without a curve (nor results) is simply not drawn
     report_main([sweep], console=Console(quiet=True), err_console=Console(quiet=True))
-    assert (sweep / "report_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = (sweep / "report.md").read_text()
+    assert (sweep / "reports" / "default" / "report_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (sweep / "reports" / "default" / "report.md").read_text()
     assert "## Extrapolation during training" in text and "![extrapolation during training](report_curve.png)" in text
     assert "| encoder=rope | 1 | 300 | 2.00 (from 200) |" in text
     assert "| encoder=alibi | 1 | 300 | 0.98 |" in text
@@ -259,7 +259,7 @@ def test_a_report_without_curves_has_no_curve_section(tmp_path):
     run = _fake_run(tmp_path / "run", "rope", {100: (6.0, 6.3)})
     (run / "curve.csv").unlink()
     report_main([run], console=Console(quiet=True), err_console=Console(quiet=True))
-    assert "Extrapolation during training" not in (run / "report.md").read_text()
+    assert "Extrapolation during training" not in (run / "reports" / "default" / "report.md").read_text()
     assert not (run / "report_curve.png").exists()
 
 

@@ -92,7 +92,8 @@ def test_report_leaves_out_a_damaged_run_and_names_it_in_one_line(damage, tmp_pa
     warnings = [line for line in _warning_lines(result.output) if bad in line]
     assert len(warnings) == 1, result.output  # the whole warning, path included, on one line
     assert "seed=1" not in result.output
-    assert bad in (sweep / "summary.md").read_text().replace("\\", "")  # named in what it writes (unescaped)
+    written = sweep / "reports" / "default" / "summary.md"
+    assert bad in written.read_text().replace("\\", "")  # named in what it writes (unescaped)
 
 
 def test_report_strict_stops_at_the_first_damaged_run(tmp_path):

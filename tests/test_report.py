@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from posexp.errors import PosexpError
+from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_bytes, atomic_write_text
 from posexp.plots.perplexity import plot_ppl_vs_length
 from posexp.reporting import (
@@ -248,10 +248,10 @@ def test_multirun_layout_natural_sort_and_report_main(tmp_path):
     assert find_runs([sweep, sweep / "3"]) == found
 
     summary = report_main([str(sweep)], console=quiet_console())
-    assert summary == sweep / "summary.md"
+    assert summary == sweep / "reports" / "default" / "summary.md"  # a folder of the report's own
     md = summary.read_text()
     assert md.index("| seed=2 |") < md.index("| seed=10 |")
-    assert "`0`" in md  # run folders shown relative to the sweep root
+    assert "`../../0`" in md  # run folders shown relative to the report, which lives in the sweep
 
 
 def test_sweep_job_without_results_is_warned(tmp_path):
@@ -273,7 +273,10 @@ def test_report_main_output_folder_choice(tmp_path, monkeypatch):
     assert report_main([a, b], out=tmp_path / "cmp", console=quiet_console()) == tmp_path / "cmp" / "summary.md"
     monkeypatch.chdir(tmp_path)
     summary = report_main([str(a), str(b)], console=quiet_console())
-    assert summary.resolve() == (tmp_path / "summary.md").resolve()
+    assert summary.resolve() == (tmp_path / "reports" / "a+b" / "summary.md").resolve()
+    # a run's or a sweep's own folder is never a report's
+    with pytest.raises(ConfigError, match="--out.*run folder"):
+        report_main([a, b], out=a, console=quiet_console())
 
 
 def test_missing_folder_raises_helpful_error(tmp_path):
@@ -377,7 +380,8 @@ def test_report_of_only_a_failed_run(tmp_path):
     summary = report_main([str(run)], console=quiet_console())
     md = summary.read_text()
     assert "status: failed" in md and "**Warning:**" in md
-    assert (run / "ppl_vs_length.png").read_bytes()[:8] == PNG_MAGIC
+    assert (summary.parent / "ppl_vs_length.png").read_bytes()[:8] == PNG_MAGIC
+    assert not (run / "ppl_vs_length.png").exists()  # the run's own folder holds only what the run wrote
 
 
 def test_print_report_has_title_and_values(tmp_path):
@@ -452,7 +456,6 @@ def test_callback_never_raises(tmp_path, caplog):
 # --- grouping, seeds, summary metrics (posexp report --by/--metric/--where/--sort/--format) ---------
 
 
-from posexp.errors import ConfigError  # noqa: E402
 from posexp.reporting import (  # noqa: E402
     mean_interval,
     metric_value,
@@ -716,16 +719,17 @@ def test_report_md_is_self_contained_with_figures(tmp_path):
             make_run(sweep / f"{enc}{i}", {128: 3.0 + i / 10, 256: 3.5, 512: 4.0}, [f"encoder={enc}", f"seed={i}"],
                      encoder=enc, base=base, seed=i, curves=True)
     console = quiet_console()
-    report_main([sweep], console=console, by="encoder", metrics="ratio@4x,maxlen,auc")
-    md = (sweep / "report.md").read_text()
+    folder = report_main([sweep], console=console, by="encoder", metrics="ratio@4x,maxlen,auc").parent
+    assert folder == sweep / "reports" / "by-encoder"
+    md = (folder / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert images == ["report_ppl_vs_length.png", "report_loss_by_position.png", "report_training_curves.png"]
     for image in images:
-        assert (sweep / image).read_bytes()[:8] == PNG_MAGIC
+        assert (folder / image).read_bytes()[:8] == PNG_MAGIC
     assert "| encoder | n | 128 (train) | 256 | 512 | ratio@4x | maxlen@10% | auc | flags |" in md
     assert "Student 1908" in md and "## Runs" in md
-    # summary.md keeps one line per run, as the sweep's record, next to it.
-    summary = (sweep / "summary.md").read_text()
+    # summary.md keeps one line per run next to it.
+    summary = (folder / "summary.md").read_text()
     assert "| encoder=rope seed=0 | 3.00 | 3.50 | 4.00 |" in summary
     assert "| encoder=rope seed=1 | 3.10 | 3.50 | 4.00 |" in summary
     printed = console.file.getvalue()

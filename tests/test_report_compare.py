@@ -186,7 +186,7 @@ def test_sweep_summary_md_compares_what_the_sweep_varies(tmp_path):
     # what the end-of-sweep callback does: report the sweep folder without --by
     ratio_runs(tmp_path / "sweep", journey_ratios())
     out = io.StringIO()
-    report_main([tmp_path / "sweep"], console=Console(file=out, width=200))
+    report_main([tmp_path / "sweep"], out=tmp_path / "sweep", console=Console(file=out, width=200), _sweep_end=True)
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "## Comparison" in summary and "cannot be told apart from base=100 at n = 3" in summary
     # the terminal of the finished sweep says it too, under its one-line-per-run table
@@ -197,7 +197,8 @@ def test_sweep_summary_md_compares_what_the_sweep_varies(tmp_path):
 
 def test_one_seed_sweep_summary_says_to_add_seeds(tmp_path):
     ratio_runs(tmp_path / "sweep", {100: [1.2], 1000: [1.3], 10000: [1.25]}, seeds=(0,))
-    report_main([tmp_path / "sweep"], console=Console(file=io.StringIO(), width=200))
+    report_main([tmp_path / "sweep"], out=tmp_path / "sweep", console=Console(file=io.StringIO(), width=200),
+                _sweep_end=True)
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert "no interval exists" in summary and "`seed=0,1,2`" in summary
 

@@ -66,18 +66,18 @@ def test_lm_and_task_runs_get_separate_tables(tmp_path):
     make_task_run(tmp_path / "sweep" / "2", {64: 0.9, 128: 0.1}, task="mqar")
     report_main([tmp_path / "sweep"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
                 metrics=["ratio", "acc@2x"])
-    text = (tmp_path / "sweep" / "report.md").read_text()
+    text = (tmp_path / "sweep" / "reports" / "default" / "report.md").read_text()
     perplexity, tasks = text.split("## Tasks: accuracy vs context length")
     assert "task=copy" not in perplexity and "task=mqar" not in perplexity  # no task run in the perplexity table
     assert "### task copy" in tasks and "### task mqar" in tasks and "acc@2x" in tasks and "50.0" in tasks
-    assert (tmp_path / "sweep" / "report_accuracy_vs_length.png").is_file()
-    assert "## Tasks" in (tmp_path / "sweep" / "summary.md").read_text()
+    assert (tmp_path / "sweep" / "reports" / "default" / "report_accuracy_vs_length.png").is_file()
+    assert "## Tasks" in (tmp_path / "sweep" / "reports" / "default" / "summary.md").read_text()
 
 
 def test_a_report_of_task_runs_only(tmp_path):
     make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
     report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200))
-    text = (tmp_path / "s" / "report.md").read_text()
+    text = (tmp_path / "s" / "reports" / "default" / "report.md").read_text()
     assert text.startswith("# Tasks: accuracy vs context length") and "maxlen@acc90" in text
 
 

@@ -330,7 +330,8 @@ def test_a_view_report_goes_beside_the_folders_own_and_covers_task_runs(tmp_path
                 err_console=Console(file=io.StringIO()))
     assert "| 3.00 | 3.10 |" in out.getvalue().replace("3.000", "3.00")
     mine = (folder / "0" / "reports" / "view-window=128" / "report.md").read_text()
-    assert "window 128" in mine and "window 128" not in (folder / "report.md").read_text().split("Also in")[0]
+    plain = (folder / "reports" / "default" / "report.md").read_text()
+    assert "window 128" in mine and "window 128" not in plain.split("Also in")[0]
 
 
 # -- the commands ----------------------------------------------------------------------------------

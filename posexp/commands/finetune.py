@@ -175,6 +175,8 @@ def child_config(app: DictConfig) -> DictConfig:
     # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
     child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
     child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
+    if "eval.tokens" not in _overridden():  # measured on the parent's budget, so that the two compare
+        child["eval"]["tokens"] = resolved["eval"]["tokens"]
     if mine.get("logger") is not None:  # trackers chosen for the fine-tune, else the parent's
         child["logger"] = mine["logger"]
     child["finetune"] = {"parent": str(parent), "parent_config_hash": str(results["run"].get("config_hash")
@@ -188,6 +190,15 @@ def child_config(app: DictConfig) -> DictConfig:
     merged = OmegaConf.merge(OmegaConf.structured(Config), child)
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _overridden() -> set[str]:
+    """The keys the user set on the command line of this job (empty outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    return {str(o).lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task}
 
 
 def check_finetune(app: DictConfig) -> Config:

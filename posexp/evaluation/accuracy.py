@@ -40,7 +40,7 @@ from posexp.evaluation.extension import NONE, check_scaling, scaled_encoder
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
 from posexp.model.window import AttentionWindow, window_fields, window_of
-from posexp.runs.layout import ACCURACY
+from posexp.runs.row import ACCURACY, ResultRow
 from posexp.runtime.device import autocast
 from posexp.runtime.precision import resolve_precision
 from posexp.tasks.task import Task
@@ -155,7 +155,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, plan)
             for depth in depths:
-                row = _row_identity(task, length, train_len, depth, scaling, factor, window)
+                row = _row_identity(task, length, train_len, depth, scaling, factor, window, int(e.examples))
                 if reason is not None:
                     row.update(_not_applicable(reason))
                 else:
@@ -180,9 +180,12 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
 
 
 def _row_identity(task: Task, length: int, train_len: int, depth: Optional[float], scaling: str,
-                  factor: Optional[float], window: Optional[AttentionWindow]) -> dict:
-    """What an accuracy row measured; ``window`` / ``sinks`` only for a windowed evaluation."""
-    return {"metric": ACCURACY, "task": task.name, "length": length, "multiple": length / train_len,
-            "depth": None if depth is None else float(depth), "protocol": EVAL_PROTOCOL, "stride": None,
-            "last_k": None, "scaling": None if scaling == NONE else scaling, "scaling_factor": factor,
-            "size": task.size_for(length), **window_fields(window)}
+                  factor: Optional[float], window: Optional[AttentionWindow], examples: int) -> dict:
+    """How an accuracy row is measured (:class:`posexp.runs.row.ResultRow`'s key and settings); ``window`` /
+    ``sinks`` only for a windowed evaluation. The instances' seed is the evaluation stream's (:func:`eval_instances`),
+    the same for every run."""
+    return ResultRow(metric=ACCURACY, task=task.name, length=length, multiple=length / train_len,
+                     depth=None if depth is None else float(depth), protocol=EVAL_PROTOCOL,
+                     scaling=None if scaling == NONE else scaling, scaling_factor=factor,
+                     size=task.size_for(length), examples_asked=examples, eval_seed=_EVAL_STREAM,
+                     **window_fields(window)).to_dict()

@@ -59,7 +59,7 @@ from posexp.config.schema import PROTOCOLS
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.extension import (NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder)
-from posexp.runs.layout import PERPLEXITY, ROW_KEY
+from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.gpt import GPT
 from posexp.model.window import AttentionWindow, window_fields
 from posexp.runtime.device import autocast
@@ -284,13 +284,14 @@ def _length_factor(scaling: str, length: int, train_len: int, scaling_factor: Op
 
 
 def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[int], last_k: Optional[int],
-                  scaling: str, factor: Optional[float], window: Optional[AttentionWindow] = None) -> dict:
-    """What a row measured: its length, protocol, scaling and window (the fields of :data:`ROW_KEY`, and
-    ``multiple``); a row without a window has no ``window`` / ``sinks`` fields."""
-    return {"metric": PERPLEXITY, "length": length, "multiple": length / train_len, "protocol": protocol,
-            "stride": stride if protocol == "sliding" else None,
-            "last_k": last_k if protocol == "last_k" else None,
-            "scaling": None if scaling == NONE else scaling, "scaling_factor": factor, **window_fields(window)}
+                  scaling: str, factor: Optional[float], window: Optional[AttentionWindow], tokens: int) -> dict:
+    """How a row is measured (:class:`posexp.runs.row.ResultRow`'s key and settings: its length, protocol,
+    scaling, window and the token budget asked for); a row without a window has no ``window`` / ``sinks``."""
+    return ResultRow(metric=PERPLEXITY, length=length, multiple=length / train_len, protocol=protocol,
+                     stride=stride if protocol == "sliding" else None,
+                     last_k=last_k if protocol == "last_k" else None,
+                     scaling=None if scaling == NONE else scaling, scaling_factor=factor, eval_tokens=int(tokens),
+                     **window_fields(window)).to_dict()
 
 
 def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, factor: Optional[float],
@@ -369,7 +370,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         for length in lengths:
             factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
-            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window)
+            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window, tokens)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
             if reason is not None:
                 row.update(_not_applicable_row(reason))
@@ -394,7 +395,7 @@ def _measure_row(row: dict, model: GPT, encoder, val: np.ndarray, win: Windows, 
                                         position_plan, dtype, progress, window, memory)
     row.update(_summarise(res, win, length, elapsed, mem))
     if positions is not None:
-        positions.append({**{k: row.get(k) for k in ROW_KEY}, "position_sum": res.position_sum,
+        positions.append({**position_key(row), "position_sum": res.position_sum,
                           "position_count": res.position_count})
 
 
@@ -440,7 +441,7 @@ def loss_by_position_rows(records: list[dict]) -> list[dict]:
     """``loss_by_position.csv`` rows (key..., position, loss, count) of the scored positions of each record."""
     out = []
     for rec in records:
-        key = {k: rec.get(k) for k in ROW_KEY}
+        key = position_key(rec)
         for p in np.flatnonzero(rec["position_count"]):
             c = int(rec["position_count"][p])
             out.append({**key, "position": int(p), "loss": float(rec["position_sum"][p] / c), "count": c})

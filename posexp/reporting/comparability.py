@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from posexp.reporting.formatting import _fmt_settings, _short
+from posexp.reporting.runs import base_train_len
 
 
 def flag_outliers(rows: Sequence[Any], warnings: list[str],
@@ -30,7 +31,9 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
         top = Counter(keys).most_common(1)[0][0]
         return values[keys.index(top)], keys
 
-    infos = [row.run.info for row in rows]
+    # the settings of the rows each run shows (ReportRow.settings), not what the run recorded when it trained:
+    # a later posexp eval may have measured them otherwise
+    infos = [{**row.run.info, "eval_settings": row.settings} for row in rows]
     # A run that stopped before it read its data or evaluated has no fingerprint or eval settings:
     # unknown is not different (its status is flagged already), so it neither votes nor is flagged.
     unknown = [row.run.status != "completed" for row in rows]
@@ -47,14 +50,16 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
     corpus_fp, fp_keys = majority_known("corpus_fingerprint")
     corpus_name = next((i.get("corpus") for i in infos if i.get("corpus_fingerprint") == corpus_fp), None)
     eval_settings, eval_keys = majority_known("eval_settings")
-    train_len, len_keys = majority([row.run.train_len for row in rows])
+    # a fine-tune changes its training length by design: it is compared at its parent's
+    train_len, len_keys = majority([base_train_len(row.run) for row in rows])
 
     checks = [
         (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({_short(i.get('corpus_fingerprint'))}) "
                                                 f"vs {corpus_name} ({_short(corpus_fp)}) for the others"),
         (eval_keys, "different eval settings", lambda i: f"eval settings {_fmt_settings(i.get('eval_settings'))} "
                                                          f"vs {_fmt_settings(eval_settings)} for the others"),
-        (len_keys, "different train length", lambda i: f"trained at {i.get('train_len')} tokens vs {train_len} for the others"),
+        (len_keys, "different train length", lambda i: f"trained at {i.get('parent_train_len') or i.get('train_len')} "
+                                                       f"tokens vs {train_len} for the others"),
     ][:2 if train_len_varies else 3]
     for keys, flag, detail in checks:
         top = Counter(keys).most_common(1)[0][0]

@@ -85,11 +85,14 @@ def _md(text: str) -> str:
 
 
 def _display_path(path: Path, out_dir: str | os.PathLike | None) -> str:
-    """Relative to the summary when the run lives under it, so a sweep folder can be moved."""
+    """Relative to the summary when the run lives under it, or under the folder whose ``reports/NAME/`` holds the
+    summary (``../../0``), so a sweep folder can be moved with its reports."""
     if out_dir is not None:
+        out = Path(out_dir).resolve()
+        home = out.parent.parent if out.parent.name == "reports" else out
         try:
-            rel = path.resolve().relative_to(Path(out_dir).resolve())
-            return rel.as_posix() or "."
+            path.resolve().relative_to(home)
+            return Path(os.path.relpath(path.resolve(), out)).as_posix() or "."
         except ValueError:
             pass
     return path.as_posix()

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from posexp.reporting.formatting import _fmt_settings, _short
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.selection import EXECUTION_KEYS, SortKey, _ABSENT, _canon, _flatten, _show, config_value
+from posexp.reporting.runs import base_train_len
 from posexp.reporting.stats import Stat, _stat
 from posexp.reporting.table import Group, Report, ReportRow
 
@@ -24,8 +25,8 @@ def _group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> li
         # Numbers measured on different text, or scored differently, are different quantities.
         guard = (
             _canon(info.get("corpus_fingerprint")),
-            _canon(info.get("eval_settings")),
-            "" if "train_len" in by else _canon(row.run.train_len),
+            _canon(row.settings),
+            "" if "train_len" in by else _canon(base_train_len(row.run)),
             "" if row.run.status == "completed" else str(row.run.path),  # a failure stays visible on its own
         )
         bucket = (tuple(_canon(v) for v in values.values()), guard)
@@ -48,7 +49,7 @@ def _group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> li
             if "different corpus" in group.flags:
                 parts.append(f"corpus {info.get('corpus')} {_short(info.get('corpus_fingerprint'))}")
             if "different eval settings" in group.flags:
-                parts.append(f"eval {_fmt_settings(info.get('eval_settings'))}")
+                parts.append(f"eval {_fmt_settings(first.settings)}")
             if "different train length" in group.flags:
                 parts.append(f"train_len={first.run.train_len}")
             if parts:

@@ -24,7 +24,7 @@ from posexp.reporting.compare import compare_groups, parse_baseline, pick_refere
 from posexp.reporting.formatting import _num
 from posexp.reporting.grouping import _aggregate, _group_rows, _sort_groups
 from posexp.reporting.metrics import _auc_multiple, _ratio, _ratio_length, metric_value
-from posexp.reporting.runs import Run, load_run, parent_changed, window_key
+from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (DEFAULT_TOLERANCE, Filter, _ABSENT, _unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import _stat
@@ -102,8 +102,16 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
 
     labels, shared = _labels(runs)
-    rows = [ReportRow(label, run, _cells(run, protocol, scaling, window), None) for label, run in zip(labels, runs)]
+    rows = [ReportRow(label, run, _cells(run, protocol, scaling, window), None,
+                      settings=shown_settings(run, _shown(run, protocol, scaling, window)))
+            for label, run in zip(labels, runs)]
     lengths = sorted({n for row in rows for n in row.cells})
+    for row in rows:
+        budgets = (row.settings or {}).get("tokens")
+        if isinstance(budgets, list):  # a later posexp eval measured some lengths on another budget
+            row.flags.append("different eval settings")
+            warnings.append(f"{row.label}: its rows were measured on different token budgets (eval.tokens "
+                            f"{', '.join(f'{b:,}' for b in budgets)}); evaluate it again with one eval.tokens")
 
     # Grouping by train_len compares training lengths on purpose: not a stray run to flag.
     train_len, corpus, eval_settings = flag_outliers(rows, warnings, train_len_varies="train_len" in by_keys)
@@ -248,11 +256,15 @@ def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:
     return labels, shared
 
 
+def _shown(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> list[dict]:
+    """The rows of ``run`` in the view (protocol, scaling, window) the table shows."""
+    return [row for row in run.rows
+            if row.get("protocol") == protocol and row.get("scaling") == scaling and window_key(row) == window]
+
+
 def _cells(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> dict[int, Cell]:
     cells: dict[int, Cell] = {}
-    for row in run.rows:
-        if row.get("protocol") != protocol or row.get("scaling") != scaling or window_key(row) != window:
-            continue
+    for row in _shown(run, protocol, scaling, window):
         length = int(row["length"])
         if length in cells:
             continue  # duplicate rows: the trainer's first one wins

@@ -75,6 +75,27 @@ def _run_config(run: Run) -> dict:
     return read_config_dict(run.path)
 
 
+def base_train_len(run: Run) -> Optional[int]:
+    """The training length a run is compared at: its own, or for a fine-tune (``posexp finetune``) its parent's,
+    since extending the context is what a fine-tune does."""
+    parent = run.info.get("parent_train_len")
+    return int(parent) if isinstance(parent, int) and run.info.get("parent") else run.train_len
+
+
+def shown_settings(run: Run, rows: list[dict]) -> Optional[dict]:
+    """How the rows a report shows of ``run`` were measured (each row carries its own settings,
+    :class:`posexp.runs.row.ResultRow`): their protocol, stride or K, scaling, window and token budget; a setting
+    that differs between the rows is a sorted list. None when the run shows no row."""
+    if not rows:
+        return None
+    settings: dict = {}
+    for name in ("protocol", "stride", "last_k", "scaling", "window", "sinks", "eval_tokens"):
+        values = sorted({r.get(name) for r in rows if r.get(name) is not None}, key=str)
+        if values:
+            settings["tokens" if name == "eval_tokens" else name] = values[0] if len(values) == 1 else values
+    return settings
+
+
 def window_key(row: dict) -> Optional[tuple]:
     """(window, sinks) of a windowed row (``eval.window``), None for a row that attended to its whole past."""
     return None if row.get("window") is None else (row.get("window"), row.get("sinks"))

@@ -34,6 +34,9 @@ from rich.text import Text
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_METRIC_HELP, TASK_RENDERERS)
+from posexp.reporting.extension import (EXTENSION_RENDERERS, ExtensionTable, build_extension_table, extension_runs,
+                                        render_extension_csv, render_extension_latex, render_extension_markdown,
+                                        rich_extension_table)
 from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.document import write_report, write_summary
@@ -41,7 +44,7 @@ from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
 from posexp.reporting.selection import DEFAULT_TOLERANCE, METRIC_HELP, parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
-from posexp.runs.layout import REPORT_MD, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+from posexp.runs.layout import EXTENSION_CSV, EXTENSION_TEX, REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")
@@ -52,13 +55,13 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
                 metrics: Sequence[str] | str | None = None, tolerance: float = DEFAULT_TOLERANCE,
                 where: Sequence[str] | str | None = None, sort: Optional[str] = None, fmt: str = "rich",
                 err_console: Console | None = None, strict: bool = False, baseline: Sequence[str] | str | None = None,
-                view: Sequence[str] | str | None = None) -> Path:
+                view: Sequence[str] | str | None = None, _sweep_end: bool = False) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
         paths: run folders, sweep folders, or folders above them.
-        out: where to write the files. Default: the folder given, when exactly one
-            was given (for a sweep that is the sweep root), else the current folder.
+        out: where to write the files. Default: ``reports/NAME/`` in the folder given (the current folder when
+            several were given), a folder of the report's own (:func:`_out_dir`).
         console: where the table goes (stdout by default).
         by, metrics, tolerance, where, sort: see :func:`build_report`.
         fmt: ``rich`` (terminal), ``markdown``, ``csv``, ``json`` or ``latex``. The last four print only
@@ -98,8 +101,60 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
-    _print_tables(report, task_report, fmt, console, notes)
-    return _write_files(report, task_report, _out_dir(paths, out, where, wanted), notes)
+    extension = _extension(report) if report is not None and not (by or where or wanted) else None
+    if extension is not None:  # a parent and its fine-tunes: the one table a paper prints
+        _print_extension(extension, fmt, console, notes)
+    else:
+        _print_tables(report, task_report, fmt, console, notes)
+    out_dir = _out_dir(paths, out, where, wanted, by)
+    _clear_report_folder(out_dir, sweep_end=_sweep_end)
+    summary = _write_files(report, task_report, out_dir, notes)
+    if extension is not None:
+        _write_extension(extension, summary.parent)
+    return summary
+
+
+def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
+    """Make ``out_dir`` the report's own: refuse a run or sweep folder (their files are theirs; the end of a sweep
+    writes its summary into its own folder), and remove what a report wrote there before, so that no stale figure
+    stays beside the new ones."""
+    if not sweep_end and (is_run_dir(out_dir) or is_sweep_dir(out_dir)):
+        kind = "run" if is_run_dir(out_dir) else "sweep"
+        raise ConfigError("--out", f"{out_dir} is a {kind} folder, whose files are its own; give a folder of the "
+                                   f"report's own (the default is {REPORTS_DIR}/NAME/ inside it)")
+    for name in REPORT_FILES:
+        try:
+            (out_dir / name).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise PosexpError(f"cannot replace the earlier report's {out_dir / name}: {e.strerror or e}") from None
+
+
+def _extension(report: Report) -> Optional[ExtensionTable]:
+    """The context-extension table when the report's runs are a parent and its fine-tunes (or the fine-tunes
+    alone), else None."""
+    found = extension_runs([row.run for row in report.rows])
+    return None if found is None else build_extension_table(*found)
+
+
+def _print_extension(table: ExtensionTable, fmt: str, console: Console, notes: Console) -> None:
+    if fmt == "rich":
+        console.print(rich_extension_table(table))
+    else:
+        console.file.write(EXTENSION_RENDERERS[fmt](table))
+        console.file.flush()
+    for warning in table.warnings:
+        notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+
+
+def _write_extension(table: ExtensionTable, out_dir: Path) -> None:
+    """The extension table in markdown at the top of report.md, and as extension.csv / extension.tex beside it."""
+    report_md = out_dir / REPORT_MD
+    rest = report_md.read_text(encoding="utf-8") if report_md.is_file() else ""
+    atomic_write_text(report_md, "# Context extension\n\n" + render_extension_markdown(table) + "\n" + rest)
+    atomic_write_text(out_dir / EXTENSION_CSV, render_extension_csv(table))
+    atomic_write_text(out_dir / EXTENSION_TEX, render_extension_latex(table))
 
 
 def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console) -> Path:
@@ -152,22 +207,22 @@ def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
 
 
 def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
-             where: Sequence[str] | str | None, wanted: Optional[dict] = None) -> Path:
-    """Where the report's files go: ``--out``; else the one folder given (a filtered report of a sweep
-    goes to ``reports/where-KEY=VALUE/`` inside it, so the sweep's own summary.md is kept, and a report of
-    another view, ``--view``, to ``reports/view-KEY=VALUE/``); else here."""
+             where: Sequence[str] | str | None, wanted: Optional[dict] = None,
+             by: Sequence[str] | str | None = None) -> Path:
+    """Where the report's files go: ``--out``; else a folder of the report's own, ``reports/NAME/`` inside the one
+    folder given (here when several were given), NAME saying what it shows (``default``, ``by-encoder``,
+    ``view-window=128``, ``where-encoder=alibi``, the folders' names when several). What a run or a sweep wrote
+    for itself (its summary.md, its figures) is never replaced; the same report again replaces its own folder."""
     if out is not None:
         return Path(out)
-    if len(paths) != 1:
-        return Path.cwd()
-    given = Path(paths[0])
-    folder = given.parent if given.is_file() else given
+    folders = [Path(p).parent if Path(p).is_file() else Path(p) for p in paths]
     filters = [where] if isinstance(where, str) else list(where or [])
-    parts = (["where-" + "-".join(filters)] if filters and is_sweep_dir(folder) else []) + (
-        [view_slug(wanted)] if wanted else [])
-    if parts:
-        return folder / "reports" / re.sub(r"[^A-Za-z0-9=.,!_-]+", "_", "-".join(parts))[:120]
-    return folder
+    parts = ["+".join(f.name or "." for f in folders)] if len(folders) > 1 else []
+    parts += ["by-" + ",".join(parse_by(by))] if by else []
+    parts += ["where-" + "-".join(filters)] if filters else []
+    parts += [view_slug(wanted)] if wanted else []
+    name = re.sub(r"[^A-Za-z0-9=.,!+_-]+", "_", "-".join(parts) or "default")[:120]
+    return (folders[0] if len(folders) == 1 else Path.cwd()) / REPORTS_DIR / name
 
 
 def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_runs: bool, task_runs: bool) -> None:
@@ -207,10 +262,12 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
         return lm_dirs, None  # the view is the perplexity runs' alone; a missing one there says so
 
 
-def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool) -> None:
-    """report.md and summary.md: the task tables after the perplexity report (or alone, when no run is an LM's)."""
+def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool,
+                         names: tuple[str, ...] = (REPORT_MD, SUMMARY_MD)) -> None:
+    """report.md and summary.md (or ``names``): the task tables after the perplexity report (or alone, when no run
+    is an LM's)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in (REPORT_MD, SUMMARY_MD):
+    for name in names:
         before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else None
         atomic_write_text(out_dir / name, write_task_report(task_report, out_dir, after=before))
 
@@ -248,7 +305,7 @@ class SweepSummaryCallback(Callback):
         sweep_dir = "<unknown sweep dir>"
         try:
             sweep_dir = str(config.hydra.sweep.dir)
-            report_main([sweep_dir])
+            report_main([sweep_dir], out=sweep_dir, _sweep_end=True)  # the sweep's own summary, in its folder
         except PosexpError as e:
             log.warning("sweep summary not written: %s", e)
         except Exception:  # a bug here must not turn a finished sweep into a failed one
@@ -274,7 +331,7 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
         lm_dirs, task_report = _split_tasks(find_runs([sweep]), None, None, None)
         summary = write_summary(build_report(lm_dirs), sweep) if lm_dirs else sweep / SUMMARY_MD
         if task_report is not None:
-            _write_task_sections(task_report, sweep, lm=bool(lm_dirs))
+            _write_task_sections(task_report, sweep, lm=bool(lm_dirs), names=(SUMMARY_MD,))
     except PosexpError as e:
         console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)
         return None

@@ -41,6 +41,7 @@ class ReportRow:
     cells: dict[int, Cell]
     ratio: Optional[float]
     flags: list[str] = field(default_factory=list)
+    settings: Optional[dict] = None  # how the shown rows were measured (reporting.runs.shown_settings)
 
 
 @dataclass

@@ -24,8 +24,8 @@ the process ends, however it ends, so a killed run never leaves its folder locke
 
 This module is the one place that names those files, reads or merges them, and claims run folders.
 It must stay torch-free (``posexp report`` and ``posexp list`` import it): it
-imports only the standard library, yaml, :mod:`posexp.errors` and
-:mod:`posexp.runs.atomic`.
+imports only the standard library, yaml, :mod:`posexp.errors`,
+:mod:`posexp.runs.atomic` and :mod:`posexp.runs.row` (what a results row is).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
+from posexp.runs.row import ACCURACY, PERPLEXITY, POSITION_KEY, ROW_KEY, ResultRow, row_key, row_metric
 
 # -- file names -----------------------------------------------------------------------------------
 
@@ -72,7 +73,8 @@ HYDRA_OVERRIDES = Path(".hydra") / "overrides.yaml"
 MULTIRUN_YAML = "multirun.yaml"
 SUMMARY_MD = "summary.md"
 SUMMARY_CSV = "summary.csv"
-# What posexp report writes (into a sweep folder, or a run folder when given one).
+# What posexp report writes: into a folder of its own, reports/NAME/ (and the end of a sweep into the sweep folder).
+REPORTS_DIR = "reports"
 REPORT_MD = "report.md"
 REPORT_PLOT = "report_ppl_vs_length.png"
 # Not "loss_by_position.png": a report written into a run folder must not replace the run's own figure.
@@ -80,12 +82,18 @@ REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
 REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
 REPORT_CURVE_PLOT = "report_curve.png"  # the runs' curve.csv side by side
+EXTENSION_CSV = "extension.csv"  # a parent and its fine-tunes: the context-extension table (also in report.md)
+EXTENSION_TEX = "extension.tex"
+# everything a report may write, so that a report written again leaves no figure of the last one behind
+REPORT_FILES = (REPORT_MD, "summary.md", "summary.csv", PPL_PLOT, REPORT_PLOT, REPORT_POSITION_PLOT,
+                REPORT_TRAINING_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, EXTENSION_CSV, EXTENSION_TEX)
 
-# The columns of loss_by_position.csv: the row key, then the position and its loss; and, only in a file with
-# rows of a windowed evaluation (eval.window), the window and its sinks.
-POSITION_COLUMNS = ["protocol", "stride", "last_k", "scaling", "scaling_factor", "length", "position", "loss",
-                    "count"]
-WINDOW_COLUMNS = ["window", "sinks"]
+# The columns of loss_by_position.csv: the row's key (posexp.runs.row.POSITION_KEY, the length last), then the
+# position and its loss; and, only in a file with rows of a windowed evaluation (eval.window), the window and its
+# sinks.
+WINDOW_COLUMNS = [n for n in POSITION_KEY if n in ("window", "sinks")]
+POSITION_COLUMNS = [n for n in POSITION_KEY if n not in ("length", *WINDOW_COLUMNS)] + ["length", "position", "loss",
+                                                                                        "count"]
 
 # -- finding runs ---------------------------------------------------------------------------------
 
@@ -230,11 +238,15 @@ def read_results(path: str | os.PathLike) -> dict:
         raise bad('"run" is missing or not an object')
     if not isinstance(data.get("rows"), list):
         raise bad('"rows" is missing or not a list')
+    rows = []
     for i, row in enumerate(data["rows"]):
         if not isinstance(row, dict) or not isinstance(row.get("length"), (int, float)) \
                 or not math.isfinite(row["length"]):
             raise bad(f'row {i} has no numeric "length"')
+        typed = ResultRow.from_dict(row, data["run"], where=f"{file}: row {i}")  # the declared fields' types
         _check_row_values(file, i, row)
+        rows.append(typed.to_dict())
+    data["rows"] = rows
     return finite_results(data)
 
 
@@ -325,26 +337,6 @@ def finite_results(results: dict) -> dict:
 
 # -- identity of a row, for replacing re-evaluated rows ------------------------------------------
 
-ROW_KEY = ("length", "protocol", "stride", "last_k", "scaling", "scaling_factor", "window", "sinks")
-# A row's "metric": what it measured. Rows of different metrics share results.json, never a table.
-PERPLEXITY, ACCURACY = "perplexity", "accuracy"
-
-
-def row_metric(row: dict) -> str:
-    """A row's metric; rows written before the field existed are perplexity rows."""
-    return str(row.get("metric") or PERPLEXITY)
-
-
-def row_key(row: dict) -> tuple:
-    """What makes two rows the same measurement: length, protocol, stride / K, scaling and its factor, window and
-    sinks (``eval.window``; a row without them attended to its whole past), and the metric and depth (passkey)
-    of the row."""
-    factor = row.get("scaling_factor")
-    return (int(row["length"]), row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"),
-            None if factor is None else round(float(factor), 9), row_metric(row), row.get("depth"),
-            row.get("window"), row.get("sinks"))
-
-
 def window_text(row: dict) -> str:
     """`` window 128``, `` window 128 + 4 sinks``, or nothing for a row that attended to its whole past."""
     if row.get("window") is None:
@@ -366,12 +358,11 @@ def _parse_position_row(raw: dict) -> dict:
     def opt(value: str, cast):
         return None if value in ("", None) else cast(value)
 
-    row = {"protocol": raw["protocol"], "stride": opt(raw["stride"], int), "last_k": opt(raw["last_k"], int),
-           "scaling": opt(raw["scaling"], str), "scaling_factor": opt(raw["scaling_factor"], float),
-           "length": int(raw["length"]), "position": int(raw["position"]), "loss": float(raw["loss"]),
-           "count": int(raw["count"])}
+    casts = {"protocol": str, "scaling": str, "scaling_factor": float}  # the other key fields are integers
+    row = {name: opt(raw[name], casts.get(name, int)) for name in POSITION_COLUMNS[:-3]}
+    row.update(position=int(raw["position"]), loss=float(raw["loss"]), count=int(raw["count"]))
     if raw.get("window"):  # a windowed evaluation's row (eval.window); a plain row has no such fields
-        row.update(window=int(raw["window"]), sinks=opt(raw.get("sinks"), int))
+        row.update({name: opt(raw.get(name), int) for name in WINDOW_COLUMNS})
     return row
 
 

@@ -29,12 +29,9 @@ from posexp.runs.layout import (
     window_text,
     write_results_json,
 )
+from posexp.runs.row import VIEW_KEY, csv_columns, csv_record, view_of
 from posexp.runs.task_results import is_task_results, task_table, write_task_results
 
-CSV_COLUMNS = ["length", "multiple", "protocol", "stride", "last_k", "scaling", "scaling_factor", "applicable",
-               "ppl", "ppl_low", "ppl_high", "loss", "loss_se", "se_blocks", "tokens", "first_target",
-               "last_target", "windows", "forward_tokens", "tokens_per_s", "peak_mem_mb", "peak_rss_mb"]
-WINDOW_CSV_COLUMNS = ["window", "sinks"]  # after scaling_factor, only in the file of a run with windowed rows
 
 
 def token_unit(run: dict) -> str:
@@ -72,13 +69,7 @@ def factor_text(scaling: Optional[str], factor: float) -> str:
     return f" w={factor:g}" if scaling == "rerope" else f" ×{factor:g}"
 
 
-MAIN_VIEW = ("nonoverlap", None, None, None, None, None)
-
-
-def view_of(row: dict) -> tuple:
-    """The (protocol, stride, K, scaling, window, sinks) a row belongs to; lengths within a view form one curve."""
-    return (row.get("protocol"), row.get("stride"), row.get("last_k"), row.get("scaling"), row.get("window"),
-            row.get("sinks"))
+MAIN_VIEW = tuple("nonoverlap" if name == "protocol" else None for name in VIEW_KEY)  # plain: no scaling, no window
 
 
 def curve_of(row: dict, train_len: int) -> tuple:
@@ -92,9 +83,9 @@ def curve_of(row: dict, train_len: int) -> tuple:
 
 
 def view_label(view: tuple) -> str:
-    protocol, stride, last_k, scaling, window, sinks = view
-    text = protocol_text({"protocol": protocol, "stride": stride, "last_k": last_k, "window": window, "sinks": sinks})
-    return text if scaling is None else f"{text}, {scaling}"
+    row = dict(zip(VIEW_KEY, view))
+    text = protocol_text(row)
+    return text if row["scaling"] is None else f"{text}, {row['scaling']}"
 
 
 def display_rows(results: dict) -> list[dict]:
@@ -163,15 +154,10 @@ def results_markdown(results: dict) -> str:
 
 def results_csv(results: dict) -> str:
     buf = io.StringIO()
-    columns = CSV_COLUMNS
-    if any(r.get("window") is not None for r in results["rows"]):
-        at = CSV_COLUMNS.index("scaling_factor") + 1
-        columns = CSV_COLUMNS[:at] + WINDOW_CSV_COLUMNS + CSV_COLUMNS[at:]
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=csv_columns(results["rows"]), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in results["rows"]:
-        targets = r.get("targets") or (None, None)
-        w.writerow({**r, "first_target": targets[0], "last_target": targets[1]})
+        w.writerow(csv_record(r))
     return buf.getvalue()
 
 

@@ -13,11 +13,9 @@ from rich.table import Table
 
 from posexp.plots.accuracy import plot_accuracy_vs_length, plot_passkey_heatmap
 from posexp.runs.atomic import atomic_write_text
+from posexp.runs.row import csv_columns
 from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, PASSKEY_HEATMAP, RESULTS_CSV, RESULTS_MD, row_metric, window_text, write_results_json)
 
-TASK_CSV_COLUMNS = ["length", "multiple", "depth", "size", "scaling", "scaling_factor", "applicable", "exact_match",
-                    "exact_match_low", "exact_match_high", "token_accuracy", "token_accuracy_low",
-                    "token_accuracy_high", "answer_loss", "examples", "answer_tokens", "tokens_per_s"]
 
 
 def is_task_results(results: dict) -> bool:
@@ -88,13 +86,10 @@ def task_markdown(results: dict) -> str:
 
 def task_csv(results: dict) -> str:
     buf = io.StringIO()
-    columns = TASK_CSV_COLUMNS
-    if any(r.get("window") is not None for r in results["rows"]):  # windowed rows: their window after the scaling
-        at = TASK_CSV_COLUMNS.index("scaling_factor") + 1
-        columns = TASK_CSV_COLUMNS[:at] + ["window", "sinks"] + TASK_CSV_COLUMNS[at:]
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    rows = accuracy_rows(results)
+    w = csv.DictWriter(buf, fieldnames=csv_columns(rows, ACCURACY), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
-    for r in accuracy_rows(results):
+    for r in rows:
         w.writerow(r)
     return buf.getvalue()
 

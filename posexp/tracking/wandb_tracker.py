@@ -19,10 +19,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from posexp.errors import ConfigError
+from posexp.runs.row import ROW_KEY
 from posexp.tracking.tracker import Point, RunIdentity, Tracker, check_reachable, point_key
 
 MODES = ("online", "offline", "disabled")
-ROW_COLUMNS = ("metric", "length", "protocol", "stride", "last_k", "scaling", "scaling_factor", "value")
+ROW_COLUMNS = (*ROW_KEY, "value")  # the W&B table of results rows: their key, then the value
 
 
 def api_key_configured() -> bool:

@@ -1,0 +1,273 @@
+"""The context-extension table: a parent run, the parent under each evaluation-time scaling it was evaluated
+with, and its fine-tunes (``posexp finetune``), side by side at the same lengths.
+
+``posexp report PARENT FT...`` gives it with no extra flag: when the runs given are fine-tunes and the run
+they started from (the parent may also be found from the fine-tunes' record of it), this is the table the
+question asks for. A fine-tune trains at a longer length by design, so the table never calls the pair "not
+comparable" for that; it does say so when the parent's weights changed since (:func:`parent_changed`), or when
+the rows were measured on different corpora or token budgets.
+
+Each line carries a short label (``rope@128``, ``+yarn×4 (eval)``, ``+yarn ft 200 steps``) and its difference
+to the parent at every length; the table renders as text, markdown, csv, json and LaTeX from one structure.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from posexp.errors import PosexpError
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE
+from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings
+
+PLAIN = "nonoverlap"
+
+
+@dataclass
+class ExtensionLine:
+    """One line of the table: a run (or the parent under an evaluation-time scaling) and its perplexities.
+
+    Attributes:
+        label: ``rope@128``, ``+yarn (eval)``, ``+yarn ft 200 steps``.
+        kind: ``parent``, ``eval`` (the parent scaled at evaluation) or ``finetune``.
+        run: the run folder the numbers come from.
+        ppl: length -> perplexity (None: not applicable or not finite).
+        low, high: length -> its 95% interval.
+        scaling, scaling_factor: the evaluation-time scaling (``eval`` lines) or the fine-tune's.
+        steps: a fine-tune's training steps.
+        train_len: the length the line's model trained at.
+    """
+
+    label: str
+    kind: str
+    run: Path
+    ppl: dict[int, Optional[float]] = field(default_factory=dict)
+    low: dict[int, Optional[float]] = field(default_factory=dict)
+    high: dict[int, Optional[float]] = field(default_factory=dict)
+    scaling: Optional[str] = None
+    scaling_factor: Optional[float] = None
+    steps: Optional[int] = None
+    train_len: Optional[int] = None
+    settings: Optional[dict] = None
+
+    def difference(self, parent: "ExtensionLine", length: int) -> Optional[float]:
+        """ppl − the parent's ppl at ``length`` (None where either is missing)."""
+        mine, theirs = self.ppl.get(length), parent.ppl.get(length)
+        return None if mine is None or theirs is None else mine - theirs
+
+
+@dataclass
+class ExtensionTable:
+    """The parent first, then its evaluation-time scalings, then the fine-tunes; ``lengths`` ascending."""
+
+    lines: list[ExtensionLine]
+    lengths: list[int]
+    parent_train_len: Optional[int]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def parent(self) -> ExtensionLine:
+        return self.lines[0]
+
+
+def extension_runs(runs: list[Run]) -> Optional[tuple[Run, list[Run]]]:
+    """(parent, fine-tunes) when ``runs`` are one parent's fine-tunes with or without the parent itself; else None.
+
+    Raises:
+        PosexpError: the fine-tunes' parent is neither given nor readable where they recorded it.
+    """
+    finetunes = [r for r in runs if isinstance(r.info.get("parent"), str)]
+    if not finetunes:
+        return None
+    parents = {str(Path(r.info["parent"]).resolve()) for r in finetunes}
+    others = [r for r in runs if r not in finetunes]
+    if len(parents) != 1 or len(others) > 1:
+        return None  # fine-tunes of several parents, or other runs beside them: an ordinary report
+    (parent_dir,) = parents
+    if others:
+        if str(others[0].path.resolve()) != parent_dir:
+            return None
+        return others[0], finetunes
+    try:
+        return load_run(parent_dir), finetunes
+    except PosexpError as e:
+        raise PosexpError(f"the fine-tunes' parent {parent_dir} cannot be read ({e}); pass it as well, or "
+                          "report the fine-tunes with --by") from None
+
+
+def _fill(line: ExtensionLine, rows: list[dict]) -> ExtensionLine:
+    for row in rows:
+        n = int(row["length"])
+        ppl = row.get("ppl") if row.get("applicable", True) else None
+        finite = isinstance(ppl, (int, float)) and math.isfinite(ppl)
+        line.ppl[n] = float(ppl) if finite else None
+        line.low[n], line.high[n] = row.get("ppl_low"), row.get("ppl_high")
+    line.settings = shown_settings(Run(line.run, {}, rows, None), rows)
+    return line
+
+
+def _plain(run: Run, scaling: Optional[str] = None) -> list[dict]:
+    return [r for r in run.rows if r.get("protocol") == PLAIN and r.get("scaling") == scaling
+            and r.get("window") is None and r.get("metric", "perplexity") == "perplexity"]
+
+
+def _factor_text(rows: list[dict], train_len: int) -> str:
+    """`` ×4`` for one fixed factor; nothing for the default per-length factor (s = L / train_len)."""
+    factors = {r.get("scaling_factor") for r in rows}
+    if len(factors) == 1 and (factor := factors.pop()) is not None:
+        default = all(abs(float(r["scaling_factor"]) - max(1.0, r["length"] / train_len)) < 1e-9 for r in rows)
+        if not default:
+            return f" ×{factor:g}"
+    return ""
+
+
+def _finetune_label(run: Run) -> str:
+    ft = run.info.get("finetune") or {}
+    scaling = run.info.get("scaling") or "none"
+    name = "direct" if scaling == "none" else f"+{scaling}"
+    steps = ft.get("steps")
+    return f"{name} ft {steps} steps" if isinstance(steps, int) else f"{name} ft"
+
+
+def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
+    """The table of a parent and its fine-tunes (see the module docstring)."""
+    train_len = parent.train_len or 0
+    encoder = str(parent.info.get("encoder") or "?")
+    lines = [_fill(ExtensionLine(f"{encoder}@{train_len}", "parent", parent.path, train_len=train_len),
+                   _plain(parent))]
+    scalings = list(dict.fromkeys(r.get("scaling") for r in parent.rows if r.get("scaling") is not None))
+    for scaling in scalings:
+        rows = _plain(parent, scaling)
+        if rows:
+            lines.append(_fill(ExtensionLine(f"+{scaling}{_factor_text(rows, train_len)} (eval)", "eval",
+                                             parent.path, scaling=scaling, train_len=train_len), rows))
+    warnings: list[str] = []
+    labels: dict[str, int] = {}
+    for run in finetunes:
+        label = _finetune_label(run)
+        labels[label] = labels.get(label, 0) + 1
+        if labels[label] > 1 or sum(_finetune_label(r) == label for r in finetunes) > 1:
+            label += f" (seed {run.info.get('seed')})"
+        line = ExtensionLine(label, "finetune", run.path, scaling=run.info.get("scaling"),
+                             scaling_factor=run.info.get("scaling_factor"),
+                             steps=(run.info.get("finetune") or {}).get("steps"), train_len=run.train_len)
+        lines.append(_fill(line, _plain(run)))
+        why = parent_changed(run, parent.path)
+        if why:
+            warnings.append(f"{label} ({run.path}): {why}; its difference to the parent is not the fine-tune's")
+    lengths = sorted({n for line in lines for n in line.ppl})
+    budgets = {json.dumps((line.settings or {}).get("tokens")) for line in lines if line.settings}
+    if len(budgets) > 1:
+        warnings.append("the lines were measured on different token budgets (eval.tokens): "
+                        + "; ".join(f"{line.label}: {(line.settings or {}).get('tokens')}" for line in lines)
+                        + "; evaluate them again with one eval.tokens")
+    corpora = {r.info.get("corpus_fingerprint") for r in (parent, *finetunes)} - {None}
+    if len(corpora) > 1:
+        warnings.append(f"the runs were evaluated on different corpora ({', '.join(sorted(corpora))})")
+    return ExtensionTable(lines, lengths, train_len, warnings)
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+
+def _ppl(value: Optional[float]) -> str:
+    return NOT_APPLICABLE if value is None else f"{value:.2f}"
+
+
+def _signed(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:+.2f}".replace("-", "−")
+
+
+def _cell(table: ExtensionTable, line: ExtensionLine, n: int) -> str:
+    if n not in line.ppl:
+        return MISSING
+    diff = line.difference(table.parent, n) if line is not table.parent else None
+    return _ppl(line.ppl[n]) + (f" ({_signed(diff)})" if diff is not None else "")
+
+
+def header(table: ExtensionTable) -> list[str]:
+    return ["", *[f"{n}" for n in table.lengths]]
+
+
+def text_rows(table: ExtensionTable) -> list[list[str]]:
+    """The cells as text: perplexity, and beside it (in brackets) the difference to the parent."""
+    return [[line.label, *[_cell(table, line, n) for n in table.lengths]] for line in table.lines]
+
+
+def caption(table: ExtensionTable) -> str:
+    return (f"Perplexity by context length (tokens) of the parent (trained at {table.parent_train_len} tokens), the "
+            "parent under each evaluation-time scaling, and its fine-tunes; in brackets the difference to the "
+            "parent at the same length (lower is better); — = not evaluated, n/a = not applicable.")
+
+
+def render_extension_markdown(table: ExtensionTable) -> str:
+    lines = [caption(table), "", "| " + " | ".join(["run", *header(table)[1:]]) + " |",
+             "|---|" + "---:|" * len(table.lengths)]
+    lines += ["| " + " | ".join(row) + " |" for row in text_rows(table)]
+    lines += [f"\n- warning: {w}" for w in table.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def render_extension_csv(table: ExtensionTable) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["label", "kind", "run_dir", "train_len", "scaling", "steps", "length", "ppl", "ppl_low", "ppl_high",
+                "diff_vs_parent"])
+    for line in table.lines:
+        for n in table.lengths:
+            if n in line.ppl:
+                diff = line.difference(table.parent, n) if line is not table.parent else 0.0
+                w.writerow([line.label, line.kind, str(line.run), line.train_len, line.scaling or "", line.steps or "",
+                            n, line.ppl[n], line.low.get(n), line.high.get(n), diff])
+    return buf.getvalue()
+
+
+def render_extension_json(table: ExtensionTable) -> str:
+    out = {"table": "context extension", "parent_train_len": table.parent_train_len, "lengths": table.lengths,
+           "lines": [{"label": line.label, "kind": line.kind, "run_dir": str(line.run), "train_len": line.train_len,
+                      "scaling": line.scaling, "scaling_factor": line.scaling_factor, "steps": line.steps,
+                      "settings": line.settings,
+                      "ppl": {str(n): line.ppl.get(n) for n in table.lengths},
+                      "diff_vs_parent": {str(n): (line.difference(table.parent, n) if line is not table.parent
+                                                  else 0.0) for n in table.lengths if n in line.ppl}}
+                     for line in table.lines],
+           "warnings": table.warnings}
+    return json.dumps(out, indent=2) + "\n"
+
+
+def _tex(text: str) -> str:
+    return (text.replace("\\", r"\textbackslash{}").replace("&", r"\&").replace("%", r"\%").replace("_", r"\_")
+            .replace("#", r"\#").replace("×", r"$\times$").replace("−", "$-$").replace("—", "---"))
+
+
+def render_extension_latex(table: ExtensionTable) -> str:
+    cols = "l" + "r" * len(table.lengths)
+    out = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
+           " & ".join(["run", *[f"{n}" for n in table.lengths]]) + r" \\", r"\midrule"]
+    for i, row in enumerate(text_rows(table)):
+        if i and table.lines[i].kind != table.lines[i - 1].kind:
+            out.append(r"\midrule")
+        out.append(" & ".join(_tex(c) for c in row) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_tex(caption(table))}}}", r"\end{table}"]
+    return "\n".join(out) + "\n"
+
+
+def rich_extension_table(table: ExtensionTable) -> Any:
+    """A Rich table for the terminal: one table, the label column wrapping, numbers never split."""
+    from rich.table import Table
+
+    out = Table(title="context extension — perplexity by length (Δ vs the parent)", caption=caption(table))
+    out.add_column("run", overflow="fold")
+    for n in table.lengths:
+        out.add_column(str(n), justify="right", no_wrap=True)
+    for row in text_rows(table):
+        out.add_row(*row)
+    return out
+
+
+EXTENSION_RENDERERS = {"markdown": render_extension_markdown, "csv": render_extension_csv,
+                       "json": render_extension_json, "latex": render_extension_latex}
