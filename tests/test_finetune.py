@@ -315,3 +315,42 @@ def test_a_parent_overwritten_since_the_fine_tune_is_flagged_not_shown(parents, 
     flagged = report()
     assert "parent ppl@1x" not in flagged.stdout
     assert "was overwritten or changed since the fine-tune" in flagged.output
+
+
+# -- the context-extension table -------------------------------------------------------------------------
+
+def test_report_of_a_parent_and_its_fine_tune_is_one_extension_table(parents, linear_child, tmp_path, monkeypatch):
+    parent = tmp_path / "parent"  # the most natural name for the run one fine-tunes
+    shutil.copytree(parents["rope"], parent)
+    child = tmp_path / "ft"
+    shutil.copytree(linear_child, child)
+    recorded = _results(child)
+    recorded["run"]["parent"] = str(parent)  # the copy's lineage points at the copied parent
+    (child / "results.json").write_text(json.dumps(recorded))
+    assert invoke("eval", str(parent), "eval.scaling=yarn", "eval.tokens=1024").exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    result = invoke("report", "parent", "ft")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "rope@32" in out and "+yarn (eval)" in out and "+linear ft 6 steps" in out, out
+    assert "not comparable" not in out and "different train length" not in out
+    table = json.loads(invoke("report", "parent", "ft", "--format", "json").stdout)
+    assert [line["kind"] for line in table["lines"]] == ["parent", "eval", "finetune"]
+    ft = table["lines"][2]
+    for n, diff in ft["diff_vs_parent"].items():  # each line carries its difference to the parent
+        if str(n) in table["lines"][0]["ppl"] and table["lines"][0]["ppl"][str(n)] is not None:
+            assert diff == pytest.approx(ft["ppl"][str(n)] - table["lines"][0]["ppl"][str(n)])
+    latex = invoke("report", "parent", "ft", "--format", "latex").stdout
+    assert r"\begin{tabular}" in latex and "+linear ft 6 steps" in latex
+    written = tmp_path / "reports" / "parent+ft"
+    assert (written / "extension.csv").is_file() and "# Context extension" in (written / "report.md").read_text()
+    assert not (parent / "report.md").exists()  # nothing written into the runs' own folders
+
+
+def test_a_fine_tune_is_measured_on_its_parents_token_budget(parents, linear_child, tmp_path):
+    parent_budget = {r["eval_tokens"] for r in _results(parents["rope"])["rows"]}
+    quick = [a for a in QUICK if not a.startswith("eval.tokens=")]
+    result = invoke("finetune", str(parents["rope"]), *quick, "eval.multiples=[1]", f"hydra.run.dir={tmp_path / 'ft'}")
+    assert result.exit_code == 0, result.output
+    # the parent's budget, not eval.tokens' default (65,536) that the fine-tune's own config would give
+    assert {r["eval_tokens"] for r in _results(tmp_path / "ft")["rows"]} == parent_budget != {65536}

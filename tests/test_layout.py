@@ -155,3 +155,19 @@ def test_every_subpackage_ships_in_the_wheel():
     folders = {".".join(("posexp",) + d.relative_to(PKG).parts) for d in PKG.rglob("*")
                if d.is_dir() and (d / "__init__.py").is_file()}
     assert folders <= listed, f"add to [tool.setuptools] packages: {sorted(folders - listed)}"
+
+
+def test_the_keys_of_a_result_row_are_listed_in_one_place():
+    """posexp/runs/row.py declares what identifies a result row; a second hand-written list of those keys
+    (a tuple or list naming protocol, stride, last_k and scaling) anywhere else drifts from it."""
+    key = {"protocol", "stride", "last_k", "scaling"}
+    found = []
+    for name, path in MODULES.items():
+        if name == "posexp.runs.row":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                names = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+                if key <= names:
+                    found.append(f"{name}:{node.lineno}")
+    assert not found, f"a second list of the row key: {found}; take it from posexp.runs.row"

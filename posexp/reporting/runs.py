@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from posexp.runs.row import VIEW_KEY
 from posexp.runs.layout import CHECKPOINT, read_config_dict, read_overrides, read_results, results_file, sha256_file
 
 
@@ -89,7 +90,7 @@ def shown_settings(run: Run, rows: list[dict]) -> Optional[dict]:
     if not rows:
         return None
     settings: dict = {}
-    for name in ("protocol", "stride", "last_k", "scaling", "window", "sinks", "eval_tokens"):
+    for name in (*VIEW_KEY, "eval_tokens"):
         values = sorted({r.get(name) for r in rows if r.get(name) is not None}, key=str)
         if values:
             settings["tokens" if name == "eval_tokens" else name] = values[0] if len(values) == 1 else values

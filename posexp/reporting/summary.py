@@ -101,11 +101,9 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
+    # a parent and its fine-tunes: the one table a paper prints
     extension = _extension(report) if report is not None and not (by or where or wanted) else None
-    if extension is not None:  # a parent and its fine-tunes: the one table a paper prints
-        _print_extension(extension, fmt, console, notes)
-    else:
-        _print_tables(report, task_report, fmt, console, notes)
+    _print_tables(report, task_report, fmt, console, notes, extension)
     out_dir = _out_dir(paths, out, where, wanted, by)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)
     summary = _write_files(report, task_report, out_dir, notes)
@@ -170,9 +168,12 @@ def _write_files(report: Optional[Report], task_report: Optional[TaskReport], ou
 
 
 def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], fmt: str, console: Console,
-                  notes: Console) -> None:
-    """The table(s) to ``console`` in ``fmt``; with a machine-readable format, the warnings to ``notes``."""
-    if report is not None:
+                  notes: Console, extension: Optional[ExtensionTable] = None) -> None:
+    """The table(s) to ``console`` in ``fmt``; with a machine-readable format, the warnings to ``notes``. A
+    context-extension table stands in for the perplexity report's."""
+    if extension is not None:
+        _print_extension(extension, fmt, console, notes)
+    elif report is not None:
         if fmt == "rich":
             print_report(report, console)
         else:

@@ -275,7 +275,7 @@ def csv_columns(rows: list[dict], metric: str = PERPLEXITY) -> list[str]:
     for f in fields(ResultRow):
         if f.name in _NOT_IN_CSV or f.metadata.get("of", metric) != metric:
             continue
-        if f.metadata.get("omit_none") and f.name not in present:
+        if f.metadata.get("omit_none") and f.name not in present and f.metadata.get("beside") not in present:
             continue
         columns += ["first_target", "last_target"] if f.name == "targets" else [f.name]
     return columns

@@ -1,0 +1,100 @@
+"""A result row knows how it was measured: the typed row of posexp/runs/row.py, its settings per row, and a
+report that compares rows by those settings, not by what the run recorded when it trained."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from posexp.errors import PosexpError
+from posexp.reporting.lm_report import build_report
+from posexp.runs.layout import read_results
+from posexp.runs.row import ROW_KEY, ResultRow, csv_columns, row_key
+
+
+def _row(length: int, ppl: float, **extra) -> dict:
+    return {"metric": "perplexity", "length": length, "multiple": length / 128, "protocol": "nonoverlap",
+            "stride": None, "last_k": None, "scaling": None, "scaling_factor": None, "applicable": True,
+            "ppl": ppl, "loss": 1.0, "ppl_low": ppl * 0.98, "ppl_high": ppl * 1.02, "tokens": 4096, **extra}
+
+
+def _write(folder: Path, rows: list[dict], seed: int = 0, tokens: int = 65536) -> Path:
+    folder.mkdir(parents=True)
+    run = {"label": f"seed={seed}", "overrides": [f"seed={seed}"], "encoder": "rope", "base": 10000.0,
+           "train_len": 128, "seed": seed, "corpus": "stdlib", "corpus_fingerprint": "fp", "status": "completed",
+           "eval_settings": {"tokens": tokens, "protocol": "nonoverlap"}, "config": {"seed": seed}}
+    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
+    return folder
+
+
+def test_a_row_round_trips_and_its_key_comes_from_the_declaration():
+    stored = _row(256, 3.0, eval_tokens=4096, mem_measure="rss")
+    row = ResultRow.from_dict(stored)
+    assert row.to_dict() == {**stored, **row.to_dict()} and row.to_dict()["mem_measure"] == "rss"  # nothing lost
+    assert "length" in ROW_KEY and "scaling_factor" in ROW_KEY and "ppl" not in ROW_KEY
+    assert row_key(stored) == row_key({**stored, "ppl": 9.0})  # the measurement is not the key
+    assert row_key(stored) != row_key({**stored, "scaling": "yarn"})
+    assert row.settings() == {"eval_tokens": 4096}
+
+
+def test_a_row_written_before_settings_were_per_row_takes_the_runs_budget(tmp_path):
+    run = _write(tmp_path / "old", [_row(128, 3.0)], tokens=16384)
+    (row,) = read_results(run)["rows"]
+    assert row["eval_tokens"] == 16384
+
+
+@pytest.mark.parametrize("field,value,words", [("scaling_factor", "abc", "scaling_factor is 'abc', not a number"),
+                                               ("window", "abc", "window is 'abc', not an integer"),
+                                               ("protocol", 3, "protocol is 3, not text")])
+def test_a_hand_edited_field_of_the_wrong_type_is_named_not_a_traceback(tmp_path, field, value, words):
+    run = _write(tmp_path / "edited", [_row(128, 3.0, **{field: value})])
+    with pytest.raises(PosexpError, match=f"row 0: {words}"):
+        read_results(run)
+
+
+def test_results_csv_takes_its_columns_from_the_row():
+    columns = csv_columns([_row(128, 3.0, window=64, sinks=None)])
+    assert columns[:3] == ["length", "multiple", "protocol"] and "window" in columns and "sinks" in columns
+    assert "first_target" in columns and "exact_match" not in columns
+    assert "window" not in csv_columns([_row(128, 3.0)])
+
+
+def test_a_report_compares_runs_by_the_settings_of_their_rows_not_the_runs_record(tmp_path):
+    # both runs were trained recording eval.tokens=65536; both were then evaluated again on 16384 tokens
+    a = _write(tmp_path / "a", [_row(n, 3.0 + n / 1000, eval_tokens=16384) for n in (128, 256)], seed=0)
+    b = _write(tmp_path / "b", [_row(n, 3.1 + n / 1000, eval_tokens=16384) for n in (128, 256)], seed=1)
+    report = build_report([a, b])
+    assert not any("different eval settings" in row.flags for row in report.rows), report.warnings
+    # one of them measured on another budget: now they differ, and the report says so
+    c = _write(tmp_path / "c", [_row(n, 3.1, eval_tokens=4096) for n in (128, 256)], seed=2)
+    flagged = build_report([a, b, c])
+    assert [row.flags for row in flagged.rows][2] == ["different eval settings"]
+
+
+def test_a_run_whose_lengths_were_measured_on_different_budgets_is_flagged(tmp_path):
+    mixed = _write(tmp_path / "mixed", [_row(128, 3.0, eval_tokens=1024), _row(256, 3.5, eval_tokens=65536)])
+    report = build_report([mixed])
+    assert "different eval settings" in report.rows[0].flags
+    assert any("different token budgets" in w and "1,024" in w for w in report.warnings)
+
+
+def test_a_report_writes_into_a_folder_of_its_own_and_leaves_no_stale_figure(tmp_path):
+    from posexp.reporting.summary import report_main
+
+    sweep = tmp_path / "sweep"
+    for seed in (0, 1):
+        _write(sweep / str(seed), [_row(n, 3.0 + seed, eval_tokens=4096) for n in (128, 256)], seed=seed)
+    (sweep / "summary.md").write_text("the sweep's own summary\n")
+    quiet = Console(file=io.StringIO())
+    plain = report_main([sweep], console=quiet).parent
+    grouped = report_main([sweep], console=quiet, by="seed").parent
+    assert (plain.name, grouped.name) == ("default", "by-seed") and plain.parent == sweep / "reports"
+    assert (sweep / "summary.md").read_text() == "the sweep's own summary\n"
+    assert (plain / "ppl_vs_length.png").is_file() and not (plain / "report_ppl_vs_length.png").exists()
+    (plain / "report_ppl_vs_length.png").write_bytes(b"left by an earlier report")
+    report_main([sweep], console=quiet)  # the same report again replaces its own files, nothing else
+    assert not (plain / "report_ppl_vs_length.png").exists()
