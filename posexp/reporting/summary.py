@@ -52,7 +52,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
                 metrics: Sequence[str] | str | None = None, tolerance: float = DEFAULT_TOLERANCE,
                 where: Sequence[str] | str | None = None, sort: Optional[str] = None, fmt: str = "rich",
                 err_console: Console | None = None, strict: bool = False, baseline: Sequence[str] | str | None = None,
-                view: Sequence[str] | str | None = None) -> Path:
+                view: Sequence[str] | str | None = None, margin: str | float | None = None) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
@@ -70,6 +70,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
             default: the first group.
         view: ``KEY=VALUE`` of the rows to show (:mod:`posexp.reporting.views`), e.g. ``window=128``; default:
             the plain rows. A report of another view of one folder goes to ``reports/view-.../`` inside it.
+        margin: the equivalence margin of the comparison, ``2%`` or ``0.05`` (needs ``by``); see :func:`build_report`.
 
     Returns:
         The path of ``summary.md``.
@@ -90,7 +91,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     notes = console if fmt == "rich" else (err_console or Console(stderr=True))
     try:
         report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
-                              strict=strict, baseline=baseline, view=view) if lm_dirs else None
+                              strict=strict, baseline=baseline, view=view,
+                              margin=margin) if lm_dirs else None
     except ConfigError as e:
         if e.key != "--view" or task_report is None:
             raise
