@@ -312,6 +312,11 @@ def report(
         None, "--view", help="Which rows to show, KEY=VALUE of protocol, scaling, window, sinks: window=128 (the "
                              "window baseline of posexp eval RUN eval.window=128), protocol=last_k, scaling=yarn; "
                              "default: the plain rows. Written to reports/view-.../ of the folder given."),
+    margin: Optional[str] = typer.Option(
+        None, "--margin", help="With --by: the largest difference that does not matter, 2% (of the reference "
+                               "group's mean) or 0.05 (in each metric's unit); a group whose 90% interval lies "
+                               "within it is 'equivalent within 2%' (two one-sided tests). Without it no "
+                               "equivalence is claimed."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
@@ -322,7 +327,7 @@ def report(
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
                     tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline,
-                    view=view)
+                    view=view, margin=margin)
     except PosexpError as e:
         fail(e)
 

@@ -16,21 +16,39 @@ A bootstrap is not used: with the 2-5 seeds a sweep usually has, a resample of t
 differences takes only a handful of distinct values and its percentile interval is too
 narrow; the t-interval is exact for normal differences and the usual choice at this n.
 
-A difference whose interval excludes 0 is called better or worse (by the metric's
-direction); one whose interval contains 0 cannot be told apart from the reference at
-this n, and the verdict says how many seeds would resolve a difference of the observed
-size (:func:`~posexp.reporting.stats.runs_needed`, 80% power, α = 0.05).
+Each comparison gets a two-sided p-value from its t statistic, and the family of all comparisons
+in the report (groups × metrics) is corrected by Holm's step-down procedure (Holm 1979): a group
+is called better or worse (by the metric's direction) when its adjusted p is below 0.05. Every
+difference is also given in % of the reference group's mean. One that is not resolved is
+*inconclusive* at this n, never "the same": the verdict says about how many seeds would resolve a
+difference of the observed size (:func:`~posexp.reporting.stats.runs_needed`, 80% power). Only
+with a margin (``--margin 2%`` of the reference's mean, or an absolute one) is equivalence claimed,
+by two one-sided tests (Schuirmann 1987): the 90% interval of the difference lies inside ±margin.
+One difference, its test and its verdict are :mod:`.difference`'s.
+
+:func:`window_verdicts` says, per length, whether runs beat their own attention window
+(``posexp eval RUN eval.window=W``), paired over the runs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Protocol, Sequence
 
 from posexp.errors import ConfigError
+from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIVALENT, INCONCLUSIVE, MARGIN_FORMS,
+                                         NO_INTERVAL, NONE, NOT_COMPARED, PAIRED, WELCH, WORSE, Difference, Margin,
+                                         WindowVerdict, fill_difference, interval_text, judge, p_text, parse_margin,
+                                         signed, window_verdicts)
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
-from posexp.reporting.stats import mean_interval, runs_needed, sample_sd, welch_interval
+
+__all__ = ["ALPHA", "BETTER", "CONFIDENCE", "EQUAL", "EQUIVALENT", "INCONCLUSIVE", "MARGIN_FORMS", "NO_INTERVAL",
+           "NONE", "NOT_COMPARED", "PAIRED", "WELCH", "WORSE", "Comparison", "Difference", "Group", "Margin",
+           "WindowVerdict", "best_groups", "comparable", "compare_groups", "comparison_json", "comparison_markdown",
+           "comparison_rows", "family_note", "higher_is_better", "interval_text", "methods", "p_text",
+           "NUMBER_COLUMNS", "parse_baseline", "parse_margin", "pick_reference", "sweep_keys", "verdict_line", "verdict_lines",
+           "window_verdicts"]
 
 
 class Group(Protocol):
@@ -42,10 +60,6 @@ class Group(Protocol):
     flags: list[str]
 
 
-CONFIDENCE = 0.95
-PAIRED, WELCH, NONE = "paired t", "Welch t", "none"
-BETTER, WORSE, SAME, EQUAL = "better", "worse", "indistinguishable", "equal"
-NO_INTERVAL, NOT_COMPARED = "no interval", "not compared"
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
 # flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
 NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length"}
@@ -54,42 +68,6 @@ NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different e
 def higher_is_better(metric: Metric) -> bool:
     """Whether a larger value of ``metric`` is the better one (maxlen, context gain); else lower is better."""
     return metric.kind in ("maxlen", "gain")
-
-
-@dataclass
-class Difference:
-    """One group's metric against the reference's.
-
-    Attributes:
-        group: the group's label.
-        metric: the metric's name.
-        reference: the reference group's label.
-        difference: mean of group − reference (paired: over shared seeds); None without values.
-        low, high: its 95% interval; None when no interval exists.
-        n: paired: the number of shared seeds; unpaired: the smaller group's number of runs.
-        method: ``paired t``, ``Welch t`` or ``none``.
-        verdict: ``better``, ``worse``, ``indistinguishable``, ``equal`` (the same value for every seed),
-            ``no interval`` or ``not compared``.
-        needed: runs (pairs, or per group) a test would need to detect this difference; None unless indistinguishable.
-        reason: why there is no interval or no comparison.
-    """
-
-    group: str
-    metric: str
-    reference: str
-    difference: Optional[float] = None
-    low: Optional[float] = None
-    high: Optional[float] = None
-    n: int = 0
-    method: str = NONE
-    verdict: str = NOT_COMPARED
-    needed: Optional[int] = None
-    reason: str = ""
-
-    def as_dict(self) -> dict:
-        return {"group": self.group, "metric": self.metric, "reference": self.reference,
-                "difference": self.difference, "low": self.low, "high": self.high, "n": self.n,
-                "method": self.method, "verdict": self.verdict, "n_needed": self.needed, "reason": self.reason}
 
 
 @dataclass
@@ -102,6 +80,8 @@ class Comparison:
         differences: one per (non-reference group, metric), groups in table order.
         decimals: metric name -> decimals of its differences.
         by: the keys the groups differ in.
+        margin: the equivalence margin (``--margin``), if any.
+        family: how many comparisons were tested, and Holm-corrected together.
     """
 
     reference: str
@@ -109,6 +89,8 @@ class Comparison:
     by: list[str] = field(default_factory=list)
     differences: list[Difference] = field(default_factory=list)
     decimals: dict[str, int] = field(default_factory=dict)
+    margin: Optional[Margin] = None
+    family: int = 0
 
     def of_metric(self, name: str) -> list[Difference]:
         return [d for d in self.differences if d.metric == name]
@@ -164,31 +146,33 @@ def pick_reference(groups: Sequence[Group], filters: list[Filter]) -> Optional[G
 
 
 def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Group,
-                   by: Sequence[str] = ()) -> Comparison:
-    """Each group's values of ``metrics`` (``Group.values``) against ``reference``'s.
+                   by: Sequence[str] = (), margin: Optional[Margin] = None) -> Comparison:
+    """Each group's values of ``metrics`` (``Group.values``) against ``reference``'s, Holm-corrected as one family.
 
     Args:
         groups: the report's groups, in table order.
         metrics: the summary metrics; those without per-run values (a fine-tune's parent columns) are skipped.
         reference: one of ``groups``.
         by: the keys the groups differ in (``--by``).
+        margin: the equivalence margin (``--margin``); None: no equivalence is claimed.
 
     Returns:
         The :class:`Comparison`.
     """
     metrics = [m for m in metrics if m.name in reference.values]
     comparison = Comparison(reference.label, metrics, list(by),
-                            decimals={m.name: m.decimals + (1 if m.decimals else 0) for m in metrics})
+                            decimals={m.name: m.decimals + (1 if m.decimals else 0) for m in metrics}, margin=margin)
     for group in groups:
         if group is reference:
             continue
         for metric in metrics:
-            diff = Difference(group.label, metric.name, reference.label)
+            diff = Difference(group.label, metric.name, reference.label, higher=higher_is_better(metric))
             if not comparable(group):
                 diff.reason = "measured differently: " + "; ".join(group.flags)
             else:
-                _fill(diff, _seeded(group, metric.name), _seeded(reference, metric.name), higher_is_better(metric))
+                fill_difference(diff, _seeded(group, metric.name), _seeded(reference, metric.name))
             comparison.differences.append(diff)
+    comparison.family = judge(comparison.differences, margin)
     return comparison
 
 
@@ -198,59 +182,12 @@ def _seeded(group: Group, metric: str) -> list[tuple[Any, float]]:
             if v is not None and math.isfinite(v)]
 
 
-def _fill(diff: Difference, mine: list[tuple[Any, float]], ref: list[tuple[Any, float]], higher: bool) -> None:
-    """Set ``diff``'s numbers and verdict from the two groups' (seed, value) lists."""
-    if not mine or not ref:
-        diff.reason = "no value in " + ("this group" if not mine else "the reference group")
-        return
-    mine_by, ref_by = dict(mine), dict(ref)
-    unique = len(mine_by) == len(mine) and len(ref_by) == len(ref) and None not in mine_by and None not in ref_by
-    shared = [s for s in mine_by if s in ref_by] if unique else []
-    if len(shared) >= 2:  # pairs: group − reference for each seed both have
-        deltas = [mine_by[s] - ref_by[s] for s in shared]
-        diff.difference, diff.low, diff.high = mean_interval(deltas, CONFIDENCE)
-        diff.n, diff.method, sd, groups = len(shared), PAIRED, sample_sd(deltas), 1
-    elif len(mine) >= 2 and len(ref) >= 2:
-        a, b = [v for _, v in mine], [v for _, v in ref]
-        diff.difference, diff.low, diff.high, _ = welch_interval(a, b, CONFIDENCE)
-        diff.n, diff.method, groups = min(len(a), len(b)), WELCH, 2
-        sd = math.sqrt((sample_sd(a) ** 2 + sample_sd(b) ** 2) / 2)
-        diff.reason = ("unpaired: the groups share fewer than two seeds" if unique
-                       else "unpaired: a seed repeats within a group")
-    else:
-        diff.difference = math.fsum(v for _, v in mine) / len(mine) - math.fsum(v for _, v in ref) / len(ref)
-        diff.n, diff.verdict = min(len(mine), len(ref)), NO_INTERVAL
-        diff.reason = "n = 1: no interval exists"
-        return
-    if diff.low > 0 or diff.high < 0:
-        diff.verdict = BETTER if (diff.difference > 0) == higher else WORSE
-    elif diff.low == diff.high == 0:
-        diff.verdict = EQUAL
-    else:
-        diff.verdict = SAME
-        # at least one more than now: the interval at this n already contains 0
-        diff.needed = max(diff.n + 1, math.ceil(runs_needed(diff.difference, sd, groups))) \
-            if diff.difference else None
-
-
-def _signed(value: Optional[float], decimals: int) -> str:
-    if value is None:
-        return "—"
-    text = f"{value:+.{decimals}f}"
-    return text.replace("-", "−")
-
-
-def interval_text(diff: Difference, decimals: int) -> str:
-    """``+0.030 [−0.050, +0.110]``; the difference alone when there is no interval."""
-    if diff.difference is None:
-        return "—"
-    if diff.low is None or diff.high is None:
-        return _signed(diff.difference, decimals)
-    return f"{_signed(diff.difference, decimals)} [{_signed(diff.low, decimals)}, {_signed(diff.high, decimals)}]"
-
-
 def _names(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _are(items: list) -> str:
+    return "is" if len(items) == 1 else "are"
 
 
 def verdict_line(comparison: Comparison, metric: Metric) -> str:
@@ -264,18 +201,17 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
     for verdict in (BETTER, WORSE):
         hits = [d for d in diffs if d.verdict == verdict]
         if hits:
-            parts.append(f"{_names([f'{d.group} ({interval_text(d, decimals)}, n = {d.n})' for d in hits])} "
-                         f"{'is' if len(hits) == 1 else 'are'} {verdict} beyond the interval")
-    same = [d for d in diffs if d.verdict == SAME and d.needed]
+            items = [f"{d.group} ({interval_text(d, decimals)}, n = {d.n}, Holm-adjusted p {_p_phrase(d.p_adjusted)})"
+                     for d in hits]
+            parts.append(f"{_names(items)} {_are(hits)} {verdict}")
+    same = [d for d in diffs if d.verdict == EQUIVALENT]
     if same:
-        sizes = {d.n for d in same}
-        at = f"n = {sizes.pop()}" if len(sizes) == 1 else "their n"
-        unit = "seed pairs" if all(d.method == PAIRED for d in same) else "runs per group"
-        parts.append(f"{_names([f'{d.group} ({interval_text(d, decimals)})' for d in same])} cannot be told apart "
-                     f"from {comparison.reference} at {at}; about {_names([str(d.needed) for d in same])} {unit} "
-                     f"would be needed to resolve a difference of {'this' if len(same) == 1 else 'each'} size "
-                     "(80% power, α = 0.05)")
-    equal = [d for d in diffs if d.verdict == EQUAL or d.verdict == SAME and not d.needed]
+        parts.append(f"{_names([f'{d.group} ({_equivalence_text(d, decimals)})' for d in same])} {_are(same)} "
+                     f"equivalent to {comparison.reference} within {comparison.margin} (two one-sided tests)")
+    open_ = [d for d in diffs if d.verdict == INCONCLUSIVE]
+    if open_:
+        parts.append(_inconclusive_text(comparison, open_, decimals))
+    equal = [d for d in diffs if d.verdict == EQUAL]
     if equal:
         parts.append(f"{_names([d.group for d in equal])} {'shows' if len(equal) == 1 else 'show'} no difference "
                      "at all")
@@ -289,13 +225,62 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
     return head + ("; ".join(parts) if parts else "no other group") + "."
 
 
+def _p_phrase(p: Optional[float]) -> str:
+    text = p_text(p)
+    return text if text.startswith("<") else f"= {text}"
+
+
+def _equivalence_text(diff: Difference, decimals: int) -> str:
+    """``+0.002 (+0.2%), 90% [+0.000, +0.004] inside ±0.025``."""
+    assert diff.test is not None and diff.margin is not None
+    low, high = diff.test.interval(1 - 2 * ALPHA)
+    relative = interval_text(replace(diff, low=None, high=None), decimals)
+    return (f"{relative}, {100 * (1 - 2 * ALPHA):g}% [{signed(low, decimals)}, {signed(high, decimals)}] inside "
+            f"±{diff.margin:.{decimals}f}")
+
+
+def _inconclusive_text(comparison: Comparison, diffs: list[Difference], decimals: int) -> str:
+    """``base=1000 (+0.030 (+2.4%) [...]) is inconclusive against base=100 at n = 3: about 12 seeds ...``."""
+    sizes = {d.n for d in diffs}
+    at = f"n = {sizes.pop()}" if len(sizes) == 1 else "their n"
+    text = (f"{_names([f'{d.group} ({interval_text(d, decimals)})' for d in diffs])} {_are(diffs)} inconclusive "
+            f"against {comparison.reference} at {at}")
+    sized = [d for d in diffs if d.needed and d.needed <= 10_000]  # more: the table says so
+    if sized:
+        level = f"α = {ALPHA}" + (f"/{comparison.family}" if comparison.family > 1 else "")
+        counts = [f"{d.needed}" + (f" for {d.group}" if len(sized) < len(diffs) else "") for d in sized]
+        text += (f": about {_names(counts)} seeds "
+                 f"would be needed to resolve {'this difference' if len(sized) == 1 else 'each difference'}"
+                 + (f" or show it equivalent within {comparison.margin}" if comparison.margin else "")
+                 + f" (80% power, {level})")
+    return text
+
+
+def family_note(comparison: Comparison) -> str:
+    """What the verdicts rest on: Holm's correction over the report's comparisons, and the margin if any."""
+    k = comparison.family
+    text = (f"Holm-corrected over {k} comparison{'s' if k != 1 else ''} (groups × metrics; Holm 1979): better or "
+            f"worse means a Holm-adjusted p < {ALPHA}; the intervals are unadjusted 95%.")
+    if comparison.margin is None:
+        return text + (" An interval containing 0 is inconclusive, not evidence of equivalence; --margin 2% "
+                       "(of the reference's mean) or an absolute margin tests equivalence.")
+    of = " of the reference's mean" if comparison.margin.relative else ""
+    return text + (f" Equivalent within {comparison.margin}: the {100 * (1 - 2 * ALPHA):g}% interval of the "
+                   f"difference lies inside ±{comparison.margin}{of} (two one-sided tests at α = {ALPHA}, "
+                   "Schuirmann 1987; not corrected for multiplicity).")
+
+
 def comparison_rows(comparison: Comparison, method: bool = True) -> tuple[list[str], list[list[str]]]:
     """The comparison table, one line per group and metric: n, method (unless ``method`` is False), the
-    difference with its interval, and the verdict."""
-    header = ["group", "metric", "n", *(["method"] if method else []), "difference (95%)", "verdict"]
+    difference with its relative size and interval, the Holm-adjusted p, and the verdict."""
+    header = ["group", "metric", "n", *(["method"] if method else []), "difference (95%)", "p (Holm)", "verdict"]
     rows = [[d.group, d.metric, str(d.n) if d.n else "—", *([d.method] if method else []),
-             interval_text(d, comparison.decimals[d.metric]), d.verdict] for d in comparison.differences]
+             interval_text(d, comparison.decimals[d.metric]), p_text(d.p_adjusted), d.text()]
+            for d in comparison.differences]
     return header, rows
+
+
+NUMBER_COLUMNS = ("n", "difference (95%)", "p (Holm)")
 
 
 def methods(comparison: Comparison) -> list[str]:
@@ -307,10 +292,11 @@ def comparison_markdown(comparison: Comparison, md) -> list[str]:
     """Lines of the ``## Comparison`` section of report.md and summary.md; ``md`` escapes a table cell."""
     header, rows = comparison_rows(comparison)
     lines = ["## Comparison", "", f"Each group against the reference **{md(comparison.reference)}**: mean "
-             "difference (group − reference) with its 95% interval. Paired t: over the seeds both groups share "
-             "(Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the seeds differ (Welch 1947).", "",
+             "difference (group − reference), in % of the reference's mean, with its 95% interval. Paired t: over "
+             "the seeds both groups share (Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the "
+             "seeds differ (Welch 1947). p (Holm): the two-sided p-value, Holm-adjusted over all comparisons.", "",
              "| " + " | ".join(md(h) for h in header) + " |",
-             "| --- | --- | ---: | --- | ---: | --- |"]
+             "| " + " | ".join("---:" if h in NUMBER_COLUMNS else "---" for h in header) + " |"]
     lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
     lines.append("")
     # prose, not a table cell: the seed hint keeps its code span
@@ -319,17 +305,23 @@ def comparison_markdown(comparison: Comparison, md) -> list[str]:
 
 
 def verdict_lines(comparison: Comparison) -> list[str]:
-    """One plain line per compared metric; a single one when no group has an interval at all (one seed each)."""
+    """One plain line per compared metric and one on the correction; a single line when no group has an interval
+    at all (one seed each)."""
     if comparison.differences and all(d.verdict == NO_INTERVAL for d in comparison.differences):
         return [f"Every comparison has one run on a side (n = 1): no interval exists, so none of these differences "
                 f"can be told from seed-to-seed noise; {SEEDS_HINT}."]
-    return [verdict_line(comparison, m) for m in comparison.metrics]
+    notes = [family_note(comparison)] if comparison.family else []
+    return [verdict_line(comparison, m) for m in comparison.metrics] + notes
 
 
 def comparison_json(comparison: Comparison) -> dict:
     """The comparison's machine-readable fields (``--format json``)."""
     return {
-        "reference": comparison.reference, "confidence": CONFIDENCE,
+        "reference": comparison.reference, "confidence": CONFIDENCE, "alpha": ALPHA,
+        "correction": {"method": "Holm (1979)", "comparisons": comparison.family},
+        "margin": None if comparison.margin is None else {
+            "value": comparison.margin.value, "relative": comparison.margin.relative, "text": str(comparison.margin),
+            "test": f"two one-sided tests (Schuirmann 1987): {100 * (1 - 2 * ALPHA):g}% interval inside ±margin"},
         "verdicts": verdict_lines(comparison),
         "metrics": {m.name: {"better": "higher" if higher_is_better(m) else "lower",
                              "verdict": verdict_line(comparison, m)} for m in comparison.metrics},

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.reporting.comparability import flag_outliers
-from posexp.reporting.compare import compare_groups, parse_baseline, pick_reference
+from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
 from posexp.reporting.formatting import _num
 from posexp.reporting.grouping import _aggregate, _group_rows, _sort_groups
 from posexp.reporting.metrics import _auc_multiple, _ratio, _ratio_length, metric_value
@@ -47,6 +47,7 @@ def build_report(
     strict: bool = False,
     baseline: Sequence[str] | str | None = None,
     view: Sequence[str] | str | None = None,
+    margin: str | float | None = None,
 ) -> Report:
     """Load runs and line them up: one column per evaluated length, one line per run or group.
 
@@ -63,6 +64,8 @@ def build_report(
         baseline: ``KEY=VALUE`` naming the reference group of the comparison (:mod:`.compare`); default: the first.
         view: ``KEY=VALUE`` of the rows to show (:mod:`.views`: ``window=128``, ``protocol=last_k``,
             ``scaling=yarn``); default: the plain rows.
+        margin: ``2%`` (of the reference group's mean) or ``0.05`` (in the metric's unit): groups whose difference
+            lies within it are called equivalent (two one-sided tests, :mod:`.compare`); None: no equivalence.
 
     Returns:
         The :class:`Report`.
@@ -70,10 +73,12 @@ def build_report(
     Raises:
         PosexpError: no run folders, no run that can be loaded (with ``strict``: any that cannot), or no
             run passes the filters.
-        ConfigError: an unknown ``--by``/``--where`` key, metric, sort column, ``--baseline`` group or ``--view``.
+        ConfigError: an unknown ``--by``/``--where`` key, metric, sort column, ``--baseline`` group or ``--view``;
+            a bad ``--margin``.
     """
     by_keys = parse_by(by)
     wanted = parse_view(view)
+    equivalence = parse_margin(margin, by_keys)
     chosen = parse_metrics(metrics, tolerance)
     filters = parse_where(where)
     sort_key = parse_sort(sort, chosen, by_keys, tolerance)
@@ -89,7 +94,7 @@ def build_report(
     for group in groups:
         _aggregate(group, report)
     report.groups = _sort_groups(groups, sort_key)
-    compare(report, parse_baseline(baseline, by_keys))
+    compare(report, parse_baseline(baseline, by_keys), equivalence)
     _add_parent_metrics(report)
     return report
 
@@ -135,12 +140,12 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
     )
 
 
-def compare(report: Report, reference: list[Filter]) -> None:
+def compare(report: Report, reference: list[Filter], margin: Optional[Margin] = None) -> None:
     """Set ``report.comparison`` when there are groups to compare (with ``--by``, two or more)."""
     if report.by and len(report.groups) > 1:
         chosen = pick_reference(report.groups, reference)
         if chosen is not None:
-            report.comparison = compare_groups(report.groups, report.metrics, chosen, report.by)
+            report.comparison = compare_groups(report.groups, report.metrics, chosen, report.by, margin)
 
 
 def _add_parent_metrics(report: Report) -> None:

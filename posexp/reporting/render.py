@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_rows,
-                                      higher_is_better, methods, sweep_keys, verdict_lines)
+from posexp.reporting.compare import (NUMBER_COLUMNS, Comparison, best_groups, comparison_json, comparison_markdown,
+                                      comparison_rows, higher_is_better, methods, sweep_keys, verdict_lines)
 from posexp.reporting.grouping import _aggregate, _group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
 from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
@@ -251,8 +251,11 @@ def _print_comparison(comparison: Comparison, console: Console) -> None:
                         "95% interval)", title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
     for name in header:
         # the labels wrap; a number and its interval never do
-        table.add_column(name, justify="right" if name in ("n", "difference (95%)") else "left",
-                         no_wrap=name in ("n", "difference (95%)"), overflow="fold")
+        table.add_column(name, justify="right" if name in NUMBER_COLUMNS else "left",
+                         no_wrap=name in NUMBER_COLUMNS, overflow="fold")
+    if sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header)) > console.width:
+        # too wide for one line each: the interval goes under its difference, whole, so the verdict keeps room
+        rows = [[c.replace(" [", "\n[") if h == "difference (95%)" else c for h, c in zip(header, r)] for r in rows]
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))
     console.print(table)

@@ -1,5 +1,6 @@
-"""Means of replicate runs with a Student-t interval, the exact t quantile behind it, and the
-intervals and sample sizes of a comparison between two groups of runs."""
+"""Means of replicate runs with a Student-t interval, the exact t quantile and distribution function behind it,
+and the tests, intervals and sample sizes of a comparison between two groups of runs: a t test's p-value, two
+one-sided tests of equivalence, and Holm's correction for a family of comparisons."""
 
 from __future__ import annotations
 
@@ -30,6 +31,78 @@ def t_quantile(p: float, df: float) -> float:
     if not 0.5 < p < 1 or df < 1:
         raise ValueError(f"t_quantile needs 0.5 < p < 1 and df >= 1 (got p={p}, df={df})")
     return _t_quantile(float(p), float(df))
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T ≤ t) for Student's t distribution with ``df`` degrees of freedom.
+
+    Through the regularized incomplete beta function (Abramowitz & Stegun 1964, "Handbook of
+    Mathematical Functions", eq. 26.7.1): P(|T| ≥ |t|) = I_x(ν/2, 1/2) with x = ν / (ν + t²). Unlike
+    ``1 − 2·P(0 < T < |t|)`` this keeps its precision in the far tail, where small p-values live.
+
+    Args:
+        t: the statistic.
+        df: degrees of freedom, > 0; need not be a whole number (Welch's test).
+
+    Returns:
+        The probability, in [0, 1].
+    """
+    if not df > 0:
+        raise ValueError(f"t_cdf needs df > 0 (got {df})")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = regularized_beta(df / (df + t * t), df / 2, 0.5) / 2  # one tail beyond |t|
+    return 1 - tail if t > 0 else tail
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """The two-sided p-value of a t statistic, P(|T| ≥ |t|); e.g. t = 2.776 with 4 degrees of freedom gives 0.05."""
+    if math.isinf(t):
+        return 0.0
+    return regularized_beta(df / (df + t * t), df / 2, 0.5)
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) = B(x; a, b) / B(a, b).
+
+    The continued fraction of Abramowitz & Stegun (1964), eq. 26.5.8, evaluated by Lentz's method
+    (Lentz 1976, Applied Optics 15(3), as modified by Thompson & Barnett 1986, J. Comput. Phys. 64); it
+    converges fast for x < (a + 1)/(a + b + 2), and the symmetry I_x(a, b) = 1 − I_{1−x}(b, a) covers the rest.
+
+    Args:
+        x: in [0, 1].
+        a, b: shape parameters, > 0.
+    """
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1 - regularized_beta(1 - x, b, a)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    return math.exp(log_front) * _beta_fraction(x, a, b) / a
+
+
+def _beta_fraction(x: float, a: float, b: float) -> float:
+    """1 / (1 + d₁ / (1 + d₂ / (1 + ...))) of A&S 26.5.8, by modified Lentz."""
+    tiny = 1e-300
+    value, c, d = tiny, tiny, 0.0
+    for k in range(0, 1000):  # k = 0: the leading 1 / (...); then d_k
+        m, odd = divmod(k, 2)
+        if k == 0:
+            term = 1.0
+        elif odd:  # d_{2m+1}
+            term = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        else:  # d_{2m}
+            term = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1 + term * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1 + term / c
+        c = c if abs(c) > tiny else tiny
+        value *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return value
 
 
 @functools.lru_cache(maxsize=256)
@@ -172,13 +245,20 @@ def welch_interval(a: Sequence[float], b: Sequence[float],
     Returns:
         ``(difference, low, high, df)``.
     """
+    diff, se, df = _welch(a, b)
+    if se == 0:
+        return diff, diff, diff, df
+    half = t_quantile(0.5 + confidence / 2, max(df, 1.0)) * se
+    return diff, diff - half, diff + half, df
+
+
+def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Welch's difference, standard error and Welch–Satterthwaite degrees of freedom."""
     va, vb = sample_sd(a) ** 2 / len(a), sample_sd(b) ** 2 / len(b)
     diff = math.fsum(a) / len(a) - math.fsum(b) / len(b)
     if va + vb == 0:
-        return diff, diff, diff, float(len(a) + len(b) - 2)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    half = t_quantile(0.5 + confidence / 2, max(df, 1.0)) * math.sqrt(va + vb)
-    return diff, diff - half, diff + half, df
+        return diff, 0.0, float(len(a) + len(b) - 2)
+    return diff, math.sqrt(va + vb), (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
 
 
 def runs_needed(difference: float, sd: float, groups: int = 1, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -205,3 +285,107 @@ def runs_needed(difference: float, sd: float, groups: int = 1, alpha: float = 0.
         return math.inf
     z = normal_quantile(1 - alpha / 2) + normal_quantile(power)
     return groups * (z * sd / difference) ** 2
+
+
+def runs_needed_equivalent(difference: float, sd: float, margin: float, groups: int = 1, alpha: float = 0.05,
+                           power: float = 0.8) -> float:
+    """Runs two one-sided tests need to show equivalence within ``±margin`` when the true difference is ``difference``.
+
+    The normal-approximation sample size of a test for equivalence (Chow, Shao & Wang 2008, "Sample Size
+    Calculations in Clinical Research", §3.1.4 and §3.2.4): n = groups · (z_{1-α} + z_{1-β/2})² · sd² /
+    (margin − |difference|)², with β = 1 − power; the conservative z_{1-β/2} holds for any difference.
+
+    Args:
+        difference: the true (here: the observed) difference.
+        sd: as for :func:`runs_needed`.
+        margin: the equivalence margin, > 0, in the difference's unit.
+        groups: 1 for a paired design, 2 for two independent groups.
+        alpha: the level of each one-sided test.
+        power: the chance of showing equivalence.
+
+    Returns:
+        The number of runs, not rounded; ``inf`` when ``|difference| ≥ margin`` (no n shows it equivalent).
+    """
+    if abs(difference) >= margin:
+        return math.inf
+    z = normal_quantile(1 - alpha) + normal_quantile(1 - (1 - power) / 2)
+    return groups * (z * sd / (margin - abs(difference))) ** 2
+
+
+@dataclass(frozen=True)
+class TTest:
+    """A t test of a difference: the paired one over shared seeds or Welch's over two independent groups.
+
+    Attributes:
+        difference: the mean difference.
+        se: its standard error.
+        df: degrees of freedom (n − 1 paired; Welch–Satterthwaite unpaired).
+        sd: the standard deviation of one paired difference, or the pooled one of a run (for sample sizes).
+        groups: 1 paired, 2 unpaired (for sample sizes).
+    """
+
+    difference: float
+    se: float
+    df: float
+    sd: float
+    groups: int
+
+    @classmethod
+    def paired(cls, deltas: Sequence[float]) -> "TTest":
+        """Student's (1908) one-sample t test of per-seed differences (two or more)."""
+        sd = sample_sd(deltas)
+        return cls(math.fsum(deltas) / len(deltas), sd / math.sqrt(len(deltas)), len(deltas) - 1, sd, 1)
+
+    @classmethod
+    def welch(cls, a: Sequence[float], b: Sequence[float]) -> "TTest":
+        """Welch's (1947) test of mean(a) − mean(b), two or more runs each (see :func:`welch_interval`)."""
+        diff, se, df = _welch(a, b)
+        return cls(diff, se, max(df, 1.0), math.sqrt((sample_sd(a) ** 2 + sample_sd(b) ** 2) / 2), 2)
+
+    def interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        """The two-sided t-interval of the difference."""
+        half = t_quantile(0.5 + confidence / 2, self.df) * self.se if self.se else 0.0
+        return self.difference - half, self.difference + half
+
+    def p_value(self) -> float:
+        """The two-sided p-value of "no difference"; 0 for a constant non-zero difference, 1 for none at all."""
+        if self.se == 0:
+            return 1.0 if self.difference == 0 else 0.0
+        return t_two_sided_p(self.difference / self.se, self.df)
+
+    def equivalence_p(self, margin: float) -> float:
+        """The p-value of two one-sided tests (TOST) that the true difference lies within ``±margin``.
+
+        Schuirmann (1987), "A comparison of the two one-sided tests procedure and the power approach for
+        assessing the equivalence of average bioavailability", J. Pharmacokinet. Biopharm. 15(6): reject both
+        "difference ≤ −margin" and "difference ≥ +margin" at level α; the larger of the two one-sided p-values
+        is below α exactly when the (1 − 2α) interval lies inside (−margin, +margin).
+        """
+        if self.se == 0:
+            return 0.0 if abs(self.difference) < margin else 1.0
+        above_low = 1 - t_cdf((self.difference + margin) / self.se, self.df)  # H0: difference ≤ −margin
+        below_high = t_cdf((self.difference - margin) / self.se, self.df)  # H0: difference ≥ +margin
+        return max(above_low, below_high)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of a family of tests, in the order given.
+
+    Holm (1979), "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6(2): with the
+    m p-values sorted, p₍₁₎ ≤ ... ≤ p₍ₘ₎, reject H₍ᵢ₎ while p₍ⱼ₎ ≤ α / (m − j + 1) for every j ≤ i; this keeps
+    the chance of any false rejection at most α whatever the dependence between the tests. The adjusted
+    p₍ᵢ₎ = max_{j ≤ i} min(1, (m − j + 1) · p₍ⱼ₎) is below α exactly for the rejected ones.
+
+    Args:
+        p_values: one per test of the family.
+
+    Returns:
+        The adjusted p-values, each at least its raw one and at most m times it.
+    """
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

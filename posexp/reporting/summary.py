@@ -55,7 +55,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
                 metrics: Sequence[str] | str | None = None, tolerance: float = DEFAULT_TOLERANCE,
                 where: Sequence[str] | str | None = None, sort: Optional[str] = None, fmt: str = "rich",
                 err_console: Console | None = None, strict: bool = False, baseline: Sequence[str] | str | None = None,
-                view: Sequence[str] | str | None = None, _sweep_end: bool = False) -> Path:
+                view: Sequence[str] | str | None = None, margin: str | float | None = None,
+                _sweep_end: bool = False) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
@@ -73,6 +74,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
             default: the first group.
         view: ``KEY=VALUE`` of the rows to show (:mod:`posexp.reporting.views`), e.g. ``window=128``; default:
             the plain rows. A report of another view of one folder goes to ``reports/view-.../`` inside it.
+        margin: the equivalence margin of the comparison, ``2%`` or ``0.05`` (needs ``by``); see :func:`build_report`.
 
     Returns:
         The path of ``summary.md``.
@@ -93,7 +95,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     notes = console if fmt == "rich" else (err_console or Console(stderr=True))
     try:
         report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
-                              strict=strict, baseline=baseline, view=view) if lm_dirs else None
+                              strict=strict, baseline=baseline, view=view,
+                              margin=margin) if lm_dirs else None
     except ConfigError as e:
         if e.key != "--view" or task_report is None:
             raise
@@ -106,10 +109,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     _print_tables(report, task_report, fmt, console, notes, extension)
     out_dir = _out_dir(paths, out, where, wanted, by)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)
-    summary = _write_files(report, task_report, out_dir, notes)
-    if extension is not None:
-        _write_extension(extension, summary.parent)
-    return summary
+    return _write_files(report, task_report, out_dir, notes, extension)
 
 
 def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
@@ -155,14 +155,17 @@ def _write_extension(table: ExtensionTable, out_dir: Path) -> None:
     atomic_write_text(out_dir / EXTENSION_TEX, render_extension_latex(table))
 
 
-def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console) -> Path:
-    """report.md with its figures, the task sections, the curves and summary.md in ``out_dir``; the path of
-    summary.md."""
+def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console,
+                 extension: Optional[ExtensionTable] = None) -> Path:
+    """report.md with its figures, the task sections, the curves and summary.md in ``out_dir`` (the context-extension
+    table first); the path of summary.md."""
     full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
     write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
     csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
+    if extension is not None:
+        _write_extension(extension, out_dir)
     notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
     return out_dir / SUMMARY_MD
 
