@@ -60,12 +60,13 @@ def one(encoder: str, length: int) -> dict:
     import numpy as np
     import torch
 
+    from posexp.config.schema import EvalConfig
     from posexp.evaluation.perplexity import evaluate
 
     model = _model(encoder)
     val = np.random.default_rng(0).integers(0, VOCAB, length + 1, dtype=np.uint8)
-    row = evaluate(model, val, [length], TRAIN_LEN, tokens=length, batch_tokens=length,
-                   device=torch.device("cpu"))[0]
+    settings = EvalConfig(lengths=[length], tokens=length, batch_tokens=length)
+    row = evaluate(model, val, settings, TRAIN_LEN, torch.device("cpu"))[0]
     return {"encoder": encoder, "length": length, "tokens_per_s": row["tokens_per_s"],
             "eval_peak_mib": row["peak_mem_mb"], "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "eval_s": row["eval_s"], "threads": torch.get_num_threads()}

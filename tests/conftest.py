@@ -102,3 +102,19 @@ def sigterm_at_step(monkeypatch, owner: type, method: str, step: int):
 
     monkeypatch.setattr(owner, method, then_signal)
     return original
+
+
+def evaluate_at(model, val, lengths, train_len, *, device=None, dtype=None, positions=None, log=None, progress=None,
+                position_plan=None, window=None, **settings):
+    """posexp's perplexity evaluation of ``model`` at ``lengths``, the eval group's keys given as keywords
+    (``tokens``, ``batch_tokens``, ``protocol``, ``stride``, ``scaling`` ...) and ``window`` as an AttentionWindow."""
+    import torch
+
+    from posexp.config.schema import EvalConfig
+    from posexp.evaluation.perplexity import EvalHooks, evaluate
+
+    if window is not None:
+        settings.update(window=window.size, sinks=window.sinks or None)
+    return evaluate(model, val, EvalConfig(lengths=list(lengths), **settings), train_len, device or torch.device("cpu"),
+                    position_plan=position_plan, dtype=dtype or torch.float32,
+                    hooks=EvalHooks(positions=positions, log=log, progress=progress))

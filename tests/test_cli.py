@@ -66,7 +66,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
     from safetensors.torch import load_model
 
     from posexp.data.corpus import load_corpus
-    from posexp.evaluation.perplexity import evaluate
+    from conftest import evaluate_at
     from posexp.model.factory import build_model
 
     run_dir, _ = smoke_run
@@ -79,8 +79,8 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
 
     # in the precision the run evaluated in (precision=auto is bf16 on a CPU with native bf16 matmuls)
     dtype = getattr(torch, res["run"]["train"]["precision"])
-    rows = evaluate(model, corpus.val, [32], 32, cfg.eval.tokens, cfg.eval.batch_tokens, torch.device("cpu"),
-                    dtype=dtype)
+    rows = evaluate_at(model, corpus.val, [32], 32, tokens=cfg.eval.tokens, batch_tokens=cfg.eval.batch_tokens,
+                       dtype=dtype)
     assert rows[0]["ppl"] == pytest.approx(res["rows"][0]["ppl"], rel=1e-5)
 
 

@@ -372,14 +372,14 @@ def test_evaluate_reports_windows_done_per_length():
     import torch
 
     from posexp.encoders import create
-    from posexp.evaluation.perplexity import evaluate
+    from conftest import evaluate_at
     from posexp.model.gpt import GPT, ModelShape
 
     torch.manual_seed(0)
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2)).eval()
     val = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)
     calls = []
-    rows = evaluate(model, val, [16, 32], 16, tokens=256, batch_tokens=64, device=torch.device("cpu"),
+    rows = evaluate_at(model, val, [16, 32], 16, tokens=256, batch_tokens=64, device=torch.device("cpu"),
                     progress=lambda n, done, total: calls.append((n, done, total)))
     assert len(rows) == 2
     for n in (16, 32):
@@ -395,13 +395,13 @@ def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected)
     import torch
 
     from posexp.encoders import create
-    from posexp.evaluation.perplexity import evaluate
+    from conftest import evaluate_at
     from posexp.model.gpt import GPT, ModelShape
 
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2)).eval()
     model.token_losses = lambda x, y, pos=None: torch.full(y.shape, value)
     val = np.arange(300, dtype=np.uint16) % 256
-    row = evaluate(model, val, [16], 16, tokens=128, batch_tokens=64, device=torch.device("cpu"))[0]
+    row = evaluate_at(model, val, [16], 16, tokens=128, batch_tokens=64, device=torch.device("cpu"))[0]
     assert row["applicable"] and str(row["ppl"]) == expected
 
 

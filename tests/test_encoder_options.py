@@ -20,7 +20,7 @@ from posexp.encoders.frequencies import frequency_schedule
 from posexp.encoders.rope import ReRoPEScores, rope_frequencies
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
-from posexp.evaluation.perplexity import evaluate
+from conftest import evaluate_at
 from posexp.model.gpt import GPT, AttentionPlan, ModelShape
 from posexp.encoders.scaling import rope_scaling
 from posexp.commands.edge import typed
@@ -309,10 +309,10 @@ def test_rerope_in_the_model_is_rope_when_the_window_covers_the_context():
 def test_rerope_evaluation_rows_record_the_window():
     model = _model(create("rope", d_model=D_MODEL, n_heads=N_HEADS))
     val = np.random.default_rng(0).integers(0, VOCAB, 2000).astype(np.uint16)
-    rows = evaluate(model, val, [16, 32], 16, tokens=256, batch_tokens=256, device=torch.device("cpu"),
+    rows = evaluate_at(model, val, [16, 32], 16, tokens=256, batch_tokens=256, device=torch.device("cpu"),
                     scaling="rerope")
     assert [(r["scaling"], r["scaling_factor"]) for r in rows] == [("rerope", 8.0), ("rerope", 8.0)]  # 16 / 2
-    rows = evaluate(model, val, [32], 16, tokens=256, batch_tokens=256, device=torch.device("cpu"),
+    rows = evaluate_at(model, val, [32], 16, tokens=256, batch_tokens=256, device=torch.device("cpu"),
                     scaling="rerope", rerope_window=12)
     assert rows[0]["scaling_factor"] == 12.0 and math.isfinite(rows[0]["ppl"])
 

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from conftest import TINY_RUN, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
-from posexp.evaluation.perplexity import batch_means_se, evaluate, plan_windows
+from posexp.evaluation.perplexity import batch_means_se, plan_windows
+from conftest import evaluate_at
 from posexp.runs.layout import merge_rows
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.edge import typed
@@ -59,8 +60,8 @@ def test_sliding_windows_score_each_target_once_with_at_least_L_minus_S_context(
 
 def test_sliding_with_stride_L_is_exactly_nonoverlap():
     model, val = _tiny(), _val()
-    a = evaluate(model, val, [16, 32], 16, tokens=512, batch_tokens=128, device=CPU)
-    b = evaluate(model, val, [16, 32], 16, tokens=512, batch_tokens=128, device=CPU, protocol="sliding", stride=16)
+    a = evaluate_at(model, val, [16, 32], 16, tokens=512, batch_tokens=128, device=CPU)
+    b = evaluate_at(model, val, [16, 32], 16, tokens=512, batch_tokens=128, device=CPU, protocol="sliding", stride=16)
     assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-12)  # L = 16 = S: the same windows
     assert [r["targets"] for r in a] == [r["targets"] for r in b] == [[1, 512], [1, 512]]
     assert b[1]["windows"] == 1 + (512 - 32) // 16  # at L = 32 the windows overlap by 16
@@ -71,7 +72,7 @@ def test_sliding_matches_a_direct_computation():
     """Press et al. 2022's sliding evaluation, written out by hand: stride 5, L = 12, targets 1..48."""
     model, val = _tiny("rope"), _val()
     L, S, N = 12, 5, 48
-    row = evaluate(model, val, [L], L, tokens=N, batch_tokens=7 * L, device=CPU, protocol="sliding", stride=S)[0]
+    row = evaluate_at(model, val, [L], L, tokens=N, batch_tokens=7 * L, device=CPU, protocol="sliding", stride=S)[0]
     losses = list(_window_losses(model, val, 0, L))  # the first window scores all L targets
     end = L
     while end < N:
@@ -85,7 +86,7 @@ def test_sliding_matches_a_direct_computation():
 def test_last_k_scores_the_same_targets_at_every_length_and_matches_a_direct_computation():
     model, val = _tiny("t5"), _val(2000)
     K, T = 8, 1999
-    rows = evaluate(model, val, [16, 64], 16, tokens=96, batch_tokens=256, device=CPU, protocol="last_k", last_k=K)
+    rows = evaluate_at(model, val, [16, 64], 16, tokens=96, batch_tokens=256, device=CPU, protocol="last_k", last_k=K)
     assert [r["targets"] for r in rows] == [[T - 95, T], [T - 95, T]]
     assert all(r["tokens"] == 96 and r["windows"] == 12 and r["last_k"] == K for r in rows)
     for row in rows:
@@ -93,7 +94,7 @@ def test_last_k_scores_the_same_targets_at_every_length_and_matches_a_direct_com
         direct = [_window_losses(model, val, T - (11 - j) * K - L, L)[-K:] for j in range(12)]
         assert row["loss"] == pytest.approx(torch.cat(direct).mean().item(), rel=1e-5)
     # the windows are anchored at the end of the split, so another call scores the same targets
-    again = evaluate(model, val, [16], 16, tokens=96, batch_tokens=256, device=CPU, protocol="last_k", last_k=K)[0]
+    again = evaluate_at(model, val, [16], 16, tokens=96, batch_tokens=256, device=CPU, protocol="last_k", last_k=K)[0]
     assert again["targets"] == rows[0]["targets"] and again["loss"] == pytest.approx(rows[0]["loss"], rel=1e-12)
 
 
@@ -109,7 +110,7 @@ def test_last_k_scores_the_same_targets_at_every_length_and_matches_a_direct_com
 ])
 def test_bad_protocol_settings_name_the_key(kwargs, key):
     with pytest.raises(ConfigError) as err:
-        evaluate(_tiny(), _val(), [32, 64], 32, tokens=256, batch_tokens=256, device=CPU, **kwargs)
+        evaluate_at(_tiny(), _val(), [32, 64], 32, tokens=256, batch_tokens=256, device=CPU, **kwargs)
     assert err.value.key == key
 
 
@@ -145,12 +146,12 @@ def test_batch_means_se_weights_a_short_last_block_by_its_size():
 def test_standard_errors_are_over_L_token_blocks_for_every_protocol():
     model, val = _tiny(), _val()
     kw = dict(tokens=512, batch_tokens=256, device=CPU)
-    non = evaluate(model, val, [32], 32, **kw)[0]
+    non = evaluate_at(model, val, [32], 32, **kw)[0]
     windows = [_window_losses(model, val, 32 * i, 32).mean().item() for i in range(16)]
     assert non["loss_se"] == pytest.approx(np.std(windows, ddof=1) / 4, rel=1e-4)  # the windows themselves
-    slide = evaluate(model, val, [32], 32, protocol="sliding", stride=1, **kw)[0]
+    slide = evaluate_at(model, val, [32], 32, protocol="sliding", stride=1, **kw)[0]
     assert slide["windows"] == 1 + 512 - 32 and slide["se_blocks"] == 16  # not 481 one-token "samples"
-    last = evaluate(model, val, [32], 32, protocol="last_k", last_k=4, **kw)[0]
+    last = evaluate_at(model, val, [32], 32, protocol="last_k", last_k=4, **kw)[0]
     assert last["se_blocks"] == 16
     for row in (non, slide, last):
         assert row["ppl_low"] < row["ppl"] < row["ppl_high"]
@@ -160,9 +161,9 @@ def test_standard_errors_are_over_L_token_blocks_for_every_protocol():
 def test_loss_by_position_counts_only_scored_positions():
     model, val = _tiny(), _val()
     records: list = []
-    rows = evaluate(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, positions=records)
+    rows = evaluate_at(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, positions=records)
     records_k: list = []
-    evaluate(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, protocol="last_k", last_k=4,
+    evaluate_at(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, protocol="last_k", last_k=4,
              positions=records_k)
     for rec, row in zip(records, rows):
         assert (rec["position_count"] == row["windows"]).all()  # nonoverlap: every position of every window
@@ -179,7 +180,7 @@ def test_32x_the_default_training_length_on_the_default_model(encoder):
     """128 -> 4096 tokens on the default model shape: finishes, records speed and memory."""
     torch.manual_seed(0)
     model = GPT(ModelShape(), create(encoder, d_model=128, n_heads=4)).eval()
-    row = evaluate(model, _val(4097), [4096], 128, tokens=4096, batch_tokens=4096, device=CPU)[0]
+    row = evaluate_at(model, _val(4097), [4096], 128, tokens=4096, batch_tokens=4096, device=CPU)[0]
     assert row["applicable"] and math.isfinite(row["ppl"]) and row["tokens"] == 4096
     assert row["tokens_per_s"] > 0 and row["forward_tokens"] == 4096
     assert row["peak_rss_mb"] > 0 and "rss" in row["mem_measure"]
@@ -204,11 +205,11 @@ def _oom_when(model: GPT, too_big) -> list:
 
 def test_out_of_memory_halves_the_batch_then_the_query_blocks():
     val = _val()
-    reference = evaluate(_tiny(attn_block_size=64), val, [64], 64, tokens=512, batch_tokens=512, device=CPU)[0]
+    reference = evaluate_at(_tiny(attn_block_size=64), val, [64], 64, tokens=512, batch_tokens=512, device=CPU)[0]
     model = _tiny(attn_block_size=64)
     calls = _oom_when(model, lambda idx: idx.shape[0] > 1 or model.shape.attn_block_size > 16)
     notes: list[str] = []
-    row = evaluate(model, val, [64], 64, tokens=512, batch_tokens=512, device=CPU, log=notes.append)[0]
+    row = evaluate_at(model, val, [64], 64, tokens=512, batch_tokens=512, device=CPU, log=notes.append)[0]
     assert row["batch_windows"] == 1 and row["attn_block_size"] == 16 and row["oom_retries"] == 5
     assert row["loss"] == pytest.approx(reference["loss"], rel=1e-5)  # same numbers, smaller pieces
     assert [c[0] for c in calls[:4]] == [8, 4, 2, 1] and calls[-1] == (1, 16)
@@ -220,7 +221,7 @@ def test_out_of_memory_with_nothing_left_to_shrink_is_a_clear_error():
     model = _tiny(attn_block_size=64)
     _oom_when(model, lambda idx: True)
     with pytest.raises(PosexpError, match="out of memory evaluating length 64"):
-        evaluate(model, _val(), [64], 64, tokens=512, batch_tokens=512, device=CPU)
+        evaluate_at(model, _val(), [64], 64, tokens=512, batch_tokens=512, device=CPU)
 
 
 def test_other_runtime_errors_are_not_mistaken_for_out_of_memory():
@@ -231,19 +232,19 @@ def test_other_runtime_errors_are_not_mistaken_for_out_of_memory():
 
     model.token_losses = broken
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        evaluate(model, _val(), [32], 32, tokens=256, batch_tokens=256, device=CPU)
+        evaluate_at(model, _val(), [32], 32, tokens=256, batch_tokens=256, device=CPU)
 
 
 # -- scaling rows ----------------------------------------------------------------------------------
 
 def test_scaled_rows_record_the_scaling_and_factor_and_change_nothing_at_the_training_length():
     model, val = _tiny("rope"), _val()
-    plain = evaluate(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU)
-    yarn = evaluate(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, scaling="yarn")
+    plain = evaluate_at(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU)
+    yarn = evaluate_at(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, scaling="yarn")
     assert [(r["scaling"], r["scaling_factor"]) for r in yarn] == [("yarn", 1.0), ("yarn", 4.0)]
     assert yarn[0]["loss"] == pytest.approx(plain[0]["loss"], rel=1e-6)  # s = 1: the trained encoding
     assert yarn[1]["loss"] != plain[1]["loss"]
-    fixed = evaluate(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, scaling="linear",
+    fixed = evaluate_at(model, val, [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, scaling="linear",
                      scaling_factor=2.0)
     assert [r["scaling_factor"] for r in fixed] == [2.0, 2.0]
     assert model.encoder.scaling is None  # the trained encoder is back in place
@@ -253,8 +254,8 @@ def test_learned_positions_become_applicable_with_interpolation():
     torch.manual_seed(0)
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("learned", d_model=16, n_heads=2,
                                                                          max_length=16)).eval()
-    plain = evaluate(model, _val(), [16, 64], 16, tokens=256, batch_tokens=256, device=CPU)
-    pi = evaluate(model, _val(), [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, scaling="linear")
+    plain = evaluate_at(model, _val(), [16, 64], 16, tokens=256, batch_tokens=256, device=CPU)
+    pi = evaluate_at(model, _val(), [16, 64], 16, tokens=256, batch_tokens=256, device=CPU, scaling="linear")
     assert [r["applicable"] for r in plain] == [True, False]
     assert [r["applicable"] for r in pi] == [True, True] and math.isfinite(pi[1]["ppl"])
 

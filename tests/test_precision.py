@@ -11,7 +11,7 @@ from conftest import TINY_RUN, run_cli
 from posexp.commands.validation import validate
 from posexp.encoders import create
 from posexp.errors import ConfigError
-from posexp.evaluation.perplexity import evaluate
+from conftest import evaluate_at
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.runtime.precision import (BF16_MARGIN, bf16_is_native, choose_precision, measured_cpu_precision, resolve_precision)
@@ -219,8 +219,8 @@ def test_bf16_evaluation_accumulates_in_fp32():
     model = _tiny_model()
     val = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(1), dtype=torch.uint8).numpy()
     kw = dict(tokens=4096, batch_tokens=1024, device=CPU)
-    fp32 = evaluate(model, val, [64], 64, **kw)[0]
-    bf16 = evaluate(model, val, [64], 64, dtype=torch.bfloat16, **kw)[0]
+    fp32 = evaluate_at(model, val, [64], 64, **kw)[0]
+    bf16 = evaluate_at(model, val, [64], 64, dtype=torch.bfloat16, **kw)[0]
     assert bf16["tokens"] == fp32["tokens"] == 4096
     assert bf16["loss"] == pytest.approx(fp32["loss"], abs=1e-4)
     # what a bf16 accumulator would report: 8 mantissa bits stop the sum growing long before 4096 terms

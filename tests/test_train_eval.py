@@ -12,7 +12,8 @@ import torch
 from posexp.commands.edge import typed
 from posexp.config.schema import eval_lengths
 from posexp.encoders import create
-from posexp.evaluation.perplexity import eval_budget, evaluate
+from posexp.evaluation.perplexity import eval_budget
+from conftest import evaluate_at
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.training.optim import lr_at
@@ -105,7 +106,7 @@ def test_eval_lengths_default_to_multiples_of_train_len(compose):
 def test_same_budget_of_target_tokens_at_every_length():
     val = (np.arange(20_000) % 256).astype(np.uint8)
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2))
-    rows = evaluate(model, val, [64, 128, 512], train_len=64, tokens=5000, batch_tokens=1024,
+    rows = evaluate_at(model, val, [64, 128, 512], train_len=64, tokens=5000, batch_tokens=1024,
                     device=torch.device("cpu"))
     assert eval_budget(5000, val.size, 512) == 4608
     assert [r["tokens"] for r in rows] == [4608, 4608, 4608]
@@ -119,7 +120,7 @@ def test_evaluation_matches_a_direct_computation():
     torch.manual_seed(0)
     val = torch.randint(0, 256, (1000,), dtype=torch.uint8).numpy()
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("rope", d_model=16, n_heads=2)).eval()
-    row = evaluate(model, val, [50], train_len=50, tokens=400, batch_tokens=120, device=torch.device("cpu"))[0]
+    row = evaluate_at(model, val, [50], train_len=50, tokens=400, batch_tokens=120, device=torch.device("cpu"))[0]
     ids = torch.from_numpy(val[:401].astype(np.int64))
     losses = []
     with torch.no_grad():

@@ -15,7 +15,7 @@ import torch
 
 from posexp.commands.edge import typed
 from posexp.errors import ConfigError
-from posexp.evaluation.perplexity import evaluate
+from conftest import evaluate_at
 from posexp.model.factory import build_model
 from posexp.model.fused import flex_available
 from posexp.model.gpt import AttentionPlan
@@ -123,7 +123,7 @@ def test_sinks_keep_the_first_tokens_visible(compose):
 
 def _evaluate(model, **kwargs) -> list[dict]:
     val = np.random.default_rng(0).integers(0, VOCAB, 4096).astype(np.uint16)
-    return evaluate(model, val, [16, 32], 16, 512, 1024, torch.device("cpu"), **kwargs)
+    return evaluate_at(model, val, [16, 32], 16, tokens=512, batch_tokens=1024, **kwargs)
 
 
 NUMBERS = ("ppl", "loss", "loss_se", "ppl_low", "ppl_high", "tokens", "targets", "windows")

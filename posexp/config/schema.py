@@ -293,9 +293,14 @@ OBJECTIVES = ("longest", "mean")  # objective: besides an eval length in tokens
 
 def eval_lengths(cfg: Config) -> list[int]:
     """``eval.lengths`` if given, else ``eval.multiples`` times ``train_len``; sorted, unique."""
-    if cfg.eval.lengths is not None:
-        return sorted(set(int(n) for n in cfg.eval.lengths))
-    return sorted(set(int(m) * int(cfg.train_len) for m in cfg.eval.multiples))
+    return lengths_of(cfg.eval, int(cfg.train_len))
+
+
+def lengths_of(e: EvalConfig, train_len: int) -> list[int]:
+    """The lengths an ``eval`` group measures for a run trained at ``train_len`` (see :func:`eval_lengths`)."""
+    if e.lengths is not None:
+        return sorted(set(int(n) for n in e.lengths))
+    return sorted(set(int(m) * int(train_len) for m in e.multiples))
 
 
 def curve_lengths(cfg: Config) -> list[int]:

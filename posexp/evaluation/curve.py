@@ -24,7 +24,7 @@ import torch
 
 from posexp.config.schema import Config, curve_lengths
 from posexp.evaluation.accuracy import evaluate_task
-from posexp.evaluation.perplexity import evaluate
+from posexp.evaluation.perplexity import EvalHooks, evaluate
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
 from posexp.runs.layout import ACCURACY, PERPLEXITY
@@ -93,9 +93,11 @@ class CurveProbe:
     def _perplexity(self, dtype: torch.dtype) -> list[dict]:
         assert self.val is not None
         e = self.cfg.eval
-        return evaluate(self.model, self.val, self.lengths, int(self.cfg.train_len),
-                        int(e.during_training.tokens), int(e.batch_tokens), self.device, protocol="nonoverlap",
-                        position_plan=self.plan, dtype=dtype, memory=False)
+        plain = dataclasses.replace(e, lengths=self.lengths, tokens=int(e.during_training.tokens),
+                                    protocol="nonoverlap", stride=None, last_k=None, scaling="none",
+                                    scaling_factor=None, rerope_window=None, window=None, sinks=None)
+        return evaluate(self.model, self.val, plain, int(self.cfg.train_len), self.device, position_plan=self.plan,
+                        dtype=dtype, hooks=EvalHooks(memory=False))
 
     def _accuracy(self) -> list[dict]:
         assert self.task is not None

@@ -50,18 +50,18 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from posexp.config.schema import PROTOCOLS
+from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.evaluation.extension import (NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder)
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.gpt import GPT
-from posexp.model.window import AttentionWindow, window_fields
+from posexp.model.window import AttentionWindow, window_fields, window_of
 from posexp.runtime.device import autocast
 
 Z95 = 1.959964  # two-sided 95% normal quantile
@@ -306,97 +306,124 @@ def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, fac
     return None
 
 
-def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
-                    device: torch.device, log: Callable[[str], None], position_plan,
-                    dtype: torch.dtype, progress=None,
-                    window: Optional[AttentionWindow] = None,
-                    memory: bool = True) -> tuple[LengthResult, float, PeakMemory]:
-    """One length's forward passes with ``encoder`` in the model, attending within ``window``: the losses,
-    seconds taken and peak memory (not measured, None, unless ``memory``)."""
-    mem = PeakMemory(device)
-    with _Swapped(model, encoder, window), (mem if memory else contextlib.nullcontext()):
+@dataclass
+class EvalHooks:
+    """Where an evaluation reports as it goes (every field optional).
+
+    Attributes:
+        on_row: called with each row as soon as it is measured.
+        log: where progress notes (out-of-memory retries) go.
+        progress: ``progress(length, windows_done, windows)``, before a length's first batch and after each.
+        positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
+        memory: measure peak memory (:class:`PeakMemory`: a garbage collection per length; the curve skips it).
+    """
+
+    on_row: Optional[Callable[[dict], None]] = None
+    log: Optional[Callable[[str], None]] = None
+    progress: Optional[Callable[[int, int, int], None]] = None
+    positions: Optional[list] = None
+    memory: bool = True
+
+
+@dataclass
+class _Pass:
+    """What every length of one evaluation shares: the model and data, how the forward passes run, the hooks."""
+
+    model: GPT
+    val: np.ndarray
+    batch_tokens: int
+    device: torch.device
+    position_plan: Any
+    dtype: torch.dtype
+    window: Optional[AttentionWindow]
+    hooks: EvalHooks
+
+    def log(self, message: str) -> None:
+        if self.hooks.log is not None:
+            self.hooks.log(message)
+
+
+def _measure_length(p: _Pass, encoder, win: Windows, length: int) -> tuple[LengthResult, float, PeakMemory]:
+    """One length's forward passes with ``encoder`` in the model, attending within the pass's window: the losses,
+    seconds taken and peak memory (not measured, None, unless ``hooks.memory``)."""
+    mem = PeakMemory(p.device)
+    with _Swapped(p.model, encoder, p.window), (mem if p.hooks.memory else contextlib.nullcontext()):
         t0 = time.perf_counter()
-        pos = position_plan.eval_positions(length) if position_plan is not None else None
-        with autocast(device, dtype):
-            res = _run_windows(model, val, win, length, batch_tokens, device, log, pos, progress)
+        pos = p.position_plan.eval_positions(length) if p.position_plan is not None else None
+        with autocast(p.device, p.dtype):
+            res = _run_windows(p.model, p.val, win, length, p.batch_tokens, p.device, p.log, pos, p.hooks.progress)
         elapsed = time.perf_counter() - t0
     return res, elapsed, mem
 
 
 @torch.inference_mode()
-def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int,
-             batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
-             stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
-             scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
-             positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
-             position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
-             progress: Optional[Callable[[int, int, int], None]] = None, memory: bool = True) -> list[dict]:
-    """Rows, one per length, in the ``results.json`` row format; a length the encoder cannot represent
-    (``encoder.supports(L)`` false, e.g. a learned table shorter than ``L``) gets ``applicable: false``, ``ppl: null``.
+def evaluate(model: GPT, val: np.ndarray, settings: EvalConfig, train_len: int, device: torch.device, *,
+             position_plan=None, dtype: torch.dtype = torch.float32, hooks: Optional[EvalHooks] = None) -> list[dict]:
+    """Rows, one per length, in the ``results.json`` row format (:class:`posexp.runs.row.ResultRow`); a length the
+    encoder cannot represent (``encoder.supports(L)`` false, e.g. a learned table shorter than ``L``) gets
+    ``applicable: false``, ``ppl: null``.
 
     Args:
         model: the trained model (its encoder is swapped for a scaled copy while a scaling runs).
-        val, lengths, train_len: validation tokens; window lengths ``L``; the training length (``multiple``).
-        tokens, batch_tokens, device: ``eval.tokens``, the scored-target budget; forward tokens per batch; where.
-        protocol, stride, last_k: ``nonoverlap``, ``sliding`` (stride ``S``) or ``last_k`` (``K``): module docstring.
-        on_row, log: called with each row as soon as it is done; where progress notes (out-of-memory retries) go.
-        scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
-        scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)`` (``dynamic_ntk``: 1).
-        rerope_window: ``w`` for ``scaling=rerope`` (its row's ``scaling_factor``); None = half of ``train_len``.
-        positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
+        val: validation tokens.
+        settings: the ``eval`` group: lengths (or multiples of ``train_len``), ``tokens`` (the scored-target
+            budget), ``batch_tokens`` (forward tokens per batch), the protocol with its stride or K (module
+            docstring), the scaling (:mod:`posexp.evaluation.extension`: ``scaling_factor`` fixed at every length,
+            None = ``max(1, L / train_len)``, dynamic_ntk 1; ``rerope_window`` None = half of ``train_len``), and the
+            window and sinks (:mod:`posexp.model.window`; rows then record them). Only these fields are read.
+        train_len: the training length (``multiple``, the default scaling factor).
+        device: where the forward passes run.
         position_plan: a :class:`posexp.model.positions.PositionPlan`: randomized positions (Ruoss et al. 2023)
             are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
-        progress: ``progress(length, windows_done, windows)``, before a measured length's first batch and after each.
         dtype: the forward pass's autocast precision. Log-softmax and cross-entropy run in fp32
             (``GPT.token_losses``) and losses are summed in float64, so perplexities carry no bf16 rounding.
-        window: each query attends only within it (``eval.window``, :mod:`posexp.model.window`), with any
-            protocol and scaling; rows then record ``window`` and ``sinks``. None = the whole causal past.
-        memory: measure peak memory (:class:`PeakMemory`: a garbage collection per length; the curve skips it).
+        hooks: rows, notes, progress and per-position losses as they come (:class:`EvalHooks`).
 
     Raises:
         ConfigError: an unknown protocol or scaling, a stride or K out of range, a scaling the encoder lacks.
     """
-    lengths = sorted(set(int(n) for n in lengths))
-    check_protocol(protocol, stride, last_k, lengths[0])
+    e, hooks = settings, hooks or EvalHooks()
+    lengths = lengths_of(e, train_len)
+    scaling = e.scaling or NONE
+    check_protocol(e.protocol, e.stride, e.last_k, lengths[0])
     base_encoder = model.encoder
     check_scaling(scaling, base_encoder.name, base_encoder)
     val_tokens = int(val.size)
-    budget = eval_budget(tokens, val_tokens, lengths[-1])
-    n_last = last_k_windows(tokens, last_k, val_tokens, lengths[-1]) if protocol == "last_k" else None
+    budget = eval_budget(int(e.tokens), val_tokens, lengths[-1])
+    n_last = last_k_windows(int(e.tokens), e.last_k, val_tokens, lengths[-1]) if e.protocol == "last_k" else None
+    window = window_of(e.window, e.sinks)
+    p = _Pass(model, val, int(e.batch_tokens), device, position_plan, dtype, window, hooks)
     model.eval()
     configured_block = model.shape.attn_block_size
     rows = []
     try:
         for length in lengths:
-            factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
+            factor = _length_factor(scaling, length, train_len, e.scaling_factor, e.rerope_window)
             encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
-            row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window, tokens)
+            row = _row_identity(length, train_len, e.protocol, e.stride, e.last_k, scaling, factor, window,
+                                int(e.tokens))
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
             if reason is not None:
                 row.update(_not_applicable_row(reason))
             else:
-                win = plan_windows(protocol, length, val_tokens, budget, stride, last_k, n_last)
-                _measure_row(row, model, encoder, val, win, batch_tokens, device, log or (lambda msg: None),
-                             position_plan, dtype, progress, window, memory, positions)
+                _measure_row(row, p, encoder,
+                             plan_windows(e.protocol, length, val_tokens, budget, e.stride, e.last_k, n_last))
             rows.append(row)
-            if on_row is not None:
-                on_row(row)
+            if hooks.on_row is not None:
+                hooks.on_row(row)
     finally:
         model.encoder, model.shape.attn_block_size = base_encoder, configured_block
     return rows
 
 
-def _measure_row(row: dict, model: GPT, encoder, val: np.ndarray, win: Windows, batch_tokens: int,
-                 device: torch.device, log: Callable[[str], None], position_plan, dtype: torch.dtype, progress,
-                 window: Optional[AttentionWindow], memory: bool, positions: Optional[list]) -> None:
-    """Measure ``row``'s length and add its numbers to ``row``; its per-position losses go to ``positions``."""
+def _measure_row(row: dict, p: _Pass, encoder, win: Windows) -> None:
+    """Measure ``row``'s length and add its numbers to ``row``; its per-position losses go to the hooks."""
     length = row["length"]
-    res, elapsed, mem = _measure_length(model, encoder, val, win, length, batch_tokens, device, log,
-                                        position_plan, dtype, progress, window, memory)
+    res, elapsed, mem = _measure_length(p, encoder, win, length)
     row.update(_summarise(res, win, length, elapsed, mem))
-    if positions is not None:
-        positions.append({**position_key(row), "position_sum": res.position_sum,
-                          "position_count": res.position_count})
+    if p.hooks.positions is not None:
+        p.hooks.positions.append({**position_key(row), "position_sum": res.position_sum,
+                                  "position_count": res.position_count})
 
 
 def _exp(x: float) -> float:

@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from posexp.config.schema import Config, eval_lengths
-from posexp.evaluation.perplexity import evaluate
+from posexp.evaluation.perplexity import EvalHooks, evaluate
 from posexp.model.positions import PositionPlan
-from posexp.model.window import window_of
 from posexp.runtime.precision import bf16_is_native, resolve_precision
 from posexp.training.progress import PARTS, clock_time
 
@@ -32,12 +31,9 @@ def evaluate_config(model, val, cfg: Config, device: torch.device,
     log = (lambda msg: console.print(f"[yellow]{msg}[/]", highlight=False)) if console is not None else None
     progress = EvalProgress(console, eval_lengths(cfg)) if console is not None else None
     try:
-        rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens),
-                        device, protocol=e.protocol, stride=e.stride, last_k=e.last_k,
-                        scaling=e.scaling, scaling_factor=e.scaling_factor, rerope_window=e.rerope_window, positions=positions,
-                        log=log, position_plan=PositionPlan(cfg), progress=progress,
+        rows = evaluate(model, val, e, int(cfg.train_len), device, position_plan=PositionPlan(cfg),
                         dtype=eval_dtype(cfg, device, trained_in),  # losses accumulate in fp32 anyway
-                        window=window_of(getattr(e, "window", None), getattr(e, "sinks", None)))
+                        hooks=EvalHooks(log=log, progress=progress, positions=positions))
     finally:
         if progress is not None:
             progress.close()
