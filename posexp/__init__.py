@@ -57,11 +57,24 @@ Where the next one goes:
 
 __version__ = "0.1.0"
 
+# The Python API, imported on first use so that ``import posexp`` stays light (no torch, no pandas):
+# name -> the module that defines it.
+_API = {
+    "load_run": "posexp.commands.loading",  # one run: config, results, curve, the trained model
+    "load_runs": "posexp.reporting.frame",  # many runs' result rows as one pandas DataFrame
+    "find_runs": "posexp.runs.layout",  # the run folders under run or sweep folders
+    "create": "posexp.encoders",  # an encoder for a model of one's own: create("rope", d_model=..., n_heads=...)
+}
+__all__ = list(_API)
+
 
 def __getattr__(name: str):
-    # ``posexp.load_run`` imports the model code only when used, so ``import posexp`` stays light
-    if name == "load_run":
-        from posexp.commands.loading import load_run
+    if name in _API:
+        import importlib
 
-        return load_run
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'posexp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

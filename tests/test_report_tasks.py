@@ -4,6 +4,7 @@ acc@Kx and maxlen@accP."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,90 @@ def test_task_tables_at_40_columns_keep_every_label_readable_and_every_number_wh
                 text = stat.text(decimals, of=len(group.runs))
                 numbers += text in cells
     assert numbers >= sum(len(g.cells) + len(g.metrics) for g in report.groups), out
+
+
+# -- maxlen@acc90 is absolute; runs that never learned are marked -----------------------------------------
+
+def test_maxlen_at_acc90_is_an_absolute_threshold_and_the_relative_form_has_its_own_name(tmp_path):
+    """A passkey model at 0.2% got maxlen@acc90 = 128, the same as one at 95%: 90% of 0.2% is easy to keep."""
+    never = load_run(make_task_run(tmp_path / "never", {64: 0.002, 128: 0.002, 256: 0.002}, task="passkey",
+                                   examples=1000))
+    good = load_run(make_task_run(tmp_path / "good", {64: 0.97, 128: 0.93, 256: 0.5}, task="passkey",
+                                  encoder="alibi"))
+    report = build_task_report([never, good], ["encoder"], ["maxlen@acc90", "maxlen@rel90", "maxlen@acc50"])
+    value = {g.label: {name: s.mean for name, s in g.metrics.items()} for g in report.groups}
+    assert value["encoder=rope"] == {"maxlen@acc90": 0, "maxlen@rel90": 256, "maxlen@acc50": 0}
+    assert value["encoder=alibi"] == {"maxlen@acc90": 128, "maxlen@rel90": 128, "maxlen@acc50": 256}
+    assert "every evaluated length has exact-match accuracy >= 90%" in parse_task_metric("maxlen@acc90").describe()
+    assert "of the accuracy at the training length" in parse_task_metric("maxlen@rel90").describe()
+
+
+def test_report_help_and_readme_define_maxlen_at_acc90():
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    result = CliRunner().invoke(app, ["report", "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    assert "maxlen@acc90: the longest length up to which every evaluated length has exact match >= 90%" \
+        in " ".join(result.output.replace("│", " ").split())
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert re.search(r"`maxlen@acc90` \(the longest length up to which every evaluated length has exact match\s+"
+                     r">= 90%", readme)
+
+
+def _with_answer_tokens(folder: Path, per_instance: int) -> Path:
+    results = json.loads((folder / "results.json").read_text())
+    for row in results["rows"]:
+        row["answer_tokens"] = per_instance * row["examples"]
+    (folder / "results.json").write_text(json.dumps(results))
+    return folder
+
+
+def test_a_run_that_did_not_learn_at_1x_is_marked_with_chance_from_the_answer_alphabet(tmp_path):
+    import io
+
+    # parity answers one bit: chance is 50%, and 52% at 1x is a guess; 90% is learned
+    make_task_run(tmp_path / "s" / "p0", {64: 0.52, 128: 0.5}, task="parity", encoder="nope")
+    make_task_run(tmp_path / "s" / "p1", {64: 0.90, 128: 0.6}, task="parity", encoder="rope")
+    for folder in ("p0", "p1"):
+        _with_answer_tokens(tmp_path / "s" / folder, 1)
+    # copy without a recorded answer size: exact match <= 5% did not learn; one of two seeds
+    make_task_run(tmp_path / "s" / "c0", {64: 0.03, 128: 0.0}, seed=0)
+    make_task_run(tmp_path / "s" / "c1", {64: 0.60, 128: 0.1}, seed=1)
+    report = build_task_report([load_run(tmp_path / "s" / n) for n in ("p0", "p1", "c0", "c1")], ["encoder"])
+    shown = {(g.task, g.label): g.shown_label for g in report.groups}
+    assert shown[("parity", "encoder=nope")] == "encoder=nope (did not learn at 1×)"
+    assert shown[("parity", "encoder=rope")] == "encoder=rope"
+    assert shown[("copy", "encoder=rope")] == "encoder=rope (1 of 2 did not learn at 1×)"
+    (warning,) = report.warnings
+    assert warning.startswith("did not learn at 1×: ") and "parity: encoder=nope" in warning
+    assert "copy: encoder=rope" in warning
+    out = io.StringIO()
+    report_main([tmp_path / "s"], console=Console(file=out, width=200), by=["encoder"], fmt="markdown",
+                err_console=Console(file=io.StringIO()))
+    assert "| encoder=nope (did not learn at 1×) | 1 |" in out.getvalue()
+    data = io.StringIO()
+    report_main([tmp_path / "s"], console=Console(file=data, width=200), by=["encoder"], fmt="json",
+                err_console=Console(file=io.StringIO()))
+    assert {(r["task"], r["group"]): r["did_not_learn"] for r in json.loads(data.getvalue())["tasks"]} == {
+        ("parity", "encoder=nope"): 1, ("parity", "encoder=rope"): 0, ("copy", "encoder=rope"): 1}
+
+
+def test_chance_comes_from_each_tasks_answer_alphabet():
+    """Every shipped task's answer tokens take exactly the values its answer alphabet says, so chance (a uniform
+    guess of each) is that many values to the power of the answer's length."""
+    import numpy as np
+
+    from posexp.tasks import chance_exact_match
+    from test_tasks import SHIPPED, make
+
+    for name in SHIPPED:
+        task = make(name)
+        made = task.instances(task.shortest_length(max(task.min_size, 4)), 400, np.random.default_rng(0))
+        values = len(np.unique(made.tokens[made.answer]))
+        assert values == type(task).answer_values(task.options()), name
+    assert chance_exact_match("parity", {}, 1) == 0.5
+    assert chance_exact_match("passkey", {"digits": 5}, 5) == pytest.approx(1e-5)
+    assert chance_exact_match("copy", {"symbols": 4}, 3) == pytest.approx(4.0 ** -3)
+    assert chance_exact_match("lm", {}, 3) is None

@@ -30,7 +30,8 @@ def _import_root(recorded: dict) -> list[str]:
 
 
 def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Optional[dict] = None,
-                         allow_changed: bool = False, warn: Optional[Callable[[str], None]] = None) -> None:
+                         allow_changed: bool = False, warn: Optional[Callable[[str], None]] = None,
+                         allow_option: str = ALLOW_FLAG) -> None:
     """A run trained with plugin encoders (the encoder itself, or a mix's layers) can be rebuilt here from the
     same code.
 
@@ -38,6 +39,7 @@ def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Opt
         encoder: the run's ``encoder`` config (its ``module`` names a module plugin's module).
         results: the run's results.json, if read already.
         allow_changed: go on with a changed source, with a warning (the user's ``--allow-changed-encoder``).
+        allow_option: how the user asks for ``allow_changed``, for the message: the flag, or from Python a keyword.
 
     Raises:
         PosexpError: one line: a plugin cannot be imported here, or its source changed since the run was trained.
@@ -45,11 +47,11 @@ def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Opt
     name = str(encoder["name"])
     for plugin, recorded in recorded_sources(run_dir, name, results).items():
         module = encoder.get(MODULE_KEY) if plugin == name else None
-        _check_one(run_dir, plugin, recorded, module, allow_changed, warn)
+        _check_one(run_dir, plugin, recorded, module, allow_changed, warn, allow_option)
 
 
 def _check_one(run_dir: Path, name: str, recorded: dict, module: Optional[str], allow_changed: bool,
-               warn: Optional[Callable[[str], None]]) -> None:
+               warn: Optional[Callable[[str], None]], allow_option: str = ALLOW_FLAG) -> None:
     """One plugin encoder ``name``: importable here, and its source file's SHA-256 the one the run recorded."""
     where = f"{recorded.get('module')}, {recorded.get('file')}" + (
         f", {recorded['distribution']} {recorded.get('version')}" if recorded.get("distribution") else "")
@@ -66,6 +68,6 @@ def _check_one(run_dir: Path, name: str, recorded: dict, module: Optional[str], 
     message = (f"{run_dir}: the source of encoder {name!r} changed since the run was trained: {now.get('file')} "
                f"has sha256 {str(new)[:12]}, the run recorded {old[:12]} ({recorded.get('file')})")
     if not allow_changed:
-        raise PosexpError(f"{message}; restore that file, or add {ALLOW_FLAG} to go on with the code as it is now")
+        raise PosexpError(f"{message}; restore that file, or add {allow_option} to go on with the code as it is now")
     if warn is not None:
-        warn(f"{message}; going on with the code as it is now ({ALLOW_FLAG})")
+        warn(f"{message}; going on with the code as it is now ({allow_option.split()[0]})")

@@ -12,9 +12,17 @@ over them (a single run: its own Wilson interval), and these metrics:
     tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which moves where exact
     match is 0 everywhere.
 ``maxlen@accP`` (default ``maxlen@acc90``)
-    The longest length up to which accuracy stays at least P% of the in-distribution accuracy (the
-    accuracy at the training length), every evaluated length from the training length on included;
-    n/a when the accuracy at the training length is 0.
+    The longest evaluated length up to which every evaluated length has exact-match accuracy of at least P%
+    (an absolute threshold); 0 when not even the shortest evaluated length reaches it.
+``maxlen@relP``
+    The longest length up to which exact-match accuracy stays at least P% of the accuracy at the training
+    length, every evaluated length from the training length on included (relative: a model at 0.2% at 1×
+    that stays there gets the longest length); n/a when the accuracy at the training length is 0.
+
+A run whose exact match at the training length (the plain rows) is within :data:`NEAR_CHANCE` of chance, a
+uniform guess of each answer token from the task's answer alphabet (:func:`posexp.tasks.chance_exact_match`;
+0 where the alphabet is not known), did not learn the task at 1×: its row is marked so, with a warning, for
+what it shows past 1× says nothing of extrapolation.
 """
 
 from __future__ import annotations
@@ -32,9 +40,13 @@ from posexp.reporting.stats import Stat, _stat
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
-TASK_METRIC_HELP = "acc@Kx (e.g. acc@4x), acc@N (N tokens), tok@Kx / tok@N (per-token), maxlen@accP (e.g. maxlen@acc90)"
+TASK_METRIC_HELP = ("acc@Kx (e.g. acc@4x), acc@N (N tokens), tok@Kx / tok@N (per-token), maxlen@accP (e.g. "
+                    "maxlen@acc90: the longest length up to which every evaluated length has exact match >= 90%), "
+                    "maxlen@relP (>= P% of the 1x exact match)")
 # the row field each kind of metric reads
-FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "tok": "token_accuracy"}
+FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "maxrel": "exact_match", "tok": "token_accuracy"}
+NEAR_CHANCE = 0.05  # exact match at 1x at most this far above chance: the run did not learn the task
+UNLEARNED = "did not learn at 1×"
 
 
 def is_task_run(run: Run) -> bool:
@@ -43,13 +55,13 @@ def is_task_run(run: Run) -> bool:
 
 
 def is_task_metric(text: str) -> bool:
-    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc"))
+    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc", "maxlen@rel"))
 
 
 @dataclass(frozen=True)
 class TaskMetric:
     name: str
-    kind: str  # "acc" (exact match), "tok" (per-token accuracy) or "maxlen"
+    kind: str  # "acc" (exact match), "tok" (per-token accuracy), "maxlen" (absolute) or "maxrel" (relative)
     multiple: Optional[float] = None
     length: Optional[int] = None
     share: float = 0.9
@@ -59,8 +71,11 @@ class TaskMetric:
             where = f"{self.multiple:g}x the training length" if self.multiple is not None else f"{self.length} tokens"
             what = "exact-match accuracy" if self.kind == "acc" else "per-token accuracy of the answer"
             return f"{self.name} = {what} (%) at {where}."
+        if self.kind == "maxlen":
+            return (f"{self.name} = the longest evaluated length up to which every evaluated length has exact-match "
+                    f"accuracy >= {self.share:.0%} (0: not even the shortest).")
         return (f"{self.name} = the longest length up to which exact-match accuracy stays >= {self.share:.0%} of "
-                "the accuracy at the training length.")
+                "the accuracy at the training length (relative to it, however low it is).")
 
 
 def parse_task_metric(text: str) -> TaskMetric:
@@ -69,10 +84,10 @@ def parse_task_metric(text: str) -> TaskMetric:
         return TaskMetric(raw, m.group(1), multiple=float(m.group(2)))
     if m := re.fullmatch(r"(acc|tok)@(\d+)", raw):
         return TaskMetric(raw, m.group(1), length=int(m.group(2)))
-    if m := re.fullmatch(r"maxlen@acc(\d+(?:\.\d+)?)%?", raw):
-        share = float(m.group(1)) / 100
+    if m := re.fullmatch(r"maxlen@(acc|rel)(\d+(?:\.\d+)?)%?", raw):
+        share = float(m.group(2)) / 100
         if 0 < share <= 1:
-            return TaskMetric(raw, "maxlen", share=share)
+            return TaskMetric(raw, "maxlen" if m.group(1) == "acc" else "maxrel", share=share)
     raise ConfigError("--metric", f"unknown task metric {text!r}; choose from {TASK_METRIC_HELP}")
 
 
@@ -108,6 +123,8 @@ def metric_value(metric: TaskMetric, acc: dict, train_len: Optional[int]) -> tup
         if cell is None:
             return None, None
         return (True, 100 * cell[1]) if cell[0] else (False, None)
+    if metric.kind == "maxlen":
+        return _absolute_maxlen(acc, metric.share)
     if train_len is None or train_len not in acc or not acc[train_len][0]:
         return None, None
     if not acc[train_len][1]:
@@ -122,6 +139,38 @@ def metric_value(metric: TaskMetric, acc: dict, train_len: Optional[int]) -> tup
     return (True, float(best)) if best is not None else (False, None)
 
 
+def _absolute_maxlen(acc: dict, share: float) -> tuple[Optional[bool], Optional[float]]:
+    """The longest evaluated length up to which every evaluated length has exact match >= ``share``; 0 when
+    the shortest has not (a length not applicable ends the run of lengths as a miss does)."""
+    if not acc:
+        return None, None
+    best = 0
+    for length in sorted(acc):
+        ok, value = acc[length][0], acc[length][1]
+        if not ok or value is None or value < share:
+            break
+        best = length
+    return True, float(best)
+
+
+def did_not_learn(run: Run) -> Optional[bool]:
+    """Whether a task run's exact match at its training length (its plain rows; passkey: the mean over depths) is
+    within :data:`NEAR_CHANCE` of chance (:func:`posexp.tasks.chance_exact_match`; 0 where the task's answer
+    alphabet is not known); None where the run has no such row."""
+    from posexp.tasks import chance_exact_match
+
+    cell = run_accuracy(run).get(run.train_len) if run.train_len is not None else None
+    if cell is None or not cell[0] or cell[1] is None:
+        return None
+    rows = [r for r in run.rows if row_metric(r) == ACCURACY and r.get("length") == run.train_len
+            and r.get("scaling") is None and window_key(r) is None and r.get("examples")]
+    answer_tokens = [r["answer_tokens"] / r["examples"] for r in rows if r.get("answer_tokens")]
+    task = run.info.get("task") if isinstance(run.info.get("task"), dict) else {}
+    chance = chance_exact_match(str(task.get("name")), task.get("options") or {},
+                                sum(answer_tokens) / len(answer_tokens)) if answer_tokens else None
+    return cell[1] <= (chance or 0.0) + NEAR_CHANCE
+
+
 @dataclass
 class TaskGroup:
     task: str
@@ -129,11 +178,20 @@ class TaskGroup:
     runs: list[Run]
     cells: dict[int, Stat] = field(default_factory=dict)
     metrics: dict[str, Stat] = field(default_factory=dict)
+    unlearned: int = 0  # how many of its runs did not learn the task at 1x (:func:`did_not_learn`)
 
     @property
     def train_len(self) -> Optional[int]:
         lengths = {r.train_len for r in self.runs}
         return lengths.pop() if len(lengths) == 1 else None
+
+    @property
+    def shown_label(self) -> str:
+        """The label as tables show it: marked when runs of the group did not learn the task at 1x."""
+        if not self.unlearned:
+            return self.label
+        how_many = "" if self.unlearned == len(self.runs) else f"{self.unlearned} of {len(self.runs)} "
+        return f"{self.label} ({how_many}{UNLEARNED})"
 
 
 @dataclass
@@ -194,11 +252,24 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
             group.metrics[metric.name] = _stat([metric_value(metric, acc, run.train_len)
                                                 for acc, run in zip(per_field[FIELDS[metric.kind]], group.runs)])
     ordered = sorted(groups.values(), key=lambda g: g.task)
+    warnings += _mark_unlearned(ordered)
     if view and not lengths:
         asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in view.items())
         raise ConfigError("--view", f"no accuracy rows of the selected task runs are {asked} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")
     return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings, scaling, window)
+
+
+def _mark_unlearned(groups: list[TaskGroup]) -> list[str]:
+    """Count each group's runs that did not learn the task at 1x; the warning that names them (none if none)."""
+    for group in groups:
+        group.unlearned = sum(bool(did_not_learn(run)) for run in group.runs)
+    marked = [f"{g.task}: {g.label}" for g in groups if g.unlearned]
+    if not marked:
+        return []
+    return [f"{UNLEARNED}: {'; '.join(marked)}: exact match at the training length within {100 * NEAR_CHANCE:g} "
+            "percentage points of chance (a uniform guess of each answer token), so what such a run shows past 1x "
+            "says nothing of extrapolation."]
 
 
 def _cell_text(stat: Optional[Stat], decimals: int = 1, of: int = 0) -> str:
@@ -230,8 +301,8 @@ def task_table_lines(report: TaskReport) -> list[str]:
             cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
             metric_cells = [_cell_text(g.metrics.get(name), 0 if name.startswith("maxlen") else 1, len(g.runs))
                             for name in metric_names]
-            lines.append("| " + " | ".join([g.label.replace("|", "\\|"), str(len(g.runs)), *cells, *metric_cells])
-                         + " |")
+            label = g.shown_label.replace("|", "\\|")
+            lines.append("| " + " | ".join([label, str(len(g.runs)), *cells, *metric_cells]) + " |")
         lines.append("")
     lines += [f"- {m.describe()}" for m in report.metrics]
     return lines
@@ -269,7 +340,7 @@ def print_task_report(report: TaskReport, console) -> None:
         groups = [g for g in report.groups if g.task == task]
         columns = [(str(n), [_cell_text(g.cells.get(n), of=len(g.runs)) for g in groups])
                    for n in sorted({n for g in groups for n in g.cells})]
-        columns += [(m.name, [_cell_text(g.metrics.get(m.name), 0 if m.kind == "maxlen" else 1, len(g.runs))
+        columns += [(m.name, [_cell_text(g.metrics.get(m.name), 0 if m.kind in ("maxlen", "maxrel") else 1, len(g.runs))
                               for g in groups]) for m in report.metrics]
         parts: list[list] = []
         for column in columns:
@@ -292,13 +363,13 @@ def _task_table(report: TaskReport, groups: list[TaskGroup], columns: list, titl
     table = Table(title=title)
     key = "group" if report.by else "run"
     # a label keeps its width (up to a point) on a narrow terminal and wraps; a number never does
-    table.add_column(key, overflow="fold", min_width=min(12, max(len(key), *(len(g.label) for g in groups))))
+    table.add_column(key, overflow="fold", min_width=min(12, max(len(key), *(len(g.shown_label) for g in groups))))
     table.add_column("n", justify="right", no_wrap=True)
     for header, _ in columns:
         table.add_column(header, justify="right", no_wrap=True)
     for i, g in enumerate(groups):
         # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
-        table.add_row(Text(g.label), str(len(g.runs)), *(cells[i] for _, cells in columns))
+        table.add_row(Text(g.shown_label), str(len(g.runs)), *(cells[i] for _, cells in columns))
     return table
 
 
@@ -326,8 +397,10 @@ def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) 
 # -- machine-readable formats (posexp report --format) ---------------------------------------------
 
 def _task_records(report: TaskReport) -> list[dict]:
-    """One record per group: its task, label, runs, training length, accuracy per length and metrics."""
+    """One record per group: its task, label, runs, training length, how many of its runs did not learn at 1x,
+    accuracy per length and metrics."""
     return [{"task": g.task, "group": g.label, "n": len(g.runs), "train_len": g.train_len,
+             "did_not_learn": g.unlearned,
              "exact_match": {str(n): stat.as_dict() for n, stat in sorted(g.cells.items())},
              "metrics": {name: stat.as_dict() for name, stat in g.metrics.items()}} for g in report.groups]
 
@@ -340,18 +413,20 @@ def render_task_json(report: TaskReport) -> str:
 
 
 def render_task_csv(report: TaskReport) -> str:
-    """One CSV row per group and value: task, group, n, train_len, what (a length or a metric), mean, low, high."""
+    """One CSV row per group and value: task, group, n, train_len, what (a length or a metric), mean, low, high,
+    did_not_learn (how many of the group's runs did not learn the task at 1x)."""
     import csv
     import io
 
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["task", "group", "n", "train_len", "what", "mean", "low", "high"])
+    writer.writerow(["task", "group", "n", "train_len", "what", "mean", "low", "high", "did_not_learn"])
     for record in _task_records(report):
         values = [(f"exact_match@{n}", stat) for n, stat in record["exact_match"].items()]
         for what, stat in [*values, *record["metrics"].items()]:
             writer.writerow([record["task"], record["group"], record["n"], record["train_len"], what,
-                             *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high"))])
+                             *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high")),
+                             record["did_not_learn"]])
     return out.getvalue()
 
 
@@ -374,7 +449,7 @@ def render_task_latex(report: TaskReport) -> str:
             cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
             cells += [_cell_text(g.metrics.get(name), 0 if name.startswith("maxlen") else 1, len(g.runs))
                       for name in names]
-            out.append(" & ".join([latex_escape(g.label), str(len(g.runs)), *map(latex_escape, cells)]) + " \\\\")
+            out.append(" & ".join([latex_escape(g.shown_label), str(len(g.runs)), *map(latex_escape, cells)]) + " \\\\")
         out += ["\\bottomrule", "\\end{tabular}", ""]
     return "\n".join(out)
 

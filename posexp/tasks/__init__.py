@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -63,6 +63,17 @@ def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Op
     return cls(symbols, min_size)
 
 
+def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float) -> Optional[float]:
+    """The exact match of a guess that draws each of an instance's ``answer_tokens`` answer tokens uniformly from
+    the task's answer alphabet (:meth:`Task.answer_values`): ``values ** -answer_tokens``. 0.5 for parity, 10^-5
+    for a 5-digit passkey, about 0 for copying 16 symbols. None for a task not known here (e.g. ``lm``)."""
+    cls = TASKS.get(name)
+    values = cls.answer_values(options) if cls is not None else None
+    if values is None or answer_tokens <= 0:
+        return None
+    return float(values) ** -float(answer_tokens)
+
+
 def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
     """16 hex digits naming what a task's instances are made from: generator, options, and data for passkey."""
     blob = json.dumps({"task": task.name, "options": task.options(), "version": GENERATOR_VERSION,
@@ -70,5 +81,5 @@ def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-__all__ = ["LM", "PAD", "TASKS", "TASK_NAMES", "Instances", "Task", "build_task", "check_task_name",
-           "task_fingerprint"]
+__all__ = ["LM", "PAD", "TASKS", "TASK_NAMES", "Instances", "Task", "build_task", "chance_exact_match",
+           "check_task_name", "task_fingerprint"]

@@ -20,6 +20,7 @@ DIGIT0, PLUS, EQUALS = 1, 11, 12
 
 class Addition(Task):
     name = "addition"
+    answer_alphabet = 10  # the sum's digits
     citation = "Kazemnejad et al. 2023; Lee et al. 2023 (reversed digits)"
     size_unit = "digits per operand"
 

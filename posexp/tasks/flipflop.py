@@ -21,6 +21,7 @@ P_IGNORE, P_WRITE = 0.8, 0.1  # the rest reads
 
 class FlipFlop(Task):
     name = "flipflop"
+    answer_alphabet = 2  # the bits read back
     citation = "Liu et al. 2023 (flip-flop language modelling)"
     size_unit = "instructions"
     smallest = 2

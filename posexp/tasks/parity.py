@@ -18,6 +18,7 @@ BIT0, EQUALS = 1, 3
 
 class Parity(Task):
     name = "parity"
+    answer_alphabet = 2  # one bit
     citation = "Delétang et al. 2023; Ruoss et al. 2023; Kazemnejad et al. 2023"
     size_unit = "bits"
 

@@ -30,6 +30,7 @@ def _bytes(text: bytes, count: int) -> np.ndarray:
 
 class Passkey(Task):
     name = "passkey"
+    answer_alphabet = 10  # the key's decimal digits
     citation = "Mohtashami & Jaggi 2023 (landmark attention, passkey retrieval)"
     size_unit = "filler tokens"
     smallest = 0

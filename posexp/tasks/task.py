@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class Task(ABC):
     size_unit: str = "items"  # what a size counts, for messages
     default_symbols: Optional[int] = None
     smallest: int = 1  # the smallest size the task is defined for
+    answer_alphabet: Optional[int] = None  # the values one answer token can take; None: the task's symbols
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None):
         if symbols is not None and self.default_symbols is None:
@@ -89,6 +90,15 @@ class Task(ABC):
     def options(self) -> dict:
         """What, besides its name, defines the task's instances (provenance and the task's fingerprint)."""
         return {"symbols": self.symbols} if self.default_symbols is not None else {}
+
+    @classmethod
+    def answer_values(cls, options: Mapping[str, Any]) -> Optional[int]:
+        """How many values one answer token can take, for a task of recorded ``options`` (:meth:`options`): its
+        fixed answer alphabet (digits, bits), else its ``symbols``; None when neither is known."""
+        if cls.answer_alphabet is not None:
+            return cls.answer_alphabet
+        symbols = options.get("symbols", cls.default_symbols)
+        return int(symbols) if isinstance(symbols, (int, float)) and symbols >= 2 else None
 
     # -- lengths ------------------------------------------------------------------------------
 

@@ -1,0 +1,167 @@
+"""Runs as one long table: every result row of every run, with the run's config beside it.
+
+:func:`load_runs` is what a notebook starts from: one pandas DataFrame, one line per result row of each run's
+``results.json``, the columns that say which run it is (encoder, base, seed, train_len, task, ...) joined on, so
+that a table for a paper is one pivot::
+
+    import posexp
+
+    df = posexp.load_runs("outputs/multirun/2026-11-22/10-00-00")
+    df[df.protocol == "nonoverlap"].pivot_table(index="encoder", columns="length", values="ppl")
+
+Torch-free: it reads run folders only (:mod:`posexp.reporting.runs`), never a model.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from typing import Any, Optional, Sequence
+
+from posexp.errors import ConfigError, PosexpError
+from posexp.reporting.runs import Run, load_run
+from posexp.reporting.selection import config_value
+from posexp.runs.layout import ROW_KEY, find_runs
+
+LM_TASK = "lm"  # the task column of a language-modelling run (task=lm)
+NO_SCALING = "none"  # the scaling column of a row measured without one, as eval.scaling spells it
+
+# The run's columns, first in the table. ``scaling`` is not among them: it is the row's own (how the row was
+# evaluated); a fine-tune's recorded scaling is ``ft_scaling``.
+RUN_COLUMNS = ("run", "encoder", "base", "seed", "train_len", "task", "ft_scaling", "ft_scaling_factor", "parent",
+               "config_hash", "status", "label")
+
+
+def run_columns(run: Run) -> dict[str, Any]:
+    """The columns every result row of ``run`` gets: which run, which encoding, seed, task and lineage.
+
+    ``ft_scaling``, ``ft_scaling_factor`` and ``parent`` are set for a fine-tune (``posexp finetune``) only.
+    """
+    task = run.info.get("task")
+    finetune = isinstance(run.info.get("finetune"), dict)
+    return {"run": str(run.path), "encoder": run.info.get("encoder"), "base": run.info.get("base"),
+            "seed": run.info.get("seed"), "train_len": run.info.get("train_len"),
+            "task": str(task.get("name")) if isinstance(task, dict) else LM_TASK,
+            "ft_scaling": run.info.get("scaling") if finetune else None,
+            "ft_scaling_factor": run.info.get("scaling_factor") if finetune else None,
+            "parent": run.info.get("parent") if finetune else None,
+            "config_hash": run.info.get("config_hash"), "status": run.status, "label": run.info.get("label")}
+
+
+def run_records(run: Run, columns: Sequence[str] = ()) -> list[dict]:
+    """One dict per result row of ``run``: :func:`run_columns`, then the row's own fields, then the dotted config
+    keys ``columns`` asks for (None where the run has no such key).
+
+    A run that did not finish (``status`` failed or diverged) has no rows: it gives one record with its columns
+    and no measurement, so that a table of a sweep does not lose it without a word. A row's field named like a
+    run column (other than ``task``, which means the same in both) is kept as ``row_NAME``.
+    """
+    base = run_columns(run)
+    extra = {key: _value(run, key) for key in columns if key not in base}
+    records = []
+    for row in run.rows or [{}]:
+        record = dict(base)
+        for key, value in row.items():
+            record[key if key not in base or key == "task" else f"row_{key}"] = value
+        if row:
+            record["scaling"] = NO_SCALING if row.get("scaling") is None else row["scaling"]
+        record.update(extra)
+        records.append(record)
+    return records
+
+
+def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: Optional[Sequence[str]] = None,
+              strict: bool = False):
+    """Every result row of the runs under ``paths`` as one long pandas DataFrame.
+
+    One line per row of each run's ``results.json`` (length x protocol x scaling x window; for a task,
+    length x depth), in the order :func:`~posexp.runs.layout.find_runs` finds the runs. Besides the row's own
+    fields (``metric``, ``length``, ``multiple``, ``protocol``, ``stride``, ``last_k``, ``scaling`` and
+    ``scaling_factor`` of evaluation, ``window``, ``sinks``, ``ppl``, ``ppl_low``, ``ppl_high``, ``loss``,
+    ``exact_match``, ...), each line carries its run's columns:
+
+    - ``run``: the run folder; ``label``: its overrides; ``status``: completed, failed or diverged;
+    - ``encoder``, ``base``, ``seed``, ``train_len``, ``config_hash``;
+    - ``task``: the task's name, ``lm`` for language modelling;
+    - ``ft_scaling``, ``ft_scaling_factor``, ``parent``: what a fine-tune was trained with and from (empty for a
+      run trained from scratch). ``scaling`` is the row's own, applied at evaluation (``none`` without one).
+
+    Example::
+
+        df = posexp.load_runs(["outputs/multirun/2026-11-22/10-00-00"], columns=["model.n_layers"])
+        plain = df[(df.protocol == "nonoverlap") & (df.scaling == "none") & df.window.isna()]
+        plain.pivot_table(index="encoder", columns="length", values="ppl")   # mean over seeds
+
+    Args:
+        paths: run folders, sweep folders or any folder above them (searched recursively).
+        columns: dotted config keys to add as columns (``model.n_layers``, ``encoder.rotary_fraction``), as
+            ``posexp report --by`` reads them; a key already among the columns is not added twice.
+        strict: raise on a ``results.json`` that cannot be read; by default such a run is left out, with a warning.
+
+    Returns:
+        A ``pandas.DataFrame``.
+
+    Raises:
+        PosexpError: no run under ``paths``, or (``strict``) a run's results cannot be read.
+        ConfigError: (``columns``) a key no run's config has, with the closest known key.
+    """
+    runs = []
+    for folder in find_runs(paths):
+        try:
+            runs.append(load_run(folder))
+        except PosexpError as e:
+            if strict:
+                raise
+            warnings.warn(f"left out: {e}", stacklevel=2)
+    keys = list(dict.fromkeys(columns or ()))
+    for key in keys:
+        _check_key(key, runs)
+    return records_table([record for run in runs for record in run_records(run, keys)], keys)
+
+
+def records_table(records: list[dict], columns: Sequence[str] = ()):
+    """:func:`run_records` of one or many runs as the pandas DataFrame :func:`load_runs` returns."""
+    import pandas as pd
+
+    df = pd.DataFrame.from_records(records)
+    # the keys that say how a row was measured are columns even where no run has them (no windowed row: window)
+    wanted = [*RUN_COLUMNS, "metric", *ROW_KEY, *columns]
+    df = df.reindex(columns=[*df.columns, *(name for name in wanted if name not in df.columns)])
+    for name in _integer_columns(records, list(df.columns)):
+        df[name] = df[name].astype("Int64")
+    return df
+
+
+def _value(run: Run, key: str) -> Any:
+    value = config_value(run, key)
+    return None if type(value) is object else value  # config_value's sentinel: the run has no such key
+
+
+def _check_key(key: str, runs: list[Run]) -> None:
+    if key in RUN_COLUMNS or any(type(config_value(run, key)) is not object for run in runs):
+        return
+    known = sorted({*(k for run in runs for k, v in run.info.items() if not isinstance(v, (dict, list))),
+                    *(k for run in runs[:20] for k in _flatten(run.config))})
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError("columns", f"unknown config key {key!r}: no run has it{hint}")
+
+
+def _flatten(node: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in node.items():
+        keys += _flatten(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [f"{prefix}{key}"]
+    return keys
+
+
+def _integer_columns(records: list[dict], names: list[str]) -> list[str]:
+    """Counts that a record without them (a run without rows) would turn into floats (``length`` 128.0): they
+    become pandas' nullable ``Int64`` (128, and <NA> in the gap)."""
+    out = []
+    for name in names:
+        values = [r.get(name) for r in records]
+        present = [v for v in values if v is not None]
+        if present and len(present) < len(values) and all(type(v) is int for v in present):
+            out.append(name)
+    return out
