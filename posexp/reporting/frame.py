@@ -22,7 +22,8 @@ from typing import Any, Optional, Sequence
 from posexp.errors import ConfigError, PosexpError
 from posexp.reporting.runs import Run, load_run
 from posexp.reporting.selection import config_value
-from posexp.runs.layout import ROW_KEY, find_runs
+from posexp.runs.layout import find_runs
+from posexp.runs.row import ROW_KEY
 
 LM_TASK = "lm"  # the task column of a language-modelling run (task=lm)
 NO_SCALING = "none"  # the scaling column of a row measured without one, as eval.scaling spells it
