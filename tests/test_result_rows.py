@@ -98,3 +98,46 @@ def test_a_report_writes_into_a_folder_of_its_own_and_leaves_no_stale_figure(tmp
     (plain / "report_ppl_vs_length.png").write_bytes(b"left by an earlier report")
     report_main([sweep], console=quiet)  # the same report again replaces its own files, nothing else
     assert not (plain / "report_ppl_vs_length.png").exists()
+
+
+# -- any key as a column --------------------------------------------------------------------------------
+
+def _window_runs(tmp_path: Path) -> list[Path]:
+    """Three seeds of one encoding, each evaluated plain and within a 64-token window: the plain rows are
+    better by 0.5 ± a little at 256 (2×), the same at 128 (the window covers the whole context)."""
+    runs = []
+    for seed, noise in ((0, 0.01), (1, -0.02), (2, 0.015)):
+        rows = [_row(128, 3.0 + noise, eval_tokens=4096), _row(256, 3.2 + noise, eval_tokens=4096),
+                _row(128, 3.0 + noise, eval_tokens=4096, window=64, sinks=None),
+                _row(256, 3.7 + 2 * noise, eval_tokens=4096, window=64, sinks=None)]
+        runs.append(_write(tmp_path / str(seed), rows, seed=seed))
+    return runs
+
+
+def test_cols_window_pivots_plain_against_window_with_a_paired_verdict(tmp_path):
+    from posexp.reporting.pivot import build_pivot, render_pivot_json
+    from posexp.reporting.runs import load_run
+
+    pivot = build_pivot([load_run(p) for p in _window_runs(tmp_path)], ["encoder"], ["window"])
+    assert pivot.columns == [(None,), (64,)]  # the plain rows are the baseline
+    cell = pivot.cell(("rope",), 256, (64,))
+    diff, low, high = cell.diff()
+    assert len(cell.values) == 3 and diff == pytest.approx(0.5 + 0.005 / 3, abs=1e-9) and low > 0
+    assert any("beats its own window at 2×" in note for note in pivot.notes), pivot.notes
+    table = json.loads(render_pivot_json(pivot))
+    assert table["baseline"] == {"window": None} and {c["length"] for c in table["cells"]} == {128, 256}
+
+
+def test_cols_on_the_command_line_prints_one_table_and_names_an_unknown_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    _window_runs(tmp_path / "sweep")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--by", "encoder", "--cols", "window"],
+                                env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    assert "window=none (baseline)" in result.output and "window=64 (Δ)" in result.output
+    assert (tmp_path / "sweep" / "reports" / "by-encoder-cols-window" / "pivot.csv").is_file()
+    bad = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--cols", "windw"])
+    assert bad.exit_code == 2 and "--cols" in bad.output and "windw" in bad.output and "Traceback" not in bad.output

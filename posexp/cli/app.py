@@ -288,7 +288,7 @@ def report(
     folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", help="Where to write report.md (with figures), summary.md and summary.csv; "
-                                  "default: the folder given."),
+                                  "default: reports/NAME/ in the folder given (here, for several)."),
     by: Optional[List[str]] = typer.Option(
         None, "--by", help="Group by config keys, comma-separated: encoder,base,train_len,model.n_layers,... "
                            "Runs with the same values (e.g. seeds) are averaged with a 95% t-interval."),
@@ -320,6 +320,10 @@ def report(
                                "group's mean) or 0.05 (in each metric's unit); a group whose 90% interval lies "
                                "within it is 'equivalent within 2%' (two one-sided tests). Without it no "
                                "equivalence is claimed."),
+    cols: Optional[List[str]] = typer.Option(
+        None, "--cols", help="Pivot: the values of a row or run key as columns, the first the baseline, each other "
+                             "with its paired difference beside it: window (plain vs window, with a verdict), "
+                             "scaling (none vs yarn), protocol, seed, encoder, base, any config key. Lines: --by."),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
@@ -330,7 +334,7 @@ def report(
     try:
         report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
                     tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline,
-                    view=view, margin=margin)
+                    view=view, margin=margin, cols=cols)
     except PosexpError as e:
         fail(e)
 

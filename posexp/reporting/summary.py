@@ -23,8 +23,10 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 from rich.console import Console
@@ -34,9 +36,8 @@ from rich.text import Text
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_METRIC_HELP, TASK_RENDERERS)
-from posexp.reporting.extension import (EXTENSION_RENDERERS, ExtensionTable, build_extension_table, extension_runs,
-                                        render_extension_csv, render_extension_latex, render_extension_markdown,
-                                        rich_extension_table)
+from posexp.reporting.extension import EXTENSION_RENDERERS, build_extension_table, extension_runs, rich_extension_table
+from posexp.reporting.pivot import PIVOT_RENDERERS, build_pivot, rich_pivot
 from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.document import write_report, write_summary
@@ -44,7 +45,7 @@ from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
 from posexp.reporting.selection import DEFAULT_TOLERANCE, METRIC_HELP, parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
-from posexp.runs.layout import EXTENSION_CSV, EXTENSION_TEX, REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+from posexp.runs.layout import REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")
@@ -56,7 +57,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
                 where: Sequence[str] | str | None = None, sort: Optional[str] = None, fmt: str = "rich",
                 err_console: Console | None = None, strict: bool = False, baseline: Sequence[str] | str | None = None,
                 view: Sequence[str] | str | None = None, margin: str | float | None = None,
-                _sweep_end: bool = False) -> Path:
+                cols: Sequence[str] | str | None = None, _sweep_end: bool = False) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
@@ -104,12 +105,11 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
-    # a parent and its fine-tunes: the one table a paper prints
-    extension = _extension(report) if report is not None and not (by or where or wanted) else None
-    _print_tables(report, task_report, fmt, console, notes, extension)
-    out_dir = _out_dir(paths, out, where, wanted, by)
+    lead = _lead_table(report, by, cols, where, wanted) if report is not None else None
+    _print_tables(report, task_report, fmt, console, notes, lead)
+    out_dir = _out_dir(paths, out, where, wanted, by, cols)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)
-    return _write_files(report, task_report, out_dir, notes, extension)
+    return _write_files(report, task_report, out_dir, notes, lead)
 
 
 def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
@@ -129,53 +129,71 @@ def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
             raise PosexpError(f"cannot replace the earlier report's {out_dir / name}: {e.strerror or e}") from None
 
 
-def _extension(report: Report) -> Optional[ExtensionTable]:
-    """The context-extension table when the report's runs are a parent and its fine-tunes (or the fine-tunes
-    alone), else None."""
-    found = extension_runs([row.run for row in report.rows])
-    return None if found is None else build_extension_table(*found)
+@dataclass
+class LeadTable:
+    """A table that stands in for the perplexity report's: the context-extension table of a parent and its
+    fine-tunes, or a pivot (``--cols``). Printed in any format, and written at the top of report.md with its csv
+    and LaTeX beside it."""
+
+    name: str
+    title: str
+    rich: Any
+    renderers: dict[str, Callable[[], str]]
+    warnings: list[str]
+
+    def print(self, fmt: str, console: Console, notes: Console) -> None:
+        if fmt == "rich":
+            console.print(self.rich)
+        else:
+            console.file.write(self.renderers[fmt]())
+            console.file.flush()
+        for warning in self.warnings:
+            notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+
+    def write(self, out_dir: Path) -> None:
+        report_md = out_dir / REPORT_MD
+        rest = report_md.read_text(encoding="utf-8") if report_md.is_file() else ""
+        atomic_write_text(report_md, f"# {self.title}\n\n" + self.renderers["markdown"]() + "\n" + rest)
+        atomic_write_text(out_dir / f"{self.name}.csv", self.renderers["csv"]())
+        atomic_write_text(out_dir / f"{self.name}.tex", self.renderers["latex"]())
 
 
-def _print_extension(table: ExtensionTable, fmt: str, console: Console, notes: Console) -> None:
-    if fmt == "rich":
-        console.print(rich_extension_table(table))
-    else:
-        console.file.write(EXTENSION_RENDERERS[fmt](table))
-        console.file.flush()
-    for warning in table.warnings:
-        notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
-
-
-def _write_extension(table: ExtensionTable, out_dir: Path) -> None:
-    """The extension table in markdown at the top of report.md, and as extension.csv / extension.tex beside it."""
-    report_md = out_dir / REPORT_MD
-    rest = report_md.read_text(encoding="utf-8") if report_md.is_file() else ""
-    atomic_write_text(report_md, "# Context extension\n\n" + render_extension_markdown(table) + "\n" + rest)
-    atomic_write_text(out_dir / EXTENSION_CSV, render_extension_csv(table))
-    atomic_write_text(out_dir / EXTENSION_TEX, render_extension_latex(table))
+def _lead_table(report: Report, by, cols, where, wanted) -> Optional[LeadTable]:
+    """``--cols``: the pivot; a parent and its fine-tunes given alone: the context-extension table; else None."""
+    runs = [row.run for row in report.rows]
+    if cols:
+        pivot = build_pivot(runs, parse_by(by), parse_by(cols))
+        return LeadTable("pivot", f"Perplexity by {', '.join(pivot.cols)}", rich_pivot(pivot),
+                         {f: partial(r, pivot) for f, r in PIVOT_RENDERERS.items()}, [])
+    found = extension_runs(runs) if not (by or where or wanted) else None
+    if found is None:
+        return None
+    table = build_extension_table(*found)
+    return LeadTable("extension", "Context extension", rich_extension_table(table),
+                     {f: partial(r, table) for f, r in EXTENSION_RENDERERS.items()}, table.warnings)
 
 
 def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console,
-                 extension: Optional[ExtensionTable] = None) -> Path:
-    """report.md with its figures, the task sections, the curves and summary.md in ``out_dir`` (the context-extension
-    table first); the path of summary.md."""
+                 lead: Optional[LeadTable] = None) -> Path:
+    """report.md with its figures, the task sections, the curves and summary.md in ``out_dir`` (a lead table, the
+    context-extension table or a pivot, first); the path of summary.md."""
     full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
     write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
     csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
-    if extension is not None:
-        _write_extension(extension, out_dir)
+    if lead is not None:
+        lead.write(out_dir)
     notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
     return out_dir / SUMMARY_MD
 
 
 def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], fmt: str, console: Console,
-                  notes: Console, extension: Optional[ExtensionTable] = None) -> None:
+                  notes: Console, lead: Optional[LeadTable] = None) -> None:
     """The table(s) to ``console`` in ``fmt``; with a machine-readable format, the warnings to ``notes``. A
-    context-extension table stands in for the perplexity report's."""
-    if extension is not None:
-        _print_extension(extension, fmt, console, notes)
+    context-extension table or a pivot (``--cols``) stands in for the perplexity report's."""
+    if lead is not None:
+        lead.print(fmt, console, notes)
     elif report is not None:
         if fmt == "rich":
             print_report(report, console)
@@ -212,7 +230,7 @@ def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
 
 def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
              where: Sequence[str] | str | None, wanted: Optional[dict] = None,
-             by: Sequence[str] | str | None = None) -> Path:
+             by: Sequence[str] | str | None = None, cols: Sequence[str] | str | None = None) -> Path:
     """Where the report's files go: ``--out``; else a folder of the report's own, ``reports/NAME/`` inside the one
     folder given (here when several were given), NAME saying what it shows (``default``, ``by-encoder``,
     ``view-window=128``, ``where-encoder=alibi``, the folders' names when several). What a run or a sweep wrote
@@ -223,6 +241,7 @@ def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
     filters = [where] if isinstance(where, str) else list(where or [])
     parts = ["+".join(f.name or "." for f in folders)] if len(folders) > 1 else []
     parts += ["by-" + ",".join(parse_by(by))] if by else []
+    parts += ["cols-" + ",".join(parse_by(cols))] if cols else []
     parts += ["where-" + "-".join(filters)] if filters else []
     parts += [view_slug(wanted)] if wanted else []
     name = re.sub(r"[^A-Za-z0-9=.,!+_-]+", "_", "-".join(parts) or "default")[:120]

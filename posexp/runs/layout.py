@@ -82,11 +82,11 @@ REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
 REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
 REPORT_CURVE_PLOT = "report_curve.png"  # the runs' curve.csv side by side
-EXTENSION_CSV = "extension.csv"  # a parent and its fine-tunes: the context-extension table (also in report.md)
-EXTENSION_TEX = "extension.tex"
+# a table standing in for the report's (a parent and its fine-tunes; a pivot, --cols): also at the top of report.md
+LEAD_FILES = ("extension.csv", "extension.tex", "pivot.csv", "pivot.tex")
 # everything a report may write, so that a report written again leaves no figure of the last one behind
 REPORT_FILES = (REPORT_MD, "summary.md", "summary.csv", PPL_PLOT, REPORT_PLOT, REPORT_POSITION_PLOT,
-                REPORT_TRAINING_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, EXTENSION_CSV, EXTENSION_TEX)
+                REPORT_TRAINING_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, *LEAD_FILES)
 
 # The columns of loss_by_position.csv: the row's key (posexp.runs.row.POSITION_KEY, the length last), then the
 # position and its loss; and, only in a file with rows of a windowed evaluation (eval.window), the window and its

@@ -1,0 +1,242 @@
+"""Any key as a column: ``posexp report DIRS --by KEY --cols KEY`` pivots the result rows of the runs.
+
+``--cols`` names a row key (``window``, ``scaling``, ``protocol``) or a run key (``seed``, ``encoder``,
+``base``, any dotted config key); its values become the table's columns, the first of them the baseline, and
+every other column shows its difference to the baseline beside it, paired run by run (the same model measured
+two ways, or the same seed trained two ways). ``--by`` names the lines (one per value, seeds averaged); the
+lengths are the table's rows within a line, so the table grows down, not across.
+
+What the table does not pivot on stays fixed at its plain value: the ``nonoverlap`` protocol, no scaling, no
+window, the perplexity metric. With ``--cols window``, each window also gets a paired verdict against its own
+plain rows ("beats its own window at 8×", :func:`posexp.reporting.difference.window_verdicts`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from posexp.errors import ConfigError
+from posexp.reporting.difference import window_verdicts
+from posexp.reporting.frame import NO_SCALING, run_records
+from posexp.reporting.runs import Run
+from posexp.reporting.stats import mean_interval
+from posexp.runs.row import VIEW_KEY
+
+# what stays fixed unless pivoted on, and the value it is fixed at
+FIXED = {"protocol": "nonoverlap", "scaling": NO_SCALING, "window": None, "sinks": None, "metric": "perplexity"}
+
+
+@dataclass
+class PivotCell:
+    """The runs' perplexities in one cell, and their differences to the baseline column (paired by run)."""
+
+    values: dict[Any, float] = field(default_factory=dict)  # run (or seed) -> perplexity
+    diffs: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> Optional[float]:
+        return mean_interval(list(self.values.values()))[0] if self.values else None
+
+    def diff(self) -> tuple[Optional[float], Optional[float], Optional[float]]:
+        """Mean difference to the baseline column with its 95% paired t-interval (None: n < 2)."""
+        return mean_interval(self.diffs) if self.diffs else (None, None, None)
+
+
+@dataclass
+class Pivot:
+    """Lines (``--by`` values) × lengths × columns (``--cols`` values, the first the baseline)."""
+
+    by: list[str]
+    cols: list[str]
+    columns: list[tuple]
+    lines: list[tuple]
+    lengths: dict[tuple, list[int]]
+    cells: dict[tuple, PivotCell]
+    notes: list[str] = field(default_factory=list)
+
+    def cell(self, line: tuple, length: int, column: tuple) -> PivotCell:
+        return self.cells.get((line, length, column), PivotCell())
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def label(keys: Sequence[str], values: tuple) -> str:
+    if list(keys) == ["label"]:  # no --by: a line per run, named by its overrides
+        return _show(values[0])
+    return " ".join(f"{k}={_show(v)}" for k, v in zip(keys, values)) or "all runs"
+
+
+def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivot:
+    """The pivot of ``runs``' perplexity rows (see the module docstring).
+
+    Raises:
+        ConfigError: for ``--cols``: no key, or a key no run or row has.
+    """
+    cols, by = list(cols), list(by) or ["label"]
+    if not cols:
+        raise ConfigError("--cols", "give a row or run key, e.g. --cols window, --cols scaling, --cols seed")
+    keys = [k for k in (*by, *cols) if "." in k or k in ("base",)]
+    records = [r for run in runs for r in run_records(run, keys)]
+    for key in cols:
+        if not any(key in r for r in records):
+            raise ConfigError("--cols", f"unknown key {key!r}: no run or row has it; e.g. window, scaling, protocol, "
+                                        "seed, encoder, base")
+    fixed = {k: v for k, v in FIXED.items() if k not in cols and k not in by}
+    chosen = [r for r in records if all(r.get(k) == v for k, v in fixed.items()) and r.get("ppl") is not None]
+    columns = list(dict.fromkeys(tuple(r.get(k) for k in cols) for r in chosen))
+    columns.sort(key=lambda c: [(v not in (None, NO_SCALING), str(v)) for v in c])  # plain first: the baseline
+    lines = list(dict.fromkeys(tuple(r.get(k) for k in by) for r in chosen))
+    per_run: dict[tuple, dict] = {}
+    for r in chosen:
+        line, column = tuple(r.get(k) for k in by), tuple(r.get(k) for k in cols)
+        per_run.setdefault((line, int(r["length"]), column), {}).setdefault(_pair_key(r, cols), float(r["ppl"]))
+    pivot = Pivot(by, cols, columns, lines, {}, {})
+    for (line, length, column), values in per_run.items():
+        base = per_run.get((line, length, columns[0]), {})
+        cell = PivotCell(values, [v - base[k] for k, v in values.items() if k in base and column != columns[0]])
+        pivot.cells[(line, length, column)] = cell
+        pivot.lengths.setdefault(line, [])
+        if length not in pivot.lengths[line]:
+            pivot.lengths[line].append(length)
+    for line in lines:
+        pivot.lengths[line] = sorted(pivot.lengths.get(line, []))
+    if "window" in cols:
+        pivot.notes += _window_notes(pivot, runs)
+    return pivot
+
+
+def _pair_key(record: dict, cols: list[str]) -> Any:
+    """What pairs a cell's value with the baseline's: the run (same model, measured two ways), or, when the
+    columns are run keys, the seed (same data order and initialisation, trained two ways)."""
+    return record["run"] if set(cols) <= {*VIEW_KEY, "metric"} else record.get("seed")
+
+
+def _window_notes(pivot: Pivot, runs: list[Run]) -> list[str]:
+    """Per line and window, whether the runs beat their own window, paired run by run."""
+    train_len = next((r.train_len for r in runs if r.train_len), None)
+    notes = []
+    plain = next((c for c in pivot.columns if c[pivot.cols.index("window")] is None), None)
+    for line in pivot.lines:
+        for column in pivot.columns:
+            if column == plain or plain is None:
+                continue
+            per_run: dict[Any, dict[int, tuple[float, float]]] = {}
+            for length in pivot.lengths[line]:
+                mine, theirs = pivot.cell(line, length, plain).values, pivot.cell(line, length, column).values
+                for run in mine.keys() & theirs.keys():
+                    per_run.setdefault(run, {})[length] = (mine[run], theirs[run])
+            if not per_run:
+                continue
+            verdicts = window_verdicts(list(per_run.values()), train_len)
+            said = "; ".join(v.text for v in verdicts.values())
+            notes.append(f"{label(pivot.by, line)} against {label(pivot.cols, column)}: {said}")
+    return notes
+
+
+# -- rendering -------------------------------------------------------------------------------------------
+
+def _num(value: Optional[float], signed: bool = False) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return (f"{value:+.2f}".replace("-", "−")) if signed else f"{value:.2f}"
+
+
+def _text(pivot: Pivot, line: tuple, length: int, column: tuple) -> str:
+    cell = pivot.cell(line, length, column)
+    if cell.mean is None:
+        return "—"
+    text = _num(cell.mean)
+    diff, low, high = cell.diff()
+    if diff is not None:
+        text += f" ({_num(diff, True)}"
+        text += f" [{_num(low, True)}, {_num(high, True)}])" if low is not None else ")"
+    return text
+
+
+def header(pivot: Pivot) -> list[str]:
+    names = [label(pivot.cols, c) + (" (baseline)" if i == 0 else " (Δ)") for i, c in enumerate(pivot.columns)]
+    return [", ".join(pivot.by) if pivot.by != ["label"] else "run", "length", *names]
+
+
+def rows(pivot: Pivot) -> list[list[str]]:
+    return [[label(pivot.by, line) if i == 0 else "", str(n), *(_text(pivot, line, n, c) for c in pivot.columns)]
+            for line in pivot.lines for i, n in enumerate(pivot.lengths[line])]
+
+
+def caption(pivot: Pivot) -> str:
+    fixed = ", ".join(f"{k}={_show(v)}" for k, v in FIXED.items() if k not in pivot.cols and k not in pivot.by
+                      and k != "metric")
+    return (f"Perplexity by length, columns by {', '.join(pivot.cols)} ({fixed}); beside each column its "
+            "difference to the baseline column, paired run by run (mean over runs, 95% t-interval when n ≥ 2).")
+
+
+def render_pivot_markdown(pivot: Pivot) -> str:
+    head = header(pivot)
+    out = [caption(pivot), "", "| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
+    out += ["| " + " | ".join(r) + " |" for r in rows(pivot)]
+    out += [""] + [f"- {note}" for note in pivot.notes] if pivot.notes else []
+    return "\n".join(out) + "\n"
+
+
+def render_pivot_csv(pivot: Pivot) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*pivot.by, "length", *pivot.cols, "ppl", "n", "diff_vs_baseline", "diff_low", "diff_high"])
+    for line in pivot.lines:
+        for n in pivot.lengths[line]:
+            for column in pivot.columns:
+                cell = pivot.cell(line, n, column)
+                if cell.mean is not None:
+                    w.writerow([*line, n, *column, cell.mean, len(cell.values), *cell.diff()])
+    return buf.getvalue()
+
+
+def render_pivot_json(pivot: Pivot) -> str:
+    cells = []
+    for line in pivot.lines:
+        for n in pivot.lengths[line]:
+            for column in pivot.columns:
+                cell = pivot.cell(line, n, column)
+                if cell.mean is not None:
+                    diff, low, high = cell.diff()
+                    cells.append({**dict(zip(pivot.by, line)), "length": n, **dict(zip(pivot.cols, column)),
+                                  "ppl": cell.mean, "n": len(cell.values), "diff_vs_baseline": diff,
+                                  "diff_low": low, "diff_high": high})
+    return json.dumps({"by": pivot.by, "cols": pivot.cols, "baseline": dict(zip(pivot.cols, pivot.columns[0]))
+                       if pivot.columns else None, "cells": cells, "notes": pivot.notes}, indent=2, default=str) + "\n"
+
+
+def render_pivot_latex(pivot: Pivot) -> str:
+    def tex(text: str) -> str:
+        return (text.replace("_", r"\_").replace("%", r"\%").replace("−", "$-$").replace("Δ", r"$\Delta$")
+                .replace("—", "---").replace("≥", r"$\geq$"))
+
+    head = header(pivot)
+    out = [r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}", r"\toprule", " & ".join(map(tex, head)) + r" \\",
+           r"\midrule"] + [" & ".join(map(tex, r)) + r" \\" for r in rows(pivot)]
+    return "\n".join(out + [r"\bottomrule", r"\end{tabular}", f"% {tex(caption(pivot))}"]) + "\n"
+
+
+def rich_pivot(pivot: Pivot) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"perplexity by {', '.join(pivot.cols)}",
+                  caption="\n".join([caption(pivot), *pivot.notes]))
+    for i, name in enumerate(header(pivot)):
+        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i == 1)
+    for r in rows(pivot):
+        table.add_row(*r)
+    return table
+
+
+PIVOT_RENDERERS = {"markdown": render_pivot_markdown, "csv": render_pivot_csv, "json": render_pivot_json,
+                   "latex": render_pivot_latex}
