@@ -141,3 +141,45 @@ def test_cols_on_the_command_line_prints_one_table_and_names_an_unknown_key(tmp_
     assert (tmp_path / "sweep" / "reports" / "by-encoder-cols-window" / "pivot.csv").is_file()
     bad = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--cols", "windw"])
     assert bad.exit_code == 2 and "--cols" in bad.output and "windw" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_grouped_report_is_one_table_at_100_columns_and_wraps_its_intervals_at_80(tmp_path):
+    from posexp.reporting.lm_report import build_report
+    from posexp.reporting.render import print_report
+
+    runs = []
+    for encoder, growth in (("rope", 1.3), ("alibi", 1.02), ("sinusoidal", 3.0)):
+        for seed in range(3):
+            rows = [_row(n, 3.0 * growth ** i + 0.05 * seed, eval_tokens=65536)
+                    for i, n in enumerate((128, 256, 512, 1024, 2048))]
+            folder = _write(tmp_path / f"{encoder}{seed}", rows, seed=seed)
+            data = json.loads((folder / "results.json").read_text())
+            data["run"].update(encoder=encoder, config={"encoder": {"name": encoder}, "seed": seed})
+            (folder / "results.json").write_text(json.dumps(data))
+            runs.append(folder)
+    report = build_report(runs, by="encoder")
+    for width, tables in ((100, 1), (80, 2)):
+        out = io.StringIO()
+        print_report(report, Console(file=out, width=width))
+        text = out.getvalue()
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert text.count(" encoder ") == tables, text  # one header row per table
+        assert "243.05" in text and "±0.12" in text  # no number cut
+
+
+def test_a_runs_figure_is_titled_by_its_encoding_and_a_sweeps_lines_are_coloured_by_what_it_varies(tmp_path):
+    from posexp.reporting.lm_report import build_report
+    from posexp.reporting.render import plot_groups
+    from posexp.runs.results import plot_title
+
+    assert plot_title({"encoder": "rope", "base": 10000.0, "label": "default", "train_len": 128}) == \
+        "rope, base 10000 (trained at 128 tokens)"
+    runs = []
+    for encoder in ("rope", "alibi"):
+        for seed in (0, 1):
+            folder = _write(tmp_path / f"{encoder}{seed}", [_row(128, 3.0 + seed)], seed=seed)
+            data = json.loads((folder / "results.json").read_text())
+            data["run"].update(encoder=encoder, overrides=[f"encoder={encoder}", f"seed={seed}"])
+            (folder / "results.json").write_text(json.dumps(data))
+            runs.append(folder)
+    assert plot_groups(build_report(runs)) == ["rope", "rope", "alibi", "alibi"]  # seeds share a colour

@@ -11,12 +11,13 @@ import math
 import os
 import textwrap
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from posexp.plots.style import FIG_HEIGHT_IN, fit_label, mark_train_len, new_figure, save_png
 
-# Past this many series a legend inside the axes hides the data, so it moves below.
-MAX_INSIDE_LEGEND = 6
+# A legend inside the axes can hide data ("best" placement still covered a curve that ran along the top), so
+# every legend goes below the axes, outside the data.
+MAX_INSIDE_LEGEND = 0
 # Past this many, a legend is a wall of text taller than the plot; colours then follow
 # series order on a gradient and the caller's table is the key.
 MAX_LEGEND_SERIES = 30
@@ -37,6 +38,7 @@ def plot_ppl_vs_length(
     train_len: int | None = None,
     title: str | None = None,
     ylabel: str = "perplexity",
+    colour_by: Optional[Sequence[Any]] = None,
 ) -> Path:
     """Plot perplexity against evaluation length, one line per series, and save it as PNG.
 
@@ -52,19 +54,21 @@ def plot_ppl_vs_length(
         train_len: training context length, drawn as a dashed vertical line.
         title: optional figure title.
         ylabel: y axis label, e.g. ``"perplexity (per byte)"``.
+        colour_by: per series, the group it belongs to (e.g. its encoder, for a sweep's seeds): series of one
+            group share a colour. None: a colour per series.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
     fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
-    ticks, any_points, any_gaps = draw_series(ax, series, named)
+    ticks, any_points, any_gaps = draw_series(ax, series, named, colour_by=colour_by)
     return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
                             title=title, named=named, n_series=len(series), legend_below=legend_below,
                             legend_cols=legend_cols, y_axis=lambda a: _ppl_axis(a, any_points))
 
 
 def draw_series(ax, series: Sequence[Series], named: bool, value: Callable[[Optional[float]], float] | None = None,
-                what: str = "perplexities") -> tuple[set[int], bool, bool]:
+                what: str = "perplexities", colour_by: Optional[Sequence[Any]] = None) -> tuple[set[int], bool, bool]:
     """One line (and band) per series, gaps marked on the bottom edge; returns (lengths, any point, any gap).
 
     ``value`` maps each number (and interval bound) to what is drawn, NaN for a gap (default: the number
@@ -77,7 +81,10 @@ def draw_series(ax, series: Sequence[Series], named: bool, value: Callable[[Opti
     ticks: set[int] = set()
     any_points = any_gaps = False
     value = value or _finite_or_nan
-    for (label, lengths, ppls, lows, highs), color in zip(series, _colors(len(series))):
+    groups = list(colour_by) if colour_by is not None else list(range(len(series)))
+    palette = dict(zip(dict.fromkeys(groups), _colors(len(set(groups)))))
+    for (label, lengths, ppls, lows, highs), group in zip(series, groups):
+        color = palette[group]
         if len(lengths) != len(ppls):
             raise ValueError(f"series {label!r}: {len(lengths)} lengths but {len(ppls)} {what}")
         ticks.update(int(n) for n in lengths)

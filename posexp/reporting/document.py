@@ -15,7 +15,7 @@ from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
 from posexp.reporting.formatting import MAX_BANDS, _display_path, _fmt_int, _fmt_num, _fmt_view, _md, _plural
-from posexp.reporting.render import (_legend, _plot_series, _ppl_label, _settings, _table_notes, render_csv,
+from posexp.reporting.render import (_legend, _plot_series, _ppl_label, _settings, _table_notes, plot_groups, render_csv,
                                      render_markdown, render_table_markdown)
 from posexp.runs.layout import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV, SUMMARY_MD, read_position_curve, read_training_curve)
 
@@ -43,7 +43,7 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         _writable_folder(out_dir, "summary")
         if plot:
             plot_ppl_vs_length(
-                _plot_series(report), out_dir / PPL_PLOT, train_len=report.train_len,
+                _plot_series(report), out_dir / PPL_PLOT, train_len=report.train_len, colour_by=plot_groups(report),
                 title=f"protocol: {_fmt_view(report.protocol, report.scaling, report.window)}", ylabel=_ppl_label(report),
             )
         atomic_write_text(out_dir / SUMMARY_CSV, render_csv(report, out_dir))
@@ -132,8 +132,10 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
         view = _fmt_view(report.protocol, report.scaling, report.window)
         # Without --by the groups are the runs, and the summary's figure is this one.
         ppl_file = REPORT_PLOT if report.by else PPL_PLOT
+        drawn = [g for g in report.groups if any(c.applicable for c in g.cells.values())]  # as _group_plot_series
         plot_ppl_vs_length(_group_plot_series(report), out_dir / ppl_file, train_len=report.train_len,
-                           title=f"protocol: {view}", ylabel=_ppl_label(report))
+                           title=f"protocol: {view}", ylabel=_ppl_label(report),
+                           colour_by=None if report.by else plot_groups(report, [g.rows[0].run for g in drawn]))
         write_summary(report, out_dir, plot=bool(report.by))
         figures = [(ppl_file, "Perplexity vs context length",
                     "Lines: " + ("mean over each group's runs; bands: 95% t-interval over runs (the run's own "

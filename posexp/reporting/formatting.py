@@ -114,7 +114,7 @@ def table_width(table: Any) -> int:
     for column in table.columns:
         texts = [str(column.header), *(str(cell) for cell in column.cells)]
         if column.no_wrap:
-            width = max(len(t) for t in texts)
+            width = max(len(line) for t in texts for line in t.split("\n"))  # a stacked cell: its longest line
         else:
             width = max([column.min_width or 0, *(len(w) for t in texts for w in t.split())])
         needed += width + 3

@@ -243,7 +243,7 @@ def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:
         if run.overrides is None:
             labels.append(str(run.info.get("label") or run.path.name))
         else:
-            labels.append(" ".join(o for o in run.overrides if o not in shared) or "default")
+            labels.append(" ".join(_short_override(o) for o in run.overrides if o not in shared) or "default")
 
     counts = Counter(labels)
     if max(counts.values()) > 1:
@@ -265,6 +265,15 @@ def _shown(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None
     """The rows of ``run`` in the view (protocol, scaling, window) the table shows."""
     return [row for row in run.rows
             if row.get("protocol") == protocol and row.get("scaling") == scaling and window_key(row) == window]
+
+
+def _short_override(override: str) -> str:
+    """An override as a label shows it: a folder value (``parent=/home/me/outputs/sweep/0``) by its last two parts
+    (``parent=sweep/0``), which is what tells runs apart; the table's runs section has the whole path."""
+    key, sep, value = override.partition("=")
+    if sep and os.sep in value and len(Path(value).parts) > 2:
+        return f"{key}={Path(*Path(value).parts[-2:]).as_posix()}"
+    return override
 
 
 def _cells(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> dict[int, Cell]:

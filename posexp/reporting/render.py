@@ -64,6 +64,15 @@ def _plot_series(report: Report) -> list[tuple]:
     return series
 
 
+def plot_groups(report: Report, runs: Optional[list] = None) -> list[str]:
+    """Per run (of ``runs``; default: those :func:`_plot_series` draws), what colours its line: the values of the
+    keys a sweep varies, so that its seeds share a colour, or the run itself when nothing varies but the seed."""
+    if runs is None:
+        runs = [row.run for row in report.rows if any(c.applicable for c in row.cells.values())]
+    keys = sweep_keys([row.run for row in report.rows])
+    return [" ".join(_show(config_value(run, k)) for k in keys) or str(run.path) for run in runs]
+
+
 def sweep_comparison(report: Report) -> Optional[Comparison]:
     """The comparison of a report built without ``--by``, grouped by what its runs' overrides vary (not the seed).
 
@@ -218,16 +227,18 @@ def print_report(report: Report, console: Console | None = None) -> None:
     lines = [_group_cells(report, group) for group in report.groups]
     best = _best_cells(report)
     numbers = list(range(n_keys, len(columns) - 1))  # lengths and metrics; the last column is the flags
+    # one table: each interval beside its mean where that fits, else under it; in parts only past that
+    stacked = not _ReportTable(report, columns, lines, n_keys, numbers, flags=True).width_fits(console)
     parts: list[list[int]] = []
     for i in numbers:
-        if parts and _ReportTable(report, columns, lines, n_keys, parts[-1] + [i]).width_fits(console):
+        if parts and _ReportTable(report, columns, lines, n_keys, parts[-1] + [i], stacked=stacked).width_fits(console):
             parts[-1].append(i)
         else:
             parts.append([i])
     parts = parts or [[]]  # no lengths or metrics at all: the keys and flags still make a table
     for k, part in enumerate(parts):
         console.print(_ReportTable(report, columns, lines, n_keys, part, title=k == 0,
-                                   flags=k == len(parts) - 1, best=best).table)
+                                   flags=k == len(parts) - 1, best=best, stacked=stacked).table)
     for note in _table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     if report.comparison is not None:
@@ -267,11 +278,11 @@ class _ReportTable:
     """The report's Rich table with the key columns and the number columns ``shown`` (and the flags)."""
 
     def __init__(self, report: Report, columns: list[str], lines: list, n_keys: int, shown: list[int],
-                 title: bool = True, flags: bool = False, best: frozenset | set = frozenset()):
+                 title: bool = True, flags: bool = False, best: frozenset | set = frozenset(), stacked: bool = False):
         keep = [*range(n_keys), *shown, *([len(columns) - 1] if flags else [])]
         # No vertical rules: a dozen columns of "4.92 ±0.10" fit a normal terminal that way.
         self.table = Table(title=_title(report) if title else None, title_style="bold", header_style="bold",
-                           box=box.SIMPLE_HEAD)
+                           box=box.SIMPLE_HEAD, pad_edge=not stacked)
         for i in keep:
             name = columns[i]
             if i < n_keys and name != "n":
@@ -280,8 +291,9 @@ class _ReportTable:
                 self.table.add_column(name, overflow="fold", min_width=min(widest, 12))
             elif name == "flags":
                 self.table.add_column(name, style="yellow", overflow="fold")
-            else:
-                self.table.add_column(name, justify="right", no_wrap=True)
+            else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
+                header = name.replace(" (", "\n(").replace("@", "\n@") if stacked else name
+                self.table.add_column(header, justify="right", no_wrap=True)
         for g, (group, line) in enumerate(zip(report.groups, lines)):
             texts = []
             for i in keep:
@@ -289,7 +301,8 @@ class _ReportTable:
                 style = "bold green" if (g, i) in best else "" if stat is None or stat.applicable else "dim"
                 # Text(), not str: labels like "model=[a,b]" would otherwise be parsed as Rich markup.
                 texts.append(Text(text) if stat is None else
-                             Text(_stat_text(stat, decimals, group, plus_minus=" ±"), style=style))
+                             Text(_stat_text(stat, decimals, group, plus_minus="\n±" if stacked else " ±"),
+                                  style=style))
             self.table.add_row(*texts, style="yellow" if group.flags else None)
 
     def width_fits(self, console: Console) -> bool:

@@ -206,7 +206,7 @@ class ResultsTable:
             dropped.append(next(c for c in reversed(columns) if c[2]))
             columns.remove(dropped[-1])
         # the fixed phrase first: Rich wraps a long title to the table's width, and labels can be long
-        table = Table(title=f"perplexity by context length — {run['label']} (trained at {run['train_len']} tokens)")
+        table = Table(title=f"perplexity by context length — {plot_title(run)}")
         for name, justify, _ in columns:
             if name == "evaluation":  # the one text column: wraps at its spaces, folds only a word wider than itself
                 table.add_column(name, justify=justify, overflow="fold")
@@ -229,6 +229,15 @@ class ResultsTable:
 def results_table(results: dict) -> ResultsTable | Table:
     """The per-run table (a Rich renderable that fits the terminal it is printed on); a task run's accuracy."""
     return task_table(results) if is_task_results(results) else ResultsTable(results)
+
+
+def plot_title(run: dict) -> str:
+    """A run's figure title: its encoding first (``rope, base 10000``), then what its overrides set, then its
+    training length; never the bare ``default`` of a run started without overrides."""
+    base = f", base {run['base']:g}" if isinstance(run.get("base"), (int, float)) else ""
+    label = str(run.get("label") or "")
+    shown = "" if label in ("", "default") else f" — {label}"
+    return f"{run.get('encoder') or '?'}{base}{shown} (trained at {run['train_len']} tokens)"
 
 
 def write_results(run_dir: Path, results: dict) -> None:
@@ -255,7 +264,7 @@ def write_results(run_dir: Path, results: dict) -> None:
         series.append((label, [r["length"] for r in rows], [r["ppl"] for r in rows],
                        [r.get("ppl_low") for r in rows], [r.get("ppl_high") for r in rows]))
     plot_ppl_vs_length(series, run_dir / PPL_PLOT, train_len=run["train_len"],
-                       title=f"{run['label']} (trained at {run['train_len']} tokens)",
+                       title=plot_title(run),
                        ylabel=f"perplexity (per {token_unit(run)})")
     atomic_write_text(run_dir / RESULTS_CSV, results_csv(results))
     atomic_write_text(run_dir / RESULTS_MD, results_markdown(results))
