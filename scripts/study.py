@@ -129,6 +129,16 @@ STUDIES = {
                        "scaling=none,linear,ntk,yarn", ONE_THREAD]},
         [Table("perplexity per byte at 512, 1024 and 2048", _report(
             ["{finetunes}"], "--by", "scaling,train.steps", "--metric", "ppl@512,ppl@1024,ppl@2048"))]),
+    "extension": Study(
+        "one context extension as one table: the default rope run (trained at 128), the same run under each "
+        "evaluation-time scaling, and its fine-tunes to 512, at the same lengths, from one posexp report",
+        "about 3 minutes for the parent, 4 evaluations, and 3-6 minutes per fine-tune on one thread",
+        {"parent": ["train", ONE_THREAD, "eval.multiples=[1,4,8,16]"],
+         "finetunes": ["finetune", "{parent}", "train_len=512", "-m", "scaling=none,yarn", "train.steps=200",
+                       ONE_THREAD]},
+        [Table("parent, evaluation-time scalings and fine-tunes (posexp report PARENT FINETUNES)",
+               _report(["{parent}", "{finetunes}"]))],
+        evals=[["eval", "{parent}", f"eval.scaling={s}", "eval.multiples=[1,4,8,16]"] for s in ("linear", "yarn")]),
     "speed": Study(
         "training and evaluation speed next to transformers and x-transformers (pip install -e '.[bench]')",
         "about 20 minutes",

@@ -183,3 +183,15 @@ def test_a_runs_figure_is_titled_by_its_encoding_and_a_sweeps_lines_are_coloured
             (folder / "results.json").write_text(json.dumps(data))
             runs.append(folder)
     assert plot_groups(build_report(runs)) == ["rope", "rope", "alibi", "alibi"]  # seeds share a colour
+
+
+def test_a_views_header_states_only_the_protocol_it_shows(tmp_path):
+    from posexp.reporting.summary import report_main
+
+    rows = [_row(128, 3.0, eval_tokens=4096), _row(256, 3.3, eval_tokens=4096),
+            _row(128, 3.1, eval_tokens=4096, protocol="last_k", last_k=32),
+            _row(256, 3.05, eval_tokens=4096, protocol="last_k", last_k=32)]
+    run = _write(tmp_path / "run", rows)
+    md = report_main([run], console=Console(file=io.StringIO()), view="protocol=last_k").parent / "report.md"
+    text = md.read_text()
+    assert "last\\_k" in text and "nonoverlap" not in text.split("## Runs")[0]
