@@ -171,3 +171,15 @@ def test_the_keys_of_a_result_row_are_listed_in_one_place():
                 if key <= names:
                     found.append(f"{name}:{node.lineno}")
     assert not found, f"a second list of the row key: {found}; take it from posexp.runs.row"
+
+
+def test_reporting_modules_import_no_private_names_from_one_another():
+    """What one module of reporting/ offers another is public: no ``from .x import _name`` inside the package."""
+    found = []
+    for name, path in MODULES.items():
+        if not name.startswith("posexp.reporting"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("posexp.reporting"):
+                found += [f"{name} <- {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not found, found

@@ -738,13 +738,13 @@ def test_report_md_is_self_contained_with_figures(tmp_path):
 
 
 def test_legend_names_encoding_and_base(tmp_path):
-    from posexp.reporting.render import _legend
+    from posexp.reporting.render import legend_label
 
     runs = seeds(tmp_path, "rope", [3.0, 3.1]) + seeds(tmp_path, "alibi", [3.5], base=None)
     report = build_report(runs, by="encoder")
-    assert [_legend(report, g) for g in report.groups] == ["rope, base 10000 (n=2)", "alibi"]
+    assert [legend_label(report, g) for g in report.groups] == ["rope, base 10000 (n=2)", "alibi"]
     report = build_report(runs)
-    assert _legend(report, report.groups[0]) == "rope, base 10000, seed=0"
+    assert legend_label(report, report.groups[0]) == "rope, base 10000, seed=0"
 
 
 def test_cli_report_options_and_errors(tmp_path):

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from typing import Any, Optional, Sequence
 
-from posexp.reporting.formatting import _fmt_settings, _short
+from posexp.reporting.formatting import fmt_settings, short_id
 from posexp.reporting.runs import base_train_len
 
 
@@ -54,10 +54,10 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
     train_len, len_keys = majority([base_train_len(row.run) for row in rows])
 
     checks = [
-        (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({_short(i.get('corpus_fingerprint'))}) "
-                                                f"vs {corpus_name} ({_short(corpus_fp)}) for the others"),
-        (eval_keys, "different eval settings", lambda i: f"eval settings {_fmt_settings(i.get('eval_settings'))} "
-                                                         f"vs {_fmt_settings(eval_settings)} for the others"),
+        (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({short_id(i.get('corpus_fingerprint'))}) "
+                                                f"vs {corpus_name} ({short_id(corpus_fp)}) for the others"),
+        (eval_keys, "different eval settings", lambda i: f"eval settings {fmt_settings(i.get('eval_settings'))} "
+                                                         f"vs {fmt_settings(eval_settings)} for the others"),
         (len_keys, "different train length", lambda i: f"trained at {i.get('parent_train_len') or i.get('train_len')} "
                                                        f"tokens vs {train_len} for the others"),
     ][:2 if train_len_varies else 3]

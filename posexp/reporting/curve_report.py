@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from posexp.reporting.formatting import NOT_APPLICABLE, _md
+from posexp.reporting.formatting import NOT_APPLICABLE, md_escape
 from posexp.reporting.runs import Run
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.curve import read_curve
@@ -111,7 +111,7 @@ def curve_lines(panels: Sequence[CurvePanel]) -> list[str]:
             ratio, since = diverged_from(panel.rows, m)
             cells.append(NOT_APPLICABLE if ratio is None else f"{ratio:.2f}" + (f" (from {since})" if since is not None else ""))
         last = max(r["step"] for r in panel.rows)
-        lines.append(f"| {_md(panel.label)} | {panel.runs} | {last} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md_escape(panel.label)} | {panel.runs} | {last} | " + " | ".join(cells) + " |")
     lines += ["", f"Each cell: perplexity at that multiple of the training length over perplexity at 1x, at the "
                   f"last step; (from S): above {1 + DIVERGED:g}x at every point from step S on."]
     return lines

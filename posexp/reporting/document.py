@@ -14,8 +14,8 @@ from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
-from posexp.reporting.formatting import MAX_BANDS, _display_path, _fmt_int, _fmt_num, _fmt_view, _md, _plural
-from posexp.reporting.render import (_legend, _plot_series, _ppl_label, _settings, _table_notes, plot_groups, render_csv,
+from posexp.reporting.formatting import MAX_BANDS, display_path, fmt_int, fmt_num, fmt_view, md_escape, plural
+from posexp.reporting.render import (legend_label, plot_series, ppl_label, settings_note, table_notes, plot_groups, render_csv,
                                      render_markdown, render_table_markdown)
 from posexp.runs.layout import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV, SUMMARY_MD, read_position_curve, read_training_curve)
 
@@ -43,8 +43,8 @@ def write_summary(report: Report, out_dir: str | os.PathLike, plot: bool = True)
         _writable_folder(out_dir, "summary")
         if plot:
             plot_ppl_vs_length(
-                _plot_series(report), out_dir / PPL_PLOT, train_len=report.train_len, colour_by=plot_groups(report),
-                title=f"protocol: {_fmt_view(report.protocol, report.scaling, report.window)}", ylabel=_ppl_label(report),
+                plot_series(report), out_dir / PPL_PLOT, train_len=report.train_len, colour_by=plot_groups(report),
+                title=f"protocol: {fmt_view(report.protocol, report.scaling, report.window)}", ylabel=ppl_label(report),
             )
         atomic_write_text(out_dir / SUMMARY_CSV, render_csv(report, out_dir))
         return atomic_write_text(out_dir / SUMMARY_MD, render_markdown(report, out_dir))
@@ -66,7 +66,7 @@ def _group_plot_series(report: Report) -> list[tuple]:
     for group in groups:
         lengths = [n for n in report.lengths if n in group.cells]
         stats = [group.cells[n] for n in lengths]
-        series.append((_legend(report, group), lengths, [s.mean if s.applicable else None for s in stats],
+        series.append((legend_label(report, group), lengths, [s.mean if s.applicable else None for s in stats],
                        [s.low for s in stats] if bands else None, [s.high for s in stats] if bands else None))
     return series
 
@@ -88,7 +88,7 @@ def _position_series(report: Report) -> list[tuple]:
                 weights[position] = weights.get(position, 0) + count
         positions = sorted(p for p in sums if weights[p] > 0)
         if positions:
-            series.append((f"{_legend(report, group)}, L={length}", length, positions,
+            series.append((f"{legend_label(report, group)}, L={length}", length, positions,
                            [sums[p] / weights[p] for p in positions], [weights[p] for p in positions]))
     return series
 
@@ -103,7 +103,7 @@ def _training_series(report: Report) -> list[tuple]:
                 by_step.setdefault(step, []).append(loss)
         if by_step:
             steps = sorted(by_step)
-            series.append((_legend(report, group), steps, [math.fsum(by_step[s]) / len(by_step[s]) for s in steps]))
+            series.append((legend_label(report, group), steps, [math.fsum(by_step[s]) / len(by_step[s]) for s in steps]))
     return series
 
 
@@ -129,12 +129,12 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
     out_dir = Path(out_dir)
     try:
         _writable_folder(out_dir, "report")
-        view = _fmt_view(report.protocol, report.scaling, report.window)
+        view = fmt_view(report.protocol, report.scaling, report.window)
         # Without --by the groups are the runs, and the summary's figure is this one.
         ppl_file = REPORT_PLOT if report.by else PPL_PLOT
         drawn = [g for g in report.groups if any(c.applicable for c in g.cells.values())]  # as _group_plot_series
         plot_ppl_vs_length(_group_plot_series(report), out_dir / ppl_file, train_len=report.train_len,
-                           title=f"protocol: {view}", ylabel=_ppl_label(report),
+                           title=f"protocol: {view}", ylabel=ppl_label(report),
                            colour_by=None if report.by else plot_groups(report, [g.rows[0].run for g in drawn]))
         write_summary(report, out_dir, plot=bool(report.by))
         figures = [(ppl_file, "Perplexity vs context length",
@@ -168,20 +168,20 @@ def render_report_markdown(report: Report, out_dir: str | os.PathLike | None = N
     lines = ["# Positional encodings: perplexity vs context length", ""]
     what = (f"{n_runs} run{'s' if n_runs != 1 else ''}" +
             (f" in {len(report.groups)} groups by {', '.join(report.by)}" if report.by else ""))
-    lines.append(f"Compared {what} ({_plural('encoder', report.encoders)}: {', '.join(report.encoders)}).")
+    lines.append(f"Compared {what} ({plural('encoder', report.encoders)}: {', '.join(report.encoders)}).")
     if report.filters:
         lines.append(f"Only runs with {' and '.join(f'`{f}`' for f in report.filters)}.")
     if report.shared_overrides:
         lines.append(f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.")
-    lines += ["", *(f"- {item}" for item in _settings(report)), ""]
+    lines += ["", *(f"- {item}" for item in settings_note(report)), ""]
     for warning in report.warnings:
-        lines += [f"> **Warning:** {_md(warning)}", ">"]
+        lines += [f"> **Warning:** {md_escape(warning)}", ">"]
     if report.warnings:
         lines[-1] = ""
     lines.append(render_table_markdown(report))
-    lines += [f"- {_md(note)}" for note in _table_notes(report)]
+    lines += [f"- {md_escape(note)}" for note in table_notes(report)]
     if report.comparison is not None:
-        lines += ["", *comparison_markdown(report.comparison, _md)]
+        lines += ["", *comparison_markdown(report.comparison, md_escape)]
     for file, title, caption in figures:
         lines += ["", f"## {title}", "", f"![{title.lower()}]({file})", "", caption]
     lines += ["", "## Runs", "", "| run | group | folder | encoder | base | train len | seed | params | steps "
@@ -191,8 +191,8 @@ def render_report_markdown(report: Report, out_dir: str | os.PathLike | None = N
         for row in group.rows:
             info, train = row.run.info, row.run.info.get("train") or {}
             lines.append("| " + " | ".join([
-                _md(row.label), _md(group.label), f"`{_display_path(row.run.path, out_dir)}`",
-                _md(str(info.get("encoder", ""))), _fmt_num(info.get("base")), _fmt_num(info.get("train_len")),
-                _fmt_num(info.get("seed")), _fmt_int(info.get("params")), _fmt_int(train.get("steps")),
-                _fmt_num(train.get("final_loss"), ".3f"), _md(row.run.status)]) + " |")
+                md_escape(row.label), md_escape(group.label), f"`{display_path(row.run.path, out_dir)}`",
+                md_escape(str(info.get("encoder", ""))), fmt_num(info.get("base")), fmt_num(info.get("train_len")),
+                fmt_num(info.get("seed")), fmt_int(info.get("params")), fmt_int(train.get("steps")),
+                fmt_num(train.get("final_loss"), ".3f"), md_escape(row.run.status)]) + " |")
     return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ NOT_APPLICABLE = "n/a"  # the encoding cannot run at this length (e.g. learned p
 MAX_BANDS = 6
 
 
-def _fmt_view(protocol: Any, scaling: Any, window: Any = None) -> str:
+def fmt_view(protocol: Any, scaling: Any, window: Any = None) -> str:
     """``nonoverlap``, ``nonoverlap with scaling yarn``, ``nonoverlap with window 128 + 4 sinks``."""
     text = f"{protocol}" + (f" with scaling {scaling}" if scaling is not None else "")
     if window is not None:
@@ -29,37 +29,37 @@ def _fmt_view(protocol: Any, scaling: Any, window: Any = None) -> str:
     return text
 
 
-def _fmt_settings(settings: Any) -> str:
+def fmt_settings(settings: Any) -> str:
     if isinstance(settings, dict):
         return ", ".join(f"{k}={v}" for k, v in settings.items()) or "none"
     return "unknown" if settings is None else str(settings)
 
 
-def _fmt_fixed(value: float, decimals: int) -> str:
+def fmt_fixed(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
 
 
-def _fmt_ppl(value: float) -> str:
+def fmt_ppl(value: float) -> str:
     return f"{value:.2f}" if math.isfinite(value) else str(value)
 
 
-def _fmt_ratio(value: Optional[float]) -> str:
+def fmt_ratio(value: Optional[float]) -> str:
     return NOT_APPLICABLE if value is None else f"{value:.2f}"
 
 
-def _fmt_num(value: Any, spec: str = "g") -> str:
+def fmt_num(value: Any, spec: str = "g") -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
-def _fmt_int(value: Any) -> str:
+def fmt_int(value: Any) -> str:
     return f"{int(value):,}" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 
 
-def _num(value: Any) -> Optional[float]:
+def as_number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _csv(value: Any) -> str:
+def csv_cell(value: Any) -> str:
     """None as an empty cell, booleans lowercase like JSON, dicts as JSON."""
     if value is None:
         return ""
@@ -70,21 +70,21 @@ def _csv(value: Any) -> str:
     return str(value)
 
 
-def _short(fingerprint: Any) -> str:
+def short_id(fingerprint: Any) -> str:
     return "none" if fingerprint is None else str(fingerprint)[:12]
 
 
-def _plural(word: str, items: list) -> str:
+def plural(word: str, items: list) -> str:
     return word if len(items) == 1 else word + "s"
 
 
-def _md(text: str) -> str:
+def md_escape(text: str) -> str:
     """Escape what would break a markdown table cell or turn into emphasis."""
     text = str(text).replace("\n", " ")
     return re.sub(r"([\\|*_`\[\]<>])", r"\\\1", text)
 
 
-def _display_path(path: Path, out_dir: str | os.PathLike | None) -> str:
+def display_path(path: Path, out_dir: str | os.PathLike | None) -> str:
     """Relative to the summary when the run lives under it, or under the folder whose ``reports/NAME/`` holds the
     summary (``../../0``), so a sweep folder can be moved with its reports."""
     if out_dir is not None:

@@ -143,16 +143,16 @@ def _check_key(key: str, runs: list[Run]) -> None:
     if key in RUN_COLUMNS or any(type(config_value(run, key)) is not object for run in runs):
         return
     known = sorted({*(k for run in runs for k, v in run.info.items() if not isinstance(v, (dict, list))),
-                    *(k for run in runs[:20] for k in _flatten(run.config))})
+                    *(k for run in runs[:20] for k in flatten_config(run.config))})
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError("columns", f"unknown config key {key!r}: no run has it{hint}")
 
 
-def _flatten(node: dict, prefix: str = "") -> list[str]:
+def flatten_config(node: dict, prefix: str = "") -> list[str]:
     keys = []
     for key, value in node.items():
-        keys += _flatten(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [f"{prefix}{key}"]
+        keys += flatten_config(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [f"{prefix}{key}"]
     return keys
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from posexp.reporting.formatting import _fmt_settings, _short
+from posexp.reporting.formatting import fmt_settings, short_id
 from posexp.reporting.metrics import metric_value
-from posexp.reporting.selection import EXECUTION_KEYS, SortKey, _ABSENT, _canon, _flatten, _show, config_value
+from posexp.reporting.selection import EXECUTION_KEYS, SortKey, ABSENT, canon, flatten_config, show_value, config_value
 from posexp.reporting.runs import base_train_len
-from posexp.reporting.stats import Stat, _stat
+from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.reporting.table import Group, Report, ReportRow
 
 
-def _group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> list[Group]:
+def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> list[Group]:
     """Split runs into groups by ``by``; never pool different corpora, eval settings, train lengths or failures."""
     if not by:
         return [Group({}, row.label, [row], flags=list(row.flags)) for row in rows]
@@ -24,32 +24,32 @@ def _group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> li
         values = {k: config_value(row.run, k) for k in by}
         # Numbers measured on different text, or scored differently, are different quantities.
         guard = (
-            _canon(info.get("corpus_fingerprint")),
-            _canon(row.settings),
-            "" if "train_len" in by else _canon(base_train_len(row.run)),
+            canon(info.get("corpus_fingerprint")),
+            canon(row.settings),
+            "" if "train_len" in by else canon(base_train_len(row.run)),
             "" if row.run.status == "completed" else str(row.run.path),  # a failure stays visible on its own
         )
-        bucket = (tuple(_canon(v) for v in values.values()), guard)
+        bucket = (tuple(canon(v) for v in values.values()), guard)
         if bucket not in buckets:
-            label = " ".join(f"{k}={_show(v)}" for k, v in values.items())
+            label = " ".join(f"{k}={show_value(v)}" for k, v in values.items())
             buckets[bucket] = Group(values, label, [])
         buckets[bucket].rows.append(row)
     groups = list(buckets.values())
 
     # Same --by values in several groups: name what separates them, in the label and the flags.
-    by_values = Counter(_canon(list(g.key.values())) for g in groups)
+    by_values = Counter(canon(list(g.key.values())) for g in groups)
     for group in groups:
         first = group.rows[0]
         group.flags = list(dict.fromkeys(f for row in group.rows for f in row.flags))
-        if by_values[_canon(list(group.key.values()))] > 1:
+        if by_values[canon(list(group.key.values()))] > 1:
             info = first.run.info
             parts = []
             if first.run.status != "completed":
                 parts.append(first.label)
             if "different corpus" in group.flags:
-                parts.append(f"corpus {info.get('corpus')} {_short(info.get('corpus_fingerprint'))}")
+                parts.append(f"corpus {info.get('corpus')} {short_id(info.get('corpus_fingerprint'))}")
             if "different eval settings" in group.flags:
-                parts.append(f"eval {_fmt_settings(first.settings)}")
+                parts.append(f"eval {fmt_settings(first.settings)}")
             if "different train length" in group.flags:
                 parts.append(f"train_len={first.run.train_len}")
             if parts:
@@ -73,31 +73,31 @@ def _pooled_keys(group: Group, by: list[str]) -> list[str]:
         return []
     flats = []
     for row in group.rows:
-        flat = {k: v for k, v in _flatten(row.run.config).items() if not k.startswith("eval.")}
+        flat = {k: v for k, v in flatten_config(row.run.config).items() if not k.startswith("eval.")}
         for k in ("encoder", "base"):  # the effective values: base is null where an encoding ignores it
             flat[k] = row.run.info.get(k)
         flat.pop("encoder.name", None)
         flats.append(flat)
     keys = dict.fromkeys(k for flat in flats for k in flat)
     differ = [k for k in keys if k not in EXECUTION_KEYS and k not in by
-              and len({_canon(flat.get(k, _ABSENT)) for flat in flats}) > 1]
+              and len({canon(flat.get(k, ABSENT)) for flat in flats}) > 1]
     return differ
 
 
-def _aggregate(group: Group, report: "Report") -> None:
+def aggregate_group(group: Group, report: "Report") -> None:
     lengths = sorted({n for row in group.rows for n in row.cells})
     for n in lengths:
         pairs = [(c.applicable, c.ppl) for row in group.rows if (c := row.cells.get(n)) is not None]
         single = next(((c.low, c.high) for row in group.rows if (c := row.cells.get(n)) is not None
                        and c.applicable), (None, None))
-        group.cells[n] = _stat(pairs, single)
+        group.cells[n] = aggregate_stat(pairs, single)
     for metric in report.metrics:
         values = [metric_value(metric, row, report) for row in group.rows]
-        group.metrics[metric.name] = _stat(values)
+        group.metrics[metric.name] = aggregate_stat(values)
         group.values[metric.name] = [v if ok else None for ok, v in values]
 
 
-def _sort_groups(groups: list[Group], sort: Optional[SortKey]) -> list[Group]:
+def sort_groups(groups: list[Group], sort: Optional[SortKey]) -> list[Group]:
     if sort is None:
         return groups
 
@@ -109,12 +109,12 @@ def _sort_groups(groups: list[Group], sort: Optional[SortKey]) -> list[Group]:
             return group.n
         return group.key.get(sort.name)
 
-    present = [g for g in groups if value(g) not in (None, _ABSENT)]
-    absent = [g for g in groups if value(g) in (None, _ABSENT)]  # n/a and missing stay last either way
+    present = [g for g in groups if value(g) not in (None, ABSENT)]
+    absent = [g for g in groups if value(g) in (None, ABSENT)]  # n/a and missing stay last either way
 
     def order(group: Group) -> tuple:
         v = value(group)
-        return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, _show(v))
+        return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, show_value(v))
 
     return sorted(present, key=order, reverse=sort.descending) + absent
 

@@ -21,13 +21,13 @@ from typing import Any, Iterable, Optional, Sequence
 from posexp.errors import PosexpError
 from posexp.reporting.comparability import flag_outliers
 from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
-from posexp.reporting.formatting import _num
-from posexp.reporting.grouping import _aggregate, _group_rows, _sort_groups
-from posexp.reporting.metrics import _auc_multiple, _ratio, _ratio_length, metric_value
+from posexp.reporting.formatting import as_number
+from posexp.reporting.grouping import aggregate_group, group_rows, sort_groups
+from posexp.reporting.metrics import auc_span_multiple, ratio_of, common_ratio_length, metric_value
 from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings, window_key
-from posexp.reporting.selection import (DEFAULT_TOLERANCE, Filter, _ABSENT, _unknown_key_error, config_value, parse_by,
+from posexp.reporting.selection import (DEFAULT_TOLERANCE, Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
-from posexp.reporting.stats import _stat
+from posexp.reporting.stats import aggregate_stat
 from posexp.reporting.table import Cell, Group, Report, ReportRow
 from posexp.reporting.views import parse_view, pick_view
 from posexp.runs.layout import RESULTS_JSON
@@ -90,10 +90,10 @@ def build_report(
 
     report = _lay_out(runs, by_keys, [f"not in the table: {problem}" for problem in skipped], wanted)
     report.metrics, report.filters = chosen, filters
-    groups = _group_rows(report.rows, by_keys, report.warnings)
+    groups = group_rows(report.rows, by_keys, report.warnings)
     for group in groups:
-        _aggregate(group, report)
-    report.groups = _sort_groups(groups, sort_key)
+        aggregate_group(group, report)
+    report.groups = sort_groups(groups, sort_key)
     compare(report, parse_baseline(baseline, by_keys), equivalence)
     _add_parent_metrics(report)
     return report
@@ -129,14 +129,14 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
         if not row.cells and protocol is not None:
             row.flags.append(f"no {protocol} results")
 
-    ratio_length = _ratio_length(rows, lengths, train_len)
+    ratio_length = common_ratio_length(rows, lengths, train_len)
     if ratio_length is not None:
         for row in rows:
-            row.ratio = _ratio(row, ratio_length)
+            row.ratio = ratio_of(row, ratio_length)
     return Report(
         rows=rows, lengths=lengths, protocol=protocol, scaling=scaling, train_len=train_len,
         ratio_length=ratio_length, shared_overrides=shared, corpus=corpus, eval_settings=eval_settings,
-        warnings=warnings, other_views=other_views, window=window, by=by_keys, auc_multiple=_auc_multiple(rows),
+        warnings=warnings, other_views=other_views, window=window, by=by_keys, auc_multiple=auc_span_multiple(rows),
     )
 
 
@@ -175,7 +175,7 @@ def _add_parent_metrics(report: Report) -> None:
     for group in report.groups:
         for mine, theirs in pairs:
             values = {p.run.path: metric_value(mine, p, report) for row in group.rows if (p := parent_of(row))}
-            group.metrics[theirs.name] = _stat(list(values.values()))  # a parent shared by seeds counts once
+            group.metrics[theirs.name] = aggregate_stat(list(values.values()))  # a parent shared by seeds counts once
     beside = dict((mine.name, theirs) for mine, theirs in pairs)
     report.metrics = [m for mine in report.metrics for m in (mine, beside.get(mine.name)) if m is not None]
 
@@ -201,8 +201,8 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
         raise PosexpError(f"no runs to report; pass folders containing {RESULTS_JSON}")
     for option, keys in (("--by", by_keys), ("--where", [f.key for f in filters])):
         for key in keys:
-            if all(config_value(run, key) is _ABSENT for run in runs):
-                raise _unknown_key_error(option, key, runs)
+            if all(config_value(run, key) is ABSENT for run in runs):
+                raise unknown_key_error(option, key, runs)
     if filters:
         kept = [run for run in runs if all(f.matches(run) for f in filters)]
         if not kept:
@@ -282,9 +282,9 @@ def _cells(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None
         length = int(row["length"])
         if length in cells:
             continue  # duplicate rows: the trainer's first one wins
-        ppl = _num(row.get("ppl"))
+        ppl = as_number(row.get("ppl"))
         applicable = bool(row.get("applicable", ppl is not None)) and ppl is not None
-        cells[length] = Cell(applicable, ppl if applicable else None, _num(row.get("ppl_low")), _num(row.get("ppl_high")))
+        cells[length] = Cell(applicable, ppl if applicable else None, as_number(row.get("ppl_low")), as_number(row.get("ppl_high")))
     return cells
 
 

@@ -11,7 +11,7 @@ from posexp.reporting.selection import Metric
 from posexp.reporting.table import Cell, Report, ReportRow
 
 
-def _ratio_length(rows: list[ReportRow], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
+def common_ratio_length(rows: list[ReportRow], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
     """The longest length beyond training where every run that extrapolates at all has a perplexity.
 
     Using one common length keeps the ratio comparable across runs: a run that
@@ -30,7 +30,7 @@ def _ratio_length(rows: list[ReportRow], lengths: list[int], train_len: Optional
     return None
 
 
-def _ratio(row: ReportRow, length: int) -> Optional[float]:
+def ratio_of(row: ReportRow, length: int) -> Optional[float]:
     at_len = row.cells.get(length, Cell())
     at_train = row.cells.get(row.run.train_len, Cell()) if row.run.train_len is not None else Cell()
     if not (at_len.applicable and at_train.applicable) or not at_train.ppl:
@@ -86,7 +86,7 @@ def metric_value(metric: Metric, row: ReportRow, report: "Report") -> tuple[Opti
     return True, sum((xs[i + 1] - xs[i]) * (ys[i] + ys[i + 1]) / 2 for i in range(len(span) - 1))
 
 
-def _auc_multiple(rows: list[ReportRow]) -> Optional[float]:
+def auc_span_multiple(rows: list[ReportRow]) -> Optional[float]:
     """The span of plain ``auc``: the largest multiple of its training length that every run was evaluated at."""
     reach = []
     for row in rows:

@@ -63,7 +63,7 @@ class Pivot:
         return self.cells.get((line, length, column), PivotCell())
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     if value is None:
         return "none"
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -71,8 +71,8 @@ def _show(value: Any) -> str:
 
 def label(keys: Sequence[str], values: tuple) -> str:
     if list(keys) == ["label"]:  # no --by: a line per run, named by its overrides
-        return _show(values[0])
-    return " ".join(f"{k}={_show(v)}" for k, v in zip(keys, values)) or "all runs"
+        return show_value(values[0])
+    return " ".join(f"{k}={show_value(v)}" for k, v in zip(keys, values)) or "all runs"
 
 
 def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivot:
@@ -144,7 +144,7 @@ def _window_notes(pivot: Pivot, runs: list[Run]) -> list[str]:
 
 # -- rendering -------------------------------------------------------------------------------------------
 
-def _num(value: Optional[float], signed: bool = False) -> str:
+def as_number(value: Optional[float], signed: bool = False) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return (f"{value:+.2f}".replace("-", "−")) if signed else f"{value:.2f}"
@@ -154,11 +154,11 @@ def _text(pivot: Pivot, line: tuple, length: int, column: tuple) -> str:
     cell = pivot.cell(line, length, column)
     if cell.mean is None:
         return "—"
-    text = _num(cell.mean)
+    text = as_number(cell.mean)
     diff, low, high = cell.diff()
     if diff is not None:
-        text += f" ({_num(diff, True)}"
-        text += f" [{_num(low, True)}, {_num(high, True)}])" if low is not None else ")"
+        text += f" ({as_number(diff, True)}"
+        text += f" [{as_number(low, True)}, {as_number(high, True)}])" if low is not None else ")"
     return text
 
 
@@ -173,7 +173,7 @@ def rows(pivot: Pivot) -> list[list[str]]:
 
 
 def caption(pivot: Pivot) -> str:
-    fixed = ", ".join(f"{k}={_show(v)}" for k, v in FIXED.items() if k not in pivot.cols and k not in pivot.by
+    fixed = ", ".join(f"{k}={show_value(v)}" for k, v in FIXED.items() if k not in pivot.cols and k not in pivot.by
                       and k != "metric")
     return (f"Perplexity by length, columns by {', '.join(pivot.cols)} ({fixed}); beside each column its "
             "difference to the baseline column, paired run by run (mean over runs, 95% t-interval when n ≥ 2).")

@@ -21,11 +21,11 @@ from rich.text import Text
 
 from posexp.reporting.compare import (NUMBER_COLUMNS, Comparison, best_groups, comparison_json, comparison_markdown,
                                       comparison_rows, higher_is_better, methods, sweep_keys, verdict_lines)
-from posexp.reporting.grouping import _aggregate, _group_rows
+from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
-from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, _csv, _display_path, _fmt_int, _fmt_num,
-                                         _fmt_ratio, _fmt_settings, _fmt_view, _md, _plural, _short, table_width)
-from posexp.reporting.selection import _ABSENT, _canon, _ratio_note, _show, config_value
+from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
+                                         fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id, table_width)
+from posexp.reporting.selection import ABSENT, canon, ratio_note, show_value, config_value
 from posexp.reporting.stats import Stat
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
@@ -42,7 +42,7 @@ CSV_COLUMNS = [
 ]
 
 
-def _plot_series(report: Report) -> list[tuple]:
+def plot_series(report: Report) -> list[tuple]:
     # A run with nothing applicable would only add an empty legend entry; the table explains it.
     rows = [row for row in report.rows if any(c.applicable for c in row.cells.values())]
     bands = len(rows) <= MAX_BANDS
@@ -53,7 +53,7 @@ def _plot_series(report: Report) -> list[tuple]:
         lengths = [n for n in report.lengths if n in row.cells]
         cells = [row.cells[n] for n in lengths]
         # the flags themselves are in summary.md
-        label = _legend(report, Group({}, row.label, [row], flags=row.flags))
+        label = legend_label(report, Group({}, row.label, [row], flags=row.flags))
         series.append((
             label,
             lengths,
@@ -65,12 +65,12 @@ def _plot_series(report: Report) -> list[tuple]:
 
 
 def plot_groups(report: Report, runs: Optional[list] = None) -> list[str]:
-    """Per run (of ``runs``; default: those :func:`_plot_series` draws), what colours its line: the values of the
+    """Per run (of ``runs``; default: those :func:`plot_series` draws), what colours its line: the values of the
     keys a sweep varies, so that its seeds share a colour, or the run itself when nothing varies but the seed."""
     if runs is None:
         runs = [row.run for row in report.rows if any(c.applicable for c in row.cells.values())]
     keys = sweep_keys([row.run for row in report.rows])
-    return [" ".join(_show(config_value(run, k)) for k in keys) or str(run.path) for run in runs]
+    return [" ".join(show_value(config_value(run, k)) for k in keys) or str(run.path) for run in runs]
 
 
 def sweep_comparison(report: Report) -> Optional[Comparison]:
@@ -84,9 +84,9 @@ def sweep_comparison(report: Report) -> Optional[Comparison]:
     if not keys:
         return None
     grouped = replace(report, by=keys, warnings=[], comparison=None)
-    grouped.groups = _group_rows(report.rows, keys, grouped.warnings)
+    grouped.groups = group_rows(report.rows, keys, grouped.warnings)
     for group in grouped.groups:
-        _aggregate(group, grouped)
+        aggregate_group(group, grouped)
     compare(grouped, [])
     return grouped.comparison
 
@@ -96,13 +96,13 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     lines = ["# Perplexity vs context length", ""]
     lines.append(
         f"Compared {len(report.rows)} run{'s' if len(report.rows) != 1 else ''} "
-        f"({_plural('encoder', report.encoders)}: {', '.join(report.encoders)})."
+        f"({plural('encoder', report.encoders)}: {', '.join(report.encoders)})."
     )
     if report.shared_overrides:
         lines.append(f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.")
-    lines += ["", *(f"- {item}" for item in _settings(report)), ""]
+    lines += ["", *(f"- {item}" for item in settings_note(report)), ""]
     for warning in report.warnings:
-        lines.append(f"> **Warning:** {_md(warning)}")
+        lines.append(f"> **Warning:** {md_escape(warning)}")
         lines.append(">")
     if report.warnings:
         lines[-1] = ""
@@ -111,19 +111,19 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "|".join([" --- "] + [" ---: "] * (len(report.lengths) + 1) + [" --- "]) + "|")
     for row in report.rows:
-        cells = [_md(row.label), *(row.cells.get(n, Cell()).text() for n in report.lengths),
-                 _fmt_ratio(row.ratio), _md("; ".join(row.flags))]
+        cells = [md_escape(row.label), *(row.cells.get(n, Cell()).text() for n in report.lengths),
+                 fmt_ratio(row.ratio), md_escape("; ".join(row.flags))]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Values are {_ppl_label(report)} on held-out text, lower is better; "
+    lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
-                  + _ratio_note(report)]
+                  + ratio_note(report)]
     if report.other_views:
-        views = "; ".join(_fmt_view(*view) for view in report.other_views)
+        views = "; ".join(fmt_view(*view) for view in report.other_views)
         lines += ["", f"Also in the results but not in this table (see {SUMMARY_CSV}): {views}."]
     lines += ["", f"![perplexity vs context length]({PPL_PLOT})", ""]
     comparison = sweep_comparison(report)
     if comparison is not None:
-        lines += [*comparison_markdown(comparison, _md), ""]
+        lines += [*comparison_markdown(comparison, md_escape), ""]
     lines += ["## Runs", ""]
 
     lines.append("| run | folder | encoder | base | train len | seed | params | steps | final loss | status |")
@@ -131,10 +131,10 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     for row in report.rows:
         info, train = row.run.info, row.run.info.get("train") or {}
         cells = [
-            _md(row.label), f"`{_display_path(row.run.path, out_dir)}`", _md(str(info.get("encoder", ""))),
-            _fmt_num(info.get("base")), _fmt_num(info.get("train_len")), _fmt_num(info.get("seed")),
-            _fmt_int(info.get("params")), _fmt_int(train.get("steps")), _fmt_num(train.get("final_loss"), ".3f"),
-            _md(row.run.status),
+            md_escape(row.label), f"`{display_path(row.run.path, out_dir)}`", md_escape(str(info.get("encoder", ""))),
+            fmt_num(info.get("base")), fmt_num(info.get("train_len")), fmt_num(info.get("seed")),
+            fmt_int(info.get("params")), fmt_int(train.get("steps")), fmt_num(train.get("final_loss"), ".3f"),
+            md_escape(row.run.status),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -156,15 +156,15 @@ def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
     writer.writerow([*columns[:5], *keys, *columns[5:]])
     for row in report.rows:
         info, flags = row.run.info, "; ".join(row.flags)
-        key_cells = [_csv(None if (v := config_value(row.run, k)) is _ABSENT else v) for k in keys]
+        key_cells = [csv_cell(None if (v := config_value(row.run, k)) is ABSENT else v) for k in keys]
         for r in sorted(row.run.rows, key=lambda r: (float(r["length"]), str(r.get("protocol")), str(r.get("scaling")),
                                                      r.get("window") or 0, r.get("sinks") or 0)):
             writer.writerow([
-                row.label, _display_path(row.run.path, out_dir), _csv(info.get("encoder")), _csv(info.get("base")),
-                _csv(info.get("seed")), *key_cells, int(r["length"]), _csv(r.get("multiple")), _csv(r.get("protocol")),
-                _csv(r.get("scaling")), *([_csv(r.get("window")), _csv(r.get("sinks"))] if windowed else []),
-                _csv(r.get("ppl")), _csv(r.get("ppl_low")), _csv(r.get("ppl_high")), _csv(r.get("loss")),
-                _csv(bool(r.get("applicable", r.get("ppl") is not None))), flags,
+                row.label, display_path(row.run.path, out_dir), csv_cell(info.get("encoder")), csv_cell(info.get("base")),
+                csv_cell(info.get("seed")), *key_cells, int(r["length"]), csv_cell(r.get("multiple")), csv_cell(r.get("protocol")),
+                csv_cell(r.get("scaling")), *([csv_cell(r.get("window")), csv_cell(r.get("sinks"))] if windowed else []),
+                csv_cell(r.get("ppl")), csv_cell(r.get("ppl_low")), csv_cell(r.get("ppl_high")), csv_cell(r.get("loss")),
+                csv_cell(bool(r.get("applicable", r.get("ppl") is not None))), flags,
             ])
     return buf.getvalue()
 
@@ -178,7 +178,7 @@ def _group_cells(report: Report, group: Group) -> list[tuple[str, Optional[Stat]
     """(text when not a number, stat, decimals) for every column of a group's line."""
     keys: list[tuple[str, Optional[Stat], int]]
     if report.by:
-        keys = [(_show(group.key.get(k)), None, 0) for k in report.by]
+        keys = [(show_value(group.key.get(k)), None, 0) for k in report.by]
         keys.append((str(group.n), None, 0))
     else:
         keys = [(group.label, None, 0)]
@@ -201,8 +201,8 @@ def _best_cells(report: Report) -> set[tuple[int, int]]:
             for i in best_groups(report.groups, high, [line[n_keys + j][1] for line in lines])}
 
 
-def _table_notes(report: Report) -> list[str]:
-    notes = [f"Values are {_ppl_label(report)} on held-out text (lower is better); "
+def table_notes(report: Report) -> list[str]:
+    notes = [f"Values are {ppl_label(report)} on held-out text (lower is better); "
              f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated.']
     if report.by:
         notes.append("With n ≥ 2: mean over the group's runs ± the half-width of its 95% t-interval "
@@ -239,7 +239,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     for k, part in enumerate(parts):
         console.print(_ReportTable(report, columns, lines, n_keys, part, title=k == 0,
                                    flags=k == len(parts) - 1, best=best, stacked=stacked).table)
-    for note in _table_notes(report)[1:] if report.by or report.metrics else []:
+    for note in table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     if report.comparison is not None:
         _print_comparison(report.comparison, console)
@@ -324,7 +324,7 @@ def render_table_markdown(report: Report) -> str:
     """The grouped table as a markdown table (``--format markdown``; the table in ``report.md``)."""
     columns = _columns(report)
     n_keys = len(report.by) + 1 if report.by else 1
-    lines = ["| " + " | ".join(_md(c) for c in columns) + " |",
+    lines = ["| " + " | ".join(md_escape(c) for c in columns) + " |",
              "|" + "|".join(" --- " if i < n_keys and c != "n" or c == "flags" else " ---: "
                             for i, c in enumerate(columns)) + "|"]
     best = _best_cells(report)
@@ -332,7 +332,7 @@ def render_table_markdown(report: Report) -> str:
         cells = []
         for i, (text, stat, decimals) in enumerate(_group_cells(report, group)):
             number = "" if stat is None else _stat_text(stat, decimals, group)
-            cells.append(_md(text) if stat is None else f"**{number}**" if (g, i) in best else number)
+            cells.append(md_escape(text) if stat is None else f"**{number}**" if (g, i) in best else number)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -347,16 +347,16 @@ def render_table_csv(report: Report) -> str:
                      "flags", "runs", "seeds", "best"])
     best = _best_columns(report)
     for g, group in enumerate(report.groups):
-        key_cells = [_csv(group.key.get(k)) for k in report.by] + [str(group.n)] if report.by else [group.label]
+        key_cells = [csv_cell(group.key.get(k)) for k in report.by] + [str(group.n)] if report.by else [group.label]
         values = []
         for stat in [group.cells.get(n, Stat()) for n in report.lengths] + \
                     [group.metrics.get(m.name, Stat()) for m in report.metrics]:
             ok = bool(stat.applicable)
-            values += [_csv(stat.mean if ok else None), _csv(stat.low if ok else None),
-                       _csv(stat.high if ok else None), str(stat.n)]
+            values += [csv_cell(stat.mean if ok else None), csv_cell(stat.low if ok else None),
+                       csv_cell(stat.high if ok else None), str(stat.n)]
         writer.writerow([*key_cells, *values, "; ".join(group.flags),
                          " ".join(row.run.path.as_posix() for row in group.rows),
-                         " ".join(_csv(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
+                         " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
     return buf.getvalue()
 
 
@@ -373,7 +373,7 @@ def render_json(report: Report) -> str:
         "lengths": report.lengths,
         "metrics": {m.name: m.describe(report) for m in report.metrics},
         "groups": [{
-            "label": group.label, "key": {k: (None if v is _ABSENT else v) for k, v in group.key.items()},
+            "label": group.label, "key": {k: (None if v is ABSENT else v) for k, v in group.key.items()},
             "n": group.n, "train_len": group.train_len,
             "ppl": {str(n): group.cells[n].as_dict() for n in report.lengths if n in group.cells},
             "metrics": {k: v.as_dict() for k, v in group.metrics.items()},
@@ -396,9 +396,9 @@ def render_latex(report: Report) -> str:
         columns = columns[:-1]  # an empty flags column only takes width in a paper
     spec = "".join("l" if i < n_keys and c != "n" or c == "flags" else "r" for i, c in enumerate(columns))
     lines = [
-        f"% posexp report: {_ppl_label(report)}, protocol {_fmt_view(report.protocol, report.scaling, report.window)}, "
+        f"% posexp report: {ppl_label(report)}, protocol {fmt_view(report.protocol, report.scaling, report.window)}, "
         f"training length {report.train_len}",
-        *(f"% {_latex_comment(note)}" for note in _table_notes(report)[1:]),
+        *(f"% {_latex_comment(note)}" for note in table_notes(report)[1:]),
         "% needs \\usepackage{booktabs}",
         f"\\begin{{tabular}}{{{spec}}}",
         "\\toprule",
@@ -429,15 +429,15 @@ def _latex_comment(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _legend(report: Report, group: Group) -> str:
+def legend_label(report: Report, group: Group) -> str:
     """Name a line by its encoding and base first; the table has the rest."""
     encoders = {str(row.run.info.get("encoder")) for row in group.rows}
-    bases = {_canon(row.run.info.get("base")) for row in group.rows}
+    bases = {canon(row.run.info.get("base")) for row in group.rows}
     parts = []
     if len(encoders) == 1:
         parts.append(encoders.pop())
     if len(bases) == 1 and group.rows[0].run.info.get("base") is not None:
-        parts.append(f"base {_show(group.rows[0].run.info.get('base'))}")
+        parts.append(f"base {show_value(group.rows[0].run.info.get('base'))}")
     rest = [tok for tok in group.label.split(" ") if not re.match(r"(encoder|base)=", tok)]
     label = ", ".join(parts + ([" ".join(rest)] if rest and " ".join(rest) != "default" else []))
     if group.n > 1:
@@ -446,18 +446,18 @@ def _legend(report: Report, group: Group) -> str:
 
 
 def _title(report: Report) -> str:
-    parts = [f"protocol {_fmt_view(report.protocol, report.scaling, report.window)}"]
+    parts = [f"protocol {fmt_view(report.protocol, report.scaling, report.window)}"]
     if report.train_len is not None:
         parts.append(f"train length {report.train_len}")
     return "Perplexity vs context length (" + ", ".join(parts) + ")"
 
 
-def _settings(report: Report) -> list[str]:
+def settings_note(report: Report) -> list[str]:
     name, fingerprint = report.corpus
     return [
-        f"Corpus: {_md(name or 'unknown')} (fingerprint `{_short(fingerprint)}`)",
-        f"Protocol: {_md(_fmt_view(report.protocol, report.scaling, report.window))}",
-        f"Eval settings: {_md(_fmt_settings(report.eval_settings))}",
+        f"Corpus: {md_escape(name or 'unknown')} (fingerprint `{short_id(fingerprint)}`)",
+        f"Protocol: {md_escape(fmt_view(report.protocol, report.scaling, report.window))}",
+        f"Eval settings: {md_escape(fmt_settings(report.eval_settings))}",
         f"Training length: {report.train_len if report.train_len is not None else 'unknown'} tokens",
     ]
 
@@ -466,7 +466,7 @@ def _length_header(report: Report, length: int) -> str:
     return f"{length} (train)" if length == report.train_len else str(length)
 
 
-def _ppl_label(report: Report) -> str:
+def ppl_label(report: Report) -> str:
     """The y label and table unit; byte-level tokens are named as such so nobody reads them as words."""
     tokenizers = {row.run.info.get("tokenizer") for row in report.rows} - {None}
     if tokenizers == {"byte"}:

@@ -36,7 +36,7 @@ RUN_KEYS = ("encoder", "base", "train_len", "seed", "corpus", "corpus_fingerprin
             "params", "config_hash", "git_commit", "parent", "scaling", "scaling_factor", "parent_train_len")
 
 
-_ABSENT = object()  # the key is not in this run's config at all (e.g. encoder.rotary_fraction for alibi)
+ABSENT = object()  # the key is not in this run's config at all (e.g. encoder.rotary_fraction for alibi)
 
 
 METRIC_HELP = ("ratio, ratio@Kx (e.g. ratio@8x), ratio@N (N tokens), ppl@Kx, ppl@N, gain, gain@Kx, maxlen, "
@@ -65,18 +65,18 @@ def config_value(run: Run, key: str) -> Any:
     node: Any = run.config
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return _ABSENT
+            return ABSENT
         node = node[part]
     return node
 
 
-def _flatten(node: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_config(node: dict, prefix: str = "") -> dict[str, Any]:
     """``{"model": {"n_layers": 2}}`` -> ``{"model.n_layers": 2}``."""
     flat: dict[str, Any] = {}
     for key, value in node.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, name + "."))
+            flat.update(flatten_config(value, name + "."))
         else:
             flat[name] = value
     return flat
@@ -85,11 +85,11 @@ def _flatten(node: dict, prefix: str = "") -> dict[str, Any]:
 def _known_keys(runs: list[Run]) -> list[str]:
     keys = dict.fromkeys(k for k in RUN_KEYS if any(k in r.info for r in runs))
     for run in runs[:20]:  # enough to name the keys; every run's config has the same shape
-        keys.update(dict.fromkeys(_flatten(run.config)))
+        keys.update(dict.fromkeys(flatten_config(run.config)))
     return list(keys)
 
 
-def _unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
+def unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
     import difflib
 
     known = _known_keys(runs)
@@ -98,18 +98,18 @@ def _unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
     return ConfigError(option, f"unknown config key {key!r}: no run has it{hint}. Known keys: {', '.join(known)}")
 
 
-def _canon(value: Any) -> str:
+def canon(value: Any) -> str:
     """A hashable, type-stable spelling of a config value: 10000 and 10000.0 are one group."""
-    if value is _ABSENT:
+    if value is ABSENT:
         return "<absent>"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A config value as a person reads it in a table or label."""
-    if value is _ABSENT or value is None:
+    if value is ABSENT or value is None:
         return MISSING
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -150,7 +150,7 @@ class Filter:
 
 
 def _same_value(value: Any, text: str) -> bool:
-    if value is _ABSENT:
+    if value is ABSENT:
         return False
     if text.lower() in ("null", "none", "~"):
         return value is None
@@ -161,7 +161,7 @@ def _same_value(value: Any, text: str) -> bool:
             return float(text) == float(value)
         except ValueError:
             return False
-    return _show(value) == text
+    return show_value(value) == text
 
 
 def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
@@ -222,7 +222,7 @@ class Metric:
         else:
             where = f"{self.multiple or 1:g}× the training length"
         if self.kind == "ratio":
-            return _ratio_note(report)
+            return ratio_note(report)
         if self.kind == "ratio_at":
             return f"{self.name} = ppl at {where} / ppl at the training length (lower is better; 1 = no loss)."
         if self.kind == "ppl_at":
@@ -344,7 +344,7 @@ def parse_sort(sort: Optional[str], metrics: list[Metric], by: list[str], tolera
     return SortKey(metric.name, descending, metric)
 
 
-def _ratio_note(report: Any) -> str:
+def ratio_note(report: Any) -> str:
     if report.ratio_length is None:
         return ("ratio = ppl at the longest length / ppl at the training length; n/a here because no length beyond "
                 "the training length has a perplexity for every run.")

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_fixed
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -160,9 +160,9 @@ class Stat:
             return MISSING
         if not self.applicable or self.mean is None:
             return NOT_APPLICABLE
-        out = _fmt_fixed(self.mean, decimals)
+        out = fmt_fixed(self.mean, decimals)
         if self.spread is not None:
-            out += plus_minus + _fmt_fixed(self.spread, decimals)
+            out += plus_minus + fmt_fixed(self.spread, decimals)
         if 0 < self.n < of:
             out += f" (n={self.n})"
         return out
@@ -191,7 +191,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     return mean, mean - half, mean + half
 
 
-def _stat(values: list[tuple[Optional[bool], Optional[float]]], single_interval: tuple = (None, None)) -> Stat:
+def aggregate_stat(values: list[tuple[Optional[bool], Optional[float]]], single_interval: tuple = (None, None)) -> Stat:
     """Aggregate per-run (applicable, value) pairs; the n/a and missing ones are not averaged."""
     numbers = [v for ok, v in values if ok and v is not None and math.isfinite(v)]
     if not numbers:

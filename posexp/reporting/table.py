@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from posexp.reporting.compare import Comparison
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, _fmt_ppl
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_ppl
 from posexp.reporting.runs import Run
 from posexp.reporting.selection import Filter, Metric
 from posexp.reporting.stats import Stat
@@ -29,7 +29,7 @@ class Cell:
             return MISSING
         if not self.applicable or self.ppl is None:
             return NOT_APPLICABLE
-        return _fmt_ppl(self.ppl)
+        return fmt_ppl(self.ppl)
 
 
 @dataclass

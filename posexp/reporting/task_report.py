@@ -35,8 +35,8 @@ from typing import Optional, Sequence
 from posexp.errors import ConfigError
 from posexp.reporting.formatting import latex_escape, table_width
 from posexp.reporting.runs import Run, window_key
-from posexp.reporting.selection import _show, config_value
-from posexp.reporting.stats import Stat, _stat
+from posexp.reporting.selection import show_value, config_value
+from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
@@ -225,7 +225,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     groups: dict[tuple, TaskGroup] = {}
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
-        values = tuple(_show(config_value(run, key)) for key in by)
+        values = tuple(show_value(config_value(run, key)) for key in by)
         # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
         key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
@@ -233,7 +233,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
     for key, group in groups.items():
         if key[:2] in split:
-            group.label += f" train_len={_show(key[2])}"
+            group.label += f" train_len={show_value(key[2])}"
     warnings: list[str] = []
     lengths: set[int] = set()
     for group in groups.values():
@@ -247,9 +247,9 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
             cells = [acc.get(n) for acc in per_run]
             pairs = [(None, None) if c is None else (c[0], None if c[1] is None else 100 * c[1]) for c in cells]
             single = next(((100 * c[2], 100 * c[3]) for c in cells if c and c[0] and c[2] is not None), (None, None))
-            group.cells[n] = _stat(pairs, single)
+            group.cells[n] = aggregate_stat(pairs, single)
         for metric in chosen:
-            group.metrics[metric.name] = _stat([metric_value(metric, acc, run.train_len)
+            group.metrics[metric.name] = aggregate_stat([metric_value(metric, acc, run.train_len)
                                                 for acc, run in zip(per_field[FIELDS[metric.kind]], group.runs)])
     ordered = sorted(groups.values(), key=lambda g: g.task)
     warnings += _mark_unlearned(ordered)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting.formatting import _fmt_view
+from posexp.reporting.formatting import fmt_view
 
 VIEW_KEYS = ("protocol", "scaling", "window", "sinks")
 PROTOCOLS = ("nonoverlap", "sliding", "last_k")
@@ -82,7 +82,7 @@ def pick_view(views: list[View], wanted: dict[str, Any], main_protocol: str) -> 
     """
     candidates = [v for v in views if matches(v, wanted)]
     if views and not candidates:
-        have = "; ".join(_fmt_view(*v) for v in views)
+        have = "; ".join(fmt_view(*v) for v in views)
         asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
         raise ConfigError("--view", f"no results of the selected runs are {asked}; they have: {have} "
                                     "(posexp eval RUN eval.KEY=VALUE measures another)")
