@@ -354,3 +354,14 @@ def test_a_fine_tune_is_measured_on_its_parents_token_budget(parents, linear_chi
     assert result.exit_code == 0, result.output
     # the parent's budget, not eval.tokens' default (65,536) that the fine-tune's own config would give
     assert {r["eval_tokens"] for r in _results(tmp_path / "ft")["rows"]} == parent_budget != {65536}
+
+
+def test_eval_of_a_sweep_leaves_the_sweeps_own_summary_and_says_how_to_report(parents, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(parents["rope"], sweep / "0")
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    (sweep / "summary.md").write_text("the sweep as it ended\n")
+    result = invoke("eval", str(sweep), "eval.lengths=[32]", "eval.tokens=512")
+    assert result.exit_code == 0, result.output
+    assert (sweep / "summary.md").read_text() == "the sweep as it ended\n"
+    assert f"posexp report {sweep}" in " ".join(result.output.split())

@@ -279,14 +279,14 @@ def _recorded_sha256(run_dir: Path) -> Optional[str]:
 
 # -- the command ---------------------------------------------------------------------------------
 
-def _refresh_sweep_summaries(folders: Sequence[str], console: Console) -> None:
-    """A sweep folder given whose summary.md predates this evaluation gets it rewritten."""
-    from posexp.reporting.summary import refresh_sweep_summary
-
+def _note_sweep_summaries(folders: Sequence[str], console: Console) -> None:
+    """A sweep folder given keeps the summary.md written when the sweep ended (its own record, not this command's):
+    say how to report the new rows instead of rewriting it."""
     for raw in folders:
         root = Path(raw)
         if (root / SUMMARY_MD).is_file() and not is_run_dir(root):
-            refresh_sweep_summary(root, console)
+            console.print(f"{root / SUMMARY_MD} is the sweep's record as it ended; for a report with these rows: "
+                          f"posexp report {root}", highlight=False, soft_wrap=True)
 
 
 def _warn(console: Console, message: str) -> None:
@@ -367,7 +367,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
-    _refresh_sweep_summaries(folders, console)
+    _note_sweep_summaries(folders, console)
     return out
 
 
