@@ -17,8 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 def _private_cache(tmp_path_factory):
     # Tests never touch the user's ~/.cache/posexp; the stdlib corpus is built once per session.
     cache = tmp_path_factory.mktemp("posexp-cache")
+    before = os.environ.get("POSEXP_CACHE")
     os.environ["POSEXP_CACHE"] = str(cache)
     yield cache
+    if before is None:  # the environment as the session found it
+        os.environ.pop("POSEXP_CACHE", None)
+    else:
+        os.environ["POSEXP_CACHE"] = before
 
 
 @pytest.fixture
