@@ -353,3 +353,11 @@ def test_mlflow_skinny_and_the_default_sqlite_store_is_one_line_naming_the_fix(m
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else real(name, *a))
     with pytest.raises(PosexpError, match=r"needs the full MLflow package: pip install mlflow"):
         mlflow_tracker._client("sqlite:///mlflow.db")
+
+
+def test_an_unknown_tracker_name_is_an_error_not_another_tracker():
+    from posexp.errors import ConfigError
+    from posexp.tracking import _tracker_class
+
+    with pytest.raises(ConfigError, match="unknown tracker 'wandbx'; choose from tensorboard, mlflow, wandb"):
+        _tracker_class("wandbx")

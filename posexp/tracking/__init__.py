@@ -64,18 +64,25 @@ def check_loggers(logger_cfg) -> None:
         resolve_mode(logger_cfg.wandb.mode)
 
 
+# name -> (module, class): the trackers posexp has, found by name as the encoders and tasks are; importing one
+# imports its library, so it happens only for a tracker a run asks for
+TRACKERS = {"tensorboard": ("posexp.tracking.tensorboard_tracker", "TensorBoardTracker"),
+            "mlflow": ("posexp.tracking.mlflow_tracker", "MLflowTracker"),
+            "wandb": ("posexp.tracking.wandb_tracker", "WandbTracker")}
+
+
 def _tracker_class(name: str):
-    if name == "tensorboard":
-        from posexp.tracking.tensorboard_tracker import TensorBoardTracker
+    """The tracker class registered as ``name``.
 
-        return TensorBoardTracker
-    if name == "mlflow":
-        from posexp.tracking.mlflow_tracker import MLflowTracker
+    Raises:
+        ConfigError: for ``logger``: no tracker has that name (never a default one in its place).
+    """
+    import importlib
 
-        return MLflowTracker
-    from posexp.tracking.wandb_tracker import WandbTracker
-
-    return WandbTracker
+    if name not in TRACKERS:
+        raise ConfigError("logger", f"unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)")
+    module, cls = TRACKERS[name]
+    return getattr(importlib.import_module(module), cls)
 
 
 class Trackers:
