@@ -105,6 +105,14 @@ class RoPE(PositionalEncoder):
     def base(self) -> float:
         return self._base
 
+    def adjust_frequencies(self, theta: Tensor) -> Tensor:
+        """The frequencies this variant rotates by, from the schedule's (or a scaling's) ``theta (d_rot/2,)``.
+
+        RoPE itself keeps them; a variant that reshapes the spectrum (p-RoPE drops the lowest, Resonance RoPE
+        rounds the wavelengths) overrides this, and every evaluation-time scaling then goes through it too.
+        """
+        return theta
+
     def scaling_refusal(self, kind: str) -> Optional[str]:
         """Why ``eval.scaling=kind`` does not apply to this configuration, or None if it does."""
         if kind in BASE_SCALINGS and self.freq_schedule != "exponential":
@@ -140,7 +148,7 @@ class RoPE(PositionalEncoder):
             theta, clone.attention_scaling = self.inv_freq / float(factor), 1.0
         else:
             theta, clone.attention_scaling = rope_scaling(kind, self.rot_dim, self._base, factor, train_len)
-        clone.inv_freq = theta.to(self.inv_freq)
+        clone.inv_freq = self.adjust_frequencies(theta).to(self.inv_freq)
         clone._dynamic_cache = {}
         clone.relative = kind != "dynamic_ntk"  # its base follows the largest key position, not distances
         return clone
@@ -153,7 +161,7 @@ class RoPE(PositionalEncoder):
         if seq_len not in self._dynamic_cache:
             kind, factor, train_len = self.scaling
             theta, _ = rope_scaling(kind, self.rot_dim, self._base, factor, train_len, seq_len=seq_len)
-            self._dynamic_cache[seq_len] = theta.to(self.inv_freq)
+            self._dynamic_cache[seq_len] = self.adjust_frequencies(theta).to(self.inv_freq)
         return self._dynamic_cache[seq_len], 1.0
 
     def angles(self, pos: Tensor, inv_freq: Optional[Tensor] = None,

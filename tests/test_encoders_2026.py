@@ -1,0 +1,154 @@
+"""The newer encodings (p-RoPE, FoPE, Resonance RoPE): what each paper claims."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posexp.encoders import create
+from posexp.encoders.fope import clipped_frequencies
+from posexp.encoders.frequencies import rope_frequencies
+from posexp.encoders.scaling import yarn_frequencies
+from posexp.evaluation.extension import scaled_encoder
+
+D_MODEL, N_HEADS = 64, 2  # head width 32: 16 rotary frequencies
+HEAD_DIM = D_MODEL // N_HEADS
+
+
+def _qk(L: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, N_HEADS, L, HEAD_DIM, generator=g), torch.randn(1, N_HEADS, L, HEAD_DIM, generator=g)
+
+
+def _logits(enc, q, k, shift: int = 0) -> torch.Tensor:
+    pos = torch.arange(q.shape[2]) + shift
+    qr, kr = enc.rotate(q, k, pos, pos)
+    return qr @ kr.transpose(-1, -2)
+
+
+def _pairs(i: int) -> list[int]:
+    """The two features of rotary pair ``i`` (pairs as halves)."""
+    return [i, i + HEAD_DIM // 2]
+
+
+# -- p-RoPE (Barbero et al. 2024) -------------------------------------------------------------------------------
+
+
+def test_prope_with_every_frequency_kept_is_rope():
+    q, k = _qk()
+    assert torch.allclose(_logits(create("prope", D_MODEL, N_HEADS, p=1.0), q, k),
+                          _logits(create("rope", D_MODEL, N_HEADS), q, k), atol=1e-6)
+
+
+def test_prope_leaves_its_lowest_frequencies_unrotated_and_keeps_ropes_highest():
+    enc = create("prope", D_MODEL, N_HEADS, p=0.75)
+    assert enc.n_kept == 12  # round(0.75 * 16)
+    theta = rope_frequencies(HEAD_DIM, 10000.0).float()
+    assert torch.equal(enc.inv_freq[:12], theta[:12])  # RoPE's own, not a schedule squeezed into fewer pairs
+    q, k = _qk()
+    pos = torch.arange(1000, 1012)
+    qr, kr = enc.rotate(q, k, pos, pos)
+    nope = sum((_pairs(i) for i in range(12, 16)), [])
+    assert torch.equal(qr[..., nope], q[..., nope]) and torch.equal(kr[..., nope], k[..., nope])
+    rotated = sum((_pairs(i) for i in range(12)), [])
+    assert not torch.allclose(qr[..., rotated], q[..., rotated])
+
+
+def test_prope_is_relative_and_its_scalings_keep_the_dropped_frequencies_at_zero():
+    enc = create("prope", D_MODEL, N_HEADS, p=0.5)
+    q, k = _qk()
+    assert torch.allclose(_logits(enc, q, k), _logits(enc, q, k, shift=777), atol=1e-4)
+    for kind in ("linear", "ntk", "yarn", "llama3"):
+        scaled = enc.with_scaling(kind, 4.0, 128)
+        assert torch.all(scaled.inv_freq[8:] == 0) and torch.all(scaled.inv_freq[:8] > 0), kind
+
+
+# -- FoPE (Hua et al. 2024) -------------------------------------------------------------------------------------
+
+
+def test_fope_clips_every_frequency_that_completes_no_period_in_training():
+    train_len = 100
+    enc = create("fope", D_MODEL, N_HEADS, train_len=train_len)
+    theta = rope_frequencies(HEAD_DIM, 10000.0)
+    periods = 2 * math.pi / theta
+    assert enc.n_kept == int((periods <= train_len).sum()) and 0 < enc.n_kept < HEAD_DIM // 2
+    assert torch.all(2 * math.pi / enc.inv_freq.double() <= train_len)  # the kept ones turn at least once
+    # the clipped pairs carry no position at any position, coefficients or not
+    q, k = _qk()
+    pos = torch.arange(5000, 5012)
+    qr, kr = enc.rotate(q, k, pos, pos)
+    clipped = sum((_pairs(i) for i in range(enc.n_kept, HEAD_DIM // 2)), [])
+    assert torch.equal(qr[..., clipped], q[..., clipped]) and torch.equal(kr[..., clipped], k[..., clipped])
+    assert torch.equal(clipped_frequencies(HEAD_DIM, 10000.0, train_len)[enc.n_kept:], torch.zeros(16 - enc.n_kept,
+                                                                                                    dtype=torch.float64))
+
+
+def test_fope_without_coefficients_is_rope_with_the_floor_clipped_and_relative():
+    enc = create("fope", D_MODEL, N_HEADS, train_len=128, sigma=0.0)
+    assert enc.relative
+    rope = create("rope", D_MODEL, N_HEADS)
+    rope.inv_freq = clipped_frequencies(HEAD_DIM, 10000.0, 128).float()
+    q, k = _qk()
+    assert torch.allclose(_logits(enc, q, k), _logits(rope, q, k), atol=1e-5)
+    assert torch.allclose(_logits(enc, q, k), _logits(enc, q, k, shift=300), atol=1e-4)
+
+
+def test_fope_series_have_their_own_frequency_dominant_and_are_not_relative():
+    enc = create("fope", D_MODEL, N_HEADS, sigma=0.3)
+    assert not enc.relative
+    K = enc.n_kept
+    off = ~torch.eye(K, dtype=torch.bool)
+    for coef in (enc.cos_coef, enc.sin_coef):
+        assert coef.shape == (N_HEADS, K, K)
+        assert torch.allclose(coef.diagonal(dim1=-2, dim2=-1), torch.ones(N_HEADS, K))
+        assert 0 < coef[:, off].abs().max() < 1  # small harmonics besides
+    q, k = _qk()
+    # the cross terms of two frequencies read absolute positions: a common shift changes the logits
+    assert not torch.allclose(_logits(enc, q, k), _logits(enc, q, k, shift=300), atol=1e-3)
+    # the same config builds the same coefficients, and a checkpoint keeps them
+    again = create("fope", D_MODEL, N_HEADS, sigma=0.3)
+    assert torch.equal(again.cos_coef, enc.cos_coef) and "cos_coef" in enc.state_dict()
+
+
+# -- Resonance RoPE (Wang et al. 2024) --------------------------------------------------------------------------
+
+
+def _assert_resonant(inv_freq: torch.Tensor, reference: torch.Tensor) -> None:
+    wavelengths = 2 * math.pi / inv_freq.double()
+    assert torch.allclose(wavelengths, wavelengths.round(), atol=1e-3 * wavelengths.max().item() * 1e-3 + 1e-3)
+    assert torch.equal(wavelengths.round(), (2 * math.pi / reference).round())
+
+
+def test_resonance_wavelengths_are_whole_tokens_and_the_rotation_repeats_in_them():
+    enc = create("resonance", D_MODEL, N_HEADS)
+    _assert_resonant(enc.inv_freq, rope_frequencies(HEAD_DIM, 10000.0))
+    assert torch.all(enc.wavelengths == enc.wavelengths.round())
+    pos = torch.arange(0, 50)
+    cos, sin = enc.angles(pos)
+    for i, wavelength in enumerate(enc.wavelengths[:6].long().tolist()):
+        cos_later, sin_later = enc.angles(pos + wavelength)
+        # feature i at position p + lambda_i rotates exactly as at p
+        assert torch.allclose(cos_later[:, i], cos[:, i], atol=1e-4)
+        assert torch.allclose(sin_later[:, i], sin[:, i], atol=1e-4)
+    # plain RoPE's wavelengths are not whole, so its rotation does not repeat
+    rope_cos, _ = create("rope", D_MODEL, N_HEADS).angles(torch.tensor([0, 6]))
+    assert abs(rope_cos[1, 0] - rope_cos[0, 0]) > 1e-2
+
+
+def test_resonance_is_relative():
+    enc = create("resonance", D_MODEL, N_HEADS)
+    q, k = _qk()
+    assert torch.allclose(_logits(enc, q, k), _logits(enc, q, k, shift=1234), atol=1e-3)
+
+
+def test_resonance_yarn_rounds_yarns_wavelengths():
+    """Resonance YaRN (Wang et al. 2024, §3.2): YaRN's rescaled wavelengths, each rounded to whole tokens."""
+    enc = create("resonance", D_MODEL, N_HEADS)
+    scaled = scaled_encoder(enc, "yarn", 4.0, 128)  # the evaluator's one entry point for eval.scaling
+    _assert_resonant(scaled.inv_freq, yarn_frequencies(HEAD_DIM, 10000.0, 4.0, 128))
+    assert not torch.equal(scaled.inv_freq, enc.inv_freq) and scaled.attention_scaling > 1
+    dynamic = enc.with_scaling("dynamic_ntk", 1.0, 128)
+    theta, _ = dynamic.frequencies(512)
+    assert torch.allclose(2 * math.pi / theta.double(), (2 * math.pi / theta.double()).round(), atol=1e-2)
