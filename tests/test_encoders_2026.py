@@ -1,4 +1,4 @@
-"""The newer encodings (p-RoPE, FoPE, Resonance RoPE): what each paper claims."""
+"""The newer encodings (p-RoPE, FoPE, Resonance RoPE, iRoPE): what each paper claims."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import torch
 from posexp.encoders import create
 from posexp.encoders.fope import clipped_frequencies
 from posexp.encoders.frequencies import rope_frequencies
+from posexp.encoders.irope import attention_temperature, irope_layers
 from posexp.encoders.scaling import yarn_frequencies
 from posexp.evaluation.extension import scaled_encoder
+from posexp.model.gpt import AttentionPlan, CausalSelfAttention, ModelShape
+from posexp.model.window import layer_window
 
 D_MODEL, N_HEADS = 64, 2  # head width 32: 16 rotary frequencies
 HEAD_DIM = D_MODEL // N_HEADS
@@ -152,3 +155,61 @@ def test_resonance_yarn_rounds_yarns_wavelengths():
     dynamic = enc.with_scaling("dynamic_ntk", 1.0, 128)
     theta, _ = dynamic.frequencies(512)
     assert torch.allclose(2 * math.pi / theta.double(), (2 * math.pi / theta.double()).round(), atol=1e-2)
+
+
+# -- iRoPE (Llama 4; Yang et al. 2025) --------------------------------------------------------------------------
+
+
+def test_irope_lays_a_global_nope_layer_every_kth_layer_from_the_top():
+    assert irope_layers(8, 4) == ["rope"] * 3 + ["none"] + ["rope"] * 3 + ["none"]  # Llama 4's (i + 1) % 4 == 0
+    assert irope_layers(2, 4) == ["rope", "none"]
+    enc = create("irope", D_MODEL, N_HEADS, window=5)
+    layers = enc.for_layers(8)
+    assert [e.layer_window for e in layers] == [5, 5, 5, None] * 2
+    assert enc.label == "irope"
+
+
+def _attention_output(enc, x: torch.Tensor) -> torch.Tensor:
+    """One attention layer using ``enc``, with the window the model gives a layer of that encoding."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(ModelShape(d_model=D_MODEL, n_heads=N_HEADS, attn_block_size=4))
+    plan = AttentionPlan(enc, torch.arange(x.shape[1]), 4, window=layer_window(None, enc.layer_window))
+    with torch.no_grad():
+        return attn(x, plan)
+
+
+def test_irope_nope_layers_see_every_key_and_rope_layers_only_their_window():
+    enc = create("irope", D_MODEL, N_HEADS, window=4, every=2)
+    rope_layer, nope_layer = enc.for_layers(2)
+    x = torch.randn(1, 16, D_MODEL, generator=torch.Generator().manual_seed(3))
+    changed = x.clone()
+    changed[:, 0] += 1.0  # a key 15 tokens before the last query, far outside the window of 4
+    for layer, sees_it in ((rope_layer, False), (nope_layer, True)):
+        before, after = _attention_output(layer, x), _attention_output(layer, changed)
+        assert not torch.allclose(before[:, 1:4], after[:, 1:4])  # keys 0..3 are in every layer's view
+        assert torch.allclose(before[:, 4:], after[:, 4:], atol=1e-6) != sees_it, layer
+
+
+def test_irope_temperature_is_one_at_training_lengths_and_grows_with_the_log_of_length():
+    train_len = 128
+    enc = create("irope", D_MODEL, N_HEADS, train_len=train_len)
+    nope = enc.for_layers(4)[3]
+    tau = attention_temperature(torch.arange(16 * train_len), nope.floor_scale, nope.attn_scale)
+    assert torch.all(tau[:train_len] == 1)
+    assert tau[-1] > tau[4 * train_len] > tau[2 * train_len] > 1
+    # Llama 4's numbers: floor_scale 8192, attn_scale 0.1
+    assert attention_temperature(torch.tensor([8190, 8191, 3 * 8192 - 1]), 8192, 0.1).tolist() == pytest.approx(
+        [1.0, 0.1 * math.log(2) + 1, 0.1 * math.log(4) + 1])
+    q, k = _qk(L=3)
+    pos = torch.tensor([0, 200, 1000])
+    qt, kt = nope.rotate(q, k, pos, pos)
+    assert torch.equal(kt, k) and torch.equal(qt[:, :, 0], q[:, :, 0])
+    assert torch.allclose(qt[:, :, 2], q[:, :, 2] * attention_temperature(pos, 129, 0.1)[2])
+
+
+def test_irope_without_temperature_is_relative():
+    from posexp.evaluation.conformance import PASS, Probe, run_checks
+
+    (result,) = run_checks(lambda d, h: create("irope", d, h, attn_scale=0.0),
+                           Probe(train_len=32, block=8, long_block=32), ["relative"])
+    assert result.status == PASS

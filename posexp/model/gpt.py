@@ -19,7 +19,7 @@ from posexp.config.schema import ModelConfig
 from posexp.encoders.contract import PositionalEncoder
 from posexp.errors import require
 from posexp.model.fused import causal_block_mask, flex_attend, fused_by_default
-from posexp.model.window import AttentionWindow
+from posexp.model.window import AttentionWindow, layer_window
 
 
 @dataclass
@@ -233,7 +233,8 @@ class GPT(nn.Module):
         fused = fused_by_default(idx.device) if self.fused_attention is None else self.fused_attention
         for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
             if id(enc) not in plans:
-                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused, self.attention_window)
+                window = layer_window(self.attention_window, enc.layer_window)  # the encoding's own, or eval's
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused, window)
             x = block(x, plans[id(enc)])
         return self.lm_head(self.ln_f(x))  # (B, L, vocab)
 
