@@ -1,4 +1,4 @@
-"""The newer encodings (p-RoPE, FoPE, Resonance RoPE, iRoPE): what each paper claims."""
+"""The newer encodings (p-RoPE, FoPE, Resonance RoPE, iRoPE) and Scalable-Softmax: what each paper claims."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from posexp.encoders.frequencies import rope_frequencies
 from posexp.encoders.irope import attention_temperature, irope_layers
 from posexp.encoders.scaling import yarn_frequencies
 from posexp.evaluation.extension import scaled_encoder
-from posexp.model.gpt import AttentionPlan, CausalSelfAttention, ModelShape
-from posexp.model.window import layer_window
+from posexp.model.gpt import GPT, AttentionPlan, CausalSelfAttention, ModelShape
+from posexp.model.window import AttentionWindow, layer_window, visible_keys
 
 D_MODEL, N_HEADS = 64, 2  # head width 32: 16 rotary frequencies
 HEAD_DIM = D_MODEL // N_HEADS
@@ -213,3 +213,57 @@ def test_irope_without_temperature_is_relative():
     (result,) = run_checks(lambda d, h: create("irope", d, h, attn_scale=0.0),
                            Probe(train_len=32, block=8, long_block=32), ["relative"])
     assert result.status == PASS
+
+
+# -- Scalable-Softmax (Nakanishi 2025) --------------------------------------------------------------------------
+
+
+def test_ssmax_off_leaves_the_model_as_it_was():
+    from posexp.config.identity import MODEL_KEYS_BEFORE
+
+    torch.manual_seed(0)
+    plain = GPT(ModelShape(), create("rope", 128, 4))
+    torch.manual_seed(0)
+    off = GPT(ModelShape(ssmax=False), create("rope", 128, 4))
+    assert list(plain.state_dict()) == list(off.state_dict())
+    assert not any("ssmax" in name for name in plain.state_dict())
+    idx = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(plain(idx), off(idx))
+    assert MODEL_KEYS_BEFORE["ssmax"] is False  # earlier runs keep their hash
+
+
+def test_ssmax_multiplies_each_querys_logits_by_s_log_n():
+    torch.manual_seed(0)
+    shape = ModelShape(d_model=D_MODEL, n_heads=N_HEADS, ssmax=True)
+    attn = CausalSelfAttention(shape)
+    with torch.no_grad():
+        attn.ssmax.copy_(torch.tensor([0.5, 2.0]))
+    L = 10
+    x = torch.randn(1, L, D_MODEL, generator=torch.Generator().manual_seed(2))
+    none = create("none", D_MODEL, N_HEADS)
+    with torch.no_grad():
+        out = attn(x, AttentionPlan(none, torch.arange(L), 256))
+        q, k, v = attn.qkv(x).view(1, L, 3, N_HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        z = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)  # (1, H, L, L)
+        n = torch.arange(1, L + 1, dtype=torch.float32)
+        scale = attn.ssmax[:, None, None] * n.log()[None, :, None]  # s log n, n = keys a query attends to
+        z = (z * scale).masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        expected = attn.proj((z.softmax(-1) @ v).transpose(1, 2).reshape(1, L, D_MODEL))
+    assert torch.allclose(out, expected, atol=1e-5)
+    # with a window the keys stop growing: log n stays at log(window)
+    assert visible_keys(torch.arange(8), AttentionWindow(3)).tolist() == [1, 2, 3, 3, 3, 3, 3, 3]
+    assert visible_keys(torch.arange(6), AttentionWindow(2, sinks=1)).tolist() == [1, 2, 3, 3, 3, 3]
+
+
+def test_ssmax_is_a_model_option_any_encoding_trains_with(tiny, tmp_path):
+    from posexp.commands.train import run_train
+
+    overrides = ["model.ssmax=true", "encoder=alibi", "train.steps=3", "train.warmup_steps=0", "eval.tokens=256", "eval.multiples=[1,2]",
+                 "eval.loss_by_position=false"]
+    results = run_train(tiny(*overrides), tmp_path, overrides)
+    assert all(math.isfinite(r["ppl"]) for r in results["rows"])
+    assert results["run"]["config"]["model"]["ssmax"] is True
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "checkpoint" / "model.safetensors")
+    assert {name for name in weights if "ssmax" in name} == {"blocks.0.attn.ssmax", "blocks.1.attn.ssmax"}

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from posexp.errors import require
 
-__all__ = ["AttentionWindow", "check_window", "layer_window", "window_fields", "window_of"]
+__all__ = ["AttentionWindow", "check_window", "layer_window", "visible_keys", "window_fields", "window_of"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,15 @@ def layer_window(window: Optional[AttentionWindow], own: Optional[int]) -> Optio
     if window is None or own <= window.size:
         return AttentionWindow(int(own))
     return window
+
+
+def visible_keys(q_idx: Tensor, window: Optional[AttentionWindow]) -> Tensor:
+    """How many keys each query row ``q_idx`` (0-based in the sequence) attends to: ``q_idx + 1`` causally, at
+    most the window's ``size`` plus the sinks older than it."""
+    n = q_idx + 1
+    if window is None:
+        return n
+    return n.clamp(max=window.size) + (n - window.size).clamp(min=0).clamp(max=window.sinks)
 
 
 def check_window(window: Any, sinks: Any) -> None:
