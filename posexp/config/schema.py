@@ -163,9 +163,10 @@ class EvalConfig:
     protocol: str = "nonoverlap"  # which tokens are scored: nonoverlap | sliding | last_k
     stride: Optional[int] = None
     last_k: Optional[int] = None
-    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | rerope
+    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope | rerope
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
+    longrope_factors: Optional[List[float]] = None  # eval.scaling=longrope: one rescale factor per rotary frequency
     window: Optional[int] = None  # attend only to the last K keys (a window baseline); null = the whole past
     sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384

@@ -26,7 +26,7 @@ NoPE when ``(n - 1 - i) % k == 0``: the last layer is global and every ``k``-th 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from torch import Tensor, nn
 
@@ -74,7 +74,8 @@ class TemperedNoPE(PositionalEncoder):
         tau = attention_temperature(q_pos, self.floor_scale, self.attn_scale)  # (Lq,)
         return q * tau[:, None].to(q.dtype), k
 
-    def with_scaling(self, kind: str, factor: float, train_len: int) -> "TemperedNoPE":
+    def with_scaling(self, kind: str, factor: float, train_len: int,
+                     factors: Optional[Sequence[float]] = None) -> "TemperedNoPE":
         return self
 
     @property
@@ -138,8 +139,9 @@ class IRoPE(Mixed):
     def label(self) -> str:
         return "irope"
 
-    def with_scaling(self, kind: str, factor: float, train_len: int) -> "Mixed":
-        clone = super().with_scaling(kind, factor, train_len)
+    def with_scaling(self, kind: str, factor: float, train_len: int,
+                     factors: Optional[Sequence[float]] = None) -> "Mixed":
+        clone = super().with_scaling(kind, factor, train_len, factors)
         for enc in clone.per_layer:  # a wrapping scaled copy (rerope) keeps the layer's window
             if not isinstance(enc, TemperedNoPE):
                 enc.layer_window = self.window

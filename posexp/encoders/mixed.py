@@ -19,7 +19,7 @@ encoding has any).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from torch import nn
 
@@ -67,7 +67,7 @@ class Mixed(PositionalEncoder):
 
     description = "Mixed: a different attention-side encoding per layer, e.g. RoPE with NoPE in every fourth layer"
     # offered when every position-dependent layer offers it (checked per configuration in scaling_refusal)
-    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
+    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
 
     def __init__(self, d_model: int, n_heads: int, layers: List[str] = ["rope", "none"],  # noqa: B006 (never mutated)
                  base: float = 10000.0, options: Any = None):
@@ -166,14 +166,17 @@ class Mixed(PositionalEncoder):
                 return f"layer {i} of the mix: {reason}"
         return None
 
-    def with_scaling(self, kind: str, factor: float, train_len: int) -> "Mixed":
-        """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``)."""
+    def with_scaling(self, kind: str, factor: float, train_len: int,
+                     factors: Optional[Sequence[float]] = None) -> "Mixed":
+        """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``;
+        ``factors``, LongRoPE's, passed on to each)."""
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)
         clone = module_copy(self)
-        clone.per_layer = nn.ModuleList(e.with_scaling(kind, factor, train_len) if _acts_in_attention(e) else e
-                                        for e in self.per_layer)
+        extra = {} if factors is None else {"factors": factors}
+        clone.per_layer = nn.ModuleList(e.with_scaling(kind, factor, train_len, **extra) if _acts_in_attention(e)
+                                        else e for e in self.per_layer)
         return clone
 
     def extra_repr(self) -> str:

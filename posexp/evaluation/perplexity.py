@@ -50,7 +50,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -327,7 +327,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
              batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
              stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
              scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
-             positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
+             longrope_factors: Optional[Sequence[float]] = None, positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
              position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
              progress: Optional[Callable[[int, int, int], None]] = None, memory: bool = True) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format; a length the encoder cannot represent
@@ -342,6 +342,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)`` (``dynamic_ntk``: 1).
         rerope_window: ``w`` for ``scaling=rerope`` (its row's ``scaling_factor``); None = half of ``train_len``.
+        longrope_factors: ``scaling=longrope``'s per-frequency rescale factors (``eval.longrope_factors``).
         positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
         position_plan: a :class:`posexp.model.positions.PositionPlan`: randomized positions (Ruoss et al. 2023)
             are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
@@ -368,7 +369,8 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     try:
         for length in lengths:
             factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
-            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
+            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len,
+                                                                         longrope_factors)
             row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
             if reason is not None:

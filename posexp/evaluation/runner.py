@@ -34,7 +34,8 @@ def evaluate_config(model, val, cfg: Config, device: torch.device,
     try:
         rows = evaluate(model, val, eval_lengths(cfg), int(cfg.train_len), int(e.tokens), int(e.batch_tokens),
                         device, protocol=e.protocol, stride=e.stride, last_k=e.last_k,
-                        scaling=e.scaling, scaling_factor=e.scaling_factor, rerope_window=e.rerope_window, positions=positions,
+                        scaling=e.scaling, scaling_factor=e.scaling_factor, rerope_window=e.rerope_window,
+                        longrope_factors=getattr(e, "longrope_factors", None), positions=positions,
                         log=log, position_plan=PositionPlan(cfg), progress=progress,
                         dtype=eval_dtype(cfg, device, trained_in),  # losses accumulate in fp32 anyway
                         window=window_of(getattr(e, "window", None), getattr(e, "sinks", None)))
