@@ -323,12 +323,12 @@ def _measure_length(model: GPT, encoder, val: np.ndarray, win: Windows, length: 
 
 
 @torch.inference_mode()
-def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int,
-             batch_tokens: int, device: torch.device, protocol: str = "nonoverlap", on_row=None, *,
-             stride: Optional[int] = None, last_k: Optional[int] = None, scaling: str = NONE,
-             scaling_factor: Optional[float] = None, rerope_window: Optional[int] = None,
-             longrope_factors: Optional[Sequence[float]] = None, positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None,
-             position_plan=None, dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
+def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int, tokens: int, batch_tokens: int,
+             device: torch.device, protocol: str = "nonoverlap", on_row=None, *, stride: Optional[int] = None,
+             last_k: Optional[int] = None, scaling: str = NONE, scaling_factor: Optional[float] = None,
+             rerope_window: Optional[int] = None, longrope_factors: Optional[Sequence[float]] = None,
+             positions: Optional[list] = None, log: Optional[Callable[[str], None]] = None, position_plan=None,
+             dtype: torch.dtype = torch.float32, window: Optional[AttentionWindow] = None,
              progress: Optional[Callable[[int, int, int], None]] = None, memory: bool = True) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format; a length the encoder cannot represent
     (``encoder.supports(L)`` false, e.g. a learned table shorter than ``L``) gets ``applicable: false``, ``ppl: null``.
@@ -341,8 +341,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
         on_row, log: called with each row as soon as it is done; where progress notes (out-of-memory retries) go.
         scaling: context extension (:mod:`posexp.evaluation.extension`); ``none`` leaves the encoder as trained.
         scaling_factor: fixed ``s`` at every length; None = ``max(1, L / train_len)`` (``dynamic_ntk``: 1).
-        rerope_window: ``w`` for ``scaling=rerope`` (its row's ``scaling_factor``); None = half of ``train_len``.
-        longrope_factors: ``scaling=longrope``'s per-frequency rescale factors (``eval.longrope_factors``).
+        rerope_window, longrope_factors: ``rerope``'s ``w`` (None = ``train_len / 2``); ``longrope``'s ``lambda_i``.
         positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
         position_plan: a :class:`posexp.model.positions.PositionPlan`: randomized positions (Ruoss et al. 2023)
             are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
@@ -369,8 +368,7 @@ def evaluate(model: GPT, val: np.ndarray, lengths: Iterable[int], train_len: int
     try:
         for length in lengths:
             factor = _length_factor(scaling, length, train_len, scaling_factor, rerope_window)
-            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len,
-                                                                         longrope_factors)
+            encoder = scaled_encoder(base_encoder, scaling, factor or 1.0, train_len, longrope_factors)  # none: as is
             row = _row_identity(length, train_len, protocol, stride, last_k, scaling, factor, window)
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
             if reason is not None:
