@@ -169,6 +169,13 @@ def test_irope_lays_a_global_nope_layer_every_kth_layer_from_the_top():
     assert enc.label == "irope"
 
 
+def test_irope_is_itself_a_mix_and_cannot_be_one_layer_of_another():
+    from posexp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^encoder\.layers: a mix cannot contain 'irope'"):
+        create("mixed", D_MODEL, N_HEADS, layers=["rope", "irope"])
+
+
 def _attention_output(enc, x: torch.Tensor) -> torch.Tensor:
     """One attention layer using ``enc``, with the window the model gives a layer of that encoding."""
     torch.manual_seed(0)

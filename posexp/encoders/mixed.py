@@ -38,7 +38,7 @@ def _acts_in_attention(enc: PositionalEncoder) -> bool:
 def _mixable() -> list[str]:
     """Registered encodings that act inside attention (or not at all), so can be one layer's encoding."""
     return [name for name, cls in registry().items()
-            if name != "mixed" and cls.embed is PositionalEncoder.embed]
+            if not issubclass(cls, Mixed) and cls.embed is PositionalEncoder.embed]
 
 
 @register("mixed")
@@ -78,9 +78,11 @@ class Mixed(PositionalEncoder):
                 f"must name at least one encoding, e.g. encoder.layers=[rope,rope,rope,none]; "
                 f"choose from: {', '.join(mixable)}")
         for name in names:
-            require(name != "mixed", "encoder.layers", f"a mix cannot contain 'mixed'; choose from: {', '.join(mixable)}")
             require(name in registry(), "encoder.layers",
                     f"unknown encoder {name!r}; choose from: {', '.join(mixable)}")
+            # a mix inside a mix (mixed, irope) would lay out layers the model never asks it for
+            require(not issubclass(registry()[name], Mixed), "encoder.layers",
+                    f"a mix cannot contain {name!r}; choose from: {', '.join(mixable)}")
         options = {} if options is None else options
         require(isinstance(options, Mapping) and all(v is None or isinstance(v, Mapping) for v in options.values()),
                 "encoder.options", f"must map encoding names to their options, e.g. "
