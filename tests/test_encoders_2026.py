@@ -214,6 +214,29 @@ def test_irope_temperature_is_one_at_training_lengths_and_grows_with_the_log_of_
     assert torch.allclose(qt[:, :, 2], q[:, :, 2] * attention_temperature(pos, 129, 0.1)[2])
 
 
+def test_irope_out_of_memory_shrinks_the_query_blocks_of_its_windowed_layers():
+    """Its RoPE layers attend on the blocked path (their window is a mask), so evaluation can shrink the blocks."""
+    import numpy as np
+
+    from posexp.evaluation.perplexity import evaluate
+
+    torch.manual_seed(0)
+    model = GPT(ModelShape(d_model=16, n_layers=2, n_heads=2, attn_block_size=64),
+                create("irope", 16, 2, window=8)).eval()
+    real, blocks = model.token_losses, []
+
+    def token_losses(idx, targets, pos=None):
+        blocks.append(model.shape.attn_block_size)
+        if idx.shape[0] > 1 or model.shape.attn_block_size > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(idx, targets, pos)
+
+    model.token_losses = token_losses
+    val = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)
+    row = evaluate(model, val, [64], 64, tokens=512, batch_tokens=512, device=torch.device("cpu"))[0]
+    assert row["attn_block_size"] == 16 and blocks[-1] == 16 and math.isfinite(row["ppl"])
+
+
 def test_irope_without_temperature_is_relative():
     from posexp.evaluation.conformance import PASS, Probe, run_checks
 

@@ -220,7 +220,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             del e
             free_memory(device)
             retries += 1
-            blocked = model.encoder.uses_bias or model.encoder.uses_scores or model.attention_window is not None
+            blocked = _blocked(model)
             if per_batch > 1:
                 per_batch //= 2
                 log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
@@ -244,6 +244,14 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             progress(L, i, n)
     return LengthResult(target_losses, position_sum, position_count, per_batch, model.shape.attn_block_size,
                         retries)
+
+
+def _blocked(model: GPT) -> bool:
+    """Whether some layer attends on the blocked path, whose query blocks can shrink: a bias or scores, or a window
+    (``eval.window``, or a layer's own, as irope's RoPE layers)."""
+    enc = model.encoder
+    own = any(e.layer_window is not None for e in enc.for_layers(len(model.blocks)))
+    return enc.uses_bias or enc.uses_scores or model.attention_window is not None or own
 
 
 class _Swapped:
