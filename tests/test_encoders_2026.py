@@ -237,6 +237,14 @@ def test_irope_out_of_memory_shrinks_the_query_blocks_of_its_windowed_layers():
     assert row["attn_block_size"] == 16 and blocks[-1] == 16 and math.isfinite(row["ppl"])
 
 
+def test_a_layers_own_window_and_evals_window_the_narrower_applies():
+    assert layer_window(None, None) is None
+    assert layer_window(None, 64) == AttentionWindow(64)
+    assert layer_window(AttentionWindow(128, sinks=4), 64) == AttentionWindow(64)  # the layer's is narrower
+    assert layer_window(AttentionWindow(32, sinks=4), 64) == AttentionWindow(32, sinks=4)  # eval's, with its sinks
+    assert layer_window(AttentionWindow(32), None) == AttentionWindow(32)  # a global layer: eval's window
+
+
 def test_irope_without_temperature_is_relative():
     from posexp.evaluation.conformance import PASS, Probe, run_checks
 
