@@ -95,6 +95,47 @@ def test_yarn_keeps_fast_dimensions_and_interpolates_slow_ones():
     assert torch.all(scaled <= theta) and torch.all(scaled >= theta / 8)
 
 
+LONGROPE_FACTORS = {16: [1.0 + 0.25 * i for i in range(16)], 32: [1.0 + 0.1 * i for i in range(32)],
+                    8: [1.0, 1.0, 1.5, 2.0, 3.0, 4.0, 4.0, 4.0]}
+
+
+@pytest.mark.parametrize("dim,base,train_len", SHAPES)
+@pytest.mark.parametrize("factor", FACTORS)
+def test_longrope_matches_transformers(dim, base, train_len, factor):
+    """LongRoPE (Ding et al. 2024): theta_i / lambda_i past the training length, and sqrt(1 + ln s / ln L)."""
+    factors = LONGROPE_FACTORS[dim // 2]
+    theirs, their_att = _hf("longrope", dim, base, train_len, factor, seq_len=int(factor * train_len),
+                            long_factor=factors, short_factor=[1.0] * (dim // 2),
+                            original_max_position_embeddings=train_len)
+    ours, att = rope_scaling("longrope", dim, base, factor, train_len, factors=factors)
+    _close(ours, theirs)
+    assert att == pytest.approx(their_att, rel=1e-12)
+
+
+def test_longrope_needs_one_factor_per_rotary_frequency_past_the_training_length():
+    enc = create("rope", d_model=64, n_heads=2)
+    for factors in (None, [2.0] * 3, [0.0] * 16):
+        with pytest.raises(ConfigError, match=r"^eval\.longrope_factors: .*16 of them"):
+            scaled_encoder(enc, "longrope", 4.0, 32, factors)
+    unscaled = scaled_encoder(enc, "longrope", 1.0, 32)  # at the training length: RoPE as trained
+    assert torch.equal(unscaled.inv_freq, enc.inv_freq) and unscaled.attention_scaling == 1.0
+
+
+def test_longrope_reaches_every_rotary_layer_of_a_mix():
+    factors = LONGROPE_FACTORS[16]
+    expected = (rope_frequencies(32, 10000.0) / torch.tensor(factors, dtype=torch.float64)).float()
+    for name in ("rope", "prope", "mixed", "irope"):
+        enc = create(name, d_model=64, n_heads=2)
+        enc.for_layers(4)  # as the model builds its layers before anything scales them
+        layers = scaled_encoder(enc, "longrope", 4.0, 32, factors).for_layers(4)
+        rotary = [e for e in layers if hasattr(e, "inv_freq")]
+        assert rotary, name
+        for e in rotary:
+            n = getattr(e, "n_kept", 16)  # p-RoPE keeps its dropped frequencies at zero
+            torch.testing.assert_close(e.inv_freq[:n], expected[:n])
+            assert e.attention_scaling == pytest.approx(math.sqrt(1 + math.log(4.0) / math.log(32)))
+
+
 # -- the encoder hooks -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ROTARY_SCALINGS)

@@ -53,9 +53,10 @@ VALUE_HINTS = {
     "protocol": "one of nonoverlap, sliding, last_k",
     "stride": "an integer, e.g. eval.stride=64",
     "last_k": "an integer, e.g. eval.last_k=64",
-    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, rerope",
+    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, longrope, rerope",
     "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
     "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
+    "longrope_factors": "a list of numbers > 0, one per rotary frequency, e.g. eval.longrope_factors=[1.0,1.5,...], or null",
     "window": "a positive integer number of keys, e.g. eval.window=128, or null",
     "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
     "batch_tokens": "an integer",
@@ -63,7 +64,7 @@ VALUE_HINTS = {
 }
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
-DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window"), "multiples": ("lengths",),
+DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window", "longrope_factors"), "multiples": ("lengths",),
                   "window": ("sinks",)}
 
 

@@ -42,7 +42,9 @@ from posexp.data.tokenizer import check_spec
 from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, options_schema, registry
 from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
-from posexp.evaluation.extension import NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal
+from posexp.encoders.scaling import LONGROPE
+from posexp.evaluation.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
+                                         scaled_encoder)
 from posexp.evaluation.perplexity import check_protocol
 from posexp.model.factory import build_encoder, extend_encoder
 from posexp.model.gpt import check_shape
@@ -327,6 +329,11 @@ def validate_eval(cfg: Config, encoder=None) -> None:
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
     check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder["name"], encoder=encoder,
                           rerope_window=e.rerope_window, train_len=int(cfg.train_len))
+    factors = getattr(e, "longrope_factors", None)
+    require(factors is None or e.scaling == LONGROPE, "eval.longrope_factors",
+            f"only applies with eval.scaling=longrope (scaling is {e.scaling}); drop it or set eval.scaling=longrope")
+    if e.scaling == LONGROPE and encoder is not None:  # their count and values, read as past the training length
+        scaled_encoder(encoder, LONGROPE, 2.0, int(cfg.train_len), None if factors is None else list(factors))
     check_window(e.window, e.sinks)
 
 

@@ -76,6 +76,9 @@ class ModelConfig:
     init: str = "gpt2"
     # The output layer shares the token embedding's weights (Press & Wolf 2017); false: a separate output layer.
     tie_embeddings: bool = True
+    # Scalable-Softmax (Nakanishi 2025): each layer's attention logits times s * log n, n the keys a query
+    # attends to and s learned per head, for any encoding (posexp/model/gpt.py). Off: the model as before.
+    ssmax: bool = False
 
     def param_count(self, vocab_size: int = 0) -> int:
         """Trainable parameters of a model of this shape (:class:`posexp.model.gpt.GPT`): its blocks and final
@@ -84,6 +87,7 @@ class ModelConfig:
         d, hidden = self.d_model, int(self.mlp_ratio * self.d_model)
         # attention's qkv and output projections, the MLP's two, two LayerNorms (weight and bias); no linear biases
         block = 4 * d * d + 2 * d * hidden + 2 * 2 * d
+        block += self.n_heads if self.ssmax else 0  # SSMax's s per head
         return self.n_layers * block + 2 * d + vocab_size * d * (1 if self.tie_embeddings else 2)
 
 
@@ -159,9 +163,10 @@ class EvalConfig:
     protocol: str = "nonoverlap"  # which tokens are scored: nonoverlap | sliding | last_k
     stride: Optional[int] = None
     last_k: Optional[int] = None
-    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | rerope
+    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope | rerope
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
+    longrope_factors: Optional[List[float]] = None  # eval.scaling=longrope: one rescale factor per rotary frequency
     window: Optional[int] = None  # attend only to the last K keys (a window baseline); null = the whole past
     sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384

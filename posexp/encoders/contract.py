@@ -65,6 +65,10 @@ class PositionalEncoder(nn.Module):
             (option ``encoder.lr_mult`` of every encoder). 1 unless an encoding needs
             its parameters to travel further than AdamW takes them in a short run
             (T5's logit biases, see ``t5.py``).
+        layer_window: the layers using this encoder attend only to their last ``layer_window``
+            keys (itself included), in training and evaluation; None (the default) = the whole
+            causal past. An architecture's sliding window (``encoder=irope``), where
+            ``eval.window`` is an evaluation baseline; the narrower of the two applies.
     """
 
     name: str = "base"
@@ -72,6 +76,9 @@ class PositionalEncoder(nn.Module):
     max_length: Optional[int] = None
     relative: bool = False
     lr_mult: float = 1.0
+    # the layers that use this encoder attend to their last `layer_window` keys only (sliding-window attention,
+    # in training and evaluation alike, as `encoder=irope`'s RoPE layers); None = the whole causal past
+    layer_window: Optional[int] = None
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()

@@ -19,7 +19,7 @@ encoding has any).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from torch import nn
 
@@ -38,7 +38,7 @@ def _acts_in_attention(enc: PositionalEncoder) -> bool:
 def _mixable() -> list[str]:
     """Registered encodings that act inside attention (or not at all), so can be one layer's encoding."""
     return [name for name, cls in registry().items()
-            if name != "mixed" and cls.embed is PositionalEncoder.embed]
+            if not issubclass(cls, Mixed) and cls.embed is PositionalEncoder.embed]
 
 
 @register("mixed")
@@ -67,7 +67,7 @@ class Mixed(PositionalEncoder):
 
     description = "Mixed: a different attention-side encoding per layer, e.g. RoPE with NoPE in every fourth layer"
     # offered when every position-dependent layer offers it (checked per configuration in scaling_refusal)
-    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
+    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
 
     def __init__(self, d_model: int, n_heads: int, layers: List[str] = ["rope", "none"],  # noqa: B006 (never mutated)
                  base: float = 10000.0, options: Any = None):
@@ -78,9 +78,11 @@ class Mixed(PositionalEncoder):
                 f"must name at least one encoding, e.g. encoder.layers=[rope,rope,rope,none]; "
                 f"choose from: {', '.join(mixable)}")
         for name in names:
-            require(name != "mixed", "encoder.layers", f"a mix cannot contain 'mixed'; choose from: {', '.join(mixable)}")
             require(name in registry(), "encoder.layers",
                     f"unknown encoder {name!r}; choose from: {', '.join(mixable)}")
+            # a mix inside a mix (mixed, irope) would lay out layers the model never asks it for
+            require(not issubclass(registry()[name], Mixed), "encoder.layers",
+                    f"a mix cannot contain {name!r}; choose from: {', '.join(mixable)}")
         options = {} if options is None else options
         require(isinstance(options, Mapping) and all(v is None or isinstance(v, Mapping) for v in options.values()),
                 "encoder.options", f"must map encoding names to their options, e.g. "
@@ -166,14 +168,17 @@ class Mixed(PositionalEncoder):
                 return f"layer {i} of the mix: {reason}"
         return None
 
-    def with_scaling(self, kind: str, factor: float, train_len: int) -> "Mixed":
-        """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``)."""
+    def with_scaling(self, kind: str, factor: float, train_len: int,
+                     factors: Optional[Sequence[float]] = None) -> "Mixed":
+        """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``;
+        ``factors``, LongRoPE's, passed on to each)."""
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)
         clone = module_copy(self)
-        clone.per_layer = nn.ModuleList(e.with_scaling(kind, factor, train_len) if _acts_in_attention(e) else e
-                                        for e in self.per_layer)
+        extra = {} if factors is None else {"factors": factors}
+        clone.per_layer = nn.ModuleList(e.with_scaling(kind, factor, train_len, **extra) if _acts_in_attention(e)
+                                        else e for e in self.per_layer)
         return clone
 
     def extra_repr(self) -> str:

@@ -15,7 +15,7 @@ position at a window ``w`` (:class:`ReRoPEScores`, reached through
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ from posexp.encoders.scaling import module_copy, rope_scaling
 from posexp.errors import ConfigError, require
 
 # eval-time scalings that are formulas in the base of the exponential schedule (posexp/encoders/scaling.py)
-BASE_SCALINGS = ("ntk", "dynamic_ntk", "yarn", "llama3")
+BASE_SCALINGS = ("ntk", "dynamic_ntk", "yarn", "llama3", "longrope")
 
 
 def rotary_dims(head_dim: int, rotary_fraction: float) -> int:
@@ -76,7 +76,7 @@ class RoPE(PositionalEncoder):
     description = "RoPE: rotate q and k by position-dependent angles (Su et al. 2021)"
     relative = True  # <R_m q, R_n k> = <q, R_{n-m} k> (see the module docstring)
     # evaluation-time context extension, see posexp/encoders/scaling.py and with_scaling
-    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
+    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
     attention_scaling = 1.0  # YaRN's sqrt(1/t) on q and k; 1 unless scaled
     scaling: Optional[tuple[str, float, int]] = None  # (kind, factor, train_len) on a scaled copy
 
@@ -105,6 +105,14 @@ class RoPE(PositionalEncoder):
     def base(self) -> float:
         return self._base
 
+    def adjust_frequencies(self, theta: Tensor) -> Tensor:
+        """The frequencies this variant rotates by, from the schedule's (or a scaling's) ``theta (d_rot/2,)``.
+
+        RoPE itself keeps them; a variant that reshapes the spectrum (p-RoPE drops the lowest, Resonance RoPE
+        rounds the wavelengths) overrides this, and every evaluation-time scaling then goes through it too.
+        """
+        return theta
+
     def scaling_refusal(self, kind: str) -> Optional[str]:
         """Why ``eval.scaling=kind`` does not apply to this configuration, or None if it does."""
         if kind in BASE_SCALINGS and self.freq_schedule != "exponential":
@@ -113,20 +121,23 @@ class RoPE(PositionalEncoder):
                     f"one of: linear, rerope (or none)")
         return None
 
-    def with_scaling(self, kind: str, factor: float, train_len: int) -> PositionalEncoder:
+    def with_scaling(self, kind: str, factor: float, train_len: int,
+                     factors: Optional[Sequence[float]] = None) -> PositionalEncoder:
         """A copy with frequencies scaled for evaluation past ``train_len`` (formulas in posexp/encoders/scaling.py).
 
         Args:
-            kind: ``linear`` (PI), ``ntk``, ``dynamic_ntk``, ``yarn``, ``llama3``, or ``rerope``.
+            kind: ``linear`` (PI), ``ntk``, ``dynamic_ntk``, ``yarn``, ``llama3``, ``longrope``, or ``rerope``.
             factor: the scaling factor ``s`` (for ``dynamic_ntk`` the factor ``a`` of its formula;
                 for ``rerope`` the window ``w`` in tokens).
             train_len: the context length the model was trained at.
+            factors: ``longrope``'s per-frequency rescale factors (``eval.longrope_factors``); others ignore it.
 
         Returns:
             A module sharing this one's state; this one is left unchanged.
 
         Raises:
-            ConfigError: a base-rescaling method on a non-exponential schedule.
+            ConfigError: a base-rescaling method on a non-exponential schedule; ``longrope`` past factor 1
+                without one factor per rotary frequency.
         """
         reason = self.scaling_refusal(kind)
         if reason is not None:
@@ -139,8 +150,9 @@ class RoPE(PositionalEncoder):
             # Position Interpolation, m -> m / s, i.e. theta -> theta / s (Chen et al. 2023, §2.3): any schedule
             theta, clone.attention_scaling = self.inv_freq / float(factor), 1.0
         else:
-            theta, clone.attention_scaling = rope_scaling(kind, self.rot_dim, self._base, factor, train_len)
-        clone.inv_freq = theta.to(self.inv_freq)
+            theta, clone.attention_scaling = rope_scaling(kind, self.rot_dim, self._base, factor, train_len,
+                                                          factors=factors)
+        clone.inv_freq = self.adjust_frequencies(theta).to(self.inv_freq)
         clone._dynamic_cache = {}
         clone.relative = kind != "dynamic_ntk"  # its base follows the largest key position, not distances
         return clone
@@ -153,7 +165,7 @@ class RoPE(PositionalEncoder):
         if seq_len not in self._dynamic_cache:
             kind, factor, train_len = self.scaling
             theta, _ = rope_scaling(kind, self.rot_dim, self._base, factor, train_len, seq_len=seq_len)
-            self._dynamic_cache[seq_len] = theta.to(self.inv_freq)
+            self._dynamic_cache[seq_len] = self.adjust_frequencies(theta).to(self.inv_freq)
         return self._dynamic_cache[seq_len], 1.0
 
     def angles(self, pos: Tensor, inv_freq: Optional[Tensor] = None,

@@ -17,13 +17,17 @@ to new rotary frequencies, or to fractional positions for absolute encodings:
                 ``sqrt(1/t) = 0.1 ln s + 1`` (Peng et al. 2023, §3.2, §3.4)
 ``llama3``      frequency bands: long wavelengths / s, short ones kept, a      rope
                 smooth blend between (Meta 2024, Llama 3.1)
+``longrope``    per-frequency rescale factors ``theta_i / lambda_i``, given as  rope
+                ``eval.longrope_factors`` (one per rotary frequency), and
+                the temperature ``sqrt(1 + ln s / ln L)`` (Ding et al. 2024;
+                Phi-3's and transformers' ``longrope``); unscaled at ``s <= 1``
 ``rerope``      the relative position is clamped at a window ``w``             rope
                 (``eval.rerope_window``, default ``train_len / 2``): RoPE
                 within ``w``, RoPE at distance ``w`` beyond (Su 2023); no
                 factor, the same at every length
 ==============  ==========================================================  =====================
 
-``ntk``, ``dynamic_ntk``, ``yarn`` and ``llama3`` are formulas in the base of the
+``ntk``, ``dynamic_ntk``, ``yarn``, ``llama3`` and ``longrope`` are formulas in the base of the
 exponential schedule ``theta_i = base^(-2i/d)``; a rope trained with another
 ``encoder.freq_schedule`` offers only ``linear`` and ``rerope`` (an encoder may refuse
 a method for its configuration through ``scaling_refusal``).
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -52,10 +56,12 @@ from posexp.encoders.frequencies import rope_frequencies
 from posexp.errors import ConfigError
 
 NONE = "none"
-SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "rerope")
-# the scalings that are new rotary frequencies (rope_scaling); rerope changes the relative position instead
+SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
+# the scalings that are new rotary frequencies from (factor, train_len) alone (rope_scaling); longrope also needs its
+# per-frequency factors, rerope changes the relative position instead
 ROTARY_SCALINGS = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3")
 REROPE = "rerope"
+LONGROPE = "longrope"
 
 # YaRN's ramp bounds in rotations per training context (Peng et al. 2023, §3.2: alpha = 1, beta = 32)
 YARN_BETA_FAST = 32.0
@@ -141,8 +147,35 @@ def llama3_frequencies(dim: int, base: float, factor: float, train_len: int,
     return torch.where(medium, blended, out)
 
 
+def longrope_attention_scaling(factor: float, train_len: int) -> float:
+    """LongRoPE's q/k multiplier ``sqrt(1 + ln(s) / ln(L))``, 1 for ``s <= 1`` (Ding et al. 2024, as Phi-3 and
+    transformers' ``longrope`` type apply it)."""
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(train_len))
+
+
+def longrope_frequencies(dim: int, base: float, factors: Optional[Sequence[float]], factor: float) -> Tensor:
+    """LongRoPE's rescaled frequencies ``theta_i / lambda_i`` (Ding et al. 2024, §2.2: one interpolation factor
+    ``lambda_i`` per RoPE dimension, found by their evolutionary search), float64; the unscaled ``theta_i`` for
+    ``s <= 1`` (transformers' short factors, taken as 1). The paper's other searched setting, the first
+    ``n^`` positions left unscaled, is not applied, as in transformers.
+
+    Raises:
+        ConfigError: ``factors`` missing, not ``dim / 2`` of them, or not all > 0, for ``s > 1``.
+    """
+    theta = rope_frequencies(dim, base)
+    if factor <= 1:
+        return theta
+    n = dim // 2
+    if factors is None or len(factors) != n or not all(float(f) > 0 for f in factors):
+        given = None if factors is None else list(factors)
+        raise ConfigError("eval.longrope_factors", f"longrope needs one rescale factor > 0 per rotary frequency, "
+                                                   f"{n} of them, e.g. eval.longrope_factors=[1.0,1.2,...] "
+                                                   f"(got {given})")
+    return theta / torch.tensor([float(f) for f in factors], dtype=torch.float64)
+
+
 def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int,
-                 seq_len: Optional[int] = None) -> tuple[Tensor, float]:
+                 seq_len: Optional[int] = None, factors: Optional[Sequence[float]] = None) -> tuple[Tensor, float]:
     """Frequencies ``theta (dim/2,)`` float64 and the q/k multiplier for a rotary scaling.
 
     Args:
@@ -152,6 +185,7 @@ def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int
         factor: ``s``; for ``dynamic_ntk`` the factor ``a`` of its formula.
         train_len: the training context length (``original_max_position_embeddings``).
         seq_len: tokens in the sequence; only ``dynamic_ntk`` uses it.
+        factors: LongRoPE's per-frequency rescale factors ``lambda_i``; only ``longrope`` uses them.
 
     Returns:
         ``(theta, attention_scaling)``; rotate by ``m * theta`` and multiply q and k by the scaling.
@@ -170,6 +204,8 @@ def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int
         return yarn_frequencies(dim, base, factor, train_len), yarn_attention_scaling(factor)
     if kind == "llama3":
         return llama3_frequencies(dim, base, factor, train_len), 1.0
+    if kind == LONGROPE:
+        return longrope_frequencies(dim, base, factors, factor), longrope_attention_scaling(factor, train_len)
     raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
 
 
@@ -194,6 +230,6 @@ def module_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-__all__ = ["NONE", "REROPE", "ROTARY_SCALINGS", "SCALINGS", "dynamic_ntk_base", "llama3_frequencies", "module_copy",
-           "ntk_base", "rope_frequencies", "rope_scaling", "supported_scalings", "yarn_attention_scaling",
-           "yarn_frequencies"]
+__all__ = ["LONGROPE", "NONE", "REROPE", "ROTARY_SCALINGS", "SCALINGS", "dynamic_ntk_base", "llama3_frequencies",
+           "longrope_attention_scaling", "longrope_frequencies", "module_copy", "ntk_base", "rope_frequencies",
+           "rope_scaling", "supported_scalings", "yarn_attention_scaling", "yarn_frequencies"]

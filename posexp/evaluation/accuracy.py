@@ -152,7 +152,8 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
         for length in eval_lengths(cfg):
             factor = _length_factor(scaling, length, train_len, getattr(e, "scaling_factor", None),
                                     getattr(e, "rerope_window", None))
-            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
+            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len,
+                                                                         getattr(e, "longrope_factors", None))
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, plan)
             for depth in depths:
                 row = _row_identity(task, length, train_len, depth, scaling, factor, window, int(e.examples))

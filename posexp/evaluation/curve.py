@@ -95,7 +95,8 @@ class CurveProbe:
         e = self.cfg.eval
         plain = dataclasses.replace(e, lengths=self.lengths, tokens=int(e.during_training.tokens),
                                     protocol="nonoverlap", stride=None, last_k=None, scaling="none",
-                                    scaling_factor=None, rerope_window=None, window=None, sinks=None)
+                                    scaling_factor=None, rerope_window=None, longrope_factors=None, window=None,
+                                    sinks=None)
         return evaluate(self.model, self.val, plain, int(self.cfg.train_len), self.device, position_plan=self.plan,
                         dtype=dtype, hooks=EvalHooks(memory=False))
 

@@ -9,12 +9,12 @@ point through which the evaluator gets a scaled copy of a trained encoder.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from torch import nn
 
 from posexp.encoders import get, registry
-from posexp.encoders.scaling import NONE, REROPE, SCALINGS, supported_scalings
+from posexp.encoders.scaling import LONGROPE, NONE, REROPE, SCALINGS, supported_scalings
 from posexp.errors import ConfigError
 
 
@@ -56,8 +56,8 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
 
 
 # what a fine-tune can train with: every frequency or position scaling; ReRoPE's clamped distances are
-# evaluation-time only (Su 2023 proposes it without training)
-FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k != REROPE)
+# evaluation-time only (Su 2023 proposes it without training), and LongRoPE's factors are an eval key so far
+FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k not in (REROPE, LONGROPE))
 
 
 def finetune_scaling_refusal(kind: str, encoder: nn.Module) -> Optional[str]:
@@ -86,16 +86,19 @@ def default_factor(length: int, train_len: int) -> float:
     return max(1.0, length / train_len)
 
 
-def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int) -> nn.Module:
-    """The encoder itself for ``none``, else its ``with_scaling`` copy.
+def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int,
+                   longrope_factors: Optional[Sequence[float]] = None) -> nn.Module:
+    """The encoder itself for ``none``, else its ``with_scaling`` copy (``longrope`` given its per-frequency
+    factors, ``eval.longrope_factors``).
 
     Raises:
-        ConfigError: the encoding does not offer ``kind``.
+        ConfigError: the encoding does not offer ``kind``; ``longrope`` without its factors past factor 1.
     """
     check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), encoder)
     if kind == NONE:
         return encoder
-    return encoder.with_scaling(kind, float(factor), int(train_len))  # type: ignore[operator]  # checked above
+    extra = {"factors": longrope_factors} if kind == LONGROPE else {}
+    return encoder.with_scaling(kind, float(factor), int(train_len), **extra)  # type: ignore[operator]  # checked above
 
 
 __all__ = ["FINETUNE_SCALINGS", "NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor",

@@ -220,7 +220,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             del e
             free_memory(device)
             retries += 1
-            blocked = model.encoder.uses_bias or model.encoder.uses_scores or model.attention_window is not None
+            blocked = _blocked(model)
             if per_batch > 1:
                 per_batch //= 2
                 log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
@@ -244,6 +244,14 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             progress(L, i, n)
     return LengthResult(target_losses, position_sum, position_count, per_batch, model.shape.attn_block_size,
                         retries)
+
+
+def _blocked(model: GPT) -> bool:
+    """Whether some layer attends on the blocked path, whose query blocks can shrink: a bias or scores, or a window
+    (``eval.window``, or a layer's own, as irope's RoPE layers)."""
+    enc = model.encoder
+    own = any(e.layer_window is not None for e in enc.for_layers(len(model.blocks)))
+    return enc.uses_bias or enc.uses_scores or model.attention_window is not None or own
 
 
 class _Swapped:
@@ -369,7 +377,8 @@ def evaluate(model: GPT, val: np.ndarray, settings: EvalConfig, train_len: int, 
         settings: the ``eval`` group: lengths (or multiples of ``train_len``), ``tokens`` (the scored-target
             budget), ``batch_tokens`` (forward tokens per batch), the protocol with its stride or K (module
             docstring), the scaling (:mod:`posexp.evaluation.extension`: ``scaling_factor`` fixed at every length,
-            None = ``max(1, L / train_len)``, dynamic_ntk 1; ``rerope_window`` None = half of ``train_len``), and the
+            None = ``max(1, L / train_len)``, dynamic_ntk 1; ``rerope_window`` None = half of ``train_len``;
+            ``longrope_factors``, longrope's per-dimension ``lambda_i``), and the
             window and sinks (:mod:`posexp.model.window`; rows then record them). Only these fields are read.
         train_len: the training length (``multiple``, the default scaling factor).
         device: where the forward passes run.
@@ -399,7 +408,8 @@ def evaluate(model: GPT, val: np.ndarray, settings: EvalConfig, train_len: int, 
     try:
         for length in lengths:
             factor = _length_factor(scaling, length, train_len, e.scaling_factor, e.rerope_window)
-            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len)
+            encoder = scaled_encoder(base_encoder, scaling, factor or 1.0, train_len,
+                                     e.longrope_factors)  # none: as is
             row = _row_identity(length, train_len, e.protocol, e.stride, e.last_k, scaling, factor, window,
                                 int(e.tokens))
             reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)

@@ -19,7 +19,7 @@ from posexp.config.schema import ModelConfig
 from posexp.encoders.contract import PositionalEncoder
 from posexp.errors import require
 from posexp.model.fused import causal_block_mask, flex_attend, fused_by_default
-from posexp.model.window import AttentionWindow
+from posexp.model.window import AttentionWindow, layer_window, visible_keys
 
 
 @dataclass
@@ -31,6 +31,8 @@ class ModelShape(ModelConfig):
 
 
 INITS = ("gpt2", "pytorch")  # model.init: GPT-2's N(0, 0.02), or each layer's PyTorch default
+# SSMax's s at initialisation (model.ssmax, Nakanishi 2025): 0.43, where public implementations start it
+SSMAX_INIT = 0.43
 
 
 def check_shape(shape: ModelConfig) -> None:
@@ -114,6 +116,23 @@ class CausalSelfAttention(nn.Module):
         self.dropout = shape.dropout
         # FlexAttention's kernels tile the head width: a power of two, at least 16
         self.fusable = self.head_dim >= 16 and self.head_dim & (self.head_dim - 1) == 0
+        # Scalable-Softmax (Nakanishi 2025): a learned s per head; no parameter at all when off
+        self.ssmax: Optional[nn.Parameter] = None
+        if getattr(shape, "ssmax", False):
+            self.ssmax = nn.Parameter(torch.full((shape.n_heads,), SSMAX_INIT))
+
+    def ssmax_scale(self, plan: AttentionPlan, L: int) -> Tensor:
+        """SSMax's ``s * log n`` of each head and query row, ``(H, L, 1)``: ``n`` the keys the row attends to.
+
+        Nakanishi 2025, "Scalable-Softmax Is Superior for Attention", §2: ``softmax`` of the logits ``z``
+        over ``n`` keys becomes ``n^(s z_i) / sum_j n^(s z_j) = softmax((s log n) z)``, which keeps the
+        largest attention weight from fading as ``n`` grows. Applied to the query, so every logit term
+        computed from it (``q . k`` and an encoder's ``scores``) is multiplied; an additive position bias that
+        does not read the query (alibi, t5, ...) is not.
+        """
+        n = visible_keys(torch.arange(L, device=plan.pos.device), plan.window)  # (L,)
+        assert self.ssmax is not None
+        return (self.ssmax[:, None] * n.to(self.ssmax.dtype).log()[None, :])[..., None]  # (H, L, 1)
 
     def forward(self, x: Tensor, plan: AttentionPlan) -> Tensor:
         B, L, D = x.shape
@@ -121,6 +140,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, L, Dh)
         if enc.uses_rotate:
             q, k = enc.rotate(q, k, plan.pos, plan.pos)
+        if self.ssmax is not None:
+            q = q * self.ssmax_scale(plan, L).to(q.dtype)  # (B, H, L, Dh), logits times s log n
         p = self.dropout if self.training else 0.0
         if plan.fused and p == 0.0 and self.fusable:  # FlexAttention has no attention dropout
             y = plan.flex(q, k, v)  # (B, H, L, Dh)
@@ -233,7 +254,8 @@ class GPT(nn.Module):
         fused = fused_by_default(idx.device) if self.fused_attention is None else self.fused_attention
         for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
             if id(enc) not in plans:
-                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused, self.attention_window)
+                window = layer_window(self.attention_window, enc.layer_window)  # the encoding's own, or eval's
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused, window)
             x = block(x, plans[id(enc)])
         return self.lm_head(self.ln_f(x))  # (B, L, vocab)
 

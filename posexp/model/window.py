@@ -17,8 +17,10 @@
     positions, where StreamingLLM re-assigns positions within its cache, so here the distance
     from a query to a sink grows with the query's index.
 
-Only evaluation uses it; training never does. Neither key set, the model attends as it
-always did, bit for bit.
+Only evaluation sets these two; training never does. Neither key set, the model attends as it
+always did, bit for bit. An encoding may also give its layers a window of their own, in training
+and evaluation alike (``layer_window`` of the encoder contract, e.g. ``encoder=irope``'s sliding-window
+RoPE layers); :func:`layer_window` says which applies when both do.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torch import Tensor
 
 from posexp.errors import require
 
-__all__ = ["AttentionWindow", "check_window", "window_fields", "window_of"]
+__all__ = ["AttentionWindow", "check_window", "layer_window", "visible_keys", "window_fields", "window_of"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,29 @@ class AttentionWindow:
             return (q >= kv_idx) & ((q - kv_idx < size) | (kv_idx < sinks))
 
         return windowed
+
+
+def layer_window(window: Optional[AttentionWindow], own: Optional[int]) -> Optional[AttentionWindow]:
+    """The window of a layer whose encoding attends within its own ``own`` last keys (an architecture's sliding
+    window, :attr:`posexp.encoders.contract.PositionalEncoder.layer_window`) under the evaluation's ``window``.
+
+    The narrower one wins: the layer's own window, or ``eval.window`` (with its sinks) where that is narrower.
+    Without a window of its own, a layer attends as ``eval.window`` says.
+    """
+    if own is None:
+        return window
+    if window is None or own <= window.size:
+        return AttentionWindow(int(own))
+    return window
+
+
+def visible_keys(q_idx: Tensor, window: Optional[AttentionWindow]) -> Tensor:
+    """How many keys each query row ``q_idx`` (0-based in the sequence) attends to: ``q_idx + 1`` causally, at
+    most the window's ``size`` plus the sinks older than it."""
+    n = q_idx + 1
+    if window is None:
+        return n
+    return n.clamp(max=window.size) + (n - window.size).clamp(min=0).clamp(max=window.sinks)
 
 
 def check_window(window: Any, sinks: Any) -> None:

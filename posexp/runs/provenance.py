@@ -183,6 +183,8 @@ def eval_settings(cfg: Config) -> dict:
             settings["scaling_factor"] = float(e.scaling_factor)
         if e.rerope_window is not None:
             settings["rerope_window"] = int(e.rerope_window)
+        if getattr(e, "longrope_factors", None) is not None:
+            settings["longrope_factors"] = [float(f) for f in e.longrope_factors]
     if e.window is not None:  # a window baseline (posexp/model/window.py)
         settings["window"] = int(e.window)
         if e.sinks is not None:
