@@ -218,7 +218,7 @@ def test_irope_out_of_memory_shrinks_the_query_blocks_of_its_windowed_layers():
     """Its RoPE layers attend on the blocked path (their window is a mask), so evaluation can shrink the blocks."""
     import numpy as np
 
-    from posexp.evaluation.perplexity import evaluate
+    from conftest import evaluate_at
 
     torch.manual_seed(0)
     model = GPT(ModelShape(d_model=16, n_layers=2, n_heads=2, attn_block_size=64),
@@ -233,7 +233,7 @@ def test_irope_out_of_memory_shrinks_the_query_blocks_of_its_windowed_layers():
 
     model.token_losses = token_losses
     val = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)
-    row = evaluate(model, val, [64], 64, tokens=512, batch_tokens=512, device=torch.device("cpu"))[0]
+    row = evaluate_at(model, val, [64], 64, tokens=512, batch_tokens=512, device=torch.device("cpu"))[0]
     assert row["attn_block_size"] == 16 and blocks[-1] == 16 and math.isfinite(row["ppl"])
 
 

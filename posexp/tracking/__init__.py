@@ -66,9 +66,9 @@ def check_loggers(logger_cfg) -> None:
 
 # name -> (module, class): the trackers posexp has, found by name as the encoders and tasks are; importing one
 # imports its library, so it happens only for a tracker a run asks for
-TRACKERS = {"tensorboard": ("posexp.tracking.tensorboard_tracker", "TensorBoardTracker"),
-            "mlflow": ("posexp.tracking.mlflow_tracker", "MLflowTracker"),
-            "wandb": ("posexp.tracking.wandb_tracker", "WandbTracker")}
+TRACKER_CLASSES = {"tensorboard": ("posexp.tracking.tensorboard_tracker", "TensorBoardTracker"),
+                   "mlflow": ("posexp.tracking.mlflow_tracker", "MLflowTracker"),
+                   "wandb": ("posexp.tracking.wandb_tracker", "WandbTracker")}
 
 
 def _tracker_class(name: str):
@@ -79,9 +79,9 @@ def _tracker_class(name: str):
     """
     import importlib
 
-    if name not in TRACKERS:
-        raise ConfigError("logger", f"unknown tracker {name!r}; choose from {', '.join(TRACKERS)} (or none)")
-    module, cls = TRACKERS[name]
+    if name not in TRACKER_CLASSES:
+        raise ConfigError("logger", f"unknown tracker {name!r}; choose from {', '.join(TRACKER_CLASSES)} (or none)")
+    module, cls = TRACKER_CLASSES[name]
     return getattr(importlib.import_module(module), cls)
 
 
