@@ -220,7 +220,8 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             del e
             free_memory(device)
             retries += 1
-            blocked = model.encoder.uses_bias or model.encoder.uses_scores or model.attention_window is not None
+            blocked = (model.encoder.uses_bias or model.encoder.uses_scores or model.encoder.explicit_attention
+                       or model.attention_window is not None)
             if per_batch > 1:
                 per_batch //= 2
                 log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
