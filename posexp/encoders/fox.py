@@ -71,7 +71,9 @@ class ForgettingAttention(PositionalEncoder):
 
     def log_forget(self, x: Tensor) -> Tensor:
         """``log f_t = log sigmoid(w_h . x_t + b_h)`` (Lin et al. 2025, §2), ``(B, H, L)``, for ``x (B, L, D)``."""
-        return F.logsigmoid(self.gate(x).float()).transpose(1, 2)
+        logit = self.gate(x)
+        # at least fp32 (as the authors' code), so bf16 rounding does not accumulate over the cumulative sum
+        return F.logsigmoid(logit.to(torch.promote_types(logit.dtype, torch.float32))).transpose(1, 2)
 
     def transform(self, x: Tensor, q: Tensor, k: Tensor, pos: Tensor) -> ContentLogits:
         log_f = self.log_forget(x)

@@ -36,7 +36,8 @@ def stick_breaking_weights(logits: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tens
         k_pos: key positions ``(Lk,)``, increasing.
     """
     earlier = k_pos[None, :] < q_pos[:, None]  # (Lq, Lk): the keys a stick is broken over
-    z = logits.float().masked_fill(~earlier, float("-inf"))
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the paper's reference: at least fp32
+    z = z.masked_fill(~earlier, float("-inf"))
     log_keep = F.logsigmoid(-z)  # log (1 - beta_ik); 0 for a masked key
     # sum over the keys after j (closer to the query): a cumulative sum from the right, shifted by one key
     after = F.pad(log_keep.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))
