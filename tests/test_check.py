@@ -249,7 +249,8 @@ def test_dynamic_ntk_rope_is_not_relative_and_the_check_would_say_so():
 
 def test_the_built_ins_that_declare_themselves_relative():
     """The encodings whose papers make their logits a function of i - j (and content) alone; FIRE normalises by
-    the query's own position past its threshold, the rest are absolute (mixed: its default [rope, none])."""
+    the query's own position past its threshold, the rest are absolute (mixed: its default [rope, none]); FoX,
+    PaTH and stick-breaking read no position index at all, only the content and the keys' order."""
     declared = {name for name in BUILT_INS if create(name, 32, 2).relative}
-    assert declared == {"alibi", "cope", "deberta", "kerple", "mixed", "none", "rope", "sandwich", "shaw", "t5",
-                        "transformer_xl", "xpos"}
+    assert declared == {"alibi", "cope", "deberta", "fox", "kerple", "mixed", "none", "path", "rope", "sandwich",
+                        "shaw", "stickbreaking", "t5", "transformer_xl", "xpos"}
