@@ -257,3 +257,16 @@ def test_encoders_without_content_hooks_do_not_declare_them():
     for name in ("rope", "alibi", "none", "cope", "t5"):
         enc = create(name, d_model=D_MODEL, n_heads=N_HEADS)
         assert not (enc.uses_transform or enc.uses_normalise or enc.explicit_attention), name
+
+
+@pytest.mark.parametrize("name", ["fox", "path"])
+def test_every_layer_has_its_own_gates_as_in_the_papers(name):
+    model = _model(name)
+    layers = model.encoder.for_layers(2)
+    assert layers[0] is model.encoder and layers[1] is not layers[0]
+    first, second = ({n: p for n, p in e.named_parameters() if not n.startswith("other_layers")} for e in layers)
+    assert first.keys() == second.keys() and all(first[n] is not second[n] for n in first)
+    names = {n for n, _ in model.named_parameters()}
+    assert any(n.startswith("encoder.other_layers.0.") for n in names)  # trained and saved with the model
+    with pytest.raises(ConfigError, match="model.n_layers"):
+        model.encoder.for_layers(1)  # built for 2

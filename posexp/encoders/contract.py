@@ -227,6 +227,23 @@ class PositionalEncoder(nn.Module):
         return ", ".join(parts)
 
 
+def layer_copies(encoder: PositionalEncoder, copies: nn.ModuleList, n_layers: int,
+                 make: Callable[[], PositionalEncoder]) -> list[PositionalEncoder]:
+    """``encoder`` for the first layer and a fresh ``make()`` for each further one, kept in ``copies`` (a module list
+    of ``encoder``, so the copies train and are saved with it): a :meth:`PositionalEncoder.for_layers` for an
+    encoding whose paper gives every attention layer its own parameters (FoX's forget gate, PaTH's projections).
+
+    Raises:
+        ConfigError: the copies were built for another number of layers.
+    """
+    while len(copies) < n_layers - 1:
+        copies.append(make())
+    if len(copies) != n_layers - 1:
+        raise ConfigError("model.n_layers", f"this {encoder.name} encoder was built for {len(copies) + 1} layers, "
+                                            f"not {n_layers}")
+    return [encoder, *copies]
+
+
 def check_position_range(pos: Tensor, max_length: int, what: str) -> None:
     """Raise ``ValueError`` naming ``what`` (the encoding's limit, "learned position embeddings cover") when a
     position of ``pos`` lies outside ``0 .. max_length - 1``, instead of an index error deep in an embedding.
@@ -258,4 +275,4 @@ def bias_score_mod(bias_at: Callable[[Tensor, Tensor, Tensor], Tensor], q_pos: T
     return score_mod
 
 
-__all__ = ["ContentLogits", "PositionalEncoder", "ScoreMod", "bias_score_mod", "check_position_range", "relative_distance"]
+__all__ = ["ContentLogits", "PositionalEncoder", "ScoreMod", "bias_score_mod", "check_position_range", "layer_copies", "relative_distance"]

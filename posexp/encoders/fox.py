@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.contract import ContentLogits, PositionalEncoder
+from posexp.encoders.contract import ContentLogits, PositionalEncoder, layer_copies
 from posexp.errors import require
 
 
@@ -47,8 +47,8 @@ class ForgettingAttention(PositionalEncoder):
 
     As in the authors' code, the gate is a linear map of the layer's input with weights ``N(0, 0.02)`` and a
     bias starting at 0 (every gate starts near ``sigmoid(0) = 1/2``, a decay the model then learns: the paper
-    finds heads that keep long memories and heads that forget fast). One encoder module serves every layer, so
-    the gate's weights are shared by the layers (whose inputs differ); the paper has one gate per layer.
+    finds heads that keep long memories and heads that forget fast). Every layer has its own gate, as in the
+    paper: this encoder serves the first layer and builds one copy per further layer (:meth:`for_layers`).
 
     Args:
         d_model: model width ``D``; the gate reads the layer's normalised input ``x (B, L, D)``.
@@ -69,6 +69,13 @@ class ForgettingAttention(PositionalEncoder):
         nn.init.normal_(self.gate.weight, std=0.02)
         nn.init.constant_(self.gate.bias, float(init_bias))
 
+        self.init_bias = float(init_bias)
+        self.other_layers = nn.ModuleList()  # the gates of layers 2 .. n_layers (for_layers)
+
+    def for_layers(self, n_layers: int) -> list[PositionalEncoder]:
+        return layer_copies(self, self.other_layers, n_layers,
+                            lambda: ForgettingAttention(self.d_model, self.n_heads, self.init_bias))
+
     def log_forget(self, x: Tensor) -> Tensor:
         """``log f_t = log sigmoid(w_h . x_t + b_h)`` (Lin et al. 2025, §2), ``(B, H, L)``, for ``x (B, L, D)``."""
         logit = self.gate(x)
@@ -84,7 +91,7 @@ class ForgettingAttention(PositionalEncoder):
         return logits
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, gates={self.n_heads}"
+        return f"{super().extra_repr()}, gates={self.n_heads} per layer"
 
 
 __all__ = ["ForgettingAttention", "forget_bias"]

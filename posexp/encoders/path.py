@@ -16,9 +16,9 @@ one step of distance at a time: ``O(L^2 d)`` work in ``L`` small steps, with not
 own logits. The paper's
 UT-transform kernel is not implemented: this encoder has no fused form (a CPU-sized reference).
 
-Two simplifications of the paper's layer, both stated: ``w`` is a full linear map of the input (the paper's is
-low rank, followed by a short convolution), and one encoder module serves every layer (the paper has one per
-layer). posexp passes the logits through the ``transform`` hook, since ``H_t`` reads the content.
+One simplification of the paper's layer: ``w`` is a full linear map of the input (the paper's is low rank,
+followed by a short convolution over three tokens). Every layer has its own maps, as in the paper. posexp passes
+the logits through the ``transform`` hook, since ``H_t`` reads the content.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.encoders import register
-from posexp.encoders.contract import ContentLogits, PositionalEncoder
+from posexp.encoders.contract import ContentLogits, PositionalEncoder, layer_copies
 
 
 def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, start: int) -> Tensor:
@@ -63,7 +63,7 @@ class _PathByDistance(torch.autograd.Function):
     steps, whose per-operation cost dominates at posexp's sizes."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, start: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, start: int) -> Tensor:
         Lq, Lk = q.shape[-2], k.shape[-2]
         pad = Lq - 1
         kp, wp, bp = _padded(k, w, beta, pad)
@@ -82,7 +82,7 @@ class _PathByDistance(torch.autograd.Function):
         return torch.stack(by_distance, dim=-1)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         kp, wp, bp, states = ctx.saved_tensors
         start, Lk, Lq = ctx.start, states.shape[0], states.shape[-2]
         pad = Lq - 1
@@ -125,6 +125,10 @@ class PaTH(PositionalEncoder):
         nn.init.normal_(self.direction.weight, std=0.02)
         nn.init.normal_(self.strength.weight, std=0.02)
         nn.init.zeros_(self.strength.bias)
+        self.other_layers = nn.ModuleList()  # the maps of layers 2 .. n_layers (for_layers)
+
+    def for_layers(self, n_layers: int) -> list[PositionalEncoder]:
+        return layer_copies(self, self.other_layers, n_layers, lambda: PaTH(self.d_model, self.n_heads))
 
     def householder(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Unit directions ``w (B, H, L, Dh)`` and strengths ``beta (B, H, L)`` in ``(0, 2)`` of ``x (B, L, D)``."""

@@ -49,10 +49,10 @@ def check_transform(make_encoder: EncoderFactory, probe: Probe) -> Check:
     for enc in encoders:
         x, q, k = _inputs(probe, L, seed=0)
         whole = _causal_part(enc.transform(x, q, k, pos)(0, L))[..., :t + 1, :t + 1]
-        later = [a.clone() for a in (x, q, k)]
-        for a, b in zip(later, _inputs(probe, L, seed=1)):
+        x2, q2, k2 = (a.clone() for a in (x, q, k))
+        for a, b in zip((x2, q2, k2), _inputs(probe, L, seed=1)):
             a[..., t + 1:, :] = b[..., t + 1:, :]  # the tokens after t: x (B, L, D), q and k (B, H, L, Dh)
-        changed = _causal_part(enc.transform(*later, pos)(0, L))[..., :t + 1, :t + 1]
+        changed = _causal_part(enc.transform(x2, q2, k2, pos)(0, L))[..., :t + 1, :t + 1]
         prefix = _causal_part(enc.transform(x[:, :t + 1], q[..., :t + 1, :], k[..., :t + 1, :],
                                             pos[:t + 1])(0, t + 1))
         worst_future = max(worst_future, causal_diff(whole, changed))
