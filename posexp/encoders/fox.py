@@ -7,9 +7,9 @@ Lin, Nikishin, He and Courville 2025, "Forgetting Transformer: Softmax Attention
 * decay bias:   ``D_ij = sum_{l = j+1}^{i} log f_l = c_i - c_j`` with ``c_t = sum_{l <= t} log f_l``
 * attention:    ``softmax(q_i . k_j / sqrt(d) + D_ij)``
 
-so a key's logit decays by every gate between it and the query: data-dependent, never below 0 in the
-exponent's sense (``D <= 0``), 0 on the diagonal, and position enters only through this decay (the paper's
-FoX uses no RoPE: NoPE otherwise). The authors' code forms the same difference of cumulative sums,
+so a key's logit decays by every gate between it and the query: ``D <= 0``, 0 on the diagonal, non-increasing
+with distance but at a rate the content sets, and position enters only through this decay (the paper's FoX uses
+no RoPE: NoPE otherwise). The authors' code forms the same difference of cumulative sums,
 ``log_lambda = cumsum(log_fgate)``, ``bias = log_lambda[:, None] - log_lambda[None, :]``.
 
 posexp passes the gate through the ``transform`` hook, since it reads the layer's input ``x``, not positions.
@@ -68,7 +68,6 @@ class ForgettingAttention(PositionalEncoder):
         self.gate = nn.Linear(d_model, n_heads)  # w_h, b_h of every head
         nn.init.normal_(self.gate.weight, std=0.02)
         nn.init.constant_(self.gate.bias, float(init_bias))
-
         self.init_bias = float(init_bias)
         self.other_layers = nn.ModuleList()  # the gates of layers 2 .. n_layers (for_layers)
 
