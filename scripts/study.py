@@ -89,7 +89,7 @@ STUDIES = {
         [Table("perplexity per byte, experiment=converged", _report(["{converged}"], "--by", "encoder"))]),
     "encodings": Study(
         "every encoding in configs/encoder/ at the default budget",
-        "about 3 minutes of training per encoding, 18 encodings",
+        "about 3 minutes of training per encoding (path's O(L^2 d) reference form several times that), one per yaml",
         {"all": _sweep("encoder=glob(*)")},
         [Table("perplexity per byte at 1x, 4x and 16x",
                _report(["{all}"], "--by", "encoder", "--metric", "ppl@1x,ppl@4x,ppl@16x"))]),

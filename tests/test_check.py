@@ -113,13 +113,37 @@ class SlopeReadTwice(PositionalEncoder):
         return bias_score_mod(lambda h, i, j: -(slopes[h] / 2 + slopes[h] / 2) * (i - j).float(), q_pos, k_pos)
 
 
+class GatesReadAhead(PositionalEncoder):
+    """FoX-like forget gates, off by one token: each key decays by the gate of the token after it."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        self.gate = nn.Linear(d_model, n_heads)
+
+    def transform(self, x: Tensor, q: Tensor, k: Tensor, pos: Tensor):
+        log_f = torch.nn.functional.logsigmoid(self.gate(x)).transpose(1, 2)  # (B, H, L)
+        ahead = log_f.roll(-1, dims=-1)  # key j decays by the gate of token j + 1: the query's own key reads ahead
+        return lambda start, end: ahead[..., None, :end].expand(-1, -1, end - start, -1)
+
+
+class NormalisesOverTheFuture(PositionalEncoder):
+    """A softmax that treats a masked key's logit as 0 instead of -inf: queries attend to the future."""
+
+    def normalise(self, logits: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return logits.masked_fill(torch.isinf(logits), 0.0).softmax(-1)
+
+
 # each break, and every check it fails: a future leak also breaks what follows from causality, nothing else fails
 BROKEN = {"length_leak": (LengthLeak, {"prefix", "absolute positions"}),
           "content_leak": (ContentLeak, {"causality", "prefix", "absolute positions"}),
           "ignores_q_pos": (IgnoresQueryPositions, {"absolute positions"}),
           "falsely_relative": (FalselyRelative, {"relative"}), "overflows": (Overflows, {"length"}),
           # right on a CPU, refused by FlexAttention's backward on a GPU
-          "scalar_slope": (ScalarSlope, {"fused backward"}), "slope_read_twice": (SlopeReadTwice, {"fused backward"})}
+          "scalar_slope": (ScalarSlope, {"fused backward"}), "slope_read_twice": (SlopeReadTwice, {"fused backward"}),
+          # the content hooks: the model-level checks, and the hook's own, name the break
+          "gates_read_ahead": (GatesReadAhead, {"causality", "prefix", "transform: causal, prefix"}),
+          "normalises_over_the_future": (NormalisesOverTheFuture,
+                                         {"causality", "prefix", "absolute positions", "normalise: masks, blocks"})}
 
 
 @pytest.fixture
@@ -226,7 +250,8 @@ def test_dynamic_ntk_rope_is_not_relative_and_the_check_would_say_so():
 def test_the_built_ins_that_declare_themselves_relative():
     """The encodings whose papers make their logits a function of i - j (and content) alone; FIRE normalises by
     the query's own position past its threshold, FoPE's Fourier cross terms and iRoPE's query temperature read
-    absolute positions, the rest are absolute (mixed: its default [rope, none])."""
+    absolute positions, the rest are absolute (mixed: its default [rope, none]); FoX, PaTH and stick-breaking read
+    no position index at all, only the content and the keys' order."""
     declared = {name for name in BUILT_INS if create(name, 32, 2).relative}
-    assert declared == {"alibi", "cope", "deberta", "kerple", "mixed", "none", "prope", "resonance", "rope", "sandwich",
-                        "shaw", "t5", "transformer_xl", "xpos"}
+    assert declared == {"alibi", "cope", "deberta", "fox", "kerple", "mixed", "none", "path", "prope", "resonance",
+                        "rope", "sandwich", "shaw", "stickbreaking", "t5", "transformer_xl", "xpos"}

@@ -92,10 +92,12 @@ def _attention_probs(attn, x: Tensor, plan) -> Tensor:
         logits = logits + plan.bias(0, L, torch.float32)  # bias (if any) with the causal mask
         if enc.uses_scores:
             logits = logits + enc.scores(q, k, plan.pos, plan.pos).float()
+        if enc.uses_transform:
+            logits = logits + enc.transform(x, q, k, plan.pos)(0, L).float()
     else:
         future = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
         logits = logits.masked_fill(future, float("-inf"))
-    return logits.softmax(-1)
+    return enc.normalise(logits, plan.pos, plan.pos) if enc.uses_normalise else logits.softmax(-1)
 
 
 def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:

@@ -287,7 +287,10 @@ def analyse_unit(encoder, length: int, train_len: int, lengths: Sequence[int], f
     for h in HOOKS:
         if h not in hooks:
             out["not_applicable"][h] = NOT_APPLICABLE[h]
-    if not hooks:
+    if not hooks and getattr(encoder, "explicit_attention", False):
+        out["note"] = ("order enters only through the content (the transform / normalise hooks: forget gates, "
+                       "Householder products, stick-breaking); there is no content-free geometry to show")
+    elif not hooks:
         out["note"] = "no positional hooks: order comes only from the causal mask; there is no geometry to show"
     for h in hooks:
         S = score_map(encoder, h, length)

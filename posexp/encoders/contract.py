@@ -1,22 +1,42 @@
-"""The encoder contract: the four places a positional encoding can touch attention.
+"""The encoder contract: the places a positional encoding can touch attention.
 
 An encoder overrides only the hooks it needs; the model asks which hooks an
 encoder overrides (``uses_embed`` ...) and never which encoder it holds.
 
 Shapes (``B`` batch, ``H`` heads, ``L`` sequence, ``D`` model width, ``Dh`` head width):
 
-===========  ==============================================  ======================
-hook         arguments                                        returns
-===========  ==============================================  ======================
-``embed``    ``x (B, L, D)``, ``pos (L,)`` long               ``(B, L, D)``
-``rotate``   ``q (B, H, Lq, Dh)``, ``k (B, H, Lk, Dh)``,       ``(q, k)``
-             ``q_pos (Lq,)``, ``k_pos (Lk,)``
-``bias``     ``q_pos (Lq,)``, ``k_pos (Lk,)``                 ``(H, Lq, Lk)`` or None
-``scores``   ``q``, ``k``, ``q_pos``, ``k_pos``               ``(B, H, Lq, Lk)``
-===========  ==============================================  ======================
+=============  ================================================  ===============================
+hook           arguments                                         returns
+=============  ================================================  ===============================
+``embed``      ``x (B, L, D)``, ``pos (L,)`` long                ``(B, L, D)``
+``rotate``     ``q (B, H, Lq, Dh)``, ``k (B, H, Lk, Dh)``,        ``(q, k)``
+               ``q_pos (Lq,)``, ``k_pos (Lk,)``
+``bias``       ``q_pos (Lq,)``, ``k_pos (Lk,)``                  ``(H, Lq, Lk)`` or None
+``scores``     ``q``, ``k``, ``q_pos``, ``k_pos``                ``(B, H, Lq, Lk)``
+``transform``  ``x (B, L, D)``, ``q``, ``k`` ``(B, H, L, Dh)``,   ``logits(start, end)`` returning
+               ``pos (L,)``                                      ``(B, H, end - start, end)``
+``normalise``  ``logits (B, H, Lq, Lk)``, ``q_pos``, ``k_pos``   weights ``(B, H, Lq, Lk)``
+=============  ================================================  ===============================
 
 Positions are absolute token indices, so a block of queries late in a long
 sequence passes its own ``q_pos``.
+
+Two hooks for encodings that read the content, not only positions:
+
+* ``transform(x, q, k, pos)``: a content-dependent transform of attention. Called once per layer and
+  forward with the layer's normalised input ``x`` and its ``q``, ``k`` (after ``rotate``) for the whole
+  sequence at positions ``pos``; returns a function ``logits(start, end)`` giving the additive logit terms
+  ``(B, H, end - start, end)`` of queries ``start .. end - 1`` over keys ``0 .. end - 1`` (on the scale of
+  the model's ``q . k / sqrt(Dh)``), which the model adds as it adds ``bias`` and ``scores``. The terms of
+  query ``i`` may read the content of tokens ``0 .. i`` only (``posexp check``'s causality and prefix
+  checks hold it to that); entries of future keys are masked and may hold anything finite. FoX's forget
+  gates (``fox``) and PaTH's Householder products (``path``) are such transforms.
+* ``normalise(logits, q_pos, k_pos)``: replaces softmax. ``logits`` are the finished logits of a block of
+  queries, ``-inf`` where a key is masked (the future, or outside ``eval.window``); returns the attention
+  weights the model multiplies the values by. A masked key must get weight 0. Stick-breaking attention
+  (``stickbreaking``) is such a normaliser.
+
+An encoder using either attends on the explicit, blocked path, never through fused kernels.
 
 One optional companion of ``bias``, for fused attention kernels: an encoder whose
 bias of query ``i`` and key ``j`` in head ``h`` is a function of ``(h, q_pos[i],
@@ -44,6 +64,8 @@ from posexp.errors import ConfigError
 
 # A FlexAttention score_mod: (score, batch, head, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+# What ``transform`` returns: (start, end) -> additive logits (B, H, end - start, end) of that query block
+ContentLogits = Callable[[int, int], Tensor]
 
 
 class PositionalEncoder(nn.Module):
@@ -103,6 +125,14 @@ class PositionalEncoder(nn.Module):
     def scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:
         return None
 
+    def transform(self, x: Tensor, q: Tensor, k: Tensor, pos: Tensor) -> ContentLogits:
+        """The additive logits of a content-dependent transform, per query block (see the module docstring)."""
+        raise NotImplementedError  # never called: the model asks uses_transform first
+
+    def normalise(self, logits: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Attention weights from finished logits, in place of softmax (see the module docstring)."""
+        return logits.softmax(-1)
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> Optional[ScoreMod]:
         """``bias`` as a FlexAttention ``score_mod`` over indices into ``q_pos`` / ``k_pos`` (see the module
         docstring), or None: this encoder's bias has no fused form and the model takes ``bias``.
@@ -140,9 +170,23 @@ class PositionalEncoder(nn.Module):
     def uses_score_mod(self) -> bool:
         return self._overrides("score_mod")
 
+    @property
+    def uses_transform(self) -> bool:
+        return self._overrides("transform")
+
+    @property
+    def uses_normalise(self) -> bool:
+        return self._overrides("normalise")
+
+    @property
+    def explicit_attention(self) -> bool:
+        """Whether attention must be formed explicitly, block by block (a transform or a normaliser of its own),
+        rather than by causal SDPA or a fused kernel."""
+        return self.uses_transform or self.uses_normalise
+
     # -- which encoder each layer uses ----------------------------------------------------
     def for_layers(self, n_layers: int) -> list["PositionalEncoder"]:
-        """The encoder each of the model's ``n_layers`` blocks uses in ``rotate``/``bias``/``scores``.
+        """The encoder each of the model's ``n_layers`` blocks uses in its attention hooks (all but ``embed``).
 
         One encoding shared by every layer (this encoder) unless a subclass mixes
         encodings across layers (``encoder=mixed``). ``embed`` is applied once, at
@@ -190,6 +234,23 @@ class PositionalEncoder(nn.Module):
         return ", ".join(parts)
 
 
+def layer_copies(encoder: PositionalEncoder, copies: nn.ModuleList, n_layers: int,
+                 make: Callable[[], PositionalEncoder]) -> list[PositionalEncoder]:
+    """``encoder`` for the first layer and a fresh ``make()`` for each further one, kept in ``copies`` (a module list
+    of ``encoder``, so the copies train and are saved with it): a :meth:`PositionalEncoder.for_layers` for an
+    encoding whose paper gives every attention layer its own parameters (FoX's forget gate, PaTH's projections).
+
+    Raises:
+        ConfigError: the copies were built for another number of layers.
+    """
+    while len(copies) < n_layers - 1:
+        copies.append(make())
+    if len(copies) != n_layers - 1:
+        raise ConfigError("model.n_layers", f"this {encoder.name} encoder was built for {len(copies) + 1} layers, "
+                                            f"not {n_layers}")
+    return [encoder, *copies]
+
+
 def check_position_range(pos: Tensor, max_length: int, what: str) -> None:
     """Raise ``ValueError`` naming ``what`` (the encoding's limit, "learned position embeddings cover") when a
     position of ``pos`` lies outside ``0 .. max_length - 1``, instead of an index error deep in an embedding.
@@ -221,4 +282,4 @@ def bias_score_mod(bias_at: Callable[[Tensor, Tensor, Tensor], Tensor], q_pos: T
     return score_mod
 
 
-__all__ = ["PositionalEncoder", "ScoreMod", "bias_score_mod", "check_position_range", "relative_distance"]
+__all__ = ["ContentLogits", "PositionalEncoder", "ScoreMod", "bias_score_mod", "check_position_range", "layer_copies", "relative_distance"]

@@ -45,8 +45,8 @@ def _mixable() -> list[str]:
 class Mixed(PositionalEncoder):
     """One positional encoding per layer, repeating a pattern of registered encodings.
 
-    Only encodings that act inside attention (``rotate``, ``bias``, ``scores``) or
-    not at all (``none``) can be mixed: an ``embed`` encoding (sinusoidal, learned,
+    Only encodings that act inside attention (``rotate``, ``bias``, ``scores``, and the
+    content hooks ``transform`` and ``normalise``) or not at all (``none``) can be mixed: an ``embed`` encoding (sinusoidal, learned,
     integer, ...) adds its vectors to the token embeddings once, before the first
     layer, so it has no per-layer form, and a mix refuses it.
 
@@ -146,6 +146,14 @@ class Mixed(PositionalEncoder):
     def uses_scores(self) -> bool:
         return any(e.uses_scores for e in self.per_layer)
 
+    @property
+    def uses_transform(self) -> bool:
+        return any(e.uses_transform for e in self.per_layer)
+
+    @property
+    def uses_normalise(self) -> bool:
+        return any(e.uses_normalise for e in self.per_layer)
+
     def supports(self, length: int) -> bool:
         return all(e.supports(length) for e in self.per_layer)
 
@@ -158,7 +166,7 @@ class Mixed(PositionalEncoder):
         """A scaling applies to a mix when every layer that depends on position offers it."""
         for i, enc in enumerate(self.per_layer):
             if not _acts_in_attention(enc):
-                continue  # position-free (none): nothing to scale
+                continue  # no position index (none, or content alone: fox, path, stickbreaking): nothing to scale
             offered = supported_scalings(enc)
             if kind not in offered:
                 return (f"{kind!r} does not apply to layer {i} of the mix ({enc.name}, which offers "

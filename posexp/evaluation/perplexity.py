@@ -251,7 +251,7 @@ def _blocked(model: GPT) -> bool:
     (``eval.window``, or a layer's own, as irope's RoPE layers)."""
     enc = model.encoder
     own = any(e.layer_window is not None for e in enc.for_layers(len(model.blocks)))
-    return enc.uses_bias or enc.uses_scores or model.attention_window is not None or own
+    return enc.uses_bias or enc.uses_scores or enc.explicit_attention or model.attention_window is not None or own
 
 
 class _Swapped:

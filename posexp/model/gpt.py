@@ -1,7 +1,7 @@
 """A small pre-norm causal Transformer whose positional encoding is a plug-in.
 
-The model calls the encoder's hooks (``embed``, ``rotate``, ``bias``, ``scores``)
-and never asks which encoder it holds. There is no ``block_size`` assertion:
+The model calls the encoder's hooks (``embed``, ``rotate``, ``bias``, ``scores``,
+``transform``, ``normalise``) and never asks which encoder it holds. There is no ``block_size`` assertion:
 reading longer contexts than the training length is the point of the project.
 """
 
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.config.schema import ModelConfig
-from posexp.encoders.contract import PositionalEncoder
+from posexp.encoders.contract import ContentLogits, PositionalEncoder
 from posexp.errors import require
 from posexp.model.fused import causal_block_mask, flex_attend, fused_by_default
 from posexp.model.window import AttentionWindow, layer_window, visible_keys
@@ -67,8 +67,10 @@ class AttentionPlan:
         self.pos = pos
         self.block_size = block_size
         self.window = window
-        self.needs_mask = encoder.uses_bias or encoder.uses_scores or window is not None
-        self.fused = fused and encoder.uses_score_mod and not encoder.uses_scores
+        self.needs_mask = (encoder.uses_bias or encoder.uses_scores or encoder.explicit_attention
+                           or window is not None)
+        self.fused = (fused and encoder.uses_score_mod and not encoder.uses_scores
+                      and not encoder.explicit_attention)
         self._full_bias: Optional[Tensor] = None
         self._flex: Optional[tuple] = None
 
@@ -148,18 +150,30 @@ class CausalSelfAttention(nn.Module):
         elif not plan.needs_mask:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # (B, H, L, Dh)
         else:
-            outs = []
-            for start in range(0, L, plan.block_size):
-                end = min(start + plan.block_size, L)
-                qb, kb, vb = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
-                mask = plan.bias(start, end, q.dtype)  # (1, H, Lq, Lk)
-                if enc.uses_scores:
-                    extra = enc.scores(qb, kb, plan.pos[start:end], plan.pos[:end])
-                    mask = mask + extra.to(q.dtype)  # (B, H, Lq, Lk)
-                outs.append(F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p))
+            content = enc.transform(x, q, k, plan.pos) if enc.uses_transform else None
+            outs = [self._block(q, k, v, plan, start, min(start + plan.block_size, L), content, p)
+                    for start in range(0, L, plan.block_size)]
             y = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, L, Dh)
         y = y.transpose(1, 2).reshape(B, L, D)
         return self.proj(y)
+
+    def _block(self, q: Tensor, k: Tensor, v: Tensor, plan: AttentionPlan, start: int, end: int,
+               content: Optional[ContentLogits], p: float) -> Tensor:
+        """Queries ``start:end`` over keys ``0:end``, ``(B, H, end - start, Dh)``: the bias, scores and content
+        terms added to the logits, then softmax (SDPA) or the encoder's own ``normalise``."""
+        enc = plan.encoder
+        qb, kb, vb = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
+        mask = plan.bias(start, end, q.dtype)  # (1, H, Lq, Lk)
+        if enc.uses_scores:
+            extra = enc.scores(qb, kb, plan.pos[start:end], plan.pos[:end])
+            mask = mask + extra.to(q.dtype)  # (B, H, Lq, Lk)
+        if content is not None:
+            mask = mask + content(start, end).to(q.dtype)  # (B, H, Lq, Lk)
+        if not enc.uses_normalise:
+            return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p)
+        logits = (qb @ kb.transpose(-1, -2)) / math.sqrt(self.head_dim) + mask  # SDPA's scale; (B, H, Lq, Lk)
+        weights = enc.normalise(logits, plan.pos[start:end], plan.pos[:end])
+        return F.dropout(weights, p, training=p > 0) @ vb
 
 
 class MLP(nn.Module):

@@ -11,6 +11,8 @@ causality                    no output at or before ``t`` depends on the tokens 
 prefix                       nor on how many tokens follow: the first ``t + 1`` outputs are the prefix's own
 absolute positions           query blocks with their own ``q_pos`` give the rows of the whole sequence
 relative                     an encoding declaring ``relative = True``: logits invariant under a common shift
+transform: causal, prefix    the content logits of query ``i`` read tokens ``0 .. i`` only, nor how many follow
+normalise: masks, blocks     a replacement of softmax gives masked keys weight 0, and blocks the whole's rows
 fused = plain                ``score_mod``, applied as a tensor function, equals ``bias``
 fused backward               each learned tensor ``score_mod`` reads is indexed once per logit and is not 0-d
 length                       runs at 16x the nominal training length or refuses past its ``max_length``;
@@ -30,6 +32,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from posexp.evaluation.conformance.content import check_normalise, check_transform
 from posexp.evaluation.conformance.exact import (
     check_causality, check_fused, check_fused_backward, check_offsets, check_prefix, check_relative)
 from posexp.evaluation.conformance.numerics import (
@@ -43,6 +46,8 @@ CHECKS: dict[str, Callable[[EncoderFactory, Probe], Check]] = {
     "prefix": check_prefix,
     "absolute positions": check_offsets,
     "relative": check_relative,
+    "transform: causal, prefix": check_transform,
+    "normalise: masks, blocks": check_normalise,
     "fused = plain": check_fused,
     "fused backward": check_fused_backward,
     "length": check_length,

@@ -64,9 +64,16 @@ def _hook_offsets(enc: PositionalEncoder, probe: Probe, L: int) -> float:
     q, k = (torch.randn(probe.batch, probe.n_heads, L, head, generator=gen, dtype=torch.float64) for _ in "qk")
     pos = torch.arange(L)
     whole = attention_logits(enc, q, k, pos, pos)
+    content = None
+    if enc.uses_transform:  # the transform's block of queries start..end against the same rows of the whole
+        x = torch.randn(probe.batch, L, probe.d_model, generator=gen, dtype=torch.float64)
+        content = enc.transform(x, q, k, pos)
+        whole = whole + content(0, L).masked_fill(pos[None, :] > pos[:, None], 0.0)
     worst = 0.0
     for start, end in ((L - probe.block, L), (L // 2, L // 2 + probe.block)):
         block = attention_logits(enc, q[:, :, start:end], k[:, :, :end], pos[start:end], pos[:end])
+        if content is not None:
+            block = block + content(start, end).masked_fill(pos[None, :end] > pos[start:end, None], 0.0)
         worst = max(worst, causal_diff(block, whole[:, :, start:end, :end]))
     return worst
 
@@ -97,7 +104,8 @@ def check_offsets(make_encoder: EncoderFactory, probe: Probe) -> Check:
 
 
 def _shifted_logits(encoder: PositionalEncoder, probe: Probe, shift: int) -> list[torch.Tensor]:
-    """Each layer's logits for one random input at positions ``shift .. shift + L - 1`` (embed included)."""
+    """Each layer's logits for one random input at positions ``shift .. shift + L - 1`` (embed and transform
+    included)."""
     gen = torch.Generator().manual_seed(probe.seed)
     L, D, H = probe.train_len, probe.d_model, probe.n_heads
     x = torch.randn(probe.batch, L, D, generator=gen, dtype=torch.float64)
@@ -106,7 +114,7 @@ def _shifted_logits(encoder: PositionalEncoder, probe: Probe, shift: int) -> lis
     if encoder.uses_embed:
         x = encoder.embed(x, pos)
     q, k = ((x @ w).view(probe.batch, L, H, D // H).transpose(1, 2) for w in (w_q, w_k))
-    return [attention_logits(e, q, k, pos, pos) for e in layer_encoders(encoder, probe)]
+    return [attention_logits(e, q, k, pos, pos, x) for e in layer_encoders(encoder, probe)]
 
 
 @torch.no_grad()

@@ -78,8 +78,10 @@ def layer_encoders(encoder: PositionalEncoder, probe: Probe) -> list[PositionalE
     return list({id(e): e for e in encoder.for_layers(probe.n_layers)}.values())
 
 
-def attention_logits(enc: PositionalEncoder, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """Pre-softmax logits ``(B, H, Lq, Lk)`` through every attention hook ``enc`` uses, as the model forms them.
+def attention_logits(enc: PositionalEncoder, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor,
+                     x: Optional[Tensor] = None) -> Tensor:
+    """Pre-softmax logits ``(B, H, Lq, Lk)`` through every attention hook ``enc`` uses, as the model forms them;
+    ``transform``'s too when given the layer input ``x (B, L, D)`` of a whole sequence (``q``, ``k`` its own).
 
     Entries where the key is in the query's future are 0: the model masks them, whatever a hook puts there.
     """
@@ -92,6 +94,8 @@ def attention_logits(enc: PositionalEncoder, q: Tensor, k: Tensor, q_pos: Tensor
             logits = logits + bias.to(logits.dtype)
     if enc.uses_scores:
         logits = logits + enc.scores(q, k, q_pos, k_pos).to(logits.dtype)
+    if enc.uses_transform and x is not None:
+        logits = logits + enc.transform(x, q, k, k_pos)(0, k.shape[-2]).to(logits.dtype)
     future = k_pos[None, :] > q_pos[:, None]
     return logits.masked_fill(future, 0.0)
 
