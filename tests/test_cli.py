@@ -240,3 +240,13 @@ def test_bad_input_in_a_fresh_interpreter_is_one_message(tmp_path, overrides, ne
     assert proc.returncode == 2 and "Traceback" not in out
     assert all(needle in out for needle in needles), out
     assert not (tmp_path / "run").exists()
+
+
+def test_overrides_after_a_flag_are_read_without_a_usage_error(capsys):
+    """``posexp finetune RUN train_len=512 -m scaling=none,yarn``: overrides on both sides of -m, read in one go."""
+    from posexp.cli.hydra_adapter import parse_command_line
+
+    ns = parse_command_line(["parent=/runs/p", "train_len=512", "-m", "scaling=none,yarn", "train.steps=200"])
+    assert ns is not None and ns.multirun
+    assert ns.overrides == ["parent=/runs/p", "train_len=512", "scaling=none,yarn", "train.steps=200"]
+    assert "usage" not in capsys.readouterr().err

@@ -8,6 +8,8 @@ Hydra 1.3 offers no public parser of its own flags; if a Hydra release moves it,
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 from typing import Optional, Sequence
 
 from hydra._internal.hydra import Hydra
@@ -20,8 +22,14 @@ from omegaconf import DictConfig
 def parse_command_line(args: Sequence[str]) -> Optional[argparse.Namespace]:
     """Hydra's flags and overrides in ``args`` (``ns.overrides``, ``ns.multirun``, ``ns.cfg``, ``ns.help``, ...);
     None when Hydra's own parser refuses them (it has then printed its usage and the reason)."""
+    parser = get_args_parser()
+    try:  # overrides after a flag (``RUN train_len=512 -m scaling=none,yarn``) need the intermixed reading
+        with contextlib.redirect_stderr(io.StringIO()):
+            return parser.parse_args(list(args))
+    except SystemExit:
+        pass
     try:
-        return get_args_parser().parse_args(list(args))
+        return parser.parse_intermixed_args(list(args))
     except SystemExit:
         return None
 
