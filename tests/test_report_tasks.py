@@ -310,3 +310,14 @@ def test_chance_comes_from_each_tasks_answer_alphabet():
     assert chance_exact_match("passkey", {"digits": 5}, 5) == pytest.approx(1e-5)
     assert chance_exact_match("copy", {"symbols": 4}, 3) == pytest.approx(4.0 ** -3)
     assert chance_exact_match("lm", {}, 3) is None
+
+
+def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):
+    """RULER's effective length: a dip at 128 (a run that recovers) does not end it, as it ends maxlen@acc85."""
+    run = load_run(make_task_run(tmp_path / "r", {64: 0.95, 128: 0.6, 256: 0.9, 512: 0.3}))
+    report = build_task_report([run], ["encoder"], ["efflen@85", "maxlen@acc85", "efflen@99"])
+    (group,) = report.groups
+    assert group.metrics["efflen@85"].mean == 256 and group.metrics["maxlen@acc85"].mean == 64
+    assert group.metrics["efflen@99"].mean == 0
+    with pytest.raises(ConfigError, match="efflen@P"):
+        build_task_report([run], ["encoder"], ["efflen@0"])

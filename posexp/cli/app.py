@@ -296,7 +296,8 @@ def report(
         None, "--metric", help="Summary columns, comma-separated: ratio, ratio@8x, ratio@1024, ppl@8x, maxlen, "
                                "maxlen@10%, auc, auc@16x. Default: ratio,maxlen,auc. Task runs: acc@4x, tok@4x, "
                                "maxlen@acc90: the longest length up to which every evaluated length has exact "
-                               "match >= 90%, maxlen@rel90: >= 90% of the 1x exact match. Default: acc@2x,acc@4x,"
+                               "match >= 90%, maxlen@rel90: >= 90% of the 1x exact match, efflen@85: the effective "
+                               "length, the longest length whose exact match is >= 85%. Default: acc@2x,acc@4x,"
                                "maxlen@acc90."),
     tolerance: float = typer.Option(0.1, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
                                                              "of the training-length value."),

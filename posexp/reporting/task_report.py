@@ -42,9 +42,11 @@ from posexp.runs.layout import ACCURACY, row_metric
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
 TASK_METRIC_HELP = ("acc@Kx (e.g. acc@4x), acc@N (N tokens), tok@Kx / tok@N (per-token), maxlen@accP (e.g. "
                     "maxlen@acc90: the longest length up to which every evaluated length has exact match >= 90%), "
-                    "maxlen@relP (>= P% of the 1x exact match)")
+                    "maxlen@relP (>= P% of the 1x exact match), efflen@P (e.g. efflen@85: the effective length, "
+                    "the longest evaluated length whose exact match is >= 85%, shorter ones as they may be)")
 # the row field each kind of metric reads
-FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "maxrel": "exact_match", "tok": "token_accuracy"}
+FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "maxrel": "exact_match", "efflen": "exact_match",
+          "tok": "token_accuracy"}
 NEAR_CHANCE = 0.05  # exact match at 1x at most this far above chance: the run did not learn the task
 UNLEARNED = "did not learn at 1×"
 
@@ -55,13 +57,14 @@ def is_task_run(run: Run) -> bool:
 
 
 def is_task_metric(text: str) -> bool:
-    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc", "maxlen@rel"))
+    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc", "maxlen@rel", "efflen@"))
 
 
 @dataclass(frozen=True)
 class TaskMetric:
     name: str
-    kind: str  # "acc" (exact match), "tok" (per-token accuracy), "maxlen" (absolute) or "maxrel" (relative)
+    # "acc" (exact match), "tok" (per-token accuracy), "maxlen" (absolute), "maxrel" (relative), "efflen" (RULER's)
+    kind: str
     multiple: Optional[float] = None
     length: Optional[int] = None
     share: float = 0.9
@@ -74,6 +77,10 @@ class TaskMetric:
         if self.kind == "maxlen":
             return (f"{self.name} = the longest evaluated length up to which every evaluated length has exact-match "
                     f"accuracy >= {self.share:.0%} (0: not even the shortest).")
+        if self.kind == "efflen":
+            return (f"{self.name} = effective length (Hsieh et al. 2024, RULER): the longest evaluated length whose "
+                    f"exact-match accuracy is >= {self.share:.0%}, whatever the shorter ones score (0: none); it is "
+                    f"maxlen@acc{self.share * 100:g} when accuracy falls with length, and longer when a dip recovers.")
         return (f"{self.name} = the longest length up to which exact-match accuracy stays >= {self.share:.0%} of "
                 "the accuracy at the training length (relative to it, however low it is).")
 
@@ -88,6 +95,10 @@ def parse_task_metric(text: str) -> TaskMetric:
         share = float(m.group(2)) / 100
         if 0 < share <= 1:
             return TaskMetric(raw, "maxlen" if m.group(1) == "acc" else "maxrel", share=share)
+    if m := re.fullmatch(r"efflen@(\d+(?:\.\d+)?)%?", raw):
+        share = float(m.group(1)) / 100
+        if 0 < share <= 1:
+            return TaskMetric(raw, "efflen", share=share)
     raise ConfigError("--metric", f"unknown task metric {text!r}; choose from {TASK_METRIC_HELP}")
 
 
@@ -125,6 +136,9 @@ def metric_value(metric: TaskMetric, acc: dict, train_len: Optional[int]) -> tup
         return (True, 100 * cell[1]) if cell[0] else (False, None)
     if metric.kind == "maxlen":
         return _absolute_maxlen(acc, metric.share)
+    if metric.kind == "efflen":
+        passing = [n for n, (ok, value, *_) in acc.items() if ok and value is not None and value >= metric.share]
+        return (True, float(max(passing, default=0))) if acc else (None, None)
     if train_len is None or train_len not in acc or not acc[train_len][0]:
         return None, None
     if not acc[train_len][1]:
