@@ -132,7 +132,7 @@ MAX_FUNCTION_LINES = 60  # from its def to its last line, the docstring counted
 
 def _code_lines(node: ast.AST) -> int:
     """A function's lines, from its ``def`` to its last line: the docstring counts, so documenting each argument
-    (Google style, as STYLE.md asks) keeps the code it documents short."""
+    (Google style) keeps the code it documents short."""
     return node.end_lineno - node.lineno + 1
 
 

@@ -1,5 +1,6 @@
 """Config schema: one dataclass per group, which :func:`posexp.commands.validation.register_configs` stores in Hydra's
-ConfigStore, and the one rule of what shapes the trained weights (:func:`weights_config`, :func:`config_hash`).
+ConfigStore. The one rule of what shapes the trained weights is :mod:`posexp.config.identity`
+(:func:`~posexp.config.identity.weights_config`, :func:`~posexp.config.identity.config_hash`).
 
 Hydra merges ``configs/*.yaml`` onto these schemas at compose time, so an
 unknown key or a value of the wrong type fails with the key's name before
@@ -112,7 +113,7 @@ class TrainConfig:
     # One is always written when training ends or is interrupted.
     checkpoint_every: int = 100  # steps between resumable checkpoints; 0 = off
     checkpoint_minutes: float = 10.0
-    # Training-time position tricks for any encoding (posexp/positions.py):
+    # Training-time position tricks for any encoding (posexp/model/positions.py):
     # randomized positions (Ruoss et al. 2023) and sequence-length warmup (Li et al. 2022).
     positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023)
     max_position: Optional[int] = None
