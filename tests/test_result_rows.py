@@ -195,3 +195,14 @@ def test_a_views_header_states_only_the_protocol_it_shows(tmp_path):
     md = report_main([run], console=Console(file=io.StringIO()), view="protocol=last_k").parent / "report.md"
     text = md.read_text()
     assert "last\\_k" in text and "nonoverlap" not in text.split("## Runs")[0]
+
+
+def test_a_runs_table_at_40_columns_cuts_no_number(tmp_path):
+    from posexp.runs.results import ResultsTable
+
+    results = read_results(_write(tmp_path / "run", [_row(n, 75.83959956455082, eval_tokens=1024)
+                                                     for n in (32, 64, 128)]))
+    out = io.StringIO()
+    Console(file=out, width=40).print(ResultsTable(results))
+    text = out.getvalue()
+    assert "…" not in text and "75.840" in text and "left out at this width" in text

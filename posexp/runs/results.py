@@ -161,10 +161,11 @@ def results_csv(results: dict) -> str:
     return buf.getvalue()
 
 
-# The per-run table's columns: (header, justify, dropped first on a narrow terminal). The headers are
+# The per-run table's columns: (header, justify, may be dropped on a narrow terminal: the last such first, so the
+# interval goes only after the loss, throughput and memory). The headers are
 # short so that eight columns of numbers fit 80 characters; results.md spells them out.
 RESULT_COLUMNS: list[tuple[str, Literal["left", "right"], bool]] = [("length", "right", False), ("×train", "right", False), ("evaluation", "left", False),
-                  ("ppl", "right", False), ("95% CI", "left", False), ("loss", "right", False),
+                  ("ppl", "right", False), ("95% CI", "left", True), ("loss", "right", True),
                   ("tok/s", "right", True), ("MiB", "right", True)]
 
 
@@ -216,7 +217,9 @@ class ResultsTable:
             table.add_row(*(c[name] for name, _, _ in columns))
         notes = [f"length {r['length']}: {r['note']}" for r in self.rows if r.get("note")]
         if dropped:
-            notes.append(f"{' and '.join(n for n, _, _ in reversed(dropped))} left out at this width; "
+            names = [n for n, _, _ in reversed(dropped)]
+            listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+            notes.append(f"{listed} left out at this width; "
                          f"all columns are in {RESULTS_MD}")
         if notes:
             table.caption = "; ".join(notes)
