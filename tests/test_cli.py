@@ -250,3 +250,18 @@ def test_overrides_after_a_flag_are_read_without_a_usage_error(capsys):
     assert ns is not None and ns.multirun
     assert ns.overrides == ["parent=/runs/p", "train_len=512", "scaling=none,yarn", "train.steps=200"]
     assert "usage" not in capsys.readouterr().err
+
+
+def test_a_run_stopped_outside_its_training_steps_says_how_to_go_on(tmp_path):
+    import signal as signals
+
+    from posexp.cli.app import _terminate_run
+    from posexp.cli.jobs import Terminated, interrupted_hint
+
+    with pytest.raises(Terminated) as stopped:  # SIGTERM while evaluating stops the run as Ctrl-C does
+        _terminate_run(signals.SIGTERM, None)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"")
+    hint = interrupted_hint(tmp_path, stopped.value)
+    assert "SIGTERM" in hint and "while evaluating" in hint and f"posexp resume {tmp_path}" in hint
+    assert "Ctrl-C" in interrupted_hint(tmp_path, KeyboardInterrupt())

@@ -29,7 +29,7 @@ from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, f
                                   quote_non_ascii)
 from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
-from posexp.cli.jobs import failed_jobs, finetune_task, train_task
+from posexp.cli.jobs import Terminated, failed_jobs, finetune_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, user_config_dirs
 from posexp.commands.edge import typed
@@ -233,8 +233,9 @@ def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) 
     leaves no folder, an interrupted sweep says where it stands."""
     sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
     previous = signal.getsignal(signal.SIGTERM)
-    if sweep:  # SIGTERM between training steps stops the sweep as Ctrl-C does, so it can say what it did
-        signal.signal(signal.SIGTERM, _terminate)
+    # SIGTERM outside training steps (the trainer checkpoints on its own) stops a sweep as Ctrl-C does, so it can say
+    # what it did, and a run as Ctrl-C does, so it can say how to go on
+    signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
         _run_hydra(hydra_app, "posexp finetune" if hydra_app is _finetune_app else "posexp train", args)
     except (SystemExit, KeyboardInterrupt) as e:
@@ -246,12 +247,15 @@ def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) 
             _report_interrupted_sweep(folders, code)
         raise
     finally:
-        if sweep:
-            signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)
+
+
+def _terminate_run(signum, frame) -> None:
+    raise Terminated(signum)
 
 
 def _report_interrupted_sweep(folders: Folders, code: int) -> None:

@@ -8,6 +8,7 @@ pickle them by reference.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -24,6 +25,7 @@ from posexp.commands.finetune import run_finetune
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.runs.layout import CHECKPOINT, RESULTS_JSON
 from posexp.runs.lock import RunFolderTaken
 
 # Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
@@ -61,16 +63,35 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
             failed_jobs.append(str(run_dir))
         else:
             _record_failed_job(cfg, run_dir, overrides, e)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if hc.mode != RunMode.MULTIRUN:
-            err_console.print("interrupted")
-        raise SystemExit(130)
+            err_console.print(interrupted_hint(run_dir, e), highlight=False, soft_wrap=True)
+        raise SystemExit(128 + e.signum if isinstance(e, Terminated) else 130)
     except Exception as e:
         if hc.mode != RunMode.MULTIRUN:
             raise
         logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
         _record_failed_job(cfg, run_dir, overrides, e)
     return None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training steps (while evaluating, or writing): stops a run as Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupted_hint(run_dir: Path, why: BaseException) -> str:
+    """What a run stopped by Ctrl-C or SIGTERM outside its training steps leaves, and the command that goes on."""
+    name = signal.Signals(why.signum).name if isinstance(why, Terminated) else "Ctrl-C"
+    if (run_dir / RESULTS_JSON).is_file():
+        return f"interrupted ({name}); {run_dir} holds its results as they were"
+    if (run_dir / CHECKPOINT).is_file():  # trained, stopped while evaluating: the weights are kept
+        return (f"interrupted ({name}) while evaluating; the trained weights are kept: posexp resume {run_dir} "
+                "evaluates them and finishes the run")
+    return f"interrupted ({name}); posexp resume {run_dir} continues from its last checkpoint, if it wrote one"
 
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:
