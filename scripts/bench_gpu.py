@@ -221,7 +221,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true",
                     help="on the CPU, tiny shape, fp32, one step, eval at 256 and 512: every code path, no numbers")
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096], help="training sequence lengths")
+    ap.add_argument("--lengths", nargs="*", type=int, default=[1024, 4096],
+                    help="training sequence lengths (none: evaluation only)")
     ap.add_argument("--tokens", type=int, default=32768, help="training tokens per step (batch = tokens / length)")
     ap.add_argument("--eval-lengths", nargs="*", type=int, default=[16384, 65536])
     ap.add_argument("--steps", type=int, default=10)

@@ -75,3 +75,24 @@ def test_a_learned_position_out_of_range_is_named_outside_compiled_code(compose)
     enc = build_encoder(typed(compose("encoder=learned", "model.d_model=32", "model.n_heads=4")))
     with pytest.raises(ValueError, match=rf"cover positions 0\.\.{enc.max_length - 1}, got positions 3\.\.{enc.max_length}"):
         enc.embed(torch.zeros(1, 2, 32), torch.tensor([3, enc.max_length]))
+
+
+def _needs_cuda(test):
+    import torch
+
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")(test))
+
+
+@_needs_cuda
+@pytest.mark.parametrize("name", ENCODERS)
+def test_every_encoder_trains_and_evaluates_on_cuda_in_bf16(tiny, tmp_path, name):
+    """The CUDA defaults (bf16 autocast, FlexAttention for the bias encodings) on every shipped encoding, eager so
+    that a whole family fits one device call: a tensor made on the CPU inside an encoder, a dtype the fused kernel
+    refuses or a kernel that returns NaN in bf16 shows here and in no CPU test."""
+    overrides = [*TINY, f"encoder={name}", "device=cuda", "precision=auto", "compile=false"]
+    results = run_train(tiny(*overrides), tmp_path, overrides)
+    train = results["run"]["train"]
+    assert train["device"].startswith("cuda") and train["precision"] == "bfloat16"
+    assert train["final_loss"] < math.log(256), train
+    for row in results["rows"]:
+        assert not row["applicable"] or (math.isfinite(row["ppl"]) and 1 < row["ppl"] < 256 * 4), (name, row)

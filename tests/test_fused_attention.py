@@ -168,6 +168,31 @@ def test_an_offset_query_block_sees_its_own_positions(compose):
     torch.testing.assert_close(late, whole[:, :, 48:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name,trains_fused", [("alibi", True), ("fire", False)])
+def test_an_encoder_that_opts_out_trains_on_the_blocked_path_and_evaluates_fused(compose, monkeypatch, name,
+                                                                                  trains_fused):
+    """Where the model goes fused by default (CUDA), an encoder with ``fused_training = False`` (FIRE, whose fused
+    backward did not compile in 8 minutes on an H200) trains on the blocked path and still evaluates fused; an
+    explicit ``fused_attention = True`` takes the fused path for training too."""
+    import posexp.model.gpt
+
+    calls = []
+    monkeypatch.setattr(posexp.model.gpt, "fused_by_default", lambda device: True)
+    monkeypatch.setattr(posexp.model.gpt, "flex_attend", lambda q, *a, **kw: calls.append(1) or torch.zeros_like(q))
+    model = _models(compose, name, block=32)
+    idx = torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(0))
+    model(idx)
+    assert bool(calls) is trains_fused
+    calls.clear()
+    with torch.no_grad():
+        model(idx)
+    assert calls, "evaluation takes the fused path"
+    calls.clear()
+    model.fused_attention = True
+    model(idx)
+    assert calls, "an explicit fused_attention=True is honoured while training"
+
+
 def test_cpu_keeps_the_blocked_path_by_default():
     assert not fused_by_default(torch.device("cpu"))
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), _alibi())
@@ -201,6 +226,9 @@ def _reference_and_fused(model, idx, dtype):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
 def test_fused_kernel_equals_the_reference_path_outputs_and_gradients(compose, name, dtype, tol, length):
+    if name == "fire" and dtype == torch.bfloat16:
+        pytest.skip("FIRE's bf16 fused backward had not compiled after 8 minutes on an H200 (torch 2.11): FIRE trains "
+                    "on the blocked path (fused_training = False)")
     torch.backends.cuda.matmul.allow_tf32 = False  # the 1e-5 comparison is of fp32 arithmetic
     model = _models(compose, name, block=128).cuda().train()
     idx = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(0)).cuda()
@@ -235,7 +263,7 @@ def test_a_process_that_compiles_many_score_mods_stays_fused(compose, monkeypatc
 
 
 @on_cuda
-@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich"])  # not fire: fused_training = False
 def test_a_compiled_bf16_step_at_gpt2_small_width_compiles_and_learns(compose, name):
     """The kernels at the width the GPU runs use (head width 64, GPT-2 small's 12 heads, sequence 1,024), inside
     a compiled step as posexp trains on CUDA: T5's lookup overflowed the H100's shared memory with Inductor's

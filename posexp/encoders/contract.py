@@ -145,6 +145,10 @@ class PositionalEncoder(nn.Module):
     # FlexAttention's ``kernel_options`` for this encoder's fused kernel, or None for Inductor's own choice: an
     # encoder whose lookups make the default tiles overflow a GPU's shared memory names smaller ones here
     flex_kernel_options: Optional[dict] = None
+    # whether the model trains through the fused kernel by default (while gradients flow; evaluation always may):
+    # False keeps the blocked path for training where the fused backward is known not to compile in useful time.
+    # An explicit ``model.fused_attention = True`` still takes the fused path.
+    fused_training: bool = True
 
     # -- which hooks are in use (decided by overriding, never by name) -------------------
     def _overrides(self, hook: str) -> bool:

@@ -269,7 +269,10 @@ class GPT(nn.Module):
         for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
             if id(enc) not in plans:
                 window = layer_window(self.attention_window, enc.layer_window)  # the encoding's own, or eval's
-                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, fused, window)
+                # by default an encoder that opts out trains on the blocked path (evaluation stays fused)
+                default_ok = enc.fused_training or not torch.is_grad_enabled()
+                use_fused = fused and (default_ok or self.fused_attention is True)
+                plans[id(enc)] = AttentionPlan(enc, pos, self.shape.attn_block_size, use_fused, window)
             x = block(x, plans[id(enc)])
         return self.lm_head(self.ln_f(x))  # (B, L, vocab)
 
