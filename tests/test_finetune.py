@@ -7,6 +7,8 @@ and refuses bad input like a training run.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 import signal
@@ -304,17 +306,24 @@ def test_a_parent_overwritten_since_the_fine_tune_is_flagged_not_shown(parents, 
     results["run"]["parent"] = str(parent)
     (child / "results.json").write_text(json.dumps(results))
 
-    def report():
-        out = invoke("report", str(child), "--metric", "ppl@1x", "--format", "csv")
+    def report(*args):
+        out = invoke("report", str(child), "--format", "csv", *args)
         assert out.exit_code == 0, out.output
         return out
 
-    assert "parent ppl@1x" in report().stdout  # the parent as it was: shown beside
+    def finetune_diffs(csv_text):  # the context-extension table's differences of the fine-tune to its parent
+        rows = list(csv.DictReader(io.StringIO(csv_text)))
+        return [r["diff_vs_parent"] for r in rows if r["kind"] == "finetune"]
+
+    assert "parent ppl@1x" in report("--by", "encoder", "--metric", "ppl@1x").stdout  # the parent as it was
+    assert any(finetune_diffs(report().stdout))
     weights = parent / "checkpoint" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")  # overwritten by another run since
-    flagged = report()
+    flagged = report("--by", "encoder", "--metric", "ppl@1x")
     assert "parent ppl@1x" not in flagged.stdout
     assert "was overwritten or changed since the fine-tune" in flagged.output
+    table = report()
+    assert not any(finetune_diffs(table.stdout)) and "was overwritten or changed since the fine-tune" in table.output
 
 
 # -- the context-extension table -------------------------------------------------------------------------

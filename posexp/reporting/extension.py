@@ -41,6 +41,8 @@ class ExtensionLine:
         scaling, scaling_factor: the evaluation-time scaling (``eval`` lines) or the fine-tune's.
         steps: a fine-tune's training steps.
         train_len: the length the line's model trained at.
+        parent_changed: why the parent's weights are no longer those the fine-tune started from (no difference
+            to the parent is given then), or None.
     """
 
     label: str
@@ -54,11 +56,12 @@ class ExtensionLine:
     steps: Optional[int] = None
     train_len: Optional[int] = None
     settings: Optional[dict] = None
+    parent_changed: Optional[str] = None
 
     def difference(self, parent: "ExtensionLine", length: int) -> Optional[float]:
-        """ppl − the parent's ppl at ``length`` (None where either is missing)."""
+        """ppl − the parent's ppl at ``length`` (None where either is missing, or the parent changed since)."""
         mine, theirs = self.ppl.get(length), parent.ppl.get(length)
-        return None if mine is None or theirs is None else mine - theirs
+        return None if mine is None or theirs is None or self.parent_changed else mine - theirs
 
 
 @dataclass
@@ -156,10 +159,11 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
         line = ExtensionLine(label, "finetune", run.path, scaling=run.info.get("scaling"),
                              scaling_factor=run.info.get("scaling_factor"),
                              steps=(run.info.get("finetune") or {}).get("steps"), train_len=run.train_len)
+        line.parent_changed = parent_changed(run, parent.path)
         lines.append(_fill(line, _plain(run)))
-        why = parent_changed(run, parent.path)
-        if why:
-            warnings.append(f"{label} ({run.path}): {why}; its difference to the parent is not the fine-tune's")
+        if line.parent_changed:
+            warnings.append(f"{label} ({run.path}): {line.parent_changed}; its difference to the parent is left out "
+                            "(it would not be the fine-tune's)")
     lengths = sorted({n for line in lines for n in line.ppl})
     budgets = {json.dumps((line.settings or {}).get("tokens")) for line in lines if line.settings}
     if len(budgets) > 1:
