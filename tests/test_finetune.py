@@ -315,3 +315,17 @@ def test_a_parent_overwritten_since_the_fine_tune_is_flagged_not_shown(parents, 
     flagged = report()
     assert "parent ppl@1x" not in flagged.stdout
     assert "was overwritten or changed since the fine-tune" in flagged.output
+
+
+@pytest.mark.parametrize("name", ["parent", "parent_rope"])
+def test_a_run_folder_named_parent_is_a_folder(tmp_path, monkeypatch, name):
+    """``posexp finetune parent train_len=512``: the most natural name of the run one fine-tunes was read as a
+    ``parent`` override and refused ("parent: not an override KEY=VALUE")."""
+    from posexp.commands.finetune import parent_argument
+
+    (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert parent_argument([name, "train_len=512"]) == [f"parent={tmp_path / name}", "train_len=512"]
+    # the override spelled out is still the override
+    assert parent_argument([f"parent={tmp_path / name}", "train_len=512"]) == [f"parent={tmp_path / name}",
+                                                                               "train_len=512"]

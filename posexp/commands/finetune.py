@@ -65,7 +65,9 @@ def parent_argument(args: Sequence[str]) -> list[str]:
             out.append(arg)
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
-        if ("=" not in arg or Path(arg).is_dir()) and not key.startswith("parent"):
+        # a folder whatever its name (`parent`, `parent_rope`, `a=b`): only KEY=VALUE with the key parent is the
+        # override itself
+        if "=" not in arg or (Path(arg).is_dir() and key != "parent"):
             if parent is not None:
                 raise PosexpError(f"posexp finetune takes one run folder; got {parent} and {arg} "
                                   "(fine-tune each with its own command)")
