@@ -65,8 +65,14 @@ def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> objec
         if e.name is None or not module.startswith(e.name):
             raise ConfigError("encoder.module", f"importing {module} failed: {e}") from None
         top = module.split(".")[0]
-        raise ConfigError("encoder.module", f"no module {module!r} here: start posexp in the folder that holds "
-                                            f"{top}/ (or {top}.py), or install its package") from None
+        if e.name != top:  # the package is here, the module's file is not
+            package, _, missing = e.name.rpartition(".")
+            raise ConfigError("encoder.module", f"no module {e.name!r}: the package {package} has no {missing}.py "
+                                                f"(nor {missing}/)") from None
+        where = ", ".join(dict.fromkeys([os.getcwd(), *map(str, roots)]))
+        raise ConfigError("encoder.module", f"no module {module!r} in {where}: start posexp in the folder that "
+                                            f"holds {top}/ (or {top}.py), keep it beside your config folder, or "
+                                            "install its package") from None
     except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
         raise ConfigError("encoder.module", f"importing {module} failed: {type(e).__name__}: {e}") from None
 
@@ -100,12 +106,10 @@ def entry_points() -> Dict[str, List[importlib.metadata.EntryPoint]]:
     return found
 
 
-def entry_point_classes(builtins: Sequence[str]) -> Dict[str, Type[PositionalEncoder]]:
+def entry_point_classes(builtins: Sequence[str], broken: Dict[str, str]) -> Dict[str, Type[PositionalEncoder]]:
     """Load the installed plugins' classes, by entry-point name; a name of ``builtins`` is skipped (the
-    built-in wins), with a warning.
-
-    Raises:
-        ConfigError: two distributions claim one name, or a plugin cannot be loaded or is no encoder.
+    built-in wins), with a warning. One that cannot be used (two distributions claim its name, it fails to
+    load, it is no encoder) goes to ``broken`` with why, in one line; the others load as if it were not there.
     """
     out = {}
     for name, eps in sorted(entry_points().items()):
@@ -114,17 +118,19 @@ def entry_point_classes(builtins: Sequence[str]) -> Dict[str, Type[PositionalEnc
                         "rename its entry point", name, _claimants(eps), name)
             continue
         if len(eps) > 1:
-            raise ConfigError("encoder", f"two installed plugins claim the encoder name {name!r}: "
-                                         f"{_claimants(eps)}; uninstall one or rename its entry point")
+            broken[name] = (f"two installed plugins claim the encoder name {name!r}: {_claimants(eps)}; uninstall "
+                            "one or rename its entry point")
+            continue
         ep = eps[0]
         try:
             cls = ep.load()
         except Exception as e:  # noqa: BLE001 - the plugin's code: name it and what it raised
-            raise ConfigError("encoder", f"the installed plugin encoder {name!r} ({_claimants(eps)}) cannot be "
-                                         f"loaded: {type(e).__name__}: {e}") from None
+            broken[name] = (f"the installed plugin encoder {name!r} ({_claimants(eps)}) cannot be loaded: "
+                            f"{type(e).__name__}: {e}".splitlines()[0])
+            continue
         if not (inspect.isclass(cls) and issubclass(cls, PositionalEncoder)):
-            raise ConfigError("encoder", f"the installed plugin encoder {name!r} ({ep.value}) is not a "
-                                         "PositionalEncoder subclass")
+            broken[name] = f"the installed plugin encoder {name!r} ({ep.value}) is not a PositionalEncoder subclass"
+            continue
         _DISTRIBUTIONS[cls] = _dist(ep)
         out[name] = cls
     return out
