@@ -408,8 +408,8 @@ def analyze(
 def check_cmd(
     encoder: str = typer.Argument(..., help="A registered encoder (posexp list shows them), built-in or plugin.",
                                   show_default=False),
-    options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500; train_len=N: the length check reaches 16N (default "
-                                                       "128).",
+    options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500; "
+                                                  "train_len=N: the length check reaches 16N (default 128).",
                                                   show_default=False),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown (for CI)."),
     config_dir: Optional[Path] = typer.Option(None, "--config-dir", "-cd", show_default=False,
