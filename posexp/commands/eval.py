@@ -401,11 +401,11 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     from posexp.evaluation.accuracy import evaluate_task
     from posexp.evaluation.runner import evaluate_config
     from posexp.runs.results import results_table, write_loss_by_position, write_results
+    from posexp.runtime import threads
     from posexp.runtime.device import resolve_device
 
     cfg = p.cfg
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    threads.apply(cfg.train.threads)
     device = resolve_device(cfg.train.device)
     p.model.to(device)
     e = cfg.eval
