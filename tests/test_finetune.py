@@ -329,3 +329,19 @@ def test_a_run_folder_named_parent_is_a_folder(tmp_path, monkeypatch, name):
     # the override spelled out is still the override
     assert parent_argument([f"parent={tmp_path / name}", "train_len=512"]) == [f"parent={tmp_path / name}",
                                                                                "train_len=512"]
+
+
+@pytest.mark.parametrize("target,flags", [("", ()), ("", ("--overwrite",)), ("inner", ("--overwrite",)),
+                                          ("", ("--overwrite", "-m", "scaling=linear,ntk"))],
+                         ids=["same", "same-overwrite", "inside-overwrite", "sweep-overwrite"])
+def test_a_fine_tune_into_its_own_parent_is_refused_before_anything_is_deleted(parents, tmp_path, target, flags):
+    """``posexp finetune runs/fp ... hydra.run.dir=runs/fp --overwrite`` deleted the parent's weights and results."""
+    parent = tmp_path / "fp"
+    shutil.copytree(parents["rope"], parent)
+    before = {p.relative_to(parent): p.stat().st_size for p in parent.rglob("*")}
+    key = "hydra.sweep.dir" if "-m" in flags else "hydra.run.dir"
+    result = invoke("finetune", *flags, str(parent), *QUICK, f"{key}={parent / target if target else parent}")
+    assert result.exit_code == 2, result.output
+    (line,) = _error_lines(result)
+    assert f"{key}=" in line and f"the parent run {parent}" in line and "choose another" in line
+    assert {p.relative_to(parent): p.stat().st_size for p in parent.rglob("*")} == before
