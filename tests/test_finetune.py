@@ -345,3 +345,24 @@ def test_a_fine_tune_into_its_own_parent_is_refused_before_anything_is_deleted(p
     (line,) = _error_lines(result)
     assert f"{key}=" in line and f"the parent run {parent}" in line and "choose another" in line
     assert {p.relative_to(parent): p.stat().st_size for p in parent.rglob("*")} == before
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown", "rich"])
+def test_a_parent_replaced_by_another_run_is_flagged_in_every_format_and_by_eval(parents, linear_child, tmp_path,
+                                                                                 fmt):
+    """The parent's folder now holds another run: the report's parent columns went blank with no word of why."""
+    parent, child = tmp_path / "parent", tmp_path / "child"
+    shutil.copytree(parents["alibi"], parent)  # another run stands where the child's parent was
+    shutil.copytree(linear_child, child)
+    results = _results(child)
+    results["run"]["parent"] = str(parent)
+    (child / "results.json").write_text(json.dumps(results))
+    config = child / ".hydra" / "config.yaml"
+    config.write_text(config.read_text().replace(str(parents["rope"]), str(parent)))
+    out = invoke("report", str(child), "--metric", "auc", "--format", fmt)
+    assert out.exit_code == 0, out.output
+    assert "was overwritten or changed since the fine-tune" in out.output
+    if fmt == "rich":
+        evaluated = invoke("eval", str(child), "eval.lengths=[64]", "eval.tokens=256")
+        assert evaluated.exit_code == 0, evaluated.output
+        assert "was overwritten or changed since the fine-tune" in evaluated.output

@@ -36,6 +36,7 @@ from rich.text import Text
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
 from posexp.commands.encoder_source import check_encoder_source
+from posexp.commands.finetune import parent_changed
 from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
@@ -220,6 +221,9 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     saved = SavedConfig(raw, typed(apply_eval_overrides(raw, overrides)))  # the edge: typed from here on
     cfg = saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
+    lineage_broken = parent_changed(cfg.finetune) if cfg.finetune is not None else None
+    if lineage_broken and warn is not None:  # the run's own rows stand; what it is a fine-tune of does not
+        warn(f"{run_dir}: {lineage_broken}; its rows are its own, its finetune.parent is no longer that run")
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths) and not is_task(cfg):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "

@@ -132,6 +132,24 @@ def _weights_sha256(parent: Path) -> str:
     return digest
 
 
+def parent_changed(lineage) -> Optional[str]:
+    """Why a fine-tune's parent folder no longer holds the run it started from (``lineage``: its
+    :class:`~posexp.config.schema.FinetuneConfig`): its weights replaced by another run's, changed, or gone; None
+    when their SHA-256 is the one recorded."""
+    from posexp.training.checkpoint import sha256_file
+
+    weights = Path(str(lineage.parent)) / CHECKPOINT
+    try:
+        now = sha256_file(weights)
+    except OSError:
+        return f"its parent's weights {weights} are gone"
+    recorded = str(lineage.parent_weights_sha256)
+    if now != recorded:
+        return (f"its parent {lineage.parent} was overwritten or changed since the fine-tune (weights SHA-256 "
+                f"{recorded[:12]} then, {now[:12]} now)")
+    return None
+
+
 def _check_corpus(requested, parent_data: dict, parent: Path) -> None:
     """``data=...`` given to a fine-tune must name the parent's corpus."""
     if requested is None:
