@@ -407,6 +407,7 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     from posexp.runs.results import results_table, write_loss_by_position, write_results
     from posexp.runtime import threads
     from posexp.runtime.device import resolve_device
+    from posexp.runtime.memory import out_of_memory
 
     cfg = p.cfg
     threads.apply(cfg.train.threads)
@@ -422,10 +423,11 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   f"{f' + {e.sinks} sinks' if e.sinks is not None else ''} · {device}",
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
-    if p.task is not None:
-        rows, positions = evaluate_task(p.model, p.task, cfg, device), None
-    else:
-        rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
+    with out_of_memory("evaluating", device, "the eval lengths" + (" or eval.examples" if p.task else "")):
+        if p.task is not None:
+            rows, positions = evaluate_task(p.model, p.task, cfg, device), None
+        else:
+            rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
     results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({
