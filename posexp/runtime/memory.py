@@ -280,9 +280,11 @@ def _check_task_examples(cfg: Config, available: int, where: str) -> None:
                                            "eval.examples or the eval lengths")
     # per token, in fp32: the residual stream with the MLP's hidden layer, or with q, k and v; and the logits
     d = int(cfg.model.d_model)
-    width, symbols = max(int((1 + float(cfg.model.mlp_ratio)) * d), 4 * d), int(cfg.task.symbols) + 8
+    alphabet = cfg.task.symbols  # None: a task on the data's bytes (passkey)
+    width = max(int((1 + float(cfg.model.mlp_ratio)) * d), 4 * d)
+    symbols = (256 if alphabet is None else int(alphabet)) + 8  # and the task's own marks
     forward = 4 * longest * (width + symbols)
-    if instances + forward > available and symbols > width:  # the alphabet's logits, at any length
+    if instances + forward > available and alphabet is not None and symbols > width:  # the logits, at any length
         raise ConfigError("task.symbols", f"an alphabet of task.symbols={cfg.task.symbols:,} makes the logits of one "
                                           f"instance at {longest:,} tokens {_size(4 * longest * symbols)} but "
                                           f"{where} is {_size(available)}; lower task.symbols")
