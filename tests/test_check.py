@@ -196,6 +196,8 @@ def test_a_bad_name_or_option_is_one_line_and_exit_2(tmp_path: Path, args, messa
 
 @pytest.mark.parametrize("args,fmt,message", [
     (["base=0.5"], "table", "base: must be > 1"),
+    (["base=abc"], "table", "encoder.base: 'abc' is not a float"),  # a TypeError traceback
+    (["base=1e400"], "table", "encoder.base: must be a finite number"),  # passed, while posexp train refuses it
     (["base"], "table", "base: not an option KEY=VALUE"),
     ([], "yaml", "--format yaml: choose one of: table, json, markdown"),
 ])

@@ -57,7 +57,35 @@ def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
             raise ConfigError(f"encoder.{key}", f"not an option of encoder {name!r}; "
                                                 f"{_did_you_mean(key, allowed)}its options are: {', '.join(allowed)}")
         options[key] = override.value()
-    return options
+    return _typed(name, options)
+
+
+def _typed(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options as ``posexp train`` types them (the encoder's schema, from its ``__init__``): a value of the
+    wrong type, or a number that is not finite, is one line naming the key.
+
+    Raises:
+        ConfigError: naming ``encoder.KEY``, the value and the type it must have.
+    """
+    import math
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.encoders import options_schema
+
+    schema = OmegaConf.structured(options_schema(get(name)))
+    for key, value in options.items():
+        try:
+            schema[key] = value
+        except OmegaConfBaseException:
+            hint = getattr(OmegaConf.get_type(schema, key), "__name__", "value of its type")
+            raise ConfigError(f"encoder.{key}", f"{value!r} is not a {hint}") from None
+        if isinstance(schema[key], float) and not math.isfinite(schema[key]):
+            raise ConfigError(f"encoder.{key}", f"must be a finite number (got {value})")
+    typed = OmegaConf.to_container(schema)
+    assert isinstance(typed, dict)
+    return {key: typed[key] for key in options}
 
 
 def _measured(value: Optional[float]) -> str:
