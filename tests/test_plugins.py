@@ -445,3 +445,18 @@ def test_a_broken_installed_plugin_is_listed_and_skipped(tmp_path, registry_stat
     assert "needs libfoo 2" in registry_state.broken()["badpe"]
     with pytest.raises(ConfigError, match="'badpe' cannot be used: .*bad-pe.*needs libfoo 2"):
         registry_state.get("badpe")
+
+
+def test_a_plugin_package_named_like_a_standard_module_is_told_so(tmp_path, registry_state, monkeypatch):
+    """``encodings/`` (a natural name for one's encoders) is shadowed by the standard library's: "no module here"."""
+    from posexp.errors import ConfigError
+
+    (tmp_path / "encodings").mkdir()
+    (tmp_path / "encodings" / "__init__.py").write_text("")
+    (tmp_path / "encodings" / "myenc.py").write_text(PLUGIN_CODE)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"your encodings/ .* shadowed by .*encodings.* rename your package"):
+        registry_state.load_plugin("myenc", "encodings.myenc")
+    (tmp_path / "json.py").write_text(PLUGIN_CODE)  # imported without error: the standard json
+    with pytest.raises(ConfigError, match=r"your json.py .* shadowed by .*json.* rename your package"):
+        registry_state.load_plugin("myjson", "json")

@@ -159,6 +159,9 @@ def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Typ
     else:
         raise ConfigError("encoder.module", f"{name!r} is posexp's built-in encoder, which wins over {module}'s; "
                                             f"give your encoder another name")
+    shadowed = plugins.shadowed(module.split(".")[0], roots)  # a json.py of the user's, the standard json imported
+    if shadowed is not None:
+        raise ConfigError("encoder.module", shadowed)
     registered = sorted(mine | {n for n, c in _REGISTRY.items() if c.__module__ == module})
     raise ConfigError("encoder.module", f"module {module} registers no encoder {name!r} (it registers: "
                                         f"{', '.join(registered) or 'none'}); decorate its class with "

@@ -65,6 +65,9 @@ def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> objec
         if e.name is None or not module.startswith(e.name):
             raise ConfigError("encoder.module", f"importing {module} failed: {e}") from None
         top = module.split(".")[0]
+        why = shadowed(top, roots)
+        if why is not None:
+            raise ConfigError("encoder.module", why) from None
         if e.name != top:  # the package is here, the module's file is not
             package, _, missing = e.name.rpartition(".")
             raise ConfigError("encoder.module", f"no module {e.name!r}: the package {package} has no {missing}.py "
@@ -75,6 +78,21 @@ def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> objec
                                             "install its package") from None
     except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
         raise ConfigError("encoder.module", f"importing {module} failed: {type(e).__name__}: {e}") from None
+
+
+def shadowed(top: str, roots: Sequence[str | os.PathLike]) -> Optional[str]:
+    """Why the user's package ``top`` is not the one imported: another of that name (the standard library's
+    ``encodings``, an installed package) comes first on ``sys.path``; None when it is not shadowed."""
+    found = sys.modules.get(top)
+    where = getattr(found, "__file__", None) or next(iter(getattr(found, "__path__", []) or []), None)
+    if found is None or where is None:
+        return None
+    for folder in (Path.cwd(), *map(Path, roots)):
+        mine = folder / top if (folder / top).is_dir() else folder / f"{top}.py"
+        if mine.exists() and Path(mine).resolve() not in (Path(where).resolve(), Path(where).resolve().parent):
+            return (f"your {mine.name}{'/' if mine.is_dir() else ''} ({mine}) is shadowed by another module of that name, {where}, which Python "
+                    f"imports first; rename your package (e.g. my_{top}) and the module: key of its yaml")
+    return None
 
 
 def encoder_classes(module: types.ModuleType) -> List[Type[PositionalEncoder]]:
