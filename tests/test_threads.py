@@ -73,6 +73,8 @@ def test_the_first_line_says_how_many_threads_and_why(tmp_path):
     first = " ".join(proc.stdout.split("\n\n")[0].split())
     said = re.search(r"(\d+) threads? \(auto: (\d+) cores allowed, [^)]*\)", first)
     assert said, first
+    logged = (tmp_path / "run" / "train.log").read_text().splitlines()[0]
+    assert f"[posexp.threads][INFO] - {said.group(0)}" in " ".join(logged.split())  # train.log's first line too
     recorded = json.loads((tmp_path / "run" / "results.json").read_text())["run"]["train"]["threads"]
     assert recorded == int(said.group(1)) <= int(said.group(2))
 

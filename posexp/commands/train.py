@@ -173,10 +173,11 @@ def _claimed(run_dir: Path, is_main: bool, resume: bool) -> Iterator[None]:
 def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides: list[str], console: Console,
          identity: RunHash, resume: bool) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
+    chosen = threads.apply(spec.train.threads)
+    # train.log's first line, as the terminal's (a logger of its own: posexp.train logs the training steps)
+    logging.getLogger("posexp.threads").info("%s", threads.describe(chosen, torch.get_num_threads()))
     warn = _warner(console)
     cache_writable = warn_about_settings(spec, warn, w.is_main)
-    chosen = threads.apply(spec.train.threads)
-    log.info("%s", threads.describe(chosen, torch.get_num_threads()))  # train.log's first line, as the terminal's
     source = _load_source(spec, w, console, warn)
     lineage = spec.finetune
     if lineage is not None and lineage.parent_corpus_fingerprint not in (None, source.fingerprint):
