@@ -174,8 +174,9 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
          identity: RunHash, resume: bool) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
     chosen = threads.apply(spec.train.threads)
-    # train.log's first line, as the terminal's (a logger of its own: posexp.train logs the training steps)
-    logging.getLogger("posexp.threads").info("%s", threads.describe(chosen, torch.get_num_threads()))
+    if not resume:  # train.log's first line, as the terminal's (posexp.train logs the training steps); a resume
+        # refused for a damaged checkpoint leaves train.log as it was, and one that goes on says its own threads
+        logging.getLogger("posexp.threads").info("%s", threads.describe(chosen, torch.get_num_threads()))
     warn = _warner(console)
     cache_writable = warn_about_settings(spec, warn, w.is_main)
     source = _load_source(spec, w, console, warn)
