@@ -159,3 +159,44 @@ def test_warmup_longer_than_the_run_and_an_unwritable_cache_dir_are_warned_on_th
     log = (run / "train.log").read_text()
     assert re.search(r"WARNING\] - train\.warmup_steps=20", log) and "cannot be written" in log
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_an_address_space_cap_is_the_memory_a_run_has(compose, monkeypatch):
+    """Under ``ulimit -v`` (6 GiB) train.batch_size=5000 started and died mid-run: the cap, less what the process
+    already maps, is the memory it has."""
+    import resource
+
+    import posexp.runtime.memory as memory
+
+    caps = {resource.RLIMIT_AS: (6 * GiB, resource.RLIM_INFINITY)}
+    monkeypatch.setattr(resource, "getrlimit", lambda which: caps.get(which, (resource.RLIM_INFINITY,) * 2))
+    monkeypatch.setattr(memory, "_proc_status_kb", lambda field: 2 * GiB // 1024 if field == "VmSize" else None)
+    available, where = memory.memory_capacity(torch.device("cpu"))
+    assert available <= 4 * GiB and "ulimit -v" in where
+    with pytest.raises(ConfigError) as e:
+        validate(typed(compose("train.batch_size=5000", "device=cpu")))
+    assert e.value.key == "train.batch_size" and "ulimit -v" in str(e.value)
+    validate(typed(compose("device=cpu")))  # the default run fits
+
+
+def test_evaluating_a_task_at_an_impossible_length_is_refused_naming_the_lengths(compose, monkeypatch):
+    """``posexp eval`` of a task run at eval.lengths=[10000000] raised numpy's _ArrayMemoryError (9.54 GiB)."""
+    import posexp.runtime.memory
+
+    monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (24 * GiB, "this machine's RAM"))
+    cfg = typed(compose("task=copy", "eval.lengths=[10000000]", "device=cpu"))
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, memory="weights")
+    assert e.value.key == "eval.lengths" and "10,000,000" in str(e.value) and "GiB" in str(e.value)
+    validate(typed(compose("task=copy", "eval.lengths=[64]", "device=cpu")), memory="weights")
+
+
+def test_a_task_alphabet_whose_logits_cannot_fit_names_task_symbols(compose, monkeypatch):
+    """task.symbols=10,000,000 (1.28e9 parameters) was refused naming train.batch_size on a machine whose memory
+    holds the weights (40 GiB): it is the alphabet that makes every token's logits too large."""
+    import posexp.runtime.memory
+
+    monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (40 * GiB, "this machine's RAM"))
+    with pytest.raises(ConfigError) as e:
+        validate(typed(compose("task=copy", "task.symbols=10000000", "device=cpu")))
+    assert e.value.key == "task.symbols" and "logits" in str(e.value)

@@ -220,6 +220,8 @@ def test_a_bad_name_or_option_is_one_line_and_exit_2(tmp_path: Path, args, messa
 
 @pytest.mark.parametrize("args,fmt,message", [
     (["base=0.5"], "table", "base: must be > 1"),
+    (["base=abc"], "table", "encoder.base: 'abc' is not a float"),  # a TypeError traceback
+    (["base=1e400"], "table", "encoder.base: must be a finite number"),  # passed, while posexp train refuses it
     (["base"], "table", "base: not an option KEY=VALUE"),
     ([], "yaml", "--format yaml: choose one of: table, json, markdown"),
 ])
@@ -255,3 +257,115 @@ def test_the_built_ins_that_declare_themselves_relative():
     declared = {name for name in BUILT_INS if create(name, 32, 2).relative}
     assert declared == {"alibi", "cope", "deberta", "fox", "kerple", "mixed", "none", "path", "prope", "resonance",
                         "rope", "sandwich", "shaw", "stickbreaking", "t5", "transformer_xl", "xpos"}
+
+
+# -- no false alarm, a long enough reach, and what cannot be measured or built ---------------------------------------
+
+class LogMLPBias(PositionalEncoder):
+    """A FIRE-like bias: an MLP over ``log(1 + distance)``, computed in float32 as most positional code does."""
+
+    relative = True
+
+    def __init__(self, d_model: int, n_heads: int, hidden: int = 8):
+        super().__init__(d_model, n_heads)
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, n_heads))
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        d = relative_distance(q_pos, k_pos).clamp(min=0)
+        return self.mlp(torch.log1p(d).float()[..., None]).permute(2, 0, 1)
+
+
+class LogMLPLengthLeak(LogMLPBias):
+    """The same, with distances normalised by the last key: it reads how many tokens follow."""
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        d = relative_distance(q_pos, k_pos).clamp(min=0) / (k_pos.max() + 1)
+        return self.mlp(torch.log1p(d).float()[..., None]).permute(2, 0, 1)
+
+
+EXACT_CHECKS = ["causality", "prefix", "absolute positions", "relative"]
+
+
+def test_an_encoder_that_computes_in_float32_is_checked_in_float32_not_failed():
+    """``.float()`` inside a bias met the float64 model's Linear: "mat1 and mat2 must have the same dtype"."""
+    results = run_checks(lambda d, h: LogMLPBias(d, h), PROBE, EXACT_CHECKS)
+    assert [r.status for r in results] == [PASS] * 4, [r.detail for r in results]
+    assert all("float32" in r.detail and "1e-04" in r.tolerance for r in results)
+    # an encoder that follows its input's dtype keeps the float64 bound
+    (alibi,) = run_checks(lambda d, h: create("alibi", d, h), PROBE, ["causality"])
+    assert alibi.tolerance == "<= 1e-06" and "float32" not in alibi.detail
+
+
+def test_a_float32_encoder_that_looks_ahead_still_fails():
+    failed = {r.name for r in run_checks(lambda d, h: LogMLPLengthLeak(d, h), PROBE, EXACT_CHECKS)
+              if r.status == FAIL}
+    assert {"prefix", "absolute positions"} <= failed
+
+
+class TinyOverflow(PositionalEncoder):
+    """``exp(pos / 12) · 1e-30``: finite at 1,024 tokens, infinite in float32 by 2,048."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        self.direction = nn.Parameter(torch.ones(d_model))
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + (torch.exp(pos.to(x.dtype) / 12) * 1e-30)[:, None] * self.direction.to(x.dtype)
+
+
+def test_the_length_check_reaches_16x_the_default_train_len_and_a_given_one():
+    (length,) = run_checks(lambda d, h: TinyOverflow(d, h), Probe(), ["length"])
+    assert Probe().lengths[-1] == 2048
+    assert length.status == FAIL and "2048" in length.detail
+    out = io.StringIO()
+    register("tiny_overflow")(TinyOverflow)
+    try:
+        assert check_main("tiny_overflow", ["train_len=32"], "json", Console(file=out, width=200), probe=PROBE) == 0
+        report = json.loads(out.getvalue())
+        assert report["probe"]["train_len"] == 32 and report["passed"]
+        with pytest.raises(PosexpError, match="train_len: must be a positive integer"):
+            check_main("tiny_overflow", ["train_len=0"], "json", Console(file=io.StringIO()), probe=PROBE)
+    finally:
+        encoders._REGISTRY.pop("tiny_overflow", None)
+
+
+def test_a_measurement_that_runs_out_of_memory_is_an_error_not_a_failure(monkeypatch):
+    import posexp.evaluation.conformance.numerics as numerics
+
+    def no_memory(model, idx):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 4194304 bytes")
+
+    monkeypatch.setattr(numerics, "_forward_backward", no_memory)
+    out = io.StringIO()
+    code = check_main("rope", [], "json", Console(file=out, width=200), probe=PROBE)
+    report = json.loads(out.getvalue())
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["bf16"] == status["speed vs rope"] == status["length"] == "error"
+    assert FAIL not in status.values() and report["passed"] and not report["complete"]
+    assert code == 3  # not 1: nothing failed the contract, something could not be measured
+
+
+class RaisesInInit(PositionalEncoder):
+    def __init__(self, d_model: int, n_heads: int, width: int = 3):
+        super().__init__(d_model, n_heads)
+        raise ValueError("width must divide d_model")
+
+
+class NoDefault(PositionalEncoder):
+    def __init__(self, d_model, n_heads, alpha):  # type: ignore[no-untyped-def]
+        super().__init__(d_model, n_heads)
+
+
+@pytest.mark.parametrize("cls,reason", [(RaisesInInit, "raised ValueError: width must divide d_model"),
+                                        (NoDefault, "option 'alpha' needs a default")])
+def test_an_encoder_that_cannot_be_built_is_a_failed_check_naming_why(cls, reason):
+    register("unbuildable")(cls)
+    try:
+        out = io.StringIO()
+        code = check_main("unbuildable", [], "json", Console(file=out, width=200), probe=PROBE)
+    finally:
+        encoders._REGISTRY.pop("unbuildable", None)
+        encoders._BROKEN.pop("unbuildable", None)
+    (build,) = json.loads(out.getvalue())["checks"]
+    assert code == 1 and build["name"] == "build" and build["status"] == FAIL and reason in build["detail"]

@@ -374,3 +374,54 @@ def test_eval_of_a_sweep_leaves_the_sweeps_own_summary_and_says_how_to_report(pa
     assert result.exit_code == 0, result.output
     assert (sweep / "summary.md").read_text() == "the sweep as it ended\n"
     assert f"posexp report {sweep}" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("name", ["parent", "parent_rope"])
+def test_a_run_folder_named_parent_is_a_folder(tmp_path, monkeypatch, name):
+    """``posexp finetune parent train_len=512``: the most natural name of the run one fine-tunes was read as a
+    ``parent`` override and refused ("parent: not an override KEY=VALUE")."""
+    from posexp.commands.finetune import parent_argument
+
+    (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert parent_argument([name, "train_len=512"]) == [f"parent={tmp_path / name}", "train_len=512"]
+    # the override spelled out is still the override
+    assert parent_argument([f"parent={tmp_path / name}", "train_len=512"]) == [f"parent={tmp_path / name}",
+                                                                               "train_len=512"]
+
+
+@pytest.mark.parametrize("target,flags", [("", ()), ("", ("--overwrite",)), ("inner", ("--overwrite",)),
+                                          ("", ("--overwrite", "-m", "scaling=linear,ntk"))],
+                         ids=["same", "same-overwrite", "inside-overwrite", "sweep-overwrite"])
+def test_a_fine_tune_into_its_own_parent_is_refused_before_anything_is_deleted(parents, tmp_path, target, flags):
+    """``posexp finetune runs/fp ... hydra.run.dir=runs/fp --overwrite`` deleted the parent's weights and results."""
+    parent = tmp_path / "fp"
+    shutil.copytree(parents["rope"], parent)
+    before = {p.relative_to(parent): p.stat().st_size for p in parent.rglob("*")}
+    key = "hydra.sweep.dir" if "-m" in flags else "hydra.run.dir"
+    result = invoke("finetune", *flags, str(parent), *QUICK, f"{key}={parent / target if target else parent}")
+    assert result.exit_code == 2, result.output
+    (line,) = _error_lines(result)
+    assert f"{key}=" in line and f"the parent run {parent}" in line and "choose another" in line
+    assert {p.relative_to(parent): p.stat().st_size for p in parent.rglob("*")} == before
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown", "rich"])
+def test_a_parent_replaced_by_another_run_is_flagged_in_every_format_and_by_eval(parents, linear_child, tmp_path,
+                                                                                 fmt):
+    """The parent's folder now holds another run: the report's parent columns went blank with no word of why."""
+    parent, child = tmp_path / "parent", tmp_path / "child"
+    shutil.copytree(parents["alibi"], parent)  # another run stands where the child's parent was
+    shutil.copytree(linear_child, child)
+    results = _results(child)
+    results["run"]["parent"] = str(parent)
+    (child / "results.json").write_text(json.dumps(results))
+    config = child / ".hydra" / "config.yaml"
+    config.write_text(config.read_text().replace(str(parents["rope"]), str(parent)))
+    out = invoke("report", str(child), "--metric", "auc", "--format", fmt)
+    assert out.exit_code == 0, out.output
+    assert "was overwritten or changed since the fine-tune" in out.output
+    if fmt == "rich":
+        evaluated = invoke("eval", str(child), "eval.lengths=[64]", "eval.tokens=256")
+        assert evaluated.exit_code == 0, evaluated.output
+        assert "was overwritten or changed since the fine-tune" in evaluated.output

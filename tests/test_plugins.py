@@ -249,9 +249,10 @@ def test_two_plugins_claiming_one_name_is_one_clear_error(tmp_path, registry_sta
     monkeypatch.syspath_prepend(str(tmp_path / "a"))
     monkeypatch.syspath_prepend(str(tmp_path / "b"))
     registry_state._loaded["entry_points"] = False
+    assert "rope" in registry_state.registry()  # the others go on
     with pytest.raises(ConfigError, match=r"two installed plugins claim the encoder name 'damped': .*pe-(one|two)"
                                           r".* and .*pe-(one|two)"):
-        registry_state.registry()
+        registry_state.get("damped")
 
 
 def test_a_builtin_name_wins_over_a_plugin_and_says_so(tmp_path, registry_state, monkeypatch, caplog):
@@ -341,3 +342,121 @@ def test_a_plugin_layer_changes_the_cache_key_and_builtin_mixes_keep_theirs(tmp_
     (site / "half_rope.py").write_text(ROTARY_PLUGIN + "\n# edited\n")
     assert cache_key(mixed, "corpus") != key  # an edited layer is another training
     assert cache_key(builtin, "corpus") == builtin_key
+
+
+# -- one broken plugin never takes the others down ------------------------------------------------------------------
+
+NO_DEFAULT = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("nohints")
+class NoHints(PositionalEncoder):
+    def __init__(self, d_model, n_heads, alpha):
+        super().__init__(d_model, n_heads)
+'''
+
+PLAIN = PLUGIN_CODE.replace("class Damped", "@register('plain')\nclass Damped").replace(
+    "import PositionalEncoder", "import PositionalEncoder, register")
+
+
+def _broken_neighbours(project: Path) -> None:
+    """Three broken plugins beside the example's good one: an option without a default, a yaml without its
+    schema line, a yaml naming a module whose file is missing."""
+    enc = project / "my_encoders"
+    (enc / "nohints.py").write_text(NO_DEFAULT)
+    (enc / "plain.py").write_text(PLAIN)
+    conf = project / "conf" / "encoder"
+    (conf / "nohints.yaml").write_text("defaults:\n  - /schema/encoder/nohints@_here_\n  - _self_\n"
+                                       "module: my_encoders.nohints\n")
+    (conf / "plain.yaml").write_text("module: my_encoders.plain\nwidth: 4\n")  # no defaults: no schema
+    (conf / "gone.yaml").write_text("defaults:\n  - /schema/encoder/gone@_here_\n  - _self_\n"
+                                    "module: my_encoders.gone\n")
+
+
+def _one_line(proc, *expected: str) -> None:
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert all(text in proc.stderr for text in expected), proc.stderr
+
+
+def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_and_trains(project):
+    _broken_neighbours(project)
+    listed = run_cli("list", "--config-dir", "conf", cwd=project)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    rows = {line.strip("│ ").split(" ")[0]: line for line in listed.stdout.splitlines() if "│" in line}
+    assert "base, scale" in rows["logrope"] and all("broken" in rows[n] for n in ("nohints", "plain", "gone"))
+    why = {line.split(":")[0].split()[-1]: line for line in listed.stdout.splitlines() if line.startswith("broken ")}
+    assert "needs a default" in why["nohints"] and "/schema/encoder/plain@_here_" in why["plain"]
+    assert "has no gone.py" in why["gone"] and len(why) == 3
+
+    good = run_cli("check", "--config-dir", "conf", "logrope", "train_len=32", "--format", "json", cwd=project)
+    assert good.returncode == 0, good.stderr[-2000:]
+    for name, reason in (("nohints", "needs a default"), ("plain", "/schema/encoder/plain@_here_")):
+        bad = run_cli("check", "--config-dir", "conf", name, "--format", "json", cwd=project)
+        assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+        (build,) = json.loads(bad.stdout)["checks"]
+        assert build["name"] == "build" and reason in build["detail"]
+
+    trained = run_cli("train", "--config-dir", "conf", "encoder=logrope", *TINY, "hydra.run.dir=run", cwd=project)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    _one_line(run_cli("train", "--config-dir", "conf", "encoder=plain", *TINY, cwd=project),
+              "encoder=plain", "/schema/encoder/plain@_here_")
+    _one_line(run_cli("train", "--config-dir", "conf", "-m", "encoder=logrope,nohints", *TINY, cwd=project),
+              "encoder=nohints", "needs a default")
+    assert not (project / "outputs").exists() and not (project / "multirun").exists()
+
+
+def test_the_plugin_module_is_found_beside_the_config_folder_from_any_working_folder(project, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_cli("check", "--config-dir", str(project / "conf"), "logrope", "train_len=32", "--format", "json",
+                   cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}["causality"] == "pass"
+
+
+def test_a_registry_module_may_register_classes_defined_in_another_module(tmp_path, registry_state, monkeypatch):
+    """``labenc/reg.py`` registers two classes of ``labenc/classes.py``: the second name was "registers none"."""
+    package = tmp_path / "labenc"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "classes.py").write_text(PLUGIN_CODE + "\n\nclass LogMLP(Damped):\n    pass\n")
+    (package / "reg.py").write_text("from posexp.encoders import register\nfrom labenc import classes\n"
+                                    "from labenc.classes import Damped\n\nregister('damped')(Damped)\n"
+                                    "register('logmlp')(classes.LogMLP)\n")
+    monkeypatch.chdir(tmp_path)
+    assert registry_state.load_plugin("damped", "labenc.reg").__name__ == "Damped"
+    assert registry_state.load_plugin("logmlp", "labenc.reg").__name__ == "LogMLP"
+
+
+BROKEN_ENTRY = "raise ImportError('needs libfoo 2')\n"
+
+
+def test_a_broken_installed_plugin_is_listed_and_skipped(tmp_path, registry_state, monkeypatch):
+    from posexp.errors import ConfigError
+
+    _dist(tmp_path / "good", "damped-pe", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE)
+    _dist(tmp_path / "bad", "bad-pe", "badpe = bad_pe:Bad", "bad_pe", BROKEN_ENTRY)
+    monkeypatch.syspath_prepend(str(tmp_path / "good"))
+    monkeypatch.syspath_prepend(str(tmp_path / "bad"))
+    registry_state._loaded["entry_points"] = False
+    assert "damped" in registry_state.registry() and "rope" in registry_state.registry()
+    assert "needs libfoo 2" in registry_state.broken()["badpe"]
+    with pytest.raises(ConfigError, match="'badpe' cannot be used: .*bad-pe.*needs libfoo 2"):
+        registry_state.get("badpe")
+
+
+def test_a_plugin_package_named_like_a_standard_module_is_told_so(tmp_path, registry_state, monkeypatch):
+    """``encodings/`` (a natural name for one's encoders) is shadowed by the standard library's: "no module here"."""
+    from posexp.errors import ConfigError
+
+    (tmp_path / "encodings").mkdir()
+    (tmp_path / "encodings" / "__init__.py").write_text("")
+    (tmp_path / "encodings" / "myenc.py").write_text(PLUGIN_CODE)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"your encodings/ .* shadowed by .*encodings.* rename your package"):
+        registry_state.load_plugin("myenc", "encodings.myenc")
+    (tmp_path / "json.py").write_text(PLUGIN_CODE)  # imported without error: the standard json
+    with pytest.raises(ConfigError, match=r"your json.py .* shadowed by .*json.* rename your package"):
+        registry_state.load_plugin("myjson", "json")

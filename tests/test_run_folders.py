@@ -233,3 +233,30 @@ def test_an_interrupted_sweep_names_finished_interrupted_and_unstarted_jobs(stop
     assert f"interrupted: 1 (continue with: posexp resume {Path('sweep') / '1'})" in line
     assert "never started: 2 (train.steps=20)" in line
     assert not (tmp_path / "sweep" / "2").exists()
+
+
+def test_overwrite_deletes_only_what_posexp_wrote(tmp_path, monkeypatch):
+    """An unfinished run beside the user's own analysis/notes.md and wandb/settings: --overwrite deleted all of
+    analysis/; and a report of another view (reports/view-.../) of the replaced run stayed in the new run."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    (run / "train.log").write_text("step 5\n")
+    (run / "checkpoint").mkdir()
+    (run / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    mine = {"analysis/notes.md": "my reading", "wandb/settings": "[default]\nproject = mine\n",
+            "reports/view-window=16/notes.md": "mine too"}
+    posexps = {"analysis/analysis.json": json.dumps({"figures": ["attention_distance.png"]}),
+               "analysis/attention_distance.png": "png", "wandb/offline-run-1/run.wandb": "w",
+               "reports/view-window=16/report.md": "old", "reports/view-window=16/report_ppl_vs_length.png": "png",
+               "reports/view-sinks=4/summary.md": "old", "report.md": "old"}
+    for name, text in {**mine, **posexps}.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    replaced = invoke("train", *FAST, "seed=2", "hydra.run.dir=run", "--overwrite")
+    assert replaced.exit_code == 0, replaced.output
+    assert {name: (run / name).read_text() for name in mine} == mine
+    assert not [name for name in posexps if (run / name).exists()]
+    assert not (run / "reports" / "view-sinks=4").exists()
+    assert json.loads((run / "results.json").read_text())["run"]["seed"] == 2

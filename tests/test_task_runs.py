@@ -139,3 +139,25 @@ def test_task_evaluation_records_no_gradients(tiny, monkeypatch):
     monkeypatch.setattr(accuracy, "_score", lambda *a: grad_on.append(torch.is_grad_enabled()) or score(*a))
     accuracy.evaluate_task(model, source.task, cfg, torch.device("cpu"))
     assert grad_on == [False, False]
+
+
+def test_posexp_eval_of_a_task_at_an_impossible_length_is_one_line(tmp_path, monkeypatch):
+    """eval.lengths=[10000000] raised numpy's _ArrayMemoryError (9.54 GiB); and running out of memory where no
+    estimate foresaw it is one line naming what to lower, as in training."""
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(app, ["train", "task=copy", *FAST, "hydra.run.dir=run"]).exit_code == 0
+    import posexp.runtime.memory
+
+    monkeypatch.setattr(posexp.runtime.memory, "memory_capacity", lambda device: (24 * 2**30, "this machine's RAM"))
+    refused = CliRunner().invoke(app, ["eval", "run", "eval.lengths=[10000000]", "eval.examples=256"])
+    assert refused.exit_code == 2 and "eval.lengths: evaluating at 10,000,000 tokens needs at least" in refused.output
+
+    import posexp.evaluation.accuracy as accuracy
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 9.54 GiB for an array with shape (256, 10000000)")
+
+    monkeypatch.setattr(accuracy, "evaluate_task", no_memory)
+    failed = CliRunner().invoke(app, ["eval", "run", "eval.lengths=[64]"])
+    assert failed.exit_code == 2 and "ran out of memory evaluating" in failed.output
+    assert "lower the eval lengths or eval.examples" in failed.output and "Traceback" not in failed.output

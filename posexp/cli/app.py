@@ -31,7 +31,7 @@ from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
 from posexp.cli.jobs import Terminated, failed_jobs, finetune_task, train_task
 from posexp.cli.listing import print_choices
-from posexp.cli.plugins import load_folder_plugins, user_config_dirs
+from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.edge import typed
 from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
@@ -222,6 +222,7 @@ def _user_encoders(args: List[str]) -> list:
     try:
         dirs = user_config_dirs(args)
         load_folder_plugins(dirs)
+        refuse_broken(args)
         register_configs()
     except PosexpError as e:
         fail(e)
@@ -424,14 +425,16 @@ def analyze(
 def check_cmd(
     encoder: str = typer.Argument(..., help="A registered encoder (posexp list shows them), built-in or plugin.",
                                   show_default=False),
-    options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500.",
+    options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500; "
+                                                  "train_len=N: the length check reaches 16N (default 128).",
                                                   show_default=False),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown (for CI)."),
     config_dir: Optional[Path] = typer.Option(None, "--config-dir", "-cd", show_default=False,
                                               help="Your config folder, whose encoder/*.yaml name their modules."),
 ) -> None:
     """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
-    scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails."""
+    scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails (or the encoder
+    cannot be built), 3 when none fails but one could not measure (out of memory)."""
     from posexp.commands.check import check_main
 
     try:

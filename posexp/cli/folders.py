@@ -91,6 +91,7 @@ class ClaimFolder(Callback):
         if _claim is None:
             return
         _refusing(lambda: _check(config, str(config_name)))
+        _refusing(lambda: refuse_own_parent(config, "hydra.run.dir"))
         path, created = _refusing(lambda: _claim_dir(config, "hydra.run.dir", sweep=False))
         _claim.folders = Folders(path, created, multirun=False, jobs=None)
 
@@ -98,6 +99,7 @@ class ClaimFolder(Callback):
         if _claim is None:
             return
         jobs = _refusing(lambda: check_sweep(config, str(config_name)))
+        _refusing(lambda: refuse_own_parent(config, "hydra.sweep.dir"))
         path, created = _refusing(lambda: _claim_dir(config, "hydra.sweep.dir", sweep=True))
         _claim.folders = Folders(path, created, multirun=True, jobs=jobs)
 
@@ -107,6 +109,23 @@ def _refusing(step):
         return step()
     except PosexpError as e:
         raise Refused(e) from None
+
+
+def refuse_own_parent(config: DictConfig, key: str) -> None:
+    """A fine-tune writes a new run: its folder (``key``) may not be its parent's, lie inside it or hold it,
+    where claiming it (with ``--overwrite``) would delete the weights it starts from.
+
+    Raises:
+        PosexpError: naming the folder, the parent and the key that chooses another; nothing is deleted.
+    """
+    parent = config.get("parent")
+    if parent is None:  # posexp train: no parent
+        return
+    parent_dir, target = Path(str(parent)).resolve(), Path(str(OmegaConf.select(config, key))).resolve()
+    if target == parent_dir or parent_dir in target.parents or target in parent_dir.parents:
+        where = "is" if target == parent_dir else "lies inside" if parent_dir in target.parents else "holds"
+        raise PosexpError(f"{key}={target}: {where} the parent run {parent_dir}, whose weights the fine-tune "
+                          f"starts from; choose another {key} (nothing was deleted)")
 
 
 def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:

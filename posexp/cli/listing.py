@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from posexp.cli.plugins import load_folder_plugins, user_config_dirs
@@ -66,16 +67,20 @@ def first_sentence(text: str) -> str:
 
 def encoder_table(user_dirs: Sequence[Path] = ()) -> Table:
     """The encoders: built-ins, installed plugins, and those of the user's config folders ``user_dirs``."""
-    from posexp.encoders import option_names, origin, registry
+    from posexp.encoders import broken, option_names, origin, registry
 
-    reg = registry()
+    reg, unusable = registry(), broken()
     yamls = {p.stem: p for folder in (config_dir(), *user_dirs) for p in sorted((folder / "encoder").glob("*.yaml"))}
     table = Table(title="encoders  (posexp train encoder=NAME)")
     table.add_column("name", style="cyan", no_wrap=True)
     table.add_column("what it is")
     table.add_column("options")
     table.add_column("from")
-    for name in sorted(set(reg) | set(yamls)):
+    for name in sorted(set(reg) | set(yamls) | set(unusable)):
+        if name in unusable:  # why, one line each, under the table (broken_lines)
+            table.add_row(name, "[bold red]broken[/]: cannot be used (why: below the table)", "—",
+                          str(yamls[name]) if name in yamls else "plugin")
+            continue
         cls = reg.get(name)
         desc = cls.description if cls is not None and cls.description else (
             yaml_description(yamls[name]) if name in yamls else "")
@@ -140,6 +145,10 @@ def print_choices(console: Console, args: Sequence[str] = ()) -> None:
     dirs = user_config_dirs(args)
     load_folder_plugins(dirs)
     console.print(encoder_table(dirs))
+    from posexp.encoders import broken
+
+    for name, reason in broken().items():
+        console.print(f"[bold red]broken[/] {escape(name)}: {escape(reason)}", soft_wrap=True, highlight=False)
     wide = console.width >= WIDE
     console.print(model_table(described=wide))
     if not wide:

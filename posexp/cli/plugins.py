@@ -88,40 +88,102 @@ def _schema_named(raw: DictConfig) -> Optional[str]:
     return None
 
 
-def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
-    """Import the module each ``DIR/encoder/*.yaml`` names in its ``module`` key; returns the encoders loaded.
+def schema_line(name: str) -> str:
+    return f"- /schema/encoder/{name}@_here_"
+
+
+def _yaml_problem(path: Path, raw: DictConfig, name: str) -> Optional[str]:
+    """What keeps a plugin yaml (one with a ``module`` key) from composing, and the fix; None if nothing."""
+    if _schema_named(raw) is None:
+        return (f"{path}: no schema line (the options, typed, from the class's __init__); add "
+                f"`{schema_line(name)}` under `defaults:`, before `- _self_` (as scripts/plugin_example/conf/"
+                "encoder/logrope.yaml has it)")
+    return None
+
+
+def _load_yaml(path: Path, roots: Sequence[Path]) -> Optional[str]:
+    """Import the module the encoder yaml ``path`` names; returns the encoder's name when it is a plugin's.
 
     Raises:
-        PosexpError: naming the yaml: its module cannot be imported or defines no such encoder, or it uses
-            the schema of an encoder that does not exist and names no module.
+        PosexpError: naming the yaml: it is unreadable, lacks its schema line, its module cannot be imported or
+            defines no such encoder, or it uses the schema of an encoder that does not exist and names no module.
     """
     from posexp.encoders import load_plugin, registry
     from posexp.encoders.plugins import MODULE_KEY
+
+    try:
+        raw = OmegaConf.load(path)
+    except (OSError, OmegaConfBaseException) as e:
+        raise PosexpError(f"{path}: not a readable yaml file ({str(e).splitlines()[0]})") from None
+    if isinstance(raw, ListConfig):
+        return None  # Hydra says what is wrong with it, if it is ever chosen
+    name = str(raw.get("name") or path.stem)
+    module = raw.get(MODULE_KEY)
+    if module is None:
+        schema = _schema_named(raw)
+        if schema is not None and schema not in registry():
+            raise PosexpError(f"{path}: uses the schema of encoder {schema!r}, which is not a built-in or "
+                              f"an installed plugin; name the module that defines it: {MODULE_KEY}: "
+                              "PACKAGE.MODULE (e.g. my_encoders.logrope)")
+        return None
+    problem = _yaml_problem(path, raw, name)
+    if problem is not None:
+        raise PosexpError(problem)
+    try:
+        load_plugin(name, str(module), roots=roots)
+    except PosexpError as e:
+        raise PosexpError(f"{path}: {e}") from None
+    return name
+
+
+def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
+    """Import the module each ``DIR/encoder/*.yaml`` names in its ``module`` key; returns the encoders loaded.
+
+    A module is imported from the working folder, else from beside the config folder (its parent, as in
+    ``project/conf`` and ``project/my_encoders``) or from inside it, whatever folder posexp was started in.
+    A yaml that cannot be used is recorded as broken, with why (:func:`posexp.encoders.broken`): the others
+    load as if it were not there, and choosing it says why in one line.
+    """
+    from posexp.encoders import broken, mark_broken
 
     loaded = []
     for folder in dirs:
         for path in sorted((folder / "encoder").glob("*.yaml")):
             try:
-                raw = OmegaConf.load(path)
-            except (OSError, OmegaConfBaseException) as e:
-                raise PosexpError(f"{path}: not a readable yaml file ({str(e).splitlines()[0]})") from None
-            if isinstance(raw, ListConfig):
-                continue  # Hydra says what is wrong with it, if it is ever chosen
-            name = str(raw.get("name") or path.stem)
-            module = raw.get(MODULE_KEY)
-            if module is None:
-                schema = _schema_named(raw)
-                if schema is not None and schema not in registry():
-                    raise PosexpError(f"{path}: uses the schema of encoder {schema!r}, which is not a built-in or "
-                                      f"an installed plugin; name the module that defines it: {MODULE_KEY}: "
-                                      "PACKAGE.MODULE (e.g. my_encoders.logrope)")
-                continue
-            try:
-                load_plugin(name, str(module))
+                name = _load_yaml(path, (folder.parent, folder))
             except PosexpError as e:
-                raise PosexpError(f"{path}: {e}") from None
-            loaded.append(name)
+                if path.stem not in broken():  # else its class's registration said why, and better
+                    mark_broken(path.stem, str(e).splitlines()[0])
+                continue
+            if name is not None:
+                loaded.append(name)
     return loaded
+
+
+def refuse_broken(args: Sequence[str]) -> None:
+    """Stop a command line that chooses a broken plugin encoder (``encoder=NAME``, or among a sweep's choices),
+    naming why in one line.
+
+    Raises:
+        PosexpError: the first broken encoder chosen, and why.
+    """
+    from posexp.encoders import broken
+
+    unusable = broken()
+    if not unusable:
+        return
+    ns = parse_command_line(args)
+    for arg in (ns.overrides if ns is not None else []):
+        if arg.split("=", 1)[0].lstrip("+~") != "encoder":
+            continue
+        try:
+            value = OverridesParser.create().parse_override(arg).value()
+        except HydraException:
+            continue  # the override check names the syntax error
+        choices = value.list if hasattr(value, "list") else value if isinstance(value, list) else [value]
+        for choice in map(str, choices):
+            if choice in unusable:
+                raise PosexpError(f"encoder={choice}: the plugin encoder cannot be used: {unusable[choice]}")
 
 
 @contextlib.contextmanager

@@ -2,16 +2,18 @@
 
 The encoder is found by name in the registry (:func:`posexp.encoders.registry`), so a built-in and a plugin are
 checked alike; its options are typed as ``posexp train encoder.KEY=VALUE`` types them (Hydra's override
-grammar: ``layers=[rope,none]``, ``options={rope:{rotary_fraction:0.5}}``). The checks themselves are
-:mod:`posexp.evaluation.conformance`. Exit status: 0 when nothing fails, 1 when a check fails, 2 for a bad
-encoder name or option (:class:`posexp.errors.PosexpError`).
+grammar: ``layers=[rope,none]``, ``options={rope:{rotary_fraction:0.5}}``); ``train_len=N`` is the training
+length the length check reaches 16x of (default: posexp train's 128). The checks themselves are
+:mod:`posexp.evaluation.conformance`. Exit status: 0 when nothing fails, 1 when a check fails (an encoder that
+cannot be built fails its one check, ``build``), 2 for a bad encoder name or option
+(:class:`posexp.errors.PosexpError`), 3 when nothing fails but a check could not measure (out of memory).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Optional, Sequence
 
 from rich.console import Console
@@ -19,12 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from posexp.cli.arguments import _did_you_mean
-from posexp.encoders import create, option_names, registry
+from posexp.encoders import broken, create, get, option_names, registry
 from posexp.errors import ConfigError, PosexpError
-from posexp.evaluation.conformance import FAIL, PASS, Check, Probe, run_checks
+from posexp.evaluation.conformance import ERROR, FAIL, PASS, Check, Probe, run_checks
 
 FORMATS = ("table", "json", "markdown")
-_STYLE = {PASS: "green", FAIL: "bold red"}
+_STYLE = {PASS: "green", FAIL: "bold red", ERROR: "yellow"}
+UNMEASURED_EXIT = 3  # nothing failed, something could not be measured
 
 
 def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
@@ -54,7 +57,35 @@ def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
             raise ConfigError(f"encoder.{key}", f"not an option of encoder {name!r}; "
                                                 f"{_did_you_mean(key, allowed)}its options are: {', '.join(allowed)}")
         options[key] = override.value()
-    return options
+    return _typed(name, options)
+
+
+def _typed(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options as ``posexp train`` types them (the encoder's schema, from its ``__init__``): a value of the
+    wrong type, or a number that is not finite, is one line naming the key.
+
+    Raises:
+        ConfigError: naming ``encoder.KEY``, the value and the type it must have.
+    """
+    import math
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.encoders import options_schema
+
+    schema = OmegaConf.structured(options_schema(get(name)))
+    for key, value in options.items():
+        try:
+            schema[key] = value
+        except OmegaConfBaseException:
+            hint = getattr(OmegaConf.get_type(schema, key), "__name__", "value of its type")
+            raise ConfigError(f"encoder.{key}", f"{value!r} is not a {hint}") from None
+        if isinstance(schema[key], float) and not math.isfinite(schema[key]):
+            raise ConfigError(f"encoder.{key}", f"must be a finite number (got {value})")
+    typed = OmegaConf.to_container(schema)
+    assert isinstance(typed, dict)
+    return {key: typed[key] for key in options}
 
 
 def _measured(value: Optional[float]) -> str:
@@ -70,9 +101,10 @@ def _markdown_cell(text: object) -> str:
 
 
 def _title(name: str, options: dict, results: list[Check], seconds: float) -> str:
-    counts = {s: sum(r.status == s for r in results) for s in (PASS, FAIL, "n/a")}
+    counts = {s: sum(r.status == s for r in results) for s in (PASS, FAIL, "n/a", ERROR)}
     given = f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else ""
-    return (f"posexp check {name}{given}: {counts[PASS]} pass, {counts[FAIL]} fail, {counts['n/a']} n/a "
+    errors = f", {counts[ERROR]} error (not measured)" if counts[ERROR] else ""
+    return (f"posexp check {name}{given}: {counts[PASS]} pass, {counts[FAIL]} fail, {counts['n/a']} n/a{errors} "
             f"in {seconds:.1f} s")
 
 
@@ -82,7 +114,8 @@ def render(name: str, options: dict, results: list[Check], seconds: float, fmt: 
     title = _title(name, options, results, seconds)
     if fmt == "json":
         console.print_json(json.dumps({"encoder": name, "options": options, "passed": all(r.status != FAIL
-                                       for r in results), "seconds": round(seconds, 2), "probe": asdict(probe),
+                                       for r in results), "complete": all(r.status != ERROR for r in results),
+                                       "seconds": round(seconds, 2), "probe": asdict(probe),
                                        "checks": [r.as_dict() for r in results]}, default=str))
     elif fmt == "markdown":
         cell = _markdown_cell
@@ -101,28 +134,75 @@ def render(name: str, options: dict, results: list[Check], seconds: float, fmt: 
         console.print(table)
 
 
+def split_probe(args: Sequence[str], probe: Probe) -> tuple[list[str], Probe]:
+    """``train_len=N`` among the arguments sets the probe's nominal training length; the rest are options.
+
+    Raises:
+        ConfigError: a ``train_len`` that is not a positive integer.
+    """
+    rest = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") != "train_len":
+            rest.append(arg)
+            continue
+        try:
+            train_len = int(value)
+        except ValueError:
+            train_len = 0
+        if train_len <= 0 or str(train_len) != value.strip():
+            raise ConfigError("train_len", f"must be a positive integer, the training length the length check "
+                                           f"reaches 16x of (got {value!r})")
+        probe = replace(probe, train_len=train_len)
+    return rest, probe
+
+
+def unbuildable(name: str, options: dict, probe: Probe) -> Optional[str]:
+    """Why the encoder cannot be built with ``options`` (a broken plugin, or its ``__init__`` raises); None when
+    it can. A value posexp's own checks refuse (:class:`PosexpError`) is raised, as a bad option."""
+    reason = broken().get(name)
+    if reason is not None:
+        return reason
+    try:
+        create(name, d_model=probe.d_model, n_heads=probe.n_heads, **options)
+    except PosexpError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the encoder's own code: what it raised is the finding
+        given = "".join(f", {k}={v!r}" for k, v in options.items())
+        return (f"{get(name).__qualname__}(d_model={probe.d_model}, n_heads={probe.n_heads}{given}) raised "
+                f"{type(e).__name__}: {e}")
+    return None
+
+
 def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Optional[Console] = None,
                probe: Optional[Probe] = None) -> int:
     """Run every conformance check on encoder ``name`` with options ``args`` and print the results.
 
     Args:
-        probe: the probe model (default :class:`~posexp.evaluation.conformance.Probe`).
+        probe: the probe model (default :class:`~posexp.evaluation.conformance.Probe`); ``train_len=N`` among
+            ``args`` sets its training length.
 
     Returns:
-        The exit status: 1 when a check fails, else 0.
+        The exit status: 1 when a check fails, 3 when none fails but one could not measure, else 0.
 
     Raises:
         PosexpError: an unknown format, encoder or option, or an option value the encoder refuses.
     """
     if fmt not in FORMATS:
         raise PosexpError(f"--format {fmt}: choose one of: {', '.join(FORMATS)}")
-    options = parse_options(name, args)
-    probe = probe or Probe()
-    create(name, d_model=probe.d_model, n_heads=probe.n_heads, **options)  # a bad value fails here, in one line
+    args, probe = split_probe(args, probe or Probe())
+    options = parse_options(name, args) if name not in broken() else {}
     start = time.perf_counter()
-    results = run_checks(lambda d_model, n_heads: create(name, d_model=d_model, n_heads=n_heads, **options), probe)
+    reason = unbuildable(name, options, probe)  # a bad value fails here, in one line
+    if reason is not None:
+        results = [Check("build", FAIL, None, "", reason)]
+    else:
+        results = run_checks(lambda d_model, n_heads: create(name, d_model=d_model, n_heads=n_heads, **options),
+                             probe)
     render(name, options, results, time.perf_counter() - start, fmt, console or Console(), probe)
-    return 1 if any(r.status == FAIL for r in results) else 0
+    if any(r.status == FAIL for r in results):
+        return 1
+    return UNMEASURED_EXIT if any(r.status == ERROR for r in results) else 0
 
 
-__all__ = ["FORMATS", "check_main", "parse_options", "render"]
+__all__ = ["FORMATS", "check_main", "parse_options", "render", "split_probe", "unbuildable"]

@@ -36,6 +36,7 @@ from rich.text import Text
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
 from posexp.commands.encoder_source import check_encoder_source
+from posexp.commands.finetune import parent_changed
 from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
@@ -221,6 +222,9 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     saved = SavedConfig(raw, typed(apply_eval_overrides(raw, overrides)))  # the edge: typed from here on
     cfg = saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
+    lineage_broken = parent_changed(cfg.finetune) if cfg.finetune is not None else None
+    if lineage_broken and warn is not None:  # the run's own rows stand; what it is a fine-tune of does not
+        warn(f"{run_dir}: {lineage_broken}; its rows are its own, its finetune.parent is no longer that run")
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths) and not is_task(cfg):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
@@ -402,11 +406,12 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     from posexp.evaluation.accuracy import evaluate_task
     from posexp.evaluation.runner import evaluate_config
     from posexp.runs.results import results_table, write_loss_by_position, write_results
+    from posexp.runtime import threads
     from posexp.runtime.device import resolve_device
+    from posexp.runtime.memory import out_of_memory
 
     cfg = p.cfg
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    threads.apply(cfg.train.threads)
     device = resolve_device(cfg.train.device)
     p.model.to(device)
     e = cfg.eval
@@ -419,10 +424,11 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   f"{f' + {e.sinks} sinks' if e.sinks is not None else ''} · {device}",
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
-    if p.task is not None:
-        rows, positions = evaluate_task(p.model, p.task, cfg, device), None
-    else:
-        rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
+    with out_of_memory("evaluating", device, "the eval lengths" + (" or eval.examples" if p.task else "")):
+        if p.task is not None:
+            rows, positions = evaluate_task(p.model, p.task, cfg, device), None
+        else:
+            rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
     results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({

@@ -65,7 +65,9 @@ def parent_argument(args: Sequence[str]) -> list[str]:
             out.append(arg)
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
-        if ("=" not in arg or Path(arg).is_dir()) and not key.startswith("parent"):
+        # a folder whatever its name (`parent`, `parent_rope`, `a=b`): only KEY=VALUE with the key parent is the
+        # override itself
+        if "=" not in arg or (Path(arg).is_dir() and key != "parent"):
             if parent is not None:
                 raise PosexpError(f"posexp finetune takes one run folder; got {parent} and {arg} "
                                   "(fine-tune each with its own command)")
@@ -128,6 +130,24 @@ def _weights_sha256(parent: Path) -> str:
         raise PosexpError(f"{parent / CHECKPOINT}: truncated or corrupt (its SHA-256 is not the one recorded when "
                           "it was written); retrain the parent with posexp train")
     return digest
+
+
+def parent_changed(lineage) -> Optional[str]:
+    """Why a fine-tune's parent folder no longer holds the run it started from (``lineage``: its
+    :class:`~posexp.config.schema.FinetuneConfig`): its weights replaced by another run's, changed, or gone; None
+    when their SHA-256 is the one recorded."""
+    from posexp.training.checkpoint import sha256_file
+
+    weights = Path(str(lineage.parent)) / CHECKPOINT
+    try:
+        now = sha256_file(weights)
+    except OSError:
+        return f"its parent's weights {weights} are gone"
+    recorded = str(lineage.parent_weights_sha256)
+    if now != recorded:
+        return (f"its parent {lineage.parent} was overwritten or changed since the fine-tune (weights SHA-256 "
+                f"{recorded[:12]} then, {now[:12]} now)")
+    return None
 
 
 def _check_corpus(requested, parent_data: dict, parent: Path) -> None:

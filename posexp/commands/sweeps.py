@@ -74,12 +74,16 @@ def job_threads(launcher: Any, cores: Optional[int] = None) -> Optional[int]:
 
 
 def set_job_threads(cfg: DictConfig, launcher: Any) -> Optional[int]:
-    """Set torch's thread count for this job from the launcher, unless ``train.threads`` says otherwise."""
+    """Set torch's thread count for this job from the launcher, unless ``train.threads`` is a number (auto takes
+    the launcher's share)."""
     import torch
 
-    if cfg.train.get("threads"):
-        return None  # run_train sets it
+    from posexp.runtime.threads import pin
+
     threads = job_threads(launcher)
+    pin(threads, f"{_launcher_name(launcher)}'s share of the cores")  # what train.threads=auto then takes
+    if isinstance(cfg.train.get("threads"), int):  # a number: run_train sets it
+        return None
     if threads is not None:
         torch.set_num_threads(threads)
         log.info("%d torch threads for this job (%s)", threads, _launcher_name(launcher))

@@ -46,6 +46,7 @@ from posexp.training.checkpoint import parent_weights
 from posexp.training.trainer import LogHook, TrainResult, save_checkpoint, train
 from posexp.commands.validation import config_warnings, validate
 from posexp.runtime.memory import out_of_memory
+from posexp.runtime import threads
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.train")
@@ -172,10 +173,12 @@ def _claimed(run_dir: Path, is_main: bool, resume: bool) -> Iterator[None]:
 def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides: list[str], console: Console,
          identity: RunHash, resume: bool) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
+    chosen = threads.apply(spec.train.threads)
+    if not resume:  # train.log's first line, as the terminal's (posexp.train logs the training steps); a resume
+        # refused for a damaged checkpoint leaves train.log as it was, and one that goes on says its own threads
+        logging.getLogger("posexp.threads").info("%s", threads.describe(chosen, torch.get_num_threads()))
     warn = _warner(console)
     cache_writable = warn_about_settings(spec, warn, w.is_main)
-    if spec.train.threads:
-        torch.set_num_threads(spec.train.threads)
     source = _load_source(spec, w, console, warn)
     lineage = spec.finetune
     if lineage is not None and lineage.parent_corpus_fingerprint not in (None, source.fingerprint):
@@ -186,7 +189,7 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
     start = parent_weights(lineage) if lineage is not None and not (resume and read_resume_pointer(run_dir)) else None
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(spec, source.vocab_size, init=start)
-    _announce(spec, model, source, device, w, run_dir, console)
+    _announce(spec, model, source, device, w, run_dir, console, chosen)
     if w.is_main and not resume:
         write_encoder_source(run_dir, spec.encoder)
     with _tracked(spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
@@ -269,13 +272,14 @@ def _load_source(spec: Config, w: World, console: Console,
 
 
 def _announce(spec: Config, model: GPT, source: TrainingSource, device: torch.device, w: World, run_dir: Path,
-              console: Console) -> None:
+              console: Console, chosen: Optional[threads.Threads] = None) -> None:
     base = getattr(model.encoder, "base", None)
     console.print(f"[bold]posexp[/] encoder [cyan]{model.encoder.name}[/]"
                   f"{f' base {base:g}' if base is not None else ''} · {model.num_params():,} params · "
                   f"{source.describe()} · "
                   f"train_len {spec.train_len} · {device}"
-                  f"{f' × {w.size} processes' if w.distributed else ''} · {torch.get_num_threads()} threads"
+                  f"{f' × {w.size} processes' if w.distributed else ''} · "
+                  f"{threads.describe(chosen, torch.get_num_threads())}"
                   f"{' · compiled' if step_settings(device, spec.compile).compile else ''} · run dir {run_dir}",
                   highlight=False)
 

@@ -52,6 +52,7 @@ from posexp.model.window import check_window
 from posexp.model.positions import CURRICULA, POSITION_SCHEMES, default_start_len
 from posexp.runtime.device import check_compile
 from posexp.runtime.memory import check_memory
+from posexp.runtime.threads import AUTO as AUTO_THREADS
 from posexp.tasks import build_task, check_task_name
 from posexp.tasks.source import DATA_TASKS, check_task_lengths
 
@@ -156,7 +157,9 @@ def validate_train(cfg: Config) -> None:
     require(t.device in DEVICES, "train.device",
             f"unknown device {t.device!r}; choose one of: {', '.join(DEVICES)}")
     check_compile(cfg.compile)
-    require(t.threads is None or t.threads > 0, "train.threads", f"must be a positive integer (got {t.threads})")
+    require(t.threads is None or t.threads == AUTO_THREADS
+            or (isinstance(t.threads, int) and not isinstance(t.threads, bool) and t.threads > 0),
+            "train.threads", f"must be auto (the cores free to this process) or a positive integer (got {t.threads})")
     require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
     require(t.checkpoint_every >= 0, "train.checkpoint_every",
             f"must be >= 0 steps, 0 turns periodic checkpoints off (got {t.checkpoint_every})")

@@ -106,7 +106,9 @@ class TrainConfig:
     # configs/train/default.yaml sets these to ${precision} / ${device}, the top-level keys users type
     precision: str = "auto"
     device: str = "auto"
-    threads: Optional[int] = None
+    # CPU threads: auto = the cores free to this process (posexp/runtime/threads.py), or a number; null = torch's
+    # default (one per core), as runs before auto recorded it
+    threads: Any = "auto"  # a number or "auto" (a Union, which OmegaConf 2.3 fails to merge)
     log_every: int = 25
     progress: bool = True
     # Resumable checkpoints (posexp resume RUN_DIR): every N steps and/or every M minutes; 0 turns either off.

@@ -33,6 +33,10 @@ from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.errors import ConfigError
 
 _REGISTRY: Dict[str, Type[PositionalEncoder]] = {}
+# plugin encoders that cannot be used, by name: why, in one line (the others work as if it were not there)
+_BROKEN: Dict[str, str] = {}
+# the encoder names each plugin module's import registered, wherever their classes are defined
+_BY_MODULE: Dict[str, set] = {}
 _NOT_OPTIONS = {"self", "d_model", "n_heads"}
 _NOT_ENCODERS = {"base", "frequencies", "plugins"}  # modules of this package that hold no encoder
 _loaded = {"builtins": False, "entry_points": False}
@@ -63,6 +67,11 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
             raise ConfigError("encoder", f"two plugins claim the encoder name {name!r}: {plugins.origin(other)} "
                                          f"and {plugins.origin(cls)}; rename one")
         cls.name = name
+        problem = None if builtin else schema_problem(cls)
+        if problem is not None:  # listed as broken, with why; the other encoders go on
+            _BROKEN[name] = f"{plugins.origin(cls)}: {problem}"
+            return cls
+        _BROKEN.pop(name, None)
         _REGISTRY[name] = cls
         return cls
 
@@ -85,9 +94,38 @@ def registry() -> Dict[str, Type[PositionalEncoder]]:
     if not _loaded["entry_points"]:
         _loaded["entry_points"] = True
         builtins = [n for n, c in _REGISTRY.items() if plugins.is_builtin(c)]
-        for name, cls in plugins.entry_point_classes(builtins).items():
-            register(name)(cls)
+        for name, cls in plugins.entry_point_classes(builtins, _BROKEN).items():
+            try:
+                register(name)(cls)
+            except ConfigError as e:  # a module plugin took the name first
+                _BROKEN[name] = str(e)
     return dict(sorted(_REGISTRY.items()))
+
+
+def broken() -> Dict[str, str]:
+    """The plugin encoders that cannot be used, by name, each with why in one line: an installed plugin that
+    fails to load, a module whose encoder has no schema, a config folder's yaml (:func:`mark_broken`)."""
+    registry()
+    return dict(sorted(_BROKEN.items()))
+
+
+def mark_broken(name: str, reason: str) -> None:
+    """Record the plugin encoder ``name`` as unusable, for ``reason`` (one line); a registered one is left out
+    of the registry."""
+    if name in _REGISTRY and plugins.is_builtin(_REGISTRY[name]):
+        return
+    _REGISTRY.pop(name, None)
+    _BROKEN[name] = reason
+
+
+def schema_problem(cls: Type[PositionalEncoder]) -> Optional[str]:
+    """Why the options of ``cls.__init__`` make no config schema (an option without a default, a type hint that
+    does not resolve); None when they do."""
+    try:
+        options_schema(cls)
+    except Exception as e:  # noqa: BLE001 - the plugin's annotations: say what is wrong with them
+        return str(e) if isinstance(e, TypeError) else f"{type(e).__name__}: {e}"
+    return None
 
 
 def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Type[PositionalEncoder]:
@@ -103,11 +141,16 @@ def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Typ
         ConfigError: the module cannot be imported, or holds no encoder to call ``name``.
     """
     registry()
-    before = _REGISTRY.get(name)
+    before = dict(_REGISTRY)
     mod = plugins.import_module(module, roots)
+    mine = _BY_MODULE.setdefault(module, set())
+    mine.update(n for n, c in _REGISTRY.items() if before.get(n) is not c)
+    if name in _BROKEN and name not in _REGISTRY:
+        raise ConfigError("encoder.module", f"the plugin encoder {name!r} cannot be used: {_BROKEN[name]}")
     cls = _REGISTRY.get(name)
-    # registered by this import, or earlier by the module or one of its submodules
-    if cls is not None and (cls is not before or cls.__module__ == module or cls.__module__.startswith(module + ".")):
+    # registered by this import (now or before), by the module or one of its submodules, or a class it holds
+    if cls is not None and (name in mine or cls.__module__ == module or cls.__module__.startswith(module + ".")
+                            or any(c is cls for c in vars(mod).values())):
         return cls
     found = plugins.encoder_classes(mod)
     if cls is None or not plugins.is_builtin(cls):
@@ -116,7 +159,10 @@ def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Typ
     else:
         raise ConfigError("encoder.module", f"{name!r} is posexp's built-in encoder, which wins over {module}'s; "
                                             f"give your encoder another name")
-    registered = [n for n, c in _REGISTRY.items() if c.__module__ == module]
+    shadowed = plugins.shadowed(module.split(".")[0], roots)  # a json.py of the user's, the standard json imported
+    if shadowed is not None:
+        raise ConfigError("encoder.module", shadowed)
+    registered = sorted(mine | {n for n, c in _REGISTRY.items() if c.__module__ == module})
     raise ConfigError("encoder.module", f"module {module} registers no encoder {name!r} (it registers: "
                                         f"{', '.join(registered) or 'none'}); decorate its class with "
                                         f"@register({name!r}) from posexp.encoders")
@@ -156,7 +202,8 @@ def options_schema(cls: Type[PositionalEncoder]) -> type:
         fields.append((plugins.MODULE_KEY, str, dataclasses.field(default=cls.__module__)))
     for p in _option_params(cls):
         if p.default is inspect.Parameter.empty:
-            raise TypeError(f"{cls.__name__}.__init__: option {p.name!r} needs a default")
+            raise TypeError(f"{cls.__name__}.__init__: option {p.name!r} needs a default (and a type hint): its "
+                            f"value when a config sets none, e.g. {p.name}: float = 1.0")
         default = p.default
         if isinstance(default, (list, dict)):
             field = dataclasses.field(default_factory=lambda d=default: type(d)(d))
@@ -179,6 +226,8 @@ def get(name: str) -> Type[PositionalEncoder]:
         ConfigError: no such encoder, naming the close ones and how to add one's own.
     """
     reg = registry()
+    if name not in reg and name in _BROKEN:
+        raise ConfigError("encoder", f"the plugin encoder {name!r} cannot be used: {_BROKEN[name]}")
     if name not in reg:
         close = difflib.get_close_matches(name, list(reg), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}? " if close else ""
@@ -221,5 +270,5 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
     return encoder
 
 
-__all__ = ["PositionalEncoder", "create", "get", "load_plugin", "options_schema", "origin", "register", "registry",
-           "relative_distance", "source_record"]
+__all__ = ["PositionalEncoder", "broken", "create", "get", "load_plugin", "mark_broken", "options_schema", "origin",
+           "register", "registry", "relative_distance", "source_record"]

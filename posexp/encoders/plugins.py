@@ -65,10 +65,34 @@ def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> objec
         if e.name is None or not module.startswith(e.name):
             raise ConfigError("encoder.module", f"importing {module} failed: {e}") from None
         top = module.split(".")[0]
-        raise ConfigError("encoder.module", f"no module {module!r} here: start posexp in the folder that holds "
-                                            f"{top}/ (or {top}.py), or install its package") from None
+        why = shadowed(top, roots)
+        if why is not None:
+            raise ConfigError("encoder.module", why) from None
+        if e.name != top:  # the package is here, the module's file is not
+            package, _, missing = e.name.rpartition(".")
+            raise ConfigError("encoder.module", f"no module {e.name!r}: the package {package} has no {missing}.py "
+                                                f"(nor {missing}/)") from None
+        where = ", ".join(dict.fromkeys([os.getcwd(), *map(str, roots)]))
+        raise ConfigError("encoder.module", f"no module {module!r} in {where}: start posexp in the folder that "
+                                            f"holds {top}/ (or {top}.py), keep it beside your config folder, or "
+                                            "install its package") from None
     except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
         raise ConfigError("encoder.module", f"importing {module} failed: {type(e).__name__}: {e}") from None
+
+
+def shadowed(top: str, roots: Sequence[str | os.PathLike]) -> Optional[str]:
+    """Why the user's package ``top`` is not the one imported: another of that name (the standard library's
+    ``encodings``, an installed package) comes first on ``sys.path``; None when it is not shadowed."""
+    found = sys.modules.get(top)
+    where = getattr(found, "__file__", None) or next(iter(getattr(found, "__path__", []) or []), None)
+    if found is None or where is None:
+        return None
+    for folder in (Path.cwd(), *map(Path, roots)):
+        mine = folder / top if (folder / top).is_dir() else folder / f"{top}.py"
+        if mine.exists() and Path(mine).resolve() not in (Path(where).resolve(), Path(where).resolve().parent):
+            return (f"your {mine.name}{'/' if mine.is_dir() else ''} ({mine}) is shadowed by another module of that name, {where}, which Python "
+                    f"imports first; rename your package (e.g. my_{top}) and the module: key of its yaml")
+    return None
 
 
 def encoder_classes(module: types.ModuleType) -> List[Type[PositionalEncoder]]:
@@ -100,12 +124,10 @@ def entry_points() -> Dict[str, List[importlib.metadata.EntryPoint]]:
     return found
 
 
-def entry_point_classes(builtins: Sequence[str]) -> Dict[str, Type[PositionalEncoder]]:
+def entry_point_classes(builtins: Sequence[str], broken: Dict[str, str]) -> Dict[str, Type[PositionalEncoder]]:
     """Load the installed plugins' classes, by entry-point name; a name of ``builtins`` is skipped (the
-    built-in wins), with a warning.
-
-    Raises:
-        ConfigError: two distributions claim one name, or a plugin cannot be loaded or is no encoder.
+    built-in wins), with a warning. One that cannot be used (two distributions claim its name, it fails to
+    load, it is no encoder) goes to ``broken`` with why, in one line; the others load as if it were not there.
     """
     out = {}
     for name, eps in sorted(entry_points().items()):
@@ -114,17 +136,19 @@ def entry_point_classes(builtins: Sequence[str]) -> Dict[str, Type[PositionalEnc
                         "rename its entry point", name, _claimants(eps), name)
             continue
         if len(eps) > 1:
-            raise ConfigError("encoder", f"two installed plugins claim the encoder name {name!r}: "
-                                         f"{_claimants(eps)}; uninstall one or rename its entry point")
+            broken[name] = (f"two installed plugins claim the encoder name {name!r}: {_claimants(eps)}; uninstall "
+                            "one or rename its entry point")
+            continue
         ep = eps[0]
         try:
             cls = ep.load()
         except Exception as e:  # noqa: BLE001 - the plugin's code: name it and what it raised
-            raise ConfigError("encoder", f"the installed plugin encoder {name!r} ({_claimants(eps)}) cannot be "
-                                         f"loaded: {type(e).__name__}: {e}") from None
+            broken[name] = (f"the installed plugin encoder {name!r} ({_claimants(eps)}) cannot be loaded: "
+                            f"{type(e).__name__}: {e}".splitlines()[0])
+            continue
         if not (inspect.isclass(cls) and issubclass(cls, PositionalEncoder)):
-            raise ConfigError("encoder", f"the installed plugin encoder {name!r} ({ep.value}) is not a "
-                                         "PositionalEncoder subclass")
+            broken[name] = f"the installed plugin encoder {name!r} ({ep.value}) is not a PositionalEncoder subclass"
+            continue
         _DISTRIBUTIONS[cls] = _dist(ep)
         out[name] = cls
     return out

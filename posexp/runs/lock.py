@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML, PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON, TRAIN_LOG, WANDB_DIR, is_sweep_dir, iter_jobs, run_status)
+from posexp.runs.layout import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML, PPL_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON, TRAIN_LOG, WANDB_DIR, is_sweep_dir, iter_jobs, run_status)
 
 HYDRA_OUTPUT = ".hydra"
 # What a run writes into its folder: a folder holding one of these is a run's, not a free one.
@@ -30,6 +30,11 @@ RUN_FILES = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_C
 # What a sweep writes into its own folder, besides its numbered job folders.
 SWEEP_FILES = (MULTIRUN_YAML, SUMMARY_MD, SUMMARY_CSV, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT,
                REPORT_TRAINING_PLOT, PPL_PLOT, TRACKERS_JSON)
+# What posexp report writes into a folder it is given (or into a view's reports/NAME/ there).
+REPORT_FILES = (REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, REPORT_ACCURACY_PLOT,
+                REPORT_CURVE_PLOT, SUMMARY_MD, SUMMARY_CSV)
+REPORTS_DIR = "reports"
+ANALYSIS_DIR, ANALYSIS_JSON = "analysis", "analysis.json"  # posexp analyze RUN: the json lists its figures
 OVERWRITE_FLAG = "--overwrite"
 # Who holds a run folder's claim and what it does there, so a refused or waiting command can say so.
 # Written by the holder once it has the flock, removed when it lets go; a note left by a killed process
@@ -226,10 +231,11 @@ def clear_run_files(folder: str | os.PathLike) -> None:
     """Remove what a run (or a sweep) wrote into ``folder``; files of the user's own are left."""
     import shutil
 
-    for name in (*RUN_FILES, *SWEEP_FILES):
+    own_files = {WANDB_DIR: _clear_wandb, ANALYSIS_DIR: _clear_analysis, REPORTS_DIR: _clear_reports}
+    for name in dict.fromkeys((*RUN_FILES, *SWEEP_FILES, *REPORT_FILES, REPORTS_DIR)):
         target = Path(folder) / name
-        if name == WANDB_DIR and target.is_dir() and not target.is_symlink():
-            _clear_wandb(target)
+        if name in own_files and target.is_dir() and not target.is_symlink():
+            own_files[name](target)  # a folder posexp shares with the user's own files
         elif target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
@@ -251,8 +257,34 @@ def _clear_wandb(folder: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+    _remove_if_empty(folder)
+
+
+def _remove_if_empty(folder: Path) -> None:
     with contextlib.suppress(OSError):
         folder.rmdir()  # when nothing of the user's is left
+
+
+def _clear_analysis(folder: Path) -> None:
+    """``posexp analyze RUN``'s ``analysis.json`` and the figures it lists; the user's notes there stay."""
+    try:
+        figures = json.loads((folder / ANALYSIS_JSON).read_text(encoding="utf-8")).get("figures") or []
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        figures = []
+    for name in [*(f for f in (figures if isinstance(figures, list) else []) if isinstance(f, str)
+                   and Path(f).name == f), ANALYSIS_JSON]:
+        (folder / name).unlink(missing_ok=True)
+    _remove_if_empty(folder)
+
+
+def _clear_reports(folder: Path) -> None:
+    """The reports of other views (``reports/NAME/``): their files, each folder when nothing else is in it."""
+    for report in folder.iterdir():
+        if report.is_dir() and not report.is_symlink():
+            for name in REPORT_FILES:
+                (report / name).unlink(missing_ok=True)
+            _remove_if_empty(report)
+    _remove_if_empty(folder)
 
 
 def claim_named_dir(path: str | os.PathLike, key: str, *, sweep: bool, overwrite: bool) -> list[Path]:

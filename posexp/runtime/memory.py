@@ -182,15 +182,32 @@ def memory_capacity(device) -> Optional[tuple[int, str]]:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+    capacity = (ram, "this machine's RAM")
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(limit_file) as f:
                 limit = f.read().strip()
         except OSError:
             continue
-        if limit.isdigit() and int(limit) < ram:
-            return int(limit), "this container's memory limit"
-    return ram, "this machine's RAM"
+        if limit.isdigit() and int(limit) < capacity[0]:
+            capacity = (int(limit), "this container's memory limit")
+    cap = _address_space_left()
+    return cap if cap is not None and cap[0] < capacity[0] else capacity
+
+
+def _address_space_left() -> Optional[tuple[int, str]]:
+    """What ``ulimit -v`` (``RLIMIT_AS``) leaves this process: the cap less what it maps already (torch's
+    libraries included); None without a cap."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return None
+    mapped = 1024 * (_proc_status_kb("VmSize") or 0)
+    return max(0, soft - mapped), f"what this process's address-space cap (ulimit -v {soft // 1024}) leaves"
 
 
 def check_memory(cfg: Config, training: bool = True) -> None:
@@ -235,6 +252,12 @@ def check_memory(cfg: Config, training: bool = True) -> None:
                                            f"model.n_layers={cfg.model.n_layers} has at least {params:,} parameters "
                                            f"({need}: {_size(weights)}) but {have}; lower model.d_model "
                                            "or model.n_layers")
+    tokens = int(cfg.train.batch_size) * int(cfg.train_len)
+    if symbols is not None and 4 * vocab_size * tokens > activations / 2:  # the logits, not the model's width
+        raise ConfigError("task.symbols", f"an alphabet of task.symbols={symbols:,} makes the logits of train."
+                                          f"batch_size={cfg.train.batch_size} x train_len={cfg.train_len} tokens "
+                                          f"alone {_size(4 * vocab_size * tokens)} (and the model "
+                                          f"{_size(weights)} more) but {have}; lower task.symbols")
     raise ConfigError("train.batch_size", f"training activations of train.batch_size={cfg.train.batch_size} x "
                                           f"train_len={cfg.train_len} tokens through model.n_layers="
                                           f"{cfg.model.n_layers} layers of model.d_model={cfg.model.d_model} need at "
@@ -244,16 +267,32 @@ def check_memory(cfg: Config, training: bool = True) -> None:
 
 
 def _check_task_examples(cfg: Config, available: int, where: str) -> None:
-    """A task's evaluation holds its ``eval.examples`` instances at an eval length as one int64 array at least:
-    refuse a count whose array alone cannot fit."""
+    """A task's evaluation holds its ``eval.examples`` instances at an eval length as one int64 array at least,
+    and one forward pass at that length at least the residual stream with a layer's widest inner tensor, and
+    the logits, of one instance (fp32): refuse a count, or a length, that cannot fit."""
     if not is_task(cfg):
         return
     examples, longest = int(cfg.eval.examples), max(eval_lengths(cfg))
-    need = 8 * examples * longest
-    if need > available:
+    instances = 8 * examples * longest
+    if instances > available:
         raise ConfigError("eval.examples", f"eval.examples={examples:,} instances at {longest:,} tokens need at "
-                                           f"least {_size(need)} but {where} is {_size(available)}; lower "
+                                           f"least {_size(instances)} but {where} is {_size(available)}; lower "
                                            "eval.examples or the eval lengths")
+    # per token, in fp32: the residual stream with the MLP's hidden layer, or with q, k and v; and the logits
+    d = int(cfg.model.d_model)
+    alphabet = cfg.task.symbols  # None: a task on the data's bytes (passkey)
+    width = max(int((1 + float(cfg.model.mlp_ratio)) * d), 4 * d)
+    symbols = (256 if alphabet is None else int(alphabet)) + 8  # and the task's own marks
+    forward = 4 * longest * (width + symbols)
+    if instances + forward > available and alphabet is not None and symbols > width:  # the logits, at any length
+        raise ConfigError("task.symbols", f"an alphabet of task.symbols={cfg.task.symbols:,} makes the logits of one "
+                                          f"instance at {longest:,} tokens {_size(4 * longest * symbols)} but "
+                                          f"{where} is {_size(available)}; lower task.symbols")
+    if instances + forward > available:
+        raise ConfigError("eval.lengths", f"evaluating at {longest:,} tokens needs at least "
+                                          f"{_size(instances + forward)} ({examples:,} instances: {_size(instances)}; "
+                                          f"one forward pass: {_size(forward)}) but {where} is {_size(available)}; "
+                                          "lower the eval lengths (or eval.examples)")
 
 
 @contextlib.contextmanager

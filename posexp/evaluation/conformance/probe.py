@@ -26,22 +26,26 @@ class Probe:
     """The shape of the probe model and the lengths the checks read.
 
     Attributes:
-        train_len: the nominal training length; the length check runs at 1x, 4x and 16x it.
+        train_len: the nominal training length (posexp train's default); the length check runs at 1x, 4x and 16x
+            it, and so reaches the longest length a default run evaluates.
         block: ``model.attn_block_size`` of the exactness checks: queries per block on the bias / scores paths.
         long_block: the block of the length and memory checks, which read 16x ``train_len`` tokens.
         encoder_noise: std of the Gaussian noise added to every encoder parameter.
+        exact_dtype: the dtype of the exact checks: ``float64``, or ``float32`` for an encoder that computes in it
+            (:func:`casts`), held to a bound float32 can meet.
     """
 
     d_model: int = 32
     n_heads: int = 2
     n_layers: int = 2
     vocab_size: int = 64
-    train_len: int = 64
+    train_len: int = 128  # configs/config.yaml
     block: int = 16
     long_block: int = 64
     batch: int = 2
     seed: int = 0
     encoder_noise: float = 0.2
+    exact_dtype: str = "float64"
 
     @property
     def lengths(self) -> tuple[int, int, int]:
@@ -132,3 +136,39 @@ class LargestTensor(TorchDispatchMode):
 
 def finite(*tensors: Optional[Tensor]) -> bool:
     return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)
+
+
+class _Dtypes(TorchDispatchMode):
+    """Records the floating dtypes of every tensor the operations run under it return."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, Tensor) and t.is_floating_point():
+                self.seen.add(t.dtype)
+        return out
+
+
+def casts(make_encoder: EncoderFactory, probe: Probe) -> bool:
+    """Whether the encoder computes in a lower precision than it is given: its hooks, fed float64 inputs with
+    float64 parameters, make float32 (or half) tensors (``torch.log1p(d).float()``, ``arange(...).float()``),
+    whether or not they then fail on mixing the two."""
+    encoder = build_model(make_encoder, probe, torch.float64).encoder
+    gen = torch.Generator().manual_seed(probe.seed)
+    L, head = probe.train_len, probe.d_model // probe.n_heads
+    q, k = (torch.randn(probe.batch, probe.n_heads, L, head, generator=gen, dtype=torch.float64) for _ in "qk")
+    x = torch.randn(probe.batch, L, probe.d_model, generator=gen, dtype=torch.float64)
+    pos = torch.arange(L)
+    with torch.no_grad(), _Dtypes() as mode:
+        try:
+            if encoder.uses_embed:
+                encoder.embed(x, pos)
+            for enc in layer_encoders(encoder, probe):
+                attention_logits(enc, q, k, pos, pos)
+        except Exception:  # noqa: BLE001 - a hook that fails on mixed dtypes has shown what it computes in
+            pass
+    return bool(mode.seen - {torch.float64})

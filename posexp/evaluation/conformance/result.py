@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
+ERROR = "error"  # the check could not measure (out of memory, its own code failed): no finding either way
 
 
 @dataclass(frozen=True)
@@ -14,7 +15,8 @@ class Check:
 
     Attributes:
         name: what is checked, e.g. ``causality``.
-        status: ``pass``, ``fail`` or ``n/a`` (the encoding does not claim the property, or has no such hook).
+        status: ``pass``, ``fail``, ``n/a`` (the encoding does not claim the property, or has no such hook) or
+            ``error`` (nothing could be measured: out of memory, or a measurement of cost crashed).
         measured: the number measured (a max abs difference, a growth exponent, ...), None if nothing was.
         tolerance: the bound ``measured`` is held to, in words (``<= 1e-06``).
         detail: how it was measured, or what went wrong.
