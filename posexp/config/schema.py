@@ -180,7 +180,7 @@ class EvalConfig:
     sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384
     loss_by_position: bool = True
-    # task runs (task != lm): instances per length (and depth), and the passkey's depths in [0, 1]
+    # task runs (task != lm): instances per length (and depth), and the depths in [0, 1] of passkey, niah, kv_retrieval
     examples: int = 256
     depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # extrapolation while training goes (curve.csv, curve.png): off unless eval.during_training.every is set

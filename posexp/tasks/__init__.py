@@ -5,7 +5,8 @@ Each task is one file here and one yaml in ``configs/task/``; :func:`build_task`
 config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
 trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
 measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, an entry in
-:data:`TASKS`, a yaml in ``configs/task/``.
+:data:`TASKS`, a yaml in ``configs/task/``; options of its own are :class:`~posexp.config.schema.TaskConfig` fields
+(default None) named in its ``config_keys``, and every other task refuses them.
 """
 
 from __future__ import annotations
