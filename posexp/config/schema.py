@@ -128,13 +128,22 @@ class TrainConfig:
 class TaskConfig:
     """``configs/task/*.yaml``; ``posexp/tasks/`` generates the instances. ``lm`` is language modelling on ``data``."""
 
-    name: str = "lm"  # lm | copy | reverse | sort | addition | parity | mqar | passkey | flipflop
+    # lm | copy | reverse | sort | addition | parity | mqar | passkey | flipflop | niah | vartrack | cwe | fwe
+    # | kv_retrieval
+    name: str = "lm"
     description: str = ""
-    # alphabet size of copy / reverse / sort, keys (and values) of mqar; null = the task's default
+    # alphabet size of copy / reverse / sort, keys (and values) of mqar, niah, vartrack, kv_retrieval, the words of
+    # cwe / fwe; null = the task's default
     symbols: Optional[int] = None
     # smallest instance trained on (symbols, digits, bits, pairs, instructions, filler tokens); null = the task's own
     min_size: Optional[int] = None
     digits: int = 5  # passkey: digits of the key
+    # The options of RULER's tasks; null = the task's default, and a task refuses the ones it does not read.
+    variant: Optional[str] = None  # niah: single | multikey | multivalue | multiquery (null = single)
+    needles: Optional[int] = None  # niah: needles per instance (null = 1 for single, 4 for the others)
+    chains: Optional[int] = None  # vartrack: chains of assignments, one asked (null = 2)
+    hops: Optional[int] = None  # vartrack: assignments of a variable to a variable per chain (null = 2)
+    top_k: Optional[int] = None  # cwe, fwe: the words to extract (null = 3)
 
 
 @dataclass
@@ -174,7 +183,7 @@ class EvalConfig:
     sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384
     loss_by_position: bool = True
-    # task runs (task != lm): instances per length (and depth), and the passkey's depths in [0, 1]
+    # task runs (task != lm): instances per length (and depth), and the depths in [0, 1] of passkey, niah, kv_retrieval
     examples: int = 256
     depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # extrapolation while training goes (curve.csv, curve.png): off unless eval.during_training.every is set

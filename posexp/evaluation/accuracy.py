@@ -1,4 +1,4 @@
-"""Accuracy of a trained model on a generated task, at each eval length (and, for passkey, each depth).
+"""Accuracy of a trained model on a generated task, at each eval length (and, for a task with a depth, each depth).
 
 At every length ``L`` (``eval.lengths``, or ``eval.multiples`` x ``train_len``) the model reads
 ``eval.examples`` fresh instances of exactly ``L`` tokens (:meth:`posexp.tasks.task.Task.instances`). The
@@ -130,7 +130,8 @@ def eval_depths(depths: Sequence[float]) -> list[float]:
 @torch.inference_mode()
 def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
                   on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
-    """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for passkey.
+    """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for a task with
+    one (passkey, niah, kv_retrieval: :attr:`Task.has_depth`).
 
     With ``eval.window`` every query attends only within the window (:mod:`posexp.model.window`) and the rows
     record ``window`` and ``sinks``.
@@ -144,7 +145,7 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
     base_encoder = model.encoder
     check_scaling(scaling, base_encoder.name, base_encoder)
     plan = PositionPlan(cfg)
-    depths = eval_depths(e.depths) if task.name == "passkey" else [None]
+    depths = eval_depths(e.depths) if task.has_depth else [None]
     dtype = resolve_precision(cfg.train.precision, device)
     model.eval()
     rows = []

@@ -47,7 +47,8 @@ def _percent_axis(ax: Any) -> None:
 def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],
                          grid: Sequence[Sequence[Optional[float]]], path: str | os.PathLike,
                          train_len: Optional[int] = None, title: Optional[str] = None) -> Path:
-    """Exact-match accuracy (%) of the passkey per context length (columns) x depth (rows), each cell labelled.
+    """Exact-match accuracy (%) of a task with depths (passkey, niah, kv_retrieval) per context length (columns) x
+    depth (rows), each cell labelled.
 
     Args:
         grid: ``grid[i][j]`` the accuracy in [0, 1] at ``depths[i]`` and ``lengths[j]``; None = not applicable.
@@ -66,7 +67,7 @@ def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],
     ax.set_yticklabels([f"{d:g}" for d in depths], fontsize=7)
     ax.set_xlabel("context length (tokens)" + ("; * = training length" if train_len in lengths else ""),
                   fontsize=8)
-    ax.set_ylabel("depth of the key (0 = start of the filler)", fontsize=8)
+    ax.set_ylabel("depth of the needle (0 = first, 1 = last before the question)", fontsize=8)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
             value = data[i, j]

@@ -1,10 +1,12 @@
-"""Generated tasks beside language modelling: ``task=copy|reverse|sort|addition|parity|mqar|passkey|flipflop``.
+"""Generated tasks beside language modelling: ``task=copy|reverse|sort|addition|parity|mqar|passkey|flipflop``, and
+RULER's ``niah|vartrack|cwe|fwe`` with the key-value retrieval of "lost in the middle", ``kv_retrieval``.
 
 Each task is one file here and one yaml in ``configs/task/``; :func:`build_task` makes the task of a run's
 config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
 trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
 measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, an entry in
-:data:`TASKS`, a yaml in ``configs/task/``.
+:data:`TASKS`, a yaml in ``configs/task/``; options of its own are :class:`~posexp.config.schema.TaskConfig` fields
+(default None) named in its ``config_keys``, and every other task refuses them.
 """
 
 from __future__ import annotations
@@ -20,19 +22,26 @@ from posexp.errors import ConfigError
 from posexp.tasks.addition import Addition
 from posexp.tasks.task import PAD, Instances, Task
 from posexp.tasks.copy import Copy
+from posexp.tasks.cwe import CommonWords
 from posexp.tasks.flipflop import FlipFlop
+from posexp.tasks.fwe import FrequentWords
+from posexp.tasks.kv_retrieval import KVRetrieval
 from posexp.tasks.mqar import MQAR
+from posexp.tasks.niah import NIAH
 from posexp.tasks.parity import Parity
 from posexp.tasks.passkey import Passkey
 from posexp.tasks.reverse import Reverse
 from posexp.tasks.sort import Sort
+from posexp.tasks.vartrack import VariableTracking
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Sort, Addition, Parity, MQAR, Passkey,
-                                                          FlipFlop)}
+                                                          FlipFlop, NIAH, VariableTracking, CommonWords,
+                                                          FrequentWords, KVRetrieval)}
 LM = "lm"
 TASK_NAMES = (LM, *TASKS)
 DEFAULT_DIGITS = 5  # task.digits, the passkey's length (TaskConfig's default)
 GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
+OPTION_KEYS = ("variant", "needles", "chains", "hops", "top_k")  # task.* keys some tasks read (Task.config_keys)
 
 
 def check_task_name(name: str) -> None:
@@ -60,7 +69,11 @@ def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Op
                        int(task_cfg.digits), min_size)
     if int(task_cfg.digits) != DEFAULT_DIGITS:
         raise ConfigError("task.digits", f"only applies to task=passkey (the task is {name}); drop task.digits")
-    return cls(symbols, min_size)
+    for key in OPTION_KEYS:
+        if getattr(task_cfg, key, None) is not None and key not in cls.config_keys:
+            readers = "|".join(n for n, c in TASKS.items() if key in c.config_keys)
+            raise ConfigError(f"task.{key}", f"only applies to task={readers} (the task is {name}); drop task.{key}")
+    return cls(symbols, min_size, **{key: getattr(task_cfg, key, None) for key in cls.config_keys})
 
 
 def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float) -> Optional[float]:

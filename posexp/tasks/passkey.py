@@ -35,6 +35,7 @@ class Passkey(Task):
     size_unit = "filler tokens"
     smallest = 0
     uses_data = True
+    has_depth = True
 
     def __init__(self, train: np.ndarray, val: np.ndarray, digits: int = 5, min_size: int | None = None):
         super().__init__(None, min_size)

@@ -54,6 +54,8 @@ class Task(ABC):
     default_symbols: Optional[int] = None
     smallest: int = 1  # the smallest size the task is defined for
     answer_alphabet: Optional[int] = None  # the values one answer token can take; None: the task's symbols
+    has_depth = False  # generate() takes a depth in [0, 1] (where the needle sits): scored per eval.depths
+    config_keys: tuple[str, ...] = ()  # the task.* keys it reads besides symbols and min_size (its __init__'s)
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None):
         if symbols is not None and self.default_symbols is None:
