@@ -784,3 +784,39 @@ def test_group_by_train_len_compares_lengths_without_flagging_them(tmp_path):
     # Without --by train_len the odd length is still flagged, and never averaged with the others.
     report = build_report([*short, *long], by="encoder")
     assert len(report.groups) == 2 and all("kept apart: not comparable" in g.flags for g in report.groups)
+
+
+def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):
+    """A model whose perplexity at its own training length is about what token frequencies alone give did not
+    learn to read its context: a flat curve past 1x from it is no sign of extrapolation."""
+    from posexp.reporting import build_report
+
+    def with_unigram(folder, unigram):
+        results = json.loads((folder / "results.json").read_text())
+        if unigram is not None:
+            results["run"]["unigram_ppl"] = unigram
+        (folder / "results.json").write_text(json.dumps(results))
+        return folder
+
+    runs = [with_unigram(make_run(tmp_path / "flat", {128: 24.0, 256: 24.1}, ["encoder=none"], encoder="none"), 25.0),
+            with_unigram(make_run(tmp_path / "learned", {128: 4.6, 256: 5.0}, ["encoder=rope"]), 25.0),
+            with_unigram(make_run(tmp_path / "old", {128: 24.0, 256: 24.0}, ["encoder=alibi"], encoder="alibi"), None)]
+    report = build_report(runs)
+    flags = {row.label: row.flags for row in report.rows}
+    assert "did not learn at 1×" in flags["encoder=none"]
+    assert "did not learn at 1×" not in flags["encoder=rope"]
+    assert "did not learn at 1×" not in flags["encoder=alibi"]  # written before runs recorded unigram_ppl
+    (warning,) = [w for w in report.warnings if w.startswith("did not learn at 1×")]
+    assert "encoder=none" in warning and "encoder=rope" not in warning
+
+
+def test_the_unigram_perplexity_is_the_vocabulary_for_uniform_tokens_and_near_one_for_a_constant_stream():
+    import numpy as np
+
+    from posexp.data.tokens import unigram_perplexity
+
+    uniform = np.random.default_rng(0).integers(0, 256, 200_000).astype(np.uint8)
+    assert unigram_perplexity(uniform, uniform[:20_000], 256) == pytest.approx(256, rel=0.01)
+    constant = np.full(10_000, 7, dtype=np.uint8)
+    assert unigram_perplexity(constant, constant, 256) == pytest.approx(1.0, abs=0.03)
+    assert unigram_perplexity(constant[:0], constant, 256) is None

@@ -64,7 +64,19 @@ class Corpus:
             "val_bytes": val_bytes,
             # bits per byte = loss (nats/token) / ln 2 * tokens_per_byte: comparable across tokenizers
             "tokens_per_byte": round(self.val.size / val_bytes, 6) if val_bytes else None,
+            "unigram_ppl": unigram_perplexity(self.train, self.val, self.vocab_size),
         }
+
+
+def unigram_perplexity(train: np.ndarray, val: np.ndarray, vocab_size: int) -> Optional[float]:
+    """Perplexity on ``val`` of the unigram model of ``train`` (token frequencies, add-one smoothed): what a model
+    that ignores every context scores, the floor a trained model must beat to have learned anything (the report's
+    "did not learn at 1×"). None for an empty split."""
+    if train.size == 0 or val.size == 0:
+        return None
+    counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
+    log_p = np.log(counts / counts.sum())
+    return round(float(np.exp(-log_p[val].mean())), 4)
 
 
 def cache_root(cache_dir: Optional[str]) -> Path:

@@ -29,12 +29,16 @@ from posexp.reporting.selection import (DEFAULT_TOLERANCE, Filter, ABSENT, unkno
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import aggregate_stat
 from posexp.reporting.table import Cell, Group, Report, ReportRow
+from posexp.reporting.task_report import UNLEARNED
 from posexp.reporting.views import parse_view, pick_view
 from posexp.runs.layout import RESULTS_JSON
 
 __all__ = ["Cell", "Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
 
 MAIN_PROTOCOL = "nonoverlap"
+# perplexity at the training length at least this share of the corpus's unigram perplexity (what a model that reads no
+# context scores, recorded by the run as ``unigram_ppl``): the run did not learn to use its context
+NEAR_UNIGRAM = 0.9
 
 
 def build_report(
@@ -129,6 +133,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
         if not row.cells and protocol is not None:
             row.flags.append(f"no {protocol} results")
 
+    _mark_unlearned(rows, warnings)
     ratio_length = common_ratio_length(rows, lengths, train_len)
     if ratio_length is not None:
         for row in rows:
@@ -138,6 +143,26 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
         ratio_length=ratio_length, shared_overrides=shared, corpus=corpus, eval_settings=eval_settings,
         warnings=warnings, other_views=other_views, window=window, by=by_keys, auc_multiple=auc_span_multiple(rows),
     )
+
+
+def did_not_learn(row: ReportRow) -> Optional[bool]:
+    """Whether a run's perplexity at its own training length is within :data:`NEAR_UNIGRAM` of its corpus's unigram
+    perplexity (``unigram_ppl`` in results.json; None where either is missing, as in runs written before it)."""
+    unigram, cell = row.run.info.get("unigram_ppl"), row.cells.get(row.run.train_len or -1)
+    if not isinstance(unigram, (int, float)) or cell is None or not cell.applicable or cell.ppl is None:
+        return None
+    return cell.ppl >= NEAR_UNIGRAM * unigram
+
+
+def _mark_unlearned(rows: list[ReportRow], warnings: list[str]) -> None:
+    """Flag the runs that did not learn at 1x (:func:`did_not_learn`), with one warning naming them."""
+    marked = [row for row in rows if did_not_learn(row)]
+    for row in marked:
+        row.flags.append(UNLEARNED)
+    if marked:
+        warnings.append(f"{UNLEARNED}: {', '.join(row.label for row in marked)}: perplexity at the training length "
+                        f"is at least {NEAR_UNIGRAM:.0%} of the corpus's unigram perplexity (a model that reads no "
+                        "context), so how it changes past 1x says nothing of extrapolation")
 
 
 def compare(report: Report, reference: list[Filter], margin: Optional[Margin] = None) -> None:
