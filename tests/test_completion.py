@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -319,3 +320,15 @@ def test_tab_in_an_interactive_zsh_after_install_completion(tmp_path, posexp_on_
     setup = "dump() { print -r -- $BUFFER >> $OUT; BUFFER= }; zle -N dump; bindkey '^T' dump"
     typed = _typed_in_a_terminal(["zsh", "-d", "-i"], env, setup, LINES, tmp_path)
     assert typed == AFTER_TAB
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or sys.platform == "win32", reason="no bash")
+def test_install_completion_under_a_home_with_a_quote_leaves_a_bashrc_bash_can_read(tmp_path):
+    """``source '/home/o'brien/…'`` in .bashrc broke every new shell of the user."""
+    home = tmp_path / "o'brien dir"
+    home.mkdir()
+    script, rc = shell.install("bash", home)
+    ran = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"source {shlex.quote(str(rc))} && echo sourced"],
+                         capture_output=True, text=True, env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    assert ran.returncode == 0 and ran.stdout.strip() == "sourced", ran.stderr
+    assert str(script) in shlex.split(rc.read_text().splitlines()[-1])

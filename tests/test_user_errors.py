@@ -43,6 +43,8 @@ TRAIN_CASES = [
     (["outputs/typo"], ["outputs/typo", "KEY=VALUE"]),
     (["hydra/launcher=nope"], ["hydra/launcher=nope", "basic", "joblib"]),
     (["~model.d_model"], ["model.d_model", "deletion"]),
+    # a seed beyond torch's 64 bits was an overflow traceback, after the run folder was made
+    (["seed=123456789012345678901234567890"], ["seed", "2**63 - 1"]),
     # joblib refused n_jobs=0 with a traceback once the sweep had started
     (["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0", "seed=0,1"], ["hydra.launcher.n_jobs=0", "at least 1"]),
 ]

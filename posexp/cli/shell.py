@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -184,7 +185,7 @@ def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
     """
     if shell == "bash":
         script, rc = home / ".bash_completions" / "posexp.sh", home / ".bashrc"
-        lines: Sequence[str] = (f"source '{script}'",)
+        lines: Sequence[str] = (f"source {shlex.quote(str(script))}",)  # a HOME with a quote or a space in it
     elif shell == "zsh":
         script, rc = home / ".zfunc" / "_posexp", home / ".zshrc"
         lines = ("fpath+=~/.zfunc; autoload -Uz compinit; compinit",)

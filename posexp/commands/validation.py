@@ -100,7 +100,8 @@ def validate(cfg: Config, memory: Optional[str] = "train") -> None:
     resolve_encoder(cfg)
     require(cfg.base > 1, "base", f"must be > 1 (got {cfg.base:g})")
     require(cfg.train_len > 0, "train_len", f"must be a positive integer (got {cfg.train_len})")
-    require(cfg.seed >= 0, "seed", f"must be >= 0 (got {cfg.seed})")
+    # torch.manual_seed takes 64 bits; a larger seed was an overflow traceback after the run folder was made
+    require(0 <= cfg.seed < 2 ** 63, "seed", f"must be an integer from 0 to 2**63 - 1 (got {cfg.seed})")
     if "base" in option_names(cfg.encoder["name"]):
         require(cfg.encoder["base"] > 1, "base", f"must be > 1 (got {cfg.encoder['base']:g})")
     check_shape(cfg.model)
