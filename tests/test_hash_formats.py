@@ -86,3 +86,18 @@ def test_a_killed_format_1_run_resumes_and_keeps_its_format(tiny, tmp_path, monk
     assert run["train"]["resumed_at"] == [3]
     assert (run["config_hash"], run["hash_format"]) == (old, 1)
     assert json.loads((run_dir / "checkpoint" / "meta.json").read_text())["hash_format"] == 1
+
+
+def test_a_run_from_a_newer_hash_format_is_said_to_be_from_a_newer_posexp_not_edited(tiny, tmp_path):
+    from posexp.errors import PosexpError
+
+    run_dir = tmp_path / "run"
+    run_train(tiny(*OVERRIDES), run_dir, [])
+    results = json.loads((run_dir / "results.json").read_text())
+    results["run"]["hash_format"] = HASH_FORMAT + 1
+    (run_dir / "results.json").write_text(json.dumps(results))
+    before = (run_dir / "results.json").read_text()
+    with pytest.raises(PosexpError, match=rf"written by a newer posexp \(hash format {HASH_FORMAT + 1}") as caught:
+        reeval_main([str(run_dir), "eval.multiples=[1,2]"])
+    assert "edited" not in str(caught.value)
+    assert (run_dir / "results.json").read_text() == before

@@ -111,7 +111,15 @@ def recorded_hash_format(run_dir: Path) -> int:
 
 def folder_run_hash(run_dir: Path, saved: SavedConfig) -> RunHash:
     """The run's hash in the format its folder recorded (:func:`recorded_hash_format`): format 1 over the
-    config as written, the current format over the typed config."""
-    if recorded_hash_format(run_dir) == 1:
+    config as written, the current format over the typed config.
+
+    Raises:
+        PosexpError: the folder records a hash format newer than this posexp's (it was written by a newer one).
+    """
+    recorded = recorded_hash_format(run_dir)
+    if recorded > HASH_FORMAT:  # not an edit: this posexp cannot compute that hash, so cannot check the folder
+        raise PosexpError(f"{run_dir} was written by a newer posexp (hash format {recorded}; this one knows formats "
+                          f"1 to {HASH_FORMAT}): use that posexp (or a newer one) for this run")
+    if recorded == 1:
         return RunHash(format1_hash(saved.written), 1)
     return run_hash(saved.spec)
