@@ -820,3 +820,26 @@ def test_the_unigram_perplexity_is_the_vocabulary_for_uniform_tokens_and_near_on
     constant = np.full(10_000, 7, dtype=np.uint8)
     assert unigram_perplexity(constant, constant, 256) == pytest.approx(1.0, abs=0.03)
     assert unigram_perplexity(constant[:0], constant, 256) is None
+
+
+def test_a_sweep_and_its_backup_copy_under_one_folder_count_each_run_once(tmp_path):
+    """Every run counted twice turned a paired comparison at n = 2 into Welch's at n = 4, with no word."""
+    import shutil
+
+    from posexp.reporting import build_report
+    from posexp.runs.layout import find_runs
+
+    for e in ("rope", "alibi"):
+        for s in range(2):
+            make_run(tmp_path / "sweep" / f"{e}{s}", {128: 4.0 + s, 256: 5.0 + s}, [f"encoder={e}", f"seed={s}"],
+                     encoder=e, seed=s, config={"hash_of": e})
+            folder = tmp_path / "sweep" / f"{e}{s}"
+            results = json.loads((folder / "results.json").read_text())
+            results["run"]["config_hash"] = f"{e}-{s}"
+            results["run"]["train"]["final_loss"] = 1.0 + s / 10
+            (folder / "results.json").write_text(json.dumps(results))
+    shutil.copytree(tmp_path / "sweep", tmp_path / "sweep.bak")
+    report = build_report(find_runs(tmp_path), by="encoder")
+    assert sorted(len(g.rows) for g in report.groups) == [2, 2]
+    copies = [w for w in report.warnings if "the same run as" in w]
+    assert len(copies) == 4 and all("counted once" in w for w in copies)

@@ -234,7 +234,30 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
             raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs); "
                               "values are compared as in results.json, e.g. --where encoder=rope --where base=10000")
         runs = kept
-    return runs, skipped
+    return _once(runs, skipped), skipped
+
+
+def _once(runs: list[Run], skipped: list[str]) -> list[Run]:
+    """``runs`` with each training counted once: a copy of a run (a sweep and its backup under one folder) has the
+    same config hash, seed, overrides, final training loss and results; it would double n and turn a paired
+    comparison into Welch's. The copies left out are named in ``skipped``."""
+    seen: dict[tuple, Run] = {}
+    kept = []
+    for run in runs:
+        train = run.info.get("train") if isinstance(run.info.get("train"), dict) else {}
+        results = tuple(sorted(repr((r.get("length"), r.get("protocol"), r.get("scaling"), r.get("window"),
+                                     r.get("ppl"), r.get("exact_match"))) for r in run.rows))
+        key = (run.info.get("config_hash"), run.info.get("seed"), tuple(run.overrides), train.get("final_loss"),
+               results)
+        if not isinstance(key[0], str) or train.get("final_loss") is None:
+            kept.append(run)
+        elif key in seen:
+            skipped.append(f"{run.path}: the same run as {seen[key].path} (config hash {key[0]}, seed {key[1]}, "
+                           "the same final loss and results), counted once")
+        else:
+            seen[key] = run
+            kept.append(run)
+    return kept
 
 
 def _pick_view(runs: list[Run], wanted: Optional[dict] = None) -> tuple[Any, Any, Any, list[tuple[Any, Any, Any]]]:
