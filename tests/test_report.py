@@ -843,3 +843,19 @@ def test_a_sweep_and_its_backup_copy_under_one_folder_count_each_run_once(tmp_pa
     assert sorted(len(g.rows) for g in report.groups) == [2, 2]
     copies = [w for w in report.warnings if "the same run as" in w]
     assert len(copies) == 4 and all("counted once" in w for w in copies)
+
+
+def test_a_run_without_the_viewed_rows_is_flagged_by_the_view_not_a_protocol_it_has(tmp_path):
+    """``--view window=16`` flagged a run that has plain rows but no windowed ones "no nonoverlap results"."""
+    from posexp.reporting import build_report
+
+    windowed = [{"length": n, "multiple": n / 128, "protocol": "nonoverlap", "scaling": None, "window": 16,
+                 "sinks": 0, "applicable": True, "ppl": 6.0, "loss": 1.8, "ppl_low": 5.9, "ppl_high": 6.1,
+                 "tokens": 65536, "tokens_per_s": 1.0, "peak_mem_mb": 1.0} for n in (128, 256)]
+    a = make_run(tmp_path / "a", {128: 4.0, 256: 4.5}, ["encoder=rope"], extra_rows=windowed)
+    b = make_run(tmp_path / "b", {128: 4.1, 256: 4.6}, ["encoder=alibi"], encoder="alibi")
+    report = build_report([a, b], view="window=16")
+    flags = {row.label: row.flags for row in report.rows}
+    assert "no window=16 rows" in flags["encoder=alibi"]
+    assert not any("nonoverlap" in f for f in flags["encoder=alibi"])
+    assert not flags["encoder=rope"]

@@ -131,7 +131,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
             reason = f": {error['message']}" if isinstance(error, dict) and error.get("message") else ""
             warnings.append(f"{row.label}: status is \"{row.run.status}\", not completed; its numbers may be partial or missing{reason}")
         if not row.cells and protocol is not None:
-            row.flags.append(f"no {protocol} results")
+            row.flags.append(_missing_view(protocol, scaling, window))
 
     _mark_unlearned(rows, warnings)
     ratio_length = common_ratio_length(rows, lengths, train_len)
@@ -143,6 +143,16 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
         ratio_length=ratio_length, shared_overrides=shared, corpus=corpus, eval_settings=eval_settings,
         warnings=warnings, other_views=other_views, window=window, by=by_keys, auc_multiple=auc_span_multiple(rows),
     )
+
+
+def _missing_view(protocol: Any, scaling: Any, window: Optional[tuple]) -> str:
+    """The flag of a run with no rows in the view shown: ``no window=16 rows`` rather than a protocol it may have."""
+    parts = [f"protocol={protocol}"] if protocol != MAIN_PROTOCOL else []
+    if scaling is not None:
+        parts.append(f"scaling={scaling}")
+    if window is not None:
+        parts.append(f"window={window[0]}" + (f" sinks={window[1]}" if window[1] else ""))
+    return f"no {' '.join(parts)} rows" if parts else f"no {protocol} results"
 
 
 def did_not_learn(row: ReportRow) -> Optional[bool]:
