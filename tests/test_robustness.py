@@ -188,6 +188,7 @@ def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_records_divergence(tm
     assert "training diverged" in result.stderr and "train.lr" in result.stderr
     run = _results(tmp_path / "run")["run"]
     assert run["status"] == "diverged" and _results(tmp_path / "run")["rows"] == []
+    assert run["base"] == 10000.0  # recorded as a finished run's is: --by base groups it with its kind
     step = run["error"]["step"]
     assert f"at step {step}" in run["error"]["message"] and f"at step {step}" in result.stderr
     # the checkpoint of the step before is kept, and its weights are finite

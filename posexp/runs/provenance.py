@@ -157,8 +157,9 @@ def write_run_status(run_dir: Path, cfg: Optional[Config], overrides: list[str],
     if cfg is None:  # the config itself is what failed
         return write_results_json(run_dir, {"run": {**run, **(corpus_info or {})}, "rows": []}, default=str)
     try:
-        run.update({"encoder": cfg.encoder["name"], "train_len": int(cfg.train_len), "seed": int(cfg.seed),
-                    "config": config_dict(cfg)})
+        base = cfg.encoder.get("base")  # as a finished run records it, so --by base groups a diverged run too
+        run.update({"encoder": cfg.encoder["name"], "base": None if base is None else float(base),
+                    "train_len": int(cfg.train_len), "seed": int(cfg.seed), "config": config_dict(cfg)})
         identity = identity or run_hash(cfg)
         run.update({"config_hash": identity.value, "hash_format": identity.format,
                     "eval_settings": eval_settings(cfg)})
