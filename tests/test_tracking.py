@@ -361,3 +361,16 @@ def test_an_unknown_tracker_name_is_an_error_not_another_tracker():
 
     with pytest.raises(ConfigError, match="unknown tracker 'wandbx'; choose from tensorboard, mlflow, wandb"):
         _tracker_class("wandbx")
+
+
+@pytest.mark.parametrize("content", [b"\x00garbage", b"[1, 2]", b'{"tensorboard": "abc"}'])
+def test_a_damaged_trackers_json_is_said_not_ignored(tmp_path, content):
+    """A garbage trackers.json made posexp eval and resume start over in the trackers with no word."""
+    from posexp import tracking
+
+    (tmp_path / "trackers.json").write_bytes(content)
+    said: list[str] = []
+    tracking.reopen(tmp_path, said.append)
+    assert len(said) == 1 and "trackers.json" in said[0] and "no tracked run of it is updated" in said[0]
+    (tmp_path / "trackers.json").write_text('{"tensorboard": {"log_dir": "x"}}')
+    assert tracking.tracker.records_problem(tmp_path) is None

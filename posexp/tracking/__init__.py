@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.layout import is_sweep_dir
 from posexp.tracking.tracker import (RunIdentity, Tracker, artifacts, curve_values, eval_points, read_records,
-                                     write_records)
+                                     records_problem, write_records)
 
 log = logging.getLogger("posexp.tracking")
 
@@ -191,6 +191,9 @@ def start(logger_cfg, run_dir: Path, name: str, config: dict, resume_step: Optio
     check_loggers(logger_cfg)
     run = _identity(run_dir, name, config, resume_step)
     records = read_records(run_dir)
+    problem = records_problem(run_dir)
+    if problem and warn is not None:
+        warn(f"{problem}: the trackers start new tracked runs instead of continuing the recorded ones")
     opened: list[Tracker] = []
     try:
         for n in names:
@@ -212,6 +215,9 @@ def reopen(run_dir: Path, warn: Callable[[str], None]) -> Trackers:
     """The tracked runs recorded in ``run_dir`` (``posexp eval`` appends its rows to them); a tracker whose
     library is missing here, or that cannot be reached, is left out with a warning."""
     records = read_records(run_dir)
+    problem = records_problem(run_dir)
+    if problem:
+        warn(f"{problem}: no tracked run of it is updated")
     opened: list[Tracker] = []
     run = _identity(run_dir, run_dir.name, {}, None)
     for n in (n for n in TRACKERS if n in records):
