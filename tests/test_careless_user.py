@@ -80,6 +80,12 @@ def test_data_path_that_is_not_a_file_or_folder_says_what_it_is(tmp_path):
     assert "not a regular file or folder" in str(e.value) and "empty folder" not in str(e.value)
 
 
+def test_a_symlink_loop_as_data_path_names_data_path(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(ConfigError, match=r"data\.path: .*loop cannot be followed"):
+        load_corpus("text", str(tmp_path / "loop"), cache_dir=str(tmp_path / "cache"))
+
+
 def test_empty_file_and_folder_without_text_files_are_named_as_such(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(ConfigError, match="is empty"):

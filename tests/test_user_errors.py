@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posexp.cli.app import app
 
-from conftest import TINY_RUN
+from conftest import TINY_RUN, run_cli
 
 # the shared tiny run, smaller still: a case which is wrongly accepted finishes in seconds (and then fails its asserts)
 TINY = (*TINY_RUN, "train.steps=2", "train.batch_size=2", "train.warmup_steps=0", "eval.multiples=[1]",
@@ -178,3 +178,13 @@ def test_a_folder_name_too_long_for_the_filesystem_is_one_line(args, tmp_path, m
     result = CliRunner().invoke(app, ["train", *args, *TINY])
     _assert_one_line_error(result, [args[-1 if len(args) == 1 else 1].split("=")[0], "longer than this filesystem "
                                     "allows"], tmp_path)
+
+
+@pytest.mark.parametrize("command", ["eval", "resume", "report"])
+def test_a_run_folder_whose_name_the_filesystem_refuses_is_one_line(command, tmp_path):
+    """``posexp eval`` of a 300-character folder name was an OSError 36 traceback."""
+    result = run_cli(command, "x" * 300, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: File name too long: xxx")

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
@@ -471,12 +472,22 @@ def _usable_streams() -> None:
     logging.raiseExceptions = False
 
 
+# what the file system refuses for a path the user gave or a folder posexp writes in: said in one line
+SYSTEM_REFUSALS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQUOT,
+                   errno.ENOTDIR}
+
+
 def main() -> None:
     if shell.requested():  # a TAB, from an install whose entry point still names this function
         shell.answer()
         return
     _usable_streams()
-    app()
+    try:
+        app()
+    except OSError as e:  # a path the system refuses (too long, a symlink loop, read-only, full): one line, no traceback
+        if e.errno not in SYSTEM_REFUSALS or full_error_requested():
+            raise
+        fail(PosexpError(f"{e.strerror}: {e.filename}" if e.filename else str(e)))
 
 
 if __name__ == "__main__":

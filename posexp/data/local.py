@@ -49,10 +49,14 @@ def text_source(path: str) -> tuple[Path, list[Path]]:
     user's home, as in a shell).
 
     Raises:
-        ConfigError: the path is missing, is not a regular file or folder (a device, a pipe, a socket), is an
-            empty file, or is a folder without any (non-hidden) files.
+        ConfigError: the path is missing or a symlink loop, is not a regular file or folder (a device, a pipe, a
+            socket), is an empty file, or is a folder without any (non-hidden) files.
     """
-    root = Path(path).expanduser().resolve()
+    try:
+        root = Path(path).expanduser().resolve(strict=False)
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13, OSError ELOOP after)
+        raise ConfigError("data.path", f"{path} cannot be followed ({e}); give a UTF-8 text file or a folder of "
+                                       "them") from None
     if not root.exists():
         raise ConfigError("data.path", f"{path} does not exist; give a UTF-8 text file or a folder of them")
     if root.is_file():
