@@ -89,6 +89,16 @@ def test_on_bad_file_skip_leaves_them_out_and_says_how_many(tmp_path):
         load_corpus("text", str(root), cache_dir=cache)
 
 
+def test_a_folder_of_binary_files_under_skip_is_called_not_text_not_empty(tmp_path):
+    root = tmp_path / "images"
+    root.mkdir()
+    for i in range(3):
+        (root / f"img{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 20)
+    with pytest.raises(PosexpError, match="3 of its 3 files are not UTF-8 text") as e:
+        load_corpus("text", str(root), cache_dir=str(tmp_path / "cache"), skip_bad_files=True, warn=lambda _: None)
+    assert "empty" not in str(e.value)
+
+
 def test_on_bad_file_takes_error_or_skip(compose):
     from posexp.commands.validation import validate
 

@@ -138,9 +138,15 @@ def build_local(name: str, root: Path, files: list[Path], strict: bool, path: Op
     """Tokenize the files of ``stdlib`` or ``text`` into a :class:`Corpus`; also returns the tokenizer to cache."""
     from datasets import Dataset  # heavy import, only when building
 
-    docs = Dataset.from_list(list(_read_documents(root, files, strict)))
+    read = list(_read_documents(root, files, strict))
+    docs = Dataset.from_list(read)
     if len(docs) == 0 or sum(len(t) for t in docs["text"]) == 0:
-        what = "its files are all empty" if root.is_dir() else "it is empty"
+        skipped = len(files) - len(read)
+        if skipped:  # data.on_bad_file=skip left every file out: they are not empty, they are not text
+            what = (f"{skipped} of its {len(files)} files are not UTF-8 text (binary, or another encoding) and were "
+                    "skipped (data.on_bad_file=skip)" + ("; the rest are empty" if read else ""))
+        else:
+            what = "its files are all empty" if root.is_dir() else "it is empty"
         raise PosexpError(f"data.path: {path or root} holds no text ({what})")
     is_val = [_is_val(p, val_fraction) for p in docs["path"]]
     val_docs = docs.select([i for i, v in enumerate(is_val) if v])
