@@ -89,6 +89,7 @@ def _repository_state() -> str:
                           capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow  # a three-encoder sweep in fresh interpreters; test_plugins' single-run tests keep the plugin path in the default suite
 def test_sweep_against_builtins_and_report_from_a_folder_outside_the_repository(project):
     before = _repository_state()
     proc = run_cli("train", "--config-dir", "conf", "-m", "encoder=rope,alibi,logrope", *TINY,
@@ -131,6 +132,7 @@ def test_sweep_against_builtins_and_report_from_a_folder_outside_the_repository(
     assert "cannot be loaded here" in gone.stderr and "my_encoders.logrope" in gone.stderr
 
 
+@pytest.mark.slow  # train, edit, resume in fresh interpreters; --config-dir's tests cover the lookup by default
 def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
     proc = run_cli("train", "hydra.searchpath=[file://conf]", "encoder=logrope", "encoder.scale=16", *TINY,
                    "hydra.run.dir=run", cwd=project)
@@ -305,6 +307,7 @@ class HalfRope(RoPE):
 '''
 
 
+@pytest.mark.slow  # a mixed run trained and re-evaluated; a plugin encoder's record is tested by default
 def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(tmp_path, monkeypatch):
     site = tmp_path / "site"
     _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)

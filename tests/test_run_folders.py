@@ -148,6 +148,7 @@ def test_train_into_a_finished_run_is_refused_and_overwrite_replaces_it(tmp_path
     assert json.loads((tmp_path / "run" / "results.json").read_text())["run"]["seed"] == 2
 
 
+@pytest.mark.slow  # a training process held open while two more are refused
 def test_train_and_resume_refuse_a_run_that_is_still_training(tmp_path):
     run = tmp_path / "run"
     proc = _popen("train", *LONG, "hydra.run.dir=run", cwd=tmp_path)

@@ -219,6 +219,7 @@ def test_missing_plugin_is_named_with_the_install_command(monkeypatch):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow  # two processes of a joblib sweep; the basic launcher's sweep tests stay in the default suite
 @needs_joblib
 def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
     """Two jobs at once, one thread each on 2 cores, logs per job, and a failed job fails the command."""

@@ -295,6 +295,7 @@ def test_posexp_eval_appends_to_the_same_wandb_run_after_its_last_step(tiny, tmp
 
 # -- a sweep: one tracked run per job, grouped -----------------------------------------------------
 
+@pytest.mark.slow  # a two-job sweep with two trackers; single-run tracking is tested by default
 def test_a_sweep_of_two_jobs_gives_two_grouped_runs(tmp_path, mlflow_store, wandb_offline):
     sweep = tmp_path / "sweep"
     result = run_cli("train", "-m", *TINY_RUN, *TINY, "encoder=rope,alibi", "logger=[mlflow,wandb]",

@@ -156,8 +156,10 @@ def test_every_main_key_has_a_meaning():
     assert all(meaning for _, _, meaning in rows), [r for r in rows if not r[2]]
 
 
-@pytest.mark.parametrize("env", [{"COLUMNS": "0"}, {"COLUMNS": "wide"}, {"PYTHONIOENCODING": "ascii"}],
-                         ids=["COLUMNS=0", "COLUMNS=wide", "PYTHONIOENCODING=ascii"])
+@pytest.mark.parametrize("env", [  # each a fresh interpreter: one in the default suite, the others with -m slow
+    {"COLUMNS": "0"}, pytest.param({"COLUMNS": "wide"}, marks=pytest.mark.slow),
+    pytest.param({"PYTHONIOENCODING": "ascii"}, marks=pytest.mark.slow)],
+    ids=["COLUMNS=0", "COLUMNS=wide", "PYTHONIOENCODING=ascii"])
 def test_a_terminal_setting_never_hides_an_error_nor_raises(env, tmp_path, monkeypatch):
     """COLUMNS=0 printed nothing at all (not even the error); an ASCII-only output raised on posexp's "·"."""
     from conftest import run_cli

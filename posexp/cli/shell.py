@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -185,7 +184,8 @@ def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
     """
     if shell == "bash":
         script, rc = home / ".bash_completions" / "posexp.sh", home / ".bashrc"
-        lines: Sequence[str] = (f"source {shlex.quote(str(script))}",)  # a HOME with a quote or a space in it
+        # single-quoted as before (a second install finds its line), a quote inside the path escaped: '\''
+        lines: Sequence[str] = ("source '" + str(script).replace("'", "'\\''") + "'",)
     elif shell == "zsh":
         script, rc = home / ".zfunc" / "_posexp", home / ".zshrc"
         lines = ("fpath+=~/.zfunc; autoload -Uz compinit; compinit",)
