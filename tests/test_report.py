@@ -859,3 +859,14 @@ def test_a_run_without_the_viewed_rows_is_flagged_by_the_view_not_a_protocol_it_
     assert "no window=16 rows" in flags["encoder=alibi"]
     assert not any("nonoverlap" in f for f in flags["encoder=alibi"])
     assert not flags["encoder=rope"]
+
+
+def test_a_hand_edited_list_seed_does_not_crash_the_report(tmp_path):
+    from posexp.reporting import build_report
+
+    a = make_run(tmp_path / "a", {128: 4.0, 256: 4.5}, ["encoder=rope"])
+    b = make_run(tmp_path / "b", {128: 4.1, 256: 4.6}, ["encoder=alibi"], encoder="alibi")
+    results = json.loads((b / "results.json").read_text())
+    results["run"]["seed"] = [0]
+    (b / "results.json").write_text(json.dumps(results))
+    assert len(build_report([a, b], by="encoder").groups) == 2

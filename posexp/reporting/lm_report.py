@@ -257,8 +257,8 @@ def _once(runs: list[Run], skipped: list[str]) -> list[Run]:
         train = run.info.get("train") if isinstance(run.info.get("train"), dict) else {}
         results = tuple(sorted(repr((r.get("length"), r.get("protocol"), r.get("scaling"), r.get("window"),
                                      r.get("ppl"), r.get("exact_match"))) for r in run.rows))
-        key = (run.info.get("config_hash"), run.info.get("seed"), tuple(run.overrides), train.get("final_loss"),
-               results)
+        key = (run.info.get("config_hash"), repr(run.info.get("seed")), repr(run.overrides),
+               repr(train.get("final_loss")), results)  # repr: a hand-edited value may be a list
         if not isinstance(key[0], str) or train.get("final_loss") is None:
             kept.append(run)
         elif key in seen:
