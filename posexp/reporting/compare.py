@@ -176,9 +176,14 @@ def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Gr
     return comparison
 
 
+def _seed(value: Any) -> Any:
+    """A run's seed to pair by: an integer as recorded; None (never paired) for a hand-edited value of another type."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _seeded(group: Group, metric: str) -> list[tuple[Any, float]]:
     """(seed, value) of each run of ``group`` that has a finite value of ``metric``."""
-    return [(row.run.info.get("seed"), v) for row, v in zip(group.rows, group.values.get(metric, []))
+    return [(_seed(row.run.info.get("seed")), v) for row, v in zip(group.rows, group.values.get(metric, []))
             if v is not None and math.isfinite(v)]
 
 
