@@ -172,6 +172,20 @@ STUDIES = {
         {},
         [Table("pytest -m cuda", [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"]),
          Table("scripts/bench.py --gpu", _bench("bench.py", "--gpu"))]),
+    "base": Study(
+        "which base? rope and sinusoidal over base 10 to 10^6, three seeds each, at the default budget, with "
+        "verdicts against base 10000; then the frequency schedules (exponential, power, linear) at base 10000",
+        "54 runs of about 1.5 minutes, two at a time: about 45 minutes on 2 cores",
+        {"bases": _sweep("encoder=rope,sinusoidal", "base=10,100,1000,10000,100000,1000000", "seed=0,1,2"),
+         "schedules": _sweep("encoder=rope,sinusoidal", "encoder.freq_schedule=exponential,power,linear",
+                             "seed=0,1,2")},
+        [Table(f"{enc}: perplexity per byte by base, each base against base 10000", _report(
+            ["{bases}"], "--where", f"encoder={enc}", "--by", "base", "--baseline", "base=10000",
+            "--metric", "ppl@1x,ppl@4x,ppl@16x,ratio@16x", "--margin", "2%")) for enc in ("rope", "sinusoidal")]
+        + [Table(f"{enc}: the frequency schedules at base 10000, against the exponential one", _report(
+            ["{schedules}"], "--where", f"encoder={enc}", "--by", "encoder.freq_schedule", "--baseline",
+            "encoder.freq_schedule=exponential", "--metric", "ppl@1x,ppl@4x,ppl@16x,ratio@16x"))
+           for enc in ("rope", "sinusoidal")]),
     "launchers": Study(
         "a 4-run sweep with Hydra's basic launcher, one thread per run, and joblib",
         "about 15 minutes",
