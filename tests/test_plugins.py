@@ -190,7 +190,7 @@ def test_plugin_schema_comes_from_init_and_a_typo_gets_a_did_you_mean(project, r
         encoders.create("logrope", d_model=32, n_heads=2, module="my_encoders.logrope", scael=2.0)
 
 
-def test_cache_key_changes_when_the_plugin_source_changes(project, registry_state, monkeypatch, compose):
+def test_cache_key_changes_when_the_plugin_source_or_a_helper_beside_it_changes(project, registry_state, monkeypatch, compose):
     from posexp.training.cache import cache_key
 
     monkeypatch.chdir(project)
@@ -206,7 +206,14 @@ def test_cache_key_changes_when_the_plugin_source_changes(project, registry_stat
         cfg = hydra_compose("config", overrides=["encoder=logrope"])
     before = cache_key(cfg, "corpus")
     assert cache_key(cfg, "corpus") == before
+    helper = project / "my_encoders" / "helpers.py"  # a module the encoder could import, beside it
+    helper.write_text("SCALE = 1.0\n")
+    with_helper = cache_key(cfg, "corpus")
+    assert with_helper != before
+    helper.write_text("SCALE = 2.0\n")  # the helper changed, the encoder's own file did not
+    assert cache_key(cfg, "corpus") != with_helper
     source = project / "my_encoders" / "logrope.py"
+    before = cache_key(cfg, "corpus")
     source.write_text(source.read_text() + "\n# a comment is a change of the source\n")
     assert cache_key(cfg, "corpus") != before
     # built-in runs keep the key they had: no plugin hash in it
@@ -463,3 +470,25 @@ def test_a_plugin_package_named_like_a_standard_module_is_told_so(tmp_path, regi
     (tmp_path / "json.py").write_text(PLUGIN_CODE)  # imported without error: the standard json
     with pytest.raises(ConfigError, match=r"your json.py .* shadowed by .*json.* rename your package"):
         registry_state.load_plugin("myjson", "json")
+
+
+def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_file(project, registry_state,
+                                                                                  monkeypatch, tmp_path):
+    """The encoder's own file unchanged, a module of its package it may import edited since training."""
+    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.errors import PosexpError
+
+    monkeypatch.chdir(project)
+    (project / "my_encoders" / "helpers.py").write_text("SCALE = 1.0\n")
+    registry_state.load_plugin("logrope", "my_encoders.logrope")
+    recorded = registry_state.source_record("logrope")
+    assert recorded["package_sha256"]
+    results = {"run": {"encoder_source": recorded}}
+    encoder = {"name": "logrope", "module": "my_encoders.logrope"}
+    check_encoder_source(tmp_path, encoder, results)  # as trained: nothing to say
+    (project / "my_encoders" / "helpers.py").write_text("SCALE = 2.0\n")
+    with pytest.raises(PosexpError, match=r"a file of encoder 'logrope''s package my_encoders changed since"):
+        check_encoder_source(tmp_path, encoder, results)
+    said: list[str] = []
+    check_encoder_source(tmp_path, encoder, results, allow_changed=True, warn=said.append)
+    assert said and "going on with the code as it is now" in said[0]

@@ -52,7 +52,7 @@ def check_encoder_source(run_dir: Path, encoder: Mapping[str, Any], results: Opt
 
 def _check_one(run_dir: Path, name: str, recorded: dict, module: Optional[str], allow_changed: bool,
                warn: Optional[Callable[[str], None]], allow_option: str = ALLOW_FLAG) -> None:
-    """One plugin encoder ``name``: importable here, and its source file's SHA-256 the one the run recorded."""
+    """One plugin encoder ``name``: importable here, its source file's and its package's SHA-256 the ones recorded."""
     where = f"{recorded.get('module')}, {recorded.get('file')}" + (
         f", {recorded['distribution']} {recorded.get('version')}" if recorded.get("distribution") else "")
     try:
@@ -63,10 +63,16 @@ def _check_one(run_dir: Path, name: str, recorded: dict, module: Optional[str], 
         raise PosexpError(f"{run_dir}: trained with the plugin encoder {name!r} ({where}), which cannot be loaded "
                           f"here: {e}") from None
     old, new = recorded.get("sha256"), now.get("sha256")
-    if old is None or new == old:
+    old_pkg, new_pkg = recorded.get("package_sha256"), now.get("package_sha256")
+    if old is not None and new != old:
+        message = (f"{run_dir}: the source of encoder {name!r} changed since the run was trained: {now.get('file')} "
+                   f"has sha256 {str(new)[:12]}, the run recorded {old[:12]} ({recorded.get('file')})")
+    elif old_pkg is not None and new_pkg != old_pkg:  # the class's file is the same, a helper beside it is not
+        message = (f"{run_dir}: a file of encoder {name!r}'s package {str(recorded.get('module')).split('.')[0]} "
+                   f"changed since the run was trained (package sha256 {str(new_pkg)[:12]}, the run recorded "
+                   f"{old_pkg[:12]})")
+    else:
         return
-    message = (f"{run_dir}: the source of encoder {name!r} changed since the run was trained: {now.get('file')} "
-               f"has sha256 {str(new)[:12]}, the run recorded {old[:12]} ({recorded.get('file')})")
     if not allow_changed:
         raise PosexpError(f"{message}; restore that file, or add {allow_option} to go on with the code as it is now")
     if warn is not None:

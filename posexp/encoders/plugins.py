@@ -175,18 +175,38 @@ def file_sha256(path: Optional[Path]) -> Optional[str]:
         return None
 
 
+def package_sha256(cls: type) -> Optional[str]:
+    """SHA-256 over every ``.py`` file of the top-level package ``cls``'s module belongs to (``my_encoders/`` for
+    ``my_encoders.logrope``): the helper modules the encoder imports change its training as much as its own
+    file does. None for a module outside any package (its own file's SHA-256 is all there is to go by)."""
+    top = cls.__module__.split(".")[0]
+    package = sys.modules.get(top)
+    folders = [Path(p) for p in getattr(package, "__path__", None) or []] if top != cls.__module__ else []
+    if not folders:
+        return None
+    digest = hashlib.sha256()
+    for folder in folders:
+        for file in sorted(f for f in folder.rglob("*.py") if "__pycache__" not in f.parts):
+            digest.update(f"{file.relative_to(folder)}\0{file_sha256(file) or 'unreadable'}\n".encode())
+    return digest.hexdigest()
+
+
 def source_record(cls: type) -> Optional[dict]:
     """What a run records of a plugin's code; None for a built-in (posexp's version and commit say it).
 
     Returns:
-        ``module``, ``class``, ``file`` (absolute), ``sha256`` of that file, and for a plugin from an installed
-        distribution its ``distribution`` and ``version``.
+        ``module``, ``class``, ``file`` (absolute), ``sha256`` of that file, ``package_sha256`` of its package's
+        files (:func:`package_sha256`, where it is in one), and for a plugin from an installed distribution its
+        ``distribution`` and ``version``.
     """
     if is_builtin(cls):
         return None
     path = source_file(cls)
     record = {"module": cls.__module__, "class": cls.__qualname__, "file": str(path) if path else None,
               "sha256": file_sha256(path)}
+    package = package_sha256(cls)
+    if package is not None:
+        record["package_sha256"] = package
     if cls in _DISTRIBUTIONS:
         record["distribution"], record["version"] = _DISTRIBUTIONS[cls]
     return record

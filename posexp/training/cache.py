@@ -62,7 +62,8 @@ ENTRY_FILE = "entry.json"
 # an entry holds the run folder's weights and training curve under the run folder's names
 def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
     """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions; for a plugin
-    encoder also the SHA-256 of its source file (an edited encoder is another training). Built-in encoders'
+    encoder also the SHA-256 of its source file and of its package's files, the helpers it imports (an edited
+    encoder is another training). Built-in encoders'
     keys are as they were before plugins existed: posexp's version stands for their code."""
     import torch
 
@@ -72,10 +73,13 @@ def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
            "posexp": posexp.__version__, "torch": torch.__version__}
     sources = plugin_sources(cfg.encoder)
     name = str(cfg.encoder["name"])
-    if name in sources:  # a plugin encoder: the key it always had
+    if name in sources:  # a plugin encoder: the key it always had, and its package's files where it is in one
         key["encoder_source"] = sources[name]["sha256"]
+        if sources[name].get("package_sha256"):
+            key["encoder_package"] = sources[name]["package_sha256"]
     elif sources:  # a mix with plugin layers
         key["encoder_source"] = {layer: record["sha256"] for layer, record in sources.items()}
+        key["encoder_package"] = {layer: record.get("package_sha256") for layer, record in sources.items()}
     blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
