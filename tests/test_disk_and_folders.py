@@ -392,3 +392,22 @@ def test_an_override_outside_ascii_that_cannot_be_quoted_for_the_user_names_the_
     line = _error_line(result.output)
     assert "'é' is not ASCII" in line and "only inside quotes" in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_immutable_results_json_stops_eval_before_it_writes_anything(tiny, tmp_path):
+    """posexp eval wrote results.csv and loss_by_position.csv with the new rows, then failed on results.json."""
+    from posexp.commands.eval import reeval_main
+    from posexp.commands.train import run_train
+
+    run_dir = tmp_path / "run"
+    run_train(tiny("train.steps=2", "eval.multiples=[1]", "eval.tokens=256"), run_dir, [])
+    locked = run_dir / "results.json"
+    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs root and a file system that has the flag")
+    try:
+        before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+        with pytest.raises(PosexpError, match=r"results\.json read-only or immutable"):
+            reeval_main([str(run_dir), "eval.multiples=[1,2]", "eval.tokens=256"])
+        assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], capture_output=True)

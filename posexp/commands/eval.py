@@ -42,7 +42,9 @@ from posexp.commands.validation import validate
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
-from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, SUMMARY_MD, is_run_dir, merge_rows, natural_key, read_results, runs_under)
+from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
+                                PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD,
+                                is_run_dir, merge_rows, natural_key, read_results, runs_under)
 
 # what posexp eval may change; eval.during_training was measured while the run trained, and stays as it was
 TRAINING_ONLY = "during_training"
@@ -252,7 +254,13 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     return Prepared(run_dir, cfg, results, model, corpus, source.task)
 
 
-def check_writable(run_dir: Path, command: str, writes: str, into: Optional[Path] = None) -> None:
+# what posexp eval rewrites in a run folder: all of them or none
+EVAL_WRITES = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, ACCURACY_PLOT, PASSKEY_HEATMAP, LOSS_BY_POSITION_CSV,
+               LOSS_BY_POSITION_PNG)
+
+
+def check_writable(run_dir: Path, command: str, writes: str, into: Optional[Path] = None,
+                   replaces: Sequence[str] = ()) -> None:
     """Refuse a run folder this process cannot write to before any work: ``posexp eval`` (and ``analyze``) would
     otherwise fail when it writes, after minutes of evaluation.
 
@@ -261,12 +269,18 @@ def check_writable(run_dir: Path, command: str, writes: str, into: Optional[Path
         command: the command, e.g. "posexp eval", for the message.
         writes: what it writes there, for the message.
         into: the folder written into, ``run_dir`` or one inside it (checked if it exists).
+        replaces: the files there it rewrites: each one that exists must be writable (an immutable results.json
+            once let ``posexp eval`` write results.csv and fail on results.json, the two disagreeing).
 
     Raises:
-        PosexpError: no file can be created there (permissions, a read-only mount).
+        PosexpError: no file can be created there (permissions, a read-only mount), or a file it rewrites is
+            read-only or immutable.
     """
     target = into if into is not None and into.is_dir() else run_dir
     problem = unwritable(target)
+    if problem is None:
+        locked = [name for name in replaces if (target / name).exists() and not os.access(target / name, os.W_OK)]
+        problem = f"{', '.join(locked)} read-only or immutable" if locked else None
     if problem is not None:
         raise PosexpError(f"{target}: not writable ({problem}), and {command} writes {writes} there; "
                           f"{command.split()[-1]} a copy instead: cp -r {shlex.quote(str(run_dir))} DIR, "
@@ -319,7 +333,7 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
                 raise
             refused.append((run_dir, e))
             continue
-        check_writable(run_dir, "posexp eval", f"its new rows to {RESULTS_JSON}")
+        check_writable(run_dir, "posexp eval", f"its new rows to {RESULTS_JSON}", replaces=EVAL_WRITES)
         try:
             prepared.append(prepare(run_dir, overrides, results, allow_changed_encoder, lambda m: _warn(console, m)))
         except ConfigError as e:
