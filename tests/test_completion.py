@@ -98,6 +98,9 @@ def test_the_users_config_folder_adds_its_encoders():
     assert "encoder=logrope" not in _tab("posexp train encoder=")[1]
     assert _tab(f"posexp train -cd {EXAMPLE_CONF} encoder=logrope encoder.")[1] == [
         "encoder.base=", "encoder.lr_mult=", "encoder.scale="]
+    # hydra.searchpath works like --config-dir (posexp train takes both)
+    assert "encoder=logrope" in _tab(f"posexp train hydra.searchpath=[file://{EXAMPLE_CONF}] encoder=")[1]
+    assert "encoder=logrope" in _tab(f"posexp train +hydra.searchpath=[pkg://x,file://{EXAMPLE_CONF}] encoder=")[1]
 
 
 def test_bash_gets_the_part_after_its_word_break():

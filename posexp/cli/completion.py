@@ -111,13 +111,18 @@ def app_defaults(config_name: str) -> Dict[str, Optional[str]]:
 
 
 def user_dirs(words: Sequence[str]) -> list[Path]:
-    """The user's config folders on the command line (``--config-dir DIR``, ``-cd DIR``, ``--config-dir=DIR``)."""
+    """The user's config folders on the command line (``--config-dir DIR``, ``-cd DIR``, ``--config-dir=DIR``, and
+    the ``file://`` folders of ``hydra.searchpath=[file://DIR,...]``), read without Hydra: a TAB answers at once."""
     found = []
     for i, word in enumerate(words):
         if word.startswith("--config-dir="):
             found.append(word.partition("=")[2])
         elif word in ("--config-dir", "-cd") and i + 1 < len(words):
             found.append(words[i + 1])
+        elif word.lstrip("+").startswith("hydra.searchpath="):
+            items = word.partition("=")[2].strip("[]").split(",")
+            found += [item.strip(" '\"").removeprefix("file://") for item in items
+                      if item.strip(" '\"").startswith("file://")]
     return [Path(d).expanduser() for d in found]
 
 
