@@ -425,3 +425,34 @@ def test_a_parent_replaced_by_another_run_is_flagged_in_every_format_and_by_eval
         evaluated = invoke("eval", str(child), "eval.lengths=[64]", "eval.tokens=256")
         assert evaluated.exit_code == 0, evaluated.output
         assert "was overwritten or changed since the fine-tune" in evaluated.output
+
+
+def test_a_longrope_fine_tune_trains_with_the_factors_evaluation_reads(parents):
+    """scaling=longrope with longrope_factors: the encoder trained is eval.scaling=longrope's copy with the same
+    per-frequency factors (Ding et al. 2024 fine-tune with their searched factors); without them, one line naming
+    longrope_factors."""
+    from posexp.evaluation.extension import scaled_encoder
+    from posexp.errors import ConfigError
+    from posexp.model.factory import build_encoder, build_model
+
+    n = build_encoder(_child_cfg(parents["rope"], "train_len=128")).inv_freq.numel()
+    factors = [1.0 + i / n for i in range(n)]
+    cfg = _child_cfg(parents["rope"], "train_len=128", "scaling=longrope", f"longrope_factors={factors}")
+    trained = build_model(cfg, 256).encoder
+    evaluated = scaled_encoder(build_encoder(cfg), "longrope", 128 / PARENT_LEN, PARENT_LEN, longrope_factors=factors)
+    (theta, scale), (theta_eval, scale_eval) = trained.frequencies(128), evaluated.frequencies(128)
+    assert torch.equal(theta, theta_eval) and scale == scale_eval
+    assert not torch.equal(theta, build_encoder(cfg).inv_freq)  # rescaled, not the parent's
+    with pytest.raises(ConfigError, match=rf"^longrope_factors: .*{n} of them"):
+        _child_cfg(parents["rope"], "train_len=128", "scaling=longrope")
+
+
+def test_a_fine_tune_without_longrope_factors_keeps_the_hash_it_had():
+    """The lineage's new key, unset, leaves every earlier fine-tune's config hash (and its folder) as it was."""
+    from posexp.config.identity import weights_of
+
+    lineage = {"parent": "p", "parent_config_hash": "h", "parent_weights_sha256": "s", "parent_train_len": 32,
+               "parent_corpus_fingerprint": None, "scaling": "yarn", "scaling_factor": 4.0}
+    before = weights_of({"train_len": 128, "finetune": dict(lineage)})
+    assert weights_of({"train_len": 128, "finetune": {**lineage, "longrope_factors": None}}) == before
+    assert weights_of({"train_len": 128, "finetune": {**lineage, "longrope_factors": [1.0, 2.0]}}) != before

@@ -203,7 +203,8 @@ def child_config(app: DictConfig) -> DictConfig:
                                                                            or folder_run_hash(parent, saved).value),
                          "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
                          "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
-                         "scaling": str(mine["scaling"]), "scaling_factor": float(factor)}
+                         "scaling": str(mine["scaling"]), "scaling_factor": float(factor),
+                         "longrope_factors": mine.get("longrope_factors")}
     from posexp.commands.validation import register_configs
 
     register_configs()

@@ -199,7 +199,13 @@ def validate_finetune(cfg: Config, parent_encoder: PositionalEncoder) -> Positio
     require(ft.scaling == NONE or cfg.eval.scaling == NONE, "eval.scaling",
             f"this run fine-tunes with scaling={ft.scaling}, which evaluation applies as trained; another "
             f"evaluation-time scaling on top ({cfg.eval.scaling}) is not defined: use eval.scaling=none")
-    return extend_encoder(parent_encoder, cfg)
+    try:
+        return extend_encoder(parent_encoder, cfg)
+    except ConfigError as e:  # the scaling's check names the eval key; a fine-tune sets it as longrope_factors
+        if e.key != "eval.longrope_factors":
+            raise
+        message = str(e).split(": ", 1)[1].replace("eval.longrope_factors", "longrope_factors")
+        raise ConfigError("longrope_factors", message) from None
 
 
 def check_finite(cfg: Config) -> None:

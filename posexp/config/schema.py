@@ -200,8 +200,9 @@ class FinetuneConfig:
     parent_weights_sha256: str = MISSING  # SHA-256 of the parent's checkpoint/model.safetensors
     parent_train_len: int = MISSING  # the length the parent trained at; train_len is the new one
     parent_corpus_fingerprint: Optional[str] = None  # the tokens the parent trained on
-    scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3
+    scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3 | longrope
     scaling_factor: float = 1.0  # s (for dynamic_ntk the factor a of its formula)
+    longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
 
 
 @dataclass
@@ -274,8 +275,9 @@ class FinetuneAppConfig:
     """
 
     parent: str = MISSING  # the parent run folder (the command's RUN_DIR)
-    scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 (what the encoding offers)
+    scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope (what the encoding offers)
     scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
+    longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
     data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
     logger: Any = None  # null: the parent's experiment trackers; logger=NAME chooses others (logger=none: none)

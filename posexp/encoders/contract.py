@@ -55,7 +55,7 @@ FlexAttention runs fused (CUDA) and ``bias`` everywhere else.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -206,7 +206,8 @@ class PositionalEncoder(nn.Module):
         """How results name this encoding: the registry name, or a mixed encoding's per-layer pattern."""
         return self.name
 
-    def extended(self, kind: str, factor: float, train_len: int, new_len: int) -> "PositionalEncoder":
+    def extended(self, kind: str, factor: float, train_len: int, new_len: int,
+                 factors: Optional[Sequence[float]] = None) -> "PositionalEncoder":
         """The encoder a fine-tune at ``new_len`` tokens trains, from this one trained at ``train_len``.
 
         ``none`` (direct fine-tuning) keeps the encoding as it is. Any other method is the encoder's own
@@ -217,8 +218,8 @@ class PositionalEncoder(nn.Module):
         Raises:
             ConfigError: ``none`` for an encoding that cannot represent ``new_len`` positions.
         """
-        if kind != "none":
-            return self.with_scaling(kind, factor, train_len)  # the scaling encoders' own
+        if kind != "none":  # the scaling encoders' own; LongRoPE's per-frequency factors where given
+            return self.with_scaling(kind, factor, train_len, *([factors] if factors is not None else []))
         if not self.supports(new_len):
             raise ConfigError("train_len", f"encoder {self.name!r} represents positions 0..{self.max_length - 1}, "
                                            f"fewer than train_len={new_len}, and scaling=none keeps it as it is")

@@ -8,6 +8,8 @@ past the table were never seen, so the encoding cannot represent them at all.
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -60,7 +62,8 @@ class Learned(PositionalEncoder):
         clone.max_length = int(self.max_length * float(factor) + 1e-9)  # positions m with m / s < max_length
         return clone
 
-    def extended(self, kind: str, factor: float, train_len: int, new_len: int) -> "Learned":
+    def extended(self, kind: str, factor: float, train_len: int, new_len: int,
+                 factors: Optional[Sequence[float]] = None) -> "Learned":
         """A table of ``new_len`` rows for fine-tuning at ``new_len`` tokens, starting from this one.
 
         ``linear``: row ``m`` is this table read at ``m / s`` (:meth:`with_scaling`'s interpolation, so the

@@ -55,9 +55,10 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
             raise ConfigError("eval.scaling", reason)
 
 
-# what a fine-tune can train with: every frequency or position scaling; ReRoPE's clamped distances are
-# evaluation-time only (Su 2023 proposes it without training), and LongRoPE's factors are an eval key so far
-FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k not in (REROPE, LONGROPE))
+# what a fine-tune can train with: every frequency or position scaling (LongRoPE with its factors given as
+# longrope_factors, Ding et al. 2024 fine-tune with them); ReRoPE's clamped distances are evaluation-time only
+# (Su 2023 proposes it without training)
+FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k != REROPE)
 
 
 def finetune_scaling_refusal(kind: str, encoder: nn.Module) -> Optional[str]:
