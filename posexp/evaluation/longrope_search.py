@@ -97,7 +97,7 @@ def search_factors(score: Callable[[np.ndarray], float], dim: int, base: float, 
     _say(log, 0, generations, best[0][0], result.initial)
     for g in range(1, generations + 1):
         elite = [c for _, c in best[:parents]]
-        children = []
+        children: list[np.ndarray] = []
         while len(children) < population - parents:
             a, b = rng.choice(parents, 2, replace=False)
             child = np.where(rng.random(dim // 2) < 0.5, elite[a], elite[b])  # crossover
