@@ -234,6 +234,17 @@ def test_an_interrupted_sweep_names_finished_interrupted_and_unstarted_jobs(stop
     assert f"interrupted: 1 (continue with: posexp resume {Path('sweep') / '1'})" in line
     assert "never started: 2 (train.steps=20)" in line
     assert not (tmp_path / "sweep" / "2").exists()
+    # one command finishes it: posexp resume SWEEP resumes job 1 and trains job 2 into sweep/2, as planned here
+    assert f"finish the whole sweep with: posexp resume {Path('sweep')}" in line
+    from posexp.commands.sweep_resume import plan_sweep, resume_sweep
+
+    sweep = tmp_path / "sweep"
+    plan = plan_sweep(sweep)
+    assert (plan.finished, plan.resume, list(plan.start)) == ([0], [1], [2])
+    assert "train.steps=20" in plan.start[2] and all("hydra." not in o for o in plan.start[2])
+    ran: list[list[str]] = []
+    assert resume_sweep(sweep, lambda _: None, runner=lambda args: ran.append(args) or 0) == []
+    assert ran == [["resume", str(sweep / "1")], ["train", *plan.start[2], f"hydra.run.dir={sweep / '2'}"]]
 
 
 def test_overwrite_deletes_only_what_posexp_wrote(tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.reporting import report_main
-from posexp.runs.layout import is_run_dir
+from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
 # What a command runs (training, evaluation, analysis, the encoder registry, the rank of a torchrun process) imports
@@ -268,7 +268,8 @@ def _report_interrupted_sweep(folders: Folders, code: int) -> None:
 
 @app.command()
 def resume(
-    run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run.",
+    run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run, or a "
+                                   "stopped sweep's folder (its interrupted jobs resumed, those never started run).",
                                    show_default=False, metavar="RUN_DIR"),
     allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Resume a run of a plugin "
                                                "encoder whose source file changed since training started."),
@@ -281,6 +282,11 @@ def resume(
         if world().distributed:
             raise PosexpError("posexp resume runs in one process; start it without torchrun (a run trained by "
                               "several processes continues in one with the same global batch)")
+        if is_sweep_dir(run_dir):  # a stopped sweep: its interrupted jobs resumed, those never started trained
+            from posexp.commands.sweep_resume import finish_sweep
+
+            return finish_sweep(run_dir, lambda m: err_console.print(m, highlight=False, soft_wrap=True),
+                                allow_changed_encoder)
         resume_main(run_dir, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:
         fail(e)

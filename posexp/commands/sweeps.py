@@ -236,4 +236,6 @@ def sweep_progress(sweep_dir: Path, jobs: Optional[list[list[str]]]) -> str:
         waiting = [f"{n} ({labels[n]})" if labels[n] else str(n) for n in range(len(jobs)) if n not in started]
         shown = waiting[:10] + ([f"... {len(waiting) - 10} more"] if len(waiting) > 10 else [])
         parts.append(f"never started: {', '.join(shown) or 'none'}")
+    if stopped or (jobs is not None and len(started) < len(jobs)):
+        parts.append(f"finish the whole sweep with: posexp resume {sweep_dir}")
     return "; ".join(parts)
