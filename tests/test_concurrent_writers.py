@@ -137,3 +137,33 @@ def test_overwrite_replaces_only_what_posexp_wrote(trained, tmp_path):
     assert (run / "notes.md").read_text() == "why I ran this\n"
     assert (run / "wandb" / "settings").is_file() and not (run / "wandb" / "offline-run-20260101_000000-abc").exists()
     assert json.loads((run / "results.json").read_text())["run"]["seed"] == 3
+
+
+def test_a_run_overwritten_between_loading_its_weights_and_taking_the_folder_is_not_written(tiny, tmp_path,
+                                                                                            monkeypatch):
+    """posexp eval RUN, then within a second posexp train ... hydra.run.dir=RUN --overwrite: the overwrite went
+    through before the evaluation held the folder, and the old weights' rows could land in the new run."""
+    import contextlib
+    import json
+
+    import posexp.commands.eval as eval_command
+    from posexp.commands.train import run_train
+    from posexp.errors import PosexpError
+
+    run_dir = tmp_path / "run"
+    run_train(tiny("train.steps=2", "eval.multiples=[1]", "eval.tokens=256"), run_dir, [])
+    lock = eval_command.run_lock
+
+    @contextlib.contextmanager
+    def replaced_first(folder, *args, **kwargs):  # another run's weights now stand in the folder
+        meta = folder / "checkpoint" / "meta.json"
+        data = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**data, "sha256": "0" * 64}))
+        with lock(folder, *args, **kwargs):
+            yield
+
+    monkeypatch.setattr(eval_command, "run_lock", replaced_first)
+    before = (run_dir / "results.json").read_text()
+    with pytest.raises(PosexpError, match="its run was replaced while this evaluation started"):
+        eval_command.reeval_main([str(run_dir), "eval.multiples=[1,2]", "eval.tokens=256"])
+    assert (run_dir / "results.json").read_text() == before

@@ -198,6 +198,7 @@ class Prepared:
     model: Any
     corpus: Any
     task: Any = None  # a task run's task (posexp/tasks/); None for language modelling
+    weights_sha256: Optional[str] = None  # of the weights loaded (checkpoint/meta.json's record), checked again
 
 
 def load_run_config(run_dir: Path, results: dict) -> DictConfig:
@@ -249,9 +250,10 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     if not task:
         check_fits(corpus, int(cfg.train_len), max(lengths))
     model = build_model(cfg, source.vocab_size)
-    load_weights(model, run_dir / CHECKPOINT, identity.value, sha256=_recorded_sha256(run_dir),
+    digest = _recorded_sha256(run_dir)
+    load_weights(model, run_dir / CHECKPOINT, identity.value, sha256=digest,
                  hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
-    return Prepared(run_dir, cfg, results, model, corpus, source.task)
+    return Prepared(run_dir, cfg, results, model, corpus, source.task, digest)
 
 
 # what posexp eval rewrites in a run folder: all of them or none
@@ -373,6 +375,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
             # refused while another process trains there; waits for another evaluation, whose rows it keeps
             with run_lock(p.run_dir, EVALUATING, wait_for=(EVALUATING,),
                           on_wait=lambda line: console.print(line, highlight=False, soft_wrap=True)):
+                _check_still_the_run(p)
                 out.append(_evaluate_run(p, raw_overrides, console))
     except (KeyboardInterrupt, _Stopped) as e:
         raise _stopped([p.run_dir for p in prepared], len(out), raw_overrides,
@@ -388,6 +391,16 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
             signal.signal(signal.SIGTERM, previous)
     _note_sweep_summaries(folders, console)
     return out
+
+
+def _check_still_the_run(p: Prepared) -> None:
+    """Under the folder's lock, before anything is written: the weights evaluated are still the run's. A
+    ``posexp train ... --overwrite`` of the folder between loading them and taking the lock would otherwise get
+    the old weights' rows written into the new run."""
+    if _recorded_sha256(p.run_dir) != p.weights_sha256:
+        raise PosexpError(f"{p.run_dir}: its run was replaced while this evaluation started (its weights are not "
+                          f"the ones loaded); nothing was written there: posexp eval {p.run_dir} again evaluates "
+                          "the run it holds now")
 
 
 class _Stopped(Exception):
