@@ -268,3 +268,20 @@ def test_optuna_search_minimises_the_returned_objective(tmp_path):
     assert len(trials) == 2 and all(100 <= b <= 1e6 for b in trials)  # two proposals from the search range
     assert best["best_value"] == pytest.approx(min(trials.values()))
     assert best["best_params"]["base"] == pytest.approx(min(trials, key=trials.get))
+
+
+def test_a_cache_that_cannot_be_written_at_the_end_is_said_on_the_terminal(tiny, tmp_path, monkeypatch, capsys):
+    """A full disk when the finished training is stored in the cache was said in train.log alone."""
+    import errno
+
+    from posexp.commands.train import run_train
+    from posexp.training import cache
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache, "_link_or_copy", full)
+    run_train(tiny("cache=true", "train.steps=2", "eval.multiples=[1]", "eval.tokens=256"), tmp_path / "run", [])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: cache" in out and "No space left on device" in out and "the run itself is complete" in out
+    assert (tmp_path / "run" / "results.json").is_file()  # the run itself finished

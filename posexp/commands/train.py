@@ -212,7 +212,7 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
         save_checkpoint(model, run_dir, {"config_hash": identity.value, "hash_format": identity.format,
                                          "steps": result.steps, "encoder": spec.encoder["name"]})
         if spec.cache and reused is None and cache_writable:
-            cache.store(spec, source.fingerprint, run_dir, result)
+            cache.store(spec, source.fingerprint, run_dir, result, warn)
         results = _evaluate_and_write(spec, model, source, device, run_dir, overrides, identity, result, reused,
                                       console)
         trackers.log_results(results["rows"], run_dir)

@@ -45,7 +45,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import posexp
 from posexp.config.identity import weights_config
@@ -200,11 +200,12 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def store(cfg: Config, corpus_fingerprint: str, run_dir: Path, result) -> Optional[Path]:
+def store(cfg: Config, corpus_fingerprint: str, run_dir: Path, result,
+          warn: Optional[Callable[[str], None]] = None) -> Optional[Path]:
     """Publish a finished training of ``run_dir`` as ``cache_dir/<key>/``; None if it could not be written.
 
-    Call only after training ended normally and the final checkpoint was written. A failure
-    to write the cache is logged and does not fail the run.
+    Call only after training ended normally and the final checkpoint was written. A failure to write the cache
+    (a full disk) does not fail the run: it is said through ``warn`` (the run's terminal and train.log), else logged.
     """
     from posexp.training.checkpoint import META_FILE, sha256_file
 
@@ -246,7 +247,9 @@ def store(cfg: Config, corpus_fingerprint: str, run_dir: Path, result) -> Option
             return final
     except (OSError, PosexpError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        log.warning("cache %s: could not write %s (%s); the run itself is complete", key, final, e)
+        message = f"cache {key}: could not write {final} ({getattr(e, 'strerror', None) or e}); the run itself is " \
+                  "complete, and the next run with the same training trains again"
+        (warn or log.warning)(message)
         return None
     log.info("cache %s: trained weights stored in %s", key, final)
     return final
