@@ -66,6 +66,7 @@ DAMAGE = {
     "ppl_a_string": b'{"run": {"label": "x"}, "rows": [{"length": 128, "ppl": "4.6"}]}\n',
     "ppl_zero": b'{"run": {"label": "x"}, "rows": [{"length": 128, "ppl": 0}]}\n',
     "accuracy_above_1": b'{"run": {"label": "x"}, "rows": [{"length": 128, "exact_match": 1.5}]}\n',
+    "evaluations_a_string": b'{"run": {"label": "x"}, "rows": [{"length": 128, "ppl": 4.6}], "evaluations": "x"}\n',
 }
 
 

@@ -238,6 +238,10 @@ def read_results(path: str | os.PathLike) -> dict:
         raise bad('"run" is missing or not an object')
     if not isinstance(data.get("rows"), list):
         raise bad('"rows" is missing or not a list')
+    evaluations = data.get("evaluations", [])
+    if not isinstance(evaluations, list) or not all(isinstance(e, dict) for e in evaluations):
+        raise PosexpError(f"{file}: \"evaluations\" is {evaluations!r:.40}, not the list of objects posexp eval "
+                          "writes (one per evaluation); restore the file")
     rows = []
     for i, row in enumerate(data["rows"]):
         if not isinstance(row, dict) or not isinstance(row.get("length"), (int, float)) \
