@@ -375,3 +375,26 @@ def test_a_damaged_trackers_json_is_said_not_ignored(tmp_path, content):
     assert len(said) == 1 and "trackers.json" in said[0] and "no tracked run of it is updated" in said[0]
     (tmp_path / "trackers.json").write_text('{"tensorboard": {"log_dir": "x"}}')
     assert tracking.tracker.records_problem(tmp_path) is None
+
+
+def test_a_read_only_home_puts_wandbs_own_folders_in_the_run(tmp_path, monkeypatch):
+    """With HOME read-only, W&B's core printed 18 raw log lines on the run's terminal and its artifacts failed."""
+    import posexp.runs.atomic as atomic
+    from posexp.tracking import wandb_tracker
+
+    for key in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(atomic, "unwritable", lambda folder: "Read-only file system")
+    with wandb_tracker._writable_homes(tmp_path):
+        assert os.environ["XDG_CACHE_HOME"] == str(tmp_path / "wandb" / "home" / "xdg-cache")
+    assert "XDG_CACHE_HOME" not in os.environ  # only while W&B's core starts
+    assert os.environ["WANDB_DATA_DIR"] == str(tmp_path / "wandb" / "home" / "data")  # for the later artifacts
+    assert os.environ["WANDB_CACHE_DIR"] == str(tmp_path / "wandb" / "home" / "cache")
+    monkeypatch.setenv("WANDB_DATA_DIR", "/mine")
+    with wandb_tracker._writable_homes(tmp_path):
+        pass
+    assert os.environ["WANDB_DATA_DIR"] == "/mine"  # the user's own setting stays
+    monkeypatch.setattr(atomic, "unwritable", lambda folder: None)
+    monkeypatch.delenv("WANDB_CONFIG_DIR")
+    with wandb_tracker._writable_homes(tmp_path):
+        assert "WANDB_CONFIG_DIR" not in os.environ  # a writable home: W&B's own places

@@ -13,9 +13,11 @@ the results and figures are an artifact, the figures also images.
 
 from __future__ import annotations
 
+import contextlib
 import netrc
 import os
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlparse
 
 from posexp.errors import ConfigError
@@ -52,6 +54,32 @@ def resolve_mode(configured) -> str:
     return mode
 
 
+@contextlib.contextmanager
+def _writable_homes(run_dir: Path) -> Iterator[None]:
+    """W&B keeps its core's logs, its cache, artifact staging files and settings under the home folder; where that
+    cannot be written (a read-only HOME) its core printed a score of raw log lines on the run's terminal and the
+    evaluation's artifacts failed. Then those folders are the run's ``wandb/home/`` (W&B's own WANDB_CACHE_DIR,
+    WANDB_DATA_DIR and WANDB_CONFIG_DIR, unless the user set them; XDG_CACHE_HOME while its core starts)."""
+    from posexp.runs.atomic import unwritable
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    if unwritable(cache) is None:
+        yield
+        return
+    home = run_dir / "wandb" / "home"
+    for key in ("WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+        os.environ.setdefault(key, str(home / key.split("_")[1].lower()))  # the run's later artifacts too
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(home / "xdg-cache")
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = before
+
+
 class WandbTracker(Tracker):
     name = "wandb"
 
@@ -69,7 +97,8 @@ class WandbTracker(Tracker):
             check_reachable(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai", "logger.wandb.mode")
         # console="off": the run's own progress bar and messages stay as they are
         settings = wandb.Settings(console="off", silent=True)
-        wb = wandb.init(dir=str(run.run_dir), settings=settings, reinit="create_new", **kwargs)
+        with _writable_homes(Path(run.run_dir)):
+            wb = wandb.init(dir=str(run.run_dir), settings=settings, reinit="create_new", **kwargs)
         wb.define_metric("eval/length")
         wb.define_metric("eval/*", step_metric="eval/length")
         return wb
