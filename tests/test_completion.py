@@ -335,3 +335,20 @@ def test_install_completion_under_a_home_with_a_quote_leaves_a_bashrc_bash_can_r
                          capture_output=True, text=True, env={"HOME": str(home), "PATH": os.environ["PATH"]})
     assert ran.returncode == 0 and ran.stdout.strip() == "sourced", ran.stderr
     assert str(script) in shlex.split(rc.read_text().splitlines()[-1])
+
+
+def test_install_completion_into_an_immutable_bashrc_is_one_line(tmp_path):
+    """--install-completion to an immutable .bashrc (or a full disk) was an OSError traceback."""
+    rc = tmp_path / ".bashrc"
+    rc.write_text("alias ll='ls -l'\n")
+    if subprocess.run(["chattr", "+i", str(rc)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs root and a file system that has the flag")
+    try:
+        env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+        done = subprocess.run([sys.executable, "-m", "posexp", "--install-completion", "bash"], env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["chattr", "-i", str(rc)], capture_output=True)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ") and ".bashrc" in line
