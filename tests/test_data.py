@@ -302,6 +302,7 @@ def test_hf_unreachable_hub_is_detected_fast_and_explained(tmp_path, monkeypatch
 
 # ---------------------------------------------------------------------------- through the CLI
 
+@pytest.mark.slow  # a BPE trained and a run on it; the hf loader and the BPE are tested apart by default
 def test_train_on_a_local_hf_data_set_with_bpe_end_to_end(tmp_path):
     """data=hf + tokenizer=bpe as a user types it: the model's vocabulary is the tokenizer's, results say so."""
     from safetensors import safe_open

@@ -216,6 +216,7 @@ def test_bad_input_is_one_line_and_leaves_no_folder(parents, tmp_path, case, key
     assert not run_dir.exists()
 
 
+@pytest.mark.slow  # a three-job fine-tune sweep; the report's parent columns are tested on single runs by default
 def test_a_sweep_of_scalings_reports_by_scaling_with_the_parent_beside(parents, tmp_path):
     sweep = tmp_path / "sweep"
     result = invoke("finetune", str(parents["rope"]), *QUICK, "-m", "scaling=none,linear",
