@@ -213,26 +213,28 @@ class Tracker:
 def read_records(folder: Path) -> dict:
     """The trackers a folder's runs were reported to (:data:`TRACKERS_JSON`), or {} when it has none or it
     cannot be read (:func:`records_problem` says why)."""
-    try:
-        data = json.loads((folder / TRACKERS_JSON).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+    return _records(folder)[0]
 
 
 def records_problem(folder: Path) -> Optional[str]:
     """Why the folder's :data:`TRACKERS_JSON` cannot be used (damaged, not JSON, not a mapping of trackers to
     their records), or None where it is fine or absent."""
+    return _records(folder)[1]
+
+
+def _records(folder: Path) -> tuple[dict, Optional[str]]:
+    """The usable records of :data:`TRACKERS_JSON` and what is wrong with the file, if anything."""
     path = folder / TRACKERS_JSON
     if not path.exists():
-        return None
+        return {}, None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        return f"{path} is not what posexp writes (a tracker name -> its run's record)"
-    return None
+        return {}, f"{path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    usable = {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or len(usable) != len(data):
+        return usable, f"{path} is not what posexp writes (a tracker name -> its run's record)"
+    return usable, None
 
 
 def write_records(folder: Path, records: dict) -> None:
