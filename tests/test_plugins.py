@@ -250,14 +250,21 @@ def test_entry_point_plugin_trains_by_name_and_checks_its_options(tmp_path):
     assert typo.returncode != 0 and "did you mean encoder.width?" in typo.stderr
 
 
+def _installed(registry_state, monkeypatch, *dists: tuple) -> None:
+    """Each ``(folder, distribution, entry point, module, code)`` installed on ``sys.path``, the registry set to read
+    the entry points again."""
+    for folder, *spec in dists:
+        _dist(folder, *spec)
+        monkeypatch.syspath_prepend(str(folder))
+    registry_state._loaded["entry_points"] = False
+
+
 def test_two_plugins_claiming_one_name_is_one_clear_error(tmp_path, registry_state, monkeypatch):
     from posexp.errors import ConfigError
 
-    _dist(tmp_path / "a", "pe-one", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE)
-    _dist(tmp_path / "b", "pe-two", "damped = other_pe:Damped", "other_pe", PLUGIN_CODE)
-    monkeypatch.syspath_prepend(str(tmp_path / "a"))
-    monkeypatch.syspath_prepend(str(tmp_path / "b"))
-    registry_state._loaded["entry_points"] = False
+    _installed(registry_state, monkeypatch,
+               (tmp_path / "a", "pe-one", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE),
+               (tmp_path / "b", "pe-two", "damped = other_pe:Damped", "other_pe", PLUGIN_CODE))
     assert "rope" in registry_state.registry()  # the others go on
     with pytest.raises(ConfigError, match=r"two installed plugins claim the encoder name 'damped': .*pe-(one|two)"
                                           r".* and .*pe-(one|two)"):
@@ -446,11 +453,9 @@ BROKEN_ENTRY = "raise ImportError('needs libfoo 2')\n"
 def test_a_broken_installed_plugin_is_listed_and_skipped(tmp_path, registry_state, monkeypatch):
     from posexp.errors import ConfigError
 
-    _dist(tmp_path / "good", "damped-pe", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE)
-    _dist(tmp_path / "bad", "bad-pe", "badpe = bad_pe:Bad", "bad_pe", BROKEN_ENTRY)
-    monkeypatch.syspath_prepend(str(tmp_path / "good"))
-    monkeypatch.syspath_prepend(str(tmp_path / "bad"))
-    registry_state._loaded["entry_points"] = False
+    _installed(registry_state, monkeypatch, (tmp_path / "good", "damped-pe", "damped = damped_pe:Damped", "damped_pe",
+                                             PLUGIN_CODE),
+               (tmp_path / "bad", "bad-pe", "badpe = bad_pe:Bad", "bad_pe", BROKEN_ENTRY))
     assert "damped" in registry_state.registry() and "rope" in registry_state.registry()
     assert "needs libfoo 2" in registry_state.broken()["badpe"]
     with pytest.raises(ConfigError, match="'badpe' cannot be used: .*bad-pe.*needs libfoo 2"):
