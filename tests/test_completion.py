@@ -145,7 +145,7 @@ def test_the_hydra_flags_offered_are_hydras():
 def test_the_copied_value_lists_equal_their_owners():
     from posexp.commands.check import FORMATS as CHECK_FORMATS
     from posexp.encoders.scaling import SCALINGS
-    from posexp.evaluation.extension import FINETUNE_SCALINGS
+    from posexp.encoders.extension import FINETUNE_SCALINGS
     from posexp.model.positions import CURRICULA, POSITION_SCHEMES
     from posexp.reporting.render import FORMATS
     from posexp.runtime.device import COMPILE_SETTINGS

@@ -12,7 +12,7 @@ from posexp.encoders.fope import clipped_frequencies
 from posexp.encoders.frequencies import rope_frequencies
 from posexp.encoders.irope import attention_temperature, irope_layers
 from posexp.encoders.scaling import yarn_frequencies
-from posexp.evaluation.extension import scaled_encoder
+from posexp.encoders.extension import scaled_encoder
 from posexp.model.gpt import GPT, AttentionPlan, CausalSelfAttention, ModelShape
 from posexp.model.window import AttentionWindow, layer_window, visible_keys
 

@@ -85,7 +85,7 @@ def test_training_uses_the_frequencies_evaluation_uses(parents, scaling):
     """The fine-tuned encoder is the evaluation-time scaled copy: same frequencies, same YaRN temperature, at
     the training length and beyond (dynamic NTK follows the length read)."""
     from posexp.model.factory import build_encoder, build_model
-    from posexp.evaluation.extension import scaled_encoder
+    from posexp.encoders.extension import scaled_encoder
 
     cfg = _child_cfg(parents["rope"], "train_len=128", f"scaling={scaling}")
     factor = 1.0 if scaling == "dynamic_ntk" else 128 / PARENT_LEN
@@ -432,7 +432,7 @@ def test_a_longrope_fine_tune_trains_with_the_factors_evaluation_reads(parents):
     """scaling=longrope with longrope_factors: the encoder trained is eval.scaling=longrope's copy with the same
     per-frequency factors (Ding et al. 2024 fine-tune with their searched factors); without them, one line naming
     longrope_factors."""
-    from posexp.evaluation.extension import scaled_encoder
+    from posexp.encoders.extension import scaled_encoder
     from posexp.errors import ConfigError
     from posexp.model.factory import build_encoder, build_model
 

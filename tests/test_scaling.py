@@ -12,7 +12,7 @@ from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
 from posexp.encoders.scaling import ROTARY_SCALINGS, rope_frequencies, rope_scaling, yarn_attention_scaling
 from posexp.evaluation.conformance.scalings import transformers_rope
-from posexp.evaluation.extension import check_scaling, encoders_supporting, scaled_encoder
+from posexp.encoders.extension import check_scaling, encoders_supporting, scaled_encoder
 
 SHAPES = [(32, 10000.0, 128), (64, 500000.0, 32), (16, 100.0, 256)]  # (head dim, base, train_len)
 FACTORS = [1.0, 2.0, 4.0, 8.0, 16.0]

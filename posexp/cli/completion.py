@@ -45,7 +45,7 @@ FOLDERS = Reply(DIRS)
 
 # Value lists whose owners import torch, copied (tests/test_completion.py compares each with its owner).
 SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")  # posexp.encoders.scaling
-FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s != "rerope")  # posexp.evaluation.extension
+FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s != "rerope")  # posexp.encoders.extension
 POSITION_SCHEMES = ("contiguous", "randomized")  # posexp.model.positions
 CURRICULA = ("none", "linear")  # posexp.model.positions
 COMPILE = ("auto", "true", "false")  # posexp.runtime.device.COMPILE_SETTINGS

@@ -43,7 +43,7 @@ from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, o
 from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
 from posexp.encoders.scaling import LONGROPE
-from posexp.evaluation.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
+from posexp.encoders.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
                                          scaled_encoder)
 from posexp.evaluation.perplexity import check_protocol
 from posexp.model.factory import build_encoder, extend_encoder

@@ -36,8 +36,8 @@ Encoders offer the methods themselves: a class lists ``supported_scalings`` and
 implements ``with_scaling(kind, factor, train_len)``, returning a scaled copy
 that shares the trained parameters (:func:`module_copy`). This module holds the
 formulas and imports nothing of the encoders; which method a run uses, and
-whether it applies, is evaluation's policy (:mod:`posexp.evaluation.extension`,
-whose :func:`~posexp.evaluation.extension.scaled_encoder` is the one entry point).
+whether it applies, is evaluation's policy (:mod:`posexp.encoders.extension`,
+whose :func:`~posexp.encoders.extension.scaled_encoder` is the one entry point).
 
 The rotary formulas follow Hugging Face transformers' ``ROPE_INIT_FUNCTIONS``
 (``modeling_rope_utils``) number for number; ``tests/test_scaling.py`` checks it.

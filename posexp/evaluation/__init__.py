@@ -2,6 +2,6 @@
 
 Owns how a trained model is measured past its training length (windows,
 protocols, per-length rows) and which evaluation-time context extension a run
-uses (:mod:`posexp.evaluation.extension`). Imports the model, the encoders and the
+uses (:mod:`posexp.encoders.extension`). Imports the model, the encoders and the
 data types, never commands, reporting or analysis.
 """

@@ -18,8 +18,9 @@ A row reports:
 - ``answer_loss``: mean cross-entropy in nats of the answer tokens.
 - ``examples``, ``answer_tokens``, ``size`` (the instance size at that length).
 
-Lengths an encoder cannot represent, or past the range of randomized training positions, are "not
-applicable", as for perplexity.
+Lengths a model cannot read (an encoder's table, a pretrained model's limit), or past the range of randomized
+training positions, are "not applicable", as for perplexity. The model is read through the model seam
+(:class:`posexp.model.interface.EvaluableLM`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ import torch.nn.functional as F
 
 from posexp.config.schema import Config, eval_lengths
 from posexp.runtime.memory import PeakMemory
-from posexp.evaluation.perplexity import _length_factor, _not_applicable_reason, _Swapped
-from posexp.evaluation.extension import NONE, check_scaling, scaled_encoder
-from posexp.model.gpt import GPT
+from posexp.evaluation.perplexity import _not_applicable_reason, check_eval_scaling, reading_of
+from posexp.encoders.extension import NONE
+from posexp.model.interface import EvaluableLM
 from posexp.model.positions import PositionPlan
 from posexp.model.window import AttentionWindow, window_fields, window_of
 from posexp.runs.row import ACCURACY, ResultRow
@@ -82,7 +83,7 @@ def eval_instances(task: Task, length: int, count: int, depth: Optional[float] =
     return task.instances(length, count, rng, **options)
 
 
-def _score(model: GPT, tokens: np.ndarray, answer: np.ndarray, pos: Optional[np.ndarray], batch_tokens: int,
+def _score(model: EvaluableLM, tokens: np.ndarray, answer: np.ndarray, pos: Optional[np.ndarray], batch_tokens: int,
            device: torch.device) -> tuple[np.ndarray, np.ndarray, float]:
     """Per instance: answer tokens right and answer tokens; and the summed answer loss (nats)."""
     count, width = tokens.shape
@@ -92,7 +93,7 @@ def _score(model: GPT, tokens: np.ndarray, answer: np.ndarray, pos: Optional[np.
     for start in range(0, count, per_batch):
         batch = torch.from_numpy(tokens[start:start + per_batch]).to(device)
         mask = torch.from_numpy(answer[start:start + per_batch, 1:]).to(device)  # which targets are answers
-        logits = model(batch[:, :-1], pos_t).float()  # (b, L, vocab)
+        logits = model.logits(batch[:, :-1], pos_t).float()  # (b, L, vocab)
         targets = batch[:, 1:]
         hit = (logits.argmax(-1) == targets) & mask
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
@@ -128,7 +129,7 @@ def eval_depths(depths: Sequence[float]) -> list[float]:
 
 
 @torch.inference_mode()
-def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
+def evaluate_task(model: EvaluableLM, task: Task, cfg: Config, device: torch.device,
                   on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
     """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for a task with
     one (passkey, niah, kv_retrieval: :attr:`Task.has_depth`).
@@ -137,47 +138,38 @@ def evaluate_task(model: GPT, task: Task, cfg: Config, device: torch.device,
     record ``window`` and ``sinks``.
 
     Raises:
-        ConfigError: a scaling the encoder does not offer, or a bad window.
+        ConfigError: a scaling posexp's encoder does not offer, or a bad window.
     """
     e, train_len = cfg.eval, int(cfg.train_len)
     window = window_of(getattr(e, "window", None), getattr(e, "sinks", None))
     scaling = getattr(e, "scaling", NONE) or NONE
-    base_encoder = model.encoder
-    check_scaling(scaling, base_encoder.name, base_encoder)
+    refused = check_eval_scaling(model, scaling)
     plan = PositionPlan(cfg)
     depths = eval_depths(e.depths) if task.has_depth else [None]
     dtype = resolve_precision(cfg.train.precision, device)
     model.eval()
     rows = []
-    try:
-        for length in eval_lengths(cfg):
-            factor = _length_factor(scaling, length, train_len, getattr(e, "scaling_factor", None),
-                                    getattr(e, "rerope_window", None))
-            encoder = base_encoder if factor is None else scaled_encoder(base_encoder, scaling, factor, train_len,
-                                                                         getattr(e, "longrope_factors", None))
-            reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, plan)
-            for depth in depths:
-                row = _row_identity(task, length, train_len, depth, scaling, factor, window, int(e.examples))
-                if reason is not None:
-                    row.update(_not_applicable(reason))
-                else:
-                    made = eval_instances(task, length, int(e.examples), depth)
-                    pos = plan.eval_positions(length)
-                    mem = PeakMemory(device)  # measured unless memory is off (eval.during_training's quick points)
-                    with _Swapped(model, encoder, window), mem if memory else nullcontext(), autocast(device, dtype):
-                        t0 = time.perf_counter()
-                        right, total, loss_sum = _score(model, made.tokens, made.answer, pos,
-                                                        int(e.batch_tokens), device)
-                        elapsed = time.perf_counter() - t0
-                    row.update(_summarise(right, total, loss_sum))
-                    read = made.tokens.shape[0] * length
-                    row.update(eval_s=elapsed, tokens_per_s=read / elapsed if elapsed else None,
-                               peak_mem_mb=mem.delta_mb)
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
-    finally:
-        model.encoder = base_encoder
+    for length in eval_lengths(cfg):
+        how, factor = reading_of(e, scaling, length, train_len, window)
+        reason = refused or _not_applicable_reason(model, how, length, plan)
+        for depth in depths:
+            row = _row_identity(task, length, train_len, depth, scaling, factor, window, int(e.examples))
+            if reason is not None:
+                row.update(_not_applicable(reason))
+            else:
+                made = eval_instances(task, length, int(e.examples), depth)
+                pos = plan.eval_positions(length)
+                mem = PeakMemory(device)  # measured unless memory is off (eval.during_training's quick points)
+                with model.reading(how), mem if memory else nullcontext(), autocast(device, dtype):
+                    t0 = time.perf_counter()
+                    right, total, loss_sum = _score(model, made.tokens, made.answer, pos, int(e.batch_tokens), device)
+                    elapsed = time.perf_counter() - t0
+                row.update(_summarise(right, total, loss_sum))
+                read = made.tokens.shape[0] * length
+                row.update(eval_s=elapsed, tokens_per_s=read / elapsed if elapsed else None, peak_mem_mb=mem.delta_mb)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
     return rows
 
 

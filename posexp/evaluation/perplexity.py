@@ -38,10 +38,12 @@ the ``S``- or ``K``-token pieces of neighbouring windows are adjacent text and f
 from independent (``S = 1`` would otherwise claim one independent sample per
 token). ``ppl_low``/``ppl_high`` are ``exp(loss -/+ 1.96 se)``.
 
-Memory: attention is blocked over queries for bias and score encodings (see
-``posexp/model.py``), so memory is linear in ``L``; on out-of-memory a length is
-retried with half the windows per batch, then half the query block, and the row
-records what it ran with (``batch_windows``, ``attn_block_size``).
+Memory: posexp's model attends in blocks of queries for bias and score encodings
+(:mod:`posexp.model.gpt`), a transformers model in chunks of queries over a key cache
+(:mod:`posexp.hf.model`), so memory is linear in ``L``; on out-of-memory a length is
+retried with half the windows per batch, then as the model shrinks itself
+(``EvaluableLM.shrink``: half the query block), and the row records what it ran with
+(``batch_windows``, the model's ``memory_settings``, e.g. ``attn_block_size``).
 """
 
 from __future__ import annotations
@@ -58,14 +60,14 @@ import torch
 from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
-from posexp.evaluation.extension import (NONE, REROPE, check_scaling, default_factor, default_rerope_window, scaled_encoder)
+from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
+from posexp.encoders.scaling import SCALINGS
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
-from posexp.model.gpt import GPT
+from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.window import AttentionWindow, window_fields, window_of
 from posexp.runtime.device import autocast
 
 Z95 = 1.959964  # two-sided 95% normal quantile
-MIN_ATTN_BLOCK = 16  # the query block is not halved below this on out-of-memory
 
 
 # -- which targets each protocol scores ----------------------------------------------------
@@ -184,11 +186,11 @@ class LengthResult:
     position_sum: np.ndarray
     position_count: np.ndarray
     batch_windows: int
-    attn_block_size: int
+    memory: dict  # how the model's forward passes ran (EvaluableLM.memory_settings: attn_block_size, ...)
     retries: int = 0
 
 
-def _forward_losses(model: GPT, val: np.ndarray, starts: np.ndarray, length: int,
+def _forward_losses(model: EvaluableLM, val: np.ndarray, starts: np.ndarray, length: int,
                     device: torch.device, pos: Optional[np.ndarray] = None) -> np.ndarray:
     idx = starts[:, None] + np.arange(length + 1)[None, :]
     batch = torch.from_numpy(val[idx].astype("int64")).to(device)  # (b, L + 1)
@@ -197,7 +199,7 @@ def _forward_losses(model: GPT, val: np.ndarray, starts: np.ndarray, length: int
     return losses.double().cpu().numpy()
 
 
-def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
+def _run_windows(model: EvaluableLM, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
                  device: torch.device, log: Callable[[str], None], pos: Optional[np.ndarray] = None,
                  progress: Optional[Callable[[int, int, int], None]] = None) -> LengthResult:
     L = length
@@ -220,18 +222,18 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
             del e
             free_memory(device)
             retries += 1
-            blocked = _blocked(model)
             if per_batch > 1:
                 per_batch //= 2
                 log(f"out of memory at length {L}: retrying with {per_batch} window(s) per batch")
-            elif blocked and model.shape.attn_block_size > MIN_ATTN_BLOCK:
-                model.shape.attn_block_size //= 2
-                log(f"out of memory at length {L}: retrying with query blocks of {model.shape.attn_block_size}")
-            else:
+                continue
+            smaller = model.shrink()
+            if smaller is None:
+                settings = ", ".join(f"{k} {v}" for k, v in model.memory_settings().items())
                 raise PosexpError(
                     f"out of memory evaluating length {L} even with one window per batch"
-                    f"{f' and query blocks of {model.shape.attn_block_size}' if blocked else ''}; "
+                    f"{f' ({settings})' if settings else ''}; "
                     f"evaluate shorter eval.lengths or use a device with more memory") from None
+            log(f"out of memory at length {L}: retrying with {smaller}")
             continue
         for j, start in enumerate(chunk):
             k = int(win.scored[i + j])
@@ -242,34 +244,7 @@ def _run_windows(model: GPT, val: np.ndarray, win: Windows, length: int, batch_t
         i += chunk.size
         if progress is not None:
             progress(L, i, n)
-    return LengthResult(target_losses, position_sum, position_count, per_batch, model.shape.attn_block_size,
-                        retries)
-
-
-def _blocked(model: GPT) -> bool:
-    """Whether some layer attends on the blocked path, whose query blocks can shrink: a bias or scores, or a window
-    (``eval.window``, or a layer's own, as irope's RoPE layers)."""
-    enc = model.encoder
-    own = any(e.layer_window is not None for e in enc.for_layers(len(model.blocks)))
-    return enc.uses_bias or enc.uses_scores or enc.explicit_attention or model.attention_window is not None or own
-
-
-class _Swapped:
-    """Put ``encoder`` into ``model``, and have it attend within ``window`` (None: the whole past), for the
-    duration of a block."""
-
-    def __init__(self, model: GPT, encoder, window: Optional[AttentionWindow] = None):
-        self.model, self.encoder, self.saved = model, encoder, model.encoder
-        self.window, self.saved_window = window, model.attention_window
-
-    def __enter__(self):
-        if self.encoder is not self.saved:
-            self.model.encoder = self.encoder
-        self.model.attention_window = self.window
-
-    def __exit__(self, *exc):
-        self.model.encoder = self.saved
-        self.model.attention_window = self.saved_window
+    return LengthResult(target_losses, position_sum, position_count, per_batch, model.memory_settings(), retries)
 
 
 def _not_applicable_row(reason: str) -> dict:
@@ -302,16 +277,29 @@ def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[i
                      **window_fields(window)).to_dict()
 
 
-def _not_applicable_reason(base_encoder, encoder, length: int, scaling: str, factor: Optional[float],
-                           position_plan) -> Optional[str]:
-    """Why a length cannot be evaluated (positions never trained, or more than the encoder represents), or None."""
+def _not_applicable_reason(model: EvaluableLM, how: Reading, length: int, position_plan) -> Optional[str]:
+    """Why a length cannot be evaluated (positions never trained, or more than the model reads), or None."""
     if position_plan is not None and not position_plan.eval_supports(length):
         return (f"trained with randomized positions drawn from "
                 f"0..{position_plan.max_position - 1} (train.max_position)")
-    if not encoder.supports(length):
-        scaled = f" with {scaling} scaling by {factor:g}" if factor is not None else ""
-        return f"encoder {base_encoder.name!r}{scaled} represents at most {encoder.max_length} positions"
-    return None
+    return model.length_refusal(how, length)
+
+
+def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
+               window: Optional[AttentionWindow]) -> tuple[Reading, Optional[float]]:
+    """How the model reads ``length`` under the ``eval`` group, and the ``scaling_factor`` its row records (None
+    unscaled)."""
+    factor = _length_factor(scaling, length, train_len, settings.scaling_factor, settings.rerope_window)
+    factors = settings.longrope_factors
+    return Reading(scaling, factor or 1.0, int(train_len), int(length),
+                   None if factors is None else tuple(float(f) for f in factors), window), factor
+
+
+def check_eval_scaling(model: EvaluableLM, scaling: str) -> Optional[str]:
+    """``eval.scaling`` known (else :class:`ConfigError`), and why it does not apply to ``model`` (its rows are then
+    "not applicable"), or None."""
+    require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    return model.check_scaling(scaling)
 
 
 @dataclass
@@ -337,13 +325,12 @@ class EvalHooks:
 class _Pass:
     """What every length of one evaluation shares: the model and data, how the forward passes run, the hooks."""
 
-    model: GPT
+    model: EvaluableLM
     val: np.ndarray
     batch_tokens: int
     device: torch.device
     position_plan: Any
     dtype: torch.dtype
-    window: Optional[AttentionWindow]
     hooks: EvalHooks
 
     def log(self, message: str) -> None:
@@ -351,11 +338,11 @@ class _Pass:
             self.hooks.log(message)
 
 
-def _measure_length(p: _Pass, encoder, win: Windows, length: int) -> tuple[LengthResult, float, PeakMemory]:
-    """One length's forward passes with ``encoder`` in the model, attending within the pass's window: the losses,
-    seconds taken and peak memory (not measured, None, unless ``hooks.memory``)."""
+def _measure_length(p: _Pass, how: Reading, win: Windows, length: int) -> tuple[LengthResult, float, PeakMemory]:
+    """One length's forward passes with the model reading as ``how`` says: the losses, seconds taken and peak memory
+    (not measured, None, unless ``hooks.memory``)."""
     mem = PeakMemory(p.device)
-    with _Swapped(p.model, encoder, p.window), (mem if p.hooks.memory else contextlib.nullcontext()):
+    with p.model.reading(how), (mem if p.hooks.memory else contextlib.nullcontext()):
         t0 = time.perf_counter()
         pos = p.position_plan.eval_positions(length) if p.position_plan is not None else None
         with autocast(p.device, p.dtype):
@@ -365,18 +352,21 @@ def _measure_length(p: _Pass, encoder, win: Windows, length: int) -> tuple[Lengt
 
 
 @torch.inference_mode()
-def evaluate(model: GPT, val: np.ndarray, settings: EvalConfig, train_len: int, device: torch.device, *,
+def evaluate(model: EvaluableLM, val: np.ndarray, settings: EvalConfig, train_len: int, device: torch.device, *,
              position_plan=None, dtype: torch.dtype = torch.float32, hooks: Optional[EvalHooks] = None) -> list[dict]:
     """Rows, one per length, in the ``results.json`` row format (:class:`posexp.runs.row.ResultRow`); a length the
-    encoder cannot represent (``encoder.supports(L)`` false, e.g. a learned table shorter than ``L``) gets
-    ``applicable: false``, ``ppl: null``.
+    model cannot read (``model.length_refusal``, e.g. a learned table shorter than ``L``), or every length of a
+    scaling the model does not offer (``model.check_scaling``, e.g. a rotary scaling of a pretrained model without
+    RoPE), gets ``applicable: false``, ``ppl: null`` and the reason.
 
     Args:
-        model: the trained model (its encoder is swapped for a scaled copy while a scaling runs).
+        model: any :class:`~posexp.model.interface.EvaluableLM` (posexp's :class:`~posexp.model.gpt.GPT`, a
+            transformers model through :mod:`posexp.hf.model`), read at each length as a
+            :class:`~posexp.model.interface.Reading` says.
         val: validation tokens.
         settings: the ``eval`` group: lengths (or multiples of ``train_len``), ``tokens`` (the scored-target
             budget), ``batch_tokens`` (forward tokens per batch), the protocol with its stride or K (module
-            docstring), the scaling (:mod:`posexp.evaluation.extension`: ``scaling_factor`` fixed at every length,
+            docstring), the scaling (:mod:`posexp.encoders.extension`: ``scaling_factor`` fixed at every length,
             None = ``max(1, L / train_len)``, dynamic_ntk 1; ``rerope_window`` None = half of ``train_len``;
             ``longrope_factors``, longrope's per-dimension ``lambda_i``), and the
             window and sinks (:mod:`posexp.model.window`; rows then record them). Only these fields are read.
@@ -385,51 +375,42 @@ def evaluate(model: GPT, val: np.ndarray, settings: EvalConfig, train_len: int, 
         position_plan: a :class:`posexp.model.positions.PositionPlan`: randomized positions (Ruoss et al. 2023)
             are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
         dtype: the forward pass's autocast precision. Log-softmax and cross-entropy run in fp32
-            (``GPT.token_losses``) and losses are summed in float64, so perplexities carry no bf16 rounding.
+            (``model.token_losses``) and losses are summed in float64, so perplexities carry no bf16 rounding.
         hooks: rows, notes, progress and per-position losses as they come (:class:`EvalHooks`).
 
     Raises:
-        ConfigError: an unknown protocol or scaling, a stride or K out of range, a scaling the encoder lacks.
+        ConfigError: an unknown protocol or scaling, a stride or K out of range, a scaling posexp's encoder lacks.
     """
     e, hooks = settings, hooks or EvalHooks()
     lengths = lengths_of(e, train_len)
     scaling = e.scaling or NONE
     check_protocol(e.protocol, e.stride, e.last_k, lengths[0])
-    base_encoder = model.encoder
-    check_scaling(scaling, base_encoder.name, base_encoder)
+    refused = check_eval_scaling(model, scaling)
     val_tokens = int(val.size)
     budget = eval_budget(int(e.tokens), val_tokens, lengths[-1])
     n_last = last_k_windows(int(e.tokens), e.last_k, val_tokens, lengths[-1]) if e.protocol == "last_k" else None
     window = window_of(e.window, e.sinks)
-    p = _Pass(model, val, int(e.batch_tokens), device, position_plan, dtype, window, hooks)
+    p = _Pass(model, val, int(e.batch_tokens), device, position_plan, dtype, hooks)
     model.eval()
-    configured_block = model.shape.attn_block_size
     rows = []
-    try:
-        for length in lengths:
-            factor = _length_factor(scaling, length, train_len, e.scaling_factor, e.rerope_window)
-            encoder = scaled_encoder(base_encoder, scaling, factor or 1.0, train_len,
-                                     e.longrope_factors)  # none: as is
-            row = _row_identity(length, train_len, e.protocol, e.stride, e.last_k, scaling, factor, window,
-                                int(e.tokens))
-            reason = _not_applicable_reason(base_encoder, encoder, length, scaling, factor, position_plan)
-            if reason is not None:
-                row.update(_not_applicable_row(reason))
-            else:
-                _measure_row(row, p, encoder,
-                             plan_windows(e.protocol, length, val_tokens, budget, e.stride, e.last_k, n_last))
-            rows.append(row)
-            if hooks.on_row is not None:
-                hooks.on_row(row)
-    finally:
-        model.encoder, model.shape.attn_block_size = base_encoder, configured_block
+    for length in lengths:
+        how, factor = reading_of(e, scaling, length, train_len, window)
+        row = _row_identity(length, train_len, e.protocol, e.stride, e.last_k, scaling, factor, window, int(e.tokens))
+        reason = refused or _not_applicable_reason(model, how, length, position_plan)
+        if reason is not None:
+            row.update(_not_applicable_row(reason))
+        else:
+            _measure_row(row, p, how, plan_windows(e.protocol, length, val_tokens, budget, e.stride, e.last_k, n_last))
+        rows.append(row)
+        if hooks.on_row is not None:
+            hooks.on_row(row)
     return rows
 
 
-def _measure_row(row: dict, p: _Pass, encoder, win: Windows) -> None:
+def _measure_row(row: dict, p: _Pass, how: Reading, win: Windows) -> None:
     """Measure ``row``'s length and add its numbers to ``row``; its per-position losses go to the hooks."""
     length = row["length"]
-    res, elapsed, mem = _measure_length(p, encoder, win, length)
+    res, elapsed, mem = _measure_length(p, how, win, length)
     row.update(_summarise(res, win, length, elapsed, mem))
     if p.hooks.positions is not None:
         p.hooks.positions.append({**position_key(row), "position_sum": res.position_sum,
@@ -468,7 +449,7 @@ def _summarise(res: LengthResult, win: Windows, length: int, elapsed: float, mem
         "peak_rss_mb": mem.peak_mb,
         "mem_measure": mem.method,
         "batch_windows": res.batch_windows,
-        "attn_block_size": res.attn_block_size,
+        **res.memory,
         "oom_retries": res.retries,
         "eval_s": elapsed,
     }

@@ -19,6 +19,7 @@ from posexp.config.schema import ModelConfig
 from posexp.encoders.contract import ContentLogits, PositionalEncoder
 from posexp.errors import require
 from posexp.model.fused import causal_block_mask, flex_attend, fused_by_default
+from posexp.model.seam import OwnModelSeam
 from posexp.model.window import AttentionWindow, layer_window, visible_keys
 
 
@@ -202,8 +203,9 @@ class Block(nn.Module):
         return x
 
 
-class GPT(nn.Module):
-    """Decoder-only language model with a pluggable positional encoder.
+class GPT(OwnModelSeam, nn.Module):
+    """Decoder-only language model with a pluggable positional encoder; evaluation reads it through the model seam
+    (:class:`~posexp.model.seam.OwnModelSeam`).
 
     Args:
         shape: widths, depth, heads.

@@ -14,7 +14,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from posexp.data.tokenizer import bits_per_byte
-from posexp.evaluation.extension import default_factor
+from posexp.encoders.extension import default_factor
 from posexp.evaluation.perplexity import loss_by_position_rows
 from posexp.plots.perplexity import plot_loss_by_position, plot_ppl_vs_length
 from posexp.runs.atomic import atomic_write_text

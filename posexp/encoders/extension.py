@@ -99,7 +99,7 @@ def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int,
     if kind == NONE:
         return encoder
     extra = {"factors": longrope_factors} if kind == LONGROPE else {}
-    return encoder.with_scaling(kind, float(factor), int(train_len), **extra)  # type: ignore[operator]  # checked above
+    return encoder.with_scaling(kind, float(factor), int(train_len), **extra)  # checked above
 
 
 __all__ = ["FINETUNE_SCALINGS", "NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor",
