@@ -27,10 +27,10 @@ from rich.markup import escape
 from posexp.analysis.schema import AnalyzeRootConfig, register_schema
 from posexp.cli import shell
 from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, full_error_requested, print_key_table,
-                                  quote_non_ascii)
+                                  pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
-from posexp.cli.jobs import Terminated, failed_jobs, finetune_task, train_task
+from posexp.cli.jobs import Terminated, failed_jobs, finetune_task, pretrained_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.edge import typed
@@ -42,15 +42,15 @@ from posexp.reporting import report_main
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
-# What a command runs (training, evaluation, analysis, the encoder registry, the rank of a torchrun process) imports
-# torch: `import posexp.cli.app` took 1.9 s with those modules at the top and takes 0.26 s without (median of 7,
-# two CPU cores). They are imported inside the command that needs them, so that `posexp --help` and `posexp report`
-# start without torch.
+# What a command runs imports torch (`import posexp.cli.app` took 1.9 s with those modules at the top, 0.26 s without):
+# they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
 
 CONFIG_DIR = config_dir()
 
 _train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
 _finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
+_pretrained_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="pretrained")(pretrained_task)
+PROGS = {"config": "posexp train", "finetune": "posexp finetune", "pretrained": "posexp eval"}
 
 
 def _run_hydra(app, prog: str, args: List[str]) -> None:
@@ -64,7 +64,8 @@ def _run_hydra(app, prog: str, args: List[str]) -> None:
         app()
     except SystemExit as e:
         if not e.code and any(a in ("-h", "--help") for a in args):
-            print_key_table({_analyze_app: "analyze", _finetune_app: "finetune"}.get(app, "config"), prog)
+            print_key_table({_analyze_app: "analyze", _finetune_app: "finetune", _pretrained_app: "pretrained"}.get(
+                app, "config"), prog)
         raise
     finally:
         sys.argv = saved
@@ -100,33 +101,14 @@ app = typer.Typer(
 HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-def _install_completion(value: bool) -> None:
-    if not value:
-        return
-    name = shell.detect_shell()
-    try:
-        script, rc = shell.install(name, Path.home())
-    except PosexpError as e:
-        fail(e)
-    print(f"{name} completion of posexp installed in {script}, loaded by {rc}; it works in {name} shells started "
-          "from now on")
-    raise typer.Exit()
-
-
-def _show_completion(value: bool) -> None:
-    if value:
-        print(shell.SCRIPT, end="")
-        raise typer.Exit()
-
-
 @app.callback()
 def _root(
     install_completion: bool = typer.Option(
-        False, "--install-completion", is_eager=True, expose_value=False, callback=_install_completion,
+        False, "--install-completion", is_eager=True, expose_value=False, callback=shell.install_completion_option,
         help="Install tab completion for the shell you run (bash or zsh): subcommands, encoder=NAME, train.KEY=, "
              "run folders."),
     show_completion: bool = typer.Option(
-        False, "--show-completion", is_eager=True, expose_value=False, callback=_show_completion,
+        False, "--show-completion", is_eager=True, expose_value=False, callback=shell.show_completion_option,
         help="Print the completion script (bash and zsh), to load it yourself."),
 ) -> None:
     pass
@@ -200,7 +182,7 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
     with distributed.worker_overrides() as quiet:
         try:
             with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
-                _run_claimed(claim, [*_flags_first(args), *quiet], hydra_app)
+                _run_claimed(claim, [*_flags_first(args), *quiet], hydra_app, PROGS[config_name])
         except Refused as e:
             fail(e.error)
         except PosexpError as e:
@@ -230,7 +212,7 @@ def _user_encoders(args: List[str]) -> list:
     return dirs
 
 
-def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) -> None:
+def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app, prog: str = "posexp train") -> None:
     """Run Hydra, which claims the folder (:class:`~posexp.cli.folders.ClaimFolder`); a run that never started
     leaves no folder, an interrupted sweep says where it stands."""
     sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
@@ -239,7 +221,7 @@ def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) 
     # what it did, and a run as Ctrl-C does, so it can say how to go on
     signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
-        _run_hydra(hydra_app, "posexp finetune" if hydra_app is _finetune_app else "posexp train", args)
+        _run_hydra(hydra_app, prog, args)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
         folders = claim.folders if claim is not None else None
@@ -356,8 +338,9 @@ def report(
 def eval_cmd(
     args: List[str] = typer.Argument(
         ..., help="Run folders (or sweep folders: every run under them), then eval.* overrides, e.g. "
-                  "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn.",
-        show_default=False, metavar="RUN_DIR|eval.KEY=VALUE"),
+                  "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn; or hf:MODEL "
+                  "(a transformers model folder or Hub name) with Hydra overrides (hf:MODEL --help).",
+        show_default=False, metavar="RUN_DIR|hf:MODEL|eval.KEY=VALUE"),
     strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
                                                         "the first run whose results.json cannot be read."),
     allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Evaluate runs of a plugin "
@@ -371,6 +354,9 @@ def eval_cmd(
     """
     from posexp.commands.eval import reeval_main
 
+    if any(a.startswith("hf:") for a in args):  # a pretrained model: a new run folder, as posexp train writes one
+        _launch(_pretrained_app, "pretrained", pretrained_arguments(args))
+        return
     try:
         reeval_main(list(args), strict=strict, allow_changed_encoder=allow_changed_encoder)
     except PosexpError as e:

@@ -340,6 +340,10 @@ MAIN_KEYS = ("base", "train_len", "seed", "device", "precision", "compile", "cac
 # posexp finetune --help: the keys of configs/finetune.yaml a fine-tune sets (the rest is the parent's)
 FINETUNE_KEYS = ("scaling", "scaling_factor", "train_len", "seed", "cache", "train.steps", "train.batch_size",
                  "train.lr", "train.warmup_steps", "eval.multiples", "eval.tokens")
+# posexp eval hf:MODEL --help: the keys of configs/pretrained.yaml
+PRETRAINED_KEYS = ("hf.model", "hf.revision", "hf.trust_remote_code", "hf.device_map", "train_len", "device",
+                   "precision", "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
+KEYS_OF = {"finetune": FINETUNE_KEYS, "pretrained": PRETRAINED_KEYS}
 _KEY_LINE = re.compile(r"^\s*(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
 
 
@@ -382,7 +386,9 @@ def key_descriptions() -> dict:
     root = config_dir()
     sources = [("", inspect.getsource(schema.Config).splitlines()[1:]),
                ("", (root / "config.yaml").read_text().splitlines()),
-               ("", inspect.getsource(schema.FinetuneAppConfig).splitlines()[1:])]
+               ("", inspect.getsource(schema.FinetuneAppConfig).splitlines()[1:]),
+               ("", inspect.getsource(schema.PretrainedConfig).splitlines()[1:]),
+               ("hf.", inspect.getsource(schema.HFConfig).splitlines()[1:])]
     for group, cls in (("model", schema.ModelConfig), ("train", schema.TrainConfig), ("eval", schema.EvalConfig)):
         sources.append((f"{group}.", inspect.getsource(cls).splitlines()[1:]))
         sources += [(f"{group}.", path.read_text().splitlines()) for path in sorted((root / group).glob("*.yaml"))]
@@ -419,6 +425,12 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("default", no_wrap=True)
     table.add_column("meaning")
-    for row in key_table(cfg, FINETUNE_KEYS if config_name == "finetune" else MAIN_KEYS):
+    for row in key_table(cfg, KEYS_OF.get(config_name, MAIN_KEYS)):
         table.add_row(*row)
     Console().print(table)
+
+
+def pretrained_arguments(args: Sequence[str]) -> List[str]:
+    """``posexp eval hf:MODEL ...`` as the overrides of configs/pretrained.yaml: ``hf:MODEL`` is ``hf.model=MODEL``
+    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does)."""
+    return [f"hf.model={a[len('hf:'):]}" if a.startswith("hf:") else a for a in args]

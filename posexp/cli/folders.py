@@ -135,8 +135,10 @@ def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool
     job = copy.deepcopy(config)
     with read_write(job), open_dict(job):
         del job["hydra"]
+    from posexp.commands.pretrained import check_pretrained  # torch: see posexp/cli/app.py
+
     try:
-        check_finetune(job) if config_name == CONFIG_NAME else check_config(job)
+        {CONFIG_NAME: check_finetune, "pretrained": check_pretrained}.get(config_name, check_config)(job)
     except PosexpError as e:
         if multirun and label:
             raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None

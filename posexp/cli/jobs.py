@@ -44,6 +44,13 @@ def finetune_task(cfg: DictConfig) -> Optional[float]:
     return _task(cfg, run_finetune)
 
 
+def pretrained_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp eval hf:MODEL``: one pretrained model's evaluation (as :func:`train_task`)."""
+    from posexp.commands.pretrained import run_pretrained  # torch: see posexp/cli/app.py
+
+    return _task(cfg, run_pretrained)
+
+
 def _task(cfg: DictConfig, run) -> Optional[float]:
     hc = HydraConfig.get()
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)

@@ -221,3 +221,30 @@ def hydra_request(args: Sequence[str]) -> Optional[str]:
     raise PosexpError(f"-sc{given}: choose install=bash or install=zsh (to eval: eval \"$(posexp train -sc "
                       "install=bash)\"), or uninstall=bash / uninstall=zsh; posexp --install-completion installs "
                       "it for good")
+
+
+def install_completion_option(value: bool) -> None:
+    """``posexp --install-completion``: install the script for the shell the user runs, say where, and stop."""
+    import typer
+
+    from posexp.cli.console import fail
+
+    if not value:
+        return
+    name = detect_shell()
+    try:
+        script, rc = install(name, Path.home())
+    except PosexpError as e:
+        fail(e)
+    print(f"{name} completion of posexp installed in {script}, loaded by {rc}; it works in {name} shells started "
+          "from now on")
+    raise typer.Exit()
+
+
+def show_completion_option(value: bool) -> None:
+    """``posexp --show-completion``: print the script (bash and zsh) and stop."""
+    import typer
+
+    if value:
+        print(SCRIPT, end="")
+        raise typer.Exit()

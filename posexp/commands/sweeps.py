@@ -82,7 +82,7 @@ def set_job_threads(cfg: DictConfig, launcher: Any) -> Optional[int]:
 
     threads = job_threads(launcher)
     pin(threads, f"{_launcher_name(launcher)}'s share of the cores")  # what train.threads=auto then takes
-    if isinstance(cfg.train.get("threads"), int):  # a number: run_train sets it
+    if isinstance((cfg.get("train") or {}).get("threads"), int):  # a number: run_train sets it
         return None
     if threads is not None:
         torch.set_num_threads(threads)

@@ -26,6 +26,7 @@ from posexp.config.schema import (
     DataConfig,
     EvalConfig,
     FinetuneAppConfig,
+    PretrainedConfig,
     ModelConfig,
     TaskConfig,
     TokenizerConfig,
@@ -38,7 +39,7 @@ from posexp.config.schema import (
 )
 from posexp.config.identity import config_dict
 from posexp.data.corpus import BAD_FILE_CHOICES, data_kind, tokenizer_spec
-from posexp.data.tokenizer import check_spec
+from posexp.data.tokenizer import TokenizerSpec, check_spec
 from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, options_schema, registry
 from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
@@ -70,6 +71,7 @@ def register_configs() -> None:
     if not _stored:
         cs.store(name="posexp_schema", node=Config)
         cs.store(name="posexp_finetune_schema", node=FinetuneAppConfig)
+        cs.store(name="posexp_pretrained_schema", node=PretrainedConfig)
         cs.store(group="schema/data", name="data", node=DataConfig)
         cs.store(group="schema/tokenizer", name="tokenizer", node=TokenizerConfig)
         cs.store(group="schema/model", name="model", node=ModelConfig)
@@ -278,7 +280,12 @@ def _lengths_valid(cfg: Config) -> bool:
 
 def validate_data(cfg: Config) -> None:
     """``data.*`` and ``tokenizer.*``: a known loader, what it needs, a tokenizer it can build."""
-    d = cfg.data
+    check_data(cfg.data, tokenizer_spec(cfg))
+
+
+def check_data(d: DataConfig, tokenizer: Optional[TokenizerSpec]) -> None:
+    """``data.*``: a known loader and what it needs; and ``tokenizer`` one it can build (None: the data is read
+    with a pretrained model's own tokenizer, ``posexp eval hf:MODEL``)."""
     kind = data_kind(d)
     if kind not in DATASETS:
         shipped = sorted(p.stem for p in (config_dir() / "data").glob("*.yaml"))
@@ -300,7 +307,8 @@ def validate_data(cfg: Config) -> None:
                 "must name the split to train on (e.g. train)")
         require(d.max_train_docs is None or d.max_train_docs > 0, "data.max_train_docs",
                 f"must be a positive number of rows, or null for all (got {d.max_train_docs})")
-    check_spec(tokenizer_spec(cfg))
+    if tokenizer is not None:
+        check_spec(tokenizer)
 
 
 def validate_task(cfg: Config) -> None:

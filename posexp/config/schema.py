@@ -292,6 +292,31 @@ class FinetuneAppConfig:
     objective: Any = "longest"
 
 
+@dataclass
+class HFConfig:
+    """``posexp eval hf:MODEL``: which pretrained transformers causal LM, and how it is loaded (:mod:`posexp.hf`)."""
+
+    model: str = MISSING  # a local model folder or a Hub name (the command's hf:MODEL)
+    revision: Optional[str] = None  # a Hub revision (branch, tag or commit); null = the cached default
+    trust_remote_code: bool = False  # run the model's own code from its folder or the Hub (off: transformers' classes)
+    device_map: Optional[str] = None  # auto: accelerate spreads the layers over the GPUs (and CPU); null: one device
+    query_chunk: Optional[int] = None  # queries per forward over the key cache; null = the adapter's default
+
+
+@dataclass
+class PretrainedConfig:
+    """What ``posexp eval hf:MODEL`` reads (``configs/pretrained.yaml``): the model, the data it is measured on
+    with its own tokenizer, and the ``eval`` group as a run's."""
+
+    hf: HFConfig = field(default_factory=HFConfig)
+    data: DataConfig = MISSING
+    eval: EvalConfig = MISSING
+    train_len: Optional[int] = None  # the model's original context length; null = what its config says
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"  # auto | fp32 | bf16 (auto: the weights' own dtype where the device computes it)
+
+
 PRECISIONS = ("auto", "fp32", "bf16")
 
 

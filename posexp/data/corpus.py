@@ -23,6 +23,7 @@ and the run says so).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import sys
@@ -126,6 +127,7 @@ def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.0
     if corpus is None:
         corpus, tok = build_local(name, root, files, strict, path, source, val_fraction, spec, key + spec.key(), log)
         _warn(warn, write_cache(cdir, corpus, tok))
+    corpus.text_fingerprint = text_fingerprint(name, key)
     if name == "text" and corpus.files < len(files):  # every file read is a document: the rest were left out
         _warn(warn, f"data.on_bad_file=skip: left out {len(files) - corpus.files} of {len(files)} files under "
                     f"{root} that are not UTF-8 text")
@@ -140,12 +142,18 @@ def _load_hub(hub: Optional[HubSource], val_fraction: float, cache_dir: Optional
                                        "folder (datasets' save_to_disk output, or data files)")
     key = hub_key(hub, val_fraction)
     cdir = cache_root(cache_dir) / (f"hf-{_slug(hub.name)}-{key}" + (f"-{spec.key()}" if spec.key() else ""))
-    cached = read_cache(cdir)
-    if cached is not None:
-        return cached
-    corpus, tok = build_hub(hub, val_fraction, spec, key + spec.key(), log)
-    _warn(warn, write_cache(cdir, corpus, tok))
+    corpus = read_cache(cdir)
+    if corpus is None:
+        corpus, tok = build_hub(hub, val_fraction, spec, key + spec.key(), log)
+        _warn(warn, write_cache(cdir, corpus, tok))
+    corpus.text_fingerprint = text_fingerprint("hf", key)
     return corpus
+
+
+def text_fingerprint(kind: str, key: str) -> str:
+    """16 hex digits naming the text of a corpus (its documents and split) whatever tokenizer reads it, so that
+    ``posexp report`` can put runs read through different tokenizers side by side, per byte."""
+    return hashlib.sha256(f"{kind}|{key}".encode()).hexdigest()[:16]
 
 
 def _warn(warn: Log, message: Optional[str]) -> None:

@@ -19,15 +19,16 @@ sizes) are not comparable by perplexity; bits per byte are (see
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
 from posexp.errors import ConfigError, PosexpError
 
 TOKENIZERS = ("byte", "bpe")
+PRETRAINED = "pretrained"  # a pretrained model's own tokenizer (posexp eval hf:MODEL), never a tokenizer= choice
 BYTE_VOCAB_SIZE = 256
 DEFAULT_BPE_VOCAB_SIZE = 4096
 # 256 byte symbols + the document separator: the smallest BPE vocabulary, with no merges at all
@@ -49,6 +50,10 @@ class TokenizerSpec:
     name: str = "byte"
     vocab_size: Optional[int] = None
     min_frequency: int = 2
+    # name "pretrained": a pretrained model's own tokenizer (a transformers tokenizer, loaded by posexp.hf), and the
+    # SHA-256 of what it tokenizes with, which keys the token cache
+    pretrained: Any = field(default=None, compare=False, hash=False, repr=False)
+    fingerprint: Optional[str] = None
 
     @property
     def is_byte(self) -> bool:
@@ -63,11 +68,15 @@ class TokenizerSpec:
         """A short, stable text of the settings that change the tokens (empty for ``byte``)."""
         if self.is_byte:
             return ""
+        if self.name == PRETRAINED:
+            return f"pretrained-{self.fingerprint}"
         return f"bpe-v{self.requested_vocab_size()}-f{self.min_frequency}"
 
 
 def check_spec(spec: TokenizerSpec) -> None:
     """Raise :class:`ConfigError` for an unknown tokenizer or a vocabulary size it cannot have."""
+    if spec.name == PRETRAINED and spec.pretrained is not None and spec.fingerprint:
+        return
     if spec.name not in TOKENIZERS:
         raise ConfigError("tokenizer", f"unknown tokenizer {spec.name!r}; choose one of: {', '.join(TOKENIZERS)}")
     if spec.is_byte:
@@ -108,6 +117,35 @@ class ByteTokenizer:
 
     def save(self, folder: Path) -> Optional[Path]:
         return None  # nothing learned, nothing to save
+
+
+class PretrainedTokenizer:
+    """A pretrained model's own tokenizer (a transformers tokenizer) as the corpus reads it: the text of each
+    document without special tokens, documents joined by the model's end-of-sequence token (its beginning-of-
+    sequence token when it has none), as such models were trained on concatenated documents."""
+
+    name = PRETRAINED
+
+    def __init__(self, tokenizer, fingerprint: str):
+        self._tok = tokenizer
+        self.fingerprint = fingerprint
+        self.vocab_size = int(len(tokenizer))
+        sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
+        if sep is None:
+            raise PosexpError("the pretrained model's tokenizer has neither an end- nor a beginning-of-sequence "
+                              "token to separate documents")
+        self.separator = int(sep)
+        self.dtype = token_dtype(self.vocab_size)
+
+    def to_str(self) -> str:
+        return self.fingerprint  # what the corpus fingerprint hashes besides the tokens
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        ids = self._tok(list(texts), add_special_tokens=False)["input_ids"]
+        return [np.asarray(i, dtype=np.int64).astype(self.dtype) for i in ids]
+
+    def save(self, folder: Path) -> Optional[Path]:
+        return None  # the model's folder holds it
 
 
 class BPETokenizer:

@@ -21,7 +21,8 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from posexp.data.tokenizer import BYTE_VOCAB_SIZE, TOKENIZER_JSON, BPETokenizer, ByteTokenizer, TokenizerSpec
+from posexp.data.tokenizer import (BYTE_VOCAB_SIZE, PRETRAINED, TOKENIZER_JSON, BPETokenizer, ByteTokenizer,
+                                     PretrainedTokenizer, TokenizerSpec)
 from posexp.runs.atomic import atomic_write_bytes, atomic_write_text
 
 VOCAB_SIZE = BYTE_VOCAB_SIZE  # byte-level, the default tokenizer
@@ -46,6 +47,7 @@ class Corpus:
     tokenizer: str = "byte"
     val_bytes: Optional[int] = None  # UTF-8 bytes of the validation text, separators included
     tokenizer_file: Optional[str] = None  # the BPE tokenizer.json beside the cached arrays
+    text_fingerprint: Optional[str] = None  # the text whatever its tokenizer (set by load_corpus, never cached)
 
     def info(self) -> dict:
         val_bytes = self.val_bytes if self.val_bytes is not None else (
@@ -65,6 +67,7 @@ class Corpus:
             # bits per byte = loss (nats/token) / ln 2 * tokens_per_byte: comparable across tokenizers
             "tokens_per_byte": round(self.val.size / val_bytes, 6) if val_bytes else None,
             "unigram_ppl": unigram_perplexity(self.train, self.val, self.vocab_size),
+            **({"text_fingerprint": self.text_fingerprint} if self.text_fingerprint else {}),
         }
 
 
@@ -102,7 +105,7 @@ def read_cache(cdir: Path) -> Optional[Corpus]:
         meta = json.loads(meta_path.read_text())
         train = np.load(cdir / "train.npy", mmap_mode="r")
         val = np.load(cdir / "val.npy", mmap_mode="r")
-        if meta.get("tokenizer", "byte") != "byte":
+        if meta.get("tokenizer", "byte") == "bpe":
             meta["tokenizer_file"] = str(cdir / TOKENIZER_JSON)
         return Corpus(train=np.asarray(train), val=np.asarray(val), **meta)
     except (OSError, ValueError, TypeError, KeyError):
@@ -115,7 +118,8 @@ def write_cache(cdir: Path, corpus: Corpus, tokenizer) -> Optional[str]:
     Returns:
         Why the cache could not be written, for the user; None when it was.
     """
-    meta = {f.name: getattr(corpus, f.name) for f in fields(corpus) if f.name not in ("train", "val", "tokenizer_file")}
+    meta = {f.name: getattr(corpus, f.name) for f in fields(corpus)
+            if f.name not in ("train", "val", "tokenizer_file", "text_fingerprint")}
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         saved = tokenizer.save(cdir)
@@ -166,6 +170,8 @@ def _texts(ds, column: str) -> Iterator[list[str]]:
 def make_tokenizer(spec: TokenizerSpec, train_ds, column: str, show_progress: bool, log: Log):
     if spec.is_byte:
         return ByteTokenizer()
+    if spec.name == PRETRAINED:
+        return PretrainedTokenizer(spec.pretrained, str(spec.fingerprint))
     if log is not None:
         log(f"training a byte-level BPE tokenizer (vocab {spec.requested_vocab_size()}) on the training split "
             f"({len(train_ds):,} documents)")

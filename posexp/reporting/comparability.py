@@ -11,6 +11,13 @@ from posexp.reporting.formatting import fmt_settings, short_id
 from posexp.reporting.runs import base_train_len
 
 
+def text_key(row: Any) -> Any:
+    """What makes two runs' numbers one quantity: the same tokens (the corpus fingerprint), or, for rows compared per
+    byte (their tokenizers differ), the same text (the text fingerprint)."""
+    info = row.run.info
+    return info.get("text_fingerprint") if row.per_byte else info.get("corpus_fingerprint")
+
+
 def flag_outliers(rows: Sequence[Any], warnings: list[str],
                    train_len_varies: bool = False) -> tuple[Optional[int], tuple, Any]:
     """Flag runs whose corpus, eval settings or training length differ from the majority.
@@ -33,7 +40,7 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
 
     # the settings of the rows each run shows (ReportRow.settings), not what the run recorded when it trained:
     # a later posexp eval may have measured them otherwise
-    infos = [{**row.run.info, "eval_settings": row.settings} for row in rows]
+    infos = [{**row.run.info, "eval_settings": row.settings, "compared_text": text_key(row)} for row in rows]
     # A run that stopped before it read its data or evaluated has no fingerprint or eval settings:
     # unknown is not different (its status is flagged already), so it neither votes nor is flagged.
     unknown = [row.run.status != "completed" for row in rows]
@@ -47,14 +54,14 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
                 for v, u in zip(values, unknown)]
         return value, keys
 
-    corpus_fp, fp_keys = majority_known("corpus_fingerprint")
-    corpus_name = next((i.get("corpus") for i in infos if i.get("corpus_fingerprint") == corpus_fp), None)
+    corpus_fp, fp_keys = majority_known("compared_text")
+    corpus_name = next((i.get("corpus") for i in infos if i.get("compared_text") == corpus_fp), None)
     eval_settings, eval_keys = majority_known("eval_settings")
     # a fine-tune changes its training length by design: it is compared at its parent's
     train_len, len_keys = majority([base_train_len(row.run) for row in rows])
 
     checks = [
-        (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({short_id(i.get('corpus_fingerprint'))}) "
+        (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({short_id(i.get('compared_text'))}) "
                                                 f"vs {corpus_name} ({short_id(corpus_fp)}) for the others"),
         (eval_keys, "different eval settings", lambda i: f"eval settings {fmt_settings(i.get('eval_settings'))} "
                                                          f"vs {fmt_settings(eval_settings)} for the others"),

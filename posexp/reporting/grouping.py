@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
+from posexp.reporting.comparability import text_key
 from posexp.reporting.formatting import fmt_settings, short_id
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.selection import EXECUTION_KEYS, SortKey, ABSENT, canon, flatten_config, show_value, config_value
@@ -24,7 +25,7 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
         values = {k: config_value(row.run, k) for k in by}
         # Numbers measured on different text, or scored differently, are different quantities.
         guard = (
-            canon(info.get("corpus_fingerprint")),
+            canon(text_key(row)),
             canon(row.settings),
             "" if "train_len" in by else canon(base_train_len(row.run)),
             "" if row.run.status == "completed" else str(row.run.path),  # a failure stays visible on its own

@@ -12,6 +12,7 @@ the others: they form groups of their own, flagged "kept apart".
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import replace
@@ -115,6 +116,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
                       settings=shown_settings(run, _shown(run, protocol, scaling, window)))
             for label, run in zip(labels, runs)]
     lengths = sorted({n for row in rows for n in row.cells})
+    _per_byte(rows, warnings)
     for row in rows:
         budgets = (row.settings or {}).get("tokens")
         if isinstance(budgets, list):  # a later posexp eval measured some lengths on another budget
@@ -332,6 +334,29 @@ def _short_override(override: str) -> str:
     if sep and os.sep in value and len(Path(value).parts) > 2:
         return f"{key}={Path(*Path(value).parts[-2:]).as_posix()}"
     return override
+
+
+def _per_byte(rows: list[ReportRow], warnings: list[str]) -> None:
+    """Runs that read the same text through different tokenizers (a pretrained model's, posexp's bytes or BPE) are
+    compared per UTF-8 byte: each cell becomes ``exp(loss * tokens_per_byte)``, the perplexity per byte
+    (``2 ** bits per byte``; Gao et al. 2020 compare models in bits per byte for this reason), which for a
+    byte-level run is its perplexity unchanged. Ratios and ``maxlen`` then read per-byte perplexities.
+    ``tokens_per_byte`` is the validation split's, so the conversion is exact for the split and close for the
+    scored part of it. A run that recorded no byte count cannot be converted: it is flagged."""
+    tokens = {row.run.info.get("corpus_fingerprint") for row in rows} - {None}
+    texts = {row.run.info.get("text_fingerprint") for row in rows}
+    if len(tokens) < 2 or len(texts) != 1 or None in texts:
+        return  # one tokenization, or texts that are not one text (flagged as different corpora as always)
+    for row in rows:
+        tpb = as_number(row.run.info.get("tokens_per_byte"))
+        if tpb is None:
+            row.flags.append("no bytes count")
+            warnings.append(f"{row.label}: its results record no tokens per byte, so it cannot be compared per byte "
+                            "with runs of other tokenizers; evaluate it again with this posexp")
+            continue
+        row.per_byte = True
+        row.cells = {n: Cell(c.applicable, *(None if v is None else math.exp(math.log(v) * tpb)
+                                            for v in (c.ppl, c.low, c.high))) for n, c in row.cells.items()}
 
 
 def _cells(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> dict[int, Cell]:

@@ -469,6 +469,8 @@ def _length_header(report: Report, length: int) -> str:
 def ppl_label(report: Report) -> str:
     """The y label and table unit; byte-level tokens are named as such so nobody reads them as words."""
     tokenizers = {row.run.info.get("tokenizer") for row in report.rows} - {None}
+    if any(row.per_byte for row in report.rows):
+        return "perplexity per UTF-8 byte (2^bits per byte; the runs' tokenizers differ)"
     if tokenizers == {"byte"}:
         return f"{PPL_LABEL} (byte-level tokens)"
     return PPL_LABEL

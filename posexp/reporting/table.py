@@ -42,6 +42,7 @@ class ReportRow:
     ratio: Optional[float]
     flags: list[str] = field(default_factory=list)
     settings: Optional[dict] = None  # how the shown rows were measured (reporting.runs.shown_settings)
+    per_byte: bool = False  # cells are perplexity per UTF-8 byte: the report's runs read the text with other tokenizers
 
 
 @dataclass

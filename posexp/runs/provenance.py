@@ -16,7 +16,7 @@ import torch
 
 import posexp
 from posexp.config.identity import RunHash, config_dict, run_hash
-from posexp.config.schema import Config
+from posexp.config.schema import Config, EvalConfig
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import write_results_json
@@ -172,7 +172,11 @@ def write_run_status(run_dir: Path, cfg: Optional[Config], overrides: list[str],
 
 def eval_settings(cfg: Config) -> dict:
     """The evaluation settings the report compares runs by; keys beyond tokens/protocol only when in use."""
-    e = cfg.eval
+    return eval_settings_of(cfg.eval)
+
+
+def eval_settings_of(e: EvalConfig) -> dict:
+    """:func:`eval_settings` of an ``eval`` group (a run's, or a pretrained model's evaluation)."""
     settings = {"tokens": int(e.tokens), "protocol": e.protocol}
     if e.stride is not None:
         settings["stride"] = int(e.stride)

@@ -1,0 +1,164 @@
+"""``posexp eval hf:MODEL``, one job: a pretrained transformers causal LM measured under posexp's protocols.
+
+The recipe mirrors ``posexp train``'s without the training: check the config, load the model and its tokenizer
+(:mod:`posexp.hf.loading`), tokenize ``data`` with that tokenizer (cached as any corpus is), evaluate through the
+model seam (:class:`posexp.hf.model.HFLanguageModel`, read by :func:`posexp.evaluation.perplexity.evaluate` as it
+reads posexp's own model) and write the run folder as a run's: results.json with the model's provenance (name,
+revision, config and weights SHA-256) in ``run.pretrained``, results.csv / .md, the plots and loss by position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
+
+from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
+from posexp.data.corpus import check_fits, data_kind, hub_source, load_corpus
+from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
+from posexp.encoders.scaling import NONE, SCALINGS
+from posexp.errors import ConfigError, PosexpError, require
+from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
+from posexp.evaluation.runner import EvalProgress
+from posexp.model.window import check_window
+from posexp.runs.provenance import eval_settings_of, git_commit, run_label, versions
+from posexp.runs.results import results_table, write_loss_by_position, write_results
+from posexp.runtime.device import resolve_device
+
+HF_PREFIX = "hf:"  # posexp eval hf:MODEL
+
+
+def typed_pretrained(cfg: DictConfig) -> PretrainedConfig:
+    """The composed config as :class:`PretrainedConfig` (the edge), or a one-line :class:`PosexpError`."""
+    try:
+        spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainedConfig), cfg))
+    except OmegaConfBaseException as e:
+        raise PosexpError(f"the config does not fit posexp eval hf:MODEL's schema ({str(e).splitlines()[0]})") from None
+    assert isinstance(spec, PretrainedConfig)
+    return spec
+
+
+def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
+    """Everything about a pretrained model's evaluation that can be checked before the model loads (every sweep
+    job is checked first); the lengths in multiples of the model's context length are checked once it has loaded.
+
+    Raises:
+        ConfigError: naming the key and what is allowed.
+    """
+    from posexp.commands.validation import check_data
+
+    spec = typed_pretrained(cfg)
+    require(str(spec.hf.model).strip() != "", "hf.model", "names the model: posexp eval hf:PATH_OR_NAME")
+    require(spec.device in DEVICES, "device", f"must be one of: {', '.join(DEVICES)} (got {spec.device!r})")
+    require(spec.precision in PRECISIONS, "precision",
+            f"must be one of: {', '.join(PRECISIONS)} (got {spec.precision!r})")
+    require(spec.train_len is None or spec.train_len > 0, "train_len",
+            f"must be a positive number of tokens, or null for the model's own context length (got {spec.train_len})")
+    require(spec.hf.device_map in (None, "auto"), "hf.device_map",
+            f"must be auto (accelerate places the layers) or null (one device; got {spec.hf.device_map!r})")
+    require(spec.hf.query_chunk is None or spec.hf.query_chunk > 0, "hf.query_chunk",
+            f"must be a positive number of queries, or null (got {spec.hf.query_chunk})")
+    check_data(spec.data, None)
+    e = spec.eval
+    values = e.lengths if e.lengths is not None else e.multiples
+    require(len(values) > 0 and all(v > 0 for v in values), "eval.lengths" if e.lengths is not None else
+            "eval.multiples", f"must list positive numbers (got {list(values)})")
+    require(e.scaling in SCALINGS, "eval.scaling", f"unknown scaling {e.scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    require(e.scaling_factor is None or (e.scaling != NONE and e.scaling_factor >= 1), "eval.scaling_factor",
+            f"must be >= 1 and only with an eval.scaling (got {e.scaling_factor} with scaling {e.scaling})")
+    if e.lengths is not None:
+        check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
+    check_window(e.window, e.sinks)
+    return spec
+
+
+def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
+    """Load, evaluate and write one pretrained model's run (the module docstring)."""
+    from posexp.hf.loading import load_pretrained
+
+    spec = check_pretrained(cfg)
+    console = console or Console()
+    device = resolve_device(spec.device)
+    dtype = _dtype(spec.precision, device)
+    lm, tokenizer, record = load_pretrained(spec.hf, device, dtype)
+    train_len = int(spec.train_len or lm.context_length)
+    lengths = lengths_of(spec.eval, train_len)
+    check_protocol(spec.eval.protocol, spec.eval.stride, spec.eval.last_k, lengths[0])
+    if spec.eval.tokens < lengths[-1]:
+        raise ConfigError("eval.tokens", f"must be at least the longest eval length {lengths[-1]} (got "
+                                         f"{spec.eval.tokens})")
+    corpus = _corpus(spec, tokenizer, console)
+    check_fits(corpus, train_len, lengths[-1])
+    console.print(f"[bold]posexp[/] pretrained [cyan]{lm.label}[/] · {record.get('parameters', 0):,} params · "
+                  f"context {train_len} · {corpus.name} in its tokenizer ({corpus.val.size:,} val tokens) · "
+                  f"{device} {str(dtype).replace('torch.', '')} · run dir {run_dir}", highlight=False)
+    positions: list[dict] = []
+    progress = EvalProgress(console, lengths)
+    try:
+        rows = evaluate(lm, corpus.val, spec.eval, train_len, device, dtype=dtype,
+                        hooks=EvalHooks(log=lambda m: console.print(f"[yellow]{m}[/]", highlight=False),
+                                        progress=progress, positions=positions if spec.eval.loss_by_position else None))
+    finally:
+        progress.close()
+    label = run_label(overrides)
+    results: dict[str, Any] = {"run": _provenance(spec, cfg, label, overrides, train_len, corpus.info(), record),
+                               "rows": rows}
+    if positions:
+        write_loss_by_position(run_dir, positions, train_len, label)
+    write_results(run_dir, results)
+    console.print(results_table(results))
+    return results
+
+
+def _dtype(precision: str, device: torch.device) -> torch.dtype:
+    """``precision``'s dtype: fp32, bf16, or for ``auto`` bf16 on a CUDA device that has it and fp32 elsewhere
+    (a CPU emulates bf16 slowly on some machines; evaluation should not depend on which)."""
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _corpus(spec: PretrainedConfig, tokenizer, console: Console):
+    """``data`` tokenized by the model's own tokenizer (cached, keyed by the tokenizer's fingerprint)."""
+    d = spec.data
+    kind = data_kind(d)
+    tokenizer_spec = TokenizerSpec(name=PRETRAINED, pretrained=tokenizer, fingerprint=tokenizer_fingerprint(tokenizer))
+    return load_corpus(kind, d.path, d.val_fraction, d.cache_dir, tokenizer=tokenizer_spec,
+                       hub=hub_source(d) if kind == "hf" else None,
+                       log=lambda m: console.print(m, highlight=False),
+                       warn=lambda m: console.print(f"[yellow]warning:[/] {m}", highlight=False),
+                       skip_bad_files=d.on_bad_file == "skip")
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """16 hex digits of SHA-256 over what a transformers tokenizer tokenizes with: a fast tokenizer's whole
+    definition (vocabulary, merges, normalizer, pre-tokenizer), else its vocabulary and special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    text += repr(sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _provenance(spec: PretrainedConfig, cfg: DictConfig, label: str, overrides: list[str], train_len: int,
+                corpus_info: dict, record: dict) -> dict:
+    """results.json's ``run`` for a pretrained model: the fields a trained run has where they mean the same
+    (``encoder`` is ``hf:NAME``, ``train_len`` the model's context length), the model's own in ``pretrained``."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    blob = repr(sorted((str(k), repr(v)) for k, v in dict(config).items()))  # type: ignore[arg-type]
+    return {"label": label, "overrides": list(overrides), "encoder": f"{HF_PREFIX}{record['name']}",
+            "base": record.get("rope_theta"), "train_len": int(train_len), "seed": int(spec.seed),
+            "config": config, "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
+            "pretrained": record, **corpus_info, "eval_settings": eval_settings_of(spec.eval),
+            "versions": {**versions(), **record.get("versions", {})}, "python_version": platform.python_version(),
+            "git_commit": git_commit(), "status": "completed", "params": record.get("parameters")}
+
+
+__all__ = ["HF_PREFIX", "check_pretrained", "run_pretrained", "tokenizer_fingerprint", "typed_pretrained"]
