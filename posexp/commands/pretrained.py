@@ -80,14 +80,12 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
 
 def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
     """Load, evaluate and write one pretrained model's run (the module docstring)."""
-    from posexp.hf.loading import load_pretrained
-
     spec = check_pretrained(cfg)
     console = console or Console()
     device = resolve_device(spec.device)
     dtype = _dtype(spec.precision, device)
-    lm, tokenizer, record = load_pretrained(spec.hf, device, dtype)
-    train_len = int(spec.train_len or lm.context_length)
+    lm, tokenizer, record = _load(spec, device, dtype)
+    train_len = int(spec.train_len or record["context_length"])
     lengths = lengths_of(spec.eval, train_len)
     check_protocol(spec.eval.protocol, spec.eval.stride, spec.eval.last_k, lengths[0])
     if spec.eval.tokens < lengths[-1]:
@@ -114,6 +112,39 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
     write_results(run_dir, results)
     console.print(results_table(results))
     return results
+
+
+def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
+    """The model behind the seam, its tokenizer, and its provenance (with its context length and rope base)."""
+    from posexp.hf.loading import load_pretrained, provenance
+    from posexp.hf.model import DEFAULT_CHUNK, HFLanguageModel
+
+    h = spec.hf
+    model, tokenizer = load_pretrained(h.model, revision=h.revision, trust_remote_code=h.trust_remote_code,
+                                       device=str(device), dtype=dtype, device_map=h.device_map)
+    record = {**provenance(model, h.model, h.revision), **context_of(model.config)}
+    return HFLanguageModel(model, h.model, chunk=h.query_chunk or DEFAULT_CHUNK), tokenizer, record
+
+
+def context_of(config) -> dict:
+    """The context length a model was trained at (``context_length``: its rope parameters'
+    ``original_max_position_embeddings`` where a scaling already stretched it, else ``max_position_embeddings``,
+    ``n_positions`` or ``max_seq_len``) and its rotary base (``rope_theta``, None without RoPE).
+
+    Raises:
+        ConfigError: the config says none of them; ``train_len=N`` gives it.
+    """
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and isinstance(next(iter(rope.values()), None), dict):
+        rope = next(iter(rope.values()))  # per layer type (full_attention, sliding_attention): the first one
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = theta if theta is not None else getattr(config, "rope_theta", None)
+    length = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        length = length or getattr(config, key, None)
+    if not length:
+        raise ConfigError("train_len", "the model's config names no context length; give it: train_len=N (tokens)")
+    return {"context_length": int(length), "rope_theta": None if theta is None else float(theta)}
 
 
 def _dtype(precision: str, device: torch.device) -> torch.dtype:

@@ -163,7 +163,10 @@ def did_not_learn(row: ReportRow) -> Optional[bool]:
     unigram, cell = row.run.info.get("unigram_ppl"), row.cells.get(row.run.train_len or -1)
     if not isinstance(unigram, (int, float)) or cell is None or not cell.applicable or cell.ppl is None:
         return None
-    return cell.ppl >= NEAR_UNIGRAM * unigram
+    threshold = NEAR_UNIGRAM * unigram
+    if row.per_byte:  # the cell is per byte (:func:`_per_byte`), the unigram perplexity per token of the run's own
+        threshold **= float(row.run.info["tokens_per_byte"])
+    return cell.ppl >= threshold
 
 
 def _mark_unlearned(rows: list[ReportRow], warnings: list[str]) -> None:

@@ -114,7 +114,7 @@ def results_markdown(results: dict) -> str:
     lines = [
         f"# {run.get('label', '')}",
         "",
-        f"encoder `{run.get('encoder')}`, base {base}, trained at {run.get('train_len')} tokens for {trained}, "
+        f"{_what_was_run(run, base, trained)}, "
         f"{params}, corpus `{run.get('corpus', '?')}` ({run.get('corpus_fingerprint', '?')}). Perplexity per "
         f"{token_unit(run)} on the "
         f"validation split; 95% interval from the standard error over blocks of L consecutive scored tokens "
@@ -234,13 +234,25 @@ def results_table(results: dict) -> ResultsTable | Table:
     return task_table(results) if is_task_results(results) else ResultsTable(results)
 
 
+def _what_was_run(run: dict, base: str, trained: str) -> str:
+    """A trained run's encoding and training; a pretrained model's (``posexp eval hf:MODEL``) class, weights and
+    context length."""
+    model = run.get("pretrained")
+    if isinstance(model, dict):
+        return (f"pretrained `{model.get('name')}` ({model.get('architecture')}, revision {model.get('revision')}, "
+                f"weights sha256 {str(model.get('weights_sha256'))[:16]}), rope base {base}, context "
+                f"{run.get('train_len')} tokens")
+    return f"encoder `{run.get('encoder')}`, base {base}, trained at {run.get('train_len')} tokens for {trained}"
+
+
 def plot_title(run: dict) -> str:
     """A run's figure title: its encoding first (``rope, base 10000``), then what its overrides set, then its
     training length; never the bare ``default`` of a run started without overrides."""
     base = f", base {run['base']:g}" if isinstance(run.get("base"), (int, float)) else ""
     label = str(run.get("label") or "")
     shown = "" if label in ("", "default") else f" — {label}"
-    return f"{run.get('encoder') or '?'}{base}{shown} (trained at {run['train_len']} tokens)"
+    context = "context" if isinstance(run.get("pretrained"), dict) else "trained at"
+    return f"{run.get('encoder') or '?'}{base}{shown} ({context} {run['train_len']} tokens)"
 
 
 def write_results(run_dir: Path, results: dict) -> None:
