@@ -1,0 +1,171 @@
+"""``posexp eval hf:MODEL`` as a user runs it: a small random transformers model saved in a folder with a byte-level
+BPE tokenizer (no download), evaluated on posexp's data under posexp's protocols into a run folder, swept with
+``-m``, reported beside posexp's own runs per byte, and refused in one line where it cannot run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+TEXT = ("def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
+        "        self.y = y\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n\n")
+
+
+def invoke(*args: str):
+    from posexp.cli.app import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def _tokenizer(texts: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("text")
+    for i in range(8):  # several files: posexp holds some out for validation by their path's hash
+        (folder / f"part{i}.py").write_text(TEXT.replace("Point", f"Point{i}") * 30)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, corpus_dir) -> Path:
+    """A random 2-layer Llama with a 64-token context, saved with its tokenizer as a Hub model folder is."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tok = _tokenizer([p.read_text() for p in sorted(corpus_dir.glob("*.py"))])
+    tok.save_pretrained(folder)
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                      eos_token_id=tok.eos_token_id, bos_token_id=None, initializer_range=0.2)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def _run(tmp_path: Path, *args: str, name: str = "run"):
+    out = tmp_path / name
+    result = invoke("eval", *args, f"hydra.run.dir={out}")
+    return result, out
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "results.json").read_text())["rows"]
+
+
+def test_a_pretrained_model_is_evaluated_into_a_run_folder_with_its_provenance(llama_dir, corpus_dir, tmp_path):
+    result, out = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=1024")
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "results.json").read_text())["run"]
+    assert run["train_len"] == 64  # the config's context length: multiples 1, 2, 4 of it
+    assert [r["length"] for r in _rows(out)] == [64, 128, 256]
+    model = run["pretrained"]
+    assert model["architecture"] == "LlamaForCausalLM" and len(model["weights_sha256"]) == 64
+    vocab = len(transformers.AutoTokenizer.from_pretrained(llama_dir))
+    assert run["tokenizer"] == "pretrained" and run["vocab_size"] == vocab and 0 < run["tokens_per_byte"] < 1
+    assert all(r["applicable"] and math.isfinite(r["ppl"]) for r in _rows(out))
+    for name in ("results.md", "results.csv", "ppl_vs_length.png", ".hydra/config.yaml"):
+        assert (out / name).exists(), name
+
+
+def test_the_rows_are_the_models_own_cross_entropy_on_the_tokens_of_its_tokenizer(llama_dir, corpus_dir, tmp_path):
+    """The perplexity posexp writes is exp of the mean cross-entropy a plain transformers forward gives on the
+    windows posexp scores (nonoverlap: consecutive windows of L tokens)."""
+    from posexp.data.corpus import load_corpus
+    from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
+    from posexp.commands.pretrained import tokenizer_fingerprint
+
+    result, out = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
+                       "eval.lengths=[64]")
+    assert result.exit_code == 0, result.output
+    tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    val = load_corpus("text", str(corpus_dir), tokenizer=TokenizerSpec(
+        PRETRAINED, pretrained=tok, fingerprint=tokenizer_fingerprint(tok))).val
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    windows = torch.from_numpy(val[:513].astype("int64"))
+    losses = []
+    with torch.no_grad():
+        for s in range(0, 512, 64):
+            logits = model(windows[s:s + 64][None]).logits[0]
+            losses.append(torch.nn.functional.cross_entropy(logits, windows[s + 1:s + 65], reduction="sum"))
+    expected = math.exp(float(sum(losses)) / 512)
+    assert _rows(out)[0]["ppl"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_sweep_over_scalings_writes_one_run_per_scaling_and_the_report_compares_them(llama_dir, corpus_dir,
+                                                                                        tmp_path):
+    sweep = tmp_path / "sweep"
+    result = invoke("eval", "-m", f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
+                    "eval.lengths=[64,128]", "eval.scaling=none,linear", f"hydra.sweep.dir={sweep}")
+    assert result.exit_code == 0, result.output
+    scaled = {r["scaling"]: r for d in ("0", "1") for r in _rows(sweep / d) if r["length"] == 128}
+    assert set(scaled) == {None, "linear"}
+    assert scaled["linear"]["scaling_factor"] == 2.0 and scaled["linear"]["ppl"] != scaled[None]["ppl"]
+    report = invoke("report", str(sweep), "--by", "eval.scaling", "--view", "scaling=linear")
+    assert report.exit_code == 0, report.output
+
+
+def test_rotary_scalings_of_a_model_without_rope_are_not_applicable(corpus_dir, tmp_path, llama_dir):
+    folder = tmp_path / "tiny-gpt2"
+    tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    tok.save_pretrained(folder)
+    config = transformers.GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                     eos_token_id=tok.eos_token_id, bos_token_id=None)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    result, out = _run(tmp_path, f"hf:{folder}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
+                       "eval.lengths=[64,128]", "eval.scaling=yarn")
+    assert result.exit_code == 0, result.output
+    assert [r["applicable"] for r in _rows(out)] == [False, False]
+    result, out = _run(tmp_path, f"hf:{folder}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
+                       "eval.lengths=[64,128]", name="plain")
+    rows = _rows(out)
+    assert rows[0]["applicable"] and not rows[1]["applicable"]  # GPT-2's table holds 64 positions
+    assert "64" in rows[1]["reason"]
+
+
+def test_per_byte_report_beside_a_posexp_run_of_the_same_text(llama_dir, corpus_dir, tmp_path):
+    """Runs of different tokenizers on the same text are compared per UTF-8 byte: the pretrained run's per-token
+    perplexity becomes exp(loss x tokens per byte) and the table says so."""
+    result, hf = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=1024",
+                      name="hf")
+    assert result.exit_code == 0, result.output
+    own = tmp_path / "own"
+    trained = invoke("train", "experiment=smoke", "data=text", f"data.path={corpus_dir}", "train_len=64",
+                     "eval.multiples=[1,2,4]", "eval.tokens=1024", f"hydra.run.dir={own}")
+    assert trained.exit_code == 0, trained.output
+    from posexp.reporting import build_report
+
+    report = build_report([hf, own])
+    assert all(row.per_byte for row in report.rows)
+    info = json.loads((hf / "results.json").read_text())["run"]
+    expected = math.exp(_rows(hf)[0]["loss"] * info["tokens_per_byte"])
+    assert report.rows[0].cells[64].ppl == pytest.approx(expected)
+    assert report.rows[1].cells[64].ppl == pytest.approx(_rows(own)[0]["ppl"])  # bytes: unchanged
+    assert not any("different corpus" in row.flags for row in report.rows)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["hf:/nowhere/model"], "hf model '/nowhere/model'"),
+    (["hf:{llama}", "eval.scaling=stretch"], "eval.scaling: unknown scaling 'stretch'"),
+    (["hf:{llama}", "hf.device_map=everywhere"], "hf.device_map: must be auto"),
+])
+def test_what_cannot_run_is_one_line_and_leaves_no_folder(args, says, llama_dir, tmp_path):
+    result, out = _run(tmp_path, *[a.format(llama=llama_dir) for a in args])
+    assert result.exit_code != 0
+    assert says in result.output and "Traceback" not in result.output
+    assert not out.exists()
