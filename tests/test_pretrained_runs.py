@@ -169,3 +169,40 @@ def test_what_cannot_run_is_one_line_and_leaves_no_folder(args, says, llama_dir,
     assert result.exit_code != 0
     assert says in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_zero_shot_passkey_instances_hold_the_key_at_its_depth_in_exactly_the_length(llama_dir, corpus_dir):
+    """Every instance is L + 1 tokens of the model's tokenizer: the paper's prompt, filler, the key sentence at the
+    depth asked, the question, and the key's own tokens as the answer (however the tokenizer splits digits)."""
+    import numpy as np
+
+    from posexp.evaluation.accuracy import eval_instances
+    from posexp.tasks.passkey_text import PROMPT, QUESTION, TextPasskey
+
+    tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    filler = np.asarray(tok(TEXT * 20, add_special_tokens=False)["input_ids"])
+    task = TextPasskey(lambda t: tok(t, add_special_tokens=False)["input_ids"], filler, len(tok), digits=5)
+    for depth in (0.0, 1.0):
+        made = eval_instances(task, 400, 3, depth)
+        assert made.tokens.shape == (3, 401)
+        for row, answer in zip(made.tokens, made.answer):
+            text = tok.decode(row)
+            key = tok.decode(row[answer]).strip()
+            assert len(key) == 5 and key.isdigit() and text.startswith(PROMPT)
+            needle, question = text.index(f"The pass key is {key}."), text.index(QUESTION.strip())
+            assert text.endswith(f"{QUESTION} {key}") and needle < question
+            before, after = len(text[len(PROMPT):needle]), len(text[needle:question])
+            assert (before < 5) if depth == 0.0 else (after < 80)  # at the start of the filler, or right before
+    assert eval_instances(task, 400, 3, 0.5).tokens.tolist() == eval_instances(task, 400, 3, 0.5).tokens.tolist()
+
+
+def test_zero_shot_passkey_of_a_pretrained_model_writes_accuracy_rows(llama_dir, corpus_dir, tmp_path):
+    result, out = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "task.name=passkey",
+                       "eval.lengths=[256]", "eval.examples=4", "eval.depths=[0.0,1.0]")
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert [(r["metric"], r["length"], r["depth"], r["examples"]) for r in rows] == [
+        ("accuracy", 256, 0.0, 4), ("accuracy", 256, 1.0, 4)]
+    assert json.loads((out / "results.json").read_text())["run"]["task"]["zero_shot"] is True
+    refused, _ = _run(tmp_path, f"hf:{llama_dir}", "task.name=copy", name="copy")
+    assert refused.exit_code != 0 and "task.name: a pretrained model is measured on lm or passkey" in refused.output

@@ -137,7 +137,7 @@ def test_task_evaluation_records_no_gradients(tiny, monkeypatch):
     grad_on: list[bool] = []
     score = accuracy._score
     monkeypatch.setattr(accuracy, "_score", lambda *a: grad_on.append(torch.is_grad_enabled()) or score(*a))
-    accuracy.evaluate_task(model, source.task, cfg, torch.device("cpu"))
+    accuracy.evaluate_task_config(model, source.task, cfg, torch.device("cpu"))
     assert grad_on == [False, False]
 
 
@@ -157,7 +157,7 @@ def test_posexp_eval_of_a_task_at_an_impossible_length_is_one_line(tmp_path, mon
     def no_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 9.54 GiB for an array with shape (256, 10000000)")
 
-    monkeypatch.setattr(accuracy, "evaluate_task", no_memory)
+    monkeypatch.setattr(accuracy, "evaluate_task_config", no_memory)
     failed = CliRunner().invoke(app, ["eval", "run", "eval.lengths=[64]"])
     assert failed.exit_code == 2 and "ran out of memory evaluating" in failed.output
     assert "lower the eval lengths or eval.examples" in failed.output and "Traceback" not in failed.output

@@ -169,7 +169,7 @@ def test_bad_values_are_one_line_naming_the_key(window, sinks, key):
 
 def test_passkey_rows_under_a_window_record_it(compose):
     from posexp.data.corpus import corpus_from_config
-    from posexp.evaluation.accuracy import evaluate_task
+    from posexp.evaluation.accuracy import evaluate_task_config as evaluate_task
     from posexp.tasks.source import TrainingSource
 
     overrides = ("task=passkey", "model.d_model=64", "model.n_heads=4", "model.n_layers=1", "train_len=64",

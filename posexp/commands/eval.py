@@ -430,7 +430,7 @@ def _left(runs: list[Path], finished: int, overrides: Sequence[str], first: str 
 def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -> dict:
     """Evaluate one prepared run, merge its rows into its results.json and redraw its files."""
     from posexp.runs.provenance import git_commit, versions
-    from posexp.evaluation.accuracy import evaluate_task
+    from posexp.evaluation.accuracy import evaluate_task_config
     from posexp.evaluation.runner import evaluate_config
     from posexp.runs.results import results_table, write_loss_by_position, write_results
     from posexp.runtime import threads
@@ -453,7 +453,7 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
     with out_of_memory("evaluating", device, "the eval lengths" + (" or eval.examples" if p.task else "")):
         if p.task is not None:
-            rows, positions = evaluate_task(p.model, p.task, cfg, device), None
+            rows, positions = evaluate_task_config(p.model, p.task, cfg, device), None
         else:
             rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
     results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay

@@ -24,14 +24,17 @@ from posexp.data.corpus import check_fits, data_kind, hub_source, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
 from posexp.encoders.scaling import NONE, SCALINGS
 from posexp.errors import ConfigError, PosexpError, require
+from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
 from posexp.evaluation.runner import EvalProgress
 from posexp.model.window import check_window
 from posexp.runs.provenance import eval_settings_of, git_commit, run_label, versions
 from posexp.runs.results import results_table, write_loss_by_position, write_results
 from posexp.runtime.device import resolve_device
+from posexp.tasks.passkey_text import TextPasskey
 
 HF_PREFIX = "hf:"  # posexp eval hf:MODEL
+PRETRAINED_TASKS = ("lm", "passkey")  # perplexity, or zero-shot passkey retrieval (posexp.tasks.passkey_text)
 
 
 def typed_pretrained(cfg: DictConfig) -> PretrainedConfig:
@@ -65,6 +68,10 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     require(spec.hf.query_chunk is None or spec.hf.query_chunk > 0, "hf.query_chunk",
             f"must be a positive number of queries, or null (got {spec.hf.query_chunk})")
     check_data(spec.data, None)
+    require(spec.task.name in PRETRAINED_TASKS, "task.name",
+            f"a pretrained model is measured on {' or '.join(PRETRAINED_TASKS)} (got {spec.task.name!r}); the "
+            "generated tasks are read in posexp's own vocabularies, which a pretrained model does not share")
+    require(spec.task.digits >= 1, "task.digits", f"must be a positive number of digits (got {spec.task.digits})")
     e = spec.eval
     values = e.lengths if e.lengths is not None else e.multiples
     require(len(values) > 0 and all(v > 0 for v in values), "eval.lengths" if e.lengths is not None else
@@ -88,7 +95,7 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
     train_len = int(spec.train_len or record["context_length"])
     lengths = lengths_of(spec.eval, train_len)
     check_protocol(spec.eval.protocol, spec.eval.stride, spec.eval.last_k, lengths[0])
-    if spec.eval.tokens < lengths[-1]:
+    if spec.eval.tokens < lengths[-1] and spec.task.name == "lm":
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {lengths[-1]} (got "
                                          f"{spec.eval.tokens})")
     corpus = _corpus(spec, tokenizer, console)
@@ -97,16 +104,23 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
                   f"context {train_len} · {corpus.name} in its tokenizer ({corpus.val.size:,} val tokens) · "
                   f"{device} {str(dtype).replace('torch.', '')} · run dir {run_dir}", highlight=False)
     positions: list[dict] = []
-    progress = EvalProgress(console, lengths)
-    try:
-        rows = evaluate(lm, corpus.val, spec.eval, train_len, device, dtype=dtype,
-                        hooks=EvalHooks(log=lambda m: console.print(f"[yellow]{m}[/]", highlight=False),
-                                        progress=progress, positions=positions if spec.eval.loss_by_position else None))
-    finally:
-        progress.close()
+    info = corpus.info()
+    if spec.task.name == "passkey":
+        task = TextPasskey(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], corpus.val,
+                           len(tokenizer), digits=spec.task.digits)
+        rows = evaluate_task(lm, task, spec.eval, train_len, device, dtype=dtype)
+        info["task"] = {"name": task.name, "options": task.options(), "citation": task.citation, "zero_shot": True}
+    else:
+        progress = EvalProgress(console, lengths)
+        try:
+            rows = evaluate(lm, corpus.val, spec.eval, train_len, device, dtype=dtype,
+                            hooks=EvalHooks(log=lambda m: console.print(f"[yellow]{m}[/]", highlight=False),
+                                            progress=progress,
+                                            positions=positions if spec.eval.loss_by_position else None))
+        finally:
+            progress.close()
     label = run_label(overrides)
-    results: dict[str, Any] = {"run": _provenance(spec, cfg, label, overrides, train_len, corpus.info(), record),
-                               "rows": rows}
+    results: dict[str, Any] = {"run": _provenance(spec, cfg, label, overrides, train_len, info, record), "rows": rows}
     if positions:
         write_loss_by_position(run_dir, positions, train_len, label)
     write_results(run_dir, results)

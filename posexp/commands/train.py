@@ -23,7 +23,7 @@ from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.commands.edge import typed
 from posexp.data.corpus import Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
-from posexp.evaluation.accuracy import evaluate_task
+from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
 from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
 from posexp.evaluation.runner import evaluate_config
@@ -318,7 +318,7 @@ def _evaluate_and_write(spec: Config, model: GPT, source: TrainingSource, device
                         overrides: list[str], identity: RunHash, result: TrainResult, reused,
                         console: Console) -> dict:
     if source.task is not None:
-        rows, positions = evaluate_task(model, source.task, spec, device), None
+        rows, positions = evaluate_task_config(model, source.task, spec, device), None
     else:
         rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision)
     results: dict[str, Any] = {"run": provenance(spec, overrides, source.info(), model, result, identity),

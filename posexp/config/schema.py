@@ -311,6 +311,7 @@ class PretrainedConfig:
     hf: HFConfig = field(default_factory=HFConfig)
     data: DataConfig = MISSING
     eval: EvalConfig = MISSING
+    task: TaskConfig = field(default_factory=TaskConfig)  # lm: perplexity; passkey: zero-shot retrieval (task.name)
     train_len: Optional[int] = None  # the model's original context length; null = what its config says
     seed: int = 0
     device: str = "auto"

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posexp.config.schema import Config, eval_lengths
+from posexp.config.schema import Config, EvalConfig, lengths_of
 from posexp.runtime.memory import PeakMemory
 from posexp.evaluation.perplexity import _not_applicable_reason, check_eval_scaling, reading_of
 from posexp.encoders.extension import NONE
@@ -128,38 +128,44 @@ def eval_depths(depths: Sequence[float]) -> list[float]:
     return list(dict.fromkeys(float(d) for d in depths))
 
 
-@torch.inference_mode()
-def evaluate_task(model: EvaluableLM, task: Task, cfg: Config, device: torch.device,
-                  on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
-    """Accuracy rows (module docstring) for the ``eval`` group of ``cfg``: one per length, x depth for a task with
-    one (passkey, niah, kv_retrieval: :attr:`Task.has_depth`).
+def evaluate_task_config(model: EvaluableLM, task: Task, cfg: Config, device: torch.device,
+                         on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
+    """:func:`evaluate_task` for the ``eval`` group of a run's ``cfg``: its lengths and training positions, in the
+    precision ``train.precision`` resolves to on ``device``."""
+    return evaluate_task(model, task, cfg.eval, int(cfg.train_len), device, position_plan=PositionPlan(cfg),
+                         dtype=resolve_precision(cfg.train.precision, device), on_row=on_row, memory=memory)
 
-    With ``eval.window`` every query attends only within the window (:mod:`posexp.model.window`) and the rows
-    record ``window`` and ``sinks``.
+
+@torch.inference_mode()
+def evaluate_task(model: EvaluableLM, task: Task, settings: EvalConfig, train_len: int, device: torch.device, *,
+                  position_plan: Optional[PositionPlan] = None, dtype: torch.dtype = torch.float32,
+                  on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
+    """Accuracy rows (module docstring) for the ``eval`` group ``settings``: one per length, x depth for a task
+    with one (passkey, niah, kv_retrieval: :attr:`Task.has_depth`). Lengths, scalings, the window and the
+    positions as for perplexity (:func:`posexp.evaluation.perplexity.evaluate`); ``dtype`` the autocast precision;
+    ``memory`` off skips the peak-memory measurement (``eval.during_training``'s quick points).
 
     Raises:
         ConfigError: a scaling posexp's encoder does not offer, or a bad window.
     """
-    e, train_len = cfg.eval, int(cfg.train_len)
+    e = settings
     window = window_of(getattr(e, "window", None), getattr(e, "sinks", None))
     scaling = getattr(e, "scaling", NONE) or NONE
     refused = check_eval_scaling(model, scaling)
-    plan = PositionPlan(cfg)
     depths = eval_depths(e.depths) if task.has_depth else [None]
-    dtype = resolve_precision(cfg.train.precision, device)
     model.eval()
     rows = []
-    for length in eval_lengths(cfg):
+    for length in lengths_of(e, train_len):
         how, factor = reading_of(e, scaling, length, train_len, window)
-        reason = refused or _not_applicable_reason(model, how, length, plan)
+        reason = refused or _not_applicable_reason(model, how, length, position_plan)
         for depth in depths:
             row = _row_identity(task, length, train_len, depth, scaling, factor, window, int(e.examples))
             if reason is not None:
                 row.update(_not_applicable(reason))
             else:
                 made = eval_instances(task, length, int(e.examples), depth)
-                pos = plan.eval_positions(length)
-                mem = PeakMemory(device)  # measured unless memory is off (eval.during_training's quick points)
+                pos = position_plan.eval_positions(length) if position_plan is not None else None
+                mem = PeakMemory(device)
                 with model.reading(how), mem if memory else nullcontext(), autocast(device, dtype):
                     t0 = time.perf_counter()
                     right, total, loss_sum = _score(model, made.tokens, made.answer, pos, int(e.batch_tokens), device)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from posexp.config.schema import Config, curve_lengths
-from posexp.evaluation.accuracy import evaluate_task
+from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.perplexity import EvalHooks, evaluate
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
@@ -105,7 +105,7 @@ class CurveProbe:
         e = self.cfg.eval
         plain = dataclasses.replace(e, lengths=self.lengths, examples=int(e.during_training.examples),
                                     scaling="none", scaling_factor=None, rerope_window=None, window=None, sinks=None)
-        return _pool_depths(evaluate_task(self.model, self.task, dataclasses.replace(self.cfg, eval=plain),
+        return _pool_depths(evaluate_task_config(self.model, self.task, dataclasses.replace(self.cfg, eval=plain),
                                           self.device, memory=False))
 
 

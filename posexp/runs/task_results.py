@@ -56,6 +56,14 @@ def task_description(run: dict) -> str:
         (f", after {task['citation']}" if task.get("citation") else "")
 
 
+def _trained(run: dict) -> str:
+    model = run.get("pretrained")
+    if isinstance(model, dict):  # posexp eval hf:MODEL task.name=passkey: zero-shot
+        return f"pretrained `{model.get('name')}` ({model.get('architecture')}), zero-shot, context {run['train_len']} tokens"
+    steps = (run.get("train") or {}).get("steps", "?")
+    return f"encoder `{run['encoder']}`, trained on lengths up to {run['train_len']} tokens for {steps} steps"
+
+
 def task_markdown(results: dict) -> str:
     run = results["run"]
     rows = accuracy_rows(results)
@@ -63,8 +71,7 @@ def task_markdown(results: dict) -> str:
     lines = [
         f"# {run['label']}",
         "",
-        f"{task_description(run)}; encoder `{run['encoder']}`, trained on lengths up to {run['train_len']} tokens "
-        f"for {run['train']['steps']} steps, {run['params']:,} parameters. Each row scores fresh instances of "
+        f"{task_description(run)}; {_trained(run)}, {run['params']:,} parameters. Each row scores fresh instances of "
         "exactly that length (the same instances for every run), teacher-forced: exact match = every answer "
         "token is the argmax; token accuracy = share of answer tokens right. 95% Wilson intervals, over "
         "instances (exact match) and over answer tokens (token accuracy, which treats the tokens of one instance "
@@ -99,7 +106,8 @@ def task_table(results: dict) -> Table:
     run = results["run"]
     rows = accuracy_rows(results)
     depth = any(r.get("depth") is not None for r in rows)
-    table = Table(title=f"accuracy by context length — {run['label']} (trained at up to {run['train_len']} tokens)")
+    trained = "context" if isinstance(run.get("pretrained"), dict) else "trained at up to"
+    table = Table(title=f"accuracy by context length — {run['label']} ({trained} {run['train_len']} tokens)")
     for name in ["length", "×train"] + (["depth"] if depth else []) + ["exact %", "95% CI", "token %", "loss"]:
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
