@@ -81,6 +81,8 @@ def test_a_pretrained_model_is_evaluated_into_a_run_folder_with_its_provenance(l
     assert all(r["applicable"] and math.isfinite(r["ppl"]) for r in _rows(out))
     for name in ("results.md", "results.csv", "ppl_vs_length.png", ".hydra/config.yaml"):
         assert (out / name).exists(), name
+    again = invoke("eval", str(out), "eval.scaling=linear")  # no weights of its own: the command that measures it
+    assert again.exit_code != 0 and f"posexp eval hf:{llama_dir} data=text" in " ".join(again.output.split())
 
 
 def test_the_rows_are_the_models_own_cross_entropy_on_the_tokens_of_its_tokenizer(llama_dir, corpus_dir, tmp_path):

@@ -168,8 +168,8 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
             raise PosexpError(f"{root}: is a file; pass the run folder that contains it")
         if is_run_dir(root):
             if not is_run_dir(root, needs_weights=True):
-                raise PosexpError(f"{root}: no checkpoint ({CHECKPOINT} is missing), so there are no weights to "
-                                  "evaluate; retrain the run with posexp train")
+                raise PosexpError(_pretrained_hint(root) or f"{root}: no checkpoint ({CHECKPOINT} is missing), so "
+                                  "there are no weights to evaluate; retrain the run with posexp train")
             found.setdefault(root.resolve(), root)
             continue
         skipped = []
@@ -186,6 +186,21 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
             raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
                               f"{CHECKPOINT}")
     return sorted(found.values(), key=natural_key)
+
+
+def _pretrained_hint(run_dir: Path) -> Optional[str]:
+    """For the run of a pretrained model (``posexp eval hf:MODEL``), which keeps no weights of its own: the command
+    that measures the model again; None for any other run."""
+    try:
+        run = json.loads((run_dir / RESULTS_JSON).read_text()).get("run") or {}
+    except (OSError, ValueError):
+        return None
+    model = run.get("pretrained") if isinstance(run, dict) else None
+    if not isinstance(model, dict):
+        return None
+    kept = " ".join(o for o in run.get("overrides", []) if not o.startswith("hf.model="))
+    return (f"{run_dir}: the run of pretrained model {model.get('name')}, whose weights stay in its own folder; "
+            f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
 
 
 @dataclass
