@@ -208,3 +208,24 @@ def test_zero_shot_passkey_of_a_pretrained_model_writes_accuracy_rows(llama_dir,
     assert json.loads((out / "results.json").read_text())["run"]["task"]["zero_shot"] is True
     refused, _ = _run(tmp_path, f"hf:{llama_dir}", "task.name=copy", name="copy")
     assert refused.exit_code != 0 and "task.name: a pretrained model is measured on lm or passkey" in refused.output
+
+
+def test_hf_model_on_the_command_line_is_hf_model_and_a_comma_list_sweeps_models():
+    from posexp.cli.arguments import pretrained_arguments
+
+    assert pretrained_arguments(["-m", "hf:./a,./b", "eval.scaling=none,yarn"]) == [
+        "-m", "hf.model=./a,./b", "eval.scaling=none,yarn"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_pretrained_model_evaluates_on_cuda_in_bf16_as_on_the_cpu(llama_dir, corpus_dir, tmp_path):
+    common = [f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=1024", "eval.lengths=[64,256]"]
+    _, cpu = _run(tmp_path, *common, name="cpu")
+    result, gpu = _run(tmp_path, *common, "device=cuda", "precision=bf16", "eval.scaling=yarn", name="gpu")
+    assert result.exit_code == 0, result.output
+    plain, _ = _run(tmp_path, *common, "device=cuda", "precision=bf16", name="gpu-plain")
+    assert plain.exit_code == 0, plain.output
+    for ours, theirs in zip(_rows(tmp_path / "gpu-plain"), _rows(cpu)):
+        assert ours["ppl"] == pytest.approx(theirs["ppl"], rel=0.02)  # bf16 weights and activations
+    assert all(r["applicable"] for r in _rows(gpu))
