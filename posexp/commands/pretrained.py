@@ -133,6 +133,9 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
     from posexp.hf.loading import load_pretrained, provenance
     from posexp.hf.model import DEFAULT_CHUNK, HFLanguageModel
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per weight file would interleave with posexp's own lines
     h = spec.hf
     model, tokenizer = load_pretrained(h.model, revision=h.revision, trust_remote_code=h.trust_remote_code,
                                        device=str(device), dtype=dtype, device_map=h.device_map)
