@@ -1,8 +1,7 @@
 """The ``posexp`` command.
 
-``posexp train`` is Hydra's own application: its arguments go to the
-``@hydra.main`` function unchanged, so ``-m``, ``--cfg job``, ``--help``,
-``hydra/launcher=...`` and sweepers behave as Hydra documents them.
+``posexp train`` is Hydra's own application: its arguments go to the ``@hydra.main`` function unchanged, so ``-m``,
+``--cfg job``, ``--help``, ``hydra/launcher=...`` and sweepers behave as Hydra documents them.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.analysis.schema import AnalyzeRootConfig, register_schema
-from posexp.cli import shell
+from posexp.cli import shell, transfer
 from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, full_error_requested, print_key_table,
                                   quote_non_ascii)
 from posexp.cli.console import err_console, fail
@@ -42,10 +41,9 @@ from posexp.reporting import report_main
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
-# What a command runs (training, evaluation, analysis, the encoder registry, the rank of a torchrun process) imports
-# torch: `import posexp.cli.app` took 1.9 s with those modules at the top and takes 0.26 s without (median of 7,
-# two CPU cores). They are imported inside the command that needs them, so that `posexp --help` and `posexp report`
-# start without torch.
+# What a command runs (training, evaluation, analysis, the encoder registry, a torchrun rank) imports torch: `import
+# posexp.cli.app` took 1.9 s with those modules at the top and 0.26 s without (median of 7, two CPU cores). They are
+# imported inside the command that needs them, so that `posexp --help` and `posexp report` start without torch.
 
 CONFIG_DIR = config_dir()
 
@@ -235,8 +233,7 @@ def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app) 
     leaves no folder, an interrupted sweep says where it stands."""
     sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
     previous = signal.getsignal(signal.SIGTERM)
-    # SIGTERM outside training steps (the trainer checkpoints on its own) stops a sweep as Ctrl-C does, so it can say
-    # what it did, and a run as Ctrl-C does, so it can say how to go on
+    # SIGTERM outside training steps (the trainer checkpoints on its own) acts as Ctrl-C: says what was done, what next
     signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
         _run_hydra(hydra_app, "posexp finetune" if hydra_app is _finetune_app else "posexp train", args)
@@ -464,6 +461,9 @@ def list_cmd(
         print_choices(Console(), ["--config-dir", str(config_dir)] if config_dir else [])
     except PosexpError as e:
         fail(e)
+
+
+app.command("export")(transfer.export_cmd)  # a run as a transformers model folder
 
 
 def _usable_streams() -> None:
