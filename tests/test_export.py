@@ -137,6 +137,40 @@ def test_a_bpe_tokenizer_is_written_as_itself(tmp_path):
     assert tok.eos_token == DOC_TOKEN and tok.eos_token_id == bpe.separator
 
 
+@pytest.mark.slow
+def test_a_bpe_run_exports_with_its_own_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    import posexp
+    from posexp.data.corpus import corpus_from_config
+    from posexp.data.tokenizer import BPETokenizer
+
+    run_dir = tmp_path / "bpe"
+    proc = run_cli("train", *TINY_RUN, "tokenizer=bpe", "tokenizer.vocab_size=300", "train.steps=2",
+                   "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    done = export_run(run_dir, tmp_path / "hf")
+    assert done.max_abs_diff < TOL
+    bpe = BPETokenizer.load(corpus_from_config(posexp.load_run(run_dir).config).tokenizer_file)
+    tok = AutoTokenizer.from_pretrained(str(done.folder))
+    rng = random.Random(2)
+    for text in TEXTS + ["def f(x):\n    return x + 1\n", _random_text(rng, 50)]:
+        assert tok(text)["input_ids"] == bpe.encode_batch([text])[0].tolist(), text
+    record = json.loads((done.folder / EXPORT_JSON).read_text())
+    assert record["tokenizer"] == "bpe" and record["document_separator_id"] == bpe.separator == tok.eos_token_id
+
+
+def test_a_run_whose_tokens_are_not_text_is_refused_in_one_line(tmp_path):
+    from posexp.hf.tokenizer_export import export_tokenizer
+
+    for info, says in (({"tokenizer": "task", "vocab_size": 20}, "tokenizer=byte or tokenizer=bpe"),
+                       ({"tokenizer": "byte", "vocab_size": 300}, "300 tokens")):
+        with pytest.raises(PosexpError) as e:
+            export_tokenizer(None, info, tmp_path)
+        assert "\n" not in str(e.value) and says in str(e.value)
+    assert not any(tmp_path.iterdir())
+
+
 def _cfg(name: str):
     return types.SimpleNamespace(encoder={"name": name}, train_len=TRAIN_LEN, eval=EvalConfig())
 

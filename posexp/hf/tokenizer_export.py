@@ -90,11 +90,15 @@ def export_tokenizer(cfg: Any, info: dict, folder: Path) -> dict:
         info: the run's ``results.json`` record (its tokenizer, vocabulary size and corpus fingerprint).
     """
     name = str(info.get("tokenizer") or "byte")
+    if name not in ("byte", "bpe"):
+        raise PosexpError(f"this run reads the task's own symbols (tokenizer {name!r}), not text: no tokenizer maps "
+                          "onto them, so it does not export; runs of tokenizer=byte or tokenizer=bpe do")
     if name == "byte":
+        if info.get("vocab_size", BYTE_VOCAB_SIZE) != BYTE_VOCAB_SIZE:
+            raise PosexpError(f"the run has {info.get('vocab_size')} tokens, not the {BYTE_VOCAB_SIZE} bytes of "
+                              "tokenizer=byte, so the byte tokenizer would not give its ids")
         save_tokenizer(byte_tokenizer(), folder, eos_token=None)
         return {"tokenizer": "byte", "document_separator_id": 0}
-    if name != "bpe":
-        raise PosexpError(f"the run's tokenizer {name!r} cannot be exported; byte and bpe can")
     tok = bpe_tokenizer(cfg, info.get("corpus_fingerprint"))
     if tok.get_vocab_size() != info.get("vocab_size"):
         raise PosexpError(f"the BPE tokenizer in the token cache has {tok.get_vocab_size()} tokens, the run "
