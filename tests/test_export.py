@@ -100,6 +100,9 @@ def test_posexp_export_json_names_the_run_and_the_mapping(runs, name):
     config = json.loads((export.folder / "config.json").read_text())
     assert config["architectures"] == [export.architecture] and "auto_map" not in config  # no remote code
     assert (export.folder / "model.safetensors").is_file()
+    # the longest sequence: a learned table's rows; rope and alibi read on, to 16 x train_len at least
+    tokenizer_config = json.loads((export.folder / "tokenizer_config.json").read_text())
+    assert tokenizer_config["model_max_length"] == (TRAIN_LEN if name == "learned" else 16 * TRAIN_LEN)
 
 
 def test_the_exported_tokenizer_gives_the_byte_tokenizers_ids(runs):

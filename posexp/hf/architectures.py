@@ -60,12 +60,15 @@ class Mapping:
         description: one line for posexp_export.json and the command's output.
         config: the transformers config (a ``PretrainedConfig``).
         fill: copies posexp's weights into a model built from ``config``.
+        max_length: the longest sequence the target reads (its config's ``n_positions``, ``max_seq_len`` or
+            ``max_position_embeddings``), the tokenizer's ``model_max_length`` too.
     """
 
     architecture: str
     description: str
     config: Any
     fill: Callable[[Any, Any], None]
+    max_length: int
 
 
 def refusal(encoder: str) -> str:
@@ -149,7 +152,8 @@ def _gpt2(model: GPT, reach: int) -> Mapping:
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=True,
                         scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False,
                         **_common_config(model))
-    return Mapping("GPT2LMHeadModel", f"learned positions -> GPT-2 (n_positions={rows}, exact)", config, _fill_gpt2)
+    return Mapping("GPT2LMHeadModel", f"learned positions -> GPT-2 (n_positions={rows}, exact)", config, _fill_gpt2,
+                   rows)
 
 
 def _fill_gpt2(model: Any, hf: Any) -> None:
@@ -191,11 +195,12 @@ def _neox(model: GPT, reach: int) -> Mapping:
                            attention_bias=False, attention_dropout=0.0, hidden_dropout=0.0, rope_parameters=rope,
                            **_common_config(model))
     return Mapping("GPTNeoXForCausalLM", f"rope -> GPT-NeoX (base {enc.base:g}, {enc.rot_dim}/{enc.head_dim} "
-                                         "features rotated, exact)", config, _fill_neox)
+                                         "features rotated, exact)", config, _fill_neox, reach)
 
 
 def _per_head_qkv(weight: Tensor, n_heads: int) -> Tensor:
-    """posexp's fused rows ``[q_0..q_H | k_0..k_H | v_0..v_H]`` regrouped as NeoX's ``[q_0 k_0 v_0 | q_1 k_1 v_1 ...]``."""
+    """posexp's fused rows ``[q_0..q_H | k_0..k_H | v_0..v_H]`` regrouped per head, as NeoX's
+    ``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]``."""
     d_in = weight.shape[1]
     per = weight.view(3, n_heads, -1, d_in)  # (3, H, Dh, D)
     return per.transpose(0, 1).reshape(-1, d_in)  # (H * 3 * Dh, D)
@@ -235,7 +240,7 @@ def _mpt(model: GPT, reach: int) -> Mapping:
                        max_seq_len=reach, layer_norm_epsilon=model.ln_f.eps, learned_pos_emb=False,
                        attn_config=attn, no_bias=True, resid_pdrop=0.0, emb_pdrop=0.0, logit_scale=None,
                        **_common_config(model))
-    return Mapping("MptForCausalLM", f"alibi -> MPT (max_seq_len={reach}, exact)", config, _fill_mpt)
+    return Mapping("MptForCausalLM", f"alibi -> MPT (max_seq_len={reach}, exact)", config, _fill_mpt, reach)
 
 
 def _fill_mpt(model: Any, hf: Any) -> None:

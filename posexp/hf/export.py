@@ -123,7 +123,7 @@ def _write(folder: Path, run: Any, model: Any, mapping: Mapping) -> dict:
     """The model, tokenizer and ``posexp_export.json`` in ``folder``, checked by loading them back."""
     from posexp.runs.atomic import atomic_write_json
 
-    separator = export_tokenizer(run.config, run.info, folder)
+    separator = export_tokenizer(run.config, run.info, folder, mapping.max_length)
     hf = build(mapping, model)
     hf.config.eos_token_id = separator["document_separator_id"]
     hf.generation_config.eos_token_id = separator["document_separator_id"]

@@ -67,27 +67,30 @@ def bpe_tokenizer(cfg: Any, fingerprint: Optional[str]) -> Any:
     return Tokenizer.from_file(str(corpus.tokenizer_file))
 
 
-def save_tokenizer(tokenizer: Any, folder: Path, eos_token: Optional[str]) -> None:
+def save_tokenizer(tokenizer: Any, folder: Path, eos_token: Optional[str], max_length: Optional[int] = None) -> None:
     """``tokenizer.json`` and ``tokenizer_config.json`` in ``folder``, for ``AutoTokenizer.from_pretrained``.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``.
         eos_token: the end-of-text token, one of the tokenizer's special tokens; None: none.
+        max_length: the model's longest sequence, the tokenizer's ``model_max_length`` (None: unbounded).
     """
     from transformers import PreTrainedTokenizerFast
 
     # no BOS/EOS added on encoding: the ids are exactly the text's, as posexp tokenizes it
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, add_bos_token=False,
-                                   add_eos_token=False, clean_up_tokenization_spaces=False)
+                                   add_eos_token=False, clean_up_tokenization_spaces=False,
+                                   **({"model_max_length": max_length} if max_length else {}))
     fast.save_pretrained(str(folder))
 
 
-def export_tokenizer(cfg: Any, info: dict, folder: Path) -> dict:
+def export_tokenizer(cfg: Any, info: dict, folder: Path, max_length: Optional[int] = None) -> dict:
     """Write the run's tokenizer into ``folder``; returns what ``posexp_export.json`` records of it.
 
     Args:
         cfg: the run's typed config.
         info: the run's ``results.json`` record (its tokenizer, vocabulary size and corpus fingerprint).
+        max_length: the exported model's longest sequence.
     """
     name = str(info.get("tokenizer") or "byte")
     if name not in ("byte", "bpe"):
@@ -97,13 +100,13 @@ def export_tokenizer(cfg: Any, info: dict, folder: Path) -> dict:
         if info.get("vocab_size", BYTE_VOCAB_SIZE) != BYTE_VOCAB_SIZE:
             raise PosexpError(f"the run has {info.get('vocab_size')} tokens, not the {BYTE_VOCAB_SIZE} bytes of "
                               "tokenizer=byte, so the byte tokenizer would not give its ids")
-        save_tokenizer(byte_tokenizer(), folder, eos_token=None)
+        save_tokenizer(byte_tokenizer(), folder, eos_token=None, max_length=max_length)
         return {"tokenizer": "byte", "document_separator_id": 0}
     tok = bpe_tokenizer(cfg, info.get("corpus_fingerprint"))
     if tok.get_vocab_size() != info.get("vocab_size"):
         raise PosexpError(f"the BPE tokenizer in the token cache has {tok.get_vocab_size()} tokens, the run "
                           f"{info.get('vocab_size')}: it is not the run's")
-    save_tokenizer(tok, folder, eos_token=DOC_TOKEN)
+    save_tokenizer(tok, folder, eos_token=DOC_TOKEN, max_length=max_length)
     return {"tokenizer": "bpe", "document_separator_id": int(tok.token_to_id(DOC_TOKEN))}
 
 
