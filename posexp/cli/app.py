@@ -1,8 +1,7 @@
 """The ``posexp`` command.
 
-``posexp train`` is Hydra's own application: its arguments go to the
-``@hydra.main`` function unchanged, so ``-m``, ``--cfg job``, ``--help``,
-``hydra/launcher=...`` and sweepers behave as Hydra documents them.
+``posexp train`` is Hydra's own application: its arguments go to the ``@hydra.main`` function unchanged, so ``-m``,
+``--cfg job``, ``--help``, ``hydra/launcher=...`` and sweepers behave as Hydra documents them.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.analysis.schema import AnalyzeRootConfig, register_schema
-from posexp.cli import shell
+from posexp.cli import shell, transfer
 from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, full_error_requested, print_key_table,
                                   pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
@@ -217,8 +216,7 @@ def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app, 
     leaves no folder, an interrupted sweep says where it stands."""
     sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
     previous = signal.getsignal(signal.SIGTERM)
-    # SIGTERM outside training steps (the trainer checkpoints on its own) stops a sweep as Ctrl-C does, so it can say
-    # what it did, and a run as Ctrl-C does, so it can say how to go on
+    # SIGTERM outside training steps (the trainer checkpoints on its own) acts as Ctrl-C: says what was done, what next
     signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
         _run_hydra(hydra_app, prog, args)
@@ -450,6 +448,9 @@ def list_cmd(
         print_choices(Console(), ["--config-dir", str(config_dir)] if config_dir else [])
     except PosexpError as e:
         fail(e)
+
+
+app.command("export")(transfer.export_cmd)  # a run as a transformers model folder
 
 
 def _usable_streams() -> None:

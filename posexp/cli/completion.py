@@ -292,6 +292,11 @@ def _one_folder(words: Sequence[str], typed: str) -> Reply:
     return NOTHING if _positionals(COMMANDS["resume"].options, words) else FOLDERS
 
 
+def _two_folders(words: Sequence[str], typed: str) -> Reply:
+    """``posexp export RUN_DIR OUT_DIR``: two folders."""
+    return NOTHING if len(_positionals(COMMANDS["export"].options, words)) >= 2 else FOLDERS
+
+
 def _report_keys(words: Sequence[str], typed: str) -> Reply:
     """``--by encoder,base``: config keys, comma-separated."""
     head, _, part = typed.rpartition(",")
@@ -337,6 +342,7 @@ COMMANDS: Dict[str, Command] = {
     "check": Command({"--format": _choices(CHECK_FORMATS), "-f": _choices(CHECK_FORMATS), "--config-dir": _folders,
                       "-cd": _folders, **HELP}, _check_arguments),
     "list": Command({"--config-dir": _folders, "-cd": _folders, **HELP}),
+    "export": Command({OVERWRITE: None, **HELP}, _two_folders),
 }
 ROOT_OPTIONS = ("--install-completion", "--show-completion", "--help", "-h")
 

@@ -42,7 +42,7 @@ NOT_WEIGHTS: dict[str, str] = {
 
 # model keys added after runs were written, with the value every one of those runs had: at that value they stay
 # out of weights_config, so earlier run folders keep their hash and earlier cache entries their key
-MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False}
+MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "norm_bias": True}
 
 
 # The hash format new runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json).

@@ -80,6 +80,9 @@ class ModelConfig:
     # Scalable-Softmax (Nakanishi 2025): each layer's attention logits times s * log n, n the keys a query
     # attends to and s learned per head, for any encoding (posexp/model/gpt.py). Off: the model as before.
     ssmax: bool = False
+    # LayerNorms with a learned bias (beta), as GPT-2 has; false: scale only, as MPT's (posexp export maps an alibi
+    # run onto MPT, whose norms have no bias, only when it trained without).
+    norm_bias: bool = True
 
     def param_count(self, vocab_size: int = 0) -> int:
         """Trainable parameters of a model of this shape (:class:`posexp.model.gpt.GPT`): its blocks and final
@@ -87,9 +90,10 @@ class ModelConfig:
         tied to them). An encoding's own parameters (learned, t5, ...) come on top."""
         d, hidden = self.d_model, int(self.mlp_ratio * self.d_model)
         # attention's qkv and output projections, the MLP's two, two LayerNorms (weight and bias); no linear biases
-        block = 4 * d * d + 2 * d * hidden + 2 * 2 * d
+        norm = 2 * d if self.norm_bias else d  # a LayerNorm's weight, and its bias unless model.norm_bias=false
+        block = 4 * d * d + 2 * d * hidden + 2 * norm
         block += self.n_heads if self.ssmax else 0  # SSMax's s per head
-        return self.n_layers * block + 2 * d + vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.n_layers * block + norm + vocab_size * d * (1 if self.tie_embeddings else 2)
 
 
 @dataclass

@@ -50,6 +50,11 @@ def check_shape(shape: ModelConfig) -> None:
     require(init in INITS, "model.init", f"must be one of {', '.join(INITS)} (got {init!r})")
 
 
+def layer_norm(shape: ModelConfig) -> nn.LayerNorm:
+    """A LayerNorm over the model width (Ba et al. 2016), with its bias unless ``model.norm_bias=false``."""
+    return nn.LayerNorm(shape.d_model, bias=getattr(shape, "norm_bias", True))  # a run saved before the key: biased
+
+
 class AttentionPlan:
     """Per-forward state shared by the layers that use one encoder: positions and, when the
     whole sequence is one query block, the additive bias computed once for all those layers;
@@ -192,9 +197,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
-        self.ln1 = nn.LayerNorm(shape.d_model)
+        self.ln1 = layer_norm(shape)
         self.attn = CausalSelfAttention(shape)
-        self.ln2 = nn.LayerNorm(shape.d_model)
+        self.ln2 = layer_norm(shape)
         self.mlp = MLP(shape)
 
     def forward(self, x: Tensor, plan: AttentionPlan) -> Tensor:
@@ -232,7 +237,7 @@ class GPT(OwnModelSeam, nn.Module):
         self.wte = nn.Embedding(shape.vocab_size, shape.d_model)
         self.drop = nn.Dropout(shape.dropout)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
-        self.ln_f = nn.LayerNorm(shape.d_model)
+        self.ln_f = layer_norm(shape)
         self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         if shape.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)

@@ -1,0 +1,218 @@
+"""``posexp export RUN DIR``: a trained run as a transformers model folder.
+
+    from posexp.hf.export import export_run
+
+    export = export_run("outputs/2026-11-22/10-00-00", "exported/rope")
+    export.max_abs_diff   # |logits| of the exported model minus posexp's, measured while exporting
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("exported/rope")      # no remote code
+    tokenizer = AutoTokenizer.from_pretrained("exported/rope")         # the run's ids
+
+The folder holds ``config.json``, ``model.safetensors`` (and ``generation_config.json``), the tokenizer files
+(:mod:`posexp.hf.tokenizer_export`) and ``posexp_export.json``: the run folder, its config hash, the mapping and
+whether it is exact, and the largest logit difference measured. learned maps onto GPT-2, rope onto GPT-NeoX and alibi
+onto MPT (:mod:`posexp.hf.architectures` says why and where each is exact); every other encoding is refused in one
+line. Nothing is half-written: the folder is built beside ``DIR`` under a temporary name and renamed into place
+once it loads back with posexp's logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+
+from posexp.errors import PosexpError
+from posexp.hf.architectures import Mapping, build, plan
+from posexp.hf.tokenizer_export import export_tokenizer
+
+EXPORT_JSON = "posexp_export.json"
+# the largest |logit difference| an export may show on its check (fp32): more is a wrong mapping, not rounding
+TOLERANCE = 1e-4
+CHECK_SEED = 0
+
+
+@dataclass
+class Export:
+    """What :func:`export_run` wrote.
+
+    Attributes:
+        folder: the transformers model folder.
+        architecture: its transformers class (``GPT2LMHeadModel``, ``GPTNeoXForCausalLM``, ``MptForCausalLM``).
+        description: the mapping in one line.
+        max_abs_diff: the largest ``|logit|`` difference between the reloaded folder and posexp's model, fp32,
+            over the lengths checked.
+        checked_lengths: the sequence lengths of that check (the training length, and twice it where the
+            encoding reads past its training length).
+    """
+
+    folder: Path
+    architecture: str
+    description: str
+    max_abs_diff: float
+    checked_lengths: list[int]
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Export:
+    """Write the run in ``run_dir`` as a transformers model folder ``out_dir``.
+
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` then loads it with no remote code and gives the run's logits
+    (fp32, up to float rounding; checked before the folder is put in place), and ``AutoTokenizer`` gives the run's
+    token ids.
+
+    Args:
+        run_dir: a finished run folder (``posexp train``'s), read with :func:`posexp.load_run`.
+        out_dir: the folder to write; it must not exist or be empty, unless ``overwrite``.
+        overwrite: replace ``out_dir`` when it holds a model folder (a ``config.json``), e.g. an earlier export.
+
+    Returns:
+        What was written, with the logit difference measured.
+
+    Raises:
+        PosexpError: the run's encoding (or an option of it) has no exact transformers counterpart, the run
+            cannot be read, or ``out_dir`` may not be written.
+    """
+    from posexp.commands.loading import load_run
+
+    out = Path(out_dir).expanduser()
+    check_destination(Path(run_dir), out, overwrite)
+    run = load_run(run_dir)
+    model = run.model.float()
+    mapping = plan(model, run.config)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        tmp.mkdir(parents=True)
+        with _quiet():
+            written = _write(tmp, run, model, mapping)
+        _replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Export(out, mapping.architecture, mapping.description, written["max_abs_diff"], written["lengths"])
+
+
+def check_destination(run_dir: Path, out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that would lose something: a file, a non-empty folder without ``overwrite``, a folder
+    that is not a model folder, or the run itself (or a folder holding it).
+
+    Raises:
+        PosexpError: one line naming the folder and what to do.
+    """
+    if out.exists() and not out.is_dir():
+        raise PosexpError(f"{out} is a file; the export writes a folder: name a new one")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise PosexpError(f"{out} exists and is not empty; name a new folder or add --overwrite to replace it")
+    resolved, run = out.resolve(), run_dir.expanduser().resolve()
+    if resolved == run or resolved in run.parents:
+        raise PosexpError(f"{out} holds the run being exported; name another folder")
+    if not (out / "config.json").is_file():
+        raise PosexpError(f"{out} is not a model folder (no config.json), so --overwrite leaves it alone; "
+                          "name a new folder or empty it yourself")
+
+
+def _write(folder: Path, run: Any, model: Any, mapping: Mapping) -> dict:
+    """The model, tokenizer and ``posexp_export.json`` in ``folder``, checked by loading them back."""
+    from posexp.runs.atomic import atomic_write_json
+
+    separator = export_tokenizer(run.config, run.info, folder, mapping.max_length)
+    hf = build(mapping, model)
+    hf.config.eos_token_id = separator["document_separator_id"]
+    hf.generation_config.eos_token_id = separator["document_separator_id"]
+    hf.save_pretrained(str(folder), safe_serialization=True)
+    diff, lengths = check_logits(model, folder, int(run.config.train_len))
+    if not diff <= TOLERANCE:
+        raise PosexpError(f"internal: the exported {mapping.architecture} differs from the run by up to {diff:.3g} "
+                          f"in its logits (more than {TOLERANCE:g}); nothing was written")
+    record = {
+        "run": str(Path(run.path).resolve()),
+        "config_hash": run.info.get("config_hash"),
+        "encoder": str(run.config.encoder["name"]),
+        "architecture": mapping.architecture,
+        "mapping": mapping.description,
+        "exact": True,  # an encoding without an exact counterpart is refused
+        "max_abs_logit_diff": diff,
+        "checked_lengths": lengths,
+        **separator,
+    }
+    atomic_write_json(folder / EXPORT_JSON, record)
+    return {"max_abs_diff": diff, "lengths": lengths}
+
+
+def check_lengths(model: Any, train_len: int) -> list[int]:
+    """The lengths an export is checked at: the training length, and twice it where the encoding reads that far
+    (not a learned table, whose rows end at the training length)."""
+    limit = getattr(model.encoder, "max_length", None)
+    return [n for n in (train_len, 2 * train_len) if limit is None or n <= limit]
+
+
+def check_logits(model: Any, folder: Path, train_len: int, seed: int = CHECK_SEED) -> tuple[float, list[int]]:
+    """The largest ``|logit|`` difference between ``AutoModelForCausalLM.from_pretrained(folder)`` and ``model``,
+    in fp32 on random tokens, over :func:`check_lengths`.
+
+    Returns:
+        The difference and the lengths it was measured at.
+    """
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False).eval()
+    generator = torch.Generator().manual_seed(seed)
+    lengths, diff = check_lengths(model, train_len), 0.0
+    with torch.no_grad():
+        for n in lengths:
+            tokens = torch.randint(0, model.shape.vocab_size, (1, n), generator=generator)
+            theirs = hf(tokens).logits
+            diff = max(diff, float((theirs - model(tokens)).abs().max()))
+    return diff, lengths
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """transformers' progress bars off while exporting (a save and a load of a few files), as they were after."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Put the finished folder ``tmp`` at ``out``; an old ``out`` (an export being replaced) goes only then."""
+    old: Optional[Path] = None
+    if out.exists():
+        old = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.old"
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old is not None:
+            old.rename(out)  # the earlier export stays as it was
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_export(folder: str | os.PathLike) -> Optional[dict]:
+    """``posexp_export.json`` of an exported folder (the run, config hash, mapping), or None for another folder."""
+    path = Path(folder) / EXPORT_JSON
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "export_run", "read_export"]
