@@ -88,6 +88,16 @@ def test_a_learned_table_is_honoured_and_rope_or_alibi_have_none():
         assert lm.max_length is None and lm.length_refusal(Reading(), 10**6) is None
 
 
+def test_the_context_length_scalings_stretch_from_is_the_published_one():
+    assert HFLanguageModel(model("llama"), "llama").context_length == 32
+    assert HFLanguageModel(model("gpt2"), "gpt2").context_length == 64
+    assert HFLanguageModel(model("mpt"), "mpt").context_length == 64
+    extended = {"rope_theta": 10000.0, "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert HFLanguageModel(model("llama", max_position_embeddings=128, rope_parameters=extended),
+                           "llama-3.1-like").context_length == 16
+
+
 @pytest.mark.parametrize("kind", NO_ROPE)
 def test_rotary_scalings_do_not_apply_to_a_model_without_rope(kind):
     lm = HFLanguageModel(model(kind), kind)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +54,8 @@ class HFLanguageModel:
         chunk: queries per forward call of a long sequence.
     """
 
-    def __init__(self, model: nn.Module, name: str, chunk: int = DEFAULT_CHUNK):
-        self.model = model
+    def __init__(self, model: Any, name: str, chunk: int = DEFAULT_CHUNK):
+        self.model: Any = model  # a transformers PreTrainedModel
         self.name = str(name)
         self.chunk = int(chunk)
         self._how = Reading()
@@ -74,7 +74,7 @@ class HFLanguageModel:
         return self.name
 
     @property
-    def config(self) -> object:
+    def config(self) -> Any:
         return self.model.config
 
     @property
@@ -90,8 +90,20 @@ class HFLanguageModel:
         if table is not None:
             return table
         if not self._rotary and getattr(self.config, "max_seq_len", None):
-            return int(self.config.max_seq_len)  # type: ignore[attr-defined]
+            return int(self.config.max_seq_len)
         return None
+
+    @property
+    def context_length(self) -> Optional[int]:
+        """The context the model was pretrained at, the ``train_len`` its scalings stretch from: the rope
+        parameters' ``original_max_position_embeddings`` for a checkpoint published already extended (Llama 3.1's
+        8192 under its ``llama3`` bands), else the config's ``max_position_embeddings`` (or MPT's
+        ``max_seq_len``); None when the config names none."""
+        params = getattr(self.config, "rope_parameters", None) or {}
+        original = params.get("original_max_position_embeddings") if isinstance(params, dict) else None
+        n = original or getattr(self.config, "max_position_embeddings", None) or getattr(self.config,
+                                                                                        "max_seq_len", None)
+        return int(n) if n else None
 
     def _position_table(self) -> Optional[int]:
         """The rows of a learned position embedding: an embedding other than the tokens' with about as many rows
@@ -176,7 +188,7 @@ class HFLanguageModel:
     def logits(self, idx: Tensor, pos: Optional[Tensor] = None) -> Tensor:
         """Logits ``(B, L, vocab)`` of ``idx (B, L)`` at positions ``pos (L,)``, in the model's dtype."""
         out: list[Tensor] = []
-        self._chunks(idx, pos, lambda logits, start, end: out.append(logits))
+        self._chunks(idx, pos, lambda logits, start, end: out.append(logits.to(self.device)))
         return torch.cat(out, dim=1)
 
     def token_losses(self, idx: Tensor, targets: Tensor, pos: Optional[Tensor] = None) -> Tensor:
@@ -185,9 +197,9 @@ class HFLanguageModel:
         targets = targets.to(self.device)
 
         def each(logits: Tensor, start: int, end: int) -> None:
-            t = targets[:, start:end]
+            t = targets[:, start:end].to(logits.device)  # the last device of a model spread by device_map
             losses[:, start:end] = F.cross_entropy(logits.float().flatten(0, 1), t.flatten(),
-                                                   reduction="none").view_as(t)
+                                                   reduction="none").view_as(t).to(losses.device)
 
         self._chunks(idx, pos, each)
         return losses
