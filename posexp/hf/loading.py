@@ -98,12 +98,12 @@ def load_pretrained(name_or_path: str, *, revision: Optional[str] = None, trust_
     from transformers import AutoModelForCausalLM, AutoTokenizer
     try:
         placement = {"device_map": device_map} if device_map else {}
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement, **options)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement, **options)
         tokenizer = AutoTokenizer.from_pretrained(source, **options)
     except (OSError, ValueError, KeyError) as exc:
         raise _loading_error(name_or_path, exc) from None
     if not device_map:
-        model = model.to(device)
+        model.to(device)
     model.eval()
     return model, tokenizer
 

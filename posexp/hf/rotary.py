@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from posexp.encoders.scaling import LONGROPE, NONE, REROPE, longrope_frequencies, module_copy, rope_scaling
 from posexp.errors import ConfigError
@@ -54,9 +54,9 @@ REROPE_REASON = ("rerope clamps the relative position at a window, which needs t
 class RotarySite:
     """One rotary module of a model and where it hangs (``setattr(parent, name, ...)`` swaps it)."""
 
-    parent: nn.Module
+    parent: Any  # nn.Module; Any because transformers' modules carry attributes torch's stubs do not know
     name: str
-    module: nn.Module
+    module: Any
 
     @property
     def dim(self) -> int:
@@ -68,7 +68,7 @@ class RotarySite:
         return getattr(self.module, "rope_type", "default")
 
 
-def find_rotary(model: nn.Module) -> list[RotarySite]:
+def find_rotary(model: Any) -> list[RotarySite]:
     """Every rotary module of ``model``: a module holding an ``inv_freq`` tensor, a ``rope_type`` and the model's
     ``config`` (transformers' rotary-embedding modules)."""
     sites = []
@@ -94,7 +94,7 @@ def rotary_refusal(sites: list[RotarySite], kind: str) -> Optional[str]:
     return None
 
 
-def rope_theta(config: object) -> float:
+def rope_theta(config: Any) -> float:
     """The model's RoPE base: v5 ``rope_parameters["rope_theta"]``, else a legacy ``rope_theta`` attribute."""
     params = getattr(config, "rope_parameters", None) or {}
     if "rope_theta" in params:
@@ -102,7 +102,7 @@ def rope_theta(config: object) -> float:
     return float(getattr(config, "rope_theta", getattr(config, "default_theta", 10000.0)))
 
 
-def _rope_config(config: object, rope_type: str, factor: float, train_len: int, dim: int,
+def _rope_config(config: Any, rope_type: str, factor: float, train_len: int, dim: int,
                  factors: Optional[Sequence[float]]) -> object:
     """A copy of ``config`` whose rope parameters ask transformers for ``rope_type`` from the unscaled base."""
     cfg = copy.deepcopy(config)
@@ -116,11 +116,11 @@ def _rope_config(config: object, rope_type: str, factor: float, train_len: int, 
     if rope_type == "longrope":
         params["long_factor"] = [float(f) for f in factors]
         params["short_factor"] = [1.0] * (dim // 2)
-    cfg.rope_parameters = params  # type: ignore[attr-defined]
+    cfg.rope_parameters = params
     if hasattr(cfg, "original_max_position_embeddings"):  # Phi-3 keeps it beside the rope parameters, and wins
-        cfg.original_max_position_embeddings = int(train_len)  # type: ignore[attr-defined]
+        cfg.original_max_position_embeddings = int(train_len)
     if rope_type == "dynamic":  # transformers' dynamic NTK reads the original length from here
-        cfg.max_position_embeddings = int(train_len)  # type: ignore[attr-defined]
+        cfg.max_position_embeddings = int(train_len)
     return cfg
 
 
@@ -158,10 +158,10 @@ def scaled_frequencies(site: RotarySite, kind: str, factor: float, train_len: in
     return inv.float().to(device), float(scale)
 
 
-def pinned_rotary(site: RotarySite, inv_freq: Tensor, attention_scaling: float) -> nn.Module:
+def pinned_rotary(site: RotarySite, inv_freq: Tensor, attention_scaling: float) -> Any:
     """A copy of the rotary module that rotates by ``inv_freq`` and multiplies q and k by ``attention_scaling``
     whatever positions it is given; it shares nothing it changes with the original."""
-    pinned = module_copy(site.module)
+    pinned: Any = module_copy(site.module)
     pinned.register_buffer("inv_freq", inv_freq, persistent=False)
     pinned.attention_scaling = attention_scaling
     pinned.rope_type = "default"  # transformers' dynamic_rope_update then leaves inv_freq alone
