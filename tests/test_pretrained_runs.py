@@ -97,7 +97,7 @@ def test_the_rows_are_the_models_own_cross_entropy_on_the_tokens_of_its_tokenize
     assert result.exit_code == 0, result.output
     tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
     val = load_corpus("text", str(corpus_dir), tokenizer=TokenizerSpec(
-        PRETRAINED, pretrained=tok, fingerprint=tokenizer_fingerprint(tok))).val
+        PRETRAINED, pretrained=tok, fingerprint=tokenizer_fingerprint(tok, tok.eos_token_id), separator=tok.eos_token_id)).val
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
     windows = torch.from_numpy(val[:513].astype("int64"))
     losses = []
@@ -229,3 +229,24 @@ def test_a_pretrained_model_evaluates_on_cuda_in_bf16_as_on_the_cpu(llama_dir, c
     for ours, theirs in zip(_rows(tmp_path / "gpu-plain"), _rows(cpu)):
         assert ours["ppl"] == pytest.approx(theirs["ppl"], rel=0.02)  # bf16 weights and activations
     assert all(r["applicable"] for r in _rows(gpu))
+
+
+@pytest.mark.parametrize("encoder", [
+    "rope", pytest.param("learned", marks=pytest.mark.slow), pytest.param("alibi", marks=pytest.mark.slow)])
+def test_an_exported_run_evaluated_as_a_pretrained_model_gives_its_own_perplexities(encoder, tmp_path):
+    """The round trip: posexp train, posexp export, posexp eval hf:DIR: the same tokens (the exported byte tokenizer
+    and its document separator), the same lengths (the export records train_len), the same perplexities."""
+    run, exported = tmp_path / "run", tmp_path / "hf"
+    extra = ["model.norm_bias=false"] if encoder == "alibi" else []
+    trained = invoke("train", "experiment=smoke", f"encoder={encoder}", *extra, f"hydra.run.dir={run}")
+    assert trained.exit_code == 0, trained.output
+    assert invoke("export", str(run), str(exported)).exit_code == 0
+    result, out = _run(tmp_path, f"hf:{exported}", "eval.tokens=1024", name="again")
+    assert result.exit_code == 0, result.output
+    own, again = _rows(run), _rows(out)
+    assert [r["length"] for r in again] == [r["length"] for r in own]
+    for a, b in zip(own, again):
+        assert a["applicable"] == b["applicable"] and a["targets"] == b["targets"]
+        if a["applicable"]:
+            assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-4)
+    assert json.loads((out / "results.json").read_text())["run"]["pretrained"]["posexp_export"]["run"] == str(run)

@@ -39,6 +39,7 @@ from posexp.commands.encoder_source import check_encoder_source
 from posexp.commands.finetune import parent_changed
 from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
+from posexp.commands.pretrained import pretrained_hint
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
@@ -168,7 +169,7 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
             raise PosexpError(f"{root}: is a file; pass the run folder that contains it")
         if is_run_dir(root):
             if not is_run_dir(root, needs_weights=True):
-                raise PosexpError(_pretrained_hint(root) or f"{root}: no checkpoint ({CHECKPOINT} is missing), so "
+                raise PosexpError(pretrained_hint(root) or f"{root}: no checkpoint ({CHECKPOINT} is missing), so "
                                   "there are no weights to evaluate; retrain the run with posexp train")
             found.setdefault(root.resolve(), root)
             continue
@@ -186,21 +187,6 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
             raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
                               f"{CHECKPOINT}")
     return sorted(found.values(), key=natural_key)
-
-
-def _pretrained_hint(run_dir: Path) -> Optional[str]:
-    """For the run of a pretrained model (``posexp eval hf:MODEL``), which keeps no weights of its own: the command
-    that measures the model again; None for any other run."""
-    try:
-        run = json.loads((run_dir / RESULTS_JSON).read_text()).get("run") or {}
-    except (OSError, ValueError):
-        return None
-    model = run.get("pretrained") if isinstance(run, dict) else None
-    if not isinstance(model, dict):
-        return None
-    kept = " ".join(o for o in run.get("overrides", []) if not o.startswith("hf.model="))
-    return (f"{run_dir}: the run of pretrained model {model.get('name')}, whose weights stay in its own folder; "
-            f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
 
 
 @dataclass

@@ -10,6 +10,7 @@ revision, config and weights SHA-256) in ``run.pretrained``, results.csv / .md, 
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from pathlib import Path
 from typing import Any, Optional
@@ -28,6 +29,7 @@ from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
 from posexp.evaluation.runner import EvalProgress
 from posexp.model.window import check_window
+from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.provenance import eval_settings_of, git_commit, run_label, versions
 from posexp.runs.results import results_table, write_loss_by_position, write_results
 from posexp.runtime.device import resolve_device
@@ -98,7 +100,7 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
     if spec.eval.tokens < lengths[-1] and spec.task.name == "lm":
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {lengths[-1]} (got "
                                          f"{spec.eval.tokens})")
-    corpus = _corpus(spec, tokenizer, console)
+    corpus = _corpus(spec, tokenizer, document_separator(tokenizer, lm.config), console)
     check_fits(corpus, train_len, lengths[-1])
     console.print(f"[bold]posexp[/] pretrained [cyan]{lm.label}[/] · {record.get('parameters', 0):,} params · "
                   f"context {train_len} · {corpus.name} in its tokenizer ({corpus.val.size:,} val tokens) · "
@@ -129,39 +131,30 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
 
 
 def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
-    """The model behind the seam, its tokenizer, and its provenance (with its context length and rope base)."""
-    from posexp.hf.loading import load_pretrained, provenance
-    from posexp.hf.model import DEFAULT_CHUNK, HFLanguageModel
-
+    """The model behind the seam, its tokenizer, and its provenance: the model's (:func:`posexp.hf.loading.provenance`),
+    its ``context_length`` (``train_len``, else :func:`context_length`) and rotary base, and for a posexp run
+    exported by ``posexp export`` the export's record (the run, its config hash)."""
     from transformers.utils import logging as hf_logging
+
+    from posexp.hf.loading import load_pretrained, model_folder, provenance, read_export
+    from posexp.hf.model import DEFAULT_CHUNK, HFLanguageModel
+    from posexp.hf.rotary import rope_theta
 
     hf_logging.disable_progress_bar()  # a bar per weight file would interleave with posexp's own lines
     h = spec.hf
     model, tokenizer = load_pretrained(h.model, revision=h.revision, trust_remote_code=h.trust_remote_code,
                                        device=str(device), dtype=dtype, device_map=h.device_map)
-    record = {**provenance(model, h.model, h.revision), **context_of(model.config)}
-    return HFLanguageModel(model, h.model, chunk=h.query_chunk or DEFAULT_CHUNK), tokenizer, record
-
-
-def context_of(config) -> dict:
-    """The context length a model was trained at (``context_length``: its rope parameters'
-    ``original_max_position_embeddings`` where a scaling already stretched it, else ``max_position_embeddings``,
-    ``n_positions`` or ``max_seq_len``) and its rotary base (``rope_theta``, None without RoPE).
-
-    Raises:
-        ConfigError: the config says none of them; ``train_len=N`` gives it.
-    """
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and isinstance(next(iter(rope.values()), None), dict):
-        rope = next(iter(rope.values()))  # per layer type (full_attention, sliding_attention): the first one
-    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-    theta = theta if theta is not None else getattr(config, "rope_theta", None)
-    length = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        length = length or getattr(config, key, None)
+    lm = HFLanguageModel(model, h.model, chunk=h.query_chunk or DEFAULT_CHUNK)
+    record = provenance(model, h.model, h.revision)
+    folder = model_folder(h.model, h.revision)
+    exported = read_export(folder) if folder is not None else None
+    if exported is not None:
+        record["posexp_export"] = exported
+    length = spec.train_len or (exported or {}).get("train_len") or lm.context_length
     if not length:
         raise ConfigError("train_len", "the model's config names no context length; give it: train_len=N (tokens)")
-    return {"context_length": int(length), "rope_theta": None if theta is None else float(theta)}
+    record.update(context_length=int(length), rope_theta=rope_theta(model.config) if lm.has_rope else None)
+    return lm, tokenizer, record
 
 
 def _dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -174,11 +167,25 @@ def _dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def _corpus(spec: PretrainedConfig, tokenizer, console: Console):
-    """``data`` tokenized by the model's own tokenizer (cached, keyed by the tokenizer's fingerprint)."""
+def document_separator(tokenizer, config) -> Optional[int]:
+    """The id between two documents: the end-of-sequence token of the tokenizer, else its beginning-of-sequence
+    token, else the model config's (an exported posexp run keeps its byte 0 there); the first of a list."""
+    for value in (tokenizer.eos_token_id, tokenizer.bos_token_id, getattr(config, "eos_token_id", None),
+                  getattr(config, "bos_token_id", None)):
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return None
+
+
+def _corpus(spec: PretrainedConfig, tokenizer, separator: Optional[int], console: Console):
+    """``data`` tokenized by the model's own tokenizer (cached, keyed by the tokenizer's fingerprint and the
+    separator)."""
     d = spec.data
     kind = data_kind(d)
-    tokenizer_spec = TokenizerSpec(name=PRETRAINED, pretrained=tokenizer, fingerprint=tokenizer_fingerprint(tokenizer))
+    tokenizer_spec = TokenizerSpec(name=PRETRAINED, pretrained=tokenizer, separator=separator,
+                                   fingerprint=tokenizer_fingerprint(tokenizer, separator))
     return load_corpus(kind, d.path, d.val_fraction, d.cache_dir, tokenizer=tokenizer_spec,
                        hub=hub_source(d) if kind == "hf" else None,
                        log=lambda m: console.print(m, highlight=False),
@@ -186,12 +193,13 @@ def _corpus(spec: PretrainedConfig, tokenizer, console: Console):
                        skip_bad_files=d.on_bad_file == "skip")
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer, separator: Optional[int] = None) -> str:
     """16 hex digits of SHA-256 over what a transformers tokenizer tokenizes with: a fast tokenizer's whole
-    definition (vocabulary, merges, normalizer, pre-tokenizer), else its vocabulary and special tokens."""
+    definition (vocabulary, merges, normalizer, pre-tokenizer), else its vocabulary and special tokens; and the
+    document separator."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
-    text += repr(sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items()))
+    text += repr(sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())) + f"|{separator}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -209,4 +217,19 @@ def _provenance(spec: PretrainedConfig, cfg: DictConfig, label: str, overrides: 
             "git_commit": git_commit(), "status": "completed", "params": record.get("parameters")}
 
 
-__all__ = ["HF_PREFIX", "check_pretrained", "run_pretrained", "tokenizer_fingerprint", "typed_pretrained"]
+def pretrained_hint(run_dir: Path) -> Optional[str]:
+    """For the run of a pretrained model (``posexp eval hf:MODEL``), which keeps no weights of its own: the command
+    that measures the model again; None for any other run."""
+    try:
+        run = json.loads((run_dir / RESULTS_JSON).read_text()).get("run") or {}
+    except (OSError, ValueError):
+        return None
+    model = run.get("pretrained") if isinstance(run, dict) else None
+    if not isinstance(model, dict):
+        return None
+    kept = " ".join(o for o in run.get("overrides", []) if not o.startswith("hf.model="))
+    return (f"{run_dir}: the run of pretrained model {model.get('name')}, whose weights stay in its own folder; "
+            f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
+
+
+__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "run_pretrained", "tokenizer_fingerprint", "typed_pretrained"]

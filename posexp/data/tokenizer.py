@@ -54,6 +54,7 @@ class TokenizerSpec:
     # SHA-256 of what it tokenizes with, which keys the token cache
     pretrained: Any = field(default=None, compare=False, hash=False, repr=False)
     fingerprint: Optional[str] = None
+    separator: Optional[int] = None  # the id between documents (the model's end-of-sequence token)
 
     @property
     def is_byte(self) -> bool:
@@ -69,7 +70,7 @@ class TokenizerSpec:
         if self.is_byte:
             return ""
         if self.name == PRETRAINED:
-            return f"pretrained-{self.fingerprint}"
+            return f"pt{self.fingerprint}"  # short: datasets caps its fingerprints (which hold this key) at 64
         return f"bpe-v{self.requested_vocab_size()}-f{self.min_frequency}"
 
 
@@ -121,20 +122,20 @@ class ByteTokenizer:
 
 class PretrainedTokenizer:
     """A pretrained model's own tokenizer (a transformers tokenizer) as the corpus reads it: the text of each
-    document without special tokens, documents joined by the model's end-of-sequence token (its beginning-of-
-    sequence token when it has none), as such models were trained on concatenated documents."""
+    document without special tokens, documents joined by ``separator``, the model's end-of-sequence token (chosen by
+    the caller, :func:`posexp.commands.pretrained.document_separator`), as such models were trained on concatenated
+    documents."""
 
     name = PRETRAINED
 
-    def __init__(self, tokenizer, fingerprint: str):
+    def __init__(self, tokenizer, fingerprint: str, separator: Optional[int]):
         self._tok = tokenizer
         self.fingerprint = fingerprint
         self.vocab_size = int(len(tokenizer))
-        sep = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.bos_token_id
-        if sep is None:
-            raise PosexpError("the pretrained model's tokenizer has neither an end- nor a beginning-of-sequence "
-                              "token to separate documents")
-        self.separator = int(sep)
+        if separator is None:
+            raise PosexpError("the pretrained model names no end- or beginning-of-sequence token (in its tokenizer "
+                              "or its config) to separate documents")
+        self.separator = int(separator)
         self.dtype = token_dtype(self.vocab_size)
 
     def to_str(self) -> str:

@@ -171,7 +171,7 @@ def make_tokenizer(spec: TokenizerSpec, train_ds, column: str, show_progress: bo
     if spec.is_byte:
         return ByteTokenizer()
     if spec.name == PRETRAINED:
-        return PretrainedTokenizer(spec.pretrained, str(spec.fingerprint))
+        return PretrainedTokenizer(spec.pretrained, str(spec.fingerprint), spec.separator)
     if log is not None:
         log(f"training a byte-level BPE tokenizer (vocab {spec.requested_vocab_size()}) on the training split "
             f"({len(train_ds):,} documents)")

@@ -30,11 +30,11 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from posexp.hf.loading import EXPORT_JSON
 from posexp.errors import PosexpError
 from posexp.hf.architectures import Mapping, build, plan
 from posexp.hf.tokenizer_export import export_tokenizer
 
-EXPORT_JSON = "posexp_export.json"
 # the largest |logit difference| an export may show on its check (fp32): more is a wrong mapping, not rounding
 TOLERANCE = 1e-4
 CHECK_SEED = 0
@@ -136,6 +136,7 @@ def _write(folder: Path, run: Any, model: Any, mapping: Mapping) -> dict:
         "run": str(Path(run.path).resolve()),
         "config_hash": run.info.get("config_hash"),
         "encoder": str(run.config.encoder["name"]),
+        "train_len": int(run.config.train_len),  # what posexp eval hf:DIR reads its multiples of
         "architecture": mapping.architecture,
         "mapping": mapping.description,
         "exact": True,  # an encoding without an exact counterpart is refused
@@ -204,15 +205,4 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def read_export(folder: str | os.PathLike) -> Optional[dict]:
-    """``posexp_export.json`` of an exported folder (the run, config hash, mapping), or None for another folder."""
-    path = Path(folder) / EXPORT_JSON
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "export_run", "read_export"]
+__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "export_run"]

@@ -172,5 +172,19 @@ def provenance(model: Any, name_or_path: str, revision: Optional[str] = None) ->
             "parameters": int(sum(p.numel() for p in model.parameters()))}
 
 
-__all__ = ["HUB_ID", "canonical_sha256", "config_sha256", "load_pretrained", "model_folder", "offline",
+EXPORT_JSON = "posexp_export.json"  # what posexp export writes beside the model (posexp.hf.export)
+
+
+def read_export(folder: str | os.PathLike) -> Optional[dict]:
+    """``posexp_export.json`` of an exported folder (the run, config hash, mapping), or None for another folder."""
+    path = Path(folder) / EXPORT_JSON
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["EXPORT_JSON", "read_export", "HUB_ID", "canonical_sha256", "config_sha256", "load_pretrained", "model_folder", "offline",
            "provenance", "snapshot_revision", "weight_files", "weights_sha256"]
