@@ -250,3 +250,44 @@ def test_an_exported_run_evaluated_as_a_pretrained_model_gives_its_own_perplexit
         if a["applicable"]:
             assert b["ppl"] == pytest.approx(a["ppl"], rel=1e-4)
     assert json.loads((out / "results.json").read_text())["run"]["pretrained"]["posexp_export"]["run"] == str(run)
+
+
+def test_an_unnamed_architecture_evaluates_under_every_protocol_scaling_window_and_passkey(llama_dir):
+    """A model class nothing in posexp names (Mistral) goes through the same evaluation as posexp's own model: the
+    three protocols, every scaling it offers (rerope's rows "not applicable"), a window with sinks, loss by position
+    and the zero-shot passkey."""
+    import dataclasses
+
+    import numpy as np
+
+    from posexp.config.schema import EvalConfig
+    from posexp.encoders.scaling import SCALINGS
+    from posexp.evaluation.accuracy import evaluate_task
+    from posexp.evaluation.perplexity import EvalHooks, evaluate
+    from posexp.hf.model import HFLanguageModel
+    from posexp.tasks.passkey_text import TextPasskey
+
+    tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    config = transformers.MistralConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                        max_position_embeddings=32, sliding_window=None, initializer_range=0.2)
+    torch.manual_seed(0)
+    lm = HFLanguageModel(transformers.AutoModelForCausalLM.from_config(config).eval(), "mistral", chunk=16)
+    val = np.asarray(tok(TEXT * 30, add_special_tokens=False)["input_ids"])
+    base = EvalConfig(lengths=[32, 64], tokens=256, batch_tokens=256)
+    settings = [dataclasses.replace(base, protocol="sliding", stride=16),
+                dataclasses.replace(base, protocol="last_k", last_k=8),
+                dataclasses.replace(base, window=8, sinks=2),
+                *(dataclasses.replace(base, scaling=s) for s in SCALINGS if s not in ("none", "longrope"))]
+    for e in settings:
+        positions: list = []
+        rows = evaluate(lm, val, e, 32, torch.device("cpu"), hooks=EvalHooks(positions=positions))
+        if e.scaling == "rerope":
+            assert not any(r["applicable"] for r in rows) and "two attention passes" in rows[0]["reason"]
+            continue
+        assert all(r["applicable"] and math.isfinite(r["ppl"]) for r in rows), (e, rows)
+        assert [p["position_count"].sum() for p in positions] == [r["tokens"] for r in rows]
+    task = TextPasskey(lambda t: tok(t, add_special_tokens=False)["input_ids"], val, len(tok), digits=3)
+    rows = evaluate_task(lm, task, dataclasses.replace(base, lengths=[320], examples=2, depths=[0.5]), 32,
+                         torch.device("cpu"))
+    assert [(r["length"], r["depth"], r["examples"]) for r in rows] == [(320, 0.5, 2)]

@@ -71,10 +71,14 @@ class TextPasskey(Passkey):
             key = "".join(str(d) for d in rng.integers(0, 10, size=self.digits))
             parts = [self.encode(PROMPT), self.encode(_needle(key)), self.encode(QUESTION), self.encode(f" {key}")]
             size = length + 1 - sum(len(p) for p in parts)
-            if size < 0 or source.size < size:
-                raise ConfigError("eval.lengths", f"task passkey needs {length} tokens to hold its prompt, key and "
-                                                  f"question and {max(size, 0)} filler tokens from the validation "
-                                                  f"split ({source.size}); use longer lengths or more text")
+            if size < 0:
+                raise ConfigError("eval.lengths", f"{length} tokens cannot hold task passkey's prompt, key sentence "
+                                                  f"and question, {length + 1 - size} tokens in this tokenizer; use "
+                                                  "longer eval.lengths")
+            if source.size < size:
+                raise ConfigError("eval.lengths", f"task passkey at length {length} needs {size} filler tokens, but "
+                                                  f"the validation split of data has {source.size}; use more text "
+                                                  "or shorter eval.lengths")
             start = int(rng.integers(0, source.size - size + 1))
             filler = source[start:start + size].astype(np.int64)
             at = int(rng.integers(0, size + 1)) if depth is None else int(round(float(depth) * size))
