@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN, sigterm_at_step
+from conftest import TINY_RUN, invoke, sigterm_at_step
 
 STEPS = 60
 # log every step and checkpoint every 4: a kill usually lands between a checkpoint and the
@@ -68,13 +67,6 @@ def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
             out, err = proc.communicate()
             pytest.fail(f"the run ended before step {step}: {err[-2000:]}")
         time.sleep(0.01)  # polling only: no assertion depends on how long anything takes
-
-
-def invoke(*args: str):
-    """``posexp ARGS`` in this process: the same commands without an interpreter's start-up."""
-    from posexp.cli.app import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")

@@ -18,20 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN
+from conftest import TINY_RUN, invoke
 
 FAST = (*TINY_RUN, "eval.multiples=[1]")
 # long enough to be caught training: checkpoints every 5 steps, stopped long before the end
 STOPPABLE = (*TINY_RUN, "eval.multiples=[1]", "train.checkpoint_every=5")
 LONG = (*STOPPABLE, "train.steps=100000")
-
-
-def invoke(*args: str):
-    from posexp.cli.app import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
 
 def _popen(*args: str, cwd: Path) -> subprocess.Popen:
