@@ -26,6 +26,16 @@ C = TypeVar("C", bound=Config)
 META_FILE, RESUME_FILE = "meta.json", "resume.json"  # checkpoint/ files that record the hash (training/checkpoint)
 
 
+def override_text(key: str, value: object) -> str:
+    """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
+    (a folder path with spaces or brackets)."""
+    text = str(value)
+    # Hydra's grammar takes letters outside ASCII (a folder named "é") only inside quotes
+    if all(c.isascii() and (c.isalnum() or c in "/._-:+@~") for c in text):
+        return f"{key}={text}"
+    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
+
+
 def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assignment]
     """The config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations resolved,
     ``encoder`` as a plain mapping of its options (the encoder's own schema checked them at compose time).

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.commands.edge import folder_run_hash, load_saved
+from posexp.commands.edge import folder_run_hash, load_saved, override_text
 from posexp.config.identity import config_dict
 from posexp.config.schema import Config, DataConfig
 from posexp.errors import ConfigError, PosexpError
@@ -56,8 +56,6 @@ def parent_argument(args: Sequence[str]) -> list[str]:
     Raises:
         PosexpError: no run folder, or an override of the encoder, model, tokenizer or base.
     """
-    from posexp.cli.arguments import override_text
-
     out, parent, skip = [], None, False
     for arg in args:
         if skip or arg.startswith("-"):
