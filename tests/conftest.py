@@ -50,6 +50,14 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
                           text=True, timeout=timeout)
 
 
+def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
+    """``posexp ARGS`` started in a fresh interpreter and left running (its output piped), for a test that
+    signals it, waits on it or runs another command beside it."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "posexp", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def invoke(*args: str, columns: int = 200, cwd: Path | None = None):
     """``posexp ARGS`` in this process (Typer's runner): the same commands without an interpreter's start-up.
 
