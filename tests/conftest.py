@@ -92,11 +92,15 @@ TINY_RUN = (*SMOKE, "precision=fp32", "train.threads=1")
 
 
 @pytest.fixture(scope="session")
-def trained(tmp_path_factory, _private_cache) -> Path:
+def trained(tmp_path_factory, _private_cache, _session_threads) -> Path:
     """One tiny run (:data:`TINY_RUN`, rope) trained once for the whole session, through ``posexp train``; tests
-    work on copies of it (``shutil.copytree``), never in it."""
+    work on copies of it (``shutil.copytree``), never in it. The session's thread count is read before it trains
+    (``train.threads=1`` sets torch's) and put back after."""
+    import torch
+
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
+    torch.set_num_threads(_session_threads)
     assert result.exit_code == 0, result.output
     return run_dir
 
