@@ -46,8 +46,13 @@ Where the next one goes:
 - An encoding: one file in ``posexp/encoders/`` (a ``PositionalEncoder``
   subclass with ``@register``, the hook contract in
   :mod:`posexp.encoders.contract`) and one yaml in ``configs/encoder/``.
-- A task: one file in ``posexp/tasks/`` (a ``Task`` subclass), an entry in
-  ``posexp.tasks.TASKS`` and one yaml in ``configs/task/``;
+- An experiment tracker: one file in ``posexp/tracking/`` (a ``Tracker``
+  subclass with ``@TRACKERS.register``), its options in ``LoggerConfig``
+  (:mod:`posexp.config.schema`) and one yaml in ``configs/logger/``.
+  Encoders, tasks and trackers are found by name the same way
+  (:mod:`posexp.registry`).
+- A task: one file in ``posexp/tasks/`` (a ``Task`` subclass with
+  ``@TASKS.register``) and one yaml in ``configs/task/``;
   ``tests/test_tasks.py`` picks it up from the yaml and needs an independent
   solver for it.
 - A kind of evaluation: a module in ``posexp/evaluation/`` that returns rows

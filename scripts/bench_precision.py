@@ -7,7 +7,7 @@
 For each posexp family, three models train side by side from the same initial
 weights on the same batch (scripts/benchlib.py's shape and training step, as scripts/bench.py times it): fp32, bf16
 autocast, and ``auto`` (the precision ``posexp train precision=auto`` picks for
-that model on this machine: :func:`posexp.runtime.precision.training_precision`,
+that model on this machine: :func:`posexp.training.precision.training_precision`,
 whose probe result is cached per machine like a real run's). Steps run
 round-robin, one step of each model in turn; a *round* is ``--warmup`` untimed
 and ``--steps`` timed steps of each, and the table gives each model's tokens/s

@@ -29,7 +29,8 @@ from posexp.config.schema import TrainConfig
 from posexp.encoders import create
 from posexp.model.gpt import GPT, ModelShape
 from posexp.runtime.device import autocast
-from posexp.runtime.precision import choose_precision, training_precision
+from posexp.runtime.precision import choose_precision
+from posexp.training.precision import training_precision
 from posexp.training.optim import make_optimizer
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}

@@ -15,15 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
-    # Tests never touch the user's ~/.cache/posexp; the stdlib corpus is built once per session.
+    # Tests never touch the user's ~/.cache/posexp; the stdlib corpus is built once per session. The environment
+    # is put back as the session found it when the session ends.
     cache = tmp_path_factory.mktemp("posexp-cache")
-    before = os.environ.get("POSEXP_CACHE")
-    os.environ["POSEXP_CACHE"] = str(cache)
-    yield cache
-    if before is None:  # the environment as the session found it
-        os.environ.pop("POSEXP_CACHE", None)
-    else:
-        os.environ["POSEXP_CACHE"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POSEXP_CACHE", str(cache))
+        yield cache
 
 
 @pytest.fixture
@@ -53,6 +50,36 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Completed
                           text=True, timeout=timeout)
 
 
+def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
+    """``posexp ARGS`` started in a fresh interpreter and left running (its output piped), for a test that
+    signals it, waits on it or runs another command beside it."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "posexp", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def invoke(*args: str, columns: int = 200, cwd: Path | None = None):
+    """``posexp ARGS`` in this process (Typer's runner): the same commands without an interpreter's start-up.
+
+    Args:
+        columns: the terminal width Rich lays its tables out for (wide by default, so assertions can read them;
+            80 is what a pipe gets).
+        cwd: the folder the command runs in (a relative run folder, Hydra's ``outputs/``); the test's own
+            working folder is back afterwards.
+    """
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": str(columns)})
+    finally:
+        os.chdir(old)
+
+
 # The smoke experiment as shipped, precision=auto and all: for tests of those defaults. A test that trains starts
 # from TINY_RUN.
 SMOKE = ("experiment=smoke", "train.progress=false")
@@ -62,6 +89,20 @@ SMOKE = ("experiment=smoke", "train.progress=false")
 # a test's spies and whose choice depends on the CPU) and one thread; `tiny` adds a sweep cache in the test's own
 # folder, and every test gets torch's thread count back afterwards (_torch_threads).
 TINY_RUN = (*SMOKE, "precision=fp32", "train.threads=1")
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, _private_cache, _session_threads) -> Path:
+    """One tiny run (:data:`TINY_RUN`, rope) trained once for the whole session, through ``posexp train``; tests
+    work on copies of it (``shutil.copytree``), never in it. The session's thread count is read before it trains
+    (``train.threads=1`` sets torch's) and put back after."""
+    import torch
+
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
+    torch.set_num_threads(_session_threads)
+    assert result.exit_code == 0, result.output
+    return run_dir
 
 
 @pytest.fixture(scope="session")

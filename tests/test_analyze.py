@@ -1,6 +1,6 @@
 """``posexp analyze``: the properties the papers claim, checked with the built-in analysis.
 
-Decay measure used for comparing bases (see :func:`posexp.analyze.decay_summary`): the
+Decay measure used for comparing bases (see :func:`posexp.analysis.geometry.decay_summary`): the
 envelope ``e(r) = max_{r' >= r} |c(r') / c(0)|`` of the diagonal-mean inner product
 ``c(r)``, its half distance (first ``r`` with ``e(r) <= 1/2``) and the mean of
 ``|c(r) / c(0)|`` over the range.

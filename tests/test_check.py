@@ -153,7 +153,7 @@ def broken():
         register(name)(cls)
     yield
     for name in BROKEN:
-        encoders._REGISTRY.pop(name, None)
+        encoders._REGISTRY.remove(name)
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
@@ -326,7 +326,7 @@ def test_the_length_check_reaches_16x_the_default_train_len_and_a_given_one():
         with pytest.raises(PosexpError, match="train_len: must be a positive integer"):
             check_main("tiny_overflow", ["train_len=0"], "json", Console(file=io.StringIO()), probe=PROBE)
     finally:
-        encoders._REGISTRY.pop("tiny_overflow", None)
+        encoders._REGISTRY.remove("tiny_overflow")
 
 
 def test_a_measurement_that_runs_out_of_memory_is_an_error_not_a_failure(monkeypatch):
@@ -365,7 +365,7 @@ def test_an_encoder_that_cannot_be_built_is_a_failed_check_naming_why(cls, reaso
         out = io.StringIO()
         code = check_main("unbuildable", [], "json", Console(file=out, width=200), probe=PROBE)
     finally:
-        encoders._REGISTRY.pop("unbuildable", None)
+        encoders._REGISTRY.remove("unbuildable")
         encoders._BROKEN.pop("unbuildable", None)
     (build,) = json.loads(out.getvalue())["checks"]
     assert code == 1 and build["name"] == "build" and build["status"] == FAIL and reason in build["detail"]

@@ -16,22 +16,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN
-from posexp.cli.app import app
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
-    assert result.exit_code == 0, result.output
-    return run_dir
+from conftest import TINY_RUN, invoke
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """What shapes the weights: one rule (config.identity.weights_config) behind the run-folder hash and the cache
-key; the hash format new runs record, and format 1, which old run folders keep."""
+key."""
 
 from __future__ import annotations
 
@@ -10,20 +10,19 @@ import pytest
 from omegaconf import OmegaConf
 
 from posexp.commands.edge import typed
-from posexp.config.identity import HASH_OMITS, NOT_WEIGHTS, config_dict, config_hash, weights_config
-from posexp.config.legacy import HASH_ALSO, format1_hash
+from posexp.config.identity import NOT_WEIGHTS, config_dict, config_hash, weights_config
 from posexp.data.corpus import data_kind, tokenizer_spec
-# (overrides, config_hash, SHA-256 of the training config the sweep cache keyed on) as computed by
-# posexp 616cc01, the last version with two separate rules: run folders and cache entries written by it
-# must keep their hash and their cache hits.
+# (overrides, config_hash, SHA-256 of the training config the sweep cache keys on): the hashes as posexp de5c9a3
+# computed them, the cache keys as posexp 616cc01 did (the last version with two separate rules). Run folders and
+# cache entries written since keep their hash and their cache hits.
 SAVED = [
-    ((), "80c57723529b77b5", "eaeefade355ebd34"),
-    (("encoder=t5",), "fb2ae6334337bc46", "86c88fbbd640e3b1"),
-    (("encoder=rope", "train.positions=randomized"), "3dbf273a440bd12e", "b31333ed6c732efc"),
-    (("encoder=mixed", "encoder.layers=[rope,none]"), "1838981de8ae212c", "29a417d60ca935c8"),
-    (("train.threads=1", "train.progress=false"), "c69f2024ccf8b243", "eaeefade355ebd34"),
-    (("encoder=alibi", "seed=3", "train.steps=10", "data.cache_dir=/tmp/x"), "1545700f775b0963", "6daaf024be2ea731"),
-    (("encoder=learned", "encoder.lr_mult=2", "compile=true", "precision=fp32"), "499c92de535224b7",
+    ((), "11a6c3e4ec2c77a3", "eaeefade355ebd34"),
+    (("encoder=t5",), "e97a4fcbe3eb617d", "86c88fbbd640e3b1"),
+    (("encoder=rope", "train.positions=randomized"), "b59e068417f1d82c", "b31333ed6c732efc"),
+    (("encoder=mixed", "encoder.layers=[rope,none]"), "546591382e9e8d1e", "29a417d60ca935c8"),
+    (("train.threads=1", "train.progress=false"), "11a6c3e4ec2c77a3", "eaeefade355ebd34"),
+    (("encoder=alibi", "seed=3", "train.steps=10", "data.cache_dir=/tmp/x"), "bc19821815a7e94d", "6daaf024be2ea731"),
+    (("encoder=learned", "encoder.lr_mult=2", "compile=true", "precision=fp32"), "36afd6b54914b01d",
      "2549a95bafdc591c"),
 ]
 
@@ -34,13 +33,10 @@ def _digest(d: dict) -> str:
 
 @pytest.mark.parametrize("overrides,saved_hash,saved_cache", SAVED, ids=[" ".join(c[0]) or "default" for c in SAVED])
 def test_saved_runs_keep_their_hash_and_cache_hits(compose, overrides, saved_hash, saved_cache):
-    """A folder written in format 1 still hashes to what it recorded; a cache entry keeps its key."""
+    """A run folder still hashes to what it recorded; a cache entry keeps its key."""
     cfg = compose(*overrides)
-    written = config_dict(typed(cfg))
-    assert written == OmegaConf.to_container(cfg, resolve=True)  # the config as Hydra saves it
-    if not any(o.startswith("train.threads=") for o in overrides):
-        written["train"]["threads"] = None  # format 1 was written before train.threads=auto, when the default was null
-    assert format1_hash(written) == saved_hash
+    assert config_dict(typed(cfg)) == OmegaConf.to_container(cfg, resolve=True)  # the config as Hydra saves it
+    assert config_hash(typed(cfg)) == saved_hash
     assert _digest(weights_config(typed(cfg))) == saved_cache
 
 
@@ -54,7 +50,8 @@ def test_keys_that_do_not_shape_the_weights_leave_the_cache_key_alone(compose, d
 
 @pytest.mark.parametrize("override", ["train.lr=0.001", "seed=1", "model.d_model=64", "encoder=alibi",
                                       "train_len=64", "tokenizer=bpe", "model.init=pytorch",
-                                      "model.tie_embeddings=false", "base=500", "precision=bf16"])
+                                      "model.tie_embeddings=false", "base=500", "precision=bf16",
+                                      "encoder.lr_mult=2"])
 def test_keys_that_shape_the_weights_change_hash_and_cache_key(compose, override):
     plain, changed = typed(compose()), typed(compose(override))
     assert config_hash(changed) != config_hash(plain)
@@ -70,14 +67,6 @@ def test_keys_that_do_not_shape_the_weights_leave_the_hash_alone(compose, overri
     """The hash new runs record covers what shapes the weights only: thread count, logging, checkpoint timing,
     where the token cache lies, evaluation, trackers and compiling leave it as it was."""
     assert config_hash(typed(compose(override))) == config_hash(typed(compose()))
-
-
-def test_format_1_hashed_the_thread_count_and_format_2_does_not(compose):
-    """Why the format changed: format 1 gave the same training on 3 threads another name."""
-    plain, threads = typed(compose()), typed(compose("train.threads=3"))
-    assert format1_hash(config_dict(threads)) != format1_hash(config_dict(plain))
-    assert config_hash(threads) == config_hash(plain)
-    assert "train.threads" in HASH_ALSO and "base" in HASH_OMITS
 
 
 def test_a_base_the_encoder_does_not_read_leaves_the_hash_alone(compose):

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 import posexp
-from conftest import TINY_RUN, sigterm_at_step
+from conftest import TINY_RUN, invoke, sigterm_at_step
 from posexp.commands.edge import typed
 from posexp.commands.train import check_config, run_train
 from posexp.config.identity import config_hash
@@ -145,15 +145,6 @@ def test_a_task_run_curves_its_accuracy_on_the_same_instances(tiny, tmp_path):
     assert last == pytest.approx({r["length"]: r["token_accuracy"] for r in curved["rows"]}, rel=1e-9)
 
 
-def _invoke(*args: str):
-    """``posexp ARGS`` in this process (a run folder with its .hydra/, as posexp resume needs)."""
-    from typer.testing import CliRunner
-
-    from posexp.cli.app import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-
-
 def test_resume_continues_the_curve_without_repeating_a_step(tmp_path, monkeypatch):
     """SIGTERM in step 12 checkpoints it; a point measured after that checkpoint (as by a run killed before its
     next one) is dropped and measured again; the resumed curve is the uninterrupted one."""
@@ -162,15 +153,15 @@ def test_resume_continues_the_curve_without_repeating_a_step(tmp_path, monkeypat
     args = (*TINY_RUN, "eval.during_training.every=4", "eval.during_training.multiples=[1,2]",
             "eval.during_training.tokens=512")
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
-    assert _invoke("train", *args, f"hydra.run.dir={whole}").exit_code == 0
+    assert invoke("train", *args, f"hydra.run.dir={whole}").exit_code == 0
     sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 11)  # 0-based: the 12th step
-    stopped = _invoke("train", *args, f"hydra.run.dir={run_dir}")
+    stopped = invoke("train", *args, f"hydra.run.dir={run_dir}")
     assert stopped.exit_code == 128 + signal.SIGTERM, stopped.output
     assert [r["step"] for r in read_curve(run_dir)[1]] == [4, 4, 8, 8, 12, 12]  # the point of the checkpoint too
     with open(run_dir / "curve.csv", "a") as f:
         f.write("16,32,1,1.5,0.4,512,0.010\n")  # measured after the checkpoint, before a kill
     monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
-    resumed = _invoke("resume", str(run_dir))
+    resumed = invoke("resume", str(run_dir))
     assert resumed.exit_code == 0, resumed.output
     without_time = lambda d: [row[:-1] for row in _curve_rows(d)]  # noqa: E731  (eval_s differs)
     assert without_time(run_dir) == without_time(whole)

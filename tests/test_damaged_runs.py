@@ -21,18 +21,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN
-from posexp.cli.app import app
+from conftest import TINY_RUN, invoke
 from posexp.runs.layout import write_results_json
 
 EVAL = {"tokens": 65536, "protocol": "nonoverlap"}
-
-
-def invoke(*args: str, columns: int = 80):
-    """``posexp ARGS`` in this process, its output not a terminal (as when piped)."""
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": str(columns)})
+PIPED = 80  # the width Rich lays out for when the output is not a terminal (as when piped)
 
 
 def strict_json(path: Path) -> dict:
@@ -87,7 +81,7 @@ def _warning_lines(output: str) -> list[str]:
 @pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
 def test_report_leaves_out_a_damaged_run_and_names_it_in_one_line(damage, tmp_path):
     sweep = _sweep_with_one_damaged(tmp_path, DAMAGE[damage])
-    result = invoke("report", str(sweep))
+    result = invoke("report", str(sweep), columns=PIPED)
     assert result.exit_code == 0, result.output
     assert "seed=0" in result.output and "seed=2" in result.output and "5.00" in result.output
     bad = str(sweep / "1" / "results.json")
@@ -100,7 +94,7 @@ def test_report_leaves_out_a_damaged_run_and_names_it_in_one_line(damage, tmp_pa
 
 def test_report_strict_stops_at_the_first_damaged_run(tmp_path):
     sweep = _sweep_with_one_damaged(tmp_path, DAMAGE["truncated"])
-    result = invoke("report", "--strict", str(sweep))
+    result = invoke("report", "--strict", str(sweep), columns=PIPED)
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and str(sweep / "1" / "results.json") in result.output
     assert "not valid JSON" in result.output and "Traceback" not in result.output
@@ -111,26 +105,18 @@ def test_report_with_every_run_damaged_is_an_error(tmp_path):
     for i in range(2):
         (tmp_path / "sweep" / str(i)).mkdir(parents=True)
         (tmp_path / "sweep" / str(i) / "results.json").write_text("{")
-    result = invoke("report", str(tmp_path / "sweep"))
+    result = invoke("report", str(tmp_path / "sweep"), columns=PIPED)
     assert result.exit_code == 2, result.output
     assert str(tmp_path / "sweep" / "0" / "results.json") in result.output and "1 more" in result.output
 
 
 def test_report_and_eval_help_say_what_a_damaged_run_does():
     for command in ("report", "eval"):
-        result = invoke(command, "--help", columns=200)
+        result = invoke(command, "--help")
         assert "--strict" in result.output and "exit status 0" in result.output, result.output
 
 
 # -- 7 and 5: eval on trained runs ------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}", columns=200)
-    assert result.exit_code == 0, result.output
-    return run_dir
-
 
 def _trained_sweep(trained: Path, tmp_path: Path, damage: str) -> Path:
     """Two copies of the trained run, the second with ``damage`` for its results.json."""
@@ -144,7 +130,7 @@ def _trained_sweep(trained: Path, tmp_path: Path, damage: str) -> Path:
 def test_eval_skips_a_damaged_run_and_evaluates_the_others(trained, tmp_path):
     sweep = _trained_sweep(trained, tmp_path, '{"run": {"label": "x"}, "rows": [')
     before = (sweep / "1" / "results.json").read_bytes()
-    result = invoke("eval", str(sweep), "eval.lengths=[32]")
+    result = invoke("eval", str(sweep), "eval.lengths=[32]", columns=PIPED)
     assert result.exit_code == 0, result.output
     warnings = [line for line in _warning_lines(result.output) if str(sweep / "1") in line]
     assert len(warnings) == 1 and "not valid JSON" in warnings[0], result.output
@@ -155,7 +141,7 @@ def test_eval_skips_a_damaged_run_and_evaluates_the_others(trained, tmp_path):
 def test_eval_strict_evaluates_nothing_when_a_run_is_damaged(trained, tmp_path):
     sweep = _trained_sweep(trained, tmp_path, "[]")
     good = (sweep / "0" / "results.json").read_bytes()
-    result = invoke("eval", "--strict", str(sweep), "eval.lengths=[32]")
+    result = invoke("eval", "--strict", str(sweep), "eval.lengths=[32]", columns=PIPED)
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: ") and str(sweep / "1" / "results.json") in result.output
     assert (sweep / "0" / "results.json").read_bytes() == good
@@ -173,7 +159,7 @@ def test_training_whose_evaluation_is_not_finite_still_writes_results_json(tmp_p
 
     monkeypatch.setattr(train_command, "evaluate_config", diverging)
     run_dir = tmp_path / "run"
-    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}", columns=200)
+    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
     assert result.exit_code == 0, result.output
     rows = strict_json(run_dir / "results.json")["rows"]
     assert rows[-1]["applicable"] is True and rows[-1]["ppl"] is None and rows[-1]["loss"] is None
@@ -208,14 +194,14 @@ def test_eval_re_evaluates_a_run_with_non_finite_or_null_numbers(written, traine
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)
     _hand_edit(run_dir, 128, written)
-    result = invoke("eval", str(run_dir), "eval.lengths=[32]")
+    result = invoke("eval", str(run_dir), "eval.lengths=[32]", columns=PIPED)
     assert result.exit_code == 0, result.output
     rows = {r["length"]: r for r in strict_json(run_dir / "results.json")["rows"]}
     assert rows[128]["ppl"] is None and rows[32]["ppl"] is not None
     if written == "NaN":
         assert "non-finite" in rows[128]["note"]
     # and re-measuring the damaged length replaces it
-    result = invoke("eval", str(run_dir), "eval.lengths=[128]")
+    result = invoke("eval", str(run_dir), "eval.lengths=[128]", columns=PIPED)
     assert result.exit_code == 0, result.output
     rows = {r["length"]: r for r in strict_json(run_dir / "results.json")["rows"]}
     assert math.isfinite(rows[128]["ppl"]) and "note" not in rows[128]
@@ -225,7 +211,7 @@ def test_eval_re_evaluates_a_run_with_non_finite_or_null_numbers(written, traine
 def test_report_shows_non_finite_or_null_numbers_as_not_applicable(written, tmp_path):
     runs = [make_run(tmp_path / str(i), {128: 3.0, 256: 3.25}, f"seed={i}", seed=i) for i in range(2)]
     _hand_edit(runs[1], 256, written)
-    result = invoke("report", str(tmp_path), columns=200)
+    result = invoke("report", str(tmp_path))
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "seed=1" in line)
     assert "n/a" in line and "nan" not in line.lower().replace("n/a", ""), line
@@ -237,7 +223,7 @@ def test_a_run_whose_results_json_was_never_written_is_resumed(trained, tmp_path
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)
     (run_dir / "results.json").unlink()
-    result = invoke("resume", str(run_dir), columns=200)
+    result = invoke("resume", str(run_dir))
     assert result.exit_code == 0, result.output
     assert strict_json(run_dir / "results.json")["run"]["status"] == "completed"
 
@@ -284,7 +270,7 @@ def test_posexp_report_piped_at_80_columns_keeps_numbers_whole(tmp_path):
     lengths = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
     for s in range(4):
         make_run(tmp_path / "sweep" / str(s), {n: 10.123 + n / 97 * (s + 1) for n in lengths}, f"seed={s}", seed=s)
-    result = invoke("report", str(tmp_path / "sweep"), "--by", "encoder")
+    result = invoke("report", str(tmp_path / "sweep"), "--by", "encoder", columns=PIPED)
     assert result.exit_code == 0, result.output
     assert "…" not in result.output
     for n in lengths:
@@ -428,7 +414,7 @@ def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        result = invoke("eval", str(run), "eval.lengths=[32]", columns=200)
+        result = invoke("eval", str(run), "eval.lengths=[32]")
     finally:
         holder.kill()
         holder.wait()
@@ -447,7 +433,7 @@ def test_eval_of_a_failed_sweep_job_that_kept_its_weights_writes_its_rows(traine
                                        "config_hash", "hash_format", "eval_settings") if k in recorded}
     failed.update(status="failed", error={"message": "out of memory", "type": "RuntimeError"})
     write_results_json(run, {"run": failed, "rows": []})
-    result = invoke("eval", str(run), "eval.lengths=[40]", columns=200)
+    result = invoke("eval", str(run), "eval.lengths=[40]")
     assert result.exit_code == 0, result.output
     assert [row["length"] for row in json.loads((run / "results.json").read_text())["rows"]] == [40]
     assert "recorded as failed" in (run / "results.md").read_text()

@@ -21,19 +21,13 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN, run_cli
-from posexp.cli.app import app
+from conftest import TINY_RUN, invoke, run_cli
 from posexp.errors import PosexpError
 
 TINY_ANALYZE = ("train_len=32", "analyze.length=64", "analyze.figures=false")
 # checkpoints at steps 4, 8 and 12: a disk that fills at the second leaves the first
 STEPS = ("train.steps=12", "train.checkpoint_every=4", "train.log_every=1", "eval.multiples=[1,2]")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
 
 def _error_line(text: str) -> str:
@@ -44,14 +38,6 @@ def _error_line(text: str) -> str:
 
 def _results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = invoke("train", *TINY_RUN, f"hydra.run.dir={run_dir}")
-    assert result.exit_code == 0, result.output
-    return run_dir
 
 
 # -- making a folder read-only for real ----------------------------------------------------------------

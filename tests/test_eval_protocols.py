@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY_RUN, run_cli
+from conftest import TINY_RUN, invoke, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.perplexity import batch_means_se, plan_windows
@@ -272,33 +271,11 @@ def test_merge_rows_replaces_the_same_measurement_and_keeps_the_rest():
 
 # -- posexp eval on trained runs ---------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """One literal smoke run of rope, trained once for the module; tests work on copies."""
-    cwd = tmp_path_factory.mktemp("trained")
-    proc = run_cli("train", *TINY_RUN, "hydra.run.dir=run", cwd=cwd)
-    assert proc.returncode == 0, proc.stderr
-    return cwd / "run"
-
-
 @pytest.fixture
 def run_copy(trained, tmp_path) -> Path:
     dest = tmp_path / "run"
     shutil.copytree(trained, dest)
     return dest
-
-
-def _cli(*args: str, cwd: Path):
-    from typer.testing import CliRunner
-
-    from posexp.cli.app import app
-
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args))
-    finally:
-        os.chdir(old)
 
 
 def _rows(run: Path) -> list[dict]:
@@ -327,13 +304,13 @@ def test_posexp_eval_appends_rows_and_keeps_the_earlier_ones(run_copy):
     assert "last_k K=16" in (run_copy / "results.md").read_text()
 
     # the same evaluation again replaces its rows instead of adding more
-    again = _cli("eval", "run", "eval.lengths=[256]", "eval.protocol=last_k", "eval.last_k=16", cwd=run_copy.parent)
+    again = invoke("eval", "run", "eval.lengths=[256]", "eval.protocol=last_k", "eval.last_k=16", cwd=run_copy.parent)
     assert again.exit_code == 0, again.output
     assert len(_rows(run_copy)) == len(rows)
 
 
 def test_posexp_eval_with_yarn_adds_scaled_rows(run_copy):
-    result = _cli("eval", str(run_copy), "eval.scaling=yarn", "eval.multiples=[1,8]", cwd=run_copy.parent)
+    result = invoke("eval", str(run_copy), "eval.scaling=yarn", "eval.multiples=[1,8]", cwd=run_copy.parent)
     assert result.exit_code == 0, result.output
     scaled = [r for r in _rows(run_copy) if r["scaling"] == "yarn"]
     assert [(r["length"], r["scaling_factor"]) for r in scaled] == [(32, 1.0), (256, 8.0)]
@@ -346,7 +323,7 @@ def test_posexp_eval_of_a_sweep_folder_evaluates_every_run(trained, tmp_path):
         shutil.copytree(trained, sweep / name)
     shutil.rmtree(sweep / "2" / "checkpoint")  # not a run any more: skipped, with a warning
     untouched = (sweep / "2" / "results.json").read_bytes()
-    result = _cli("eval", str(sweep), "eval.lengths=[64]", "eval.protocol=sliding", "eval.stride=16", cwd=tmp_path)
+    result = invoke("eval", str(sweep), "eval.lengths=[64]", "eval.protocol=sliding", "eval.stride=16", cwd=tmp_path)
     assert result.exit_code == 0, result.output
     for name in ("0", "1"):
         assert any(r["protocol"] == "sliding" and r["stride"] == 16 for r in _rows(sweep / name))
@@ -383,7 +360,7 @@ BAD_EVAL = [
 @pytest.mark.parametrize("overrides,needles", BAD_EVAL, ids=[" ".join(o) for o, _ in BAD_EVAL])
 def test_bad_eval_input_is_a_clear_message_and_leaves_results_alone(run_copy, overrides, needles):
     before = (run_copy / "results.json").read_bytes()
-    result = _cli("eval", "run", *overrides, cwd=run_copy.parent)
+    result = invoke("eval", "run", *overrides, cwd=run_copy.parent)
     assert result.exit_code != 0
     assert "Traceback" not in result.output
     for needle in needles:
@@ -393,11 +370,11 @@ def test_bad_eval_input_is_a_clear_message_and_leaves_results_alone(run_copy, ov
 
 def test_a_scaling_the_encoding_lacks_is_refused_by_name(alibi_run):
     before = (alibi_run / "results.json").read_bytes()
-    result = _cli("eval", str(alibi_run), "eval.scaling=yarn", cwd=alibi_run.parent)
+    result = invoke("eval", str(alibi_run), "eval.scaling=yarn", cwd=alibi_run.parent)
     assert result.exit_code != 0
     assert "eval.scaling" in result.output and "'alibi'" in result.output and "rope" in result.output
     assert (alibi_run / "results.json").read_bytes() == before
-    ok = _cli("eval", str(alibi_run), "eval.lengths=[64]", cwd=alibi_run.parent)  # .hydra-less runs still load
+    ok = invoke("eval", str(alibi_run), "eval.lengths=[64]", cwd=alibi_run.parent)  # .hydra-less runs still load
     assert ok.exit_code == 0, ok.output
 
 
@@ -421,7 +398,7 @@ def test_a_damaged_saved_config_is_named_not_a_traceback(run_copy):
 
 def test_a_folder_without_runs_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
-    result = _cli("eval", "empty", cwd=tmp_path)
+    result = invoke("eval", "empty", cwd=tmp_path)
     assert result.exit_code != 0 and "no runs found" in result.output
 
 
@@ -431,7 +408,7 @@ def test_a_sweep_skips_runs_whose_encoding_lacks_the_scaling(run_copy, alibi_run
     shutil.move(str(run_copy), sweep / "rope")
     shutil.move(str(alibi_run), sweep / "alibi")
     untouched = (sweep / "alibi" / "results.json").read_bytes()
-    result = _cli("eval", "sweep", "eval.scaling=yarn", "eval.lengths=[64]", cwd=tmp_path)
+    result = invoke("eval", "sweep", "eval.scaling=yarn", "eval.lengths=[64]", cwd=tmp_path)
     assert result.exit_code == 0, result.output
     assert "skipping" in result.output and "'alibi'" in result.output
     assert any(r["scaling"] == "yarn" for r in _rows(sweep / "rope"))

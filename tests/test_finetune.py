@@ -17,20 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN, sigterm_at_step
+from conftest import TINY_RUN, invoke, sigterm_at_step
 
 PARENT_LEN = 32  # experiment=smoke's train_len
 # a fine-tune of a smoke parent in seconds: 2x its length, a few steps, two eval lengths
 QUICK = ("train_len=64", "train.steps=6", "train.batch_size=4", "train.warmup_steps=2", "train.log_every=1",
          "train.checkpoint_every=2", "train.threads=1", "train.progress=false", "eval.tokens=1024")
-
-
-def invoke(*args: str):
-    from posexp.cli.app import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
 
 def _results(run_dir: Path) -> dict:

@@ -37,7 +37,7 @@ def test_the_cpu_step_is_what_it_was():
 
 def test_bf16_autocast_where_the_gpu_has_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    choice = choose_precision("auto", CUDA, probe=lambda dtype: pytest.fail("a GPU's auto is not probed"))
+    choice = choose_precision("auto", CUDA, measure=lambda: pytest.fail("a GPU's auto is not probed"))
     assert choice.dtype == torch.bfloat16 and "natively" in choice.reason
 
 

@@ -43,8 +43,7 @@ def registry_state(monkeypatch):
     saved, loaded, path = dict(encoders._REGISTRY), dict(encoders._loaded), list(sys.path)
     modules = set(sys.modules)
     yield encoders
-    encoders._REGISTRY.clear()
-    encoders._REGISTRY.update(saved)
+    encoders._REGISTRY.reset_to(saved)
     encoders._loaded.update(loaded)
     sys.path[:] = path
     for name in set(sys.modules) - modules:

@@ -14,9 +14,9 @@ from posexp.errors import ConfigError
 from conftest import evaluate_at
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
-from posexp.runtime.precision import (BF16_MARGIN, bf16_is_native, choose_precision, measured_cpu_precision, resolve_precision)
+from posexp.runtime.precision import bf16_is_native, choose_precision, resolve_precision
 from posexp.runtime.device import autocast, resolve_device
-from posexp.runtime.precision import training_precision
+from posexp.training.precision import BF16_MARGIN, measured_cpu_precision, training_precision
 from posexp.commands.edge import typed
 
 CPU = torch.device("cpu")
@@ -72,7 +72,7 @@ def test_auto_is_bf16_only_with_native_bf16_matmuls(monkeypatch):
     _native_cpu_bf16(monkeypatch, False)
     assert resolve_precision("auto", CPU) == torch.float32  # an AVX2 CPU converts bf16 back and forth: slow
     assert resolve_precision("bf16", CPU) == torch.bfloat16  # asked for explicitly: given
-    assert choose_precision("auto", CPU, probe=lambda dtype: pytest.fail("an AVX2 CPU is never probed")).dtype \
+    assert choose_precision("auto", CPU, measure=lambda: pytest.fail("an AVX2 CPU is never probed")).dtype \
         == torch.float32
     _native_cpu_bf16(monkeypatch, True)
     # bf16 instructions are no promise of speed: without a measurement a CPU's auto is fp32

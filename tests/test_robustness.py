@@ -15,15 +15,13 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN, sigterm_at_step
+from conftest import TINY_RUN, invoke, sigterm_at_step, start_cli
 
 STEPS = 60
 # log every step and checkpoint every 4: a kill usually lands between a checkpoint and the
@@ -54,12 +52,6 @@ def _last_complete_step(metrics: Path) -> int:
     return max((int(r[0]) for r in rows if len(r) == 6 and r[0].isdigit()), default=0)
 
 
-def _start(run_dir: str, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "posexp", "train", *RESUMABLE, f"hydra.run.dir={run_dir}"],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
     """Block until ``metrics.csv`` shows ``step`` and a resumable checkpoint exists (no clock involved)."""
     while _last_complete_step(run_dir / "metrics.csv") < step or \
@@ -68,13 +60,6 @@ def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
             out, err = proc.communicate()
             pytest.fail(f"the run ended before step {step}: {err[-2000:]}")
         time.sleep(0.01)  # polling only: no assertion depends on how long anything takes
-
-
-def invoke(*args: str):
-    """``posexp ARGS`` in this process: the same commands without an interpreter's start-up."""
-    from posexp.cli.app import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +76,7 @@ def test_sigkill_at_a_random_moment_then_resume_gives_identical_numbers(full_run
     seed = random.randrange(2**32)
     target = random.Random(seed).randint(2, STEPS // 2)
     run_dir = tmp_path / "run"
-    proc = _start("run", tmp_path)
+    proc = start_cli("train", *RESUMABLE, "hydra.run.dir=run", cwd=tmp_path)
     _wait_for_step(proc, run_dir, target)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
@@ -123,7 +108,7 @@ def test_sigkill_at_a_random_moment_then_resume_gives_identical_numbers(full_run
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start("run", tmp_path)
+    proc = start_cli("train", *RESUMABLE, "hydra.run.dir=run", cwd=tmp_path)
     _wait_for_step(proc, run_dir, 3)
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate()

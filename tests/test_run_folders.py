@@ -13,31 +13,17 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import TINY_RUN
+from conftest import TINY_RUN, invoke, start_cli
 
 FAST = (*TINY_RUN, "eval.multiples=[1]")
 # long enough to be caught training: checkpoints every 5 steps, stopped long before the end
 STOPPABLE = (*TINY_RUN, "eval.multiples=[1]", "train.checkpoint_every=5")
 LONG = (*STOPPABLE, "train.steps=100000")
-
-
-def invoke(*args: str):
-    from posexp.cli.app import app
-
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-
-
-def _popen(*args: str, cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "posexp", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -96,7 +82,7 @@ def test_a_fresh_folder_is_claimed_by_exactly_one_caller(tmp_path):
 
 @pytest.mark.slow  # the two-runs-in-one-second test keeps the race in the default suite
 def test_four_trains_started_at_once_in_one_folder_end_with_four_complete_runs(tmp_path):
-    procs = [_popen("train", *FAST, f"seed={i}", cwd=tmp_path) for i in range(4)]
+    procs = [start_cli("train", *FAST, f"seed={i}", cwd=tmp_path) for i in range(4)]
     outs = [p.communicate(timeout=240) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     runs = sorted((tmp_path / "outputs").glob("*/*/results.json"))
@@ -151,11 +137,11 @@ def test_train_into_a_finished_run_is_refused_and_overwrite_replaces_it(tmp_path
 @pytest.mark.slow  # a training process held open while two more are refused
 def test_train_and_resume_refuse_a_run_that_is_still_training(tmp_path):
     run = tmp_path / "run"
-    proc = _popen("train", *LONG, "hydra.run.dir=run", cwd=tmp_path)
+    proc = start_cli("train", *LONG, "hydra.run.dir=run", cwd=tmp_path)
     try:
         _wait_for(run / "checkpoint" / "resume.json", proc)
         for command in (["resume", "run"], ["train", *FAST, "hydra.run.dir=run", "--overwrite"]):
-            second = _popen(*command, cwd=tmp_path)
+            second = start_cli(*command, cwd=tmp_path)
             try:  # refused at once; a second trainer in the folder would still be training
                 _, err = second.communicate(timeout=60)
             finally:
@@ -220,7 +206,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(where, tmp_path, monkeypat
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_an_interrupted_sweep_names_finished_interrupted_and_unstarted_jobs(stop, tmp_path):
-    proc = _popen("train", "-m", *STOPPABLE, "train.steps=20,100000,20", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    proc = start_cli("train", "-m", *STOPPABLE, "train.steps=20,100000,20", "hydra.sweep.dir=sweep", cwd=tmp_path)
     try:
         _wait_for(tmp_path / "sweep" / "1" / "checkpoint" / "resume.json", proc)
         proc.send_signal(stop)

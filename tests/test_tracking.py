@@ -360,7 +360,8 @@ def test_an_unknown_tracker_name_is_an_error_not_another_tracker():
     from posexp.errors import ConfigError
     from posexp.tracking import _tracker_class
 
-    with pytest.raises(ConfigError, match="unknown tracker 'wandbx'; choose from tensorboard, mlflow, wandb"):
+    with pytest.raises(ConfigError, match="unknown tracker 'wandbx'; did you mean wandb[?] choose one of: none, "
+                                          "mlflow, tensorboard, wandb$"):
         _tracker_class("wandbx")
 
 

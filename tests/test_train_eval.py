@@ -75,29 +75,6 @@ def test_encoder_lr_mult_defaults_and_groups(compose):
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
 
 
-def test_runs_saved_before_lr_mult_existed_keep_their_rate_and_hash(compose, tmp_path):
-    """A T5 run written before encoder.lr_mult existed trained at the plain rate: reading its config
-    back gives lr_mult 1 (not t5's new default), and its config hash is unchanged, so resume works."""
-    from omegaconf import OmegaConf
-
-    from posexp.commands.edge import folder_run_hash, load_saved
-    from posexp.config.identity import config_hash
-    from posexp.config.legacy import format1_hash
-    from posexp.runs.layout import HYDRA_CONFIG
-
-    cfg = compose("encoder=t5", "encoder.lr_mult=1")
-    old = OmegaConf.to_container(cfg)
-    del old["encoder"]["lr_mult"]
-    (tmp_path / HYDRA_CONFIG).parent.mkdir(parents=True)
-    (tmp_path / HYDRA_CONFIG).write_text(OmegaConf.to_yaml(OmegaConf.create(old)))
-    recorded = format1_hash(OmegaConf.to_container(cfg, resolve=True))  # what the run recorded then
-    (tmp_path / "results.json").write_text(json.dumps({"run": {"config_hash": recorded}, "rows": []}))
-    saved = load_saved(tmp_path)
-    assert saved.spec.encoder["lr_mult"] == 1.0
-    assert folder_run_hash(tmp_path, saved).value == recorded
-    assert config_hash(typed(compose("encoder=t5"))) != config_hash(typed(cfg))  # lr_mult 10: other weights
-
-
 def test_eval_lengths_default_to_multiples_of_train_len(compose):
     assert eval_lengths(compose("train_len=100")) == [100, 200, 400, 800, 1600]
     assert eval_lengths(compose("eval.lengths=[512,128,128]")) == [128, 512]

@@ -3,23 +3,20 @@ is strict enough to refuse the raw Hydra config where a command's typed config i
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-import os
-
 import pytest
 
-# CI installs the test extra, mypy included: there a missing mypy is a broken install, not a reason to skip
-if os.environ.get("CI"):
-    import mypy  # noqa: F401
-else:
-    pytest.importorskip("mypy")
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _mypy(*args: str) -> subprocess.CompletedProcess:
+    # mypy is in the test extra, so a missing one is a broken install: the tests fail saying so, never skip
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is not installed: pip install -e '.[test]' (the test extra has it)", pytrace=False)
     return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
@@ -41,3 +38,10 @@ def test_a_raw_hydra_config_where_the_typed_one_is_annotated_is_refused(tmp_path
     done = _mypy(str(probe))
     assert done.returncode == 1
     assert done.stdout.count('incompatible type "DictConfig"; expected "Config"') == 2, done.stdout
+
+
+def test_a_missing_mypy_fails_the_type_tests_instead_of_skipping_them(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mypy" else find_spec(name, *a))
+    with pytest.raises(pytest.fail.Exception, match="mypy is not installed"):
+        _mypy()

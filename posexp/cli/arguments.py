@@ -13,7 +13,6 @@ This module imports Hydra and ``posexp.config.schema`` (no torch until an encode
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import re
@@ -35,6 +34,7 @@ from posexp.cli.plugins import guess_hint, initialize_configs
 from posexp.config import schema
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
+from posexp.registry import did_you_mean
 
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
@@ -58,21 +58,6 @@ class OverrideError(PosexpError):
 def full_error_requested() -> bool:
     """HYDRA_FULL_ERROR=1 (Hydra's own switch) or POSEXP_DEBUG=1: leave Hydra's errors to Hydra, in full."""
     return any(os.environ.get(v, "") not in ("", "0") for v in ("HYDRA_FULL_ERROR", "POSEXP_DEBUG"))
-
-
-def override_text(key: str, value: object) -> str:
-    """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
-    (a folder path with spaces or brackets)."""
-    text = str(value)
-    # Hydra's grammar takes letters outside ASCII (a folder named "é") only inside quotes
-    if all(c.isascii() and (c.isalnum() or c in "/._-:+@~") for c in text):
-        return f"{key}={text}"
-    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
-
-
-def _did_you_mean(word: str, choices: Sequence[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {prefix}{close[0]}? " if close else ""
 
 
 def _parse(args: Sequence[str], folders: bool) -> list:
@@ -211,7 +196,7 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
         if value not in options:
             what = f"{group}={value}" if value else f"{group}="
             own = f"; {_how_to()}" if group == "encoder" else ""
-            raise OverrideError(f"{what}: no such {group} option; {_did_you_mean(value, options, f'{group}=')}"
+            raise OverrideError(f"{what}: no such {group} option; {did_you_mean(value, options, f'{group}=')}"
                                 f"choose one of: {', '.join(options)}{own}", hydra_reports=group not in OPTIONAL_GROUPS)
 
 
@@ -234,7 +219,7 @@ def _check_key(cfg: DictConfig, override) -> None:
             where = ".".join(path)
             prefix = f"{where}." if where else ""
             raise OverrideError(f"{override.input_line}: {prefix}{part} is not a config key; "
-                                f"{_did_you_mean(part, keys, prefix)}"
+                                f"{did_you_mean(part, keys, prefix)}"
                                 f"keys of {where or 'the top level'}: {', '.join(keys)}",
                                 hydra_reports=override.type.name == "CHANGE")
         node, path = node._get_node(part), [*path, part]

@@ -23,7 +23,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from posexp.cli.arguments import full_error_requested, override_text
+from posexp.cli.arguments import full_error_requested
+from posexp.commands.edge import override_text
 from posexp.cli.hydra_adapter import compose_job, parse_command_line
 from posexp.cli.plugins import initialize_configs
 from posexp.commands.finetune import CONFIG_NAME, check_finetune

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posexp.cli.arguments import _did_you_mean
 from posexp.encoders import broken, create, get, option_names, registry
 from posexp.errors import ConfigError, PosexpError
+from posexp.registry import did_you_mean
 from posexp.evaluation.conformance import ERROR, FAIL, PASS, Check, Probe, run_checks
 
 FORMATS = ("table", "json", "markdown")
@@ -41,7 +41,7 @@ def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
 
     encoders = list(registry())
     if name not in encoders:
-        raise ConfigError("encoder", f"no such encoder {name!r}; {_did_you_mean(name, encoders)}"
+        raise ConfigError("encoder", f"no such encoder {name!r}; {did_you_mean(name, encoders)}"
                                      f"choose one of: {', '.join(encoders)}")
     allowed = option_names(name) + ["lr_mult"]
     parser, options = OverridesParser.create(), {}
@@ -55,7 +55,7 @@ def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
         key = override.key_or_group.removeprefix("encoder.")
         if key not in allowed:
             raise ConfigError(f"encoder.{key}", f"not an option of encoder {name!r}; "
-                                                f"{_did_you_mean(key, allowed)}its options are: {', '.join(allowed)}")
+                                                f"{did_you_mean(key, allowed)}its options are: {', '.join(allowed)}")
         options[key] = override.value()
     return _typed(name, options)
 

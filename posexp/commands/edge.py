@@ -1,8 +1,8 @@
 """The edge of every command: the raw config (Hydra's composition, or a run folder's ``.hydra/config.yaml``)
 becomes the typed :class:`~posexp.config.schema.Config` here, once; everything below takes the typed one.
 
-Also where a run folder says which hash format it recorded (:func:`folder_run_hash`), so that ``posexp eval``,
-``posexp resume`` and ``posexp finetune`` check an old folder against its own records.
+Also where a run folder's hash is read back (:func:`folder_run_hash`) for ``posexp eval``, ``posexp resume`` and
+``posexp finetune``: one hash rule, so a folder that recorded another hash format is refused here, in one line.
 """
 
 from __future__ import annotations
@@ -18,13 +18,22 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posexp.config.identity import HASH_FORMAT, RunHash, run_hash
-from posexp.config.legacy import format1_hash
 from posexp.config.schema import Config
 from posexp.errors import PosexpError
 from posexp.runs.layout import CHECKPOINT_DIR, HYDRA_CONFIG, RESULTS_JSON
 
 C = TypeVar("C", bound=Config)
 META_FILE, RESUME_FILE = "meta.json", "resume.json"  # checkpoint/ files that record the hash (training/checkpoint)
+
+
+def override_text(key: str, value: object) -> str:
+    """``key=value`` as a Hydra override, quoted where the value has characters Hydra's grammar reserves
+    (a folder path with spaces or brackets)."""
+    text = str(value)
+    # Hydra's grammar takes letters outside ASCII (a folder named "é") only inside quotes
+    if all(c.isascii() and (c.isalnum() or c in "/._-:+@~") for c in text):
+        return f"{key}={text}"
+    return f"{key}='{text.replace(chr(92), chr(92) * 2).replace(chr(39), chr(92) + chr(39))}'"
 
 
 def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assignment]
@@ -61,23 +70,16 @@ def read_saved_config(run_dir: str | os.PathLike) -> DictConfig:
         raise PosexpError(f"{path}: cannot be read ({str(e).splitlines()[0]})") from None
     if not isinstance(loaded, DictConfig):
         raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
-    encoder = loaded.get("encoder")
-    if isinstance(encoder, DictConfig) and "lr_mult" not in encoder:
-        # written before encoder.lr_mult existed: the encoder trained at train.lr (t5's default is now 10)
-        encoder.lr_mult = 1.0
     return loaded
 
 
 @dataclass
 class SavedConfig:
-    """A run folder's config: ``raw`` as written (hash format 1 hashed it so), ``spec`` typed."""
+    """A run folder's config: ``raw`` as written (a plugin encoder's source record is checked against its
+    ``encoder`` node), ``spec`` typed."""
 
     raw: DictConfig
     spec: Config
-
-    @property
-    def written(self) -> dict:
-        return OmegaConf.to_container(self.raw, resolve=True)  # type: ignore[return-value]
 
 
 def load_saved(run_dir: Path) -> SavedConfig:
@@ -95,8 +97,8 @@ def load_saved(run_dir: Path) -> SavedConfig:
 
 def recorded_hash_format(run_dir: Path) -> int:
     """The hash format a run folder recorded: results.json's ``run.hash_format``, else the checkpoint's; 1 for
-    a folder that recorded a hash without its format (written before formats were recorded); the current
-    format for a folder that recorded no hash yet."""
+    a folder that recorded a hash without its format (written by a posexp before formats were recorded); the
+    current format for a folder that recorded no hash yet."""
     for path, record in ((run_dir / RESULTS_JSON, "run"), (run_dir / CHECKPOINT_DIR / META_FILE, None),
                          (run_dir / CHECKPOINT_DIR / RESUME_FILE, None)):
         try:
@@ -110,16 +112,18 @@ def recorded_hash_format(run_dir: Path) -> int:
 
 
 def folder_run_hash(run_dir: Path, saved: SavedConfig) -> RunHash:
-    """The run's hash in the format its folder recorded (:func:`recorded_hash_format`): format 1 over the
-    config as written, the current format over the typed config.
+    """The run's hash, by the one rule (:func:`~posexp.config.identity.run_hash` of the typed config), once the
+    folder is known to have recorded its hash by that rule too.
 
     Raises:
-        PosexpError: the folder records a hash format newer than this posexp's (it was written by a newer one).
+        PosexpError: the folder records another hash format (:func:`recorded_hash_format`): an older posexp's,
+            whose rule this one no longer has, or a newer one's; never taken for an edited run.
     """
     recorded = recorded_hash_format(run_dir)
-    if recorded > HASH_FORMAT:  # not an edit: this posexp cannot compute that hash, so cannot check the folder
-        raise PosexpError(f"{run_dir} was written by a newer posexp (hash format {recorded}; this one knows formats "
-                          f"1 to {HASH_FORMAT}): use that posexp (or a newer one) for this run")
-    if recorded == 1:
-        return RunHash(format1_hash(saved.written), 1)
+    if recorded < HASH_FORMAT:
+        raise PosexpError(f"{run_dir} was written by an older posexp (hash format {recorded}; this one reads format "
+                          f"{HASH_FORMAT} only): train it again with this posexp, or use the older one for it")
+    if recorded > HASH_FORMAT:  # this posexp cannot compute that hash, so cannot check the folder
+        raise PosexpError(f"{run_dir} was written by a newer posexp (hash format {recorded}; this one reads format "
+                          f"{HASH_FORMAT} only): use that posexp (or a newer one) for this run")
     return run_hash(saved.spec)

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.commands.edge import folder_run_hash, load_saved
+from posexp.commands.edge import folder_run_hash, load_saved, override_text
 from posexp.config.identity import config_dict
 from posexp.config.schema import Config, DataConfig
 from posexp.errors import ConfigError, PosexpError
@@ -56,8 +56,6 @@ def parent_argument(args: Sequence[str]) -> list[str]:
     Raises:
         PosexpError: no run folder, or an override of the encoder, model, tokenizer or base.
     """
-    from posexp.cli.arguments import override_text
-
     out, parent, skip = [], None, False
     for arg in args:
         if skip or arg.startswith("-"):
@@ -179,6 +177,7 @@ def child_config(app: DictConfig) -> DictConfig:
     parent = Path(str(app.parent)).resolve()
     results = check_parent(parent)
     saved = load_saved(parent)
+    identity = folder_run_hash(parent, saved)  # one hash rule: a parent recorded in another format is refused
     check_encoder_source(parent, saved.raw.encoder, results, os.environ.get(ALLOW_ENV, "") not in ("", "0"),
                          lambda m: log.warning("%s", m))
     if saved.spec.finetune is not None:
@@ -200,7 +199,7 @@ def child_config(app: DictConfig) -> DictConfig:
     if mine.get("logger") is not None:  # trackers chosen for the fine-tune, else the parent's
         child["logger"] = mine["logger"]
     child["finetune"] = {"parent": str(parent), "parent_config_hash": str(results["run"].get("config_hash")
-                                                                           or folder_run_hash(parent, saved).value),
+                                                                           or identity.value),
                          "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
                          "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
                          "scaling": str(mine["scaling"]), "scaling_factor": float(factor),

@@ -83,7 +83,7 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
     check_encoder_source(run_dir, saved.raw.encoder, None, allow_changed_encoder,
                          lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
     spec = check_spec(saved.spec)
-    identity = folder_run_hash(run_dir, saved)  # an old folder keeps the hash format it recorded
+    identity = folder_run_hash(run_dir, saved)  # a folder in another hash format is refused here
     pointer = read_resume_pointer(run_dir)
     if pointer is not None and pointer["config_hash"] != identity.value:
         raise PosexpError(f"{run_dir / CHECKPOINT_DIR / RESUME_FILE}: written by a run with a different config "

@@ -242,7 +242,7 @@ def check_fits_train_len(cfg: Config, encoder: PositionalEncoder) -> None:
 
 
 def validate_positions(cfg: Config, encoder) -> None:
-    """``train.positions`` / ``train.curriculum`` and their options (posexp/positions.py)."""
+    """``train.positions`` / ``train.curriculum`` and their options (posexp/model/positions.py)."""
     t = cfg.train
     require(t.positions in POSITION_SCHEMES, "train.positions",
             f"unknown scheme {t.positions!r}; choose one of: {', '.join(POSITION_SCHEMES)}")

@@ -1,8 +1,5 @@
 """The run's identity: the config as recorded (:func:`config_dict`), the one rule of what shapes the trained
 weights (:func:`weights_config`) and the hash of it that names a run in reports (:func:`config_hash`).
-
-Run folders written before the hash covered only the weights carry hash format 1; :mod:`posexp.config.legacy`
-reads them, and nothing else does.
 """
 
 from __future__ import annotations
@@ -45,9 +42,9 @@ NOT_WEIGHTS: dict[str, str] = {
 MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "norm_bias": True}
 
 
-# The hash format new runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json).
-# 1: written by posexp before format 2; it also covered train.threads and descriptions (posexp.config.legacy).
-# 2: weights_config less the top-level keys that reach the weights only through another key.
+# The hash format runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json): weights_config
+# less the top-level keys that reach the weights only through another key. Format 1 (before runs recorded one)
+# also covered train.threads and descriptions; a folder in it is refused (posexp.commands.edge.folder_run_hash).
 HASH_FORMAT = 2
 
 # top-level keys format 2 leaves out: base reaches the weights as encoder.base, device and precision as

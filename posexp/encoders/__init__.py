@@ -19,11 +19,8 @@ learning-rate multiplier of its own parameters. A built-in name wins over a plug
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib
 import inspect
 import logging
-import pkgutil
 import typing
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Type
@@ -31,15 +28,17 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Type
 from posexp.encoders import plugins
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.errors import ConfigError
+from posexp.registry import Registry, did_you_mean
 
-_REGISTRY: Dict[str, Type[PositionalEncoder]] = {}
 # plugin encoders that cannot be used, by name: why, in one line (the others work as if it were not there)
 _BROKEN: Dict[str, str] = {}
 # the encoder names each plugin module's import registered, wherever their classes are defined
 _BY_MODULE: Dict[str, set] = {}
 _NOT_OPTIONS = {"self", "d_model", "n_heads"}
 _NOT_ENCODERS = {"base", "frequencies", "plugins"}  # modules of this package that hold no encoder
-_loaded = {"builtins": False, "entry_points": False}
+# found as tasks and trackers are (posexp.registry): the built-ins by importing this package's modules
+_REGISTRY: Registry[PositionalEncoder] = Registry("encoder", "encoder", __name__, skip=_NOT_ENCODERS)
+_loaded = {"entry_points": False}
 log = logging.getLogger("posexp.encoders")
 
 
@@ -55,7 +54,7 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
     def wrap(cls: Type[PositionalEncoder]) -> Type[PositionalEncoder]:
         builtin = plugins.is_builtin(cls)
         if not builtin:
-            _load_builtins()  # so that a built-in name is taken before a plugin asks for it
+            _REGISTRY.load()  # so that a built-in name is taken before a plugin asks for it
         other = _REGISTRY.get(name)
         if other is not None and other is not cls:
             if builtin:
@@ -72,25 +71,16 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
             _BROKEN[name] = f"{plugins.origin(cls)}: {problem}"
             return cls
         _BROKEN.pop(name, None)
-        _REGISTRY[name] = cls
+        _REGISTRY.add(name, cls)
         return cls
 
     return wrap
 
 
-def _load_builtins() -> None:
-    if _loaded["builtins"]:
-        return
-    _loaded["builtins"] = True
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_") and info.name not in _NOT_ENCODERS:
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
 def registry() -> Dict[str, Type[PositionalEncoder]]:
     """Every registered encoder by name, sorted: the built-ins, the installed plugins (entry points in the
     group ``posexp.encoders``, loaded on the first call) and the plugin modules imported so far."""
-    _load_builtins()
+    _REGISTRY.load()
     if not _loaded["entry_points"]:
         _loaded["entry_points"] = True
         builtins = [n for n, c in _REGISTRY.items() if plugins.is_builtin(c)]
@@ -99,7 +89,7 @@ def registry() -> Dict[str, Type[PositionalEncoder]]:
                 register(name)(cls)
             except ConfigError as e:  # a module plugin took the name first
                 _BROKEN[name] = str(e)
-    return dict(sorted(_REGISTRY.items()))
+    return dict(_REGISTRY)
 
 
 def broken() -> Dict[str, str]:
@@ -114,7 +104,7 @@ def mark_broken(name: str, reason: str) -> None:
     of the registry."""
     if name in _REGISTRY and plugins.is_builtin(_REGISTRY[name]):
         return
-    _REGISTRY.pop(name, None)
+    _REGISTRY.remove(name)
     _BROKEN[name] = reason
 
 
@@ -229,10 +219,7 @@ def get(name: str) -> Type[PositionalEncoder]:
     if name not in reg and name in _BROKEN:
         raise ConfigError("encoder", f"the plugin encoder {name!r} cannot be used: {_BROKEN[name]}")
     if name not in reg:
-        close = difflib.get_close_matches(name, list(reg), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}? " if close else ""
-        raise ConfigError("encoder", f"unknown encoder {name!r}; {hint}choose one of: {', '.join(reg)}; "
-                                     f"{plugins.HOW_TO}")
+        raise ConfigError("encoder", f"{_REGISTRY.unknown(name)}; {plugins.HOW_TO}")
     return reg[name]
 
 
@@ -255,8 +242,7 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
     lr_mult = options.pop("lr_mult", None)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        close = difflib.get_close_matches(unknown[0], allowed + ["lr_mult"], n=1, cutoff=0.6)
-        hint = f"did you mean encoder.{close[0]}? " if close else ""
+        hint = did_you_mean(unknown[0], allowed + ["lr_mult"], "encoder.")
         raise ConfigError(
             f"encoder.{unknown[0]}",
             f"not an option of encoder {name!r}; {hint}its options are: {', '.join(allowed + ['lr_mult'])}",

@@ -1,7 +1,7 @@
 """Binary position encoding: the bits of the index, projected to the model width.
 
-The third naive design (Kazemnejad 2019, "Transformer Architecture: The Positional Encoding", blog post, the
-binary option): write position ``n`` in
+The third naive design (Kazemnejad 2019, "Transformer Architecture: The Positional Encoding",
+kazemnejad.com/blog/transformer_architecture_positional_encoding, the binary option): write position ``n`` in
 binary, ``b_k(n) = floor(n / 2^k) mod 2`` for ``k = 0 .. bits-1`` (least
 significant bit first), and feed that 0/1 vector to the model. Every feature is
 bounded and ``2^bits`` positions get distinct codes, fixing the integer code's

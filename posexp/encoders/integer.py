@@ -1,11 +1,10 @@
 """Integer position encoding: the raw token index as a feature.
 
 The first naive design every survey of position encodings starts from (Kazemnejad 2019, "Transformer
-Architecture: The Positional Encoding", blog post, the integer option; Su 2021, "让研究人员绞尽脑汁的Transformer
-位置编码", kexue.fm/archives/8130): give each
-token one more feature that holds its index, ``0, 1, 2, ...``. Inside a fixed model
-width that feature is a direction ``w`` of the residual stream, so token ``n``
-receives ``x_n + n * w``.
+Architecture: The Positional Encoding", kazemnejad.com/blog/transformer_architecture_positional_encoding, the
+integer option; Su 2021, "让研究人员绞尽脑汁的Transformer位置编码", kexue.fm/archives/8130): give each token one
+more feature that holds its index, ``0, 1, 2, ...``. Inside a fixed model width that feature is a direction ``w``
+of the residual stream, so token ``n`` receives ``x_n + n * w``.
 
 It shows why the field moved on: the code is unbounded, so positions past the
 training length put values into the residual stream that the model never saw,

@@ -1,7 +1,7 @@
 """Normalized position encoding: the index divided by the sequence length.
 
-The second naive design (Kazemnejad 2019, "Transformer Architecture: The Positional Encoding", blog post, the
-[0, 1] range option): to bound the integer
+The second naive design (Kazemnejad 2019, "Transformer Architecture: The Positional Encoding",
+kazemnejad.com/blog/transformer_architecture_positional_encoding, the [0, 1] range option): to bound the integer
 code, map positions into ``[0, 1]``, ``p_n = n / (L - 1)`` for a sequence of ``L``
 tokens, so three tokens read ``[0, 0.5, 1]`` and four read ``[0, 0.33, 0.67, 1]``.
 As with :mod:`posexp.encoders.integer` the scalar is placed along a learned direction.

@@ -4,8 +4,9 @@ RULER's ``niah|vartrack|cwe|fwe`` with the key-value retrieval of "lost in the m
 Each task is one file here and one yaml in ``configs/task/``; :func:`build_task` makes the task of a run's
 config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
 trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
-measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, an entry in
-:data:`TASKS`, a yaml in ``configs/task/``; options of its own are :class:`~posexp.config.schema.TaskConfig` fields
+measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, decorated with
+``@TASKS.register("name")`` (:data:`~posexp.tasks.task.TASKS`, found as encoders and trackers are), a yaml in
+``configs/task/``; options of its own are :class:`~posexp.config.schema.TaskConfig` fields
 (default None) named in its ``config_keys``, and every other task refuses them.
 """
 
@@ -19,34 +20,19 @@ import numpy as np
 
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
-from posexp.tasks.addition import Addition
-from posexp.tasks.task import PAD, Instances, Task
-from posexp.tasks.copy import Copy
-from posexp.tasks.cwe import CommonWords
-from posexp.tasks.flipflop import FlipFlop
-from posexp.tasks.fwe import FrequentWords
-from posexp.tasks.kv_retrieval import KVRetrieval
-from posexp.tasks.mqar import MQAR
-from posexp.tasks.niah import NIAH
-from posexp.tasks.parity import Parity
 from posexp.tasks.passkey import Passkey
-from posexp.tasks.reverse import Reverse
-from posexp.tasks.sort import Sort
-from posexp.tasks.vartrack import VariableTracking
+from posexp.tasks.task import PAD, TASKS, Instances, Task
 
-TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Sort, Addition, Parity, MQAR, Passkey,
-                                                          FlipFlop, NIAH, VariableTracking, CommonWords,
-                                                          FrequentWords, KVRetrieval)}
 LM = "lm"
-TASK_NAMES = (LM, *TASKS)
 DEFAULT_DIGITS = 5  # task.digits, the passkey's length (TaskConfig's default)
 GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
 OPTION_KEYS = ("variant", "needles", "chains", "hops", "top_k")  # task.* keys some tasks read (Task.config_keys)
 
 
 def check_task_name(name: str) -> None:
-    if name != LM and name not in TASKS:
-        raise ConfigError("task", f"unknown task {name!r}; choose one of: {', '.join(TASK_NAMES)}")
+    """Raises: ConfigError: ``name`` is neither ``lm`` nor a registered task (naming the close one and all)."""
+    if name != LM:
+        TASKS.lookup(name, also=(LM,))
 
 
 def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Optional[np.ndarray] = None) -> Task:
@@ -94,5 +80,5 @@ def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-__all__ = ["LM", "PAD", "TASKS", "TASK_NAMES", "Instances", "Task", "build_task", "chance_exact_match",
+__all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match",
            "check_task_name", "task_fingerprint"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.task import Instances, Task, with_answer
+from posexp.tasks.task import TASKS, Instances, Task, with_answer
 
 DIGIT0, PLUS, EQUALS = 1, 11, 12
 
 
+@TASKS.register("addition")
 class Addition(Task):
-    name = "addition"
     answer_alphabet = 10  # the sum's digits
     citation = "Kazemnejad et al. 2023; Lee et al. 2023 (reversed digits)"
     size_unit = "digits per operand"

@@ -21,7 +21,7 @@ import numpy as np
 
 from posexp.errors import ConfigError
 from posexp.tasks.ruler import distinct
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 QUERY, FIRST_WORD = 1, 2
 COMMON_REPEATS, UNCOMMON_REPEATS = 5, 2
@@ -41,8 +41,8 @@ def check_top_k(task: Task, top_k: Optional[int]) -> int:
     return k
 
 
+@TASKS.register("cwe")
 class CommonWords(Task):
-    name = "cwe"
     citation = "Hsieh et al. 2024 (RULER, common words extraction)"
     size_unit = "uncommon words"
     default_symbols = 512  # distinct words an instance can draw: 8x train_len 128 holds ~500

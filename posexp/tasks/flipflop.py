@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 BIT0, WRITE, READ, IGNORE = 1, 3, 4, 5
 P_IGNORE, P_WRITE = 0.8, 0.1  # the rest reads
 
 
+@TASKS.register("flipflop")
 class FlipFlop(Task):
-    name = "flipflop"
     answer_alphabet = 2  # the bits read back
     citation = "Liu et al. 2023 (flip-flop language modelling)"
     size_unit = "instructions"

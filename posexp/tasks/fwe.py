@@ -21,15 +21,15 @@ import numpy as np
 
 from posexp.tasks.cwe import DEFAULT_TOP_K, check_top_k
 from posexp.tasks.ruler import distinct, first_appearance
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 QUERY, FIRST_WORD = 1, 2
 ALPHA = 2.0  # RULER's Zipf exponent
 MAX_DRAWS = 10_000  # redraws of unclear instances: 256 instances took at most 25 rounds (at 3 words)
 
 
+@TASKS.register("fwe")
 class FrequentWords(Task):
-    name = "fwe"
     citation = "Hsieh et al. 2024 (RULER, frequent words extraction)"
     size_unit = "words"
     default_symbols = 64

@@ -21,14 +21,14 @@ from typing import Optional
 import numpy as np
 
 from posexp.tasks.ruler import distinct
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 QUERY, FIRST_KEY = 1, 2
 KEY_LEN = 2  # symbols of a key, and of a value
 
 
+@TASKS.register("kv_retrieval")
 class KVRetrieval(Task):
-    name = "kv_retrieval"
     citation = "Liu et al. 2023 (lost in the middle, key-value retrieval)"
     size_unit = "key-value pairs"
     default_symbols = 16

@@ -17,13 +17,13 @@ from typing import Optional
 
 import numpy as np
 
-from posexp.tasks.task import Instances, Task, with_answer
+from posexp.tasks.task import TASKS, Instances, Task, with_answer
 
 FIRST_KEY = 1
 
 
+@TASKS.register("mqar")
 class MQAR(Task):
-    name = "mqar"
     citation = "Arora et al. 2023 (Zoology)"
     size_unit = "key-value pairs"
     default_symbols = 64

@@ -31,7 +31,7 @@ import numpy as np
 
 from posexp.errors import ConfigError
 from posexp.tasks.ruler import FILLER_PERIOD, distinct, filler, weave
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 NEEDLE, QUERY, FIRST_FILLER = 1, 2, 3
 FIRST_KEY = FIRST_FILLER + FILLER_PERIOD
@@ -39,8 +39,8 @@ VARIANTS = ("single", "multikey", "multivalue", "multiquery")
 DEFAULT_NEEDLES = 4  # RULER's multi-needle variants hide four
 
 
+@TASKS.register("niah")
 class NIAH(Task):
-    name = "niah"
     citation = "Hsieh et al. 2024 (RULER, needle in a haystack)"
     size_unit = "haystack tokens"
     default_symbols = 64

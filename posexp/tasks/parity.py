@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from posexp.tasks.task import Instances, Task, with_answer
+from posexp.tasks.task import TASKS, Instances, Task, with_answer
 
 BIT0, EQUALS = 1, 3
 
 
+@TASKS.register("parity")
 class Parity(Task):
-    name = "parity"
     answer_alphabet = 2  # one bit
     citation = "Delétang et al. 2023; Ruoss et al. 2023; Kazemnejad et al. 2023"
     size_unit = "bits"

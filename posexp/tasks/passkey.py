@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from posexp.errors import ConfigError
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 NEEDLE_START, NEEDLE_END, QUESTION = b"pass key ", b". ", b"pass key? "
 DIGIT0 = ord("0")
@@ -28,8 +28,8 @@ def _bytes(text: bytes, count: int) -> np.ndarray:
     return np.tile(np.frombuffer(text, dtype=np.uint8).astype(np.int64), (count, 1))
 
 
+@TASKS.register("passkey")
 class Passkey(Task):
-    name = "passkey"
     answer_alphabet = 10  # the key's decimal digits
     citation = "Mohtashami & Jaggi 2023 (landmark attention, passkey retrieval)"
     size_unit = "filler tokens"

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from posexp.tasks.task import TASKS
 from posexp.tasks.strings import StringTask
 
 
+@TASKS.register("reverse")
 class Reverse(StringTask):
-    name = "reverse"
     citation = "Delétang et al. 2023; Ruoss et al. 2023; Kazemnejad et al. 2023"
     default_symbols = 16
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from posexp.tasks.task import TASKS
 from posexp.tasks.strings import StringTask
 
 
+@TASKS.register("sort")
 class Sort(StringTask):
-    name = "sort"
     citation = "Kazemnejad et al. 2023; Delétang et al. 2023 (bucket sort)"
     default_symbols = 16
 

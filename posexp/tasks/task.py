@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from posexp.errors import ConfigError
+from posexp.registry import Registry
 
 PAD = 0  # every task's token 0: fills a length an instance does not use; never an answer
 
@@ -159,3 +160,8 @@ def with_answer(parts: list[tuple[np.ndarray, bool]]) -> Instances:
     tokens = np.concatenate([p for p, _ in parts], axis=1).astype(np.int64)
     answer = np.concatenate([np.full(p.shape, flag, dtype=bool) for p, flag in parts], axis=1)
     return Instances(tokens, answer)
+
+
+# Every task by name, found as encoders and trackers are (posexp.registry): a Task subclass in a module of this
+# package decorated with @TASKS.register("name"); source.py holds none (and reads data).
+TASKS: Registry[Task] = Registry("task", "task", "posexp.tasks", skip=("source",))

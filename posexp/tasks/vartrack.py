@@ -26,15 +26,15 @@ import numpy as np
 
 from posexp.errors import ConfigError
 from posexp.tasks.ruler import FILLER_PERIOD, distinct, filler, weave
-from posexp.tasks.task import Instances, Task
+from posexp.tasks.task import TASKS, Instances, Task
 
 VAR, QUERY, FIRST_FILLER = 1, 2, 3
 FIRST_NAME = FIRST_FILLER + FILLER_PERIOD
 DEFAULT_CHAINS, DEFAULT_HOPS = 2, 2
 
 
+@TASKS.register("vartrack")
 class VariableTracking(Task):
-    name = "vartrack"
     citation = "Hsieh et al. 2024 (RULER, variable tracking)"
     size_unit = "haystack tokens"
     default_symbols = 32

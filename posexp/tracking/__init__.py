@@ -22,18 +22,13 @@ from typing import Callable, Optional
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.layout import is_sweep_dir
-from posexp.tracking.tracker import (RunIdentity, Tracker, artifacts, curve_values, eval_points, read_records,
+from posexp.tracking.tracker import (TRACKERS, RunIdentity, Tracker, artifacts, curve_values, eval_points, read_records,
                                      records_problem, write_records)
 
 log = logging.getLogger("posexp.tracking")
 
-# logger option -> (the module it needs, the extra that installs it)
-LIBRARIES = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
-TRACKERS = tuple(LIBRARIES)
-
-
 def chosen(logger_cfg) -> list[str]:
-    """The trackers a ``logger`` config names, in a fixed order."""
+    """The trackers a ``logger`` config names, in the registry's order (by name)."""
     if logger_cfg is None:
         return []
     return [name for name in TRACKERS if getattr(logger_cfg, name, None) is not None]
@@ -42,9 +37,9 @@ def chosen(logger_cfg) -> list[str]:
 def missing_library(name: str) -> Optional[str]:
     """What tracker ``name`` lacks here (``needs the wandb package, which is not installed: pip install ...``),
     or None. Looks the library up without importing it."""
-    module, extra = LIBRARIES[name]
+    module = _tracker_class(name).library
     if importlib.util.find_spec(module) is None:
-        return f"needs the {module} package, which is not installed: pip install 'posexp[{extra}]'"
+        return f"needs the {module} package, which is not installed: pip install 'posexp[{name}]'"
     return None
 
 
@@ -64,25 +59,13 @@ def check_loggers(logger_cfg) -> None:
         resolve_mode(logger_cfg.wandb.mode)
 
 
-# name -> (module, class): the trackers posexp has, found by name as the encoders and tasks are; importing one
-# imports its library, so it happens only for a tracker a run asks for
-TRACKER_CLASSES = {"tensorboard": ("posexp.tracking.tensorboard_tracker", "TensorBoardTracker"),
-                   "mlflow": ("posexp.tracking.mlflow_tracker", "MLflowTracker"),
-                   "wandb": ("posexp.tracking.wandb_tracker", "WandbTracker")}
-
-
-def _tracker_class(name: str):
-    """The tracker class registered as ``name``.
+def _tracker_class(name: str) -> type[Tracker]:
+    """The tracker class registered as ``name`` (:data:`~posexp.tracking.tracker.TRACKERS`).
 
     Raises:
         ConfigError: for ``logger``: no tracker has that name (never a default one in its place).
     """
-    import importlib
-
-    if name not in TRACKER_CLASSES:
-        raise ConfigError("logger", f"unknown tracker {name!r}; choose from {', '.join(TRACKER_CLASSES)} (or none)")
-    module, cls = TRACKER_CLASSES[name]
-    return getattr(importlib.import_module(module), cls)
+    return TRACKERS.lookup(name, also=("none",))
 
 
 class Trackers:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from posexp.errors import PosexpError
-from posexp.tracking.tracker import (Point, check_reachable, RunIdentity, Tracker, flat_config, point_key, read_records, write_records)
+from posexp.tracking.tracker import (TRACKERS, Point, check_reachable, RunIdentity, Tracker, flat_config, point_key, read_records, write_records)
 
 STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 PARAM_BATCH = 100  # MLflow's limit of params per log_batch call
@@ -94,8 +94,9 @@ def _parent_run(client, uri: str, experiment_id: str, run: RunIdentity) -> Optio
             lock.unlink(missing_ok=True)
 
 
+@TRACKERS.register("mlflow")
 class MLflowTracker(Tracker):
-    name = "mlflow"
+    library = "mlflow"
 
     def __init__(self, client, uri: str, experiment_id: str, run_id: str):
         self.client, self.uri, self.experiment_id, self.run_id = client, uri, experiment_id, run_id

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Optional
 
 from posexp.runs.layout import TENSORBOARD_DIR
-from posexp.tracking.tracker import Point, RunIdentity, Tracker, flat_config
+from posexp.tracking.tracker import TRACKERS, Point, RunIdentity, Tracker, flat_config
 
 
+@TRACKERS.register("tensorboard")
 class TensorBoardTracker(Tracker):
-    name = "tensorboard"
+    library = "tensorboard"
 
     def __init__(self, log_dir: Path, purge_step: Optional[int] = None, reports: int = 0):
         from torch.utils.tensorboard import SummaryWriter

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from posexp.errors import PosexpError
+from posexp.registry import Registry
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, CURVE_CSV, CURVE_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
 
@@ -184,6 +185,17 @@ class Tracker:
     """
 
     name = ""
+    library = ""  # the module it needs, installed by the extra of its name (pip install 'posexp[NAME]')
+
+    @classmethod
+    def start(cls, settings: Any, run: RunIdentity) -> "Tracker":
+        """A new tracked run for ``run``, with this tracker's ``logger.NAME`` settings."""
+        raise NotImplementedError
+
+    @classmethod
+    def reopen(cls, record: dict, run: RunIdentity) -> "Tracker":
+        """The tracked run that ``record`` (the run folder's trackers.json) names, to append to."""
+        raise NotImplementedError
 
     def log_train(self, step: int, values: dict[str, float]) -> None:
         raise NotImplementedError
@@ -208,6 +220,12 @@ class Tracker:
     def where(self) -> str:
         """One line for the terminal: where the tracked run is and how to look at it."""
         raise NotImplementedError
+
+
+# Every tracker by name (the logger=... options), found as encoders and tasks are (posexp.registry): a Tracker
+# subclass in a module of this package decorated with @TRACKERS.register("name"). Those modules import their
+# library only when a run uses them, so finding them costs nothing.
+TRACKERS: Registry[Tracker] = Registry("tracker", "logger", "posexp.tracking", skip=("tracker",))
 
 
 def read_records(folder: Path) -> dict:

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from posexp.errors import ConfigError
 from posexp.runs.row import ROW_KEY
-from posexp.tracking.tracker import Point, RunIdentity, Tracker, check_reachable, point_key
+from posexp.tracking.tracker import TRACKERS, Point, RunIdentity, Tracker, check_reachable, point_key
 
 MODES = ("online", "offline", "disabled")
 ROW_COLUMNS = (*ROW_KEY, "value")  # the W&B table of results rows: their key, then the value
@@ -80,8 +80,9 @@ def _writable_homes(run_dir: Path) -> Iterator[None]:
             os.environ["XDG_CACHE_HOME"] = before
 
 
+@TRACKERS.register("wandb")
 class WandbTracker(Tracker):
-    name = "wandb"
+    library = "wandb"
 
     def __init__(self, run, step: int = 0):
         self.run = run

@@ -51,8 +51,9 @@ from posexp.training.distributed import shard
 from posexp.training.metrics import MetricsWriter
 from posexp.training.optim import lr_at, make_optimizer, set_lr
 from posexp.training.progress import plain_progress, progress_bar
-from posexp.runtime.precision import PrecisionChoice, training_precision
+from posexp.runtime.precision import PrecisionChoice
 from posexp.training.state import TrainState
+from posexp.training.precision import training_precision
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.train")
