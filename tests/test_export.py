@@ -20,7 +20,8 @@ from posexp.config.schema import EvalConfig  # noqa: E402
 from posexp.encoders import create  # noqa: E402
 from posexp.errors import PosexpError  # noqa: E402
 from posexp.hf.architectures import EXPORTABLE, build, plan  # noqa: E402
-from posexp.hf.export import EXPORT_JSON, export_run  # noqa: E402
+from posexp.commands.export import export_run  # noqa: E402
+from posexp.hf.export import EXPORT_JSON  # noqa: E402
 from posexp.model.gpt import GPT, ModelShape  # noqa: E402
 
 from conftest import TINY_RUN, run_cli  # noqa: E402

@@ -27,7 +27,7 @@ def export_cmd(
     the hf extra of posexp's install.
     """
     try:
-        from posexp.hf.export import export_run
+        from posexp.commands.export import export_run
     except ImportError as e:
         fail(PosexpError(f"posexp export needs transformers ({e.name} is missing): pip install -e '.[hf]'"))
     try:

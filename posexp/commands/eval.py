@@ -234,7 +234,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
                                          f"(got {cfg.eval.tokens})")
     recorded = results["run"].get("config_hash")
-    identity = folder_run_hash(run_dir, saved)  # an old folder is checked in the hash format it recorded
+    identity = folder_run_hash(run_dir, saved)  # a folder in another hash format is refused here
     if recorded is not None and recorded != identity.value:
         raise PosexpError(f"{run_dir}: {HYDRA_CONFIG} does not match the config the run was trained with "
                           f"(config hash {identity.value} vs {recorded} in {RESULTS_JSON}); was it edited?")

@@ -30,7 +30,7 @@ uses the tanh approximation of GELU. Neither can hold posexp's model exactly.
 Exact means the same function: the exported model's fp32 logits differ from posexp's only by float rounding (rope:
 NeoX computes ``theta_i`` in float32 where posexp rounds the float64 value; alibi: MPT's per-row offset ``-m (L-1-i)``
 grows with the length, and its rounding with it: about 2e-5 at 2048 tokens for the default model, 1e-6 at 128).
-:func:`posexp.hf.export.export_run` measures that difference on every export.
+:func:`posexp.hf.export.export_loaded` measures that difference on every export.
 """
 
 from __future__ import annotations

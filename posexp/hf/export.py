@@ -1,6 +1,6 @@
 """``posexp export RUN DIR``: a trained run as a transformers model folder.
 
-    from posexp.hf.export import export_run
+    from posexp.commands.export import export_run
 
     export = export_run("outputs/2026-11-22/10-00-00", "exported/rope")
     export.max_abs_diff   # |logits| of the exported model minus posexp's, measured while exporting
@@ -42,7 +42,7 @@ CHECK_SEED = 0
 
 @dataclass
 class Export:
-    """What :func:`export_run` wrote.
+    """What :func:`export_loaded` wrote.
 
     Attributes:
         folder: the transformers model folder.
@@ -61,15 +61,17 @@ class Export:
     checked_lengths: list[int]
 
 
-def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Export:
-    """Write the run in ``run_dir`` as a transformers model folder ``out_dir``.
+def export_loaded(run: Any, run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Export:
+    """Write ``run`` (:func:`posexp.load_run` of ``run_dir``; :func:`posexp.commands.export.export_run` loads it) as a
+    transformers model folder ``out_dir``.
 
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` then loads it with no remote code and gives the run's logits
     (fp32, up to float rounding; checked before the folder is put in place), and ``AutoTokenizer`` gives the run's
     token ids.
 
     Args:
-        run_dir: a finished run folder (``posexp train``'s), read with :func:`posexp.load_run`.
+        run: the run, as :func:`posexp.load_run` reads it (its model, config and info).
+        run_dir: its folder (a destination inside it is refused).
         out_dir: the folder to write; it must not exist or be empty, unless ``overwrite``.
         overwrite: replace ``out_dir`` when it holds a model folder (a ``config.json``), e.g. an earlier export.
 
@@ -80,11 +82,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite
         PosexpError: the run's encoding (or an option of it) has no exact transformers counterpart, the run
             cannot be read, or ``out_dir`` may not be written.
     """
-    from posexp.commands.loading import load_run
-
     out = Path(out_dir).expanduser()
     check_destination(Path(run_dir), out, overwrite)
-    run = load_run(run_dir)
     model = run.model.float()
     mapping = plan(model, run.config)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -205,4 +204,4 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "export_run"]
+__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "export_loaded"]

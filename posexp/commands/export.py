@@ -1,0 +1,26 @@
+"""``posexp export RUN DIR``: a finished run read as any command reads it, then written as a transformers model folder
+by :mod:`posexp.hf.export` (which maps the model and checks the reloaded logits)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from posexp.commands.loading import load_run
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False):
+    """Write the run in ``run_dir`` as a transformers model folder ``out_dir``
+    (:func:`posexp.hf.export.export_loaded`); the destination is checked before the run is read.
+
+    Raises:
+        PosexpError: the run cannot be read, its encoding has no exact transformers counterpart, or ``out_dir``
+            may not be written.
+    """
+    from posexp.hf.export import check_destination, export_loaded
+
+    check_destination(Path(run_dir), Path(out_dir).expanduser(), overwrite)
+    return export_loaded(load_run(run_dir), run_dir, out_dir, overwrite)
+
+
+__all__ = ["export_run"]
