@@ -14,7 +14,7 @@ import difflib
 import importlib
 import pkgutil
 from collections.abc import Iterator, Mapping
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, Optional, TypeVar
 
 from posexp.errors import ConfigError
 
@@ -60,6 +60,11 @@ class Registry(Mapping[str, type[T]], Generic[T]):
             return cls
 
         return wrap
+
+    def registered(self, name: str) -> Optional[type[T]]:
+        """The class registered as ``name`` so far, without importing the package: what a module being imported may
+        ask (a full :meth:`load` from inside one would import its siblings while it is half-initialised)."""
+        return self._classes.get(name)
 
     def add(self, name: str, cls: type[T]) -> None:
         """Store ``cls`` as ``name`` as it is (for a kind whose own rules decide, as the encoders' plugins)."""

@@ -281,7 +281,7 @@ def test_posexp_report_piped_at_80_columns_keeps_numbers_whole(tmp_path):
 
 
 def test_the_per_run_table_keeps_every_number_whole_at_80_columns():
-    from posexp.runs.results import results_table
+    from posexp.rendering.results import results_table
 
     rows = []
     for i, n in enumerate([64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]):

@@ -169,11 +169,8 @@ def _circles(arrows) -> list[frozenset[str]]:
     return sorted((c for c in circles if len(c) > 1), key=sorted)
 
 
-# The one circle left, and why: runs/results.py renders a run's results from inside runs/ (plots/ for the
-# figures, data/ for bits per byte, evaluation/ for the loss-by-position rows and scaling factors), while those
-# write into the run folder through runs/ (atomic writes, layout, the row schema). It goes when the rendering
-# moves above them, into the commands that write a run's results.
-KNOWN_CIRCLES = [frozenset({"data", "evaluation", "plots", "runs", "tasks", "training"})]
+# No circle is left: the rendering of a run's results moved above runs/, plots/ and evaluation/ (posexp.rendering).
+KNOWN_CIRCLES: list[frozenset] = []
 
 
 def test_the_subpackages_point_down_with_function_level_imports_counted():

@@ -170,7 +170,7 @@ def test_a_grouped_report_is_one_table_at_100_columns_and_wraps_its_intervals_at
 def test_a_runs_figure_is_titled_by_its_encoding_and_a_sweeps_lines_are_coloured_by_what_it_varies(tmp_path):
     from posexp.reporting.lm_report import build_report
     from posexp.reporting.render import plot_groups
-    from posexp.runs.results import plot_title
+    from posexp.rendering.results import plot_title
 
     assert plot_title({"encoder": "rope", "base": 10000.0, "label": "default", "train_len": 128}) == \
         "rope, base 10000 (trained at 128 tokens)"
@@ -198,7 +198,7 @@ def test_a_views_header_states_only_the_protocol_it_shows(tmp_path):
 
 
 def test_a_runs_table_at_40_columns_cuts_no_number(tmp_path):
-    from posexp.runs.results import ResultsTable
+    from posexp.rendering.results import ResultsTable
 
     results = read_results(_write(tmp_path / "run", [_row(n, 75.83959956455082, eval_tokens=1024)
                                                      for n in (32, 64, 128)]))

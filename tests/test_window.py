@@ -240,7 +240,7 @@ def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
     from test_report import make_run
 
     from posexp.runs.layout import read_results
-    from posexp.runs.results import results_csv, results_markdown, write_results
+    from posexp.rendering.results import results_csv, results_markdown, write_results
 
     folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0, 512: 5.0}) + _rows({512: 3.1}, window=128))
     results = read_results(folder)

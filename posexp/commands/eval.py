@@ -433,7 +433,7 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     from posexp.runs.provenance import git_commit, versions
     from posexp.evaluation.accuracy import evaluate_task_config
     from posexp.evaluation.runner import evaluate_config
-    from posexp.runs.results import results_table, write_loss_by_position, write_results
+    from posexp.rendering.results import results_table, write_loss_by_position, write_results
     from posexp.runtime import threads
     from posexp.runtime.device import resolve_device
     from posexp.runtime.memory import out_of_memory

@@ -31,7 +31,7 @@ from posexp.evaluation.runner import EvalProgress
 from posexp.model.window import check_window
 from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.provenance import eval_settings_of, git_commit, run_label, versions
-from posexp.runs.results import results_table, write_loss_by_position, write_results
+from posexp.rendering.results import results_table, write_loss_by_position, write_results
 from posexp.runtime.device import resolve_device
 from posexp.tasks.passkey_text import TextPasskey
 

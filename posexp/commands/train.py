@@ -27,11 +27,12 @@ from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
 from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
 from posexp.evaluation.runner import evaluate_config
-from posexp.runs.results import results_table, write_loss_by_position, write_results
+from posexp.rendering.results import results_table, write_loss_by_position, write_results
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import DISK_FULL
-from posexp.runs.curve import CurveWriter, draw_curve
+from posexp.runs.curve import CurveWriter
+from posexp.rendering.curve import draw_curve
 from posexp.runs.layout import ACCURACY, PERPLEXITY, RESULTS_JSON
 from posexp.runs.lock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime.device import resolve_device, step_settings

@@ -55,7 +55,7 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
         builtin = plugins.is_builtin(cls)
         if not builtin:
             _REGISTRY.load()  # so that a built-in name is taken before a plugin asks for it
-        other = _REGISTRY.get(name)
+        other = _REGISTRY.registered(name)
         if other is not None and other is not cls:
             if builtin:
                 raise RuntimeError(f"two encoders registered as {name!r}")

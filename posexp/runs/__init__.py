@@ -1,9 +1,9 @@
 """The run folder: its layout and readers (:mod:`posexp.runs.layout`), claiming and locking it
 (:mod:`posexp.runs.lock`), atomic writes (:mod:`posexp.runs.atomic`), the provenance results.json records
-(:mod:`posexp.runs.provenance`) and the files rendered from the rows (:mod:`posexp.runs.results`,
-:mod:`posexp.runs.task_results`).
+(:mod:`posexp.runs.provenance`), the row format (:mod:`posexp.runs.row`) and the curve's csv
+(:mod:`posexp.runs.curve`). What is rendered from the rows for a person (results.md, the figures) lives a floor
+above, in :mod:`posexp.rendering`.
 
 ``layout``, ``lock`` and ``atomic`` are torch-free: ``posexp report`` reads every run through them
-where no model can be built. ``provenance`` and the rendered results are written by the run that
-measured them and import what it measured with (torch's version, the evaluation's row helpers).
+where no model can be built.
 """

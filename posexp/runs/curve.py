@@ -15,9 +15,8 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from posexp.plots.curve import plot_curve
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import ACCURACY, CURVE_CSV, CURVE_PLOT, PERPLEXITY
+from posexp.runs.layout import ACCURACY, CURVE_CSV, PERPLEXITY
 
 # how each column is written: counts as integers, measurements to 8 significant digits, seconds to ms
 _FORMATS = {"step": "d", "length": "d", "tokens": "d", "examples": "d", "multiple": "g", "eval_s": ".3f"}
@@ -102,11 +101,3 @@ class CurveWriter:
 def _text(value, fmt: str) -> str:
     """A value as curve.csv writes it; a missing one (a length not measured) as an empty field."""
     return "" if value is None else format(value, fmt)
-
-
-def draw_curve(run_dir: str | os.PathLike, train_len: int, title: Optional[str] = None) -> list[dict]:
-    """``curve.png`` from the run's ``curve.csv`` (nothing without points); returns the rows drawn."""
-    metric, rows = read_curve(run_dir)
-    if metric is not None and rows:
-        plot_curve(rows, metric, Path(run_dir) / CURVE_PLOT, train_len=train_len, title=title)
-    return rows

@@ -30,7 +30,7 @@ from posexp.runs.layout import (
     write_results_json,
 )
 from posexp.runs.row import VIEW_KEY, csv_columns, csv_record, view_of
-from posexp.runs.task_results import is_task_results, task_table, write_task_results
+from posexp.rendering.task_results import is_task_results, task_table, write_task_results
 
 
 

@@ -1,5 +1,5 @@
 """A task run's results as files: results.md, results.csv, accuracy_vs_length.png, passkey_heatmap.png and
-the console table. :mod:`posexp.runs.results` hands a run here when its rows are accuracy rows.
+the console table. :mod:`posexp.rendering.results` hands a run here when its rows are accuracy rows.
 """
 
 from __future__ import annotations
