@@ -36,11 +36,11 @@ import torch.nn.functional as F
 
 from posexp.config.schema import Config, EvalConfig, lengths_of
 from posexp.runtime.memory import PeakMemory
-from posexp.evaluation.perplexity import _not_applicable_reason, check_eval_scaling, reading_of
+from posexp.evaluation.perplexity import EvalHooks, _not_applicable_reason, check_eval_scaling, reading_of
 from posexp.encoders.extension import NONE
-from posexp.model.interface import EvaluableLM
+from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.positions import PositionPlan
-from posexp.model.window import AttentionWindow, window_fields, window_of
+from posexp.model.window import window_fields, window_of
 from posexp.runs.row import ACCURACY, ResultRow
 from posexp.runtime.device import autocast
 from posexp.runtime.precision import resolve_precision
@@ -133,22 +133,24 @@ def evaluate_task_config(model: EvaluableLM, task: Task, cfg: Config, device: to
     """:func:`evaluate_task` for the ``eval`` group of a run's ``cfg``: its lengths and training positions, in the
     precision ``train.precision`` resolves to on ``device``."""
     return evaluate_task(model, task, cfg.eval, int(cfg.train_len), device, position_plan=PositionPlan(cfg),
-                         dtype=resolve_precision(cfg.train.precision, device), on_row=on_row, memory=memory)
+                         dtype=resolve_precision(cfg.train.precision, device),
+                         hooks=EvalHooks(on_row=on_row, memory=memory))
 
 
 @torch.inference_mode()
 def evaluate_task(model: EvaluableLM, task: Task, settings: EvalConfig, train_len: int, device: torch.device, *,
                   position_plan: Optional[PositionPlan] = None, dtype: torch.dtype = torch.float32,
-                  on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
+                  hooks: Optional[EvalHooks] = None) -> list[dict]:
     """Accuracy rows (module docstring) for the ``eval`` group ``settings``: one per length, x depth for a task
     with one (passkey, niah, kv_retrieval: :attr:`Task.has_depth`). Lengths, scalings, the window and the
     positions as for perplexity (:func:`posexp.evaluation.perplexity.evaluate`); ``dtype`` the autocast precision;
-    ``memory`` off skips the peak-memory measurement (``eval.during_training``'s quick points).
+    ``hooks``: each row as it is measured (``on_row``), and ``memory`` off skips the peak-memory measurement
+    (``eval.during_training``'s quick points).
 
     Raises:
         ConfigError: a scaling posexp's encoder does not offer, or a bad window.
     """
-    e = settings
+    e, hooks = settings, hooks or EvalHooks()
     window = window_of(getattr(e, "window", None), getattr(e, "sinks", None))
     scaling = getattr(e, "scaling", NONE) or NONE
     refused = check_eval_scaling(model, scaling)
@@ -159,14 +161,14 @@ def evaluate_task(model: EvaluableLM, task: Task, settings: EvalConfig, train_le
         how, factor = reading_of(e, scaling, length, train_len, window)
         reason = refused or _not_applicable_reason(model, how, length, position_plan)
         for depth in depths:
-            row = _row_identity(task, length, train_len, depth, scaling, factor, window, int(e.examples))
+            row = _row_identity(task, how, factor, depth, int(e.examples))
             if reason is not None:
                 row.update(_not_applicable(reason))
             else:
                 made = eval_instances(task, length, int(e.examples), depth)
                 pos = position_plan.eval_positions(length) if position_plan is not None else None
                 mem = PeakMemory(device)
-                with model.reading(how), mem if memory else nullcontext(), autocast(device, dtype):
+                with model.reading(how), mem if hooks.memory else nullcontext(), autocast(device, dtype):
                     t0 = time.perf_counter()
                     right, total, loss_sum = _score(model, made.tokens, made.answer, pos, int(e.batch_tokens), device)
                     elapsed = time.perf_counter() - t0
@@ -174,18 +176,17 @@ def evaluate_task(model: EvaluableLM, task: Task, settings: EvalConfig, train_le
                 read = made.tokens.shape[0] * length
                 row.update(eval_s=elapsed, tokens_per_s=read / elapsed if elapsed else None, peak_mem_mb=mem.delta_mb)
             rows.append(row)
-            if on_row is not None:
-                on_row(row)
+            if hooks.on_row is not None:
+                hooks.on_row(row)
     return rows
 
 
-def _row_identity(task: Task, length: int, train_len: int, depth: Optional[float], scaling: str,
-                  factor: Optional[float], window: Optional[AttentionWindow], examples: int) -> dict:
+def _row_identity(task: Task, how: Reading, factor: Optional[float], depth: Optional[float], examples: int) -> dict:
     """How an accuracy row is measured (:class:`posexp.runs.row.ResultRow`'s key and settings); ``window`` /
     ``sinks`` only for a windowed evaluation. The instances' seed is the evaluation stream's (:func:`eval_instances`),
     the same for every run."""
-    return ResultRow(metric=ACCURACY, task=task.name, length=length, multiple=length / train_len,
+    return ResultRow(metric=ACCURACY, task=task.name, length=how.length, multiple=how.length / how.train_len,
                      depth=None if depth is None else float(depth), protocol=EVAL_PROTOCOL,
-                     scaling=None if scaling == NONE else scaling, scaling_factor=factor,
-                     size=task.size_for(length), examples_asked=examples, eval_seed=_EVAL_STREAM,
-                     **window_fields(window)).to_dict()
+                     scaling=None if how.scaling == NONE else how.scaling, scaling_factor=factor,
+                     size=task.size_for(how.length), examples_asked=examples, eval_seed=_EVAL_STREAM,
+                     **window_fields(how.window)).to_dict()

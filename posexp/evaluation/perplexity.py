@@ -199,14 +199,15 @@ def _forward_losses(model: EvaluableLM, val: np.ndarray, starts: np.ndarray, len
     return losses.double().cpu().numpy()
 
 
-def _run_windows(model: EvaluableLM, val: np.ndarray, win: Windows, length: int, batch_tokens: int,
-                 device: torch.device, log: Callable[[str], None], pos: Optional[np.ndarray] = None,
-                 progress: Optional[Callable[[int, int, int], None]] = None) -> LengthResult:
+def _run_windows(p: "_Pass", win: Windows, length: int, pos: Optional[np.ndarray] = None) -> LengthResult:
+    """The forward passes of one length's windows, in batches of the pass's ``batch_tokens``, halved (then the model
+    shrunk) on out-of-memory; each scored target's loss and the losses by position."""
+    model, val, device, log, progress = p.model, p.val, p.device, p.log, p.hooks.progress
     L = length
     target_losses = np.full(win.last - win.first + 1, np.nan)
     position_sum = np.zeros(L)
     position_count = np.zeros(L, dtype=np.int64)
-    per_batch = max(1, batch_tokens // L)
+    per_batch = max(1, p.batch_tokens // L)
     retries = 0
     i = 0
     n = win.starts.size
@@ -266,15 +267,14 @@ def _length_factor(scaling: str, length: int, train_len: int, scaling_factor: Op
     return 1.0 if scaling == "dynamic_ntk" else default_factor(length, train_len)
 
 
-def _row_identity(length: int, train_len: int, protocol: str, stride: Optional[int], last_k: Optional[int],
-                  scaling: str, factor: Optional[float], window: Optional[AttentionWindow], tokens: int) -> dict:
+def _row_identity(e: EvalConfig, how: Reading, factor: Optional[float]) -> dict:
     """How a row is measured (:class:`posexp.runs.row.ResultRow`'s key and settings: its length, protocol,
     scaling, window and the token budget asked for); a row without a window has no ``window`` / ``sinks``."""
-    return ResultRow(metric=PERPLEXITY, length=length, multiple=length / train_len, protocol=protocol,
-                     stride=stride if protocol == "sliding" else None,
-                     last_k=last_k if protocol == "last_k" else None,
-                     scaling=None if scaling == NONE else scaling, scaling_factor=factor, eval_tokens=int(tokens),
-                     **window_fields(window)).to_dict()
+    return ResultRow(metric=PERPLEXITY, length=how.length, multiple=how.length / how.train_len, protocol=e.protocol,
+                     stride=e.stride if e.protocol == "sliding" else None,
+                     last_k=e.last_k if e.protocol == "last_k" else None,
+                     scaling=None if how.scaling == NONE else how.scaling, scaling_factor=factor,
+                     eval_tokens=int(e.tokens), **window_fields(how.window)).to_dict()
 
 
 def _not_applicable_reason(model: EvaluableLM, how: Reading, length: int, position_plan) -> Optional[str]:
@@ -346,7 +346,7 @@ def _measure_length(p: _Pass, how: Reading, win: Windows, length: int) -> tuple[
         t0 = time.perf_counter()
         pos = p.position_plan.eval_positions(length) if p.position_plan is not None else None
         with autocast(p.device, p.dtype):
-            res = _run_windows(p.model, p.val, win, length, p.batch_tokens, p.device, p.log, pos, p.hooks.progress)
+            res = _run_windows(p, win, length, pos)
         elapsed = time.perf_counter() - t0
     return res, elapsed, mem
 
@@ -395,7 +395,7 @@ def evaluate(model: EvaluableLM, val: np.ndarray, settings: EvalConfig, train_le
     rows = []
     for length in lengths:
         how, factor = reading_of(e, scaling, length, train_len, window)
-        row = _row_identity(length, train_len, e.protocol, e.stride, e.last_k, scaling, factor, window, int(e.tokens))
+        row = _row_identity(e, how, factor)
         reason = refused or _not_applicable_reason(model, how, length, position_plan)
         if reason is not None:
             row.update(_not_applicable_row(reason))
