@@ -285,3 +285,15 @@ def test_an_unnamed_architecture_evaluates_under_every_protocol_scaling_window_a
     rows = evaluate_task(lm, task, dataclasses.replace(base, lengths=[320], examples=2, depths=[0.5]), 32,
                          torch.device("cpu"))
     assert [(r["length"], r["depth"], r["examples"]) for r in rows] == [(320, 0.5, 2)]
+
+
+def test_without_transformers_both_commands_say_which_install_brings_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    for args in (["eval", "hf:some/model"], ["export", str(tmp_path), str(tmp_path / "out")]):
+        result = invoke(*args)
+        assert result.exit_code == 2, result.output
+        assert "needs transformers, not installed here: pip install -e '.[hf]'" in result.output
+        assert "Traceback" not in result.output

@@ -26,10 +26,8 @@ def export_cmd(
     alibi -> MPT (a run trained with model.norm_bias=false). Other encodings are refused. Needs transformers:
     the hf extra of posexp's install.
     """
-    try:
-        from posexp.commands.export import export_run
-    except ImportError as e:
-        fail(PosexpError(f"posexp export needs transformers ({e.name} is missing): pip install -e '.[hf]'"))
+    from posexp.commands.export import export_run
+
     try:
         done = export_run(run_dir, out_dir, overwrite=overwrite)
     except PosexpError as e:

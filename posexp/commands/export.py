@@ -17,6 +17,9 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite
         PosexpError: the run cannot be read, its encoding has no exact transformers counterpart, or ``out_dir``
             may not be written.
     """
+    from posexp.hf import require_transformers
+
+    require_transformers("posexp export")
     from posexp.hf.export import check_destination, export_loaded
 
     check_destination(Path(run_dir), Path(out_dir).expanduser(), overwrite)

@@ -134,6 +134,9 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
     """The model behind the seam, its tokenizer, and its provenance: the model's (:func:`posexp.hf.loading.provenance`),
     its ``context_length`` (``train_len``, else :func:`context_length`) and rotary base, and for a posexp run
     exported by ``posexp export`` the export's record (the run, its config hash)."""
+    from posexp.hf import require_transformers
+
+    require_transformers("posexp eval hf:MODEL")
     from transformers.utils import logging as hf_logging
 
     from posexp.hf.loading import load_pretrained, model_folder, provenance, read_export
