@@ -16,8 +16,12 @@ has one home, and the subpackages name the layers, from the command line down::
                            ├─ model/       the encoder (encoders/) inside a GPT: model/factory.py builds both
                            ├─ runtime/     device, precision, memory: one owner of each
                            ├─ training/    the loop, optimizer, resumable checkpoints, the sweep cache, torchrun
-                           ├─ evaluation/  perplexity per length x protocol x scaling (accuracy for a task) ─► rows
-                           └─ runs/        the run folder: layout, lock, provenance, results.json/.csv/.md
+                           ├─ evaluation/  perplexity per length x protocol x scaling (accuracy for a task) ─► rows,
+                           │               reading any model through the seam (model/interface.py)
+                           ├─ hf/          a transformers model behind the seam (posexp eval hf:MODEL), and
+                           │               a run exported as a transformers folder (posexp export)
+                           ├─ runs/        the run folder: layout, lock, provenance, results.json, row format
+                           └─ rendering/   what a run folder shows a person: results.md/.csv, figures
                            (train, eval and resume also report to tracking/: logger=tensorboard|mlflow|wandb)
     posexp report DIRS ─► reporting/   runs ─► groups, metrics, t-intervals ─► 5 formats, report.md
     posexp analyze     ─► analysis/    the geometry of an encoding's hooks, the attention of trained runs
@@ -56,7 +60,8 @@ Where the next one goes:
   ``tests/test_tasks.py`` picks it up from the yaml and needs an independent
   solver for it.
 - A kind of evaluation: a module in ``posexp/evaluation/`` that returns rows
-  for ``runs/`` to write; a row's ``"metric"`` (``"perplexity"``,
+  for ``runs/`` to write, reading the model only through
+  :class:`posexp.model.interface.EvaluableLM`; a row's ``"metric"`` (``"perplexity"``,
   ``"accuracy"``) says which tables it belongs in.
 """
 
