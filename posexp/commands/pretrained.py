@@ -23,7 +23,7 @@ from rich.console import Console
 from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
 from posexp.data.corpus import check_fits, data_kind, hub_source, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
-from posexp.encoders.scaling import NONE, SCALINGS
+from posexp.encoders.scaling import NONE, check_known
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
@@ -78,7 +78,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     values = e.lengths if e.lengths is not None else e.multiples
     require(len(values) > 0 and all(v > 0 for v in values), "eval.lengths" if e.lengths is not None else
             "eval.multiples", f"must list positive numbers (got {list(values)})")
-    require(e.scaling in SCALINGS, "eval.scaling", f"unknown scaling {e.scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    check_known(e.scaling)
     require(e.scaling_factor is None or (e.scaling != NONE and e.scaling_factor >= 1), "eval.scaling_factor",
             f"must be >= 1 and only with an eval.scaling (got {e.scaling_factor} with scaling {e.scaling})")
     if e.lengths is not None:

@@ -43,7 +43,7 @@ from posexp.data.tokenizer import TokenizerSpec, check_spec
 from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, options_schema, registry
 from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
-from posexp.encoders.scaling import LONGROPE
+from posexp.encoders.scaling import LONGROPE, check_known
 from posexp.encoders.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
                                          scaled_encoder)
 from posexp.evaluation.perplexity import check_protocol
@@ -384,7 +384,7 @@ def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: s
     """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
     ``eval.scaling_factor`` >= 1 and only with a scaling that has a factor; ``eval.rerope_window``
     only with ``rerope``, between 1 and ``train_len``."""
-    require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    check_known(scaling)
     check_scaling(scaling, encoder_name, encoder)
     if rerope_window is not None:
         require(scaling == REROPE, "eval.rerope_window",

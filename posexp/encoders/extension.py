@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from torch import nn
 
 from posexp.encoders import get, registry
-from posexp.encoders.scaling import LONGROPE, NONE, REROPE, SCALINGS, supported_scalings
+from posexp.encoders.scaling import LONGROPE, NONE, REROPE, SCALINGS, check_known, supported_scalings
 from posexp.errors import ConfigError
 
 
@@ -34,8 +34,7 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
     ``encoder_cls`` may also be an encoder instance, whose ``scaling_refusal(kind)``
     (if it has one) can refuse a method its configuration does not support.
     """
-    if kind not in SCALINGS:
-        raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
+    check_known(kind)
     if kind == NONE:
         return
     if encoder_cls is None:

@@ -206,7 +206,18 @@ def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int
         return llama3_frequencies(dim, base, factor, train_len), 1.0
     if kind == LONGROPE:
         return longrope_frequencies(dim, base, factors, factor), longrope_attention_scaling(factor, train_len)
-    raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
+    check_known(kind)
+    raise ConfigError("eval.scaling", f"{kind!r} is not a rotary frequency scaling")
+
+
+def check_known(kind: str) -> None:
+    """``eval.scaling`` is one of :data:`SCALINGS`.
+
+    Raises:
+        ConfigError: on ``eval.scaling``, naming the allowed values.
+    """
+    if kind not in SCALINGS:
+        raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
 
 
 # -- what encoders share ---------------------------------------------------------------

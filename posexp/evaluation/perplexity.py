@@ -61,7 +61,7 @@ from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
-from posexp.encoders.scaling import SCALINGS
+from posexp.encoders.scaling import check_known
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.window import AttentionWindow, window_fields, window_of
@@ -298,7 +298,7 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
 def check_eval_scaling(model: EvaluableLM, scaling: str) -> Optional[str]:
     """``eval.scaling`` known (else :class:`ConfigError`), and why it does not apply to ``model`` (its rows are then
     "not applicable"), or None."""
-    require(scaling in SCALINGS, "eval.scaling", f"unknown scaling {scaling!r}; choose one of: {', '.join(SCALINGS)}")
+    check_known(scaling)
     return model.check_scaling(scaling)
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posexp.encoders.scaling import NONE, SCALINGS
+from posexp.encoders.scaling import NONE, check_known
 from posexp.errors import ConfigError, PosexpError
 from posexp.hf.rotary import RotarySite, find_rotary, pinned_rotary, rotary_refusal, scaled_frequencies
 from posexp.model.interface import Reading
@@ -133,8 +133,7 @@ class HFLanguageModel:
         Raises:
             ConfigError: ``kind`` is not one of posexp's scalings.
         """
-        if kind not in SCALINGS:
-            raise ConfigError("eval.scaling", f"unknown scaling {kind!r}; choose one of: {', '.join(SCALINGS)}")
+        check_known(kind)
         return rotary_refusal(self._rotary, kind)
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
