@@ -337,7 +337,7 @@ def eval_cmd(
     args: List[str] = typer.Argument(
         ..., help="Run folders (or sweep folders: every run under them), then eval.* overrides, e.g. "
                   "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn; or hf:MODEL "
-                  "(a transformers model folder or Hub name) with Hydra overrides (hf:MODEL --help).",
+                  "(a transformers model folder or Hub name) with Hydra overrides (hf:MODEL --cfg job lists them).",
         show_default=False, metavar="RUN_DIR|hf:MODEL|eval.KEY=VALUE"),
     strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
                                                         "the first run whose results.json cannot be read."),
