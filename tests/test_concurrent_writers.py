@@ -38,6 +38,7 @@ def _lengths(run: Path) -> set[int]:
     return {row["length"] for row in json.loads((run / "results.json").read_text())["rows"]}
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_four_evaluations_of_one_run_at_once_keep_every_row(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run)

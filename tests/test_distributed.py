@@ -62,6 +62,7 @@ def _losses(metrics: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_two_processes_train_like_one(tiny, tmp_path):
     """torchrun with 2 CPU processes (gloo) and one process on the same global batch: the same loss curve."""
     one = run_train(tiny(*TINY), tmp_path / "one", list(TINY))

@@ -42,6 +42,7 @@ def _bias_encoders(compose):
     return [name for name in ENCODERS if name != "mixed" and _encoder(compose, name).uses_bias]
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_every_bias_encoder_has_a_fused_form(compose):
     # alibi, t5, kerple, sandwich, fire: all biases of (head, query position, key position)
     names = _bias_encoders(compose)

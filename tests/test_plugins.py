@@ -396,6 +396,7 @@ def _one_line(proc, *expected: str) -> None:
     assert all(text in proc.stderr for text in expected), proc.stderr
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_and_trains(project):
     _broken_neighbours(project)
     listed = run_cli("list", "--config-dir", "conf", cwd=project)

@@ -225,8 +225,8 @@ def test_a_pretrained_model_evaluates_on_cuda_in_bf16_as_on_the_cpu(llama_dir, c
     assert all(r["applicable"] for r in _rows(gpu))
 
 
-@pytest.mark.parametrize("encoder", [
-    "rope", pytest.param("learned", marks=pytest.mark.slow), pytest.param("alibi", marks=pytest.mark.slow)])
+@pytest.mark.slow  # three trainings, exports and evaluations; the export's logits and hf:'s rows are checked fast
+@pytest.mark.parametrize("encoder", ["rope", "learned", "alibi"])
 def test_an_exported_run_evaluated_as_a_pretrained_model_gives_its_own_perplexities(encoder, tmp_path):
     """The round trip: posexp train, posexp export, posexp eval hf:DIR: the same tokens (the exported byte tokenizer
     and its document separator), the same lengths (the export records train_len), the same perplexities."""

@@ -77,6 +77,7 @@ def test_passkey_rows_are_per_length_and_depth_with_a_heatmap(tmp_path):
     assert (run / "passkey_heatmap.png").is_file()
 
 
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_learned_positions_past_their_table_are_not_applicable_on_a_task(tmp_path):
     run = tmp_path / "learned"
     done = run_cli("train", "task=reverse", "encoder=learned", "encoder.max_length=64", *FAST,
