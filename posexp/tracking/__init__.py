@@ -37,7 +37,7 @@ def chosen(logger_cfg) -> list[str]:
 def missing_library(name: str) -> Optional[str]:
     """What tracker ``name`` lacks here (``needs the wandb package, which is not installed: pip install ...``),
     or None. Looks the library up without importing it."""
-    module = _tracker_class(name).library
+    module = _tracker_class(name).needs_module
     if importlib.util.find_spec(module) is None:
         return f"needs the {module} package, which is not installed: pip install 'posexp[{name}]'"
     return None

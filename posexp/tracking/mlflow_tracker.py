@@ -96,7 +96,7 @@ def _parent_run(client, uri: str, experiment_id: str, run: RunIdentity) -> Optio
 
 @TRACKERS.register("mlflow")
 class MLflowTracker(Tracker):
-    library = "mlflow"
+    needs_module = "mlflow"
 
     def __init__(self, client, uri: str, experiment_id: str, run_id: str):
         self.client, self.uri, self.experiment_id, self.run_id = client, uri, experiment_id, run_id

@@ -17,7 +17,7 @@ from posexp.tracking.tracker import TRACKERS, Point, RunIdentity, Tracker, flat_
 
 @TRACKERS.register("tensorboard")
 class TensorBoardTracker(Tracker):
-    library = "tensorboard"
+    needs_module = "tensorboard"
 
     def __init__(self, log_dir: Path, purge_step: Optional[int] = None, reports: int = 0):
         from torch.utils.tensorboard import SummaryWriter

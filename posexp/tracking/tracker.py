@@ -185,7 +185,7 @@ class Tracker:
     """
 
     name = ""
-    library = ""  # the module it needs, installed by the extra of its name (pip install 'posexp[NAME]')
+    needs_module = ""  # the module it needs, installed by the extra of its name (pip install 'posexp[NAME]')
 
     @classmethod
     def start(cls, settings: Any, run: RunIdentity) -> "Tracker":

@@ -82,7 +82,7 @@ def _writable_homes(run_dir: Path) -> Iterator[None]:
 
 @TRACKERS.register("wandb")
 class WandbTracker(Tracker):
-    library = "wandb"
+    needs_module = "wandb"
 
     def __init__(self, run, step: int = 0):
         self.run = run
