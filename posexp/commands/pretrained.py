@@ -23,7 +23,6 @@ from rich.console import Console
 from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
 from posexp.data.corpus import check_fits, data_kind, hub_source, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
-from posexp.encoders.scaling import NONE, check_known
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
@@ -33,6 +32,7 @@ from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.provenance import eval_settings_of, git_commit, run_label, versions
 from posexp.rendering.results import results_table, write_loss_by_position, write_results
 from posexp.runtime.device import resolve_device
+from posexp.runtime.precision import resolve_precision
 from posexp.tasks.passkey_text import TextPasskey
 
 HF_PREFIX = "hf:"  # posexp eval hf:MODEL
@@ -56,7 +56,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     Raises:
         ConfigError: naming the key and what is allowed.
     """
-    from posexp.commands.validation import check_data
+    from posexp.commands.validation import check_data, check_scaling_settings
 
     spec = typed_pretrained(cfg)
     require(str(spec.hf.model).strip() != "", "hf.model", "names the model: posexp eval hf:PATH_OR_NAME")
@@ -78,9 +78,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     values = e.lengths if e.lengths is not None else e.multiples
     require(len(values) > 0 and all(v > 0 for v in values), "eval.lengths" if e.lengths is not None else
             "eval.multiples", f"must list positive numbers (got {list(values)})")
-    check_known(e.scaling)
-    require(e.scaling_factor is None or (e.scaling != NONE and e.scaling_factor >= 1), "eval.scaling_factor",
-            f"must be >= 1 and only with an eval.scaling (got {e.scaling_factor} with scaling {e.scaling})")
+    check_scaling_settings(e.scaling, e.scaling_factor, e.rerope_window, spec.train_len)
     if e.lengths is not None:
         check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
     check_window(e.window, e.sinks)
@@ -92,7 +90,7 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
     spec = check_pretrained(cfg)
     console = console or Console()
     device = resolve_device(spec.device)
-    dtype = _dtype(spec.precision, device)
+    dtype = resolve_precision(spec.precision, device)  # auto: bf16 on a GPU that has it, fp32 on a CPU (no probe)
     lm, tokenizer, record = _load(spec, device, dtype)
     train_len = int(spec.train_len or record["context_length"])
     lengths = lengths_of(spec.eval, train_len)
@@ -158,16 +156,6 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
         raise ConfigError("train_len", "the model's config names no context length; give it: train_len=N (tokens)")
     record.update(context_length=int(length), rope_theta=rope_theta(model.config) if lm.has_rope else None)
     return lm, tokenizer, record
-
-
-def _dtype(precision: str, device: torch.device) -> torch.dtype:
-    """``precision``'s dtype: fp32, bf16, or for ``auto`` bf16 on a CUDA device that has it and fp32 elsewhere
-    (a CPU emulates bf16 slowly on some machines; evaluation should not depend on which)."""
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
 
 
 def document_separator(tokenizer, config) -> Optional[int]:

@@ -381,11 +381,18 @@ def validate_curve(cfg: Config) -> None:
 
 def check_scaling_options(scaling: str, factor: Optional[float], encoder_name: str, encoder=None,
                           rerope_window: Optional[int] = None, train_len: Optional[int] = None) -> None:
-    """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given);
-    ``eval.scaling_factor`` >= 1 and only with a scaling that has a factor; ``eval.rerope_window``
-    only with ``rerope``, between 1 and ``train_len``."""
+    """``eval.scaling`` known and offered by the encoder (as configured, when ``encoder`` is given), and its
+    settings as :func:`check_scaling_settings` checks them."""
     check_known(scaling)
     check_scaling(scaling, encoder_name, encoder)
+    check_scaling_settings(scaling, factor, rerope_window, train_len)
+
+
+def check_scaling_settings(scaling: str, factor: Optional[float], rerope_window: Optional[int] = None,
+                           train_len: Optional[int] = None) -> None:
+    """Whatever the model: ``eval.scaling`` known; ``eval.scaling_factor`` >= 1 and only with a scaling that has a
+    factor; ``eval.rerope_window`` only with ``rerope``, between 1 and ``train_len`` (when known)."""
+    check_known(scaling)
     if rerope_window is not None:
         require(scaling == REROPE, "eval.rerope_window",
                 f"only applies with eval.scaling=rerope (scaling is {scaling}); drop it or set eval.scaling=rerope")
