@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from posexp.config.schema import Config, EvalConfig, lengths_of
 from posexp.runtime.memory import PeakMemory
-from posexp.evaluation.perplexity import EvalHooks, _not_applicable_reason, check_eval_scaling, reading_of
+from posexp.evaluation.perplexity import EvalHooks, _not_applicable_reason, reading_of
 from posexp.encoders.extension import NONE
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.positions import PositionPlan
@@ -153,7 +153,7 @@ def evaluate_task(model: EvaluableLM, task: Task, settings: EvalConfig, train_le
     e, hooks = settings, hooks or EvalHooks()
     window = window_of(getattr(e, "window", None), getattr(e, "sinks", None))
     scaling = getattr(e, "scaling", NONE) or NONE
-    refused = check_eval_scaling(model, scaling)
+    refused = model.check_scaling(scaling)
     depths = eval_depths(e.depths) if task.has_depth else [None]
     model.eval()
     rows = []

@@ -61,7 +61,6 @@ from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
 from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
-from posexp.encoders.scaling import check_known
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.window import AttentionWindow, window_fields, window_of
@@ -295,13 +294,6 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
                    None if factors is None else tuple(float(f) for f in factors), window), factor
 
 
-def check_eval_scaling(model: EvaluableLM, scaling: str) -> Optional[str]:
-    """``eval.scaling`` known (else :class:`ConfigError`), and why it does not apply to ``model`` (its rows are then
-    "not applicable"), or None."""
-    check_known(scaling)
-    return model.check_scaling(scaling)
-
-
 @dataclass
 class EvalHooks:
     """Where an evaluation reports as it goes (every field optional).
@@ -385,7 +377,7 @@ def evaluate(model: EvaluableLM, val: np.ndarray, settings: EvalConfig, train_le
     lengths = lengths_of(e, train_len)
     scaling = e.scaling or NONE
     check_protocol(e.protocol, e.stride, e.last_k, lengths[0])
-    refused = check_eval_scaling(model, scaling)
+    refused = model.check_scaling(scaling)  # an unknown one raises; one the model lacks: rows "not applicable"
     val_tokens = int(val.size)
     budget = eval_budget(int(e.tokens), val_tokens, lengths[-1])
     n_last = last_k_windows(int(e.tokens), e.last_k, val_tokens, lengths[-1]) if e.protocol == "last_k" else None
