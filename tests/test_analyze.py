@@ -174,10 +174,10 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
 
 
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
-    cfg = compose_analyze("encoder=rope", *TINY, "analyze.length=1")
-    spec = typed(cfg, AnalyzeRootConfig)
+    from posexp.analysis.app import check_analyze_job
+
     with pytest.raises(ConfigError, match="analyze.length"):
-        run_analyze(spec, spec.analyze, tmp_path, Console(file=open(Path(tmp_path) / "out.txt", "w")))
+        check_analyze_job(compose_analyze("encoder=rope", *TINY, "analyze.length=1"))
 
 
 # -- attention statistics of a model ------------------------------------------------------------

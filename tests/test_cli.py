@@ -244,11 +244,13 @@ def test_bad_input_in_a_fresh_interpreter_is_one_message(tmp_path, overrides, ne
 
 def test_overrides_after_a_flag_are_read_without_a_usage_error(capsys):
     """``posexp finetune RUN train_len=512 -m scaling=none,yarn``: overrides on both sides of -m, read in one go."""
-    from posexp.cli.hydra_adapter import parse_command_line
+    from posexp.cli.hydra_flags import read
 
-    ns = parse_command_line(["parent=/runs/p", "train_len=512", "-m", "scaling=none,yarn", "train.steps=200"])
-    assert ns is not None and ns.multirun
-    assert ns.overrides == ["parent=/runs/p", "train_len=512", "scaling=none,yarn", "train.steps=200"]
+    line = read(["parent=/runs/p", "train_len=512", "-m", "scaling=none,yarn", "train.steps=200"])
+    assert line is not None and line.multirun and line.runs
+    assert line.overrides == ("parent=/runs/p", "train_len=512", "scaling=none,yarn", "train.steps=200")
+    assert read(["--cfg", "nope"]) is None  # Hydra's parser refuses it (and says so itself)
+    assert not read(["--cfg", "job", "a=1"]).runs and read(["-cd", "conf", "--help"]).helps  # type: ignore[union-attr]
     assert "usage" not in capsys.readouterr().err
 
 

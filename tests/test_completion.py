@@ -131,13 +131,25 @@ def test_the_subcommands_and_options_are_the_apps():
         assert ours == options, name
 
 
-def test_the_hydra_flags_offered_are_hydras():
-    from hydra._internal.utils import get_args_parser
+def test_the_hydra_flags_read_and_offered_are_hydras():
+    """posexp reads Hydra's flags with a parser of its own (Hydra has no public one): the same flags and choices
+    as Hydra's own help lists."""
+    import re
 
+    from typer.testing import CliRunner
+
+    from posexp.cli import hydra_flags
+    from posexp.cli.app import app
     from posexp.commands.encoder_source import ALLOW_FLAG
     from posexp.runs.lock import OVERWRITE_FLAG
 
-    hydras = {o for action in get_args_parser()._actions for o in action.option_strings}
+    text = CliRunner().invoke(app, ["train", "--hydra-help"]).output
+    listed = dict(re.findall(r"^(-[\w,-]+) : (.*)$", text, flags=re.M))
+    hydras = {flag for flags in listed for flag in flags.split(",")}
+    assert hydras == hydra_flags.option_strings()
+    choices = {flags.split(",")[0]: tuple(re.search(r"\[(.*)\]", what).group(1).split("|"))  # type: ignore[union-attr]
+               for flags, what in listed.items() if re.search(r"\[(.*)\]", what)}
+    assert choices == {"--cfg": hydra_flags.CFG_PARTS, "--info": hydra_flags.INFO_PARTS}
     assert set(completion.HYDRA_OPTIONS) - {OVERWRITE_FLAG} <= hydras
     assert (completion.OVERWRITE, completion.ALLOW_CHANGED) == (OVERWRITE_FLAG, ALLOW_FLAG)
 

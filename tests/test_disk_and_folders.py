@@ -155,17 +155,27 @@ def test_analyze_from_a_read_only_working_folder_is_one_line_or_writes_elsewhere
 
 
 def test_an_output_folder_that_cannot_be_made_is_refused_before_hydra_starts(tmp_path):
-    from posexp.analysis.schema import register_schema
-    from posexp.cli.folders import check_output_folder
+    from omegaconf import OmegaConf
 
-    register_schema()
+    from posexp.cli.folders import check_writable
+
+    sweep = OmegaConf.create({"hydra": {"sweep": {"dir": "/proc/posexp/sweep"}}})
     with pytest.raises(PosexpError) as e:  # /proc takes no new folder, whoever asks
-        check_output_folder(["-m", "encoder=rope", "base=100,1000", "hydra.sweep.dir=/proc/posexp/sweep"], "analyze")
+        check_writable(sweep, "hydra.sweep.dir")
     assert str(e.value).startswith("/proc/posexp/sweep: cannot create the output folder (")
     assert "/proc is not writable" in str(e.value) and "hydra.sweep.dir=DIR" in str(e.value)
-    check_output_folder(["encoder=rope", f"hydra.run.dir={tmp_path / 'a' / 'b'}"], "analyze")  # makes nothing
-    check_output_folder(["--cfg", "job", "hydra.run.dir=/proc/posexp/run"], "analyze")  # Hydra writes no folder
-    assert list(tmp_path.iterdir()) == []
+    check_writable(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "a" / "b")}}}), "hydra.run.dir")
+    assert list(tmp_path.iterdir()) == []  # makes nothing
+
+
+def test_cfg_job_writes_no_folder_and_is_not_refused_for_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    result = CliRunner().invoke(app, ["analyze", "--cfg", "job", "hydra.run.dir=/proc/posexp/run"])
+    assert result.exit_code == 0, result.output
+    assert "encoder:" in result.output
 
 
 def _unprivileged_dir(folder: Path) -> list[str]:

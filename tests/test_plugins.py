@@ -198,11 +198,12 @@ def test_cache_key_changes_when_the_plugin_source_or_a_helper_beside_it_changes(
 
     register_configs()
     from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
-    from posexp.cli.plugins import initialize_configs
+    from posexp.config.schema import config_dir
 
-    with initialize_configs([project / "conf"]):
-        cfg = hydra_compose("config", overrides=["encoder=logrope"])
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["encoder=logrope", f"hydra.searchpath=[file://{project / 'conf'}]"])
     before = cache_key(cfg, "corpus")
     assert cache_key(cfg, "corpus") == before
     helper = project / "my_encoders" / "helpers.py"  # a module the encoder could import, beside it

@@ -96,24 +96,72 @@ def test_four_trains_started_at_once_in_one_folder_end_with_four_complete_runs(t
         assert (run.parent / "checkpoint" / "model.safetensors").is_file()
 
 
-def test_a_run_is_composed_once_by_posexp_and_claimed_on_hydras_composition(tmp_path, monkeypatch):
-    """Start-up: the override check composes the run's config once; the job check and the folder claim read the
-    config Hydra composed for the run (Hydra composes twice itself: to learn the mode, then the run)."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+def _compositions(monkeypatch) -> list:
+    """Count Hydra's compositions of posexp's config: each loads the schema posexp stores in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
 
-    composed = []
-    original = ConfigLoaderImpl.load_configuration
+    loads: list = []
+    original = ConfigStore.load
 
-    def counted(self, config_name, overrides, *args, **kwargs):
-        composed.append(list(overrides))
-        return original(self, config_name, overrides, *args, **kwargs)
+    def counted(self, config_path):
+        if config_path.startswith("posexp_schema"):
+            loads.append(config_path)
+        return original(self, config_path)
 
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    monkeypatch.setattr(ConfigStore, "load", counted)
+    return loads
+
+
+def test_a_run_is_composed_as_often_as_by_a_plain_hydra_app_and_typed_once(tmp_path, monkeypatch):
+    """Hydra composes a plain ``@hydra.main`` app's config twice (to learn the mode, then the run); posexp adds none:
+    the job check and the folder claim read what Hydra composed, and the job takes the config they typed."""
+    import sys
+
+    import hydra
+
+    import posexp.commands.train as train
+    from posexp.commands.validation import register_configs
+    from posexp.config.schema import config_dir
+
+    register_configs()
     monkeypatch.chdir(tmp_path)
+    loads = _compositions(monkeypatch)
+    plain = hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")(lambda cfg: None)
+    monkeypatch.setattr(sys, "argv", ["plain", *FAST, "hydra.run.dir=plain"])
+    plain()
+    by_hydra, typings, checks = len(loads), [], []
+    loads.clear()
+    typed, check_spec = train.typed, train.check_spec
+    monkeypatch.setattr(train, "typed", lambda *a, **k: typings.append(1) or typed(*a, **k))
+    monkeypatch.setattr(train, "check_spec", lambda *a, **k: checks.append(1) or check_spec(*a, **k))
     result = invoke("train", *FAST, "hydra.run.dir=run")
     assert result.exit_code == 0, result.output
-    assert len(composed) == 3, composed
+    assert by_hydra == 2 and len(loads) == by_hydra, loads
+    assert len(typings) == len(checks) == 1
     assert (tmp_path / "run" / "results.json").is_file()
+
+
+def test_analyze_is_composed_as_often_as_by_a_plain_hydra_app(tmp_path, monkeypatch):
+    import sys
+
+    import hydra
+
+    from posexp.analysis.schema import register_schema
+    from posexp.config.schema import config_dir
+
+    register_schema()
+    monkeypatch.chdir(tmp_path)
+    loads = _compositions(monkeypatch)
+    args = ("encoder=rope", "train_len=32", "analyze.length=64", "analyze.figures=false")
+    plain = hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="analyze")(lambda cfg: None)
+    monkeypatch.setattr(sys, "argv", ["plain", *args, "hydra.run.dir=plain"])
+    plain()
+    by_hydra = len(loads)
+    loads.clear()
+    result = invoke("analyze", *args, "hydra.run.dir=out")
+    assert result.exit_code == 0, result.output
+    assert by_hydra == 2 and len(loads) == by_hydra, loads
+    assert (tmp_path / "out" / "analysis.json").is_file()
 
 
 # -- 2: a folder that holds a run is refused -------------------------------------------------------

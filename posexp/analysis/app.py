@@ -15,15 +15,17 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from posexp.analysis.drawing import draw_comparison, draw_unit
 from posexp.analysis.geometry import RELATIVE_TOLERANCE, analyse_unit, units
-from posexp.analysis.schema import AnalyzeConfig, check_analyze
+from posexp.analysis.schema import AnalyzeConfig, AnalyzeRootConfig, check_analyze
 from posexp.model.factory import build_encoder
 from posexp.config.schema import Config, eval_lengths
+from posexp.commands.edge import typed
 from posexp.commands.validation import validate
 from posexp.runs.atomic import atomic_write_json
 
@@ -97,12 +99,17 @@ def _curves_for_json(unit: dict) -> dict:
     return out
 
 
+def check_analyze_job(cfg: DictConfig) -> Any:
+    """``posexp analyze``'s job config typed (a :class:`Config` with the ``analyze`` group) and checked."""
+    spec: Any = typed(cfg, AnalyzeRootConfig)
+    validate(spec, memory=None)  # no model is built, only the encoder
+    check_analyze(spec.analyze)
+    return spec
+
+
 def run_analyze(cfg: Config, a: AnalyzeConfig, out: Path, console: Optional[Console] = None) -> dict:
-    """``posexp analyze encoder=... base=...``: check the config and ``analyze.*``, analyse, write, print a
-    summary."""
+    """``posexp analyze encoder=... base=...`` of a checked config: analyse, write, print a summary."""
     console = console or Console()
-    validate(cfg, memory=None)  # no model is built, only the encoder
-    check_analyze(a)
     torch.manual_seed(int(cfg.seed))  # learned encoders are analysed at their seeded initialisation
     encoder = build_encoder(cfg)
     encoder.eval()

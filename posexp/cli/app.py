@@ -14,25 +14,24 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import hydra
 import typer
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.analysis.schema import AnalyzeRootConfig, register_schema
-from posexp.cli import shell, transfer
-from posexp.cli.arguments import (OverrideError, check_overrides, expand_home, full_error_requested, print_key_table,
-                                  pretrained_arguments, quote_non_ascii)
+from posexp.analysis.schema import register_schema
+from posexp.cli import hydra_flags, shell, transfer
+from posexp.cli.arguments import (check_command_line, expand_home, explain, full_error_requested, hydra_raises,
+                                  print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
-from posexp.cli.folders import Claim, Folders, Refused, check_output_folder, claiming
-from posexp.cli.jobs import Terminated, failed_jobs, finetune_task, pretrained_task, train_task
+from posexp.cli.folders import Claim, Folders, Refused, claiming
+from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task, pretrained_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
-from posexp.commands.edge import typed
 from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
@@ -49,35 +48,33 @@ CONFIG_DIR = config_dir()
 _train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
 _finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
 _pretrained_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="pretrained")(pretrained_task)
-PROGS = {"config": "posexp train", "finetune": "posexp finetune", "pretrained": "posexp eval"}
+_analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
+APPS = {"config": (_train_app, "posexp train"), "finetune": (_finetune_app, "posexp finetune"),
+        "pretrained": (_pretrained_app, "posexp eval"), "analyze": (_analyze_app, "posexp analyze")}
 
 
-def _run_hydra(app, prog: str, args: List[str]) -> None:
-    """Call a ``@hydra.main`` function as if ``prog args...`` had been typed.
+def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
+    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed.
 
-    ``--help`` / ``-h`` print Hydra's help, then the table of the main keys.
+    A config Hydra cannot compose is said in one line (:func:`~posexp.cli.arguments.explain`). ``--help`` / ``-h``
+    print Hydra's help, then the table of the main keys.
     """
+    app, prog = APPS[config_name]
     saved = sys.argv
     sys.argv = [prog, *args]
     try:
-        app()
+        with hydra_raises():
+            app()
+    except (HydraException, OmegaConfBaseException) as e:
+        if full_error_requested() or (claim is not None and claim.composed):
+            raise  # asked for in full, or not the config's composition: Hydra's own error, as it is
+        fail(explain(e))
     except SystemExit as e:
         if not e.code and any(a in ("-h", "--help") for a in args):
-            print_key_table({_analyze_app: "analyze", _finetune_app: "finetune", _pretrained_app: "pretrained"}.get(
-                app, "config"), prog)
+            print_key_table(config_name, prog)
         raise
     finally:
         sys.argv = saved
-
-
-def _check_overrides(config_name: str, args: List[str], folders: bool = False, user_dirs=()) -> None:
-    """Refuse a bad override in one line before Hydra starts (so no run folder is made); with
-    HYDRA_FULL_ERROR=1 (or POSEXP_DEBUG=1) Hydra reports the errors it knows, in full."""
-    try:
-        check_overrides(config_name, args, folders=folders, user_dirs=user_dirs)
-    except OverrideError as e:
-        if not (e.hydra_reports and full_error_requested()):
-            fail(e)
 
 
 def _flags_first(args: List[str]) -> list[str]:
@@ -135,7 +132,7 @@ def train(
     A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
     """
     if not _shell_completion(list(overrides or [])):
-        _launch(_train_app, "config", list(overrides or []))
+        _launch("config", list(overrides or []))
 
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
@@ -161,27 +158,36 @@ def finetune(
         given = parent_argument(args or [])
     except PosexpError as e:
         fail(e)
-    _launch(_finetune_app, CONFIG_NAME, given)
+    _launch(CONFIG_NAME, given)
 
 
-def _launch(hydra_app, config_name: str, args: List[str]) -> None:
-    """Check the command line, claim the run (or sweep) folder and run ``hydra_app`` on it."""
+def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
+    """Check the command line, then run the Hydra app of ``config_name``, which checks each job's config and
+    claims the run (or sweep) folder (:class:`~posexp.cli.folders.ClaimFolder`).
+
+    ``folders``: the command also takes run folders (``posexp analyze``), for the message of a missing one.
+    """
     failed_jobs.clear()
     args = quote_non_ascii(expand_home(args))
     overwrite = OVERWRITE_FLAG in args
-    args = [a for a in args if a != OVERWRITE_FLAG]
-    user_dirs = _user_encoders(args)  # Hydra's parser, which reads the folders, knows no --overwrite
-    missing = missing_plugin(args)
-    if missing:
-        fail(PosexpError(missing))
-    _check_overrides(config_name, args, user_dirs=user_dirs)
+    args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
+    line = hydra_flags.read(args)
+    try:
+        missing = missing_plugin(args)
+        if missing:
+            raise PosexpError(missing)
+        dirs = _user_encoders(line)
+        if line is not None:
+            check_command_line(line, dirs, folders)
+    except PosexpError as e:
+        fail(e)
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
     with distributed.worker_overrides() as quiet:
         try:
             with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
-                _run_claimed(claim, [*_flags_first(args), *quiet], hydra_app, PROGS[config_name])
+                _run_claimed(claim, config_name, [*_flags_first(args), *quiet])
         except Refused as e:
             fail(e.error)
         except PosexpError as e:
@@ -197,21 +203,23 @@ def _launch(hydra_app, config_name: str, args: List[str]) -> None:
         raise SystemExit(1)
 
 
-def _user_encoders(args: List[str]) -> list:
-    """The user's config folders on the command line, their encoders imported and every schema stored."""
+def _user_encoders(line: Optional[hydra_flags.CommandLine]) -> list:
+    """The user's config folders on the command line, their encoders imported and every schema stored.
+
+    Raises:
+        PosexpError: a folder that does not exist, or an encoder chosen that cannot be used.
+    """
     from posexp.commands.validation import register_configs
 
-    try:
-        dirs = user_config_dirs(args)
-        load_folder_plugins(dirs)
-        refuse_broken(args)
-        register_configs()
-    except PosexpError as e:
-        fail(e)
+    dirs = user_config_dirs(line)
+    load_folder_plugins(dirs)
+    refuse_broken(line)
+    register_configs()
+    register_schema()
     return dirs
 
 
-def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app, prog: str = "posexp train") -> None:
+def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> None:
     """Run Hydra, which claims the folder (:class:`~posexp.cli.folders.ClaimFolder`); a run that never started
     leaves no folder, an interrupted sweep says where it stands."""
     sweep = claim is not None and any(a in ("-m", "--multirun") for a in args)
@@ -219,7 +227,7 @@ def _run_claimed(claim: Optional[Claim], args: List[str], hydra_app=_train_app, 
     # SIGTERM outside training steps (the trainer checkpoints on its own) acts as Ctrl-C: says what was done, what next
     signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
-        _run_hydra(hydra_app, prog, args)
+        _run_hydra(config_name, args, claim)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
         folders = claim.folders if claim is not None else None
@@ -353,7 +361,7 @@ def eval_cmd(
     from posexp.commands.eval import reeval_main
 
     if any(a.startswith("hf:") for a in args):  # a pretrained model: a new run folder, as posexp train writes one
-        _launch(_pretrained_app, "pretrained", pretrained_arguments(args))
+        _launch("pretrained", pretrained_arguments(args))
         return
     try:
         reeval_main(list(args), strict=strict, allow_changed_encoder=allow_changed_encoder)
@@ -362,20 +370,6 @@ def eval_cmd(
     except KeyboardInterrupt:
         err_console.print("interrupted; results of runs not yet finished were left as they were")
         raise SystemExit(130)
-
-
-def analyze_task(cfg: DictConfig) -> None:
-    """The Hydra task of ``posexp analyze``: one encoding's geometry (module-level, so launchers can pickle it)."""
-    from posexp.analysis.app import run_analyze
-
-    try:
-        spec: Any = typed(cfg, AnalyzeRootConfig)  # a Config with the analyze group
-        run_analyze(spec, spec.analyze, Path(HydraConfig.get().runtime.output_dir))
-    except PosexpError as e:
-        fail(e)
-
-
-_analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
 
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
@@ -402,14 +396,7 @@ def analyze(
         except PosexpError as e:
             fail(e)
         return
-    user_dirs = _user_encoders(args)
-    register_schema()
-    _check_overrides("analyze", args, folders=True, user_dirs=user_dirs)
-    try:
-        check_output_folder(args, "analyze", user_dirs)
-    except PosexpError as e:
-        fail(e)
-    _run_hydra(_analyze_app, "posexp analyze", _flags_first(args))
+    _launch("analyze", args, folders=True)
 
 
 @app.command("check")
@@ -429,7 +416,7 @@ def check_cmd(
     from posexp.commands.check import check_main
 
     try:
-        load_folder_plugins(user_config_dirs(["--config-dir", str(config_dir)] if config_dir else []))
+        load_folder_plugins(user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else [])))
         code = check_main(encoder, list(options or []), fmt)
     except PosexpError as e:
         fail(e)

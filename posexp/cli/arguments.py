@@ -1,41 +1,45 @@
-"""What a user types to the Hydra apps (``posexp train``, ``posexp analyze``), checked before Hydra runs.
+"""What a user types to the Hydra apps (``posexp train``, ``finetune``, ``analyze``, ``eval hf:MODEL``), and Hydra's
+errors about it, each said in one line.
 
-Hydra skips an ``optional`` config group whose option does not exist, so ``experiment=smok``
-would silently run the full default training, and ``+key=`` / ``++key=`` add keys the schema does
-not have, so ``+model.d_modle=64`` would be ignored. Its own errors are several lines and exit 1.
-:func:`check_overrides` composes the config for every value a command line names before Hydra
-starts, and turns each of these mistakes into one :class:`OverrideError` naming the key and what
-is allowed, so nothing runs and no run folder is made. :func:`key_table` is the table of the main
-keys that ``posexp train --help`` prints, taken from the configs' and the schema's own comments.
+Hydra skips an ``optional`` config group whose option does not exist, so ``experiment=smok`` would silently run
+the full default training, and ``+key=`` / ``++key=`` add keys the schema does not have, so ``+model.d_modle=64``
+would be ignored; its own errors are several lines and exit 1. Nothing here composes a job's config: posexp reads
+what Hydra composed. :func:`check_command_line` checks what needs no config before Hydra starts (syntax, group
+choices, sweeps without ``-m``); :func:`check_added_keys` reads the config Hydra composed for a job;
+:func:`explain` turns the error of a config Hydra could not compose into one :class:`OverrideError` naming the key
+and what is allowed. :func:`key_table` is the table of the main keys ``posexp train --help`` prints, taken from the
+configs' and the schema's own comments.
 
 This module imports Hydra and ``posexp.config.schema`` (no torch until an encoder is looked up).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
-from hydra.errors import HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from rich.console import Console
 from rich.table import Table
 
-from posexp.cli.hydra_adapter import parse_command_line
-from posexp.cli.plugins import guess_hint, initialize_configs
+from posexp.cli.hydra_flags import CommandLine
+from posexp.cli.plugins import guess_hint
 from posexp.config import schema
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
 
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
 OPTIONAL_GROUPS = ("experiment", "search")
@@ -55,9 +59,32 @@ class OverrideError(PosexpError):
         super().__init__(message)
 
 
+_asked: Optional[bool] = None  # what the user asked, while posexp has Hydra raise (:func:`hydra_raises`)
+
+
 def full_error_requested() -> bool:
     """HYDRA_FULL_ERROR=1 (Hydra's own switch) or POSEXP_DEBUG=1: leave Hydra's errors to Hydra, in full."""
-    return any(os.environ.get(v, "") not in ("", "0") for v in ("HYDRA_FULL_ERROR", "POSEXP_DEBUG"))
+    if _asked is not None:
+        return _asked
+    return any(os.environ.get(v, "") not in ("", "0") for v in (HYDRA_FULL_ERROR, "POSEXP_DEBUG"))
+
+
+@contextlib.contextmanager
+def hydra_raises() -> Iterator[None]:
+    """Inside, Hydra raises the error of a config it cannot compose (as its own ``HYDRA_FULL_ERROR=1`` has it) rather
+    than print it in several lines, for posexp to say it in one (:func:`explain`); :func:`full_error_requested` still
+    answers what the user asked."""
+    global _asked
+    _asked, saved = full_error_requested(), os.environ.get(HYDRA_FULL_ERROR)
+    os.environ[HYDRA_FULL_ERROR] = "1"
+    try:
+        yield
+    finally:
+        _asked = None
+        if saved is None:
+            os.environ.pop(HYDRA_FULL_ERROR, None)
+        else:
+            os.environ[HYDRA_FULL_ERROR] = saved
 
 
 def _parse(args: Sequence[str], folders: bool) -> list:
@@ -95,7 +122,7 @@ def quote_non_ascii(args: Sequence[str]) -> List[str]:
     """Quote what Hydra's grammar takes only quoted, letters outside ASCII: ``hydra.run.dir=runs/é`` becomes
     ``hydra.run.dir='runs/é'``, ``k=[a,é]`` becomes ``k=[a,'é']``; the value means the same either way (such a
     piece is a string, never a number). An argument that is quoted, escaped or interpolated already, or whose
-    quoted form Hydra would not parse either, is left as it is, for :func:`check_overrides` to name the
+    quoted form Hydra would not parse either, is left as it is, for :func:`check_command_line` to name the
     character."""
     out = []
     for arg in args:
@@ -161,68 +188,113 @@ def _check_launcher(override) -> None:
                                 "at least 1 (or -1: one per CPU core, -2: all but one)")
 
 
-def _groups(loader, keys: Iterable[str]) -> set:
-    """The keys among ``keys`` that name a config group (``encoder``, ``hydra/launcher``). Only the folders the
-    keys name are listed: walking every group of Hydra's own took half a second of each command."""
-    listed: dict = {}
-
-    def is_group(key: str) -> bool:
-        parent, _, name = key.rpartition("/")
-        if key.split("/")[0] == "schema" or not name:  # the type schemas behind the yaml files, not choices
-            return False
-        if parent and not is_group(parent):
-            return False
-        if parent not in listed:
-            listed[parent] = set(loader.list_groups(parent))
-        return name in listed[parent]
-
-    return {key for key in keys if is_group(key)}
-
-
 def _how_to() -> str:
     from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/plugins.py
 
     return HOW_TO
 
 
+def _is_group(override, dirs: Sequence[Path]) -> bool:
+    """A choice of one of posexp's config groups (``encoder=rope``), the user's folders' included; Hydra's own
+    groups (``hydra/launcher``) are Hydra's to check."""
+    key = override.key_or_group
+    if "." in key or key.startswith(("hydra", "schema")) or override.package is not None or override.is_delete():
+        return False
+    return any((folder / key).is_dir() for folder in (config_dir(), *dirs))
+
+
 def _check_group(override, options: List[str], multirun: bool) -> None:
     group = override.key_or_group
     values = _values(override) or []
     if override.is_sweep_override() and not multirun:
-        values = []  # the sweep check below names it
+        values = []  # the sweep check names it
     # several options of one group at once (logger=[tensorboard,mlflow]): each must exist
     values = [v.strip() for value in values for v in (value[1:-1].split(",") if value.startswith("[") else [value])]
     for value in values:
         if value not in options:
-            what = f"{group}={value}" if value else f"{group}="
-            own = f"; {_how_to()}" if group == "encoder" else ""
-            raise OverrideError(f"{what}: no such {group} option; {did_you_mean(value, options, f'{group}=')}"
-                                f"choose one of: {', '.join(options)}{own}", hydra_reports=group not in OPTIONAL_GROUPS)
+            raise OverrideError(_no_option(group, value, options), hydra_reports=group not in OPTIONAL_GROUPS)
 
 
-def _check_key(cfg: DictConfig, override) -> None:
-    """The override's key is in the composed schema, whichever of =, + or ++ brought it."""
-    key = override.key_or_group
-    node: Any = cfg
-    path: list[str] = []
-    for part in key.split("."):
-        if isinstance(node, ListConfig) and part.isdigit():
-            node, path = None, [*path, part]  # an element of a list: its type is the list's to check
-            break
-        if not isinstance(node, DictConfig):
-            raise OverrideError(f"{override.input_line}: {'.'.join(path)} is a value, not a group of keys")
-        keys = [str(k) for k in node.keys()]
-        if part not in keys:
-            hint = guess_hint(key)
-            if hint:
-                raise OverrideError(f"{override.input_line}: {hint}", hydra_reports=override.type.name == "CHANGE")
-            where = ".".join(path)
-            prefix = f"{where}." if where else ""
-            raise OverrideError(f"{override.input_line}: {prefix}{part} is not a config key; "
-                                f"{did_you_mean(part, keys, prefix)}"
-                                f"keys of {where or 'the top level'}: {', '.join(keys)}",
-                                hydra_reports=override.type.name == "CHANGE")
-        node, path = node._get_node(part), [*path, part]
+def _no_option(group: str, value: str, options: Sequence[str]) -> str:
+    own = f"; {_how_to()}" if group == "encoder" else ""
+    return (f"{group}={value}: no such {group} option; {did_you_mean(value, list(options), f'{group}=')}"
+            f"choose one of: {', '.join(options)}{own}")
+
+
+def check_command_line(line: CommandLine, dirs: Sequence[Path] = (), folders: bool = False) -> None:
+    """What can be checked of a command line before Hydra composes anything: each override's syntax, a sweep
+    without ``-m``, launcher settings, and each choice of a config group (from the groups' files: Hydra skips an
+    ``optional`` group's option that does not exist, so ``experiment=smok`` would run the default training).
+
+    Args:
+        line: the command line (:func:`posexp.cli.hydra_flags.read`).
+        dirs: the user's config folders, whose options count.
+        folders: the app also takes folders (``posexp analyze RUN_DIR``), for the message of a missing one.
+
+    Raises:
+        OverrideError: naming the argument and what is allowed.
+    """
+    from posexp.cli.completion import group_options  # the groups' files, read without Hydra
+
+    if line.config_path:
+        raise OverrideError(f"--config-path {line.config_path}: replaces posexp's own configs; to add a folder of "
+                            "yours beside them use --config-dir DIR (or hydra.searchpath=[file://DIR])")
+    if line.helps:
+        return
+    for o in _parse(line.overrides, folders):
+        if o.is_sweep_override() and not line.multirun:
+            raise OverrideError(f"{o.input_line}: several values sweep, which needs -m (posexp ... -m "
+                                f"{o.input_line}); for one list value write {o.key_or_group}=[...], for a string "
+                                f"with commas quote it: {o.key_or_group}='...'")
+        _check_launcher(o)
+        if _is_group(o, dirs):
+            _check_group(o, group_options(o.key_or_group, dirs), line.multirun)
+
+
+def check_added_keys(config: DictConfig) -> None:
+    """Each key a job's ``+key=`` / ``++key=`` added is one of the schema's (Hydra adds any), read from the config
+    Hydra composed: a node's schema is the dataclass it was composed from (``model``: ModelConfig, ``encoder``:
+    the chosen encoder's options).
+
+    Raises:
+        OverrideError: the key, the nearest known one, and the keys there are.
+    """
+    overrides = OverridesParser.create().parse_overrides([str(o) for o in config.hydra.overrides.task])
+    for o in overrides:
+        if o.type.name not in ("ADD", "FORCE_ADD") or o.key_or_group.startswith("hydra.") or o.package is not None:
+            continue
+        parent_key, _, name = o.key_or_group.rpartition(".")
+        parent = OmegaConf.select(config, parent_key) if parent_key else config
+        schema = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
+        if schema is None or not dataclasses.is_dataclass(schema):
+            continue  # a plain mapping, or a group added whole (+experiment=smoke): Hydra's to check
+        keys = [f.name for f in dataclasses.fields(schema)]
+        if name not in keys:
+            raise OverrideError(_not_a_key(parent_key, name, keys, o.input_line), hydra_reports=False)
+
+
+def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:
+    """``where.name`` is no key of ``keys`` (the override ``what`` set it, if it is not the key alone)."""
+    prefix = f"{where}." if where else ""
+    hint = guess_hint(prefix + name)
+    said = f"{what}: " if what else ""
+    if hint:
+        return f"{said or prefix + name + ': '}{hint}"
+    return (f"{said}{prefix}{name} is not a config key; {did_you_mean(name, list(keys), prefix)}"
+            f"keys of {where or 'the top level'}: {', '.join(keys)}")
+
+
+def explain(error: Exception) -> OverrideError:
+    """Hydra's error for a config it could not compose, as one line: the key, what is wrong and what is allowed."""
+    if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
+        group, _, value = str(error.missing_cfg_file).rpartition("/")
+        return OverrideError(_no_option(group, value, [str(o) for o in error.options]))
+    cause = error.__cause__ if error.__cause__ is not None else error
+    key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and isinstance(parent, DictConfig):
+        where, _, name = str(key).rpartition(".")
+        return OverrideError(_not_a_key(where, name, [str(k) for k in parent.keys()]))
+    return OverrideError(_one_line(error))
 
 
 def _one_line(error: Exception) -> str:
@@ -233,87 +305,6 @@ def _one_line(error: Exception) -> str:
         return f"{getattr(cause, 'full_key')}: {reason} ({FULL_ERROR_HINT})"
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and "HYDRA_FULL_ERROR" not in ln]
     return f"{'; '.join(lines[:3])} ({FULL_ERROR_HINT})"
-
-
-def _variants(parsed: list) -> Iterator[list]:
-    """``(override text, override)`` lists to compose: the first value of every sweep, then each other value
-    of each sweep in turn (one composition per value, not per job). Deletions and unlisted sweeps are left out."""
-    fixed = [(o, [""] if o.is_delete() else _values(o)) for o in parsed]
-    base = [(o.input_line if o.is_delete() else f"{o.get_key_element()}={v[0]}", o) if v else None for o, v in fixed]
-    yield [b for b in base if b is not None]
-    for i, (o, values) in enumerate(fixed):
-        for value in (values or [])[1:]:
-            variant = list(base)
-            variant[i] = (f"{o.get_key_element()}={value}", o)
-            yield [b for b in variant if b is not None]
-
-
-def check_overrides(config_name: str, args: Sequence[str], folders: bool = False,
-                    user_dirs: Sequence[Path] = ()) -> None:
-    """Check the overrides of a Hydra app's command line against its config groups and schema.
-
-    Args:
-        config_name: the app's primary config (``config`` or ``analyze``); the schemas must be registered.
-        args: the command line after the subcommand, flags included (``-m``, ``--cfg job``).
-        folders: the app also takes folders (``posexp analyze RUN_DIR``), for the message of a missing one.
-        user_dirs: the user's config folders (``--config-dir``, ``hydra.searchpath``), whose options count.
-
-    Raises:
-        OverrideError: an unknown group option, key or type, a malformed override, a sweep without ``-m``.
-    """
-    ns = parse_command_line(args)
-    if ns is None:
-        return  # Hydra's argparse reports an unknown flag itself, with its usage
-    if ns.config_path:
-        raise OverrideError(f"--config-path {ns.config_path}: replaces posexp's own configs; to add a folder of "
-                            "yours beside them use --config-dir DIR (or hydra.searchpath=[file://DIR])")
-    if ns.help or ns.hydra_help or ns.shell_completion or ns.config_name:
-        return
-    parsed = _parse(ns.overrides, folders)
-    for o in parsed:
-        if o.is_sweep_override() and not ns.multirun:
-            raise OverrideError(f"{o.input_line}: several values sweep, which needs -m (posexp ... -m "
-                                f"{o.input_line}); for one list value write {o.key_or_group}=[...], for a string "
-                                f"with commas quote it: {o.key_or_group}='...'")
-        _check_launcher(o)
-    with initialize_configs(user_dirs):
-        loader = GlobalHydra.instance().config_loader()
-        groups = _groups(loader, {o.key_or_group for o in parsed})
-        for o in parsed:
-            if o.key_or_group in groups and o.package is None and not o.is_delete():
-                _check_group(o, loader.get_group_options(o.key_or_group), ns.multirun)
-        keys = [o for o in parsed if o.key_or_group not in groups and not o.key_or_group.startswith("hydra.")]
-        schemas: dict = {}  # group choices -> their composed config
-        for overrides in _variants(parsed):
-            try:
-                compose(config_name, overrides=[ov for ov, _ in overrides])  # types, as Hydra will merge them
-                error = None
-            except (HydraException, OmegaConfBaseException) as e:
-                error = e
-            # a key Hydra merged (every node is a struct) is one the group choices have, unless + or ++ added it
-            unsure = keys if error is not None else [o for o in keys if o.type.name in ("ADD", "FORCE_ADD")]
-            if unsure:
-                _check_keys(config_name, overrides, unsure, groups, schemas, ns.multirun)
-            if error is not None:
-                raise OverrideError(_one_line(error)) from error
-
-
-def _check_keys(config_name: str, overrides: list, keys: list, groups: set, schemas: dict, multirun: bool) -> None:
-    """Each of ``keys`` is in the config composed with the group choices of ``overrides`` (each encoder has keys
-    of its own), composed once per set of choices (``schemas``)."""
-    choices = [ov for ov, o in overrides if o.key_or_group in groups]
-    if tuple(choices) not in schemas:
-        try:
-            schemas[tuple(choices)] = compose(config_name, overrides=choices)
-        except (HydraException, OmegaConfBaseException) as e:
-            raise OverrideError(_one_line(e)) from e
-    for o in keys:
-        try:
-            _check_key(schemas[tuple(choices)], o)
-        except OverrideError as e:
-            if multirun and choices:  # which job of the sweep lacks the key
-                raise OverrideError(f"{e} (with {' '.join(choices)})", e.hydra_reports) from None
-            raise
 
 
 # -- posexp train --help: the main keys ---------------------------------------------------------

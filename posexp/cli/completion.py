@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from posexp.cli.hydra_flags import CFG_PARTS, INFO_PARTS
 from posexp.config.schema import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS, Config, FinetuneAppConfig,
                                   config_dir)
 
@@ -62,8 +63,6 @@ VALUES["finetune"] = {**VALUES["config"], "scaling": FINETUNE_SCALINGS, "compile
 BOOLEANS = ("true", "false")
 
 # Flags of Hydra's own parser worth offering (posexp refuses --config-path), with what follows each.
-CFG_PARTS = ("job", "hydra", "all")
-INFO_PARTS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 # -sc install=bash prints posexp's completion script (posexp.cli.shell), for bash and zsh alike
 SHELL_COMPLETION = ("install=bash", "install=zsh", "uninstall=bash", "uninstall=zsh")
 OVERWRITE = "--overwrite"  # posexp.runs.lock.OVERWRITE_FLAG

@@ -1,32 +1,31 @@
-"""The run or sweep folder of a ``posexp train`` / ``finetune`` job, claimed by a Hydra callback (:class:`ClaimFolder`)
-on the config Hydra composed for it: every job's config is checked, then the folder claimed, before Hydra makes
-or writes anything (so a typo in job 7 of a sweep trains nothing, and two commands never share a folder).
+"""The run or sweep folder of a Hydra app's job, claimed by a Hydra callback (:class:`ClaimFolder`) on the config
+Hydra composed for it: every job's config is checked, then the folder claimed, before Hydra makes or writes
+anything (so a typo in job 7 of a sweep trains nothing, and two commands never share a folder).
 
-A run's config is composed once, by Hydra; a sweep's jobs are composed as its launcher composes them
-(:func:`~posexp.cli.hydra_adapter.compose_job`), from the sweep config Hydra composed. ``posexp analyze``, which
-claims no folder, has its output folder checked before Hydra starts (:func:`check_output_folder`).
+A run's config is composed by Hydra alone, and typed and checked once: the job takes the checked config the
+callback kept (:func:`take_checked`). A sweep's jobs are composed as its launcher composes them (Hydra's config
+loader, from the sweep config Hydra composed): those of a covering subset, one per swept value, before any
+job starts. ``posexp analyze``, which claims no folder, has its output folder checked there too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
-from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.utils import setup_globals
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from posexp.cli.arguments import full_error_requested
+from posexp.cli.arguments import check_added_keys, explain, full_error_requested
 from posexp.commands.edge import override_text
-from posexp.cli.hydra_adapter import compose_job, parse_command_line
-from posexp.cli.plugins import initialize_configs
 from posexp.commands.finetune import CONFIG_NAME, check_finetune
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
@@ -53,11 +52,15 @@ class Folders:
 
 @dataclass
 class Claim:
-    """What a command asks of :class:`ClaimFolder` (``overwrite``) and what it claimed (``folders``: None until
-    Hydra starts a run or sweep; it stays None for ``--cfg``, ``--info``, ``--help`` and shell completion)."""
+    """What a command asks of :class:`ClaimFolder` (``overwrite``) and what it found: ``composed``, Hydra composed
+    the job (an error after it is no composition error); ``folders``, what it claimed (None until Hydra starts a
+    run or sweep; it stays None for ``--cfg``, ``--info``, ``--help``, shell completion and ``posexp analyze``);
+    ``checked``, each checked job's typed config by its overrides, for the job to take."""
 
     overwrite: bool
+    composed: bool = False
     folders: Optional[Folders] = None
+    checked: dict = dataclasses.field(default_factory=dict)
 
 
 class Refused(BaseException):
@@ -69,6 +72,7 @@ class Refused(BaseException):
         self.error = error
 
 
+ANALYZE = "analyze"  # the Hydra app that claims no folder
 _claim: Optional[Claim] = None  # the command's request, while its Hydra app runs
 
 
@@ -91,7 +95,10 @@ class ClaimFolder(Callback):
     def on_run_start(self, config: DictConfig, config_name: Optional[str] = None, **kwargs: Any) -> None:
         if _claim is None:
             return
+        _claim.composed = True
         _refusing(lambda: _check(config, str(config_name)))
+        if config_name == ANALYZE:
+            return _refusing(lambda: check_writable(config, "hydra.run.dir"))
         _refusing(lambda: refuse_own_parent(config, "hydra.run.dir"))
         path, created = _refusing(lambda: _claim_dir(config, "hydra.run.dir", sweep=False))
         _claim.folders = Folders(path, created, multirun=False, jobs=None)
@@ -99,7 +106,10 @@ class ClaimFolder(Callback):
     def on_multirun_start(self, config: DictConfig, config_name: Optional[str] = None, **kwargs: Any) -> None:
         if _claim is None:
             return
+        _claim.composed = True
         jobs = _refusing(lambda: check_sweep(config, str(config_name)))
+        if config_name == ANALYZE:
+            return _refusing(lambda: check_writable(config, "hydra.sweep.dir"))
         _refusing(lambda: refuse_own_parent(config, "hydra.sweep.dir"))
         path, created = _refusing(lambda: _claim_dir(config, "hydra.sweep.dir", sweep=True))
         _claim.folders = Folders(path, created, multirun=True, jobs=jobs)
@@ -129,21 +139,37 @@ def refuse_own_parent(config: DictConfig, key: str) -> None:
                           f"starts from; choose another {key} (nothing was deleted)")
 
 
-def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:
-    """Check one job's composed config (its ``hydra`` node left out, as the job receives it)."""
+def checker(config_name: str):
+    """The function that types and checks a job's config of the Hydra app ``config_name``."""
     from posexp.commands.train import check_config  # torch: see posexp/cli/app.py
+    from posexp.commands.pretrained import check_pretrained
+    from posexp.analysis.app import check_analyze_job
 
+    return {CONFIG_NAME: check_finetune, "pretrained": check_pretrained, ANALYZE: check_analyze_job}.get(
+        config_name, check_config)
+
+
+def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:
+    """Check one job's composed config (its ``hydra`` node left out, as the job receives it) and keep it typed."""
     job = copy.deepcopy(config)
     with read_write(job), open_dict(job):
         del job["hydra"]
-    from posexp.commands.pretrained import check_pretrained  # torch: see posexp/cli/app.py
-
+    assert _claim is not None
     try:
-        {CONFIG_NAME: check_finetune, "pretrained": check_pretrained}.get(config_name, check_config)(job)
+        check_added_keys(config)
+        spec = checker(config_name)(job)
+        if "${hydra:" not in OmegaConf.to_yaml(job):  # else a value of the job's own (${hydra:job.num}): typed there
+            _claim.checked[tuple(str(o) for o in config.hydra.overrides.task)] = spec
     except PosexpError as e:
         if multirun and label:
             raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
         raise
+
+
+def take_checked(overrides: List[str]) -> Any:
+    """The typed config :class:`ClaimFolder` checked for the job of ``overrides`` in this process (None if none:
+    a job of a launcher's other process, or a Hydra app started without :func:`claiming`); taken once."""
+    return _claim.checked.pop(tuple(overrides), None) if _claim is not None else None
 
 
 def check_sweep(config: DictConfig, config_name: str) -> Optional[List[List[str]]]:
@@ -158,12 +184,12 @@ def check_sweep(config: DictConfig, config_name: str) -> Optional[List[List[str]
     jobs = sweep_jobs(overrides) if basic else None
     checked = jobs_to_check(jobs or [fixed_overrides(overrides)])
     for job, label in zip(checked, swept_values(checked)):
-        try:
-            composed = compose_job(config, job)
+        try:  # as Hydra's launchers compose a job: the sweep's resolved values (``${now:...}``) kept
+            composed = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job))
         except (HydraException, OmegaConfBaseException) as e:
             if full_error_requested():
                 raise  # Hydra's own report, in full
-            raise PosexpError(f"{' '.join(str(e).split())} ({label or 'the run'})") from None
+            raise PosexpError(f"{explain(e)} (with {label or 'the sweep'}; no job was started)") from None
         _check(composed, config_name, label, multirun=True)
     return jobs
 
@@ -190,24 +216,14 @@ def _claim_dir(config: DictConfig, key: str, sweep: bool) -> tuple[Path, list[Pa
     return path, created
 
 
-def check_output_folder(args: List[str], config_name: str, user_dirs=()) -> None:
-    """Refuse, before Hydra starts, a command line whose output folder cannot be made: ``posexp analyze`` from a
-    folder the user cannot write to, whose default ``outputs/...`` Hydra would fail to create with a traceback.
+def check_writable(config: DictConfig, key: str) -> None:
+    """Refuse an output folder (``key``) that cannot be made: ``posexp analyze`` from a folder the user cannot
+    write to, whose default ``outputs/...`` Hydra would fail to create with a traceback.
 
     Raises:
         PosexpError: naming the folder, the place that is not writable, and the key that chooses another.
     """
-    ns = parse_command_line(args)
-    if ns is None or ns.help or ns.hydra_help or ns.cfg or ns.info or ns.shell_completion or ns.experimental_rerun:
-        return  # Hydra writes no folder (or reports the command line itself)
-    key = "hydra.sweep.dir" if ns.multirun else "hydra.run.dir"
-    setup_globals()  # the ${now:...} resolver of Hydra's folder names
-    try:
-        with initialize_configs(user_dirs):
-            cfg = compose(config_name, overrides=fixed_overrides(ns.overrides), return_hydra_config=True)
-        path = Path(str(cfg.hydra.sweep.dir if ns.multirun else cfg.hydra.run.dir))
-    except (HydraException, OmegaConfBaseException):
-        return  # Hydra reports it as it starts
+    path = Path(str(OmegaConf.select(config, key)))
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     problem = unwritable(existing) if existing.is_dir() else "a file is in the way"
     if problem is not None:

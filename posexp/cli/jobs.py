@@ -11,7 +11,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -21,7 +21,8 @@ from rich.markup import escape
 
 from posexp.cli.console import err_console, fail
 from posexp.commands.edge import typed
-from posexp.commands.finetune import run_finetune
+from posexp.cli.folders import checker, take_checked
+from posexp.commands.finetune import finetune_run
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
@@ -34,21 +35,39 @@ failed_jobs: list[str] = []
 
 def train_task(cfg: DictConfig) -> Optional[float]:
     """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed)."""
-    from posexp.commands.train import run_train  # torch: see posexp/cli/app.py
+    from posexp.commands.train import train_run  # torch: see posexp/cli/app.py
 
-    return _task(cfg, run_train)
+    return _task(cfg, train_run)
 
 
 def finetune_task(cfg: DictConfig) -> Optional[float]:
     """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
-    return _task(cfg, run_finetune)
+    return _task(cfg, finetune_run)
 
 
 def pretrained_task(cfg: DictConfig) -> Optional[float]:
     """The Hydra task of ``posexp eval hf:MODEL``: one pretrained model's evaluation (as :func:`train_task`)."""
-    from posexp.commands.pretrained import run_pretrained  # torch: see posexp/cli/app.py
+    from posexp.commands.pretrained import pretrained_run  # torch: see posexp/cli/app.py
 
-    return _task(cfg, run_pretrained)
+    return _task(cfg, pretrained_run)
+
+
+def analyze_task(cfg: DictConfig) -> None:
+    """The Hydra task of ``posexp analyze``: one encoding's geometry."""
+    from posexp.analysis.app import run_analyze  # torch: see posexp/cli/app.py
+
+    hc = HydraConfig.get()
+    try:
+        spec = _checked(cfg, hc)
+        run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir))
+    except PosexpError as e:
+        fail(e)
+
+
+def _checked(cfg: DictConfig, hc: Any) -> Any:
+    """The job's config typed and checked: as the folder's claim checked it, else checked here."""
+    spec = take_checked(list(hc.overrides.task))
+    return spec if spec is not None else checker(str(hc.job.config_name))(cfg)
 
 
 def _task(cfg: DictConfig, run) -> Optional[float]:
@@ -56,7 +75,7 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
     try:
         set_job_threads(cfg, hc.launcher)
-        return objective_value(run(cfg, run_dir, overrides), cfg)
+        return objective_value(run(_checked(cfg, hc), run_dir, overrides), cfg)
     except TrainingInterrupted as e:
         if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
             raise SystemExit(e.exit_code)

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from posexp.cli.hydra_flags import read
 from posexp.cli.plugins import load_folder_plugins, user_config_dirs
 from posexp.config.schema import ModelConfig, config_dir
 
@@ -142,7 +143,7 @@ def print_choices(console: Console, args: Sequence[str] = ()) -> None:
     Raises:
         PosexpError: the folder does not exist, or one of its encoders cannot be imported.
     """
-    dirs = user_config_dirs(args)
+    dirs = user_config_dirs(read(args))
     load_folder_plugins(dirs)
     console.print(encoder_table(dirs))
     from posexp.encoders import broken

@@ -4,25 +4,20 @@
 encoder=logrope`` both reach ``conf/encoder/logrope.yaml``, whose ``module:`` key names the Python module
 that defines the encoder (``module: my_encoders.logrope``). :func:`load_folder_plugins` imports those
 modules first, so that each encoder's schema (from its ``__init__``) is in Hydra's ConfigStore as a
-built-in's is, and :func:`initialize_configs` composes with the user's folders as Hydra will, so that
-posexp's own checks of a command line see the user's options too.
+built-in's is.
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-from hydra import initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from posexp.cli.hydra_adapter import parse_command_line, start_hydra
-from posexp.config.schema import config_dir
+from posexp.cli.hydra_flags import CommandLine
 from posexp.errors import PosexpError
 
 # posexp.encoders (the registry, HOW_TO, MODULE_KEY) imports torch (posexp/cli/app.py says what that costs at
@@ -51,17 +46,16 @@ def _folder(text: str) -> Optional[Path]:
     return Path(text.removeprefix("file://")).expanduser().resolve()
 
 
-def user_config_dirs(args: Sequence[str]) -> List[Path]:
+def user_config_dirs(line: Optional[CommandLine]) -> List[Path]:
     """The user's config folders a Hydra command line names: ``--config-dir`` / ``-cd``, ``hydra.searchpath``.
 
     Raises:
         PosexpError: a named folder does not exist.
     """
-    ns = parse_command_line(args)
-    if ns is None:
+    if line is None:
         return []  # Hydra's argparse reports it
-    named = [("--config-dir", ns.config_dir)] if ns.config_dir else []
-    for arg in ns.overrides:
+    named = [("--config-dir", line.config_dir)] if line.config_dir else []
+    for arg in line.overrides:
         if not arg.lstrip("+").startswith(SEARCHPATH + "="):
             continue
         try:
@@ -160,7 +154,7 @@ def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
     return loaded
 
 
-def refuse_broken(args: Sequence[str]) -> None:
+def refuse_broken(line: Optional[CommandLine]) -> None:
     """Stop a command line that chooses a broken plugin encoder (``encoder=NAME``, or among a sweep's choices),
     naming why in one line.
 
@@ -172,8 +166,7 @@ def refuse_broken(args: Sequence[str]) -> None:
     unusable = broken()
     if not unusable:
         return
-    ns = parse_command_line(args)
-    for arg in (ns.overrides if ns is not None else []):
+    for arg in (line.overrides if line is not None else ()):
         if arg.split("=", 1)[0].lstrip("+~") != "encoder":
             continue
         try:
@@ -184,14 +177,3 @@ def refuse_broken(args: Sequence[str]) -> None:
         for choice in map(str, choices):
             if choice in unusable:
                 raise PosexpError(f"encoder={choice}: the plugin encoder cannot be used: {unusable[choice]}")
-
-
-@contextlib.contextmanager
-def initialize_configs(dirs: Sequence[Path] = ()) -> Iterator[None]:
-    """Hydra initialised on posexp's configs with the user's folders ``dirs`` before them, as
-    ``--config-dir`` places its folder; inside, ``compose`` and the config loader see both."""
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        if dirs:
-            GlobalHydra.instance().clear()  # initialize_config_dir's exit restores what was there before
-            start_hydra(str(config_dir()), [str(d) for d in dirs])
-        yield

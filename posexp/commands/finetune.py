@@ -232,12 +232,12 @@ def check_finetune(app: DictConfig) -> Config:
     return check_config(child_config(app))
 
 
-def run_finetune(app: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
-    """One fine-tune: the new run's config is written as the run folder's ``.hydra/config.yaml`` (so that
-    ``posexp resume``, ``posexp eval`` and reports read it as any run's), then it trains as a run does."""
+def finetune_run(spec: Config, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
+    """One fine-tune of a checked config: the new run's config is written as the run folder's
+    ``.hydra/config.yaml`` (so that ``posexp resume``, ``posexp eval`` and reports read it as any run's), then it
+    trains as a run does."""
     from posexp.commands.train import train_run
 
-    spec = check_finetune(app)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / HYDRA_CONFIG, OmegaConf.to_yaml(config_dict(spec)))
     return train_run(spec, run_dir, overrides, console)

@@ -85,9 +85,9 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     return spec
 
 
-def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
-    """Load, evaluate and write one pretrained model's run (the module docstring)."""
-    spec = check_pretrained(cfg)
+def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
+                   console: Optional[Console] = None) -> dict:
+    """Load, evaluate and write one pretrained model's run of a checked config (the module docstring)."""
     console = console or Console()
     device = resolve_device(spec.device)
     dtype = resolve_precision(spec.precision, device)  # auto: bf16 on a GPU that has it, fp32 on a CPU (no probe)
@@ -120,7 +120,7 @@ def run_pretrained(cfg: DictConfig, run_dir: Path, overrides: list[str], console
         finally:
             progress.close()
     label = run_label(overrides)
-    results: dict[str, Any] = {"run": _provenance(spec, cfg, label, overrides, train_len, info, record), "rows": rows}
+    results: dict[str, Any] = {"run": _provenance(spec, label, overrides, train_len, info, record), "rows": rows}
     if positions:
         write_loss_by_position(run_dir, positions, train_len, label)
     write_results(run_dir, results)
@@ -194,11 +194,11 @@ def tokenizer_fingerprint(tokenizer, separator: Optional[int] = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _provenance(spec: PretrainedConfig, cfg: DictConfig, label: str, overrides: list[str], train_len: int,
-                corpus_info: dict, record: dict) -> dict:
+def _provenance(spec: PretrainedConfig, label: str, overrides: list[str], train_len: int, corpus_info: dict,
+                record: dict) -> dict:
     """results.json's ``run`` for a pretrained model: the fields a trained run has where they mean the same
     (``encoder`` is ``hf:NAME``, ``train_len`` the model's context length), the model's own in ``pretrained``."""
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = OmegaConf.to_container(OmegaConf.structured(spec), resolve=True)
     blob = repr(sorted((str(k), repr(v)) for k, v in dict(config).items()))  # type: ignore[arg-type]
     return {"label": label, "overrides": list(overrides), "encoder": f"{HF_PREFIX}{record['name']}",
             "base": record.get("rope_theta"), "train_len": int(train_len), "seed": int(spec.seed),
@@ -223,4 +223,4 @@ def pretrained_hint(run_dir: Path) -> Optional[str]:
             f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
 
 
-__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "run_pretrained", "tokenizer_fingerprint", "typed_pretrained"]
+__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "pretrained_run", "tokenizer_fingerprint", "typed_pretrained"]
