@@ -39,7 +39,8 @@ def override_text(key: str, value: object) -> str:
 def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assignment]
     """The config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations resolved,
     ``encoder`` as a plain mapping of its options (the encoder's own schema checked them at compose time).
-    ``schema``: :class:`Config` or a subclass that adds a command's own group (``posexp analyze``).
+    ``schema``: :class:`Config`, a subclass that adds a command's own group (``posexp analyze``), or another app's
+    schema (``posexp eval hf:MODEL``'s, which has no encoder).
 
     Raises:
         PosexpError: a key the schema does not know, or a value of the wrong type (a saved config edited by hand).
@@ -47,11 +48,12 @@ def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assig
     try:
         on_schema = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         spec = OmegaConf.to_object(on_schema)
-        encoder = OmegaConf.to_container(on_schema.encoder, resolve=True)
+        encoder = OmegaConf.to_container(on_schema.encoder, resolve=True) if "encoder" in on_schema else None
     except OmegaConfBaseException as e:
         raise PosexpError(f"the config does not fit posexp's config schema ({str(e).splitlines()[0]})") from None
-    assert isinstance(spec, schema) and isinstance(encoder, dict)
-    spec.encoder = encoder
+    assert isinstance(spec, schema)
+    if isinstance(encoder, dict):
+        spec.encoder = encoder  # type: ignore[attr-defined]
     return spec
 
 

@@ -17,13 +17,13 @@ from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
+from posexp.commands.edge import typed
 from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
 from posexp.data.corpus import check_fits, data_kind, hub_source, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
-from posexp.errors import ConfigError, PosexpError, require
+from posexp.errors import ConfigError, require
 from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
 from posexp.evaluation.runner import EvalProgress
@@ -39,16 +39,6 @@ HF_PREFIX = "hf:"  # posexp eval hf:MODEL
 PRETRAINED_TASKS = ("lm", "passkey")  # perplexity, or zero-shot passkey retrieval (posexp.tasks.passkey_text)
 
 
-def typed_pretrained(cfg: DictConfig) -> PretrainedConfig:
-    """The composed config as :class:`PretrainedConfig` (the edge), or a one-line :class:`PosexpError`."""
-    try:
-        spec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainedConfig), cfg))
-    except OmegaConfBaseException as e:
-        raise PosexpError(f"the config does not fit posexp eval hf:MODEL's schema ({str(e).splitlines()[0]})") from None
-    assert isinstance(spec, PretrainedConfig)
-    return spec
-
-
 def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     """Everything about a pretrained model's evaluation that can be checked before the model loads (every sweep
     job is checked first); the lengths in multiples of the model's context length are checked once it has loaded.
@@ -58,7 +48,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     """
     from posexp.commands.validation import check_data, check_scaling_settings
 
-    spec = typed_pretrained(cfg)
+    spec = typed(cfg, PretrainedConfig)
     require(str(spec.hf.model).strip() != "", "hf.model", "names the model: posexp eval hf:PATH_OR_NAME")
     require(spec.device in DEVICES, "device", f"must be one of: {', '.join(DEVICES)} (got {spec.device!r})")
     require(spec.precision in PRECISIONS, "precision",
@@ -223,4 +213,4 @@ def pretrained_hint(run_dir: Path) -> Optional[str]:
             f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
 
 
-__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "pretrained_run", "tokenizer_fingerprint", "typed_pretrained"]
+__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "pretrained_run", "tokenizer_fingerprint"]
