@@ -138,11 +138,19 @@ def test_a_bias_encoding_fine_tunes_directly(parents, tmp_path):
     assert (run["encoder"], run["scaling"], run["scaling_factor"], run["train_len"]) == ("alibi", "none", 1.0, 64)
 
 
-def test_finetune_starts_from_the_parents_weights(parents, tmp_path):
-    """With a learning rate too small to move them, the fine-tuned weights are the parent's."""
+def test_finetune_starts_from_the_parents_weights(parents, tmp_path, monkeypatch):
+    """With a learning rate too small to move them, the fine-tuned weights are the parent's; the parent is read
+    and its weights hashed once (the job takes the config its check built)."""
+    import posexp.commands.finetune as finetune
+
+    read, hashed = [], []
+    child_config, weights_sha256 = finetune.child_config, finetune._weights_sha256
+    monkeypatch.setattr(finetune, "child_config", lambda app: read.append(1) or child_config(app))
+    monkeypatch.setattr(finetune, "_weights_sha256", lambda p: hashed.append(1) or weights_sha256(p))
     run_dir = tmp_path / "still"
     result = invoke("finetune", str(parents["rope"]), *QUICK, "train.lr=1e-12", f"hydra.run.dir={run_dir}")
     assert result.exit_code == 0, result.output
+    assert len(read) == len(hashed) == 1
     parent = load_file(str(parents["rope"] / "checkpoint" / "model.safetensors"))
     child = load_file(str(run_dir / "checkpoint" / "model.safetensors"))
     assert parent.keys() == child.keys()
