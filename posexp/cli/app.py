@@ -416,7 +416,7 @@ def check_cmd(
     from posexp.commands.check import check_main
 
     try:
-        load_folder_plugins(user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else [])))
+        load_folder_plugins(_config_dirs(config_dir))
         code = check_main(encoder, list(options or []), fmt)
     except PosexpError as e:
         fail(e)
@@ -432,9 +432,14 @@ def list_cmd(
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
     try:
-        print_choices(Console(), ["--config-dir", str(config_dir)] if config_dir else [])
+        print_choices(Console(), _config_dirs(config_dir))
     except PosexpError as e:
         fail(e)
+
+
+def _config_dirs(config_dir: Optional[Path]) -> list:
+    """A ``--config-dir`` option's folder, checked as Hydra's flag is (:func:`user_config_dirs`)."""
+    return user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
 
 
 app.command("export")(transfer.export_cmd)  # a run as a transformers model folder

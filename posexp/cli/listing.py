@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posexp.cli.hydra_flags import read
-from posexp.cli.plugins import load_folder_plugins, user_config_dirs
+from posexp.cli.completion import group_options
+from posexp.cli.plugins import load_folder_plugins
 from posexp.config.schema import ModelConfig, config_dir
 
 # the plain groups, each a table of name and description, in the order posexp list prints them
@@ -24,12 +24,6 @@ GROUP_TABLES = (("data", "data sets  (posexp train data=NAME)"),
                 ("task", "tasks  (posexp train task=NAME; lm = language modelling on data)"),
                 ("logger", "experiment trackers  (posexp train logger=NAME or logger=[NAME,NAME])"),
                 ("experiment", "experiments  (posexp train experiment=NAME)"))
-
-
-def options(group: str) -> list[str]:
-    """The options of a config group: the yaml files in ``configs/GROUP/``."""
-    folder = config_dir() / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 # A full stop that ends a sentence: not the one of "et al.", "e.g." or "i.e.".
@@ -105,7 +99,7 @@ def model_table(described: bool = True) -> Table:
     for column in columns if described else columns[:-1]:
         table.add_column(column, style="cyan" if column == "name" else None, no_wrap=column == "name",
                          justify="right" if column in ("d_model", "layers", "heads", "FFN", "params") else "left")
-    for name in options("model"):
+    for name in group_options("model"):
         path = config_dir() / "model" / f"{name}.yaml"
         raw: Any = OmegaConf.load(path)
         raw.pop("defaults", None)
@@ -123,7 +117,7 @@ def model_notes() -> Table:
     notes = Table.grid(padding=(0, 2))
     notes.add_column(style="cyan", no_wrap=True)
     notes.add_column()
-    for name in options("model"):
+    for name in group_options("model"):
         notes.add_row(name, yaml_description(config_dir() / "model" / f"{name}.yaml"))
     return notes
 
@@ -132,18 +126,17 @@ def group_table(group: str, title: str) -> Table:
     table = Table(title=title)
     table.add_column("name", style="cyan", no_wrap=True)
     table.add_column("what it is")
-    for name in options(group):
+    for name in group_options(group):
         table.add_row(name, yaml_description(config_dir() / group / f"{name}.yaml"))
     return table
 
 
-def print_choices(console: Console, args: Sequence[str] = ()) -> None:
-    """Every table of ``posexp list``; ``args`` may name a config folder of the user's (``--config-dir DIR``).
+def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
+    """Every table of ``posexp list``, the encoders of the user's config folders ``dirs`` among them.
 
     Raises:
-        PosexpError: the folder does not exist, or one of its encoders cannot be imported.
+        PosexpError: one of their encoders cannot be imported.
     """
-    dirs = user_config_dirs(read(args))
     load_folder_plugins(dirs)
     console.print(encoder_table(dirs))
     from posexp.encoders import broken
