@@ -23,6 +23,7 @@ from posexp.reporting.curve_report import diverged_from
 from posexp.runs.curve import CurveWriter
 from posexp.runs.curve import read_curve
 from posexp.training.cache import cache_key
+from posexp.reporting.options import ReportOptions
 
 CURVE = ("eval.during_training.every=5", "eval.during_training.multiples=[1,2,4]",
          "eval.during_training.tokens=1024")  # the smoke run: 20 steps of train_len 32
@@ -239,7 +240,7 @@ def test_with_by_a_group_s_runs_are_pooled_into_one_panel(tmp_path):
 
     for seed, ppl4 in ((0, 6.0), (1, 8.0)):
         _fake_run(tmp_path / str(seed), "rope", {100: (5.0, 5.0), 200: (4.0, ppl4)})
-    [panel] = panels_of(build_report([tmp_path / "0", tmp_path / "1"], by="encoder"))
+    [panel] = panels_of(build_report([tmp_path / "0", tmp_path / "1"], ReportOptions(by="encoder")))
     assert panel.runs == 2 and panel.label == "encoder=rope"
     pooled = {(r["step"], r["multiple"]): r["ppl"] for r in panel.rows}
     assert pooled[200, 4] == pytest.approx(math.sqrt(6.0 * 8.0))  # exp of the mean loss: the geometric mean
