@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from posexp.config.schema import TrainConfig
+from posexp.config.schema import DataConfig, TrainConfig
 from posexp.data.corpus import BatchSampler, load_corpus
 from posexp.runs.atomic import atomic_write_json
 from posexp.runtime.device import autocast
@@ -64,7 +64,7 @@ def timed_rounds(family: str, shape: Shape, rounds: int, steps: int, warmup: int
 
 def final_losses(family: str, shape: Shape, steps: int) -> dict:
     """Mean loss of the last 10 of ``steps`` steps on the stdlib corpus, in fp32 and in bf16, same batches."""
-    corpus = load_corpus("stdlib")
+    corpus = load_corpus(DataConfig())
     t = TrainConfig(steps=steps, warmup_steps=max(1, steps // 10), batch_size=shape.batch)
     sampler = BatchSampler(corpus.train, shape.seq, shape.batch, 0)
     out = {}

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import posexp
     from posexp.data.corpus import corpus_from_config
     from posexp.errors import PosexpError
-    from posexp.evaluation.longrope_search import perplexity_score, search_factors
+    from posexp.evaluation.longrope_search import SearchSettings, perplexity_score, search_factors
     from posexp.evaluation.runner import eval_dtype
 
     try:
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         score = perplexity_score(model, val, cfg, args.target_len, args.tokens, device, dtype)
         factor = args.target_len / cfg.train_len
         start = time.perf_counter()
+        settings = SearchSettings(population=args.population, generations=args.generations, seed=args.seed)
         result = search_factors(score, int(encoder.rot_dim), float(encoder.base), factor, int(cfg.train_len),
-                                args.population, args.generations, seed=args.seed,
-                                log=lambda m: print(f"{m} ({time.perf_counter() - start:.0f} s)", flush=True))
+                                settings, log=lambda m: print(f"{m} ({time.perf_counter() - start:.0f} s)", flush=True))
     except PosexpError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

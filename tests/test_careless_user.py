@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_RUN, run_cli
+from posexp.config.schema import DataConfig
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.validation import validate
@@ -76,24 +77,24 @@ def test_running_out_of_memory_unforeseen_is_one_line_naming_what_to_lower(compo
 
 def test_data_path_that_is_not_a_file_or_folder_says_what_it_is(tmp_path):
     with pytest.raises(ConfigError) as e:
-        load_corpus("text", os.devnull, cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(name="text", path=os.devnull, cache_dir=str(tmp_path / "cache")))
     assert "not a regular file or folder" in str(e.value) and "empty folder" not in str(e.value)
 
 
 def test_a_symlink_loop_as_data_path_names_data_path(tmp_path):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     with pytest.raises(ConfigError, match=r"data\.path: .*loop cannot be followed"):
-        load_corpus("text", str(tmp_path / "loop"), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(name="text", path=str(tmp_path / "loop"), cache_dir=str(tmp_path / "cache")))
 
 
 def test_empty_file_and_folder_without_text_files_are_named_as_such(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(ConfigError, match="is empty"):
-        load_corpus("text", str(tmp_path / "empty.txt"), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(name="text", path=str(tmp_path / "empty.txt"), cache_dir=str(tmp_path / "cache")))
     (tmp_path / "hidden" / ".git").mkdir(parents=True)
     (tmp_path / "hidden" / ".git" / "notes.txt").write_text("text, but hidden")
     with pytest.raises(ConfigError, match="has no text files"):
-        load_corpus("text", str(tmp_path / "hidden"), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(name="text", path=str(tmp_path / "hidden"), cache_dir=str(tmp_path / "cache")))
 
 
 def test_the_readme_data_path_example_is_an_override_hydra_accepts(monkeypatch, tmp_path):
@@ -143,7 +144,8 @@ def test_an_unwritable_token_cache_is_said_once_and_the_corpus_still_loads(tmp_p
     text.write_text("some text to train on. " * 200)
     (tmp_path / "a_file").write_text("")
     said: list[str] = []
-    corpus = load_corpus("text", str(text), cache_dir=str(tmp_path / "a_file" / "tokens"), warn=said.append)
+    corpus = load_corpus(DataConfig(name="text", path=str(text), cache_dir=str(tmp_path / "a_file" / "tokens")),
+                         warn=said.append)
     assert corpus.train.size > 0
     assert len(said) == 1 and "cannot be written" in said[0] and "data.cache_dir" in said[0]
     assert any("cannot be written" in r.getMessage() for r in caplog.records)

@@ -65,6 +65,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
     """The safetensors checkpoint alone, loaded into a fresh model, gives the recorded perplexity."""
     from safetensors.torch import load_model
 
+    from posexp.config.schema import DataConfig
     from posexp.data.corpus import load_corpus
     from conftest import evaluate_at
     from posexp.model.factory import build_model
@@ -74,7 +75,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
     cfg = typed(compose(*res["run"]["overrides"]))
     model = build_model(cfg, 256)
     load_model(model, str(run_dir / "checkpoint" / "model.safetensors"))
-    corpus = load_corpus("stdlib")
+    corpus = load_corpus(DataConfig())
     import torch
 
     # in the precision the run evaluated in (precision=auto is bf16 on a CPU with native bf16 matmuls)

@@ -23,6 +23,7 @@ from posexp.reporting.curve_report import diverged_from
 from posexp.runs.curve import CurveWriter
 from posexp.runs.curve import read_curve
 from posexp.training.cache import cache_key
+from posexp.reporting.options import ReportOptions
 
 CURVE = ("eval.during_training.every=5", "eval.during_training.multiples=[1,2,4]",
          "eval.during_training.tokens=1024")  # the smoke run: 20 steps of train_len 32
@@ -148,19 +149,19 @@ def test_a_task_run_curves_its_accuracy_on_the_same_instances(tiny, tmp_path):
 def test_resume_continues_the_curve_without_repeating_a_step(tmp_path, monkeypatch):
     """SIGTERM in step 12 checkpoints it; a point measured after that checkpoint (as by a run killed before its
     next one) is dropped and measured again; the resumed curve is the uninterrupted one."""
-    from posexp.training import trainer
+    from posexp.data.corpus import BatchSampler
 
     args = (*TINY_RUN, "eval.during_training.every=4", "eval.during_training.multiples=[1,2]",
             "eval.during_training.tokens=512")
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     assert invoke("train", *args, f"hydra.run.dir={whole}").exit_code == 0
-    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 11)  # 0-based: the 12th step
+    sample = sigterm_at_step(monkeypatch, BatchSampler, "batch", 11)  # 0-based: the 12th step
     stopped = invoke("train", *args, f"hydra.run.dir={run_dir}")
     assert stopped.exit_code == 128 + signal.SIGTERM, stopped.output
     assert [r["step"] for r in read_curve(run_dir)[1]] == [4, 4, 8, 8, 12, 12]  # the point of the checkpoint too
     with open(run_dir / "curve.csv", "a") as f:
         f.write("16,32,1,1.5,0.4,512,0.010\n")  # measured after the checkpoint, before a kill
-    monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
+    monkeypatch.setattr(BatchSampler, "batch", sample)
     resumed = invoke("resume", str(run_dir))
     assert resumed.exit_code == 0, resumed.output
     without_time = lambda d: [row[:-1] for row in _curve_rows(d)]  # noqa: E731  (eval_s differs)
@@ -239,7 +240,7 @@ def test_with_by_a_group_s_runs_are_pooled_into_one_panel(tmp_path):
 
     for seed, ppl4 in ((0, 6.0), (1, 8.0)):
         _fake_run(tmp_path / str(seed), "rope", {100: (5.0, 5.0), 200: (4.0, ppl4)})
-    [panel] = panels_of(build_report([tmp_path / "0", tmp_path / "1"], by="encoder"))
+    [panel] = panels_of(build_report([tmp_path / "0", tmp_path / "1"], ReportOptions(by="encoder")))
     assert panel.runs == 2 and panel.label == "encoder=rope"
     pooled = {(r["step"], r["multiple"]): r["ppl"] for r in panel.rows}
     assert pooled[200, 4] == pytest.approx(math.sqrt(6.0 * 8.0))  # exp of the mean loss: the geometric mean

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from conftest import TINY_RUN, invoke
 from posexp.runs.layout import write_results_json
+from posexp.reporting.options import ReportOptions
 
 EVAL = {"tokens": 65536, "protocol": "nonoverlap"}
 PIPED = 80  # the width Rich lays out for when the output is not a terminal (as when piped)
@@ -250,7 +251,7 @@ def test_report_keeps_every_number_whole_at_80_columns(tmp_path):
                      f"encoder={e} seed={s}", encoder=e, seed=s)
             for e in ("rope", "alibi", "t5") for s in range(2)]
     for by in (None, "encoder"):
-        report = build_report(runs, by=by)
+        report = build_report(runs, ReportOptions(by=by))
         console = Console(width=80, file=io.StringIO())
         print_report(report, console)
         out = console.file.getvalue()

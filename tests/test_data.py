@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from posexp.data.corpus import (DOC_SEPARATOR, BatchSampler, check_fits, load_corpus, stdlib_files, stdlib_root)
+from posexp.config.schema import DataConfig
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.edge import typed
 
@@ -24,14 +25,14 @@ def test_stdlib_corpus_excludes_tests_and_site_packages():
 
 
 def test_stdlib_corpus_is_split_by_file_deterministically(tmp_path):
-    a = load_corpus("stdlib", cache_dir=str(tmp_path / "a"))
-    b = load_corpus("stdlib", cache_dir=str(tmp_path / "b"))  # built again from scratch
+    a = load_corpus(DataConfig(cache_dir=str(tmp_path / "a")))
+    b = load_corpus(DataConfig(cache_dir=str(tmp_path / "b")))  # built again from scratch
     assert a.fingerprint == b.fingerprint
     assert np.array_equal(a.val, b.val)
     assert a.split == "by_file" and 0 < a.val_files < a.files
     assert 0.01 < a.val.size / (a.train.size + a.val.size) < 0.2
     # cached: a second load reads the token arrays back with the same fingerprint
-    c = load_corpus("stdlib", cache_dir=str(tmp_path / "a"))
+    c = load_corpus(DataConfig(cache_dir=str(tmp_path / "a")))
     assert c.fingerprint == a.fingerprint and np.array_equal(c.train, a.train)
     info = a.info()
     assert info["corpus_fingerprint"] == a.fingerprint and info["vocab_size"] == 256
@@ -41,7 +42,7 @@ def test_text_file_is_byte_tokens_with_the_tail_held_out(tmp_path):
     text = "héllo wörld\n" * 500
     f = tmp_path / "corpus.txt"
     f.write_text(text, encoding="utf-8")
-    c = load_corpus("text", str(f), val_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    c = load_corpus(DataConfig(name="text", path=str(f), val_fraction=0.1, cache_dir=str(tmp_path / "cache")))
     joined = np.concatenate([c.train, c.val]).tobytes()
     assert joined == text.encode("utf-8")
     assert c.split == "by_tail"
@@ -54,7 +55,7 @@ def test_text_folder_joins_documents_with_a_separator(tmp_path):
     for i in range(40):
         (d / f"doc{i:02d}.txt").write_text(f"document {i} " * 20)
     (d / ".hidden").write_text("not read")
-    c = load_corpus("text", str(d), val_fraction=0.25, cache_dir=str(tmp_path / "cache"))
+    c = load_corpus(DataConfig(name="text", path=str(d), val_fraction=0.25, cache_dir=str(tmp_path / "cache")))
     assert c.split == "by_file" and c.files == 40
     assert int((c.train == DOC_SEPARATOR).sum()) + int((c.val == DOC_SEPARATOR).sum()) == 40 - 2
     assert b"not read" not in c.train.tobytes() + c.val.tobytes()
@@ -65,7 +66,7 @@ def test_non_text_files_are_refused_by_name(tmp_path, content, needle):
     f = tmp_path / "weird.bin"
     f.write_bytes(content)
     with pytest.raises(PosexpError, match=needle) as e:
-        load_corpus("text", str(f), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(name="text", path=str(f), cache_dir=str(tmp_path / "cache")))
     assert "weird.bin" in str(e.value)
 
 
@@ -78,15 +79,16 @@ def test_on_bad_file_skip_leaves_them_out_and_says_how_many(tmp_path):
     (root / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     cache = str(tmp_path / "cache")
     with pytest.raises(PosexpError, match="data.on_bad_file=skip"):  # the default still stops, naming the way out
-        load_corpus("text", str(root), cache_dir=cache)
+        load_corpus(DataConfig(name="text", path=str(root), cache_dir=cache))
     for attempt in ("built", "cached"):  # said again when the corpus comes from the cache
         warnings = []
-        corpus = load_corpus("text", str(root), cache_dir=cache, skip_bad_files=True, warn=warnings.append)
+        corpus = load_corpus(DataConfig(name="text", path=str(root), cache_dir=cache, on_bad_file="skip"),
+                             warn=warnings.append)
         assert corpus.files == 4, attempt
         assert warnings == [f"data.on_bad_file=skip: left out 2 of 6 files under {root} that are not UTF-8 text"]
         assert b"caf" not in corpus.train.tobytes() + corpus.val.tobytes()
     with pytest.raises(PosexpError, match="latin1.txt|image.png"):  # a skipping build does not answer the default
-        load_corpus("text", str(root), cache_dir=cache)
+        load_corpus(DataConfig(name="text", path=str(root), cache_dir=cache))
 
 
 def test_a_folder_of_binary_files_under_skip_is_called_not_text_not_empty(tmp_path):
@@ -95,7 +97,8 @@ def test_a_folder_of_binary_files_under_skip_is_called_not_text_not_empty(tmp_pa
     for i in range(3):
         (root / f"img{i}.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 20)
     with pytest.raises(PosexpError, match="3 of its 3 files are not UTF-8 text") as e:
-        load_corpus("text", str(root), cache_dir=str(tmp_path / "cache"), skip_bad_files=True, warn=lambda _: None)
+        load_corpus(DataConfig(name="text", path=str(root), cache_dir=str(tmp_path / "cache"), on_bad_file="skip"),
+                    warn=lambda _: None)
     assert "empty" not in str(e.value)
 
 
@@ -109,19 +112,19 @@ def test_on_bad_file_takes_error_or_skip(compose):
 
 def test_missing_and_empty_paths(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        load_corpus("text", str(tmp_path / "nope.txt"))
+        load_corpus(DataConfig(name="text", path=str(tmp_path / "nope.txt")))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="empty folder"):
-        load_corpus("text", str(tmp_path / "empty"))
+        load_corpus(DataConfig(name="text", path=str(tmp_path / "empty")))
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(PosexpError, match="no text"):
-        load_corpus("text", str(tmp_path / "empty.txt"), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(name="text", path=str(tmp_path / "empty.txt"), cache_dir=str(tmp_path / "cache")))
 
 
 def test_too_small_for_one_window(tmp_path):
     f = tmp_path / "tiny.txt"
     f.write_text("x" * 300)
-    c = load_corpus("text", str(f), cache_dir=str(tmp_path / "cache"))
+    c = load_corpus(DataConfig(name="text", path=str(f), cache_dir=str(tmp_path / "cache")))
     with pytest.raises(ConfigError, match="eval.lengths"):
         check_fits(c, train_len=8, longest_eval=64)
     with pytest.raises(ConfigError, match="train_len"):
@@ -156,8 +159,9 @@ def test_bpe_corpus_follows_the_tokenizer_and_is_cached_beside_it(tmp_path, monk
 
     d = _text_folder(tmp_path / "docs")
     cache = str(tmp_path / "cache")
-    byte = load_corpus("text", str(d), val_fraction=0.2, cache_dir=cache)
-    bpe = load_corpus("text", str(d), val_fraction=0.2, cache_dir=cache, tokenizer=TokenizerSpec("bpe", 300))
+    byte = load_corpus(DataConfig(name="text", path=str(d), val_fraction=0.2, cache_dir=cache))
+    bpe = load_corpus(DataConfig(name="text", path=str(d), val_fraction=0.2, cache_dir=cache), TokenizerSpec("bpe",
+                                                                                                             300))
     assert bpe.tokenizer == "bpe" and bpe.vocab_size == 300 and bpe.train.dtype == np.uint16
     assert int(bpe.train.max()) < 300 and bpe.train.size < 0.6 * byte.train.size
     # the same documents on each side of the split, whatever the tokenizer
@@ -170,12 +174,14 @@ def test_bpe_corpus_follows_the_tokenizer_and_is_cached_beside_it(tmp_path, monk
     assert tok.decode(bpe.val).replace("<|doc|>", "\x00").encode() == byte.val.tobytes()
     assert DOC_SEPARATOR == 0 and int((bpe.val == sep).sum()) == int((byte.val == 0).sum())
     # no run ever mixes tokenizers: each has its own fingerprint and cache folder
-    bpe400 = load_corpus("text", str(d), val_fraction=0.2, cache_dir=cache, tokenizer=TokenizerSpec("bpe", 400))
+    bpe400 = load_corpus(DataConfig(name="text", path=str(d), val_fraction=0.2, cache_dir=cache), TokenizerSpec("bpe",
+                                                                                                                400))
     assert len({byte.fingerprint, bpe.fingerprint, bpe400.fingerprint}) == 3
     assert len(list(Path(cache).iterdir())) == 3
     # cached: read back without training again
     monkeypatch.setattr(BPETokenizer, "train", lambda *a, **k: pytest.fail("retrained a cached tokenizer"))
-    again = load_corpus("text", str(d), val_fraction=0.2, cache_dir=cache, tokenizer=TokenizerSpec("bpe", 300))
+    again = load_corpus(DataConfig(name="text", path=str(d), val_fraction=0.2, cache_dir=cache), TokenizerSpec("bpe",
+                                                                                                               300))
     assert again.fingerprint == bpe.fingerprint and np.array_equal(again.val, bpe.val)
 
 
@@ -189,8 +195,8 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     assert held_out and len(held_out) < len(names)
     for n in held_out:  # a word that only the validation files contain, hundreds of times
         (d / n).write_text("zqxjvk " * 300, encoding="utf-8")
-    c = load_corpus("text", str(d), val_fraction=0.2, cache_dir=str(tmp_path / "cache"),
-                    tokenizer=TokenizerSpec("bpe", 400))
+    c = load_corpus(DataConfig(name="text", path=str(d), val_fraction=0.2, cache_dir=str(tmp_path / "cache")),
+                    TokenizerSpec("bpe", 400))
     vocab = json.loads(Path(c.tokenizer_file).read_text())["model"]["vocab"]
     assert not [t for t in vocab if "zq" in t or "xj" in t or "vk" in t]
     assert any("the" in t for t in vocab)  # while training-split words were merged
@@ -202,8 +208,8 @@ def test_bpe_on_one_file_splits_the_text_not_a_character(tmp_path):
     text = "naïve café — über " * 400
     f = tmp_path / "one.txt"
     f.write_text(text, encoding="utf-8")
-    c = load_corpus("text", str(f), val_fraction=0.1, cache_dir=str(tmp_path / "cache"),
-                    tokenizer=TokenizerSpec("bpe", 280))
+    c = load_corpus(DataConfig(name="text", path=str(f), val_fraction=0.1, cache_dir=str(tmp_path / "cache")),
+                    TokenizerSpec("bpe", 280))
     assert c.split == "by_tail"
     tok = BPETokenizer.load(Path(c.tokenizer_file))
     assert tok.decode(c.train) + tok.decode(c.val) == text
@@ -226,32 +232,27 @@ def _hub_like(tmp_path, splits=("train", "validation"), rows=40):
 
 
 def test_hf_local_data_set_uses_its_splits_and_text_column(tmp_path):
-    from posexp.data.corpus import HubSource
-
     path, dd = _hub_like(tmp_path)
-    hub = HubSource(name=str(path), text_column="body")
-    c = load_corpus("hf", hub=hub, cache_dir=str(tmp_path / "cache"))
+    c = load_corpus(DataConfig(kind="hf", name=str(path), text_column="body", cache_dir=str(tmp_path / "cache")))
     assert c.split == "hub" and c.files == 80 and c.val_files == 40
     assert c.train.tobytes() == "\x00".join(dd["train"]["body"]).encode()
     assert c.val.tobytes() == "\x00".join(dd["validation"]["body"]).encode()
     # rows that are lines of one text are concatenated as they are
-    lines = load_corpus("hf", hub=HubSource(name=str(path), text_column="body", separate_rows=False),
-                        cache_dir=str(tmp_path / "cache"))
+    lines = load_corpus(DataConfig(kind="hf", name=str(path), text_column="body", separate_rows=False,
+                                   cache_dir=str(tmp_path / "cache")))
     assert lines.val.tobytes() == "".join(dd["validation"]["body"]).encode()
     assert lines.fingerprint != c.fingerprint
-    first = load_corpus("hf", hub=HubSource(name=str(path), text_column="body", max_train_docs=5),
-                        cache_dir=str(tmp_path / "cache"))
+    first = load_corpus(DataConfig(kind="hf", name=str(path), text_column="body", max_train_docs=5,
+                                   cache_dir=str(tmp_path / "cache")))
     assert first.train.tobytes() == "\x00".join(dd["train"]["body"][:5]).encode()
     assert np.array_equal(first.val, c.val)
 
 
 def test_hf_without_a_validation_split_holds_out_the_last_rows_and_says_so(tmp_path):
-    from posexp.data.corpus import HubSource
-
     path, dd = _hub_like(tmp_path, splits=("train",), rows=40)
     said = []
-    c = load_corpus("hf", hub=HubSource(name=str(path), text_column="body"), val_fraction=0.1,
-                    cache_dir=str(tmp_path / "cache"), log=said.append)
+    c = load_corpus(DataConfig(kind="hf", name=str(path), text_column="body", val_fraction=0.1,
+                               cache_dir=str(tmp_path / "cache")), log=said.append)
     assert c.split == "carved_from_train" and c.val_files == 4
     assert c.val.tobytes() == "\x00".join(dd["train"]["body"][36:]).encode()
     assert c.train.tobytes() == "\x00".join(dd["train"]["body"][:36]).encode()
@@ -260,43 +261,40 @@ def test_hf_without_a_validation_split_holds_out_the_last_rows_and_says_so(tmp_p
 
 def test_hf_bpe_is_cached_and_read_back_without_the_data_set(tmp_path, monkeypatch):
     import posexp.data.hub as data
-    from posexp.data.corpus import HubSource
     from posexp.data.tokenizer import TokenizerSpec
 
     path, _ = _hub_like(tmp_path)
-    hub = HubSource(name=str(path), text_column="body")
-    c = load_corpus("hf", hub=hub, cache_dir=str(tmp_path / "cache"), tokenizer=TokenizerSpec("bpe", 300))
+    hub = DataConfig(kind="hf", name=str(path), text_column="body", cache_dir=str(tmp_path / "cache"))
+    c = load_corpus(hub, TokenizerSpec("bpe", 300))
     assert c.vocab_size == 300 and (Path(c.tokenizer_file).parent / "train.npy").is_file()
     monkeypatch.setattr(data, "_open_dataset", lambda hub: pytest.fail("opened the data set despite the cache"))
-    again = load_corpus("hf", hub=hub, cache_dir=str(tmp_path / "cache"), tokenizer=TokenizerSpec("bpe", 300))
+    again = load_corpus(hub, TokenizerSpec("bpe", 300))
     assert again.fingerprint == c.fingerprint
 
 
 def test_hf_bad_split_or_column_names_the_choices(tmp_path):
-    from posexp.data.corpus import HubSource
-
     path, _ = _hub_like(tmp_path)
     with pytest.raises(ConfigError, match="no column 'text'; its columns: id, body.*text columns: body") as e:
-        load_corpus("hf", hub=HubSource(name=str(path)), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(kind="hf", name=str(path), cache_dir=str(tmp_path / "cache")))
     assert e.value.key == "data.text_column"
     with pytest.raises(ConfigError, match="holds int64 values"):
-        load_corpus("hf", hub=HubSource(name=str(path), text_column="id"), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(kind="hf", name=str(path), text_column="id", cache_dir=str(tmp_path / "cache")))
     with pytest.raises(ConfigError, match="no split 'training'; its splits: train, validation") as e:
-        load_corpus("hf", hub=HubSource(name=str(path), train_split="training", text_column="body"),
-                    cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(kind="hf", name=str(path), train_split="training", text_column="body",
+                               cache_dir=str(tmp_path / "cache")))
     assert e.value.key == "data.train_split"
 
 
 def test_hf_unreachable_hub_is_detected_fast_and_explained(tmp_path, monkeypatch):
     """No HF_HUB_OFFLINE, but the Hub does not answer: one probe, then the local cache only, then a message."""
-    from posexp.data.hub import HubSource, hub_reachable
+    from posexp.data.hub import hub_reachable
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
     assert not hub_reachable()
     with pytest.raises(PosexpError, match="not cached.*cannot be reached.*data=text") as e:
-        load_corpus("hf", hub=HubSource(name="posexp-tests/no-such-data-set"), cache_dir=str(tmp_path / "cache"))
+        load_corpus(DataConfig(kind="hf", name="posexp-tests/no-such-data-set", cache_dir=str(tmp_path / "cache")))
     assert "posexp-tests/no-such-data-set" in str(e.value)
 
 

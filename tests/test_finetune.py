@@ -158,14 +158,14 @@ def test_finetune_starts_from_the_parents_weights(parents, tmp_path, monkeypatch
 
 
 def test_a_killed_finetune_resumes_to_the_same_numbers(parents, linear_child, tmp_path, monkeypatch):
-    from posexp.training import trainer
+    from posexp.data.corpus import BatchSampler
 
-    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 2)
+    sample = sigterm_at_step(monkeypatch, BatchSampler, "batch", 2)
     run_dir = tmp_path / "killed"
     result = invoke("finetune", str(parents["rope"]), *QUICK, "scaling=linear", f"hydra.run.dir={run_dir}")
     assert result.exit_code == 128 + signal.SIGTERM, result.output
     assert not (run_dir / "results.json").exists()
-    monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
+    monkeypatch.setattr(BatchSampler, "batch", sample)
     resumed = invoke("resume", str(run_dir))
     assert resumed.exit_code == 0, resumed.output
     assert _numbers(run_dir) == _numbers(linear_child)

@@ -304,16 +304,16 @@ def test_short_cuda_training_resumes_to_the_same_numbers(compose, tmp_path, monk
     from posexp.commands.train import check_config, run_train, train_run
     from posexp.config.identity import run_hash
     from posexp.errors import TrainingInterrupted
-    from posexp.training import trainer
+    from posexp.data.corpus import BatchSampler
 
     overrides = [*SMOKE, "encoder=alibi", "device=cuda", "train.steps=8", "eval.multiples=[1]",
                  "eval.loss_by_position=false"]
     whole = run_train(compose(*overrides), tmp_path / "whole", overrides)["run"]["train"]
     assert whole["device"].startswith("cuda") and whole["compile"] is True and whole["precision"] == "bfloat16"
-    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 3)
+    sample = sigterm_at_step(monkeypatch, BatchSampler, "batch", 3)
     with pytest.raises(TrainingInterrupted):
         run_train(compose(*overrides), tmp_path / "resumed", overrides)
-    monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
+    monkeypatch.setattr(BatchSampler, "batch", sample)
     spec = check_config(compose(*overrides))
     resumed = train_run(spec, tmp_path / "resumed", overrides, resume=run_hash(spec))["run"]["train"]
     assert resumed["resumed_at"] == [4]

@@ -79,7 +79,8 @@ def test_a_cuda_step_makes_no_host_sync(compose, encoder):
     from posexp.model.factory import build_model
     from posexp.data.corpus import BatchSampler
     from posexp.model.positions import PositionPlan
-    from posexp.runtime.device import world
+    from posexp.runtime.device import Placement, step_settings, world
+    from posexp.runtime.precision import PrecisionChoice
     from posexp.training.optim import make_optimizer
     from posexp.training.trainer import StopOnSignal, TrainStep, loss_module
 
@@ -89,8 +90,10 @@ def test_a_cuda_step_makes_no_host_sync(compose, encoder):
     assert opt.defaults.get("fused") is True  # the fused AdamW kernel on CUDA
     tokens = torch.randint(0, 256, (10_000,), generator=torch.Generator().manual_seed(0)).to(torch.uint8).numpy()
     sampler = BatchSampler(tokens, int(cfg.train_len), int(cfg.train.batch_size), 0)
-    step = TrainStep(model, loss_module(model, CUDA), opt, sampler, PositionPlan(cfg), cfg.train, CUDA,
-                     torch.bfloat16, world(), pin_memory=True)
+    placement = Placement(CUDA, world(), step_settings(CUDA, compile=False),
+                          PrecisionChoice(torch.bfloat16, "bf16", "asked for"))
+    assert placement.settings.pin_memory  # batches come from pinned memory on CUDA
+    step = TrainStep(model, loss_module(model, CUDA), opt, sampler, PositionPlan(cfg), cfg.train, placement)
     step(0, StopOnSignal())
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

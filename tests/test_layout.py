@@ -205,6 +205,50 @@ def test_modules_and_functions_stay_readable():
     assert not long_functions, f"over {MAX_FUNCTION_LINES} lines: {long_functions}"
 
 
+MAX_PARAMETERS = 8  # self / cls not counted; *args and **kwargs count one each
+# Functions that keep more, each with the reason it must. An encoder's __init__ keywords are its options: the registry
+# makes the schema of configs/encoder/NAME.yaml from them (posexp.encoders.options_schema) and create(name, **options)
+# passes them, for built-in and plugin encoders alike, so an encoder with seven options takes them one by one.
+MORE_PARAMETERS = {
+    "posexp.encoders.sinusoidal.Sinusoidal.__init__": "its options are its config keys (the encoder contract)",
+}
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = node.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    bound = bool(names) and names[0] in ("self", "cls")
+    return len(names) - bound + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _functions(node: ast.AST, prefix: str):
+    """``(qualified name, def)`` of every function under ``node``: methods as ``module.Class.name``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}.{child.name}", child
+            yield from _functions(child, f"{prefix}.{child.name}")
+        elif isinstance(child, ast.ClassDef):
+            yield from _functions(child, f"{prefix}.{child.name}")
+        else:
+            yield from _functions(child, prefix)
+
+
+def test_functions_take_few_parameters_outside_the_cli():
+    """Functions take the typed config objects they need (Config, TrainConfig, ReportOptions, ...), not their
+    fields one by one; only the CLI's commands, whose parameters are the options a user types, take more."""
+    over = {}
+    for m, f in MODULES.items():
+        if m == "posexp.cli" or m.startswith("posexp.cli."):
+            continue
+        for name, node in _functions(ast.parse(f.read_text()), m):
+            if (n := _parameters(node)) > MAX_PARAMETERS:
+                over[name] = n
+    assert not over.keys() - MORE_PARAMETERS.keys(), \
+        f"over {MAX_PARAMETERS} parameters: { {k: v for k, v in over.items() if k not in MORE_PARAMETERS} }"
+    assert not MORE_PARAMETERS.keys() - over.keys(), \
+        f"no longer over {MAX_PARAMETERS} parameters (take them off MORE_PARAMETERS): {MORE_PARAMETERS.keys() - over.keys()}"
+
+
 def test_every_subpackage_ships_in_the_wheel():
     """pyproject's explicit package list: a folder left out installs everywhere but in an editable checkout."""
     import tomllib

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from posexp.evaluation.longrope_search import constrained, initial_factors, perplexity_score, search_factors
+from posexp.evaluation.longrope_search import (SearchSettings, constrained, initial_factors, perplexity_score,
+                                               search_factors)
 
 
 def test_the_starting_points_are_pi_ntk_and_yarn():
@@ -32,12 +33,12 @@ def test_the_search_beats_its_starting_points_and_is_reproducible():
     def score(factors):
         return 1.0 + float(np.sum(np.log(factors / target) ** 2))
 
-    result = search_factors(score, 32, 10000.0, 4.0, 128, population=12, generations=6, seed=3)
+    settings = SearchSettings(population=12, generations=6, seed=3)
+    result = search_factors(score, 32, 10000.0, 4.0, 128, settings)
     assert result.ppl < min(result.initial.values())
     assert result.history == sorted(result.history, reverse=True)  # the elite is kept: never worse
     assert list(result.factors) == sorted(result.factors) and min(result.factors) >= 1.0
-    assert search_factors(score, 32, 10000.0, 4.0, 128, population=12, generations=6, seed=3).factors == \
-        result.factors
+    assert search_factors(score, 32, 10000.0, 4.0, 128, settings).factors == result.factors
 
 
 def test_a_search_on_a_trained_run_scores_held_out_perplexity(tiny, tmp_path):
@@ -56,6 +57,6 @@ def test_a_search_on_a_trained_run_scores_held_out_perplexity(tiny, tmp_path):
     score = perplexity_score(model, val, spec, 4 * spec.train_len, 512, torch.device("cpu"), torch.float32)
     n = model.encoder.rot_dim // 2
     assert math.isfinite(score(np.ones(n))) and score(np.ones(n)) != score(np.full(n, 4.0))
-    result = search_factors(score, model.encoder.rot_dim, model.encoder.base, 4.0, spec.train_len, population=4,
-                            generations=1, parents=2)
+    result = search_factors(score, model.encoder.rot_dim, model.encoder.base, 4.0, spec.train_len,
+                            SearchSettings(population=4, generations=1, parents=2))
     assert len(result.factors) == n and math.isfinite(result.ppl)

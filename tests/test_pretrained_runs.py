@@ -82,6 +82,7 @@ def test_a_pretrained_model_is_evaluated_into_a_run_folder_with_its_provenance(l
 def test_the_rows_are_the_models_own_cross_entropy_on_the_tokens_of_its_tokenizer(llama_dir, corpus_dir, tmp_path):
     """The perplexity posexp writes is exp of the mean cross-entropy a plain transformers forward gives on the
     windows posexp scores (nonoverlap: consecutive windows of L tokens)."""
+    from posexp.config.schema import DataConfig
     from posexp.data.corpus import load_corpus
     from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
     from posexp.commands.pretrained import tokenizer_fingerprint
@@ -90,7 +91,7 @@ def test_the_rows_are_the_models_own_cross_entropy_on_the_tokens_of_its_tokenize
                        "eval.lengths=[64]")
     assert result.exit_code == 0, result.output
     tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
-    val = load_corpus("text", str(corpus_dir), tokenizer=TokenizerSpec(
+    val = load_corpus(DataConfig(name="text", path=str(corpus_dir)), TokenizerSpec(
         PRETRAINED, pretrained=tok, fingerprint=tokenizer_fingerprint(tok, tok.eos_token_id), separator=tok.eos_token_id)).val
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
     windows = torch.from_numpy(val[:513].astype("int64"))

@@ -29,6 +29,7 @@ from posexp.reporting import (
     report_main,
     write_summary,
 )
+from posexp.reporting.options import ReportOptions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EVAL = {"tokens": 65536, "protocol": "nonoverlap"}
@@ -298,7 +299,7 @@ def test_corrupt_results_raises_helpful_error(tmp_path):
     bad.mkdir()
     (bad / "results.json").write_text('{"run": {"label": "x"}, "rows": [')
     with pytest.raises(PosexpError, match=r"1[/\\]results\.json: not valid JSON"):
-        report_main([str(tmp_path / "sweep")], console=quiet_console(), strict=True)
+        report_main([str(tmp_path / "sweep")], console=quiet_console(), options=ReportOptions(strict=True))
     (bad / "results.json").write_text("[1, 2]")
     with pytest.raises(PosexpError, match=r"results\.json: top level is a list"):
         load_run(bad)
@@ -502,7 +503,7 @@ def seeds(tmp_path, encoder, values, base=10000.0, **kw):
 
 def test_group_by_encoder_averages_seeds_with_t_interval(tmp_path):
     runs = seeds(tmp_path, "rope", [3.0, 3.2, 3.4]) + seeds(tmp_path, "alibi", [4.0], base=None)
-    report = build_report(runs, by="encoder", metrics="ratio@2x")
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x"))
     groups = by_group(report)
     assert list(groups) == ["encoder=rope", "encoder=alibi"]
     rope, alibi = groups["encoder=rope"], groups["encoder=alibi"]
@@ -527,7 +528,7 @@ def test_different_corpus_or_eval_settings_are_never_averaged(tmp_path):
                             fingerprint="fp-other")
     other_eval = make_run(tmp_path / "oe", {128: 8.0, 256: 8.5}, ["encoder=rope", "seed=8"], seed=8,
                           eval_settings={"tokens": 1024, "protocol": "nonoverlap"})
-    report = build_report([*same, other_corpus, other_eval], by="encoder")
+    report = build_report([*same, other_corpus, other_eval], ReportOptions(by="encoder"))
     assert len(report.groups) == 3
     assert sorted(g.n for g in report.groups) == [1, 1, 2]
     main = next(g for g in report.groups if g.n == 2)
@@ -547,15 +548,15 @@ def test_group_keys_from_nested_config_and_pooled_keys_are_flagged(tmp_path):
     shallow = make_run(tmp_path / "s", {128: 4.0}, ["model.n_layers=2"], config={"model": {"n_layers": 2}})
     other_base = make_run(tmp_path / "b", {128: 3.5}, ["model.n_layers=4", "base=100"], base=100.0, seed=5,
                           config={"model": {"n_layers": 4}})
-    report = build_report([*deep, shallow], by="model.n_layers")
+    report = build_report([*deep, shallow], ReportOptions(by="model.n_layers"))
     assert {g.label: g.n for g in report.groups} == {"model.n_layers=4": 2, "model.n_layers=2": 1}
     assert not any(g.flags for g in report.groups)  # the 4-layer runs differ only in seed
 
-    report = build_report([*deep, other_base], by="model.n_layers")
+    report = build_report([*deep, other_base], ReportOptions(by="model.n_layers"))
     assert by_group(report)["model.n_layers=4"].flags == ["averaged over base"]
     assert any("differ in base" in w for w in report.warnings)
     # Grouping by base as well separates them again.
-    report = build_report([*deep, other_base], by=["model.n_layers", "base"])
+    report = build_report([*deep, other_base], ReportOptions(by=["model.n_layers", "base"]))
     assert len(report.groups) == 2 and not any(g.flags for g in report.groups)
 
 
@@ -565,14 +566,14 @@ def test_key_read_from_hydra_config_when_results_have_none(tmp_path):
     del data["run"]["config"]
     (run / "results.json").write_text(json.dumps(data))
     (run / ".hydra" / "config.yaml").write_text("model:\n  n_layers: 6\n")
-    report = build_report([run], by="model.n_layers")
+    report = build_report([run], ReportOptions(by="model.n_layers"))
     assert report.groups[0].key == {"model.n_layers": 6}
 
 
 def test_failed_run_stays_its_own_group(tmp_path):
     ok = seeds(tmp_path, "rope", [3.0, 3.2])
     failed = make_run(tmp_path / "f", {}, ["encoder=rope", "seed=9"], status="failed", seed=9)
-    report = build_report([*ok, failed], by="encoder")
+    report = build_report([*ok, failed], ReportOptions(by="encoder"))
     assert [g.n for g in report.groups] == [2, 1]
     assert "status: failed" in report.groups[1].flags
     assert report.groups[0].cells[128].mean == pytest.approx(3.1)
@@ -604,7 +605,8 @@ def test_summary_metrics(tmp_path):
     run = make_run(tmp_path / "rope", ppls, ["encoder=rope"])
     learned = make_run(tmp_path / "learned", {128: 3.1, 256: None, 512: None, 1024: None}, ["encoder=learned"],
                        encoder="learned")
-    report = build_report([run, learned], metrics="ratio@4x,ratio@1024,ppl@2x,maxlen,maxlen@20%,auc,auc@4x")
+    report = build_report([run, learned],
+                          ReportOptions(metrics="ratio@4x,ratio@1024,ppl@2x,maxlen,maxlen@20%,auc,auc@4x"))
     row, lrow = report.rows
 
     def value(name, r=row):
@@ -637,20 +639,22 @@ def test_sort_and_where(tmp_path):
     runs = [make_run(tmp_path / enc, {128: 3.0, 256: p}, [f"encoder={enc}"], encoder=enc,
                      base=10000.0 if enc == "rope" else None)
             for enc, p in (("rope", 4.5), ("alibi", 3.0), ("t5", 3.6), ("learned", None))]
-    report = build_report(runs, by="encoder", metrics="ratio@2x", sort="ratio@2x")
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x", sort="ratio@2x"))
     assert [g.key["encoder"] for g in report.groups] == ["alibi", "t5", "rope", "learned"]  # n/a last
-    report = build_report(runs, by="encoder", metrics="ratio@2x", sort="-ratio@2x")
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x", sort="-ratio@2x"))
     assert [g.key["encoder"] for g in report.groups] == ["rope", "t5", "alibi", "learned"]
     # Sorting by a metric not asked for adds its column.
-    report = build_report(runs, by="encoder", metrics="ratio@2x", sort="-maxlen@10%")
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x", sort="-maxlen@10%"))
     assert [m.name for m in report.metrics] == ["ratio@2x", "maxlen@10%"]
 
-    assert [r.label for r in build_report(runs, where="encoder=rope,t5").rows] == ["encoder=rope", "encoder=t5"]
-    assert [r.label for r in build_report(runs, where=["encoder!=rope", "base=null"]).rows] == [
+    rope_or_t5 = build_report(runs, ReportOptions(where="encoder=rope,t5"))
+    assert [r.label for r in rope_or_t5.rows] == ["encoder=rope", "encoder=t5"]
+    assert [r.label for r in build_report(runs, ReportOptions(where=["encoder!=rope", "base=null"])).rows] == [
         "encoder=alibi", "encoder=t5", "encoder=learned"]
-    assert [r.label for r in build_report(runs, where="base=10000").rows] == ["encoder=rope"]  # 10000.0 in json
+    base_10000 = build_report(runs, ReportOptions(where="base=10000"))
+    assert [r.label for r in base_10000.rows] == ["encoder=rope"]  # 10000.0 in json
     with pytest.raises(PosexpError, match=r"no run matches encoder=nope \(of 4 runs\)"):
-        build_report(runs, where="encoder=nope")
+        build_report(runs, ReportOptions(where="encoder=nope"))
 
 
 @pytest.mark.parametrize("kwargs, option, allowed", [
@@ -667,7 +671,7 @@ def test_sort_and_where(tmp_path):
 def test_bad_options_name_the_option_and_allowed_values(tmp_path, kwargs, option, allowed):
     run = make_run(tmp_path / "r", {128: 3.0}, config={"model": {"n_layers": 2}})
     with pytest.raises(ConfigError) as err:
-        build_report([run], **kwargs)
+        build_report([run], ReportOptions(**kwargs))
     assert str(err.value).startswith(f"{option}: ") and allowed in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -676,14 +680,14 @@ def test_bad_format_is_a_config_error(tmp_path):
     run = make_run(tmp_path / "r", {128: 3.0})
     with pytest.raises(ConfigError, match=r"--format: unknown format 'xlsx'; choose one of rich, markdown, csv, "
                                           r"json, latex"):
-        report_main([run], fmt="xlsx", console=quiet_console())
+        report_main([run], console=quiet_console(), options=ReportOptions(fmt="xlsx"))
     assert not (run / "report.md").exists()
 
 
 def test_machine_readable_formats(tmp_path):
     runs = seeds(tmp_path, "rope", [3.0, 3.2]) + [
         make_run(tmp_path / "odd", {128: 9.0, 256: 9.9}, ["encoder=rope_odd"], fingerprint="fp-other")]
-    report = build_report(runs, by="encoder", metrics="ratio@2x")
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x"))
     rows = list(csv.DictReader(io.StringIO(render_table_csv(report))))
     assert [r["encoder"] for r in rows] == ["rope", "rope"]
     assert rows[0]["n"] == "2" and float(rows[0]["ppl@128"]) == pytest.approx(3.1)
@@ -705,8 +709,8 @@ def test_machine_readable_formats(tmp_path):
 def test_report_main_format_prints_only_the_table(tmp_path):
     runs = seeds(tmp_path / "sweep", "rope", [3.0, 3.2])
     out, err = quiet_console(), quiet_console()
-    report_main([tmp_path / "sweep"], out=tmp_path / "rep", console=out, err_console=err, by="encoder",
-                fmt="csv", metrics="ratio@2x")
+    report_main([tmp_path / "sweep"], out=tmp_path / "rep", console=out, err_console=err,
+                options=ReportOptions(by="encoder", fmt="csv", metrics="ratio@2x"))
     rows = list(csv.DictReader(io.StringIO(out.file.getvalue())))
     assert len(rows) == 1 and rows[0]["encoder"] == "rope"
     assert "wrote" in err.file.getvalue() and "wrote" not in out.file.getvalue()
@@ -720,7 +724,8 @@ def test_report_md_is_self_contained_with_figures(tmp_path):
             make_run(sweep / f"{enc}{i}", {128: 3.0 + i / 10, 256: 3.5, 512: 4.0}, [f"encoder={enc}", f"seed={i}"],
                      encoder=enc, base=base, seed=i, curves=True)
     console = quiet_console()
-    folder = report_main([sweep], console=console, by="encoder", metrics="ratio@4x,maxlen,auc").parent
+    folder = report_main([sweep], console=console,
+                         options=ReportOptions(by="encoder", metrics="ratio@4x,maxlen,auc")).parent
     assert folder == sweep / "reports" / "by-encoder"
     md = (folder / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
@@ -741,7 +746,7 @@ def test_legend_names_encoding_and_base(tmp_path):
     from posexp.reporting.render import legend_label
 
     runs = seeds(tmp_path, "rope", [3.0, 3.1]) + seeds(tmp_path, "alibi", [3.5], base=None)
-    report = build_report(runs, by="encoder")
+    report = build_report(runs, ReportOptions(by="encoder"))
     assert [legend_label(report, g) for g in report.groups] == ["rope, base 10000 (n=2)", "alibi"]
     report = build_report(runs)
     assert legend_label(report, report.groups[0]) == "rope, base 10000, seed=0"
@@ -767,7 +772,7 @@ def test_cli_report_options_and_errors(tmp_path):
 def test_group_cell_with_fewer_runs_says_how_many(tmp_path):
     a = make_run(tmp_path / "a", {128: 3.0, 256: 3.3, 512: 4.0}, ["encoder=rope", "seed=0"])
     b = make_run(tmp_path / "b", {128: 3.2, 256: 3.5}, ["encoder=rope", "seed=1"], seed=1)
-    report = build_report([a, b], by="encoder", metrics="ratio@2x")
+    report = build_report([a, b], ReportOptions(by="encoder", metrics="ratio@2x"))
     assert report.groups[0].cells[512].n == 1
     assert "| rope | 2 | 3.10 ± " in render_table_markdown(report)
     assert "| 4.00 (n=1) |" in render_table_markdown(report)
@@ -777,12 +782,12 @@ def test_group_by_train_len_compares_lengths_without_flagging_them(tmp_path):
     short = seeds(tmp_path / "short", "rope", [3.0, 3.2])
     long = [make_run(tmp_path / f"long{i}", {256: 2.8, 512: 3.0}, ["encoder=rope", "train_len=256", f"seed={i}"],
                      train_len=256, seed=i) for i in range(2)]
-    report = build_report([*short, *long], by="train_len", metrics="ratio@2x")
+    report = build_report([*short, *long], ReportOptions(by="train_len", metrics="ratio@2x"))
     assert [(g.key["train_len"], g.n) for g in report.groups] == [(128, 2), (256, 2)]
     assert not any(g.flags for g in report.groups) and not report.warnings
     assert report.groups[1].metrics["ratio@2x"].mean == pytest.approx(3.0 / 2.8)
     # Without --by train_len the odd length is still flagged, and never averaged with the others.
-    report = build_report([*short, *long], by="encoder")
+    report = build_report([*short, *long], ReportOptions(by="encoder"))
     assert len(report.groups) == 2 and all("kept apart: not comparable" in g.flags for g in report.groups)
 
 
@@ -839,7 +844,7 @@ def test_a_sweep_and_its_backup_copy_under_one_folder_count_each_run_once(tmp_pa
             results["run"]["train"]["final_loss"] = 1.0 + s / 10
             (folder / "results.json").write_text(json.dumps(results))
     shutil.copytree(tmp_path / "sweep", tmp_path / "sweep.bak")
-    report = build_report(find_runs(tmp_path), by="encoder")
+    report = build_report(find_runs(tmp_path), ReportOptions(by="encoder"))
     assert sorted(len(g.rows) for g in report.groups) == [2, 2]
     copies = [w for w in report.warnings if "the same run as" in w]
     assert len(copies) == 4 and all("counted once" in w for w in copies)
@@ -854,7 +859,7 @@ def test_a_run_without_the_viewed_rows_is_flagged_by_the_view_not_a_protocol_it_
                  "tokens": 65536, "tokens_per_s": 1.0, "peak_mem_mb": 1.0} for n in (128, 256)]
     a = make_run(tmp_path / "a", {128: 4.0, 256: 4.5}, ["encoder=rope"], extra_rows=windowed)
     b = make_run(tmp_path / "b", {128: 4.1, 256: 4.6}, ["encoder=alibi"], encoder="alibi")
-    report = build_report([a, b], view="window=16")
+    report = build_report([a, b], ReportOptions(view="window=16"))
     flags = {row.label: row.flags for row in report.rows}
     assert "no window=16 rows" in flags["encoder=alibi"]
     assert not any("nonoverlap" in f for f in flags["encoder=alibi"])
@@ -869,4 +874,4 @@ def test_a_hand_edited_list_seed_does_not_crash_the_report(tmp_path):
     results = json.loads((b / "results.json").read_text())
     results["run"]["seed"] = [0]
     (b / "results.json").write_text(json.dumps(results))
-    assert len(build_report([a, b], by="encoder").groups) == 2
+    assert len(build_report([a, b], ReportOptions(by="encoder")).groups) == 2

@@ -17,6 +17,7 @@ from posexp.reporting import build_report, render_json, report_main
 from posexp.reporting.compare import Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
 from posexp.reporting.stats import (TTest, holm, mean_interval, normal_quantile, runs_needed, runs_needed_equivalent,
                                     t_cdf, t_quantile, t_two_sided_p, welch_interval)
+from posexp.reporting.options import ReportOptions
 from test_report import make_run
 
 # The journey of the issue: base=100,1000,10000 x seed=0,1,2 gave ratios 1.22 ± 0.06, 1.25 ± 0.10, 1.25 ± 0.11
@@ -154,7 +155,7 @@ def test_a_bad_margin_is_one_line_naming_the_option_and_its_forms(text):
 
 def test_margin_needs_by(tmp_path):
     with pytest.raises(ConfigError, match="^--margin: needs --by"):
-        build_report(ratio_runs(tmp_path, {100: [1.2, 1.3]}, seeds=(0, 1)), margin="2%")
+        build_report(ratio_runs(tmp_path, {100: [1.2, 1.3]}, seeds=(0, 1)), ReportOptions(margin="2%"))
 
 
 # --- the comparison in a report ------------------------------------------------
@@ -162,7 +163,7 @@ def test_margin_needs_by(tmp_path):
 
 def test_paired_difference_over_seeds_matches_the_hand_computation(tmp_path):
     runs = ratio_runs(tmp_path, {100: [1.0, 1.1, 1.2], 1000: [1.1, 1.3, 1.5]})
-    report = build_report(runs, by="base", metrics="ratio")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
     (diff,) = report.comparison.differences
     assert (report.comparison.reference, diff.group, diff.method, diff.n) == ("base=100", "base=1000", "paired t", 3)
     assert (diff.difference, diff.low, diff.high) == (pytest.approx(0.2), pytest.approx(0.2 - 0.24843, abs=1e-4),
@@ -173,7 +174,7 @@ def test_paired_difference_over_seeds_matches_the_hand_computation(tmp_path):
 
 
 def test_journey_bases_cannot_be_told_apart_at_n_3(tmp_path):
-    report = build_report(ratio_runs(tmp_path, journey_ratios()), by="base", metrics="ratio")
+    report = build_report(ratio_runs(tmp_path, journey_ratios()), ReportOptions(by="base", metrics="ratio"))
     ratio = {g.label: g.metrics["ratio"] for g in report.groups}
     assert [f"{s.mean:.2f} ± {s.spread:.2f}" for s in ratio.values()] == ["1.22 ± 0.06", "1.25 ± 0.10",
                                                                           "1.25 ± 0.11"]
@@ -186,7 +187,7 @@ def test_journey_bases_cannot_be_told_apart_at_n_3(tmp_path):
 
 def test_a_clear_difference_is_called_by_the_metrics_direction(tmp_path):
     runs = ratio_runs(tmp_path, {100: [1.20, 1.22, 1.21], 1000: [1.80, 1.85, 1.83], 10000: [1.21, 1.20, 1.23]})
-    report = build_report(runs, by="base", metrics="ratio,maxlen")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio,maxlen"))
     verdicts = {(d.group, d.metric): d.verdict for d in report.comparison.differences}
     assert verdicts[("base=1000", "ratio")] == "worse"  # a higher ratio is worse
     assert verdicts[("base=10000", "ratio")] == "inconclusive"
@@ -196,7 +197,7 @@ def test_a_clear_difference_is_called_by_the_metrics_direction(tmp_path):
     assert verdicts[("base=1000", "maxlen@10%")] == "equal"  # 256 tokens for every seed of both
     assert "maxlen@10% (higher is better)" in verdict_line(report.comparison, report.metrics[1])
     # against the worse group, the same difference is called better
-    report = build_report(runs, by="base", metrics="ratio", baseline="base=1000")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio", baseline="base=1000"))
     assert {d.group: d.verdict for d in report.comparison.differences} == {"base=100": "better", "base=10000": "better"}
 
 
@@ -204,7 +205,7 @@ def test_no_difference_and_groups_kept_apart_are_said_so(tmp_path):
     runs = ratio_runs(tmp_path, {100: [1.2, 1.3], 1000: [1.2, 1.3]}, seeds=(0, 1))
     runs.append(make_run(tmp_path / "other", {128: 3.0, 256: 3.0, 512: 4.0}, ["base=10000", "seed=0"],
                          base=10000.0, fingerprint="fp-other"))
-    report = build_report(runs, by="base", metrics="ratio")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
     line = verdict_line(report.comparison, report.metrics[0])
     assert "base=1000 shows no difference at all" in line
     assert "not compared: base=10000 (measured differently: different corpus)" in line
@@ -212,20 +213,20 @@ def test_no_difference_and_groups_kept_apart_are_said_so(tmp_path):
 
 def test_baseline_selects_the_reference(tmp_path):
     runs = ratio_runs(tmp_path, journey_ratios())
-    report = build_report(runs, by="base", metrics="ratio", baseline="base=1000")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio", baseline="base=1000"))
     assert report.comparison.reference == "base=1000"
     assert [d.group for d in report.comparison.differences] == ["base=100", "base=10000"]
     with pytest.raises(ConfigError, match=r"^--baseline: no group has base=5; the groups are: base=100; "):
-        build_report(runs, by="base", baseline="base=5")
+        build_report(runs, ReportOptions(by="base", baseline="base=5"))
     with pytest.raises(ConfigError, match="--baseline: seed=0 does not name a group; .* --by keys \\(base\\)"):
-        build_report(runs, by="base", baseline="seed=0")
+        build_report(runs, ReportOptions(by="base", baseline="seed=0"))
     with pytest.raises(ConfigError, match="--baseline: needs --by"):
-        build_report(runs, baseline="base=100")
+        build_report(runs, ReportOptions(baseline="base=100"))
 
 
 def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):
     runs = ratio_runs(tmp_path, {100: [1.2], 1000: [1.3]}, seeds=(0,))
-    report = build_report(runs, by="base", metrics="ratio")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
     (diff,) = report.comparison.differences
     assert (diff.verdict, diff.low, diff.high, diff.n) == ("no interval", None, None, 1)
     line = verdict_line(report.comparison, report.metrics[0])
@@ -235,14 +236,14 @@ def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):
 def test_seeds_that_differ_fall_back_to_welch(tmp_path):
     runs = (ratio_runs(tmp_path / "a", {100: [1.2, 1.25, 1.3]}, seeds=(0, 1, 2))
             + ratio_runs(tmp_path / "b", {1000: [1.3, 1.35, 1.4]}, seeds=(5, 6, 7)))
-    (diff,) = build_report(runs, by="base", metrics="ratio").comparison.differences
+    (diff,) = build_report(runs, ReportOptions(by="base", metrics="ratio")).comparison.differences
     assert diff.method == "Welch t" and "unpaired" in diff.reason
     expected = welch_interval([1.3, 1.35, 1.4], [1.2, 1.25, 1.3])
     assert (diff.low, diff.high) == (pytest.approx(expected[1]), pytest.approx(expected[2]))
 
 
 def test_json_carries_the_comparison_fields(tmp_path):
-    report = build_report(ratio_runs(tmp_path, journey_ratios()), by="base", metrics="ratio")
+    report = build_report(ratio_runs(tmp_path, journey_ratios()), ReportOptions(by="base", metrics="ratio"))
     data = json.loads(render_json(report))
     comparison = data["comparison"]
     assert comparison["reference"] == "base=100" and comparison["confidence"] == 0.95
@@ -262,7 +263,7 @@ def test_report_md_and_terminal_carry_the_comparison(tmp_path):
     ratio_runs(tmp_path / "sweep", journey_ratios())
     out = io.StringIO()
     report_main([tmp_path / "sweep"], tmp_path / "out", console=Console(file=out, width=200),
-                by="base", metrics="ratio")
+                options=ReportOptions(by="base", metrics="ratio"))
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Comparison" in md and "inconclusive against base=100 at n = 3" in md
     plain = md.replace("\\", "")  # markdown escapes of the brackets
@@ -322,9 +323,9 @@ def shifted(offsets) -> list[float]:
 def test_no_output_says_indistinguishable(tmp_path):
     runs = ratio_runs(tmp_path / "sweep", journey_ratios())
     out = io.StringIO()
-    report_main([tmp_path / "sweep"], tmp_path / "out", console=Console(file=out, width=80), by="base",
-                metrics="ratio")
-    report = build_report(runs, by="base", metrics="ratio")
+    report_main([tmp_path / "sweep"], tmp_path / "out", console=Console(file=out, width=80),
+                options=ReportOptions(by="base", metrics="ratio"))
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
     texts = [out.getvalue(), (tmp_path / "out" / "report.md").read_text(), (tmp_path / "out" / "summary.md").read_text(),
              render_json(report)]
     assert not [t for t in texts if "indistinguishable" in t or "cannot be told apart" in t]
@@ -337,7 +338,7 @@ def test_no_output_says_indistinguishable(tmp_path):
 
 def test_every_difference_is_also_relative_to_the_reference_mean(tmp_path):
     runs = ratio_runs(tmp_path, {100: [1.0, 1.1, 1.2], 1000: [1.1, 1.3, 1.5]})
-    report = build_report(runs, by="base", metrics="ratio")
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
     (diff,) = report.comparison.differences
     assert diff.relative == pytest.approx(100 * 0.2 / 1.1)
     assert interval_text(diff, 3) == "+0.200 (+18.2%) [−0.048, +0.448]"
@@ -348,15 +349,16 @@ def test_every_difference_is_also_relative_to_the_reference_mean(tmp_path):
 def test_holm_turns_a_lone_p_of_003_inconclusive_among_five_comparisons(tmp_path):
     # differences 0.0226, 0.0326, 0.0426: t = 0.0326·√3/0.01 = 5.65 on 2 df, p = 0.030
     worse = shifted([0.0226, 0.0326, 0.0426])
-    report = build_report(ratio_runs(tmp_path / "two", {100: REF, 1000: worse}), by="base", metrics="ratio")
+    report = build_report(ratio_runs(tmp_path / "two", {100: REF, 1000: worse}),
+                          ReportOptions(by="base", metrics="ratio"))
     (diff,) = report.comparison.differences
     assert diff.p == pytest.approx(0.0300, abs=2e-4) and diff.p_adjusted == diff.p
     assert diff.verdict == "worse" and report.comparison.family == 1
 
     noise = {b: shifted(o) for b, o in {10: [0.01, -0.01, 0.0], 20: [-0.01, 0.0, 0.01], 30: [0.0, 0.01, -0.01],
                                         40: [0.01, 0.0, -0.01]}.items()}
-    report = build_report(ratio_runs(tmp_path / "six", {100: REF, 1000: worse, **noise}), by="base", metrics="ratio",
-                          baseline="base=100")
+    report = build_report(ratio_runs(tmp_path / "six", {100: REF, 1000: worse, **noise}),
+                          ReportOptions(by="base", metrics="ratio", baseline="base=100"))
     diff = next(d for d in report.comparison.differences if d.group == "base=1000")
     assert diff.p == pytest.approx(0.0300, abs=2e-4) and diff.p_adjusted == pytest.approx(5 * diff.p)
     assert diff.verdict == "inconclusive" and report.comparison.family == 5
@@ -369,9 +371,9 @@ def test_holm_turns_a_lone_p_of_003_inconclusive_among_five_comparisons(tmp_path
 def test_margin_gives_equivalence_by_two_one_sided_tests(tmp_path):
     # +0.004 (+0.3%) [+0.003, +0.005]: beyond the interval, and far inside a margin of 2% (0.0242)
     close = ratio_runs(tmp_path / "close", {100: REF, 1000: shifted([0.0035, 0.0045, 0.004])})
-    (diff,) = build_report(close, by="base", metrics="ratio").comparison.differences
+    (diff,) = build_report(close, ReportOptions(by="base", metrics="ratio")).comparison.differences
     assert diff.verdict == "worse"  # without a margin: no practical relevance is judged, no equivalence claimed
-    report = build_report(close, by="base", metrics="ratio", margin="2%")
+    report = build_report(close, ReportOptions(by="base", metrics="ratio", margin="2%"))
     (diff,) = report.comparison.differences
     assert diff.margin == pytest.approx(0.02 * 1.21) and diff.p_equivalence < 0.05
     assert (diff.verdict, diff.text()) == ("equivalent", "equivalent within 2% (worse, by less than that)")
@@ -379,14 +381,14 @@ def test_margin_gives_equivalence_by_two_one_sided_tests(tmp_path):
     assert "is equivalent to base=100 within 2% (two one-sided tests)" in line and "inside ±0.024" in line
     assert "Schuirmann 1987" in verdict_lines(report.comparison)[-1]
     # a margin the 90% interval does not fit in: no equivalence; an absolute margin in the metric's unit
-    (diff,) = build_report(close, by="base", metrics="ratio", margin="0.1%").comparison.differences
+    (diff,) = build_report(close, ReportOptions(by="base", metrics="ratio", margin="0.1%")).comparison.differences
     assert diff.verdict == "worse" and diff.p_equivalence > 0.05
-    (diff,) = build_report(close, by="base", metrics="ratio", margin="0.05").comparison.differences
+    (diff,) = build_report(close, ReportOptions(by="base", metrics="ratio", margin="0.05")).comparison.differences
     assert diff.text() == "equivalent within 0.05 (worse, by less than that)" and diff.margin == 0.05
 
     # a wide interval around 0 is not equivalence, whatever the margin hides inside it
     wide = ratio_runs(tmp_path / "wide", {100: REF, 1000: shifted([-0.05, 0.06, 0.0])})
-    (diff,) = build_report(wide, by="base", metrics="ratio", margin="2%").comparison.differences
+    (diff,) = build_report(wide, ReportOptions(by="base", metrics="ratio", margin="2%")).comparison.differences
     assert diff.low < -diff.margin and diff.verdict == "inconclusive"
     assert diff.text().startswith("inconclusive at n = 3 (about ")
 

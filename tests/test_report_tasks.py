@@ -15,6 +15,7 @@ from posexp.evaluation.accuracy import wilson_interval
 from posexp.reporting.task_report import build_task_report, parse_task_metric
 from posexp.reporting.runs import load_run
 from posexp.reporting.summary import report_main
+from posexp.reporting.options import ReportOptions
 from test_report import make_run
 
 
@@ -66,7 +67,7 @@ def test_lm_and_task_runs_get_separate_tables(tmp_path):
     make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
     make_task_run(tmp_path / "sweep" / "2", {64: 0.9, 128: 0.1}, task="mqar")
     report_main([tmp_path / "sweep"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
-                metrics=["ratio", "acc@2x"])
+                options=ReportOptions(metrics=["ratio", "acc@2x"]))
     text = (tmp_path / "sweep" / "reports" / "default" / "report.md").read_text()
     perplexity, tasks = text.split("## Tasks: accuracy vs context length")
     assert "task=copy" not in perplexity and "task=mqar" not in perplexity  # no task run in the perplexity table
@@ -104,7 +105,7 @@ def test_context_gain_is_the_fall_of_the_last_k_loss_and_shows_by_default_with_l
     assert "gain" in [m.name for m in report.metrics]
     gains = {g.label: g.metrics["gain"].mean for g in report.groups}
     assert gains["encoder=rope"] == pytest.approx(0.15) and gains["encoder=alibi"] == pytest.approx(-0.1)
-    at2 = build_report([tmp_path / "a"], metrics=["gain@2x"]).groups[0].metrics["gain@2x"]
+    at2 = build_report([tmp_path / "a"], ReportOptions(metrics=["gain@2x"])).groups[0].metrics["gain@2x"]
     assert at2.mean == pytest.approx(0.1)
     without = build_report([make_run(tmp_path / "c", {128: 10.0})])
     assert "gain" not in [m.name for m in without.metrics]
@@ -133,8 +134,8 @@ def test_task_runs_print_in_every_machine_format(tmp_path, fmt):
 
     make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
     out = io.StringIO()
-    report_main([tmp_path / "s"], console=Console(file=out, width=200), fmt=fmt,
-                err_console=Console(file=io.StringIO()))
+    report_main([tmp_path / "s"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(fmt=fmt))
     text = out.getvalue()
     if fmt == "json":
         (record,) = json.loads(text)["tasks"]
@@ -149,8 +150,8 @@ def test_json_of_lm_and_task_runs_is_one_document(tmp_path):
     make_run(tmp_path / "sweep" / "0", {128: 10.0, 256: 12.0})
     make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
     out = io.StringIO()
-    report_main([tmp_path / "sweep"], console=Console(file=out, width=200), fmt="json",
-                err_console=Console(file=io.StringIO()))
+    report_main([tmp_path / "sweep"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(fmt="json"))
     data = json.loads(out.getvalue())
     assert data["groups"] and data["tasks"][0]["task"] == "copy"
 
@@ -171,7 +172,7 @@ def test_a_filtered_report_keeps_the_sweeps_own_summary(tmp_path):
     make_task_run(sweep / "1", {64: 1.0, 128: 0.2}, encoder="alibi")
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     (sweep / "summary.md").write_text("the sweep's own summary\n")
-    report_main([sweep], console=Console(file=io.StringIO(), width=200), where=["encoder=alibi"])
+    report_main([sweep], console=Console(file=io.StringIO(), width=200), options=ReportOptions(where=["encoder=alibi"]))
     assert (sweep / "summary.md").read_text() == "the sweep's own summary\n"
     (written,) = (sweep / "reports").iterdir()
     assert written.name == "where-encoder=alibi" and "alibi" in (written / "summary.md").read_text()
@@ -187,7 +188,7 @@ def test_a_metric_no_selected_run_has_is_an_error_naming_those_that_apply(tmp_pa
     else:
         make_run(tmp_path / "s" / "0", {128: 10.0, 256: 12.0})
     with pytest.raises(ConfigError) as e:
-        report_main([tmp_path / "s"], console=Console(file=io.StringIO()), metrics=[metric])
+        report_main([tmp_path / "s"], console=Console(file=io.StringIO()), options=ReportOptions(metrics=[metric]))
     assert e.value.key == "--metric" and metric in str(e.value) and allowed in str(e.value)
 
 
@@ -283,12 +284,12 @@ def test_a_run_that_did_not_learn_at_1x_is_marked_with_chance_from_the_answer_al
     assert warning.startswith("did not learn at 1×: ") and "parity: encoder=nope" in warning
     assert "copy: encoder=rope" in warning
     out = io.StringIO()
-    report_main([tmp_path / "s"], console=Console(file=out, width=200), by=["encoder"], fmt="markdown",
-                err_console=Console(file=io.StringIO()))
+    report_main([tmp_path / "s"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(by=["encoder"], fmt="markdown"))
     assert "| encoder=nope (did not learn at 1×) | 1 |" in out.getvalue()
     data = io.StringIO()
-    report_main([tmp_path / "s"], console=Console(file=data, width=200), by=["encoder"], fmt="json",
-                err_console=Console(file=io.StringIO()))
+    report_main([tmp_path / "s"], console=Console(file=data, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(by=["encoder"], fmt="json"))
     assert {(r["task"], r["group"]): r["did_not_learn"] for r in json.loads(data.getvalue())["tasks"]} == {
         ("parity", "encoder=nope"): 1, ("parity", "encoder=rope"): 0, ("copy", "encoder=rope"): 1}
 

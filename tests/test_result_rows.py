@@ -14,6 +14,7 @@ from posexp.errors import PosexpError
 from posexp.reporting.lm_report import build_report
 from posexp.runs.layout import read_results
 from posexp.runs.row import ROW_KEY, ResultRow, csv_columns, row_key
+from posexp.reporting.options import ReportOptions
 
 
 def _row(length: int, ppl: float, **extra) -> dict:
@@ -91,7 +92,7 @@ def test_a_report_writes_into_a_folder_of_its_own_and_leaves_no_stale_figure(tmp
     (sweep / "summary.md").write_text("the sweep's own summary\n")
     quiet = Console(file=io.StringIO())
     plain = report_main([sweep], console=quiet).parent
-    grouped = report_main([sweep], console=quiet, by="seed").parent
+    grouped = report_main([sweep], console=quiet, options=ReportOptions(by="seed")).parent
     assert (plain.name, grouped.name) == ("default", "by-seed") and plain.parent == sweep / "reports"
     assert (sweep / "summary.md").read_text() == "the sweep's own summary\n"
     assert (plain / "ppl_vs_length.png").is_file() and not (plain / "report_ppl_vs_length.png").exists()
@@ -157,7 +158,7 @@ def test_a_grouped_report_is_one_table_at_100_columns_and_wraps_its_intervals_at
             data["run"].update(encoder=encoder, config={"encoder": {"name": encoder}, "seed": seed})
             (folder / "results.json").write_text(json.dumps(data))
             runs.append(folder)
-    report = build_report(runs, by="encoder")
+    report = build_report(runs, ReportOptions(by="encoder"))
     for width, tables in ((100, 1), (80, 2)):
         out = io.StringIO()
         print_report(report, Console(file=out, width=width))
@@ -192,7 +193,8 @@ def test_a_views_header_states_only_the_protocol_it_shows(tmp_path):
             _row(128, 3.1, eval_tokens=4096, protocol="last_k", last_k=32),
             _row(256, 3.05, eval_tokens=4096, protocol="last_k", last_k=32)]
     run = _write(tmp_path / "run", rows)
-    md = report_main([run], console=Console(file=io.StringIO()), view="protocol=last_k").parent / "report.md"
+    md = report_main([run], console=Console(file=io.StringIO()),
+                     options=ReportOptions(view="protocol=last_k")).parent / "report.md"
     text = md.read_text()
     assert "last\\_k" in text and "nonoverlap" not in text.split("## Runs")[0]
 

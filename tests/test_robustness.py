@@ -125,9 +125,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path):
 
 def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers(full_run, tmp_path, monkeypatch):
     """The signal arrives while step 6 runs (here, from the batch sampler): step 6 finishes and is checkpointed."""
-    from posexp.training import trainer
+    from posexp.data.corpus import BatchSampler
 
-    sample = sigterm_at_step(monkeypatch, trainer.BatchSampler, "batch", 5)  # 0-based: the 6th step
+    sample = sigterm_at_step(monkeypatch, BatchSampler, "batch", 5)  # 0-based: the 6th step
     run_dir = tmp_path / "run"
     result = invoke("train", *RESUMABLE, f"hydra.run.dir={run_dir}")
     assert result.exit_code == 128 + signal.SIGTERM, result.output
@@ -138,7 +138,7 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers
     assert _logged_steps(run_dir) == [1, 2, 3, 4, 5, 6]
     assert not (run_dir / "results.json").exists()
 
-    monkeypatch.setattr(trainer.BatchSampler, "batch", sample)
+    monkeypatch.setattr(BatchSampler, "batch", sample)
     resumed = invoke("resume", str(run_dir))
     assert resumed.exit_code == 0, resumed.output
     assert _numbers(_results(run_dir)) == _numbers(_results(full_run))

@@ -192,10 +192,11 @@ def test_reused_run_is_a_complete_run_folder(cached_pair, tmp_path):
 
 def test_training_key_change_misses_and_eval_change_hits(cached_pair, tiny):
     from posexp.training.cache import lookup
+    from posexp.config.schema import DataConfig
     from posexp.data.corpus import load_corpus
 
     cwd, _ = cached_pair
-    fingerprint = load_corpus("stdlib").fingerprint
+    fingerprint = load_corpus(DataConfig()).fingerprint
     root = f"cache_dir={cwd / 'outputs' / 'cache'}"
     assert lookup(typed(tiny(*TINY, "cache=true", root, "eval.lengths=[100,300]")), fingerprint) is not None
     assert lookup(typed(tiny(*TINY, "cache=true", root, "train.lr=0.001")), fingerprint) is None

@@ -21,6 +21,7 @@ from posexp.model.fused import flex_available
 from posexp.model.gpt import AttentionPlan
 from posexp.model.window import AttentionWindow, check_window
 from posexp.runs.layout import merge_rows, row_key
+from posexp.reporting.options import ReportOptions
 
 VOCAB = 64
 
@@ -277,12 +278,12 @@ def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
 
     folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0, 512: 5.0}) + _rows({128: 3.0, 512: 3.1},
                       window=128) + last_k({128: 3.0, 512: 2.5}) + last_k({128: 3.0, 512: 3.0}, window=128))
-    plain, windowed = build_report([folder]), build_report([folder], view="window=128", metrics="gain")
+    plain, windowed = build_report([folder]), build_report([folder], ReportOptions(view="window=128", metrics="gain"))
     assert plain.window is None and plain.rows[0].cells[512].ppl == 5.0
     assert windowed.window == (128, None) and windowed.protocol == "nonoverlap"
     assert windowed.rows[0].cells[512].ppl == 3.1
     assert windowed.groups[0].metrics["gain"].mean == pytest.approx(0.0)  # the windowed last_k rows' gain
-    last = build_report([folder], view=["protocol=last_k", "window=128"])
+    last = build_report([folder], ReportOptions(view=["protocol=last_k", "window=128"]))
     assert (last.protocol, last.window, last.rows[0].cells[512].ppl) == ("last_k", (128, None), 3.0)
 
 
@@ -300,7 +301,7 @@ def test_a_view_that_is_not_there_or_malformed_is_one_line_naming_view(tmp_path,
 
     folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0}) + _rows({128: 3.0}, window=128))
     with pytest.raises(ConfigError, match="--view") as err:
-        build_report([folder], view=view)
+        build_report([folder], ReportOptions(view=view))
     assert message in str(err.value)
 
 
@@ -320,14 +321,14 @@ def test_a_view_report_goes_beside_the_folders_own_and_covers_task_runs(tmp_path
     (task / "results.json").write_text(json.dumps(results))
     report_main([folder], console=Console(file=io.StringIO(), width=200))
     out = io.StringIO()
-    report_main([folder], console=Console(file=out, width=200), view="window=64", fmt="markdown",
-                err_console=Console(file=io.StringIO()))
+    report_main([folder], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(view="window=64", fmt="markdown"))
     assert "Rows shown: window 64." in out.getvalue() and "| 45.0 | 25.0 |" in out.getvalue()
     with pytest.raises(ConfigError, match="no results of the selected runs are window=64"):
-        report_main([folder / "0"], console=Console(file=io.StringIO()), view="window=64")
+        report_main([folder / "0"], console=Console(file=io.StringIO()), options=ReportOptions(view="window=64"))
     out = io.StringIO()
-    report_main([folder / "0"], console=Console(file=out, width=200), view="window=128", fmt="markdown",
-                err_console=Console(file=io.StringIO()))
+    report_main([folder / "0"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(view="window=128", fmt="markdown"))
     assert "| 3.00 | 3.10 |" in out.getvalue().replace("3.000", "3.00")
     mine = (folder / "0" / "reports" / "view-window=128" / "report.md").read_text()
     plain = (folder / "reports" / "default" / "report.md").read_text()

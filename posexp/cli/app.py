@@ -36,7 +36,7 @@ from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
-from posexp.reporting import report_main
+from posexp.reporting import ReportOptions, report_main
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
@@ -333,9 +333,9 @@ def report(
     (exit status 2).
     """
     try:
-        report_main([str(f) for f in folders], str(out) if out else None, by=by, metrics=metric,
-                    tolerance=tolerance, where=where, sort=sort, fmt=fmt, strict=strict, baseline=baseline,
-                    view=view, margin=margin, cols=cols)
+        report_main([str(f) for f in folders], str(out) if out else None,
+                    options=ReportOptions(by=by, metrics=metric, tolerance=tolerance, where=where, sort=sort, fmt=fmt,
+                                          strict=strict, baseline=baseline, view=view, margin=margin, cols=cols))
     except PosexpError as e:
         fail(e)
 

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from posexp.commands.edge import typed
 from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
-from posexp.data.corpus import check_fits, data_kind, hub_source, load_corpus
+from posexp.data.corpus import check_fits, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
 from posexp.errors import ConfigError, require
 from posexp.evaluation.accuracy import evaluate_task
@@ -163,15 +163,10 @@ def document_separator(tokenizer, config) -> Optional[int]:
 def _corpus(spec: PretrainedConfig, tokenizer, separator: Optional[int], console: Console):
     """``data`` tokenized by the model's own tokenizer (cached, keyed by the tokenizer's fingerprint and the
     separator)."""
-    d = spec.data
-    kind = data_kind(d)
     tokenizer_spec = TokenizerSpec(name=PRETRAINED, pretrained=tokenizer, separator=separator,
                                    fingerprint=tokenizer_fingerprint(tokenizer, separator))
-    return load_corpus(kind, d.path, d.val_fraction, d.cache_dir, tokenizer=tokenizer_spec,
-                       hub=hub_source(d) if kind == "hf" else None,
-                       log=lambda m: console.print(m, highlight=False),
-                       warn=lambda m: console.print(f"[yellow]warning:[/] {m}", highlight=False),
-                       skip_bad_files=d.on_bad_file == "skip")
+    return load_corpus(spec.data, tokenizer_spec, log=lambda m: console.print(m, highlight=False),
+                       warn=lambda m: console.print(f"[yellow]warning:[/] {m}", highlight=False))
 
 
 def tokenizer_fingerprint(tokenizer, separator: Optional[int] = None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -21,7 +22,7 @@ from posexp.model.factory import build_model
 from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.commands.edge import typed
-from posexp.data.corpus import Corpus, check_fits, corpus_from_config
+from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
@@ -29,7 +30,6 @@ from posexp.runs.provenance import provenance, run_label, write_encoder_source, 
 from posexp.evaluation.runner import evaluate_config
 from posexp.rendering.results import results_table, write_loss_by_position, write_results
 from posexp.model.gpt import GPT
-from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import DISK_FULL
 from posexp.runs.curve import CurveWriter
 from posexp.rendering.curve import draw_curve
@@ -82,7 +82,8 @@ def train_run(spec: Config, run_dir: Path, overrides: list[str], console: Option
             console = Console(quiet=True)
     with _claimed(run_dir, w.is_main, resume is not None):
         try:
-            return _run(spec, device, w, run_dir, overrides, console, resume or run_hash(spec), resume is not None)
+            return _run(TrainJob(spec, run_dir, overrides, identity=resume or run_hash(spec), resume=resume is not None,
+                                 device=device, world=w, console=console))
         except OSError as e:
             if e.errno not in DISK_FULL:
                 raise
@@ -105,18 +106,18 @@ def _disk_full(run_dir: Path, error: OSError) -> PosexpError:
 
 
 @contextlib.contextmanager
-def _tracked(spec: Config, run_dir: Path, overrides: list[str], is_main: bool, resume: bool,
-             warn: Callable[[str], None], console: Console) -> Iterator[tracking.Trackers]:
+def _tracked(job: TrainJob, warn: Callable[[str], None]) -> Iterator[tracking.Trackers]:
     """The run's experiment trackers (``logger=...``; none on ranks other than 0), closed with the run's outcome."""
-    if not is_main or not tracking.chosen(spec.logger):
+    spec, run_dir = job.spec, job.run_dir
+    if not job.world.is_main or not tracking.chosen(spec.logger):
         yield tracking.NO_TRACKERS
         return
-    pointer = read_resume_pointer(run_dir) if resume else None
-    trackers = tracking.start(spec.logger, run_dir, run_label(overrides), config_dict(spec),
-                              resume_step=(pointer or {}).get("step", 0) if resume else None, warn=warn)
+    pointer = read_resume_pointer(run_dir) if job.resume else None
+    trackers = tracking.start(spec.logger, run_dir, run_label(job.overrides), config_dict(spec),
+                              resume_step=(pointer or {}).get("step", 0) if job.resume else None, warn=warn)
     for line in trackers.where():
         log.info(line)
-        console.print(line, highlight=False, soft_wrap=True)
+        job.console.print(line, highlight=False, soft_wrap=True)
     try:
         yield trackers
     except TrainingInterrupted:
@@ -171,9 +172,33 @@ def _claimed(run_dir: Path, is_main: bool, resume: bool) -> Iterator[None]:
         yield
 
 
-def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides: list[str], console: Console,
-         identity: RunHash, resume: bool) -> dict:
+@dataclass(frozen=True)
+class TrainJob:
+    """One run as :func:`train_run` settles it before anything is loaded; the recipe's steps below all read it.
+
+    Attributes:
+        spec: the typed, checked config.
+        run_dir: the run folder (rank 0's, on every rank).
+        overrides: what the user typed, as results.json records it.
+        identity: the hash the checkpoints record (a resumed run's, in the format its folder recorded).
+        resume: continue training from the run folder's latest checkpoint.
+        device, world: this process's device and its place among the ranks.
+        console: where the run reports (a quiet one on ranks other than 0).
+    """
+
+    spec: Config
+    run_dir: Path
+    overrides: list[str]
+    identity: RunHash
+    resume: bool
+    device: torch.device
+    world: World
+    console: Console
+
+
+def _run(job: TrainJob) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
+    spec, run_dir, w, resume, console = job.spec, job.run_dir, job.world, job.resume, job.console
     chosen = threads.apply(spec.train.threads)
     if not resume:  # train.log's first line, as the terminal's (posexp.train logs the training steps); a resume
         # refused for a damaged checkpoint leaves train.log as it was, and one that goes on says its own threads
@@ -190,32 +215,31 @@ def _run(spec: Config, device: torch.device, w: World, run_dir: Path, overrides:
     start = parent_weights(lineage) if lineage is not None and not (resume and read_resume_pointer(run_dir)) else None
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(spec, source.vocab_size, init=start)
-    _announce(spec, model, source, device, w, run_dir, console, chosen)
+    _announce(job, model, source, chosen)
     if w.is_main and not resume:
         write_encoder_source(run_dir, spec.encoder)
-    with _tracked(spec, run_dir, overrides, w.is_main, resume, warn, console) as trackers:
+    with _tracked(job, warn) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
         reused = distributed.broadcast(cache.lookup(spec, source.fingerprint)) if spec.cache and not resume else None
         if reused is not None:
-            result = reused.restore(model, run_dir, device) if w.is_main else None
+            result = reused.restore(model, run_dir, job.device) if w.is_main else None
             cache.log.info(reused.message())
             console.print(reused.message(), highlight=False)
             if spec.eval.during_training.every:
                 warn("eval.during_training: no curve: these weights come from the sweep cache, and the curve is "
                      "measured while a model trains; cache=false trains again and measures it")
         else:
-            probe = _curve_probe(spec, model, source, device, run_dir, resume, trackers, warn) if w.is_main else None
-            with out_of_memory("training", device, "train.batch_size, train_len, model.d_model or model.n_layers"):
-                result = _train(spec, model, source, run_dir, overrides, w, identity, resume, trackers.log_train,
-                                probe)
+            probe = _curve_probe(job, model, source, trackers, warn) if w.is_main else None
+            with out_of_memory("training", job.device,
+                               "train.batch_size, train_len, model.d_model or model.n_layers"):
+                result = _train(job, model, source, trackers.log_train, probe)
         if not w.is_main:
             return {}  # rank 0 evaluates and writes; the weights are the same on every rank
-        save_checkpoint(model, run_dir, {"config_hash": identity.value, "hash_format": identity.format,
+        save_checkpoint(model, run_dir, {"config_hash": job.identity.value, "hash_format": job.identity.format,
                                          "steps": result.steps, "encoder": spec.encoder["name"]})
         if spec.cache and reused is None and cache_writable:
             cache.store(spec, source.fingerprint, run_dir, result, warn)
-        results = _evaluate_and_write(spec, model, source, device, run_dir, overrides, identity, result, reused,
-                                      console)
+        results = _evaluate_and_write(job, model, source, result, reused)
         trackers.log_results(results["rows"], run_dir)
     curve_s = results["run"]["train"].get("curve_s")
     trained = f"weights from cache {reused.key}" if reused is not None else \
@@ -272,57 +296,57 @@ def _load_source(spec: Config, w: World, console: Console,
     return TrainingSource.of_task(spec, corpus)
 
 
-def _announce(spec: Config, model: GPT, source: TrainingSource, device: torch.device, w: World, run_dir: Path,
-              console: Console, chosen: Optional[threads.Threads] = None) -> None:
+def _announce(job: TrainJob, model: GPT, source: TrainingSource, chosen: Optional[threads.Threads] = None) -> None:
+    spec, device, w = job.spec, job.device, job.world
     base = getattr(model.encoder, "base", None)
-    console.print(f"[bold]posexp[/] encoder [cyan]{model.encoder.name}[/]"
+    job.console.print(f"[bold]posexp[/] encoder [cyan]{model.encoder.name}[/]"
                   f"{f' base {base:g}' if base is not None else ''} · {model.num_params():,} params · "
                   f"{source.describe()} · "
                   f"train_len {spec.train_len} · {device}"
                   f"{f' × {w.size} processes' if w.distributed else ''} · "
                   f"{threads.describe(chosen, torch.get_num_threads())}"
-                  f"{' · compiled' if step_settings(device, spec.compile).compile else ''} · run dir {run_dir}",
+                  f"{' · compiled' if step_settings(device, spec.compile).compile else ''} · run dir {job.run_dir}",
                   highlight=False)
 
 
-def _curve_probe(spec: Config, model: GPT, source: TrainingSource, device: torch.device, run_dir: Path,
-                 resume: bool, trackers: tracking.Trackers, warn: Callable[[str], None]) -> Optional[CurveProbe]:
+def _curve_probe(job: TrainJob, model: GPT, source: TrainingSource, trackers: tracking.Trackers,
+                 warn: Callable[[str], None]) -> Optional[CurveProbe]:
     """``eval.during_training``: what measures the model while it trains, into curve.csv and the trackers; None
     when the curve is off. A resumed run keeps the points up to its checkpoint and measures the later ones again."""
-    if not spec.eval.during_training.every:
+    if not job.spec.eval.during_training.every:
         return None
-    resume_step = (read_resume_pointer(run_dir) or {}).get("step", 0) if resume else None
-    writer = CurveWriter(run_dir, PERPLEXITY if source.task is None else ACCURACY, resume_step)
+    resume_step = (read_resume_pointer(job.run_dir) or {}).get("step", 0) if job.resume else None
+    writer = CurveWriter(job.run_dir, PERPLEXITY if source.task is None else ACCURACY, resume_step)
 
     def on_point(step: int, rows: list[dict]) -> None:
         writer.write(rows)
         trackers.log_curve(step, rows)
 
     val = source.corpus.val if source.task is None else None
-    return CurveProbe(model, spec, device, on_point, val=val, task=source.task, warn=warn)
+    return CurveProbe(model, job.spec, job.device, on_point, val=val, task=source.task, warn=warn)
 
 
-def _train(spec: Config, model: GPT, source: TrainingSource, run_dir: Path, overrides: list[str], w: World,
-           identity: RunHash, resume: bool, on_log: LogHook, probe: Optional[CurveProbe] = None) -> TrainResult:
-    sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else None
+def _train(job: TrainJob, model: GPT, source: TrainingSource, on_log: LogHook,
+           probe: Optional[CurveProbe] = None) -> TrainResult:
+    spec = job.spec
+    sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else \
+        BatchSampler(source.corpus.train, spec.train_len, spec.train.batch_size, spec.seed)
     try:
-        return train(model, source.corpus, spec.train, run_dir, train_len=spec.train_len, seed=spec.seed,
-                     plan=PositionPlan(spec), run_hash=identity, compiled=spec.compile, resume=resume,
-                     sampler=sampler, on_log=on_log, probe=probe)
+        return train(model, spec, sampler, job.run_dir, job.identity, resume=job.resume, on_log=on_log, probe=probe)
     except TrainingDiverged as e:
-        if w.is_main:
-            write_run_status(run_dir, spec, overrides, "diverged", e, source.info(), step=e.step, identity=identity)
+        if job.world.is_main:
+            write_run_status(job.run_dir, spec, job.overrides, "diverged", e, source.info(), step=e.step,
+                             identity=job.identity)
         raise
 
 
-def _evaluate_and_write(spec: Config, model: GPT, source: TrainingSource, device: torch.device, run_dir: Path,
-                        overrides: list[str], identity: RunHash, result: TrainResult, reused,
-                        console: Console) -> dict:
+def _evaluate_and_write(job: TrainJob, model: GPT, source: TrainingSource, result: TrainResult, reused) -> dict:
+    spec, device, run_dir, console = job.spec, job.device, job.run_dir, job.console
     if source.task is not None:
         rows, positions = evaluate_task_config(model, source.task, spec, device), None
     else:
         rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision)
-    results: dict[str, Any] = {"run": provenance(spec, overrides, source.info(), model, result, identity),
+    results: dict[str, Any] = {"run": provenance(spec, job.overrides, source.info(), model, result, job.identity),
                                "rows": rows}
     if reused is not None:
         results["run"]["cached_from"] = reused.provenance()

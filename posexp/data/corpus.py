@@ -26,17 +26,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import sys
 from typing import Optional
 
 import numpy as np
 
 from posexp.config.schema import Config, DataConfig
 from posexp.data.hub import HubSource, build_hub, hub_key
-from posexp.data.local import build_local, source_key, stdlib_files, stdlib_root, text_source
+from posexp.data.local import build_local, local_source, source_key, stdlib_files, stdlib_root
 from posexp.data.tokenizer import TokenizerSpec, check_spec
 from posexp.data.tokens import DOC_SEPARATOR, VOCAB_SIZE, Corpus, Log, cache_root, read_cache, write_cache
-from posexp.errors import ConfigError, PosexpError
+from posexp.errors import ConfigError
 
 KINDS = ("stdlib", "text", "hf")
 log = logging.getLogger("posexp.data")
@@ -66,11 +65,7 @@ BAD_FILE_CHOICES = ("error", "skip")
 
 def corpus_from_config(cfg: Config, log: Log = None, warn: Log = None) -> Corpus:
     """Load (or build and cache) the corpus of a run's config: ``cfg.data`` tokenized by ``cfg.tokenizer``."""
-    d = cfg.data
-    kind = data_kind(d)
-    return load_corpus(kind, d.path, d.val_fraction, d.cache_dir, tokenizer=tokenizer_spec(cfg),
-                       hub=hub_source(d) if kind == "hf" else None, log=log, warn=warn,
-                       skip_bad_files=d.on_bad_file == "skip")
+    return load_corpus(cfg.data, tokenizer_spec(cfg), log=log, warn=warn)
 
 
 def _slug(name: str) -> str:
@@ -79,65 +74,57 @@ def _slug(name: str) -> str:
 
 # ---------------------------------------------------------------------------- entry point
 
-def load_corpus(name: str, path: Optional[str] = None, val_fraction: float = 0.05,
-                cache_dir: Optional[str] = None, *, tokenizer: Optional[TokenizerSpec] = None,
-                hub: Optional[HubSource] = None, log: Log = None, warn: Log = None,
-                skip_bad_files: bool = False) -> Corpus:
+def load_corpus(data: Optional[DataConfig] = None, tokenizer: Optional[TokenizerSpec] = None, *, log: Log = None,
+                warn: Log = None) -> Corpus:
     """Load (or build and cache) a tokenized corpus.
 
     Args:
-        name: ``stdlib``, ``text`` or ``hf`` (the ``data.kind`` of the config).
-        path: file or folder for ``text``.
-        val_fraction: share of files (by hash of their path) held out for validation; for ``hf`` without a
-            validation split, the share of training rows (the last ones) held out.
-        cache_dir: where token arrays are cached (default ``$POSEXP_CACHE`` or ``~/.cache/posexp``).
+        data: the ``data`` config (default: ``stdlib``). Its loader (``data.kind``, else its name) is ``stdlib``,
+            ``text`` (``data.path``, a file or folder; ``data.on_bad_file=skip`` leaves out files that are not
+            UTF-8 text, or hold NUL bytes, instead of failing) or ``hf`` (the data set ``data.name`` and its
+            splits and columns, :func:`hub_source`). ``data.val_fraction``: share of files (by hash of their path)
+            held out for validation; for ``hf`` without a validation split, the share of training rows (the last
+            ones) held out. ``data.cache_dir``: where token arrays are cached (default ``$POSEXP_CACHE`` or
+            ``~/.cache/posexp``).
         tokenizer: ``byte`` (default) or a BPE spec; part of the cache key.
-        hub: the data set of ``hf``.
         log: called with a line for the user when something is built or a split is carved.
         warn: called with a warning for the user (the token cache cannot be written, ``text`` files left out);
             also logged.
-        skip_bad_files: ``text`` leaves out files that are not UTF-8 text (or hold NUL bytes) instead of failing.
 
     Raises:
         PosexpError: missing or unreadable path, non-UTF-8 or binary files, no text at all, a Hub data set
             neither cached nor reachable.
         ConfigError: an unknown kind or tokenizer, a missing split or text column.
     """
+    data = data or DataConfig()
+    name, val_fraction = data_kind(data), data.val_fraction
     spec = tokenizer or TokenizerSpec()
     check_spec(spec)
     if name == "hf":
-        return _load_hub(hub, val_fraction, cache_dir, spec, log, warn)
-    if name == "stdlib":
-        root, files, strict = stdlib_root(), stdlib_files(), False
-        source = f"python {sys.version.split()[0]} stdlib at {root}"
-        if not files:
-            raise PosexpError(f"data=stdlib: no .py files found under {root}; use data=text data.path=...")
-    elif name == "text":
-        if not path:
-            raise ConfigError("data.path", "data=text needs the text to train on: data.path=FILE_OR_DIR")
-        (root, files), strict = text_source(path), not skip_bad_files
-        source = str(root)
-    else:
+        return _load_hub(hub_source(data), val_fraction, data.cache_dir, spec, log, warn)
+    if name not in ("stdlib", "text"):
         raise ConfigError("data", f"unknown data set {name!r}; choose one of: {', '.join(KINDS)}")
+    skip_bad_files = data.on_bad_file == "skip"
+    local = local_source(name, data.path, skip_bad_files)
 
     # byte-level caches keep the key they had before tokenizers existed
-    key = source_key(name, root, files, val_fraction, skip_bad_files=name == "text" and skip_bad_files)
-    cdir = cache_root(cache_dir) / (f"{name}-{key}" + (f"-{spec.key()}" if spec.key() else ""))
+    key = source_key(name, local.root, local.files, val_fraction, skip_bad_files=name == "text" and skip_bad_files)
+    cdir = cache_root(data.cache_dir) / (f"{name}-{key}" + (f"-{spec.key()}" if spec.key() else ""))
     corpus = read_cache(cdir)
     if corpus is None:
-        corpus, tok = build_local(name, root, files, strict, path, source, val_fraction, spec, key + spec.key(), log)
+        corpus, tok = build_local(local, val_fraction, spec, key + spec.key(), log)
         _warn(warn, write_cache(cdir, corpus, tok))
     corpus.text_fingerprint = text_fingerprint(name, key)
-    if name == "text" and corpus.files < len(files):  # every file read is a document: the rest were left out
-        _warn(warn, f"data.on_bad_file=skip: left out {len(files) - corpus.files} of {len(files)} files under "
-                    f"{root} that are not UTF-8 text")
+    if name == "text" and corpus.files < len(local.files):  # every file read is a document: the rest were left out
+        _warn(warn, f"data.on_bad_file=skip: left out {len(local.files) - corpus.files} of {len(local.files)} files "
+                    f"under {local.root} that are not UTF-8 text")
     return corpus
 
 
-def _load_hub(hub: Optional[HubSource], val_fraction: float, cache_dir: Optional[str], spec: TokenizerSpec,
+def _load_hub(hub: HubSource, val_fraction: float, cache_dir: Optional[str], spec: TokenizerSpec,
               log: Log, warn: Log) -> Corpus:
     """``data=hf``: the cached token arrays of the Hub (or local) data set, built and cached on first use."""
-    if hub is None or not str(hub.name or "").strip():
+    if not str(hub.name or "").strip():
         raise ConfigError("data.name", "data=hf needs a data set: data.name=OWNER/NAME (a Hub id) or a local "
                                        "folder (datasets' save_to_disk output, or data files)")
     key = hub_key(hub, val_fraction)

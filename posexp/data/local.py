@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -133,12 +135,52 @@ def _documents(texts: list[str]):
     return Dataset.from_dict({"text": texts})
 
 
-def build_local(name: str, root: Path, files: list[Path], strict: bool, path: Optional[str], source: str,
-                 val_fraction: float, spec: TokenizerSpec, key: str, log: Log) -> tuple[Corpus, Any]:
+@dataclass(frozen=True)
+class LocalSource:
+    """The files of ``data=stdlib`` or ``data=text``, found (:func:`local_source`).
+
+    Attributes:
+        name: ``stdlib`` or ``text``.
+        root: the folder (or the one file) they are under.
+        files: the files, sorted.
+        strict: a file that is not UTF-8 text stops the build (``text`` without ``data.on_bad_file=skip``).
+        description: what the corpus records as its ``source``.
+        path: ``data.path`` as given, for messages (``text``).
+    """
+
+    name: str
+    root: Path
+    files: list[Path]
+    strict: bool
+    description: str
+    path: Optional[str] = None
+
+
+def local_source(name: str, path: Optional[str], skip_bad_files: bool) -> LocalSource:
+    """The files of ``data=stdlib`` (the running interpreter's standard library) or ``data=text`` (``path``).
+
+    Raises:
+        PosexpError: no ``.py`` files in the standard library.
+        ConfigError: ``text`` without a ``path``, or one that is not usable (:func:`text_source`).
+    """
+    if name == "stdlib":
+        root, files = stdlib_root(), stdlib_files()
+        if not files:
+            raise PosexpError(f"data=stdlib: no .py files found under {root}; use data=text data.path=...")
+        return LocalSource(name, root, files, False, f"python {sys.version.split()[0]} stdlib at {root}")
+    if not path:
+        raise ConfigError("data.path", "data=text needs the text to train on: data.path=FILE_OR_DIR")
+    root, files = text_source(path)
+    return LocalSource(name, root, files, not skip_bad_files, str(root), path)
+
+
+def build_local(local: LocalSource, val_fraction: float, spec: TokenizerSpec, key: str,
+                log: Log) -> tuple[Corpus, Any]:
     """Tokenize the files of ``stdlib`` or ``text`` into a :class:`Corpus`; also returns the tokenizer to cache."""
     from datasets import Dataset  # heavy import, only when building
 
-    read = list(_read_documents(root, files, strict))
+    name, root, files, source = local.name, local.root, local.files, local.description
+    read = list(_read_documents(root, files, local.strict))
     docs = Dataset.from_list(read)
     if len(docs) == 0 or sum(len(t) for t in docs["text"]) == 0:
         skipped = len(files) - len(read)
@@ -147,7 +189,7 @@ def build_local(name: str, root: Path, files: list[Path], strict: bool, path: Op
                     "skipped (data.on_bad_file=skip)" + ("; the rest are empty" if read else ""))
         else:
             what = "its files are all empty" if root.is_dir() else "it is empty"
-        raise PosexpError(f"data.path: {path or root} holds no text ({what})")
+        raise PosexpError(f"data.path: {local.path or root} holds no text ({what})")
     is_val = [_is_val(p, val_fraction) for p in docs["path"]]
     val_docs = docs.select([i for i, v in enumerate(is_val) if v])
     train_docs = docs.select([i for i, v in enumerate(is_val) if not v])

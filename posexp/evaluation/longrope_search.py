@@ -62,23 +62,40 @@ def constrained(factors: np.ndarray, factor: float) -> np.ndarray:
     return np.sort(np.clip(factors, 1.0, 2.0 * factor))
 
 
-def search_factors(score: Callable[[np.ndarray], float], dim: int, base: float, factor: float, train_len: int,
-                   population: int = 12, generations: int = 5, parents: int = 4, sigma: float = 0.15,
-                   seed: int = 0, log: Log = None) -> SearchResult:
-    """The evolutionary search for ``dim / 2`` factors minimising ``score`` (perplexity at the target length).
+@dataclass(frozen=True)
+class SearchSettings:
+    """How the evolutionary search runs (Ding et al. 2024, Algorithm 1); the defaults take minutes on a CPU.
 
-    Args:
-        score: perplexity of the model under given factors (:func:`perplexity_score`).
-        dim: the rotary width; base: its trained base; factor: ``s`` = target length / ``train_len``.
+    Attributes:
         population: candidates scored each generation (the first: PI, NTK, YaRN and their mutants).
         generations: generations after the first.
         parents: how many of the best breed the next generation.
         sigma: the mutation's spread, in log-factor.
         seed: the search's random numbers.
     """
+
+    population: int = 12
+    generations: int = 5
+    parents: int = 4
+    sigma: float = 0.15
+    seed: int = 0
+
+
+def search_factors(score: Callable[[np.ndarray], float], dim: int, base: float, factor: float, train_len: int,
+                   settings: SearchSettings = SearchSettings(), log: Log = None) -> SearchResult:
+    """The evolutionary search for ``dim / 2`` factors minimising ``score`` (perplexity at the target length).
+
+    Args:
+        score: perplexity of the model under given factors (:func:`perplexity_score`).
+        dim: the rotary width; base: its trained base; factor: ``s`` = target length / ``train_len``.
+        settings: the search's population, generations, parents, mutation spread and seed.
+        log: called with a line per generation (its best perplexity).
+    """
+    population, generations, parents, sigma = (settings.population, settings.generations, settings.parents,
+                                               settings.sigma)
     require(population >= 4 and 2 <= parents < population, "population",
             f"must be at least 4, with 2 <= parents < population (got {population}, {parents})")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(settings.seed)
     starts = {k: constrained(v, factor) for k, v in initial_factors(dim, base, factor, train_len).items()}
     seeds = list(starts.values())
     pool = seeds + [constrained(seeds[i % 3] * np.exp(rng.normal(0, sigma, dim // 2)), factor)

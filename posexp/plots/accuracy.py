@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from posexp.plots.style import FIG_HEIGHT_IN, new_figure, save_png
-from posexp.plots.perplexity import draw_series, finish_by_length
+from posexp.plots.perplexity import Canvas, draw_series, finish_by_length
 
 # (label, lengths, accuracies, lows, highs), accuracies in [0, 1]; None = not applicable (a gap)
 AccuracySeries = tuple[str, Sequence[int], Sequence[Optional[float]], Optional[Sequence[Optional[float]]],
@@ -31,13 +31,12 @@ def plot_accuracy_vs_length(series: Sequence[AccuracySeries], path: str | os.Pat
 
     Lengths without a value (not applicable) break the line and get an ``x`` on the bottom edge.
     """
-    named = len(series) <= 30
     fig = new_figure(FIG_HEIGHT_IN + (0.13 * math.ceil(len(series) / 2) if len(series) > 6 else 0))
-    ax = fig.add_subplot()
-    ticks, _, any_gaps = draw_series(ax, series, named, value=_value, what="accuracies")
-    return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
-                            title=title, named=named, n_series=len(series), legend_below=len(series) > 6,
-                            legend_cols=2, y_axis=_percent_axis)
+    canvas = Canvas(fig, fig.add_subplot(), len(series), named=len(series) <= 30, legend_below=len(series) > 6,
+                    legend_cols=2)
+    ticks, _, any_gaps = draw_series(canvas.ax, series, canvas.named, value=_value, what="accuracies")
+    return finish_by_length(canvas, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
+                            title=title, y_axis=_percent_axis)
 
 
 def _percent_axis(ax: Any) -> None:

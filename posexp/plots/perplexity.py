@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -60,11 +61,10 @@ def plot_ppl_vs_length(
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
-    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
-    ticks, any_points, any_gaps = draw_series(ax, series, named, colour_by=colour_by)
-    return finish_by_length(fig, ax, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
-                            title=title, named=named, n_series=len(series), legend_below=legend_below,
-                            legend_cols=legend_cols, y_axis=lambda a: _ppl_axis(a, any_points))
+    canvas = _new_figure(len(series))
+    ticks, any_points, any_gaps = draw_series(canvas.ax, series, canvas.named, colour_by=colour_by)
+    return finish_by_length(canvas, path, ticks=ticks, any_gaps=any_gaps, train_len=train_len, ylabel=ylabel,
+                            title=title, y_axis=lambda a: _ppl_axis(a, any_points))
 
 
 def draw_series(ax, series: Sequence[Series], named: bool, value: Callable[[Optional[float]], float] | None = None,
@@ -104,14 +104,14 @@ def draw_series(ax, series: Sequence[Series], named: bool, value: Callable[[Opti
     return ticks, any_points, any_gaps
 
 
-def finish_by_length(fig, ax, path, *, ticks: set[int], any_gaps: bool, train_len: Optional[int], ylabel: str,
-                     title: Optional[str], named: bool, n_series: int, legend_below: bool, legend_cols: int,
-                     y_axis: Callable[[object], None]) -> Path:
+def finish_by_length(canvas: Canvas, path, *, ticks: set[int], any_gaps: bool, train_len: Optional[int],
+                     ylabel: str, title: Optional[str], y_axis: Callable[[object], None]) -> Path:
     """What every figure of a value against context length shares after its lines are drawn: the training
     length, the log2 length axis, ``y_axis`` (the figure's own y scale), labels, grid, title, the legend
     with its "not applicable" entry when a series has gaps; then the PNG at ``path``."""
     from matplotlib.lines import Line2D
 
+    ax = canvas.ax
     if train_len is not None:
         ticks.add(int(train_len))
         mark_train_len(ax, train_len)
@@ -122,14 +122,14 @@ def finish_by_length(fig, ax, path, *, ticks: set[int], any_gaps: bool, train_le
         ax.tick_params(axis="x", labelrotation=45)
     y_axis(ax)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    _title_and_note(ax, title, named, n_series)
+    _title_and_note(ax, title, canvas.named, canvas.n_series)
 
     handles, labels = ax.get_legend_handles_labels()
     if any_gaps:
         handles.append(Line2D([], [], linestyle="none", marker="x", color="0.35"))
         labels.append("not applicable")
-    _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=7)
-    return save_png(fig, path)
+    _legend(canvas, handles, labels, inside_fontsize=7)
+    return save_png(canvas.fig, path)
 
 
 def _length_axis(ax, ticks: set[int]) -> None:
@@ -277,7 +277,8 @@ def plot_position_overlay(
     """
     from matplotlib import ticker
 
-    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
+    canvas = _new_figure(len(series))
+    ax, named = canvas.ax, canvas.named
     ticks: set[int] = set()
     for (label, length, positions, losses, counts), color in zip(series, _colors(len(series))):
         x, y = _log_bins(positions, losses, counts)
@@ -295,7 +296,7 @@ def plot_position_overlay(
     if not series:
         ax.text(0.5, 0.5, "no applicable lengths", transform=ax.transAxes, ha="center", va="center",
                 fontsize=8, color="0.4")
-    return _finish(fig, ax, path, title, named, legend_below, legend_cols, len(series))
+    return _finish(canvas, path, title)
 
 
 # (label, steps, losses) for one training curve
@@ -317,7 +318,8 @@ def plot_training_curves(
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
     """
-    fig, ax, named, legend_below, legend_cols = _new_figure(len(series))
+    canvas = _new_figure(len(series))
+    ax, named = canvas.ax, canvas.named
     for (label, steps, losses), color in zip(series, _colors(len(series))):
         ax.plot([float(s) for s in steps], [_finite_or_nan(v) for v in losses], linewidth=1.1, color=color,
                 label=label if named else None)
@@ -326,32 +328,48 @@ def plot_training_curves(
     if not series:
         ax.text(0.5, 0.5, "no metrics.csv in these runs", transform=ax.transAxes, ha="center", va="center",
                 fontsize=8, color="0.4")
-    return _finish(fig, ax, path, title, named, legend_below, legend_cols, len(series))
+    return _finish(canvas, path, title)
 
 
-def _new_figure(n_series: int):
+@dataclass(frozen=True)
+class Canvas:
+    """A figure of ``n_series`` lines, its axes, and where its legend goes: the lines are ``named`` in it (else
+    coloured in order, the caller's table the key); below the axes in ``legend_cols`` columns, or inside them."""
+
+    fig: Any
+    ax: Any
+    n_series: int
+    named: bool
+    legend_below: bool
+    legend_cols: int
+
+
+def _new_figure(n_series: int) -> Canvas:
     """A column-width figure with room below the axes for a long legend."""
     named = n_series <= MAX_LEGEND_SERIES
     legend_below = named and n_series > MAX_INSIDE_LEGEND
     legend_cols = 2 if n_series <= 16 else 3
     legend_rows = math.ceil((n_series + 1) / legend_cols) if legend_below else 0
     fig = new_figure(FIG_HEIGHT_IN + 0.13 * legend_rows)
-    return fig, fig.add_subplot(), named, legend_below, legend_cols
+    return Canvas(fig, fig.add_subplot(), n_series, named, legend_below, legend_cols)
 
 
-def _finish(fig, ax, path, title, named: bool, legend_below: bool, legend_cols: int, n_series: int) -> Path:
+def _finish(canvas: Canvas, path, title) -> Path:
+    ax = canvas.ax
     ax.tick_params(which="both", labelsize=7)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    _title_and_note(ax, title, named, n_series)
+    _title_and_note(ax, title, canvas.named, canvas.n_series)
     handles, labels = ax.get_legend_handles_labels()
-    _legend(fig, ax, handles, labels, below=legend_below or not named, ncol=legend_cols, inside_fontsize=6)
-    return save_png(fig, path)
+    _legend(canvas, handles, labels, inside_fontsize=6)
+    return save_png(canvas.fig, path)
 
 
-def _legend(fig, ax, handles: list, labels: list, below: bool, ncol: int, inside_fontsize: float) -> None:
+def _legend(canvas: Canvas, handles: list, labels: list, inside_fontsize: float) -> None:
     """The legend inside the axes, or below them for many series (or unnamed ones); none without entries."""
     if not handles:
         return
+    fig, ax = canvas.fig, canvas.ax
+    below, ncol = canvas.legend_below or not canvas.named, canvas.legend_cols
     width = max(24, 84 // ncol) if below else 56
     labels = [fit_label(label, width) for label in labels]
     if below:

@@ -15,6 +15,7 @@ package must never import torch, directly or through another posexp module
 """
 
 from posexp.reporting.lm_report import Cell, Group, Report, ReportRow, build_report, metric_value
+from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import render_report_markdown, write_report, write_summary
 from posexp.reporting.render import (FORMATS, RENDERERS, print_report, render_csv, render_json, render_latex,
                                      render_markdown, render_table_csv, render_table_markdown)
@@ -26,7 +27,7 @@ from posexp.reporting.summary import SweepSummaryCallback, refresh_sweep_summary
 from posexp.runs.layout import find_runs
 
 __all__ = [
-    "Cell", "Group", "Report", "ReportRow", "build_report", "metric_value",
+    "Cell", "Group", "Report", "ReportOptions", "ReportRow", "build_report", "metric_value",
     "render_report_markdown", "write_report", "write_summary",
     "FORMATS", "RENDERERS", "print_report", "render_csv", "render_json", "render_latex", "render_markdown",
     "render_table_csv", "render_table_markdown",

@@ -17,16 +17,17 @@ import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional
 
 from posexp.errors import PosexpError
 from posexp.reporting.comparability import flag_outliers
 from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
 from posexp.reporting.formatting import as_number
 from posexp.reporting.grouping import aggregate_group, group_rows, sort_groups
+from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import auc_span_multiple, ratio_of, common_ratio_length, metric_value
 from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings, window_key
-from posexp.reporting.selection import (DEFAULT_TOLERANCE, Filter, ABSENT, unknown_key_error, config_value, parse_by,
+from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import aggregate_stat
 from posexp.reporting.table import Cell, Group, Report, ReportRow
@@ -42,35 +43,17 @@ MAIN_PROTOCOL = "nonoverlap"
 NEAR_UNIGRAM = 0.9
 
 
-def build_report(
-    run_dirs: Iterable[str | os.PathLike],
-    by: Sequence[str] | str | None = None,
-    metrics: Sequence[str] | str | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    where: Sequence[str] | str | None = None,
-    sort: Optional[str] = None,
-    strict: bool = False,
-    baseline: Sequence[str] | str | None = None,
-    view: Sequence[str] | str | None = None,
-    margin: str | float | None = None,
-) -> Report:
+def build_report(run_dirs: Iterable[str | os.PathLike], options: ReportOptions = ReportOptions()) -> Report:
     """Load runs and line them up: one column per evaluated length, one line per run or group.
 
     Args:
         run_dirs: run folders, e.g. from :func:`posexp.runs.layout.find_runs`; their order is kept.
-        by: dotted config keys to group by (``encoder``, ``base``, ``model.n_layers``); runs with the
-            same values are averaged with a 95% t-interval. None: one line per run.
-        metrics: summary metrics after the lengths (see :func:`parse_metric`); None: ratio, maxlen, auc.
-        tolerance: the tolerance of a plain ``maxlen`` (0.1 = ppl within +10%).
-        where: ``KEY=VALUE`` / ``KEY!=VALUE`` filters on config keys, all of which must hold.
-        sort: a metric, ``--by`` key or ``n`` to sort the lines by; a leading ``-`` sorts descending.
-        strict: refuse the whole report when one run's ``results.json`` cannot be loaded. Otherwise (the
-            default) such a run is left out, with a warning naming its file and the problem.
-        baseline: ``KEY=VALUE`` naming the reference group of the comparison (:mod:`.compare`); default: the first.
-        view: ``KEY=VALUE`` of the rows to show (:mod:`.views`: ``window=128``, ``protocol=last_k``,
-            ``scaling=yarn``); default: the plain rows.
-        margin: ``2%`` (of the reference group's mean) or ``0.05`` (in the metric's unit): groups whose difference
-            lies within it are called equivalent (two one-sided tests, :mod:`.compare`); None: no equivalence.
+        options: the table asked for (:class:`~posexp.reporting.options.ReportOptions`): ``by`` groups runs by
+            config keys and averages each group with a 95% t-interval; ``metrics`` after the lengths (None: ratio,
+            maxlen, auc); ``tolerance`` of a plain ``maxlen``; ``where`` filters; ``sort``; ``strict`` refuses the
+            whole report when one run's ``results.json`` cannot be loaded (otherwise such a run is left out, with
+            a warning naming its file and the problem); ``baseline`` and ``margin`` of the comparison
+            (:mod:`.compare`); ``view``, the rows shown (:mod:`.views`). ``fmt`` and ``cols`` are the printing's.
 
     Returns:
         The :class:`Report`.
@@ -81,16 +64,16 @@ def build_report(
         ConfigError: an unknown ``--by``/``--where`` key, metric, sort column, ``--baseline`` group or ``--view``;
             a bad ``--margin``.
     """
-    by_keys = parse_by(by)
-    wanted = parse_view(view)
-    equivalence = parse_margin(margin, by_keys)
-    chosen = parse_metrics(metrics, tolerance)
-    filters = parse_where(where)
-    sort_key = parse_sort(sort, chosen, by_keys, tolerance)
+    by_keys = parse_by(options.by)
+    wanted = parse_view(options.view)
+    equivalence = parse_margin(options.margin, by_keys)
+    chosen = parse_metrics(options.metrics, options.tolerance)
+    filters = parse_where(options.where)
+    sort_key = parse_sort(options.sort, chosen, by_keys, options.tolerance)
     if sort_key is not None and sort_key.metric is not None and sort_key.metric.name not in {m.name for m in chosen}:
         chosen.append(sort_key.metric)
-    runs, skipped = _load_runs(run_dirs, by_keys, filters, strict)
-    if metrics is None and any(r.get("protocol") == "last_k" for run in runs for r in run.rows):
+    runs, skipped = _load_runs(run_dirs, by_keys, filters, options.strict)
+    if options.metrics is None and any(r.get("protocol") == "last_k" for run in runs for r in run.rows):
         chosen.append(parse_metric("gain"))  # last_k rows measured: say whether longer context helped
 
     report = _lay_out(runs, by_keys, [f"not in the table: {problem}" for problem in skipped], wanted)
@@ -99,7 +82,7 @@ def build_report(
     for group in groups:
         aggregate_group(group, report)
     report.groups = sort_groups(groups, sort_key)
-    compare(report, parse_baseline(baseline, by_keys), equivalence)
+    compare(report, parse_baseline(options.baseline, by_keys), equivalence)
     _add_parent_metrics(report)
     return report
 

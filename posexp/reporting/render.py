@@ -10,7 +10,7 @@ import csv
 import json
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from io import StringIO
 from typing import Optional
 
@@ -222,23 +222,20 @@ def print_report(report: Report, console: Console | None = None) -> None:
     repeating the run (or ``--by``) columns.
     """
     console = console or Console()
-    columns = _columns(report)
-    n_keys = len(report.by) + 1 if report.by else 1
-    lines = [_group_cells(report, group) for group in report.groups]
-    best = _best_cells(report)
-    numbers = list(range(n_keys, len(columns) - 1))  # lengths and metrics; the last column is the flags
+    grid = _Grid(report, _columns(report), [_group_cells(report, group) for group in report.groups],
+                 len(report.by) + 1 if report.by else 1, _best_cells(report))
+    numbers = list(range(grid.n_keys, len(grid.columns) - 1))  # lengths and metrics; the last column is the flags
     # one table: each interval beside its mean where that fits, else under it; in parts only past that
-    stacked = not _ReportTable(report, columns, lines, n_keys, numbers, flags=True).width_fits(console)
+    stacked = not _ReportTable(grid, numbers, flags=True).width_fits(console)
     parts: list[list[int]] = []
     for i in numbers:
-        if parts and _ReportTable(report, columns, lines, n_keys, parts[-1] + [i], stacked=stacked).width_fits(console):
+        if parts and _ReportTable(grid, parts[-1] + [i], stacked=stacked).width_fits(console):
             parts[-1].append(i)
         else:
             parts.append([i])
     parts = parts or [[]]  # no lengths or metrics at all: the keys and flags still make a table
     for k, part in enumerate(parts):
-        console.print(_ReportTable(report, columns, lines, n_keys, part, title=k == 0,
-                                   flags=k == len(parts) - 1, best=best, stacked=stacked).table)
+        console.print(_ReportTable(grid, part, title=k == 0, flags=k == len(parts) - 1, stacked=stacked).table)
     for note in table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     if report.comparison is not None:
@@ -274,11 +271,24 @@ def _print_comparison(comparison: Comparison, console: Console) -> None:
         console.print(Text(line))
 
 
-class _ReportTable:
-    """The report's Rich table with the key columns and the number columns ``shown`` (and the flags)."""
+@dataclass(frozen=True)
+class _Grid:
+    """The report's cells, laid out once for every Rich table made of them: the column names, a line of
+    ``(text, stat, decimals)`` per group, how many key columns lead, and the best cell of each number column."""
 
-    def __init__(self, report: Report, columns: list[str], lines: list, n_keys: int, shown: list[int],
-                 title: bool = True, flags: bool = False, best: frozenset | set = frozenset(), stacked: bool = False):
+    report: Report
+    columns: list[str]
+    lines: list[list[tuple[str, Optional[Stat], int]]]
+    n_keys: int
+    best: set[tuple[int, int]]
+
+
+class _ReportTable:
+    """The report's Rich table with the key columns and the number columns ``shown`` (and the flags); ``stacked``:
+    each interval under its mean, and long headers on two lines."""
+
+    def __init__(self, grid: _Grid, shown: list[int], title: bool = True, flags: bool = False, stacked: bool = False):
+        report, columns, lines, n_keys, best = grid.report, grid.columns, grid.lines, grid.n_keys, grid.best
         keep = [*range(n_keys), *shown, *([len(columns) - 1] if flags else [])]
         # No vertical rules: a dozen columns of "4.92 ±0.10" fit a normal terminal that way.
         self.table = Table(title=_title(report) if title else None, title_style="bold", header_style="bold",

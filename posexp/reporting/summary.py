@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -40,10 +40,11 @@ from posexp.reporting.extension import EXTENSION_RENDERERS, build_extension_tabl
 from posexp.reporting.pivot import PIVOT_RENDERERS, build_pivot, rich_pivot
 from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
+from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
-from posexp.reporting.selection import DEFAULT_TOLERANCE, METRIC_HELP, parse_by, parse_where
+from posexp.reporting.selection import METRIC_HELP, parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
@@ -51,31 +52,21 @@ from posexp.runs.layout import REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir,
 log = logging.getLogger("posexp.report")
 
 
-def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike | None = None,
-                console: Console | None = None, *, by: Sequence[str] | str | None = None,
-                metrics: Sequence[str] | str | None = None, tolerance: float = DEFAULT_TOLERANCE,
-                where: Sequence[str] | str | None = None, sort: Optional[str] = None, fmt: str = "rich",
-                err_console: Console | None = None, strict: bool = False, baseline: Sequence[str] | str | None = None,
-                view: Sequence[str] | str | None = None, margin: str | float | None = None,
-                cols: Sequence[str] | str | None = None, _sweep_end: bool = False) -> Path:
+def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike | None = None, *,
+                options: ReportOptions = ReportOptions(), console: Console | None = None,
+                err_console: Console | None = None, _sweep_end: bool = False) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
         paths: run folders, sweep folders, or folders above them.
         out: where to write the files. Default: ``reports/NAME/`` in the folder given (the current folder when
             several were given), a folder of the report's own (:func:`_out_dir`).
+        options: what the report shows and how it prints it (:class:`~posexp.reporting.options.ReportOptions`:
+            ``--by``, ``--metric``, ``--format``, ...); a report of another ``view`` of one folder goes to
+            ``reports/view-.../`` inside it.
         console: where the table goes (stdout by default).
-        by, metrics, tolerance, where, sort: see :func:`build_report`.
-        fmt: ``rich`` (terminal), ``markdown``, ``csv``, ``json`` or ``latex``. The last four print only
-            the table to ``console``, so the output can be redirected; notes and warnings go to ``err_console``.
-        err_console: where notes go for machine-readable formats (stderr by default).
-        strict: stop at the first run whose ``results.json`` cannot be loaded. By default such runs
-            are left out of the table and named in a one-line warning each (the exit status stays 0).
-        baseline: ``KEY=VALUE`` naming the reference group the others are compared with (needs ``by``);
-            default: the first group.
-        view: ``KEY=VALUE`` of the rows to show (:mod:`posexp.reporting.views`), e.g. ``window=128``; default:
-            the plain rows. A report of another view of one folder goes to ``reports/view-.../`` inside it.
-        margin: the equivalence margin of the comparison, ``2%`` or ``0.05`` (needs ``by``); see :func:`build_report`.
+        err_console: where notes go for machine-readable formats (stderr by default). With ``strict`` off, a run
+            whose ``results.json`` cannot be loaded is named there in a one-line warning (the exit status stays 0).
 
     Returns:
         The path of ``summary.md``.
@@ -84,20 +75,18 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         PosexpError: bad paths, no runs, an unreadable run, or an unwritable output folder.
         ConfigError: a bad option, naming it and the allowed values.
     """
-    if fmt not in FORMATS:
-        raise ConfigError("--format", f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if options.fmt not in FORMATS:
+        raise ConfigError("--format", f"unknown format {options.fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    lm_metrics, task_metrics = split_task_metrics(metrics)
-    wanted = parse_view(view)
-    lm_dirs, task_report = _split_tasks(find_runs(paths), by, task_metrics, where, wanted)
+    lm_metrics, task_metrics = split_task_metrics(options.metrics)
+    wanted = parse_view(options.view)
+    lm_dirs, task_report = _split_tasks(find_runs(paths), options.by, task_metrics, options.where, wanted)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
     console = console or Console()
-    notes = console if fmt == "rich" else (err_console or Console(stderr=True))
+    notes = console if options.fmt == "rich" else (err_console or Console(stderr=True))
     try:
-        report = build_report(lm_dirs, by=by, metrics=lm_metrics, tolerance=tolerance, where=where, sort=sort,
-                              strict=strict, baseline=baseline, view=view,
-                              margin=margin) if lm_dirs else None
+        report = build_report(lm_dirs, replace(options, metrics=lm_metrics)) if lm_dirs else None
     except ConfigError as e:
         if e.key != "--view" or task_report is None:
             raise
@@ -105,9 +94,9 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
-    lead = _lead_table(report, by, cols, where, wanted) if report is not None else None
-    _print_tables(report, task_report, fmt, console, notes, lead)
-    out_dir = _out_dir(paths, out, where, wanted, by, cols)
+    lead = _lead_table(report, options, wanted) if report is not None else None
+    _print_tables(report, task_report, options.fmt, console, notes, lead)
+    out_dir = _out_dir(paths, out, options, wanted)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)
     return _write_files(report, task_report, out_dir, notes, lead)
 
@@ -158,14 +147,14 @@ class LeadTable:
         atomic_write_text(out_dir / f"{self.name}.tex", self.renderers["latex"]())
 
 
-def _lead_table(report: Report, by, cols, where, wanted) -> Optional[LeadTable]:
+def _lead_table(report: Report, options: ReportOptions, wanted: Optional[dict]) -> Optional[LeadTable]:
     """``--cols``: the pivot; a parent and its fine-tunes given alone: the context-extension table; else None."""
     runs = [row.run for row in report.rows]
-    if cols:
-        pivot = build_pivot(runs, parse_by(by), parse_by(cols))
+    if options.cols:
+        pivot = build_pivot(runs, parse_by(options.by), parse_by(options.cols))
         return LeadTable("pivot", f"Perplexity by {', '.join(pivot.cols)}", rich_pivot(pivot),
                          {f: partial(r, pivot) for f, r in PIVOT_RENDERERS.items()}, [])
-    found = extension_runs(runs) if not (by or where or wanted) else None
+    found = extension_runs(runs) if not (options.by or options.where or wanted) else None
     if found is None:
         return None
     table = build_extension_table(*found)
@@ -228,9 +217,8 @@ def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
     return text + "\n" + tasks
 
 
-def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
-             where: Sequence[str] | str | None, wanted: Optional[dict] = None,
-             by: Sequence[str] | str | None = None, cols: Sequence[str] | str | None = None) -> Path:
+def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, options: ReportOptions,
+             wanted: Optional[dict] = None) -> Path:
     """Where the report's files go: ``--out``; else a folder of the report's own, ``reports/NAME/`` inside the one
     folder given (here when several were given), NAME saying what it shows (``default``, ``by-encoder``,
     ``view-window=128``, ``where-encoder=alibi``, the folders' names when several). What a run or a sweep wrote
@@ -238,10 +226,11 @@ def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None,
     if out is not None:
         return Path(out)
     folders = [Path(p).parent if Path(p).is_file() else Path(p) for p in paths]
+    where = options.where
     filters = [where] if isinstance(where, str) else list(where or [])
     parts = ["+".join(f.name or "." for f in folders)] if len(folders) > 1 else []
-    parts += ["by-" + ",".join(parse_by(by))] if by else []
-    parts += ["cols-" + ",".join(parse_by(cols))] if cols else []
+    parts += ["by-" + ",".join(parse_by(options.by))] if options.by else []
+    parts += ["cols-" + ",".join(parse_by(options.cols))] if options.cols else []
     parts += ["where-" + "-".join(filters)] if filters else []
     parts += [view_slug(wanted)] if wanted else []
     name = re.sub(r"[^A-Za-z0-9=.,!+_-]+", "_", "-".join(parts) or "default")[:120]

@@ -4,7 +4,7 @@ and this process's place among the ones ``torchrun`` started.
 ``device=auto|cpu|cuda|mps``: ``auto`` = cuda, else mps, else cpu; under torchrun each
 process takes the CUDA device of its ``LOCAL_RANK`` (:func:`world`); what the processes
 do together is :mod:`posexp.training.distributed`. The precision the forward pass runs in
-is :mod:`posexp.runtime.precision`.
+is :mod:`posexp.runtime.precision`; :class:`Placement` holds the four together for a training step.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from posexp.errors import ConfigError, PosexpError
+from posexp.runtime.precision import PrecisionChoice
 
 
 def resolve_device(name: str, key: str = "device") -> torch.device:
@@ -144,3 +145,20 @@ def world() -> World:
     if size < 1 or not 0 <= rank < size:
         raise PosexpError(f"RANK={rank} WORLD_SIZE={size}: not a valid process group (0 <= RANK < WORLD_SIZE)")
     return World(rank=rank, size=size, local_rank=_env_int("LOCAL_RANK", rank))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how this process trains, settled once before the first step: its device, its place among the
+    ranks, the step's settings on that device and the forward pass's precision (results.json's ``train`` records
+    all four)."""
+
+    device: torch.device
+    world: World
+    settings: StepSettings
+    precision: PrecisionChoice
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The autocast dtype of the forward pass."""
+        return self.precision.dtype

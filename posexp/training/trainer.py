@@ -37,21 +37,19 @@ from rich.console import Console
 from rich.progress import Progress
 
 from posexp.config.identity import RunHash
-from posexp.config.schema import TrainConfig
-from posexp.data.corpus import BatchSampler, Corpus
+from posexp.config.schema import Config, TrainConfig
 from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
-from posexp.runtime.device import StepSettings, autocast, resolve_device, step_settings
+from posexp.runtime.device import Placement, autocast, resolve_device, step_settings
 from posexp.runtime.precision import bf16_is_native
 from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
-from posexp.runtime.device import World, world
+from posexp.runtime.device import world
 from posexp.training.distributed import shard
 from posexp.training.metrics import MetricsWriter
 from posexp.training.optim import lr_at, make_optimizer, set_lr
 from posexp.training.progress import plain_progress, progress_bar
-from posexp.runtime.precision import PrecisionChoice
 from posexp.training.state import TrainState
 from posexp.training.precision import training_precision
 
@@ -180,19 +178,17 @@ class TrainStep:
             ``(B, L + 1)`` and the answer mask of the targets ``(B, L)`` (None: every target is trained on).
         plan: positions and curriculum length of each step.
         t: the training settings (schedule, batch size, clip).
-        device: where the batch goes.
-        dtype: the autocast precision of the forward pass.
-        w: this process's place among the ranks.
-        pin_memory: copy each batch from pinned host memory, asynchronously (CUDA).
+        placement: where the batch goes (copied from pinned host memory, asynchronously, when the step's settings
+            say so: CUDA), the autocast precision of the forward pass, and this process's place among the ranks.
     """
 
     def __init__(self, model: GPT, net: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: "Sampler",
-                 plan: PositionPlan, t: TrainConfig, device: torch.device, dtype: torch.dtype, w: World,
-                 pin_memory: bool = False):
+                 plan: PositionPlan, t: TrainConfig, placement: Placement):
         self.model, self.net, self.optimizer, self.sampler, self.plan = model, net, optimizer, sampler, plan
-        self.t, self.device, self.dtype, self.world = t, device, dtype, w
-        self.pin_memory = pin_memory
-        self.rows = shard(t.batch_size, w)  # this process's slice of every global batch (all of it in one process)
+        self.t, self.device, self.dtype, self.world = t, placement.device, placement.dtype, placement.world
+        self.pin_memory = placement.settings.pin_memory
+        # this process's slice of every global batch (all of it in one process)
+        self.rows = shard(t.batch_size, placement.world)
 
     def __call__(self, step: int, stop: "StopOnSignal") -> StepResult:
         lr = lr_at(step, self.t)
@@ -316,16 +312,20 @@ class Probe(Protocol):
 class TrainingLog:
     """The report of each logging interval: a ``metrics.csv`` row (rank 0), a ``train.log`` line, the progress bar
     (or, when the output is not a terminal, a plain line every tenth of training), and the ``on_log`` hook
-    (experiment trackers); and the ``probe`` of every step it is due at, whose time the training clock leaves out."""
+    (experiment trackers); and the ``probe`` of every step it is due at, whose time the training clock leaves out.
+    The bar (with ``t.progress``), the hook and the probe are rank 0's alone."""
 
-    def __init__(self, metrics: Optional[MetricsWriter], progress: Progress, state: TrainState, steps: int,
-                 encoder: str, on_log: Optional[LogHook] = None, shown: bool = False, probe: Optional[Probe] = None,
-                 dtype: torch.dtype = torch.float32):
-        self.metrics, self.progress, self.state, self.on_log = metrics, progress, state, on_log
-        self.probe, self.dtype = probe, dtype  # the probe measures in the training precision
+    def __init__(self, metrics: Optional[MetricsWriter], progress: Progress, state: TrainState, t: TrainConfig,
+                 encoder: str, placement: Placement, on_log: Optional[LogHook] = None, probe: Optional[Probe] = None):
+        is_main = placement.world.is_main
+        self.metrics, self.progress, self.state = metrics, progress, state
+        self.on_log = on_log if is_main else None
+        self.probe, self.dtype = probe if is_main else None, placement.dtype  # it measures in the training precision
         # off a terminal the bar draws nothing: plain lines instead
-        self.plain = plain_progress(progress.console, encoder, steps, state.step, state.tokens) if shown else None
-        self.task = progress.add_task("train", total=steps, completed=state.step, encoder=encoder, loss="-", tps="-")
+        self.plain = plain_progress(progress.console, encoder, t.steps, state.step, state.tokens) \
+            if t.progress and is_main else None
+        self.task = progress.add_task("train", total=t.steps, completed=state.step, encoder=encoder, loss="-",
+                                      tps="-")
         self.interval_tokens = 0  # tokens trained since the last metrics row
         self.start = self.last_time = time.perf_counter()
 
@@ -389,18 +389,18 @@ def _run_steps(take_step: TrainStep, stop: StopOnSignal, t: TrainConfig, state: 
     return None
 
 
-def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *, train_len: int, seed: int,
-          plan: PositionPlan, run_hash: RunHash, compiled: object = False, console: Optional[Console] = None,
-          resume: bool = False, sampler: Optional["Sampler"] = None, on_log: Optional[LogHook] = None,
-          probe: Optional[Probe] = None) -> TrainResult:
-    """Train ``model`` for ``t.steps`` steps of ``t.batch_size x train_len`` tokens (``corpus.train`` or ``sampler``).
+def train(model: GPT, spec: Config, sampler: Sampler, run_dir: Path, run_hash: RunHash, *, resume: bool = False,
+          on_log: Optional[LogHook] = None, probe: Optional[Probe] = None) -> TrainResult:
+    """Train ``model`` for ``spec.train.steps`` steps of ``spec.train.batch_size x spec.train_len`` tokens.
 
     Args:
-        t, train_len, seed: the run's ``train`` settings, training context length, and the seed of the batches.
-        plan, run_hash: randomized positions / curriculum (off by default); the hash checkpoints record.
-        compiled: ``torch.compile`` the step: true, false or ``auto`` (:func:`posexp.runtime.device.step_settings`).
-        resume, sampler: continue from the latest resumable checkpoint (step 0 if none); the batches when they
-            are not windows of ``corpus`` (a task's ``TaskSampler``).
+        spec: the run's typed config: its ``train`` settings, ``train_len``, the positions and curriculum
+            (:class:`~posexp.model.positions.PositionPlan`) and ``compile`` (true, false or ``auto``:
+            :func:`posexp.runtime.device.step_settings`).
+        sampler: the batches: windows of the corpus (:class:`~posexp.data.corpus.BatchSampler`) or a task's
+            ``TaskSampler``.
+        run_hash: the hash checkpoints record.
+        resume: continue from the latest resumable checkpoint (step 0 if none).
         on_log: called with (step, loss, lr, tokens/s) at every logging step, on the rank that writes.
         probe: measured after every step it is due at, on the rank that writes (before that step's checkpoint).
 
@@ -408,18 +408,19 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
         TrainingDiverged, TrainingInterrupted, PosexpError: the loss became NaN or infinite (the checkpoint before
             it is kept); SIGINT or SIGTERM (the step was checkpointed); a resumable checkpoint that cannot be used.
     """
+    t = spec.train
     w, device = world(), resolve_device(t.device)
-    settings = step_settings(device, compiled).apply()
+    settings = step_settings(device, spec.compile).apply()
     model.to(device).train()
     net = loss_module(model, device, compiled=settings.compile)
     opt = make_optimizer(model, t)
-    console = console or Console(stderr=True)
+    console = Console(stderr=True)
     warn_if_slow_bf16(t.precision, device, console, w.is_main)
     state, resumed = TrainState.begin(run_dir, model, opt, run_hash, device, resume, t.steps)
-    choice = training_precision(model, t, train_len, device, saved=state.precision if resumed else None)
-    state.precision, dtype = choice.name, choice.dtype  # a checkpoint keeps the choice for a resumed run
-    sampler = sampler or BatchSampler(corpus.train, train_len, t.batch_size, seed)
-    take_step = TrainStep(model, net, opt, sampler, plan, t, device, dtype, w, pin_memory=settings.pin_memory)
+    choice = training_precision(model, t, spec.train_len, device, saved=state.precision if resumed else None)
+    state.precision = choice.name  # a checkpoint keeps the choice for a resumed run
+    placement = Placement(device, w, settings, choice)
+    take_step = TrainStep(model, net, opt, sampler, PositionPlan(spec), t, placement)
     # only rank 0 writes; the others keep the same numbers, and so take the same decisions
     metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if resume else None) if w.is_main else None
     guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
@@ -435,8 +436,7 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
 
     try:
         with progress, StopOnSignal() as stop:
-            report = TrainingLog(metrics, progress, state, t.steps, model.encoder.name, shown=t.progress and w.is_main,
-                                 on_log=on_log if w.is_main else None, probe=probe if w.is_main else None, dtype=dtype)
+            report = TrainingLog(metrics, progress, state, t, model.encoder.name, placement, on_log, probe)
             signum = _run_steps(take_step, stop, t, state, guard, report, schedule, checkpoint)
             if schedule.pending(state.step):
                 checkpoint()  # the end of training, or the step a signal arrived in
@@ -448,16 +448,16 @@ def train(model: GPT, corpus: Optional[Corpus], t: TrainConfig, run_dir: Path, *
     if signum is not None:
         raise interrupted(signum, state.step, t.steps, run_dir)
     model.eval()
-    return _result(state, t.steps, report.elapsed_s(), device, settings, choice, w.size)
+    return _result(state, t.steps, report.elapsed_s(), placement)
 
 
-def _result(state: TrainState, steps: int, wall: float, device: torch.device, settings: StepSettings,
-            choice: PrecisionChoice, processes: int) -> TrainResult:
+def _result(state: TrainState, steps: int, wall: float, placement: Placement) -> TrainResult:
     """What results.json records of a finished training: its size, speed, precision and where it ran."""
+    choice, settings = placement.precision, placement.settings
     return TrainResult(steps=steps, tokens=state.tokens, final_loss=state.loss, wall_s=wall,
                        tokens_per_s=state.tokens / wall if wall > 0 else 0.0,
-                       precision=str(choice.dtype).replace("torch.", ""), device=str(device),
-                       resumed_at=state.resumed_at, processes=processes, compiled=settings.compile,
+                       precision=str(choice.dtype).replace("torch.", ""), device=str(placement.device),
+                       resumed_at=state.resumed_at, processes=placement.world.size, compiled=settings.compile,
                        tf32=settings.tf32, precision_choice=choice.record())
 
 
