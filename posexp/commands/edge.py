@@ -22,7 +22,7 @@ from posexp.config.schema import Config
 from posexp.errors import PosexpError
 from posexp.runs.layout import CHECKPOINT_DIR, HYDRA_CONFIG, RESULTS_JSON
 
-C = TypeVar("C", bound=Config)
+C = TypeVar("C")  # Config, a subclass of it, or another app's schema (PretrainedConfig)
 META_FILE, RESUME_FILE = "meta.json", "resume.json"  # checkpoint/ files that record the hash (training/checkpoint)
 
 
