@@ -11,7 +11,6 @@ curve section of ``posexp report`` says it); the second: the two perplexities th
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from posexp.reporting import find_runs, load_run
 from posexp.reporting.curve_report import DIVERGED, diverged_from

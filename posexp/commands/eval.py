@@ -29,7 +29,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.text import Text

@@ -20,7 +20,6 @@ once it loads back with posexp's logits.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil

@@ -29,7 +29,6 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-import torch
 from torch import Tensor
 
 from posexp.encoders.scaling import LONGROPE, NONE, REROPE, longrope_frequencies, module_copy, rope_scaling
