@@ -100,6 +100,8 @@ def test_hydra_full_error_keeps_hydras_own_report(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["train", "train.steps=abc", *TINY, "hydra.run.dir=run"])
     assert isinstance(result.exception, ConfigCompositionException)
     assert "train.steps" in str(result.exception.__cause__)
+    result = CliRunner().invoke(app, ["train", "encoder=rpoe", *TINY, "hydra.run.dir=run"])  # checked before Hydra
+    assert isinstance(result.exception, ConfigCompositionException) and "encoder/rpoe" in str(result.exception)
     # what Hydra would let through silently is still refused, in one line
     result = CliRunner().invoke(app, ["train", "experiment=smok", *TINY, "hydra.run.dir=run"])
     _assert_one_line_error(result, ["experiment=smok"], tmp_path)

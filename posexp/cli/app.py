@@ -25,8 +25,8 @@ from rich.markup import escape
 
 from posexp.analysis.schema import register_schema
 from posexp.cli import hydra_flags, shell, transfer
-from posexp.cli.arguments import (check_command_line, expand_home, explain, full_error_requested, hydra_raises,
-                                  print_key_table, pretrained_arguments, quote_non_ascii)
+from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain, full_error_requested,
+                                  hydra_raises, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Claim, Folders, Refused, claiming
 from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task, pretrained_task, train_task
@@ -179,6 +179,9 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         dirs = _user_encoders(line)
         if line is not None:
             check_command_line(line, dirs, folders)
+    except OverrideError as e:
+        if not (e.hydra_reports and full_error_requested()):  # asked for in full: Hydra reports what it knows
+            fail(e)
     except PosexpError as e:
         fail(e)
     from posexp.training import distributed
