@@ -37,6 +37,7 @@ from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.reporting import ReportOptions, report_main
+from posexp.reporting.selection import DEFAULT_TOLERANCE
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
@@ -302,7 +303,7 @@ def report(
                                "match >= 90%, maxlen@rel90: >= 90% of the 1x exact match, efflen@85: the effective "
                                "length, the longest length whose exact match is >= 85%. Default: acc@2x,acc@4x,"
                                "maxlen@acc90."),
-    tolerance: float = typer.Option(0.1, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
+    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
                                                              "of the training-length value."),
     sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "
                                                             "descending."),
