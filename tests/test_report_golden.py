@@ -9,6 +9,7 @@ and read the diff before committing it.
 
 from __future__ import annotations
 
+import difflib
 import io
 import json
 import math
@@ -187,4 +188,7 @@ def test_report_output_is_the_golden_one(runs_root, case, fmt, monkeypatch):
         for name, text in texts.items():
             (folder / name).write_text(text)
     expected = {f.name: f.read_text() for f in folder.iterdir()}
-    assert texts == expected
+    assert sorted(texts) == sorted(expected)
+    for name, text in texts.items():
+        diff = "".join(difflib.unified_diff(expected[name].splitlines(True), text.splitlines(True), "golden", "now"))
+        assert not diff, f"{case}/{fmt}/{name} differs:\n{diff}"

@@ -37,7 +37,9 @@ from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.reporting import ReportOptions, report_main
-from posexp.reporting.selection import DEFAULT_TOLERANCE
+from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
+from posexp.reporting.selection import DEFAULT_METRICS, DEFAULT_TOLERANCE
+from posexp.reporting.task_report import DEFAULT_TASK_METRICS
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
@@ -297,12 +299,9 @@ def report(
         None, "--by", help="Group by config keys, comma-separated: encoder,base,train_len,model.n_layers,... "
                            "Runs with the same values (e.g. seeds) are averaged with a 95% t-interval."),
     metric: Optional[List[str]] = typer.Option(
-        None, "--metric", help="Summary columns, comma-separated: ratio, ratio@8x, ratio@1024, ppl@8x, maxlen, "
-                               "maxlen@10%, auc, auc@16x. Default: ratio,maxlen,auc. Task runs: acc@4x, tok@4x, "
-                               "maxlen@acc90: the longest length up to which every evaluated length has exact "
-                               "match >= 90%, maxlen@rel90: >= 90% of the 1x exact match, efflen@85: the effective "
-                               "length, the longest length whose exact match is >= 85%. Default: acc@2x,acc@4x,"
-                               "maxlen@acc90."),
+        None, "--metric", help=f"Summary columns, comma-separated: {metric_help(PERPLEXITY)}. Default: "
+                               f"{','.join(DEFAULT_METRICS)}. Task runs: {metric_help(ACCURACY)}. Default: "
+                               f"{','.join(DEFAULT_TASK_METRICS)}."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
                                                              "of the training-length value."),
     sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "

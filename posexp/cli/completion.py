@@ -304,6 +304,15 @@ def _report_keys(words: Sequence[str], typed: str) -> Reply:
     return Reply(WORDS, tuple(head + k for k in keys))
 
 
+def _metrics(words: Sequence[str], typed: str) -> Reply:
+    """``--metric ratio@8x,auc``: the metric registry's examples, comma-separated."""
+    from posexp.reporting.metrics import metric_examples
+
+    head, _, part = typed.rpartition(",")
+    head = f"{head}," if head else ""
+    return Reply(WORDS, tuple(head + m for m in metric_examples() if m.startswith(part)))
+
+
 def _where(words: Sequence[str], typed: str) -> Reply:
     """``--where KEY=VALUE`` / ``--baseline KEY=VALUE``: as an override."""
     return overrides("config", words, typed)
@@ -332,7 +341,7 @@ COMMANDS: Dict[str, Command] = {
     "finetune": Command({**HYDRA_OPTIONS, ALLOW_CHANGED: None}, _hydra_app("finetune", folders_first=True)),
     "eval": Command({"--strict": None, ALLOW_CHANGED: None, **HELP}, _eval_arguments),
     "resume": Command({ALLOW_CHANGED: None, **HELP}, _one_folder),
-    "report": Command({"--out": _folders, "-o": _folders, "--by": _report_keys, "--metric": NO_HINT,
+    "report": Command({"--out": _folders, "-o": _folders, "--by": _report_keys, "--metric": _metrics,
                        "--tolerance": NO_HINT, "--sort": NO_HINT, "--where": _where,
                        "--format": _choices(REPORT_FORMATS), "-f": _choices(REPORT_FORMATS), "--strict": None,
                        "--baseline": _where, "--view": _choices(REPORT_VIEWS), "--margin": NO_HINT,

@@ -14,17 +14,35 @@ package must never import torch, directly or through another posexp module
 ``posexp.commands``, ``training``, ``evaluation`` or ``analysis``.
 """
 
-from posexp.reporting.lm_report import Cell, Group, Report, ReportRow, build_report, metric_value
-from posexp.reporting.options import ReportOptions
-from posexp.reporting.document import render_report_markdown, write_report, write_summary
-from posexp.reporting.render import (FORMATS, RENDERERS, print_report, render_csv, render_json, render_latex,
-                                     render_markdown, render_table_csv, render_table_markdown)
-from posexp.reporting.runs import Run, load_run
-from posexp.reporting.selection import (DEFAULT_METRICS, DEFAULT_TOLERANCE, Filter, Metric, SortKey, check_tolerance,
-                                        config_value, parse_by, parse_metric, parse_metrics, parse_sort, parse_where)
-from posexp.reporting.stats import Stat, mean_interval, t_quantile
-from posexp.reporting.summary import SweepSummaryCallback, refresh_sweep_summary, report_main
-from posexp.runs.layout import find_runs
+import importlib
+from typing import Any
+
+# Each public name and the module that owns it, imported on first use (PEP 562): reading the metric registry
+# (shell completion) or the options loads no more than it needs.
+_OWNERS = {
+    **dict.fromkeys(("Cell", "Group", "Report", "ReportRow", "build_report", "metric_value"), "lm_report"),
+    "ReportOptions": "options",
+    **dict.fromkeys(("render_report_markdown", "write_report", "write_summary"), "document"),
+    **dict.fromkeys(("FORMATS", "RENDERERS", "print_report", "render_csv", "render_json", "render_latex",
+                     "render_markdown", "render_table_csv", "render_table_markdown"), "render"),
+    **dict.fromkeys(("Run", "load_run"), "runs"),
+    **dict.fromkeys(("DEFAULT_METRICS", "DEFAULT_TOLERANCE", "Filter", "Metric", "SortKey", "check_tolerance",
+                     "config_value", "parse_by", "parse_metric", "parse_metrics", "parse_sort", "parse_where"),
+                    "selection"),
+    **dict.fromkeys(("Stat", "mean_interval", "t_quantile"), "stats"),
+    **dict.fromkeys(("SweepSummaryCallback", "refresh_sweep_summary", "report_main"), "summary"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "find_runs":
+        from posexp.runs.layout import find_runs
+
+        return find_runs
+    if name not in _OWNERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_OWNERS[name]}"), name)
+
 
 __all__ = [
     "Cell", "Group", "Report", "ReportOptions", "ReportRow", "build_report", "metric_value",

@@ -66,8 +66,8 @@ NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different e
 
 
 def higher_is_better(metric: Metric) -> bool:
-    """Whether a larger value of ``metric`` is the better one (maxlen, context gain); else lower is better."""
-    return metric.kind in ("maxlen", "gain")
+    """Whether a larger value of ``metric`` is the better one, as its declaration says (:mod:`.metrics`)."""
+    return metric.higher_is_better
 
 
 @dataclass

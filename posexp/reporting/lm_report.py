@@ -25,7 +25,8 @@ from posexp.reporting.compare import Margin, compare_groups, parse_baseline, par
 from posexp.reporting.formatting import as_number
 from posexp.reporting.grouping import aggregate_group, group_rows, sort_groups
 from posexp.reporting.options import ReportOptions
-from posexp.reporting.metrics import auc_span_multiple, ratio_of, common_ratio_length, metric_value
+from posexp.reporting.metrics import metric_value
+from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
 from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)

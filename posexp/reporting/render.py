@@ -25,7 +25,7 @@ from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
 from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
                                          fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id, table_width)
-from posexp.reporting.selection import ABSENT, canon, ratio_note, show_value, config_value
+from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
@@ -116,7 +116,7 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
-                  + ratio_note(report)]
+                  + parse_metric("ratio").describe(report)]
     if report.other_views:
         views = "; ".join(fmt_view(*view) for view in report.other_views)
         lines += ["", f"Also in the results but not in this table (see {SUMMARY_CSV}): {views}."]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
+from posexp.reporting import metrics
+from posexp.reporting.metrics import PERPLEXITY, Metric, metric_help
 from posexp.reporting.formatting import MISSING
 from posexp.reporting.runs import Run
 
@@ -37,10 +39,6 @@ RUN_KEYS = ("encoder", "base", "train_len", "seed", "corpus", "corpus_fingerprin
 
 
 ABSENT = object()  # the key is not in this run's config at all (e.g. encoder.rotary_fraction for alibi)
-
-
-METRIC_HELP = ("ratio, ratio@Kx (e.g. ratio@8x), ratio@N (N tokens), ppl@Kx, ppl@N, gain, gain@Kx, maxlen, "
-                "maxlen@P% (e.g. maxlen@10%), auc, auc@Kx")
 
 
 def config_value(run: Run, key: str) -> Any:
@@ -181,121 +179,14 @@ def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
     return filters
 
 
-@dataclass(frozen=True)
-class Metric:
-    """A one-number summary of a perplexity-vs-length curve, named as the user typed it.
-
-    Attributes:
-        name: e.g. ``ratio@8x``, ``maxlen@10%``, ``auc``.
-        kind: ``ratio`` (at the common length of the table), ``ratio_at``, ``ppl_at``, ``maxlen`` or ``auc``.
-        multiple: the length as a multiple of each run's own training length (``@8x``).
-        length: the length in tokens (``@1024``).
-        tolerance: for ``maxlen``: the allowed relative rise over the training-length perplexity.
-    """
-
-    name: str
-    kind: str
-    multiple: Optional[float] = None
-    length: Optional[int] = None
-    tolerance: Optional[float] = None
-    of_parent: bool = False  # measured on a fine-tuned run's parent (posexp finetune), beside the run's own
-
-    def at(self, train_len: Optional[int]) -> Optional[int]:
-        """The length this metric looks at for a run trained at ``train_len``."""
-        if self.length is not None:
-            return self.length
-        if self.multiple is not None and train_len is not None:
-            return int(round(self.multiple * train_len))
-        return None
-
-    @property
-    def decimals(self) -> int:
-        return 0 if self.kind == "maxlen" else 3 if self.kind == "gain" else 2
-
-    def describe(self, report: Any) -> str:
-        """One sentence for the notes under the table (``report``: the :class:`~posexp.reporting.lm_report.Report`)."""
-        if self.of_parent:
-            return (f"{self.name} = {self.name.removeprefix('parent ')} of the run each fine-tune started from "
-                    "(its parent, at the parent's own training length for multiples).")
-        if self.length is not None:
-            where = f"{self.length} tokens"
-        else:
-            where = f"{self.multiple or 1:g}× the training length"
-        if self.kind == "ratio":
-            return ratio_note(report)
-        if self.kind == "ratio_at":
-            return f"{self.name} = ppl at {where} / ppl at the training length (lower is better; 1 = no loss)."
-        if self.kind == "ppl_at":
-            return f"{self.name} = perplexity at {where}."
-        if self.kind == "gain":
-            at = where if self.length is not None or self.multiple is not None else "the longest last_k length"
-            return (f"{self.name} = context gain: loss (nats/token) of the same last K tokens at the training length "
-                    f"minus at {at}, from eval.protocol=last_k rows (Kazemnejad et al. 2023's setting, which scores "
-                    "the same tokens at every length); > 0: the model profits from context longer than it trained "
-                    "with; n/a without last_k rows.")
-        if self.kind == "maxlen":
-            return (f"{self.name} = the longest evaluated length (tokens) up to which every evaluated length keeps "
-                    f"ppl within +{self.tolerance:.0%} of the training-length ppl (higher is better; capped at the "
-                    "longest length evaluated).")
-        upper = self.multiple if self.multiple is not None else report.auc_multiple
-        span = f"1× to {upper:g}× the training length" if upper else "1× to the longest common multiple (none here)"
-        return (f"{self.name} = area under ln(ppl) over log2(context length), trapezoid rule over the evaluated "
-                f"lengths from {span} (nats × octaves; lower is better; n/a when a length in the span is n/a).")
-
-
 def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE) -> Metric:
-    """Parse ``ratio``, ``ratio@8x``, ``ratio@1024``, ``ppl@8x``, ``maxlen``, ``maxlen@10%``, ``auc``, ``auc@16x``.
+    """Parse a perplexity metric (``ratio``, ``ratio@8x``, ``ppl@1024``, ``maxlen``, ``auc@16x``...) by the
+    registry's declarations (:mod:`posexp.reporting.metrics`).
 
     Raises:
         ConfigError: for ``--metric`` (or ``--tolerance``), naming the allowed forms.
     """
-    raw = str(text).strip()
-    match = re.fullmatch(r"(ratio|ppl|maxlen|auc|gain)(?:@(.+))?", raw)
-    if not match:
-        raise ConfigError("--metric", f"unknown metric {raw!r}; choose from {METRIC_HELP}")
-    kind, arg = match.group(1), match.group(2)
-
-    def at_length() -> tuple[Optional[float], Optional[int]]:
-        if arg is None:
-            raise ConfigError("--metric", f"{kind} needs a length: {kind}@8x (8× the training length) or "
-                                          f"{kind}@1024 (tokens)")
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)x", arg)
-        if m and float(m.group(1)) > 0:
-            return float(m.group(1)), None
-        if re.fullmatch(r"\d+", arg) and int(arg) > 0:
-            return None, int(arg)
-        raise ConfigError("--metric", f"{raw!r}: {arg!r} is not a length; use a multiple like 8x or tokens like "
-                                      "1024")
-
-    if kind == "ratio":
-        if arg is None:
-            return Metric("ratio", "ratio")
-        multiple, length = at_length()
-        return Metric(raw, "ratio_at", multiple, length)
-    if kind == "ppl":
-        multiple, length = at_length()
-        return Metric(raw, "ppl_at", multiple, length)
-    if kind == "gain":
-        if arg is None:
-            return Metric("gain", "gain")
-        multiple, length = at_length()
-        return Metric(raw, "gain", multiple, length)
-    if kind == "maxlen":
-        if arg is None:
-            check_tolerance(tolerance)
-            return Metric(f"maxlen@{tolerance * 100:g}%", "maxlen", tolerance=tolerance)
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)%", arg)
-        if not m or float(m.group(1)) <= 0:
-            raise ConfigError("--metric", f"{raw!r}: the tolerance is a percentage, e.g. maxlen@10% "
-                                          "(ppl within +10% of the training-length value)")
-        return Metric(raw, "maxlen", tolerance=float(m.group(1)) / 100)
-    if arg is None:
-        return Metric("auc", "auc")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)x", arg)
-    if not m or float(m.group(1)) <= 1:
-        raise ConfigError("--metric", f"{raw!r}: auc takes the upper end of its span as a multiple above 1, "
-                                      "e.g. auc@16x")
-    return Metric(raw, "auc", multiple=float(m.group(1)))
+    return metrics.parse_metric(text, tolerance, PERPLEXITY)
 
 
 def check_tolerance(tolerance: float) -> None:
@@ -340,13 +231,5 @@ def parse_sort(sort: Optional[str], metrics: list[Metric], by: list[str], tolera
     except ConfigError:
         keys = ", ".join([*shown, *by, "n"])
         raise ConfigError("--sort", f"cannot sort by {name!r}; use a shown column ({keys}) or a metric "
-                                    f"({METRIC_HELP}); prefix - for descending, e.g. --sort=-maxlen") from None
+                                    f"({metric_help(PERPLEXITY)}); prefix - for descending, e.g. --sort=-maxlen") from None
     return SortKey(metric.name, descending, metric)
-
-
-def ratio_note(report: Any) -> str:
-    if report.ratio_length is None:
-        return ("ratio = ppl at the longest length / ppl at the training length; n/a here because no length beyond "
-                "the training length has a perplexity for every run.")
-    return (f"ratio = ppl at {report.ratio_length} / ppl at the training length ({report.train_len}); "
-            f"{report.ratio_length} is the longest length every run that goes past its training length reaches.")

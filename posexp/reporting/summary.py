@@ -35,7 +35,7 @@ from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_METRIC_HELP, TASK_RENDERERS)
+from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_RENDERERS)
 from posexp.reporting.extension import EXTENSION_RENDERERS, build_extension_table, extension_runs, rich_extension_table
 from posexp.reporting.pivot import PIVOT_RENDERERS, build_pivot, rich_pivot
 from posexp.reporting.curve_report import panels_of, write_curve_section
@@ -44,7 +44,8 @@ from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
 from posexp.reporting.runs import load_run
-from posexp.reporting.selection import METRIC_HELP, parse_by, parse_where
+from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
+from posexp.reporting.selection import parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
 
@@ -242,10 +243,10 @@ def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_
     naming the metrics that apply, not an empty column or a table without it."""
     if lm and not lm_runs:
         raise ConfigError("--metric", f"{', '.join(lm)}: metrics of perplexity runs, and the runs selected are task "
-                                      f"runs; their metrics: {TASK_METRIC_HELP}")
+                                      f"runs; their metrics: {metric_help(ACCURACY)}")
     if task and not task_runs:
         raise ConfigError("--metric", f"{', '.join(task)}: metrics of task runs, and the runs selected are language-"
-                                      f"model runs; their metrics: {METRIC_HELP}")
+                                      f"model runs; their metrics: {metric_help(PERPLEXITY)}")
 
 
 def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None

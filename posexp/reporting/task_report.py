@@ -34,19 +34,13 @@ from typing import Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.formatting import latex_escape, table_width
+from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, metric_value, parse_metric
 from posexp.reporting.runs import Run, window_key
-from posexp.reporting.selection import show_value, config_value
+from posexp.reporting.selection import DEFAULT_TOLERANCE, show_value, config_value
 from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
-TASK_METRIC_HELP = ("acc@Kx (e.g. acc@4x), acc@N (N tokens), tok@Kx / tok@N (per-token), maxlen@accP (e.g. "
-                    "maxlen@acc90: the longest length up to which every evaluated length has exact match >= 90%), "
-                    "maxlen@relP (>= P% of the 1x exact match), efflen@P (e.g. efflen@85: the effective length, "
-                    "the longest evaluated length whose exact match is >= 85%, shorter ones as they may be)")
-# the row field each kind of metric reads
-FIELDS = {"acc": "exact_match", "maxlen": "exact_match", "maxrel": "exact_match", "efflen": "exact_match",
-          "tok": "token_accuracy"}
 NEAR_CHANCE = 0.05  # exact match at 1x at most this far above chance: the run did not learn the task
 UNLEARNED = "did not learn at 1×"
 
@@ -56,50 +50,9 @@ def is_task_run(run: Run) -> bool:
     return isinstance(run.info.get("task"), dict) or any(row_metric(r) == ACCURACY for r in run.rows)
 
 
-def is_task_metric(text: str) -> bool:
-    return text.strip().lower().startswith(("acc@", "tok@", "maxlen@acc", "maxlen@rel", "efflen@"))
-
-
-@dataclass(frozen=True)
-class TaskMetric:
-    name: str
-    # "acc" (exact match), "tok" (per-token accuracy), "maxlen" (absolute), "maxrel" (relative), "efflen" (RULER's)
-    kind: str
-    multiple: Optional[float] = None
-    length: Optional[int] = None
-    share: float = 0.9
-
-    def describe(self) -> str:
-        if self.kind in ("acc", "tok"):
-            where = f"{self.multiple:g}x the training length" if self.multiple is not None else f"{self.length} tokens"
-            what = "exact-match accuracy" if self.kind == "acc" else "per-token accuracy of the answer"
-            return f"{self.name} = {what} (%) at {where}."
-        if self.kind == "maxlen":
-            return (f"{self.name} = the longest evaluated length up to which every evaluated length has exact-match "
-                    f"accuracy >= {self.share:.0%} (0: not even the shortest).")
-        if self.kind == "efflen":
-            return (f"{self.name} = effective length (Hsieh et al. 2024, RULER): the longest evaluated length whose "
-                    f"exact-match accuracy is >= {self.share:.0%}, whatever the shorter ones score (0: none); it is "
-                    f"maxlen@acc{self.share * 100:g} when accuracy falls with length, and longer when a dip recovers.")
-        return (f"{self.name} = the longest length up to which exact-match accuracy stays >= {self.share:.0%} of "
-                "the accuracy at the training length (relative to it, however low it is).")
-
-
-def parse_task_metric(text: str) -> TaskMetric:
-    raw = text.strip().lower()
-    if m := re.fullmatch(r"(acc|tok)@(\d+(?:\.\d+)?)x", raw):
-        return TaskMetric(raw, m.group(1), multiple=float(m.group(2)))
-    if m := re.fullmatch(r"(acc|tok)@(\d+)", raw):
-        return TaskMetric(raw, m.group(1), length=int(m.group(2)))
-    if m := re.fullmatch(r"maxlen@(acc|rel)(\d+(?:\.\d+)?)%?", raw):
-        share = float(m.group(2)) / 100
-        if 0 < share <= 1:
-            return TaskMetric(raw, "maxlen" if m.group(1) == "acc" else "maxrel", share=share)
-    if m := re.fullmatch(r"efflen@(\d+(?:\.\d+)?)%?", raw):
-        share = float(m.group(1)) / 100
-        if 0 < share <= 1:
-            return TaskMetric(raw, "efflen", share=share)
-    raise ConfigError("--metric", f"unknown task metric {text!r}; choose from {TASK_METRIC_HELP}")
+def parse_task_metric(text: str) -> Metric:
+    """A task metric (``acc@2x``, ``maxlen@acc90``...) by the registry's declarations (:mod:`.metrics`)."""
+    return parse_metric(text, DEFAULT_TOLERANCE, TASK_RUNS)
 
 
 def run_accuracy(run: Run, name: str = "exact_match", scaling: Optional[str] = None, window: Optional[tuple] = None
@@ -123,48 +76,6 @@ def run_accuracy(run: Run, name: str = "exact_match", scaling: Optional[str] = N
         else:
             out[length] = (True, mean, None, None)
     return out
-
-
-def metric_value(metric: TaskMetric, acc: dict, train_len: Optional[int]) -> tuple[Optional[bool], Optional[float]]:
-    """One run's value of ``metric``: (applicable, value); accuracies in %."""
-    if metric.kind in ("acc", "tok"):
-        length = metric.length if metric.length is not None else (
-            int(round(metric.multiple * train_len)) if train_len else None)
-        cell = acc.get(length) if length is not None else None
-        if cell is None:
-            return None, None
-        return (True, 100 * cell[1]) if cell[0] else (False, None)
-    if metric.kind == "maxlen":
-        return _absolute_maxlen(acc, metric.share)
-    if metric.kind == "efflen":
-        passing = [n for n, (ok, value, *_) in acc.items() if ok and value is not None and value >= metric.share]
-        return (True, float(max(passing, default=0))) if acc else (None, None)
-    if train_len is None or train_len not in acc or not acc[train_len][0]:
-        return None, None
-    if not acc[train_len][1]:
-        return False, None  # nothing in distribution to keep
-    floor = metric.share * acc[train_len][1]
-    best = None
-    for length in sorted(n for n in acc if n >= train_len):
-        ok, value = acc[length][0], acc[length][1]
-        if not ok or value is None or value < floor:
-            break
-        best = length
-    return (True, float(best)) if best is not None else (False, None)
-
-
-def _absolute_maxlen(acc: dict, share: float) -> tuple[Optional[bool], Optional[float]]:
-    """The longest evaluated length up to which every evaluated length has exact match >= ``share``; 0 when
-    the shortest has not (a length not applicable ends the run of lengths as a miss does)."""
-    if not acc:
-        return None, None
-    best = 0
-    for length in sorted(acc):
-        ok, value = acc[length][0], acc[length][1]
-        if not ok or value is None or value < share:
-            break
-        best = length
-    return True, float(best)
 
 
 def did_not_learn(run: Run) -> Optional[bool]:
@@ -212,7 +123,7 @@ class TaskGroup:
 class TaskReport:
     groups: list[TaskGroup]
     lengths: list[int]
-    metrics: list[TaskMetric]
+    metrics: list[Metric]
     by: list[str]
     warnings: list[str] = field(default_factory=list)
     scaling: Optional[str] = None  # the view shown (posexp report --view): plain rows by default
@@ -253,7 +164,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     for group in groups.values():
         # each run's accuracies by length, per row field the table (exact match) and the chosen metrics read
         per_field = {name: [run_accuracy(run, name, scaling, window) for run in group.runs]
-                     for name in {"exact_match", *(FIELDS[m.kind] for m in chosen)}}
+                     for name in {"exact_match", *(m.spec.reads for m in chosen)}}
         per_run = per_field["exact_match"]
         group_lengths = sorted({n for acc in per_run for n in acc})
         lengths.update(group_lengths)
@@ -264,7 +175,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
             group.cells[n] = aggregate_stat(pairs, single)
         for metric in chosen:
             group.metrics[metric.name] = aggregate_stat([metric_value(metric, acc, run.train_len)
-                                                for acc, run in zip(per_field[FIELDS[metric.kind]], group.runs)])
+                                                for acc, run in zip(per_field[metric.spec.reads], group.runs)])
     ordered = sorted(groups.values(), key=lambda g: g.task)
     warnings += _mark_unlearned(ordered)
     if view and not lengths:
@@ -313,8 +224,8 @@ def task_table_lines(report: TaskReport) -> list[str]:
                   "|---|---:|" + "---:|" * (len(lengths) + len(metric_names))]
         for g in groups:
             cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
-            metric_cells = [_cell_text(g.metrics.get(name), 0 if name.startswith("maxlen") else 1, len(g.runs))
-                            for name in metric_names]
+            metric_cells = [_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs))
+                            for m in report.metrics]
             label = g.shown_label.replace("|", "\\|")
             lines.append("| " + " | ".join([label, str(len(g.runs)), *cells, *metric_cells]) + " |")
         lines.append("")
@@ -342,8 +253,8 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
         return None, None
     items = [m.strip() for part in ([metrics] if isinstance(metrics, str) else metrics) for m in str(part).split(",")
              if m.strip()]
-    lm = [m for m in items if not is_task_metric(m)]
-    task = [m for m in items if is_task_metric(m)]
+    lm = [m for m in items if applies_to(m) != TASK_RUNS]
+    task = [m for m in items if applies_to(m) == TASK_RUNS]
     return lm or None, task or None
 
 
@@ -354,7 +265,7 @@ def print_task_report(report: TaskReport, console) -> None:
         groups = [g for g in report.groups if g.task == task]
         columns = [(str(n), [_cell_text(g.cells.get(n), of=len(g.runs)) for g in groups])
                    for n in sorted({n for g in groups for n in g.cells})]
-        columns += [(m.name, [_cell_text(g.metrics.get(m.name), 0 if m.kind in ("maxlen", "maxrel") else 1, len(g.runs))
+        columns += [(m.name, [_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs))
                               for g in groups]) for m in report.metrics]
         parts: list[list] = []
         for column in columns:
@@ -461,8 +372,7 @@ def render_task_latex(report: TaskReport) -> str:
                 " & ".join(["group", "n", *map(str, lengths), *map(latex_escape, names)]) + " \\\\", "\\midrule"]
         for g in groups:
             cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
-            cells += [_cell_text(g.metrics.get(name), 0 if name.startswith("maxlen") else 1, len(g.runs))
-                      for name in names]
+            cells += [_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs)) for m in report.metrics]
             out.append(" & ".join([latex_escape(g.shown_label), str(len(g.runs)), *map(latex_escape, cells)]) + " \\\\")
         out += ["\\bottomrule", "\\end{tabular}", ""]
     return "\n".join(out)
