@@ -86,3 +86,19 @@ def test_reading_the_registry_imports_neither_hydra_nor_rich(tmp_path):
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'rich', 'torch', 'omegaconf'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_shown_values_read_another_field_of_the_rows_the_table_shows(tmp_path):
+    """What a metric of a field beside ppl (ppl_key) reads: the shown view's rows only, n/a kept apart."""
+    from test_report import make_run
+
+    from posexp.reporting import build_report
+    from posexp.reporting.metrics.perplexity import shown_values
+
+    extra = [{"length": 256, "protocol": "sliding", "scaling": None, "applicable": True, "ppl": 9.0, "ppl_key": 99.0}]
+    folder = make_run(tmp_path / "r", {128: 3.0, 256: 4.0, 512: None}, extra_rows=extra)
+    report = build_report([folder])
+    rows = {r["length"]: r for r in report.rows[0].run.rows if r["protocol"] == "nonoverlap"}
+    rows[128]["ppl_key"], rows[256]["ppl_key"] = 5.0, float("nan")
+    assert shown_values(report.rows[0], report, "ppl_key") == {128: (True, 5.0), 256: (False, None),
+                                                               512: (False, None)}

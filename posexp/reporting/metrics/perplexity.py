@@ -11,7 +11,7 @@ import math
 from typing import Any, Optional
 
 from posexp.reporting.metrics import HIGHER, LOWER, Metric, MetricSpec, Value
-from posexp.reporting.runs import context_gain
+from posexp.reporting.runs import context_gain, window_key
 
 
 def common_ratio_length(rows: list[Any], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
@@ -49,6 +49,22 @@ def auc_span_multiple(rows: list[Any]) -> Optional[float]:
         if train_len and row.cells:
             reach.append(max(row.cells) / train_len)
     return min(reach) if reach else None
+
+
+def shown_values(row: Any, report: Any, name: str) -> dict[int, Value]:
+    """length -> (applicable, value of the result rows' field ``name``) of the run's rows in the view the table
+    shows (the report's protocol, scaling and window): what a metric of a field beside ``ppl`` reads. A length
+    whose field is missing or not a number is (False, None); the first row of a length wins, as for the cells."""
+    values: dict[int, Value] = {}
+    for result in row.run.rows:
+        if (result.get("protocol"), result.get("scaling"), window_key(result)) != \
+                (report.protocol, report.scaling, report.window):
+            continue
+        value = result.get(name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        values.setdefault(int(result["length"]), (True, float(value)) if number and result.get("applicable", True)
+                          else (False, None))
+    return values
 
 
 def _where(metric: Metric) -> str:
