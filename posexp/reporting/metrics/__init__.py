@@ -302,7 +302,9 @@ def parse_metric(text: str, tolerance: float, applies: str = PERPLEXITY) -> Metr
     slotted = [s for s in chosen if s.family == family and s.slot is not None]
     if "@" in raw and slotted:
         raise ConfigError("--metric", slotted[0].error(raw, text))
-    if "@" not in raw and slotted:
+    if "@" not in raw and slotted and slotted[0].slot == "at":
         raise ConfigError("--metric", f"{family} needs a length: {family}@8x (8× the training length) or "
                                       f"{family}@1024 (tokens)")
+    if "@" not in raw and slotted:
+        raise ConfigError("--metric", f"{family} needs its argument: {slotted[0].forms}")
     raise ConfigError("--metric", f"unknown metric {raw!r}; choose from {metric_help(applies)}")
