@@ -116,7 +116,8 @@ def _window_runs(tmp_path: Path) -> list[Path]:
 
 
 def test_cols_window_pivots_plain_against_window_with_a_paired_verdict(tmp_path):
-    from posexp.reporting.pivot import build_pivot, render_pivot_json
+    from posexp.reporting.pivot import as_table, build_pivot
+    from posexp.reporting.tables import render
     from posexp.reporting.runs import load_run
 
     pivot = build_pivot([load_run(p) for p in _window_runs(tmp_path)], ["encoder"], ["window"])
@@ -125,7 +126,7 @@ def test_cols_window_pivots_plain_against_window_with_a_paired_verdict(tmp_path)
     diff, low, high = cell.diff()
     assert len(cell.values) == 3 and diff == pytest.approx(0.5 + 0.005 / 3, abs=1e-9) and low > 0
     assert any("beats its own window at 2×" in note for note in pivot.notes), pivot.notes
-    table = json.loads(render_pivot_json(pivot))
+    table = json.loads(render(as_table(pivot), "json"))
     assert table["baseline"] == {"window": None} and {c["length"] for c in table["cells"]} == {128, 256}
 
 

@@ -13,8 +13,6 @@ to the parent at every length; the table renders as text, markdown, csv, json an
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from typing import Any, Optional
 from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE
 from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings
+from posexp.reporting.tables import Column, Section, Table, TableCell
 
 PLAIN = "nonoverlap"
 
@@ -193,85 +192,41 @@ def _cell(table: ExtensionTable, line: ExtensionLine, n: int) -> str:
     return _ppl(line.ppl[n]) + (f" ({_signed(diff)})" if diff is not None else "")
 
 
-def header(table: ExtensionTable) -> list[str]:
-    return ["", *[f"{n}" for n in table.lengths]]
-
-
-def text_rows(table: ExtensionTable) -> list[list[str]]:
-    """The cells as text: perplexity, and beside it (in brackets) the difference to the parent."""
-    return [[line.label, *[_cell(table, line, n) for n in table.lengths]] for line in table.lines]
-
-
 def caption(table: ExtensionTable) -> str:
     return (f"Perplexity by context length (tokens) of the parent (trained at {table.parent_train_len} tokens), the "
             "parent under each evaluation-time scaling, and its fine-tunes; in brackets the difference to the "
             "parent at the same length (lower is better); — = not evaluated, n/a = not applicable.")
 
 
-def render_extension_markdown(table: ExtensionTable) -> str:
-    lines = [caption(table), "", "| " + " | ".join(["run", *header(table)[1:]]) + " |",
-             "|---|" + "---:|" * len(table.lengths)]
-    lines += ["| " + " | ".join(row) + " |" for row in text_rows(table)]
-    lines += [f"\n- warning: {w}" for w in table.warnings]
-    return "\n".join(lines) + "\n"
-
-
-def render_extension_csv(table: ExtensionTable) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["label", "kind", "run_dir", "train_len", "scaling", "steps", "length", "ppl", "ppl_low", "ppl_high",
-                "diff_vs_parent"])
+def _records(table: ExtensionTable) -> list[list[Any]]:
+    records: list[list[Any]] = [["label", "kind", "run_dir", "train_len", "scaling", "steps", "length", "ppl",
+                                 "ppl_low", "ppl_high", "diff_vs_parent"]]
     for line in table.lines:
         for n in table.lengths:
             if n in line.ppl:
                 diff = line.difference(table.parent, n) if line is not table.parent else 0.0
-                w.writerow([line.label, line.kind, str(line.run), line.train_len, line.scaling or "", line.steps or "",
-                            n, line.ppl[n], line.low.get(n), line.high.get(n), diff])
-    return buf.getvalue()
+                records.append([line.label, line.kind, str(line.run), line.train_len, line.scaling or "",
+                                line.steps or "", n, line.ppl[n], line.low.get(n), line.high.get(n), diff])
+    return records
 
 
-def render_extension_json(table: ExtensionTable) -> str:
-    out = {"table": "context extension", "parent_train_len": table.parent_train_len, "lengths": table.lengths,
-           "lines": [{"label": line.label, "kind": line.kind, "run_dir": str(line.run), "train_len": line.train_len,
-                      "scaling": line.scaling, "scaling_factor": line.scaling_factor, "steps": line.steps,
-                      "settings": line.settings,
-                      "ppl": {str(n): line.ppl.get(n) for n in table.lengths},
-                      "diff_vs_parent": {str(n): (line.difference(table.parent, n) if line is not table.parent
-                                                  else 0.0) for n in table.lengths if n in line.ppl}}
-                     for line in table.lines],
-           "warnings": table.warnings}
-    return json.dumps(out, indent=2) + "\n"
-
-
-def _tex(text: str) -> str:
-    return (text.replace("\\", r"\textbackslash{}").replace("&", r"\&").replace("%", r"\%").replace("_", r"\_")
-            .replace("#", r"\#").replace("×", r"$\times$").replace("−", "$-$").replace("—", "---"))
-
-
-def render_extension_latex(table: ExtensionTable) -> str:
-    cols = "l" + "r" * len(table.lengths)
-    out = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
-           " & ".join(["run", *[f"{n}" for n in table.lengths]]) + r" \\", r"\midrule"]
-    for i, row in enumerate(text_rows(table)):
-        if i and table.lines[i].kind != table.lines[i - 1].kind:
-            out.append(r"\midrule")
-        out.append(" & ".join(_tex(c) for c in row) + r" \\")
-    out += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_tex(caption(table))}}}", r"\end{table}"]
-    return "\n".join(out) + "\n"
-
-
-def rich_extension_table(table: ExtensionTable) -> Any:
-    """A Rich table for the terminal: one table, the label column wrapping, numbers never split."""
-    from rich.table import Table
-
-    out = Table(title="context extension — perplexity by length (Δ vs the parent)", caption=caption(table))
-    out.add_column("run", overflow="fold")
-    for n in table.lengths:
-        out.add_column(str(n), justify="right", no_wrap=True)
-    for row in text_rows(table):
-        out.add_row(*row)
-    return out
-
-
-EXTENSION_RENDERERS = {"markdown": render_extension_markdown, "csv": render_extension_csv,
-                       "json": render_extension_json, "latex": render_extension_latex}
+def as_table(table: ExtensionTable) -> Table:
+    """The table as a :class:`~posexp.reporting.tables.Table`: a section per kind of line (parent, evaluation-time
+    scalings, fine-tunes); perplexity, and beside it (in brackets) the difference to the parent."""
+    sections: list[Section] = []
+    for i, line in enumerate(table.lines):
+        if not i or line.kind != table.lines[i - 1].kind:
+            sections.append(Section([]))
+        sections[-1].rows.append([TableCell(line.label), *(TableCell(_cell(table, line, n)) for n in table.lengths)])
+    document = {"table": "context extension", "parent_train_len": table.parent_train_len, "lengths": table.lengths,
+                "lines": [{"label": line.label, "kind": line.kind, "run_dir": str(line.run),
+                           "train_len": line.train_len, "scaling": line.scaling,
+                           "scaling_factor": line.scaling_factor, "steps": line.steps, "settings": line.settings,
+                           "ppl": {str(n): line.ppl.get(n) for n in table.lengths},
+                           "diff_vs_parent": {str(n): (line.difference(table.parent, n) if line is not table.parent
+                                                       else 0.0) for n in table.lengths if n in line.ppl}}
+                          for line in table.lines],
+                "warnings": table.warnings}
+    return Table("context extension — perplexity by length (Δ vs the parent)",
+                 [Column("run", label=True), *(Column(str(n)) for n in table.lengths)], sections, caption(table),
+                 warnings=table.warnings, csv=_records(table), json=document)

@@ -99,10 +99,12 @@ def display_path(path: Path, out_dir: str | os.PathLike | None) -> str:
 
 
 def latex_escape(text: str) -> str:
-    """``text`` with LaTeX's special characters escaped (and ×, ±, — as LaTeX writes them)."""
+    """``text`` with LaTeX's special characters escaped (and ×, ±, −, Δ, ≥, ≤, — as LaTeX writes them): the one
+    escaper of every LaTeX table."""
     special = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-               "—": "---", "×": r"$\times$", "±": r"$\pm$"}
+               "—": "---", "×": r"$\times$", "±": r"$\pm$", "−": "$-$", "Δ": r"$\Delta$", "≥": r"$\geq$",
+               "≤": r"$\leq$"}
     return "".join(special.get(ch, ch) for ch in str(text))
 
 

@@ -13,9 +13,6 @@ plain rows ("beats its own window at 8×", :func:`posexp.reporting.difference.wi
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -25,6 +22,7 @@ from posexp.reporting.difference import window_verdicts
 from posexp.reporting.frame import NO_SCALING, run_records
 from posexp.reporting.runs import Run
 from posexp.reporting.stats import mean_interval
+from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.runs.row import VIEW_KEY
 
 # what stays fixed unless pivoted on, and the value it is fixed at
@@ -162,14 +160,29 @@ def _text(pivot: Pivot, line: tuple, length: int, column: tuple) -> str:
     return text
 
 
-def header(pivot: Pivot) -> list[str]:
+def as_table(pivot: Pivot) -> Table:
+    """The pivot as a :class:`~posexp.reporting.tables.Table`: a line per ``--by`` value and length."""
     names = [label(pivot.cols, c) + (" (baseline)" if i == 0 else " (Δ)") for i, c in enumerate(pivot.columns)]
-    return [", ".join(pivot.by) if pivot.by != ["label"] else "run", "length", *names]
-
-
-def rows(pivot: Pivot) -> list[list[str]]:
-    return [[label(pivot.by, line) if i == 0 else "", str(n), *(_text(pivot, line, n, c) for c in pivot.columns)]
+    columns = [Column(", ".join(pivot.by) if pivot.by != ["label"] else "run", label=True), Column("length"),
+               *(Column(name, wrap=True) for name in names)]
+    rows = [[TableCell(label(pivot.by, line) if i == 0 else ""), TableCell(str(n)),
+             *(TableCell(_text(pivot, line, n, c)) for c in pivot.columns)]
             for line in pivot.lines for i, n in enumerate(pivot.lengths[line])]
+    records, cells = [[*pivot.by, "length", *pivot.cols, "ppl", "n", "diff_vs_baseline", "diff_low", "diff_high"]], []
+    for line in pivot.lines:
+        for n in pivot.lengths[line]:
+            for column in pivot.columns:
+                cell = pivot.cell(line, n, column)
+                if cell.mean is not None:
+                    diff, low, high = cell.diff()
+                    records.append([*line, n, *column, cell.mean, len(cell.values), diff, low, high])
+                    cells.append({**dict(zip(pivot.by, line)), "length": n, **dict(zip(pivot.cols, column)),
+                                  "ppl": cell.mean, "n": len(cell.values), "diff_vs_baseline": diff,
+                                  "diff_low": low, "diff_high": high})
+    document = {"by": pivot.by, "cols": pivot.cols, "baseline": dict(zip(pivot.cols, pivot.columns[0]))
+                if pivot.columns else None, "cells": cells, "notes": pivot.notes}
+    return Table(f"perplexity by {', '.join(pivot.cols)}", columns, [Section(rows)], caption(pivot), pivot.notes,
+                 csv=records, json=document)
 
 
 def caption(pivot: Pivot) -> str:
@@ -177,66 +190,3 @@ def caption(pivot: Pivot) -> str:
                       and k != "metric")
     return (f"Perplexity by length, columns by {', '.join(pivot.cols)} ({fixed}); beside each column its "
             "difference to the baseline column, paired run by run (mean over runs, 95% t-interval when n ≥ 2).")
-
-
-def render_pivot_markdown(pivot: Pivot) -> str:
-    head = header(pivot)
-    out = [caption(pivot), "", "| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
-    out += ["| " + " | ".join(r) + " |" for r in rows(pivot)]
-    out += [""] + [f"- {note}" for note in pivot.notes] if pivot.notes else []
-    return "\n".join(out) + "\n"
-
-
-def render_pivot_csv(pivot: Pivot) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*pivot.by, "length", *pivot.cols, "ppl", "n", "diff_vs_baseline", "diff_low", "diff_high"])
-    for line in pivot.lines:
-        for n in pivot.lengths[line]:
-            for column in pivot.columns:
-                cell = pivot.cell(line, n, column)
-                if cell.mean is not None:
-                    w.writerow([*line, n, *column, cell.mean, len(cell.values), *cell.diff()])
-    return buf.getvalue()
-
-
-def render_pivot_json(pivot: Pivot) -> str:
-    cells = []
-    for line in pivot.lines:
-        for n in pivot.lengths[line]:
-            for column in pivot.columns:
-                cell = pivot.cell(line, n, column)
-                if cell.mean is not None:
-                    diff, low, high = cell.diff()
-                    cells.append({**dict(zip(pivot.by, line)), "length": n, **dict(zip(pivot.cols, column)),
-                                  "ppl": cell.mean, "n": len(cell.values), "diff_vs_baseline": diff,
-                                  "diff_low": low, "diff_high": high})
-    return json.dumps({"by": pivot.by, "cols": pivot.cols, "baseline": dict(zip(pivot.cols, pivot.columns[0]))
-                       if pivot.columns else None, "cells": cells, "notes": pivot.notes}, indent=2, default=str) + "\n"
-
-
-def render_pivot_latex(pivot: Pivot) -> str:
-    def tex(text: str) -> str:
-        return (text.replace("_", r"\_").replace("%", r"\%").replace("−", "$-$").replace("Δ", r"$\Delta$")
-                .replace("—", "---").replace("≥", r"$\geq$"))
-
-    head = header(pivot)
-    out = [r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}", r"\toprule", " & ".join(map(tex, head)) + r" \\",
-           r"\midrule"] + [" & ".join(map(tex, r)) + r" \\" for r in rows(pivot)]
-    return "\n".join(out + [r"\bottomrule", r"\end{tabular}", f"% {tex(caption(pivot))}"]) + "\n"
-
-
-def rich_pivot(pivot: Pivot) -> Any:
-    from rich.table import Table
-
-    table = Table(title=f"perplexity by {', '.join(pivot.cols)}",
-                  caption="\n".join([caption(pivot), *pivot.notes]))
-    for i, name in enumerate(header(pivot)):
-        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i == 1)
-    for r in rows(pivot):
-        table.add_row(*r)
-    return table
-
-
-PIVOT_RENDERERS = {"markdown": render_pivot_markdown, "csv": render_pivot_csv, "json": render_pivot_json,
-                   "latex": render_pivot_latex}

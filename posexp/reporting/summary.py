@@ -24,9 +24,8 @@ import logging
 import os
 import re
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from hydra.experimental.callback import Callback
 from rich.console import Console
@@ -36,8 +35,9 @@ from rich.text import Text
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_RENDERERS)
-from posexp.reporting.extension import EXTENSION_RENDERERS, build_extension_table, extension_runs, rich_extension_table
-from posexp.reporting.pivot import PIVOT_RENDERERS, build_pivot, rich_pivot
+from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
+from posexp.reporting.pivot import as_table as pivot_table, build_pivot
+from posexp.reporting.tables import Table, render, rich_tables
 from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
@@ -127,25 +127,24 @@ class LeadTable:
 
     name: str
     title: str
-    rich: Any
-    renderers: dict[str, Callable[[], str]]
-    warnings: list[str]
+    table: Table
 
     def print(self, fmt: str, console: Console, notes: Console) -> None:
         if fmt == "rich":
-            console.print(self.rich)
+            for part in rich_tables(self.table, console.width):
+                console.print(part)
         else:
-            console.file.write(self.renderers[fmt]())
+            console.file.write(render(self.table, fmt))
             console.file.flush()
-        for warning in self.warnings:
+        for warning in self.table.warnings:
             notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
     def write(self, out_dir: Path) -> None:
         report_md = out_dir / REPORT_MD
         rest = report_md.read_text(encoding="utf-8") if report_md.is_file() else ""
-        atomic_write_text(report_md, f"# {self.title}\n\n" + self.renderers["markdown"]() + "\n" + rest)
-        atomic_write_text(out_dir / f"{self.name}.csv", self.renderers["csv"]())
-        atomic_write_text(out_dir / f"{self.name}.tex", self.renderers["latex"]())
+        atomic_write_text(report_md, f"# {self.title}\n\n" + render(self.table, "markdown") + "\n" + rest)
+        atomic_write_text(out_dir / f"{self.name}.csv", render(self.table, "csv"))
+        atomic_write_text(out_dir / f"{self.name}.tex", render(self.table, "latex"))
 
 
 def _lead_table(report: Report, options: ReportOptions, wanted: Optional[dict]) -> Optional[LeadTable]:
@@ -153,14 +152,12 @@ def _lead_table(report: Report, options: ReportOptions, wanted: Optional[dict]) 
     runs = [row.run for row in report.rows]
     if options.cols:
         pivot = build_pivot(runs, parse_by(options.by), parse_by(options.cols))
-        return LeadTable("pivot", f"Perplexity by {', '.join(pivot.cols)}", rich_pivot(pivot),
-                         {f: partial(r, pivot) for f, r in PIVOT_RENDERERS.items()}, [])
+        return LeadTable("pivot", f"Perplexity by {', '.join(pivot.cols)}", pivot_table(pivot))
     found = extension_runs(runs) if not (options.by or options.where or wanted) else None
     if found is None:
         return None
     table = build_extension_table(*found)
-    return LeadTable("extension", "Context extension", rich_extension_table(table),
-                     {f: partial(r, table) for f, r in EXTENSION_RENDERERS.items()}, table.warnings)
+    return LeadTable("extension", "Context extension", extension_table(table))
 
 
 def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console,

@@ -1,0 +1,184 @@
+"""One table model for every table a report prints, and each output format rendered once.
+
+A report's tables (the context-extension table, the pivot, the task tables; see :mod:`.extension`,
+:mod:`.pivot`, :mod:`.task_report`) are each built as one :class:`Table`: columns, sections of lines of
+:class:`TableCell` (a cell's text and, for a number, the statistic behind it), a caption, notes and the
+records its csv and json carry. :func:`render` prints any of them as markdown, csv, json or latex, and
+:func:`rich_tables` as terminal tables, each with one escaper per format (:func:`md_escape`,
+:func:`latex_escape`; Rich's ``Text`` for the terminal).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from posexp.reporting.formatting import latex_escape, md_escape, table_width
+from posexp.reporting.stats import Stat
+
+FORMATS = ("rich", "markdown", "csv", "json", "latex")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column: ``label`` columns are left-aligned, escaped, and wrap on a terminal (at ``min_width`` at the
+    narrowest); the others hold numbers, right-aligned and never cut (``wrap``: may break at a space)."""
+
+    name: str
+    label: bool = False
+    min_width: int = 0
+    wrap: bool = False
+
+
+@dataclass
+class TableCell:
+    """One cell: its text and, for a number, the statistic it shows; ``best``: the best of its column."""
+
+    text: str
+    stat: Optional[Stat] = None
+    best: bool = False
+
+
+@dataclass
+class Section:
+    """Lines of a table. A section with a ``heading`` is a table of its own (under that heading; ``preamble``:
+    lines of markdown before it); sections without one are groups of lines, set apart by a rule in LaTeX."""
+
+    rows: list[list[TableCell]]
+    heading: Optional[str] = None
+    preamble: list[str] = field(default_factory=list)
+    title: Optional[str] = None  # the terminal table's title, when not the heading
+
+
+@dataclass
+class Table:
+    """A report's table, whatever it shows.
+
+    Attributes:
+        title: the terminal table's title.
+        columns: the columns, the leading ``keys`` of them repeated in each part of a terminal table too wide for
+            the terminal.
+        sections: the lines.
+        caption: what the table shows, in a sentence or two (above the markdown, in the terminal table's caption,
+            a comment in LaTeX).
+        notes: more sentences (definitions, verdicts) under the table.
+        warnings: under the markdown table; printed apart on a terminal.
+        csv: the csv's header and rows (a record per value: the numbers unrounded).
+        json: the json document.
+        keys: how many leading columns name the line.
+    """
+
+    title: str
+    columns: list[Column]
+    sections: list[Section]
+    caption: str = ""
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    csv: list[list[Any]] = field(default_factory=list)
+    json: Any = None
+    keys: int = 1
+
+
+def render(table: Table, fmt: str) -> str:
+    """``table`` as ``markdown``, ``csv``, ``json`` or ``latex`` text."""
+    return {"markdown": to_markdown, "csv": to_csv, "json": to_json, "latex": to_latex}[fmt](table)
+
+
+def to_csv(table: Table) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(table.csv)
+    return buf.getvalue()
+
+
+def to_json(table: Table) -> str:
+    return json.dumps(table.json, indent=2, default=str) + "\n"
+
+
+def _md_cell(cell: TableCell, column: Column) -> str:
+    text = md_escape(cell.text) if column.label else cell.text
+    return f"**{text}**" if cell.best else text
+
+
+def to_markdown(table: Table) -> str:
+    lines = [table.caption, ""] if table.caption else []
+    for k, section in enumerate(table.sections):
+        if section.heading is not None:
+            lines += [*([""] if k else []), f"## {section.heading}", "", *section.preamble]
+        if k == 0 or section.heading is not None:
+            lines += ["| " + " | ".join(md_escape(c.name) for c in table.columns) + " |",
+                      "|" + "".join("---|" if c.label else "---:|" for c in table.columns)]
+        lines += ["| " + " | ".join(_md_cell(cell, c) for cell, c in zip(row, table.columns)) + " |"
+                  for row in section.rows]
+    notes = [*table.notes, *(f"warning: {w}" for w in table.warnings)]
+    lines += ["", *(f"- {note}" for note in notes)] if notes else []
+    return "\n".join(lines) + "\n"
+
+
+def to_latex(table: Table) -> str:
+    """booktabs ``tabular``s (one per section with a heading), the notes as comments above; a table with a caption
+    is a float with its ``\\caption``."""
+    spec = "".join("l" if c.label else "r" for c in table.columns)
+    head = " & ".join(latex_escape(c.name) for c in table.columns) + r" \\"
+    out = [f"% {' '.join(note.split())}" for note in table.notes]
+    out.append("% needs \\usepackage{booktabs}")
+    out += [r"\begin{table}[t]", r"\centering"] if table.caption else []
+    for k, section in enumerate(table.sections):
+        if section.heading is not None or k == 0:
+            if k:
+                out += [r"\bottomrule", r"\end{tabular}"]
+            if section.heading is not None:
+                out.append(f"% {latex_escape(section.heading)}")
+            out += [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule"]
+        elif section.rows:
+            out.append(r"\midrule")
+        out += [" & ".join(latex_escape(cell.text) for cell in row) + r" \\" for row in section.rows]
+    out += [r"\bottomrule", r"\end{tabular}"]
+    out += [rf"\caption{{{latex_escape(table.caption)}}}", r"\end{table}"] if table.caption else []
+    return "\n".join(out) + "\n"
+
+
+def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str]) -> Any:
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    out = RichTable(title=title, caption=caption)
+    for i in shown:
+        column = table.columns[i]
+        if column.label:
+            widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
+            out.add_column(column.name, overflow="fold", min_width=min(widest, column.min_width) or None)
+        else:
+            out.add_column(column.name, justify="right", no_wrap=not column.wrap, overflow="fold")
+    for row in section.rows:
+        # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
+        out.add_row(*(Text(row[i].text, style="bold green" if row[i].best else "") for i in shown))
+    return out
+
+
+def rich_tables(table: Table, width: int) -> list[Any]:
+    """The Rich tables of ``table`` for a terminal ``width`` wide: one per section with a heading (titled by it),
+    each in parts where its columns do not fit side by side, every part repeating the key columns; labels wrap
+    at spaces, numbers are never cut."""
+    groups: list[Section] = []
+    for section in table.sections:
+        if section.heading is not None or not groups:
+            groups.append(Section(list(section.rows), section.heading, title=section.title))
+        else:
+            groups[-1].rows += section.rows
+    keys, out = list(range(table.keys)), []
+    caption = "\n".join(t for t in (table.caption, *table.notes) if t) or None
+    for g, section in enumerate(groups):
+        title = section.title or section.heading or table.title
+        parts: list[list[int]] = []
+        for i in range(table.keys, len(table.columns)):
+            if parts and table_width(_rich_table(table, section, keys + parts[-1] + [i], None, None)) <= width:
+                parts[-1].append(i)
+            else:
+                parts.append([i])
+        for k, part in enumerate(parts or [[]]):
+            last = g == len(groups) - 1 and k == len(parts or [[]]) - 1
+            out.append(_rich_table(table, section, keys + part, title if k == 0 else None, caption if last else None))
+    return out
