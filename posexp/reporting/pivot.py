@@ -168,7 +168,9 @@ def as_table(pivot: Pivot) -> Table:
     rows = [[TableCell(label(pivot.by, line) if i == 0 else ""), TableCell(str(n)),
              *(TableCell(_text(pivot, line, n, c)) for c in pivot.columns)]
             for line in pivot.lines for i, n in enumerate(pivot.lengths[line])]
-    records, cells = [[*pivot.by, "length", *pivot.cols, "ppl", "n", "diff_vs_baseline", "diff_low", "diff_high"]], []
+    records: list[list[Any]] = [[*pivot.by, "length", *pivot.cols, "ppl", "n", "diff_vs_baseline", "diff_low",
+                                  "diff_high"]]
+    cells: list[dict] = []
     for line in pivot.lines:
         for n in pivot.lengths[line]:
             for column in pivot.columns:
