@@ -34,7 +34,7 @@ from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, TASK_RENDERERS)
+from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, render_task)
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
@@ -195,7 +195,7 @@ def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], f
             print_task_report(task_report, console)
         else:
             if report is None:
-                console.file.write(TASK_RENDERERS[fmt](task_report))
+                console.file.write(render_task(task_report, fmt))
                 console.file.flush()
             for warning in task_report.warnings:
                 notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
@@ -207,7 +207,7 @@ def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
     text = RENDERERS[fmt](report)
     if task_report is None:
         return text
-    tasks = TASK_RENDERERS[fmt](task_report)
+    tasks = render_task(task_report, fmt)
     if fmt == "json":
         lm, task = json.loads(text), json.loads(tasks)
         return json.dumps({**lm, "tasks": task["tasks"], "warnings": lm["warnings"] + task["warnings"]},

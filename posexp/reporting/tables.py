@@ -31,6 +31,7 @@ class Column:
     label: bool = False
     min_width: int = 0
     wrap: bool = False
+    short: Optional[str] = None  # the header on a terminal, where width is scarce
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Section:
     heading: Optional[str] = None
     preamble: list[str] = field(default_factory=list)
     title: Optional[str] = None  # the terminal table's title, when not the heading
+    columns: Optional[list[Column]] = None  # a section with a heading: its own columns, when not the table's
 
 
 @dataclass
@@ -104,13 +106,15 @@ def _md_cell(cell: TableCell, column: Column) -> str:
 
 def to_markdown(table: Table) -> str:
     lines = [table.caption, ""] if table.caption else []
+    columns = table.columns
     for k, section in enumerate(table.sections):
         if section.heading is not None:
             lines += [*([""] if k else []), f"## {section.heading}", "", *section.preamble]
         if k == 0 or section.heading is not None:
-            lines += ["| " + " | ".join(md_escape(c.name) for c in table.columns) + " |",
-                      "|" + "".join("---|" if c.label else "---:|" for c in table.columns)]
-        lines += ["| " + " | ".join(_md_cell(cell, c) for cell, c in zip(row, table.columns)) + " |"
+            columns = section.columns or table.columns
+            lines += ["| " + " | ".join(md_escape(c.name) for c in columns) + " |",
+                      "|" + "".join("---|" if c.label else "---:|" for c in columns)]
+        lines += ["| " + " | ".join(_md_cell(cell, c) for cell, c in zip(row, columns)) + " |"
                   for row in section.rows]
     notes = [*table.notes, *(f"warning: {w}" for w in table.warnings)]
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
@@ -120,8 +124,6 @@ def to_markdown(table: Table) -> str:
 def to_latex(table: Table) -> str:
     """booktabs ``tabular``s (one per section with a heading), the notes as comments above; a table with a caption
     is a float with its ``\\caption``."""
-    spec = "".join("l" if c.label else "r" for c in table.columns)
-    head = " & ".join(latex_escape(c.name) for c in table.columns) + r" \\"
     out = [f"% {' '.join(note.split())}" for note in table.notes]
     out.append("% needs \\usepackage{booktabs}")
     out += [r"\begin{table}[t]", r"\centering"] if table.caption else []
@@ -131,7 +133,9 @@ def to_latex(table: Table) -> str:
                 out += [r"\bottomrule", r"\end{tabular}"]
             if section.heading is not None:
                 out.append(f"% {latex_escape(section.heading)}")
-            out += [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", head, r"\midrule"]
+            columns = section.columns or table.columns
+            out += [rf"\begin{{tabular}}{{{''.join('l' if c.label else 'r' for c in columns)}}}", r"\toprule",
+                    " & ".join(latex_escape(c.name) for c in columns) + r" \\", r"\midrule"]
         elif section.rows:
             out.append(r"\midrule")
         out += [" & ".join(latex_escape(cell.text) for cell in row) + r" \\" for row in section.rows]
@@ -140,18 +144,19 @@ def to_latex(table: Table) -> str:
     return "\n".join(out) + "\n"
 
 
-def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str]) -> Any:
+def _rich_table(section: Section, shown: list[int], title: Optional[str], caption: Optional[str]) -> Any:
     from rich.table import Table as RichTable
     from rich.text import Text
 
     out = RichTable(title=title, caption=caption)
     for i in shown:
-        column = table.columns[i]
+        column = (section.columns or [])[i]
         if column.label:
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
-            out.add_column(column.name, overflow="fold", min_width=min(widest, column.min_width) or None)
+            out.add_column(column.short or column.name, overflow="fold",
+                           min_width=min(widest, column.min_width) or None)
         else:
-            out.add_column(column.name, justify="right", no_wrap=not column.wrap, overflow="fold")
+            out.add_column(column.short or column.name, justify="right", no_wrap=not column.wrap, overflow="fold")
     for row in section.rows:
         # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
         out.add_row(*(Text(row[i].text, style="bold green" if row[i].best else "") for i in shown))
@@ -165,20 +170,21 @@ def rich_tables(table: Table, width: int) -> list[Any]:
     groups: list[Section] = []
     for section in table.sections:
         if section.heading is not None or not groups:
-            groups.append(Section(list(section.rows), section.heading, title=section.title))
+            groups.append(Section(list(section.rows), section.heading, title=section.title,
+                                  columns=section.columns or table.columns))
         else:
             groups[-1].rows += section.rows
     keys, out = list(range(table.keys)), []
-    caption = "\n".join(t for t in (table.caption, *table.notes) if t) or None
+    caption = "\n".join([table.caption, *table.notes]) if table.caption else None
     for g, section in enumerate(groups):
         title = section.title or section.heading or table.title
         parts: list[list[int]] = []
-        for i in range(table.keys, len(table.columns)):
-            if parts and table_width(_rich_table(table, section, keys + parts[-1] + [i], None, None)) <= width:
+        for i in range(table.keys, len(section.columns or [])):
+            if parts and table_width(_rich_table(section, keys + parts[-1] + [i], None, None)) <= width:
                 parts[-1].append(i)
             else:
                 parts.append([i])
         for k, part in enumerate(parts or [[]]):
             last = g == len(groups) - 1 and k == len(parts or [[]]) - 1
-            out.append(_rich_table(table, section, keys + part, title if k == 0 else None, caption if last else None))
+            out.append(_rich_table(section, keys + part, title if k == 0 else None, caption if last else None))
     return out

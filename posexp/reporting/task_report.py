@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting.formatting import latex_escape, table_width
+from posexp.reporting.tables import Column, Section, Table, TableCell, render, rich_tables, to_markdown
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, metric_value, parse_metric
 from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import DEFAULT_TOLERANCE, show_value, config_value
@@ -201,36 +201,52 @@ def _cell_text(stat: Optional[Stat], decimals: int = 1, of: int = 0) -> str:
     return "" if stat is None else stat.text(decimals, of=of)
 
 
+INTRO = ("Exact-match accuracy (%) of the whole answer, teacher-forced, on the same fresh instances for every run; "
+         "a group of several runs (seeds) shows mean ± the 95% t-interval over them, a single run its own accuracy "
+         "(its 95% Wilson interval is in its results.md). passkey: the mean over the depths measured (the per-depth "
+         "grid is each run's passkey_heatmap.png). n/a: not applicable at that length (positions never trained, or "
+         "past a learned table).")
+
+
+def _task_section(report: TaskReport, task: str) -> Section:
+    """One task's table: its groups' exact match by length and the chosen metrics."""
+    groups = [g for g in report.groups if g.task == task]
+    lengths = sorted({n for g in groups for n in g.cells})
+    train = {g.train_len for g in groups}
+    train_len = train.pop() if len(train) == 1 else None
+    columns = [Column("group" if report.by else "run", label=True, min_width=12), Column("n"),
+               *(Column(f"{n}" + (f" ({n / train_len:g}x)" if train_len else ""), short=str(n)) for n in lengths),
+               *(Column(m.name) for m in report.metrics)]
+    rows = [[TableCell(g.shown_label), TableCell(str(len(g.runs))),
+             *(TableCell(_cell_text(g.cells.get(n), of=len(g.runs)), g.cells.get(n)) for n in lengths),
+             *(TableCell(_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs)), g.metrics.get(m.name))
+               for m in report.metrics)] for g in groups]
+    return Section(rows, f"task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""),
+                   [f"Rows shown: {report.view}.", ""] if report.view else [],
+                   f"task {task}: exact match (%) by context length" + (f", {report.view}" if report.view else ""),
+                   columns)
+
+
+def task_table(report: TaskReport) -> Table:
+    """The report as a :class:`~posexp.reporting.tables.Table`: a section (a table of its own) per task."""
+    records = _task_records(report)
+    rows: list[list[Any]] = [["task", "group", "n", "train_len", "what", "mean", "low", "high", "did_not_learn"]]
+    for record in records:
+        values = [(f"exact_match@{n}", stat) for n, stat in record["exact_match"].items()]
+        rows += [[record["task"], record["group"], record["n"], record["train_len"], what,
+                  *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high")), record["did_not_learn"]]
+                 for what, stat in [*values, *record["metrics"].items()]]
+    return Table("tasks", [], [_task_section(report, task) for task in dict.fromkeys(g.task for g in report.groups)],
+                 notes=[m.describe() for m in report.metrics], csv=rows,
+                 json={"tasks": records, "warnings": report.warnings}, keys=2)
+
+
 def task_table_lines(report: TaskReport) -> list[str]:
     """The report's markdown: one table per task (exact match %, mean ± 95% t-interval over runs)."""
-    lines = ["# Tasks: accuracy vs context length", "",
-             "Exact-match accuracy (%) of the whole answer, teacher-forced, on the same fresh instances for every "
-             "run; a group of several runs (seeds) shows mean ± the 95% t-interval over them, a single run its "
-             "own accuracy (its 95% Wilson interval is in its results.md). passkey: the mean over the depths "
-             "measured (the per-depth grid is each run's passkey_heatmap.png). n/a: not applicable at that "
-             "length (positions never trained, or past a learned table).", ""]
+    lines = ["# Tasks: accuracy vs context length", "", INTRO, ""]
     for warning in report.warnings:
         lines += [f"> **Warning:** {warning}", ""]
-    for task in dict.fromkeys(g.task for g in report.groups):
-        groups = [g for g in report.groups if g.task == task]
-        lengths = sorted({n for g in groups for n in g.cells})
-        train = {g.train_len for g in groups}
-        train_len = train.pop() if len(train) == 1 else None
-        head = [f"{n}" + (f" ({n / train_len:g}x)" if train_len else "") for n in lengths]
-        metric_names = [m.name for m in report.metrics]
-        lines += [f"## task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""), "",
-                  *([f"Rows shown: {report.view}.", ""] if report.view else []),
-                  "| " + " | ".join(["group" if report.by else "run", "n", *head, *metric_names]) + " |",
-                  "|---|---:|" + "---:|" * (len(lengths) + len(metric_names))]
-        for g in groups:
-            cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
-            metric_cells = [_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs))
-                            for m in report.metrics]
-            label = g.shown_label.replace("|", "\\|")
-            lines.append("| " + " | ".join([label, str(len(g.runs)), *cells, *metric_cells]) + " |")
-        lines.append("")
-    lines += [f"- {m.describe()}" for m in report.metrics]
-    return lines
+    return lines + to_markdown(task_table(report)).splitlines()
 
 
 def task_plot_series(report: TaskReport) -> list[tuple]:
@@ -259,43 +275,12 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
 
 
 def print_task_report(report: TaskReport, console) -> None:
-    """One rich table per task. Where its lengths and metrics do not fit the terminal side by side it is printed
-    in parts, each repeating the run (or group) and n columns: labels wrap at spaces, numbers are never cut."""
-    for task in dict.fromkeys(g.task for g in report.groups):
-        groups = [g for g in report.groups if g.task == task]
-        columns = [(str(n), [_cell_text(g.cells.get(n), of=len(g.runs)) for g in groups])
-                   for n in sorted({n for g in groups for n in g.cells})]
-        columns += [(m.name, [_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs))
-                              for g in groups]) for m in report.metrics]
-        parts: list[list] = []
-        for column in columns:
-            if parts and table_width(_task_table(report, groups, [*parts[-1], column])) <= console.width:
-                parts[-1].append(column)
-            else:
-                parts.append([column])
-        for k, part in enumerate(parts or [[]]):
-            title = f"task {task}: exact match (%) by context length" + (f", {report.view}" if report.view else "")
-            console.print(_task_table(report, groups, part, title if k == 0 else None))
+    """One rich table per task, in parts where its lengths and metrics do not fit the terminal side by side, each
+    repeating the run (or group) and n columns: labels wrap at spaces, numbers are never cut."""
+    for table in rich_tables(task_table(report), console.width):
+        console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/]", highlight=False, soft_wrap=True)
-
-
-def _task_table(report: TaskReport, groups: list[TaskGroup], columns: list, title: Optional[str] = None):
-    """The rich table of ``groups``: their labels, n, and ``columns`` (header, one cell per group)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=title)
-    key = "group" if report.by else "run"
-    # a label keeps its width (up to a point) on a narrow terminal and wraps; a number never does
-    table.add_column(key, overflow="fold", min_width=min(12, max(len(key), *(len(g.shown_label) for g in groups))))
-    table.add_column("n", justify="right", no_wrap=True)
-    for header, _ in columns:
-        table.add_column(header, justify="right", no_wrap=True)
-    for i, g in enumerate(groups):
-        # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
-        table.add_row(Text(g.shown_label), str(len(g.runs)), *(cells[i] for _, cells in columns))
-    return table
 
 
 def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) -> str:
@@ -330,53 +315,8 @@ def _task_records(report: TaskReport) -> list[dict]:
              "metrics": {name: stat.as_dict() for name, stat in g.metrics.items()}} for g in report.groups]
 
 
-def render_task_json(report: TaskReport) -> str:
-    """The task report as JSON: ``{"tasks": [records], "warnings": [...]}`` (accuracy in %)."""
-    import json
-
-    return json.dumps({"tasks": _task_records(report), "warnings": report.warnings}, indent=2) + "\n"
-
-
-def render_task_csv(report: TaskReport) -> str:
-    """One CSV row per group and value: task, group, n, train_len, what (a length or a metric), mean, low, high,
-    did_not_learn (how many of the group's runs did not learn the task at 1x)."""
-    import csv
-    import io
-
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["task", "group", "n", "train_len", "what", "mean", "low", "high", "did_not_learn"])
-    for record in _task_records(report):
-        values = [(f"exact_match@{n}", stat) for n, stat in record["exact_match"].items()]
-        for what, stat in [*values, *record["metrics"].items()]:
-            writer.writerow([record["task"], record["group"], record["n"], record["train_len"], what,
-                             *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high")),
-                             record["did_not_learn"]])
-    return out.getvalue()
-
-
-def render_task_markdown(report: TaskReport) -> str:
-    """The tables of report.md's task section, without the figure."""
-    return "\n".join(task_table_lines(report)) + "\n"
-
-
-def render_task_latex(report: TaskReport) -> str:
-    """One ``tabular`` per task (booktabs rules), exact match (%) by length and the chosen metrics."""
-    out = []
-    for task in dict.fromkeys(g.task for g in report.groups):
-        groups = [g for g in report.groups if g.task == task]
-        lengths = sorted({n for g in groups for n in g.cells})
-        names = [m.name for m in report.metrics]
-        out += [f"% task {latex_escape(task)}: exact match (%) by context length, mean $\\pm$ 95\\% interval",
-                "\\begin{tabular}{l r " + "r " * (len(lengths) + len(names)) + "}", "\\toprule",
-                " & ".join(["group", "n", *map(str, lengths), *map(latex_escape, names)]) + " \\\\", "\\midrule"]
-        for g in groups:
-            cells = [_cell_text(g.cells.get(n), of=len(g.runs)) for n in lengths]
-            cells += [_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs)) for m in report.metrics]
-            out.append(" & ".join([latex_escape(g.shown_label), str(len(g.runs)), *map(latex_escape, cells)]) + " \\\\")
-        out += ["\\bottomrule", "\\end{tabular}", ""]
-    return "\n".join(out)
-
-
-TASK_RENDERERS = {"markdown": render_task_markdown, "csv": render_task_csv, "json": render_task_json,
-                  "latex": render_task_latex}
+def render_task(report: TaskReport, fmt: str) -> str:
+    """The task report in ``fmt`` (``--format``): markdown with its introduction, as report.md has it."""
+    if fmt == "markdown":
+        return "\n".join(task_table_lines(report)) + "\n"
+    return render(task_table(report), fmt)
