@@ -4,7 +4,9 @@ Owns the comparison of runs: loading them (:mod:`.runs`), choosing and describin
 them (:mod:`.selection`), replicate statistics (:mod:`.stats`), the table and its
 groups for language-modelling runs (:mod:`.lm_report`, built of :mod:`.table`'s parts, with :mod:`.metrics`'
 summary metrics and :mod:`.grouping`'s groups) and for task runs (:mod:`.task_report`),
-the table in five formats (:mod:`.render`, with :mod:`.formatting`'s number formats), ``report.md``,
+the table in five formats (:mod:`.render`, with :mod:`.formatting`'s number formats; the pivot, context-extension
+and task tables as one :class:`~.tables.Table` each, rendered by :mod:`.tables`), every ``--metric`` declared
+once in the registry :mod:`.metrics`, ``report.md``,
 ``summary.md`` and their figures (:mod:`.document`, drawn by :mod:`posexp.plots.perplexity`), and the entry
 points (:mod:`.summary`: ``posexp report``, the end-of-sweep Hydra callback).
 

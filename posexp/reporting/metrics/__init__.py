@@ -31,6 +31,9 @@ A whole new metric, e.g. ``posexp/reporting/metrics/median_ppl.py``::
         def describe(self, metric: Metric, report) -> str:
             return f"{metric.name} = the median perplexity from 1x to {metric.multiple:g}x the training length."
 
+A metric of another field of the result rows (``ppl_key`` beside ``ppl``) reads it, in the view the table shows,
+with :func:`posexp.reporting.metrics.perplexity.shown_values` (length -> (applicable, value)).
+
 A metric from outside the package enters the same way: importing the module that defines the class registers it.
 """
 
