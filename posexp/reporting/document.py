@@ -15,8 +15,9 @@ from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
 from posexp.reporting.formatting import MAX_BANDS, display_path, fmt_int, fmt_num, fmt_view, md_escape, plural
-from posexp.reporting.render import (legend_label, plot_series, ppl_label, settings_note, table_notes, plot_groups, render_csv,
-                                     render_markdown, render_table_markdown)
+from posexp.reporting.render import (legend_label, lm_table, plot_series, ppl_label, settings_note, plot_groups, render_csv,
+                                     render_markdown)
+from posexp.reporting.tables import to_markdown
 from posexp.runs.layout import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV, SUMMARY_MD, read_position_curve, read_training_curve)
 
 
@@ -178,8 +179,7 @@ def render_report_markdown(report: Report, out_dir: str | os.PathLike | None = N
         lines += [f"> **Warning:** {md_escape(warning)}", ">"]
     if report.warnings:
         lines[-1] = ""
-    lines.append(render_table_markdown(report))
-    lines += [f"- {md_escape(note)}" for note in table_notes(report)]
+    lines.append(to_markdown(lm_table(report)).rstrip("\n"))  # the table and its notes
     if report.comparison is not None:
         lines += ["", *comparison_markdown(report.comparison, md_escape)]
     for file, title, caption in figures:

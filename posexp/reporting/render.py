@@ -27,6 +27,8 @@ from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_A
                                          fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id, table_width)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
+from posexp.reporting.tables import Column, Section, TableCell, to_csv, to_json, to_latex, to_markdown
+from posexp.reporting import tables
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
 
@@ -330,31 +332,12 @@ def _best_columns(report: Report) -> list[list[str]]:
     return marks
 
 
-def render_table_markdown(report: Report) -> str:
-    """The grouped table as a markdown table (``--format markdown``; the table in ``report.md``)."""
-    columns = _columns(report)
-    n_keys = len(report.by) + 1 if report.by else 1
-    lines = ["| " + " | ".join(md_escape(c) for c in columns) + " |",
-             "|" + "|".join(" --- " if i < n_keys and c != "n" or c == "flags" else " ---: "
-                            for i, c in enumerate(columns)) + "|"]
-    best = _best_cells(report)
-    for g, group in enumerate(report.groups):
-        cells = []
-        for i, (text, stat, decimals) in enumerate(_group_cells(report, group)):
-            number = "" if stat is None else _stat_text(stat, decimals, group)
-            cells.append(md_escape(text) if stat is None else f"**{number}**" if (g, i) in best else number)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def render_table_csv(report: Report) -> str:
-    """The grouped table as CSV (``--format csv``): value, 95% low/high and n per length and metric."""
-    buf = StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+def _csv_rows(report: Report) -> list[list[str]]:
+    """The grouped table's csv: value, 95% low/high and n per length and metric."""
     keys = [*report.by, "n"] if report.by else ["run"]
     stats = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
-    writer.writerow([*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
-                     "flags", "runs", "seeds", "best"])
+    rows = [[*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
+             "flags", "runs", "seeds", "best"]]
     best = _best_columns(report)
     for g, group in enumerate(report.groups):
         key_cells = [csv_cell(group.key.get(k)) for k in report.by] + [str(group.n)] if report.by else [group.label]
@@ -364,17 +347,17 @@ def render_table_csv(report: Report) -> str:
             ok = bool(stat.applicable)
             values += [csv_cell(stat.mean if ok else None), csv_cell(stat.low if ok else None),
                        csv_cell(stat.high if ok else None), str(stat.n)]
-        writer.writerow([*key_cells, *values, "; ".join(group.flags),
-                         " ".join(row.run.path.as_posix() for row in group.rows),
-                         " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
-    return buf.getvalue()
+        rows.append([*key_cells, *values, "; ".join(group.flags),
+                     " ".join(row.run.path.as_posix() for row in group.rows),
+                     " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
+    return rows
 
 
-def render_json(report: Report) -> str:
-    """The report as JSON (``--format json``): settings, metric definitions, groups with their runs."""
+def _json_document(report: Report) -> dict:
+    """The report as JSON: settings, metric definitions, groups with their runs."""
     name, fingerprint = report.corpus
     best = _best_columns(report)
-    data = {
+    return {
         "by": list(report.by),
         "protocol": report.protocol, "scaling": report.scaling,
         **({} if report.window is None else {"window": report.window[0], "sinks": report.window[1]}),
@@ -395,40 +378,52 @@ def render_json(report: Report) -> str:
         "comparison": None if report.comparison is None else comparison_json(report.comparison),
         "warnings": report.warnings,
     }
-    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def lm_table(report: Report) -> tables.Table:
+    """The grouped perplexity table as a :class:`~posexp.reporting.tables.Table`: a line per group (or run), its
+    perplexity at every length and its metrics, each cell a statistic; the table's notes define them."""
+    n_keys = len(report.by) + 1 if report.by else 1
+    columns = [Column(c, label=i < n_keys and c != "n" or c == "flags") for i, c in enumerate(_columns(report))]
+    best = _best_cells(report)
+    rows = []
+    for g, group in enumerate(report.groups):
+        cells = []
+        for i, (text, stat, decimals) in enumerate(_group_cells(report, group)):
+            if stat is None:
+                cells.append(TableCell(text))
+                continue
+            number = _stat_text(stat, decimals, group)
+            math = _stat_text(stat, decimals, group, plus_minus=r" \pm ") if stat.applicable and \
+                stat.mean is not None else None
+            cells.append(TableCell(number, stat, (g, i) in best, math))
+        rows.append(cells)
+    return tables.Table(_title(report), columns, [Section(rows)], notes=table_notes(report), csv=_csv_rows(report),
+                 json=_json_document(report), keys=n_keys)
+
+
+def render_table_markdown(report: Report) -> str:
+    """The grouped table as a markdown table (``--format markdown``; the table in ``report.md``, with its notes)."""
+    return to_markdown(replace(lm_table(report), notes=[]))
+
+
+def render_table_csv(report: Report) -> str:
+    """The grouped table as CSV (``--format csv``): value, 95% low/high and n per length and metric."""
+    return to_csv(lm_table(report))
+
+
+def render_json(report: Report) -> str:
+    """The report as JSON (``--format json``): settings, metric definitions, groups with their runs."""
+    return to_json(lm_table(report))
 
 
 def render_latex(report: Report) -> str:
-    """The grouped table as a booktabs ``tabular`` for a paper (``--format latex``)."""
-    columns = _columns(report)
-    n_keys = len(report.by) + 1 if report.by else 1
-    if not any(g.flags for g in report.groups):
-        columns = columns[:-1]  # an empty flags column only takes width in a paper
-    spec = "".join("l" if i < n_keys and c != "n" or c == "flags" else "r" for i, c in enumerate(columns))
-    lines = [
-        f"% posexp report: {ppl_label(report)}, protocol {fmt_view(report.protocol, report.scaling, report.window)}, "
-        f"training length {report.train_len}",
-        *(f"% {_latex_comment(note)}" for note in table_notes(report)[1:]),
-        "% needs \\usepackage{booktabs}",
-        f"\\begin{{tabular}}{{{spec}}}",
-        "\\toprule",
-        " & ".join(latex_escape(c) for c in columns) + r" \\",
-        "\\midrule",
-    ]
-    best = _best_cells(report)
-    for g, group in enumerate(report.groups):
-        cells = []
-        for i, (text, stat, decimals) in enumerate(_group_cells(report, group)[:len(columns)]):
-            if stat is None:
-                cells.append(latex_escape(text))
-            elif stat.applicable and stat.mean is not None:
-                number = _stat_text(stat, decimals, group, plus_minus=r" \pm ")
-                cells.append((f"\\mathbf{{{number}}}" if (g, i) in best else number).join("$$"))
-            else:
-                cells.append(latex_escape(stat.text(decimals)))
-        lines.append(" & ".join(cells) + r" \\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    """The grouped table as a booktabs ``tabular`` for a paper (``--format latex``); its settings and notes as
+    comments above."""
+    table = lm_table(report)
+    head = (f"posexp report: {ppl_label(report)}, protocol {fmt_view(report.protocol, report.scaling, report.window)}, "
+            f"training length {report.train_len}")
+    return to_latex(replace(table, notes=[head, *table.notes[1:]]))
 
 
 RENDERERS = {"markdown": render_table_markdown, "csv": render_table_csv, "json": render_json,

@@ -41,6 +41,7 @@ class TableCell:
     text: str
     stat: Optional[Stat] = None
     best: bool = False
+    math: Optional[str] = None  # the number in LaTeX math (``3.44 \\pm 0.34``), when it is set as math
 
 
 @dataclass
@@ -113,35 +114,53 @@ def to_markdown(table: Table) -> str:
         if k == 0 or section.heading is not None:
             columns = section.columns or table.columns
             lines += ["| " + " | ".join(md_escape(c.name) for c in columns) + " |",
-                      "|" + "".join("---|" if c.label else "---:|" for c in columns)]
+                      "|" + "|".join(" --- " if c.label else " ---: " for c in columns) + "|"]
         lines += ["| " + " | ".join(_md_cell(cell, c) for cell, c in zip(row, columns)) + " |"
                   for row in section.rows]
     notes = [*table.notes, *(f"warning: {w}" for w in table.warnings)]
-    lines += ["", *(f"- {note}" for note in notes)] if notes else []
+    lines += ["", *(f"- {md_escape(note)}" for note in notes)] if notes else []
     return "\n".join(lines) + "\n"
 
 
 def to_latex(table: Table) -> str:
     """booktabs ``tabular``s (one per section with a heading), the notes as comments above; a table with a caption
-    is a float with its ``\\caption``."""
+    is a float with its ``\\caption``. A column empty in every line is left out: it only takes width in a paper."""
     out = [f"% {' '.join(note.split())}" for note in table.notes]
     out.append("% needs \\usepackage{booktabs}")
     out += [r"\begin{table}[t]", r"\centering"] if table.caption else []
-    for k, section in enumerate(table.sections):
-        if section.heading is not None or k == 0:
-            if k:
-                out += [r"\bottomrule", r"\end{tabular}"]
-            if section.heading is not None:
-                out.append(f"% {latex_escape(section.heading)}")
-            columns = section.columns or table.columns
-            out += [rf"\begin{{tabular}}{{{''.join('l' if c.label else 'r' for c in columns)}}}", r"\toprule",
-                    " & ".join(latex_escape(c.name) for c in columns) + r" \\", r"\midrule"]
-        elif section.rows:
-            out.append(r"\midrule")
-        out += [" & ".join(latex_escape(cell.text) for cell in row) + r" \\" for row in section.rows]
+    for k, group in enumerate(_tabulars(table)):
+        columns = group[0].columns or table.columns
+        rows = [row for section in group for row in section.rows]
+        keep = [i for i in range(len(columns)) if i < table.keys or any(row[i].text for row in rows)]
+        if k:
+            out += [r"\bottomrule", r"\end{tabular}"]
+        if group[0].heading is not None:
+            out.append(f"% {latex_escape(group[0].heading)}")
+        out += [rf"\begin{{tabular}}{{{''.join('l' if columns[i].label else 'r' for i in keep)}}}", r"\toprule",
+                " & ".join(latex_escape(columns[i].name) for i in keep) + r" \\", r"\midrule"]
+        for j, section in enumerate(group):
+            out += [r"\midrule"] if j and section.rows else []
+            out += [" & ".join(_latex_cell(row[i]) for i in keep) + r" \\" for row in section.rows]
     out += [r"\bottomrule", r"\end{tabular}"]
     out += [rf"\caption{{{latex_escape(table.caption)}}}", r"\end{table}"] if table.caption else []
     return "\n".join(out) + "\n"
+
+
+def _tabulars(table: Table) -> list[list[Section]]:
+    """The sections of each table of its own: a section with a heading starts one."""
+    groups: list[list[Section]] = []
+    for section in table.sections:
+        if section.heading is not None or not groups:
+            groups.append([section])
+        else:
+            groups[-1].append(section)
+    return groups
+
+
+def _latex_cell(cell: TableCell) -> str:
+    if cell.math is None:
+        return latex_escape(cell.text)
+    return (f"\\mathbf{{{cell.math}}}" if cell.best else cell.math).join("$$")
 
 
 def _rich_table(section: Section, shown: list[int], title: Optional[str], caption: Optional[str]) -> Any:
@@ -167,13 +186,8 @@ def rich_tables(table: Table, width: int) -> list[Any]:
     """The Rich tables of ``table`` for a terminal ``width`` wide: one per section with a heading (titled by it),
     each in parts where its columns do not fit side by side, every part repeating the key columns; labels wrap
     at spaces, numbers are never cut."""
-    groups: list[Section] = []
-    for section in table.sections:
-        if section.heading is not None or not groups:
-            groups.append(Section(list(section.rows), section.heading, title=section.title,
-                                  columns=section.columns or table.columns))
-        else:
-            groups[-1].rows += section.rows
+    groups = [Section([row for section in group for row in section.rows], group[0].heading, title=group[0].title,
+                      columns=group[0].columns or table.columns) for group in _tabulars(table)]
     keys, out = list(range(table.keys)), []
     caption = "\n".join([table.caption, *table.notes]) if table.caption else None
     for g, section in enumerate(groups):
