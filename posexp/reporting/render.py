@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from dataclasses import dataclass, replace
@@ -23,7 +22,7 @@ from posexp.reporting.compare import (NUMBER_COLUMNS, Comparison, best_groups, c
                                       comparison_rows, higher_is_better, methods, sweep_keys, verdict_lines)
 from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
-from posexp.reporting.formatting import (latex_escape, MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
+from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
                                          fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id, table_width)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
@@ -428,10 +427,6 @@ def render_latex(report: Report) -> str:
 
 RENDERERS = {"markdown": render_table_markdown, "csv": render_table_csv, "json": render_json,
              "latex": render_latex}
-
-
-def _latex_comment(text: str) -> str:
-    return " ".join(str(text).split())
 
 
 def legend_label(report: Report, group: Group) -> str:

@@ -28,7 +28,6 @@ what it shows past 1× says nothing of extrapolation.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
