@@ -19,7 +19,6 @@ from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_bytes, atomic_write_text
 from posexp.plots.perplexity import plot_ppl_vs_length
 from posexp.reporting import (
-    SweepSummaryCallback,
     build_report,
     find_runs,
     load_run,
@@ -438,6 +437,8 @@ def test_atomic_write_failure_keeps_old_content(tmp_path, monkeypatch):
 
 
 def test_callback_writes_summary_into_sweep_dir(tmp_path):
+    from posexp.cli.jobs import SweepSummaryCallback
+
     sweep = make_sweep(tmp_path / "multirun" / "2024-01-01" / "12-00-00", 3)
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"}}})
     SweepSummaryCallback().on_multirun_end(config)
@@ -447,6 +448,8 @@ def test_callback_writes_summary_into_sweep_dir(tmp_path):
 
 
 def test_callback_never_raises(tmp_path, caplog):
+    from posexp.cli.jobs import SweepSummaryCallback
+
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "missing")}}})
     with caplog.at_level(logging.WARNING, logger="posexp.report"):
         SweepSummaryCallback().on_multirun_end(config)

@@ -102,3 +102,15 @@ def test_shown_values_read_another_field_of_the_rows_the_table_shows(tmp_path):
     rows[128]["ppl_key"], rows[256]["ppl_key"] = 5.0, float("nan")
     assert shown_values(report.rows[0], report, "ppl_key") == {128: (True, 5.0), 256: (False, None),
                                                                512: (False, None)}
+
+
+def test_no_reporting_module_imports_hydra_omegaconf_or_torch():
+    """Reporting reads finished run folders; the Hydra callback that starts a sweep's summary lives in posexp.cli."""
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, importlib, sys, posexp.reporting as r\n"
+            "for m in pkgutil.walk_packages(r.__path__, 'posexp.reporting.'): importlib.import_module(m.name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'omegaconf', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -139,6 +139,21 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
     failed_jobs.append(str(run_dir))
 
 
+class SweepSummaryCallback(Callback):
+    """Hydra callback (``hydra.callbacks.sweep_summary`` of configs/config.yaml, finetune.yaml, pretrained.yaml):
+    write the sweep's summary into its folder when a multirun ends (:func:`posexp.reporting.summary.sweep_summary`)."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        from posexp.reporting.summary import sweep_summary
+
+        try:
+            sweep_dir = str(config.hydra.sweep.dir)
+        except Exception:  # no sweep folder in the config: nothing to summarise, and a finished sweep stays one
+            logging.getLogger("posexp.report").warning("sweep summary not written: the config names no sweep folder")
+            return
+        sweep_summary(sweep_dir)
+
+
 class FailedJobsCallback(Callback):
     """Hydra callback: count the sweep jobs that failed in other processes (joblib, submitit) too."""
 

@@ -32,7 +32,7 @@ _OWNERS = {
                      "config_value", "parse_by", "parse_metric", "parse_metrics", "parse_sort", "parse_where"),
                     "selection"),
     **dict.fromkeys(("Stat", "mean_interval", "t_quantile"), "stats"),
-    **dict.fromkeys(("SweepSummaryCallback", "refresh_sweep_summary", "report_main"), "summary"),
+    **dict.fromkeys(("refresh_sweep_summary", "report_main", "sweep_summary"), "summary"),
 }
 
 
@@ -55,5 +55,5 @@ __all__ = [
     "DEFAULT_METRICS", "DEFAULT_TOLERANCE", "Filter", "Metric", "SortKey", "check_tolerance", "config_value",
     "parse_by", "parse_metric", "parse_metrics", "parse_sort", "parse_where",
     "Stat", "mean_interval", "t_quantile",
-    "SweepSummaryCallback", "refresh_sweep_summary", "report_main",
+    "refresh_sweep_summary", "report_main", "sweep_summary",
 ]

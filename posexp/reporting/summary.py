@@ -1,6 +1,7 @@
-"""Entry points: ``posexp report``, the end-of-sweep Hydra callback and the sweep-summary refresh.
+"""Entry points: ``posexp report``, the end-of-sweep summary and the sweep-summary refresh.
 
-``posexp report DIR...`` and :class:`SweepSummaryCallback` both end up in
+``posexp report DIR...`` and the end of a sweep (:func:`sweep_summary`, called by Hydra's callback
+:class:`posexp.cli.jobs.SweepSummaryCallback`: reporting does not import Hydra) both end up in
 :func:`report_main`; ``posexp eval`` and ``posexp resume`` call
 :func:`refresh_sweep_summary` after they change a run of a sweep.
 
@@ -27,7 +28,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from hydra.experimental.callback import Callback
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
@@ -299,28 +299,16 @@ def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
     return warnings
 
 
-class SweepSummaryCallback(Callback):
-    """Hydra callback: write the sweep summary into the sweep folder when a multirun ends.
-
-    Enable it in the primary config::
-
-        hydra:
-          callbacks:
-            sweep_summary:
-              _target_: posexp.reporting.summary.SweepSummaryCallback
-    """
-
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        """Summarise ``config.hydra.sweep.dir``; never raises, since the runs themselves are already safe."""
-        sweep_dir = "<unknown sweep dir>"
-        try:
-            sweep_dir = str(config.hydra.sweep.dir)
-            report_main([sweep_dir], out=sweep_dir, _sweep_end=True)  # the sweep's own summary, in its folder
-        except PosexpError as e:
-            log.warning("sweep summary not written: %s", e)
-        except Exception:  # a bug here must not turn a finished sweep into a failed one
-            log.warning("sweep summary not written; the runs are intact, retry with `posexp report %s`",
-                        sweep_dir, exc_info=True)
+def sweep_summary(sweep_dir: str | os.PathLike) -> None:
+    """The summary a sweep writes into its own folder when it ends (:class:`posexp.cli.jobs.SweepSummaryCallback`);
+    never raises, since the runs themselves are already safe."""
+    try:
+        report_main([sweep_dir], out=sweep_dir, _sweep_end=True)
+    except PosexpError as e:
+        log.warning("sweep summary not written: %s", e)
+    except Exception:  # a bug here must not turn a finished sweep into a failed one
+        log.warning("sweep summary not written; the runs are intact, retry with `posexp report %s`",
+                    sweep_dir, exc_info=True)
 
 
 def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optional[Path]:
