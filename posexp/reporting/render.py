@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from io import StringIO
 from typing import Optional
 
@@ -23,10 +23,10 @@ from posexp.reporting.compare import (NUMBER_COLUMNS, Comparison, best_groups, c
 from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
-                                         fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id, table_width)
+                                         fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
-from posexp.reporting.tables import Column, Section, TableCell, to_csv, to_json, to_latex, to_markdown
+from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_csv, to_json, to_latex, to_markdown
 from posexp.reporting import tables
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
@@ -223,20 +223,8 @@ def print_report(report: Report, console: Console | None = None) -> None:
     repeating the run (or ``--by``) columns.
     """
     console = console or Console()
-    grid = _Grid(report, _columns(report), [_group_cells(report, group) for group in report.groups],
-                 len(report.by) + 1 if report.by else 1, _best_cells(report))
-    numbers = list(range(grid.n_keys, len(grid.columns) - 1))  # lengths and metrics; the last column is the flags
-    # one table: each interval beside its mean where that fits, else under it; in parts only past that
-    stacked = not _ReportTable(grid, numbers, flags=True).width_fits(console)
-    parts: list[list[int]] = []
-    for i in numbers:
-        if parts and _ReportTable(grid, parts[-1] + [i], stacked=stacked).width_fits(console):
-            parts[-1].append(i)
-        else:
-            parts.append([i])
-    parts = parts or [[]]  # no lengths or metrics at all: the keys and flags still make a table
-    for k, part in enumerate(parts):
-        console.print(_ReportTable(grid, part, title=k == 0, flags=k == len(parts) - 1, stacked=stacked).table)
+    for table in rich_tables(lm_table(report), console.width):
+        console.print(table)
     for note in table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     if report.comparison is not None:
@@ -270,55 +258,6 @@ def _print_comparison(comparison: Comparison, console: Console) -> None:
     console.print(table)
     for line in verdict_lines(comparison):
         console.print(Text(line))
-
-
-@dataclass(frozen=True)
-class _Grid:
-    """The report's cells, laid out once for every Rich table made of them: the column names, a line of
-    ``(text, stat, decimals)`` per group, how many key columns lead, and the best cell of each number column."""
-
-    report: Report
-    columns: list[str]
-    lines: list[list[tuple[str, Optional[Stat], int]]]
-    n_keys: int
-    best: set[tuple[int, int]]
-
-
-class _ReportTable:
-    """The report's Rich table with the key columns and the number columns ``shown`` (and the flags); ``stacked``:
-    each interval under its mean, and long headers on two lines."""
-
-    def __init__(self, grid: _Grid, shown: list[int], title: bool = True, flags: bool = False, stacked: bool = False):
-        report, columns, lines, n_keys, best = grid.report, grid.columns, grid.lines, grid.n_keys, grid.best
-        keep = [*range(n_keys), *shown, *([len(columns) - 1] if flags else [])]
-        # No vertical rules: a dozen columns of "4.92 ±0.10" fit a normal terminal that way.
-        self.table = Table(title=_title(report) if title else None, title_style="bold", header_style="bold",
-                           box=box.SIMPLE_HEAD, pad_edge=not stacked)
-        for i in keep:
-            name = columns[i]
-            if i < n_keys and name != "n":
-                # Keys keep their width (up to a point) on a narrow terminal; they wrap, the numbers never do.
-                widest = max([len(name), *(len(line[i][0]) for line in lines)])
-                self.table.add_column(name, overflow="fold", min_width=min(widest, 12))
-            elif name == "flags":
-                self.table.add_column(name, style="yellow", overflow="fold")
-            else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
-                header = name.replace(" (", "\n(").replace("@", "\n@") if stacked else name
-                self.table.add_column(header, justify="right", no_wrap=True)
-        for g, (group, line) in enumerate(zip(report.groups, lines)):
-            texts = []
-            for i in keep:
-                text, stat, decimals = line[i]
-                style = "bold green" if (g, i) in best else "" if stat is None or stat.applicable else "dim"
-                # Text(), not str: labels like "model=[a,b]" would otherwise be parsed as Rich markup.
-                texts.append(Text(text) if stat is None else
-                             Text(_stat_text(stat, decimals, group, plus_minus="\n±" if stacked else " ±"),
-                                  style=style))
-            self.table.add_row(*texts, style="yellow" if group.flags else None)
-
-    def width_fits(self, console: Console) -> bool:
-        """Whether the table fits ``console`` with its text columns at their narrowest and every number whole."""
-        return table_width(self.table) <= console.width
 
 
 def _best_columns(report: Report) -> list[list[str]]:
@@ -383,7 +322,8 @@ def lm_table(report: Report) -> tables.Table:
     """The grouped perplexity table as a :class:`~posexp.reporting.tables.Table`: a line per group (or run), its
     perplexity at every length and its metrics, each cell a statistic; the table's notes define them."""
     n_keys = len(report.by) + 1 if report.by else 1
-    columns = [Column(c, label=i < n_keys and c != "n" or c == "flags") for i, c in enumerate(_columns(report))]
+    columns = [Column(c, label=i < n_keys and c != "n" or c == "flags", min_width=12, last=c == "flags")
+               for i, c in enumerate(_columns(report))]
     best = _best_cells(report)
     rows = []
     for g, group in enumerate(report.groups):
@@ -395,10 +335,12 @@ def lm_table(report: Report) -> tables.Table:
             number = _stat_text(stat, decimals, group)
             math = _stat_text(stat, decimals, group, plus_minus=r" \pm ") if stat.applicable and \
                 stat.mean is not None else None
-            cells.append(TableCell(number, stat, (g, i) in best, math))
+            cells.append(TableCell(number, stat, (g, i) in best, math, _stat_text(stat, decimals, group, " ±"),
+                                   _stat_text(stat, decimals, group, "\n±")))
         rows.append(cells)
-    return tables.Table(_title(report), columns, [Section(rows)], notes=table_notes(report), csv=_csv_rows(report),
-                 json=_json_document(report), keys=n_keys)
+    flagged = {g for g, group in enumerate(report.groups) if group.flags}
+    return tables.Table(_title(report), columns, [Section(rows, flagged=flagged)], notes=table_notes(report),
+                        csv=_csv_rows(report), json=_json_document(report), keys=n_keys, compact=True)
 
 
 def render_table_markdown(report: Report) -> str:

@@ -32,6 +32,7 @@ class Column:
     min_width: int = 0
     wrap: bool = False
     short: Optional[str] = None  # the header on a terminal, where width is scarce
+    last: bool = False  # on a terminal: in the last part only, and not counted when fitting the others (flags)
 
 
 @dataclass
@@ -42,6 +43,8 @@ class TableCell:
     stat: Optional[Stat] = None
     best: bool = False
     math: Optional[str] = None  # the number in LaTeX math (``3.44 \\pm 0.34``), when it is set as math
+    beside: Optional[str] = None  # on a terminal: the number with its interval beside it (``3.44 ±0.34``)
+    under: Optional[str] = None  # on a terminal: with the interval under it (``3.44\n±0.34``), where width is short
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Section:
     preamble: list[str] = field(default_factory=list)
     title: Optional[str] = None  # the terminal table's title, when not the heading
     columns: Optional[list[Column]] = None  # a section with a heading: its own columns, when not the table's
+    flagged: set[int] = field(default_factory=set)  # lines marked (yellow on a terminal), by index
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Table:
     csv: list[list[Any]] = field(default_factory=list)
     json: Any = None
     keys: int = 1
+    compact: bool = False  # on a terminal: no vertical rules, bold title and headers, intervals under their means
+    # where they do not fit beside them
 
 
 def render(table: Table, fmt: str) -> str:
@@ -163,42 +169,72 @@ def _latex_cell(cell: TableCell) -> str:
     return (f"\\mathbf{{{cell.math}}}" if cell.best else cell.math).join("$$")
 
 
-def _rich_table(section: Section, shown: list[int], title: Optional[str], caption: Optional[str]) -> Any:
+def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
+                stacked: bool = False) -> Any:
+    from rich import box
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    out = RichTable(title=title, caption=caption)
+    if table.compact:
+        out = RichTable(title=title, caption=caption, title_style="bold", header_style="bold", box=box.SIMPLE_HEAD,
+                        pad_edge=not stacked)
+    else:
+        out = RichTable(title=title, caption=caption)
     for i in shown:
         column = (section.columns or [])[i]
-        if column.label:
+        name = column.short or column.name
+        if column.label and column.last:
+            out.add_column(name, style="yellow", overflow="fold")
+        elif column.label:
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
-            out.add_column(column.short or column.name, overflow="fold",
-                           min_width=min(widest, column.min_width) or None)
-        else:
-            out.add_column(column.short or column.name, justify="right", no_wrap=not column.wrap, overflow="fold")
-    for row in section.rows:
-        # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
-        out.add_row(*(Text(row[i].text, style="bold green" if row[i].best else "") for i in shown))
+            out.add_column(name, overflow="fold", min_width=min(widest, column.min_width) or None)
+        else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
+            header = name.replace(" (", "\n(").replace("@", "\n@") if stacked else name
+            out.add_column(header, justify="right", no_wrap=not column.wrap,
+                           overflow="fold" if column.wrap else "ellipsis")
+    for r, row in enumerate(section.rows):
+        texts = []
+        for i in shown:
+            cell = row[i]
+            look = "bold green" if cell.best else "dim" if cell.stat is not None and not cell.stat.applicable else ""
+            # Text(), not str: a label like "model=[a,b]" would otherwise be read as Rich markup
+            texts.append(Text((cell.under if stacked else cell.beside) or cell.text, style=look))
+        out.add_row(*texts, style="yellow" if r in section.flagged else None)
     return out
+
+
+def _joined(group: list[Section], table: Table) -> Section:
+    """The sections of one table as one: their lines, and the marks of each at its place among them."""
+    joined = Section([], group[0].heading, title=group[0].title, columns=group[0].columns or table.columns)
+    for section in group:
+        joined.flagged |= {len(joined.rows) + i for i in section.flagged}
+        joined.rows += section.rows
+    return joined
 
 
 def rich_tables(table: Table, width: int) -> list[Any]:
     """The Rich tables of ``table`` for a terminal ``width`` wide: one per section with a heading (titled by it),
     each in parts where its columns do not fit side by side, every part repeating the key columns; labels wrap
-    at spaces, numbers are never cut."""
-    groups = [Section([row for section in group for row in section.rows], group[0].heading, title=group[0].title,
-                      columns=group[0].columns or table.columns) for group in _tabulars(table)]
+    at spaces, numbers are never cut. A compact table first sets its intervals under their means when the
+    whole of it does not fit with them beside."""
+    groups = [_joined(group, table) for group in _tabulars(table)]
     keys, out = list(range(table.keys)), []
     caption = "\n".join([table.caption, *table.notes]) if table.caption else None
     for g, section in enumerate(groups):
         title = section.title or section.heading or table.title
+        columns = section.columns or []
+        numbers = [i for i in range(table.keys, len(columns)) if not columns[i].last]
+        last = [i for i in range(table.keys, len(columns)) if columns[i].last]
+        stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width
         parts: list[list[int]] = []
-        for i in range(table.keys, len(section.columns or [])):
-            if parts and table_width(_rich_table(section, keys + parts[-1] + [i], None, None)) <= width:
+        for i in numbers:
+            if parts and table_width(_rich_table(table, section, keys + parts[-1] + [i], None, None, stacked)) <= width:
                 parts[-1].append(i)
             else:
                 parts.append([i])
-        for k, part in enumerate(parts or [[]]):
-            last = g == len(groups) - 1 and k == len(parts or [[]]) - 1
-            out.append(_rich_table(section, keys + part, title if k == 0 else None, caption if last else None))
+        parts = parts or [[]]
+        for k, part in enumerate(parts):
+            end = k == len(parts) - 1
+            out.append(_rich_table(table, section, keys + part + (last if end else []), title if k == 0 else None,
+                                   caption if end and g == len(groups) - 1 else None, stacked))
     return out
