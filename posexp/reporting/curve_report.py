@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from posexp.reporting.formatting import NOT_APPLICABLE, md_escape
+from posexp.reporting.formatting import NOT_APPLICABLE
 from posexp.reporting.runs import Run
+from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.curve import read_curve
 from posexp.runs.layout import PERPLEXITY, REPORT_CURVE_PLOT, REPORT_MD
@@ -97,24 +98,35 @@ def diverged_from(rows: Sequence[dict], multiple: float, tolerance: float = DIVE
     return ratios[-1][1], since
 
 
-def curve_lines(panels: Sequence[CurvePanel]) -> list[str]:
-    """The markdown of the section (without the figure): a table of the perplexity panels' ratios."""
+def curve_table(panels: Sequence[CurvePanel]) -> Optional[Table]:
+    """The perplexity panels' ratios at the last step (and from which step they stayed apart) as a
+    :class:`~posexp.reporting.tables.Table`; None without perplexity panels past 1x."""
     lm = [p for p in panels if p.metric == PERPLEXITY]
     multiples = sorted({r["multiple"] for p in lm for r in p.rows if r["multiple"] > 1})
     if not lm or not multiples:
-        return []
-    lines = ["| curve | runs | last step | " + " | ".join(f"{m:g}x / 1x" for m in multiples) + " |",
-             "| --- | ---: | ---: | " + " | ".join("---:" for _ in multiples) + " |"]
+        return None
+    rows = []
     for panel in lm:
         cells = []
         for m in multiples:
             ratio, since = diverged_from(panel.rows, m)
-            cells.append(NOT_APPLICABLE if ratio is None else f"{ratio:.2f}" + (f" (from {since})" if since is not None else ""))
+            since_text = f" (from {since})" if since is not None else ""
+            cells.append(NOT_APPLICABLE if ratio is None else f"{ratio:.2f}{since_text}")
         last = max(r["step"] for r in panel.rows)
-        lines.append(f"| {md_escape(panel.label)} | {panel.runs} | {last} | " + " | ".join(cells) + " |")
-    lines += ["", f"Each cell: perplexity at that multiple of the training length over perplexity at 1x, at the "
-                  f"last step; (from S): above {1 + DIVERGED:g}x at every point from step S on."]
-    return lines
+        rows.append([TableCell(panel.label), TableCell(str(panel.runs)), TableCell(str(last)), *map(TableCell, cells)])
+    columns = [Column("curve", label=True), Column("runs"), Column("last step"),
+               *(Column(f"{m:g}x / 1x") for m in multiples)]
+    return Table("extrapolation during training", columns, [Section(rows)])
+
+
+def curve_lines(panels: Sequence[CurvePanel]) -> list[str]:
+    """The markdown of the section (without the figure): the table of the perplexity panels' ratios."""
+    table = curve_table(panels)
+    if table is None:
+        return []
+    return [*to_markdown(table).splitlines(), "",
+            f"Each cell: perplexity at that multiple of the training length over perplexity at 1x, at the last step; "
+            f"(from S): above {1 + DIVERGED:g}x at every point from step S on."]
 
 
 def write_curve_section(panels: Sequence[CurvePanel], out_dir: str | os.PathLike) -> Optional[Path]:
