@@ -1,7 +1,8 @@
 """One table model for every table a report prints, and each output format rendered once.
 
-A report's tables (the context-extension table, the pivot, the task tables; see :mod:`.extension`,
-:mod:`.pivot`, :mod:`.task_report`) are each built as one :class:`Table`: columns, sections of lines of
+A report's tables (the perplexity table, the pivot, the context-extension table, the task tables and the
+training-curve table; see :mod:`.render`, :mod:`.pivot`, :mod:`.extension`, :mod:`.task_report`,
+:mod:`.curve_report`) are each built as one :class:`Table`: columns, sections of lines of
 :class:`TableCell` (a cell's text and, for a number, the statistic behind it), a caption, notes and the
 records its csv and json carry. :func:`render` prints any of them as markdown, csv, json or latex, and
 :func:`rich_tables` as terminal tables, each with one escaper per format (:func:`md_escape`,
@@ -18,9 +19,6 @@ from typing import Any, Optional
 
 from posexp.reporting.formatting import latex_escape, md_escape, table_width
 from posexp.reporting.stats import Stat
-
-FORMATS = ("rich", "markdown", "csv", "json", "latex")
-
 
 @dataclass(frozen=True)
 class Column:
@@ -69,9 +67,9 @@ class Table:
         columns: the columns, the leading ``keys`` of them repeated in each part of a terminal table too wide for
             the terminal.
         sections: the lines.
-        caption: what the table shows, in a sentence or two (above the markdown, in the terminal table's caption,
-            a comment in LaTeX).
-        notes: more sentences (definitions, verdicts) under the table.
+        caption: what the table shows, in a sentence or two (above the markdown, the terminal table's caption with
+            its notes, a LaTeX float's ``\\caption``).
+        notes: more sentences (definitions, verdicts): under the markdown, comments above the LaTeX.
         warnings: under the markdown table; printed apart on a terminal.
         csv: the csv's header and rows (a record per value: the numbers unrounded).
         json: the json document.
