@@ -101,6 +101,8 @@ class PositionalEncoder(nn.Module):
     # the layers that use this encoder attend to their last `layer_window` keys only (sliding-window attention,
     # in training and evaluation alike, as `encoder=irope`'s RoPE layers); None = the whole causal past
     layer_window: Optional[int] = None
+    # with layer_window: a fixed chunk of that many keys instead of a sliding window (Llama 4's chunked attention)
+    layer_chunked: bool = False
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()

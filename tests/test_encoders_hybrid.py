@@ -1,0 +1,129 @@
+"""p-RoPE's frequency count, iRoPE's local attention (sliding or chunked) and CABLE's context-aware biases,
+each against a direct reference written from the paper or the reference code."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posexp.encoders import create
+from posexp.encoders.prope import kept_frequencies
+from posexp.errors import ConfigError
+from posexp.model.window import AttentionWindow, layer_window, visible_keys
+
+
+@pytest.mark.parametrize("head_dim,p", [(20, 0.75), (20, 0.5), (32, 0.75), (64, 0.3), (256, 0.25), (128, 0.9)])
+def test_prope_keeps_the_floor_of_p_times_half_the_head(head_dim, p):
+    # Barbero et al. 2024, §6 pseudocode and Gemma's int(rope_proportion * head_dim // 2)
+    assert kept_frequencies(head_dim, p) == math.floor(p * head_dim / 2)
+
+
+def test_prope_at_head_dim_20_keeps_7_frequencies_and_leaves_3_unrotated():
+    enc = create("prope", 80, 4, p=0.75)  # head dim 20: 0.75 * 10 = 7.5 -> 7
+    assert enc.n_kept == 7
+    assert (enc.inv_freq[:7] > 0).all() and (enc.inv_freq[7:] == 0).all()
+
+
+def test_prope_where_p_times_half_the_head_is_whole_is_unchanged():
+    enc = create("prope", 128, 4, p=0.75)  # head dim 32: 12 of 16, as before the floor
+    assert enc.n_kept == 12
+
+
+def _reference_hidden(L: int, size: int, chunk: int | None, sinks: int = 0) -> torch.Tensor:
+    hidden = torch.zeros(L, L, dtype=torch.bool)
+    for i in range(L):
+        for j in range(i + 1):
+            outside = i - j >= size or (chunk is not None and i // chunk != j // chunk)
+            hidden[i, j] = outside and j >= sinks
+    return hidden
+
+
+@pytest.mark.parametrize("size,chunk,sinks", [(4, 4, 0), (5, 5, 0), (3, 8, 0), (4, 4, 2), (6, None, 1)])
+def test_chunked_and_sliding_masks_match_a_direct_reference(size, chunk, sinks):
+    # Llama 4's chunked mask (transformers: key j visible to query i when j // C == i // C); a sliding window
+    L = 19
+    w = AttentionWindow(size, sinks, chunk)
+    idx = torch.arange(L)
+    hidden = w.hidden(idx[:, None], idx[None, :]) & (idx[None, :] <= idx[:, None])
+    ref = _reference_hidden(L, size, chunk, sinks)
+    assert torch.equal(hidden, ref)
+    assert torch.equal(visible_keys(idx, w), (~ref).tril().sum(-1))
+
+
+def test_a_chunked_layer_lets_the_first_query_of_a_chunk_see_only_itself():
+    w = layer_window(None, 4, chunked=True)
+    assert visible_keys(torch.arange(12), w).tolist() == [1, 2, 3, 4] * 3
+    narrower = layer_window(AttentionWindow(2), 4, chunked=True)  # eval.window within the chunk
+    assert visible_keys(torch.arange(8), narrower).tolist() == [1, 2, 2, 2, 1, 2, 2, 2]
+
+
+def test_irope_defaults_to_rnope_swa_sliding_window_and_offers_llama4_chunks():
+    sliding = create("irope", 64, 4)
+    chunked = create("irope", 64, 4, local="chunked")
+    s_layers, c_layers = sliding.for_layers(4), chunked.for_layers(4)
+    assert [e.layer_chunked for e in s_layers] == [False] * 4
+    assert [e.layer_chunked for e in c_layers[:3]] == [True] * 3  # RoPE layers; the last is global NoPE
+    assert c_layers[3].layer_window is None and c_layers[0].layer_window == 64
+    with pytest.raises(ConfigError, match="encoder.local"):
+        create("irope", 64, 4, local="dilated")
+
+
+def test_irope_chunked_rope_layers_do_not_read_earlier_chunks():
+    from posexp.model.gpt import GPT, ModelShape
+
+    torch.manual_seed(0)
+    enc = create("irope", 32, 2, window=8, local="chunked", every=1000)  # one global layer: the last of 2
+    shape = ModelShape(vocab_size=16, d_model=32, n_layers=2, n_heads=2)
+    model = GPT(shape, enc).eval()
+    first = model.blocks[0]
+    idx = torch.randint(0, 16, (1, 24))
+    changed = idx.clone()
+    changed[0, 3] = (idx[0, 3] + 1) % 16  # a token of the first chunk
+    outputs = []
+    for seq in (idx, changed):
+        hook_out = []
+        h = first.register_forward_hook(lambda m, a, out: hook_out.append(out))
+        with torch.no_grad():
+            model(seq)
+        h.remove()
+        outputs.append(hook_out[0])
+    # the first (chunked RoPE) layer's output in chunks 2 and 3 ignores the first chunk
+    assert torch.allclose(outputs[0][0, 8:], outputs[1][0, 8:])
+    assert not torch.allclose(outputs[0][0, 3], outputs[1][0, 3])
+
+
+def test_cable_bias_matches_the_authors_cumulative_softplus():
+    torch.manual_seed(0)
+    enc = create("cable", 32, 4)
+    torch.nn.init.normal_(enc.proj.weight, std=0.5)
+    x = torch.randn(2, 10, 32)
+    q = k = torch.zeros(2, 4, 10, 8)
+    got = enc.transform(x, q, k, torch.arange(10))(0, 10)
+    beta = F.softplus(x @ enc.proj.weight.T + enc.proj.bias)  # (B, L, H)
+    ref = torch.zeros(2, 4, 10, 10)
+    for i in range(10):
+        for j in range(i + 1):
+            ref[:, :, i, j] = -beta[:, j + 1:i + 1].sum(1)  # - sum_{l=j+1..i} beta_l
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    assert torch.allclose(got[..., causal], ref[..., causal], atol=1e-5)
+    blocked = enc.transform(x, q, k, torch.arange(10))(4, 10)
+    assert torch.allclose(blocked, got[:, :, 4:], atol=1e-6)
+
+
+def test_cable_penalises_a_key_more_the_further_back_it_is_at_a_content_set_rate():
+    torch.manual_seed(1)
+    enc = create("cable", 32, 4)
+    x = torch.randn(1, 12, 32)
+    bias = enc.transform(x, None, None, torch.arange(12))(0, 12)[0]  # (H, L, L)
+    assert torch.allclose(bias.diagonal(dim1=-2, dim2=-1), torch.zeros(4, 12))
+    for i in range(1, 12):
+        row = bias[:, i, :i + 1]
+        assert (row[:, 1:] > row[:, :-1]).all()  # strictly closer to 0 as the key nears the query
+    x2 = x.clone()
+    x2[0, 6] *= 5  # another token between changes the penalty of keys behind it, not of those after it
+    bias2 = enc.transform(x2, None, None, torch.arange(12))(0, 12)[0]
+    assert not torch.allclose(bias[:, 11, :6], bias2[:, 11, :6])
+    assert torch.allclose(bias[:, 11, 6:], bias2[:, 11, 6:])
