@@ -127,3 +127,39 @@ def test_cable_penalises_a_key_more_the_further_back_it_is_at_a_content_set_rate
     bias2 = enc.transform(x2, None, None, torch.arange(12))(0, 12)[0]
     assert not torch.allclose(bias[:, 11, :6], bias2[:, 11, :6])
     assert torch.allclose(bias[:, 11, 6:], bias2[:, 11, 6:])
+
+
+@pytest.mark.parametrize("d_model,n_heads,train_len,base", [(128, 4, 128, 10000.0), (256, 4, 64, 500000.0),
+                                                           (4096, 32, 4096, 10000.0)])
+def test_hope_rotates_exactly_the_frequencies_completing_a_period_in_train_len(d_model, n_heads, train_len, base):
+    # Chen et al. 2024, §5: theta_i kept where theta_i * train_len >= 2 pi, else 0 (position-independent)
+    enc = create("hope", d_model, n_heads, base=base, train_len=train_len)
+    d = d_model // n_heads
+    ref = [base ** (-2 * i / d) if base ** (-2 * i / d) * train_len >= 2 * math.pi else 0.0 for i in range(d // 2)]
+    assert torch.allclose(enc.inv_freq.double(), torch.tensor(ref, dtype=torch.float64), rtol=1e-6)
+    assert 0 < enc.n_kept < d // 2
+
+
+def test_hope_scores_have_no_long_term_decay_in_their_position_free_part():
+    # the paper's claim: the position-independent components give a score that does not change with distance
+    enc = create("hope", 128, 4)
+    q = torch.zeros(1, 4, 1, 32)
+    k = torch.zeros(1, 4, 1, 32)
+    low = [i for i in range(16) if i >= enc.n_kept]
+    q[..., low] = 1.0
+    q[..., [i + 16 for i in low]] = 1.0
+    k[..., low] = 1.0
+    k[..., [i + 16 for i in low]] = 1.0
+    scores = []
+    for dist in (0, 1, 100, 5000):
+        qr, kr = enc.rotate(q, k, torch.tensor([dist]), torch.tensor([0]))
+        scores.append(float((qr * kr).sum()))
+    assert scores == pytest.approx([scores[0]] * 4)
+    rope = create("rope", 128, 4)
+    qr, kr = rope.rotate(q, k, torch.tensor([100]), torch.tensor([0]))
+    assert float((qr * kr).sum()) < scores[0] - 1  # RoPE's same channels decay with distance
+
+
+def test_hope_needs_a_train_len_with_one_full_period():
+    with pytest.raises(ConfigError, match="encoder.train_len"):
+        create("hope", 128, 4, train_len=0)
