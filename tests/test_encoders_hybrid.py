@@ -163,3 +163,43 @@ def test_hope_scores_have_no_long_term_decay_in_their_position_free_part():
 def test_hope_needs_a_train_len_with_one_full_period():
     with pytest.raises(ConfigError, match="encoder.train_len"):
         create("hope", 128, 4, train_len=0)
+
+
+def _pope_reference(enc, q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    # Gopalakrishnan et al. 2025, §3: Re sum_c softplus(q_c) e^{i s theta_c} conj(softplus(k_c) e^{i (t theta_c + delta_c)})
+    d = q.shape[-1]
+    theta = enc.base ** -(torch.arange(d, dtype=torch.float64) / d)
+    delta = enc.phase_bias.detach().double().clamp(-2 * math.pi, 0)  # (H, d)
+    qc = torch.polar(F.softplus(q.double()), s.double()[:, None] * theta)  # (B, H, Lq, d)
+    kc = torch.polar(F.softplus(k.double()), t.double()[:, None] * theta + delta[:, None, :])
+    return (qc @ kc.conj().transpose(-1, -2)).real / math.sqrt(d)
+
+
+@pytest.mark.parametrize("d_model,n_heads", [(128, 4), (768, 12)])
+def test_pope_logits_match_the_papers_complex_form(d_model, n_heads):
+    torch.manual_seed(0)
+    enc = create("pope", d_model, n_heads)
+    with torch.no_grad():
+        enc.phase_bias.uniform_(-7.0, 1.0)  # the clamp to [-2 pi, 0] is part of the formula
+    d = d_model // n_heads
+    q, k = torch.randn(2, n_heads, 6, d), torch.randn(2, n_heads, 9, d)
+    s, t = torch.arange(3000, 3006), torch.arange(2995, 3004)
+    qr, kr = enc.rotate(q, k, s, t)
+    got = (qr.double() @ kr.double().transpose(-1, -2)) / math.sqrt(qr.shape[-1])  # what attention computes
+    assert torch.allclose(got, _pope_reference(enc, q, k, s, t), atol=1e-3)
+
+
+def test_pope_is_relative_and_its_magnitudes_are_position_free():
+    torch.manual_seed(0)
+    enc = create("pope", 128, 4)
+    with torch.no_grad():
+        enc.phase_bias.uniform_(-6.0, 0.0)
+    q, k = torch.randn(1, 4, 5, 32), torch.randn(1, 4, 5, 32)
+    pos = torch.arange(5)
+    a = torch.einsum("bhid,bhjd->bhij", *enc.rotate(q, k, pos, pos))
+    b = torch.einsum("bhid,bhjd->bhij", *enc.rotate(q, k, pos + 1000, pos + 1000))
+    assert torch.allclose(a, b, atol=1e-3)
+    # the "what": each feature's magnitude is softplus of the content, whatever the position
+    qr, _ = enc.rotate(q, k, pos + 77, pos)
+    mag = (qr[..., :32] ** 2 + qr[..., 32:] ** 2).sqrt() / math.sqrt(2)
+    assert torch.allclose(mag, F.softplus(q), atol=1e-5)
