@@ -203,3 +203,15 @@ def test_pope_is_relative_and_its_magnitudes_are_position_free():
     qr, _ = enc.rotate(q, k, pos + 77, pos)
     mag = (qr[..., :32] ** 2 + qr[..., 32:] ** 2).sqrt() / math.sqrt(2)
     assert torch.allclose(mag, F.softplus(q), atol=1e-5)
+
+
+@pytest.mark.parametrize("preset,attn_scale", [("swan_gpt", 0.1), ("rnope_swa", 0.0)])
+def test_hybrid_presets_build_three_sliding_rope_layers_per_global_nope_layer(compose, preset, attn_scale):
+    from posexp.commands.train import check_config
+    from posexp.model.factory import build_encoder
+
+    spec = check_config(compose(f"experiment={preset}"))
+    layers = build_encoder(spec).for_layers(spec.model.n_layers)
+    assert [e.name for e in layers] == ["rope", "rope", "rope", "none"]
+    assert all(e.layer_window == spec.train_len // 2 and not e.layer_chunked for e in layers[:3])
+    assert layers[3].attn_scale == attn_scale
