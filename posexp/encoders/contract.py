@@ -91,6 +91,9 @@ class PositionalEncoder(nn.Module):
             keys (itself included), in training and evaluation; None (the default) = the whole
             causal past. An architecture's sliding window (``encoder=irope``), where
             ``eval.window`` is an evaluation baseline; the narrower of the two applies.
+        layer_chunked: with ``layer_window``, the layers attend within fixed chunks of that many keys (query ``i``
+            sees key ``j`` when ``j // C == i // C``: Llama 4's chunked attention, ``encoder.local=chunked``)
+            instead of a sliding window; False (the default) = the sliding window.
     """
 
     name: str = "base"
