@@ -253,10 +253,11 @@ def test_the_built_ins_that_declare_themselves_relative():
     """The encodings whose papers make their logits a function of i - j (and content) alone; FIRE normalises by
     the query's own position past its threshold, FoPE's Fourier cross terms and iRoPE's query temperature read
     absolute positions, the rest are absolute (mixed: its default [rope, none]); FoX, PaTH and stick-breaking read
-    no position index at all, only the content and the keys' order."""
+    no position index at all, only the content and the keys' order (CABLE too); HoPE and PoPE rotate by s - t."""
     declared = {name for name in BUILT_INS if create(name, 32, 2).relative}
-    assert declared == {"alibi", "cope", "deberta", "fox", "kerple", "mixed", "none", "path", "prope", "resonance",
-                        "rope", "sandwich", "shaw", "stickbreaking", "t5", "transformer_xl", "xpos"}
+    assert declared == {"alibi", "cable", "cope", "deberta", "fox", "hope", "kerple", "mixed", "none", "path", "pope",
+                        "prope", "resonance", "rope", "sandwich", "shaw", "stickbreaking", "t5", "transformer_xl",
+                        "xpos"}
 
 
 # -- no false alarm, a long enough reach, and what cannot be measured or built ---------------------------------------

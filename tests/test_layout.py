@@ -211,6 +211,7 @@ MAX_PARAMETERS = 8  # self / cls not counted; *args and **kwargs count one each
 # passes them, for built-in and plugin encoders alike, so an encoder with seven options takes them one by one.
 MORE_PARAMETERS = {
     "posexp.encoders.sinusoidal.Sinusoidal.__init__": "its options are its config keys (the encoder contract)",
+    "posexp.encoders.irope.IRoPE.__init__": "its options are its config keys (the encoder contract)",
 }
 
 

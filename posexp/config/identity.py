@@ -40,6 +40,8 @@ NOT_WEIGHTS: dict[str, str] = {
 # model keys added after runs were written, with the value every one of those runs had: at that value they stay
 # out of weights_config, so earlier run folders keep their hash and earlier cache entries their key
 MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "norm_bias": True}
+# encoder options added later, at the value every earlier run of that encoder had: left out of the hash there
+ENCODER_KEYS_BEFORE = {"irope": {"local": "sliding"}}
 
 
 # The hash format runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json): weights_config
@@ -88,6 +90,11 @@ def weights_of(config: dict) -> dict:
         for key, before in MODEL_KEYS_BEFORE.items():
             if key in model and model[key] == before:
                 del model[key]
+    enc = out.get("encoder")
+    if isinstance(enc, dict):
+        for key, before in ENCODER_KEYS_BEFORE.get(str(enc.get("name")), {}).items():
+            if key in enc and enc[key] == before:
+                del enc[key]
     if isinstance(out.get("task"), dict) and out["task"].get("name", LM) == LM:
         out.pop("task")  # language modelling, as before tasks existed: the cache keys of earlier runs hold
     t = out.get("train")

@@ -91,6 +91,9 @@ class PositionalEncoder(nn.Module):
             keys (itself included), in training and evaluation; None (the default) = the whole
             causal past. An architecture's sliding window (``encoder=irope``), where
             ``eval.window`` is an evaluation baseline; the narrower of the two applies.
+        layer_chunked: with ``layer_window``, the layers attend within fixed chunks of that many keys (query ``i``
+            sees key ``j`` when ``j // C == i // C``: Llama 4's chunked attention, ``encoder.local=chunked``)
+            instead of a sliding window; False (the default) = the sliding window.
     """
 
     name: str = "base"
@@ -101,6 +104,8 @@ class PositionalEncoder(nn.Module):
     # the layers that use this encoder attend to their last `layer_window` keys only (sliding-window attention,
     # in training and evaluation alike, as `encoder=irope`'s RoPE layers); None = the whole causal past
     layer_window: Optional[int] = None
+    # with layer_window: a fixed chunk of that many keys instead of a sliding window (Llama 4's chunked attention)
+    layer_chunked: bool = False
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()

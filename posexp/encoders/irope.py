@@ -1,10 +1,17 @@
-"""iRoPE: sliding-window RoPE layers interleaved with global NoPE layers.
+"""iRoPE: local RoPE layers interleaved with global NoPE layers.
 
 Meta's Llama 4 (2025, "iRoPE") and Cohere's Command A (RNoPE-SWA; Yang et al. 2025, "Rope to Nope and Back
 Again: A New Hybrid Attention Strategy") build long-context models from two kinds of attention layer:
 
-* RoPE layers that attend only to a sliding window of recent keys, so no rotary distance longer than the
-  window ever reaches them, in training or at any evaluation length;
+* RoPE layers that attend only locally, so no rotary distance longer than ``window`` ever reaches them, in
+  training or at any evaluation length. The two models differ in how (``encoder.local``):
+
+  - ``sliding`` (the default): each query sees its last ``window`` keys, a sliding window: RNoPE-SWA's
+    (Yang et al. 2025, §4; Command A's 4,096-token window);
+  - ``chunked``: the sequence is cut into fixed chunks of ``window`` tokens and a query sees only the keys of
+    its own chunk (Llama 4's ``attention_chunk_size``, 8,192; transformers' chunked mask keeps key ``j`` for
+    query ``i`` when ``j // C == i // C``), so the first query of a chunk sees only itself;
+
 * a global layer without positional encoding every ``k``-th layer (``k = 4``), which attends to every key
   by content alone (NoPE, Kazemnejad et al. 2023).
 
@@ -37,6 +44,7 @@ from posexp.encoders.rope import RoPE
 from posexp.errors import require
 
 ROPE, NOPE = "rope", "none"
+LOCAL_KINDS = ("sliding", "chunked")  # RNoPE-SWA's sliding window; Llama 4's fixed chunks
 
 
 def irope_layers(n_layers: int, every: int) -> list[str]:
@@ -85,7 +93,7 @@ class TemperedNoPE(PositionalEncoder):
 
 @register("irope")
 class IRoPE(Mixed):
-    """Sliding-window RoPE layers and a global NoPE layer every ``every``-th layer (Llama 4; Yang et al. 2025).
+    """Local RoPE layers and a global NoPE layer every ``every``-th layer (Llama 4; Yang et al. 2025).
 
     Args:
         d_model: model width.
@@ -93,21 +101,28 @@ class IRoPE(Mixed):
         base: RoPE's base in the windowed layers; > 1.
         every: ``k``, one global NoPE layer in every ``k`` (the last layer is always one); >= 1. 4 in Llama 4
             and Command A.
-        window: the keys a RoPE layer's query attends to, itself included; >= 1. Command A's is 4096 of a
-            longer training context; the default 64 is half the default ``train_len``.
+        window: the keys a RoPE layer's query attends to, itself included (``sliding``), or the chunk size
+            (``chunked``); >= 1. Command A's window is 4096, Llama 4's chunk 8192, of longer training contexts;
+            the default 64 is half the default ``train_len``.
+        local: ``sliding`` (RNoPE-SWA, Yang et al. 2025) or ``chunked`` (Llama 4's chunked attention).
         train_len: the training length in tokens; the yaml sets it to the run's ``train_len``.
         floor_scale: the temperature's step in tokens; None = ``train_len + 1`` (1 at every training position).
             8192 in Llama 4.
         attn_scale: the temperature's slope; 0 turns it off. 0.1 in Llama 4.
 
     Raises:
-        ConfigError: ``every``, ``window``, ``train_len`` or ``floor_scale`` below 1, or ``attn_scale < 0``.
+        ConfigError: ``every``, ``window``, ``train_len`` or ``floor_scale`` below 1, ``attn_scale < 0``, or
+            ``local`` not one of sliding, chunked.
     """
 
-    description = "iRoPE: sliding-window RoPE layers, a global NoPE layer every k-th (Llama 4, RNoPE-SWA)"
+    description = "iRoPE: sliding-window or chunked RoPE layers, a global NoPE layer every k-th (RNoPE-SWA, Llama 4)"
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0, every: int = 4, window: int = 64,
-                 train_len: int = 128, floor_scale: Optional[int] = None, attn_scale: float = 0.1):
+                 train_len: int = 128, floor_scale: Optional[int] = None, attn_scale: float = 0.1,
+                 local: str = "sliding"):
+        require(local in LOCAL_KINDS, "encoder.local",
+                f"must be one of {', '.join(LOCAL_KINDS)} (sliding: RNoPE-SWA's window; chunked: Llama 4's "
+                f"fixed chunks), got {local!r}")
         require(every >= 1, "encoder.every", f"must be >= 1, one global NoPE layer in every k (got {every})")
         require(window >= 1, "encoder.window", f"must be a positive number of keys (got {window})")
         require(train_len >= 1, "encoder.train_len", f"must be a positive number of tokens (got {train_len})")
@@ -116,7 +131,7 @@ class IRoPE(Mixed):
         require(attn_scale >= 0, "encoder.attn_scale", f"must be >= 0; 0 turns the temperature off "
                                                        f"(got {attn_scale:g})")
         # read by _build, which Mixed's __init__ calls for each layer
-        self.every, self.window = int(every), int(window)
+        self.every, self.window, self.local = int(every), int(window), local
         self.floor_scale = int(train_len) + 1 if floor_scale is None else int(floor_scale)
         self.attn_scale = float(attn_scale)
         super().__init__(d_model, n_heads, layers=irope_layers(self.every, self.every), base=base)
@@ -125,7 +140,7 @@ class IRoPE(Mixed):
         if name == NOPE:
             return TemperedNoPE(self.d_model, self.n_heads, self.floor_scale, self.attn_scale)
         enc = super()._build(name)
-        enc.layer_window = self.window
+        enc.layer_window, enc.layer_chunked = self.window, self.local == "chunked"
         return enc
 
     def for_layers(self, n_layers: int) -> list[PositionalEncoder]:
@@ -144,11 +159,11 @@ class IRoPE(Mixed):
         clone = super().with_scaling(kind, factor, train_len, factors)
         for enc in clone.per_layer:  # a wrapping scaled copy (rerope) keeps the layer's window
             if not isinstance(enc, TemperedNoPE):
-                enc.layer_window = self.window
+                enc.layer_window, enc.layer_chunked = self.window, self.local == "chunked"
         return clone
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, every={self.every}, window={self.window}, floor_scale={self.floor_scale}, "
+        return (f"{super().extra_repr()}, every={self.every}, window={self.window} ({self.local}), floor_scale={self.floor_scale}, "
                 f"attn_scale={self.attn_scale:g}")
 
 

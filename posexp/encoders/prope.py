@@ -6,8 +6,11 @@ training context that the model uses them as position-free "semantic" channels, 
 channels are the ones that drift when the context grows. p-RoPE keeps the fraction ``p`` of the
 rotary frequencies that turn fastest and sets the rest to zero::
 
-    theta_i = base^(-2i/d)   for i <  round(p * d/2)      (RoFormer's schedule over the whole head)
-    theta_i = 0              for i >= round(p * d/2)      (no rotation: NoPE channels)
+    theta_i = base^(-2i/d)   for i <  floor(p * d/2)      (RoFormer's schedule over the whole head)
+    theta_i = 0              for i >= floor(p * d/2)      (no rotation: NoPE channels)
+
+The count is floored, as in the paper's pseudocode and Gemma's code (``int(rope_proportion * head_dim // 2)``):
+at ``d = 20, p = 0.75`` p-RoPE keeps 7 of the 10 frequencies, not 8.
 
 so ``p = 1`` is RoPE and ``p = 0`` would be NoPE. Unlike ``rope``'s ``rotary_fraction`` (GPT-NeoX's
 partial rotary, which squeezes the whole schedule ``base^(-2i/d_rot)`` into fewer features), the kept
@@ -27,8 +30,9 @@ from posexp.errors import require
 
 
 def kept_frequencies(head_dim: int, p: float) -> int:
-    """How many of a head's ``head_dim / 2`` rotary frequencies p-RoPE keeps: ``round(p * head_dim / 2)``."""
-    return int(p * (head_dim // 2) + 0.5)
+    """How many of a head's ``head_dim / 2`` rotary frequencies p-RoPE keeps: ``floor(p * head_dim / 2)``
+    (Barbero et al. 2024, §6 pseudocode; Gemma's ``int(rope_proportion * head_dim // 2)``)."""
+    return int(p * head_dim // 2)
 
 
 @register("prope")
@@ -58,7 +62,7 @@ class PRoPE(RoPE):
         require(0 < p <= 1, "encoder.p", f"must be in (0, 1], the fraction of RoPE's frequencies kept (got {p:g})")
         self.p = float(p)
         self.n_kept = kept_frequencies(self.head_dim, self.p)
-        require(self.n_kept >= 1, "encoder.p", f"{p:g} of a head's {self.head_dim // 2} frequencies rounds to "
+        require(self.n_kept >= 1, "encoder.p", f"{p:g} of a head's {self.head_dim // 2} frequencies floors to "
                                                f"none; use at least {1 / (self.head_dim // 2):g}")
         self.inv_freq = self.adjust_frequencies(rope_frequencies(self.rot_dim, self.base)).float()
 

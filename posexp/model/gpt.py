@@ -275,7 +275,7 @@ class GPT(OwnModelSeam, nn.Module):
         fused = fused_by_default(idx.device) if self.fused_attention is None else self.fused_attention
         for block, enc in zip(self.blocks, self.encoder.for_layers(len(self.blocks))):
             if id(enc) not in plans:
-                window = layer_window(self.attention_window, enc.layer_window)  # the encoding's own, or eval's
+                window = layer_window(self.attention_window, enc.layer_window, enc.layer_chunked)  # its own, or eval's
                 # by default an encoder that opts out trains on the blocked path (evaluation stays fused)
                 default_ok = enc.fused_training or not torch.is_grad_enabled()
                 use_fused = fused and (default_ok or self.fused_attention is True)

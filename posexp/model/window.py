@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import torch
 from torch import Tensor
 
 from posexp.errors import require
@@ -42,37 +43,53 @@ class AttentionWindow:
     Args:
         size: ``K``, the keys ``i - K + 1 .. i`` of query ``i``; at least 1.
         sinks: ``S``, the keys ``0 .. S - 1`` visible to every later query (Xiao et al. 2024, §3.2).
+        chunk: ``C``, or None: query ``i`` sees only the keys of its own fixed chunk ``floor(i / C)`` too
+            (chunked attention, Llama 4's ``attention_chunk_size``: transformers' chunked mask keeps key ``j``
+            for query ``i`` when ``j // C == i // C``). Only an encoding's own layers set it.
     """
 
     size: int
     sinks: int = 0
+    chunk: Optional[int] = None
 
     def hidden(self, q_idx: Tensor, k_idx: Tensor) -> Tensor:
         """True where a query (index in the sequence) may not see a key that causality alone would allow:
-        older than the window and not a sink. Broadcasts ``q_idx`` against ``k_idx``."""
-        return (q_idx - k_idx >= self.size) & (k_idx >= self.sinks)
+        older than the window (or in an earlier chunk) and not a sink. Broadcasts ``q_idx`` against ``k_idx``."""
+        outside = q_idx - k_idx >= self.size
+        if self.chunk is not None:
+            outside = outside | (q_idx // self.chunk != k_idx // self.chunk)
+        return outside & (k_idx >= self.sinks)
 
     def mask_mod(self, offset: int = 0) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
         """FlexAttention's ``mask_mod``: causal and within the window (or a sink), for queries starting at row
         ``offset`` of the sequence."""
-        size, sinks = self.size, self.sinks
+        size, sinks, chunk = self.size, self.sinks, self.chunk
 
         def windowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             q = q_idx + offset
-            return (q >= kv_idx) & ((q - kv_idx < size) | (kv_idx < sinks))
+            inside = q - kv_idx < size
+            if chunk is not None:
+                inside = inside & (q // chunk == kv_idx // chunk)
+            return (q >= kv_idx) & (inside | (kv_idx < sinks))
 
         return windowed
 
 
-def layer_window(window: Optional[AttentionWindow], own: Optional[int]) -> Optional[AttentionWindow]:
+def layer_window(window: Optional[AttentionWindow], own: Optional[int],
+                 chunked: bool = False) -> Optional[AttentionWindow]:
     """The window of a layer whose encoding attends within its own ``own`` last keys (an architecture's sliding
     window, :attr:`posexp.encoders.contract.PositionalEncoder.layer_window`) under the evaluation's ``window``.
 
     The narrower one wins: the layer's own window, or ``eval.window`` (with its sinks) where that is narrower.
-    Without a window of its own, a layer attends as ``eval.window`` says.
+    Without a window of its own, a layer attends as ``eval.window`` says. With ``chunked``, ``own`` is a fixed
+    chunk (Llama 4's chunked attention) and a narrower ``eval.window`` applies within it.
     """
     if own is None:
         return window
+    if chunked:
+        if window is None or own <= window.size:
+            return AttentionWindow(int(own), chunk=int(own))
+        return AttentionWindow(window.size, window.sinks, chunk=int(own))
     if window is None or own <= window.size:
         return AttentionWindow(int(own))
     return window
@@ -84,7 +101,10 @@ def visible_keys(q_idx: Tensor, window: Optional[AttentionWindow]) -> Tensor:
     n = q_idx + 1
     if window is None:
         return n
-    return n.clamp(max=window.size) + (n - window.size).clamp(min=0).clamp(max=window.sinks)
+    start = (n - window.size).clamp(min=0)  # the oldest key of the window, or of the chunk where that is later
+    if window.chunk is not None:
+        start = torch.maximum(start, q_idx - q_idx % window.chunk)
+    return n - start + start.clamp(max=window.sinks)
 
 
 def check_window(window: Any, sinks: Any) -> None:
