@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -140,3 +141,18 @@ def test_eval_finetune_export_and_load_run_read_a_sharded_run(tmp_path):
     exported = invoke("export", str(run), str(tmp_path / "hf"))
     assert exported.exit_code == 0, exported.output
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_on_one_gpu_trains_in_bf16_and_resumes_from_its_shards(tmp_path):
+    """World size 1 on CUDA (NCCL, a one-rank mesh), bf16 under the mixed-precision policy: trains, writes a DCP
+    checkpoint and its consolidated weights, and evaluates. Never run yet: no GPU was lent when it was written."""
+    run = tmp_path / "run"
+    result = invoke("train", "experiment=smoke", "train.progress=false", "device=cuda", "precision=bf16",
+                    "compile=false", "train.parallel=fsdp", "train.activation_checkpointing=true", *CURVE,
+                    f"hydra.run.dir={run}")
+    assert result.exit_code == 0, result.output
+    assert (run / "checkpoint" / "model.safetensors").is_file()
+    assert json.loads((run / "results.json").read_text())["run"]["train"]["precision"] == "bfloat16"
+    assert all(math.isfinite(v) for v in _losses(run).values())

@@ -87,8 +87,12 @@ def one_process_group(device: torch.device) -> Iterator[None]:
     if not dist.is_available():
         raise PosexpError("this build of torch has no torch.distributed, which train.parallel=fsdp needs; "
                           "use train.parallel=ddp")
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if device.type == "cuda":  # object broadcasts on CPU, the shards' collectives through NCCL
+        index = torch.cuda.current_device() if device.index is None else device.index
+        dist.init_process_group("cpu:gloo,cuda:nccl", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=torch.device("cuda", index))
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
