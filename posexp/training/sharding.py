@@ -55,7 +55,8 @@ def checkpoint_blocks(model: nn.Module) -> None:
     and a recomputed block must build again what it built the first time.
     """
     for block in model.blocks:  # type: ignore[union-attr]
-        block.forward = functools.partial(_recomputed, block.forward)
+        if not (isinstance(block.forward, functools.partial) and block.forward.func is _recomputed):  # once only
+            block.forward = functools.partial(_recomputed, block.forward)
 
 
 def _recomputed(forward: Callable[..., torch.Tensor], x: torch.Tensor, plan: Any) -> torch.Tensor:

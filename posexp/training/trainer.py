@@ -18,7 +18,10 @@ into a checkpoint) in :mod:`posexp.training.state`.
 Several processes (``torchrun``, :mod:`posexp.training.distributed`): each rank trains on
 its slice of the same global batch under DistributedDataParallel; losses are
 averaged over the ranks every step, so every rank logs, checkpoints and stops on
-the same numbers, and only rank 0 writes.
+the same numbers, and only rank 0 writes. ``train.parallel=fsdp`` trains an FSDP2 copy instead, whose
+every rank writes its shards of each resumable checkpoint (:mod:`posexp.training.setup`,
+:mod:`posexp.training.sharding`); ``train.context_parallel`` splits each sequence over the ranks
+(:mod:`posexp.training.context`).
 """
 
 from __future__ import annotations
