@@ -150,6 +150,16 @@ STUDIES = {
         "about 2 minutes",
         {},
         [Table("scripts/bench_eval.py", _bench("bench_eval.py"))]),
+    "scale": Study(
+        "memory and time of GPT-2 small and a 1B model at 32K tokens on 8 GPUs (FSDP2, activation checkpointing, "
+        "context parallelism), projected by formulas from single-device numbers: activation bytes per token "
+        "(scripts/bench_scale.py) and 16K-token evaluation of the bias encodings (scripts/bench_eval.py)",
+        "about 3 minutes",
+        {},
+        [Table("scripts/bench_eval.py, the bias encodings at 16K",
+               _bench("bench_eval.py", "--lengths", "16384", "--encoders", "alibi", "t5", "kerple", "fire", "sandwich",
+                      "--no-hf")),
+         Table("scripts/bench_scale.py", _bench("bench_scale.py"))]),
     "windows": Study(
         "the six core encodings next to their own window baseline (eval.window=128, the training length): a model "
         "that by construction reads no further back than it was trained on; perplexity, context gain and passkey",

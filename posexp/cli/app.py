@@ -273,9 +273,9 @@ def resume(
     from posexp.commands.resume import resume_main
 
     try:
-        if world().distributed:
-            raise PosexpError("posexp resume runs in one process; start it without torchrun (a run trained by "
-                              "several processes continues in one with the same global batch)")
+        if world().distributed and is_sweep_dir(run_dir):
+            raise PosexpError("posexp resume of a sweep runs in one process; start it without torchrun, or resume "
+                              "its runs one by one under torchrun")
         if is_sweep_dir(run_dir):  # a stopped sweep: its interrupted jobs resumed, those never started trained
             from posexp.commands.sweep_resume import finish_sweep
 

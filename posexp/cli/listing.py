@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -84,7 +84,28 @@ def encoder_table(user_dirs: Sequence[Path] = ()) -> Table:
         if cls is not None and name in yamls and yamls[name].parent.parent != config_dir():
             where += f"; config {yamls[name]}"
         table.add_row(name, desc, opts or "—", where)
+    table.caption = context_parallel_note({name: shardable(reg.get(name)) for name in reg if name not in unusable})
     return table
+
+
+def context_parallel_note(declared: dict[str, str]) -> str:
+    """Which encodings a shard of the sequence computes alone (``train.context_parallel``), in one caption."""
+    by = {word: ", ".join(sorted(n for n, d in declared.items() if d == word)) for word in ("no", "mix")}
+    note = ("context parallel (train.context_parallel): a shard of the sequence computes each encoding alone from "
+            "absolute positions")
+    if by["no"]:
+        note += f", except {by['no']}, which need the whole sequence"
+    if by["mix"]:
+        note += f"; {by['mix']}: when every layer's encoding does"
+    return note + " (posexp check ENCODER verifies it)"
+
+
+def shardable(cls: Optional[type]) -> str:
+    """An encoder class's context-parallel declaration in a word: yes, no, or mix (when every layer's encoding is)."""
+    declared = getattr(cls, "context_parallel", None)
+    if isinstance(declared, property):
+        return "mix"
+    return "—" if cls is None else ("yes" if declared else "no")
 
 
 # Narrower consoles get the model sizes' descriptions under their table, not in a squeezed column.

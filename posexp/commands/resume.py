@@ -67,14 +67,18 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_ch
     Raises:
         RunFolderTaken: another process is training in the folder.
     """
+    from posexp.training.distributed import is_main
+
     run_dir = Path(run_dir)
     check_resumable(run_dir)
+    if not is_main():  # under torchrun rank 0 holds the folder and writes; the others train beside it
+        return _resume(run_dir, Console(quiet=True), allow_changed_encoder, writes=False)
     with run_lock(run_dir):  # refused while another process trains there
         return _resume(run_dir, console or Console(), allow_changed_encoder)
 
 
-def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False) -> dict:
-    """:func:`resume_main` in a run folder this process holds."""
+def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False, writes: bool = True) -> dict:
+    """:func:`resume_main` in a run folder this process holds (``writes``), or beside rank 0, which holds it."""
     from posexp.commands.encoder_source import check_encoder_source
     from posexp.commands.train import check_spec, train_run
 
@@ -96,7 +100,8 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
         console.print(f"resuming {run_dir} at step {pointer['step']} of {spec.train.steps}", highlight=False)
 
     # Hydra is not running, so its log file handler is not either: append to the run's train.log ourselves.
-    handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")
+    handler: logging.Handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8") if writes \
+        else logging.NullHandler()
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
     old_level = root.level
@@ -109,7 +114,7 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
         root.setLevel(old_level)
         handler.close()
     sweep = run_dir.resolve().parent
-    if is_sweep_dir(sweep):  # a resumed sweep job belongs in its sweep's summary.md, written without it
+    if writes and is_sweep_dir(sweep):  # a resumed sweep job belongs in its sweep's summary.md, written without it
         from posexp.reporting.summary import refresh_sweep_summary
 
         refresh_sweep_summary(sweep, console)

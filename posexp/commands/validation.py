@@ -21,6 +21,7 @@ from posexp.config.schema import (
     DATASETS,
     DEVICES,
     OBJECTIVES,
+    PARALLEL,
     PRECISIONS,
     Config,
     DataConfig,
@@ -115,6 +116,7 @@ def validate(cfg: Config, memory: Optional[str] = "train") -> None:
 
     validate_train(cfg)
     validate_positions(cfg, encoder)
+    check_context_parallel(cfg, encoder)
 
     e = cfg.eval
     if e.lengths is not None:
@@ -163,11 +165,28 @@ def validate_train(cfg: Config) -> None:
     require(t.threads is None or t.threads == AUTO_THREADS
             or (isinstance(t.threads, int) and not isinstance(t.threads, bool) and t.threads > 0),
             "train.threads", f"must be auto (the cores free to this process) or a positive integer (got {t.threads})")
+    require(t.parallel in PARALLEL, "train.parallel",
+            f"unknown value {t.parallel!r}; choose one of: {', '.join(PARALLEL)}")
+    require(t.parallel != "fsdp" or not cfg.eval.during_training.every, "eval.during_training.every",
+            "the curve measures the whole model on rank 0, which train.parallel=fsdp shards over the ranks; "
+            "set eval.during_training.every=0 or train.parallel=ddp")
     require(t.log_every > 0, "train.log_every", f"must be a positive integer (got {t.log_every})")
     require(t.checkpoint_every >= 0, "train.checkpoint_every",
             f"must be >= 0 steps, 0 turns periodic checkpoints off (got {t.checkpoint_every})")
     require(t.checkpoint_minutes >= 0, "train.checkpoint_minutes",
             f"must be >= 0 minutes, 0 turns timed checkpoints off (got {t.checkpoint_minutes})")
+
+
+def check_context_parallel(cfg: Config, encoder: PositionalEncoder) -> None:
+    """``train.context_parallel``: an encoding a shard computes alone, on CUDA, one shard per process."""
+    from posexp.runtime.device import resolve_device, world
+    from posexp.training.context import refusal
+
+    n = cfg.train.context_parallel
+    if n == 1:
+        return
+    why = refusal(n, encoder, resolve_device(cfg.train.device), world().size)
+    require(why is None, "train.context_parallel", str(why))
 
 
 def resolve_encoder(cfg: Config) -> type:

@@ -126,6 +126,15 @@ class TrainConfig:
     curriculum: str = "none"  # none | linear: sequence-length warmup (Li et al. 2022)
     curriculum_start_len: Optional[int] = None
     curriculum_steps: Optional[int] = None
+    # How several processes (torchrun) hold the model (posexp/training/sharding.py): ddp replicates it on every
+    # rank; fsdp shards parameters, gradients and AdamW's moments over the ranks (FSDP2's fully_shard). The same
+    # steps on the same batches either way, up to float rounding.
+    parallel: str = "ddp"  # ddp | fsdp
+    # recompute each block's activations in the backward pass instead of keeping them: less memory, ~1/3 more compute
+    activation_checkpointing: bool = False
+    # split each training sequence over N processes (torch's context_parallel, CUDA; posexp/training/context.py):
+    # N = the number of processes, each training on the whole global batch's shard of positions; 1 = off
+    context_parallel: int = 1
 
 
 @dataclass
@@ -323,6 +332,7 @@ class PretrainedConfig:
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
+PARALLEL = ("ddp", "fsdp")  # train.parallel
 
 
 LM = "lm"  # task=lm: language modelling on data, measured by perplexity

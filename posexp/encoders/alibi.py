@@ -52,6 +52,7 @@ class ALiBi(PositionalEncoder):
         n_heads: attention heads; each gets its own slope.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "ALiBi: linear distance penalty with a fixed slope per head (Press et al. 2022)"
     relative = True  # -m_h (i - j)
 

@@ -48,6 +48,7 @@ class BinaryPosition(PositionalEncoder):
             are reported "not applicable" instead of silently wrapping around.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Binary: the index's bits through a learned projection; 2^bits positions (naive baseline)"
 
     def __init__(self, d_model: int, n_heads: int, bits: int = 16):

@@ -82,6 +82,13 @@ class PositionalEncoder(nn.Module):
         relative: True for an encoding whose attention logits depend on positions only through
             ``q_pos - k_pos`` (and on content), so that moving every query and key by the same
             amount changes nothing; ``posexp check`` holds an encoding that declares it to that.
+        context_parallel: True for an encoding that a shard of the sequence can compute alone, given the absolute
+            positions of its queries and of a shard of keys (``q_pos``, ``k_pos``): rotary and distance biases.
+            False (the default, the safe answer for an encoding that does not say) where a query's logits read a
+            prefix over the keys between it and the key (CoPE's gate counts, FoX's forget gates, stick-breaking,
+            PaTH), or the whole sequence's length. ``train.context_parallel`` refuses the False ones; ``posexp
+            check`` verifies a True one by attention over shards against the whole (context parallelism's ring
+            of key shards merged by log-sum-exp, Liu et al. 2023, "Ring Attention", §3).
         base: the base frequency actually used, or None for encodings without one.
         lr_mult: the trainer gives the encoder's own parameters ``lr_mult * train.lr``
             (option ``encoder.lr_mult`` of every encoder). 1 unless an encoding needs
@@ -100,6 +107,9 @@ class PositionalEncoder(nn.Module):
     description: str = ""
     max_length: Optional[int] = None
     relative: bool = False
+    # whether a shard of the sequence computes the encoding alone from absolute positions (see the docstring);
+    # False unless declared: train.context_parallel refuses the encoding, posexp check verifies a True
+    context_parallel: bool = False
     lr_mult: float = 1.0
     # the layers that use this encoder attend to their last `layer_window` keys only (sliding-window attention,
     # in training and evaluation alike, as `encoder=irope`'s RoPE layers); None = the whole causal past

@@ -84,6 +84,7 @@ class DeBERTa(PositionalEncoder):
             the t5 encoder's so the two bucketings can be compared at equal size.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "DeBERTa: content-to-position + position-to-content logits, log buckets (He et al. 2021)"
     relative = True  # P is read at delta(i, j), a bucket of i - j
 

@@ -60,6 +60,7 @@ class FIRE(PositionalEncoder):
     # H200 (torch 2.11, bf16) Inductor's compile of that kernel had not finished after 8 minutes, so by default
     # FIRE trains on the blocked path on CUDA and evaluates fused (scripts/study_gpu.md)
     fused_training = False
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
 
     description = "FIRE: MLP of log distance normalised by log(max(L, i)), learned c and L (Li et al. 2024)"
     # not relative: past the threshold L the distance is normalised by psi(i), the query's own position

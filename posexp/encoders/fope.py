@@ -63,6 +63,7 @@ class FoPE(PositionalEncoder):
         ConfigError: ``base <= 1``, an odd head width, ``train_len < 1`` or ``sigma < 0``.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "FoPE: each rotary pair a Fourier series, frequencies below one period per train_len clipped " \
                   "(Hua et al. 2024)"
 

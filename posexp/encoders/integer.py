@@ -35,6 +35,7 @@ class IntegerPosition(PositionalEncoder):
         n_heads: attention heads (unused).
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Integer: the raw index times a learned direction, pos * w; unbounded (naive baseline)"
 
     def __init__(self, d_model: int, n_heads: int):

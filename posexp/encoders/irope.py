@@ -66,6 +66,7 @@ class TemperedNoPE(PositionalEncoder):
     ``floor_scale - 2``).
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "NoPE with Llama 4's query temperature"
     # a NoPE layer has nothing to rescale: in a scaled iRoPE it stays as it is (its temperature included)
     supported_scalings = RoPE.supported_scalings

@@ -52,6 +52,7 @@ class Kerple(PositionalEncoder):
         variant: ``log`` (``-r1 log(1 + r2 |m-n|)``) or ``power`` (``-r1 |m-n|^r2``).
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "KERPLE: learned per-head -r1*log(1+r2|i-j|) or -r1*|i-j|^r2 logit bias (Chi et al. 2022)"
     relative = True  # a kernel of |i - j|
 

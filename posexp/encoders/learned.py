@@ -31,6 +31,7 @@ class Learned(PositionalEncoder):
             would never receive a gradient.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Learned: a trained vector per position up to max_length (GPT-2; Gehring et al. 2017)"
     # evaluation-time context extension: position interpolation (posexp/encoders/scaling.py)
     supported_scalings = ("linear",)

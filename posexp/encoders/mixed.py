@@ -162,6 +162,11 @@ class Mixed(PositionalEncoder):
         """Relative when every layer's encoding is."""
         return all(e.relative for e in self.per_layer)
 
+    @property
+    def context_parallel(self) -> bool:  # type: ignore[override]
+        """A shard computes the mix alone when it computes every layer's encoding alone."""
+        return all(e.context_parallel for e in self.per_layer)
+
     def scaling_refusal(self, kind: str) -> Optional[str]:
         """A scaling applies to a mix when every layer that depends on position offers it."""
         for i, enc in enumerate(self.per_layer):

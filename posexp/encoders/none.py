@@ -16,6 +16,7 @@ from posexp.encoders.contract import PositionalEncoder
 class NoPE(PositionalEncoder):
     """No positional information: attention sees only content and the causal mask."""
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "NoPE: no position signal; order comes only from the causal mask (Kazemnejad et al. 2023)"
     relative = True  # vacuously: no position enters at all
 

@@ -73,6 +73,7 @@ class RoPE(PositionalEncoder):
             or ``rotary_fraction`` outside (0, 1] or too small to rotate one pair.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "RoPE: rotate q and k by position-dependent angles (Su et al. 2021)"
     relative = True  # <R_m q, R_n k> = <q, R_{n-m} k> (see the module docstring)
     # evaluation-time context extension, see posexp/encoders/scaling.py and with_scaling
@@ -234,6 +235,7 @@ class ReRoPEScores(PositionalEncoder):
         window: ``w``, in tokens; >= 1.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "ReRoPE: RoPE with the relative position clamped at a window (Su 2023)"
     relative = True  # RoPE at min(m - n, w)
 

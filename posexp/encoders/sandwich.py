@@ -62,6 +62,7 @@ class Sandwich(PositionalEncoder):
         base: wavelength scale of the sinusoids, 10000 in the paper; > 1.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Sandwich: parameter-free bias p_m.p_n of sinusoids, scaled per head (Chi et al. 2023)"
     relative = True  # p_m . p_n is a function of m - n
 

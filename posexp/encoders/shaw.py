@@ -47,6 +47,7 @@ class ShawRelative(PositionalEncoder):
             its machine translation models).
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Shaw: learned relative key vectors q.a_{i-j} clipped at max_relative_position (Shaw et al. 2018)"
     relative = True  # q_i . a_{clip(j - i)}
 

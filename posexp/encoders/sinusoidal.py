@@ -103,6 +103,7 @@ class Sinusoidal(PositionalEncoder):
             ``learnable_base`` with a non-exponential schedule or with ``learnable_freqs``.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Sinusoidal: fixed sin/cos position vectors added to the embeddings (Vaswani et al. 2017)"
     # evaluation-time context extension: position interpolation (posexp/encoders/scaling.py)
     supported_scalings = ("linear",)

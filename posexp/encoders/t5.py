@@ -70,6 +70,7 @@ class T5Bias(PositionalEncoder):
         max_distance: distance at which buckets stop growing; > num_buckets // 2.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "T5: learned scalar logit bias per log-bucketed distance and head (Raffel et al. 2020)"
     relative = True  # a bias per bucket of i - j
     lr_mult = 10.0  # see the module docstring

@@ -43,6 +43,7 @@ class TransformerXL(PositionalEncoder):
         base: wavelength scale of the sinusoid ``R``, 10000 in the paper; > 1.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "Transformer-XL: q.W_R R_{i-j} + u.k_j + v.W_R R_{i-j} with sinusoidal R (Dai et al. 2019)"
     relative = True  # R_{i-j}, u and v replace every absolute term
 

@@ -51,6 +51,7 @@ class XPos(PositionalEncoder):
             512 in the paper; > 0.
     """
 
+    context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "xPos: RoPE with per-pair exponential decay zeta^((n-m)/B) of the score (Sun et al. 2023)"
     relative = True  # zeta^((n-m)/B) times RoPE's rotation by n - m
 

@@ -59,7 +59,7 @@ import torch
 
 from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
-from posexp.runtime.memory import PeakMemory, free_memory, is_out_of_memory
+from posexp.runtime.memory import PeakMemory, bound_heap_growth, free_memory, is_out_of_memory
 from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
@@ -384,6 +384,8 @@ def evaluate(model: EvaluableLM, val: np.ndarray, settings: EvalConfig, train_le
     window = window_of(e.window, e.sinks)
     p = _Pass(model, val, int(e.batch_tokens), device, position_plan, dtype, hooks)
     model.eval()
+    if device.type == "cpu":
+        bound_heap_growth()  # long lengths' growing query-block tensors would otherwise grow the heap
     rows = []
     for length in lengths:
         how, factor = reading_of(e, scaling, length, train_len, window)

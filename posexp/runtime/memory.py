@@ -58,6 +58,28 @@ def release_free_heap() -> None:
             pass
 
 
+# glibc serves an allocation this large or larger with its own mapping, returned to the OS when freed (below)
+MMAP_THRESHOLD = 4 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def bound_heap_growth() -> None:
+    """Have glibc map each allocation of :data:`MMAP_THRESHOLD` bytes or more on its own, and unmap it when freed.
+
+    By default glibc raises its mmap threshold to the size of the largest mapped block freed so far (up to 32 MiB),
+    so that afterwards such blocks come from the heap. A long evaluation on the bias path allocates per query block
+    tensors that grow with the block's last key (``(H, Lq, end)``): each is a little larger than the freed one
+    before it, cannot reuse its place, and the heap grows. Measured with ``scripts/bench_eval.py`` (t5, 16,384
+    tokens, 2 threads), the process peaked at 1,247 MiB with glibc's default and 439 MiB with the threshold fixed at
+    4 MiB (``mallopt(M_MMAP_THRESHOLD)``, which also turns the raising off). A no-op off glibc.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        except (OSError, AttributeError):
+            pass
+
+
 class PeakMemory:
     """Peak memory of a block of work, above what was in use when it started.
 

@@ -8,6 +8,9 @@ A run folder's ``checkpoint/`` holds
   trainer state at step N (AdamW moments, every RNG state, the running loss of the
   current logging interval). The data position is the step itself: the batch of
   step s is a function of (seed, s), see :class:`posexp.data.corpus.BatchSampler`;
+- ``step-NNNNNNNN.dcp/`` in place of the step's ``.safetensors`` in a run trained with
+  ``train.parallel=fsdp``: the weights and AdamW's moments in shards, one safetensors file per
+  rank, which any number of ranks can read (:mod:`posexp.training.dcp`);
 - ``resume.json``: which step pair is the latest complete one, with the SHA-256 of
   both files and the config hash of the run with its format.
 
@@ -25,6 +28,7 @@ import io
 import json
 import pickle
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -35,6 +39,7 @@ from posexp.config.identity import RunHash
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_path, atomic_write_bytes, atomic_write_json
 from posexp.runs.layout import CHECKPOINT_DIR, WEIGHTS_FILE, sha256_file
+from posexp.training import dcp
 
 META_FILE = "meta.json"
 RESUME_FILE = "resume.json"
@@ -145,18 +150,29 @@ def parent_weights(finetune: Any) -> Callable[[torch.nn.Module], None]:
 
 # -- resumable trainer state -----------------------------------------------------------------------
 
-def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], run_hash: RunHash) -> Path:
+def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], run_hash: RunHash,
+                optimizer: Optional[torch.optim.Optimizer] = None) -> Optional[Path]:
     """Write the weights and trainer state of step ``state["step"]``, then point ``resume.json`` at them.
 
-    Older step files are removed once the new pointer is in place.
+    Older step files are removed once the new pointer is in place. A sharded model (``train.parallel=fsdp``)
+    writes its weights and ``optimizer``'s moments as a DCP folder (:mod:`posexp.training.dcp`): every rank
+    calls this then, and rank 0 alone writes the rest (the others get None).
     """
+    from posexp.training import sharding
+
     ckpt = run_dir / CHECKPOINT_DIR
     step = int(state["step"])
     stem = f"step-{step:08d}"
-    weights = ckpt / f"{stem}.safetensors"
+    sharded = sharding.is_sharded(model)
+    weights = ckpt / (f"{stem}{dcp.DCP_SUFFIX}" if sharded else f"{stem}.safetensors")
     state_file = ckpt / f"{stem}.state.pt"
+    if sharded:
+        assert optimizer is not None, "a sharded model's checkpoint holds its optimizer's moments"
+        state = {**state, "optimizer_groups": dcp.save_sharded(weights, model, optimizer)}
+        if not sharding.is_main_rank():
+            return None
     try:
-        weights_sha = save_weights(model, weights, run_hash.value, step)
+        weights_sha = dcp.digest(weights) if sharded else save_weights(model, weights, run_hash.value, step)
         buf = io.BytesIO()
         torch.save({**state, "format": STATE_FORMAT, "config_hash": run_hash.value}, buf)
         data = buf.getvalue()
@@ -182,7 +198,15 @@ def _remove_unused(ckpt: Path, files: tuple[Path, ...]) -> None:
         named = set()
     for f in files:
         if f.name not in named:
-            f.unlink(missing_ok=True)
+            _remove(f)
+
+
+def _remove(path: Path) -> None:
+    """Delete a step file, or a sharded checkpoint's folder."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def remove_stale(ckpt: Path, keep: set[str]) -> None:
@@ -192,8 +216,8 @@ def remove_stale(ckpt: Path, keep: set[str]) -> None:
     for p in ckpt.iterdir():
         stale_step = p.name.startswith("step-") and p.name not in keep
         leftover = p.name.startswith(".") and p.name.endswith(".tmp")
-        if p.is_file() and (stale_step or leftover):
-            p.unlink(missing_ok=True)
+        if (p.is_file() or p.name.endswith((dcp.DCP_SUFFIX, dcp.DCP_SUFFIX + ".tmp"))) and (stale_step or leftover):
+            _remove(p)
 
 
 def read_resume_pointer(run_dir: Path) -> Optional[dict]:
@@ -218,6 +242,23 @@ def read_resume_pointer(run_dir: Path) -> Optional[dict]:
         if Path(pointer[key]).name != pointer[key]:  # a file beside resume.json, never elsewhere
             raise PosexpError(f"{path}: \"{key}\" must name a file in {path.parent}; {restart_hint(run_dir)}")
     return pointer
+
+
+def saved_precision(run_dir: Path) -> Optional[str]:
+    """The forward dtype the latest resumable checkpoint's run trained in (``float32`` / ``bfloat16``), or None.
+
+    A sharded run settles its precision before its model is sharded and its checkpoint loaded (the mixed-precision
+    policy follows it); a checkpoint that cannot be read gives None here and its error when it is loaded.
+    """
+    try:
+        pointer = read_resume_pointer(run_dir)
+        if pointer is None:
+            return None
+        state = torch.load(run_dir / CHECKPOINT_DIR / pointer["state"], map_location="cpu", weights_only=True)
+    except (PosexpError, *_LOAD_ERRORS):
+        return None
+    precision = state.get("precision") if isinstance(state, dict) else None
+    return precision if isinstance(precision, str) and precision else None
 
 
 def restart_hint(run_dir: Path) -> str:
@@ -246,8 +287,12 @@ def load_resume(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Op
         raise PosexpError(f"{ckpt / RESUME_FILE}: written by a run with a different config (config hash "
                           f"{pointer['config_hash']}, this run's .hydra/config.yaml hashes to {run_hash.value}); "
                           f"was the config or the checkpoint folder changed? {hint}")
-    load_weights(model, ckpt / pointer["weights"], run_hash.value, hint, sha256=pointer["weights_sha256"],
-                 device=str(device))
+    weights = ckpt / pointer["weights"]
+    if weights.is_dir():
+        if dcp.digest(weights) != pointer["weights_sha256"]:
+            raise PosexpError(f"{weights}: truncated or corrupt (its SHA-256 is not the one in {RESUME_FILE}); {hint}")
+    else:
+        load_weights(model, weights, run_hash.value, hint, sha256=pointer["weights_sha256"], device=str(device))
     state_path = ckpt / pointer["state"]
     if not state_path.is_file():
         raise PosexpError(f"{state_path}: missing; {hint}")
@@ -261,7 +306,10 @@ def load_resume(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("step") != pointer["step"]:
         raise PosexpError(f"{state_path}: not the trainer state of step {pointer['step']}; {hint}")
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        if weights.is_dir():  # weights and moments in DCP's shards, resharded to this run's ranks
+            dcp.load_sharded(weights, model, optimizer, state["optimizer_groups"])
+        else:
+            optimizer.load_state_dict(state["optimizer"])
     except _LOAD_ERRORS as e:
         raise PosexpError(f"{state_path}: the optimizer state does not fit this run's model "
                           f"({str(e).splitlines()[0]}); {hint}") from None

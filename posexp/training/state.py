@@ -18,6 +18,7 @@ import torch
 
 from posexp.config.identity import RunHash
 from posexp.training.checkpoint import load_resume, rng_states, save_resume, set_rng_states
+from posexp.training.sharding import is_sharded
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.train")
@@ -83,7 +84,7 @@ class TrainState:
         set_rng_states(saved["rng"])
         return state
 
-    def saved_form(self, optimizer: torch.optim.Optimizer, elapsed_s: float) -> dict[str, Any]:
+    def saved_form(self, optimizer: torch.optim.Optimizer, elapsed_s: float, sharded: bool = False) -> dict[str, Any]:
         """The trainer state file's contents: the fields, the optimizer, every RNG and the thread count.
 
         Args:
@@ -91,13 +92,19 @@ class TrainState:
         """
         saved = {f.name: getattr(self, f.name) for f in fields(self)}
         saved.update(running_loss=self.running_loss.detach().cpu(), elapsed_s=elapsed_s,
-                     optimizer=optimizer.state_dict(), rng=rng_states(), threads=torch.get_num_threads())
+                     rng=rng_states(), threads=torch.get_num_threads())
+        if not sharded:  # a sharded optimizer's moments go into the DCP folder, beside the weights' shards
+            saved["optimizer"] = optimizer.state_dict()
         return saved
 
     def save(self, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_hash: RunHash,
-             elapsed_s: float) -> Path:
-        """Write the weights and this state as the run's latest resumable checkpoint; returns ``resume.json``."""
-        return save_resume(run_dir, model, self.saved_form(optimizer, elapsed_s), run_hash)
+             elapsed_s: float) -> Optional[Path]:
+        """Write the weights and this state as the run's latest resumable checkpoint; returns ``resume.json``.
+
+        A sharded model's ranks all call it (each writes its shards); the others than rank 0 get None.
+        """
+        sharded = is_sharded(model)
+        return save_resume(run_dir, model, self.saved_form(optimizer, elapsed_s, sharded), run_hash, optimizer)
 
     def advance(self, loss: torch.Tensor, tokens: int) -> None:
         """Count one finished step of ``tokens`` tokens whose mean loss is ``loss`` (on the device: no sync)."""

@@ -18,11 +18,15 @@ into a checkpoint) in :mod:`posexp.training.state`.
 Several processes (``torchrun``, :mod:`posexp.training.distributed`): each rank trains on
 its slice of the same global batch under DistributedDataParallel; losses are
 averaged over the ranks every step, so every rank logs, checkpoints and stops on
-the same numbers, and only rank 0 writes.
+the same numbers, and only rank 0 writes. ``train.parallel=fsdp`` trains an FSDP2 copy instead, whose
+every rank writes its shards of each resumable checkpoint (:mod:`posexp.training.setup`,
+:mod:`posexp.training.sharding`); ``train.context_parallel`` splits each sequence over the ranks
+(:mod:`posexp.training.context`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -38,20 +42,22 @@ from rich.progress import Progress
 
 from posexp.config.identity import RunHash
 from posexp.config.schema import Config, TrainConfig
-from posexp.errors import ConfigError, TrainingDiverged, TrainingInterrupted
+from posexp.errors import TrainingDiverged, TrainingInterrupted
 from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
 from posexp.runtime.device import Placement, autocast, resolve_device, step_settings
 from posexp.runtime.precision import bf16_is_native
 from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
+from posexp.training.context import sequence_shards
 from posexp.runtime.device import world
 from posexp.training.distributed import shard
 from posexp.training.metrics import MetricsWriter
-from posexp.training.optim import lr_at, make_optimizer, set_lr
+from posexp.training.optim import lr_at, set_lr
 from posexp.training.progress import plain_progress, progress_bar
 from posexp.training.state import TrainState
-from posexp.training.precision import training_precision
+from posexp.training.setup import TrainingSetup, loss_module
+from posexp.training.sharding import all_finite, one_process_group
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.train")
@@ -63,39 +69,6 @@ class Sampler(Protocol):
     """What the training step draws its batches from."""
 
     def window(self, step: int, length: int) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
-
-
-class TokenLosses(torch.nn.Module):
-    """``model.token_losses`` as a module's forward, so DistributedDataParallel and torch.compile can wrap it."""
-
-    def __init__(self, model: GPT):
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor, pos: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.model.token_losses(idx, targets, pos)  # (B, L) nats, fp32
-
-
-def loss_module(model: GPT, device: torch.device, compiled: bool = False) -> torch.nn.Module:
-    """What the training step calls: the model's token losses, data-parallel under torchrun, compiled on request.
-
-    Raises:
-        ConfigError: ``compile=true`` where torch.compile cannot run.
-    """
-
-    net: torch.nn.Module = TokenLosses(model)
-    if world().distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-    if compiled:
-        import torch._dynamo
-
-        if not torch._dynamo.is_dynamo_supported():
-            raise ConfigError("compile", "torch.compile does not support this Python / torch build; "
-                                         "drop compile=true")
-        net = torch.compile(net)  # type: ignore[assignment]  # a module still; compiled at the first step (about 20 s on a CPU), then reused
-    return net
 
 
 @dataclass
@@ -187,8 +160,10 @@ class TrainStep:
         self.model, self.net, self.optimizer, self.sampler, self.plan = model, net, optimizer, sampler, plan
         self.t, self.device, self.dtype, self.world = t, placement.device, placement.dtype, placement.world
         self.pin_memory = placement.settings.pin_memory
-        # this process's slice of every global batch (all of it in one process)
-        self.rows = shard(t.batch_size, placement.world)
+        # this process's slice of every global batch (all of it in one process, or with each sequence split over
+        # the processes: train.context_parallel, posexp/training/context.py)
+        self.context = t.context_parallel
+        self.rows = shard(t.batch_size, placement.world) if self.context == 1 else slice(None)
 
     def __call__(self, step: int, stop: "StopOnSignal") -> StepResult:
         lr = lr_at(step, self.t)
@@ -201,14 +176,18 @@ class TrainStep:
         batch = batch.to(self.device, non_blocking=True)
         length = batch.shape[1] - 1
         pos = self.plan.train_positions(step, length, self.device)
-        with autocast(self.device, self.dtype):
-            losses = self.net(batch[:, :-1], batch[:, 1:], pos)  # (B, L) nats
-        if answer is None:
-            loss = losses.mean()
-        else:  # a task trains on its answer tokens only
-            mask = torch.from_numpy(answer[self.rows]).to(self.device, non_blocking=True)
-            loss = (losses * mask).sum() / mask.sum().clamp(min=1)
-        loss.backward()
+        inputs, targets = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+        mask = None if answer is None else torch.from_numpy(answer[self.rows]).to(self.device, non_blocking=True)
+        shards = [inputs, targets, pos] + ([] if mask is None else [mask])
+        # under train.context_parallel each process keeps its shard of every one of them (sharded in place)
+        with sequence_shards(self.context, self.device, shards, [1, 1, 0, 1][:len(shards)]):
+            with autocast(self.device, self.dtype):
+                losses = self.net(inputs, targets, pos)  # (B, L) nats
+            if mask is None:
+                loss = losses.mean()
+            else:  # a task trains on its answer tokens only
+                loss = (losses * mask).sum() / mask.sum().clamp(min=1)
+            loss.backward()
         if self.t.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
         self.optimizer.step()
@@ -251,7 +230,7 @@ class DivergenceGuard:
     def check_weights(self, model: torch.nn.Module, done: int, saved_step: Optional[int]) -> None:
         """Never save weights a NaN went into: the loss shows a step's update only at the next step."""
         self.check_loss(saved_step)
-        if not torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all().item():
+        if not all_finite(model):  # every rank's shards, when the model is sharded
             raise TrainingDiverged(done, f"training diverged: the weights became NaN or infinite at step {done} "
                                          f"(lr {self.lr_of(done - 1):.3g}); {self._kept(saved_step)}. Try a lower "
                                          "train.lr, or train.grad_clip=1.0 if clipping was off")
@@ -370,6 +349,44 @@ def warn_if_slow_bf16(precision: str, device: torch.device, console: Console, is
         console.print(f"[yellow]{note}[/]", highlight=False)
 
 
+def _train_steps(setup: TrainingSetup, spec: Config, sampler: Sampler, run_dir: Path, run_hash: RunHash,
+                 placement: Placement, on_log: Optional[LogHook], probe: Optional[Probe]) -> float:
+    """Train from ``setup.state`` to ``spec.train.steps``, logging and checkpointing; returns the run's training
+    wall time (every session's)."""
+    t, w, model, opt, state = spec.train, placement.world, setup.model, setup.optimizer, setup.state
+    console = Console(stderr=True)
+    warn_if_slow_bf16(t.precision, placement.device, console, w.is_main)
+    take_step = TrainStep(model, setup.net, opt, sampler, PositionPlan(spec), t, placement)
+    # only rank 0 writes; the others keep the same numbers, and so take the same decisions
+    metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if setup.resumed else None) \
+        if w.is_main else None
+    guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), placement.device)
+    schedule = CheckpointSchedule(t.checkpoint_every, t.checkpoint_minutes, t.steps,
+                                  saved_step=state.step if setup.resumed else None)
+    progress = progress_bar(console, t.progress and w.is_main)
+
+    def checkpoint() -> None:
+        guard.check_weights(model, state.step, schedule.saved_step)
+        if w.is_main or setup.sharded is not None:  # a sharded model's ranks each write their shards
+            state.save(run_dir, model, opt, run_hash, report.elapsed_s())
+        schedule.saved(state.step)
+
+    try:
+        with progress, StopOnSignal() as stop:
+            report = TrainingLog(metrics, progress, state, t, model.encoder.name, placement, on_log, probe)
+            signum = _run_steps(take_step, stop, t, state, guard, report, schedule, checkpoint)
+            if schedule.pending(state.step):
+                checkpoint()  # the end of training, or the step a signal arrived in
+            if not w.distributed:
+                signum = stop.received  # also one that arrived during the last checkpoint
+    finally:
+        if metrics is not None:
+            metrics.close()
+    if signum is not None:
+        raise interrupted(signum, state.step, t.steps, run_dir)
+    return report.elapsed_s()
+
+
 def _run_steps(take_step: TrainStep, stop: StopOnSignal, t: TrainConfig, state: TrainState, guard: DivergenceGuard,
                report: TrainingLog, schedule: CheckpointSchedule, checkpoint: Callable[[], None]) -> Optional[int]:
     """The steps from ``state.step`` to ``t.steps``, each logged and checkpointed when due. Returns the signal that
@@ -412,43 +429,14 @@ def train(model: GPT, spec: Config, sampler: Sampler, run_dir: Path, run_hash: R
     w, device = world(), resolve_device(t.device)
     settings = step_settings(device, spec.compile).apply()
     model.to(device).train()
-    net = loss_module(model, device, compiled=settings.compile)
-    opt = make_optimizer(model, t)
-    console = Console(stderr=True)
-    warn_if_slow_bf16(t.precision, device, console, w.is_main)
-    state, resumed = TrainState.begin(run_dir, model, opt, run_hash, device, resume, t.steps)
-    choice = training_precision(model, t, spec.train_len, device, saved=state.precision if resumed else None)
-    state.precision = choice.name  # a checkpoint keeps the choice for a resumed run
-    placement = Placement(device, w, settings, choice)
-    take_step = TrainStep(model, net, opt, sampler, PositionPlan(spec), t, placement)
-    # only rank 0 writes; the others keep the same numbers, and so take the same decisions
-    metrics = MetricsWriter(run_dir / METRICS_CSV, resume_step=state.step if resume else None) if w.is_main else None
-    guard = DivergenceGuard(run_dir, lambda step: lr_at(step, t), device)
-    schedule = CheckpointSchedule(t.checkpoint_every, t.checkpoint_minutes, t.steps,
-                                  saved_step=state.step if resumed else None)
-    progress = progress_bar(console, t.progress and w.is_main)
-
-    def checkpoint() -> None:
-        guard.check_weights(model, state.step, schedule.saved_step)
-        if w.is_main:
-            state.save(run_dir, model, opt, run_hash, report.elapsed_s())
-        schedule.saved(state.step)
-
-    try:
-        with progress, StopOnSignal() as stop:
-            report = TrainingLog(metrics, progress, state, t, model.encoder.name, placement, on_log, probe)
-            signum = _run_steps(take_step, stop, t, state, guard, report, schedule, checkpoint)
-            if schedule.pending(state.step):
-                checkpoint()  # the end of training, or the step a signal arrived in
-            if not w.distributed:
-                signum = stop.received  # also one that arrived during the last checkpoint
-    finally:
-        if metrics is not None:
-            metrics.close()
-    if signum is not None:
-        raise interrupted(signum, state.step, t.steps, run_dir)
+    with one_process_group(device) if t.parallel == "fsdp" else contextlib.nullcontext():
+        setup = TrainingSetup.build(model, spec, run_dir, run_hash, resume, device, settings.compile)
+        placement = Placement(device, w, settings, setup.precision)
+        wall = _train_steps(setup, spec, sampler, run_dir, run_hash, placement, on_log, probe)
+        if setup.sharded is not None:
+            setup.sharded.consolidate()  # the trained shards into the whole model, which rank 0 evaluates
     model.eval()
-    return _result(state, t.steps, report.elapsed_s(), placement)
+    return _result(setup.state, t.steps, wall, placement)
 
 
 def _result(state: TrainState, steps: int, wall: float, placement: Placement) -> TrainResult:

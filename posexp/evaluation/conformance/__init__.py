@@ -10,6 +10,8 @@ check                        what it holds the encoding to
 causality                    no output at or before ``t`` depends on the tokens after ``t``
 prefix                       nor on how many tokens follow: the first ``t + 1`` outputs are the prefix's own
 absolute positions           query blocks with their own ``q_pos`` give the rows of the whole sequence
+context parallel             an encoding declaring ``context_parallel = True``: attention over shards of the
+                             sequence, each from its own tokens and positions, merged as a ring does, equals the whole
 relative                     an encoding declaring ``relative = True``: logits invariant under a common shift
 transform: causal, prefix    the content logits of query ``i`` read tokens ``0 .. i`` only, nor how many follow
 normalise: masks, blocks     a replacement of softmax gives masked keys weight 0, and blocks the whole's rows
@@ -41,12 +43,14 @@ from posexp.evaluation.conformance.numerics import (
     check_bf16, check_determinism, check_length, check_memory, check_speed)
 from posexp.evaluation.conformance.probe import EncoderFactory, Probe, casts
 from posexp.evaluation.conformance.result import ERROR, FAIL, NOT_APPLICABLE, PASS, Check
+from posexp.evaluation.conformance.sharded import check_context_parallel
 from posexp.evaluation.conformance.scalings import check_scaling_identity, check_scaling_reference
 
 CHECKS: dict[str, Callable[[EncoderFactory, Probe], Check]] = {
     "causality": check_causality,
     "prefix": check_prefix,
     "absolute positions": check_offsets,
+    "context parallel": check_context_parallel,
     "relative": check_relative,
     "transform: causal, prefix": check_transform,
     "normalise: masks, blocks": check_normalise,
@@ -63,7 +67,7 @@ CHECKS: dict[str, Callable[[EncoderFactory, Probe], Check]] = {
 
 
 # properties exact in float64: an encoder computing in float32 is held to them in float32 (exact.EXACT_FLOAT32)
-EXACT_CHECKS = ("causality", "prefix", "absolute positions", "relative")
+EXACT_CHECKS = ("causality", "prefix", "absolute positions", "context parallel", "relative")
 # checks that measure a cost, not a property: whatever stops them is an error of the measurement
 MEASUREMENTS = ("memory linear in length", "speed vs rope")
 _NO_MEMORY = ("out of memory", "can't allocate memory", "DefaultCPUAllocator")
