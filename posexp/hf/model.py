@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from posexp.encoders.scaling import NONE, check_known
 from posexp.errors import ConfigError, PosexpError
-from posexp.hf.rotary import RotarySite, find_rotary, pinned_rotary, rotary_refusal, scaled_frequencies
+from posexp.hf.rotary import find_rotary, pinned_swaps, rotary_refusal, scaled_frequencies
 from posexp.model.interface import Reading
 from posexp.model.window import AttentionWindow
 
@@ -134,7 +134,7 @@ class HFLanguageModel:
             ConfigError: ``kind`` is not one of posexp's scalings.
         """
         check_known(kind)
-        return rotary_refusal(self._rotary, kind)
+        return rotary_refusal(self._rotary, kind, self.model)
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
         """Why ``length`` tokens cannot be read as ``how`` says: more than the position table holds, or a window
@@ -260,14 +260,14 @@ class HFLanguageModel:
         if not self._rotary or not self._pins():
             yield
             return
-        sites: list[RotarySite] = self._rotary
-        for site, (inv, scale) in zip(sites, self._site_frequencies(seq_len)):
-            setattr(site.parent, site.name, pinned_rotary(site, inv, scale))
+        swaps = pinned_swaps(self._rotary, self._site_frequencies(seq_len))
+        for parent, name, pinned, _ in swaps:
+            setattr(parent, name, pinned)
         try:
             yield
         finally:
-            for site in sites:
-                setattr(site.parent, site.name, site.module)
+            for parent, name, _, original in swaps:
+                setattr(parent, name, original)
 
     # -- windows ----------------------------------------------------------------------------------
 
