@@ -244,3 +244,14 @@ def test_a_rotary_layout_posexp_does_not_read_is_named_not_called_absent():
     reason = HFLanguageModel(m, "odd").check_scaling("yarn")
     assert "OddRotaryEmbedding" in reason and "no rotary position embedding" not in reason
     assert "no rotary position embedding" in HFLanguageModel(model("gpt2"), "gpt2").check_scaling("yarn")
+
+
+def test_run_pretrained_records_the_rope_parameters_per_layer_type():
+    from posexp.hf.rotary import rope_record
+
+    record = rope_record(gemma3({"rope_type": "linear", "factor": 8.0}).config)
+    assert record["rope_theta"] == 10000.0  # the full-attention layers', the ones a scaling stretches
+    assert record["rope_parameters"]["sliding_attention"]["rope_theta"] == 100.0
+    assert record["rope_parameters"]["full_attention"]["factor"] == 8.0
+    shared = rope_record(model("llama").config)
+    assert shared["rope_theta"] == 10000.0 and shared["rope_parameters"]["rope_type"] == "default"

@@ -129,7 +129,7 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
 
     from posexp.hf.loading import load_pretrained, model_folder, provenance, read_export
     from posexp.hf.model import DEFAULT_CHUNK, HFLanguageModel
-    from posexp.hf.rotary import rope_theta
+    from posexp.hf.rotary import rope_record
 
     hf_logging.disable_progress_bar()  # a bar per weight file would interleave with posexp's own lines
     h = spec.hf
@@ -144,7 +144,7 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
     length = spec.train_len or (exported or {}).get("train_len") or lm.context_length
     if not length:
         raise ConfigError("train_len", "the model's config names no context length; give it: train_len=N (tokens)")
-    record.update(context_length=int(length), rope_theta=rope_theta(model.config) if lm.has_rope else None)
+    record.update(context_length=int(length), **(rope_record(model.config) if lm.has_rope else {"rope_theta": None}))
     return lm, tokenizer, record
 
 

@@ -128,7 +128,7 @@ class HFLanguageModel:
     # -- how it reads a length --------------------------------------------------------------------
 
     def check_scaling(self, kind: str) -> Optional[str]:
-        """None when ``kind`` applies; why not (no RoPE, ReRoPE, per-layer rope parameters) otherwise.
+        """None when ``kind`` applies; why not (no RoPE, ReRoPE, a rotary layout posexp cannot read) otherwise.
 
         Raises:
             ConfigError: ``kind`` is not one of posexp's scalings.

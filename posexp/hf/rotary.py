@@ -14,7 +14,9 @@ How each ``eval.scaling`` becomes new frequencies (:func:`scaled_frequencies`):
   ``rope_scaling`` is read into it by the config class) name the type, the factor and
   ``original_max_position_embeddings`` = the reading's ``train_len``, from the model's ``rope_theta``. They replace
   whatever scaling the checkpoint was published with (a Llama 3.1 checkpoint's own ``llama3`` bands, say): the
-  reading asks for one method from the unscaled base.
+  reading asks for one method from the unscaled base. Where the rope parameters differ per layer type (Gemma 3),
+  the scaling replaces those of the full-attention types, as a config giving that rope type to them would; the
+  sliding-window types (:data:`LOCAL_LAYER_TYPES`) keep their own frequencies.
 - ``ntk`` (the static NTK-aware base, bloc97 2023; Peng et al. 2023, §3.1), which transformers has no type for, is
   posexp's formula (:func:`posexp.encoders.scaling.rope_scaling`) at the model's rotary width and base.
 
@@ -169,6 +171,17 @@ def per_layer_type(config: Any) -> Optional[dict[str, dict]]:
     return None
 
 
+def rope_record(config: Any) -> dict:
+    """What ``run.pretrained`` records of a rotary model: ``rope_theta`` (of the layers a scaling stretches, the
+    full-attention ones where the parameters are per layer type) and its ``rope_parameters``, per layer type where
+    the model gives them so."""
+    per_type = per_layer_type(config)
+    if per_type is None:
+        return {"rope_theta": rope_theta(config), "rope_parameters": rope_parameters(config) or None}
+    scaled = [t for t in per_type if t not in LOCAL_LAYER_TYPES] or sorted(per_type)
+    return {"rope_theta": rope_theta(config, scaled[0]), "rope_parameters": per_type}
+
+
 def _rope_config(config: Any, rope_type: str, factor: float, train_len: int, site: RotarySite,
                  factors: Optional[Sequence[float]]) -> object:
     """A copy of ``config`` whose rope parameters (``site``'s layer type's, where they are per type) ask
@@ -265,5 +278,5 @@ def pinned_swaps(sites: Sequence[RotarySite], frequencies: Sequence[tuple[Tensor
 
 
 __all__ = ["HF_ROPE_TYPES", "LOCAL_LAYER_TYPES", "POSEXP_FORMULAS", "REROPE_REASON", "RotarySite", "find_rotary",
-           "per_layer_type", "pinned_module", "pinned_rotary", "pinned_swaps", "rope_parameters", "rope_theta",
+           "per_layer_type", "pinned_module", "pinned_rotary", "pinned_swaps", "rope_parameters", "rope_record", "rope_theta",
            "rotary_refusal", "scaled_frequencies", "unknown_rotary"]
