@@ -66,6 +66,7 @@ class HFLanguageModel:
         self._window_problem: Optional[str] = None
         self._window_checked = False
         self._frequencies: dict[tuple, list[tuple[Tensor, float]]] = {}
+        self.bos: Optional[int] = None  # token_losses: each window's first input (hf.bos); None = as given
 
     # -- what the model is ------------------------------------------------------------------------
 
@@ -191,7 +192,11 @@ class HFLanguageModel:
         return torch.cat(out, dim=1)
 
     def token_losses(self, idx: Tensor, targets: Tensor, pos: Optional[Tensor] = None) -> Tensor:
-        """Cross-entropy in nats of each target, ``(B, L)`` fp32, computed chunk by chunk."""
+        """Cross-entropy in nats of each target, ``(B, L)`` fp32, computed chunk by chunk; with :attr:`bos` set,
+        each window's first input is that token (as the tokenizer would start a text; the targets are unchanged)."""
+        if self.bos is not None:
+            idx = idx.clone()
+            idx[:, 0] = self.bos
         losses = torch.empty(targets.shape, dtype=torch.float32, device=self.device)
         targets = targets.to(self.device)
 
