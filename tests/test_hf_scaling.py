@@ -182,3 +182,76 @@ def test_an_architecture_no_test_names_reads_under_every_scaling_that_applies(ar
     assert lm.window_refusal() is None
     with lm.reading(Reading(window=AttentionWindow(8, sinks=1))):
         assert not close(lm.logits(x), plain)
+
+
+GEMMA_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+GEMMA_LOCAL = {"rope_type": "default", "rope_theta": 100.0}
+
+
+def gemma3(full: dict, seed: int = 0):
+    """A random Gemma 3 whose rope parameters are per layer type, as transformers 5 writes them: a sliding window
+    of 8 keys on half its layers, another base there."""
+    import transformers as T
+
+    config = T.Gemma3TextConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=TRAIN, sliding_window=8, initializer_range=0.2,
+        layer_types=GEMMA_TYPES, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        rope_parameters={"full_attention": {"rope_theta": 10000.0, **full}, "sliding_attention": GEMMA_LOCAL},
+        attn_implementation="eager")
+    return build(config, seed)
+
+
+GEMMA_OWN = [(scaling, {**params, "original_max_position_embeddings": TRAIN}) for scaling, params in OWN_TYPES]
+
+
+@pytest.mark.parametrize("scaling,params", GEMMA_OWN, ids=[t[0] for t in GEMMA_OWN])
+def test_gemma3_scales_its_full_attention_layers_as_its_own_config_would(scaling, params):
+    """Rope parameters per layer type (Gemma 3): each scaling equals transformers' Gemma 3 given that rope type for
+    its full-attention layers, the sliding-window layers left as they are."""
+    ours = gemma3({"rope_type": "default"})
+    theirs = gemma3(params)
+    theirs.load_state_dict(ours.state_dict())
+    lm = HFLanguageModel(ours, "gemma3", chunk=16)
+    assert lm.has_rope and lm.check_scaling(scaling) is None
+    x = tokens(3 * TRAIN)
+    how = Reading(scaling, 4.0, TRAIN, 3 * TRAIN, longrope_factors=tuple(params.get("long_factor", ())) or None)
+    got = logits_under(lm, how, x)
+    torch.testing.assert_close(got, theirs(x).logits, atol=1e-5, rtol=0)
+    assert not close(got, ours(x).logits)
+    torch.testing.assert_close(lm.logits(x), ours(x).logits, atol=1e-5, rtol=0)  # restored after the reading
+
+
+def test_gemma3_sliding_layers_keep_their_frequencies_under_a_scaling():
+    from posexp.hf.rotary import find_rotary, scaled_frequencies
+
+    sites = {s.layer_type: s for s in find_rotary(gemma3({"rope_type": "default"}))}
+    assert sorted(sites) == ["full_attention", "sliding_attention"]
+    local, full = sites["sliding_attention"], sites["full_attention"]
+    inv, scale = scaled_frequencies(local, "yarn", 4.0, TRAIN, 4 * TRAIN)
+    torch.testing.assert_close(inv, 1.0 / 100.0 ** (torch.arange(0, 8, 2).float() / 8))
+    assert scale == 1.0
+    inv, _ = scaled_frequencies(full, "linear", 4.0, TRAIN, 4 * TRAIN)
+    torch.testing.assert_close(inv, full.inv_freq / 4.0)
+
+
+def test_a_rotary_layout_posexp_does_not_read_is_named_not_called_absent():
+    class OddRotaryEmbedding(torch.nn.Module):
+        rope_type = "default"
+
+    m = model("gpt2")
+    m.transformer.odd = OddRotaryEmbedding()
+    reason = HFLanguageModel(m, "odd").check_scaling("yarn")
+    assert "OddRotaryEmbedding" in reason and "no rotary position embedding" not in reason
+    assert "no rotary position embedding" in HFLanguageModel(model("gpt2"), "gpt2").check_scaling("yarn")
+
+
+def test_run_pretrained_records_the_rope_parameters_per_layer_type():
+    from posexp.hf.rotary import rope_record
+
+    record = rope_record(gemma3({"rope_type": "linear", "factor": 8.0}).config)
+    assert record["rope_theta"] == 10000.0  # the full-attention layers', the ones a scaling stretches
+    assert record["rope_parameters"]["sliding_attention"]["rope_theta"] == 100.0
+    assert record["rope_parameters"]["full_attention"]["factor"] == 8.0
+    shared = rope_record(model("llama").config)
+    assert shared["rope_theta"] == 10000.0 and shared["rope_parameters"]["rope_type"] == "default"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,34 @@ def test_without_transformers_both_commands_say_which_install_brings_it(tmp_path
         assert result.exit_code == 2, result.output
         assert "needs transformers, not installed here: pip install -e '.[hf]'" in result.output
         assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("bos", ("auto", "true"))
+def test_the_reproduce_script_gives_a_cell_with_transformers_alone(llama_dir, corpus_dir, tmp_path, bos):
+    import shutil
+    import subprocess
+    import sys
+
+    folder = tmp_path / "model"
+    shutil.copytree(llama_dir, folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    config.bos_token_id = config.eos_token_id  # a BOS only the config names (GPT-2's is its end-of-text token)
+    config.save_pretrained(folder)
+    result, out = _run(tmp_path, f"hf:{folder}", "data=text", f"data.path={corpus_dir}", f"hf.bos={bos}",
+                       "data.val_fraction=0.5",
+                       "eval.lengths=[32]", "eval.tokens=256")
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "results.json").read_text())["run"]
+    text = run["text"]
+    assert text["documents"] and text["separator"] == config.eos_token_id, text
+    assert text["bos"] == (config.bos_token_id if bos == "true" else None)  # this tokenizer adds no BOS itself
+    script = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_cell.py"  # the README points to it
+    printed = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True)
+    ours, recorded = (float(v) for v in re.findall(r"ppl at \d+: ([0-9.]+), results.json: ([0-9.]+)",
+                                                    printed.stdout)[0])
+    assert math.isclose(ours, recorded, rel_tol=1e-5), printed.stdout
+
+
+def test_a_bos_a_model_cannot_have_is_refused_in_one_line(llama_dir, corpus_dir, tmp_path):
+    result, _ = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "hf.bos=maybe")
+    assert result.exit_code == 2 and "hf.bos" in result.output and "auto, true, false" in result.output

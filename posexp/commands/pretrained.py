@@ -36,6 +36,7 @@ from posexp.runtime.precision import resolve_precision
 from posexp.tasks.passkey_text import TextPasskey
 
 HF_PREFIX = "hf:"  # posexp eval hf:MODEL
+BOS_CHOICES = ("auto", "true", "false")  # hf.bos
 PRETRAINED_TASKS = ("lm", "passkey")  # perplexity, or zero-shot passkey retrieval (posexp.tasks.passkey_text)
 
 
@@ -59,6 +60,8 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
             f"must be auto (accelerate places the layers) or null (one device; got {spec.hf.device_map!r})")
     require(spec.hf.query_chunk is None or spec.hf.query_chunk > 0, "hf.query_chunk",
             f"must be a positive number of queries, or null (got {spec.hf.query_chunk})")
+    require(str(spec.hf.bos).lower() in BOS_CHOICES, "hf.bos",
+            f"must be one of: {', '.join(BOS_CHOICES)} (got {spec.hf.bos!r})")
     check_data(spec.data, None)
     require(spec.task.name in PRETRAINED_TASKS, "task.name",
             f"a pretrained model is measured on {' or '.join(PRETRAINED_TASKS)} (got {spec.task.name!r}); the "
@@ -88,13 +91,15 @@ def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
     if spec.eval.tokens < lengths[-1] and spec.task.name == "lm":
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {lengths[-1]} (got "
                                          f"{spec.eval.tokens})")
-    corpus = _corpus(spec, tokenizer, document_separator(tokenizer, lm.config), console)
+    separator = document_separator(tokenizer, lm.config)
+    corpus = _corpus(spec, tokenizer, separator, console)
+    lm.bos = window_bos(spec.hf.bos, tokenizer, lm.config) if spec.task.name == "lm" else None
     check_fits(corpus, train_len, lengths[-1])
     console.print(f"[bold]posexp[/] pretrained [cyan]{lm.label}[/] · {record.get('parameters', 0):,} params · "
                   f"context {train_len} · {corpus.name} in its tokenizer ({corpus.val.size:,} val tokens) · "
                   f"{device} {str(dtype).replace('torch.', '')} · run dir {run_dir}", highlight=False)
     positions: list[dict] = []
-    info = corpus.info()
+    info = {**corpus.info(), "text": scored_text(corpus, tokenizer, separator, lm.bos)}
     if spec.task.name == "passkey":
         task = TextPasskey(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], corpus.val,
                            len(tokenizer), digits=spec.task.digits)
@@ -129,7 +134,7 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
 
     from posexp.hf.loading import load_pretrained, model_folder, provenance, read_export
     from posexp.hf.model import DEFAULT_CHUNK, HFLanguageModel
-    from posexp.hf.rotary import rope_theta
+    from posexp.hf.rotary import rope_record
 
     hf_logging.disable_progress_bar()  # a bar per weight file would interleave with posexp's own lines
     h = spec.hf
@@ -144,7 +149,7 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
     length = spec.train_len or (exported or {}).get("train_len") or lm.context_length
     if not length:
         raise ConfigError("train_len", "the model's config names no context length; give it: train_len=N (tokens)")
-    record.update(context_length=int(length), rope_theta=rope_theta(model.config) if lm.has_rope else None)
+    record.update(context_length=int(length), **(rope_record(model.config) if lm.has_rope else {"rope_theta": None}))
     return lm, tokenizer, record
 
 
@@ -158,6 +163,42 @@ def document_separator(tokenizer, config) -> Optional[int]:
         if value is not None:
             return int(value)
     return None
+
+
+def window_bos(choice: str, tokenizer, config) -> Optional[int]:
+    """The BOS id each perplexity window starts with (``hf.bos``), or None: ``auto`` gives the BOS the tokenizer
+    itself adds to a text by default (Llama's does, GPT-2's does not), ``true`` the tokenizer's (else the config's)
+    BOS token, ``false`` none.
+
+    Raises:
+        ConfigError: ``hf.bos=true`` for a model that names no BOS token.
+    """
+    choice = str(choice).lower()
+    if choice == "false":
+        return None
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else getattr(config, "bos_token_id", None)
+    if isinstance(bos, (list, tuple)):
+        bos = bos[0] if bos else None
+    if choice == "true":
+        if bos is None:
+            raise ConfigError("hf.bos", "true needs a BOS token, and the model's tokenizer and config name none; "
+                                        "use hf.bos=auto or hf.bos=false")
+        return int(bos)
+    added = tokenizer("a")["input_ids"]
+    return int(added[0]) if bos is not None and added and added[0] == bos else None
+
+
+def scored_text(corpus, tokenizer, separator: Optional[int], bos: Optional[int]) -> dict:
+    """results.json's ``run.text``: what a row's ``targets: [first, last]`` index, for reproducing a cell with
+    transformers alone. The validation tokens are each of ``documents`` (files under ``root``, in this order)
+    tokenized without special tokens, joined by ``separator``; target ``t`` is token ``t`` of them, predicted from
+    the window's tokens before it, the window's first input replaced by ``bos`` where it is not null."""
+    def token(i: Optional[int]) -> Optional[str]:
+        return None if i is None else tokenizer.convert_ids_to_tokens(int(i))
+
+    return {"root": corpus.source, "documents": corpus.val_documents, "split": corpus.split,
+            "val_tokens": int(corpus.val.size), "add_special_tokens": False,
+            "separator": separator, "separator_token": token(separator), "bos": bos, "bos_token": token(bos)}
 
 
 def _corpus(spec: PretrainedConfig, tokenizer, separator: Optional[int], console: Console):

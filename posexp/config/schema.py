@@ -314,6 +314,7 @@ class HFConfig:
     trust_remote_code: bool = False  # run the model's own code from its folder or the Hub (off: transformers' classes)
     device_map: Optional[str] = None  # auto: accelerate spreads the layers over the GPUs (and CPU); null: one device
     query_chunk: Optional[int] = None  # queries per forward over the key cache; null = the adapter's default
+    bos: str = "auto"  # each window's first input is the BOS token: auto (as the tokenizer adds one) | true | false
 
 
 @dataclass

@@ -217,5 +217,6 @@ def build_local(local: LocalSource, val_fraction: float, spec: TokenizerSpec, ke
     val, val_bytes = tokenize(val_docs, "text", tokenizer, True, f"posexp-{key}-val", False)
     meta = dict(name=name, fingerprint=corpus_fingerprint(train, val, tokenizer), files=len(docs),
                 val_files=len(val_docs) if split == "by_file" else 0, split=split, source=source,
-                vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.name, val_bytes=val_bytes)
+                vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.name, val_bytes=val_bytes,
+                val_documents=list(val_docs["path"]) if split == "by_file" else None)
     return Corpus(train=train, val=val, **meta), tokenizer

@@ -48,6 +48,7 @@ class Corpus:
     val_bytes: Optional[int] = None  # UTF-8 bytes of the validation text, separators included
     tokenizer_file: Optional[str] = None  # the BPE tokenizer.json beside the cached arrays
     text_fingerprint: Optional[str] = None  # the text whatever its tokenizer (set by load_corpus, never cached)
+    val_documents: Optional[list[str]] = None  # the validation files in the order their tokens are joined (by_file)
 
     def info(self) -> dict:
         val_bytes = self.val_bytes if self.val_bytes is not None else (
@@ -68,6 +69,7 @@ class Corpus:
             "tokens_per_byte": round(self.val.size / val_bytes, 6) if val_bytes else None,
             "unigram_ppl": unigram_perplexity(self.train, self.val, self.vocab_size),
             **({"text_fingerprint": self.text_fingerprint} if self.text_fingerprint else {}),
+            **({"val_documents": list(self.val_documents)} if self.val_documents else {}),
         }
 
 
@@ -103,6 +105,8 @@ def read_cache(cdir: Path) -> Optional[Corpus]:
         return None
     try:
         meta = json.loads(meta_path.read_text())
+        if meta.get("split") == "by_file" and not meta.get("val_documents"):
+            return None  # cached before the validation files were recorded: rebuilt once, to the same tokens
         train = np.load(cdir / "train.npy", mmap_mode="r")
         val = np.load(cdir / "val.npy", mmap_mode="r")
         if meta.get("tokenizer", "byte") == "bpe":

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from posexp.encoders.scaling import NONE, check_known
 from posexp.errors import ConfigError, PosexpError
-from posexp.hf.rotary import RotarySite, find_rotary, pinned_rotary, rotary_refusal, scaled_frequencies
+from posexp.hf.rotary import find_rotary, pinned_swaps, rotary_refusal, scaled_frequencies
 from posexp.model.interface import Reading
 from posexp.model.window import AttentionWindow
 
@@ -66,6 +66,7 @@ class HFLanguageModel:
         self._window_problem: Optional[str] = None
         self._window_checked = False
         self._frequencies: dict[tuple, list[tuple[Tensor, float]]] = {}
+        self.bos: Optional[int] = None  # token_losses: each window's first input (hf.bos); None = as given
 
     # -- what the model is ------------------------------------------------------------------------
 
@@ -128,13 +129,13 @@ class HFLanguageModel:
     # -- how it reads a length --------------------------------------------------------------------
 
     def check_scaling(self, kind: str) -> Optional[str]:
-        """None when ``kind`` applies; why not (no RoPE, ReRoPE, per-layer rope parameters) otherwise.
+        """None when ``kind`` applies; why not (no RoPE, ReRoPE, a rotary layout posexp cannot read) otherwise.
 
         Raises:
             ConfigError: ``kind`` is not one of posexp's scalings.
         """
         check_known(kind)
-        return rotary_refusal(self._rotary, kind)
+        return rotary_refusal(self._rotary, kind, self.model)
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
         """Why ``length`` tokens cannot be read as ``how`` says: more than the position table holds, or a window
@@ -191,7 +192,11 @@ class HFLanguageModel:
         return torch.cat(out, dim=1)
 
     def token_losses(self, idx: Tensor, targets: Tensor, pos: Optional[Tensor] = None) -> Tensor:
-        """Cross-entropy in nats of each target, ``(B, L)`` fp32, computed chunk by chunk."""
+        """Cross-entropy in nats of each target, ``(B, L)`` fp32, computed chunk by chunk; with :attr:`bos` set,
+        each window's first input is that token (as the tokenizer would start a text; the targets are unchanged)."""
+        if self.bos is not None:
+            idx = idx.clone()
+            idx[:, 0] = self.bos
         losses = torch.empty(targets.shape, dtype=torch.float32, device=self.device)
         targets = targets.to(self.device)
 
@@ -260,14 +265,14 @@ class HFLanguageModel:
         if not self._rotary or not self._pins():
             yield
             return
-        sites: list[RotarySite] = self._rotary
-        for site, (inv, scale) in zip(sites, self._site_frequencies(seq_len)):
-            setattr(site.parent, site.name, pinned_rotary(site, inv, scale))
+        swaps = pinned_swaps(self._rotary, self._site_frequencies(seq_len))
+        for parent, name, pinned, _ in swaps:
+            setattr(parent, name, pinned)
         try:
             yield
         finally:
-            for site in sites:
-                setattr(site.parent, site.name, site.module)
+            for parent, name, _, original in swaps:
+                setattr(parent, name, original)
 
     # -- windows ----------------------------------------------------------------------------------
 
