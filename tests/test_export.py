@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import stat
 import types
 from pathlib import Path
 
@@ -104,6 +105,14 @@ def test_posexp_export_json_names_the_run_and_the_mapping(runs, name):
     # the longest sequence: a learned table's rows; rope and alibi read on, to 16 x train_len at least
     tokenizer_config = json.loads((export.folder / "tokenizer_config.json").read_text())
     assert tokenizer_config["model_max_length"] == (TRAIN_LEN if name == "learned" else 16 * TRAIN_LEN)
+
+
+def test_the_exported_files_follow_the_umask_as_the_runs_checkpoint_does(runs):
+    from posexp.runs.atomic import file_mode
+    _, export = runs["rope"]
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in export.folder.iterdir() if path.is_file()}
+    assert modes["model.safetensors"] == modes["config.json"] == file_mode(), modes
+    assert set(modes.values()) == {file_mode()}, modes
 
 
 def test_the_exported_tokenizer_gives_the_byte_tokenizers_ids(runs):

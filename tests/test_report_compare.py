@@ -148,9 +148,25 @@ def test_a_bad_margin_is_one_line_naming_the_option_and_its_forms(text):
     with pytest.raises(ConfigError) as caught:
         parse_margin(text, ["encoder"])
     message = str(caught.value)
-    assert message.startswith(f"--margin: {text.strip()!r} is not a margin; use a percentage of the reference group's "
-                              "mean (e.g. 2%) or an absolute difference in the metric's unit (e.g. 0.05)")
+    assert message.startswith(f"--margin: {text.strip()!r} is not a margin")
+    assert message.endswith("use a percentage of the reference group's mean (e.g. 2%) or an absolute difference in "
+                            "the metric's unit (e.g. 0.05), greater than 0")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("text", ["200%", "100%"])
+def test_a_relative_margin_of_100_percent_or_more_names_the_rule_it_breaks(text):
+    with pytest.raises(ConfigError) as caught:
+        parse_margin(text, ["encoder"])
+    assert f"--margin: {text!r} is not a margin: a percentage must be under 100% of the reference group's mean" in \
+        str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["-2%", "0", "0%"])
+def test_a_margin_not_above_zero_names_the_rule_it_breaks(text):
+    with pytest.raises(ConfigError) as caught:
+        parse_margin(text, ["encoder"])
+    assert "must be above 0" in str(caught.value)
 
 
 def test_margin_needs_by(tmp_path):

@@ -119,13 +119,16 @@ def check_destination(run_dir: Path, out: Path, overwrite: bool) -> None:
 
 def _write(folder: Path, run: Any, model: Any, mapping: Mapping) -> dict:
     """The model, tokenizer and ``posexp_export.json`` in ``folder``, checked by loading them back."""
-    from posexp.runs.atomic import atomic_write_json
+    from posexp.runs.atomic import atomic_write_json, file_mode
 
     separator = export_tokenizer(run.config, run.info, folder, mapping.max_length)
     hf = build(mapping, model)
     hf.config.eos_token_id = separator["document_separator_id"]
     hf.generation_config.eos_token_id = separator["document_separator_id"]
     hf.save_pretrained(str(folder), safe_serialization=True)
+    mode = file_mode()
+    for written in folder.glob("*.safetensors*"):  # safetensors writes its files 0o600; the rest follow the umask
+        os.chmod(written, mode)
     diff, lengths = check_logits(model, folder, int(run.config.train_len))
     if not diff <= TOLERANCE:
         raise PosexpError(f"internal: the exported {mapping.architecture} differs from the run by up to {diff:.3g} "

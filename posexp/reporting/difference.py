@@ -64,8 +64,13 @@ def parse_margin(margin: str | float | None, by: Sequence[str]) -> Optional[Marg
         value = float(text[:-1] if relative else text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0) or relative and value >= 100:
+    if not math.isfinite(value):
         raise ConfigError("--margin", f"{text!r} is not a margin; use {MARGIN_FORMS}")
+    if value <= 0:
+        raise ConfigError("--margin", f"{text!r} is not a margin: it must be above 0; use {MARGIN_FORMS}")
+    if relative and value >= 100:
+        raise ConfigError("--margin", f"{text!r} is not a margin: a percentage must be under 100% of the "
+                                      f"reference group's mean; use {MARGIN_FORMS}")
     if not by:
         raise ConfigError("--margin", "needs --by: the margin is of a difference between groups, e.g. "
                                       "--by encoder --margin 2%")

@@ -139,6 +139,11 @@ def _umask() -> int:
     return mask
 
 
+def file_mode() -> int:
+    """The permissions a plain ``open()`` would give a new file under the process's umask (0o644 under 022)."""
+    return 0o666 & ~_umask()
+
+
 def unwritable(folder: str | os.PathLike) -> Optional[str]:
     """Why no file can be created in ``folder`` (made if missing), or None when one can.
 
