@@ -187,10 +187,15 @@ def child_config(app: DictConfig) -> DictConfig:
     _check_corpus(app.get("data"), resolved["data"], parent)
     mine: dict = OmegaConf.to_container(app, resolve=True)  # type: ignore[assignment]
     parent_len = int(resolved["train_len"])
-    new_len = int(mine["train_len"]) if mine.get("train_len") is not None else DEFAULT_MULTIPLE * parent_len
+    # PoSE (Zhu et al. 2024) extends the context without long windows: it trains at the parent's length
+    pose = mine["train"].get("positions") == "pose"
+    new_len = int(mine["train_len"]) if mine.get("train_len") is not None else (
+        parent_len if pose else DEFAULT_MULTIPLE * parent_len)
     factor = mine.get("scaling_factor")
     if factor is None:  # s = L'/L (Chen et al. 2023, §2.3); dynamic NTK's own factor a defaults to 1
-        factor = 1.0 if mine["scaling"] in ("none", "dynamic_ntk") else new_len / parent_len
+        # with PoSE the length extended to is its target (the authors' rope_scaling_factor = target / original)
+        reach = _pose_target(mine, new_len) if pose else new_len
+        factor = 1.0 if mine["scaling"] in ("none", "dynamic_ntk") else reach / parent_len
     # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
     child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
     child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
@@ -210,6 +215,14 @@ def child_config(app: DictConfig) -> DictConfig:
     merged = OmegaConf.merge(OmegaConf.structured(Config), child)
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _pose_target(mine: dict, train_len: int) -> int:
+    """``train.pose_target_len`` of a fine-tune, else its longest evaluation length (as the run will read it)."""
+    if mine["train"].get("pose_target_len") is not None:
+        return int(mine["train"]["pose_target_len"])
+    e = mine["eval"]
+    return max(int(n) for n in e["lengths"]) if e.get("lengths") else max(int(m) for m in e["multiples"]) * train_len
 
 
 def _overridden() -> set[str]:

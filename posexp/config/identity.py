@@ -40,6 +40,8 @@ NOT_WEIGHTS: dict[str, str] = {
 # model keys added after runs were written, with the value every one of those runs had: at that value they stay
 # out of weights_config, so earlier run folders keep their hash and earlier cache entries their key
 MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "norm_bias": True}
+# the same for train keys
+TRAIN_KEYS_BEFORE = {"pose_target_len": None}
 
 
 # The hash format runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json): weights_config
@@ -67,7 +69,8 @@ def weights_of(config: dict) -> dict:
     """A config as plain data less :data:`NOT_WEIGHTS`: everything that shapes the trained weights.
 
     A derived value that shapes them is made explicit: with ``train.positions=randomized`` and no
-    ``train.max_position``, the range comes from the eval lengths (excluded above), so it is filled in.
+    ``train.max_position``, the range comes from the eval lengths (excluded above), so it is filled in; so is
+    ``train.pose_target_len`` with ``train.positions=pose``.
     """
     out = copy.deepcopy(config)
     if out.get("compile") == "auto":
@@ -93,6 +96,12 @@ def weights_of(config: dict) -> dict:
     t = out.get("train")
     if isinstance(t, dict) and t.get("positions") == "randomized" and t.get("max_position") is None:
         t["max_position"] = default_max_position(int(config["train_len"]), max(_eval_lengths(config)))
+    if isinstance(t, dict) and t.get("positions") == "pose" and t.get("pose_target_len") is None:
+        t["pose_target_len"] = max(_eval_lengths(config))  # PoSE's default target: the longest eval length
+    if isinstance(t, dict):
+        for key, before in TRAIN_KEYS_BEFORE.items():
+            if key in t and t[key] == before:
+                del t[key]
     return out
 
 

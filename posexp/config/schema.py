@@ -121,8 +121,9 @@ class TrainConfig:
     checkpoint_minutes: float = 10.0
     # Training-time position tricks for any encoding (posexp/model/positions.py):
     # randomized positions (Ruoss et al. 2023) and sequence-length warmup (Li et al. 2022).
-    positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023)
+    positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023) | pose (Zhu et al. 2024)
     max_position: Optional[int] = None
+    pose_target_len: Optional[int] = None  # positions=pose: the length trained for; null = the longest eval length
     curriculum: str = "none"  # none | linear: sequence-length warmup (Li et al. 2022)
     curriculum_start_len: Optional[int] = None
     curriculum_steps: Optional[int] = None
