@@ -79,8 +79,10 @@ def weights_of(config: dict) -> dict:
         out["compile"] = False
     if out.get("finetune", 0) is None:
         del out["finetune"]  # a run trained from scratch: its key as before fine-tuning existed
-    elif isinstance(out.get("finetune"), dict) and out["finetune"].get("longrope_factors", 0) is None:
-        del out["finetune"]["longrope_factors"]  # a fine-tune without LongRoPE's: its lineage as before they existed
+    elif isinstance(out.get("finetune"), dict):
+        for key in ("longrope_factors", "dropped_encoder"):  # unset: the lineage as before these keys existed
+            if out["finetune"].get(key, 0) is None:
+                del out["finetune"][key]
     for dotted in NOT_WEIGHTS:
         group, _, key = dotted.rpartition(".")
         node = out.get(group) if group else out
