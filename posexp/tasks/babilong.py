@@ -145,7 +145,6 @@ def depth_band(depth: Optional[float]) -> tuple[float, float]:
 class Babilong(Passkey):
     """bAbI stories in ``data``'s text (module docstring). ``train`` / ``val``: the background's token splits."""
 
-    answer_alphabet = None  # the answer is a word: chance is one of the places, numbers
     citation = "Kuratov et al. 2024 (BABILong, reasoning in a haystack)"
     size_unit = "background tokens"
     config_keys = ("variant",)
@@ -157,6 +156,13 @@ class Babilong(Passkey):
         if self.variant not in VARIANTS:
             raise ConfigError("task.variant", f"unknown variant {self.variant!r} for task=babilong; choose one of: "
                                               f"{', '.join(VARIANTS)} (single supporting fact, two, counting)")
+
+    @classmethod
+    def answer_values(cls, options) -> Optional[int]:
+        """The bytes an answer word of the variant is spelled with (places; counts for qa7): chance as the reports
+        define it, a uniform guess of each answer token (a guess of the word would do better: 1/6 of places)."""
+        words = COUNTS if options.get("variant") == "qa7" else PLACES
+        return len(set("".join(words)))
 
     def overhead(self) -> int:
         """Tokens of an instance besides its background, for the longest facts, question and answer."""
