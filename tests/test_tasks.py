@@ -23,6 +23,8 @@ FILLER = np.frombuffer(b"The grass is green. The sky is blue. 0123 456 789 " * 4
 def make(name: str, **options) -> Task:
     if name == "passkey":
         return Passkey(FILLER[:1500], FILLER[500:], **options)
+    if name == "babilong":
+        return TASKS[name](FILLER[:1500], FILLER[500:], **options)
     return TASKS[name](**options)
 
 
@@ -73,6 +75,10 @@ def solve(name: str, row: np.ndarray, answer: np.ndarray) -> tuple[list[int], li
         needle = re.search(rb"pass key (\d+)\. ", text)
         assert text[-15:-5] == b"pass key? "
         return list(needle.group(1)), marked
+    if name == "babilong":
+        from test_babilong import solve_babilong
+
+        return solve_babilong(bytes(seq)), marked
     ruler = {"niah": solve_niah, "vartrack": solve_vartrack, "cwe": solve_top_words, "fwe": solve_top_words,
              "kv_retrieval": solve_kv_retrieval}
     if name in ruler:
@@ -147,7 +153,8 @@ def test_answers_are_right_by_construction_and_every_length_is_met(name):
     task = make(name)
     rng = np.random.default_rng(0)
     shortest = task.shortest_length()
-    for length in sorted({shortest, shortest + 1, shortest + 2, shortest + 3, 64, 65, 97}):
+    longer = (max(n, shortest + n - 32) for n in (64, 65, 97))  # babilong's shortest is past 64
+    for length in sorted({shortest, shortest + 1, shortest + 2, shortest + 3, *longer}):
         made = task.instances(length, 16, rng, split="val")
         assert made.tokens.shape == (16, length + 1) and made.length == length
         assert made.tokens.min() >= 0 and made.tokens.max() < task.vocab_size
@@ -163,9 +170,10 @@ def test_answers_are_right_by_construction_and_every_length_is_met(name):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_generators_are_seeded_and_deterministic(name):
     task = make(name)
-    a = task.instances(40, 8, np.random.default_rng([1, 2]), split="train")
-    b = task.instances(40, 8, np.random.default_rng([1, 2]), split="train")
-    c = task.instances(40, 8, np.random.default_rng([1, 3]), split="train")
+    length = max(40, task.shortest_length())  # babilong's story and question take more
+    a = task.instances(length, 8, np.random.default_rng([1, 2]), split="train")
+    b = task.instances(length, 8, np.random.default_rng([1, 2]), split="train")
+    c = task.instances(length, 8, np.random.default_rng([1, 3]), split="train")
     assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.answer, b.answer)
     assert not np.array_equal(a.tokens, c.tokens)
 
@@ -175,17 +183,18 @@ def test_training_draws_lengths_up_to_train_len_and_masks_the_answers(name):
     task = make(name)
     sampler = TaskSampler(task, batch_size=4, seed=7)
     lengths = set()
+    longest = max(48, task.shortest_length() + 48)  # babilong's story and question take more
     for step in range(60):
-        tokens, mask = sampler.window(step, 48)
+        tokens, mask = sampler.window(step, longest)
         assert tokens.shape[0] == 4 and mask.shape == (4, tokens.shape[1] - 1)
         full = np.concatenate([np.zeros((4, 1), dtype=bool), mask], axis=1)  # the mask is of the targets
         for row, answer in zip(tokens, full):
             expected, marked = solve(name, row, answer)
             assert marked == expected  # exactly the answer tokens are trained on
         lengths.add(tokens.shape[1] - 1)
-        again, _ = sampler.window(step, 48)
+        again, _ = sampler.window(step, longest)
         assert np.array_equal(tokens, again)  # a function of (seed, step): resumable
-    assert min(lengths) >= task.shortest_length() and max(lengths) <= 48 and len(lengths) > 5
+    assert min(lengths) >= task.shortest_length() and max(lengths) <= longest and len(lengths) > 5
 
 
 def test_passkey_puts_the_key_at_the_requested_depth():

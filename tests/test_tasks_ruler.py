@@ -183,7 +183,7 @@ def test_chance_of_the_new_tasks_is_one_over_their_answer_alphabet():
     ({"name": "cwe", "top_k": 0}, "task.top_k", ["from 1 to"]),
     ({"name": "fwe", "top_k": 64}, "task.top_k", ["from 1 to task.symbols - 1 = 63"]),
     ({"name": "kv_retrieval", "top_k": 3}, "task.top_k", ["task=cwe|fwe", "drop task.top_k"]),
-    ({"name": "copy", "variant": "single"}, "task.variant", ["task=niah", "drop task.variant"]),
+    ({"name": "copy", "variant": "single"}, "task.variant", ["task=babilong|niah", "drop task.variant"]),
     ({"name": "niah", "hops": 2}, "task.hops", ["task=vartrack"]),
 ])
 def test_bad_ruler_options_name_the_key_and_what_is_allowed(options, key, needles):
@@ -214,6 +214,7 @@ def test_kv_retrieval_run_writes_a_row_per_length_and_depth_and_the_heatmap(tmp_
     assert sorted((r["length"], r["depth"]) for r in rows) == [(n, d) for n in (32, 64, 128) for d in (0, 0.5, 1)]
     assert all(r["answer_tokens"] == 16 * 2 for r in rows)  # a value of two symbols per instance
     assert (run / "passkey_heatmap.png").is_file()
+    assert (run / "accuracy_vs_depth.png").is_file()  # lost in the middle: a line per length over depths
 
 
 def test_a_bad_niah_variant_on_the_command_line_is_one_line(tmp_path):

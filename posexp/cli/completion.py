@@ -47,7 +47,7 @@ FOLDERS = Reply(DIRS)
 # Value lists whose owners import torch, copied (tests/test_completion.py compares each with its owner).
 SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")  # posexp.encoders.scaling
 FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s != "rerope")  # posexp.encoders.extension
-POSITION_SCHEMES = ("contiguous", "randomized")  # posexp.model.positions
+POSITION_SCHEMES = ("contiguous", "randomized", "pose")  # posexp.model.positions
 CURRICULA = ("none", "linear")  # posexp.model.positions
 COMPILE = ("auto", "true", "false")  # posexp.runtime.device.COMPILE_SETTINGS
 REPORT_FORMATS = ("rich", "markdown", "csv", "json", "latex")  # posexp.reporting.render.FORMATS

@@ -47,6 +47,9 @@ CORPUS_KEYS = tuple(k for k in DataConfig.__dataclass_fields__ if k not in ("des
 _FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                      "--config-dir", "-cd", "--experimental-rerun")
 DEFAULT_MULTIPLE = 4  # train_len unset: the parent's times this
+# DroPE (Gelberg et al. 2025, "Extending the Context of Pretrained LLMs by Dropping Their Positional Embeddings"):
+# a RoPE run's rotary embedding dropped (encoder=none) and the model recalibrated briefly at its own length
+DROPE_OVERRIDE, DROPE_RECIPE, DROPE_PARENTS = "encoder=none", "drope", ("rope",)
 
 
 def parent_argument(args: Sequence[str]) -> list[str]:
@@ -74,10 +77,16 @@ def parent_argument(args: Sequence[str]) -> list[str]:
             # a flag and its value (--cfg job) would be refused as unrecognized
             out.append(override_text("parent", Path(parent).expanduser().resolve()))
             continue
+        if arg == DROPE_OVERRIDE:  # DroPE: the one encoder change a fine-tune makes (checked against the parent)
+            out.append("drope=true")
+            continue
         if key.split(".")[0] in PARENT_KEYS:
             raise ConfigError(key, f"{arg}: a fine-tune keeps the parent's {', '.join(PARENT_KEYS)} (its weights "
-                                   f"have their shape); to train another, use posexp train {arg}")
+                                   f"have their shape; only {DROPE_OVERRIDE} drops a RoPE parent's, DroPE); to "
+                                   f"train another, use posexp train {arg}")
         out.append(arg)
+    if "drope=true" in out and not any(a.split("=", 1)[0].lstrip("+~") == "train" for a in out):
+        out.append(f"train={DROPE_RECIPE}")  # the paper's recalibration recipe (configs/train/drope.yaml)
     if parent is None and not any(a.split("=", 1)[0].lstrip("+~") == "parent" for a in out) and not _help_only(args):
         raise PosexpError("give the run folder to fine-tune first, e.g. posexp finetune outputs/2026-11-22/10-00-00 "
                           "train_len=512 scaling=linear")
@@ -187,10 +196,16 @@ def child_config(app: DictConfig) -> DictConfig:
     _check_corpus(app.get("data"), resolved["data"], parent)
     mine: dict = OmegaConf.to_container(app, resolve=True)  # type: ignore[assignment]
     parent_len = int(resolved["train_len"])
-    new_len = int(mine["train_len"]) if mine.get("train_len") is not None else DEFAULT_MULTIPLE * parent_len
+    # PoSE (Zhu et al. 2024) extends the context without long windows, and DroPE recalibrates at the original
+    # length (Gelberg et al. 2025): both train at the parent's length
+    pose = mine["train"].get("positions") == "pose"
+    new_len = int(mine["train_len"]) if mine.get("train_len") is not None else (
+        parent_len if pose or mine.get("drope") else DEFAULT_MULTIPLE * parent_len)
     factor = mine.get("scaling_factor")
     if factor is None:  # s = L'/L (Chen et al. 2023, §2.3); dynamic NTK's own factor a defaults to 1
-        factor = 1.0 if mine["scaling"] in ("none", "dynamic_ntk") else new_len / parent_len
+        # with PoSE the length extended to is its target (the authors' rope_scaling_factor = target / original)
+        reach = _pose_target(mine, new_len) if pose else new_len
+        factor = 1.0 if mine["scaling"] in ("none", "dynamic_ntk") else reach / parent_len
     # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
     child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
     child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
@@ -204,12 +219,43 @@ def child_config(app: DictConfig) -> DictConfig:
                          "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
                          "scaling": str(mine["scaling"]), "scaling_factor": float(factor),
                          "longrope_factors": mine.get("longrope_factors")}
+    if mine.get("drope"):
+        child["encoder"] = _dropped_encoder(resolved["encoder"], str(mine["scaling"]), parent)
+        child["finetune"]["dropped_encoder"] = str(resolved["encoder"]["name"])
     from posexp.commands.validation import register_configs
 
     register_configs()
     merged = OmegaConf.merge(OmegaConf.structured(Config), child)
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _dropped_encoder(parent_encoder: dict, scaling: str, parent: Path) -> dict:
+    """The encoder of a DroPE fine-tune: none (NoPE), in place of the RoPE parent's rotary embedding.
+
+    DroPE (Gelberg et al. 2025, §4) removes every positional embedding of a model pretrained with RoPE and
+    continues training without them ("recalibration"); no frequency is scaled, so no scaling applies.
+
+    Raises:
+        ConfigError: the parent's encoding is not RoPE, or a scaling was asked for.
+    """
+    name = str(parent_encoder.get("name"))
+    if name not in DROPE_PARENTS:
+        raise ConfigError("encoder", f"{DROPE_OVERRIDE} (DroPE) drops a RoPE parent's rotary embedding; the parent "
+                                     f"{parent} has encoder {name!r}, which a fine-tune keeps: to train another, "
+                                     f"use posexp train {DROPE_OVERRIDE}")
+    if scaling != "none":
+        raise ConfigError("scaling", f"{scaling!r} scales rotary frequencies, and a DroPE fine-tune ({DROPE_OVERRIDE}) "
+                                     "has none left: use scaling=none")
+    return {"name": "none", "lr_mult": parent_encoder.get("lr_mult", 1.0)}
+
+
+def _pose_target(mine: dict, train_len: int) -> int:
+    """``train.pose_target_len`` of a fine-tune, else its longest evaluation length (as the run will read it)."""
+    if mine["train"].get("pose_target_len") is not None:
+        return int(mine["train"]["pose_target_len"])
+    e = mine["eval"]
+    return max(int(n) for n in e["lengths"]) if e.get("lengths") else max(int(m) for m in e["multiples"]) * train_len
 
 
 def _overridden() -> set[str]:

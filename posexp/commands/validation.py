@@ -280,6 +280,7 @@ def validate_positions(cfg: Config, encoder) -> None:
                     f"(e.g. encoder.max_length={max_position})")
     else:
         require(t.max_position is None, "train.max_position", "only applies with train.positions=randomized")
+    _validate_pose(cfg, encoder)
     if t.curriculum == "linear":
         start = t.curriculum_start_len if t.curriculum_start_len is not None else default_start_len(cfg.train_len)
         require(0 < start <= cfg.train_len, "train.curriculum_start_len",
@@ -289,6 +290,23 @@ def validate_positions(cfg: Config, encoder) -> None:
     else:
         for key in ("curriculum_start_len", "curriculum_steps"):
             require(getattr(t, key) is None, f"train.{key}", "only applies with train.curriculum=linear")
+
+
+def _validate_pose(cfg: Config, encoder) -> None:
+    """``train.pose_target_len``: at least ``train_len``, within what the encoding represents, only with pose."""
+    t = cfg.train
+    if t.positions != "pose":
+        require(t.pose_target_len is None, "train.pose_target_len", "only applies with train.positions=pose")
+        return
+    longest = max(eval_lengths(cfg)) if _lengths_valid(cfg) else cfg.train_len
+    target = t.pose_target_len if t.pose_target_len is not None else longest
+    require(target >= cfg.train_len, "train.pose_target_len",
+            f"must be >= train_len = {cfg.train_len}: PoSE reads a train_len window at positions up to the "
+            f"target (got {target})")
+    if encoder.max_length is not None:
+        require(target <= encoder.max_length, "train.pose_target_len",
+                f"positions up to {target - 1} are trained, but encoder {cfg.encoder['name']!r} represents "
+                f"0..{encoder.max_length - 1}; lower train.pose_target_len or raise encoder.max_length")
 
 
 def _lengths_valid(cfg: Config) -> bool:

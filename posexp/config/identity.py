@@ -45,6 +45,8 @@ NOT_WEIGHTS: dict[str, str] = {
 MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "norm_bias": True}
 # encoder options added later, at the value every earlier run of that encoder had: left out of the hash there
 ENCODER_KEYS_BEFORE = {"irope": {"local": "sliding"}}
+# the same for train keys
+TRAIN_KEYS_BEFORE = {"pose_target_len": None}
 
 
 # The hash format runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json): weights_config
@@ -72,7 +74,8 @@ def weights_of(config: dict) -> dict:
     """A config as plain data less :data:`NOT_WEIGHTS`: everything that shapes the trained weights.
 
     A derived value that shapes them is made explicit: with ``train.positions=randomized`` and no
-    ``train.max_position``, the range comes from the eval lengths (excluded above), so it is filled in.
+    ``train.max_position``, the range comes from the eval lengths (excluded above), so it is filled in; so is
+    ``train.pose_target_len`` with ``train.positions=pose``.
     """
     out = copy.deepcopy(config)
     if out.get("compile") == "auto":
@@ -81,8 +84,10 @@ def weights_of(config: dict) -> dict:
         out["compile"] = False
     if out.get("finetune", 0) is None:
         del out["finetune"]  # a run trained from scratch: its key as before fine-tuning existed
-    elif isinstance(out.get("finetune"), dict) and out["finetune"].get("longrope_factors", 0) is None:
-        del out["finetune"]["longrope_factors"]  # a fine-tune without LongRoPE's: its lineage as before they existed
+    elif isinstance(out.get("finetune"), dict):
+        for key in ("longrope_factors", "dropped_encoder"):  # unset: the lineage as before these keys existed
+            if out["finetune"].get(key, 0) is None:
+                del out["finetune"][key]
     for dotted in NOT_WEIGHTS:
         group, _, key = dotted.rpartition(".")
         node = out.get(group) if group else out
@@ -103,6 +108,12 @@ def weights_of(config: dict) -> dict:
     t = out.get("train")
     if isinstance(t, dict) and t.get("positions") == "randomized" and t.get("max_position") is None:
         t["max_position"] = default_max_position(int(config["train_len"]), max(_eval_lengths(config)))
+    if isinstance(t, dict) and t.get("positions") == "pose" and t.get("pose_target_len") is None:
+        t["pose_target_len"] = max(_eval_lengths(config))  # PoSE's default target: the longest eval length
+    if isinstance(t, dict):
+        for key, before in TRAIN_KEYS_BEFORE.items():
+            if key in t and t[key] == before:
+                del t[key]
     return out
 
 

@@ -121,8 +121,9 @@ class TrainConfig:
     checkpoint_minutes: float = 10.0
     # Training-time position tricks for any encoding (posexp/model/positions.py):
     # randomized positions (Ruoss et al. 2023) and sequence-length warmup (Li et al. 2022).
-    positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023)
+    positions: str = "contiguous"  # contiguous | randomized (Ruoss et al. 2023) | pose (Zhu et al. 2024)
     max_position: Optional[int] = None
+    pose_target_len: Optional[int] = None  # positions=pose: the length trained for; null = the longest eval length
     curriculum: str = "none"  # none | linear: sequence-length warmup (Li et al. 2022)
     curriculum_start_len: Optional[int] = None
     curriculum_steps: Optional[int] = None
@@ -142,7 +143,7 @@ class TaskConfig:
     """``configs/task/*.yaml``; ``posexp/tasks/`` generates the instances. ``lm`` is language modelling on ``data``."""
 
     # lm | copy | reverse | sort | addition | parity | mqar | passkey | flipflop | niah | vartrack | cwe | fwe
-    # | kv_retrieval
+    # | kv_retrieval | babilong
     name: str = "lm"
     description: str = ""
     # alphabet size of copy / reverse / sort, keys (and values) of mqar, niah, vartrack, kv_retrieval, the words of
@@ -152,7 +153,7 @@ class TaskConfig:
     min_size: Optional[int] = None
     digits: int = 5  # passkey: digits of the key
     # The options of RULER's tasks; null = the task's default, and a task refuses the ones it does not read.
-    variant: Optional[str] = None  # niah: single | multikey | multivalue | multiquery (null = single)
+    variant: Optional[str] = None  # niah: single | multikey | multivalue | multiquery (null = single); babilong: qa1 | qa2 | qa7
     needles: Optional[int] = None  # niah: needles per instance (null = 1 for single, 4 for the others)
     chains: Optional[int] = None  # vartrack: chains of assignments, one asked (null = 2)
     hops: Optional[int] = None  # vartrack: assignments of a variable to a variable per chain (null = 2)
@@ -216,6 +217,8 @@ class FinetuneConfig:
     scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3 | longrope
     scaling_factor: float = 1.0  # s (for dynamic_ntk the factor a of its formula)
     longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
+    # DroPE (Gelberg et al. 2025): the parent's encoding this fine-tune dropped (rope), its encoder now none
+    dropped_encoder: Optional[str] = None
 
 
 @dataclass
@@ -292,6 +295,8 @@ class FinetuneAppConfig:
     scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
     longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
+    # DroPE (Gelberg et al. 2025): drop a RoPE parent's positional encoding and recalibrate (encoder=none sets it)
+    drope: bool = False
     data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
     logger: Any = None  # null: the parent's experiment trackers; logger=NAME chooses others (logger=none: none)
     train: TrainConfig = MISSING

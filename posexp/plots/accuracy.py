@@ -1,4 +1,5 @@
-"""Figures of task runs: accuracy against context length, and the passkey's length x depth grid.
+"""Figures of task runs: accuracy against context length, the passkey's length x depth grid, and accuracy against
+depth at each length (the "lost in the middle" curve).
 
 House style of :mod:`posexp.plots.style`; matplotlib is imported inside the functions. Torch-free: a run's
 files (``posexp/evaluation/``) and ``posexp report`` both draw through here.
@@ -12,12 +13,14 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from posexp.plots.style import FIG_HEIGHT_IN, new_figure, save_png
+from posexp.plots.style import FIG_HEIGHT_IN, new_figure, save_png, style_axes
 from posexp.plots.perplexity import Canvas, draw_series, finish_by_length
 
 # (label, lengths, accuracies, lows, highs), accuracies in [0, 1]; None = not applicable (a gap)
 AccuracySeries = tuple[str, Sequence[int], Sequence[Optional[float]], Optional[Sequence[Optional[float]]],
                        Optional[Sequence[Optional[float]]]]
+# (label, depths in [0, 1], accuracies in [0, 1]; None = not applicable)
+DepthSeries = tuple[str, Sequence[float], Sequence[Optional[float]]]
 
 
 def _value(x: Optional[float]) -> float:
@@ -78,4 +81,30 @@ def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],
     bar.ax.tick_params(labelsize=6)
     if title:
         ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    return save_png(fig, path)
+
+
+def plot_accuracy_vs_depth(series: Sequence[DepthSeries], path: str | os.PathLike, title: Optional[str] = None,
+                           chance: Optional[float] = None) -> Path:
+    """Exact match (%) against the depth of what is asked, one line per context length (and group): the U-curve
+    of Liu et al. 2023 ("Lost in the Middle", Fig. 7 for key-value retrieval), best at the first and last place
+    and worst in the middle, when a model has it.
+
+    Args:
+        series: ``(label, depths, accuracies)`` per line, accuracies in [0, 1] (None: not applicable, a gap).
+        chance: exact match of a uniform guess in [0, 1], drawn as a dotted line.
+    """
+    fig = new_figure(FIG_HEIGHT_IN + (0.13 * math.ceil(len(series) / 2) if len(series) > 6 else 0))
+    ax = fig.add_subplot()
+    for label, depths, values in series:
+        ax.plot(list(depths), [_value(v) for v in values], marker="o", markersize=3, linewidth=1.2, label=label)
+    if chance is not None:
+        ax.axhline(100.0 * chance, color="0.5", linestyle=":", linewidth=0.8, label="chance")
+    ax.set_xlim(-0.03, 1.03)
+    _percent_axis(ax)
+    style_axes(ax, "depth of the key (0 = first, 1 = last, right before the question)", "exact match (%)",
+               textwrap.fill(title, 60) if title else None)
+    if series:
+        ax.legend(fontsize=6, ncol=2 if len(series) > 4 else 1,
+                  **({"loc": "upper center", "bbox_to_anchor": (0.5, -0.22)} if len(series) > 6 else {}))
     return save_png(fig, path)

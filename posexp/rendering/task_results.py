@@ -1,5 +1,5 @@
 """A task run's results as files: results.md, results.csv, accuracy_vs_length.png, passkey_heatmap.png and
-the console table. :mod:`posexp.rendering.results` hands a run here when its rows are accuracy rows.
+accuracy_vs_depth.png (tasks with depths), and the console table. :mod:`posexp.rendering.results` hands a run here when its rows are accuracy rows.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Optional
 
 from rich.table import Table
 
-from posexp.plots.accuracy import plot_accuracy_vs_length, plot_passkey_heatmap
+from posexp.plots.accuracy import plot_accuracy_vs_depth, plot_accuracy_vs_length, plot_passkey_heatmap
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.row import csv_columns
-from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, PASSKEY_HEATMAP, RESULTS_CSV, RESULTS_MD, row_metric, window_text, write_results_json)
+from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, DEPTH_PLOT, PASSKEY_HEATMAP, RESULTS_CSV, RESULTS_MD,
+                                row_metric, window_text, write_results_json)
 
 
 
@@ -144,6 +145,10 @@ def write_task_results(run_dir: Path, results: dict) -> None:
         cell = {(r["depth"], r["length"]): r.get("exact_match") for r in rows}
         plot_passkey_heatmap(lengths, depths, [[cell.get((d, n)) for n in lengths] for d in depths],
                              run_dir / PASSKEY_HEATMAP, train_len=run["train_len"], title=title)
+        # Liu et al. 2023's curve: accuracy by the depth of what is asked, a line per length
+        plot_accuracy_vs_depth([(f"L = {n}" + (" (train)" if n == run["train_len"] else ""), depths,
+                                 [cell.get((d, n)) for d in depths]) for n in lengths],
+                               run_dir / DEPTH_PLOT, title=f"exact match by depth: {title}")
     atomic_write_text(run_dir / RESULTS_CSV, task_csv(results))
     atomic_write_text(run_dir / RESULTS_MD, task_markdown(results))
     write_results_json(run_dir, results)  # last: a folder with results.json is a finished run

@@ -132,6 +132,10 @@ def _finetune_label(run: Run) -> str:
     ft = run.info.get("finetune") or {}
     scaling = run.info.get("scaling") or "none"
     name = "direct" if scaling == "none" else f"+{scaling}"
+    if ft.get("dropped_encoder"):  # DroPE (Gelberg et al. 2025): the parent's encoding dropped
+        name = f"DroPE (-{ft['dropped_encoder']})"
+    elif ((run.info.get("train") or {}).get("positions") or {}).get("scheme") == "pose":
+        name = f"PoSE{'' if scaling == 'none' else f' +{scaling}'}"
     steps = ft.get("steps")
     return f"{name} ft {steps} steps" if isinstance(steps, int) else f"{name} ft"
 

@@ -298,6 +298,10 @@ def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) 
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
               "Lines: mean exact match of each group; bands: 95% interval (over runs, or the run's Wilson interval). "
               "Dashed: the training length. x: not applicable."]
+    from posexp.reporting.depth_curve import write_depth_curve
+
+    if depth_text := write_depth_curve(report.groups, out_dir):  # tasks with depths: lost in the middle
+        lines += ["", depth_text]
     text = "\n".join(lines) + "\n"
     return (after.rstrip("\n") + "\n\n" + text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")
             if after else text)

@@ -6,7 +6,8 @@ A run folder is what ``posexp train`` leaves behind and what ``eval``, ``resume`
     results.json            the public contract: "run" (provenance) and "rows" (one per measurement);
                             written last, so a folder with it is a finished (or failed) run
     results.csv / .md       the same rows for people; ppl_vs_length.png their figure (a task run:
-                            accuracy_vs_length.png, and passkey_heatmap.png for task=passkey)
+                            accuracy_vs_length.png, and for a task with depths passkey_heatmap.png
+                            and accuracy_vs_depth.png)
     loss_by_position.csv    mean loss per position in the window, per measurement (and its .png)
     metrics.csv             the training curve; train.log the run's log
     curve.csv / .png        with eval.during_training: perplexity (accuracy) at a few lengths while training went
@@ -53,6 +54,7 @@ RESULTS_MD = "results.md"
 PPL_PLOT = "ppl_vs_length.png"
 ACCURACY_PLOT = "accuracy_vs_length.png"  # task runs
 PASSKEY_HEATMAP = "passkey_heatmap.png"  # task=passkey: exact match per length x depth
+DEPTH_PLOT = "accuracy_vs_depth.png"  # tasks with depths: exact match per depth, a line per length (lost in the middle)
 LOSS_BY_POSITION_CSV = "loss_by_position.csv"
 LOSS_BY_POSITION_PNG = "loss_by_position.png"
 METRICS_CSV = "metrics.csv"
@@ -81,6 +83,7 @@ REPORT_PLOT = "report_ppl_vs_length.png"
 REPORT_POSITION_PLOT = "report_loss_by_position.png"
 REPORT_TRAINING_PLOT = "report_training_curves.png"
 REPORT_ACCURACY_PLOT = "report_accuracy_vs_length.png"  # task runs
+REPORT_DEPTH_PLOT = "report_accuracy_vs_depth.png"  # task runs with depths: the lost-in-the-middle curves
 REPORT_CURVE_PLOT = "report_curve.png"  # the runs' curve.csv side by side
 # a table standing in for the report's (a parent and its fine-tunes; a pivot, --cols): also at the top of report.md
 LEAD_FILES = ("extension.csv", "extension.tex", "pivot.csv", "pivot.tex")

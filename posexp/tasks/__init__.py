@@ -1,5 +1,6 @@
-"""Generated tasks beside language modelling: ``task=copy|reverse|sort|addition|parity|mqar|passkey|flipflop``, and
-RULER's ``niah|vartrack|cwe|fwe`` with the key-value retrieval of "lost in the middle", ``kv_retrieval``.
+"""Generated tasks beside language modelling: ``task=copy|reverse|sort|addition|parity|mqar|passkey|flipflop``,
+RULER's ``niah|vartrack|cwe|fwe`` with the key-value retrieval of "lost in the middle", ``kv_retrieval``, and
+BABILong's reasoning in a haystack, ``babilong``.
 
 Each task is one file here and one yaml in ``configs/task/``; :func:`build_task` makes the task of a run's
 config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
@@ -59,6 +60,12 @@ def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Op
         if getattr(task_cfg, key, None) is not None and key not in cls.config_keys:
             readers = "|".join(n for n, c in TASKS.items() if key in c.config_keys)
             raise ConfigError(f"task.{key}", f"only applies to task={readers} (the task is {name}); drop task.{key}")
+    if issubclass(cls, Passkey):  # babilong: stories in data's text, as passkey's filler
+        if symbols is not None:
+            raise ConfigError("task.symbols", f"task={name} has no alphabet to size; drop task.symbols")
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(train if train is not None else empty, val if val is not None else empty,
+                   **{key: getattr(task_cfg, key, None) for key in cls.config_keys}, min_size=min_size)
     return cls(symbols, min_size, **{key: getattr(task_cfg, key, None) for key in cls.config_keys})
 
 

@@ -67,7 +67,7 @@ class Passkey(Task):
         have = int(self.filler[split].size)
         if have < size:
             raise ConfigError("eval.lengths" if split == "val" else "train_len",
-                              f"task=passkey needs {size} filler tokens, but the {split} split of data has {have}; "
+                              f"task={self.name} needs {size} filler tokens, but the {split} split of data has {have}; "
                               "use more text or shorter lengths")
 
     def generate(self, size: int, count: int, rng: np.random.Generator, depth: float | None = None,

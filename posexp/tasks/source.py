@@ -15,7 +15,7 @@ from posexp.data.tokens import Corpus
 from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_fingerprint
 from posexp.tasks.passkey import Passkey
 
-DATA_TASKS = ("passkey",)  # tasks that read data (their filler); the others generate everything
+DATA_TASKS = ("passkey", "babilong")  # tasks that read data (their filler); the others generate everything
 
 
 @dataclass
