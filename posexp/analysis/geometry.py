@@ -181,7 +181,7 @@ def linear_fit(distances: np.ndarray, values: np.ndarray) -> dict:
 
 
 @torch.no_grad()
-def rotary_frequencies(encoder) -> Tensor:
+def rotary_frequencies(encoder) -> Optional[Tensor]:
     """``theta (Dh/2,)`` of a ``rotate`` encoder, read off the hook, highest first.
 
     ``rotate`` turns a query at position ``m`` by ``R^m``; the one-step map
@@ -196,6 +196,8 @@ def rotary_frequencies(encoder) -> Tensor:
     for p in (0, 1):
         pos = torch.tensor([p])
         q, _ = encoder.rotate(basis, dummy, pos, pos)
+        if q.shape[-1] != Dh:  # the hook maps q to another width (PoPE's polar features): no rotation of Dh
+            return None
         maps.append(q[:, 0, 0, :].double().T)  # (Dh, Dh), column b = the hook applied to e_b
     step = maps[1] @ torch.linalg.inv(maps[0])
     angles = torch.linalg.eigvals(step).angle().abs().sort(descending=True).values
@@ -318,8 +320,10 @@ def analyse_unit(encoder, length: int, train_len: int, lengths: Sequence[int], f
             out["frequencies"] = frequency_table(theta.detach().sort(descending=True).values, train_len, lengths)
     else:
         out["not_applicable"]["spectrum"] = "no position vectors to transform"
-    if "rotate" in hooks:
-        theta = rotary_frequencies(encoder)
+    theta = rotary_frequencies(encoder) if "rotate" in hooks else None
+    if "rotate" in hooks and theta is None:
+        out["not_applicable"]["rope_bound"] = "rotate changes the width of q and k: not a rotation of the head's features"
+    elif theta is not None:
         out["frequencies"] = frequency_table(theta, train_len, lengths)
         bound = rope_relative_bound(theta, length)
         curves["rope_bound"] = bound
