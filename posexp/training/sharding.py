@@ -150,7 +150,8 @@ def all_finite(model: nn.Module) -> bool:
     params = [_local(p) for p in model.parameters()]
     finite = torch.stack([torch.isfinite(p).all() for p in params if p.numel()]).all().to(torch.int32)
     if is_sharded(model):
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        dist.all_reduce(finite)  # a sum of 0/1 flags: every rank finite when it reaches the world size
+        return int(finite.item()) == dist.get_world_size()
     return bool(finite.item())
 
 
