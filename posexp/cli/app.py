@@ -363,7 +363,7 @@ def eval_cmd(
     """
     from posexp.commands.eval import reeval_main
 
-    if any(a.startswith("hf:") for a in args):  # a pretrained model: a new run folder, as posexp train writes one
+    if any(a.startswith(("hf:", "hf.model=")) for a in args):  # a pretrained model: a new run, as posexp train's
         _launch("pretrained", pretrained_arguments(args))
         return
     try:

@@ -149,12 +149,16 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
 
 # -- finding and checking runs -------------------------------------------------------------------
 
-def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path]:
+def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None, given: Sequence[str] = ()) -> list[Path]:
     """Run folders (``results.json`` + ``checkpoint/model.safetensors``) given or found under ``folders``.
 
     A folder given directly must be such a run. Below a folder given, folders with
-    ``results.json`` but no checkpoint are skipped with a warning.
+    ``results.json`` but no checkpoint are skipped with a warning; pretrained models' runs (``posexp eval
+    hf:MODEL``, whose weights stay in the model's folder) with the command that measures them again, ``given``
+    (the user's ``eval.KEY=VALUE``) in it.
     """
+    from posexp.commands.pretrained import pretrained_of, rerun_command
+
     if not folders:
         raise PosexpError("give at least one run folder (or a sweep folder), e.g. "
                           "posexp eval outputs/2026-11-22/10-00-00 eval.lengths=[256,1024]")
@@ -178,10 +182,19 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
                 found.setdefault(folder.resolve(), folder)
             else:
                 skipped.append(folder)
+        pretrained = [folder for folder in skipped if pretrained_of(folder) is not None]
         for folder in skipped:
-            if warn is not None:
+            if warn is not None and folder not in pretrained:
                 warn(f"skipping {folder}: it has {RESULTS_JSON} but no {CHECKPOINT}")
-        if not any(p == root.resolve() or root.resolve() in p.parents for p in found):
+        mine = any(p == root.resolve() or root.resolve() in p.parents for p in found)
+        if pretrained and not mine and len(pretrained) == len(skipped):  # nothing here but pretrained runs
+            raise PosexpError(f"{root}: its {len(pretrained)} run(s) are pretrained models' evaluations, whose weights "
+                              f"stay in the models' own folders; measure them again as new runs: "
+                              f"{rerun_command(pretrained, given)}")
+        elif pretrained and warn is not None:
+            warn(f"skipping {len(pretrained)} pretrained model run(s) below {root}, whose weights stay in the models' "
+                 f"own folders; measure them again as new runs: {rerun_command(pretrained, given)}")
+        if not mine:
             extra = f" ({len(skipped)} folder(s) with results but no checkpoint)" if skipped else ""
             raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
                               f"{CHECKPOINT}")
@@ -361,7 +374,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     console = console or Console()
     folders, raw_overrides = split_args(args)
     overrides = parse_eval_overrides(raw_overrides)
-    runs = find_eval_runs(folders, lambda msg: _warn(console, msg))
+    runs = find_eval_runs(folders, lambda msg: _warn(console, msg), raw_overrides)
     prepared = prepare_all(runs, overrides, {Path(f).resolve() for f in folders}, console, strict=strict,
                            allow_changed_encoder=allow_changed_encoder)
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from posexp.commands.loading import load_run
+from posexp.errors import PosexpError
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False):
@@ -20,8 +21,12 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite
     from posexp.hf import require_transformers
 
     require_transformers("posexp export")
+    from posexp.commands.pretrained import pretrained_refusal
     from posexp.hf.export import check_destination, claim_destination, write_claimed
 
+    refusal = pretrained_refusal(run_dir, "export")
+    if refusal is not None:  # its weights are a transformers model folder already
+        raise PosexpError(refusal)
     out = Path(out_dir).expanduser()
     with claim_destination(out):  # before anything is read or written: a second export into it is refused
         check_destination(Path(run_dir), out, overwrite)

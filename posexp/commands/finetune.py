@@ -120,6 +120,11 @@ def check_parent(parent: Path) -> dict:
         raise PosexpError(f"{parent}: not a finished run ({RESULTS_JSON} has status {status}); finish it first "
                           f"with posexp resume {parent}, or fine-tune another run")
     if not (parent / CHECKPOINT).is_file():
+        from posexp.commands.pretrained import pretrained_refusal
+
+        refusal = pretrained_refusal(parent, "finetune")  # a pretrained model's run: its weights are elsewhere
+        if refusal is not None:
+            raise PosexpError(refusal)
         raise PosexpError(f"{parent}: has no weights ({CHECKPOINT} is missing); retrain it with posexp train")
     return results
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -234,6 +235,103 @@ def _provenance(spec: PretrainedConfig, label: str, overrides: list[str], train_
             "git_commit": git_commit(), "status": "completed", "params": record.get("parameters")}
 
 
+def pretrained_of(run_dir: str | os.PathLike) -> Optional[dict]:
+    """For the folder of a pretrained model's run (``posexp eval hf:MODEL``), finished or not: ``name`` (the model
+    as given after ``hf:``), ``overrides`` (the others it was launched with) and ``rope_theta`` (where results.json
+    records one); None for any other folder."""
+    import yaml
+
+    from posexp.runs.layout import HYDRA_CONFIG, load_overrides
+
+    folder = Path(run_dir)
+    run: dict = {}
+    try:
+        loaded = json.loads((folder / RESULTS_JSON).read_text()).get("run")
+        run = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        pass
+    model = run.get("pretrained")
+    name = model.get("name") if isinstance(model, dict) else None
+    overrides = run.get("overrides")
+    if name is None:  # an unfinished one: what Hydra saved before it started
+        try:
+            saved = yaml.safe_load((folder / HYDRA_CONFIG).read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+        hf = saved.get("hf") if isinstance(saved, dict) else None
+        if not isinstance(hf, dict) or "model" not in hf or "encoder" in saved:
+            return None
+        name = hf["model"]
+    if overrides is None:
+        try:
+            overrides = load_overrides(folder)
+        except Exception:  # noqa: BLE001 - no overrides.yaml: the model alone
+            overrides = []
+    kept = [str(o) for o in overrides if not str(o).startswith("hf.model=")]
+    return {"name": str(name), "overrides": kept,
+            "rope_theta": model.get("rope_theta") if isinstance(model, dict) else None,
+            "train_len": run.get("train_len")}
+
+
+def hf_argument(name: str) -> str:
+    """``hf:NAME`` as a shell takes it: quoted for Hydra (and the shell) where the name has a comma or a space."""
+    if set(name) & set(",[]{}()= '\"\\"):
+        inner = name.replace("\\", "\\\\").replace("'", "\\'")
+        return f"\"hf:'{inner}'\""
+    return f"hf:{name}"
+
+
+def pretrained_refusal(run_dir: str | os.PathLike, command: str) -> Optional[str]:
+    """The line ``command`` (export, finetune, analyze, load_run) says of a pretrained model's run, whose weights
+    stay in the model's folder: what it is, and what to type instead; None for any other folder."""
+    found = pretrained_of(run_dir)
+    if found is None:
+        return None
+    name, model = found["name"], hf_argument(found["name"])
+    what = f"{run_dir}: the run of pretrained model {name}, whose weights stay in the model's own folder"
+    if command == "export":
+        return (f"{what}; posexp export writes posexp's own trained runs, and {name} is a transformers model "
+                f"already: load it as it is, AutoModelForCausalLM.from_pretrained('{name}'), or "
+                f"posexp.load_run('{run_dir}').model")
+    if command == "finetune":
+        return (f"{what}; posexp finetune continues posexp's own trained runs: measure the model under a context "
+                f"extension instead, e.g. posexp eval {model} eval.scaling=yarn")
+    if command == "analyze":
+        theta, length = found.get("rope_theta"), found.get("train_len")
+        if theta:
+            return (f"{what}; posexp analyze reads posexp's own trained runs: the geometry of its rotary "
+                    f"frequencies is posexp analyze encoder=rope base={theta:g}"
+                    f"{f' train_len={length}' if length else ''}")
+        return f"{what}; posexp analyze reads posexp's own trained runs and encoders, not a transformers model"
+    return f"{what}; {command} reads posexp's own trained runs"
+
+
+def rerun_command(folders: list[Path], given: Sequence[str] = ()) -> str:
+    """The ``posexp eval`` line that measures again, as new runs, the pretrained models' runs in ``folders``: their
+    models and the overrides they were launched with (one that differs between them swept, as their sweep did),
+    ``given`` (the user's ``eval.KEY=VALUE``) in place of the recorded value of the same key."""
+    records = [r for r in (pretrained_of(f) for f in folders) if r is not None]
+    models = list(dict.fromkeys(r["name"] for r in records))
+    values: dict[str, list[str]] = {}
+    for r in records:
+        for o in r["overrides"]:
+            key, _, value = str(o).partition("=")
+            values.setdefault(key, [])
+            if value not in values[key]:
+                values[key].append(value)
+    for o in given:
+        key, _, value = str(o).partition("=")
+        values[key] = [value]
+    if len(models) == 1:
+        model = hf_argument(models[0])
+    else:
+        names = [f"'{m}'" if hf_argument(m) != f"hf:{m}" else m for m in models]
+        model = f"\"hf:{','.join(names)}\"" if any(n.startswith("'") for n in names) else f"hf:{','.join(names)}"
+    sweep = len(models) > 1 or any(len(v) > 1 for v in values.values())
+    settings = " ".join(f"{k}={','.join(v)}" for k, v in values.items())
+    return " ".join(part for part in ("posexp eval", "-m" if sweep else "", model, settings) if part)
+
+
 def pretrained_hint(run_dir: Path) -> Optional[str]:
     """For the run of a pretrained model (``posexp eval hf:MODEL``), which keeps no weights of its own: the command
     that measures the model again; None for any other run."""
@@ -246,7 +344,9 @@ def pretrained_hint(run_dir: Path) -> Optional[str]:
         return None
     kept = " ".join(o for o in run.get("overrides", []) if not o.startswith("hf.model="))
     return (f"{run_dir}: the run of pretrained model {model.get('name')}, whose weights stay in its own folder; "
-            f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
+            f"measure it again as a new run: posexp eval {hf_argument(str(model.get('name')))} {kept} eval.KEY=VALUE"
+            .rstrip())
 
 
-__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "pretrained_run", "tokenizer_fingerprint"]
+__all__ = ["HF_PREFIX", "check_pretrained", "hf_argument", "pretrained_hint", "pretrained_of", "pretrained_refusal",
+           "pretrained_run", "rerun_command", "tokenizer_fingerprint"]
