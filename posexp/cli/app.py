@@ -239,6 +239,11 @@ def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> N
         folders = claim.folders if claim is not None else None
         if folders is not None and not folders.multirun and code == PosexpError.exit_code:
             discard_unused(folders.path, folders.created)
+        if folders is not None and not folders.multirun and isinstance(e, KeyboardInterrupt):
+            discard_unused(folders.path, folders.created)  # stopped before the job began: nothing of it is kept
+            if not folders.path.exists():
+                err_console.print(f"interrupted before the run started; {folders.path} was not kept", highlight=False,
+                                  soft_wrap=True)
         if folders is not None and folders.multirun and code in (130, 128 + signal.SIGTERM):
             _report_interrupted_sweep(folders, code)
         raise
