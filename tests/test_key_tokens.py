@@ -168,3 +168,38 @@ def test_an_evaluator_that_is_no_run_or_reads_other_tokens_is_one_line(trained, 
     assert json.loads((run / "results.json").read_text()) == json.loads((trained / "results.json").read_text())
     bad = invoke("eval", str(run), f"eval.key_tokens.evaluator={trained}", "eval.key_tokens.short_len=0")
     assert bad.exit_code != 0 and "eval.key_tokens.short_len" in bad.output
+
+
+def test_unset_key_tokens_stay_out_of_a_pretrained_models_hash_and_set_ones_do_not():
+    from posexp.config.identity import unset_keys_dropped
+
+    config = {"eval": {"tokens": 1024, "key_tokens": {"evaluator": None, "alpha": 2.0}}, "seed": 0}
+    assert unset_keys_dropped(config) == {"eval": {"tokens": 1024}, "seed": 0}
+    assert config["eval"]["key_tokens"] == {"evaluator": None, "alpha": 2.0}  # the record keeps it
+    keyed = {"eval": {"tokens": 1024, "key_tokens": {"evaluator": "hf:m", "alpha": 2.0}}}
+    assert unset_keys_dropped(keyed) == keyed
+
+
+def test_a_pretrained_model_gets_ppl_key_from_an_hf_evaluator(tmp_path):
+    hf_tiny = pytest.importorskip("hf_tiny")
+    folder, text = tmp_path / "hf-model", tmp_path / "text"
+    hf_tiny.model("llama", eos_token_id=0).save_pretrained(folder)
+    hf_tiny.tokenizer(folder)
+    text.mkdir()
+    rng = np.random.default_rng(0)
+    words = "the cat sat on mat a dog ran far and then slept".split()
+    for i in range(12):
+        (text / f"d{i}.txt").write_text(" ".join(rng.choice(words, 300)))
+    args = ("eval", f"hf:{folder}", "data=text", f"data.path={text}", "eval.lengths=[32,64]", "eval.tokens=512",
+            "eval.key_tokens.alpha=0", "eval.key_tokens.beta=-20", f"eval.key_tokens.cache_dir={tmp_path / 'keys'}")
+    result = invoke(*args, f"eval.key_tokens.evaluator=hf:{folder}", f"hydra.run.dir={tmp_path / 'keyed'}")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "keyed" / "results.json").read_text())["rows"]
+    at64 = next(r for r in rows if r["length"] == 64)
+    assert at64["key_tokens"] > 0 and at64["ppl_key"] > 0
+    assert at64["key_selection"]["short_len"] == 32  # the model's own context length
+    plain = invoke(*args, f"hydra.run.dir={tmp_path / 'plain'}")
+    assert plain.exit_code == 0, plain.output
+    plain_rows = json.loads((tmp_path / "plain" / "results.json").read_text())["rows"]
+    assert [r["ppl"] for r in plain_rows] == [r["ppl"] for r in rows]
+    assert not any("ppl_key" in r or "key_tokens" in r for r in plain_rows)
