@@ -203,3 +203,42 @@ def test_a_pretrained_model_gets_ppl_key_from_an_hf_evaluator(tmp_path):
     plain_rows = json.loads((tmp_path / "plain" / "results.json").read_text())["rows"]
     assert [r["ppl"] for r in plain_rows] == [r["ppl"] for r in rows]
     assert not any("ppl_key" in r or "key_tokens" in r for r in plain_rows)
+
+
+def test_ppl_key_metric_reads_the_rows_and_is_in_help_and_completion(tmp_path):
+    from posexp.reporting import build_report, parse_metric
+    from posexp.reporting.metrics import PERPLEXITY, metric_examples, metric_help
+    from posexp.reporting.options import ReportOptions
+    from test_report import make_run
+
+    keyed = make_run(tmp_path / "keyed", {128: 3.0, 512: 4.0, 1024: 5.0}, ["encoder=rope"])
+    data = json.loads((keyed / "results.json").read_text())
+    for row in data["rows"]:  # 1x: no key token (null); 4x and 8x: key-token perplexities
+        row.update(key_tokens=0 if row["length"] == 128 else 40,
+                   **({} if row["length"] == 128 else {"ppl_key": row["ppl"] * 3}))
+    (keyed / "results.json").write_text(json.dumps(data))
+    plain = make_run(tmp_path / "plain", {128: 3.0, 512: 4.0}, ["encoder=alibi"], encoder="alibi")
+    report = build_report([keyed, plain], ReportOptions(by="encoder", metrics="ppl_key@4x,ppl_key@1x,ppl_key@1024"))
+    groups = {g.label: g for g in report.groups}
+    assert groups["encoder=rope"].metrics["ppl_key@4x"].mean == pytest.approx(12.0)
+    assert groups["encoder=rope"].metrics["ppl_key@1024"].mean == pytest.approx(15.0)
+    assert groups["encoder=rope"].metrics["ppl_key@1x"].text() == "n/a"  # evaluated, no key token
+    assert groups["encoder=alibi"].metrics["ppl_key@4x"].applicable is None  # no evaluator: not evaluated
+    assert "ppl_key@4x" in metric_examples() and "ppl_key@Kx" in metric_help(PERPLEXITY)
+    assert "key tokens" in parse_metric("ppl_key@4x").describe(report)
+
+
+@pytest.mark.parametrize("overrides,says", [
+    (("eval.key_tokens.evaluator=/no/such/run",), "/no/such/run: not a run folder with weights"),
+    (("eval.key_tokens.evaluator=hf:",), "names a run folder or hf:NAME"),
+    (("task=copy", "eval.key_tokens.evaluator=hf:m"), "applies to perplexity (task=lm); task=copy"),
+    (("eval.key_tokens.evaluator=hf:m", "eval.key_tokens.short_stride=0"), "must be a positive number of tokens"),
+])
+def test_posexp_train_refuses_a_bad_evaluator_before_training(tiny, overrides, says):
+    from posexp.commands.edge import typed
+    from posexp.commands.train import check_spec
+    from posexp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.key_tokens") as caught:
+        check_spec(typed(tiny(*overrides)))
+    assert says in str(caught.value) and "\n" not in str(caught.value)

@@ -229,8 +229,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     saved = SavedConfig(raw, typed(apply_eval_overrides(raw, overrides)))  # the edge: typed from here on
     cfg = saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
-    if cfg.eval.key_tokens.evaluator is not None:
-        check_key_tokens(cfg.eval)
+    check_key_tokens(cfg.eval, cfg.task.name)
     lineage_broken = parent_changed(cfg.finetune) if cfg.finetune is not None else None
     if lineage_broken and warn is not None:  # the run's own rows stand; what it is a fine-tune of does not
         warn(f"{run_dir}: {lineage_broken}; its rows are its own, its finetune.parent is no longer that run")

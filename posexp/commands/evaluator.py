@@ -38,8 +38,9 @@ def run_tokens(info: dict) -> str:
     return f"posexp {tokenizer} tokens of corpus {info.get('corpus_fingerprint')}"
 
 
-def check_key_tokens(e: EvalConfig) -> None:
-    """The ``eval.key_tokens`` numbers, before any model loads."""
+def check_key_tokens(e: EvalConfig, task: str = "lm") -> None:
+    """The ``eval.key_tokens`` numbers, and that a run folder named as the evaluator is one, before any model loads
+    (``posexp train`` checks it before training)."""
     k = e.key_tokens
     require(math.isfinite(k.alpha), "eval.key_tokens.alpha", f"must be a finite number of nats (got {k.alpha})")
     require(math.isfinite(k.beta), "eval.key_tokens.beta", f"must be a finite number of nats (got {k.beta})")
@@ -48,7 +49,15 @@ def check_key_tokens(e: EvalConfig) -> None:
     require(k.short_stride is None or k.short_stride >= 1, "eval.key_tokens.short_stride",
             f"must be a positive number of tokens, or null for short_len / {SHORT_STRIDE_DIVISOR} (got "
             f"{k.short_stride})")
-    require(str(k.evaluator).strip() != "", KEY, "names a run folder or hf:NAME, or null for no key tokens")
+    if k.evaluator is None:
+        return
+    name = str(k.evaluator).strip()
+    require(name not in ("", HF_PREFIX), KEY, "names a run folder or hf:NAME, or null for no key tokens")
+    require(task == "lm", KEY, f"applies to perplexity (task=lm); task={task} is scored by accuracy: drop it")
+    if not name.startswith(HF_PREFIX):
+        require(is_run_dir(Path(name).expanduser(), needs_weights=True), KEY,
+                f"{name}: not a run folder with weights ({RESULTS_JSON} and {CHECKPOINT}); name a run folder, or a "
+                "transformers model as hf:NAME")
 
 
 @dataclass

@@ -78,8 +78,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     if e.lengths is not None:
         check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
     check_window(e.window, e.sinks)
-    if e.key_tokens.evaluator is not None:
-        check_key_tokens(e)
+    check_key_tokens(e, spec.task.name)
     return spec
 
 

@@ -27,7 +27,7 @@ from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingIn
 from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
 from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
-from posexp.commands.evaluator import for_run
+from posexp.commands.evaluator import check_key_tokens, for_run
 from posexp.commands.pretrained import hf_evaluator
 from posexp.evaluation.runner import evaluate_config
 from posexp.rendering.results import results_table, write_loss_by_position, write_results
@@ -148,6 +148,7 @@ def check_spec(spec: Config) -> Config:
         ConfigError: naming the key and what is allowed.
     """
     validate(spec)
+    check_key_tokens(spec.eval, spec.task.name)  # an evaluator that is no run stops here, not after training
     tracking.check_loggers(spec.logger)  # a tracker library not installed stops here, before any job trains
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest and not is_task(spec):  # a task scores eval.examples instances instead
