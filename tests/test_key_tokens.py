@@ -198,6 +198,9 @@ def test_a_pretrained_model_gets_ppl_key_from_an_hf_evaluator(tmp_path):
     at64 = next(r for r in rows if r["length"] == 64)
     assert at64["key_tokens"] > 0 and at64["ppl_key"] > 0
     assert at64["key_selection"]["short_len"] == 32  # the model's own context length
+    again = invoke(*args, f"eval.key_tokens.evaluator=hf:{folder}", f"hydra.run.dir={tmp_path / 'again'}")
+    assert again.exit_code == 0 and "reads the long and short contexts" not in again.output  # from the cache
+    assert json.loads((tmp_path / "again" / "results.json").read_text())["rows"][1]["ppl_key"] == at64["ppl_key"]
     plain = invoke(*args, f"hydra.run.dir={tmp_path / 'plain'}")
     assert plain.exit_code == 0, plain.output
     plain_rows = json.loads((tmp_path / "plain" / "results.json").read_text())["rows"]
@@ -226,6 +229,10 @@ def test_ppl_key_metric_reads_the_rows_and_is_in_help_and_completion(tmp_path):
     assert groups["encoder=alibi"].metrics["ppl_key@4x"].applicable is None  # no evaluator: not evaluated
     assert "ppl_key@4x" in metric_examples() and "ppl_key@Kx" in metric_help(PERPLEXITY)
     assert "key tokens" in parse_metric("ppl_key@4x").describe(report)
+    from posexp.cli.completion import complete
+
+    assert "ppl_key@4x" in complete(["report", "run", "--metric"], "ppl_").items
+    assert "eval.key_tokens.evaluator=" in complete(["eval", "run"], "eval.key_tokens.").items
 
 
 @pytest.mark.parametrize("overrides,says", [

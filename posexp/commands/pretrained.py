@@ -167,17 +167,36 @@ def hf_tokens(tokenizer, separator: Optional[int]) -> str:
 
 
 def hf_evaluator(name: str, device: torch.device) -> Evaluator:
-    """``eval.key_tokens.evaluator=hf:NAME``: the model, its tokenizer's identity, and its id and revision (and the
-    SHA-256 of its weights) for the cache key; it reads each window as ``posexp eval hf:NAME`` would."""
+    """``eval.key_tokens.evaluator=hf:NAME``: its tokenizer's identity, and its id, revision and weights' SHA-256
+    for the cache key, read from its folder; the model itself loads only when a selection is not cached. It reads
+    each window as ``posexp eval hf:NAME`` would (``hf.bos=auto``, ``precision=auto``)."""
+    from posexp.hf import require_transformers
+
+    require_transformers("eval.key_tokens.evaluator=hf:NAME")
+    from posexp.hf.loading import model_folder, snapshot_revision, weight_files, weights_sha256
+
     spec = PretrainedConfig(hf=HFConfig(model=name), data=DataConfig(), eval=EvalConfig())
     dtype = resolve_precision(spec.precision, device)
-    lm, tokenizer, record = _load(spec, device, dtype)
-    lm.bos = window_bos(spec.hf.bos, tokenizer, lm.config)
-    tokens = hf_tokens(tokenizer, document_separator(tokenizer, lm.config))
-    identity = (f"hf:{record['name']} revision {record.get('revision')} weights {record.get('weights_sha256')} "
-                f"bos {lm.bos} {str(dtype).removeprefix('torch.')}")
-    opened = OpenedEvaluator(lm, int(record["context_length"]), None, dtype)
-    return Evaluator(f"{HF_PREFIX}{name}", identity, tokens, lambda: opened)
+    folder = model_folder(name, None)
+    if folder is None or not weight_files(folder):  # not on disk as files: load it to know it
+        lm, tokenizer, record = _load(spec, device, dtype)
+        config, weights, revision, loaded = lm.config, record.get("weights_sha256"), record.get("revision"), lm
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        weights, revision, loaded = weights_sha256(None, folder)[0], snapshot_revision(folder), None
+    bos = window_bos(spec.hf.bos, tokenizer, config)
+    identity = f"hf:{name} revision {revision} weights {weights} bos {bos} {str(dtype).removeprefix('torch.')}"
+
+    def opener() -> OpenedEvaluator:
+        lm = loaded if loaded is not None else _load(spec, device, dtype)[0]
+        lm.bos = bos
+        return OpenedEvaluator(lm, int(lm.context_length or 0), None, dtype)
+
+    return Evaluator(f"{HF_PREFIX}{name}", identity, hf_tokens(tokenizer, document_separator(tokenizer, config)),
+                     opener)
 
 
 def document_separator(tokenizer, config) -> Optional[int]:
