@@ -38,7 +38,8 @@ from posexp.commands.encoder_source import check_encoder_source
 from posexp.commands.finetune import parent_changed
 from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
 from posexp.commands.validation import validate
-from posexp.commands.pretrained import pretrained_hint
+from posexp.commands.evaluator import check_key_tokens, for_run
+from posexp.commands.pretrained import hf_evaluator, pretrained_hint
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
@@ -64,7 +65,10 @@ VALUE_HINTS = {
     "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
     "batch_tokens": "an integer",
     "loss_by_position": "true or false",
+    "key_tokens.alpha": "a number of nats, e.g. eval.key_tokens.alpha=2", "key_tokens.beta": "a number of nats",
+    "key_tokens.short_len": "an integer number of tokens, or null",
 }
+NESTED_KEYS = ("key_tokens",)  # eval groups set key by key: eval.key_tokens.evaluator=RUN
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
 DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window", "longrope_factors"), "multiples": ("lengths",),
@@ -116,7 +120,7 @@ def parse_eval_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
         if name.split(".")[0] == TRAINING_ONLY:
             raise ConfigError(key, "is measured while a run trains (curve.csv); posexp eval evaluates the trained "
                                    f"weights only. To measure the curve, train a run with {text}")
-        if name not in EVAL_KEYS:
+        if name not in EVAL_KEYS and not (name.split(".")[0] in NESTED_KEYS and name.count(".") == 1):
             raise ConfigError(key, f"not an evaluation setting; choose one of: "
                                    f"{', '.join('eval.' + k for k in EVAL_KEYS)}")
         parsed.append((name, ov.value()))
@@ -139,7 +143,7 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
                     ev[dep] = None
     for name, value in overrides:
         try:
-            ev[name] = value
+            OmegaConf.update(ev, name, value, merge=False)
         except OmegaConfBaseException:
             raise ConfigError(f"eval.{name}", f"{value!r} is not a valid value; expected "
                                               f"{VALUE_HINTS.get(name, 'a value of the schema type')}") from None
@@ -238,6 +242,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     saved = SavedConfig(raw, typed(apply_eval_overrides(raw, overrides)))  # the edge: typed from here on
     cfg = saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
+    check_key_tokens(cfg.eval, cfg.task.name)
     lineage_broken = parent_changed(cfg.finetune) if cfg.finetune is not None else None
     if lineage_broken and warn is not None:  # the run's own rows stand; what it is a fine-tune of does not
         warn(f"{run_dir}: {lineage_broken}; its rows are its own, its finetune.parent is no longer that run")
@@ -468,7 +473,10 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
         if p.task is not None:
             rows, positions = evaluate_task_config(p.model, p.task, cfg, device), None
         else:
-            rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
+            key_tokens = for_run(cfg, p.corpus, device, hf_evaluator, str(p.run_dir),
+                                 log=lambda m: console.print(m, highlight=False))
+            rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in,
+                                              key_tokens=key_tokens)
     results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({

@@ -21,11 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from posexp.commands.edge import typed
-from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
+from posexp.config.identity import unset_keys_dropped
+from posexp.commands.evaluator import Evaluated, check_key_tokens, key_selector
+from posexp.config.schema import DEVICES, PRECISIONS, DataConfig, EvalConfig, HFConfig, PretrainedConfig, lengths_of
 from posexp.data.corpus import check_fits, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
 from posexp.errors import ConfigError, require
 from posexp.evaluation.accuracy import evaluate_task
+from posexp.evaluation.key_tokens import Evaluator, OpenedEvaluator
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
 from posexp.evaluation.runner import EvalProgress
 from posexp.model.window import check_window
@@ -76,6 +79,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     if e.lengths is not None:
         check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
     check_window(e.window, e.sinks)
+    check_key_tokens(e, spec.task.name)
     return spec
 
 
@@ -101,6 +105,9 @@ def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
                   f"{device} {str(dtype).replace('torch.', '')} · run dir {run_dir}", highlight=False)
     positions: list[dict] = []
     info = {**corpus.info(), "text": scored_text(corpus, tokenizer, separator, lm.bos)}
+    evaluated = Evaluated(f"{HF_PREFIX}{spec.hf.model}", corpus.val, hf_tokens(tokenizer, separator), train_len)
+    key_tokens = key_selector(spec.eval, evaluated, spec.data, device, hf_evaluator,
+                              log=lambda m: console.print(m, highlight=False)) if spec.task.name == "lm" else None
     if spec.task.name == "passkey":
         task = TextPasskey(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], corpus.val,
                            len(tokenizer), digits=spec.task.digits)
@@ -112,7 +119,8 @@ def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
             rows = evaluate(lm, corpus.val, spec.eval, train_len, device, dtype=dtype,
                             hooks=EvalHooks(log=lambda m: console.print(f"[yellow]{m}[/]", highlight=False),
                                             progress=progress,
-                                            positions=positions if spec.eval.loss_by_position else None))
+                                            positions=positions if spec.eval.loss_by_position else None,
+                                            key_tokens=key_tokens))
         finally:
             progress.close()
     label = run_label(overrides)
@@ -152,6 +160,44 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
         raise ConfigError("train_len", "the model's config names no context length; give it: train_len=N (tokens)")
     record.update(context_length=int(length), **(rope_record(model.config) if lm.has_rope else {"rope_theta": None}))
     return lm, tokenizer, record
+
+
+def hf_tokens(tokenizer, separator: Optional[int]) -> str:
+    """Which tokens a transformers model reads (key-token perplexity's evaluator must read the same)."""
+    return f"the tokens of transformers tokenizer {tokenizer_fingerprint(tokenizer, separator)}"
+
+
+def hf_evaluator(name: str, device: torch.device) -> Evaluator:
+    """``eval.key_tokens.evaluator=hf:NAME``: its tokenizer's identity, and its id, revision and weights' SHA-256
+    for the cache key, read from its folder; the model itself loads only when a selection is not cached. It reads
+    each window as ``posexp eval hf:NAME`` would (``hf.bos=auto``, ``precision=auto``)."""
+    from posexp.hf import require_transformers
+
+    require_transformers("eval.key_tokens.evaluator=hf:NAME")
+    from posexp.hf.loading import model_folder, snapshot_revision, weight_files, weights_sha256
+
+    spec = PretrainedConfig(hf=HFConfig(model=name), data=DataConfig(), eval=EvalConfig())
+    dtype = resolve_precision(spec.precision, device)
+    folder = model_folder(name, None)
+    if folder is None or not weight_files(folder):  # not on disk as files: load it to know it
+        lm, tokenizer, record = _load(spec, device, dtype)
+        config, weights, revision, loaded = lm.config, record.get("weights_sha256"), record.get("revision"), lm
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        weights, revision, loaded = weights_sha256(None, folder)[0], snapshot_revision(folder), None
+    bos = window_bos(spec.hf.bos, tokenizer, config)
+    identity = f"hf:{name} revision {revision} weights {weights} bos {bos} {str(dtype).removeprefix('torch.')}"
+
+    def opener() -> OpenedEvaluator:
+        lm = loaded if loaded is not None else _load(spec, device, dtype)[0]
+        lm.bos = bos
+        return OpenedEvaluator(lm, int(lm.context_length or 0), None, dtype)
+
+    return Evaluator(f"{HF_PREFIX}{name}", identity, hf_tokens(tokenizer, document_separator(tokenizer, config)),
+                     opener)
 
 
 def document_separator(tokenizer, config) -> Optional[int]:
@@ -226,7 +272,7 @@ def _provenance(spec: PretrainedConfig, label: str, overrides: list[str], train_
     """results.json's ``run`` for a pretrained model: the fields a trained run has where they mean the same
     (``encoder`` is ``hf:NAME``, ``train_len`` the model's context length), the model's own in ``pretrained``."""
     config = OmegaConf.to_container(OmegaConf.structured(spec), resolve=True)
-    blob = repr(sorted((str(k), repr(v)) for k, v in dict(config).items()))  # type: ignore[arg-type]
+    blob = repr(sorted((str(k), repr(v)) for k, v in unset_keys_dropped(config).items()))  # type: ignore[arg-type]
     return {"label": label, "overrides": list(overrides), "encoder": f"{HF_PREFIX}{record['name']}",
             "base": record.get("rope_theta"), "train_len": int(train_len), "seed": int(spec.seed),
             "config": config, "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],

@@ -176,6 +176,23 @@ class CurveConfig:
 
 
 @dataclass
+class KeyTokensConfig:
+    """``eval.key_tokens``: key-token perplexity (LongPPL, Fang et al. 2024; :mod:`posexp.evaluation.key_tokens`).
+
+    An evaluator model marks the targets it predicts much better with a row's whole context than with only the
+    last ``short_len`` tokens; each perplexity row then also gets ``ppl_key`` over those targets. Off (the
+    evaluator null) leaves every row and every hash as they were.
+    """
+
+    evaluator: Optional[str] = None  # a run folder or hf:NAME; null = off
+    alpha: float = 2.0  # LSD threshold: log p(long) - log p(short) > alpha (nats; the paper's 2)
+    beta: float = -2.0  # LCL threshold: log p(long) > beta (nats; the paper's -2)
+    short_len: Optional[int] = None  # the short context K in tokens; null = the evaluated model's train_len
+    short_stride: Optional[int] = None  # targets per short window S (context K .. K+S-1); null = K / 4; 1 = exact K
+    cache_dir: Optional[str] = None  # where selections are kept; null = key_tokens/ under the token cache
+
+
+@dataclass
 class EvalConfig:
     """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
 
@@ -202,6 +219,8 @@ class EvalConfig:
     depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # extrapolation while training goes (curve.csv, curve.png): off unless eval.during_training.every is set
     during_training: CurveConfig = field(default_factory=CurveConfig)
+    # key-token perplexity (LongPPL): off unless eval.key_tokens.evaluator names a run or hf:MODEL
+    key_tokens: KeyTokensConfig = field(default_factory=KeyTokensConfig)
 
 
 @dataclass

@@ -304,6 +304,8 @@ class EvalHooks:
         progress: ``progress(length, windows_done, windows)``, before a length's first batch and after each.
         positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
         memory: measure peak memory (:class:`PeakMemory`: a garbage collection per length; the curve skips it).
+        key_tokens: key-token perplexity (:class:`posexp.evaluation.key_tokens.KeySelector`): called as
+            ``key_tokens(length, windows, target_losses)`` after each length, its fields (``ppl_key``...) join the row.
     """
 
     on_row: Optional[Callable[[dict], None]] = None
@@ -311,6 +313,7 @@ class EvalHooks:
     progress: Optional[Callable[[int, int, int], None]] = None
     positions: Optional[list] = None
     memory: bool = True
+    key_tokens: Optional[Callable[[int, "Windows", np.ndarray], dict]] = None
 
 
 @dataclass
@@ -368,7 +371,8 @@ def evaluate(model: EvaluableLM, val: np.ndarray, settings: EvalConfig, train_le
             are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
         dtype: the forward pass's autocast precision. Log-softmax and cross-entropy run in fp32
             (``model.token_losses``) and losses are summed in float64, so perplexities carry no bf16 rounding.
-        hooks: rows, notes, progress and per-position losses as they come (:class:`EvalHooks`).
+        hooks: rows, notes, progress and per-position losses as they come, and key-token perplexity
+            (:class:`EvalHooks`).
 
     Raises:
         ConfigError: an unknown protocol or scaling, a stride or K out of range, a scaling posexp's encoder lacks.
@@ -406,6 +410,8 @@ def _measure_row(row: dict, p: _Pass, how: Reading, win: Windows) -> None:
     length = row["length"]
     res, elapsed, mem = _measure_length(p, how, win, length)
     row.update(_summarise(res, win, length, elapsed, mem))
+    if p.hooks.key_tokens is not None:
+        row.update(p.hooks.key_tokens(length, win, res.target_losses))
     if p.hooks.positions is not None:
         p.hooks.positions.append({**position_key(row), "position_sum": res.position_sum,
                                   "position_count": res.position_count})
