@@ -44,7 +44,7 @@ def extend_encoder(encoder: PositionalEncoder, cfg: Config) -> PositionalEncoder
     if ft is None:
         return encoder
     extended = encoder.extended(str(ft.scaling), float(ft.scaling_factor), int(ft.parent_train_len),
-                                int(cfg.train_len), ft.longrope_factors)
+                                int(cfg.train_len), ft.longrope_factors, int(getattr(ft, "longrope_start", None) or 0))
     extended.for_layers(int(cfg.model.n_layers))
     return extended
 
