@@ -111,7 +111,7 @@ def _hf_target(name: str, overrides: list[str], console: Console) -> Target:
     from posexp.commands.pretrained import _corpus, _load, check_pretrained, document_separator, window_bos
     from posexp.commands.validation import register_configs
     from posexp.config.schema import config_dir
-    from posexp.hf.rotary import rope_theta
+    from posexp.hf.rotary import find_rotary, rope_theta
     from posexp.runtime.device import resolve_device
     from posexp.runtime.precision import resolve_precision
 
@@ -130,7 +130,7 @@ def _hf_target(name: str, overrides: list[str], console: Console) -> Target:
     reason = lm.check_scaling("longrope")
     if reason is not None:
         raise PosexpError(f"{HF_PREFIX}{name}: LongRoPE does not apply: {reason}")
-    sites = [s for s in lm._rotary if not s.local]
+    sites = [s for s in find_rotary(lm.model) if not s.local]
     train_len = int(spec.train_len or record["context_length"])
     separator = document_separator(tokenizer, lm.config)
     corpus = _corpus(spec, tokenizer, separator, console)
@@ -218,7 +218,11 @@ def search_main(target: str, target_len: int, *, out: Optional[Path] = None, obj
         if found.encode is None:
             raise PosexpError(f"{found.label}: --objective needle writes its passkeys as text, and this run's "
                               f"tokenizer is not at hand to encode them; use --objective ppl")
-        docs, answer = needle_documents(found.encode, found.val, found.vocab, target_len, needles, seed)
+        try:
+            docs, answer = needle_documents(found.encode, found.val, found.vocab, target_len, needles, seed)
+        except ConfigError as e:  # the passkey task names its own key; here the length is --target-len's
+            raise ConfigError("--target-len", str(e).split(": ", 1)[-1].replace("eval.lengths", "--target-len")
+                              .replace("task passkey", "--objective needle")) from None
         score = needle_score(found.model, docs, answer, found.train_len, found.device, found.dtype)
     folder.mkdir(parents=True, exist_ok=True)
     known = len(scored)
