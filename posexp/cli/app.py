@@ -33,6 +33,7 @@ from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
+from posexp.commands.search import search_cmd
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
@@ -451,6 +452,7 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
 
 
 app.command("export")(transfer.export_cmd)  # a run as a transformers model folder
+app.command("search")(search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
 
 
 def _usable_streams() -> None:

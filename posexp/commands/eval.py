@@ -61,6 +61,8 @@ VALUE_HINTS = {
     "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
     "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
     "longrope_factors": "a list of numbers > 0, one per rotary frequency, e.g. eval.longrope_factors=[1.0,1.5,...], or null",
+    "longrope_start": "a whole number of positions >= 0 (LongRoPE's n^), e.g. eval.longrope_start=4",
+    "longrope_file": "a factors file or folder posexp search wrote, e.g. eval.longrope_file=RUN/longrope/512, or null",
     "window": "a positive integer number of keys, e.g. eval.window=128, or null",
     "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
     "batch_tokens": "an integer",
@@ -71,7 +73,9 @@ VALUE_HINTS = {
 NESTED_KEYS = ("key_tokens",)  # eval groups set key by key: eval.key_tokens.evaluator=RUN
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
-DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window", "longrope_factors"), "multiples": ("lengths",),
+DEPENDENT_KEYS = {"protocol": ("stride", "last_k"),
+                  "scaling": ("scaling_factor", "rerope_window", "longrope_factors", "longrope_start", "longrope_file"),
+                  "multiples": ("lengths",),
                   "window": ("sinks",)}
 
 
@@ -140,7 +144,7 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
         if key in given:
             for dep in dependents:
                 if dep not in given:
-                    ev[dep] = None
+                    ev[dep] = EvalConfig.__dataclass_fields__[dep].default  # None, or longrope_start's 0
     for name, value in overrides:
         try:
             OmegaConf.update(ev, name, value, merge=False)

@@ -102,7 +102,7 @@ def weights_of(config: dict) -> dict:
     if out.get("finetune", 0) is None:
         del out["finetune"]  # a run trained from scratch: its key as before fine-tuning existed
     elif isinstance(out.get("finetune"), dict):
-        for key in ("longrope_factors", "dropped_encoder"):  # unset: the lineage as before these keys existed
+        for key in ("longrope_factors", "longrope_start", "dropped_encoder"):  # unset: as before these keys existed
             if out["finetune"].get(key, 0) is None:
                 del out["finetune"][key]
     for dotted in NOT_WEIGHTS:

@@ -210,6 +210,8 @@ class EvalConfig:
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
     longrope_factors: Optional[List[float]] = None  # eval.scaling=longrope: one rescale factor per rotary frequency
+    longrope_start: int = 0  # eval.scaling=longrope: LongRoPE's n^, the first positions left unscaled (0 = none)
+    longrope_file: Optional[str] = None  # eval.scaling=longrope: a factors file posexp search wrote (factors and n^)
     window: Optional[int] = None  # attend only to the last K keys (a window baseline); null = the whole past
     sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384
@@ -236,6 +238,7 @@ class FinetuneConfig:
     scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3 | longrope
     scaling_factor: float = 1.0  # s (for dynamic_ntk the factor a of its formula)
     longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
+    longrope_start: Optional[int] = None  # scaling=longrope: LongRoPE's n^ (null: 0, every position scaled)
     # DroPE (Gelberg et al. 2025): the parent's encoding this fine-tune dropped (rope), its encoder now none
     dropped_encoder: Optional[str] = None
 
@@ -313,6 +316,8 @@ class FinetuneAppConfig:
     scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope (what the encoding offers)
     scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
     longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
+    longrope_start: int = 0  # scaling=longrope: LongRoPE's n^, the first positions left unscaled (0 = none)
+    longrope_file: Optional[str] = None  # scaling=longrope: a factors file posexp search wrote (factors and n^)
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
     # DroPE (Gelberg et al. 2025): drop a RoPE parent's positional encoding and recalibrate (encoder=none sets it)
     drope: bool = False

@@ -61,6 +61,7 @@ from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, bound_heap_growth, free_memory, is_out_of_memory
 from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
+from posexp.runs.longrope import longrope_settings
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.window import AttentionWindow, window_fields, window_of
@@ -289,9 +290,10 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
     """How the model reads ``length`` under the ``eval`` group, and the ``scaling_factor`` its row records (None
     unscaled)."""
     factor = _length_factor(scaling, length, train_len, settings.scaling_factor, settings.rerope_window)
-    factors = settings.longrope_factors
+    # LongRoPE's factors and n^, as given or from posexp search's file (eval.longrope_file)
+    factors, start = longrope_settings(settings) if scaling == "longrope" else (settings.longrope_factors, 0)
     return Reading(scaling, factor or 1.0, int(train_len), int(length),
-                   None if factors is None else tuple(float(f) for f in factors), window), factor
+                   None if factors is None else tuple(float(f) for f in factors), window, start), factor
 
 
 @dataclass
