@@ -408,5 +408,8 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
 
 def pretrained_arguments(args: Sequence[str]) -> List[str]:
     """``posexp eval hf:MODEL ...`` as the overrides of configs/pretrained.yaml: ``hf:MODEL`` is ``hf.model=MODEL``
-    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does)."""
-    return [f"hf.model={a[len('hf:'):]}" if a.startswith("hf:") else a for a in args]
+    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does), and ``task=passkey`` is ``task.name=passkey``
+    (``task=lm,passkey`` with ``-m``: perplexity and the zero-shot passkey in one sweep), as ``posexp train`` spells
+    a task."""
+    return [f"hf.model={a[len('hf:'):]}" if a.startswith("hf:") else
+            f"task.name={a[len('task='):]}" if a.startswith("task=") else a for a in args]
