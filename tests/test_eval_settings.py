@@ -200,3 +200,16 @@ def test_a_pretrained_sweep_measures_perplexity_and_passkey_per_scaling(trained,
     jobs = [_results(sweep / str(i)) for i in range(4)]
     kinds = {(j["rows"][0]["metric"], j["rows"][0].get("scaling")) for j in jobs}
     assert kinds == {("perplexity", None), ("perplexity", "yarn"), ("accuracy", None), ("accuracy", "yarn")}
+
+
+def test_the_readme_shows_load_runs_with_config_keys_as_columns_and_the_call_works(run_copy):
+    import re
+
+    import posexp
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    call = re.search(r"`posexp\.load_runs\(SWEEP, columns=\[(\"[\w.]+\")\]\)`", readme)
+    assert call, "the README says how to get config keys as columns"
+    key = json.loads(call.group(1))
+    df = posexp.load_runs(run_copy, columns=[key])
+    assert key in df.columns and set(df[key]) == {20}  # the smoke experiment's train.steps
