@@ -10,6 +10,14 @@ factor replaces the old one, every other earlier row is kept. Then
 ``results.csv``/``.md``/``ppl_vs_length.png`` and ``loss_by_position.*`` are
 rewritten, ``results.json`` last.
 
+``posexp eval -m RUN eval.scaling=linear,yarn`` evaluates every combination of
+the values (Hydra's sweep grammar: ``a,b``, ``range(...)``), one setting after
+the other, as that many ``posexp eval`` commands would: each setting's rows join
+the run's ``results.json`` beside the others (their key holds the scaling), so
+``posexp report RUN --cols scaling`` compares them. Besides ``eval.*``, where and
+how the evaluation computes may be set (``train.threads``, ``device``,
+``precision`` and their ``train.`` keys): they leave the weights as trained.
+
 Everything that can be checked is checked for every run before any run is
 evaluated, so bad input leaves every ``results.json`` as it was. A run whose
 ``results.json`` cannot be read is the exception: it is skipped with a warning
@@ -19,6 +27,7 @@ naming it and the other runs are evaluated (``--strict``: nothing is).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -35,8 +44,10 @@ from rich.text import Text
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
 from posexp.commands.encoder_source import check_encoder_source
+from posexp.commands.eval_overrides import (Setting, apply_eval_overrides, apply_runtime_overrides, is_multirun,
+                                            parse_eval_overrides, parse_settings, split_args)
 from posexp.commands.finetune import parent_changed
-from posexp.config.schema import Config, EvalConfig, eval_lengths, is_task
+from posexp.config.schema import Config, eval_lengths, is_task
 from posexp.commands.validation import validate
 from posexp.commands.evaluator import check_key_tokens, for_run
 from posexp.commands.pretrained import hf_evaluator, pretrained_hint
@@ -46,114 +57,6 @@ from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
                                 PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD,
                                 is_run_dir, merge_rows, natural_key, read_results, runs_under)
-
-# what posexp eval may change; eval.during_training was measured while the run trained, and stays as it was
-TRAINING_ONLY = "during_training"
-EVAL_KEYS = tuple(f.name for f in dataclasses.fields(EvalConfig) if f.name != TRAINING_ONLY)
-VALUE_HINTS = {
-    "lengths": "a list of integers, e.g. eval.lengths=[256,1024,8192]",
-    "multiples": "a list of integers, e.g. eval.multiples=[1,2,4,8,16,32]",
-    "tokens": "an integer",
-    "protocol": "one of nonoverlap, sliding, last_k",
-    "stride": "an integer, e.g. eval.stride=64",
-    "last_k": "an integer, e.g. eval.last_k=64",
-    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, longrope, rerope",
-    "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
-    "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
-    "longrope_factors": "a list of numbers > 0, one per rotary frequency, e.g. eval.longrope_factors=[1.0,1.5,...], or null",
-    "longrope_start": "a whole number of positions >= 0 (LongRoPE's n^), e.g. eval.longrope_start=4",
-    "longrope_file": "a factors file or folder posexp search wrote, e.g. eval.longrope_file=RUN/longrope/512, or null",
-    "window": "a positive integer number of keys, e.g. eval.window=128, or null",
-    "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
-    "batch_tokens": "an integer",
-    "loss_by_position": "true or false",
-    "key_tokens.alpha": "a number of nats, e.g. eval.key_tokens.alpha=2", "key_tokens.beta": "a number of nats",
-    "key_tokens.short_len": "an integer number of tokens, or null",
-}
-NESTED_KEYS = ("key_tokens",)  # eval groups set key by key: eval.key_tokens.evaluator=RUN
-# Changing the first key without the second resets the second to its default:
-# a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
-DEPENDENT_KEYS = {"protocol": ("stride", "last_k"),
-                  "scaling": ("scaling_factor", "rerope_window", "longrope_factors", "longrope_start", "longrope_file"),
-                  "multiples": ("lengths",),
-                  "window": ("sinks",)}
-
-
-# -- arguments -------------------------------------------------------------------------------
-
-def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Run folders and ``key=value`` overrides, in the order given (an existing path is always a folder)."""
-    folders, overrides = [], []
-    for arg in args:
-        if "=" in arg and not Path(arg).exists():
-            overrides.append(arg)
-        elif arg.startswith("eval.") and not Path(arg).exists():
-            raise ConfigError(arg, f"an override needs a value, e.g. {arg}=...")
-        else:
-            folders.append(arg)
-    return folders, overrides
-
-
-def parse_eval_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
-    """``[(key, value)]`` for ``eval.KEY=VALUE`` overrides, parsed with Hydra's override grammar.
-
-    Raises:
-        ConfigError: a key outside ``eval.``, an unknown ``eval`` key, a sweep, or bad syntax.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    parsed = []
-    for text in overrides:
-        key = text.split("=", 1)[0].lstrip("+~")
-        if not key.startswith("eval."):
-            raise ConfigError(key, f"posexp eval changes evaluation settings only (eval.*): the weights were trained "
-                                   f"with the rest of the config. To change {key}, train a new run: "
-                                   f"posexp train ... {text}")
-        try:
-            (ov,) = parser.parse_overrides([text])
-        except HydraException as e:
-            raise ConfigError(key, f"cannot parse {text!r}: {str(e).splitlines()[0]}") from None
-        if ov.type != OverrideType.CHANGE:
-            raise ConfigError(key, f"write it as a plain {key}=VALUE (no + or ~ prefix)")
-        if ov.is_sweep_override():
-            raise ConfigError(key, "posexp eval evaluates one setting at a time; run it once per value")
-        name = key[len("eval."):]
-        if name.split(".")[0] == TRAINING_ONLY:
-            raise ConfigError(key, "is measured while a run trains (curve.csv); posexp eval evaluates the trained "
-                                   f"weights only. To measure the curve, train a run with {text}")
-        if name not in EVAL_KEYS and not (name.split(".")[0] in NESTED_KEYS and name.count(".") == 1):
-            raise ConfigError(key, f"not an evaluation setting; choose one of: "
-                                   f"{', '.join('eval.' + k for k in EVAL_KEYS)}")
-        parsed.append((name, ov.value()))
-    return parsed
-
-
-def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> DictConfig:
-    """A copy of ``cfg`` whose ``eval`` group is the typed schema, the run's values, then the overrides."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[assignment]
-    stored: dict = OmegaConf.to_container(cfg.get("eval") or OmegaConf.create({}))  # type: ignore[assignment]
-    kept = (*EVAL_KEYS, TRAINING_ONLY)  # the run's curve settings stay in the config it records
-    ev: Any = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in stored.items() if k in kept})
-    given = {name for name, _ in overrides}
-    for key, dependents in DEPENDENT_KEYS.items():
-        if key in given:
-            for dep in dependents:
-                if dep not in given:
-                    ev[dep] = EvalConfig.__dataclass_fields__[dep].default  # None, or longrope_start's 0
-    for name, value in overrides:
-        try:
-            OmegaConf.update(ev, name, value, merge=False)
-        except OmegaConfBaseException:
-            raise ConfigError(f"eval.{name}", f"{value!r} is not a valid value; expected "
-                                              f"{VALUE_HINTS.get(name, 'a value of the schema type')}") from None
-    cfg.eval = ev
-    return cfg
-
 
 # -- finding and checking runs -------------------------------------------------------------------
 
@@ -220,6 +123,7 @@ class Prepared:
     corpus: Any
     task: Any = None  # a task run's task (posexp/tasks/); None for language modelling
     weights_sha256: Optional[str] = None  # of the weights loaded (checkpoint/meta.json's record), checked again
+    setting: Setting = Setting()  # the overrides it is evaluated with
 
 
 def load_run_config(run_dir: Path, results: dict) -> DictConfig:
@@ -231,10 +135,30 @@ def load_run_config(run_dir: Path, results: dict) -> DictConfig:
     raise PosexpError(f"{run_dir}: no {HYDRA_CONFIG} and no config in {RESULTS_JSON}; cannot rebuild the model")
 
 
+def _setting_config(raw: DictConfig, overrides: Sequence[tuple[str, Any]],
+                    runtime: Sequence[tuple[str, Any]] = ()) -> tuple[SavedConfig, Config]:
+    """The run's config with an evaluation setting: as saved with the ``eval`` overrides (whose hash is the run's),
+    and that computing where and how ``runtime`` says, checked (what is evaluated).
+
+    Raises:
+        ConfigError: a value the setting cannot have with this run.
+    """
+    with_eval = apply_eval_overrides(raw, list(overrides))
+    saved = SavedConfig(raw, typed(with_eval))  # the edge: typed from here on
+    cfg = typed(apply_runtime_overrides(with_eval, runtime)) if runtime else saved.spec
+    validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
+    check_key_tokens(cfg.eval, cfg.task.name)
+    lengths = eval_lengths(cfg)
+    if cfg.eval.tokens < max(lengths) and not is_task(cfg):
+        raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
+                                         f"(got {cfg.eval.tokens})")
+    return saved, cfg
+
+
 def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[dict] = None,
-            allow_changed_encoder: bool = False, warn=None) -> Prepared:
-    """Load and check one run: results (unless given), config + overrides, a plugin encoder's code, corpus,
-    weights. Writes nothing."""
+            allow_changed_encoder: bool = False, warn=None, runtime: Sequence[tuple[str, Any]] = ()) -> Prepared:
+    """Load and check one run: results (unless given), config + overrides (``runtime``: where and how it computes,
+    :data:`~posexp.commands.eval_overrides.RUNTIME_KEYS`), a plugin encoder's code, corpus, weights. Writes nothing."""
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
     from posexp.tasks.source import DATA_TASKS, TrainingSource
@@ -243,17 +167,11 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     results = read_results(run_dir) if results is None else results
     raw = load_run_config(run_dir, results)
     check_encoder_source(run_dir, raw.encoder, results, allow_changed_encoder, warn)
-    saved = SavedConfig(raw, typed(apply_eval_overrides(raw, overrides)))  # the edge: typed from here on
-    cfg = saved.spec
-    validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
-    check_key_tokens(cfg.eval, cfg.task.name)
+    saved, cfg = _setting_config(raw, overrides, runtime)
     lineage_broken = parent_changed(cfg.finetune) if cfg.finetune is not None else None
     if lineage_broken and warn is not None:  # the run's own rows stand; what it is a fine-tune of does not
         warn(f"{run_dir}: {lineage_broken}; its rows are its own, its finetune.parent is no longer that run")
     lengths = eval_lengths(cfg)
-    if cfg.eval.tokens < max(lengths) and not is_task(cfg):
-        raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
-                                         f"(got {cfg.eval.tokens})")
     recorded = results["run"].get("config_hash")
     identity = folder_run_hash(run_dir, saved)  # a folder in another hash format is refused here
     if recorded is not None and recorded != identity.value:
@@ -275,7 +193,18 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     digest = _recorded_sha256(run_dir)
     load_weights(model, run_dir / CHECKPOINT, identity.value, sha256=digest,
                  hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
-    return Prepared(run_dir, cfg, results, model, corpus, source.task, digest)
+    return Prepared(run_dir, cfg, results, model, corpus, source.task, digest,
+                    Setting(tuple(overrides), tuple(runtime)))
+
+
+def prepare_setting(p: Prepared, setting: Setting) -> Prepared:
+    """The run ``p`` (its weights and corpus, loaded once) checked for another setting of the same command."""
+    from posexp.data.corpus import check_fits
+
+    _, cfg = _setting_config(load_run_config(p.run_dir, p.results), setting.eval, setting.runtime)
+    if p.task is None:
+        check_fits(p.corpus, int(cfg.train_len), max(eval_lengths(cfg)))
+    return dataclasses.replace(p, cfg=cfg, setting=setting)
 
 
 # what posexp eval rewrites in a run folder: all of them or none
@@ -337,16 +266,19 @@ def _warn(console: Console, message: str) -> None:
     console.print(Text.assemble(("warning: ", "bold yellow"), (message, "yellow")), soft_wrap=True)
 
 
-def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: set[Path], console: Console,
+def prepare_all(runs: Sequence[Path], settings: Sequence[Setting], given: set[Path], console: Console,
                 strict: bool = False, allow_changed_encoder: bool = False) -> list[Prepared]:
-    """Check every run before any is evaluated.
+    """Check every run, in every setting, before any is evaluated; a run's weights load once for all settings.
 
     A run whose ``results.json`` cannot be read is skipped with a warning (unless ``strict``), so
     one damaged run of a sweep does not stop the others; as is a run found under a folder given
-    that a rotary-only scaling cannot apply to. Any other problem stops everything.
+    that a rotary-only scaling cannot apply to (in that setting). Any other problem stops everything.
+
+    Returns:
+        One :class:`Prepared` per run and setting, a run's settings one after the other.
 
     Raises:
-        PosexpError: the first problem, when ``strict``, when no run is left, or when it is not one of those two.
+        PosexpError: the first problem, when ``strict``, when nothing is left, or when it is not one of those two.
     """
     prepared, refused = [], []
     for run_dir in runs:
@@ -358,13 +290,20 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
             refused.append((run_dir, e))
             continue
         check_writable(run_dir, "posexp eval", f"its new rows to {RESULTS_JSON}", replaces=EVAL_WRITES)
-        try:
-            prepared.append(prepare(run_dir, overrides, results, allow_changed_encoder, lambda m: _warn(console, m)))
-        except ConfigError as e:
-            # a sweep over encodings: a rotary-only scaling skips the runs it cannot apply to
-            if e.key != "eval.scaling" or "does not apply" not in str(e) or run_dir.resolve() in given:
-                raise
-            refused.append((run_dir, e))
+        loaded: Optional[Prepared] = None
+        for setting in settings:
+            try:
+                if loaded is None:
+                    loaded = prepare(run_dir, list(setting.eval), results, allow_changed_encoder,
+                                     lambda m: _warn(console, m), runtime=setting.runtime)
+                    prepared.append(dataclasses.replace(loaded, setting=setting))
+                else:
+                    prepared.append(prepare_setting(loaded, setting))
+            except ConfigError as e:
+                # a sweep over encodings: a rotary-only scaling skips the runs it cannot apply to
+                if e.key != "eval.scaling" or "does not apply" not in str(e) or run_dir.resolve() in given:
+                    raise
+                refused.append((run_dir, e))
     if refused and not prepared:
         raise refused[0][1]
     for run_dir, reason in refused:
@@ -374,7 +313,8 @@ def prepare_all(runs: Sequence[Path], overrides: list[tuple[str, Any]], given: s
 
 def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, strict: bool = False,
                 allow_changed_encoder: bool = False) -> list[dict]:
-    """``posexp eval``: check every run, then evaluate each and merge its rows. Returns each run's results.
+    """``posexp eval``: check every run (in every setting of ``-m``), then evaluate each and merge its rows.
+    Returns each evaluation's results (one per run and setting).
 
     With ``strict``, a run whose ``results.json`` cannot be read stops the command before anything is
     evaluated; otherwise it is skipped with a warning and the other runs are evaluated. A run of a plugin
@@ -382,9 +322,9 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     """
     console = console or Console()
     folders, raw_overrides = split_args(args)
-    overrides = parse_eval_overrides(raw_overrides)
+    settings = parse_settings(raw_overrides, multirun=is_multirun(args))
     runs = find_eval_runs(folders, lambda msg: _warn(console, msg), raw_overrides)
-    prepared = prepare_all(runs, overrides, {Path(f).resolve() for f in folders}, console, strict=strict,
+    prepared = prepare_all(runs, settings, {Path(f).resolve() for f in folders}, console, strict=strict,
                            allow_changed_encoder=allow_changed_encoder)
 
     out: list[dict] = []
@@ -393,26 +333,38 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     if in_main_thread:
         signal.signal(signal.SIGTERM, _stop)
     try:
-        for p in prepared:
+        for run_dir, group in itertools.groupby(prepared, key=lambda p: p.run_dir):
             # refused while another process trains there; waits for another evaluation, whose rows it keeps
-            with run_lock(p.run_dir, EVALUATING, wait_for=(EVALUATING,),
+            with run_lock(run_dir, EVALUATING, wait_for=(EVALUATING,),
                           on_wait=lambda line: console.print(line, highlight=False, soft_wrap=True)):
-                _check_still_the_run(p)
-                out.append(_evaluate_run(p, raw_overrides, console))
+                for p in group:
+                    _check_still_the_run(p)
+                    out.append(_evaluate_run(p, list(p.setting.texts), console))
     except (KeyboardInterrupt, _Stopped) as e:
-        raise _stopped([p.run_dir for p in prepared], len(out), raw_overrides,
-                       signal.SIGTERM if isinstance(e, _Stopped) else signal.SIGINT) from None
+        raise _stopped(prepared, len(out), signal.SIGTERM if isinstance(e, _Stopped) else signal.SIGINT) from None
     except OSError as e:
         if e.errno not in DISK_FULL:
             raise
         raise PosexpError(f"{e.filename}: could not be written ({e.strerror}); "
-                          f"{_left([p.run_dir for p in prepared], len(out), raw_overrides, 'free some space, then')}"
-                          ) from None
+                          f"{_left(prepared, len(out), 'free some space, then')}") from None
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
     _note_sweep_summaries(folders, console)
+    if len(settings) > 1:
+        _note_comparison(prepared, settings, console)
     return out
+
+
+def _note_comparison(prepared: Sequence[Prepared], settings: Sequence[Setting], console: Console) -> None:
+    """After ``-m``: how to compare the settings, whose rows now lie side by side in each run's results.json."""
+    swept = [text.split("=", 1)[0] for i, text in enumerate(settings[0].texts)
+             if len({s.texts[i] for s in settings}) > 1]
+    columns = [key[len("eval."):] for key in swept if key in ("eval.scaling", "eval.protocol", "eval.window")]
+    folders = list(dict.fromkeys(str(p.run_dir) for p in prepared))
+    console.print(f"{len(settings)} settings of {', '.join(swept)} evaluated; compare them: posexp report "
+                  f"{shlex.join(folders)}{' --cols ' + columns[0] if columns else ''}", highlight=False,
+                  soft_wrap=True)
 
 
 def _check_still_the_run(p: Prepared) -> None:
@@ -433,19 +385,28 @@ def _stop(signum, frame) -> None:
     raise _Stopped()
 
 
-def _stopped(runs: list[Path], finished: int, overrides: Sequence[str], signum: int) -> TrainingInterrupted:
+def _stopped(prepared: list[Prepared], finished: int, signum: int) -> TrainingInterrupted:
     """What a stopped ``posexp eval`` kept, and the command that finishes it."""
     return TrainingInterrupted(f"posexp eval stopped by {signal.Signals(signum).name}: "
-                               f"{_left(runs, finished, overrides)}", 128 + signum)
+                               f"{_left(prepared, finished)}", 128 + signum)
 
 
-def _left(runs: list[Path], finished: int, overrides: Sequence[str], first: str = "") -> str:
-    """The runs a ``posexp eval`` stopped after ``finished`` of them wrote, and the command that finishes it."""
-    kept = (f"{finished} of {len(runs)} run(s) evaluated and written ({', '.join(map(str, runs[:finished]))}); "
-            if finished else "")
-    rest = runs[finished:]
-    again = "posexp eval " + shlex.join([*map(str, rest), *overrides])
-    return (f"{kept}{rest[0]}'s evaluation was not written, its results.json is as it was; "
+def _left(prepared: list[Prepared], finished: int, first: str = "") -> str:
+    """The evaluations a ``posexp eval`` stopped after ``finished`` of them wrote, and the command (one per
+    setting left) that finishes it."""
+    done = list(dict.fromkeys(str(p.run_dir) for p in prepared[:finished]))
+    runs = list(dict.fromkeys(p.run_dir for p in prepared))
+    several = len({p.setting.texts for p in prepared}) > 1
+    if several:
+        kept = f"{finished} of {len(prepared)} evaluations written ({', '.join(done)}); " if finished else ""
+    else:
+        kept = (f"{finished} of {len(runs)} run(s) evaluated and written ({', '.join(done)}); " if finished else "")
+    rest = prepared[finished:]
+    commands: dict[tuple, list[str]] = {}
+    for p in rest:
+        commands.setdefault(p.setting.texts, []).append(str(p.run_dir))
+    again = "; ".join("posexp eval " + shlex.join([*folders, *texts]) for texts, folders in commands.items())
+    return (f"{kept}{rest[0].run_dir}'s evaluation was not written, its results.json is as it was; "
             f"{first + ' ' if first else ''}finish with: {again}")
 
 
@@ -488,6 +449,7 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
         "overrides": list(raw_overrides),
         "rows": len(rows),
         "device": str(device),
+        **({"precision": cfg.train.precision} if p.setting.runtime else {}),
         "git_commit": git_commit(),
         "versions": versions(),
     })

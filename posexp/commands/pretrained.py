@@ -30,7 +30,7 @@ from posexp.errors import ConfigError, require
 from posexp.evaluation.accuracy import evaluate_task
 from posexp.evaluation.key_tokens import Evaluator, OpenedEvaluator
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
-from posexp.evaluation.runner import EvalProgress
+from posexp.evaluation.runner import EvalProgress, with_model_scaling
 from posexp.model.window import check_window
 from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.provenance import eval_settings_of, git_commit, run_label, versions
@@ -123,6 +123,7 @@ def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
                                             key_tokens=key_tokens))
         finally:
             progress.close()
+    rows = with_model_scaling(rows, *carried_scaling(record))
     label = run_label(overrides)
     results: dict[str, Any] = {"run": _provenance(spec, label, overrides, train_len, info, record), "rows": rows}
     if positions:
@@ -198,6 +199,23 @@ def hf_evaluator(name: str, device: torch.device) -> Evaluator:
 
     return Evaluator(f"{HF_PREFIX}{name}", identity, hf_tokens(tokenizer, document_separator(tokenizer, config)),
                      opener)
+def carried_scaling(record: dict) -> tuple[Optional[str], Optional[float]]:
+    """The scaling a pretrained model's config carries (``rope_parameters``' ``rope_type`` and ``factor``, of the
+    layers a scaling stretches where they are per layer type: Gemma 3's full-attention ones), or ``(None, None)``
+    for a model with none (``default``) or without rotary positions."""
+    from posexp.hf.rotary import LOCAL_LAYER_TYPES
+
+    params = record.get("rope_parameters")
+    if not isinstance(params, dict):
+        return None, None
+    if "rope_type" not in params:  # per layer type
+        scaled = [v for k, v in sorted(params.items()) if k not in LOCAL_LAYER_TYPES and isinstance(v, dict)]
+        params = scaled[0] if scaled else {}
+    kind = params.get("rope_type") or params.get("type")
+    if kind in (None, "default"):
+        return None, None
+    factor = params.get("factor")
+    return str(kind), float(factor) if isinstance(factor, (int, float)) else None
 
 
 def document_separator(tokenizer, config) -> Optional[int]:

@@ -56,7 +56,7 @@ from posexp.model.positions import CURRICULA, POSITION_SCHEMES, default_start_le
 from posexp.runtime.device import check_compile
 from posexp.runtime.memory import check_memory
 from posexp.runtime.threads import AUTO as AUTO_THREADS
-from posexp.tasks import build_task, check_task_name
+from posexp.tasks import TASKS, build_task, check_task_name
 from posexp.tasks.source import DATA_TASKS, check_task_lengths
 
 
@@ -215,6 +215,9 @@ def validate_finetune(cfg: Config, parent_encoder: PositionalEncoder) -> Positio
             "extends a trained context; to train at a shorter length, use posexp train")
     reason = finetune_scaling_refusal(str(ft.scaling), parent_encoder)
     require(reason is None, "scaling", reason or "")
+    # as posexp eval refuses eval.longrope_factors without eval.scaling=longrope: factors no scaling would read
+    require(ft.longrope_factors is None or ft.scaling == LONGROPE, "longrope_factors",
+            f"only applies with scaling=longrope (scaling is {ft.scaling}); drop it or set scaling=longrope")
     require(ft.scaling_factor >= 1, "scaling_factor",
             f"must be >= 1, the factor the context is extended by (got {ft.scaling_factor:g}); leave it unset for "
             f"train_len / the parent's ({cfg.train_len} / {parent_len})")
@@ -372,6 +375,11 @@ def validate_task(cfg: Config) -> None:
                 f"task={name} generates its own sequences and reads no data (only task=lm and task=passkey do); "
                 "drop the data= / tokenizer= overrides")
     task = build_task(task_cfg)
+    if not task.has_depth:  # the default list stands for "not asked": every task run's config carries it
+        with_depth = ", ".join(n for n, c in TASKS.items() if c.has_depth)
+        require(depths == EvalConfig().depths, "eval.depths",
+                f"task={name} places nothing at a depth, so its rows have none (tasks with depths: {with_depth}); "
+                "drop eval.depths")
     check_task_lengths(task, int(cfg.train_len), eval_lengths(cfg) if _lengths_valid(cfg) else [])
     t = cfg.train
     if t.curriculum == "linear":

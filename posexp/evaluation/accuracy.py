@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from posexp.config.schema import Config, EvalConfig, lengths_of
 from posexp.runtime.memory import PeakMemory
 from posexp.evaluation.perplexity import EvalHooks, _not_applicable_reason, reading_of
+from posexp.evaluation.runner import run_model_scaling, with_model_scaling
 from posexp.encoders.extension import NONE
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.positions import PositionPlan
@@ -132,9 +133,10 @@ def evaluate_task_config(model: EvaluableLM, task: Task, cfg: Config, device: to
                          on_row: Optional[Callable[[dict], None]] = None, memory: bool = True) -> list[dict]:
     """:func:`evaluate_task` for the ``eval`` group of a run's ``cfg``: its lengths and training positions, in the
     precision ``train.precision`` resolves to on ``device``."""
-    return evaluate_task(model, task, cfg.eval, int(cfg.train_len), device, position_plan=PositionPlan(cfg),
+    rows = evaluate_task(model, task, cfg.eval, int(cfg.train_len), device, position_plan=PositionPlan(cfg),
                          dtype=resolve_precision(cfg.train.precision, device),
                          hooks=EvalHooks(on_row=on_row, memory=memory))
+    return with_model_scaling(rows, *run_model_scaling(cfg))
 
 
 @torch.inference_mode()

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from posexp.config.schema import Config, eval_lengths
+from posexp.encoders.extension import NONE
 from posexp.evaluation.perplexity import EvalHooks, evaluate
 from posexp.model.positions import PositionPlan
 from posexp.runtime.precision import bf16_is_native, resolve_precision
@@ -39,7 +40,23 @@ def evaluate_config(model, val, cfg: Config, device: torch.device,
     finally:
         if progress is not None:
             progress.close()
-    return rows, positions
+    return with_model_scaling(rows, *run_model_scaling(cfg)), positions
+
+
+def run_model_scaling(cfg: Config) -> tuple[Optional[str], Optional[float]]:
+    """The scaling a run's model carries (a fine-tune's ``finetune.scaling`` and its factor), or ``(None, None)``."""
+    ft = cfg.finetune
+    if ft is None or str(ft.scaling) == NONE:
+        return None, None
+    return str(ft.scaling), float(ft.scaling_factor)
+
+
+def with_model_scaling(rows: list[dict], scaling: Optional[str], factor: Optional[float]) -> list[dict]:
+    """``rows`` each saying the scaling the model carried when measured (:class:`~posexp.runs.row.ResultRow`'s
+    ``model_scaling``), apart from their evaluation-time ``scaling``; unchanged for a model that carries none."""
+    if scaling is None:
+        return rows
+    return [{**row, "model_scaling": scaling, "model_scaling_factor": factor} for row in rows]
 
 
 def eval_dtype(cfg: Config, device: torch.device, trained_in: Optional[str]) -> torch.dtype:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import difflib
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.reporting.runs import Run, load_run
 from posexp.reporting.selection import config_value
-from posexp.runs.layout import find_runs
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, find_runs, is_sweep_dir, iter_jobs
 from posexp.runs.row import ROW_KEY
 
 LM_TASK = "lm"  # the task column of a language-modelling run (task=lm)
@@ -115,10 +116,31 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
             if strict:
                 raise
             warnings.warn(f"left out: {e}", stacklevel=2)
+    for message in _jobs_without_results(paths):  # as posexp report says of them: absent, not silently
+        warnings.warn(message, stacklevel=2)
     keys = list(dict.fromkeys(columns or ()))
     for key in keys:
         _check_key(key, runs)
     return records_table([record for run in runs for record in run_records(run, keys)], keys)
+
+
+def _jobs_without_results(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """A line per sweep folder under ``paths`` with jobs that wrote no ``results.json`` yet (still training, or
+    failed), whose rows the DataFrame therefore lacks."""
+    lines = []
+    for raw in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        root = Path(raw)
+        sweeps = [root] if is_sweep_dir(root) else []
+        if root.is_dir():
+            sweeps += sorted(p.parent for p in root.rglob(MULTIRUN_YAML) if p.parent != root)
+        for sweep in sweeps:
+            missing = [d.name for d in iter_jobs(sweep) if not (d / RESULTS_JSON).is_file()]
+            if missing:
+                jobs = f"job{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+                lines.append(f"{sweep}: sweep {jobs} {'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} yet "
+                             f"(still running, or failed), so {'their' if len(missing) > 1 else 'its'} rows are not "
+                             "in the DataFrame")
+    return lines
 
 
 def records_table(records: list[dict], columns: Sequence[str] = ()):

@@ -62,6 +62,10 @@ class ResultRow:
         task, size: the task of an accuracy row and its instance size at this length.
         eval_seed: the seed of generated evaluation instances (task rows); None where evaluation draws nothing.
 
+    Model: ``model_scaling`` and ``model_scaling_factor``, the scaling the model carried when measured, apart from
+    any evaluation-time ``scaling`` on top: a fine-tune's (``posexp finetune RUN scaling=yarn``), or the one in a
+    pretrained model's config; absent for a model that carries none.
+
     Measurement: ``applicable`` (False: the encoding cannot represent the length, ``reason`` says why),
     ``ppl`` with ``ppl_low``/``ppl_high`` (95%), ``loss`` (nats/token) and ``loss_se``, ``ppl_key`` (LongPPL over
     the ``key_tokens`` an evaluator picked) with its interval, ``loss_key`` and ``loss_key_se``, ``exact_match`` and
@@ -85,6 +89,8 @@ class ResultRow:
     eval_tokens: Optional[int] = _setting(omit_none=True)
     examples_asked: Optional[int] = _setting(omit_none=True)
     eval_seed: Optional[int] = _setting(omit_none=True)
+    model_scaling: Optional[str] = field(default=None, metadata={"omit_none": True})
+    model_scaling_factor: Optional[float] = field(default=None, metadata={"omit_none": True})
 
     applicable: bool = _measured(default=True)
     # perplexity rows (posexp/evaluation/perplexity.py)
@@ -208,7 +214,7 @@ POSITION_KEY = tuple(n for n in ROW_KEY if n not in ("metric", "depth"))
 
 _INTEGERS = ("length", "stride", "last_k", "window", "sinks", "size", "eval_tokens", "examples_asked", "eval_seed",
              "se_blocks", "tokens", "windows", "forward_tokens", "examples", "answer_tokens", "key_tokens")
-_TEXTS = ("metric", "protocol", "scaling", "task", "reason", "note")
+_TEXTS = ("metric", "protocol", "scaling", "model_scaling", "task", "reason", "note")
 # numbers of the key must be finite; a measurement may not be (a diverged model), and is written as null
 _KEY_NUMBERS = ("scaling_factor", "depth", "multiple")
 
