@@ -2,7 +2,8 @@
 
 One idea for every kind: a class says its name with ``@REGISTRY.register("name")`` in a module of its own, in
 the package that holds its kind; the registry imports that package's modules the first time it is asked for a
-name, so adding one is adding a file. An unknown name is a :class:`~posexp.errors.ConfigError` on the config key,
+name, so adding one is adding a file. A class from outside posexp registers the same way in the user's own module,
+which a config names in its ``module`` key (:meth:`Registry.from_module`). An unknown name is a :class:`~posexp.errors.ConfigError` on the config key,
 naming the closest name and every allowed one, never a default in its place.
 
 A leaf besides :mod:`posexp.errors`: every layer may import it.
@@ -12,13 +13,16 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import pkgutil
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Callable, Generic, Iterable, Optional, TypeVar
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 
 T = TypeVar("T")
+MODULE_KEY = "module"  # the config key naming the user's module a class of theirs registers in
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
@@ -86,6 +90,31 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         for info in pkgutil.iter_modules(importlib.import_module(self.package).__path__):
             if not info.name.startswith("_") and info.name not in self.skip:
                 importlib.import_module(f"{self.package}.{info.name}")
+
+    def from_module(self, name: str, module: str, roots: Iterable[str] = ()) -> type[T]:
+        """The class ``name`` of the user's module ``module`` (a config's ``module`` key), imported with the working
+        folder (then ``roots``) on ``sys.path``, as ``python -m`` has it; the module registers its class as posexp's
+        own modules do.
+
+        Raises:
+            ConfigError: on ``KEY.module``: the module cannot be imported, or registers no ``name``.
+        """
+        key = f"{self.key}.{MODULE_KEY}"
+        for folder in (os.getcwd(), *roots):
+            if folder not in sys.path:
+                sys.path.append(folder)  # after the installed packages: a user's copy.py shadows nothing
+        self.load()  # posexp's own first: a module that takes a built-in name is told so
+        try:
+            importlib.import_module(module)
+        except PosexpError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
+            raise ConfigError(key, f"importing {module} failed: {type(e).__name__}: {e}".splitlines()[0]) from None
+        cls = self._classes.get(name)
+        if cls is None or not (cls.__module__ == module or cls.__module__.startswith(module + ".")):
+            raise ConfigError(key, f"module {module} registers no {self.kind} {name!r}; decorate its class with "
+                                   f"@{self.kind.upper()}S.register({name!r}) (from {self.package})")
+        return cls
 
     def lookup(self, name: str, also: Iterable[str] = ()) -> type[T]:
         """The class registered as ``name``.

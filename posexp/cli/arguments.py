@@ -270,7 +270,18 @@ def check_added_keys(config: DictConfig) -> None:
             continue  # a plain mapping, or a group added whole (+experiment=smoke): Hydra's to check
         keys = [f.name for f in dataclasses.fields(schema)]
         if name not in keys:
-            raise OverrideError(_not_a_key(parent_key, name, keys, o.input_line), hydra_reports=False)
+            raise OverrideError(_task_key(parent_key, name, parent) or _not_a_key(parent_key, name, keys, o.input_line),
+                                hydra_reports=False)
+
+
+def _task_key(where: str, name: str, parent: object) -> Optional[str]:
+    """``task.NAME`` that the chosen task does not take: the task's own word on it (:func:`posexp.tasks.option_refusal`:
+    the tasks that read it, or the task's options); None for any other key."""
+    if where != "task" or not isinstance(parent, DictConfig) or not parent.get("name"):
+        return None
+    from posexp.tasks import option_refusal
+
+    return f"task.{name}: {option_refusal(str(parent.get('name')), name)}"
 
 
 def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:
@@ -293,7 +304,7 @@ def explain(error: Exception) -> OverrideError:
     key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and isinstance(parent, DictConfig):
         where, _, name = str(key).rpartition(".")
-        return OverrideError(_not_a_key(where, name, [str(k) for k in parent.keys()]))
+        return OverrideError(_task_key(where, name, parent) or _not_a_key(where, name, [str(k) for k in parent.keys()]))
     return OverrideError(_one_line(error))
 
 

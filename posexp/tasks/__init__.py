@@ -6,28 +6,36 @@ Each task is one file here and one yaml in ``configs/task/``; :func:`build_task`
 config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
 trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
 measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, decorated with
-``@TASKS.register("name")`` (:data:`~posexp.tasks.task.TASKS`, found as encoders and trackers are), a yaml in
-``configs/task/``; options of its own are :class:`~posexp.config.schema.TaskConfig` fields
-(default None) named in its ``config_keys``, and every other task refuses them.
+``@TASKS.register("name")`` (:data:`~posexp.tasks.task.TASKS`, found as encoders and trackers are), and a yaml in
+``configs/task/``. Its options are the keyword arguments of its ``__init__`` (``train`` / ``val``, data's token
+splits, excepted), as an encoder's are: their type hints and defaults are the ``task`` schema of that task
+(:func:`options_schema`), and a key no option of it names is refused, naming the task's options. A task of the
+user's own registers the same way in their module, which its yaml names in ``task.module``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import json
+import typing
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
+from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
-from posexp.tasks.passkey import Passkey
+from posexp.registry import MODULE_KEY, did_you_mean
 from posexp.tasks.task import PAD, TASKS, Instances, Task
 
 LM = "lm"
-DEFAULT_DIGITS = 5  # task.digits, the passkey's length (TaskConfig's default)
 GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
-OPTION_KEYS = ("variant", "needles", "chains", "hops", "top_k")  # task.* keys some tasks read (Task.config_keys)
+DATA_ARGS = ("train", "val")  # what a task that uses_data takes of data: its token splits, never options
+_COMMON = ("name", "description", MODULE_KEY)  # keys of every task's config besides its options
 
 
 def check_task_name(name: str) -> None:
@@ -36,37 +44,101 @@ def check_task_name(name: str) -> None:
         TASKS.lookup(name, also=(LM,))
 
 
-def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Optional[np.ndarray] = None) -> Task:
-    """The task of a run's ``task`` group; ``train`` / ``val`` are ``data``'s token splits (passkey's filler).
+def _option_params(cls: type[Task]) -> list[inspect.Parameter]:
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n != "self" and n not in DATA_ARGS and p.kind in kinds]
+
+
+def option_names(cls: type[Task]) -> list[str]:
+    """The task's options: the keyword arguments of its ``__init__``, in their order."""
+    return [p.name for p in _option_params(cls)]
+
+
+def options_schema(cls: type[Task]) -> type:
+    """A dataclass of the ``task`` keys of ``cls`` (name, description, then its ``__init__``'s options with their
+    type hints and defaults), for Hydra's ConfigStore as ``schema/task/NAME``.
 
     Raises:
-        ConfigError: an unknown task or option out of range.
+        TypeError: an option without a default.
     """
-    name = str(task_cfg.name)
+    hints = typing.get_type_hints(cls.__init__)
+    fields: list[tuple[str, Any, Any]] = [("name", str, dataclasses.field(default=cls.name)),
+                                          ("description", str, dataclasses.field(default=""))]
+    if not cls.__module__.startswith(f"{__name__}."):  # a task of the user's: the module it registers in
+        fields.append((MODULE_KEY, str, dataclasses.field(default=cls.__module__)))
+    for p in _option_params(cls):
+        if p.default is inspect.Parameter.empty:
+            raise TypeError(f"{cls.__name__}.__init__: option {p.name!r} needs a default (and a type hint): its "
+                            f"value when a config sets none, e.g. {p.name}: int = 3")
+        fields.append((p.name, hints.get(p.name, Any), dataclasses.field(default=p.default)))
+    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields, bases=(TaskConfig,))
+
+
+def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
+    """The class of a ``task`` config: a built-in, or the one ``task.module`` (the user's module) registers.
+
+    Raises:
+        ConfigError: an unknown task, ``task=lm`` (no generated task), or a module that registers no such task.
+    """
+    name = str(task_cfg.get("name", LM))
     check_task_name(name)
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
-    cls = TASKS[name]
-    min_size, symbols = task_cfg.min_size, task_cfg.symbols
-    if cls is Passkey:
-        if symbols is not None:
-            raise ConfigError("task.symbols", "task=passkey has no alphabet to size; drop task.symbols")
+    module = task_cfg.get(MODULE_KEY)
+    return TASKS.from_module(name, str(module)) if module else TASKS[name]
+
+
+def option_refusal(name: str, key: str) -> str:
+    """Why ``task.KEY`` is refused for task ``name``: the tasks that read it, or, when none does, the task's own
+    options (one line, after ``task.KEY: ``)."""
+    readers = [n for n, c in TASKS.items() if key in option_names(c)]
+    if readers:
+        return f"only applies to task={'|'.join(readers)} (the task is {name}); drop task.{key}"
+    allowed = option_names(TASKS[name]) if name in TASKS else []
+    return (f"not an option of task {name!r}; {did_you_mean(key, allowed, 'task.')}its options are: "
+            f"{', '.join(allowed) or 'none'}")
+
+
+def task_options(task_cfg: Mapping[str, Any]) -> tuple[type[Task], dict[str, Any]]:
+    """The class of a ``task`` config and its options, checked against the class's ``__init__``.
+
+    A key of :data:`~posexp.config.identity.TASK_KEYS_BEFORE` at that value is what every run's config held before
+    each task had its own options (a run folder's saved config): it is no option of the task, and is dropped.
+
+    Raises:
+        ConfigError: on ``task.KEY``: a key the task does not take (:func:`option_refusal`), or a value of the
+            wrong type.
+    """
+    cls = task_class(task_cfg)
+    allowed = option_names(cls)
+    given = {k: v for k, v in task_cfg.items() if k not in _COMMON
+             and not (k not in allowed and k in TASK_KEYS_BEFORE and v == TASK_KEYS_BEFORE[k])}
+    for key in given:
+        if key not in allowed:
+            raise ConfigError(f"task.{key}", option_refusal(cls.name, key))
+    try:
+        checked = OmegaConf.merge(OmegaConf.structured(options_schema(cls)), given)
+    except ValidationError as e:
+        raise ConfigError(f"task.{e.full_key}", str(e.msg).splitlines()[0]) from None
+    values = OmegaConf.to_container(checked)
+    assert isinstance(values, dict)
+    return cls, {k: values[k] for k in allowed}
+
+
+def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
+               val: Optional[np.ndarray] = None) -> Task:
+    """The task of a run's ``task`` config (a mapping: name, description, the task's options); ``train`` /
+    ``val`` are ``data``'s token splits (the filler of a task that ``uses_data``).
+
+    Raises:
+        ConfigError: an unknown task, or an option it does not take or out of range.
+    """
+    cls, options = task_options(task_cfg)
+    if cls.uses_data:
         empty = np.zeros(0, dtype=np.int64)
-        return Passkey(train if train is not None else empty, val if val is not None else empty,
-                       int(task_cfg.digits), min_size)
-    if int(task_cfg.digits) != DEFAULT_DIGITS:
-        raise ConfigError("task.digits", f"only applies to task=passkey (the task is {name}); drop task.digits")
-    for key in OPTION_KEYS:
-        if getattr(task_cfg, key, None) is not None and key not in cls.config_keys:
-            readers = "|".join(n for n, c in TASKS.items() if key in c.config_keys)
-            raise ConfigError(f"task.{key}", f"only applies to task={readers} (the task is {name}); drop task.{key}")
-    if issubclass(cls, Passkey):  # babilong: stories in data's text, as passkey's filler
-        if symbols is not None:
-            raise ConfigError("task.symbols", f"task={name} has no alphabet to size; drop task.symbols")
-        empty = np.zeros(0, dtype=np.int64)
-        return cls(train if train is not None else empty, val if val is not None else empty,
-                   **{key: getattr(task_cfg, key, None) for key in cls.config_keys}, min_size=min_size)
-    return cls(symbols, min_size, **{key: getattr(task_cfg, key, None) for key in cls.config_keys})
+        options.update(train=train if train is not None else empty, val=val if val is not None else empty)
+    return cls(**options)
 
 
 def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float) -> Optional[float]:
@@ -87,5 +159,5 @@ def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-__all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match",
-           "check_task_name", "task_fingerprint"]
+__all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match", "check_task_name",
+           "option_names", "option_refusal", "options_schema", "task_class", "task_fingerprint", "task_options"]
