@@ -281,7 +281,8 @@ def _task_key(where: str, name: str, parent: object) -> Optional[str]:
         return None
     from posexp.tasks import option_refusal
 
-    return f"task.{name}: {option_refusal(str(parent.get('name')), name)}"
+    module = parent.get("module")
+    return f"task.{name}: {option_refusal(str(parent.get('name')), name, str(module) if module else None)}"
 
 
 def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:

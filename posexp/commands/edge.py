@@ -38,7 +38,7 @@ def override_text(key: str, value: object) -> str:
 
 def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assignment]
     """The config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations resolved,
-    ``encoder`` and ``task`` as plain mappings of their options (their own schemas checked them at compose time;
+    ``encoder``, ``task`` and ``logger`` as plain mappings of their options (their own schemas checked them at compose time;
     :func:`posexp.tasks.build_task` checks a task's again, for a saved config).
     ``schema``: :class:`Config`, a subclass that adds a command's own group (``posexp analyze``), or another app's
     schema (``posexp eval hf:MODEL``'s, which has no encoder).
@@ -51,6 +51,7 @@ def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assig
         spec = OmegaConf.to_object(on_schema)
         encoder = OmegaConf.to_container(on_schema.encoder, resolve=True) if "encoder" in on_schema else None
         task = OmegaConf.to_container(on_schema.task, resolve=True) if schema is Config else None
+        logger = OmegaConf.to_container(on_schema.logger, resolve=True) if schema is Config else None
     except OmegaConfBaseException as e:
         raise PosexpError(f"the config does not fit posexp's config schema ({str(e).splitlines()[0]})") from None
     assert isinstance(spec, schema)
@@ -58,6 +59,8 @@ def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assig
         spec.encoder = encoder  # type: ignore[attr-defined]
     if isinstance(task, dict):
         spec.task = task  # type: ignore[attr-defined]
+    if isinstance(logger, dict):
+        spec.logger = logger  # type: ignore[attr-defined]
     return spec
 
 

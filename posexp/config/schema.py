@@ -220,42 +220,6 @@ class FinetuneConfig:
 
 
 @dataclass
-class TensorBoardConfig:
-    """``configs/logger/tensorboard.yaml``: event files ``tensorboard --logdir`` reads."""
-
-    log_dir: Optional[str] = None  # null = RUN_DIR/tensorboard (a sweep's jobs side by side under its folder)
-
-
-@dataclass
-class MLflowConfig:
-    """``configs/logger/mlflow.yaml``."""
-
-    tracking_uri: Optional[str] = None  # null = $MLFLOW_TRACKING_URI, else MLflow's own local default
-    experiment: str = "posexp"
-
-
-@dataclass
-class WandbConfig:
-    """``configs/logger/wandb.yaml``."""
-
-    project: str = "posexp"
-    entity: Optional[str] = None
-    # online | offline | disabled; null = $WANDB_MODE, else online only where an API key is configured
-    mode: Optional[str] = None
-    tags: List[str] = field(default_factory=list)
-
-
-@dataclass
-class LoggerConfig:
-    """The experiment trackers a run reports to (``logger=tensorboard``, ``logger=[tensorboard,mlflow]``); each
-    ``configs/logger/*.yaml`` fills in its own key, and the keys left null are trackers not used."""
-
-    tensorboard: Optional[TensorBoardConfig] = None
-    mlflow: Optional[MLflowConfig] = None
-    wandb: Optional[WandbConfig] = None
-
-
-@dataclass
 class Config:
     # the encoder's options: its own schema at compose time, a plain mapping (name, options) once typed
     encoder: Any = MISSING
@@ -266,7 +230,9 @@ class Config:
     eval: EvalConfig = MISSING
     # the task's keys: its own schema at compose time (schema/task/NAME), a plain mapping (name, options) once typed
     task: Any = field(default_factory=lambda: {"name": LM, "description": ""})
-    logger: LoggerConfig = field(default_factory=LoggerConfig)  # experiment trackers: none by default
+    # the experiment trackers a run reports to, tracker name -> its options (each tracker's own schema at compose time,
+    # schema/logger/NAME, from its start()): none by default; logger=tensorboard, logger=[tensorboard,mlflow]
+    logger: Any = field(default_factory=dict)
     base: float = 10000.0  # base frequency of sinusoidal and rotary encodings (ignored by the others)
     train_len: int = 128  # training context length in tokens
     seed: int = 0  # seeds model initialisation and data order

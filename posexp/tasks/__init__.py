@@ -15,11 +15,8 @@ user's own registers the same way in their module, which its yaml names in ``tas
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import inspect
 import json
-import typing
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -29,7 +26,7 @@ from omegaconf.errors import ValidationError
 from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
-from posexp.registry import MODULE_KEY, did_you_mean
+from posexp.registry import MODULE_KEY, did_you_mean, option_params, options_dataclass
 from posexp.tasks.task import PAD, TASKS, Instances, Task
 
 LM = "lm"
@@ -44,15 +41,9 @@ def check_task_name(name: str) -> None:
         TASKS.lookup(name, also=(LM,))
 
 
-def _option_params(cls: type[Task]) -> list[inspect.Parameter]:
-    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [p for n, p in inspect.signature(cls.__init__).parameters.items()
-            if n != "self" and n not in DATA_ARGS and p.kind in kinds]
-
-
 def option_names(cls: type[Task]) -> list[str]:
-    """The task's options: the keyword arguments of its ``__init__``, in their order."""
-    return [p.name for p in _option_params(cls)]
+    """The task's options: the keyword arguments of its ``__init__`` (but data's ``train`` / ``val``), in order."""
+    return [p.name for p in option_params(cls.__init__, DATA_ARGS)]
 
 
 def options_schema(cls: type[Task]) -> type:
@@ -62,17 +53,10 @@ def options_schema(cls: type[Task]) -> type:
     Raises:
         TypeError: an option without a default.
     """
-    hints = typing.get_type_hints(cls.__init__)
-    fields: list[tuple[str, Any, Any]] = [("name", str, dataclasses.field(default=cls.name)),
-                                          ("description", str, dataclasses.field(default=""))]
+    first: list[tuple[str, Any, Any]] = [("name", str, cls.name), ("description", str, "")]
     if not cls.__module__.startswith(f"{__name__}."):  # a task of the user's: the module it registers in
-        fields.append((MODULE_KEY, str, dataclasses.field(default=cls.__module__)))
-    for p in _option_params(cls):
-        if p.default is inspect.Parameter.empty:
-            raise TypeError(f"{cls.__name__}.__init__: option {p.name!r} needs a default (and a type hint): its "
-                            f"value when a config sets none, e.g. {p.name}: int = 3")
-        fields.append((p.name, hints.get(p.name, Any), dataclasses.field(default=p.default)))
-    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields, bases=(TaskConfig,))
+        first.append((MODULE_KEY, str, cls.__module__))
+    return options_dataclass(f"{cls.__name__}Options", cls.__init__, DATA_ARGS, first, bases=(TaskConfig,))
 
 
 def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
@@ -81,21 +65,25 @@ def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
     Raises:
         ConfigError: an unknown task, ``task=lm`` (no generated task), or a module that registers no such task.
     """
-    name = str(task_cfg.get("name", LM))
+    name, module = str(task_cfg.get("name", LM)), task_cfg.get(MODULE_KEY)
+    if module:
+        return TASKS.from_module(name, str(module))
     check_task_name(name)
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
-    module = task_cfg.get(MODULE_KEY)
-    return TASKS.from_module(name, str(module)) if module else TASKS[name]
+    return TASKS[name]
 
 
-def option_refusal(name: str, key: str) -> str:
-    """Why ``task.KEY`` is refused for task ``name``: the tasks that read it, or, when none does, the task's own
-    options (one line, after ``task.KEY: ``)."""
+def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
+    """Why ``task.KEY`` is refused for task ``name`` (of the user's ``module``, if given): the tasks that read it,
+    or, when none does, the task's own options (one line, after ``task.KEY: ``)."""
     readers = [n for n, c in TASKS.items() if key in option_names(c)]
     if readers:
         return f"only applies to task={'|'.join(readers)} (the task is {name}); drop task.{key}"
-    allowed = option_names(TASKS[name]) if name in TASKS else []
+    try:
+        allowed = option_names(task_class({"name": name, MODULE_KEY: module}))
+    except ConfigError:
+        allowed = []
     return (f"not an option of task {name!r}; {did_you_mean(key, allowed, 'task.')}its options are: "
             f"{', '.join(allowed) or 'none'}")
 
@@ -116,7 +104,7 @@ def task_options(task_cfg: Mapping[str, Any]) -> tuple[type[Task], dict[str, Any
              and not (k not in allowed and k in TASK_KEYS_BEFORE and v == TASK_KEYS_BEFORE[k])}
     for key in given:
         if key not in allowed:
-            raise ConfigError(f"task.{key}", option_refusal(cls.name, key))
+            raise ConfigError(f"task.{key}", option_refusal(cls.name, key, task_cfg.get(MODULE_KEY)))
     try:
         checked = OmegaConf.merge(OmegaConf.structured(options_schema(cls)), given)
     except ValidationError as e:
