@@ -1,12 +1,13 @@
-"""Names to classes: how posexp finds an encoder, a task or a tracker by the name a config gives it.
+"""Names to classes: how posexp finds an encoder, a task, a tracker or an exporter by its name.
 
 One idea for every kind: a class says its name with ``@REGISTRY.register("name")`` in a module of its own, in
 the package that holds its kind; the registry imports that package's modules the first time it is asked for a
 name, so adding one is adding a file. A class from outside posexp registers the same way in the user's own module,
 which a config names in its ``module`` key (:meth:`Registry.from_module`), or comes from an installed package's
 entry point in the group ``posexp.KINDs`` (``posexp.tasks``, ``posexp.trackers``, ``posexp.exporters``), read when
-the registry is first asked for a name. A built-in name wins over a plugin's. An unknown name is a :class:`~posexp.errors.ConfigError` on the config key,
-naming the closest name and every allowed one, never a default in its place.
+the registry is first asked for a name. A built-in name wins over a plugin's. An unknown name is a
+:class:`~posexp.errors.ConfigError` on the config key, naming the closest name and every allowed one, never a
+default in its place. A component's options are the keyword arguments of its constructor (:func:`options_dataclass`).
 
 A leaf besides :mod:`posexp.errors`: every layer may import it.
 """
