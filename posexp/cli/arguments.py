@@ -275,14 +275,25 @@ def check_added_keys(config: DictConfig) -> None:
 
 
 def _task_key(where: str, name: str, parent: object) -> Optional[str]:
-    """``task.NAME`` that the chosen task does not take: the task's own word on it (:func:`posexp.tasks.option_refusal`:
-    the tasks that read it, or the task's options); None for any other key."""
-    if where != "task" or not isinstance(parent, DictConfig) or not parent.get("name"):
+    """A key that the chosen task (``task.KEY``) or tracker (``logger.NAME.KEY``) does not take: the component's own
+    word on it (:func:`posexp.tasks.option_refusal`: the tasks that read it, or the task's options;
+    :func:`posexp.tracking.option_refusal`: the tracker's options); None for any other key."""
+    if not isinstance(parent, DictConfig):
         return None
-    from posexp.tasks import option_refusal
+    module = str(parent.get("module")) if parent.get("module") else None
+    if where == "task" and parent.get("name"):
+        from posexp.tasks import option_refusal
 
-    module = parent.get("module")
-    return f"task.{name}: {option_refusal(str(parent.get('name')), name, str(module) if module else None)}"
+        return f"task.{name}: {option_refusal(str(parent.get('name')), name, module)}"
+    if where.startswith("logger.") and where.count(".") == 1:
+        from posexp.errors import PosexpError
+        from posexp.tracking import option_refusal as tracker_refusal
+
+        try:
+            return f"{where}.{name}: {tracker_refusal(where.split('.')[1], name, module)}"
+        except PosexpError:
+            return None
+    return None
 
 
 def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:

@@ -55,10 +55,16 @@ def tracker_options(name: str, options: Optional[Mapping[str, Any]]) -> tuple[ty
     allowed = option_names(cls)
     for key in given:
         if key not in allowed:
-            raise ConfigError(f"logger.{name}.{key}", f"not an option of logger {name!r}; "
-                                                      f"{did_you_mean(key, allowed, f'logger.{name}.')}its options "
-                                                      f"are: {', '.join(allowed) or 'none'}")
+            raise ConfigError(f"logger.{name}.{key}", option_refusal(name, key, module))
     return cls, given
+
+
+def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
+    """Why ``logger.NAME.KEY`` is refused: tracker ``name`` (of the user's ``module``, if given) takes no such
+    option; naming its options (one line, after ``logger.NAME.KEY: ``)."""
+    allowed = option_names(_tracker_class(name, module))
+    return (f"not an option of logger {name!r}; {did_you_mean(key, allowed, f'logger.{name}.')}its options are: "
+            f"{', '.join(allowed) or 'none'}")
 
 
 def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
