@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from posexp.config.schema import (
     DATASETS,
     DEVICES,
+    LM,
     OBJECTIVES,
     PARALLEL,
     PRECISIONS,
@@ -56,8 +57,11 @@ from posexp.model.positions import CURRICULA, POSITION_SCHEMES, default_start_le
 from posexp.runtime.device import check_compile
 from posexp.runtime.memory import check_memory
 from posexp.runtime.threads import AUTO as AUTO_THREADS
-from posexp.tasks import TASKS, build_task, check_task_name
-from posexp.tasks.source import DATA_TASKS, check_task_lengths
+from posexp.tasks import TASKS, build_task, check_task_name, task_class
+from posexp.tasks import options_schema as task_schema
+from posexp.tracking.tracker import TRACKERS
+from posexp.tracking.tracker import options_schema as tracker_schema
+from posexp.tasks.source import check_task_lengths, reads_data
 
 
 # what register_configs stored: each encoder class by its name (again only if its module was loaded anew), and
@@ -79,7 +83,11 @@ def register_configs() -> None:
         cs.store(group="schema/model", name="model", node=ModelConfig)
         cs.store(group="schema/train", name="train", node=TrainConfig)
         cs.store(group="schema/eval", name="eval", node=EvalConfig)
-        cs.store(group="schema/task", name="task", node=TaskConfig)
+        cs.store(group="schema/task", name=LM, node=TaskConfig)
+        for name, task_cls in TASKS.items():  # each task's keys, from its __init__ (configs/task/NAME.yaml uses it)
+            cs.store(group="schema/task", name=name, node=task_schema(task_cls))
+        for name, tracker_cls in TRACKERS.items():  # each tracker's keys, from its start() (configs/logger/NAME.yaml)
+            cs.store(group="schema/logger", name=name, node=tracker_schema(tracker_cls))
         _stored[SCHEMAS] = Config
     for name, cls in registry().items():
         if _stored.get(name) is cls:
@@ -357,17 +365,18 @@ def validate_task(cfg: Config) -> None:
     """``task`` (posexp/tasks/): a known task, options and lengths it can build, eval keys of tasks, and a
     ``data`` it can use (the generated tasks read none; passkey reads bytes)."""
     task_cfg = cfg.task
-    check_task_name(str(task_cfg.name))
-    if not is_task(cfg):
+    if str(task_cfg["name"]) == LM:
+        check_task_name(LM)
         return
-    e, name = cfg.eval, str(task_cfg.name)
+    task_class(task_cfg)  # a task posexp has, or one the user's module (task.module) registers
+    e, name = cfg.eval, str(task_cfg["name"])
     require(e.examples > 0, "eval.examples", f"must be a positive number of instances per length (got {e.examples})")
     depths = list(e.depths or [])
     require(len(depths) > 0 and all(0 <= d <= 1 for d in depths), "eval.depths",
             f"must list depths in [0, 1] (0 = key before all the filler, 1 = right before the question; got {depths})")
     require(e.protocol == "nonoverlap", "eval.protocol",
             f"applies to task=lm (perplexity); task={name} scores its answers teacher-forced: drop eval.protocol")
-    if name in DATA_TASKS:
+    if reads_data(task_cfg):
         require(tokenizer_spec(cfg).name == "byte", "tokenizer",
                 f"task={name} reads its filler text as bytes: use tokenizer=byte (got {tokenizer_spec(cfg).name})")
     else:
