@@ -12,7 +12,7 @@ Evaluation never asks which one it holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ContextManager, Optional, Protocol, runtime_checkable
+from typing import Any, ContextManager, Optional, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -33,6 +33,8 @@ class Reading:
         length: the length of the windows read (dynamic NTK computes its base for it).
         longrope_factors: LongRoPE's per-frequency rescale factors ``lambda_i`` (``eval.longrope_factors``).
         window: every layer attends within this window (``eval.window`` / ``eval.sinks``); None = the whole past.
+        remap: a position remapping with all its options (``self_extend``, ``string``, ``dca``, ``ms_poe``;
+            :class:`posexp.encoders.remapping.Remapping`), None otherwise.
     """
 
     scaling: str = NO_SCALING
@@ -41,6 +43,7 @@ class Reading:
     length: int = 0
     longrope_factors: Optional[tuple[float, ...]] = None
     window: Optional[AttentionWindow] = None
+    remap: Optional[Any] = None
 
 
 @runtime_checkable

@@ -17,6 +17,7 @@ import torch
 import posexp
 from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.config.schema import Config, EvalConfig
+from posexp.encoders.remapping import ALL_OPTION_KEYS
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import write_results_json
@@ -188,6 +189,9 @@ def eval_settings_of(e: EvalConfig) -> dict:
             settings["scaling_factor"] = float(e.scaling_factor)
         if e.rerope_window is not None:
             settings["rerope_window"] = int(e.rerope_window)
+        for key in ALL_OPTION_KEYS:  # a position remapping's options, where set
+            if getattr(e, key, None) is not None:
+                settings[key] = getattr(e, key)
         if getattr(e, "longrope_factors", None) is not None:
             settings["longrope_factors"] = [float(f) for f in e.longrope_factors]
     if e.window is not None:  # a window baseline (posexp/model/window.py)
