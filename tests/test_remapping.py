@@ -193,3 +193,114 @@ def test_an_option_out_of_range_is_one_line_naming_its_key(given, key):
     with pytest.raises(ConfigError) as e:
         Remapping.of(kind, given, TRAIN, LENGTH)
     assert e.value.key == key and "\n" not in str(e.value)
+
+
+# -- transformers models --------------------------------------------------------------------------------
+
+
+
+def _hf():
+    transformers = pytest.importorskip("transformers")
+    import hf_tiny
+    return transformers, hf_tiny
+
+
+def gemma3(seed: int = 0):
+    """A random Gemma 3 with rope parameters per layer type: sliding-window layers (8 keys, their own base) that a
+    remapping leaves alone, and full-attention layers it remaps."""
+    T, hf_tiny = _hf()
+    config = T.Gemma3TextConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=TRAIN, sliding_window=8, initializer_range=0.2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+    return hf_tiny.build(config, seed)
+
+
+def hf_model(arch: str):
+    if arch == "gemma3":
+        return gemma3().double()
+    _, hf_tiny = _hf()
+    return hf_tiny.model(arch, max_position_embeddings=TRAIN).double()
+
+
+def _reference_function(kind: str, o: dict, model):
+    """An attention function for transformers' interface computing :func:`reference_attention` from q and k
+    rotated back to position 0 with the model's own rotation (its cos, sin at the true positions, inverted)."""
+    import sys
+
+    module_ns = sys.modules[type(model).__module__]
+    rotary = model.model.rotary_emb
+    types = getattr(model.config, "layer_types", None)
+
+    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        pos = kwargs["position_ids"]
+        t = types[module.layer_idx] if types is not None else None
+        extra = {"layer_type": t} if isinstance(rotary.rope_type, dict) else {}
+        cos, sin = rotary(value, pos, **extra)
+        q0, k0 = module_ns.apply_rotary_pos_emb(query, key, cos, -sin)  # R(-m) R(m) = identity
+        inv = getattr(rotary, f"{t}_inv_freq" if extra else "inv_freq")
+        groups = query.shape[1] // key.shape[1]
+        k0, v = k0.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        window = model.config.sliding_window if t == "sliding_attention" else None
+        y = reference_attention(kind, o, q0, k0, v, pos[0], inv, scaling, module.layer_idx, window)
+        return y.transpose(1, 2).contiguous(), None
+
+    return attend
+
+
+def hf_reference(model, kind: str, o: dict, idx: torch.Tensor) -> torch.Tensor:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("posexp_test_reference", _reference_function(kind, o, model))
+    AttentionMaskInterface.register("posexp_test_reference", sdpa_mask)
+    original = model.config._attn_implementation
+    model.set_attn_implementation("posexp_test_reference")
+    try:
+        with torch.no_grad():
+            return model(input_ids=idx, position_ids=torch.arange(idx.shape[1])[None].expand(idx.shape[0], -1)).logits
+    finally:
+        model.set_attn_implementation(original)
+
+
+@pytest.mark.parametrize("kind", REMAPPINGS)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_transformers_model_reads_each_remapping_as_its_paper_defines_it(kind, arch):
+    """Through the attention interface, over a key cache in query chunks of 16: the reference's logits; Gemma 3's
+    sliding-window layers as they were."""
+    from posexp.hf.model import HFLanguageModel
+
+    model = hf_model(arch)
+    o = dict(OPTIONS[kind], **({"ms_poe_skip_layers": 1} if kind == "ms_poe" else {}))
+    idx = torch.randint(0, 97, (2, LENGTH), generator=torch.Generator().manual_seed(5))
+    ref = hf_reference(model, kind, o, idx)
+    lm = HFLanguageModel(model, arch, chunk=16)
+    assert lm.check_scaling(kind) is None
+    ours = read(lm, kind, o, idx) if kind != "rerope" else _rerope(lm, o, idx)
+    close(ours, ref, f"{arch} {kind}")
+    with torch.no_grad():
+        plain = model(idx).logits
+    assert float((ours - plain).abs().max() / plain.abs().max()) > 1e-3, "the remapping changed nothing"
+    assert model.config._attn_implementation in ("sdpa", "eager"), "the reading left its attention switched"
+
+
+def _rerope(lm, o, idx):
+    how = Reading("rerope", float(o["rerope_window"]), TRAIN, idx.shape[1])
+    with torch.no_grad(), lm.reading(how):
+        return lm.logits(idx)
+
+
+@pytest.mark.parametrize("arch,expect", [("neox", None), ("gpt2", "no rotary position embedding"),
+                                         ("qwen2", None)])
+def test_which_transformers_models_take_a_remapping(arch, expect):
+    """GPT-NeoX (half of each head rotated) and Qwen2 take them; a model without RoPE gets one line saying why."""
+    from posexp.hf.model import HFLanguageModel
+
+    _, hf_tiny = _hf()
+    lm = HFLanguageModel(hf_tiny.model(arch), arch)
+    for kind in REMAPPINGS:
+        reason = lm.check_scaling(kind)
+        assert (reason is None) if expect is None else (expect in reason and "\n" not in reason), (kind, reason)
