@@ -225,6 +225,11 @@ class Method:
 
     pieces = 1
 
+    def block(self, default: int) -> int:
+        """Queries per block of logits: at most 128 (measured fastest on CPU by scripts/bench_remap.py: the narrow
+        pieces then span few columns); a method whose pieces follow chunks of positions may prefer its chunk."""
+        return min(default, 128)
+
     def region(self, m: Tensor, n: Tensor) -> Tensor:
         return torch.zeros(m.shape[0], n.shape[0], dtype=torch.int8, device=m.device)
 
@@ -299,6 +304,9 @@ class DCAMethod(Method):
     def __init__(self, r: Remapping):
         self.s, self.w = int(r["chunk"]), int(r["local"])
         self.c = self.s - self.w
+
+    def block(self, default):
+        return max(16, min(default, self.c))  # a block then spans at most two chunks: narrow intra and successive
 
     def region(self, m, n):
         gap = _floor_div(m, self.c)[:, None] - _floor_div(n, self.c)[None, :]
@@ -427,27 +435,68 @@ def remapped_attention(method: Method, q: Tensor, k: Tensor, v: Tensor, placed: 
                                                   scale=scale)
     dtype = torch.promote_types(q.dtype, torch.float32)
     out = q.new_empty(B, H, Lq, v.shape[-1])
+    block = method.block(block)
     for a in range(0, Lq, block):
         b = min(Lq, a + block)
         kend = off + b
-        m, n = q_pos[a:b], k_pos[:kend]
-        region = method.region(m, n)  # (r, kend)
+        m = q_pos[a:b]
         future = torch.arange(kend, device=q.device)[None, :] > torch.arange(off + a, off + b, device=q.device)[:, None]
-        region = region.masked_fill(future, -1)
-        logits = torch.full((B, H, b - a, kend), float("-inf"), dtype=dtype, device=q.device)
-        for p in range(method.pieces):
-            sel = region == p
-            cols = sel.any(0).nonzero()
-            if cols.numel() == 0:
-                continue
-            c0, c1 = int(cols[0]), int(cols[-1]) + 1
-            qp = _moved(q[:, :, a:b], method.q_at(p, m), m, inv_freq)
-            s = (qp @ k_moved[method.k_variant(p)][:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale
-            if softcap is not None:
-                s = torch.tanh(s / softcap) * softcap
-            logits[..., c0:c1] = torch.where(sel[:, c0:c1], s, logits[..., c0:c1])
-        out[:, :, a:b] = (logits.softmax(-1).to(v.dtype) @ v[:, :, :kend])
+        region = method.region(m, k_pos[:kend]).masked_fill(future, -1)  # (r, kend): each pair's piece, -1 future
+        spans = {p: sp for p in range(method.pieces) if (sp := _span(region, p, future)) is not None}
+        moved = {p: _moved(q[:, :, a:b], method.q_at(p, m), m, inv_freq) for p in spans}
+        if softcap is None:
+            # the widest piece attends through SDPA over every key; the others add their logits' difference to it
+            # on their own columns, as an additive mask (-inf on the future)
+            dom = max(spans, key=lambda p: spans[p][1] - spans[p][0])
+            kd = k_moved[method.k_variant(dom)]
+            mask = torch.zeros((B, H, b - a, kend), dtype=dtype, device=q.device)
+
+            def logits_of(p: int, c0: int, c1: int) -> Tensor:
+                return (moved[p] @ k_moved[method.k_variant(p)][:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale
+
+            for p, (c0, c1, p0, p1) in spans.items():
+                if p != dom:
+                    _write(mask, region, p, (c0, c1, p0, p1),
+                           logits_of(p, c0, c1) - (moved[dom] @ kd[:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale)
+            mask[..., off + a:].masked_fill_(future[:, off + a:], float("-inf"))
+            out[:, :, a:b] = F.scaled_dot_product_attention(moved[dom], kd[:, :, :kend], v[:, :, :kend],
+                                                            attn_mask=mask.to(q.dtype), scale=scale)
+            continue
+        logits = torch.empty((B, H, b - a, kend), dtype=dtype, device=q.device)
+        for p, span in spans.items():  # every causal entry is written by its own piece; the future is -inf after
+            c0, c1 = span[:2]
+            s = (moved[p] @ k_moved[method.k_variant(p)][:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale
+            _write(logits, region, p, span, torch.tanh(s / softcap) * softcap)
+        logits[..., off + a:].masked_fill_(future[:, off + a:], float("-inf"))
+        out[:, :, a:b] = logits.softmax(-1).to(v.dtype) @ v[:, :, :kend]
     return out
+
+
+def _write(dest: Tensor, region: Tensor, p: int, span: tuple[int, int, int, int], values: Tensor) -> None:
+    """``values`` (piece ``p``'s, over columns ``[c0, c1)``) into ``dest``: copied where every row is ``p``'s (or in
+    the future), selected by ``region`` in the mixed band ``[p0, p1)``."""
+    c0, c1, p0, p1 = span
+    dest[..., c0:p0] = values[..., :p0 - c0]
+    dest[..., p1:c1] = values[..., p1 - c0:]
+    if p1 > p0:
+        band = region[:, p0:p1] == p
+        dest[..., p0:p1] = torch.where(band, values[..., p0 - c0:p1 - c0], dest[..., p0:p1])
+
+
+def _span(region: Tensor, p: int, future: Tensor) -> Optional[tuple[int, int, int, int]]:
+    """Piece ``p``'s columns ``[c0, c1)`` in a block's ``region``, and within them the mixed band ``[p0, p1)`` outside
+    of which every row is ``p``'s or in the future; None when no entry is ``p``'s."""
+    mine = region == p
+    cols = mine.any(0).nonzero()
+    if cols.numel() == 0:
+        return None
+    c0, c1 = int(cols[0]), int(cols[-1]) + 1
+    pure = (mine | future)[:, c0:c1].all(0).to(torch.int32)
+    lead = int(pure.cumprod(0).sum())
+    if lead == c1 - c0:
+        return c0, c1, c1, c1
+    trail = int(pure.flip(0).cumprod(0).sum())
+    return c0, c1, c0 + lead, c1 - trail
 
 
 def _causal(Lq: int, Lk: int, device: torch.device) -> Tensor:

@@ -149,7 +149,10 @@ class RoPE(PositionalEncoder):
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)
-        if kind == "rerope":
+        if kind == "rerope" and self.layer_window is None:  # through query blocks, like the other remappings
+            require(int(factor) >= 1, "eval.rerope_window", f"must be a positive number of tokens (got {int(factor)})")
+            return RemappedRoPE(self, Remapping("rerope", (("rerope_window", int(factor)),)))
+        if kind == "rerope":  # a layer attending within its own window (encoder=irope): the explicit-score path
             return ReRoPEScores(self, int(factor))
         if kind in ("self_extend", "string", "dca", "ms_poe"):
             return RemappedRoPE(self, remap if remap is not None else Remapping.of(kind, {}, train_len, train_len))
