@@ -45,8 +45,10 @@ NOTHING = Reply()
 FOLDERS = Reply(DIRS)
 
 # Value lists whose owners import torch, copied (tests/test_completion.py compares each with its owner).
-SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")  # posexp.encoders.scaling
-FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s != "rerope")  # posexp.encoders.extension
+SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope", "self_extend", "string", "dca",
+            "ms_poe")  # posexp.encoders.scaling
+# posexp.encoders.extension: the position remappings are evaluation-time only
+FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s not in ("rerope", "self_extend", "string", "dca", "ms_poe"))
 POSITION_SCHEMES = ("contiguous", "randomized", "pose")  # posexp.model.positions
 CURRICULA = ("none", "linear")  # posexp.model.positions
 COMPILE = ("auto", "true", "false")  # posexp.runtime.device.COMPILE_SETTINGS

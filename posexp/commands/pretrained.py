@@ -51,7 +51,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     Raises:
         ConfigError: naming the key and what is allowed.
     """
-    from posexp.commands.validation import check_data, check_scaling_settings
+    from posexp.commands.validation import check_data, check_remap_options, check_scaling_settings
 
     spec = typed(cfg, PretrainedConfig)
     require(str(spec.hf.model).strip() != "", "hf.model", "names the model: posexp eval hf:PATH_OR_NAME")
@@ -76,6 +76,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     require(len(values) > 0 and all(v > 0 for v in values), "eval.lengths" if e.lengths is not None else
             "eval.multiples", f"must list positive numbers (got {list(values)})")
     check_scaling_settings(e.scaling, e.scaling_factor, e.rerope_window, spec.train_len)
+    check_remap_options(e, spec.train_len)
     if e.lengths is not None:
         check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
     check_window(e.window, e.sinks)

@@ -12,7 +12,7 @@ nothing of the domain imports it back but the commands, the CLI and analysis.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -47,7 +47,8 @@ from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
 from posexp.encoders.scaling import LONGROPE, check_known, check_longrope_start
 from posexp.runs.longrope import longrope_settings
-from posexp.encoders.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
+from posexp.encoders.remapping import ALL_OPTION_KEYS, OPTION_KEYS, check_options
+from posexp.encoders.extension import (NONE, REMAPPINGS, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
                                          scaled_encoder)
 from posexp.evaluation.perplexity import check_protocol
 from posexp.model.factory import build_encoder, extend_encoder
@@ -403,6 +404,7 @@ def validate_eval(cfg: Config, encoder=None) -> None:
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
     check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder["name"], encoder=encoder,
                           rerope_window=e.rerope_window, train_len=int(cfg.train_len))
+    check_remap_options(e, int(cfg.train_len))
     factors = getattr(e, "longrope_factors", None)
     require(factors is None or e.scaling == LONGROPE, "eval.longrope_factors",
             f"only applies with eval.scaling=longrope (scaling is {e.scaling}); drop it or set eval.scaling=longrope")
@@ -472,6 +474,18 @@ def check_scaling_settings(scaling: str, factor: Optional[float], rerope_window:
         require(factor >= 1, "eval.scaling_factor",
                 f"must be >= 1, the factor the context is extended by (got {factor:g}); leave it unset "
                 "for eval length / train length at each length")
+
+
+def check_remap_options(e: Any, train_len: Optional[int]) -> None:
+    """A position remapping's ``eval.`` options (posexp/encoders/remapping.py): each only with its method, in range;
+    no ``eval.scaling_factor`` (their numbers are their options) and no ``eval.window`` with one."""
+    check_options(e.scaling, {key: getattr(e, key, None) for key in ALL_OPTION_KEYS}, train_len)
+    if e.scaling in REMAPPINGS[1:]:
+        keys = ", ".join(f"eval.{k}" for k in OPTION_KEYS[e.scaling])
+        require(e.scaling_factor is None, "eval.scaling_factor",
+                f"{e.scaling} has no factor: its settings are {keys} (null = defaults); drop eval.scaling_factor")
+        require(getattr(e, "window", None) is None, "eval.window",
+                f"{e.scaling} remaps positions over the whole causal past; evaluate it without eval.window")
 
 
 def check_objective(cfg: Config) -> None:

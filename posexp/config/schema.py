@@ -205,8 +205,19 @@ class EvalConfig:
     stride: Optional[int] = None
     last_k: Optional[int] = None
     scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope | rerope
+    # (and the position remappings self_extend | string | dca | ms_poe, posexp/encoders/remapping.py)
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
+    # the position remappings' options; null = the method's default for train_len (and the length, self_extend_group)
+    self_extend_group: Optional[int] = None
+    self_extend_window: Optional[int] = None
+    string_offset: Optional[int] = None
+    string_local: Optional[int] = None
+    dca_chunk: Optional[int] = None
+    dca_local: Optional[int] = None
+    ms_poe_min: Optional[float] = None
+    ms_poe_max: Optional[float] = None
+    ms_poe_skip_layers: Optional[int] = None
     longrope_factors: Optional[List[float]] = None  # eval.scaling=longrope: one rescale factor per rotary frequency
     longrope_start: int = 0  # eval.scaling=longrope: LongRoPE's n^, the first positions left unscaled (0 = none)
     longrope_file: Optional[str] = None  # eval.scaling=longrope: a factors file posexp search wrote (factors and n^)
