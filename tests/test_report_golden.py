@@ -121,6 +121,36 @@ def curve_sweep(root: Path) -> Path:
     return sweep
 
 
+def window_sweep(root: Path) -> Path:
+    """Two seeds, each with plain rows and rows under an attention window of 128 tokens (``eval.window``)."""
+    sweep = root / "window"
+    for seed in (0, 1):
+        rows = _ppl_rows({128: 3.0 + 0.02 * seed, 256: 3.6 + seed * 0.05, 512: 7.5 + 0.1 * seed}, 128)
+        windowed = _ppl_rows({128: 3.0 + 0.02 * seed, 256: 3.2 + seed * 0.04, 512: 3.3 + 0.03 * seed}, 128)
+        rows += [{**r, "window": 128, "sinks": 4} for r in windowed]
+        _write_run(sweep / str(seed), rows, ["encoder=rope", f"seed={seed}"], "rope", seed=seed)
+    return sweep
+
+
+def depth_sweep(root: Path) -> Path:
+    """passkey runs with rows at three depths per length (the mean over depths is the cell)."""
+    sweep = root / "depth"
+    for job, (encoder, accs) in enumerate({"rope": [1.0, 0.9, 0.3], "alibi": [1.0, 1.0, 0.85]}.items()):
+        rows = [{"metric": "accuracy", "task": "passkey", "length": n, "multiple": n / 64, "depth": d,
+                 "protocol": "teacher_forced", "scaling": None, "scaling_factor": None, "applicable": True,
+                 "exact_match": round(max(0.0, a - 0.1 * abs(d - 0.5)), 3), "exact_match_low": max(0.0, a - 0.2),
+                 "exact_match_high": 1.0, "token_accuracy": a, "examples": 50}
+                for n, a in zip((64, 128, 256), accs) for d in (0.0, 0.5, 1.0)]
+        overrides = ["task=passkey", f"encoder={encoder}"]
+        run = {"label": " ".join(overrides), "overrides": overrides, "encoder": encoder, "train_len": 64,
+               "seed": 0, "status": "completed", "task": {"name": "passkey", "options": {}},
+               "config": {"encoder": {"name": encoder}, "seed": 0, "train_len": 64, "task": {"name": "passkey"}}}
+        folder = sweep / str(job)
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
+    return sweep
+
+
 # name -> (the folders' builders, the report's options)
 CASES = {
     "lm_default": (("lm",), {}),
@@ -133,8 +163,15 @@ CASES = {
     "mixed": (("lm", "task"), {"by": "encoder"}),
     "extension": (("ext",), {}),
     "curve": (("curve",), {}),
+    "lm_baseline": (("lm",), {"by": "encoder", "baseline": "encoder=alibi", "metrics": "ratio,maxlen@50%,slope@4x"}),
+    "ext_cols_scaling": (("ext",), {"cols": "scaling"}),
+    "ext_view_yarn": (("ext",), {"view": "scaling=yarn"}),
+    "window_cols": (("window",), {"cols": "window"}),
+    "window_view": (("window",), {"view": "window=128"}),
+    "task_depths": (("depth",), {"metrics": "acc@2x,efflen@85"}),
 }
-BUILDERS = {"lm": lm_sweep, "task": task_sweep, "ext": extension_runs, "curve": curve_sweep}
+BUILDERS = {"lm": lm_sweep, "task": task_sweep, "ext": extension_runs, "curve": curve_sweep, "window": window_sweep,
+            "depth": depth_sweep}
 
 
 def _render(root: Path, case: str, fmt: str) -> dict[str, str]:
