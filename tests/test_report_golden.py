@@ -10,6 +10,7 @@ and read the diff before committing it.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import io
 import json
 import math
@@ -46,7 +47,7 @@ def _write_run(folder: Path, rows: list[dict], overrides: list[str], encoder: st
            "train_len": train_len, "seed": seed,
            "config": {"encoder": {"name": encoder}, "base": base, "train_len": train_len, "seed": seed,
                       **(config or {})},
-           "config_hash": "ab12", "corpus": "stdlib", "corpus_fingerprint": "fp-stdlib",
+           "config_hash": hashlib.sha256(folder.as_posix().encode()).hexdigest()[:16], "corpus": "stdlib", "corpus_fingerprint": "fp-stdlib",
            "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
            "versions": {"posexp": "0.1.0", "torch": "2.13.0", "python": "3.11.7"}, "git_commit": None,
            "status": "completed", "params": 821504,

@@ -138,9 +138,13 @@ def pick_reference(groups: Sequence[Group], filters: list[Filter]) -> Optional[G
     candidates = [g for g in groups if comparable(g)]
     if not filters:
         return candidates[0] if candidates else None
-    for group in candidates:
-        if all(f.matches(row.run) for f in filters for row in group.rows):
-            return group
+    matched = [g for g in candidates if all(f.matches(row.run) for f in filters for row in g.rows)]
+    if len(matched) > 1:
+        raise ConfigError("--baseline", f"{','.join(str(f) for f in filters)} matches {len(matched)} groups ("
+                                        + "; ".join(g.label for g in matched) + "); name one, with a value for each "
+                                        "--by key that tells them apart")
+    if matched:
+        return matched[0]
     raise ConfigError("--baseline", f"no group has {','.join(str(f) for f in filters)}; the groups are: "
                                     + "; ".join(g.label for g in candidates))
 

@@ -25,6 +25,12 @@ from posexp.reporting.stats import mean_interval
 from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.runs.row import VIEW_KEY
 
+# a row key only an evaluation setting gives a row, and how to make such rows
+MADE_BY = {"window": "the runs were never evaluated with an attention window; make such rows with "
+                     "`posexp eval RUN eval.window=128` (eval.sinks=4 to keep sink tokens), then report again",
+           "sinks": "the runs were never evaluated with sink tokens; make such rows with "
+                    "`posexp eval RUN eval.window=128 eval.sinks=4`, then report again"}
+
 # what stays fixed unless pivoted on, and the value it is fixed at
 FIXED = {"protocol": "nonoverlap", "scaling": NO_SCALING, "window": None, "sinks": None, "metric": "perplexity"}
 
@@ -85,10 +91,14 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     keys = [k for k in (*by, *cols) if "." in k or k in ("base",)]
     records = [r for run in runs for r in run_records(run, keys)]
     for key in cols:
+        if key in MADE_BY and not any(r.get(key) is not None for r in records):
+            raise ConfigError("--cols", f"no row has a {key}: {MADE_BY[key]}")
         if not any(key in r for r in records):
             raise ConfigError("--cols", f"unknown key {key!r}: no run or row has it; e.g. window, scaling, protocol, "
                                         "seed, encoder, base")
-    fixed = {k: v for k, v in FIXED.items() if k not in cols and k not in by}
+    # a window's sink tokens belong to it: pivoting on the window shows each window with its sinks
+    free = {*cols, *by, *(("sinks",) if "window" in cols or "window" in by else ())}
+    fixed = {k: v for k, v in FIXED.items() if k not in free}
     chosen = [r for r in records if all(r.get(k) == v for k, v in fixed.items()) and r.get("ppl") is not None]
     columns = list(dict.fromkeys(tuple(r.get(k) for k in cols) for r in chosen))
     columns.sort(key=lambda c: [(v not in (None, NO_SCALING), str(v)) for v in c])  # plain first: the baseline
@@ -188,7 +198,7 @@ def as_table(pivot: Pivot) -> Table:
 
 
 def caption(pivot: Pivot) -> str:
-    fixed = ", ".join(f"{k}={show_value(v)}" for k, v in FIXED.items() if k not in pivot.cols and k not in pivot.by
-                      and k != "metric")
+    free = {*pivot.cols, *pivot.by, "metric", *(("sinks",) if "window" in (*pivot.cols, *pivot.by) else ())}
+    fixed = ", ".join(f"{k}={show_value(v)}" for k, v in FIXED.items() if k not in free)
     return (f"Perplexity by length, columns by {', '.join(pivot.cols)} ({fixed}); beside each column its "
             "difference to the baseline column, paired run by run (mean over runs, 95% t-interval when n ≥ 2).")

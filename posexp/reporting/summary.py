@@ -168,10 +168,12 @@ def _write_files(report: Optional[Report], task_report: Optional[TaskReport], ou
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
     write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
-    csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
+    files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else [])]
     if lead is not None:
         lead.write(out_dir)
-    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
+        files += [f"{lead.name}.csv", f"{lead.name}.tex"]
+    notes.print(Text(f"wrote {full} (with figures), {', '.join(files[:-1])} and {files[-1]}" if len(files) > 1
+                     else f"wrote {full} (with figures), {files[0]}"))
     return out_dir / SUMMARY_MD
 
 
