@@ -152,6 +152,34 @@ def depth_sweep(root: Path) -> Path:
     return sweep
 
 
+def pretrained_sweep(root: Path) -> Path:
+    """``posexp eval -m hf:tiny eval.scaling=none,yarn`` and the same with ``task=passkey``: a folder per scaling
+    and task, one model throughout."""
+    sweep = root / "hf"
+    record = {"name": "tiny", "revision": "abc123", "weights_sha256": None, "parameters": 1000}
+    ppls = {"none": (3.0, 4.4, 9.1), "yarn": (3.0, 3.3, 3.9)}
+    accs = {"none": (1.0, 0.5, 0.0), "yarn": (1.0, 0.9, 0.6)}
+    job = 0
+    for scaling in ("none", "yarn"):
+        overrides = ["hf.model=tiny", f"eval.scaling={scaling}"]
+        rows = _ppl_rows(dict(zip((128, 256, 512), ppls[scaling])), 128, None if scaling == "none" else "yarn")
+        _write_run(sweep / str(job), rows, overrides, "hf:tiny", extra={"pretrained": record},
+                   config={"hf": {"model": "tiny"}})
+        job += 1
+    for scaling in ("none", "yarn"):
+        overrides = ["hf.model=tiny", "task=passkey", f"eval.scaling={scaling}"]
+        rows = [{"metric": "accuracy", "task": "passkey", "length": n, "multiple": n / 128, "depth": d,
+                 "protocol": "teacher_forced", "scaling": None if scaling == "none" else "yarn",
+                 "scaling_factor": None, "applicable": True, "exact_match": a, "exact_match_low": 0.0,
+                 "exact_match_high": 1.0, "token_accuracy": a, "examples": 20, "examples_asked": 20, "eval_seed": 0}
+                for n, a in zip((128, 256, 512), accs[scaling]) for d in (0.0, 1.0)]
+        _write_run(sweep / str(job), rows, overrides, "hf:tiny",
+                   extra={"pretrained": record, "task": {"name": "passkey", "options": {}, "zero_shot": True}},
+                   config={"hf": {"model": "tiny"}, "task": {"name": "passkey"}})
+        job += 1
+    return sweep
+
+
 # name -> (the folders' builders, the report's options)
 CASES = {
     "lm_default": (("lm",), {}),
@@ -170,9 +198,11 @@ CASES = {
     "window_cols": (("window",), {"cols": "window"}),
     "window_view": (("window",), {"view": "window=128"}),
     "task_depths": (("depth",), {"metrics": "acc@2x,efflen@85"}),
+    "hf_cols_scaling": (("hf",), {"cols": "scaling"}),
+    "hf_by_model_cols_scaling": (("hf",), {"by": "hf.model", "cols": "scaling"}),
 }
 BUILDERS = {"lm": lm_sweep, "task": task_sweep, "ext": extension_runs, "curve": curve_sweep, "window": window_sweep,
-            "depth": depth_sweep}
+            "depth": depth_sweep, "hf": pretrained_sweep}
 
 
 def _render(root: Path, case: str, fmt: str) -> dict[str, str]:
