@@ -109,6 +109,24 @@ def extension_runs(root: Path) -> Path:
     return top
 
 
+def longer_finetunes(root: Path) -> Path:
+    """A parent trained at 128 and its fine-tunes to 512, the parent evaluated again on another token budget since:
+    its rows at 256 and 512 scored other tokens than the fine-tunes'."""
+    top = root / "ext512"
+    lengths = (128, 256, 512, 1024)
+    parent_rows = _ppl_rows(dict(zip(lengths, (3.0, 4.5, 9.0, 20.0))), 128)
+    for row in parent_rows:
+        if row["length"] >= 256:
+            row.update(tokens=131072, eval_tokens=131072)
+    parent = _write_run(top / "parent", parent_rows, ["encoder=rope"], "rope")
+    for name, scaling, ppls in (("ft_direct", None, (3.2, 3.1, 3.0, 6.0)), ("ft_yarn", "yarn", (3.1, 3.0, 2.9, 3.4))):
+        rows = [{**r, "multiple": r["length"] / 512} for r in _ppl_rows(dict(zip(lengths, ppls)), 512)]
+        _write_run(top / name, rows, ["encoder=rope", f"finetune={name}"], "rope", train_len=512,
+                   extra={"parent": str(parent.resolve()), "parent_train_len": 128, "scaling": scaling,
+                          "finetune": {"steps": 150}})
+    return top
+
+
 def curve_sweep(root: Path) -> Path:
     sweep = root / "curve"
     for job, (encoder, ppl_at) in enumerate((("rope", {100: (6.0, 6.3), 200: (5.0, 6.0), 300: (4.5, 9.0)}),
@@ -198,11 +216,13 @@ CASES = {
     "window_cols": (("window",), {"cols": "window"}),
     "window_view": (("window",), {"view": "window=128"}),
     "task_depths": (("depth",), {"metrics": "acc@2x,efflen@85"}),
+    "ext_longer": (("ext512",), {}),
+    "ext_longer_by": (("ext512",), {"by": "scaling", "metrics": "ratio,ratio@4x"}),
     "hf_cols_scaling": (("hf",), {"cols": "scaling"}),
     "hf_by_model_cols_scaling": (("hf",), {"by": "hf.model", "cols": "scaling"}),
 }
 BUILDERS = {"lm": lm_sweep, "task": task_sweep, "ext": extension_runs, "curve": curve_sweep, "window": window_sweep,
-            "depth": depth_sweep, "hf": pretrained_sweep}
+            "depth": depth_sweep, "hf": pretrained_sweep, "ext512": longer_finetunes}
 
 
 def _render(root: Path, case: str, fmt: str) -> dict[str, str]:

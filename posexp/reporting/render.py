@@ -278,7 +278,8 @@ def _csv_rows(report: Report) -> list[list[str]]:
              "flags", "runs", "seeds", "best"]]
     best = _best_columns(report)
     for g, group in enumerate(report.groups):
-        key_cells = [csv_cell(group.key.get(k)) for k in report.by] + [str(group.n)] if report.by else [group.label]
+        key_cells = [csv_cell(None if (v := group.key.get(k)) is ABSENT else v) for k in report.by] + \
+            [str(group.n)] if report.by else [group.label]
         values = []
         for stat in [group.cells.get(n, Stat()) for n in report.lengths] + \
                     [group.metrics.get(m.name, Stat()) for m in report.metrics]:
@@ -362,8 +363,9 @@ def render_latex(report: Report) -> str:
     """The grouped table as a booktabs ``tabular`` for a paper (``--format latex``); its settings and notes as
     comments above."""
     table = lm_table(report)
+    others = report.other_train_lens()
     head = (f"posexp report: {ppl_label(report)}, protocol {fmt_view(report.protocol, report.scaling, report.window)}, "
-            f"training length {report.train_len}")
+            f"training length {report.train_len}" + (f" ({others})" if others else ""))
     return to_latex(replace(table, notes=[head, *table.notes[1:]]))
 
 
@@ -400,7 +402,10 @@ def settings_note(report: Report) -> list[str]:
         f"Corpus: {md_escape(name or 'unknown')} (fingerprint `{short_id(fingerprint)}`)",
         f"Protocol: {md_escape(fmt_view(report.protocol, report.scaling, report.window))}",
         f"Eval settings: {md_escape(fmt_settings(report.eval_settings))}",
-        f"Training length: {report.train_len if report.train_len is not None else 'unknown'} tokens",
+        f"Training length: {report.train_len if report.train_len is not None else 'unknown'} tokens"
+        + (f" ({md_escape(others)}: trained at another length, each ratio taken at its own)"
+           if (others := report.other_train_lens())
+           else ""),
     ]
 
 

@@ -231,6 +231,9 @@ def rich_tables(table: Table, width: int) -> list[Any]:
             else:
                 parts.append([i])
         parts = parts or [[]]
+        if last and parts[-1] and table_width(_rich_table(table, section, keys + parts[-1] + last, None, None,
+                                                          stacked)) > width:
+            parts.append([])  # the flags do not fit beside the last numbers: a part of their own, never cut
         for k, part in enumerate(parts):
             end = k == len(parts) - 1
             out.append(_rich_table(table, section, keys + part + (last if end else []), title if k == 0 else None,
