@@ -168,7 +168,8 @@ def _latex_cell(cell: TableCell) -> str:
 
 
 def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
-                stacked: bool = False) -> Any:
+                stacked: bool = False, room: Optional[int] = None) -> Any:
+    """``room``: the width the last columns (flags) may take, where Rich's own narrowing would not wrap them."""
     from rich import box
     from rich.table import Table as RichTable
     from rich.text import Text
@@ -181,11 +182,14 @@ def _rich_table(table: Table, section: Section, shown: list[int], title: Optiona
     for i in shown:
         column = (section.columns or [])[i]
         name = column.short or column.name
+        # a label wraps at its spaces, never inside a word: no narrower than its longest word
+        word = max([len(w) for row in section.rows for w in row[i].text.split()] or [0])
         if column.label and column.last:
-            out.add_column(name, style="yellow", overflow="fold")
+            out.add_column(name, style="yellow", overflow="fold", min_width=word or None,
+                           max_width=max(room, word, len(name)) if room else None)
         elif column.label:
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
-            out.add_column(name, overflow="fold", min_width=min(widest, column.min_width) or None)
+            out.add_column(name, overflow="fold", min_width=max(word, min(widest, column.min_width)) or None)
         else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
             header = name.replace(" (", "\n(").replace("@", "\n@") if stacked else name
             out.add_column(header, justify="right", no_wrap=not column.wrap,
@@ -236,6 +240,8 @@ def rich_tables(table: Table, width: int) -> list[Any]:
             parts.append([])  # the flags do not fit beside the last numbers: a part of their own, never cut
         for k, part in enumerate(parts):
             end = k == len(parts) - 1
+            room = width - table_width(_rich_table(table, section, keys + part, None, None, stacked)) - 3 * len(last)
             out.append(_rich_table(table, section, keys + part + (last if end else []), title if k == 0 else None,
-                                   caption if end and g == len(groups) - 1 else None, stacked))
+                                   caption if end and g == len(groups) - 1 else None, stacked,
+                                   room // len(last) if end and last else None))
     return out
