@@ -145,6 +145,19 @@ def test_cols_on_the_command_line_prints_one_table_and_names_an_unknown_key(tmp_
     assert bad.exit_code == 2 and "--cols" in bad.output and "windw" in bad.output and "Traceback" not in bad.output
 
 
+def test_cols_window_over_rows_without_a_window_says_how_to_make_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    for seed in (0, 1):
+        _write(tmp_path / "sweep" / str(seed), [_row(128, 3.0, eval_tokens=4096), _row(256, 3.4, eval_tokens=4096)],
+               seed=seed)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--cols", "window"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--cols: no row has a window" in result.output and "posexp eval RUN eval.window=128" in result.output
+
+
 def test_a_grouped_report_is_one_table_at_100_columns_and_wraps_its_intervals_at_80(tmp_path):
     from posexp.reporting.lm_report import build_report
     from posexp.reporting.render import print_report
