@@ -104,23 +104,27 @@ def label(keys: Sequence[str], values: tuple) -> str:
     return " ".join(f"{k}={show_value(v)}" for k, v in zip(keys, values)) or "all runs"
 
 
-def _model_label(run: Run) -> str:
-    """A line of a pivot without ``--by``: the run's label less what only says how it was measured."""
+def _kept_overrides(run: Run, cols: list[str]) -> Optional[list[str]]:
+    """The run's overrides less those of the pivoted keys and those that only say how it was measured (``eval.*``,
+    ``task``); None when it recorded none."""
     overrides = run.info.get("overrides")
     if not isinstance(overrides, list):
-        return str(run.info.get("label") or "default")
-    kept = [o for o in map(str, overrides) if not o.startswith(("eval.", "task=", "task.", "+eval.", "+task"))]
-    return " ".join(kept) or ("default" if not overrides else str(run.info.get("label")))
+        return None
+    return [o for o in map(str, overrides) if not o.lstrip("+").startswith(("eval.", "task=", "task."))
+            and o.split("=", 1)[0].lstrip("+") not in cols]
+
+
+def _model_label(run: Run, cols: list[str]) -> str:
+    """A line of a pivot without ``--by``: the run's label less the pivoted keys and how it was measured."""
+    kept = _kept_overrides(run, cols)
+    return str(run.info.get("label") or "default") if kept is None else " ".join(kept) or "default"
 
 
 def _other_settings(run: Run, cols: list[str]) -> tuple:
-    """What pairs runs across run-key columns: their overrides but the pivoted keys' (and how they were measured),
-    e.g. the same seed trained with two encodings; the folder when the run recorded no overrides."""
-    overrides = run.info.get("overrides")
-    if not isinstance(overrides, list):
-        return (str(run.path),)
-    return tuple(sorted(o for o in map(str, overrides) if not o.startswith(("eval.", "task=", "task.", "+eval."))
-                        and o.split("=", 1)[0].lstrip("+") not in cols))
+    """What pairs runs across run-key columns: their other overrides (e.g. the same seed trained with two
+    encodings); the folder when the run recorded no overrides."""
+    kept = _kept_overrides(run, cols)
+    return (str(run.path),) if kept is None else tuple(sorted(kept))
 
 
 def _measures(records: list[dict]) -> list[Measure]:
@@ -147,7 +151,7 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
         raise ConfigError("--cols", "give a row or run key, e.g. --cols window, --cols scaling, --cols seed")
     keys = [k for k in (*by, *cols) if "." in k or k in ("base",)]
     identity = {str(run.path): model_identity(run) for run in runs}
-    lines_of = {str(run.path): _model_label(run) for run in runs}
+    lines_of = {str(run.path): _model_label(run, cols) for run in runs}
     settings_of = {str(run.path): _other_settings(run, cols) for run in runs}
     records = [r for run in runs for r in run_records(run, keys)]
     for key in cols:
@@ -310,7 +314,7 @@ def caption(pivot: Pivot) -> str:
     free = {*pivot.cols, *pivot.by, *(("sinks",) if "window" in (*pivot.cols, *pivot.by) else ())}
     fixed = ", ".join(f"{k}={show_value(v)}" for k, v in FIXED.items() if k not in free)
     paired = ("paired by model: the same model at the same length on the same tokens" if pivot.by_model else
-              "paired run with run by their other settings (the same seed trained two ways)")
+              "paired run with run alike in every other override")
     return (f"{_what(pivot)[0].upper()}{_what(pivot)[1:]} by length, columns by {', '.join(pivot.cols)} ({fixed}); "
             f"beside each column its difference to the baseline column, {paired} (mean over the pairs, 95% "
             "t-interval when n ≥ 2).")
