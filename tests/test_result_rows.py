@@ -222,3 +222,30 @@ def test_a_runs_table_at_40_columns_cuts_no_number(tmp_path):
     Console(file=out, width=40).print(ResultsTable(results))
     text = out.getvalue()
     assert "…" not in text and "75.840" in text and "left out at this width" in text
+
+
+def test_cols_scaling_pairs_one_models_folders_and_shows_its_task_beside_its_perplexity(tmp_path):
+    """``posexp eval -m hf:M eval.scaling=none,yarn`` writes a folder per scaling: the same model on the same tokens
+    is paired across them, and a zero-shot passkey run of it joins the same line; another token budget is not
+    paired, and a note says so."""
+    from test_report_golden import pretrained_sweep
+
+    from posexp.reporting.pivot import build_pivot
+    from posexp.reporting.runs import load_run
+
+    sweep = pretrained_sweep(tmp_path)
+    runs = [load_run(p) for p in sorted(sweep.iterdir())]
+    pivot = build_pivot(runs, [], ["scaling"])
+    assert pivot.lines == [("hf.model=tiny",)] and [m.name for m in pivot.measures] == ["ppl", "passkey acc"]
+    yarn = pivot.cell(("hf.model=tiny",), 512, ("yarn",))
+    assert yarn.diffs == [pytest.approx(3.9 - 9.1)] and not pivot.notes
+    acc = pivot.cell(("hf.model=tiny",), 256, ("yarn",), pivot.measures[1])
+    assert acc.mean == pytest.approx(90.0) and acc.diffs == [pytest.approx(40.0)]
+    recorded = json.loads((sweep / "1" / "results.json").read_text())
+    for row in recorded["rows"]:
+        row.update(tokens=32768, eval_tokens=32768)
+    (sweep / "1" / "results.json").write_text(json.dumps(recorded))
+    pivot = build_pivot([load_run(p) for p in sorted(sweep.iterdir())], [], ["scaling"])
+    assert not pivot.cell(("hf.model=tiny",), 512, ("yarn",)).diffs
+    assert any("3 of 6 values have no difference" in note and "measured on other tokens" in note
+               for note in pivot.notes), pivot.notes

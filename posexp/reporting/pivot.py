@@ -300,7 +300,7 @@ def as_table(pivot: Pivot) -> Table:
     document = {"by": pivot.by, "cols": pivot.cols, "baseline": dict(zip(pivot.cols, pivot.columns[0]))
                 if pivot.columns else None, "cells": cells, "notes": pivot.notes}
     return Table(f"{_what(pivot)} by {', '.join(pivot.cols)}", columns, [Section(rows)], caption(pivot),
-                 pivot.notes, csv=records, json=document)
+                 pivot.notes, csv=records, json=document, keys=2)
 
 
 def _what(pivot: Pivot) -> str:

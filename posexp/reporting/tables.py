@@ -215,6 +215,18 @@ def _joined(group: list[Section], table: Table) -> Section:
     return joined
 
 
+def _fits(rich_table: Any, width: int) -> bool:
+    """Whether a Rich table prints within ``width`` with nothing cut: by the measure of :func:`table_width`, and as
+    Rich lays it out (its narrowing of wrapping columns stops short of some that could wrap further)."""
+    from rich.console import Console
+
+    if table_width(rich_table) > width:
+        return False
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, legacy_windows=False).print(rich_table, crop=False)
+    return max(map(len, buf.getvalue().splitlines() or [""])) <= width
+
+
 def rich_tables(table: Table, width: int) -> list[Any]:
     """The Rich tables of ``table`` for a terminal ``width`` wide: one per section with a heading (titled by it),
     each in parts where its columns do not fit side by side, every part repeating the key columns; labels wrap
@@ -231,13 +243,13 @@ def rich_tables(table: Table, width: int) -> list[Any]:
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width
         parts: list[list[int]] = []
         for i in numbers:
-            if parts and table_width(_rich_table(table, section, keys + parts[-1] + [i], None, None, stacked)) <= width:
+            if parts and _fits(_rich_table(table, section, keys + parts[-1] + [i], None, None, stacked), width):
                 parts[-1].append(i)
             else:
                 parts.append([i])
         parts = parts or [[]]
-        if last and parts[-1] and table_width(_rich_table(table, section, keys + parts[-1] + last, None, None,
-                                                          stacked)) > width:
+        if last and parts[-1] and not _fits(_rich_table(table, section, keys + parts[-1] + last, None, None, stacked),
+                                            width):
             parts.append([])  # the flags do not fit beside the last numbers: a part of their own, never cut
         for k, part in enumerate(parts):
             end = k == len(parts) - 1
