@@ -15,8 +15,8 @@ from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
 from posexp.reporting.formatting import MAX_BANDS, fmt_view, md_escape
-from posexp.reporting.render import (head_lines, legend_label, lm_table, plot_series, ppl_label, plot_groups, render_csv,
-                                     render_markdown, runs_table)
+from posexp.reporting.render import (head_lines, legend_label, lm_table, plot_series, ppl_label, plot_groups,
+                                     render_csv, render_markdown, runs_table)
 from posexp.reporting.tables import to_markdown
 from posexp.runs.layout import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV, SUMMARY_MD, read_position_curve, read_training_curve)
 

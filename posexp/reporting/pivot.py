@@ -9,8 +9,9 @@ lengths are the table's rows within a line, so the table grows down, not across.
 A difference is taken only between measurements made alike. Over a row key, the same model
 (:func:`~posexp.reporting.runs.model_identity`: a pretrained model's weights, a trained run's config hash) at the
 same length on the same tokens (:func:`~posexp.reporting.runs.measured_on`), whichever folder holds each: a
-sweep of ``eval.scaling=none,yarn`` writes a folder per scaling. Over a run key, the runs alike in every other override (the
-same seed: same data order and initialisation, trained two ways). A note says which values found no such partner, and why.
+sweep of ``eval.scaling=none,yarn`` writes a folder per scaling. Over a run key, the runs alike in every other
+override (the same seed: same data order and initialisation, trained two ways). A note says which values found no
+such partner, and why.
 
 The table shows every measure the rows hold, each in its own columns: perplexity, any other perplexity-row
 metric the registry declares a row field for (``ppl_key``), and each task's exact match (%; the mean over depths),

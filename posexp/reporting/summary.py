@@ -161,8 +161,7 @@ def _lead_table(report: Optional[Report], task_report: Optional[TaskReport], opt
     found = extension_runs(runs) if not (options.by or options.where or wanted) else None
     if found is None:
         return None
-    table = build_extension_table(*found)
-    return LeadTable("extension", "Context extension", extension_table(table))
+    return LeadTable("extension", "Context extension", extension_table(build_extension_table(*found)))
 
 
 def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console,
