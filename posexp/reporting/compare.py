@@ -40,7 +40,8 @@ from posexp.errors import ConfigError
 from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIVALENT, INCONCLUSIVE, MARGIN_FORMS,
                                          NO_INTERVAL, NONE, NOT_COMPARED, PAIRED, WELCH, WORSE, Difference, Margin,
                                          WindowVerdict, fill_difference, interval_text, judge, p_text, parse_margin,
-                                         signed, window_verdicts)
+                                         window_verdicts)
+from posexp.reporting.formatting import fmt_signed
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
 
 __all__ = ["ALPHA", "BETTER", "CONFIDENCE", "EQUAL", "EQUIVALENT", "INCONCLUSIVE", "MARGIN_FORMS", "NO_INTERVAL",
@@ -244,7 +245,7 @@ def _equivalence_text(diff: Difference, decimals: int) -> str:
     assert diff.test is not None and diff.margin is not None
     low, high = diff.test.interval(1 - 2 * ALPHA)
     relative = interval_text(replace(diff, low=None, high=None), decimals)
-    return (f"{relative}, {100 * (1 - 2 * ALPHA):g}% [{signed(low, decimals)}, {signed(high, decimals)}] inside "
+    return (f"{relative}, {100 * (1 - 2 * ALPHA):g}% [{fmt_signed(low, decimals)}, {fmt_signed(high, decimals)}] inside "
             f"±{diff.margin:.{decimals}f}")
 
 

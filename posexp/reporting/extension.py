@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from posexp.errors import PosexpError
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE
+from posexp.reporting.formatting import MISSING, fmt_ratio, fmt_signed
 from posexp.reporting.runs import Run, load_run, measured_on, measured_text, parent_changed, shown_settings
 from posexp.reporting.tables import Column, Section, Table, TableCell
 
@@ -197,19 +197,11 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
 
 # -- rendering -----------------------------------------------------------------------------------------
 
-def _ppl(value: Optional[float]) -> str:
-    return NOT_APPLICABLE if value is None else f"{value:.2f}"
-
-
-def _signed(value: Optional[float]) -> str:
-    return "" if value is None else f"{value:+.2f}".replace("-", "−")
-
-
 def _cell(table: ExtensionTable, line: ExtensionLine, n: int) -> str:
     if n not in line.ppl:
         return MISSING
     diff = line.difference(table.parent, n) if line is not table.parent else None
-    return _ppl(line.ppl[n]) + (f" ({_signed(diff)})" if diff is not None else "")
+    return fmt_ratio(line.ppl[n]) + (f" ({fmt_signed(diff)})" if diff is not None else "")
 
 
 def caption(table: ExtensionTable) -> str:
