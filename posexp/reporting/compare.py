@@ -42,6 +42,7 @@ from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIV
                                          WindowVerdict, fill_difference, interval_text, judge, p_text, parse_margin,
                                          window_verdicts)
 from posexp.reporting.formatting import fmt_signed
+from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
 
 __all__ = ["ALPHA", "BETTER", "CONFIDENCE", "EQUAL", "EQUIVALENT", "INCONCLUSIVE", "MARGIN_FORMS", "NO_INTERVAL",
@@ -301,14 +302,13 @@ def methods(comparison: Comparison) -> list[str]:
 def comparison_markdown(comparison: Comparison, md) -> list[str]:
     """Lines of the ``## Comparison`` section of report.md and summary.md; ``md`` escapes a table cell."""
     header, rows = comparison_rows(comparison)
+    columns = [Column(h, label=h not in NUMBER_COLUMNS, escape=True) for h in header]
+    table = Table("", columns, [Section([[TableCell(c) for c in row] for row in rows])])
     lines = ["## Comparison", "", f"Each group against the reference **{md(comparison.reference)}**: mean "
              "difference (group − reference), in % of the reference's mean, with its 95% interval. Paired t: over "
              "the seeds both groups share (Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the "
              "seeds differ (Welch 1947). p (Holm): the two-sided p-value, Holm-adjusted over all comparisons.", "",
-             "| " + " | ".join(md(h) for h in header) + " |",
-             "| " + " | ".join("---:" if h in NUMBER_COLUMNS else "---" for h in header) + " |"]
-    lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
-    lines.append("")
+             *to_markdown(table).splitlines(), ""]
     # prose, not a table cell: the seed hint keeps its code span
     lines += [f"- {line}" for line in verdict_lines(comparison)]
     return lines

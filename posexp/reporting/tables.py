@@ -32,6 +32,7 @@ class Column:
     short: Optional[str] = None  # the header on a terminal, where width is scarce
     last: bool = False  # on a terminal: in the last part only, and not counted when fitting the others (flags)
     code: bool = False  # a label set as code (a folder): in markdown a code span, not escaped
+    escape: bool = False  # a number column escaped in markdown too (an interval's brackets)
 
 
 @dataclass
@@ -106,7 +107,7 @@ def to_json(table: Table) -> str:
 
 
 def _md_cell(cell: TableCell, column: Column) -> str:
-    text = f"`{cell.text}`" if column.code else md_escape(cell.text) if column.label else cell.text
+    text = f"`{cell.text}`" if column.code else md_escape(cell.text) if column.label or column.escape else cell.text
     return f"**{text}**" if cell.best else text
 
 
