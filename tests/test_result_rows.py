@@ -249,3 +249,26 @@ def test_cols_scaling_pairs_one_models_folders_and_shows_its_task_beside_its_per
     assert not pivot.cell(("hf.model=tiny",), 512, ("yarn",)).diffs
     assert any("3 of 6 values have no difference" in note and "measured on other tokens" in note
                for note in pivot.notes), pivot.notes
+
+
+def test_fine_tunes_say_their_target_and_are_differenced_only_where_measured_alike(tmp_path):
+    """A parent evaluated again on another token budget after its fine-tunes: no difference where the rows scored
+    other tokens, each such line named; the fine-tunes' label names their target length; the perplexity report
+    says its runs trained at other lengths and that each ratio is taken at the run's own."""
+    from test_report_golden import longer_finetunes
+
+    from posexp.reporting.extension import build_extension_table, extension_runs
+    from posexp.reporting.lm_report import build_report
+    from posexp.reporting.render import render_markdown
+    from posexp.reporting.runs import load_run
+
+    top = longer_finetunes(tmp_path)
+    runs = [load_run(top / name) for name in ("parent", "ft_direct", "ft_yarn")]
+    table = build_extension_table(*extension_runs(runs))
+    parent, direct, _ = table.lines
+    assert direct.label == "direct ft→512, 150 steps"
+    assert direct.difference(parent, 128) == pytest.approx(0.2) and direct.difference(parent, 512) is None
+    assert any(w.startswith("direct ft→512, 150 steps: no difference to the parent at 256, 512, 1024: measured on "
+                            "other tokens") for w in table.warnings), table.warnings
+    text = render_markdown(build_report([top / name for name in ("parent", "ft_direct", "ft_yarn")]))
+    assert "Training length: 128 tokens (512 for " in text and "each run's own training length (128; 512 for" in text
