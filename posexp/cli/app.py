@@ -40,7 +40,7 @@ from posexp.errors import PosexpError
 from posexp.reporting import ReportOptions, report_main
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import DEFAULT_METRICS, DEFAULT_TOLERANCE
-from posexp.reporting.task_report import DEFAULT_TASK_METRICS
+from posexp.reporting.task_report import DEFAULT_TASK_METRICS, RULER_METRIC
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
@@ -307,7 +307,7 @@ def report(
     metric: Optional[List[str]] = typer.Option(
         None, "--metric", help=f"Summary columns, comma-separated: {metric_help(PERPLEXITY)}. Default: "
                                f"{','.join(DEFAULT_METRICS)}. Task runs: {metric_help(ACCURACY)}. Default: "
-                               f"{','.join(DEFAULT_TASK_METRICS)}."),
+                               f"{','.join(DEFAULT_TASK_METRICS)} (and {RULER_METRIC} for RULER's tasks)."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
                                                              "of the training-length value."),
     sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "
