@@ -211,6 +211,10 @@ class AppKeys:
         if tree.get("task") is Any:  # the chosen task's keys: its own options (posexp.tasks.options_schema)
             chosen = [w.partition("=")[2] for w in words if w.startswith("task=")]
             tree["task"] = task_keys(chosen[-1].split(",")[0] if chosen else groups.get("task"))
+        if tree.get("logger") is Any:  # each tracker's keys: the options of its start() (tracking.options_schema)
+            from posexp.tracking.tracker import TRACKERS, options_schema
+
+            tree["logger"] = {name: dict(schema_tree(options_schema(cls))) for name, cls in TRACKERS.items()}
         return cls(groups, tree, VALUES[app], dirs)
 
     def keys(self, typed: str) -> list[str]:
