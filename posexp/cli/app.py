@@ -33,7 +33,7 @@ from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
-from posexp.commands.search import search_cmd
+from posexp.cli.search import search_cmd
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
