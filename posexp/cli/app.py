@@ -10,29 +10,25 @@ import contextlib
 import errno
 import io
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-import hydra
 import typer
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
 from posexp.analysis.schema import register_schema
 from posexp.cli import hydra_flags, shell, transfer
-from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain, full_error_requested,
-                                  hydra_raises, print_key_table, pretrained_arguments, quote_non_ascii)
+from posexp.cli.arguments import (OverrideError, check_command_line, check_composes, expand_home, full_error_requested,
+                                  print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
-from posexp.cli.folders import Claim, Folders, Refused, claiming
-from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task, pretrained_task, train_task
+from posexp.cli.folders import Carried, Claim, Folders, claiming
+from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
-from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
+from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
@@ -47,44 +43,25 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
 
 CONFIG_DIR = config_dir()
-
-_train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
-_finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
-_pretrained_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="pretrained")(pretrained_task)
-_analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
-APPS = {"config": (_train_app, "posexp train"), "finetune": (_finetune_app, "posexp finetune"),
-        "pretrained": (_pretrained_app, "posexp eval"), "analyze": (_analyze_app, "posexp analyze")}
+# each Hydra app: its task and the command that names it in Hydra's messages
+APPS = {"config": (train_task, "posexp train"), CONFIG_NAME: (finetune_task, "posexp finetune"),
+        "pretrained": (pretrained_task, "posexp eval"), "analyze": (analyze_task, "posexp analyze")}
 
 
-def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
-    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed.
-
-    A config Hydra cannot compose is said in one line (:func:`~posexp.cli.arguments.explain`). ``--help`` / ``-h``
-    print Hydra's help, then the table of the main keys.
-    """
-    app, prog = APPS[config_name]
-    saved = sys.argv
-    sys.argv = [prog, *args]
+def _run_hydra(config_name: str, args: List[str]) -> None:
+    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. ``--help`` / ``-h``
+    print Hydra's help, then the table of the main keys; an error of a job or callback is said by the command."""
+    task, prog = APPS[config_name]
     try:
-        with hydra_raises():
-            app()
-    except (HydraException, OmegaConfBaseException) as e:
-        if full_error_requested() or (claim is not None and claim.composed):
-            raise  # asked for in full, or not the config's composition: Hydra's own error, as it is
-        fail(explain(e))
+        hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
+    except Carried as e:
+        if isinstance(e.error, PosexpError):
+            fail(e.error)
+        raise e.error
     except SystemExit as e:
         if not e.code and any(a in ("-h", "--help") for a in args):
             print_key_table(config_name, prog)
         raise
-    finally:
-        sys.argv = saved
-
-
-def _flags_first(args: List[str]) -> list[str]:
-    """``-m`` moved before the overrides: ``posexp train encoder=rope -m base=100,1000`` sweeps as typed
-    (Hydra's argparse takes no overrides after a flag)."""
-    flags = [a for a in args if a in ("-m", "--multirun")]
-    return flags + [a for a in args if a not in flags]
 
 
 app = typer.Typer(
@@ -154,9 +131,8 @@ def finetune(
 
     if _shell_completion(list(args or [])):
         return
-    if ALLOW_FLAG in (args or []):  # an environment variable, so that a launcher's worker processes see it too
-        os.environ[ALLOW_ENV] = "1"
-        args = [a for a in args if a != ALLOW_FLAG]
+    if ALLOW_FLAG in (args or []):  # an override, so that a launcher's worker processes see it too
+        args = [*(a for a in args if a != ALLOW_FLAG), f"{ALLOW_KEY}=true"]
     try:
         given = parent_argument(args or [])
     except PosexpError as e:
@@ -170,7 +146,6 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
 
     ``folders``: the command also takes run folders (``posexp analyze``), for the message of a missing one.
     """
-    failed_jobs.clear()
     args = quote_non_ascii(expand_home(args))
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
@@ -182,6 +157,8 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         dirs = _user_encoders(line)
         if line is not None:
             check_command_line(line, dirs, folders)
+            if not (line.helps or full_error_requested()):  # asked for in full: Hydra reports what it finds
+                check_composes(config_name, line)
     except OverrideError as e:
         if not (e.hydra_reports and full_error_requested()):  # asked for in full: Hydra reports what it knows
             fail(e)
@@ -193,17 +170,15 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
     with distributed.worker_overrides() as quiet:
         try:
             with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
-                _run_claimed(claim, config_name, [*_flags_first(args), *quiet])
-        except Refused as e:
-            fail(e.error)
+                _run_claimed(claim, config_name, [*args, *quiet])
         except PosexpError as e:
             fail(e)
         finally:
             unlock_run()
             distributed.shutdown()
-    failed_jobs[:] = unique(failed_jobs)
-    if failed_jobs and distributed.is_main():
-        err_console.print(f"[bold red]error:[/] {len(failed_jobs)} sweep job(s) failed: {', '.join(failed_jobs)}; "
+    failed = unique(claim.failed) if claim is not None else []
+    if failed and distributed.is_main():
+        err_console.print(f"[bold red]error:[/] {len(failed)} sweep job(s) failed: {', '.join(failed)}; "
                           "each has a results.json with the reason, the other jobs' results are kept",
                           highlight=False, soft_wrap=True)
         raise SystemExit(1)
@@ -233,7 +208,7 @@ def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> N
     # SIGTERM outside training steps (the trainer checkpoints on its own) acts as Ctrl-C: says what was done, what next
     signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
-        _run_hydra(config_name, args, claim)
+        _run_hydra(config_name, args)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
         folders = claim.folders if claim is not None else None

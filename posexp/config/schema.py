@@ -297,6 +297,7 @@ class FinetuneAppConfig:
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
     # DroPE (Gelberg et al. 2025): drop a RoPE parent's positional encoding and recalibrate (encoder=none sets it)
     drope: bool = False
+    allow_changed_encoder: bool = False  # go on although the parent's plugin encoder's source changed (a warning)
     data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
     logger: Any = None  # null: the parent's experiment trackers; logger=NAME chooses others (logger=none: none)
     train: TrainConfig = MISSING
