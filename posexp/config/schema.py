@@ -32,11 +32,11 @@ class DataConfig:
 
     name: Optional[str] = "stdlib"  # stdlib/text: the corpus; hf: a Hub id or a local data set folder
     # the loader: stdlib, text or hf (unset: the name, as in configs written before data=hf existed)
-    kind: Optional[str] = None
+    kind: Optional[str] = None  # stdlib | text | hf
     description: str = ""
     path: Optional[str] = None
     # data=text: a file that is not UTF-8 text stops the run (error) or is left out, with a count (skip)
-    on_bad_file: str = "error"
+    on_bad_file: str = "error"  # error | skip
     val_fraction: float = 0.05
     cache_dir: Optional[str] = None
     # data=hf only
@@ -108,8 +108,8 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     # configs/train/default.yaml sets these to ${precision} / ${device}, the top-level keys users type
-    precision: str = "auto"
-    device: str = "auto"
+    precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto | cpu | cuda | mps
     # CPU threads: auto = the cores free to this process (posexp/runtime/threads.py), or a number; null = torch's
     # default (one per core), as runs before auto recorded it
     threads: Any = "auto"  # a number or "auto" (a Union, which OmegaConf 2.3 fails to merge)
@@ -303,8 +303,8 @@ class FinetuneAppConfig:
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
     seed: int = 0  # seeds the fine-tuning data order (and any new table rows)
-    device: str = "auto"
-    precision: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | mps
+    precision: str = "auto"  # auto | fp32 | bf16
     compile: bool = False
     cache: bool = False
     cache_dir: str = "outputs/cache"
@@ -334,7 +334,7 @@ class PretrainedConfig:
     task: TaskConfig = field(default_factory=TaskConfig)  # lm: perplexity; passkey: zero-shot retrieval (task.name)
     train_len: Optional[int] = None  # the model's original context length; null = what its config says
     seed: int = 0
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto | fp32 | bf16 (auto: the weights' own dtype where the device computes it)
 
 
