@@ -1,6 +1,6 @@
 """The ``posexp`` command.
 
-``posexp train`` is Hydra's own application: its arguments go to the ``@hydra.main`` function unchanged, so ``-m``,
+``posexp train`` is Hydra's own application: its arguments go to Hydra's runner unchanged, so ``-m``,
 ``--cfg job``, ``--help``, ``hydra/launcher=...`` and sweepers behave as Hydra documents them.
 """
 
@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.analysis.schema import register_schema
-from posexp.cli import hydra_flags, shell, transfer
-from posexp.cli.arguments import (OverrideError, check_command_line, check_composes, expand_home, full_error_requested,
-                                  print_key_table, pretrained_arguments, quote_non_ascii)
+from posexp.cli import hydra_flags, shell
+from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain_composition,
+                                  full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Carried, Claim, Folders, claiming
 from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
@@ -48,20 +48,34 @@ APPS = {"config": (train_task, "posexp train"), CONFIG_NAME: (finetune_task, "po
         "pretrained": (pretrained_task, "posexp eval"), "analyze": (analyze_task, "posexp analyze")}
 
 
-def _run_hydra(config_name: str, args: List[str]) -> None:
-    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. ``--help`` / ``-h``
-    print Hydra's help, then the table of the main keys; an error of a job or callback is said by the command."""
+def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
+    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. A config Hydra cannot
+    compose is said in one line (:func:`~posexp.cli.arguments.explain_composition`), Hydra's own report held back
+    until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
+    the table of the main keys."""
     task, prog = APPS[config_name]
+    held = hydra_flags.HeldStream(sys.stderr)
+    if claim is not None:
+        claim.held = held
     try:
-        hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
+        with contextlib.redirect_stderr(held) if claim is not None else contextlib.nullcontext():
+            hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
     except Carried as e:
         if isinstance(e.error, PosexpError):
             fail(e.error)
         raise e.error
     except SystemExit as e:
+        line = hydra_flags.read(args)
+        if e.code == 1 and held.holding and line is not None and not full_error_requested():
+            error = explain_composition(config_name, line)
+            if error is not None:
+                held.discard()
+                fail(error)
         if not e.code and any(a in ("-h", "--help") for a in args):
             print_key_table(config_name, prog)
         raise
+    finally:
+        held.release()
 
 
 app = typer.Typer(
@@ -157,8 +171,6 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         dirs = _user_encoders(line)
         if line is not None:
             check_command_line(line, dirs, folders)
-            if not (line.helps or full_error_requested()):  # asked for in full: Hydra reports what it finds
-                check_composes(config_name, line)
     except OverrideError as e:
         if not (e.hydra_reports and full_error_requested()):  # asked for in full: Hydra reports what it knows
             fail(e)
@@ -208,7 +220,7 @@ def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> N
     # SIGTERM outside training steps (the trainer checkpoints on its own) acts as Ctrl-C: says what was done, what next
     signal.signal(signal.SIGTERM, _terminate if sweep else _terminate_run)
     try:
-        _run_hydra(config_name, args)
+        _run_hydra(config_name, args, claim)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
         folders = claim.folders if claim is not None else None
@@ -420,7 +432,30 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
     return user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
 
 
-app.command("export")(transfer.export_cmd)  # a run as a transformers model folder
+@app.command("export")
+def export(
+    run_dir: Path = typer.Argument(..., help="A finished run folder (posexp train's).", show_default=False),
+    out_dir: Path = typer.Argument(..., help="The model folder to write; new or empty.", show_default=False),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR if it already holds a model folder "
+                                                              "(an earlier export)."),
+) -> None:
+    """Write a trained run as a transformers model folder (learned, rope and alibi runs).
+
+    OUT_DIR gets config.json, model.safetensors, the tokenizer files (byte or bpe: the run's token ids) and
+    posexp_export.json. AutoModelForCausalLM.from_pretrained(OUT_DIR) loads it with no remote code and gives the
+    run's logits (fp32; checked while exporting). learned -> GPT-2; rope -> GPT-NeoX (exponential schedule);
+    alibi -> MPT (a run trained with model.norm_bias=false). Other encodings are refused. Needs transformers:
+    the hf extra of posexp's install.
+    """
+    from posexp.commands.export import export_run
+
+    try:
+        done = export_run(run_dir, out_dir, overwrite=overwrite)
+    except PosexpError as e:
+        fail(e)
+    Console().print(f"exported {escape(str(run_dir))} to {escape(str(done.folder))}: {escape(done.description)}; "
+                    f"max |logit difference| {done.max_abs_diff:.2g} (fp32, lengths "
+                    f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
 
 
 def _usable_streams() -> None:

@@ -63,13 +63,11 @@ def full_error_requested() -> bool:
     return any(os.environ.get(v, "") not in ("", "0") for v in (HYDRA_FULL_ERROR, "POSEXP_DEBUG"))
 
 
-def check_composes(config_name: str, line: CommandLine) -> None:
-    """Compose the config of the command line's overrides, a sweep's swept ones left out (its jobs are composed
-    each: :func:`posexp.cli.folders.check_sweep`), with Hydra's compose API: a config Hydra could not compose is
-    said in one line before Hydra starts, where Hydra would report it in several.
+def explain_composition(config_name: str, line: CommandLine) -> Optional[OverrideError]:
+    """Why Hydra could not compose the config of ``line``, in one line (:func:`explain`); None when it composes.
 
-    Raises:
-        OverrideError: :func:`explain`'s.
+    Hydra says it in several lines; posexp composes it again with Hydra's compose API, the command line's
+    overrides without a sweep's swept ones (those are composed job by job: :func:`posexp.cli.folders.check_sweep`).
     """
     from hydra import compose, initialize_config_dir
 
@@ -88,7 +86,8 @@ def check_composes(config_name: str, line: CommandLine) -> None:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             compose(config_name, overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:
-        raise explain(e) from None
+        return explain(e)
+    return None
 
 
 def _parse(args: Sequence[str], folders: bool) -> list:

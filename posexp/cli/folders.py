@@ -56,12 +56,14 @@ class Claim:
     """What a command asks of :class:`ClaimFolder` (``overwrite``) and what its Hydra app found: ``folders``, what
     it claimed (None until Hydra starts a run or sweep; it stays None for ``--cfg``, ``--info``, ``--help``, shell
     completion and ``posexp analyze``); ``checked``, each checked job's typed config by its overrides, for the job
-    to take; ``failed``, the run folders of the sweep jobs that failed."""
+    to take; ``failed``, the run folders of the sweep jobs that failed; ``held``, the command's stderr, held
+    until Hydra has composed the config."""
 
     overwrite: bool
     folders: Optional[Folders] = None
     checked: dict = dataclasses.field(default_factory=dict)
     failed: List[str] = dataclasses.field(default_factory=list)
+    held: Any = None  # the command's stderr, held until Hydra has composed (posexp.cli.hydra_flags.HeldStream)
 
 
 class Carried(BaseException):
@@ -113,6 +115,8 @@ class ClaimFolder(Callback):
         claim, key = current_claim(), "hydra.sweep.dir" if multirun else "hydra.run.dir"
         if claim is None:
             return
+        if claim.held is not None:
+            claim.held.release()  # composed: what Hydra writes is no composition error
         try:  # an error is carried to the command: Hydra would print it as a traceback
             jobs = check_sweep(claim, config, config_name) if multirun else None
             if not multirun:

@@ -68,6 +68,42 @@ def option_strings() -> set:
     return {o for action in _parse([])[0]._actions for o in action.option_strings}
 
 
+class HeldStream:
+    """A stream whose writes wait until :meth:`release`, then go through: what Hydra writes before it has composed
+    the config (its report of a config it cannot compose, in several lines) waits for the command, which says such
+    an error in one line instead (:meth:`discard`)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.held: Optional[list] = []
+
+    def write(self, text: str) -> int:
+        if self.held is None:
+            return self.stream.write(text)
+        self.held.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.held is None:
+            self.stream.flush()
+
+    @property
+    def holding(self) -> bool:
+        return self.held is not None
+
+    def release(self) -> None:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.stream.write("".join(held))
+            self.stream.flush()
+
+    def discard(self) -> None:
+        self.held = None
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...: the stream's
+        return getattr(self.stream, name)
+
+
 def run_app(task: Callable[[Any], Any], config_dir: str, config_name: str, args: Sequence[str], prog: str) -> None:
     """Run ``task`` as the Hydra app of ``config_name`` would run it had ``prog ARGS`` been typed (as ``@hydra.main``
     does, with the arguments given instead of ``sys.argv``)."""
