@@ -54,8 +54,12 @@ def field_choices(cls: type) -> Dict[str, Tuple[str, ...]]:
     completion offers them, a key added with such a comment included."""
     import inspect
 
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # a schema made at run time (a task's or tracker's options): no comments to read
+        return {}
     found = {}
-    for line in inspect.getsource(cls).splitlines():
+    for line in source.splitlines():
         m = _FIELD.match(line)
         if m and "|" in m.group(2):
             found[m.group(1)] = _alternatives(m.group(2))
