@@ -217,3 +217,27 @@ def test_load_run_model_of_a_pretrained_run_is_the_transformers_model_it_measure
     (moved / "results.json").write_text(json.dumps(results))
     with pytest.raises(PosexpError, match="changed since the run measured them"):
         posexp.load_run(moved).model
+
+
+def test_posexp_resume_of_a_stopped_sweep_of_pretrained_runs_finishes_it(llama_dir, corpus_dir, tmp_path):  # noqa: F811
+    from posexp.commands.sweep_resume import plan_sweep, resume_sweep
+
+    sweep = tmp_path / "sweep"
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]", "eval.scaling=none,linear",
+                   f"hydra.sweep.dir={sweep}")
+    assert swept.exit_code == 0, swept.output
+    measured = [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)]
+    for name in ("results.json", "results.csv", "results.md"):  # job 0 killed while measuring
+        (sweep / "0" / name).unlink()
+    shutil.rmtree(sweep / "1")  # job 1 never started
+    plan = plan_sweep(sweep)
+    assert (plan.finished, plan.resume, list(plan.start), plan.command) == ([], [0], [1], "eval")
+    ran: list[list[str]] = []
+
+    def runner(args: list[str]) -> int:
+        ran.append(args)
+        return invoke(*args).exit_code
+
+    assert resume_sweep(sweep, lambda _: None, runner=runner) == []
+    assert [a[0] for a in ran] == ["resume", "eval"]
+    assert [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)] == pytest.approx(measured, rel=1e-4)
