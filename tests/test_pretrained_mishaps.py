@@ -181,17 +181,18 @@ def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works
 
 @pytest.mark.parametrize("command,then", [
     (("export", "{run}", "{tmp}/out"), "AutoModelForCausalLM.from_pretrained("),
-    (("finetune", "{run}"), "posexp eval hf:{model} eval.scaling=yarn"),
+    (("finetune", "{run}"), "posexp eval hf:{model} data=text eval.tokens=1024 data.path={corpus} eval.scaling=yarn"),
     (("analyze", "{run}"), "posexp analyze encoder=rope base=10000 train_len=64"),
 ])
 def test_commands_of_posexp_runs_say_a_pretrained_run_is_one_and_what_to_type(command, then, pretrained_run,
-                                                                              llama_dir, tmp_path):  # noqa: F811
+                                                                              llama_dir, corpus_dir,  # noqa: F811
+                                                                              tmp_path):
     args = [a.format(run=pretrained_run, tmp=tmp_path) for a in command]
     result = invoke(*args)
     assert result.exit_code != 0
     line = _one_line(result.output)
     assert "the run of pretrained model" in line and "weights stay in the model's own folder" in line
-    assert then.format(model=llama_dir) in line and "schema" not in line
+    assert then.format(model=llama_dir, corpus=corpus_dir) in line and "schema" not in line
     assert not (tmp_path / "out").exists()
 
 
