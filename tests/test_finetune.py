@@ -449,6 +449,31 @@ def test_a_longrope_fine_tune_trains_with_the_factors_evaluation_reads(parents):
         _child_cfg(parents["rope"], "train_len=128", "scaling=longrope")
 
 
+def test_a_longrope_fine_tune_takes_n_hat_as_evaluation_does(parents, tmp_path):
+    """longrope_start (LongRoPE's n^, Ding et al. 2024, §3.2), given or from posexp search's factors file: the
+    encoder trained keeps the first n^ positions unscaled exactly as eval.longrope_start does; the lineage records
+    it; one line when it comes without scaling=longrope."""
+    import json
+
+    from posexp.encoders.extension import scaled_encoder
+    from posexp.errors import ConfigError
+    from posexp.model.factory import build_encoder, build_model
+
+    n = build_encoder(_child_cfg(parents["rope"], "train_len=128")).inv_freq.numel()
+    factors = [1.0 + i / n for i in range(n)]
+    (tmp_path / "factors.json").write_text(json.dumps({"factors": factors, "start": 3}))
+    for how in ([f"longrope_factors={factors}", "longrope_start=3"], [f"longrope_file={tmp_path}"]):
+        cfg = _child_cfg(parents["rope"], "train_len=128", "scaling=longrope", *how)
+        assert cfg.finetune.longrope_start == 3 and list(cfg.finetune.longrope_factors) == factors
+        trained = build_model(cfg, 256).encoder
+        evaluated = scaled_encoder(build_encoder(cfg), "longrope", 128 / PARENT_LEN, PARENT_LEN, factors, 3)
+        q, pos = torch.randn(1, 2, 8, trained.head_dim), torch.arange(8)
+        assert trained.longrope_start == 3 and torch.equal(trained.rotate(q, q, pos, pos)[0],
+                                                           evaluated.rotate(q, q, pos, pos)[0])
+    with pytest.raises(ConfigError, match=r"^longrope_start: only applies with scaling=longrope"):
+        _child_cfg(parents["rope"], "train_len=128", "longrope_start=3")
+
+
 def test_a_fine_tune_without_longrope_factors_keeps_the_hash_it_had():
     """The lineage's new key, unset, leaves every earlier fine-tune's config hash (and its folder) as it was."""
     from posexp.config.identity import weights_of

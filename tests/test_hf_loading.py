@@ -116,3 +116,111 @@ def test_a_cached_hub_name_loads_offline_and_records_its_commit(saved, tmp_path,
     record = provenance(m, "posexp-tests/tiny-llama")
     assert record["name"] == "posexp-tests/tiny-llama" and record["revision"] == commit
     assert record["weights_sha256"] == provenance(m, str(folder))["weights_sha256"]
+
+
+# -- a folder that cannot load, said before transformers reads it (what lacks, which file) -----------------------
+
+def _one_line(err) -> str:
+    text = str(err.value)
+    assert "\n" not in text and "Traceback" not in text
+    return text
+
+
+def test_a_folder_without_weights_says_it_lacks_them_and_what_was_looked_for(saved):
+    folder, _ = saved
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(PosexpError) as err:
+        load_pretrained(str(folder))
+    text = _one_line(err)
+    assert "no weight file" in text and "model.safetensors" in text and "pytorch_model.bin" in text
+    assert "Hugging Face cache" not in text and "downloading" not in text
+
+
+def test_a_missing_shard_of_an_index_is_named(saved):
+    folder, _ = saved
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(PosexpError, match="lacks 1 of the 2 weight files") as err:
+        load_pretrained(str(folder))
+    assert "model-00002-of-00002.safetensors" in _one_line(err)
+
+
+@pytest.mark.parametrize("keep", [5000, 100, 3])
+def test_a_truncated_safetensors_file_is_named_in_one_line(saved, keep):
+    folder, _ = saved
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as fh:
+        fh.truncate(keep)
+    with pytest.raises(PosexpError, match="is incomplete or damaged") as err:
+        load_pretrained(str(folder))
+    text = _one_line(err)
+    assert str(weights) in text
+    if keep == 5000:
+        assert f"{size:,}" in text  # the length its header promises
+
+
+def test_a_folder_without_tokenizer_files_says_which_were_looked_for(saved):
+    folder, _ = saved
+    for f in folder.glob("tokenizer*"):
+        f.unlink()
+    for f in folder.glob("special_tokens_map.json"):
+        f.unlink()
+    with pytest.raises(PosexpError, match="holds no tokenizer files") as err:
+        load_pretrained(str(folder))
+    text = _one_line(err)
+    assert "tokenizer.json" in text and "tokenizer.model" in text and "vocab.json" in text
+    assert "sentencepiece or tiktoken installed" not in text
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """A machine whose every connection fails at once (no DNS), and a Hub client that must not be asked."""
+    import socket
+
+    from posexp.hf import loading
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise OSError(-2, "Name or service not known")
+
+    loading.hub_reachable.cache_clear()
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("the Hub was asked although the machine is offline")
+
+    monkeypatch.setattr(transformers_auto(), "from_pretrained", no_download)
+    yield calls
+    loading.hub_reachable.cache_clear()
+
+
+def transformers_auto():
+    import transformers
+
+    return transformers.AutoModelForCausalLM
+
+
+def test_a_typo_of_a_local_folder_offline_fails_at_once_naming_the_folder(saved, no_network, monkeypatch):
+    import os
+    import time
+
+    folder, _ = saved
+    monkeypatch.chdir(folder.parent)
+    assert "HF_HUB_OFFLINE" not in os.environ
+    start = time.monotonic()
+    for _ in range(2):
+        with pytest.raises(PosexpError) as err:
+            load_pretrained("tiny-lama")
+        text = _one_line(err)
+        assert "did you mean hf:tiny-llama?" in text and "cannot reach huggingface.co" in text
+    assert time.monotonic() - start < 5
+    assert len(no_network) == 1  # offline is found out once per process
+    assert "HF_HUB_OFFLINE" not in os.environ  # and the user's environment is left as it was

@@ -23,14 +23,14 @@ def test_the_starting_points_are_pi_ntk_and_yarn():
 
 
 def test_every_candidate_keeps_the_papers_monotone_constraint():
-    c = constrained(np.array([3.0, 0.5, 2.0, 9.0]), 4.0)
-    assert list(c) == [1.0, 2.0, 3.0, 8.0]  # sorted, at least 1, at most 2 s
+    c = constrained(np.array([3.0, 0.5, 2.0, 9.0, 1.234]), 4.0)
+    assert list(c) == [1.0, 1.23, 2.0, 3.0, 8.0]  # sorted, at least 1, at most 2 s, on the paper's 0.01 grid
 
 
 def test_the_search_beats_its_starting_points_and_is_reproducible():
     target = np.geomspace(1.0, 3.0, 16)  # an optimum no starting point is
 
-    def score(factors):
+    def score(factors, start):
         return 1.0 + float(np.sum(np.log(factors / target) ** 2))
 
     settings = SearchSettings(population=12, generations=6, seed=3)
@@ -54,9 +54,11 @@ def test_a_search_on_a_trained_run_scores_held_out_perplexity(tiny, tmp_path):
     run = posexp.load_run(tmp_path / "run")
     spec, model = run.config, run.model
     val = corpus_from_config(spec).val
-    score = perplexity_score(model, val, spec, 4 * spec.train_len, 512, torch.device("cpu"), torch.float32)
+    score = perplexity_score(model, val, spec.eval, spec.train_len, 4 * spec.train_len, 512, torch.device("cpu"),
+                             torch.float32)
     n = model.encoder.rot_dim // 2
-    assert math.isfinite(score(np.ones(n))) and score(np.ones(n)) != score(np.full(n, 4.0))
+    assert math.isfinite(score(np.ones(n), 0)) and score(np.ones(n), 0) != score(np.full(n, 4.0), 0)
+    assert score(np.full(n, 4.0), 0) != score(np.full(n, 4.0), 8)  # n^ reaches the model
     result = search_factors(score, model.encoder.rot_dim, model.encoder.base, 4.0, spec.train_len,
                             SearchSettings(population=4, generations=1, parents=2))
     assert len(result.factors) == n and math.isfinite(result.ppl)

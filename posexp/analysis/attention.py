@@ -112,6 +112,11 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
             continue
         key, eq, value = arg.partition("=")
         if not eq:
+            from posexp.commands.pretrained import pretrained_refusal
+
+            refusal = pretrained_refusal(arg, "analyze")  # a pretrained model's run: its weights are elsewhere
+            if refusal is not None:
+                raise PosexpError(refusal)
             raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/model.safetensors); pass the folder "
                               "of one trained run, e.g. outputs/2026-11-22/10-00-00")
         require(key.startswith("analyze.") and key[len("analyze."):] in keys, key,

@@ -33,6 +33,7 @@ from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
+from posexp.commands.search import search_cmd
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
@@ -239,6 +240,11 @@ def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> N
         folders = claim.folders if claim is not None else None
         if folders is not None and not folders.multirun and code == PosexpError.exit_code:
             discard_unused(folders.path, folders.created)
+        if folders is not None and not folders.multirun and isinstance(e, KeyboardInterrupt):
+            discard_unused(folders.path, folders.created)  # stopped before the job began: nothing of it is kept
+            if not folders.path.exists():
+                err_console.print(f"interrupted before the run started; {folders.path} was not kept", highlight=False,
+                                  soft_wrap=True)
         if folders is not None and folders.multirun and code in (130, 128 + signal.SIGTERM):
             _report_interrupted_sweep(folders, code)
         raise
@@ -363,7 +369,7 @@ def eval_cmd(
     """
     from posexp.commands.eval import reeval_main
 
-    if any(a.startswith("hf:") for a in args):  # a pretrained model: a new run folder, as posexp train writes one
+    if any(a.startswith(("hf:", "hf.model=")) for a in args):  # a pretrained model: a new run, as posexp train's
         _launch("pretrained", pretrained_arguments(args))
         return
     try:
@@ -446,6 +452,7 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
 
 
 app.command("export")(transfer.export_cmd)  # a run as a transformers model folder
+app.command("search")(search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
 
 
 def _usable_streams() -> None:

@@ -242,6 +242,10 @@ def check_command_line(line: CommandLine, dirs: Sequence[Path] = (), folders: bo
     if line.helps:
         return
     for o in _parse(line.overrides, folders):
+        if o.is_sweep_override() and not line.multirun and o.key_or_group == "hf.model":  # posexp eval hf:A,B
+            value = o.input_line.partition("=")[2]
+            raise OverrideError(f"hf:{value}: several models sweep, which needs -m (posexp eval -m hf:{value}); for "
+                                f"one folder whose name has commas quote it: posexp eval \"hf:'{value}'\"")
         if o.is_sweep_override() and not line.multirun:
             raise OverrideError(f"{o.input_line}: several values sweep, which needs -m (posexp ... -m "
                                 f"{o.input_line}); for one list value write {o.key_or_group}=[...], for a string "
@@ -408,8 +412,22 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
 
 def pretrained_arguments(args: Sequence[str]) -> List[str]:
     """``posexp eval hf:MODEL ...`` as the overrides of configs/pretrained.yaml: ``hf:MODEL`` is ``hf.model=MODEL``
-    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does), and ``task=passkey`` is ``task.name=passkey``
-    (``task=lm,passkey`` with ``-m``: perplexity and the zero-shot passkey in one sweep), as ``posexp train`` spells
-    a task."""
-    return [f"hf.model={a[len('hf:'):]}" if a.startswith("hf:") else
-            f"task.name={a[len('task='):]}" if a.startswith("task=") else a for a in args]
+    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does; without ``-m``, a folder named ``A,B`` that
+    exists is that one folder, quoted for Hydra), and ``task=passkey`` is ``task.name=passkey`` (``task=lm,passkey``
+    with ``-m``: perplexity and the zero-shot passkey in one sweep), as ``posexp train`` spells a task."""
+    sweeping = any(a in ("-m", "--multirun") for a in args)
+    out = []
+    for a in args:
+        if a.startswith("task="):
+            out.append(f"task.name={a[len('task='):]}")
+            continue
+        if not a.startswith("hf:"):
+            out.append(a)
+            continue
+        name = a[len("hf:"):]
+        if not sweeping and set(name) & set(",[]{}() ") and not set(name) & set("'\"\\") \
+                and Path(name).expanduser().is_dir():
+            out.append(f"hf.model='{name}'")
+        else:
+            out.append(f"hf.model={name}")
+    return out

@@ -351,6 +351,10 @@ COMMANDS: Dict[str, Command] = {
                       "-cd": _folders, **HELP}, _check_arguments),
     "list": Command({"--config-dir": _folders, "-cd": _folders, **HELP}),
     "export": Command({OVERWRITE: None, **HELP}, _two_folders),
+    "search": Command({"--target-len": NO_HINT, "--out": _folders, "-o": _folders,
+                       "--objective": _choices(("ppl", "needle")), "--restart": None, **HELP,
+                       **{o: NO_HINT for o in ("--tokens", "--needles", "--population", "--generations", "--parents",
+                                               "--seed", "--start")}}, _folders),
 }
 ROOT_OPTIONS = ("--install-completion", "--show-completion", "--help", "-h")
 

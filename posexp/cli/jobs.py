@@ -114,6 +114,10 @@ def interrupted_hint(run_dir: Path, why: BaseException) -> str:
     name = signal.Signals(why.signum).name if isinstance(why, Terminated) else "Ctrl-C"
     if (run_dir / RESULTS_JSON).is_file():
         return f"interrupted ({name}); {run_dir} holds its results as they were"
+    from posexp.commands.pretrained import pretrained_of
+
+    if pretrained_of(run_dir) is not None:  # posexp eval hf:MODEL keeps no checkpoint to continue from
+        return f"interrupted ({name}); posexp resume {run_dir} evaluates the model again from the start in this folder"
     if (run_dir / CHECKPOINT).is_file():  # trained, stopped while evaluating: the weights are kept
         return (f"interrupted ({name}) while evaluating; the trained weights are kept: posexp resume {run_dir} "
                 "evaluates them and finishes the run")

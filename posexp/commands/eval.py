@@ -49,7 +49,8 @@ from posexp.commands.eval_overrides import (Setting, apply_eval_overrides, apply
 from posexp.commands.finetune import parent_changed
 from posexp.config.schema import Config, eval_lengths, is_task
 from posexp.commands.validation import validate
-from posexp.commands.pretrained import pretrained_hint
+from posexp.commands.evaluator import check_key_tokens, for_run
+from posexp.commands.pretrained import hf_evaluator, pretrained_hint
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
@@ -59,12 +60,16 @@ from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY
 
 # -- finding and checking runs -------------------------------------------------------------------
 
-def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path]:
+def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None, given: Sequence[str] = ()) -> list[Path]:
     """Run folders (``results.json`` + ``checkpoint/model.safetensors``) given or found under ``folders``.
 
     A folder given directly must be such a run. Below a folder given, folders with
-    ``results.json`` but no checkpoint are skipped with a warning.
+    ``results.json`` but no checkpoint are skipped with a warning; pretrained models' runs (``posexp eval
+    hf:MODEL``, whose weights stay in the model's folder) with the command that measures them again, ``given``
+    (the user's ``eval.KEY=VALUE``) in it.
     """
+    from posexp.commands.pretrained import pretrained_of, rerun_command
+
     if not folders:
         raise PosexpError("give at least one run folder (or a sweep folder), e.g. "
                           "posexp eval outputs/2026-11-22/10-00-00 eval.lengths=[256,1024]")
@@ -88,10 +93,19 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None) -> list[Path
                 found.setdefault(folder.resolve(), folder)
             else:
                 skipped.append(folder)
+        pretrained = [folder for folder in skipped if pretrained_of(folder) is not None]
         for folder in skipped:
-            if warn is not None:
+            if warn is not None and folder not in pretrained:
                 warn(f"skipping {folder}: it has {RESULTS_JSON} but no {CHECKPOINT}")
-        if not any(p == root.resolve() or root.resolve() in p.parents for p in found):
+        mine = any(p == root.resolve() or root.resolve() in p.parents for p in found)
+        if pretrained and not mine and len(pretrained) == len(skipped):  # nothing here but pretrained runs
+            raise PosexpError(f"{root}: its {len(pretrained)} run(s) are pretrained models' evaluations, whose weights "
+                              f"stay in the models' own folders; measure them again as new runs: "
+                              f"{rerun_command(pretrained, given)}")
+        elif pretrained and warn is not None:
+            warn(f"skipping {len(pretrained)} pretrained model run(s) below {root}, whose weights stay in the models' "
+                 f"own folders; measure them again as new runs: {rerun_command(pretrained, given)}")
+        if not mine:
             extra = f" ({len(skipped)} folder(s) with results but no checkpoint)" if skipped else ""
             raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
                               f"{CHECKPOINT}")
@@ -133,6 +147,7 @@ def _setting_config(raw: DictConfig, overrides: Sequence[tuple[str, Any]],
     saved = SavedConfig(raw, typed(with_eval))  # the edge: typed from here on
     cfg = typed(apply_runtime_overrides(with_eval, runtime)) if runtime else saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
+    check_key_tokens(cfg.eval, cfg.task.name)
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths) and not is_task(cfg):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "
@@ -308,7 +323,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     console = console or Console()
     folders, raw_overrides = split_args(args)
     settings = parse_settings(raw_overrides, multirun=is_multirun(args))
-    runs = find_eval_runs(folders, lambda msg: _warn(console, msg))
+    runs = find_eval_runs(folders, lambda msg: _warn(console, msg), raw_overrides)
     prepared = prepare_all(runs, settings, {Path(f).resolve() for f in folders}, console, strict=strict,
                            allow_changed_encoder=allow_changed_encoder)
 
@@ -423,7 +438,10 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
         if p.task is not None:
             rows, positions = evaluate_task_config(p.model, p.task, cfg, device), None
         else:
-            rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in)
+            key_tokens = for_run(cfg, p.corpus, device, hf_evaluator, str(p.run_dir),
+                                 log=lambda m: console.print(m, highlight=False))
+            rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in,
+                                              key_tokens=key_tokens)
     results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({

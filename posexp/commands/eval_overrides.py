@@ -30,11 +30,16 @@ VALUE_HINTS = {
     "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
     "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
     "longrope_factors": "a list of numbers > 0, one per rotary frequency, e.g. eval.longrope_factors=[1.0,1.5,...], or null",
+    "longrope_start": "a whole number of positions >= 0 (LongRoPE's n^), e.g. eval.longrope_start=4",
+    "longrope_file": "a factors file or folder posexp search wrote, e.g. eval.longrope_file=RUN/longrope/512, or null",
     "window": "a positive integer number of keys, e.g. eval.window=128, or null",
     "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
     "batch_tokens": "an integer",
     "loss_by_position": "true or false",
+    "key_tokens.alpha": "a number of nats, e.g. eval.key_tokens.alpha=2", "key_tokens.beta": "a number of nats",
+    "key_tokens.short_len": "an integer number of tokens, or null",
 }
+NESTED_KEYS = ("key_tokens",)  # eval groups set key by key: eval.key_tokens.evaluator=RUN
 # where and how an evaluation computes: a run's evaluation may set them, since they leave the weights as trained
 # (train.device and train.precision follow device and precision unless set themselves)
 RUNTIME_KEYS = {"train.threads": ("train.threads",), "device": ("device", "train.device"),
@@ -43,7 +48,9 @@ RUNTIME_KEYS = {"train.threads": ("train.threads",), "device": ("device", "train
 MULTIRUN_FLAGS = ("-m", "--multirun")
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
-DEPENDENT_KEYS = {"protocol": ("stride", "last_k"), "scaling": ("scaling_factor", "rerope_window", "longrope_factors"), "multiples": ("lengths",),
+DEPENDENT_KEYS = {"protocol": ("stride", "last_k"),
+                  "scaling": ("scaling_factor", "rerope_window", "longrope_factors", "longrope_start", "longrope_file"),
+                  "multiples": ("lengths",),
                   "window": ("sinks",)}
 
 
@@ -163,7 +170,7 @@ def parse_eval_overrides(overrides: Sequence[str], runtime: bool = False) -> lis
         if name.split(".")[0] == TRAINING_ONLY:
             raise ConfigError(key, "is measured while a run trains (curve.csv); posexp eval evaluates the trained "
                                    f"weights only. To measure the curve, train a run with {text}")
-        if name not in EVAL_KEYS:
+        if name not in EVAL_KEYS and not (name.split(".")[0] in NESTED_KEYS and name.count(".") == 1):
             raise ConfigError(key, f"not an evaluation setting; choose one of: "
                                    f"{', '.join('eval.' + k for k in EVAL_KEYS)}")
         parsed.append((name, ov.value()))
@@ -183,10 +190,10 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
         if key in given:
             for dep in dependents:
                 if dep not in given:
-                    ev[dep] = None
+                    ev[dep] = EvalConfig.__dataclass_fields__[dep].default  # None, or longrope_start's 0
     for name, value in overrides:
         try:
-            ev[name] = value
+            OmegaConf.update(ev, name, value, merge=False)
         except OmegaConfBaseException:
             raise ConfigError(f"eval.{name}", f"{value!r} is not a valid value; expected "
                                               f"{VALUE_HINTS.get(name, 'a value of the schema type')}") from None

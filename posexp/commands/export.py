@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 
 from posexp.commands.loading import load_run
+from posexp.errors import PosexpError
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False):
     """Write the run in ``run_dir`` as a transformers model folder ``out_dir``
-    (:func:`posexp.hf.export.export_loaded`); the destination is checked before the run is read.
+    (:func:`posexp.hf.export.export_loaded`); the destination is claimed and checked before the run is read.
 
     Raises:
         PosexpError: the run cannot be read, its encoding has no exact transformers counterpart, or ``out_dir``
@@ -20,10 +21,16 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite
     from posexp.hf import require_transformers
 
     require_transformers("posexp export")
-    from posexp.hf.export import check_destination, export_loaded
+    from posexp.commands.pretrained import pretrained_refusal
+    from posexp.hf.export import check_destination, claim_destination, write_claimed
 
-    check_destination(Path(run_dir), Path(out_dir).expanduser(), overwrite)
-    return export_loaded(load_run(run_dir), run_dir, out_dir, overwrite)
+    refusal = pretrained_refusal(run_dir, "export")
+    if refusal is not None:  # its weights are a transformers model folder already
+        raise PosexpError(refusal)
+    out = Path(out_dir).expanduser()
+    with claim_destination(out):  # before anything is read or written: a second export into it is refused
+        check_destination(Path(run_dir), out, overwrite)
+        return write_claimed(load_run(run_dir), out)
 
 
 __all__ = ["export_run"]

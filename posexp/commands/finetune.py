@@ -29,7 +29,7 @@ from rich.console import Console
 from posexp.commands.edge import folder_run_hash, load_saved, override_text
 from posexp.config.identity import config_dict
 from posexp.config.schema import Config, DataConfig
-from posexp.errors import ConfigError, PosexpError
+from posexp.errors import ConfigError, PosexpError, require
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_results
 
@@ -120,6 +120,11 @@ def check_parent(parent: Path) -> dict:
         raise PosexpError(f"{parent}: not a finished run ({RESULTS_JSON} has status {status}); finish it first "
                           f"with posexp resume {parent}, or fine-tune another run")
     if not (parent / CHECKPOINT).is_file():
+        from posexp.commands.pretrained import pretrained_refusal
+
+        refusal = pretrained_refusal(parent, "finetune")  # a pretrained model's run: its weights are elsewhere
+        if refusal is not None:
+            raise PosexpError(refusal)
         raise PosexpError(f"{parent}: has no weights ({CHECKPOINT} is missing); retrain it with posexp train")
     return results
 
@@ -218,7 +223,7 @@ def child_config(app: DictConfig) -> DictConfig:
                          "parent_weights_sha256": _weights_sha256(parent), "parent_train_len": parent_len,
                          "parent_corpus_fingerprint": results["run"].get("corpus_fingerprint"),
                          "scaling": str(mine["scaling"]), "scaling_factor": float(factor),
-                         "longrope_factors": mine.get("longrope_factors")}
+                         **_longrope_lineage(mine)}
     if mine.get("drope"):
         child["encoder"] = _dropped_encoder(resolved["encoder"], str(mine["scaling"]), parent)
         child["finetune"]["dropped_encoder"] = str(resolved["encoder"]["name"])
@@ -228,6 +233,24 @@ def child_config(app: DictConfig) -> DictConfig:
     merged = OmegaConf.merge(OmegaConf.structured(Config), child)
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _longrope_lineage(mine: dict) -> dict:
+    """The lineage's LongRoPE factors and ``n^`` (``longrope_file``'s, or as given); ``longrope_start`` only when
+    set, so a fine-tune without it keeps the hash it had (posexp/config/identity.py)."""
+    from types import SimpleNamespace
+
+    from posexp.encoders.scaling import check_longrope_start
+    from posexp.runs.longrope import longrope_settings
+
+    for key in ("longrope_start", "longrope_file"):
+        require(not mine.get(key) or mine["scaling"] == "longrope", key,
+                f"only applies with scaling=longrope (scaling is {mine['scaling']}); drop it or set scaling=longrope")
+    check_longrope_start(mine.get("longrope_start") or 0, "longrope_start")
+    factors, start = longrope_settings(SimpleNamespace(**{k: mine.get(k) for k in
+                                                          ("longrope_file", "longrope_factors", "longrope_start")}),
+                                       prefix="")
+    return {"longrope_factors": factors, **({"longrope_start": start} if start else {})}
 
 
 def _dropped_encoder(parent_encoder: dict, scaling: str, parent: Path) -> dict:

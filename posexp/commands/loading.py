@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, typed
+from posexp.config.schema import PretrainedConfig
 from posexp.errors import PosexpError
 from posexp.reporting.frame import records_table, run_records
 from posexp.reporting.runs import load_run as read_run
@@ -67,7 +68,10 @@ class Run:
 
     @property
     def model(self):
-        """The trained :class:`posexp.model.gpt.GPT` in eval mode on the CPU, ready for ``model(tokens)``.
+        """The trained :class:`posexp.model.gpt.GPT` in eval mode on the CPU, ready for ``model(tokens)``; for the
+        run of a pretrained model (``posexp eval hf:MODEL``) the transformers model it measured, read from the
+        model's own folder (fp32, CPU; ``model(tokens).logits``), checked against the weights' SHA-256 the run
+        recorded.
 
         Built from the run's config and loaded from its checkpoint on first use (then kept), checked
         against the config hash and SHA-256 recorded when training wrote it. Tied input and output
@@ -78,10 +82,13 @@ class Run:
         Raises:
             PosexpError: the checkpoint is missing, corrupt or from another config; a plugin encoder cannot be
                 imported, or its source changed since training (``load_run(..., allow_changed_encoder=True)``
-                goes on with a warning).
+                goes on with a warning); a pretrained model's folder is gone or holds other weights now.
         """
         if self._model is None:
-            self._model = _load_model(self.path, self._saved, self.info, self._allow_changed_encoder)
+            if isinstance(self.info.get("pretrained"), dict):
+                self._model = _load_pretrained_model(self.path, self.info["pretrained"], self.config)
+            else:
+                self._model = _load_model(self.path, self._saved, self.info, self._allow_changed_encoder)
         return self._model
 
     @property
@@ -107,6 +114,11 @@ def load_run(path: str | os.PathLike, allow_changed_encoder: bool = False) -> Ru
 
     report_run = read_run(path)  # a results.json named directly reads as its folder
     run_dir, results = report_run.path, {"run": report_run.info, "rows": report_run.rows}
+    if isinstance(report_run.info.get("pretrained"), dict):  # posexp eval hf:MODEL: its config is that app's
+        raw = load_run_config(run_dir, results)
+        saved = SavedConfig(raw, typed(raw, PretrainedConfig))  # type: ignore[arg-type]
+        return Run(path=run_dir, config=saved.spec, results=records_table(run_records(report_run)),
+                   info=report_run.info, _saved=saved)
     raw = apply_eval_overrides(load_run_config(run_dir, results), [])
     saved = SavedConfig(raw, typed(raw))  # the edge: typed from here on
     return Run(path=run_dir, config=saved.spec, results=records_table(run_records(report_run)), info=report_run.info,
@@ -117,6 +129,33 @@ def _table(rows: list[dict]) -> Any:
     import pandas as pd
 
     return pd.DataFrame(rows)
+
+
+def _load_pretrained_model(run_dir: Path, record: dict, spec: Any):
+    """The transformers model a pretrained run measured, from the model's folder (or the Hugging Face cache), in
+    eval mode, fp32 on the CPU; refused when its weights are no longer those the run recorded."""
+    from posexp.hf import require_transformers
+
+    require_transformers("posexp.load_run(...).model of a pretrained model's run")
+    from posexp.hf.loading import load_pretrained, provenance
+
+    from transformers.utils import logging as hf_logging
+
+    name, revision = str(record.get("name")), record.get("revision")
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one bar per load, in the middle of a user's notebook cell
+    try:
+        model, _ = load_pretrained(name, revision=revision, trust_remote_code=bool(spec.hf.trust_remote_code))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    recorded = record.get("weights_sha256")
+    now = provenance(model, name, revision).get("weights_sha256")
+    if recorded and now != recorded:
+        raise PosexpError(f"{run_dir}: the weights of pretrained model {name} changed since the run measured them "
+                          f"(SHA-256 {str(now)[:12]}... now, {str(recorded)[:12]}... in results.json); its results are "
+                          "not of this model: measure it again with posexp eval hf:MODEL")
+    return model
 
 
 def _load_model(run_dir: Path, saved: SavedConfig, info: dict, allow_changed_encoder: bool = False):

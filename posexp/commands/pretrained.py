@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from posexp.commands.edge import typed
-from posexp.config.schema import DEVICES, PRECISIONS, PretrainedConfig, lengths_of
+from posexp.config.identity import unset_keys_dropped
+from posexp.commands.evaluator import Evaluated, check_key_tokens, key_selector
+from posexp.config.schema import DEVICES, PRECISIONS, DataConfig, EvalConfig, HFConfig, PretrainedConfig, lengths_of
 from posexp.data.corpus import check_fits, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
 from posexp.errors import ConfigError, require
 from posexp.evaluation.accuracy import evaluate_task
+from posexp.evaluation.key_tokens import Evaluator, OpenedEvaluator
 from posexp.evaluation.perplexity import EvalHooks, check_protocol, evaluate
 from posexp.evaluation.runner import EvalProgress, with_model_scaling
 from posexp.model.window import check_window
@@ -75,6 +79,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     if e.lengths is not None:
         check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
     check_window(e.window, e.sinks)
+    check_key_tokens(e, spec.task.name)
     return spec
 
 
@@ -100,6 +105,9 @@ def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
                   f"{device} {str(dtype).replace('torch.', '')} · run dir {run_dir}", highlight=False)
     positions: list[dict] = []
     info = {**corpus.info(), "text": scored_text(corpus, tokenizer, separator, lm.bos)}
+    evaluated = Evaluated(f"{HF_PREFIX}{spec.hf.model}", corpus.val, hf_tokens(tokenizer, separator), train_len)
+    key_tokens = key_selector(spec.eval, evaluated, spec.data, device, hf_evaluator,
+                              log=lambda m: console.print(m, highlight=False)) if spec.task.name == "lm" else None
     if spec.task.name == "passkey":
         task = TextPasskey(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], corpus.val,
                            len(tokenizer), digits=spec.task.digits)
@@ -111,7 +119,8 @@ def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
             rows = evaluate(lm, corpus.val, spec.eval, train_len, device, dtype=dtype,
                             hooks=EvalHooks(log=lambda m: console.print(f"[yellow]{m}[/]", highlight=False),
                                             progress=progress,
-                                            positions=positions if spec.eval.loss_by_position else None))
+                                            positions=positions if spec.eval.loss_by_position else None,
+                                            key_tokens=key_tokens))
         finally:
             progress.close()
     rows = with_model_scaling(rows, *carried_scaling(record))
@@ -171,6 +180,44 @@ def carried_scaling(record: dict) -> tuple[Optional[str], Optional[float]]:
         return None, None
     factor = params.get("factor")
     return str(kind), float(factor) if isinstance(factor, (int, float)) else None
+
+
+def hf_tokens(tokenizer, separator: Optional[int]) -> str:
+    """Which tokens a transformers model reads (key-token perplexity's evaluator must read the same)."""
+    return f"the tokens of transformers tokenizer {tokenizer_fingerprint(tokenizer, separator)}"
+
+
+def hf_evaluator(name: str, device: torch.device) -> Evaluator:
+    """``eval.key_tokens.evaluator=hf:NAME``: its tokenizer's identity, and its id, revision and weights' SHA-256
+    for the cache key, read from its folder; the model itself loads only when a selection is not cached. It reads
+    each window as ``posexp eval hf:NAME`` would (``hf.bos=auto``, ``precision=auto``)."""
+    from posexp.hf import require_transformers
+
+    require_transformers("eval.key_tokens.evaluator=hf:NAME")
+    from posexp.hf.loading import model_folder, snapshot_revision, weight_files, weights_sha256
+
+    spec = PretrainedConfig(hf=HFConfig(model=name), data=DataConfig(), eval=EvalConfig())
+    dtype = resolve_precision(spec.precision, device)
+    folder = model_folder(name, None)
+    if folder is None or not weight_files(folder):  # not on disk as files: load it to know it
+        lm, tokenizer, record = _load(spec, device, dtype)
+        config, weights, revision, loaded = lm.config, record.get("weights_sha256"), record.get("revision"), lm
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        weights, revision, loaded = weights_sha256(None, folder)[0], snapshot_revision(folder), None
+    bos = window_bos(spec.hf.bos, tokenizer, config)
+    identity = f"hf:{name} revision {revision} weights {weights} bos {bos} {str(dtype).removeprefix('torch.')}"
+
+    def opener() -> OpenedEvaluator:
+        lm = loaded if loaded is not None else _load(spec, device, dtype)[0]
+        lm.bos = bos
+        return OpenedEvaluator(lm, int(lm.context_length or 0), None, dtype)
+
+    return Evaluator(f"{HF_PREFIX}{name}", identity, hf_tokens(tokenizer, document_separator(tokenizer, config)),
+                     opener)
 
 
 def document_separator(tokenizer, config) -> Optional[int]:
@@ -245,13 +292,110 @@ def _provenance(spec: PretrainedConfig, label: str, overrides: list[str], train_
     """results.json's ``run`` for a pretrained model: the fields a trained run has where they mean the same
     (``encoder`` is ``hf:NAME``, ``train_len`` the model's context length), the model's own in ``pretrained``."""
     config = OmegaConf.to_container(OmegaConf.structured(spec), resolve=True)
-    blob = repr(sorted((str(k), repr(v)) for k, v in dict(config).items()))  # type: ignore[arg-type]
+    blob = repr(sorted((str(k), repr(v)) for k, v in unset_keys_dropped(config).items()))  # type: ignore[arg-type]
     return {"label": label, "overrides": list(overrides), "encoder": f"{HF_PREFIX}{record['name']}",
             "base": record.get("rope_theta"), "train_len": int(train_len), "seed": int(spec.seed),
             "config": config, "config_hash": hashlib.sha256(blob.encode()).hexdigest()[:16],
             "pretrained": record, **corpus_info, "eval_settings": eval_settings_of(spec.eval),
             "versions": {**versions(), **record.get("versions", {})}, "python_version": platform.python_version(),
             "git_commit": git_commit(), "status": "completed", "params": record.get("parameters")}
+
+
+def pretrained_of(run_dir: str | os.PathLike) -> Optional[dict]:
+    """For the folder of a pretrained model's run (``posexp eval hf:MODEL``), finished or not: ``name`` (the model
+    as given after ``hf:``), ``overrides`` (the others it was launched with) and ``rope_theta`` (where results.json
+    records one); None for any other folder."""
+    import yaml
+
+    from posexp.runs.layout import HYDRA_CONFIG, load_overrides
+
+    folder = Path(run_dir)
+    run: dict = {}
+    try:
+        loaded = json.loads((folder / RESULTS_JSON).read_text()).get("run")
+        run = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        pass
+    model = run.get("pretrained")
+    name = model.get("name") if isinstance(model, dict) else None
+    overrides = run.get("overrides")
+    if name is None:  # an unfinished one: what Hydra saved before it started
+        try:
+            saved = yaml.safe_load((folder / HYDRA_CONFIG).read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+        hf = saved.get("hf") if isinstance(saved, dict) else None
+        if not isinstance(hf, dict) or "model" not in hf or "encoder" in saved:
+            return None
+        name = hf["model"]
+    if overrides is None:
+        try:
+            overrides = load_overrides(folder)
+        except Exception:  # noqa: BLE001 - no overrides.yaml: the model alone
+            overrides = []
+    kept = [str(o) for o in overrides if not str(o).startswith("hf.model=")]
+    return {"name": str(name), "overrides": kept,
+            "rope_theta": model.get("rope_theta") if isinstance(model, dict) else None,
+            "train_len": run.get("train_len")}
+
+
+def hf_argument(name: str) -> str:
+    """``hf:NAME`` as a shell takes it: quoted for Hydra (and the shell) where the name has a comma or a space."""
+    if set(name) & set(",[]{}()= '\"\\"):
+        inner = name.replace("\\", "\\\\").replace("'", "\\'")
+        return f"\"hf:'{inner}'\""
+    return f"hf:{name}"
+
+
+def pretrained_refusal(run_dir: str | os.PathLike, command: str) -> Optional[str]:
+    """The line ``command`` (export, finetune, analyze, load_run) says of a pretrained model's run, whose weights
+    stay in the model's folder: what it is, and what to type instead; None for any other folder."""
+    found = pretrained_of(run_dir)
+    if found is None:
+        return None
+    name, model = found["name"], hf_argument(found["name"])
+    what = f"{run_dir}: the run of pretrained model {name}, whose weights stay in the model's own folder"
+    if command == "export":
+        return (f"{what}; posexp export writes posexp's own trained runs, and {name} is a transformers model "
+                f"already: load it as it is, AutoModelForCausalLM.from_pretrained('{name}'), or "
+                f"posexp.load_run('{run_dir}').model")
+    if command == "finetune":
+        return (f"{what}; posexp finetune continues posexp's own trained runs: measure the model under a context "
+                f"extension instead, e.g. posexp eval {model} eval.scaling=yarn")
+    if command == "analyze":
+        theta, length = found.get("rope_theta"), found.get("train_len")
+        if theta:
+            return (f"{what}; posexp analyze reads posexp's own trained runs: the geometry of its rotary "
+                    f"frequencies is posexp analyze encoder=rope base={theta:g}"
+                    f"{f' train_len={length}' if length else ''}")
+        return f"{what}; posexp analyze reads posexp's own trained runs and encoders, not a transformers model"
+    return f"{what}; {command} reads posexp's own trained runs"
+
+
+def rerun_command(folders: list[Path], given: Sequence[str] = ()) -> str:
+    """The ``posexp eval`` line that measures again, as new runs, the pretrained models' runs in ``folders``: their
+    models and the overrides they were launched with (one that differs between them swept, as their sweep did),
+    ``given`` (the user's ``eval.KEY=VALUE``) in place of the recorded value of the same key."""
+    records = [r for r in (pretrained_of(f) for f in folders) if r is not None]
+    models = list(dict.fromkeys(r["name"] for r in records))
+    values: dict[str, list[str]] = {}
+    for r in records:
+        for o in r["overrides"]:
+            key, _, value = str(o).partition("=")
+            values.setdefault(key, [])
+            if value not in values[key]:
+                values[key].append(value)
+    for o in given:
+        key, _, value = str(o).partition("=")
+        values[key] = [value]
+    if len(models) == 1:
+        model = hf_argument(models[0])
+    else:
+        names = [f"'{m}'" if hf_argument(m) != f"hf:{m}" else m for m in models]
+        model = f"\"hf:{','.join(names)}\"" if any(n.startswith("'") for n in names) else f"hf:{','.join(names)}"
+    sweep = len(models) > 1 or any(len(v) > 1 for v in values.values())
+    settings = " ".join(f"{k}={','.join(v)}" for k, v in values.items())
+    return " ".join(part for part in ("posexp eval", "-m" if sweep else "", model, settings) if part)
 
 
 def pretrained_hint(run_dir: Path) -> Optional[str]:
@@ -266,7 +410,9 @@ def pretrained_hint(run_dir: Path) -> Optional[str]:
         return None
     kept = " ".join(o for o in run.get("overrides", []) if not o.startswith("hf.model="))
     return (f"{run_dir}: the run of pretrained model {model.get('name')}, whose weights stay in its own folder; "
-            f"measure it again as a new run: posexp eval hf:{model.get('name')} {kept} eval.KEY=VALUE".rstrip())
+            f"measure it again as a new run: posexp eval {hf_argument(str(model.get('name')))} {kept} eval.KEY=VALUE"
+            .rstrip())
 
 
-__all__ = ["HF_PREFIX", "check_pretrained", "pretrained_hint", "pretrained_run", "tokenizer_fingerprint"]
+__all__ = ["HF_PREFIX", "check_pretrained", "hf_argument", "pretrained_hint", "pretrained_of", "pretrained_refusal",
+           "pretrained_run", "rerun_command", "tokenizer_fingerprint"]

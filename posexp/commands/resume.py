@@ -20,8 +20,8 @@ from rich.console import Console
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.errors import PosexpError
 from posexp.commands.edge import folder_run_hash, load_saved
-from posexp.runs.layout import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides
-from posexp.runs.lock import run_lock
+from posexp.runs.layout import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, run_status
+from posexp.runs.lock import EVALUATING, run_lock
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
@@ -40,6 +40,11 @@ def check_resumable(run_dir: Path) -> None:
         raise PosexpError(f"{run_dir}: not a run folder (no {HYDRA_CONFIG}); posexp resume continues a run "
                           "started with posexp train, e.g. posexp resume outputs/2026-11-22/10-00-00")
     results = run_dir / RESULTS_JSON
+    from posexp.commands.pretrained import pretrained_hint, pretrained_of
+
+    if pretrained_of(run_dir) is not None and run_status(run_dir) == "completed":
+        raise PosexpError(f"{run_dir}: already finished ({RESULTS_JSON} has status completed); nothing to resume. "
+                          f"{pretrained_hint(run_dir)}")
     if results.is_file():
         try:
             data = json.loads(results.read_text(encoding="utf-8"))
@@ -71,10 +76,46 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_ch
 
     run_dir = Path(run_dir)
     check_resumable(run_dir)
+    from posexp.commands.pretrained import pretrained_of
+
+    model = pretrained_of(run_dir)
+    if model is not None:  # posexp eval hf:MODEL keeps no checkpoint: its evaluation runs again, in its folder
+        with run_lock(run_dir, doing=EVALUATING):
+            return _resume_pretrained(run_dir, model["name"], console or Console())
     if not is_main():  # under torchrun rank 0 holds the folder and writes; the others train beside it
         return _resume(run_dir, Console(quiet=True), allow_changed_encoder, writes=False)
     with run_lock(run_dir):  # refused while another process trains there
         return _resume(run_dir, console or Console(), allow_changed_encoder)
+
+
+def _resume_pretrained(run_dir: Path, name: str, console: Console) -> dict:
+    """:func:`resume_main` of a pretrained model's evaluation stopped before it wrote its results: the model is
+    measured again from the start, in the same folder, with the config and overrides the folder holds."""
+    from posexp.commands.edge import read_saved_config
+    from posexp.commands.pretrained import check_pretrained, pretrained_run
+
+    check_resumable(run_dir)  # again, now that no other process can finish it meanwhile
+    spec = check_pretrained(read_saved_config(run_dir))
+    console.print(f"{run_dir}: a pretrained model's evaluation keeps no checkpoint; evaluating {name} again from "
+                  "the start in the same folder", highlight=False)
+    handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        results = pretrained_run(spec, run_dir, load_overrides(run_dir), console)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        handler.close()
+    sweep = run_dir.resolve().parent
+    if is_sweep_dir(sweep):
+        from posexp.reporting.summary import refresh_sweep_summary
+
+        refresh_sweep_summary(sweep, console)
+    return results
 
 
 def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False, writes: bool = True) -> dict:

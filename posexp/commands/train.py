@@ -27,6 +27,8 @@ from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingIn
 from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
 from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
+from posexp.commands.evaluator import check_key_tokens, for_run
+from posexp.commands.pretrained import hf_evaluator
 from posexp.evaluation.runner import evaluate_config
 from posexp.rendering.results import results_table, write_loss_by_position, write_results
 from posexp.model.gpt import GPT
@@ -146,6 +148,7 @@ def check_spec(spec: Config) -> Config:
         ConfigError: naming the key and what is allowed.
     """
     validate(spec)
+    check_key_tokens(spec.eval, spec.task.name)  # an evaluator that is no run stops here, not after training
     tracking.check_loggers(spec.logger)  # a tracker library not installed stops here, before any job trains
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest and not is_task(spec):  # a task scores eval.examples instances instead
@@ -345,7 +348,10 @@ def _evaluate_and_write(job: TrainJob, model: GPT, source: TrainingSource, resul
     if source.task is not None:
         rows, positions = evaluate_task_config(model, source.task, spec, device), None
     else:
-        rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision)
+        key_tokens = for_run(spec, source.corpus, device, hf_evaluator, str(run_dir),
+                             log=lambda m: console.print(m, highlight=False))
+        rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision,
+                                          key_tokens=key_tokens)
     results: dict[str, Any] = {"run": provenance(spec, job.overrides, source.info(), model, result, job.identity),
                                "rows": rows}
     if reused is not None:

@@ -44,7 +44,8 @@ from posexp.data.tokenizer import TokenizerSpec, check_spec
 from posexp.encoders import PositionalEncoder, get, load_plugin, option_names, options_schema, registry
 from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
-from posexp.encoders.scaling import LONGROPE, check_known
+from posexp.encoders.scaling import LONGROPE, check_known, check_longrope_start
+from posexp.runs.longrope import longrope_settings
 from posexp.encoders.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
                                          scaled_encoder)
 from posexp.evaluation.perplexity import check_protocol
@@ -226,10 +227,11 @@ def validate_finetune(cfg: Config, parent_encoder: PositionalEncoder) -> Positio
     try:
         return extend_encoder(parent_encoder, cfg)
     except ConfigError as e:  # the scaling's check names the eval key; a fine-tune sets it as longrope_factors
-        if e.key != "eval.longrope_factors":
+        if e.key not in ("eval.longrope_factors", "eval.longrope_start"):
             raise
-        message = str(e).split(": ", 1)[1].replace("eval.longrope_factors", "longrope_factors")
-        raise ConfigError("longrope_factors", message) from None
+        key = e.key.removeprefix("eval.")
+        message = str(e).split(": ", 1)[1].replace(e.key, key)
+        raise ConfigError(key, message) from None
 
 
 def check_finite(cfg: Config) -> None:
@@ -395,8 +397,14 @@ def validate_eval(cfg: Config, encoder=None) -> None:
     factors = getattr(e, "longrope_factors", None)
     require(factors is None or e.scaling == LONGROPE, "eval.longrope_factors",
             f"only applies with eval.scaling=longrope (scaling is {e.scaling}); drop it or set eval.scaling=longrope")
+    for key in ("longrope_start", "longrope_file"):  # LongRoPE's n^ (Ding et al. 2024, §3.2) and posexp search's file
+        require(not getattr(e, key, None) or e.scaling == LONGROPE, f"eval.{key}",
+                f"only applies with eval.scaling=longrope (scaling is {e.scaling}); drop it or set "
+                f"eval.scaling=longrope")
+    check_longrope_start(getattr(e, "longrope_start", 0))
+    factors, start = longrope_settings(e)
     if e.scaling == LONGROPE and encoder is not None:  # their count and values, read as past the training length
-        scaled_encoder(encoder, LONGROPE, 2.0, int(cfg.train_len), None if factors is None else list(factors))
+        scaled_encoder(encoder, LONGROPE, 2.0, int(cfg.train_len), factors, start)
     check_window(e.window, e.sinks)
 
 

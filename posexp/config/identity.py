@@ -59,6 +59,23 @@ HASH_FORMAT = 2
 HASH_OMITS = ("base", "device", "precision", "compile")
 
 
+# eval keys added after runs were written, and the test of their unset value: an unset one is left out wherever a
+# hash covers the eval group (a pretrained model's run, posexp.commands.pretrained), so earlier hashes hold
+EVAL_KEYS_UNSET = {"key_tokens": lambda v: isinstance(v, dict) and v.get("evaluator") is None}
+
+
+def unset_keys_dropped(config: dict) -> dict:
+    """A config as plain data less the eval keys of :data:`EVAL_KEYS_UNSET` left unset (``eval.key_tokens`` with
+    no evaluator): the config a hash over the eval group reads."""
+    out = copy.deepcopy(config)
+    e = out.get("eval")
+    if isinstance(e, dict):
+        for key, unset in EVAL_KEYS_UNSET.items():
+            if key in e and unset(e[key]):
+                del e[key]
+    return out
+
+
 def config_dict(cfg: Config) -> dict:
     """The typed config as plain data, interpolations resolved: what results.json records, trackers are told,
     and the hashes are computed from."""
@@ -85,7 +102,7 @@ def weights_of(config: dict) -> dict:
     if out.get("finetune", 0) is None:
         del out["finetune"]  # a run trained from scratch: its key as before fine-tuning existed
     elif isinstance(out.get("finetune"), dict):
-        for key in ("longrope_factors", "dropped_encoder"):  # unset: the lineage as before these keys existed
+        for key in ("longrope_factors", "longrope_start", "dropped_encoder"):  # unset: as before these keys existed
             if out["finetune"].get(key, 0) is None:
                 del out["finetune"][key]
     for dotted in NOT_WEIGHTS:

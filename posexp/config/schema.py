@@ -176,6 +176,23 @@ class CurveConfig:
 
 
 @dataclass
+class KeyTokensConfig:
+    """``eval.key_tokens``: key-token perplexity (LongPPL, Fang et al. 2024; :mod:`posexp.evaluation.key_tokens`).
+
+    An evaluator model marks the targets it predicts much better with a row's whole context than with only the
+    last ``short_len`` tokens; each perplexity row then also gets ``ppl_key`` over those targets. Off (the
+    evaluator null) leaves every row and every hash as they were.
+    """
+
+    evaluator: Optional[str] = None  # a run folder or hf:NAME; null = off
+    alpha: float = 2.0  # LSD threshold: log p(long) - log p(short) > alpha (nats; the paper's 2)
+    beta: float = -2.0  # LCL threshold: log p(long) > beta (nats; the paper's -2)
+    short_len: Optional[int] = None  # the short context K in tokens; null = the evaluated model's train_len
+    short_stride: Optional[int] = None  # targets per short window S (context K .. K+S-1); null = K / 4; 1 = exact K
+    cache_dir: Optional[str] = None  # where selections are kept; null = key_tokens/ under the token cache
+
+
+@dataclass
 class EvalConfig:
     """How perplexity is measured; the only group ``posexp eval`` lets a user change after training.
 
@@ -193,6 +210,8 @@ class EvalConfig:
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
     longrope_factors: Optional[List[float]] = None  # eval.scaling=longrope: one rescale factor per rotary frequency
+    longrope_start: int = 0  # eval.scaling=longrope: LongRoPE's n^, the first positions left unscaled (0 = none)
+    longrope_file: Optional[str] = None  # eval.scaling=longrope: a factors file posexp search wrote (factors and n^)
     window: Optional[int] = None  # attend only to the last K keys (a window baseline); null = the whole past
     sinks: Optional[int] = None  # with a window: the first S tokens stay visible too (attention sinks)
     batch_tokens: int = 16384
@@ -202,6 +221,8 @@ class EvalConfig:
     depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # extrapolation while training goes (curve.csv, curve.png): off unless eval.during_training.every is set
     during_training: CurveConfig = field(default_factory=CurveConfig)
+    # key-token perplexity (LongPPL): off unless eval.key_tokens.evaluator names a run or hf:MODEL
+    key_tokens: KeyTokensConfig = field(default_factory=KeyTokensConfig)
 
 
 @dataclass
@@ -217,6 +238,7 @@ class FinetuneConfig:
     scaling: str = "none"  # none (direct fine-tuning) | linear | ntk | dynamic_ntk | yarn | llama3 | longrope
     scaling_factor: float = 1.0  # s (for dynamic_ntk the factor a of its formula)
     longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
+    longrope_start: Optional[int] = None  # scaling=longrope: LongRoPE's n^ (null: 0, every position scaled)
     # DroPE (Gelberg et al. 2025): the parent's encoding this fine-tune dropped (rope), its encoder now none
     dropped_encoder: Optional[str] = None
 
@@ -294,6 +316,8 @@ class FinetuneAppConfig:
     scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope (what the encoding offers)
     scaling_factor: Optional[float] = None  # null: new train_len / parent's (dynamic_ntk: 1)
     longrope_factors: Optional[List[float]] = None  # scaling=longrope: one rescale factor per rotary frequency
+    longrope_start: int = 0  # scaling=longrope: LongRoPE's n^, the first positions left unscaled (0 = none)
+    longrope_file: Optional[str] = None  # scaling=longrope: a factors file posexp search wrote (factors and n^)
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
     # DroPE (Gelberg et al. 2025): drop a RoPE parent's positional encoding and recalibrate (encoder=none sets it)
     drope: bool = False

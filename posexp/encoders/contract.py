@@ -222,19 +222,20 @@ class PositionalEncoder(nn.Module):
         return self.name
 
     def extended(self, kind: str, factor: float, train_len: int, new_len: int,
-                 factors: Optional[Sequence[float]] = None) -> "PositionalEncoder":
+                 factors: Optional[Sequence[float]] = None, start: int = 0) -> "PositionalEncoder":
         """The encoder a fine-tune at ``new_len`` tokens trains, from this one trained at ``train_len``.
 
         ``none`` (direct fine-tuning) keeps the encoding as it is. Any other method is the encoder's own
-        evaluation-time ``with_scaling`` copy, which shares this encoder's parameters: training and evaluation
-        read positions through one implementation (position interpolation, Chen et al. 2023, and the rotary
-        formulas of ``posexp/encoders/scaling.py``).
+        evaluation-time ``with_scaling`` copy, which shares this encoder's parameters (``start``: LongRoPE's
+        ``n^``, passed on only when set): training and evaluation read positions through one implementation
+        (position interpolation, Chen et al. 2023, and the rotary formulas of ``posexp/encoders/scaling.py``).
 
         Raises:
             ConfigError: ``none`` for an encoding that cannot represent ``new_len`` positions.
         """
-        if kind != "none":  # the scaling encoders' own; LongRoPE's per-frequency factors where given
-            return self.with_scaling(kind, factor, train_len, *([factors] if factors is not None else []))
+        if kind != "none":  # the scaling encoders' own; LongRoPE's per-frequency factors (and n^) where given
+            extra: dict = {"start": start} if start else {}
+            return self.with_scaling(kind, factor, train_len, *([factors] if factors is not None else []), **extra)
         if not self.supports(new_len):
             raise ConfigError("train_len", f"encoder {self.name!r} represents positions 0..{self.max_length - 1}, "
                                            f"fewer than train_len={new_len}, and scaling=none keeps it as it is")

@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 from torch import nn
 
 from posexp.encoders import get, registry
-from posexp.encoders.scaling import LONGROPE, NONE, REROPE, SCALINGS, check_known, supported_scalings
+from posexp.encoders.scaling import (LONGROPE, NONE, REROPE, SCALINGS, check_known, check_longrope_start,
+                                     supported_scalings)
 from posexp.errors import ConfigError
 
 
@@ -87,9 +88,9 @@ def default_factor(length: int, train_len: int) -> float:
 
 
 def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int,
-                   longrope_factors: Optional[Sequence[float]] = None) -> nn.Module:
+                   longrope_factors: Optional[Sequence[float]] = None, longrope_start: int = 0) -> nn.Module:
     """The encoder itself for ``none``, else its ``with_scaling`` copy (``longrope`` given its per-frequency
-    factors, ``eval.longrope_factors``).
+    factors, ``eval.longrope_factors``, and its ``n^``, ``eval.longrope_start``, passed on only when set).
 
     Raises:
         ConfigError: the encoding does not offer ``kind``; ``longrope`` without its factors past factor 1.
@@ -97,7 +98,9 @@ def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int,
     check_scaling(kind, getattr(encoder, "name", type(encoder).__name__), encoder)
     if kind == NONE:
         return encoder
-    extra = {"factors": longrope_factors} if kind == LONGROPE else {}
+    extra: dict = {"factors": longrope_factors} if kind == LONGROPE else {}
+    if kind == LONGROPE and longrope_start:
+        extra["start"] = check_longrope_start(longrope_start)
     return encoder.with_scaling(kind, float(factor), int(train_len), **extra)  # checked above
 
 

@@ -84,7 +84,7 @@ class TemperedNoPE(PositionalEncoder):
         return q * tau[:, None].to(q.dtype), k
 
     def with_scaling(self, kind: str, factor: float, train_len: int,
-                     factors: Optional[Sequence[float]] = None) -> "TemperedNoPE":
+                     factors: Optional[Sequence[float]] = None, start: int = 0) -> "TemperedNoPE":
         return self
 
     @property
@@ -156,8 +156,8 @@ class IRoPE(Mixed):
         return "irope"
 
     def with_scaling(self, kind: str, factor: float, train_len: int,
-                     factors: Optional[Sequence[float]] = None) -> "Mixed":
-        clone = super().with_scaling(kind, factor, train_len, factors)
+                     factors: Optional[Sequence[float]] = None, start: int = 0) -> "Mixed":
+        clone = super().with_scaling(kind, factor, train_len, factors, start)
         for enc in clone.per_layer:  # a wrapping scaled copy (rerope) keeps the layer's window
             if not isinstance(enc, TemperedNoPE):
                 enc.layer_window, enc.layer_chunked = self.window, self.local == "chunked"

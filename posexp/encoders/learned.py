@@ -64,7 +64,7 @@ class Learned(PositionalEncoder):
         return clone
 
     def extended(self, kind: str, factor: float, train_len: int, new_len: int,
-                 factors: Optional[Sequence[float]] = None) -> "Learned":
+                 factors: Optional[Sequence[float]] = None, start: int = 0) -> "Learned":
         """A table of ``new_len`` rows for fine-tuning at ``new_len`` tokens, starting from this one.
 
         ``linear``: row ``m`` is this table read at ``m / s`` (:meth:`with_scaling`'s interpolation, so the

@@ -182,14 +182,16 @@ class Mixed(PositionalEncoder):
         return None
 
     def with_scaling(self, kind: str, factor: float, train_len: int,
-                     factors: Optional[Sequence[float]] = None) -> "Mixed":
+                     factors: Optional[Sequence[float]] = None, start: int = 0) -> "Mixed":
         """A copy whose position-dependent layers are scaled copies (each with its own ``with_scaling``;
-        ``factors``, LongRoPE's, passed on to each)."""
+        ``factors`` and ``start``, LongRoPE's, passed on to each)."""
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)
         clone = module_copy(self)
-        extra = {} if factors is None else {"factors": factors}
+        extra: dict = {} if factors is None else {"factors": factors}
+        if start:
+            extra["start"] = start
         clone.per_layer = nn.ModuleList(e.with_scaling(kind, factor, train_len, **extra) if _acts_in_attention(e)
                                         else e for e in self.per_layer)
         return clone

@@ -23,7 +23,7 @@ from torch import Tensor
 from posexp.encoders import register
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.encoders.frequencies import check_schedule, rope_frequencies
-from posexp.encoders.scaling import module_copy, rope_scaling
+from posexp.encoders.scaling import LONGROPE, check_longrope_start, module_copy, rope_scaling
 from posexp.errors import ConfigError, require
 
 # eval-time scalings that are formulas in the base of the exponential schedule (posexp/encoders/scaling.py)
@@ -80,6 +80,7 @@ class RoPE(PositionalEncoder):
     supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
     attention_scaling = 1.0  # YaRN's sqrt(1/t) on q and k; 1 unless scaled
     scaling: Optional[tuple[str, float, int]] = None  # (kind, factor, train_len) on a scaled copy
+    longrope_start = 0  # LongRoPE's n^ on a longrope copy: positions below it keep the trained rotation
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0, freq_schedule: str = "exponential",
                  alpha: float = 1.0, rotary_fraction: float = 1.0):
@@ -123,7 +124,7 @@ class RoPE(PositionalEncoder):
         return None
 
     def with_scaling(self, kind: str, factor: float, train_len: int,
-                     factors: Optional[Sequence[float]] = None) -> PositionalEncoder:
+                     factors: Optional[Sequence[float]] = None, start: int = 0) -> PositionalEncoder:
         """A copy with frequencies scaled for evaluation past ``train_len`` (formulas in posexp/encoders/scaling.py).
 
         Args:
@@ -132,6 +133,8 @@ class RoPE(PositionalEncoder):
                 for ``rerope`` the window ``w`` in tokens).
             train_len: the context length the model was trained at.
             factors: ``longrope``'s per-frequency rescale factors (``eval.longrope_factors``); others ignore it.
+            start: ``longrope``'s ``n^`` (``eval.longrope_start``): positions below it keep the trained rotation
+                and no temperature (Ding et al. 2024, §3.2); others ignore it.
 
         Returns:
             A module sharing this one's state; this one is left unchanged.
@@ -156,6 +159,11 @@ class RoPE(PositionalEncoder):
         clone.inv_freq = self.adjust_frequencies(theta).to(self.inv_freq)
         clone._dynamic_cache = {}
         clone.relative = kind != "dynamic_ntk"  # its base follows the largest key position, not distances
+        start = check_longrope_start(start) if kind == LONGROPE else 0
+        if start > 0 and factor > 1:  # at s <= 1 every position is unscaled already
+            clone.longrope_start = start
+            clone.register_buffer("trained_inv_freq", self.inv_freq, persistent=False)
+            clone.relative = False  # a key's rotation depends on which side of n^ it lies, not on distance alone
         return clone
 
     def frequencies(self, seq_len: int) -> tuple[Tensor, float]:
@@ -199,7 +207,19 @@ class RoPE(PositionalEncoder):
             cos_k, sin_k = cos_q, sin_q
         else:
             cos_k, sin_k = self.angles(k_pos, inv_freq, scale)
-        return self.rotate_features(q, cos_q, sin_q, scale), self.rotate_features(k, cos_k, sin_k, scale)
+        q_rot, k_rot = self.rotate_features(q, cos_q, sin_q, scale), self.rotate_features(k, cos_k, sin_k, scale)
+        if self.longrope_start > 0:
+            q_rot, k_rot = self._trained_below_start(q, q_pos, q_rot), self._trained_below_start(k, k_pos, k_rot)
+        return q_rot, k_rot
+
+    def _trained_below_start(self, x: Tensor, pos: Tensor, rotated: Tensor) -> Tensor:
+        """``rotated`` with the positions below LongRoPE's ``n^`` rotated as trained instead, by ``n * theta_i``
+        and without the temperature (Ding et al. 2024, §3.2; the authors' code copies the unscaled cos/sin there)."""
+        early = pos < self.longrope_start  # (L,)
+        if not bool(early.any()):
+            return rotated
+        cos, sin = self.angles(pos, self.trained_inv_freq)
+        return torch.where(early[:, None], self.rotate_features(x, cos, sin), rotated)  # (..., L, Dh)
 
     def extra_repr(self) -> str:
         parts = [super().extra_repr()]
@@ -208,6 +228,8 @@ class RoPE(PositionalEncoder):
                                                                    if self.freq_schedule == "power" else ""))
         if self.rot_dim != self.head_dim:
             parts.append(f"rotary_dims={self.rot_dim}/{self.head_dim}")
+        if self.longrope_start:
+            parts.append(f"longrope_start={self.longrope_start}")
         return ", ".join(parts)
 
 

@@ -20,7 +20,9 @@ to new rotary frequencies, or to fractional positions for absolute encodings:
 ``longrope``    per-frequency rescale factors ``theta_i / lambda_i``, given as  rope
                 ``eval.longrope_factors`` (one per rotary frequency), and
                 the temperature ``sqrt(1 + ln s / ln L)`` (Ding et al. 2024;
-                Phi-3's and transformers' ``longrope``); unscaled at ``s <= 1``
+                Phi-3's and transformers' ``longrope``); unscaled at ``s <= 1``;
+                the first ``n^`` positions (``eval.longrope_start``, default
+                0) keep the trained rotation (Ding et al. 2024, §3.2)
 ``rerope``      the relative position is clamped at a window ``w``             rope
                 (``eval.rerope_window``, default ``train_len / 2``): RoPE
                 within ``w``, RoPE at distance ``w`` beyond (Su 2023); no
@@ -157,7 +159,7 @@ def longrope_frequencies(dim: int, base: float, factors: Optional[Sequence[float
     """LongRoPE's rescaled frequencies ``theta_i / lambda_i`` (Ding et al. 2024, §2.2: one interpolation factor
     ``lambda_i`` per RoPE dimension, found by their evolutionary search), float64; the unscaled ``theta_i`` for
     ``s <= 1`` (transformers' short factors, taken as 1). The paper's other searched setting, the first
-    ``n^`` positions left unscaled, is not applied, as in transformers.
+    ``n^`` positions left unscaled, is a per-position choice the encoders make (:func:`check_longrope_start`).
 
     Raises:
         ConfigError: ``factors`` missing, not ``dim / 2`` of them, or not all > 0, for ``s > 1``.
@@ -172,6 +174,22 @@ def longrope_frequencies(dim: int, base: float, factors: Optional[Sequence[float
                                                    f"{n} of them, e.g. eval.longrope_factors=[1.0,1.2,...] "
                                                    f"(got {given})")
     return theta / torch.tensor([float(f) for f in factors], dtype=torch.float64)
+
+
+def check_longrope_start(start: object, key: str = "eval.longrope_start") -> int:
+    """LongRoPE's ``n^`` (Ding et al. 2024, §3.2): the first ``n^`` positions keep the trained rotation
+    ``n * theta_i`` (and no temperature), the rest turn at ``n * theta_i / lambda_i``. In the paper's words,
+    ``I(lambda_i, n^) = 1`` for ``n < n^`` and ``1 / lambda_i`` otherwise; the authors' code
+    (``LlamaLongRoPEScaledStartTokenRotaryEmbedding``) copies the unscaled cos/sin, without the temperature, into
+    the first ``n^`` rows. 0 (the default) scales every position, as transformers' ``longrope`` type does.
+
+    Raises:
+        ConfigError: not a whole number >= 0.
+    """
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ConfigError(key, f"must be a whole number of positions >= 0, the first positions LongRoPE leaves "
+                               f"unscaled (n^; 0 = none), e.g. {key}=4 (got {start!r})")
+    return int(start)
 
 
 def rope_scaling(kind: str, dim: int, base: float, factor: float, train_len: int,
@@ -241,6 +259,7 @@ def module_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-__all__ = ["LONGROPE", "NONE", "REROPE", "ROTARY_SCALINGS", "SCALINGS", "dynamic_ntk_base", "llama3_frequencies",
+__all__ = ["LONGROPE", "NONE", "REROPE", "ROTARY_SCALINGS", "SCALINGS", "check_longrope_start", "dynamic_ntk_base",
+           "llama3_frequencies",
            "longrope_attention_scaling", "longrope_frequencies", "module_copy", "ntk_base", "rope_frequencies",
            "rope_scaling", "supported_scalings", "yarn_attention_scaling", "yarn_frequencies"]

@@ -96,7 +96,7 @@ class CurveProbe:
         plain = dataclasses.replace(e, lengths=self.lengths, tokens=int(e.during_training.tokens),
                                     protocol="nonoverlap", stride=None, last_k=None, scaling="none",
                                     scaling_factor=None, rerope_window=None, longrope_factors=None, window=None,
-                                    sinks=None)
+                                    sinks=None, longrope_start=0, longrope_file=None)
         return evaluate(self.model, self.val, plain, int(self.cfg.train_len), self.device, position_plan=self.plan,
                         dtype=dtype, hooks=EvalHooks(memory=False))
 

@@ -1,24 +1,30 @@
-"""LongRoPE's search for per-frequency rescale factors (Ding et al. 2024, "LongRoPE", §2.2 and Algorithm 1).
+"""LongRoPE's search for per-frequency rescale factors and ``n^`` (Ding et al. 2024, "LongRoPE", §3.2, Algorithm 1).
 
 LongRoPE rescales each rotary frequency by its own factor, ``theta_i / lambda_i``, instead of one rule for all
-(PI: every ``lambda_i = s``; NTK, YaRN: a formula in ``i``). The factors are found by an evolutionary search
-against perplexity at the target length:
+(PI: every ``lambda_i = s``; NTK, YaRN: a formula in ``i``), and leaves the first ``n^`` positions unscaled
+(``I(lambda_i, n^) = 1`` for ``n < n^``). Both are found by an evolutionary search at the target length:
 
-- the first population holds the factors PI, NTK and YaRN imply (the paper's initial solutions), then copies of
-  them mutated;
+- the first population holds the factors PI, NTK and YaRN imply (the paper's initial solutions) with ``n^ = 0``,
+  then copies of them mutated;
 - each generation keeps the ``parents`` best, and makes children by mutation (each factor multiplied by
-  ``exp(N(0, sigma))``) and crossover (each factor taken from one of two parents);
+  ``exp(N(0, sigma))``; ``n^`` redrawn from :data:`START_CHOICES` with probability 0.3) and
+  crossover (each factor, and ``n^``, taken from one of two parents);
 - every candidate obeys the paper's monotone constraint ``1 <= lambda_0 <= lambda_1 <= ...`` (lower frequencies,
-  larger index, interpolated at least as much), enforced by sorting and clipping to ``[1, 2 s]``.
+  larger index, interpolated at least as much), enforced by sorting and clipping to ``[1, 2 s]``, on the paper's
+  grid of step 0.01.
 
-The score is the perplexity at ``target_len`` on a slice of the validation tokens held apart from what ``posexp
-eval`` scores (the last tokens of the split; the evaluation reads from its start), so that the factors are not
-chosen on the numbers they are then reported with. The paper's other searched setting, the first ``n^`` positions
-left unscaled, is not searched (posexp's ``longrope`` does not apply it, as transformers does not).
+The score is one of two objectives, lower is better:
 
-``posexp eval RUN eval.scaling=longrope eval.longrope_factors=[...]`` then evaluates with the factors found, and
-``posexp finetune RUN scaling=longrope longrope_factors=[...]`` fine-tunes with them (``scripts/longrope_search.py``
-runs the search on a run folder).
+- ``ppl`` (LongRoPE): perplexity at the target length on a slice of the validation tokens held apart from what
+  ``posexp eval`` scores (the last tokens of the split; the evaluation reads from its start);
+- ``needle`` (LongRoPE2, Shang et al. 2025, §3.2 "needle-driven perplexity"): perplexity on the answer tokens only,
+  of documents of the target length with a passkey planted at a random depth and asked for at the end (the
+  passkey wording of Mohtashami & Jaggi 2023, as LongRoPE2 uses it), so that the factors are chosen for reading
+  far context, not for the local tokens that dominate plain perplexity.
+
+The search is deterministic given its seed: candidates depend only on the random numbers and on the scores, so a
+search that replays with the scores it already has (``cache``) makes the same candidates and only scores new ones.
+``posexp search`` keeps that cache in a state file, which is how a stopped search continues (posexp/commands/search.py).
 """
 
 from __future__ import annotations
@@ -31,22 +37,28 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from posexp.config.schema import Config
-from posexp.encoders.scaling import ntk_base, rope_frequencies, yarn_frequencies
+from posexp.encoders.scaling import LONGROPE, ntk_base, rope_frequencies, yarn_frequencies
 from posexp.errors import require
 
 Log = Optional[Callable[[str], None]]
+Score = Callable[[np.ndarray, int], float]  # (factors, n^) -> the objective, lower is better
+
+# n^'s search space (Ding et al. 2024, §3.2): the first positions left unscaled
+START_CHOICES = (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256)
+STEP = 0.01  # the factors' grid (the paper's search step)
+OBJECTIVES = ("ppl", "needle")
 
 
 @dataclass
 class SearchResult:
-    """The best factors found, their perplexity, the starting points' (``pi``, ``ntk``, ``yarn``) and each
-    generation's best perplexity."""
+    """The best factors and ``n^`` found, their score, the starting points' (``pi``, ``ntk``, ``yarn``) and each
+    generation's best score."""
 
     factors: list[float]
     ppl: float
     initial: dict[str, float] = field(default_factory=dict)
     history: list[float] = field(default_factory=list)
+    start: int = 0
 
 
 def initial_factors(dim: int, base: float, factor: float, train_len: int) -> dict[str, np.ndarray]:
@@ -58,8 +70,19 @@ def initial_factors(dim: int, base: float, factor: float, train_len: int) -> dic
 
 
 def constrained(factors: np.ndarray, factor: float) -> np.ndarray:
-    """The paper's constraint: factors non-decreasing with the frequency index, at least 1 (at most ``2 s``)."""
-    return np.sort(np.clip(factors, 1.0, 2.0 * factor))
+    """The paper's constraint: factors non-decreasing with the frequency index, at least 1 (at most ``2 s``), on the
+    search's grid of :data:`STEP`."""
+    return np.round(np.sort(np.clip(factors, 1.0, 2.0 * factor)) / STEP) * STEP
+
+
+def start_choices(train_len: int, fixed: Optional[int] = None) -> tuple[int, ...]:
+    """The ``n^`` values searched: the paper's below the training length, or just ``fixed``."""
+    return (int(fixed),) if fixed is not None else tuple(n for n in START_CHOICES if n < train_len)
+
+
+def candidate_key(factors: np.ndarray, start: int) -> str:
+    """A candidate's name in the cache and the state file: its factors on the grid and its ``n^``."""
+    return ",".join(f"{f:.2f}" for f in factors) + f"|{int(start)}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,7 @@ class SearchSettings:
         parents: how many of the best breed the next generation.
         sigma: the mutation's spread, in log-factor.
         seed: the search's random numbers.
+        start: a fixed ``n^``; None searches it over :data:`START_CHOICES`.
     """
 
     population: int = 12
@@ -79,76 +103,155 @@ class SearchSettings:
     parents: int = 4
     sigma: float = 0.15
     seed: int = 0
+    start: Optional[int] = None
+
+    def candidates(self) -> int:
+        """How many candidates a search scores at most (fewer when two coincide)."""
+        return self.population + self.generations * (self.population - self.parents)
 
 
-def search_factors(score: Callable[[np.ndarray], float], dim: int, base: float, factor: float, train_len: int,
-                   settings: SearchSettings = SearchSettings(), log: Log = None) -> SearchResult:
-    """The evolutionary search for ``dim / 2`` factors minimising ``score`` (perplexity at the target length).
+def check_settings(settings: SearchSettings) -> None:
+    """Raises ConfigError (naming the option) for a search that cannot run."""
+    require(settings.population >= 4, "--population", f"must be at least 4 (got {settings.population})")
+    require(2 <= settings.parents < settings.population, "--parents",
+            f"must be at least 2 and fewer than --population {settings.population} (got {settings.parents})")
+    require(settings.generations >= 0, "--generations", f"must be 0 or more (got {settings.generations})")
+    require(settings.sigma > 0, "--sigma", f"must be > 0, the mutation's spread in log-factor (got {settings.sigma})")
+    require(settings.start is None or settings.start >= 0, "--start",
+            f"must be a whole number of positions >= 0 (got {settings.start})")
+
+
+def search_factors(score: Score, dim: int, base: float, factor: float, train_len: int,
+                   settings: SearchSettings = SearchSettings(), log: Log = None,
+                   cache: Optional[dict[str, float]] = None,
+                   on_scored: Optional[Callable[[str, float, bool], None]] = None) -> SearchResult:
+    """The evolutionary search for ``dim / 2`` factors and ``n^`` minimising ``score``.
 
     Args:
-        score: perplexity of the model under given factors (:func:`perplexity_score`).
+        score: the objective of the model under given factors and ``n^`` (:func:`perplexity_score`,
+            :func:`needle_score`).
         dim: the rotary width; base: its trained base; factor: ``s`` = target length / ``train_len``.
-        settings: the search's population, generations, parents, mutation spread and seed.
-        log: called with a line per generation (its best perplexity).
+        settings: the search's population, generations, parents, mutation spread, seed and a fixed ``n^``.
+        log: called with a line per generation (its best score).
+        cache: scores already known by :func:`candidate_key` (a stopped search's); new ones are added to it.
+        on_scored: called after each candidate with its key, its score and whether it was newly scored.
     """
-    population, generations, parents, sigma = (settings.population, settings.generations, settings.parents,
-                                               settings.sigma)
-    require(population >= 4 and 2 <= parents < population, "population",
-            f"must be at least 4, with 2 <= parents < population (got {population}, {parents})")
+    check_settings(settings)
+    population, parents, sigma = settings.population, settings.parents, settings.sigma
     rng = np.random.default_rng(settings.seed)
-    starts = {k: constrained(v, factor) for k, v in initial_factors(dim, base, factor, train_len).items()}
-    seeds = list(starts.values())
-    pool = seeds + [constrained(seeds[i % 3] * np.exp(rng.normal(0, sigma, dim // 2)), factor)
-                    for i in range(population - len(seeds))]
-    scored: dict[bytes, float] = {}
+    starts = start_choices(train_len, settings.start)
+    n = dim // 2
+    scored: dict[str, float] = {} if cache is None else cache
 
-    def ranked(candidates: list[np.ndarray]) -> list[tuple[float, np.ndarray]]:
-        for c in candidates:
-            if c.tobytes() not in scored:
-                value = score(c)
-                scored[c.tobytes()] = value if math.isfinite(value) else math.inf
-        return sorted(((scored[c.tobytes()], c) for c in candidates), key=lambda t: t[0])
+    def mutate(factors: np.ndarray, start: int) -> tuple[np.ndarray, int]:
+        child = constrained(factors * np.exp(rng.normal(0, sigma, n)), factor)
+        if len(starts) > 1 and rng.random() < 0.3:  # n^ redrawn from its choices (as the authors' code samples them)
+            start = int(rng.choice(starts))
+        return child, start
 
+    def ranked(pool: list[tuple[np.ndarray, int]]) -> list[tuple[float, np.ndarray, int]]:
+        for c, s in pool:
+            key = candidate_key(c, s)
+            fresh = key not in scored
+            if fresh:
+                value = score(c, s)
+                scored[key] = value if math.isfinite(value) else math.inf
+            if on_scored is not None:
+                on_scored(key, scored[key], fresh)
+        return sorted(((scored[candidate_key(c, s)], c, s) for c, s in pool), key=lambda t: t[0])
+
+    first = starts[0] if settings.start is not None else 0
+    seeds = {k: (constrained(v, factor), first) for k, v in initial_factors(dim, base, factor, train_len).items()}
+    pool = list(seeds.values())
+    pool += [mutate(*pool[i % 3]) for i in range(population - len(pool))]
     best = ranked(pool)
-    result = SearchResult([], best[0][0], {k: scored[v.tobytes()] for k, v in starts.items()}, [best[0][0]])
-    _say(log, 0, generations, best[0][0], result.initial)
-    for g in range(1, generations + 1):
-        elite = [c for _, c in best[:parents]]
-        children: list[np.ndarray] = []
+    result = SearchResult([], best[0][0], {k: scored[candidate_key(*v)] for k, v in seeds.items()}, [best[0][0]])
+    _say(log, 0, settings.generations, best[0][0], best[0][2], result.initial)
+    for g in range(1, settings.generations + 1):
+        elite = [(c, s) for _, c, s in best[:parents]]
+        children: list[tuple[np.ndarray, int]] = []
         while len(children) < population - parents:
             a, b = rng.choice(parents, 2, replace=False)
-            child = np.where(rng.random(dim // 2) < 0.5, elite[a], elite[b])  # crossover
-            children.append(constrained(child * np.exp(rng.normal(0, sigma, dim // 2)), factor))  # mutation
+            take = rng.random(n) < 0.5
+            mixed = np.where(take, elite[a][0], elite[b][0])  # crossover, per factor
+            start = elite[a][1] if rng.random() < 0.5 else elite[b][1]  # and n^ from one parent
+            children.append(mutate(mixed, start))
         best = ranked(elite + children)
         result.history.append(best[0][0])
-        _say(log, g, generations, best[0][0])
-    result.factors, result.ppl = [round(float(f), 4) for f in best[0][1]], best[0][0]
+        _say(log, g, settings.generations, best[0][0], best[0][2])
+    result.factors = [round(float(f), 4) for f in best[0][1]]
+    result.ppl, result.start = best[0][0], int(best[0][2])
     return result
 
 
-def _say(log: Log, g: int, generations: int, ppl: float, initial: Optional[dict] = None) -> None:
+def _say(log: Log, g: int, generations: int, ppl: float, start: int, initial: Optional[dict] = None) -> None:
     if log is None:
         return
-    start = f" (pi {initial['pi']:.3f}, ntk {initial['ntk']:.3f}, yarn {initial['yarn']:.3f})" if initial else ""
-    log(f"longrope search: generation {g}/{generations}, best ppl {ppl:.3f}{start}")
+    begun = f" (pi {initial['pi']:.3f}, ntk {initial['ntk']:.3f}, yarn {initial['yarn']:.3f})" if initial else ""
+    log(f"longrope search: generation {g}/{generations}, best {ppl:.3f} at n^={start}{begun}")
 
 
-def perplexity_score(model, val: np.ndarray, cfg: Config, target_len: int, tokens: int,
-                     device: torch.device, dtype: torch.dtype) -> Callable[[np.ndarray], float]:
-    """``score(factors)``: perplexity of ``model`` at ``target_len`` under ``eval.scaling=longrope`` with those
-    factors, on the last ``tokens`` targets of ``val`` (apart from the tokens ``posexp eval`` scores first)."""
+def perplexity_score(model, val: np.ndarray, eval_settings, train_len: int, target_len: int, tokens: int,
+                     device: torch.device, dtype: torch.dtype, position_plan=None) -> Score:
+    """``score(factors, n^)``: perplexity of ``model`` (behind the model seam) at ``target_len`` under
+    ``eval.scaling=longrope`` with those factors and ``n^``, on the last ``tokens`` targets of ``val`` (apart from the
+    tokens ``posexp eval`` scores first)."""
     from posexp.evaluation.perplexity import evaluate
-    from posexp.model.positions import PositionPlan
 
     held_out = val[-(tokens + target_len + 1):]
-    settings = dataclasses.replace(cfg.eval, lengths=[target_len], multiples=[1], tokens=tokens, protocol="nonoverlap",
-                                   scaling="longrope", scaling_factor=None, window=None, sinks=None,
-                                   loss_by_position=False)
+    settings = dataclasses.replace(eval_settings, lengths=[target_len], multiples=[1], tokens=tokens,
+                                   protocol="nonoverlap", stride=None, last_k=None, scaling=LONGROPE,
+                                   scaling_factor=None, window=None, sinks=None, loss_by_position=False,
+                                   longrope_file=None)
 
-    def score(factors: np.ndarray) -> float:
-        e = dataclasses.replace(settings, longrope_factors=[float(f) for f in factors])
-        rows = evaluate(model, held_out, e, int(cfg.train_len), device, position_plan=PositionPlan(cfg), dtype=dtype)
+    def score(factors: np.ndarray, start: int = 0) -> float:
+        e = dataclasses.replace(settings, longrope_factors=[float(f) for f in factors], longrope_start=int(start))
+        rows = evaluate(model, held_out, e, int(train_len), device, position_plan=position_plan, dtype=dtype)
         ppl = rows[0].get("ppl")
         return float(ppl) if isinstance(ppl, (int, float)) else math.inf
 
     return score
+
+
+def needle_documents(encode: Callable[[str], list[int]], val: np.ndarray, vocab: int, target_len: int, count: int,
+                     seed: int = 0, digits: int = 5):
+    """LongRoPE2's documents (Shang et al. 2025, §3.2): ``count`` texts of ``target_len + 1`` tokens of ``val`` with a
+    passkey planted at a random depth and asked for at the end; ``(tokens (count, L + 1), answer mask)``."""
+    from posexp.tasks.passkey_text import TextPasskey
+
+    task = TextPasskey(encode, val, vocab, digits=digits)
+    made = task.instances(target_len, count, np.random.default_rng(seed))
+    return made.tokens, made.answer
+
+
+def needle_score(model, tokens: np.ndarray, answer: np.ndarray, train_len: int, device: torch.device,
+                 dtype: torch.dtype, batch: int = 4) -> Score:
+    """``score(factors, n^)``: LongRoPE2's needle-driven perplexity (Shang et al. 2025, §3.2): ``exp`` of the mean
+    cross-entropy over the answer tokens only of :func:`needle_documents`, read at their length under LongRoPE."""
+    from posexp.model.interface import Reading
+    from posexp.runtime.device import autocast
+
+    x = torch.as_tensor(tokens[:, :-1], dtype=torch.long)
+    y = torch.as_tensor(tokens[:, 1:], dtype=torch.long)
+    scored = torch.as_tensor(answer[:, 1:])  # the answer tokens, as targets
+    length = int(x.shape[1])
+
+    def score(factors: np.ndarray, start: int = 0) -> float:
+        how = Reading(LONGROPE, length / train_len, int(train_len), length, tuple(float(f) for f in factors), None,
+                      int(start))
+        total, count = 0.0, 0
+        with torch.no_grad(), model.reading(how), autocast(device, dtype):
+            for i in range(0, x.shape[0], batch):
+                losses = model.token_losses(x[i:i + batch].to(device), y[i:i + batch].to(device))  # (b, L)
+                mask = scored[i:i + batch].to(losses.device)
+                total += float(losses[mask].double().sum())
+                count += int(mask.sum())
+        mean = total / max(count, 1)
+        return math.exp(mean) if math.isfinite(mean) else math.inf
+
+    return score
+
+
+__all__ = ["OBJECTIVES", "START_CHOICES", "SearchResult", "SearchSettings", "candidate_key", "check_settings",
+           "constrained", "initial_factors", "needle_documents", "needle_score", "perplexity_score",
+           "search_factors", "start_choices"]

@@ -61,6 +61,7 @@ from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, bound_heap_growth, free_memory, is_out_of_memory
 from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
+from posexp.runs.longrope import longrope_settings
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.window import AttentionWindow, window_fields, window_of
@@ -289,9 +290,10 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
     """How the model reads ``length`` under the ``eval`` group, and the ``scaling_factor`` its row records (None
     unscaled)."""
     factor = _length_factor(scaling, length, train_len, settings.scaling_factor, settings.rerope_window)
-    factors = settings.longrope_factors
+    # LongRoPE's factors and n^, as given or from posexp search's file (eval.longrope_file)
+    factors, start = longrope_settings(settings) if scaling == "longrope" else (settings.longrope_factors, 0)
     return Reading(scaling, factor or 1.0, int(train_len), int(length),
-                   None if factors is None else tuple(float(f) for f in factors), window), factor
+                   None if factors is None else tuple(float(f) for f in factors), window, start), factor
 
 
 @dataclass
@@ -304,6 +306,8 @@ class EvalHooks:
         progress: ``progress(length, windows_done, windows)``, before a length's first batch and after each.
         positions: a list that gets each length's row key, ``position_sum`` and ``position_count``.
         memory: measure peak memory (:class:`PeakMemory`: a garbage collection per length; the curve skips it).
+        key_tokens: key-token perplexity (:class:`posexp.evaluation.key_tokens.KeySelector`): called as
+            ``key_tokens(length, windows, target_losses)`` after each length, its fields (``ppl_key``...) join the row.
     """
 
     on_row: Optional[Callable[[dict], None]] = None
@@ -311,6 +315,7 @@ class EvalHooks:
     progress: Optional[Callable[[int, int, int], None]] = None
     positions: Optional[list] = None
     memory: bool = True
+    key_tokens: Optional[Callable[[int, "Windows", np.ndarray], dict]] = None
 
 
 @dataclass
@@ -368,7 +373,8 @@ def evaluate(model: EvaluableLM, val: np.ndarray, settings: EvalConfig, train_le
             are evaluated as trained, lengths past ``max_position`` not applicable. None = positions ``0 .. L-1``.
         dtype: the forward pass's autocast precision. Log-softmax and cross-entropy run in fp32
             (``model.token_losses``) and losses are summed in float64, so perplexities carry no bf16 rounding.
-        hooks: rows, notes, progress and per-position losses as they come (:class:`EvalHooks`).
+        hooks: rows, notes, progress and per-position losses as they come, and key-token perplexity
+            (:class:`EvalHooks`).
 
     Raises:
         ConfigError: an unknown protocol or scaling, a stride or K out of range, a scaling posexp's encoder lacks.
@@ -406,6 +412,8 @@ def _measure_row(row: dict, p: _Pass, how: Reading, win: Windows) -> None:
     length = row["length"]
     res, elapsed, mem = _measure_length(p, how, win, length)
     row.update(_summarise(res, win, length, elapsed, mem))
+    if p.hooks.key_tokens is not None:
+        row.update(p.hooks.key_tokens(length, win, res.target_losses))
     if p.hooks.positions is not None:
         p.hooks.positions.append({**position_key(row), "position_sum": res.position_sum,
                                   "position_count": res.position_count})

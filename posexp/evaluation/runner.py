@@ -21,11 +21,13 @@ from posexp.training.progress import PARTS, clock_time
 
 def evaluate_config(model, val, cfg: Config, device: torch.device,
                     console: Optional[Console] = None,
-                    trained_in: Optional[str] = None) -> tuple[list[dict], Optional[list[dict]]]:
+                    trained_in: Optional[str] = None,
+                    key_tokens=None) -> tuple[list[dict], Optional[list[dict]]]:
     """Rows (and per-position records, unless ``eval.loss_by_position`` is off) for the ``eval`` group of ``cfg``.
 
     ``trained_in`` is the dtype the run trained in (results.json's ``train.precision``), which evaluation
-    keeps; without it, what ``train.precision`` resolves to without a measurement.
+    keeps; without it, what ``train.precision`` resolves to without a measurement. ``key_tokens``: the selector of
+    key-token perplexity (:class:`posexp.evaluation.key_tokens.KeySelector`), None without.
     """
     e = cfg.eval
     positions: Optional[list[dict]] = [] if e.loss_by_position else None
@@ -34,7 +36,7 @@ def evaluate_config(model, val, cfg: Config, device: torch.device,
     try:
         rows = evaluate(model, val, e, int(cfg.train_len), device, position_plan=PositionPlan(cfg),
                         dtype=eval_dtype(cfg, device, trained_in),  # losses accumulate in fp32 anyway
-                        hooks=EvalHooks(log=log, progress=progress, positions=positions))
+                        hooks=EvalHooks(log=log, progress=progress, positions=positions, key_tokens=key_tokens))
     finally:
         if progress is not None:
             progress.close()

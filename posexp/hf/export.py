@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from posexp.hf.tokenizer_export import export_tokenizer
 # the largest |logit difference| an export may show on its check (fp32): more is a wrong mapping, not rounding
 TOLERANCE = 1e-4
 CHECK_SEED = 0
+EXPORTING = "exporting"  # what the process holding an export's destination does there (posexp.runs.lock)
 
 
 @dataclass
@@ -79,10 +81,66 @@ def export_loaded(run: Any, run_dir: str | os.PathLike, out_dir: str | os.PathLi
 
     Raises:
         PosexpError: the run's encoding (or an option of it) has no exact transformers counterpart, the run
-            cannot be read, or ``out_dir`` may not be written.
+            cannot be read, ``out_dir`` may not be written, another export is writing it, or the disk filled up.
     """
     out = Path(out_dir).expanduser()
-    check_destination(Path(run_dir), out, overwrite)
+    with claim_destination(out):
+        check_destination(Path(run_dir), out, overwrite)
+        return write_claimed(run, out)
+
+
+@contextlib.contextmanager
+def claim_destination(out: Path) -> Iterator[None]:
+    """Hold ``out`` for this export, as a run holds its folder (:func:`posexp.runs.lock.lock_run`): the folder is
+    made (if new) and locked before anything is checked or written, so a second export into it at the same time is
+    refused in one line instead of replacing the first one's. A folder made here and left unused goes again.
+
+    Raises:
+        PosexpError: another process holds ``out``, or it cannot be made.
+    """
+    from posexp.runs.lock import lock_run, unlock_run
+
+    if out.exists() and not out.is_dir():
+        raise PosexpError(f"{out} is a file; the export writes a folder: name a new one")
+    created: list[Path] = []
+    for folder in [*reversed(out.parents), out]:
+        if folder.is_dir():
+            continue
+        try:
+            folder.mkdir()
+            created.append(folder)
+        except FileExistsError:
+            if not folder.is_dir():
+                _remove_empty(created)
+                raise PosexpError(f"{out}: cannot create the export folder ({folder} is a file); name another") \
+                    from None
+        except OSError as e:
+            _remove_empty(created)
+            raise PosexpError(f"{out}: cannot create the export folder ({e.strerror or e}); name another") from None
+    try:
+        took = lock_run(out, doing=EXPORTING)
+    except PosexpError:
+        _remove_empty([p for p in created if p != out])
+        raise
+    try:
+        yield
+    finally:
+        if took:
+            unlock_run(out)
+        _remove_empty(created)  # only what is still empty: a finished export is not
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def write_claimed(run: Any, out: Path) -> Export:
+    """:func:`export_loaded` into a destination this process claimed and checked: built beside ``out`` under a
+    temporary name, checked, then renamed into place; a write that fails (a full disk) leaves nothing."""
     model = run.model.float()
     mapping = plan(model, run.config)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -91,9 +149,37 @@ def export_loaded(run: Any, run_dir: str | os.PathLike, out_dir: str | os.PathLi
         with _quiet():
             written = _write(tmp, run, model, mapping)
         _replace(tmp, out)
+    except Exception as exc:  # noqa: BLE001 - a write that failed: one line, after the temporary folder is gone
+        shutil.rmtree(tmp, ignore_errors=True)
+        failure = _write_failure(out, exc)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Export(out, mapping.architecture, mapping.description, written["max_abs_diff"], written["lengths"])
+
+
+def _write_failure(out: Path, exc: BaseException) -> Optional[PosexpError]:
+    """One line for a write that failed (an OSError, or safetensors' own error carrying one); None for anything
+    else."""
+    import errno as errnos
+
+    code: Optional[int] = exc.errno if isinstance(exc, OSError) else None
+    if code is None and type(exc).__name__ == "SafetensorError":
+        found = re.search(r"os error (\d+)", str(exc))
+        code = int(found.group(1)) if found else None
+        if code is None:
+            return None
+    elif not isinstance(exc, OSError):
+        return None
+    if code in (errnos.ENOSPC, errnos.EDQUOT, errnos.EFBIG):
+        why = {errnos.ENOSPC: "no space left on the device", errnos.EDQUOT: "the disk quota is used up",
+               errnos.EFBIG: "a file grew past the size this process may write"}[code]
+        return PosexpError(f"{out}: the export could not be written ({why}); nothing of it was left there: free "
+                           "some space or export to another disk")
+    reason = os.strerror(code) if code is not None else str(exc)
+    return PosexpError(f"{out}: the export could not be written ({reason}); nothing of it was left there")
 
 
 def check_destination(run_dir: Path, out: Path, overwrite: bool) -> None:
@@ -105,7 +191,7 @@ def check_destination(run_dir: Path, out: Path, overwrite: bool) -> None:
     """
     if out.exists() and not out.is_dir():
         raise PosexpError(f"{out} is a file; the export writes a folder: name a new one")
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or _claimed_empty(out):
         return
     if not overwrite:
         raise PosexpError(f"{out} exists and is not empty; name a new folder or add --overwrite to replace it")
@@ -190,8 +276,22 @@ def _quiet() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
+def _claimed_empty(out: Path) -> bool:
+    """``out`` holds nothing but this export's claim note."""
+    from posexp.runs.lock import LOCK_NOTE
+
+    return all(p.name == LOCK_NOTE for p in out.iterdir())
+
+
 def _replace(tmp: Path, out: Path) -> None:
-    """Put the finished folder ``tmp`` at ``out``; an old ``out`` (an export being replaced) goes only then."""
+    """Put the finished folder ``tmp`` at ``out``; an old ``out`` (an export being replaced) goes only then. An
+    empty claimed ``out`` is replaced in one rename, while this process still holds its claim."""
+    from posexp.runs.lock import LOCK_NOTE
+
+    if out.is_dir() and _claimed_empty(out):
+        (out / LOCK_NOTE).unlink(missing_ok=True)
+        os.replace(tmp, out)  # rename(2) onto an empty folder
+        return
     old: Optional[Path] = None
     if out.exists():
         old = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.old"
@@ -206,4 +306,5 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "export_loaded"]
+__all__ = ["EXPORT_JSON", "Export", "check_destination", "check_logits", "claim_destination", "export_loaded",
+           "write_claimed"]

@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posexp.encoders.scaling import NONE, check_known
+from posexp.encoders.scaling import LONGROPE, NONE, check_known, check_longrope_start
 from posexp.errors import ConfigError, PosexpError
-from posexp.hf.rotary import find_rotary, pinned_swaps, rotary_refusal, scaled_frequencies
+from posexp.hf.rotary import find_rotary, kept_below, pinned_swaps, rotary_refusal, scaled_frequencies
 from posexp.model.interface import Reading
 from posexp.model.window import AttentionWindow
 
@@ -169,6 +169,7 @@ class HFLanguageModel:
         try:
             if how.scaling != NONE and how.length:
                 self._site_frequencies(how.length)  # a wrong eval.longrope_factors fails here, not mid-run
+                self._longrope_start()
             yield
         finally:
             self._how, self.chunk = saved_how, saved_chunk
@@ -247,13 +248,19 @@ class HFLanguageModel:
 
     # -- rotary frequencies -----------------------------------------------------------------------
 
-    def _site_frequencies(self, seq_len: int) -> list[tuple[Tensor, float]]:
+    def _site_frequencies(self, seq_len: int, scaling: Optional[str] = None) -> list[tuple[Tensor, float]]:
         how = self._how
-        key = (how.scaling, how.factor, how.train_len, how.longrope_factors, seq_len)
+        scaling = how.scaling if scaling is None else scaling
+        key = (scaling, how.factor, how.train_len, how.longrope_factors, seq_len)
         if key not in self._frequencies:
-            self._frequencies[key] = [scaled_frequencies(s, how.scaling, how.factor, how.train_len, seq_len,
+            self._frequencies[key] = [scaled_frequencies(s, scaling, how.factor, how.train_len, seq_len,
                                                          how.longrope_factors) for s in self._rotary]
         return self._frequencies[key]
+
+    def _longrope_start(self) -> int:
+        """LongRoPE's ``n^`` of this reading: 0 unless ``longrope`` stretches past the training length."""
+        how = self._how
+        return check_longrope_start(how.longrope_start) if how.scaling == LONGROPE and how.factor > 1 else 0
 
     def _pins(self) -> bool:
         """Whether this reading pins rotary frequencies (a scaling, or a checkpoint's own per-call rope type)."""
@@ -266,6 +273,11 @@ class HFLanguageModel:
             yield
             return
         swaps = pinned_swaps(self._rotary, self._site_frequencies(seq_len))
+        start = self._longrope_start()
+        if start:  # LongRoPE's n^ (Ding et al. 2024, §3.2): the first positions rotate as the model reads unscaled
+            trained = pinned_swaps(self._rotary, self._site_frequencies(seq_len, NONE))
+            swaps = [(parent, name, kept_below(pinned, t[2], start), original)
+                     for (parent, name, pinned, original), t in zip(swaps, trained)]
         for parent, name, pinned, _ in swaps:
             setattr(parent, name, pinned)
         try:

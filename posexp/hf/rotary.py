@@ -267,6 +267,24 @@ def pinned_module(module: Any, pins: Sequence[tuple[RotarySite, Tensor, float]])
     return pinned
 
 
+def kept_below(pinned: Any, trained: Any, start: int) -> Any:
+    """``pinned`` whose cos/sin at positions below ``start`` are ``trained``'s: LongRoPE's ``n^`` (Ding et al. 2024,
+    §3.2), as the authors' code copies the unscaled cos/sin (no temperature) into the first ``n^`` rows. Both are
+    pinned copies of one rotary module, called with the same arguments (``x, position_ids``, a layer type)."""
+    import torch
+
+    scaled_forward, trained_forward = pinned.forward, trained.forward
+
+    def forward(x: Tensor, position_ids: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        cos, sin = scaled_forward(x, position_ids, *args, **kwargs)  # (B, L, dim)
+        cos0, sin0 = trained_forward(x, position_ids, *args, **kwargs)
+        early = (position_ids < start).unsqueeze(-1).to(cos.device)  # (B, L, 1)
+        return torch.where(early, cos0, cos), torch.where(early, sin0, sin)
+
+    pinned.forward = forward
+    return pinned
+
+
 def pinned_swaps(sites: Sequence[RotarySite], frequencies: Sequence[tuple[Tensor, float]]) -> list[tuple]:
     """``(parent, name, pinned, original)`` for each rotary module: the sites' frequencies pinned on one copy per
     module (a module with rope parameters per layer type is several sites)."""
@@ -278,5 +296,6 @@ def pinned_swaps(sites: Sequence[RotarySite], frequencies: Sequence[tuple[Tensor
 
 
 __all__ = ["HF_ROPE_TYPES", "LOCAL_LAYER_TYPES", "POSEXP_FORMULAS", "REROPE_REASON", "RotarySite", "find_rotary",
+           "kept_below",
            "per_layer_type", "pinned_module", "pinned_rotary", "pinned_swaps", "rope_parameters", "rope_record", "rope_theta",
            "rotary_refusal", "scaled_frequencies", "unknown_rotary"]

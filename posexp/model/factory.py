@@ -43,8 +43,9 @@ def extend_encoder(encoder: PositionalEncoder, cfg: Config) -> PositionalEncoder
     ft = cfg.finetune
     if ft is None:
         return encoder
+    start = int(getattr(ft, "longrope_start", None) or 0)  # LongRoPE's n^, passed on only when set
     extended = encoder.extended(str(ft.scaling), float(ft.scaling_factor), int(ft.parent_train_len),
-                                int(cfg.train_len), ft.longrope_factors)
+                                int(cfg.train_len), ft.longrope_factors, **({"start": start} if start else {}))
     extended.for_layers(int(cfg.model.n_layers))
     return extended
 

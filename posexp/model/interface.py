@@ -32,6 +32,7 @@ class Reading:
             from which the scalings stretch.
         length: the length of the windows read (dynamic NTK computes its base for it).
         longrope_factors: LongRoPE's per-frequency rescale factors ``lambda_i`` (``eval.longrope_factors``).
+        longrope_start: LongRoPE's ``n^``: the first positions keep the trained rotation (``eval.longrope_start``).
         window: every layer attends within this window (``eval.window`` / ``eval.sinks``); None = the whole past.
     """
 
@@ -41,6 +42,7 @@ class Reading:
     length: int = 0
     longrope_factors: Optional[tuple[float, ...]] = None
     window: Optional[AttentionWindow] = None
+    longrope_start: int = 0  # after window: Reading(...) built positionally keeps its meaning
 
 
 @runtime_checkable

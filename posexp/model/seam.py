@@ -43,7 +43,8 @@ class OwnModelSeam:
 
     def _scaled(self, how: Reading):
         return scaled_encoder(self.encoder, how.scaling, how.factor, how.train_len,
-                              None if how.longrope_factors is None else list(how.longrope_factors))
+                              None if how.longrope_factors is None else list(how.longrope_factors),
+                              how.longrope_start)
 
     @contextlib.contextmanager
     def reading(self, how: Reading) -> Iterator[None]:

@@ -19,6 +19,7 @@ from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.config.schema import Config, EvalConfig
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
+from posexp.runs.longrope import longrope_settings
 from posexp.runs.layout import write_results_json
 
 ENCODER_SOURCE = "encoder_source.json"  # a plugin encoder's code, recorded as training starts
@@ -188,8 +189,13 @@ def eval_settings_of(e: EvalConfig) -> dict:
             settings["scaling_factor"] = float(e.scaling_factor)
         if e.rerope_window is not None:
             settings["rerope_window"] = int(e.rerope_window)
-        if getattr(e, "longrope_factors", None) is not None:
-            settings["longrope_factors"] = [float(f) for f in e.longrope_factors]
+        if getattr(e, "longrope_file", None) is not None:
+            settings["longrope_file"] = str(e.longrope_file)
+        factors, start = longrope_settings(e) if e.scaling == "longrope" else (None, 0)
+        if factors is not None:  # as given, or read from posexp search's file: what was evaluated
+            settings["longrope_factors"] = factors
+        if start:  # LongRoPE's n^, recorded only when set (0: every position scaled, as before the key existed)
+            settings["longrope_start"] = int(start)
     if e.window is not None:  # a window baseline (posexp/model/window.py)
         settings["window"] = int(e.window)
         if e.sinks is not None:

@@ -67,7 +67,8 @@ class ResultRow:
     pretrained model's config; absent for a model that carries none.
 
     Measurement: ``applicable`` (False: the encoding cannot represent the length, ``reason`` says why),
-    ``ppl`` with ``ppl_low``/``ppl_high`` (95%), ``loss`` (nats/token) and ``loss_se``, ``exact_match`` and
+    ``ppl`` with ``ppl_low``/``ppl_high`` (95%), ``loss`` (nats/token) and ``loss_se``, ``ppl_key`` (LongPPL over
+    the ``key_tokens`` an evaluator picked) with its interval, ``loss_key`` and ``loss_key_se``, ``exact_match`` and
     ``token_accuracy`` with Wilson intervals, what was scored (``tokens``, ``targets``, ``windows``,
     ``examples``), throughput and memory, and ``note`` (e.g. a non-finite number written as null).
     """
@@ -98,6 +99,13 @@ class ResultRow:
     loss_se: Optional[float] = _measured(of=PERPLEXITY)
     ppl_low: Optional[float] = _measured(of=PERPLEXITY)
     ppl_high: Optional[float] = _measured(of=PERPLEXITY)
+    # key-token perplexity (eval.key_tokens; posexp/evaluation/key_tokens.py): on the targets the evaluator picked
+    ppl_key: Optional[float] = _measured(of=PERPLEXITY, omit_none=True)
+    ppl_key_low: Optional[float] = _measured(of=PERPLEXITY, omit_none=True)
+    ppl_key_high: Optional[float] = _measured(of=PERPLEXITY, omit_none=True)
+    loss_key: Optional[float] = _measured(of=PERPLEXITY, omit_none=True)
+    loss_key_se: Optional[float] = _measured(of=PERPLEXITY, omit_none=True)
+    key_tokens: Optional[int] = _measured(of=PERPLEXITY, omit_none=True)
     se_blocks: Optional[int] = _measured(of=PERPLEXITY)
     tokens: Optional[int] = _measured(of=PERPLEXITY)
     targets: Optional[list] = _measured(of=PERPLEXITY)
@@ -205,7 +213,7 @@ VIEW_KEY = tuple(n for n in ROW_KEY if n not in ("metric", "length", "scaling_fa
 POSITION_KEY = tuple(n for n in ROW_KEY if n not in ("metric", "depth"))
 
 _INTEGERS = ("length", "stride", "last_k", "window", "sinks", "size", "eval_tokens", "examples_asked", "eval_seed",
-             "se_blocks", "tokens", "windows", "forward_tokens", "examples", "answer_tokens")
+             "se_blocks", "tokens", "windows", "forward_tokens", "examples", "answer_tokens", "key_tokens")
 _TEXTS = ("metric", "protocol", "scaling", "model_scaling", "task", "reason", "note")
 # numbers of the key must be finite; a measurement may not be (a diverged model), and is written as null
 _KEY_NUMBERS = ("scaling_factor", "depth", "multiple")

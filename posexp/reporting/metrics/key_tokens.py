@@ -1,0 +1,36 @@
+"""``ppl_key@Kx``: key-token perplexity (LongPPL, Fang et al. 2024) at K times the training length.
+
+The perplexity of a run over the key tokens an evaluator model picked (``eval.key_tokens.evaluator``;
+:mod:`posexp.evaluation.key_tokens`): the targets it predicts much better with the row's whole context than with
+its last ``short_len`` tokens (LSD > alpha and LCL > beta, the paper's 2 and -2). Every run evaluated with one
+evaluator and rule is scored on the same targets, so the column compares how well each run uses its far context.
+Not evaluated when the run's row at K× has no ``ppl_key`` (evaluated without an evaluator); n/a when no key
+token fell in that row or the length is not applicable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posexp.reporting.metrics import LOWER, Metric, MetricSpec, Value
+from posexp.reporting.metrics.perplexity import shown_values
+
+
+class PplKey(MetricSpec):
+    kind, pattern, forms = "ppl_key", "ppl_key@{at}", "ppl_key@Kx, ppl_key@N (key-token perplexity, LongPPL)"
+    examples, better, decimals = ("ppl_key@4x", "ppl_key@8x"), LOWER, 2
+
+    def value(self, metric: Metric, row: Any, report: Any) -> Value:
+        length = metric.at(row.run.train_len)
+        if length is None:
+            return None, None
+        keyed = any(r.get("key_tokens") is not None and int(r.get("length", -1)) == length for r in row.run.rows)
+        if not keyed:
+            return None, None
+        return shown_values(row, report, "ppl_key").get(length, (None, None))
+
+    def describe(self, metric: Metric, report: Any) -> str:
+        at = f"{metric.length} tokens" if metric.length is not None else f"{metric.multiple:g}× the training length"
+        return (f"{metric.name} = perplexity at {at} over the key tokens only (LongPPL, Fang et al. 2024): the "
+                "targets the key-token evaluator predicts with log p(long) - log p(short) > alpha and log p(long) > "
+                "beta (eval.key_tokens; lower is better; n/a where no key token fell).")
