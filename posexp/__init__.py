@@ -51,14 +51,19 @@ Where the next one goes:
   subclass with ``@register``, the hook contract in
   :mod:`posexp.encoders.contract`) and one yaml in ``configs/encoder/``.
 - An experiment tracker: one file in ``posexp/tracking/`` (a ``Tracker``
-  subclass with ``@TRACKERS.register``), its options in ``LoggerConfig``
-  (:mod:`posexp.config.schema`) and one yaml in ``configs/logger/``.
-  Encoders, tasks and trackers are found by name the same way
-  (:mod:`posexp.registry`).
+  subclass with ``@TRACKERS.register``; its options are the keyword arguments
+  of its ``start``) and one yaml in ``configs/logger/``.
 - A task: one file in ``posexp/tasks/`` (a ``Task`` subclass with
-  ``@TASKS.register``) and one yaml in ``configs/task/``;
-  ``tests/test_tasks.py`` picks it up from the yaml and needs an independent
-  solver for it.
+  ``@TASKS.register``; its options are its ``__init__``'s keyword arguments)
+  and one yaml in ``configs/task/``; ``tests/test_tasks.py`` picks it up from
+  the yaml and needs an independent solver for it.
+- A transformers export: one file in ``posexp/hf/exporters/`` (an
+  ``Exporter`` subclass with ``@EXPORTERS.register``) saying which encoder it
+  takes and why it refuses a run.
+  Encoders, tasks, trackers and exporters are found by name the same way
+  (:mod:`posexp.registry`), from outside posexp too: an installed package's
+  entry point (``posexp.tasks``, ``posexp.trackers``, ``posexp.exporters``),
+  or for a task or tracker the ``module`` key of its yaml.
 - A kind of evaluation: a module in ``posexp/evaluation/`` that returns rows
   for ``runs/`` to write, reading the model only through
   :class:`posexp.model.interface.EvaluableLM`; a row's ``"metric"`` (``"perplexity"``,

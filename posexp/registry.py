@@ -1,24 +1,37 @@
-"""Names to classes: how posexp finds an encoder, a task or a tracker by the name a config gives it.
+"""Names to classes: how posexp finds an encoder, a task, a tracker or an exporter by its name.
 
 One idea for every kind: a class says its name with ``@REGISTRY.register("name")`` in a module of its own, in
 the package that holds its kind; the registry imports that package's modules the first time it is asked for a
-name, so adding one is adding a file. An unknown name is a :class:`~posexp.errors.ConfigError` on the config key,
-naming the closest name and every allowed one, never a default in its place.
+name, so adding one is adding a file. A class from outside posexp registers the same way in the user's own module,
+which a config names in its ``module`` key (:meth:`Registry.from_module`), or comes from an installed package's
+entry point in the group ``posexp.KINDs`` (``posexp.tasks``, ``posexp.trackers``, ``posexp.exporters``), read when
+the registry is first asked for a name. A built-in name wins over a plugin's. An unknown name is a
+:class:`~posexp.errors.ConfigError` on the config key, naming the closest name and every allowed one, never a
+default in its place. A component's options are the keyword arguments of its constructor (:func:`options_dataclass`).
 
 A leaf besides :mod:`posexp.errors`: every layer may import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
+import importlib.metadata
+import inspect
+import logging
+import os
 import pkgutil
+import sys
+import typing
 from collections.abc import Iterator, Mapping
-from typing import Callable, Generic, Iterable, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Optional, Sequence, TypeVar
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 
 T = TypeVar("T")
+MODULE_KEY = "module"  # the config key naming the user's module a class of theirs registers in
+log = logging.getLogger("posexp.registry")
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
@@ -26,6 +39,36 @@ def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
     close enough: the hint every error about an unknown name or key gives."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"did you mean {prefix}{close[0]}? " if close else ""
+
+
+def option_params(func: Callable, skip: Iterable[str] = ()) -> list[inspect.Parameter]:
+    """The options a component declares: the keyword arguments of ``func`` (its ``__init__``, or a tracker's
+    ``start``) but ``self``/``cls`` and ``skip``, in their order."""
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    left_out = {"self", "cls", *skip}
+    return [p for n, p in inspect.signature(func).parameters.items() if n not in left_out and p.kind in kinds]
+
+
+def options_dataclass(name: str, func: Callable, skip: Iterable[str] = (),
+                      first: Sequence[tuple[str, Any, Any]] = (), bases: tuple[type, ...] = ()) -> type:
+    """A dataclass of ``first`` (name, type, default) then :func:`option_params` of ``func``, each typed by its hint
+    and defaulting to its default: a component's config schema, for Hydra's ConfigStore, as an encoder's is.
+
+    Raises:
+        TypeError: an option without a default.
+    """
+    hints = typing.get_type_hints(func)
+    fields: list[tuple[str, Any, Any]] = [(n, t, dataclasses.field(default=d)) for n, t, d in first]
+    for p in option_params(func, skip):
+        if p.default is inspect.Parameter.empty:
+            raise TypeError(f"{func.__qualname__}: option {p.name!r} needs a default (and a type hint): its value when "
+                            f"a config sets none, e.g. {p.name}: int = 3")
+        default: Any = p.default
+        if isinstance(default, (list, dict)):
+            fields.append((p.name, hints.get(p.name, Any), dataclasses.field(default_factory=default.copy)))
+        else:
+            fields.append((p.name, hints.get(p.name, Any), dataclasses.field(default=default)))
+    return dataclasses.make_dataclass(name, fields, bases=bases)
 
 
 class Registry(Mapping[str, type[T]], Generic[T]):
@@ -36,10 +79,13 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         key: the config key that takes the name, for errors (``encoder``, ``task``, ``logger``).
         package: the package whose modules register the classes.
         skip: modules of ``package`` that register nothing (helpers, the base class).
+        entry_points: read installed plugins from the entry-point group ``posexp.KINDs`` (the encoders read theirs
+            with their own rules, :mod:`posexp.encoders.plugins`).
     """
 
-    def __init__(self, kind: str, key: str, package: str, skip: Iterable[str] = ()):
+    def __init__(self, kind: str, key: str, package: str, skip: Iterable[str] = (), entry_points: bool = True):
         self.kind, self.key, self.package, self.skip = kind, key, package, frozenset(skip)
+        self.group = f"posexp.{kind}s" if entry_points else None
         self._classes: dict[str, type[T]] = {}
         self._loaded = False
 
@@ -86,6 +132,53 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         for info in pkgutil.iter_modules(importlib.import_module(self.package).__path__):
             if not info.name.startswith("_") and info.name not in self.skip:
                 importlib.import_module(f"{self.package}.{info.name}")
+        if self.group is not None:
+            self._load_entry_points(self.group)
+
+    def _load_entry_points(self, group: str) -> None:
+        """The installed plugins of ``group``: each entry point names a class (registered as the entry point's
+        name) or a module that registers its own. One that fails to load is left out with a warning, and so is
+        one that takes a built-in's name (the built-in wins)."""
+        for ep in importlib.metadata.entry_points(group=group):
+            if ep.name in self._classes and inspect.isclass(self._classes[ep.name]) \
+                    and self._classes[ep.name].__module__.startswith(self.package + "."):
+                log.warning("the installed plugin %s %r (%s) is shadowed by posexp's built-in %r, which wins; rename "
+                            "its entry point", self.kind, ep.name, ep.value, ep.name)
+                continue
+            try:
+                loaded = ep.load()
+            except Exception as e:  # noqa: BLE001 - the plugin's code: name it and what it raised, and go on
+                log.warning("the installed plugin %s %r (%s) cannot be loaded: %s: %s", self.kind, ep.name, ep.value,
+                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                continue
+            if inspect.isclass(loaded) and ep.name not in self._classes:
+                setattr(loaded, "name", ep.name)
+                self.add(ep.name, typing.cast("type[T]", loaded))
+
+    def from_module(self, name: str, module: str, roots: Iterable[str] = ()) -> type[T]:
+        """The class ``name`` of the user's module ``module`` (a config's ``module`` key), imported with the working
+        folder (then ``roots``) on ``sys.path``, as ``python -m`` has it; the module registers its class as posexp's
+        own modules do.
+
+        Raises:
+            ConfigError: on ``KEY.module``: the module cannot be imported, or registers no ``name``.
+        """
+        key = f"{self.key}.{MODULE_KEY}"
+        for folder in (os.getcwd(), *roots):
+            if folder not in sys.path:
+                sys.path.append(folder)  # after the installed packages: a user's copy.py shadows nothing
+        self.load()  # posexp's own first: a module that takes a built-in name is told so
+        try:
+            importlib.import_module(module)
+        except PosexpError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
+            raise ConfigError(key, f"importing {module} failed: {type(e).__name__}: {e}".splitlines()[0]) from None
+        cls = self._classes.get(name)
+        if cls is None or not (cls.__module__ == module or cls.__module__.startswith(module + ".")):
+            raise ConfigError(key, f"module {module} registers no {self.kind} {name!r}; decorate its class with "
+                                   f"@{self.kind.upper()}S.register({name!r}) (from {self.package})")
+        return cls
 
     def lookup(self, name: str, also: Iterable[str] = ()) -> type[T]:
         """The class registered as ``name``.

@@ -264,8 +264,8 @@ def _rerope_logits(rerope: ReRoPEScores, q, k, pos):
 def test_rerope_logits_are_ropes_within_the_window_and_ropes_at_w_beyond(fraction):
     rope = create("rope", d_model=D_MODEL, n_heads=N_HEADS, rotary_fraction=fraction).double()
     w, L = 5, 16
-    rerope = rope.with_scaling("rerope", w, 8)
-    assert isinstance(rerope, ReRoPEScores) and rerope.uses_scores and not rerope.uses_rotate
+    rerope = ReRoPEScores(rope, w)  # the explicit-score path a windowed layer (encoder=irope) reads it through
+    assert rerope.uses_scores and not rerope.uses_rotate
     q, k = _qk(L, seed=1)
     pos = torch.arange(100, 100 + L)  # absolute positions late in a sequence: only m - n may matter
     got = _rerope_logits(rerope, q, k, pos)

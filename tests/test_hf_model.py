@@ -111,11 +111,10 @@ def test_rotary_scalings_do_not_apply_to_a_model_without_rope(kind):
 
 
 @pytest.mark.parametrize("kind", ROPE)
-def test_rope_is_found_in_the_model_and_every_rotary_scaling_applies_but_rerope(kind):
+def test_rope_is_found_in_the_model_and_every_rotary_scaling_and_remapping_applies(kind):
     lm = HFLanguageModel(model(kind), kind)
     assert lm.has_rope
-    assert all(lm.check_scaling(s) is None for s in SCALINGS if s != "rerope")
-    assert "two attention passes" in lm.check_scaling("rerope")
+    assert all(lm.check_scaling(s) is None for s in SCALINGS)
 
 
 def test_an_unknown_scaling_is_a_config_error_naming_the_allowed_values():

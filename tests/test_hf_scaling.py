@@ -149,6 +149,7 @@ def unnamed_architectures() -> dict:
 
 @pytest.mark.parametrize("arch", ("mistral", "phi3", "gemma"))
 def test_an_architecture_no_test_names_reads_under_every_scaling_that_applies(arch):
+    from posexp.encoders.extension import REMAPPINGS
     from posexp.encoders.scaling import SCALINGS
     from posexp.model.window import AttentionWindow
 
@@ -159,10 +160,10 @@ def test_an_architecture_no_test_names_reads_under_every_scaling_that_applies(ar
     plain = m(x).logits
     torch.testing.assert_close(lm.logits(x), plain, atol=1e-5, rtol=0)
     applies = [s for s in SCALINGS if lm.check_scaling(s) is None]
-    assert applies == [s for s in SCALINGS if s != "rerope"]
+    assert applies == list(SCALINGS)  # the position remappings included (tests/test_remapping.py)
     types = dict(OWN_TYPES)
     compared = []
-    for scaling in applies[1:]:
+    for scaling in [s for s in applies[1:] if s not in REMAPPINGS]:
         params = types.get(scaling, {})
         how = Reading(scaling, 4.0, TRAIN, 2 * TRAIN, longrope_factors=tuple(params.get("long_factor", ())) or None)
         got = logits_under(lm, how, x)

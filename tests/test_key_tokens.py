@@ -66,7 +66,7 @@ def _selector(model, val, rule, tmp_path, calls=None):
                                                  ("sliding", 24, 8, 3)])
 def test_selection_is_the_papers_rule_on_a_direct_reference(lm, tmp_path, protocol, stride, K, S):
     val, length = _val(), 64
-    win = plan_windows(protocol, length, val.size, 320, stride)
+    win = plan_windows(protocol, length, val.size, 128, stride)  # nonoverlap: 2 windows; sliding: 4
     ref = _reference(lm, val, win, length, K, S)
     lsd, lcl = np.array([r[1] for r in ref]), np.array([r[2] for r in ref])
     alpha, beta = float(np.median(lsd)), float(np.median(lcl))  # thresholds that split the candidates
@@ -201,11 +201,7 @@ def test_a_pretrained_model_gets_ppl_key_from_an_hf_evaluator(tmp_path):
     again = invoke(*args, f"eval.key_tokens.evaluator=hf:{folder}", f"hydra.run.dir={tmp_path / 'again'}")
     assert again.exit_code == 0 and "reads the long and short contexts" not in again.output  # from the cache
     assert json.loads((tmp_path / "again" / "results.json").read_text())["rows"][1]["ppl_key"] == at64["ppl_key"]
-    plain = invoke(*args, f"hydra.run.dir={tmp_path / 'plain'}")
-    assert plain.exit_code == 0, plain.output
-    plain_rows = json.loads((tmp_path / "plain" / "results.json").read_text())["rows"]
-    assert [r["ppl"] for r in plain_rows] == [r["ppl"] for r in rows]
-    assert not any("ppl_key" in r or "key_tokens" in r for r in plain_rows)
+
 
 
 def test_ppl_key_metric_reads_the_rows_and_is_in_help_and_completion(tmp_path):

@@ -55,7 +55,7 @@ def test_ruoss2023_trains_on_1_to_40_symbols_and_tests_up_to_500(compose, task):
 
     cfg = compose("experiment=ruoss2023", f"task={task}", "train.positions=randomized")
     spec = check_config(cfg)
-    assert spec.task.name == task  # the command line's task, not the preset's default
+    assert spec.task["name"] == task  # the command line's task, not the preset's default
     assert (spec.model.d_model, spec.model.n_layers, spec.model.n_heads, spec.model.dropout) == (64, 5, 8, 0.1)
     assert (spec.train.batch_size, spec.train.lr, spec.train.min_lr_ratio) == (128, 1e-3, 1.0)
     made = build_task(cfg.task, None, None)
@@ -63,7 +63,7 @@ def test_ruoss2023_trains_on_1_to_40_symbols_and_tests_up_to_500(compose, task):
 
 
 def test_ruoss2023_defaults_to_reverse_and_takes_the_papers_position_range(compose):
-    assert check_config(compose("experiment=ruoss2023")).task.name == "reverse"
+    assert check_config(compose("experiment=ruoss2023")).task["name"] == "reverse"
     spec = check_config(compose("experiment=ruoss2023", "train.positions=randomized", "train.max_position=2048"))
     assert spec.train.max_position == 2048
 
@@ -74,4 +74,4 @@ def test_kazemnejad2023_is_the_nope_papers_model_on_each_task(compose, task, enc
     spec = check_config(compose("experiment=kazemnejad2023", f"task={task}", f"encoder={encoder}"))
     assert (spec.model.d_model, spec.model.n_layers, spec.model.n_heads) == (768, 12, 12)
     assert (spec.train.steps, spec.train.batch_size, spec.train.lr, spec.train.weight_decay) == (50000, 256, 3e-4, 0.0)
-    assert spec.task.name == task and eval_lengths(spec) == [64, 128, 192, 256]
+    assert spec.task["name"] == task and eval_lengths(spec) == [64, 128, 192, 256]

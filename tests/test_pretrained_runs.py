@@ -250,8 +250,8 @@ def test_an_exported_run_evaluated_as_a_pretrained_model_gives_its_own_perplexit
 
 def test_an_unnamed_architecture_evaluates_under_every_protocol_scaling_window_and_passkey(llama_dir):
     """A model class nothing in posexp names (Mistral) goes through the same evaluation as posexp's own model: the
-    three protocols, every scaling it offers (rerope's rows "not applicable"), a window with sinks, loss by position
-    and the zero-shot passkey."""
+    three protocols, every scaling it offers (the position remappings included), a window with sinks, loss by
+    position and the zero-shot passkey."""
     import dataclasses
 
     import numpy as np
@@ -278,9 +278,6 @@ def test_an_unnamed_architecture_evaluates_under_every_protocol_scaling_window_a
     for e in settings:
         positions: list = []
         rows = evaluate(lm, val, e, 32, torch.device("cpu"), hooks=EvalHooks(positions=positions))
-        if e.scaling == "rerope":
-            assert not any(r["applicable"] for r in rows) and "two attention passes" in rows[0]["reason"]
-            continue
         assert all(r["applicable"] and math.isfinite(r["ppl"]) for r in rows), (e, rows)
         assert [p["position_count"].sum() for p in positions] == [r["tokens"] for r in rows]
     task = TextPasskey(lambda t: tok(t, add_special_tokens=False)["input_ids"], val, len(tok), digits=3)

@@ -127,10 +127,11 @@ def test_refusals_are_one_line(run, args, message):
 
 
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
-    assert invoke("search", str(run), "--target-len", "128", *SMALL).exit_code == 0
-    other = invoke("search", str(run), "--target-len", "128", *SMALL[:-2], "--parents", "3")
+    quick = ("--tokens", "256", "--population", "4", "--generations", "0")
+    assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0
+    other = invoke("search", str(run), "--target-len", "64", *quick, "--parents", "3")
     assert other.exit_code == 2 and "holds a search with other settings (parents)" in " ".join(other.output.split())
-    restarted = invoke("search", str(run), "--target-len", "128", *SMALL[:-2], "--parents", "3", "--restart")
+    restarted = invoke("search", str(run), "--target-len", "64", *quick, "--parents", "3", "--restart")
     assert restarted.exit_code == 0, restarted.output
     missing = invoke("search", str(tmp_path / "nowhere"), "--target-len", "128")
     assert missing.exit_code == 2 and "not a run folder" in missing.output
@@ -159,14 +160,15 @@ def test_a_transformers_model_is_searched_with_either_objective(tmp_path):
                                       bos_token_id=None, eos_token_id=tok.eos_token_id, initializer_range=0.2)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    common = (f"hf:{folder}", "data=text", f"data.path={corpus}", "--target-len", "256", "--population", "4",
-              "--generations", "1", "--parents", "2")
-    ppl = invoke("search", *common, "--tokens", "512", "--out", str(tmp_path / "ppl"))
+    common = (f"hf:{folder}", "data=text", f"data.path={corpus}", "--population", "4", "--generations", "1",
+              "--parents", "2")
+    ppl = invoke("search", *common, "--target-len", "128", "--tokens", "256", "--out", str(tmp_path / "ppl"))
     assert ppl.exit_code == 0, ppl.output
     record = json.loads((tmp_path / "ppl" / "factors.json").read_text())
     assert len(record["factors"]) == 4 and record["train_len"] == 64 and record["model"] == f"hf:{folder}"
     assert record["score"] <= min(record["initial"].values())
-    needle = invoke("search", *common, "--objective", "needle", "--needles", "2", "--out", str(tmp_path / "needle"))
+    needle = invoke("search", *common, "--target-len", "256", "--objective", "needle", "--needles", "2",
+                    "--out", str(tmp_path / "needle"))
     assert needle.exit_code == 0, needle.output
     scored = json.loads((tmp_path / "needle" / "factors.json").read_text())
     assert scored["objective"] == "needle" and math.isfinite(scored["score"]) and scored["score"] > 1

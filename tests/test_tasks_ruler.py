@@ -11,7 +11,6 @@ import pytest
 
 from conftest import TINY_RUN, run_cli
 from test_tasks import _strip, solve_niah, solve_top_words, solve_vartrack
-from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
 from posexp.tasks import build_task, chance_exact_match
 from posexp.tasks.cwe import COMMON_REPEATS, UNCOMMON_REPEATS, CommonWords
@@ -188,7 +187,7 @@ def test_chance_of_the_new_tasks_is_one_over_their_answer_alphabet():
 ])
 def test_bad_ruler_options_name_the_key_and_what_is_allowed(options, key, needles):
     with pytest.raises(ConfigError) as e:
-        build_task(TaskConfig(**options))
+        build_task(options)
     assert e.value.key == key
     for needle in needles:
         assert needle in str(e.value), (needle, str(e.value))
@@ -201,7 +200,7 @@ def test_the_shipped_yamls_build_their_tasks_with_the_options_they_document():
 
     for name in ("niah", "vartrack", "cwe", "fwe", "kv_retrieval"):
         raw = OmegaConf.to_container(OmegaConf.load(config_dir() / "task" / f"{name}.yaml"))["task"]
-        task = build_task(TaskConfig(**raw))
+        task = build_task(raw)
         assert task.name == name and task.shortest_length() <= 32  # experiment=smoke trains at 32 tokens
 
 

@@ -274,7 +274,30 @@ def check_added_keys(config: DictConfig) -> None:
             continue  # a plain mapping, or a group added whole (+experiment=smoke): Hydra's to check
         keys = [f.name for f in dataclasses.fields(schema)]
         if name not in keys:
-            raise OverrideError(_not_a_key(parent_key, name, keys, o.input_line), hydra_reports=False)
+            raise OverrideError(_task_key(parent_key, name, parent) or _not_a_key(parent_key, name, keys, o.input_line),
+                                hydra_reports=False)
+
+
+def _task_key(where: str, name: str, parent: object) -> Optional[str]:
+    """A key that the chosen task (``task.KEY``) or tracker (``logger.NAME.KEY``) does not take: the component's own
+    word on it (:func:`posexp.tasks.option_refusal`: the tasks that read it, or the task's options;
+    :func:`posexp.tracking.option_refusal`: the tracker's options); None for any other key."""
+    if not isinstance(parent, DictConfig):
+        return None
+    module = str(parent.get("module")) if parent.get("module") else None
+    if where == "task" and parent.get("name"):
+        from posexp.tasks import option_refusal
+
+        return f"task.{name}: {option_refusal(str(parent.get('name')), name, module)}"
+    if where.startswith("logger.") and where.count(".") == 1:
+        from posexp.errors import PosexpError
+        from posexp.tracking import option_refusal as tracker_refusal
+
+        try:
+            return f"{where}.{name}: {tracker_refusal(where.split('.')[1], name, module)}"
+        except PosexpError:
+            return None
+    return None
 
 
 def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:
@@ -297,7 +320,7 @@ def explain(error: Exception) -> OverrideError:
     key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and isinstance(parent, DictConfig):
         where, _, name = str(key).rpartition(".")
-        return OverrideError(_not_a_key(where, name, [str(k) for k in parent.keys()]))
+        return OverrideError(_task_key(where, name, parent) or _not_a_key(where, name, [str(k) for k in parent.keys()]))
     return OverrideError(_one_line(error))
 
 

@@ -45,8 +45,10 @@ NOTHING = Reply()
 FOLDERS = Reply(DIRS)
 
 # Value lists whose owners import torch, copied (tests/test_completion.py compares each with its owner).
-SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")  # posexp.encoders.scaling
-FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s != "rerope")  # posexp.encoders.extension
+SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope", "self_extend", "string", "dca",
+            "ms_poe")  # posexp.encoders.scaling
+# posexp.encoders.extension: the position remappings are evaluation-time only
+FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s not in ("rerope", "self_extend", "string", "dca", "ms_poe"))
 POSITION_SCHEMES = ("contiguous", "randomized", "pose")  # posexp.model.positions
 CURRICULA = ("none", "linear")  # posexp.model.positions
 COMPILE = ("auto", "true", "false")  # posexp.runtime.device.COMPILE_SETTINGS
@@ -158,6 +160,15 @@ def encoder_keys(name: Optional[str], dirs: Sequence[Path] = ()) -> Dict[str, An
     return {**keys, "lr_mult": float}
 
 
+def task_keys(name: Optional[str]) -> Dict[str, Any]:
+    """The keys of task ``name`` (its class's ``__init__`` options; name and description for ``lm``), typed."""
+    from posexp.tasks import LM, TASKS, options_schema
+
+    if name not in TASKS:
+        return {"name": str, "description": str} if name == LM else {}
+    return dict(schema_tree(options_schema(TASKS[name])))
+
+
 def _unwrap(hint: Any) -> Any:
     """``Optional[X]`` -> ``X``."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -197,6 +208,9 @@ class AppKeys:
             chosen = [w.partition("=")[2] for w in words if w.startswith("encoder=")]
             # the encoder chosen last (a sweep's first), else the app's default
             tree["encoder"] = encoder_keys(chosen[-1].split(",")[0] if chosen else groups.get("encoder"), dirs)
+        if tree.get("task") is Any:  # the chosen task's keys: its own options (posexp.tasks.options_schema)
+            chosen = [w.partition("=")[2] for w in words if w.startswith("task=")]
+            tree["task"] = task_keys(chosen[-1].split(",")[0] if chosen else groups.get("task"))
         return cls(groups, tree, VALUES[app], dirs)
 
     def keys(self, typed: str) -> list[str]:

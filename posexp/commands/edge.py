@@ -38,7 +38,8 @@ def override_text(key: str, value: object) -> str:
 
 def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assignment]
     """The config as the :class:`Config` dataclass (its groups as their dataclasses), interpolations resolved,
-    ``encoder`` as a plain mapping of its options (the encoder's own schema checked them at compose time).
+    ``encoder``, ``task`` and ``logger`` as plain mappings of their options (their own schemas checked them at compose time;
+    :func:`posexp.tasks.build_task` checks a task's again, for a saved config).
     ``schema``: :class:`Config`, a subclass that adds a command's own group (``posexp analyze``), or another app's
     schema (``posexp eval hf:MODEL``'s, which has no encoder).
 
@@ -49,11 +50,17 @@ def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assig
         on_schema = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         spec = OmegaConf.to_object(on_schema)
         encoder = OmegaConf.to_container(on_schema.encoder, resolve=True) if "encoder" in on_schema else None
+        task = OmegaConf.to_container(on_schema.task, resolve=True) if schema is Config else None
+        logger = OmegaConf.to_container(on_schema.logger, resolve=True) if schema is Config else None
     except OmegaConfBaseException as e:
         raise PosexpError(f"the config does not fit posexp's config schema ({str(e).splitlines()[0]})") from None
     assert isinstance(spec, schema)
     if isinstance(encoder, dict):
         spec.encoder = encoder  # type: ignore[attr-defined]
+    if isinstance(task, dict):
+        spec.task = task  # type: ignore[attr-defined]
+    if isinstance(logger, dict):
+        spec.logger = logger  # type: ignore[attr-defined]
     return spec
 
 

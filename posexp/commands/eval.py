@@ -161,7 +161,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     :data:`~posexp.commands.eval_overrides.RUNTIME_KEYS`), a plugin encoder's code, corpus, weights. Writes nothing."""
     from posexp.training.checkpoint import load_weights
     from posexp.data.corpus import check_fits, corpus_from_config
-    from posexp.tasks.source import DATA_TASKS, TrainingSource
+    from posexp.tasks.source import TrainingSource, reads_data
     from posexp.model.factory import build_model
 
     results = read_results(run_dir) if results is None else results
@@ -179,11 +179,11 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
                           f"(config hash {identity.value} vs {recorded} in {RESULTS_JSON}); was it edited?")
     task = is_task(cfg)
     # the tokenizer too: a config without one is byte-level; a generated task reads no corpus
-    corpus = corpus_from_config(cfg) if not task or cfg.task.name in DATA_TASKS else None
+    corpus = corpus_from_config(cfg) if not task or reads_data(cfg.task) else None
     source = TrainingSource.of_task(cfg, corpus) if task else TrainingSource.of_corpus(corpus)
     recorded_fp = results["run"].get("corpus_fingerprint")
     if recorded_fp is not None and recorded_fp != source.fingerprint:
-        what = f"task={cfg.task.name}'s instances" if task else f"the {cfg.data.name} corpus"
+        what = f"task={cfg.task['name']}'s instances" if task else f"the {cfg.data.name} corpus"
         raise PosexpError(f"{run_dir}: {what} here (fingerprint {source.fingerprint}) is not "
                           f"the one the run was trained and evaluated on ({recorded_fp}); new rows would not be "
                           "comparable with the old ones")

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from posexp.config.schema import EvalConfig
+from posexp.encoders.remapping import ALL_OPTION_KEYS
 from posexp.errors import ConfigError
 
 # what posexp eval may change; eval.during_training was measured while the run trained, and stays as it was
@@ -26,9 +27,18 @@ VALUE_HINTS = {
     "protocol": "one of nonoverlap, sliding, last_k",
     "stride": "an integer, e.g. eval.stride=64",
     "last_k": "an integer, e.g. eval.last_k=64",
-    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, longrope, rerope",
+    "scaling": "one of none, linear, ntk, dynamic_ntk, yarn, llama3, longrope, rerope, self_extend, string, dca, ms_poe",
     "scaling_factor": "a number >= 1, e.g. eval.scaling_factor=4, or null",
     "rerope_window": "an integer number of tokens, e.g. eval.rerope_window=64, or null",
+    "self_extend_group": "an integer group size, e.g. eval.self_extend_group=8, or null",
+    "self_extend_window": "an integer number of tokens, e.g. eval.self_extend_window=32, or null",
+    "string_offset": "an integer number of tokens, e.g. eval.string_offset=42, or null",
+    "string_local": "an integer number of tokens, e.g. eval.string_local=8, or null",
+    "dca_chunk": "an integer number of tokens, e.g. eval.dca_chunk=96, or null",
+    "dca_local": "an integer number of tokens, e.g. eval.dca_local=8, or null",
+    "ms_poe_min": "a ratio >= 1, e.g. eval.ms_poe_min=1.2, or null",
+    "ms_poe_max": "a ratio >= 1, e.g. eval.ms_poe_max=1.8, or null",
+    "ms_poe_skip_layers": "an integer number of layers, e.g. eval.ms_poe_skip_layers=2, or null",
     "longrope_factors": "a list of numbers > 0, one per rotary frequency, e.g. eval.longrope_factors=[1.0,1.5,...], or null",
     "longrope_start": "a whole number of positions >= 0 (LongRoPE's n^), e.g. eval.longrope_start=4",
     "longrope_file": "a factors file or folder posexp search wrote, e.g. eval.longrope_file=RUN/longrope/512, or null",
@@ -49,7 +59,8 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
 DEPENDENT_KEYS = {"protocol": ("stride", "last_k"),
-                  "scaling": ("scaling_factor", "rerope_window", "longrope_factors", "longrope_start", "longrope_file"),
+                  "scaling": ("scaling_factor", "rerope_window", "longrope_factors", "longrope_start", "longrope_file",
+                              *ALL_OPTION_KEYS),
                   "multiples": ("lengths",),
                   "window": ("sinks",)}
 

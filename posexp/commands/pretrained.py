@@ -51,7 +51,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     Raises:
         ConfigError: naming the key and what is allowed.
     """
-    from posexp.commands.validation import check_data, check_scaling_settings
+    from posexp.commands.validation import check_data, check_remap_options, check_scaling_settings
 
     spec = typed(cfg, PretrainedConfig)
     require(str(spec.hf.model).strip() != "", "hf.model", "names the model: posexp eval hf:PATH_OR_NAME")
@@ -76,6 +76,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     require(len(values) > 0 and all(v > 0 for v in values), "eval.lengths" if e.lengths is not None else
             "eval.multiples", f"must list positive numbers (got {list(values)})")
     check_scaling_settings(e.scaling, e.scaling_factor, e.rerope_window, spec.train_len)
+    check_remap_options(e, spec.train_len)
     if e.lengths is not None:
         check_protocol(e.protocol, e.stride, e.last_k, min(e.lengths))
     check_window(e.window, e.sinks)
@@ -163,25 +164,6 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
     return lm, tokenizer, record
 
 
-def carried_scaling(record: dict) -> tuple[Optional[str], Optional[float]]:
-    """The scaling a pretrained model's config carries (``rope_parameters``' ``rope_type`` and ``factor``, of the
-    layers a scaling stretches where they are per layer type: Gemma 3's full-attention ones), or ``(None, None)``
-    for a model with none (``default``) or without rotary positions."""
-    from posexp.hf.rotary import LOCAL_LAYER_TYPES
-
-    params = record.get("rope_parameters")
-    if not isinstance(params, dict):
-        return None, None
-    if "rope_type" not in params:  # per layer type
-        scaled = [v for k, v in sorted(params.items()) if k not in LOCAL_LAYER_TYPES and isinstance(v, dict)]
-        params = scaled[0] if scaled else {}
-    kind = params.get("rope_type") or params.get("type")
-    if kind in (None, "default"):
-        return None, None
-    factor = params.get("factor")
-    return str(kind), float(factor) if isinstance(factor, (int, float)) else None
-
-
 def hf_tokens(tokenizer, separator: Optional[int]) -> str:
     """Which tokens a transformers model reads (key-token perplexity's evaluator must read the same)."""
     return f"the tokens of transformers tokenizer {tokenizer_fingerprint(tokenizer, separator)}"
@@ -218,6 +200,23 @@ def hf_evaluator(name: str, device: torch.device) -> Evaluator:
 
     return Evaluator(f"{HF_PREFIX}{name}", identity, hf_tokens(tokenizer, document_separator(tokenizer, config)),
                      opener)
+def carried_scaling(record: dict) -> tuple[Optional[str], Optional[float]]:
+    """The scaling a pretrained model's config carries (``rope_parameters``' ``rope_type`` and ``factor``, of the
+    layers a scaling stretches where they are per layer type: Gemma 3's full-attention ones), or ``(None, None)``
+    for a model with none (``default``) or without rotary positions."""
+    from posexp.hf.rotary import LOCAL_LAYER_TYPES
+
+    params = record.get("rope_parameters")
+    if not isinstance(params, dict):
+        return None, None
+    if "rope_type" not in params:  # per layer type
+        scaled = [v for k, v in sorted(params.items()) if k not in LOCAL_LAYER_TYPES and isinstance(v, dict)]
+        params = scaled[0] if scaled else {}
+    kind = params.get("rope_type") or params.get("type")
+    if kind in (None, "default"):
+        return None, None
+    factor = params.get("factor")
+    return str(kind), float(factor) if isinstance(factor, (int, float)) else None
 
 
 def document_separator(tokenizer, config) -> Optional[int]:

@@ -20,6 +20,9 @@ from posexp.errors import PosexpError
 from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, run_status
 
 DEFAULT_SUBDIR = "${hydra.job.num}"
+# the sweeps posexp resume finishes, by the app that ran them: its command starts a job that never started
+# (posexp eval hf.model=MODEL ... is posexp eval hf:MODEL ...)
+COMMAND_OF = {"config": "train", "pretrained": "eval"}
 
 
 @dataclass
@@ -30,6 +33,7 @@ class SweepPlan:
     resume: list[int]
     start: dict[int, list[str]]
     config_dirs: list[str]
+    command: str = "train"  # what starts a job that never started: posexp train, or posexp eval (hf:MODEL)
 
 
 def plan_sweep(sweep: Path) -> SweepPlan:
@@ -45,7 +49,8 @@ def plan_sweep(sweep: Path) -> SweepPlan:
 
     raw = OmegaConf.to_container(OmegaConf.load(sweep / MULTIRUN_YAML), resolve=False)
     hydra = (raw.get("hydra") if isinstance(raw, dict) else None) or {}
-    if (hydra.get("job") or {}).get("config_name") != "config":
+    app = (hydra.get("job") or {}).get("config_name")
+    if app not in COMMAND_OF:
         raise PosexpError(f"{sweep}: posexp resume finishes a posexp train sweep; for a fine-tune sweep, posexp "
                           "resume each of its job folders")
     if (hydra.get("sweep") or {}).get("subdir") != DEFAULT_SUBDIR:
@@ -58,7 +63,7 @@ def plan_sweep(sweep: Path) -> SweepPlan:
                           "each job that started")
     sources = (hydra.get("runtime") or {}).get("config_sources") or []
     dirs = [str(s["path"]) for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
-    plan = SweepPlan([], [], {}, dirs)
+    plan = SweepPlan([], [], {}, dirs, COMMAND_OF[str(app)])
     for n, job in enumerate(jobs):
         folder = sweep / str(n)
         if not folder.is_dir():
@@ -85,8 +90,8 @@ def resume_sweep(sweep: Path, say: Callable[[str], None], allow_changed_encoder:
             failed.append(n)
     for n, job in plan.start.items():
         dirs = [a for d in plan.config_dirs for a in ("--config-dir", d)]
-        say(f"job {n}: posexp train {' '.join(job)} (never started)")
-        if run(["train", *dirs, *job, f"hydra.run.dir={sweep / str(n)}"]) != 0:
+        say(f"job {n}: posexp {plan.command} {' '.join(job)} (never started)")
+        if run([plan.command, *dirs, *job, f"hydra.run.dir={sweep / str(n)}"]) != 0:
             failed.append(n)
     return failed
 

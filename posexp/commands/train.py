@@ -39,7 +39,7 @@ from posexp.runs.layout import ACCURACY, PERPLEXITY, RESULTS_JSON
 from posexp.runs.lock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime.device import resolve_device, step_settings
 from posexp.tasks.sampler import TaskSampler
-from posexp.tasks.source import DATA_TASKS, TrainingSource
+from posexp.tasks.source import TrainingSource, reads_data
 from posexp import tracking
 from posexp.training import cache, distributed
 from posexp.training.checkpoint import read_resume_pointer
@@ -287,7 +287,7 @@ def _load_source(spec: Config, w: World, console: Console,
                  warn: Callable[[str], None]) -> TrainingSource:
     """What the run trains on: the corpus of ``data`` (task=lm), or a task (with ``data``'s text for passkey)."""
     longest = max(eval_lengths(spec))
-    needs_corpus = not is_task(spec) or spec.task.name in DATA_TASKS
+    needs_corpus = not is_task(spec) or reads_data(spec.task)
     corpus = _load_corpus(spec, w, console, warn) if needs_corpus else None
     if not is_task(spec):
         check_fits(corpus, spec.train_len, longest)

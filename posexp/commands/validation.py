@@ -12,7 +12,7 @@ nothing of the domain imports it back but the commands, the CLI and analysis.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from posexp.config.schema import (
     DATASETS,
     DEVICES,
+    LM,
     OBJECTIVES,
     PARALLEL,
     PRECISIONS,
@@ -46,7 +47,8 @@ from posexp.encoders.plugins import MODULE_KEY, from_distribution
 from posexp.errors import ConfigError, require
 from posexp.encoders.scaling import LONGROPE, check_known, check_longrope_start
 from posexp.runs.longrope import longrope_settings
-from posexp.encoders.extension import (NONE, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
+from posexp.encoders.remapping import ALL_OPTION_KEYS, OPTION_KEYS, check_options
+from posexp.encoders.extension import (NONE, REMAPPINGS, REROPE, SCALINGS, check_scaling, finetune_scaling_refusal,
                                          scaled_encoder)
 from posexp.evaluation.perplexity import check_protocol
 from posexp.model.factory import build_encoder, extend_encoder
@@ -56,8 +58,11 @@ from posexp.model.positions import CURRICULA, POSITION_SCHEMES, default_start_le
 from posexp.runtime.device import check_compile
 from posexp.runtime.memory import check_memory
 from posexp.runtime.threads import AUTO as AUTO_THREADS
-from posexp.tasks import TASKS, build_task, check_task_name
-from posexp.tasks.source import DATA_TASKS, check_task_lengths
+from posexp.tasks import TASKS, build_task, check_task_name, task_class
+from posexp.tasks import options_schema as task_schema
+from posexp.tracking.tracker import TRACKERS
+from posexp.tracking.tracker import options_schema as tracker_schema
+from posexp.tasks.source import check_task_lengths, reads_data
 
 
 # what register_configs stored: each encoder class by its name (again only if its module was loaded anew), and
@@ -79,7 +84,11 @@ def register_configs() -> None:
         cs.store(group="schema/model", name="model", node=ModelConfig)
         cs.store(group="schema/train", name="train", node=TrainConfig)
         cs.store(group="schema/eval", name="eval", node=EvalConfig)
-        cs.store(group="schema/task", name="task", node=TaskConfig)
+        cs.store(group="schema/task", name=LM, node=TaskConfig)
+        for name, task_cls in TASKS.items():  # each task's keys, from its __init__ (configs/task/NAME.yaml uses it)
+            cs.store(group="schema/task", name=name, node=task_schema(task_cls))
+        for name, tracker_cls in TRACKERS.items():  # each tracker's keys, from its start() (configs/logger/NAME.yaml)
+            cs.store(group="schema/logger", name=name, node=tracker_schema(tracker_cls))
         _stored[SCHEMAS] = Config
     for name, cls in registry().items():
         if _stored.get(name) is cls:
@@ -357,17 +366,18 @@ def validate_task(cfg: Config) -> None:
     """``task`` (posexp/tasks/): a known task, options and lengths it can build, eval keys of tasks, and a
     ``data`` it can use (the generated tasks read none; passkey reads bytes)."""
     task_cfg = cfg.task
-    check_task_name(str(task_cfg.name))
-    if not is_task(cfg):
+    if str(task_cfg["name"]) == LM:
+        check_task_name(LM)
         return
-    e, name = cfg.eval, str(task_cfg.name)
+    task_class(task_cfg)  # a task posexp has, or one the user's module (task.module) registers
+    e, name = cfg.eval, str(task_cfg["name"])
     require(e.examples > 0, "eval.examples", f"must be a positive number of instances per length (got {e.examples})")
     depths = list(e.depths or [])
     require(len(depths) > 0 and all(0 <= d <= 1 for d in depths), "eval.depths",
             f"must list depths in [0, 1] (0 = key before all the filler, 1 = right before the question; got {depths})")
     require(e.protocol == "nonoverlap", "eval.protocol",
             f"applies to task=lm (perplexity); task={name} scores its answers teacher-forced: drop eval.protocol")
-    if name in DATA_TASKS:
+    if reads_data(task_cfg):
         require(tokenizer_spec(cfg).name == "byte", "tokenizer",
                 f"task={name} reads its filler text as bytes: use tokenizer=byte (got {tokenizer_spec(cfg).name})")
     else:
@@ -394,6 +404,7 @@ def validate_eval(cfg: Config, encoder=None) -> None:
     check_protocol(e.protocol, e.stride, e.last_k, min(eval_lengths(cfg)))
     check_scaling_options(e.scaling, e.scaling_factor, cfg.encoder["name"], encoder=encoder,
                           rerope_window=e.rerope_window, train_len=int(cfg.train_len))
+    check_remap_options(e, int(cfg.train_len))
     factors = getattr(e, "longrope_factors", None)
     require(factors is None or e.scaling == LONGROPE, "eval.longrope_factors",
             f"only applies with eval.scaling=longrope (scaling is {e.scaling}); drop it or set eval.scaling=longrope")
@@ -463,6 +474,18 @@ def check_scaling_settings(scaling: str, factor: Optional[float], rerope_window:
         require(factor >= 1, "eval.scaling_factor",
                 f"must be >= 1, the factor the context is extended by (got {factor:g}); leave it unset "
                 "for eval length / train length at each length")
+
+
+def check_remap_options(e: Any, train_len: Optional[int]) -> None:
+    """A position remapping's ``eval.`` options (posexp/encoders/remapping.py): each only with its method, in range;
+    no ``eval.scaling_factor`` (their numbers are their options) and no ``eval.window`` with one."""
+    check_options(e.scaling, {key: getattr(e, key, None) for key in ALL_OPTION_KEYS}, train_len)
+    if e.scaling in REMAPPINGS[1:]:
+        keys = ", ".join(f"eval.{k}" for k in OPTION_KEYS[e.scaling])
+        require(e.scaling_factor is None, "eval.scaling_factor",
+                f"{e.scaling} has no factor: its settings are {keys} (null = defaults); drop eval.scaling_factor")
+        require(getattr(e, "window", None) is None, "eval.window",
+                f"{e.scaling} remaps positions over the whole causal past; evaluate it without eval.window")
 
 
 def check_objective(cfg: Config) -> None:

@@ -47,6 +47,11 @@ MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "no
 ENCODER_KEYS_BEFORE = {"irope": {"local": "sliding"}}
 # the same for train keys
 TRAIN_KEYS_BEFORE = {"pose_target_len": None}
+# Every task run's config held these keys, one schema for every task's options, before each task's options came
+# from its own __init__ (posexp/tasks/): a task config lacking one is hashed with it at this value, so earlier
+# task runs keep their hash and cache key. Frozen: a task's new option needs no entry here.
+TASK_KEYS_BEFORE = {"symbols": None, "min_size": None, "digits": 5, "variant": None, "needles": None, "chains": None,
+                    "hops": None, "top_k": None}
 
 
 # The hash format runs record (results.json's run.hash_format, checkpoint/meta.json, resume.json): weights_config
@@ -122,6 +127,9 @@ def weights_of(config: dict) -> dict:
                 del enc[key]
     if isinstance(out.get("task"), dict) and out["task"].get("name", LM) == LM:
         out.pop("task")  # language modelling, as before tasks existed: the cache keys of earlier runs hold
+    elif isinstance(out.get("task"), dict):
+        for key, before in TASK_KEYS_BEFORE.items():
+            out["task"].setdefault(key, before)
     t = out.get("train")
     if isinstance(t, dict) and t.get("positions") == "randomized" and t.get("max_position") is None:
         t["max_position"] = default_max_position(int(config["train_len"]), max(_eval_lengths(config)))

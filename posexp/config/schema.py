@@ -19,6 +19,9 @@ from typing import Any, List, Optional
 from omegaconf import MISSING
 
 
+LM = "lm"  # task=lm: language modelling on data, measured by perplexity
+
+
 def config_dir() -> Path:
     """The shipped ``configs/`` folder: beside the package in a checkout, inside it in a wheel."""
     import posexp.configs as shipped  # the top-level configs/ folder, mapped as a package
@@ -140,24 +143,19 @@ class TrainConfig:
 
 @dataclass
 class TaskConfig:
-    """``configs/task/*.yaml``; ``posexp/tasks/`` generates the instances. ``lm`` is language modelling on ``data``."""
+    """``configs/task/*.yaml``: the keys of every task; ``lm`` is language modelling on ``data``. A generated task's
+    own options come from its class's ``__init__`` (:func:`posexp.tasks.options_schema`, stored as
+    ``schema/task/NAME``), as an encoder's do; ``posexp/tasks/`` generates the instances."""
 
-    # lm | copy | reverse | sort | addition | parity | mqar | passkey | flipflop | niah | vartrack | cwe | fwe
-    # | kv_retrieval | babilong
-    name: str = "lm"
+    name: str = "lm"  # lm, or a task of posexp/tasks/ (posexp list shows them)
     description: str = ""
-    # alphabet size of copy / reverse / sort, keys (and values) of mqar, niah, vartrack, kv_retrieval, the words of
-    # cwe / fwe; null = the task's default
-    symbols: Optional[int] = None
-    # smallest instance trained on (symbols, digits, bits, pairs, instructions, filler tokens); null = the task's own
-    min_size: Optional[int] = None
+
+
+@dataclass
+class PretrainedTaskConfig(TaskConfig):
+    """``posexp eval hf:MODEL``'s ``task``: ``lm`` (perplexity) or ``passkey`` in the model's own tokens."""
+
     digits: int = 5  # passkey: digits of the key
-    # The options of RULER's tasks; null = the task's default, and a task refuses the ones it does not read.
-    variant: Optional[str] = None  # niah: single | multikey | multivalue | multiquery (null = single); babilong: qa1 | qa2 | qa7
-    needles: Optional[int] = None  # niah: needles per instance (null = 1 for single, 4 for the others)
-    chains: Optional[int] = None  # vartrack: chains of assignments, one asked (null = 2)
-    hops: Optional[int] = None  # vartrack: assignments of a variable to a variable per chain (null = 2)
-    top_k: Optional[int] = None  # cwe, fwe: the words to extract (null = 3)
 
 
 @dataclass
@@ -207,8 +205,19 @@ class EvalConfig:
     stride: Optional[int] = None
     last_k: Optional[int] = None
     scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope | rerope
+    # (and the position remappings self_extend | string | dca | ms_poe, posexp/encoders/remapping.py)
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
+    # the position remappings' options; null = the method's default for train_len (and the length, self_extend_group)
+    self_extend_group: Optional[int] = None
+    self_extend_window: Optional[int] = None
+    string_offset: Optional[int] = None
+    string_local: Optional[int] = None
+    dca_chunk: Optional[int] = None
+    dca_local: Optional[int] = None
+    ms_poe_min: Optional[float] = None
+    ms_poe_max: Optional[float] = None
+    ms_poe_skip_layers: Optional[int] = None
     longrope_factors: Optional[List[float]] = None  # eval.scaling=longrope: one rescale factor per rotary frequency
     longrope_start: int = 0  # eval.scaling=longrope: LongRoPE's n^, the first positions left unscaled (0 = none)
     longrope_file: Optional[str] = None  # eval.scaling=longrope: a factors file posexp search wrote (factors and n^)
@@ -244,42 +253,6 @@ class FinetuneConfig:
 
 
 @dataclass
-class TensorBoardConfig:
-    """``configs/logger/tensorboard.yaml``: event files ``tensorboard --logdir`` reads."""
-
-    log_dir: Optional[str] = None  # null = RUN_DIR/tensorboard (a sweep's jobs side by side under its folder)
-
-
-@dataclass
-class MLflowConfig:
-    """``configs/logger/mlflow.yaml``."""
-
-    tracking_uri: Optional[str] = None  # null = $MLFLOW_TRACKING_URI, else MLflow's own local default
-    experiment: str = "posexp"
-
-
-@dataclass
-class WandbConfig:
-    """``configs/logger/wandb.yaml``."""
-
-    project: str = "posexp"
-    entity: Optional[str] = None
-    # online | offline | disabled; null = $WANDB_MODE, else online only where an API key is configured
-    mode: Optional[str] = None
-    tags: List[str] = field(default_factory=list)
-
-
-@dataclass
-class LoggerConfig:
-    """The experiment trackers a run reports to (``logger=tensorboard``, ``logger=[tensorboard,mlflow]``); each
-    ``configs/logger/*.yaml`` fills in its own key, and the keys left null are trackers not used."""
-
-    tensorboard: Optional[TensorBoardConfig] = None
-    mlflow: Optional[MLflowConfig] = None
-    wandb: Optional[WandbConfig] = None
-
-
-@dataclass
 class Config:
     # the encoder's options: its own schema at compose time, a plain mapping (name, options) once typed
     encoder: Any = MISSING
@@ -288,8 +261,11 @@ class Config:
     model: ModelConfig = MISSING
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
-    task: TaskConfig = field(default_factory=TaskConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)  # experiment trackers: none by default
+    # the task's keys: its own schema at compose time (schema/task/NAME), a plain mapping (name, options) once typed
+    task: Any = field(default_factory=lambda: {"name": LM, "description": ""})
+    # the experiment trackers a run reports to, tracker name -> its options (each tracker's own schema at compose time,
+    # schema/logger/NAME, from its start()): none by default; logger=tensorboard, logger=[tensorboard,mlflow]
+    logger: Any = field(default_factory=dict)
     base: float = 10000.0  # base frequency of sinusoidal and rotary encodings (ignored by the others)
     train_len: int = 128  # training context length in tokens
     seed: int = 0  # seeds model initialisation and data order
@@ -354,7 +330,7 @@ class PretrainedConfig:
     hf: HFConfig = field(default_factory=HFConfig)
     data: DataConfig = MISSING
     eval: EvalConfig = MISSING
-    task: TaskConfig = field(default_factory=TaskConfig)  # lm: perplexity; passkey: zero-shot retrieval (task.name)
+    task: PretrainedTaskConfig = field(default_factory=PretrainedTaskConfig)  # lm: perplexity; passkey (task.name)
     train_len: Optional[int] = None  # the model's original context length; null = what its config says
     seed: int = 0
     device: str = "auto"
@@ -363,9 +339,6 @@ class PretrainedConfig:
 
 PRECISIONS = ("auto", "fp32", "bf16")
 PARALLEL = ("ddp", "fsdp")  # train.parallel
-
-
-LM = "lm"  # task=lm: language modelling on data, measured by perplexity
 
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -399,7 +372,7 @@ def curve_lengths(cfg: Config) -> list[int]:
 
 def is_task(cfg: Config) -> bool:
     """Whether a run trains on a generated task (measured by accuracy) rather than language modelling."""
-    return cfg.task.name != LM
+    return str(cfg.task["name"]) != LM
 
 
 def default_max_position(train_len: int, longest_eval: int) -> int:

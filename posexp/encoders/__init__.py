@@ -37,7 +37,8 @@ _BY_MODULE: Dict[str, set] = {}
 _NOT_OPTIONS = {"self", "d_model", "n_heads"}
 _NOT_ENCODERS = {"base", "frequencies", "plugins"}  # modules of this package that hold no encoder
 # found as tasks and trackers are (posexp.registry): the built-ins by importing this package's modules
-_REGISTRY: Registry[PositionalEncoder] = Registry("encoder", "encoder", __name__, skip=_NOT_ENCODERS)
+_REGISTRY: Registry[PositionalEncoder] = Registry("encoder", "encoder", __name__, skip=_NOT_ENCODERS,
+                                                  entry_points=False)  # plugins.py reads theirs, with its rules
 _loaded = {"entry_points": False}
 log = logging.getLogger("posexp.encoders")
 

@@ -38,6 +38,13 @@ Two hooks for encodings that read the content, not only positions:
 
 An encoder using either attends on the explicit, blocked path, never through fused kernels.
 
+One hook for evaluation-time position remappings (:mod:`posexp.encoders.remapping`):
+
+* ``attend(q, k, v, pos, block_size)``: the attention output ``(B, H, L, Dh)`` in place of the model's own, from
+  ``q``, ``k`` (after ``rotate``), ``v`` of the whole sequence at positions ``pos``, causal, in query blocks of
+  ``block_size`` (so that memory stays linear in ``L``). Self-Extend, STRING, Dual Chunk Attention and Ms-PoE read
+  RoPE at remapped positions this way.
+
 One optional companion of ``bias``, for fused attention kernels: an encoder whose
 bias of query ``i`` and key ``j`` in head ``h`` is a function of ``(h, q_pos[i],
 k_pos[j])`` alone may also give it as a FlexAttention ``score_mod``
@@ -148,6 +155,10 @@ class PositionalEncoder(nn.Module):
         """Attention weights from finished logits, in place of softmax (see the module docstring)."""
         return logits.softmax(-1)
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, block_size: int) -> Tensor:
+        """The causal attention output ``(B, H, L, Dh)`` in place of the model's (see the module docstring)."""
+        raise NotImplementedError  # never called: the model asks uses_attend first
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor) -> Optional[ScoreMod]:
         """``bias`` as a FlexAttention ``score_mod`` over indices into ``q_pos`` / ``k_pos`` (see the module
         docstring), or None: this encoder's bias has no fused form and the model takes ``bias``.
@@ -196,6 +207,10 @@ class PositionalEncoder(nn.Module):
     @property
     def uses_normalise(self) -> bool:
         return self._overrides("normalise")
+
+    @property
+    def uses_attend(self) -> bool:
+        return self._overrides("attend")
 
     @property
     def explicit_attention(self) -> bool:

@@ -57,8 +57,9 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
 
 # what a fine-tune can train with: every frequency or position scaling (LongRoPE with its factors given as
 # longrope_factors, Ding et al. 2024 fine-tune with them); ReRoPE's clamped distances are evaluation-time only
-# (Su 2023 proposes it without training)
-FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k != REROPE)
+# (Su 2023 proposes it without training), and so are the other position remappings (posexp/encoders/remapping.py)
+REMAPPINGS = (REROPE, "self_extend", "string", "dca", "ms_poe")
+FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k not in REMAPPINGS)
 
 
 def finetune_scaling_refusal(kind: str, encoder: nn.Module) -> Optional[str]:
@@ -67,6 +68,9 @@ def finetune_scaling_refusal(kind: str, encoder: nn.Module) -> Optional[str]:
     The methods are the encoder's evaluation-time ones (:func:`check_scaling`), so a fine-tune trains with
     exactly the frequencies or positions that ``eval.scaling`` reads; ``none`` suits every encoding.
     """
+    if kind in REMAPPINGS[1:]:
+        return (f"{kind} is an evaluation-time position remapping with nothing to train; evaluate with posexp eval "
+                f"RUN eval.scaling={kind}, or fine-tune with one of: {', '.join(FINETUNE_SCALINGS)}")
     if kind not in FINETUNE_SCALINGS:
         return f"unknown scaling {kind!r} for fine-tuning; choose one of: {', '.join(FINETUNE_SCALINGS)}"
     if kind == NONE:
@@ -88,9 +92,11 @@ def default_factor(length: int, train_len: int) -> float:
 
 
 def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int,
-                   longrope_factors: Optional[Sequence[float]] = None, longrope_start: int = 0) -> nn.Module:
+                   longrope_factors: Optional[Sequence[float]] = None, longrope_start: int = 0,
+                   remap=None) -> nn.Module:
     """The encoder itself for ``none``, else its ``with_scaling`` copy (``longrope`` given its per-frequency
-    factors, ``eval.longrope_factors``, and its ``n^``, ``eval.longrope_start``, passed on only when set).
+    factors, ``eval.longrope_factors``, and its ``n^``, ``eval.longrope_start``, passed on only when set; a position
+    remapping its options, ``remap``).
 
     Raises:
         ConfigError: the encoding does not offer ``kind``; ``longrope`` without its factors past factor 1.
@@ -101,8 +107,10 @@ def scaled_encoder(encoder: nn.Module, kind: str, factor: float, train_len: int,
     extra: dict = {"factors": longrope_factors} if kind == LONGROPE else {}
     if kind == LONGROPE and longrope_start:
         extra["start"] = check_longrope_start(longrope_start)
+    if kind in REMAPPINGS[1:]:
+        extra = {"remap": remap}
     return encoder.with_scaling(kind, float(factor), int(train_len), **extra)  # checked above
 
 
-__all__ = ["FINETUNE_SCALINGS", "NONE", "REROPE", "SCALINGS", "check_scaling", "default_factor",
+__all__ = ["FINETUNE_SCALINGS", "NONE", "REMAPPINGS", "REROPE", "SCALINGS", "check_scaling", "default_factor",
            "default_rerope_window", "encoders_supporting", "finetune_scaling_refusal", "scaled_encoder"]

@@ -69,7 +69,8 @@ class TemperedNoPE(PositionalEncoder):
     context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
     description = "NoPE with Llama 4's query temperature"
     # a NoPE layer has nothing to rescale: in a scaled iRoPE it stays as it is (its temperature included)
-    supported_scalings = RoPE.supported_scalings
+    # its NoPE layers and per-layer windows take no position remapping (posexp/encoders/remapping.py)
+    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
 
     def __init__(self, d_model: int, n_heads: int, floor_scale: int, attn_scale: float):
         super().__init__(d_model, n_heads)

@@ -9,7 +9,8 @@ paper's interleaved pairs that the learned projections absorb.
 
 Also here: ReRoPE (Su 2023), an evaluation-time variant that clamps the relative
 position at a window ``w`` (:class:`ReRoPEScores`, reached through
-``eval.scaling=rerope``).
+``eval.scaling=rerope``), and :class:`RemappedRoPE`, a RoPE read through a position
+remapping (``eval.scaling=self_extend|string|dca|ms_poe``, posexp/encoders/remapping.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from torch import Tensor
 from posexp.encoders import register
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.encoders.frequencies import check_schedule, rope_frequencies
+from posexp.encoders.remapping import (MS_POE, STRING, MsPoEMethod, Placement, Remapping, remapped_attention,
+                                       unrotated)
 from posexp.encoders.scaling import LONGROPE, check_longrope_start, module_copy, rope_scaling
 from posexp.errors import ConfigError, require
 
@@ -77,7 +80,8 @@ class RoPE(PositionalEncoder):
     description = "RoPE: rotate q and k by position-dependent angles (Su et al. 2021)"
     relative = True  # <R_m q, R_n k> = <q, R_{n-m} k> (see the module docstring)
     # evaluation-time context extension, see posexp/encoders/scaling.py and with_scaling
-    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
+    supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope", "self_extend", "string",
+                          "dca", "ms_poe")
     attention_scaling = 1.0  # YaRN's sqrt(1/t) on q and k; 1 unless scaled
     scaling: Optional[tuple[str, float, int]] = None  # (kind, factor, train_len) on a scaled copy
     longrope_start = 0  # LongRoPE's n^ on a longrope copy: positions below it keep the trained rotation
@@ -124,7 +128,7 @@ class RoPE(PositionalEncoder):
         return None
 
     def with_scaling(self, kind: str, factor: float, train_len: int,
-                     factors: Optional[Sequence[float]] = None, start: int = 0) -> PositionalEncoder:
+                     factors: Optional[Sequence[float]] = None, start: int = 0, remap=None) -> PositionalEncoder:
         """A copy with frequencies scaled for evaluation past ``train_len`` (formulas in posexp/encoders/scaling.py).
 
         Args:
@@ -135,6 +139,8 @@ class RoPE(PositionalEncoder):
             factors: ``longrope``'s per-frequency rescale factors (``eval.longrope_factors``); others ignore it.
             start: ``longrope``'s ``n^`` (``eval.longrope_start``): positions below it keep the trained rotation
                 and no temperature (Ding et al. 2024, §3.2); others ignore it.
+            remap: for ``self_extend``, ``string``, ``dca`` and ``ms_poe``, the method with all its options
+                (:class:`posexp.encoders.remapping.Remapping`; its defaults for ``train_len`` when None).
 
         Returns:
             A module sharing this one's state; this one is left unchanged.
@@ -146,8 +152,13 @@ class RoPE(PositionalEncoder):
         reason = self.scaling_refusal(kind)
         if reason is not None:
             raise ConfigError("eval.scaling", reason)
-        if kind == "rerope":
+        if kind == "rerope" and self.layer_window is None:  # through query blocks, like the other remappings
+            require(int(factor) >= 1, "eval.rerope_window", f"must be a positive number of tokens (got {int(factor)})")
+            return RemappedRoPE(self, Remapping("rerope", (("rerope_window", int(factor)),)))
+        if kind == "rerope":  # a layer attending within its own window (encoder=irope): the explicit-score path
             return ReRoPEScores(self, int(factor))
+        if kind in ("self_extend", "string", "dca", "ms_poe"):
+            return RemappedRoPE(self, remap if remap is not None else Remapping.of(kind, {}, train_len, train_len))
         clone = module_copy(self)
         clone.scaling = (kind, float(factor), int(train_len))
         if kind == "linear":
@@ -295,3 +306,54 @@ class ReRoPEScores(PositionalEncoder):
 
     def extra_repr(self) -> str:
         return f"{self.rope.extra_repr()}, rerope_window={self.window}"
+
+
+class RemappedRoPE(PositionalEncoder):
+    """A trained RoPE read through a position remapping at evaluation (``eval.scaling=self_extend|string|dca|ms_poe``).
+
+    ``rotate`` is the RoPE's own (q and k at their true positions); ``attend`` moves them to the remapped ones and
+    attends (:func:`remapped_attention`). Shares the RoPE's state; built by ``RoPE.with_scaling``.
+
+    Args:
+        rope: the trained rotary encoder (any frequency schedule or rotary fraction).
+        remapping: the method and all its options.
+    """
+
+    context_parallel = False  # a remapped piece reads absolute chunk or group boundaries, or the whole input
+
+    def __init__(self, rope: RoPE, remapping: Remapping):
+        super().__init__(rope.d_model, rope.n_heads)
+        self.name = rope.name
+        self.rope = rope
+        self.remapping = remapping
+        self.relative = remapping.kind in (STRING, MS_POE)  # the others read chunk or group boundaries
+        self.description = f"{rope.name} read through {remapping.kind}"
+
+    @property
+    def base(self) -> Optional[float]:
+        return self.rope.base
+
+    def supports(self, length: int) -> bool:
+        return self.rope.supports(length)
+
+    def for_layers(self, n_layers: int) -> list[PositionalEncoder]:
+        """Ms-PoE leaves its first ``skip_layers`` layers as trained; every other method remaps every layer."""
+        skip = int(self.remapping["skip_layers"]) if self.remapping.kind == MS_POE else 0
+        skip = min(skip, n_layers)
+        return [self.rope] * skip + [self] * (n_layers - skip)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self.rope.rotate(q, k, q_pos, k_pos)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, block_size: int) -> Tensor:
+        inv_freq = self.rope.inv_freq
+        method = self.remapping.method()
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        if isinstance(method, MsPoEMethod):
+            method.rank_heads(unrotated(q, pos, inv_freq), unrotated(k, pos, inv_freq), scale)
+        return remapped_attention(method, q, k, v, Placement(pos, pos, inv_freq), scale, block=block_size)
+
+    def extra_repr(self) -> str:
+        opts = ", ".join(f"{k}={v:g}" for k, v in self.remapping.options)
+        return f"{self.rope.extra_repr()}, {self.remapping.kind}: {opts}"
+

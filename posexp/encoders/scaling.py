@@ -27,6 +27,9 @@ to new rotary frequencies, or to fractional positions for absolute encodings:
                 (``eval.rerope_window``, default ``train_len / 2``): RoPE
                 within ``w``, RoPE at distance ``w`` beyond (Su 2023); no
                 factor, the same at every length
+``self_extend`` ``string``, ``dca``, ``ms_poe``: position remappings, RoPE    rope
+                read at other positions piece by piece, each with its
+                options under ``eval.`` (:mod:`posexp.encoders.remapping`)
 ==============  ==========================================================  =====================
 
 ``ntk``, ``dynamic_ntk``, ``yarn``, ``llama3`` and ``longrope`` are formulas in the base of the
@@ -58,7 +61,9 @@ from posexp.encoders.frequencies import rope_frequencies
 from posexp.errors import ConfigError
 
 NONE = "none"
-SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
+# the last five are position remappings (posexp/encoders/remapping.py): RoPE read at other positions, no new frequencies
+SCALINGS = (NONE, "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope", "self_extend", "string", "dca",
+            "ms_poe")
 # the scalings that are new rotary frequencies from (factor, train_len) alone (rope_scaling); longrope also needs its
 # per-frequency factors, rerope changes the relative position instead
 ROTARY_SCALINGS = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3")

@@ -60,7 +60,8 @@ import torch
 from posexp.config.schema import PROTOCOLS, EvalConfig, lengths_of
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, bound_heap_growth, free_memory, is_out_of_memory
-from posexp.encoders.extension import NONE, REROPE, default_factor, default_rerope_window
+from posexp.encoders.extension import NONE, REMAPPINGS, REROPE, default_factor, default_rerope_window
+from posexp.encoders.remapping import OPTION_KEYS, Remapping
 from posexp.runs.longrope import longrope_settings
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
@@ -274,6 +275,7 @@ def _row_identity(e: EvalConfig, how: Reading, factor: Optional[float]) -> dict:
                      stride=e.stride if e.protocol == "sliding" else None,
                      last_k=e.last_k if e.protocol == "last_k" else None,
                      scaling=None if how.scaling == NONE else how.scaling, scaling_factor=factor,
+                     scaling_options=None if how.remap is None else how.remap.text,
                      eval_tokens=int(e.tokens), **window_fields(how.window)).to_dict()
 
 
@@ -289,6 +291,10 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
                window: Optional[AttentionWindow]) -> tuple[Reading, Optional[float]]:
     """How the model reads ``length`` under the ``eval`` group, and the ``scaling_factor`` its row records (None
     unscaled)."""
+    if scaling in REMAPPINGS[1:]:  # self_extend, string, dca, ms_poe: every option filled in for this length
+        given = {key: getattr(settings, key, None) for key in OPTION_KEYS[scaling]}
+        remap = Remapping.of(scaling, given, int(train_len), int(length))
+        return Reading(scaling, remap.factor or 1.0, int(train_len), int(length), None, window, remap=remap), remap.factor
     factor = _length_factor(scaling, length, train_len, settings.scaling_factor, settings.rerope_window)
     # LongRoPE's factors and n^, as given or from posexp search's file (eval.longrope_file)
     factors, start = longrope_settings(settings) if scaling == "longrope" else (settings.longrope_factors, 0)

@@ -35,8 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posexp.encoders.extension import REMAPPINGS
+from posexp.encoders.remapping import REROPE, Remapping
 from posexp.encoders.scaling import LONGROPE, NONE, check_known, check_longrope_start
 from posexp.errors import ConfigError, PosexpError
+from posexp.hf.remap import RemapCall, Switched, layer_sites, remap_refusal
 from posexp.hf.rotary import find_rotary, kept_below, pinned_swaps, rotary_refusal, scaled_frequencies
 from posexp.model.interface import Reading
 from posexp.model.window import AttentionWindow
@@ -129,12 +132,15 @@ class HFLanguageModel:
     # -- how it reads a length --------------------------------------------------------------------
 
     def check_scaling(self, kind: str) -> Optional[str]:
-        """None when ``kind`` applies; why not (no RoPE, ReRoPE, a rotary layout posexp cannot read) otherwise.
+        """None when ``kind`` applies; why not (no RoPE, a rotary layout posexp cannot read or remap) otherwise.
 
         Raises:
             ConfigError: ``kind`` is not one of posexp's scalings.
         """
         check_known(kind)
+        if kind in REMAPPINGS:  # through the attention interface (posexp/hf/remap.py)
+            return rotary_refusal(self._rotary, kind, self.model) if not self._rotary else \
+                remap_refusal(self.model, self._rotary, kind)
         return rotary_refusal(self._rotary, kind, self.model)
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
@@ -167,7 +173,7 @@ class HFLanguageModel:
         saved_how, saved_chunk = self._how, self.chunk
         self._how = how
         try:
-            if how.scaling != NONE and how.length:
+            if how.scaling not in (NONE, *REMAPPINGS) and how.length:
                 self._site_frequencies(how.length)  # a wrong eval.longrope_factors fails here, not mid-run
                 self._longrope_start()
             yield
@@ -224,15 +230,29 @@ class HFLanguageModel:
                 raise PosexpError(f"{self.name}: eval.window does not apply: {problem}")
         cache = DynamicCache(config=self.config)
         seq_len = self._how.length or int(pos.max().item()) + 1
-        with self._rotated_for(seq_len):
-            for start in range(0, L, self.chunk):
-                end = min(L, start + self.chunk)
+        remap = self._remapping()
+        chunk = L if remap is not None and remap.kind == "ms_poe" else self.chunk  # its heads rank on the whole input
+        with self._rotated_for(seq_len), Switched(self.model) if remap is not None else contextlib.nullcontext():
+            call = None if remap is None else RemapCall(remap, pos, layer_sites(self.model, self._rotary, remap))
+            for start in range(0, L, chunk):
+                end = min(L, start + chunk)
                 kwargs: dict = {"input_ids": idx[:, start:end], self._cache_kwarg: cache, "use_cache": True}
+                if call is not None:
+                    kwargs["posexp_remap"] = call
                 if self._takes_positions:
                     kwargs["position_ids"] = pos[start:end].unsqueeze(0).expand(B, -1)
                 if window is not None:
                     kwargs["attention_mask"] = window_mask(window, start, end, B, self._dtype(), self.device)
                 each(self.model(**kwargs).logits, start, end)  # (B, end - start, vocab)
+
+    def _remapping(self) -> Optional[Remapping]:
+        """The reading's position remapping with all its options (ReRoPE: its window, the reading's factor)."""
+        how = self._how
+        if how.scaling == REROPE:
+            return Remapping(REROPE, (("rerope_window", int(how.factor)),))
+        if how.scaling not in REMAPPINGS:
+            return None
+        return how.remap or Remapping.of(how.scaling, {}, how.train_len, how.length)  # its defaults
 
     def _positions(self, pos: Optional[Tensor], L: int) -> Tensor:
         if pos is None:
@@ -264,7 +284,8 @@ class HFLanguageModel:
 
     def _pins(self) -> bool:
         """Whether this reading pins rotary frequencies (a scaling, or a checkpoint's own per-call rope type)."""
-        return self._how.scaling != NONE or any(s.rope_type in ("dynamic", "longrope") for s in self._rotary)
+        own = self._how.scaling not in (NONE, *REMAPPINGS)
+        return own or any(s.rope_type in ("dynamic", "longrope") for s in self._rotary)
 
     @contextlib.contextmanager
     def _rotated_for(self, seq_len: int) -> Iterator[None]:

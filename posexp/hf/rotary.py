@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 from torch import Tensor
 
-from posexp.encoders.scaling import LONGROPE, NONE, REROPE, longrope_frequencies, module_copy, rope_scaling
+from posexp.encoders.scaling import LONGROPE, NONE, longrope_frequencies, module_copy, rope_scaling
 from posexp.errors import ConfigError
 
 # eval.scaling -> transformers' rope_type
@@ -47,10 +47,6 @@ PER_CALL_TYPES = ("dynamic", "longrope")
 LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 # layer types that attend within a window or chunk (transformers' ``layer_types``): scalings leave them as they are
 LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention")
-
-REROPE_REASON = ("rerope clamps the relative position at a window, which needs two attention passes per layer (one "
-                 "rotated, one at the clamped distance) inside transformers' attention modules; posexp applies it "
-                 "to its own models only")
 
 
 @dataclass
@@ -140,8 +136,6 @@ def rotary_refusal(sites: list[RotarySite], kind: str, model: Any = None) -> Opt
     if not sites:
         return (f"{kind} rescales rotary frequencies, and this model has no rotary position embedding "
                 f"(learned positions or ALiBi)")
-    if kind == REROPE:
-        return REROPE_REASON
     return None
 
 
@@ -295,7 +289,6 @@ def pinned_swaps(sites: Sequence[RotarySite], frequencies: Sequence[tuple[Tensor
             for first, *pins in grouped.values()]
 
 
-__all__ = ["HF_ROPE_TYPES", "LOCAL_LAYER_TYPES", "POSEXP_FORMULAS", "REROPE_REASON", "RotarySite", "find_rotary",
-           "kept_below",
+__all__ = ["HF_ROPE_TYPES", "LOCAL_LAYER_TYPES", "POSEXP_FORMULAS", "RotarySite", "find_rotary", "kept_below",
            "per_layer_type", "pinned_module", "pinned_rotary", "pinned_swaps", "rope_parameters", "rope_record", "rope_theta",
            "rotary_refusal", "scaled_frequencies", "unknown_rotary"]

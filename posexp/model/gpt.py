@@ -151,7 +151,9 @@ class CausalSelfAttention(nn.Module):
         if self.ssmax is not None:
             q = q * self.ssmax_scale(plan, L).to(q.dtype)  # (B, H, L, Dh), logits times s log n
         p = self.dropout if self.training else 0.0
-        if plan.fused and p == 0.0 and self.fusable:  # FlexAttention has no attention dropout
+        if enc.uses_attend:  # an evaluation-time position remapping attends itself (posexp/encoders/remapping.py)
+            y = enc.attend(q, k, v, plan.pos, plan.block_size)  # (B, H, L, Dh)
+        elif plan.fused and p == 0.0 and self.fusable:  # FlexAttention has no attention dropout
             y = plan.flex(q, k, v)  # (B, H, L, Dh)
         elif not plan.needs_mask:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)  # (B, H, L, Dh)

@@ -12,7 +12,7 @@ Evaluation never asks which one it holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ContextManager, Optional, Protocol, runtime_checkable
+from typing import Any, ContextManager, Optional, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -34,6 +34,8 @@ class Reading:
         longrope_factors: LongRoPE's per-frequency rescale factors ``lambda_i`` (``eval.longrope_factors``).
         longrope_start: LongRoPE's ``n^``: the first positions keep the trained rotation (``eval.longrope_start``).
         window: every layer attends within this window (``eval.window`` / ``eval.sinks``); None = the whole past.
+        remap: a position remapping with all its options (``self_extend``, ``string``, ``dca``, ``ms_poe``;
+            :class:`posexp.encoders.remapping.Remapping`), None otherwise.
     """
 
     scaling: str = NO_SCALING
@@ -43,6 +45,7 @@ class Reading:
     longrope_factors: Optional[tuple[float, ...]] = None
     window: Optional[AttentionWindow] = None
     longrope_start: int = 0  # after window: Reading(...) built positionally keeps its meaning
+    remap: Optional[Any] = None
 
 
 @runtime_checkable

@@ -44,7 +44,7 @@ class OwnModelSeam:
     def _scaled(self, how: Reading):
         return scaled_encoder(self.encoder, how.scaling, how.factor, how.train_len,
                               None if how.longrope_factors is None else list(how.longrope_factors),
-                              how.longrope_start)
+                              how.longrope_start, how.remap)
 
     @contextlib.contextmanager
     def reading(self, how: Reading) -> Iterator[None]:
@@ -73,7 +73,8 @@ class OwnModelSeam:
         window (``eval.window``, or a layer's own, as irope's RoPE layers)."""
         enc = self.encoder
         own = any(e.layer_window is not None for e in enc.for_layers(len(self.blocks)))
-        return enc.uses_bias or enc.uses_scores or enc.explicit_attention or self.attention_window is not None or own
+        return (enc.uses_bias or enc.uses_scores or enc.explicit_attention or enc.uses_attend
+                or self.attention_window is not None or own)
 
     def shrink(self) -> Optional[str]:
         if not self._blocked() or self.shape.attn_block_size <= MIN_ATTN_BLOCK:

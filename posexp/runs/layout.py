@@ -93,10 +93,10 @@ REPORT_FILES = (REPORT_MD, "summary.md", "summary.csv", PPL_PLOT, REPORT_PLOT, R
 
 # The columns of loss_by_position.csv: the row's key (posexp.runs.row.POSITION_KEY, the length last), then the
 # position and its loss; and, only in a file with rows of a windowed evaluation (eval.window), the window and its
-# sinks.
+# sinks; and, only in a file with rows of a position remapping with options (eval.scaling=self_extend, ...), those.
 WINDOW_COLUMNS = [n for n in POSITION_KEY if n in ("window", "sinks")]
-POSITION_COLUMNS = [n for n in POSITION_KEY if n not in ("length", *WINDOW_COLUMNS)] + ["length", "position", "loss",
-                                                                                        "count"]
+OPTION_COLUMNS, _LAST = [n for n in POSITION_KEY if n == "scaling_options"], ["length", "position", "loss", "count"]
+POSITION_COLUMNS = [n for n in POSITION_KEY if n not in ("length", *WINDOW_COLUMNS, *OPTION_COLUMNS)] + _LAST
 
 # -- finding runs ---------------------------------------------------------------------------------
 
@@ -365,11 +365,12 @@ def _parse_position_row(raw: dict) -> dict:
     def opt(value: str, cast):
         return None if value in ("", None) else cast(value)
 
-    casts = {"protocol": str, "scaling": str, "scaling_factor": float}  # the other key fields are integers
+    casts = {"protocol": str, "scaling": str, "scaling_factor": float, "scaling_options": str}  # the other key fields are integers
     row = {name: opt(raw[name], casts.get(name, int)) for name in POSITION_COLUMNS[:-3]}
     row.update(position=int(raw["position"]), loss=float(raw["loss"]), count=int(raw["count"]))
     if raw.get("window"):  # a windowed evaluation's row (eval.window); a plain row has no such fields
         row.update({name: opt(raw.get(name), int) for name in WINDOW_COLUMNS})
+    row.update({"scaling_options": str(raw["scaling_options"])} if raw.get("scaling_options") else {})
     return row
 
 
@@ -395,8 +396,9 @@ def write_loss_by_position_csv(run_dir: str | os.PathLike, rows: list[dict]) -> 
     """Write ``loss_by_position.csv`` atomically (losses to 6 decimals)."""
     buf = io.StringIO()
     windowed = any(r.get("window") is not None for r in rows)
-    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS + (WINDOW_COLUMNS if windowed else []), lineterminator="\n",
-                       extrasaction="ignore")
+    optioned = any(r.get("scaling_options") is not None for r in rows)
+    w = csv.DictWriter(buf, fieldnames=POSITION_COLUMNS + (WINDOW_COLUMNS if windowed else [])
+                       + (OPTION_COLUMNS if optioned else []), lineterminator="\n", extrasaction="ignore")
     w.writeheader()
     for r in rows:
         w.writerow({**r, "loss": f"{r['loss']:.6f}"})

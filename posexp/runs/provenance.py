@@ -17,6 +17,7 @@ import torch
 import posexp
 from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.config.schema import Config, EvalConfig
+from posexp.encoders.remapping import ALL_OPTION_KEYS
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.longrope import longrope_settings
@@ -196,6 +197,11 @@ def eval_settings_of(e: EvalConfig) -> dict:
             settings["longrope_factors"] = factors
         if start:  # LongRoPE's n^, recorded only when set (0: every position scaled, as before the key existed)
             settings["longrope_start"] = int(start)
+        for key in ALL_OPTION_KEYS:  # a position remapping's options, where set
+            if getattr(e, key, None) is not None:
+                settings[key] = getattr(e, key)
+        if getattr(e, "longrope_factors", None) is not None:
+            settings["longrope_factors"] = [float(f) for f in e.longrope_factors]
     if e.window is not None:  # a window baseline (posexp/model/window.py)
         settings["window"] = int(e.window)
         if e.sinks is not None:

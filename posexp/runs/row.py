@@ -53,6 +53,8 @@ class ResultRow:
         length: the context length in tokens; multiple: ``length / train_len``.
         protocol, stride, last_k: which targets are scored (:mod:`posexp.evaluation.perplexity`).
         scaling, scaling_factor: evaluation-time context extension and its number (None: as trained).
+        scaling_options: a position remapping's other options, ``"window=32"`` (``posexp/encoders/remapping.py``);
+            with ``scaling_factor`` (rerope's window, self_extend's group) they are all of the method's options.
         window, sinks: each query attended only to its last ``window`` keys (and the first ``sinks``).
         depth: where the passkey sat (``task=passkey``), in [0, 1].
 
@@ -83,6 +85,7 @@ class ResultRow:
     last_k: Optional[int] = _key()
     scaling: Optional[str] = _key()
     scaling_factor: Optional[float] = _key()
+    scaling_options: Optional[str] = _key(omit_none=True)
     size: Optional[int] = _setting(omit_none=True)
     window: Optional[int] = _key(omit_none=True)
     sinks: Optional[int] = _key(omit_none=True, beside="window")  # written with a window, even when None
@@ -214,7 +217,7 @@ POSITION_KEY = tuple(n for n in ROW_KEY if n not in ("metric", "depth"))
 
 _INTEGERS = ("length", "stride", "last_k", "window", "sinks", "size", "eval_tokens", "examples_asked", "eval_seed",
              "se_blocks", "tokens", "windows", "forward_tokens", "examples", "answer_tokens", "key_tokens")
-_TEXTS = ("metric", "protocol", "scaling", "model_scaling", "task", "reason", "note")
+_TEXTS = ("metric", "protocol", "scaling", "scaling_options", "model_scaling", "task", "reason", "note")
 # numbers of the key must be finite; a measurement may not be (a diverged model), and is written as null
 _KEY_NUMBERS = ("scaling_factor", "depth", "multiple")
 

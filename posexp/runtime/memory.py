@@ -251,7 +251,7 @@ def check_memory(cfg: Config, training: bool = True) -> None:
     if capacity is None:
         return
     available, where = capacity
-    symbols = cfg.task.symbols if is_task(cfg) else None
+    symbols = cfg.task.get("symbols") if is_task(cfg) else None
     # bytes (a byte-level BPE vocabulary has these 256 and may end up smaller than asked for); a task's alphabet
     vocab_size = 256 if symbols is None else int(symbols)
     _check_task_examples(cfg, available, where)
@@ -302,12 +302,12 @@ def _check_task_examples(cfg: Config, available: int, where: str) -> None:
                                            "eval.examples or the eval lengths")
     # per token, in fp32: the residual stream with the MLP's hidden layer, or with q, k and v; and the logits
     d = int(cfg.model.d_model)
-    alphabet = cfg.task.symbols  # None: a task on the data's bytes (passkey)
+    alphabet = cfg.task.get("symbols")  # None: a task on the data's bytes (passkey), or one without an alphabet
     width = max(int((1 + float(cfg.model.mlp_ratio)) * d), 4 * d)
     symbols = (256 if alphabet is None else int(alphabet)) + 8  # and the task's own marks
     forward = 4 * longest * (width + symbols)
     if instances + forward > available and alphabet is not None and symbols > width:  # the logits, at any length
-        raise ConfigError("task.symbols", f"an alphabet of task.symbols={cfg.task.symbols:,} makes the logits of one "
+        raise ConfigError("task.symbols", f"an alphabet of task.symbols={alphabet:,} makes the logits of one "
                                           f"instance at {longest:,} tokens {_size(4 * longest * symbols)} but "
                                           f"{where} is {_size(available)}; lower task.symbols")
     if instances + forward > available:

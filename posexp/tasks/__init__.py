@@ -6,9 +6,11 @@ Each task is one file here and one yaml in ``configs/task/``; :func:`build_task`
 config. A task is a data generator with an answer mask (:mod:`posexp.tasks.task`); the encoders, model,
 trainer, sweeps and reports are the ones language modelling uses, and ``posexp/evaluation/accuracy.py``
 measures it. Adding a task: a :class:`~posexp.tasks.task.Task` subclass in a new file, decorated with
-``@TASKS.register("name")`` (:data:`~posexp.tasks.task.TASKS`, found as encoders and trackers are), a yaml in
-``configs/task/``; options of its own are :class:`~posexp.config.schema.TaskConfig` fields
-(default None) named in its ``config_keys``, and every other task refuses them.
+``@TASKS.register("name")`` (:data:`~posexp.tasks.task.TASKS`, found as encoders and trackers are), and a yaml in
+``configs/task/``. Its options are the keyword arguments of its ``__init__`` (``train`` / ``val``, data's token
+splits, excepted), as an encoder's are: their type hints and defaults are the ``task`` schema of that task
+(:func:`options_schema`), and a key no option of it names is refused, naming the task's options. A task of the
+user's own registers the same way in their module, which its yaml names in ``task.module``.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ import json
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
+from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
-from posexp.tasks.passkey import Passkey
+from posexp.registry import MODULE_KEY, did_you_mean, option_params, options_dataclass
 from posexp.tasks.task import PAD, TASKS, Instances, Task
 
 LM = "lm"
-DEFAULT_DIGITS = 5  # task.digits, the passkey's length (TaskConfig's default)
 GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
-OPTION_KEYS = ("variant", "needles", "chains", "hops", "top_k")  # task.* keys some tasks read (Task.config_keys)
+DATA_ARGS = ("train", "val")  # what a task that uses_data takes of data: its token splits, never options
+_COMMON = ("name", "description", MODULE_KEY)  # keys of every task's config besides its options
 
 
 def check_task_name(name: str) -> None:
@@ -36,37 +41,92 @@ def check_task_name(name: str) -> None:
         TASKS.lookup(name, also=(LM,))
 
 
-def build_task(task_cfg: TaskConfig, train: Optional[np.ndarray] = None, val: Optional[np.ndarray] = None) -> Task:
-    """The task of a run's ``task`` group; ``train`` / ``val`` are ``data``'s token splits (passkey's filler).
+def option_names(cls: type[Task]) -> list[str]:
+    """The task's options: the keyword arguments of its ``__init__`` (but data's ``train`` / ``val``), in order."""
+    return [p.name for p in option_params(cls.__init__, DATA_ARGS)]
+
+
+def options_schema(cls: type[Task]) -> type:
+    """A dataclass of the ``task`` keys of ``cls`` (name, description, then its ``__init__``'s options with their
+    type hints and defaults), for Hydra's ConfigStore as ``schema/task/NAME``.
 
     Raises:
-        ConfigError: an unknown task or option out of range.
+        TypeError: an option without a default.
     """
-    name = str(task_cfg.name)
+    first: list[tuple[str, Any, Any]] = [("name", str, cls.name), ("description", str, "")]
+    if not cls.__module__.startswith(f"{__name__}."):  # a task of the user's: the module it registers in
+        first.append((MODULE_KEY, str, cls.__module__))
+    return options_dataclass(f"{cls.__name__}Options", cls.__init__, DATA_ARGS, first, bases=(TaskConfig,))
+
+
+def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
+    """The class of a ``task`` config: a built-in, or the one ``task.module`` (the user's module) registers.
+
+    Raises:
+        ConfigError: an unknown task, ``task=lm`` (no generated task), or a module that registers no such task.
+    """
+    name, module = str(task_cfg.get("name", LM)), task_cfg.get(MODULE_KEY)
+    if module:
+        return TASKS.from_module(name, str(module))
     check_task_name(name)
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
-    cls = TASKS[name]
-    min_size, symbols = task_cfg.min_size, task_cfg.symbols
-    if cls is Passkey:
-        if symbols is not None:
-            raise ConfigError("task.symbols", "task=passkey has no alphabet to size; drop task.symbols")
+    return TASKS[name]
+
+
+def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
+    """Why ``task.KEY`` is refused for task ``name`` (of the user's ``module``, if given): the tasks that read it,
+    or, when none does, the task's own options (one line, after ``task.KEY: ``)."""
+    readers = [n for n, c in TASKS.items() if key in option_names(c)]
+    if readers:
+        return f"only applies to task={'|'.join(readers)} (the task is {name}); drop task.{key}"
+    try:
+        allowed = option_names(task_class({"name": name, MODULE_KEY: module}))
+    except ConfigError:
+        allowed = []
+    return (f"not an option of task {name!r}; {did_you_mean(key, allowed, 'task.')}its options are: "
+            f"{', '.join(allowed) or 'none'}")
+
+
+def task_options(task_cfg: Mapping[str, Any]) -> tuple[type[Task], dict[str, Any]]:
+    """The class of a ``task`` config and its options, checked against the class's ``__init__``.
+
+    A key of :data:`~posexp.config.identity.TASK_KEYS_BEFORE` at that value is what every run's config held before
+    each task had its own options (a run folder's saved config): it is no option of the task, and is dropped.
+
+    Raises:
+        ConfigError: on ``task.KEY``: a key the task does not take (:func:`option_refusal`), or a value of the
+            wrong type.
+    """
+    cls = task_class(task_cfg)
+    allowed = option_names(cls)
+    given = {k: v for k, v in task_cfg.items() if k not in _COMMON
+             and not (k not in allowed and k in TASK_KEYS_BEFORE and v == TASK_KEYS_BEFORE[k])}
+    for key in given:
+        if key not in allowed:
+            raise ConfigError(f"task.{key}", option_refusal(cls.name, key, task_cfg.get(MODULE_KEY)))
+    try:
+        checked = OmegaConf.merge(OmegaConf.structured(options_schema(cls)), given)
+    except ValidationError as e:
+        raise ConfigError(f"task.{e.full_key}", str(e.msg).splitlines()[0]) from None
+    values = OmegaConf.to_container(checked)
+    assert isinstance(values, dict)
+    return cls, {k: values[k] for k in allowed}
+
+
+def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
+               val: Optional[np.ndarray] = None) -> Task:
+    """The task of a run's ``task`` config (a mapping: name, description, the task's options); ``train`` /
+    ``val`` are ``data``'s token splits (the filler of a task that ``uses_data``).
+
+    Raises:
+        ConfigError: an unknown task, or an option it does not take or out of range.
+    """
+    cls, options = task_options(task_cfg)
+    if cls.uses_data:
         empty = np.zeros(0, dtype=np.int64)
-        return Passkey(train if train is not None else empty, val if val is not None else empty,
-                       int(task_cfg.digits), min_size)
-    if int(task_cfg.digits) != DEFAULT_DIGITS:
-        raise ConfigError("task.digits", f"only applies to task=passkey (the task is {name}); drop task.digits")
-    for key in OPTION_KEYS:
-        if getattr(task_cfg, key, None) is not None and key not in cls.config_keys:
-            readers = "|".join(n for n, c in TASKS.items() if key in c.config_keys)
-            raise ConfigError(f"task.{key}", f"only applies to task={readers} (the task is {name}); drop task.{key}")
-    if issubclass(cls, Passkey):  # babilong: stories in data's text, as passkey's filler
-        if symbols is not None:
-            raise ConfigError("task.symbols", f"task={name} has no alphabet to size; drop task.symbols")
-        empty = np.zeros(0, dtype=np.int64)
-        return cls(train if train is not None else empty, val if val is not None else empty,
-                   **{key: getattr(task_cfg, key, None) for key in cls.config_keys}, min_size=min_size)
-    return cls(symbols, min_size, **{key: getattr(task_cfg, key, None) for key in cls.config_keys})
+        options.update(train=train if train is not None else empty, val=val if val is not None else empty)
+    return cls(**options)
 
 
 def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float) -> Optional[float]:
@@ -87,5 +147,5 @@ def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-__all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match",
-           "check_task_name", "task_fingerprint"]
+__all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match", "check_task_name",
+           "option_names", "option_refusal", "options_schema", "task_class", "task_fingerprint", "task_options"]

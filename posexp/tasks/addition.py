@@ -11,6 +11,8 @@ Tokens: ``0`` padding, ``1 .. 10`` the digits 0-9, ``11`` ``+``, ``12`` ``=``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from posexp.tasks.task import TASKS, Instances, Task, with_answer
@@ -23,6 +25,9 @@ class Addition(Task):
     answer_alphabet = 10  # the sum's digits
     citation = "Kazemnejad et al. 2023; Lee et al. 2023 (reversed digits)"
     size_unit = "digits per operand"
+
+    def __init__(self, min_size: Optional[int] = None):  # no alphabet to size: task.min_size is its one option
+        super().__init__(None, min_size)
 
     @property
     def vocab_size(self) -> int:

@@ -147,7 +147,6 @@ class Babilong(Passkey):
 
     citation = "Kuratov et al. 2024 (BABILong, reasoning in a haystack)"
     size_unit = "background tokens"
-    config_keys = ("variant",)
 
     def __init__(self, train: np.ndarray, val: np.ndarray, variant: Optional[str] = None,
                  min_size: Optional[int] = None):

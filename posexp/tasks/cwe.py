@@ -46,7 +46,6 @@ class CommonWords(Task):
     citation = "Hsieh et al. 2024 (RULER, common words extraction)"
     size_unit = "uncommon words"
     default_symbols = 512  # distinct words an instance can draw: 8x train_len 128 holds ~500
-    config_keys = ("top_k",)
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, top_k: Optional[int] = None):
         super().__init__(symbols, min_size)

@@ -11,6 +11,8 @@ Tokens: ``0`` padding, ``1`` / ``2`` the bits 0 / 1, ``3`` ``w``, ``4`` ``r``, `
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from posexp.tasks.task import TASKS, Instances, Task
@@ -25,6 +27,9 @@ class FlipFlop(Task):
     citation = "Liu et al. 2023 (flip-flop language modelling)"
     size_unit = "instructions"
     smallest = 2
+
+    def __init__(self, min_size: Optional[int] = None):  # no alphabet to size: task.min_size is its one option
+        super().__init__(None, min_size)
 
     @property
     def vocab_size(self) -> int:

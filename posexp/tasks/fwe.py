@@ -33,7 +33,6 @@ class FrequentWords(Task):
     citation = "Hsieh et al. 2024 (RULER, frequent words extraction)"
     size_unit = "words"
     default_symbols = 64
-    config_keys = ("top_k",)
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, top_k: Optional[int] = None):
         self.smallest = DEFAULT_TOP_K if top_k is None else max(1, int(top_k))  # k words, each once

@@ -46,7 +46,6 @@ class NIAH(Task):
     default_symbols = 64
     smallest = 0
     has_depth = True
-    config_keys = ("variant", "needles")
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, variant: Optional[str] = None,
                  needles: Optional[int] = None):

@@ -9,6 +9,8 @@ Tokens: ``0`` padding, ``1`` / ``2`` the bits 0 / 1, ``3`` ``=``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from posexp.tasks.task import TASKS, Instances, Task, with_answer
@@ -21,6 +23,9 @@ class Parity(Task):
     answer_alphabet = 2  # one bit
     citation = "Delétang et al. 2023; Ruoss et al. 2023; Kazemnejad et al. 2023"
     size_unit = "bits"
+
+    def __init__(self, min_size: Optional[int] = None):  # no alphabet to size: task.min_size is its one option
+        super().__init__(None, min_size)
 
     @property
     def vocab_size(self) -> int:

@@ -15,6 +15,8 @@ Remember it.") so that an instance fits the short contexts small models train at
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from posexp.errors import ConfigError
@@ -37,7 +39,7 @@ class Passkey(Task):
     uses_data = True
     has_depth = True
 
-    def __init__(self, train: np.ndarray, val: np.ndarray, digits: int = 5, min_size: int | None = None):
+    def __init__(self, train: np.ndarray, val: np.ndarray, digits: int = 5, min_size: Optional[int] = None):
         super().__init__(None, min_size)
         if digits < 1:
             raise ConfigError("task.digits", f"must be a positive number of digits (got {digits})")

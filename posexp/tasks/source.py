@@ -8,14 +8,17 @@ never asks which of the two it has.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from posexp.config.schema import Config, eval_lengths
 from posexp.data.tokens import Corpus
-from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_fingerprint
-from posexp.tasks.passkey import Passkey
+from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_class, task_fingerprint
 
-DATA_TASKS = ("passkey", "babilong")  # tasks that read data (their filler); the others generate everything
+
+def reads_data(task_cfg: Mapping[str, Any]) -> bool:
+    """Whether the task of a ``task`` config reads ``data`` (its filler: passkey, babilong), as its class says
+    (``uses_data``); the others generate everything."""
+    return task_class(task_cfg).uses_data
 
 
 @dataclass
@@ -41,10 +44,10 @@ class TrainingSource:
         task = build_task(cfg.task, corpus.train if corpus is not None else None,
                           corpus.val if corpus is not None else None)
         check_task_lengths(task, int(cfg.train_len), eval_lengths(cfg))
-        if corpus is not None and isinstance(task, Passkey):  # DATA_TASKS
+        if corpus is not None and task.uses_data:
             task.check_filler(task.size_for(int(cfg.train_len)), "train")
             task.check_filler(task.size_for(max(eval_lengths(cfg))), "val")
-        data = corpus.fingerprint if corpus is not None and task.name in DATA_TASKS else None
+        data = corpus.fingerprint if corpus is not None and task.uses_data else None
         return cls(task.vocab_size, task_fingerprint(task, data), task=task, corpus=corpus)
 
     def info(self) -> dict:
@@ -54,7 +57,7 @@ class TrainingSource:
         task = self.task
         out = {"corpus": f"generated: task {task.name}", "corpus_fingerprint": self.fingerprint,
                "tokenizer": "task", "vocab_size": self.vocab_size}
-        if self.corpus is not None and task.name in DATA_TASKS:
+        if self.corpus is not None and task.uses_data:
             out.update(corpus=f"task {task.name}, filler from {self.corpus.name}", tokenizer=self.corpus.tokenizer,
                        data_fingerprint=self.corpus.fingerprint, corpus_source=self.corpus.source)
         out["task"] = {"name": task.name, "options": task.options(), "min_size": task.min_size,
@@ -68,7 +71,7 @@ class TrainingSource:
             c = self.corpus
             return f"data {c.name} ({c.train.size:,} train / {c.val.size:,} val tokens)"
         options = ", ".join(f"{k} {v}" for k, v in self.task.options().items())
-        filler = f", filler from {self.corpus.name}" if self.corpus is not None and self.task.name in DATA_TASKS else ""
+        filler = f", filler from {self.corpus.name}" if self.corpus is not None and self.task.uses_data else ""
         return f"task {self.task.name}{f' ({options})' if options else ''}, vocab {self.vocab_size}{filler}"
 
 

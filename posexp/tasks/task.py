@@ -56,7 +56,9 @@ class Task(ABC):
     smallest: int = 1  # the smallest size the task is defined for
     answer_alphabet: Optional[int] = None  # the values one answer token can take; None: the task's symbols
     has_depth = False  # generate() takes a depth in [0, 1] (where the needle sits): scored per eval.depths
-    config_keys: tuple[str, ...] = ()  # the task.* keys it reads besides symbols and min_size (its __init__'s)
+    # __init__ takes data's token splits as ``train`` and ``val`` (the filler of passkey, babilong); its other keyword
+    # arguments are the task's options, the task.* keys a config may set (posexp.tasks.option_names)
+    uses_data = False
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None):
         if symbols is not None and self.default_symbols is None:
@@ -102,6 +104,10 @@ class Task(ABC):
             return cls.answer_alphabet
         symbols = options.get("symbols", cls.default_symbols)
         return int(symbols) if isinstance(symbols, (int, float)) and symbols >= 2 else None
+
+    def check_filler(self, size: int, split: str) -> None:
+        """A task that ``uses_data``: refuse instances of ``size`` the data's ``split`` cannot fill; the others read
+        no data, and refuse nothing here."""
 
     # -- lengths ------------------------------------------------------------------------------
 

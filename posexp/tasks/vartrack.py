@@ -39,7 +39,6 @@ class VariableTracking(Task):
     size_unit = "haystack tokens"
     default_symbols = 32
     smallest = 0
-    config_keys = ("chains", "hops")
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, chains: Optional[int] = None,
                  hops: Optional[int] = None):

@@ -18,53 +18,83 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from posexp.errors import ConfigError, PosexpError
+from posexp.registry import MODULE_KEY, did_you_mean
 from posexp.runs.layout import is_sweep_dir
-from posexp.tracking.tracker import (TRACKERS, RunIdentity, Tracker, artifacts, curve_values, eval_points, read_records,
-                                     records_problem, write_records)
+from posexp.tracking.tracker import (TRACKERS, RunIdentity, Tracker, artifacts, curve_values, eval_points, option_names,
+                                     options_schema, read_records, records_problem, write_records)
 
 log = logging.getLogger("posexp.tracking")
 
-def chosen(logger_cfg) -> list[str]:
-    """The trackers a ``logger`` config names, in the registry's order (by name)."""
-    if logger_cfg is None:
-        return []
-    return [name for name in TRACKERS if getattr(logger_cfg, name, None) is not None]
+def chosen(logger_cfg: Optional[Mapping[str, Any]]) -> list[str]:
+    """The trackers a ``logger`` config names (tracker name -> its options; a null one is not chosen, as in the
+    configs of runs written before each tracker owned its options), sorted by name."""
+    return sorted(name for name, options in (logger_cfg or {}).items() if options is not None)
 
 
-def missing_library(name: str) -> Optional[str]:
+def missing_library(name: str, module: Optional[str] = None) -> Optional[str]:
     """What tracker ``name`` lacks here (``needs the wandb package, which is not installed: pip install ...``),
     or None. Looks the library up without importing it."""
-    module = _tracker_class(name).needs_module
-    if importlib.util.find_spec(module) is None:
-        return f"needs the {module} package, which is not installed: pip install 'posexp[{name}]'"
+    needs = _tracker_class(name, module).needs_module
+    if needs and importlib.util.find_spec(needs) is None:
+        return f"needs the {needs} package, which is not installed: pip install 'posexp[{name}]'"
     return None
 
 
-def check_loggers(logger_cfg) -> None:
+def tracker_options(name: str, options: Optional[Mapping[str, Any]]) -> tuple[type[Tracker], dict[str, Any]]:
+    """The class of tracker ``name`` and its ``logger.NAME`` options, checked against its :meth:`Tracker.start`.
+
+    Raises:
+        ConfigError: an unknown tracker, or on ``logger.NAME.KEY`` a key it does not take.
+    """
+    given = dict(options or {})
+    module = given.pop(MODULE_KEY, None)
+    cls = _tracker_class(name, module)
+    allowed = option_names(cls)
+    for key in given:
+        if key not in allowed:
+            raise ConfigError(f"logger.{name}.{key}", option_refusal(name, key, module))
+    return cls, given
+
+
+def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
+    """Why ``logger.NAME.KEY`` is refused: tracker ``name`` (of the user's ``module``, if given) takes no such
+    option; naming its options (one line, after ``logger.NAME.KEY: ``)."""
+    allowed = option_names(_tracker_class(name, module))
+    return (f"not an option of logger {name!r}; {did_you_mean(key, allowed, f'logger.{name}.')}its options are: "
+            f"{', '.join(allowed) or 'none'}")
+
+
+def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
     """Everything about the ``logger`` config that can be checked before a run starts.
 
     Raises:
         ConfigError: a tracker whose library is not installed (naming the extra to install), or a bad option.
     """
     for name in chosen(logger_cfg):
-        problem = missing_library(name)
+        assert logger_cfg is not None
+        cls, options = tracker_options(name, logger_cfg[name])
+        problem = missing_library(name, cls.__module__ if not _is_builtin(cls) else None)
         if problem is not None:
             raise ConfigError("logger", f"{name} {problem}")
-    if logger_cfg is not None and getattr(logger_cfg, "wandb", None) is not None:
-        from posexp.tracking.wandb_tracker import resolve_mode
-
-        resolve_mode(logger_cfg.wandb.mode)
+        cls.check(**options)
 
 
-def _tracker_class(name: str) -> type[Tracker]:
-    """The tracker class registered as ``name`` (:data:`~posexp.tracking.tracker.TRACKERS`).
+def _is_builtin(cls: type) -> bool:
+    return cls.__module__.startswith(f"{__name__}.")
+
+
+def _tracker_class(name: str, module: Optional[str] = None) -> type[Tracker]:
+    """The tracker class registered as ``name`` (:data:`~posexp.tracking.tracker.TRACKERS`), or by the user's
+    ``module`` (``logger.NAME.module``).
 
     Raises:
         ConfigError: for ``logger``: no tracker has that name (never a default one in its place).
     """
+    if module:
+        return TRACKERS.from_module(name, str(module))
     return TRACKERS.lookup(name, also=("none",))
 
 
@@ -131,6 +161,8 @@ class Trackers:
         for t in self.trackers:
             try:
                 records[t.name] = t.record()
+                if not _is_builtin(type(t)):  # the module to import it from again (posexp eval, resume)
+                    records[t.name].setdefault(MODULE_KEY, type(t).__module__)
             except Exception as e:
                 self.warn(f"logger={t.name}: could not record its run id ({type(e).__name__}: {e})")
         write_records(self.run_dir, records)
@@ -180,8 +212,8 @@ def start(logger_cfg, run_dir: Path, name: str, config: dict, resume_step: Optio
     opened: list[Tracker] = []
     try:
         for n in names:
-            cls = _tracker_class(n)
-            opened.append(cls.reopen(records[n], run) if n in records else cls.start(getattr(logger_cfg, n), run))
+            cls, options = tracker_options(n, logger_cfg[n])
+            opened.append(cls.reopen(records[n], run) if n in records else cls.start(run, **options))
     except Exception as e:
         for t in opened:
             t.finish("failed")
@@ -203,13 +235,18 @@ def reopen(run_dir: Path, warn: Callable[[str], None]) -> Trackers:
         warn(f"{problem}: no tracked run of it is updated")
     opened: list[Tracker] = []
     run = _identity(run_dir, run_dir.name, {}, None)
-    for n in (n for n in TRACKERS if n in records):
-        problem = missing_library(n)
+    for n in sorted(records):
+        module = records[n].get(MODULE_KEY)  # a tracker of the user's module, recorded by Trackers._save
+        try:
+            problem = missing_library(n, module)
+        except ConfigError as e:
+            warn(f"{run_dir}: its {n} run is not updated ({e})")
+            continue
         if problem is not None:
             warn(f"{run_dir}: its {n} run is not updated: logger={n} {problem}")
             continue
         try:
-            opened.append(_tracker_class(n).reopen(records[n], run))
+            opened.append(_tracker_class(n, module).reopen(records[n], run))
         except Exception as e:
             warn(f"{run_dir}: its {n} run is not updated ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     return Trackers(opened, run_dir, warn)

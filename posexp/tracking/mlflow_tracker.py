@@ -102,9 +102,11 @@ class MLflowTracker(Tracker):
         self.client, self.uri, self.experiment_id, self.run_id = client, uri, experiment_id, run_id
 
     @classmethod
-    def start(cls, settings, run: RunIdentity) -> "MLflowTracker":
-        client, uri = _client(settings.tracking_uri)
-        experiment_id = _experiment_id(client, settings.experiment)
+    def start(cls, run: RunIdentity, tracking_uri: Optional[str] = None,  # type: ignore[override]
+              experiment: str = "posexp") -> "MLflowTracker":
+        """Args: tracking_uri: null = $MLFLOW_TRACKING_URI, else MLflow's own local default. experiment: its name."""
+        client, uri = _client(tracking_uri)
+        experiment_id = _experiment_id(client, experiment)
         tags = {"posexp.run_dir": str(run.run_dir.resolve()), "mlflow.source.name": "posexp train"}
         parent = _parent_run(client, uri, experiment_id, run)
         if parent is not None:

@@ -29,9 +29,10 @@ class TensorBoardTracker(Tracker):
         self.reports = reports  # the step of the figures and results.json: one per command that reported
 
     @classmethod
-    def start(cls, settings, run: RunIdentity) -> "TensorBoardTracker":
-        log_dir = Path(settings.log_dir) if settings.log_dir else run.run_dir / TENSORBOARD_DIR
-        tracker = cls(log_dir, purge_step=run.resume_step)
+    def start(cls, run: RunIdentity, log_dir: Optional[str] = None) -> "TensorBoardTracker":  # type: ignore[override]
+        """Args: log_dir: where the event files go; null = RUN_DIR/tensorboard (a sweep's jobs side by side)."""
+        folder = Path(log_dir) if log_dir else run.run_dir / TENSORBOARD_DIR
+        tracker = cls(folder, purge_step=run.resume_step)
         if run.resume_step is None:
             tracker.log_config(run.config)
         return tracker

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from posexp.errors import PosexpError
-from posexp.registry import Registry
+from posexp.registry import MODULE_KEY, Registry, option_params, options_dataclass
 from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, CURVE_CSV, CURVE_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
 
@@ -181,16 +181,23 @@ def check_reachable(url: str, key: str, timeout: float = REACH_TIMEOUT_S) -> Non
 class Tracker:
     """One tracker's side of a run. Subclasses implement each call for their library.
 
-    ``record()`` is what the run folder keeps (:data:`TRACKERS_JSON`) to reopen the same tracked run.
+    ``record()`` is what the run folder keeps (:data:`TRACKERS_JSON`) to reopen the same tracked run. The
+    tracker's options (``logger.NAME.KEY``, ``configs/logger/NAME.yaml``) are the keyword arguments of its
+    :meth:`start` after ``run``, typed by their hints, with their defaults: :func:`options_schema`.
     """
 
     name = ""
     needs_module = ""  # the module it needs, installed by the extra of its name (pip install 'posexp[NAME]')
 
     @classmethod
-    def start(cls, settings: Any, run: RunIdentity) -> "Tracker":
-        """A new tracked run for ``run``, with this tracker's ``logger.NAME`` settings."""
+    def start(cls, run: RunIdentity, **options: Any) -> "Tracker":
+        """A new tracked run for ``run``, with this tracker's ``logger.NAME`` options."""
         raise NotImplementedError
+
+    @classmethod
+    def check(cls, **options: Any) -> None:
+        """Refuse options that cannot work, before a run starts (a :class:`~posexp.errors.ConfigError` naming the
+        key); nothing to check by default."""
 
     @classmethod
     def reopen(cls, record: dict, run: RunIdentity) -> "Tracker":
@@ -226,6 +233,18 @@ class Tracker:
 # subclass in a module of this package decorated with @TRACKERS.register("name"). Those modules import their
 # library only when a run uses them, so finding them costs nothing.
 TRACKERS: Registry[Tracker] = Registry("tracker", "logger", "posexp.tracking", skip=("tracker",))
+
+
+def option_names(cls: type[Tracker]) -> list[str]:
+    """The tracker's options: the keyword arguments of its :meth:`Tracker.start` after ``run``."""
+    return [p.name for p in option_params(cls.start, ("run",))]
+
+
+def options_schema(cls: type[Tracker]) -> type:
+    """A dataclass of the ``logger.NAME`` keys of ``cls`` (its :meth:`Tracker.start` options; ``module`` for a tracker
+    of the user's), for Hydra's ConfigStore as ``schema/logger/NAME``."""
+    first = [] if cls.__module__.startswith("posexp.tracking.") else [(MODULE_KEY, str, cls.__module__)]
+    return options_dataclass(f"{cls.__name__}Options", cls.start, ("run",), first)
 
 
 def read_records(folder: Path) -> dict:

@@ -17,7 +17,7 @@ import contextlib
 import netrc
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, List, Optional
 from urllib.parse import urlparse
 
 from posexp.errors import ConfigError
@@ -105,10 +105,17 @@ class WandbTracker(Tracker):
         return wb
 
     @classmethod
-    def start(cls, settings, run: RunIdentity) -> "WandbTracker":
-        wb = cls._init(run, project=settings.project, entity=settings.entity, group=run.group, name=run.name,
-                       tags=list(settings.tags), config=run.config, mode=resolve_mode(settings.mode))
+    def start(cls, run: RunIdentity, project: str = "posexp", entity: Optional[str] = None,  # type: ignore[override]
+              mode: Optional[str] = None, tags: List[str] = []) -> "WandbTracker":  # noqa: B006 - never changed
+        """Args: mode: online | offline | disabled; null = $WANDB_MODE, else online only where an API key is
+        configured."""
+        wb = cls._init(run, project=project, entity=entity, group=run.group, name=run.name, tags=list(tags),
+                       config=run.config, mode=resolve_mode(mode))
         return cls(wb)
+
+    @classmethod
+    def check(cls, mode: Optional[str] = None, **options: Any) -> None:
+        resolve_mode(mode)
 
     @classmethod
     def reopen(cls, record: dict, run: RunIdentity) -> "WandbTracker":

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from posexp.encoders.contract import PositionalEncoder
 from posexp.encoders.frequencies import rope_frequencies
+from posexp.encoders.extension import REMAPPINGS
 from posexp.encoders.scaling import REROPE, supported_scalings
 from posexp.evaluation.conformance.probe import EncoderFactory, Probe, build_model, relative_diff, tokens
 from posexp.evaluation.conformance.result import NOT_APPLICABLE, Check, within
@@ -67,7 +68,7 @@ def _offered(encoder: PositionalEncoder) -> list[str]:
 @torch.no_grad()
 def check_scaling_identity(make_encoder: EncoderFactory, probe: Probe) -> Check:
     model = build_model(make_encoder, probe)
-    kinds = _offered(model.encoder)
+    kinds = [k for k in _offered(model.encoder) if k not in REMAPPINGS[1:]]  # remappings have no factor 1
     if not kinds:
         return Check("scalings: factor 1", NOT_APPLICABLE, None, "", "offers no evaluation-time scaling")
     idx = tokens(probe, probe.train_len)
