@@ -147,7 +147,7 @@ def _setting_config(raw: DictConfig, overrides: Sequence[tuple[str, Any]],
     saved = SavedConfig(raw, typed(with_eval))  # the edge: typed from here on
     cfg = typed(apply_runtime_overrides(with_eval, runtime)) if runtime else saved.spec
     validate(cfg, memory="weights")  # evaluating needs the weights, not what training holds
-    check_key_tokens(cfg.eval, cfg.task.name)
+    check_key_tokens(cfg.eval, str(cfg.task["name"]))
     lengths = eval_lengths(cfg)
     if cfg.eval.tokens < max(lengths) and not is_task(cfg):
         raise ConfigError("eval.tokens", f"must be at least the longest eval length {max(lengths)} "

@@ -148,7 +148,7 @@ def check_spec(spec: Config) -> Config:
         ConfigError: naming the key and what is allowed.
     """
     validate(spec)
-    check_key_tokens(spec.eval, spec.task.name)  # an evaluator that is no run stops here, not after training
+    check_key_tokens(spec.eval, str(spec.task["name"]))  # an evaluator that is no run stops here, not after training
     tracking.check_loggers(spec.logger)  # a tracker library not installed stops here, before any job trains
     longest = max(eval_lengths(spec))
     if spec.eval.tokens < longest and not is_task(spec):  # a task scores eval.examples instances instead
