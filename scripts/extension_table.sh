@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The README's "Extending a pretrained model" table: the default rope run (trained at 128 tokens), exported as a
+# The README's extension table (section "Pretrained models"): the default rope run (trained at 128 tokens), exported as a
 # transformers model and read back through `posexp eval hf:`, under each training-free extension method at 4x, 8x
 # and 16x its training length: perplexity and key-token perplexity (LongPPL, Fang et al. 2024), and the zero-shot
 # passkey. No public checkpoint can be fetched on the machines this was measured on, so the exported run stands in
 # for one; every command below works the same on a Hub model (M=meta-llama/..., eval.lengths of its context).
 #
-#   bash scripts/extension_table.sh            # about 40 minutes on 1 CPU thread; OUT=DIR to write elsewhere
+#   bash scripts/extension_table.sh            # about 20 minutes on 1 CPU thread, most of it training; OUT=DIR
 #
 # Key tokens need an evaluator that reads the long context well: here the default run fine-tuned with PoSE to 2048
 # positions (Zhu et al. 2024; trained at 128 tokens, so minutes on a CPU), exported too, so that it reads the same
@@ -14,7 +14,7 @@ set -euo pipefail
 OUT=${OUT:-outputs/extension_table}
 THREADS=${THREADS:-1}
 LENGTHS='[512,1024,2048]'   # 4x, 8x, 16x train_len=128
-TOKENS=${TOKENS:-32768}     # scored targets per length (half the default 65536, for time on a CPU)
+TOKENS=${TOKENS:-65536}     # scored targets per length (eval.tokens' default)
 
 [ -f "$OUT/run/results.json" ] || posexp train train.threads="$THREADS" hydra.run.dir="$OUT/run"
 [ -f "$OUT/evaluator/results.json" ] || posexp finetune "$OUT/run" train.positions=pose train.pose_target_len=2048 \
