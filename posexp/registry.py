@@ -98,7 +98,9 @@ class Registry(Mapping[str, type[T]], Generic[T]):
 
         def wrap(cls: type[T]) -> type[T]:
             other = self._classes.get(name)
-            if other is not None and other is not cls:
+            # the same class of a module imported anew (dropped from sys.modules) takes its place
+            same = other is not None and (other.__module__, other.__qualname__) == (cls.__module__, cls.__qualname__)
+            if other is not None and other is not cls and not same:
                 raise RuntimeError(f"two {self.kind}s registered as {name!r}: {other.__qualname__} and "
                                    f"{cls.__qualname__}")
             setattr(cls, "name", name)

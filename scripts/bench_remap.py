@@ -54,7 +54,7 @@ def reading(kind: str, length: int) -> Reading:
     if kind == "rerope":
         return Reading(kind, float(TRAIN_LEN // 2), TRAIN_LEN, length)
     remap = Remapping.of(kind, {}, TRAIN_LEN, length)
-    return Reading(kind, remap.factor or 1.0, TRAIN_LEN, length, None, None, remap)
+    return Reading(kind, remap.factor or 1.0, TRAIN_LEN, length, None, None, remap=remap)
 
 
 def measure(model, kind: str, length: int, repeats: int) -> tuple[float, float]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import evaluate_at, invoke
+from conftest import TINY_RUN, evaluate_at, invoke
 from posexp.evaluation.key_tokens import (Evaluator, KeySelector, OpenedEvaluator, Rule, key_summary, short_contexts,
                                           target_contexts)
 from posexp.evaluation.perplexity import plan_windows
@@ -166,6 +166,8 @@ def test_an_evaluator_that_is_no_run_or_reads_other_tokens_is_one_line(trained, 
     line = " ".join(result.output.split())
     assert f"hf:{folder}" in line and str(run) in line and "posexp byte tokens" in line and "same tokenizer" in line
     assert json.loads((run / "results.json").read_text()) == json.loads((trained / "results.json").read_text())
+    train = invoke("train", *TINY_RUN, f"eval.key_tokens.evaluator=hf:{folder}", f"hydra.run.dir={tmp_path / 'new'}")
+    assert train.exit_code != 0 and "same tokenizer" in train.output and not (tmp_path / "new").exists()
     bad = invoke("eval", str(run), f"eval.key_tokens.evaluator={trained}", "eval.key_tokens.short_len=0")
     assert bad.exit_code != 0 and "eval.key_tokens.short_len" in bad.output
 

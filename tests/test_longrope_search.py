@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from posexp.evaluation.longrope_search import (SearchSettings, constrained, initial_factors, perplexity_score,
-                                               search_factors)
+from posexp.evaluation.longrope_search import (SearchSettings, Stretch, constrained, initial_factors,
+                                               perplexity_score, search_factors)
 
 
 def test_the_starting_points_are_pi_ntk_and_yarn():
@@ -34,11 +34,11 @@ def test_the_search_beats_its_starting_points_and_is_reproducible():
         return 1.0 + float(np.sum(np.log(factors / target) ** 2))
 
     settings = SearchSettings(population=12, generations=6, seed=3)
-    result = search_factors(score, 32, 10000.0, 4.0, 128, settings)
+    result = search_factors(score, Stretch(32, 10000.0, 128, 512), settings)
     assert result.ppl < min(result.initial.values())
     assert result.history == sorted(result.history, reverse=True)  # the elite is kept: never worse
     assert list(result.factors) == sorted(result.factors) and min(result.factors) >= 1.0
-    assert search_factors(score, 32, 10000.0, 4.0, 128, settings).factors == result.factors
+    assert search_factors(score, Stretch(32, 10000.0, 128, 512), settings).factors == result.factors
 
 
 def test_a_search_on_a_trained_run_scores_held_out_perplexity(tiny, tmp_path):
@@ -54,11 +54,11 @@ def test_a_search_on_a_trained_run_scores_held_out_perplexity(tiny, tmp_path):
     run = posexp.load_run(tmp_path / "run")
     spec, model = run.config, run.model
     val = corpus_from_config(spec).val
-    score = perplexity_score(model, val, spec.eval, spec.train_len, 4 * spec.train_len, 512, torch.device("cpu"),
+    score = perplexity_score(model, val[-(512 + 4 * spec.train_len + 1):], spec.eval, spec.train_len, 4 * spec.train_len, torch.device("cpu"),
                              torch.float32)
     n = model.encoder.rot_dim // 2
     assert math.isfinite(score(np.ones(n), 0)) and score(np.ones(n), 0) != score(np.full(n, 4.0), 0)
     assert score(np.full(n, 4.0), 0) != score(np.full(n, 4.0), 8)  # n^ reaches the model
-    result = search_factors(score, model.encoder.rot_dim, model.encoder.base, 4.0, spec.train_len,
+    result = search_factors(score, Stretch(model.encoder.rot_dim, model.encoder.base, spec.train_len, 4 * spec.train_len),
                             SearchSettings(population=4, generations=1, parents=2))
     assert len(result.factors) == n and math.isfinite(result.ppl)

@@ -130,7 +130,7 @@ def own_reference(model: GPT, kind: str, o: dict, idx: torch.Tensor) -> torch.Te
 
 def read(model, kind: str, o: dict, idx: torch.Tensor, train_len: int = TRAIN) -> torch.Tensor:
     remap = Remapping.of(kind, o, train_len, idx.shape[1])
-    how = Reading(kind, remap.factor or 1.0, train_len, idx.shape[1], None, None, remap)
+    how = Reading(kind, remap.factor or 1.0, train_len, idx.shape[1], None, None, remap=remap)
     with torch.no_grad(), model.reading(how):
         return model.logits(idx)
 

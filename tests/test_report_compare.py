@@ -238,6 +238,12 @@ def test_baseline_selects_the_reference(tmp_path):
         build_report(runs, ReportOptions(by="base", baseline="seed=0"))
     with pytest.raises(ConfigError, match="--baseline: needs --by"):
         build_report(runs, ReportOptions(baseline="base=100"))
+    # two seeds under --by base,seed: base=100 names two groups, and taking the first would be a silent choice
+    with pytest.raises(ConfigError, match=r"^--baseline: base=100 matches \d+ groups \(base=100 seed=0; base=100 "
+                                          r"seed=1.*\); name one"):
+        build_report(runs, ReportOptions(by="base,seed", baseline="base=100"))
+    both = build_report(runs, ReportOptions(by="base,seed", metrics="ratio", baseline="base=100,seed=1"))
+    assert both.comparison.reference == "base=100 seed=1"
 
 
 def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):

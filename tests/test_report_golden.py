@@ -10,6 +10,7 @@ and read the diff before committing it.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import io
 import json
 import math
@@ -46,7 +47,7 @@ def _write_run(folder: Path, rows: list[dict], overrides: list[str], encoder: st
            "train_len": train_len, "seed": seed,
            "config": {"encoder": {"name": encoder}, "base": base, "train_len": train_len, "seed": seed,
                       **(config or {})},
-           "config_hash": "ab12", "corpus": "stdlib", "corpus_fingerprint": "fp-stdlib",
+           "config_hash": hashlib.sha256(folder.as_posix().encode()).hexdigest()[:16], "corpus": "stdlib", "corpus_fingerprint": "fp-stdlib",
            "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
            "versions": {"posexp": "0.1.0", "torch": "2.13.0", "python": "3.11.7"}, "git_commit": None,
            "status": "completed", "params": 821504,
@@ -108,6 +109,24 @@ def extension_runs(root: Path) -> Path:
     return top
 
 
+def longer_finetunes(root: Path) -> Path:
+    """A parent trained at 128 and its fine-tunes to 512, the parent evaluated again on another token budget since:
+    its rows at 256 and 512 scored other tokens than the fine-tunes'."""
+    top = root / "ext512"
+    lengths = (128, 256, 512, 1024)
+    parent_rows = _ppl_rows(dict(zip(lengths, (3.0, 4.5, 9.0, 20.0))), 128)
+    for row in parent_rows:
+        if row["length"] >= 256:
+            row.update(tokens=131072, eval_tokens=131072)
+    parent = _write_run(top / "parent", parent_rows, ["encoder=rope"], "rope")
+    for name, scaling, ppls in (("ft_direct", None, (3.2, 3.1, 3.0, 6.0)), ("ft_yarn", "yarn", (3.1, 3.0, 2.9, 3.4))):
+        rows = [{**r, "multiple": r["length"] / 512} for r in _ppl_rows(dict(zip(lengths, ppls)), 512)]
+        _write_run(top / name, rows, ["encoder=rope", f"finetune={name}"], "rope", train_len=512,
+                   extra={"parent": str(parent.resolve()), "parent_train_len": 128, "scaling": scaling,
+                          "finetune": {"steps": 150}})
+    return top
+
+
 def curve_sweep(root: Path) -> Path:
     sweep = root / "curve"
     for job, (encoder, ppl_at) in enumerate((("rope", {100: (6.0, 6.3), 200: (5.0, 6.0), 300: (4.5, 9.0)}),
@@ -118,6 +137,64 @@ def curve_sweep(root: Path) -> Path:
         for step, ppls in ppl_at.items():
             writer.write([{"step": step, "length": 128 * m, "multiple": m, "ppl": p, "loss": math.log(p),
                            "tokens": 4096, "eval_s": 0.5} for m, p in zip((1, 4), ppls)])
+    return sweep
+
+
+def window_sweep(root: Path) -> Path:
+    """Two seeds, each with plain rows and rows under an attention window of 128 tokens (``eval.window``)."""
+    sweep = root / "window"
+    for seed in (0, 1):
+        rows = _ppl_rows({128: 3.0 + 0.02 * seed, 256: 3.6 + seed * 0.05, 512: 7.5 + 0.1 * seed}, 128)
+        windowed = _ppl_rows({128: 3.0 + 0.02 * seed, 256: 3.2 + seed * 0.04, 512: 3.3 + 0.03 * seed}, 128)
+        rows += [{**r, "window": 128, "sinks": 4} for r in windowed]
+        _write_run(sweep / str(seed), rows, ["encoder=rope", f"seed={seed}"], "rope", seed=seed)
+    return sweep
+
+
+def depth_sweep(root: Path) -> Path:
+    """passkey runs with rows at three depths per length (the mean over depths is the cell)."""
+    sweep = root / "depth"
+    for job, (encoder, accs) in enumerate({"rope": [1.0, 0.9, 0.3], "alibi": [1.0, 1.0, 0.85]}.items()):
+        rows = [{"metric": "accuracy", "task": "passkey", "length": n, "multiple": n / 64, "depth": d,
+                 "protocol": "teacher_forced", "scaling": None, "scaling_factor": None, "applicable": True,
+                 "exact_match": round(max(0.0, a - 0.1 * abs(d - 0.5)), 3), "exact_match_low": max(0.0, a - 0.2),
+                 "exact_match_high": 1.0, "token_accuracy": a, "examples": 50}
+                for n, a in zip((64, 128, 256), accs) for d in (0.0, 0.5, 1.0)]
+        overrides = ["task=passkey", f"encoder={encoder}"]
+        run = {"label": " ".join(overrides), "overrides": overrides, "encoder": encoder, "train_len": 64,
+               "seed": 0, "status": "completed", "task": {"name": "passkey", "options": {}},
+               "config": {"encoder": {"name": encoder}, "seed": 0, "train_len": 64, "task": {"name": "passkey"}}}
+        folder = sweep / str(job)
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
+    return sweep
+
+
+def pretrained_sweep(root: Path) -> Path:
+    """``posexp eval -m hf:tiny eval.scaling=none,yarn`` and the same with ``task=passkey``: a folder per scaling
+    and task, one model throughout."""
+    sweep = root / "hf"
+    record = {"name": "tiny", "revision": "abc123", "weights_sha256": None, "parameters": 1000}
+    ppls = {"none": (3.0, 4.4, 9.1), "yarn": (3.0, 3.3, 3.9)}
+    accs = {"none": (1.0, 0.5, 0.0), "yarn": (1.0, 0.9, 0.6)}
+    job = 0
+    for scaling in ("none", "yarn"):
+        overrides = ["hf.model=tiny", f"eval.scaling={scaling}"]
+        rows = _ppl_rows(dict(zip((128, 256, 512), ppls[scaling])), 128, None if scaling == "none" else "yarn")
+        _write_run(sweep / str(job), rows, overrides, "hf:tiny", extra={"pretrained": record},
+                   config={"hf": {"model": "tiny"}})
+        job += 1
+    for scaling in ("none", "yarn"):
+        overrides = ["hf.model=tiny", "task=passkey", f"eval.scaling={scaling}"]
+        rows = [{"metric": "accuracy", "task": "passkey", "length": n, "multiple": n / 128, "depth": d,
+                 "protocol": "teacher_forced", "scaling": None if scaling == "none" else "yarn",
+                 "scaling_factor": None, "applicable": True, "exact_match": a, "exact_match_low": 0.0,
+                 "exact_match_high": 1.0, "token_accuracy": a, "examples": 20, "examples_asked": 20, "eval_seed": 0}
+                for n, a in zip((128, 256, 512), accs[scaling]) for d in (0.0, 1.0)]
+        _write_run(sweep / str(job), rows, overrides, "hf:tiny",
+                   extra={"pretrained": record, "task": {"name": "passkey", "options": {}, "zero_shot": True}},
+                   config={"hf": {"model": "tiny"}, "task": {"name": "passkey"}})
+        job += 1
     return sweep
 
 
@@ -133,8 +210,19 @@ CASES = {
     "mixed": (("lm", "task"), {"by": "encoder"}),
     "extension": (("ext",), {}),
     "curve": (("curve",), {}),
+    "lm_baseline": (("lm",), {"by": "encoder", "baseline": "encoder=alibi", "metrics": "ratio,maxlen@50%,slope@4x"}),
+    "ext_cols_scaling": (("ext",), {"cols": "scaling"}),
+    "ext_view_yarn": (("ext",), {"view": "scaling=yarn"}),
+    "window_cols": (("window",), {"cols": "window"}),
+    "window_view": (("window",), {"view": "window=128"}),
+    "task_depths": (("depth",), {"metrics": "acc@2x,efflen@85"}),
+    "ext_longer": (("ext512",), {}),
+    "ext_longer_by": (("ext512",), {"by": "scaling", "metrics": "ratio,ratio@4x"}),
+    "hf_cols_scaling": (("hf",), {"cols": "scaling"}),
+    "hf_by_model_cols_scaling": (("hf",), {"by": "hf.model", "cols": "scaling"}),
 }
-BUILDERS = {"lm": lm_sweep, "task": task_sweep, "ext": extension_runs, "curve": curve_sweep}
+BUILDERS = {"lm": lm_sweep, "task": task_sweep, "ext": extension_runs, "curve": curve_sweep, "window": window_sweep,
+            "depth": depth_sweep, "hf": pretrained_sweep, "ext512": longer_finetunes}
 
 
 def _render(root: Path, case: str, fmt: str) -> dict[str, str]:

@@ -325,3 +325,17 @@ def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_b
     assert group.metrics["efflen@99"].mean == 0
     with pytest.raises(ConfigError, match="efflen@P"):
         build_task_report([run], ["encoder"], ["efflen@0"])
+
+
+def test_a_ruler_task_shows_its_effective_length_by_default(tmp_path):
+    """RULER (Hsieh et al. 2024) reports a task's effective length (exact match >= 85%): a niah run's table shows
+    efflen@85 without --metric; a task of another family keeps the plain defaults."""
+    niah = make_task_run(tmp_path / "niah", {64: 1.0, 128: 0.9, 256: 0.5}, task="niah")
+    recorded = json.loads((niah / "results.json").read_text())
+    recorded["run"]["task"]["citation"] = "Hsieh et al. 2024 (RULER, needle in a haystack)"
+    (niah / "results.json").write_text(json.dumps(recorded))
+    report = build_task_report([load_run(niah)])
+    assert [m.name for m in report.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90", "efflen@85"]
+    assert report.groups[0].metrics["efflen@85"].mean == 128
+    copy = build_task_report([load_run(make_task_run(tmp_path / "copy", {64: 1.0, 128: 0.9}))])
+    assert [m.name for m in copy.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90"]

@@ -145,6 +145,19 @@ def test_cols_on_the_command_line_prints_one_table_and_names_an_unknown_key(tmp_
     assert bad.exit_code == 2 and "--cols" in bad.output and "windw" in bad.output and "Traceback" not in bad.output
 
 
+def test_cols_window_over_rows_without_a_window_says_how_to_make_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    for seed in (0, 1):
+        _write(tmp_path / "sweep" / str(seed), [_row(128, 3.0, eval_tokens=4096), _row(256, 3.4, eval_tokens=4096)],
+               seed=seed)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), "--cols", "window"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--cols: no row has a window" in result.output and "posexp eval RUN eval.window=128" in result.output
+
+
 def test_a_grouped_report_is_one_table_at_100_columns_and_wraps_its_intervals_at_80(tmp_path):
     from posexp.reporting.lm_report import build_report
     from posexp.reporting.render import print_report
@@ -209,3 +222,53 @@ def test_a_runs_table_at_40_columns_cuts_no_number(tmp_path):
     Console(file=out, width=40).print(ResultsTable(results))
     text = out.getvalue()
     assert "…" not in text and "75.840" in text and "left out at this width" in text
+
+
+def test_cols_scaling_pairs_one_models_folders_and_shows_its_task_beside_its_perplexity(tmp_path):
+    """``posexp eval -m hf:M eval.scaling=none,yarn`` writes a folder per scaling: the same model on the same tokens
+    is paired across them, and a zero-shot passkey run of it joins the same line; another token budget is not
+    paired, and a note says so."""
+    from test_report_golden import pretrained_sweep
+
+    from posexp.reporting.pivot import build_pivot
+    from posexp.reporting.runs import load_run
+
+    sweep = pretrained_sweep(tmp_path)
+    runs = [load_run(p) for p in sorted(sweep.iterdir())]
+    pivot = build_pivot(runs, [], ["scaling"])
+    assert pivot.lines == [("hf.model=tiny",)] and [m.name for m in pivot.measures] == ["ppl", "passkey acc"]
+    yarn = pivot.cell(("hf.model=tiny",), 512, ("yarn",))
+    assert yarn.diffs == [pytest.approx(3.9 - 9.1)] and not pivot.notes
+    acc = pivot.cell(("hf.model=tiny",), 256, ("yarn",), pivot.measures[1])
+    assert acc.mean == pytest.approx(90.0) and acc.diffs == [pytest.approx(40.0)]
+    recorded = json.loads((sweep / "1" / "results.json").read_text())
+    for row in recorded["rows"]:
+        row.update(tokens=32768, eval_tokens=32768)
+    (sweep / "1" / "results.json").write_text(json.dumps(recorded))
+    pivot = build_pivot([load_run(p) for p in sorted(sweep.iterdir())], [], ["scaling"])
+    assert not pivot.cell(("hf.model=tiny",), 512, ("yarn",)).diffs
+    assert any("3 of 6 values have no difference" in note and "measured on other tokens" in note
+               for note in pivot.notes), pivot.notes
+
+
+def test_fine_tunes_say_their_target_and_are_differenced_only_where_measured_alike(tmp_path):
+    """A parent evaluated again on another token budget after its fine-tunes: no difference where the rows scored
+    other tokens, each such line named; the fine-tunes' label names their target length; the perplexity report
+    says its runs trained at other lengths and that each ratio is taken at the run's own."""
+    from test_report_golden import longer_finetunes
+
+    from posexp.reporting.extension import build_extension_table, extension_runs
+    from posexp.reporting.lm_report import build_report
+    from posexp.reporting.render import render_markdown
+    from posexp.reporting.runs import load_run
+
+    top = longer_finetunes(tmp_path)
+    runs = [load_run(top / name) for name in ("parent", "ft_direct", "ft_yarn")]
+    table = build_extension_table(*extension_runs(runs))
+    parent, direct, _ = table.lines
+    assert direct.label == "direct ft→512, 150 steps"
+    assert direct.difference(parent, 128) == pytest.approx(0.2) and direct.difference(parent, 512) is None
+    assert any(w.startswith("direct ft→512, 150 steps: no difference to the parent at 256, 512, 1024: measured on "
+                            "other tokens") for w in table.warnings), table.warnings
+    text = render_markdown(build_report([top / name for name in ("parent", "ft_direct", "ft_yarn")]))
+    assert "Training length: 128 tokens (512 for " in text and "each run's own training length (128; 512 for" in text

@@ -75,7 +75,7 @@ def test_a_stopped_search_continues_from_its_state(run, monkeypatch):
 
 
 def test_the_search_replays_to_the_same_candidates_from_a_cache():
-    from posexp.evaluation.longrope_search import SearchSettings, search_factors
+    from posexp.evaluation.longrope_search import SearchSettings, Stretch, search_factors
 
     target = np.geomspace(1.0, 3.0, 8)
 
@@ -84,16 +84,16 @@ def test_the_search_replays_to_the_same_candidates_from_a_cache():
 
     settings = SearchSettings(population=8, generations=4, parents=3, seed=1)
     calls: list[str] = []
-    whole = search_factors(score, 16, 10000.0, 4.0, 64, settings, on_scored=lambda k, v, fresh: calls.append(k))
+    whole = search_factors(score, Stretch(16, 10000.0, 64, 256), settings, on_scored=lambda k, v, fresh: calls.append(k))
     cache: dict[str, float] = {}
     with pytest.raises(KeyboardInterrupt):
         def stopping(factors, start):
             if len(cache) == 5:
                 raise KeyboardInterrupt
             return score(factors, start)
-        search_factors(stopping, 16, 10000.0, 4.0, 64, settings, cache=cache)
+        search_factors(stopping, Stretch(16, 10000.0, 64, 256), settings, cache=cache)
     new: list[str] = []
-    resumed = search_factors(score, 16, 10000.0, 4.0, 64, settings, cache=cache,
+    resumed = search_factors(score, Stretch(16, 10000.0, 64, 256), settings, cache=cache,
                              on_scored=lambda k, v, fresh: fresh and new.append(k))
     assert (resumed.factors, resumed.start, resumed.ppl) == (whole.factors, whole.start, whole.ppl)
     assert len(new) == len(set(calls)) - 5
@@ -101,14 +101,14 @@ def test_the_search_replays_to_the_same_candidates_from_a_cache():
 
 
 def test_n_hat_is_searched_and_can_be_fixed():
-    from posexp.evaluation.longrope_search import SearchSettings, search_factors
+    from posexp.evaluation.longrope_search import SearchSettings, Stretch, search_factors
 
     def score(factors, start):  # best with n^ = 16, whatever the factors
         return 1.0 + abs(start - 16) + 0.001 * float(np.sum(factors))
 
-    found = search_factors(score, 16, 10000.0, 4.0, 64, SearchSettings(population=12, generations=10, parents=3))
+    found = search_factors(score, Stretch(16, 10000.0, 64, 256), SearchSettings(population=12, generations=10, parents=3))
     assert found.start == 16
-    fixed = search_factors(score, 16, 10000.0, 4.0, 64, SearchSettings(population=8, generations=2, parents=3,
+    fixed = search_factors(score, Stretch(16, 10000.0, 64, 256), SearchSettings(population=8, generations=2, parents=3,
                                                                         start=2))
     assert fixed.start == 2
 

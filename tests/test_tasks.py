@@ -250,3 +250,28 @@ def test_a_depth_listed_twice_is_measured_once():
     from posexp.evaluation.accuracy import eval_depths
 
     assert eval_depths([0.5, 0.0, 0.5, 1]) == [0.5, 0.0, 1.0]
+
+
+# The hashes these task runs had before each task owned its options (TaskConfig held every task's keys), from
+# `posexp train train.steps=30 train.threads=1 task=NAME eval.examples=16 eval.multiples=[1,2]`: unchanged.
+@pytest.mark.parametrize("name,recorded", [("passkey", "b220626c7e108c8b"), ("niah", "47e469a0934bd32d"),
+                                           ("copy", "b47d4c486a3e2ae3")])
+def test_a_task_runs_hash_is_the_one_it_had_when_one_schema_held_every_tasks_options(compose, name, recorded):
+    from posexp.commands.train import check_config
+    from posexp.config.identity import config_hash
+
+    spec = check_config(compose("train.steps=30", "train.threads=1", f"task={name}", "eval.examples=16",
+                                "eval.multiples=[1,2]"))
+    assert config_hash(spec) == recorded
+
+
+def test_a_saved_config_of_the_one_schema_builds_its_task_and_refuses_what_it_refused():
+    from posexp.errors import ConfigError
+    from posexp.tasks import build_task
+
+    old = {"name": "niah", "description": "", "symbols": 64, "min_size": None, "digits": 5, "variant": "multikey",
+           "needles": 3, "chains": None, "hops": None, "top_k": None}  # a run folder's .hydra/config.yaml task
+    assert build_task(old).options() == {"symbols": 64, "variant": "multikey", "needles": 3}
+    with pytest.raises(ConfigError) as e:
+        build_task({**old, "digits": 3})  # not the value every config held: a passkey option set on niah
+    assert str(e.value) == "task.digits: only applies to task=passkey (the task is niah); drop task.digits"

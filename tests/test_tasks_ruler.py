@@ -184,6 +184,7 @@ def test_chance_of_the_new_tasks_is_one_over_their_answer_alphabet():
     ({"name": "kv_retrieval", "top_k": 3}, "task.top_k", ["task=cwe|fwe", "drop task.top_k"]),
     ({"name": "copy", "variant": "single"}, "task.variant", ["task=babilong|niah", "drop task.variant"]),
     ({"name": "niah", "hops": 2}, "task.hops", ["task=vartrack"]),
+    ({"name": "cwe", "top": 2}, "task.top", ["not an option of task 'cwe'", "task.top_k?", "symbols, min_size, top_k"]),
 ])
 def test_bad_ruler_options_name_the_key_and_what_is_allowed(options, key, needles):
     with pytest.raises(ConfigError) as e:

@@ -1,6 +1,6 @@
 """The ``posexp`` command.
 
-``posexp train`` is Hydra's own application: its arguments go to the ``@hydra.main`` function unchanged, so ``-m``,
+``posexp train`` is Hydra's own application: its arguments go to Hydra's runner unchanged, so ``-m``,
 ``--cfg job``, ``--help``, ``hydra/launcher=...`` and sweepers behave as Hydra documents them.
 """
 
@@ -10,37 +10,33 @@ import contextlib
 import errno
 import io
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-import hydra
 import typer
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
 from posexp.analysis.schema import register_schema
-from posexp.cli import hydra_flags, shell, transfer
-from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain, full_error_requested,
-                                  hydra_raises, print_key_table, pretrained_arguments, quote_non_ascii)
+from posexp.cli import hydra_flags, shell
+from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain_composition,
+                                  full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
-from posexp.cli.folders import Claim, Folders, Refused, claiming
-from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task, pretrained_task, train_task
+from posexp.cli.folders import Carried, Claim, Folders, claiming
+from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
-from posexp.commands.finetune import ALLOW_ENV, CONFIG_NAME, parent_argument
-from posexp.commands.search import search_cmd
+from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
+from posexp.cli.search import search_cmd
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.reporting import ReportOptions, report_main
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import DEFAULT_METRICS, DEFAULT_TOLERANCE
-from posexp.reporting.task_report import DEFAULT_TASK_METRICS
+from posexp.reporting.task_report import DEFAULT_TASK_METRICS, RULER_METRIC
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
@@ -48,44 +44,39 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
 
 CONFIG_DIR = config_dir()
-
-_train_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(train_task)
-_finetune_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="finetune")(finetune_task)
-_pretrained_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="pretrained")(pretrained_task)
-_analyze_app = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="analyze")(analyze_task)
-APPS = {"config": (_train_app, "posexp train"), "finetune": (_finetune_app, "posexp finetune"),
-        "pretrained": (_pretrained_app, "posexp eval"), "analyze": (_analyze_app, "posexp analyze")}
+# each Hydra app: its task and the command that names it in Hydra's messages
+APPS = {"config": (train_task, "posexp train"), CONFIG_NAME: (finetune_task, "posexp finetune"),
+        "pretrained": (pretrained_task, "posexp eval"), "analyze": (analyze_task, "posexp analyze")}
 
 
 def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
-    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed.
-
-    A config Hydra cannot compose is said in one line (:func:`~posexp.cli.arguments.explain`). ``--help`` / ``-h``
-    print Hydra's help, then the table of the main keys.
-    """
-    app, prog = APPS[config_name]
-    saved = sys.argv
-    sys.argv = [prog, *args]
+    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. A config Hydra cannot
+    compose is said in one line (:func:`~posexp.cli.arguments.explain_composition`), Hydra's own report held back
+    until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
+    the table of the main keys."""
+    task, prog = APPS[config_name]
+    held = hydra_flags.HeldStream(sys.stderr)
+    if claim is not None:
+        claim.held = held
     try:
-        with hydra_raises():
-            app()
-    except (HydraException, OmegaConfBaseException) as e:
-        if full_error_requested() or (claim is not None and claim.composed):
-            raise  # asked for in full, or not the config's composition: Hydra's own error, as it is
-        fail(explain(e))
+        with contextlib.redirect_stderr(held) if claim is not None else contextlib.nullcontext():
+            hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
+    except Carried as e:
+        if isinstance(e.error, PosexpError):
+            fail(e.error)
+        raise e.error
     except SystemExit as e:
+        line = hydra_flags.read(args)
+        if e.code == 1 and held.holding and line is not None and not full_error_requested():
+            error = explain_composition(config_name, line)
+            if error is not None:
+                held.discard()
+                fail(error)
         if not e.code and any(a in ("-h", "--help") for a in args):
             print_key_table(config_name, prog)
         raise
     finally:
-        sys.argv = saved
-
-
-def _flags_first(args: List[str]) -> list[str]:
-    """``-m`` moved before the overrides: ``posexp train encoder=rope -m base=100,1000`` sweeps as typed
-    (Hydra's argparse takes no overrides after a flag)."""
-    flags = [a for a in args if a in ("-m", "--multirun")]
-    return flags + [a for a in args if a not in flags]
+        held.release()
 
 
 app = typer.Typer(
@@ -155,9 +146,8 @@ def finetune(
 
     if _shell_completion(list(args or [])):
         return
-    if ALLOW_FLAG in (args or []):  # an environment variable, so that a launcher's worker processes see it too
-        os.environ[ALLOW_ENV] = "1"
-        args = [a for a in args if a != ALLOW_FLAG]
+    if ALLOW_FLAG in (args or []):  # an override, so that a launcher's worker processes see it too
+        args = [*(a for a in args if a != ALLOW_FLAG), f"{ALLOW_KEY}=true"]
     try:
         given = parent_argument(args or [])
     except PosexpError as e:
@@ -171,7 +161,6 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
 
     ``folders``: the command also takes run folders (``posexp analyze``), for the message of a missing one.
     """
-    failed_jobs.clear()
     args = quote_non_ascii(expand_home(args))
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
@@ -194,17 +183,15 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
     with distributed.worker_overrides() as quiet:
         try:
             with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
-                _run_claimed(claim, config_name, [*_flags_first(args), *quiet])
-        except Refused as e:
-            fail(e.error)
+                _run_claimed(claim, config_name, [*args, *quiet])
         except PosexpError as e:
             fail(e)
         finally:
             unlock_run()
             distributed.shutdown()
-    failed_jobs[:] = unique(failed_jobs)
-    if failed_jobs and distributed.is_main():
-        err_console.print(f"[bold red]error:[/] {len(failed_jobs)} sweep job(s) failed: {', '.join(failed_jobs)}; "
+    failed = unique(claim.failed) if claim is not None else []
+    if failed and distributed.is_main():
+        err_console.print(f"[bold red]error:[/] {len(failed)} sweep job(s) failed: {', '.join(failed)}; "
                           "each has a results.json with the reason, the other jobs' results are kept",
                           highlight=False, soft_wrap=True)
         raise SystemExit(1)
@@ -307,7 +294,7 @@ def report(
     metric: Optional[List[str]] = typer.Option(
         None, "--metric", help=f"Summary columns, comma-separated: {metric_help(PERPLEXITY)}. Default: "
                                f"{','.join(DEFAULT_METRICS)}. Task runs: {metric_help(ACCURACY)}. Default: "
-                               f"{','.join(DEFAULT_TASK_METRICS)}."),
+                               f"{','.join(DEFAULT_TASK_METRICS)} (and {RULER_METRIC} for RULER's tasks)."),
     tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
                                                              "of the training-length value."),
     sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "
@@ -451,7 +438,32 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
     return user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
 
 
-app.command("export")(transfer.export_cmd)  # a run as a transformers model folder
+@app.command("export")
+def export(
+    run_dir: Path = typer.Argument(..., help="A finished run folder (posexp train's).", show_default=False),
+    out_dir: Path = typer.Argument(..., help="The model folder to write; new or empty.", show_default=False),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR if it already holds a model folder "
+                                                              "(an earlier export)."),
+) -> None:
+    """Write a trained run as a transformers model folder (learned, rope and alibi runs).
+
+    OUT_DIR gets config.json, model.safetensors, the tokenizer files (byte or bpe: the run's token ids) and
+    posexp_export.json. AutoModelForCausalLM.from_pretrained(OUT_DIR) loads it with no remote code and gives the
+    run's logits (fp32; checked while exporting). learned -> GPT-2; rope -> GPT-NeoX (exponential schedule);
+    alibi -> MPT (a run trained with model.norm_bias=false). Other encodings are refused. Needs transformers:
+    the hf extra of posexp's install.
+    """
+    from posexp.commands.export import export_run
+
+    try:
+        done = export_run(run_dir, out_dir, overwrite=overwrite)
+    except PosexpError as e:
+        fail(e)
+    Console().print(f"exported {escape(str(run_dir))} to {escape(str(done.folder))}: {escape(done.description)}; "
+                    f"max |logit difference| {done.max_abs_diff:.2g} (fp32, lengths "
+                    f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
+
+
 app.command("search")(search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
 
 

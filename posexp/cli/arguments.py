@@ -15,20 +15,19 @@ This module imports Hydra and ``posexp.config.schema`` (no torch until an encode
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
@@ -59,32 +58,36 @@ class OverrideError(PosexpError):
         super().__init__(message)
 
 
-_asked: Optional[bool] = None  # what the user asked, while posexp has Hydra raise (:func:`hydra_raises`)
-
-
 def full_error_requested() -> bool:
     """HYDRA_FULL_ERROR=1 (Hydra's own switch) or POSEXP_DEBUG=1: leave Hydra's errors to Hydra, in full."""
-    if _asked is not None:
-        return _asked
     return any(os.environ.get(v, "") not in ("", "0") for v in (HYDRA_FULL_ERROR, "POSEXP_DEBUG"))
 
 
-@contextlib.contextmanager
-def hydra_raises() -> Iterator[None]:
-    """Inside, Hydra raises the error of a config it cannot compose (as its own ``HYDRA_FULL_ERROR=1`` has it) rather
-    than print it in several lines, for posexp to say it in one (:func:`explain`); :func:`full_error_requested` still
-    answers what the user asked."""
-    global _asked
-    _asked, saved = full_error_requested(), os.environ.get(HYDRA_FULL_ERROR)
-    os.environ[HYDRA_FULL_ERROR] = "1"
-    try:
-        yield
-    finally:
-        _asked = None
-        if saved is None:
-            os.environ.pop(HYDRA_FULL_ERROR, None)
+def explain_composition(config_name: str, line: CommandLine) -> Optional[OverrideError]:
+    """Why Hydra could not compose the config of ``line``, in one line (:func:`explain`); None when it composes.
+
+    Hydra says it in several lines; posexp composes it again with Hydra's compose API, the command line's
+    overrides without a sweep's swept ones (those are composed job by job: :func:`posexp.cli.folders.check_sweep`).
+    """
+    from hydra import compose, initialize_config_dir
+
+    from posexp.commands.sweeps import fixed_overrides
+
+    overrides, paths = [], [f"file://{Path(line.config_dir).expanduser().resolve()}"] if line.config_dir else []
+    for o in OverridesParser.create().parse_overrides(fixed_overrides(line.overrides)):
+        if o.key_or_group == "hydra.searchpath":  # --config-dir joins it, as Hydra adds it to the search path
+            value = o.value()
+            paths = [*map(str, value if isinstance(value, list) else [value]), *paths]
         else:
-            os.environ[HYDRA_FULL_ERROR] = saved
+            overrides.append(o.input_line)
+    if paths:
+        overrides.append("hydra.searchpath=[" + ",".join(f"'{p}'" for p in paths) + "]")
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            compose(config_name, overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        return explain(e)
+    return None
 
 
 def _parse(args: Sequence[str], folders: bool) -> list:

@@ -14,6 +14,7 @@ holds each copy equal to its owner). How a shell asks and what it gets back: :mo
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,8 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from posexp.cli.hydra_flags import CFG_PARTS, INFO_PARTS
-from posexp.config.schema import (DATASETS, DEVICES, OBJECTIVES, PRECISIONS, PROTOCOLS, Config, FinetuneAppConfig,
-                                  config_dir)
+from posexp.config.schema import Config, EvalConfig, FinetuneAppConfig, TrainConfig, config_dir
 
 WORDS, DIRS, FILES = "words", "dirs", "files"
 
@@ -44,24 +44,49 @@ class Reply:
 NOTHING = Reply()
 FOLDERS = Reply(DIRS)
 
-# Value lists whose owners import torch, copied (tests/test_completion.py compares each with its owner).
-SCALINGS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope", "self_extend", "string", "dca",
-            "ms_poe")  # posexp.encoders.scaling
-# posexp.encoders.extension: the position remappings are evaluation-time only
-FINETUNE_SCALINGS = tuple(s for s in SCALINGS if s not in ("rerope", "self_extend", "string", "dca", "ms_poe"))
-POSITION_SCHEMES = ("contiguous", "randomized", "pose")  # posexp.model.positions
-CURRICULA = ("none", "linear")  # posexp.model.positions
-COMPILE = ("auto", "true", "false")  # posexp.runtime.device.COMPILE_SETTINGS
+_FIELD = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    name: type = default  # comment"
+
+
+@lru_cache(maxsize=None)
+def field_choices(cls: type) -> Dict[str, Tuple[str, ...]]:
+    """The values of each field of a schema dataclass whose comment lists them, ``a | b | c`` (``scaling: str =
+    "none"  # eval-time context extension: none | linear | ...``): the schema documents a key's choices once, and
+    completion offers them, a key added with such a comment included."""
+    import inspect
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):  # a schema made at run time (a task's or tracker's options): no comments to read
+        return {}
+    found = {}
+    for line in source.splitlines():
+        m = _FIELD.match(line)
+        if m and "|" in m.group(2):
+            found[m.group(1)] = _alternatives(m.group(2))
+    return {k: v for k, v in found.items() if v}
+
+
+def _alternatives(comment: str) -> Tuple[str, ...]:
+    """``a | b (why) | c: what`` -> ``(a, b, c)``; clauses apart (``niah: x | y; babilong: z | w``), the word before
+    the first ``|``, and no alternative of several words (``longest | mean | an eval length``)."""
+    words = []
+    for clause in re.sub(r"\([^()]*\)", "", comment).split(";"):
+        pieces = clause.split("|")
+        if len(pieces) > 1:
+            words += [piece.split(":")[0].strip() for piece in [pieces[0].split()[-1], *pieces[1:]]]
+    return tuple(dict.fromkeys(w for w in words if re.fullmatch(r"[\w.\-]+", w)))
+
+
+# The value lists the tests hold equal to their owners (which import torch): derived from the schema's comments.
+SCALINGS = field_choices(EvalConfig)["scaling"]  # posexp.encoders.scaling
+FINETUNE_SCALINGS = field_choices(FinetuneAppConfig)["scaling"]  # posexp.encoders.extension
+POSITION_SCHEMES = field_choices(TrainConfig)["positions"]  # posexp.model.positions
+CURRICULA = field_choices(TrainConfig)["curriculum"]  # posexp.model.positions
+COMPILE = field_choices(Config)["compile"]  # posexp.runtime.device.COMPILE_SETTINGS
+# Not config keys, so copied (a TAB imports neither rich nor torch); the tests compare each with its owner.
 REPORT_FORMATS = ("rich", "markdown", "csv", "json", "latex")  # posexp.reporting.render.FORMATS
 CHECK_FORMATS = ("table", "json", "markdown")  # posexp.commands.check.FORMATS
 
-# The values of keys that take one of a few; each Hydra app's own keys (``scaling`` is the fine-tune's).
-VALUES: Dict[str, Dict[str, Tuple[str, ...]]] = {"config": {
-    "device": DEVICES, "train.device": DEVICES, "precision": PRECISIONS, "train.precision": PRECISIONS,
-    "compile": COMPILE, "objective": OBJECTIVES, "data.kind": DATASETS, "eval.protocol": PROTOCOLS,
-    "eval.scaling": SCALINGS, "train.positions": POSITION_SCHEMES, "train.curriculum": CURRICULA}}
-VALUES["analyze"] = VALUES["config"]
-VALUES["finetune"] = {**VALUES["config"], "scaling": FINETUNE_SCALINGS, "compile": ("true", "false")}
 BOOLEANS = ("true", "false")
 
 # Flags of Hydra's own parser worth offering (posexp refuses --config-path), with what follows each.
@@ -177,12 +202,14 @@ def _unwrap(hint: Any) -> Any:
 
 @lru_cache(maxsize=None)
 def schema_tree(cls: type) -> Mapping[str, Any]:
-    """A schema dataclass as ``key -> subtree`` (a nested dataclass) or ``key -> type`` (a value)."""
-    hints = typing.get_type_hints(cls)
+    """A schema dataclass as ``key -> subtree`` (a nested dataclass), ``key -> values`` (a tuple: those its comment
+    lists, :func:`field_choices`) or ``key -> type`` (any other value)."""
+    hints, choices = typing.get_type_hints(cls), field_choices(cls)
     tree: Dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         hint = _unwrap(hints[f.name])
-        tree[f.name] = schema_tree(typing.cast(type, hint)) if dataclasses.is_dataclass(hint) else hint
+        tree[f.name] = schema_tree(typing.cast(type, hint)) if dataclasses.is_dataclass(hint) else (
+            choices.get(f.name, hint))
     return tree
 
 
@@ -192,7 +219,6 @@ class AppKeys:
 
     groups: Dict[str, Optional[str]]
     tree: Dict[str, Any]
-    values: Mapping[str, Tuple[str, ...]]
     dirs: List[Path]
 
     @classmethod
@@ -211,7 +237,11 @@ class AppKeys:
         if tree.get("task") is Any:  # the chosen task's keys: its own options (posexp.tasks.options_schema)
             chosen = [w.partition("=")[2] for w in words if w.startswith("task=")]
             tree["task"] = task_keys(chosen[-1].split(",")[0] if chosen else groups.get("task"))
-        return cls(groups, tree, VALUES[app], dirs)
+        if tree.get("logger") is Any:  # each tracker's keys: the options of its start() (tracking.options_schema)
+            from posexp.tracking.tracker import TRACKERS, options_schema
+
+            tree["logger"] = {name: dict(schema_tree(options_schema(cls))) for name, cls in TRACKERS.items()}
+        return cls(groups, tree, dirs)
 
     def keys(self, typed: str) -> list[str]:
         """Keys that start with ``typed``: ``group=`` and ``key=`` at the top, ``node.key=`` (``node.sub.``)
@@ -231,11 +261,12 @@ class AppKeys:
         """Values of ``key`` that complete ``typed`` (a sweep's ``a,b,`` and a list's ``[a,`` kept in front)."""
         cut = max(typed.rfind(","), 0 if typed.startswith("[") else -1) + 1
         head, part = typed[:cut], typed[cut:]
+        node = self._node(key)
         if key in self.groups:
             values: Sequence[str] = group_options(key, self.dirs)
-        elif key in self.values:
-            values = self.values[key]
-        elif self._node(key) is bool:
+        elif isinstance(node, tuple):
+            values = node
+        elif node is bool:
             values = BOOLEANS
         elif key.endswith(("dir", "path")):
             return Reply(DIRS if key.endswith("dir") else FILES)

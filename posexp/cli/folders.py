@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
@@ -52,39 +53,50 @@ class Folders:
 
 @dataclass
 class Claim:
-    """What a command asks of :class:`ClaimFolder` (``overwrite``) and what it found: ``composed``, Hydra composed
-    the job (an error after it is no composition error); ``folders``, what it claimed (None until Hydra starts a
-    run or sweep; it stays None for ``--cfg``, ``--info``, ``--help``, shell completion and ``posexp analyze``);
-    ``checked``, each checked job's typed config by its overrides, for the job to take."""
+    """What a command asks of :class:`ClaimFolder` (``overwrite``) and what its Hydra app found: ``folders``, what
+    it claimed (None until Hydra starts a run or sweep; it stays None for ``--cfg``, ``--info``, ``--help``, shell
+    completion and ``posexp analyze``); ``checked``, each checked job's typed config by its overrides, for the job
+    to take; ``failed``, the run folders of the sweep jobs that failed; ``held``, the command's stderr, held
+    until Hydra has composed the config."""
 
     overwrite: bool
-    composed: bool = False
     folders: Optional[Folders] = None
     checked: dict = dataclasses.field(default_factory=dict)
+    failed: List[str] = dataclasses.field(default_factory=list)
+    held: Any = None  # the command's stderr, held until Hydra has composed (posexp.cli.hydra_flags.HeldStream)
 
 
-class Refused(BaseException):
-    """A job's config or its folder refused inside Hydra's run. A BaseException, as SystemExit is, so that Hydra's
-    report of a failed app (which catches Exception) lets it through to the command, which says it in one line."""
+class Carried(BaseException):
+    """An error of a job or of a callback, carried through Hydra's run to the command, which says it: a
+    BaseException, as SystemExit is, so that Hydra's report of a failed app (which catches Exception and prints a
+    traceback) lets it through."""
 
-    def __init__(self, error: PosexpError):
+    def __init__(self, error: Exception):
         super().__init__(str(error))
         self.error = error
 
 
 ANALYZE = "analyze"  # the Hydra app that claims no folder
-_claim: Optional[Claim] = None  # the command's request, while its Hydra app runs
+# The running command's request: a context variable, set for the command's duration and reset after it (as Click
+# keeps its current context), so that nothing outlives the command or crosses threads.
+_CLAIM: ContextVar[Optional[Claim]] = ContextVar("posexp_claim", default=None)
 
 
 @contextlib.contextmanager
 def claiming(overwrite: bool) -> Iterator[Claim]:
     """While inside, the Hydra app's run (or sweep) is checked and its folder claimed by :class:`ClaimFolder`."""
-    global _claim
-    _claim = Claim(overwrite)
+    claim = Claim(overwrite)
+    token = _CLAIM.set(claim)
     try:
-        yield _claim
+        yield claim
     finally:
-        _claim = None
+        _CLAIM.reset(token)
+
+
+def current_claim() -> Optional[Claim]:
+    """The request of the posexp command running here; None in a launcher's other process, or for a Hydra app
+    started some other way."""
+    return _CLAIM.get()
 
 
 class ClaimFolder(Callback):
@@ -93,33 +105,29 @@ class ClaimFolder(Callback):
     started some other way (or a rank other than 0 under torchrun) claims nothing."""
 
     def on_run_start(self, config: DictConfig, config_name: Optional[str] = None, **kwargs: Any) -> None:
-        if _claim is None:
-            return
-        _claim.composed = True
-        _refusing(lambda: _check(config, str(config_name)))
-        if config_name == ANALYZE:
-            return _refusing(lambda: check_writable(config, "hydra.run.dir"))
-        _refusing(lambda: refuse_own_parent(config, "hydra.run.dir"))
-        path, created = _refusing(lambda: _claim_dir(config, "hydra.run.dir", sweep=False))
-        _claim.folders = Folders(path, created, multirun=False, jobs=None)
+        self._start(config, str(config_name), multirun=False)
 
     def on_multirun_start(self, config: DictConfig, config_name: Optional[str] = None, **kwargs: Any) -> None:
-        if _claim is None:
+        self._start(config, str(config_name), multirun=True)
+
+    @staticmethod
+    def _start(config: DictConfig, config_name: str, multirun: bool) -> None:
+        claim, key = current_claim(), "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        if claim is None:
             return
-        _claim.composed = True
-        jobs = _refusing(lambda: check_sweep(config, str(config_name)))
-        if config_name == ANALYZE:
-            return _refusing(lambda: check_writable(config, "hydra.sweep.dir"))
-        _refusing(lambda: refuse_own_parent(config, "hydra.sweep.dir"))
-        path, created = _refusing(lambda: _claim_dir(config, "hydra.sweep.dir", sweep=True))
-        _claim.folders = Folders(path, created, multirun=True, jobs=jobs)
-
-
-def _refusing(step):
-    try:
-        return step()
-    except PosexpError as e:
-        raise Refused(e) from None
+        if claim.held is not None:
+            claim.held.release()  # composed: what Hydra writes is no composition error
+        try:  # an error is carried to the command: Hydra would print it as a traceback
+            jobs = check_sweep(claim, config, config_name) if multirun else None
+            if not multirun:
+                _check(claim, config, config_name)
+            if config_name == ANALYZE:
+                return check_writable(config, key)
+            refuse_own_parent(config, key)
+            path, created = _claim_dir(claim, config, key, sweep=multirun)
+        except Exception as e:
+            raise Carried(e) from None
+        claim.folders = Folders(path, created, multirun=multirun, jobs=jobs)
 
 
 def refuse_own_parent(config: DictConfig, key: str) -> None:
@@ -149,17 +157,16 @@ def checker(config_name: str):
         config_name, check_config)
 
 
-def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:
+def _check(claim: Claim, config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:
     """Check one job's composed config (its ``hydra`` node left out, as the job receives it) and keep it typed."""
     job = copy.deepcopy(config)
     with read_write(job), open_dict(job):
         del job["hydra"]
-    assert _claim is not None
     try:
         check_added_keys(config)
         spec = checker(config_name)(job)
         if "${hydra:" not in OmegaConf.to_yaml(job):  # else a value of the job's own (${hydra:job.num}): typed there
-            _claim.checked[tuple(str(o) for o in config.hydra.overrides.task)] = spec
+            claim.checked[tuple(str(o) for o in config.hydra.overrides.task)] = spec
     except PosexpError as e:
         if multirun and label:
             raise PosexpError(f"{e} (in the sweep job with {label}; no job was started)") from None
@@ -169,10 +176,11 @@ def _check(config: DictConfig, config_name: str, label: str = "", multirun: bool
 def take_checked(overrides: List[str]) -> Any:
     """The typed config :class:`ClaimFolder` checked for the job of ``overrides`` in this process (None if none:
     a job of a launcher's other process, or a Hydra app started without :func:`claiming`); taken once."""
-    return _claim.checked.pop(tuple(overrides), None) if _claim is not None else None
+    claim = current_claim()
+    return claim.checked.pop(tuple(overrides), None) if claim is not None else None
 
 
-def check_sweep(config: DictConfig, config_name: str) -> Optional[List[List[str]]]:
+def check_sweep(claim: Claim, config: DictConfig, config_name: str) -> Optional[List[List[str]]]:
     """Compose and check each job of the sweep Hydra composed (a covering subset of a large one) before any trains.
 
     Returns:
@@ -190,11 +198,11 @@ def check_sweep(config: DictConfig, config_name: str) -> Optional[List[List[str]
             if full_error_requested():
                 raise  # Hydra's own report, in full
             raise PosexpError(f"{explain(e)} (with {label or 'the sweep'}; no job was started)") from None
-        _check(composed, config_name, label, multirun=True)
+        _check(claim, composed, config_name, label, multirun=True)
     return jobs
 
 
-def _claim_dir(config: DictConfig, key: str, sweep: bool) -> tuple[Path, list[Path]]:
+def _claim_dir(claim: Claim, config: DictConfig, key: str, sweep: bool) -> tuple[Path, list[Path]]:
     """Claim the folder ``key`` names in ``config`` and name the claimed one there, for Hydra to make and write.
 
     A folder Hydra would name from the clock (``outputs/DATE/TIME``) becomes ``TIME-1``, ``TIME-2``, ...
@@ -203,11 +211,10 @@ def _claim_dir(config: DictConfig, key: str, sweep: bool) -> tuple[Path, list[Pa
     Raises:
         PosexpError: a folder that cannot be created, or one that holds a run (:class:`RunFolderTaken`).
     """
-    assert _claim is not None
     path = Path(str(OmegaConf.select(config, key)))
     given = [str(o) for o in config.hydra.overrides.hydra]
     if any(o.key_or_group == key for o in OverridesParser.create().parse_overrides(given)):
-        return path, claim_named_dir(path, key, sweep=sweep, overwrite=_claim.overwrite)
+        return path, claim_named_dir(path, key, sweep=sweep, overwrite=claim.overwrite)
     path, created = new_run_dir(path, key)
     with read_write(config.hydra), open_dict(config.hydra):
         OmegaConf.update(config, key, str(path))

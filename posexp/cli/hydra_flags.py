@@ -1,7 +1,8 @@
-"""Hydra's command-line flags, read as ``@hydra.main`` reads them, so that posexp can look at a command line
-(its overrides, ``-m``, ``--config-dir``) before Hydra runs it. Hydra 1.3 offers no public parser of its own
-flags: this is its flag set, written out (``tests/test_completion.py`` holds it equal to what
-``posexp train --hydra-help`` lists). Standard library only: tab completion reads it too.
+"""Hydra's command line, read by Hydra's own parser, and a Hydra app run on the arguments the user typed.
+
+Hydra 1.3 reads an app's arguments from ``sys.argv`` in ``@hydra.main`` and has no public way to hand them over;
+its parser (``get_args_parser``) and runner (``_run_hydra``), which ``@hydra.main`` calls, are the two names of
+its private API posexp uses, here only. Standard library at import: tab completion reads :data:`CFG_PARTS`.
 """
 
 from __future__ import annotations
@@ -10,24 +11,26 @@ import argparse
 import contextlib
 import io
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 CFG_PARTS = ("job", "hydra", "all")
 INFO_PARTS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False, prog="posexp")
-    parser.add_argument("overrides", nargs="*")
-    for flags in (("--help", "-h"), ("--hydra-help",), ("--version",), ("--resolve",), ("--run", "-r"),
-                  ("--multirun", "-m"), ("--shell-completion", "-sc")):
-        parser.add_argument(*flags, action="store_true")
-    parser.add_argument("--cfg", "-c", choices=CFG_PARTS)
-    parser.add_argument("--info", "-i", const="all", nargs="?", choices=INFO_PARTS)
-    for flags in (("--package", "-p"), ("--config-path", "-cp"), ("--config-name", "-cn"), ("--config-dir", "-cd"),
-                  ("--experimental-rerun",)):
-        parser.add_argument(*flags)
-    return parser
+def _parse(args: Sequence[str], prog: str = "posexp") -> Tuple[argparse.ArgumentParser, Optional[argparse.Namespace]]:
+    """Hydra's parser and its reading of ``args``; None when it refuses them (it then says so itself)."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = prog
+    quiet = (contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()))  # --version too
+    try:  # overrides after a flag (``RUN train_len=512 -m scaling=none,yarn``) need the intermixed reading
+        with quiet[0], quiet[1]:
+            return parser, parser.parse_args(list(args))
+    except SystemExit:
+        with contextlib.suppress(SystemExit), quiet[0], quiet[1]:
+            return parser, parser.parse_intermixed_args(list(args))
+    return parser, None
 
 
 @dataclass(frozen=True)
@@ -52,20 +55,66 @@ class CommandLine:
 
 def read(args: Sequence[str]) -> Optional[CommandLine]:
     """``args`` as Hydra will read them; None when Hydra's parser will refuse them (it then prints its usage)."""
-    parser, ns = _parser(), None
-    try:  # overrides after a flag (``RUN train_len=512 -m scaling=none,yarn``) need the intermixed reading
-        with contextlib.redirect_stderr(io.StringIO()):
-            ns = parser.parse_args(list(args))
-    except SystemExit:
-        with contextlib.suppress(SystemExit), contextlib.redirect_stderr(io.StringIO()):
-            ns = parser.parse_intermixed_args(list(args))
+    ns = _parse(args)[1]
     if ns is None:
         return None
-    helps = bool(ns.help or ns.hydra_help or ns.version or ns.shell_completion or ns.config_name)
+    helps = bool(ns.help or ns.hydra_help or ns.shell_completion or ns.config_name)
     runs = not (helps or ns.cfg or ns.info or ns.experimental_rerun)
     return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, runs, ns.config_dir, ns.config_path)
 
 
 def option_strings() -> set:
-    """Every flag of the parser (for the test that holds it equal to Hydra's)."""
-    return {o for action in _parser()._actions for o in action.option_strings}
+    """Every flag of Hydra's parser."""
+    return {o for action in _parse([])[0]._actions for o in action.option_strings}
+
+
+class HeldStream:
+    """A stream whose writes wait until :meth:`release`, then go through: what Hydra writes before it has composed
+    the config (its report of a config it cannot compose, in several lines) waits for the command, which says such
+    an error in one line instead (:meth:`discard`)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.held: Optional[list] = []
+
+    def write(self, text: str) -> int:
+        if self.held is None:
+            return self.stream.write(text)
+        self.held.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.held is None:
+            self.stream.flush()
+
+    @property
+    def holding(self) -> bool:
+        return self.held is not None
+
+    def release(self) -> None:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.stream.write("".join(held))
+            self.stream.flush()
+
+    def discard(self) -> None:
+        self.held = None
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...: the stream's
+        return getattr(self.stream, name)
+
+
+def run_app(task: Callable[[Any], Any], config_dir: str, config_name: str, args: Sequence[str], prog: str) -> None:
+    """Run ``task`` as the Hydra app of ``config_name`` would run it had ``prog ARGS`` been typed (as ``@hydra.main``
+    does, with the arguments given instead of ``sys.argv``)."""
+    from hydra._internal.utils import _run_hydra
+    from hydra.main import _get_rerun_conf
+
+    parser, ns = _parse(args, prog)
+    if ns is None:
+        parser.parse_args(list(args))  # Hydra's usage and error, exit status 2
+        return
+    if ns.experimental_rerun is not None:
+        task(_get_rerun_conf(ns.experimental_rerun, ns.overrides))
+        return
+    _run_hydra(args=ns, args_parser=parser, task_function=task, config_path=config_dir, config_name=config_name)

@@ -21,17 +21,13 @@ from rich.markup import escape
 
 from posexp.cli.console import err_console, fail
 from posexp.commands.edge import typed
-from posexp.cli.folders import checker, take_checked
+from posexp.cli.folders import Carried, checker, current_claim, take_checked
 from posexp.commands.finetune import finetune_run
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
 from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.runs.layout import CHECKPOINT, RESULTS_JSON
 from posexp.runs.lock import RunFolderTaken
-
-# Sweep jobs that failed in this process (Hydra's basic launcher runs jobs in-process), for the exit code.
-failed_jobs: list[str] = []
-
 
 def train_task(cfg: DictConfig) -> Optional[float]:
     """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed)."""
@@ -62,6 +58,8 @@ def analyze_task(cfg: DictConfig) -> None:
         run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir))
     except PosexpError as e:
         fail(e)
+    except Exception as e:
+        raise Carried(e) from None  # to the command as it is: Hydra would print it as a traceback
 
 
 def _checked(cfg: DictConfig, hc: Any) -> Any:
@@ -86,7 +84,7 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
         if isinstance(e, RunFolderTaken):  # another run's folder: nothing of this job's goes there
             err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(e))}", highlight=False,
                               soft_wrap=True)
-            failed_jobs.append(str(run_dir))
+            _count_failed(str(run_dir))
         else:
             _record_failed_job(cfg, run_dir, overrides, e)
     except KeyboardInterrupt as e:
@@ -95,7 +93,7 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
         raise SystemExit(128 + e.signum if isinstance(e, Terminated) else 130)
     except Exception as e:
         if hc.mode != RunMode.MULTIRUN:
-            raise
+            raise Carried(e) from None  # to the command as it is: Hydra would print it as a traceback
         logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
         _record_failed_job(cfg, run_dir, overrides, e)
     return None
@@ -140,7 +138,15 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
             err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
     err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
                       soft_wrap=True)
-    failed_jobs.append(str(run_dir))
+    _count_failed(str(run_dir))
+
+
+def _count_failed(run_dir: str) -> None:
+    """Count a failed sweep job for the command's exit status (in a launcher's other process, its results.json
+    does: :class:`FailedJobsCallback`)."""
+    claim = current_claim()
+    if claim is not None:
+        claim.failed.append(run_dir)
 
 
 class SweepSummaryCallback(Callback):
@@ -165,4 +171,5 @@ class FailedJobsCallback(Callback):
         self._start = time.time() - 1.0  # file times may trail the clock a little
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        failed_jobs.extend(failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)))
+        for run_dir in failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)):
+            _count_failed(run_dir)

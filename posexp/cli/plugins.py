@@ -56,13 +56,8 @@ def user_config_dirs(line: Optional[CommandLine]) -> List[Path]:
         return []  # Hydra's argparse reports it
     named = [("--config-dir", line.config_dir)] if line.config_dir else []
     for arg in line.overrides:
-        if not arg.lstrip("+").startswith(SEARCHPATH + "="):
-            continue
-        try:
-            value = OverridesParser.create().parse_override(arg).value()
-        except HydraException:
-            continue  # the override check names the syntax error
-        named += [(SEARCHPATH, str(v)) for v in (value if isinstance(value, list) else [value])]
+        if arg.lstrip("+").startswith(SEARCHPATH + "="):
+            named += [(SEARCHPATH, str(v)) for v in _values(arg)]
     dirs = []
     for key, text in named:
         folder = _folder(text)
@@ -71,6 +66,16 @@ def user_config_dirs(line: Optional[CommandLine]) -> List[Path]:
         if folder is not None and folder not in dirs:
             dirs.append(folder)
     return dirs
+
+
+def _values(arg: str) -> list:
+    """What an override sets: its value, a list's items or a sweep's choices; nothing for an override Hydra's parser
+    refuses (the override check names it)."""
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+    except HydraException:
+        return []
+    return list(getattr(value, "list", None) or (value if isinstance(value, list) else [value]))
 
 
 def _schema_named(raw: DictConfig) -> Optional[str]:
@@ -169,11 +174,6 @@ def refuse_broken(line: Optional[CommandLine]) -> None:
     for arg in (line.overrides if line is not None else ()):
         if arg.split("=", 1)[0].lstrip("+~") != "encoder":
             continue
-        try:
-            value = OverridesParser.create().parse_override(arg).value()
-        except HydraException:
-            continue  # the override check names the syntax error
-        choices = value.list if hasattr(value, "list") else value if isinstance(value, list) else [value]
-        for choice in map(str, choices):
+        for choice in map(str, _values(arg)):
             if choice in unusable:
                 raise PosexpError(f"encoder={choice}: the plugin encoder cannot be used: {unusable[choice]}")

@@ -124,6 +124,7 @@ class Prepared:
     task: Any = None  # a task run's task (posexp/tasks/); None for language modelling
     weights_sha256: Optional[str] = None  # of the weights loaded (checkpoint/meta.json's record), checked again
     setting: Setting = Setting()  # the overrides it is evaluated with
+    key_tokens: Any = None  # eval.key_tokens' selector (posexp/commands/evaluator.py), its tokens checked here
 
 
 def load_run_config(run_dir: Path, results: dict) -> DictConfig:
@@ -193,18 +194,25 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
     digest = _recorded_sha256(run_dir)
     load_weights(model, run_dir / CHECKPOINT, identity.value, sha256=digest,
                  hint=f"the weights cannot be used; retrain the run with posexp train ({HYDRA_CONFIG} has its config)")
+    from posexp.runtime.device import resolve_device
+    selector = for_run(cfg, corpus, resolve_device(cfg.train.device), hf_evaluator, str(run_dir)) if not task else None
     return Prepared(run_dir, cfg, results, model, corpus, source.task, digest,
-                    Setting(tuple(overrides), tuple(runtime)))
+                    Setting(tuple(overrides), tuple(runtime)), selector)
 
 
 def prepare_setting(p: Prepared, setting: Setting) -> Prepared:
-    """The run ``p`` (its weights and corpus, loaded once) checked for another setting of the same command."""
+    """The run ``p`` (its weights and corpus, loaded once) checked for another setting of the same command; its
+    key-token selector made again where the setting names other key tokens."""
     from posexp.data.corpus import check_fits
+    from posexp.runtime.device import resolve_device
 
     _, cfg = _setting_config(load_run_config(p.run_dir, p.results), setting.eval, setting.runtime)
+    selector = p.key_tokens
     if p.task is None:
         check_fits(p.corpus, int(cfg.train_len), max(eval_lengths(cfg)))
-    return dataclasses.replace(p, cfg=cfg, setting=setting)
+        if cfg.eval.key_tokens != p.cfg.eval.key_tokens or cfg.train_len != p.cfg.train_len:
+            selector = for_run(cfg, p.corpus, resolve_device(cfg.train.device), hf_evaluator, str(p.run_dir))
+    return dataclasses.replace(p, cfg=cfg, setting=setting, key_tokens=selector)
 
 
 # what posexp eval rewrites in a run folder: all of them or none
@@ -438,10 +446,10 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
         if p.task is not None:
             rows, positions = evaluate_task_config(p.model, p.task, cfg, device), None
         else:
-            key_tokens = for_run(cfg, p.corpus, device, hf_evaluator, str(p.run_dir),
-                                 log=lambda m: console.print(m, highlight=False))
+            if p.key_tokens is not None:
+                p.key_tokens.log = lambda m: console.print(m, highlight=False)
             rows, positions = evaluate_config(p.model, p.corpus.val, cfg, device, console, trained_in=trained_in,
-                                              key_tokens=key_tokens)
+                                              key_tokens=p.key_tokens)
     results = read_results(p.run_dir)  # read again under the lock: rows another evaluation wrote meanwhile stay
     results["rows"] = merge_rows(results["rows"], rows)
     results.setdefault("evaluations", []).append({

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -35,7 +34,7 @@ from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, read_resu
 
 CONFIG_NAME = "finetune"
 # set by posexp finetune --allow-changed-encoder: fine-tune a plugin encoder's run although its source changed
-ALLOW_ENV = "POSEXP_ALLOW_CHANGED_ENCODER"
+ALLOW_KEY = "allow_changed_encoder"
 log = logging.getLogger("posexp.finetune")
 # what the parent fixes: the trained weights have its encoder, shape and vocabulary
 PARENT_KEYS = ("encoder", "model", "tokenizer", "base")
@@ -192,7 +191,7 @@ def child_config(app: DictConfig) -> DictConfig:
     results = check_parent(parent)
     saved = load_saved(parent)
     identity = folder_run_hash(parent, saved)  # one hash rule: a parent recorded in another format is refused
-    check_encoder_source(parent, saved.raw.encoder, results, os.environ.get(ALLOW_ENV, "") not in ("", "0"),
+    check_encoder_source(parent, saved.raw.encoder, results, bool(app.get(ALLOW_KEY)),
                          lambda m: log.warning("%s", m))
     if saved.spec.finetune is not None:
         raise PosexpError(f"{parent}: is itself a fine-tune (of {saved.spec.finetune.parent}); fine-tune a run "

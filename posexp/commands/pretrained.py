@@ -51,7 +51,8 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
     Raises:
         ConfigError: naming the key and what is allowed.
     """
-    from posexp.commands.validation import check_data, check_remap_options, check_scaling_settings
+    from posexp.evaluation.extension_checks import check_remap_options, check_scaling_settings
+    from posexp.commands.validation import check_data
 
     spec = typed(cfg, PretrainedConfig)
     require(str(spec.hf.model).strip() != "", "hf.model", "names the model: posexp eval hf:PATH_OR_NAME")

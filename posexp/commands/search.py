@@ -23,13 +23,12 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
-import typer
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.errors import ConfigError, PosexpError, TrainingInterrupted, require
+from posexp.errors import ConfigError, PosexpError, require
 from posexp.runs.longrope import FACTORS_FILE, STATE_FILE, write_factors
 
 HF_PREFIX = "hf:"
@@ -171,10 +170,24 @@ def _save_state(folder: Path, settings: dict, scored: dict[str, float]) -> None:
                                                        "scored": values}) + "\n")
 
 
-def search_main(target: str, target_len: int, *, out: Optional[Path] = None, objective: str = "ppl",
-                tokens: int = 8192, needles: int = 8, population: int = 12, generations: int = 5, parents: int = 4,
-                sigma: float = 0.15, seed: int = 0, start: Optional[int] = None, restart: bool = False,
-                overrides: Optional[list[str]] = None, console: Optional[Console] = None) -> dict:
+@dataclass(frozen=True)
+class SearchOptions:
+    """What ``posexp search`` is asked beyond its target: the folder (``out``; None: the default), the objective
+    (``ppl`` or ``needle``) and what it scores (``tokens`` held-out targets, or ``needles`` documents), the
+    evolutionary search's settings, whether to drop a stopped search's state (``restart``), and for ``hf:`` models
+    the overrides ``posexp eval hf:`` takes."""
+
+    out: Optional[Path] = None
+    objective: str = "ppl"
+    tokens: int = 8192
+    needles: int = 8
+    settings: Any = None  # posexp.evaluation.longrope_search.SearchSettings; None: its defaults
+    restart: bool = False
+    overrides: tuple = ()
+
+
+def search_main(target: str, target_len: int, options: SearchOptions = SearchOptions(),
+                console: Optional[Console] = None) -> dict:
     """Run (or continue) a search and write its factors file; returns the file's record (the module docstring).
 
     Raises:
@@ -184,12 +197,14 @@ def search_main(target: str, target_len: int, *, out: Optional[Path] = None, obj
                                                    needle_score, perplexity_score, search_factors)
 
     console = console or Console()
-    overrides = list(overrides or [])
+    out, objective, tokens, needles, restart = (options.out, options.objective, options.tokens, options.needles,
+                                                options.restart)
+    overrides = list(options.overrides)
     require(objective in OBJECTIVES, "--objective", f"must be one of: {', '.join(OBJECTIVES)} (got {objective!r})")
     require(tokens > 0, "--tokens", f"must be a positive number of held-out targets (got {tokens})")
     require(needles > 0, "--needles", f"must be a positive number of documents (got {needles})")
-    settings = SearchSettings(population=population, generations=generations, parents=parents, sigma=sigma,
-                              seed=seed, start=start)
+    settings = options.settings or SearchSettings()
+    start, seed = settings.start, settings.seed
     check_settings(settings)
     if target.startswith(HF_PREFIX):
         found = _hf_target(target[len(HF_PREFIX):], overrides, console)
@@ -212,8 +227,8 @@ def search_main(target: str, target_len: int, *, out: Optional[Path] = None, obj
         require(found.val.size > tokens + target_len, "--tokens",
                 f"{tokens} held-out targets at length {target_len} need {tokens + target_len + 1} validation tokens; "
                 f"the data has {found.val.size}")
-        score = perplexity_score(found.model, found.val, found.eval_settings, found.train_len, target_len, tokens,
-                                 found.device, found.dtype, found.position_plan)
+        score = perplexity_score(found.model, found.val[-(tokens + target_len + 1):], found.eval_settings,
+                                 found.train_len, target_len, found.device, found.dtype, found.position_plan)
     else:
         if found.encode is None:
             raise PosexpError(f"{found.label}: --objective needle writes its passkeys as text, and this run's "
@@ -244,7 +259,7 @@ def _searched(score, found: Target, target_len: int, settings, scored: dict[str,
               identity: dict, console: Console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from posexp.evaluation.longrope_search import search_factors
+    from posexp.evaluation.longrope_search import Stretch, search_factors
 
     best = math.inf
     total = settings.population * (settings.generations + 1)  # every candidate ranked, the elite again each time
@@ -262,7 +277,7 @@ def _searched(score, found: Target, target_len: int, settings, scored: dict[str,
             progress.update(task, advance=1)
 
         started = time.perf_counter()
-        result = search_factors(score, found.rot_dim, found.base, target_len / found.train_len, found.train_len,
+        result = search_factors(score, Stretch(found.rot_dim, found.base, found.train_len, target_len),
                                 settings, cache=scored, on_scored=on_scored,
                                 log=lambda m: progress.console.print(f"{m} ({time.perf_counter() - started:.0f} s)",
                                                                      highlight=False))
@@ -287,41 +302,4 @@ def _print_done(console: Console, found: Target, result, target_len: int, object
                   f"longrope_file={escape(str(folder))}", highlight=False, soft_wrap=True)
 
 
-def search_cmd(
-    target: str = typer.Argument(..., help="A rope run folder, or hf:PATH_OR_NAME (a transformers model with RoPE).",
-                                 show_default=False),
-    overrides: Optional[List[str]] = typer.Argument(None, help="For hf: models, settings as posexp eval hf: takes "
-                                                    "them, e.g. data=text data.path=DIR hf.bos=false.",
-                                                    show_default=False),
-    target_len: int = typer.Option(..., "--target-len", help="The context length the factors are for (tokens).",
-                                   show_default=False),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The search's folder (state.json, factors.json); "
-                                       "default RUN/longrope/N, or outputs/longrope/NAME/N.", show_default=False),
-    objective: str = typer.Option("ppl", "--objective", help="ppl (LongRoPE: held-out perplexity) or needle "
-                                  "(LongRoPE2: perplexity of passkey answers planted in long documents)."),
-    tokens: int = typer.Option(8192, "--tokens", help="ppl: held-out targets scored per candidate."),
-    needles: int = typer.Option(8, "--needles", help="needle: documents with a planted passkey per candidate."),
-    population: int = typer.Option(12, "--population", help="Candidates per generation."),
-    generations: int = typer.Option(5, "--generations", help="Generations after the first."),
-    parents: int = typer.Option(4, "--parents", help="The best that breed the next generation."),
-    seed: int = typer.Option(0, "--seed", help="The search's random numbers."),
-    start: Optional[int] = typer.Option(None, "--start", help="Fix LongRoPE's n^ (first positions left unscaled); "
-                                        "default: searched over 0, 1, 2, 4, ..., 256.", show_default=False),
-    restart: bool = typer.Option(False, "--restart", help="Start over, dropping the state a stopped search left."),
-) -> None:
-    """Search LongRoPE's per-frequency rescale factors and n^ for a run or a transformers model (Ding et al. 2024;
-    --objective needle: LongRoPE2, Shang et al. 2025). Resumable: stopped, the same command continues. Writes
-    factors.json, which eval.longrope_file= and finetune's longrope_file= read."""
-    from posexp.cli.console import fail
-
-    try:
-        search_main(target, target_len, out=out, objective=objective, tokens=tokens, needles=needles,
-                    population=population, generations=generations, parents=parents, seed=seed, start=start,
-                    restart=restart, overrides=list(overrides or []))
-    except KeyboardInterrupt:
-        fail(TrainingInterrupted("stopped; the scores so far are kept: run the same command to continue", 130))
-    except PosexpError as e:
-        fail(e)
-
-
-__all__ = ["FACTORS_FILE", "search_cmd", "search_main"]
+__all__ = ["FACTORS_FILE", "SearchOptions", "search_main"]

@@ -209,6 +209,9 @@ def _run(job: TrainJob) -> dict:
     warn = _warner(console)
     cache_writable = warn_about_settings(spec, warn, w.is_main)
     source = _load_source(spec, w, console, warn)
+    # eval.key_tokens: an evaluator that reads other tokens is refused here, before training
+    key_tokens = for_run(spec, source.corpus, job.device, hf_evaluator, str(run_dir),
+                         log=lambda m: console.print(m, highlight=False)) if w.is_main else None
     lineage = spec.finetune
     if lineage is not None and lineage.parent_corpus_fingerprint not in (None, source.fingerprint):
         raise PosexpError(f"the data here ({source.describe()}, fingerprint {source.fingerprint}) is not what the "
@@ -242,7 +245,7 @@ def _run(job: TrainJob) -> dict:
                                          "steps": result.steps, "encoder": spec.encoder["name"]})
         if spec.cache and reused is None and cache_writable:
             cache.store(spec, source.fingerprint, run_dir, result, warn)
-        results = _evaluate_and_write(job, model, source, result, reused)
+        results = _evaluate_and_write(job, model, source, result, reused, key_tokens)
         trackers.log_results(results["rows"], run_dir)
     curve_s = results["run"]["train"].get("curve_s")
     trained = f"weights from cache {reused.key}" if reused is not None else \
@@ -343,13 +346,12 @@ def _train(job: TrainJob, model: GPT, source: TrainingSource, on_log: LogHook,
         raise
 
 
-def _evaluate_and_write(job: TrainJob, model: GPT, source: TrainingSource, result: TrainResult, reused) -> dict:
+def _evaluate_and_write(job: TrainJob, model: GPT, source: TrainingSource, result: TrainResult, reused,
+                        key_tokens=None) -> dict:
     spec, device, run_dir, console = job.spec, job.device, job.run_dir, job.console
     if source.task is not None:
         rows, positions = evaluate_task_config(model, source.task, spec, device), None
     else:
-        key_tokens = for_run(spec, source.corpus, device, hf_evaluator, str(run_dir),
-                             log=lambda m: console.print(m, highlight=False))
         rows, positions = evaluate_config(model, source.corpus.val, spec, device, console, trained_in=result.precision,
                                           key_tokens=key_tokens)
     results: dict[str, Any] = {"run": provenance(spec, job.overrides, source.info(), model, result, job.identity),

@@ -35,11 +35,11 @@ class DataConfig:
 
     name: Optional[str] = "stdlib"  # stdlib/text: the corpus; hf: a Hub id or a local data set folder
     # the loader: stdlib, text or hf (unset: the name, as in configs written before data=hf existed)
-    kind: Optional[str] = None
+    kind: Optional[str] = None  # stdlib | text | hf
     description: str = ""
     path: Optional[str] = None
     # data=text: a file that is not UTF-8 text stops the run (error) or is left out, with a count (skip)
-    on_bad_file: str = "error"
+    on_bad_file: str = "error"  # error | skip
     val_fraction: float = 0.05
     cache_dir: Optional[str] = None
     # data=hf only
@@ -111,8 +111,8 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     # configs/train/default.yaml sets these to ${precision} / ${device}, the top-level keys users type
-    precision: str = "auto"
-    device: str = "auto"
+    precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto | cpu | cuda | mps
     # CPU threads: auto = the cores free to this process (posexp/runtime/threads.py), or a number; null = torch's
     # default (one per core), as runs before auto recorded it
     threads: Any = "auto"  # a number or "auto" (a Union, which OmegaConf 2.3 fails to merge)
@@ -204,8 +204,9 @@ class EvalConfig:
     protocol: str = "nonoverlap"  # which tokens are scored: nonoverlap | sliding | last_k
     stride: Optional[int] = None
     last_k: Optional[int] = None
-    scaling: str = "none"  # eval-time context extension: none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope | rerope
-    # (and the position remappings self_extend | string | dca | ms_poe, posexp/encoders/remapping.py)
+    # eval-time context extension: rescaled frequencies (posexp/encoders/scaling.py), then the position remappings
+    # (posexp/encoders/remapping.py)
+    scaling: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | llama3 | longrope | rerope | self_extend | string | dca | ms_poe
     scaling_factor: Optional[float] = None
     rerope_window: Optional[int] = None
     # the position remappings' options; null = the method's default for train_len (and the length, self_extend_group)
@@ -297,13 +298,14 @@ class FinetuneAppConfig:
     train_len: Optional[int] = None  # the new training length; null: 4x the parent's
     # DroPE (Gelberg et al. 2025): drop a RoPE parent's positional encoding and recalibrate (encoder=none sets it)
     drope: bool = False
+    allow_changed_encoder: bool = False  # go on although the parent's plugin encoder's source changed (a warning)
     data: Any = None  # null: the parent's corpus; naming one checks that it is the parent's
     logger: Any = None  # null: the parent's experiment trackers; logger=NAME chooses others (logger=none: none)
     train: TrainConfig = MISSING
     eval: EvalConfig = MISSING
     seed: int = 0  # seeds the fine-tuning data order (and any new table rows)
-    device: str = "auto"
-    precision: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | mps
+    precision: str = "auto"  # auto | fp32 | bf16
     compile: bool = False
     cache: bool = False
     cache_dir: str = "outputs/cache"
@@ -333,7 +335,7 @@ class PretrainedConfig:
     task: PretrainedTaskConfig = field(default_factory=PretrainedTaskConfig)  # lm: perplexity; passkey (task.name)
     train_len: Optional[int] = None  # the model's original context length; null = what its config says
     seed: int = 0
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto | fp32 | bf16 (auto: the weights' own dtype where the device computes it)
 
 

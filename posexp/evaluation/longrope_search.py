@@ -121,8 +121,22 @@ def check_settings(settings: SearchSettings) -> None:
             f"must be a whole number of positions >= 0 (got {settings.start})")
 
 
-def search_factors(score: Score, dim: int, base: float, factor: float, train_len: int,
-                   settings: SearchSettings = SearchSettings(), log: Log = None,
+@dataclass(frozen=True)
+class Stretch:
+    """What a search extends: a rotary width ``rot_dim`` at its trained ``base``, from ``train_len`` to
+    ``target_len`` tokens (``factor`` = s, their ratio)."""
+
+    rot_dim: int
+    base: float
+    train_len: int
+    target_len: int
+
+    @property
+    def factor(self) -> float:
+        return self.target_len / self.train_len
+
+
+def search_factors(score: Score, stretch: Stretch, settings: SearchSettings = SearchSettings(), log: Log = None,
                    cache: Optional[dict[str, float]] = None,
                    on_scored: Optional[Callable[[str, float, bool], None]] = None) -> SearchResult:
     """The evolutionary search for ``dim / 2`` factors and ``n^`` minimising ``score``.
@@ -130,13 +144,14 @@ def search_factors(score: Score, dim: int, base: float, factor: float, train_len
     Args:
         score: the objective of the model under given factors and ``n^`` (:func:`perplexity_score`,
             :func:`needle_score`).
-        dim: the rotary width; base: its trained base; factor: ``s`` = target length / ``train_len``.
+        stretch: the rotary width, its trained base, and the training and target lengths (``s`` their ratio).
         settings: the search's population, generations, parents, mutation spread, seed and a fixed ``n^``.
         log: called with a line per generation (its best score).
         cache: scores already known by :func:`candidate_key` (a stopped search's); new ones are added to it.
         on_scored: called after each candidate with its key, its score and whether it was newly scored.
     """
     check_settings(settings)
+    dim, base, factor, train_len = stretch.rot_dim, stretch.base, stretch.factor, stretch.train_len
     population, parents, sigma = settings.population, settings.parents, settings.sigma
     rng = np.random.default_rng(settings.seed)
     starts = start_choices(train_len, settings.start)
@@ -191,14 +206,14 @@ def _say(log: Log, g: int, generations: int, ppl: float, start: int, initial: Op
     log(f"longrope search: generation {g}/{generations}, best {ppl:.3f} at n^={start}{begun}")
 
 
-def perplexity_score(model, val: np.ndarray, eval_settings, train_len: int, target_len: int, tokens: int,
+def perplexity_score(model, held_out: np.ndarray, eval_settings, train_len: int, target_len: int,
                      device: torch.device, dtype: torch.dtype, position_plan=None) -> Score:
     """``score(factors, n^)``: perplexity of ``model`` (behind the model seam) at ``target_len`` under
-    ``eval.scaling=longrope`` with those factors and ``n^``, on the last ``tokens`` targets of ``val`` (apart from the
-    tokens ``posexp eval`` scores first)."""
+    ``eval.scaling=longrope`` with those factors and ``n^``, on the ``len(held_out) - target_len - 1`` targets of
+    ``held_out`` (the end of the validation tokens, apart from those ``posexp eval`` scores first)."""
     from posexp.evaluation.perplexity import evaluate
 
-    held_out = val[-(tokens + target_len + 1):]
+    tokens = len(held_out) - target_len - 1
     settings = dataclasses.replace(eval_settings, lengths=[target_len], multiples=[1], tokens=tokens,
                                    protocol="nonoverlap", stride=None, last_k=None, scaling=LONGROPE,
                                    scaling_factor=None, window=None, sinks=None, loss_by_position=False,
@@ -252,6 +267,6 @@ def needle_score(model, tokens: np.ndarray, answer: np.ndarray, train_len: int, 
     return score
 
 
-__all__ = ["OBJECTIVES", "START_CHOICES", "SearchResult", "SearchSettings", "candidate_key", "check_settings",
+__all__ = ["OBJECTIVES", "START_CHOICES", "SearchResult", "SearchSettings", "Stretch", "candidate_key", "check_settings",
            "constrained", "initial_factors", "needle_documents", "needle_score", "perplexity_score",
            "search_factors", "start_choices"]

@@ -72,6 +72,6 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
         top = Counter(keys).most_common(1)[0][0]
         for row, key in zip(rows, keys):
             if key != top:
-                row.flags.append(flag)
+                row.flags += [flag] if flag not in row.flags else []  # a flag once, whichever check found it
                 warnings.append(f"{row.label}: {flag}, {detail(row.run.info)}; not comparable with the other runs")
     return train_len, (corpus_name, corpus_fp), eval_settings

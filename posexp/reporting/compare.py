@@ -40,7 +40,9 @@ from posexp.errors import ConfigError
 from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIVALENT, INCONCLUSIVE, MARGIN_FORMS,
                                          NO_INTERVAL, NONE, NOT_COMPARED, PAIRED, WELCH, WORSE, Difference, Margin,
                                          WindowVerdict, fill_difference, interval_text, judge, p_text, parse_margin,
-                                         signed, window_verdicts)
+                                         window_verdicts)
+from posexp.reporting.formatting import fmt_signed
+from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
 
 __all__ = ["ALPHA", "BETTER", "CONFIDENCE", "EQUAL", "EQUIVALENT", "INCONCLUSIVE", "MARGIN_FORMS", "NO_INTERVAL",
@@ -138,9 +140,13 @@ def pick_reference(groups: Sequence[Group], filters: list[Filter]) -> Optional[G
     candidates = [g for g in groups if comparable(g)]
     if not filters:
         return candidates[0] if candidates else None
-    for group in candidates:
-        if all(f.matches(row.run) for f in filters for row in group.rows):
-            return group
+    matched = [g for g in candidates if all(f.matches(row.run) for f in filters for row in g.rows)]
+    if len(matched) > 1:
+        raise ConfigError("--baseline", f"{','.join(str(f) for f in filters)} matches {len(matched)} groups ("
+                                        + "; ".join(g.label for g in matched) + "); name one, with a value for each "
+                                        "--by key that tells them apart")
+    if matched:
+        return matched[0]
     raise ConfigError("--baseline", f"no group has {','.join(str(f) for f in filters)}; the groups are: "
                                     + "; ".join(g.label for g in candidates))
 
@@ -240,7 +246,7 @@ def _equivalence_text(diff: Difference, decimals: int) -> str:
     assert diff.test is not None and diff.margin is not None
     low, high = diff.test.interval(1 - 2 * ALPHA)
     relative = interval_text(replace(diff, low=None, high=None), decimals)
-    return (f"{relative}, {100 * (1 - 2 * ALPHA):g}% [{signed(low, decimals)}, {signed(high, decimals)}] inside "
+    return (f"{relative}, {100 * (1 - 2 * ALPHA):g}% [{fmt_signed(low, decimals)}, {fmt_signed(high, decimals)}] inside "
             f"±{diff.margin:.{decimals}f}")
 
 
@@ -296,14 +302,13 @@ def methods(comparison: Comparison) -> list[str]:
 def comparison_markdown(comparison: Comparison, md) -> list[str]:
     """Lines of the ``## Comparison`` section of report.md and summary.md; ``md`` escapes a table cell."""
     header, rows = comparison_rows(comparison)
+    columns = [Column(h, label=h not in NUMBER_COLUMNS, escape=True) for h in header]
+    table = Table("", columns, [Section([[TableCell(c) for c in row] for row in rows])])
     lines = ["## Comparison", "", f"Each group against the reference **{md(comparison.reference)}**: mean "
              "difference (group − reference), in % of the reference's mean, with its 95% interval. Paired t: over "
              "the seeds both groups share (Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the "
              "seeds differ (Welch 1947). p (Holm): the two-sided p-value, Holm-adjusted over all comparisons.", "",
-             "| " + " | ".join(md(h) for h in header) + " |",
-             "| " + " | ".join("---:" if h in NUMBER_COLUMNS else "---" for h in header) + " |"]
-    lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
-    lines.append("")
+             *to_markdown(table).splitlines(), ""]
     # prose, not a table cell: the seed hint keeps its code span
     lines += [f"- {line}" for line in verdict_lines(comparison)]
     return lines

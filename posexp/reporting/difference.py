@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from posexp.errors import ConfigError
+from posexp.reporting.formatting import fmt_signed
 from posexp.reporting.stats import TTest, holm, runs_needed, runs_needed_equivalent
 
 CONFIDENCE = 0.95
@@ -213,23 +214,16 @@ def _verdict(diff: Difference, margin: Optional[Margin], family: int) -> None:
         diff.needed = max(diff.n + 1, math.ceil(needed)) if math.isfinite(needed) else None
 
 
-def signed(value: Optional[float], decimals: int) -> str:
-    if value is None:
-        return "—"
-    text = f"{value:+.{decimals}f}"
-    return text.replace("-", "−")
-
-
 def interval_text(diff: Difference, decimals: int) -> str:
     """``+3.04 (+12.1%) [−0.28, +6.37]``: the difference, in % of the reference's mean, and its 95% interval."""
     if diff.difference is None:
         return "—"
-    text = signed(diff.difference, decimals)
+    text = fmt_signed(diff.difference, decimals)
     if diff.relative is not None:
-        text += f" ({signed(diff.relative, 1 if abs(diff.relative) >= 1 or not diff.relative else 2)}%)"
+        text += f" ({fmt_signed(diff.relative, 1 if abs(diff.relative) >= 1 or not diff.relative else 2)}%)"
     if diff.low is None or diff.high is None:
         return text
-    return f"{text} [{signed(diff.low, decimals)}, {signed(diff.high, decimals)}]"
+    return f"{text} [{fmt_signed(diff.low, decimals)}, {fmt_signed(diff.high, decimals)}]"
 
 
 def p_text(p: Optional[float]) -> str:

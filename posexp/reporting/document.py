@@ -14,9 +14,9 @@ from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
-from posexp.reporting.formatting import MAX_BANDS, display_path, fmt_int, fmt_num, fmt_view, md_escape, plural
-from posexp.reporting.render import (legend_label, lm_table, plot_series, ppl_label, settings_note, plot_groups, render_csv,
-                                     render_markdown)
+from posexp.reporting.formatting import MAX_BANDS, fmt_view, md_escape
+from posexp.reporting.render import (head_lines, legend_label, lm_table, plot_series, ppl_label, plot_groups,
+                                     render_csv, render_markdown, runs_table)
 from posexp.reporting.tables import to_markdown
 from posexp.runs.layout import (PPL_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, SUMMARY_CSV, SUMMARY_MD, read_position_curve, read_training_curve)
 
@@ -166,33 +166,13 @@ def render_report_markdown(report: Report, out_dir: str | os.PathLike | None = N
                            figures: Sequence[tuple[str, str, str]] = ()) -> str:
     """The text of ``report.md``: settings, the grouped table, metric notes, figures, the runs."""
     n_runs = len(report.rows)
-    lines = ["# Positional encodings: perplexity vs context length", ""]
     what = (f"{n_runs} run{'s' if n_runs != 1 else ''}" +
             (f" in {len(report.groups)} groups by {', '.join(report.by)}" if report.by else ""))
-    lines.append(f"Compared {what} ({plural('encoder', report.encoders)}: {', '.join(report.encoders)}).")
-    if report.filters:
-        lines.append(f"Only runs with {' and '.join(f'`{f}`' for f in report.filters)}.")
-    if report.shared_overrides:
-        lines.append(f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.")
-    lines += ["", *(f"- {item}" for item in settings_note(report)), ""]
-    for warning in report.warnings:
-        lines += [f"> **Warning:** {md_escape(warning)}", ">"]
-    if report.warnings:
-        lines[-1] = ""
+    lines = ["# Positional encodings: perplexity vs context length", "", *head_lines(report, what)]
     lines.append(to_markdown(lm_table(report)).rstrip("\n"))  # the table and its notes
     if report.comparison is not None:
         lines += ["", *comparison_markdown(report.comparison, md_escape)]
     for file, title, caption in figures:
         lines += ["", f"## {title}", "", f"![{title.lower()}]({file})", "", caption]
-    lines += ["", "## Runs", "", "| run | group | folder | encoder | base | train len | seed | params | steps "
-              "| final loss | status |",
-              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for group in report.groups:
-        for row in group.rows:
-            info, train = row.run.info, row.run.info.get("train") or {}
-            lines.append("| " + " | ".join([
-                md_escape(row.label), md_escape(group.label), f"`{display_path(row.run.path, out_dir)}`",
-                md_escape(str(info.get("encoder", ""))), fmt_num(info.get("base")), fmt_num(info.get("train_len")),
-                fmt_num(info.get("seed")), fmt_int(info.get("params")), fmt_int(train.get("steps")),
-                fmt_num(train.get("final_loss"), ".3f"), md_escape(row.run.status)]) + " |")
+    lines += ["", "## Runs", "", *to_markdown(runs_table(report, out_dir, groups=True)).splitlines()]
     return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ question asks for. A fine-tune trains at a longer length by design, so the table
 comparable" for that; it does say so when the parent's weights changed since (:func:`parent_changed`), or when
 the rows were measured on different corpora or token budgets.
 
-Each line carries a short label (``rope@128``, ``+yarn×4 (eval)``, ``+yarn ft 200 steps``) and its difference
+Each line carries a short label (``rope@128``, ``+yarn×4 (eval)``, ``+yarn ft→512, 200 steps``) and its difference
 to the parent at every length; the table renders as text, markdown, csv, json and LaTeX from one structure.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from posexp.errors import PosexpError
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE
-from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings
+from posexp.reporting.formatting import MISSING, fmt_ratio, fmt_signed
+from posexp.reporting.runs import Run, load_run, measured_on, measured_text, parent_changed, shown_settings
 from posexp.reporting.tables import Column, Section, Table, TableCell
 
 PLAIN = "nonoverlap"
@@ -32,7 +32,7 @@ class ExtensionLine:
     """One line of the table: a run (or the parent under an evaluation-time scaling) and its perplexities.
 
     Attributes:
-        label: ``rope@128``, ``+yarn (eval)``, ``+yarn ft 200 steps``.
+        label: ``rope@128``, ``+yarn (eval)``, ``+yarn ft→512, 200 steps``.
         kind: ``parent``, ``eval`` (the parent scaled at evaluation) or ``finetune``.
         run: the run folder the numbers come from.
         ppl: length -> perplexity (None: not applicable or not finite).
@@ -56,11 +56,20 @@ class ExtensionLine:
     train_len: Optional[int] = None
     settings: Optional[dict] = None
     parent_changed: Optional[str] = None
+    measured: dict[int, dict] = field(default_factory=dict)  # length -> the row (what it was measured on)
+
+    def alike(self, parent: "ExtensionLine", length: int) -> bool:
+        """Whether the line's row at ``length`` scored the same tokens as the parent's (:func:`measured_on`)."""
+        mine, theirs = self.measured.get(length), parent.measured.get(length)
+        return mine is None or theirs is None or measured_on(mine) == measured_on(theirs)
 
     def difference(self, parent: "ExtensionLine", length: int) -> Optional[float]:
-        """ppl − the parent's ppl at ``length`` (None where either is missing, or the parent changed since)."""
+        """ppl − the parent's ppl at ``length`` (None where either is missing, the parent changed since, or the
+        two rows were measured on different tokens)."""
         mine, theirs = self.ppl.get(length), parent.ppl.get(length)
-        return None if mine is None or theirs is None or self.parent_changed else mine - theirs
+        if mine is None or theirs is None or self.parent_changed or not self.alike(parent, length):
+            return None
+        return mine - theirs
 
 
 @dataclass
@@ -109,6 +118,7 @@ def _fill(line: ExtensionLine, rows: list[dict]) -> ExtensionLine:
         finite = isinstance(ppl, (int, float)) and math.isfinite(ppl)
         line.ppl[n] = float(ppl) if finite else None
         line.low[n], line.high[n] = row.get("ppl_low"), row.get("ppl_high")
+        line.measured[n] = row
     line.settings = shown_settings(Run(line.run, {}, rows, None), rows)
     return line
 
@@ -136,8 +146,9 @@ def _finetune_label(run: Run) -> str:
         name = f"DroPE (-{ft['dropped_encoder']})"
     elif ((run.info.get("train") or {}).get("positions") or {}).get("scheme") == "pose":
         name = f"PoSE{'' if scaling == 'none' else f' +{scaling}'}"
-    steps = ft.get("steps")
-    return f"{name} ft {steps} steps" if isinstance(steps, int) else f"{name} ft"
+    steps, target = ft.get("steps"), run.train_len
+    text = f"{name} ft→{target}" if target else f"{name} ft"
+    return f"{text}, {steps} steps" if isinstance(steps, int) else text
 
 
 def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
@@ -173,6 +184,11 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
         warnings.append("the lines were measured on different token budgets (eval.tokens): "
                         + "; ".join(f"{line.label}: {(line.settings or {}).get('tokens')}" for line in lines)
                         + "; evaluate them again with one eval.tokens")
+    unlike = [(line, [n for n in lengths if n in line.ppl and not line.alike(lines[0], n)]) for line in lines[1:]]
+    for line, at in ((line, at) for line, at in unlike if at):
+        warnings.append(f"{line.label}: no difference to the parent at {', '.join(map(str, at))}: measured on other "
+                        f"tokens ({measured_text(line.measured[at[0]])} vs the parent's "
+                        f"{measured_text(lines[0].measured[at[0]])}); only rows measured alike are differenced")
     corpora = {r.info.get("corpus_fingerprint") for r in (parent, *finetunes)} - {None}
     if len(corpora) > 1:
         warnings.append(f"the runs were evaluated on different corpora ({', '.join(sorted(corpora))})")
@@ -181,19 +197,11 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
 
 # -- rendering -----------------------------------------------------------------------------------------
 
-def _ppl(value: Optional[float]) -> str:
-    return NOT_APPLICABLE if value is None else f"{value:.2f}"
-
-
-def _signed(value: Optional[float]) -> str:
-    return "" if value is None else f"{value:+.2f}".replace("-", "−")
-
-
 def _cell(table: ExtensionTable, line: ExtensionLine, n: int) -> str:
     if n not in line.ppl:
         return MISSING
     diff = line.difference(table.parent, n) if line is not table.parent else None
-    return _ppl(line.ppl[n]) + (f" ({_signed(diff)})" if diff is not None else "")
+    return fmt_ratio(line.ppl[n]) + (f" ({fmt_signed(diff)})" if diff is not None else "")
 
 
 def caption(table: ExtensionTable) -> str:

@@ -47,6 +47,11 @@ def fmt_ratio(value: Optional[float]) -> str:
     return NOT_APPLICABLE if value is None else f"{value:.2f}"
 
 
+def fmt_signed(value: Optional[float], decimals: int = 2, missing: str = "—") -> str:
+    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); ``missing`` for None."""
+    return missing if value is None else f"{value:+.{decimals}f}".replace("-", "−")
+
+
 def fmt_num(value: Any, spec: str = "g") -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
 

@@ -94,27 +94,13 @@ def sweep_comparison(report: Report) -> Optional[Comparison]:
 
 def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) -> str:
     """The text of ``summary.md``; folders are shown relative to ``out_dir`` when inside it."""
-    lines = ["# Perplexity vs context length", ""]
-    lines.append(
-        f"Compared {len(report.rows)} run{'s' if len(report.rows) != 1 else ''} "
-        f"({plural('encoder', report.encoders)}: {', '.join(report.encoders)})."
-    )
-    if report.shared_overrides:
-        lines.append(f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.")
-    lines += ["", *(f"- {item}" for item in settings_note(report)), ""]
-    for warning in report.warnings:
-        lines.append(f"> **Warning:** {md_escape(warning)}")
-        lines.append(">")
-    if report.warnings:
-        lines[-1] = ""
-
-    header = ["run", *(_length_header(report, n) for n in report.lengths), "ratio", "flags"]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join([" --- "] + [" ---: "] * (len(report.lengths) + 1) + [" --- "]) + "|")
-    for row in report.rows:
-        cells = [md_escape(row.label), *(row.cells.get(n, Cell()).text() for n in report.lengths),
-                 fmt_ratio(row.ratio), md_escape("; ".join(row.flags))]
-        lines.append("| " + " | ".join(cells) + " |")
+    n_runs = len(report.rows)
+    lines = ["# Perplexity vs context length", "", *head_lines(report, f"{n_runs} run{'s' if n_runs != 1 else ''}")]
+    columns = [Column("run", label=True), *(Column(_length_header(report, n)) for n in report.lengths),
+               Column("ratio"), Column("flags", label=True)]
+    lines += to_markdown(tables.Table("", columns, [Section([[
+        TableCell(row.label), *(TableCell(row.cells.get(n, Cell()).text()) for n in report.lengths),
+        TableCell(fmt_ratio(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
     lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
                   + parse_metric("ratio").describe(report)]
@@ -127,18 +113,43 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
         lines += [*comparison_markdown(comparison, md_escape), ""]
     lines += ["## Runs", ""]
 
-    lines.append("| run | folder | encoder | base | train len | seed | params | steps | final loss | status |")
-    lines.append("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for row in report.rows:
-        info, train = row.run.info, row.run.info.get("train") or {}
-        cells = [
-            md_escape(row.label), f"`{display_path(row.run.path, out_dir)}`", md_escape(str(info.get("encoder", ""))),
-            fmt_num(info.get("base")), fmt_num(info.get("train_len")), fmt_num(info.get("seed")),
-            fmt_int(info.get("params")), fmt_int(train.get("steps")), fmt_num(train.get("final_loss"), ".3f"),
-            md_escape(row.run.status),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += to_markdown(runs_table(report, out_dir)).splitlines()
     return "\n".join(lines) + "\n"
+
+
+def runs_table(report: Report, out_dir: str | os.PathLike | None, groups: bool = False) -> tables.Table:
+    """The ``## Runs`` table of summary.md and (with each run's group) report.md: a line per run, its folder
+    relative to ``out_dir``, its settings and its training."""
+    names = ["run", *(["group"] if groups else []), "folder", "encoder", "base", "train len", "seed", "params",
+             "steps", "final loss", "status"]
+    columns = [Column(name, label=name in ("run", "group", "folder", "encoder", "status"), code=name == "folder")
+               for name in names]
+    rows = []
+    for group in report.groups if groups else [Group({}, "", report.rows)]:
+        for row in group.rows:
+            info, train = row.run.info, row.run.info.get("train") or {}
+            rows.append([TableCell(str(text)) for text in (
+                row.label, *([group.label] if groups else []), display_path(row.run.path, out_dir),
+                info.get("encoder", ""), fmt_num(info.get("base")), fmt_num(info.get("train_len")),
+                fmt_num(info.get("seed")), fmt_int(info.get("params")), fmt_int(train.get("steps")),
+                fmt_num(train.get("final_loss"), ".3f"), row.run.status)])
+    return tables.Table("", columns, [Section(rows)])
+
+
+def head_lines(report: Report, compared: str) -> list[str]:
+    """The lines a summary.md and a report.md start with after their title: what was compared, the shared
+    overrides (and filters), the settings and the warnings."""
+    lines = [f"Compared {compared} ({plural('encoder', report.encoders)}: {', '.join(report.encoders)})."]
+    if report.filters:
+        lines.append(f"Only runs with {' and '.join(f'`{f}`' for f in report.filters)}.")
+    if report.shared_overrides:
+        lines.append(f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.")
+    lines += ["", *(f"- {item}" for item in settings_note(report)), ""]
+    for warning in report.warnings:
+        lines += [f"> **Warning:** {md_escape(warning)}", ">"]
+    if report.warnings:
+        lines[-1] = ""
+    return lines
 
 
 def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
@@ -278,7 +289,8 @@ def _csv_rows(report: Report) -> list[list[str]]:
              "flags", "runs", "seeds", "best"]]
     best = _best_columns(report)
     for g, group in enumerate(report.groups):
-        key_cells = [csv_cell(group.key.get(k)) for k in report.by] + [str(group.n)] if report.by else [group.label]
+        key_cells = [csv_cell(None if (v := group.key.get(k)) is ABSENT else v) for k in report.by] + \
+            [str(group.n)] if report.by else [group.label]
         values = []
         for stat in [group.cells.get(n, Stat()) for n in report.lengths] + \
                     [group.metrics.get(m.name, Stat()) for m in report.metrics]:
@@ -362,8 +374,9 @@ def render_latex(report: Report) -> str:
     """The grouped table as a booktabs ``tabular`` for a paper (``--format latex``); its settings and notes as
     comments above."""
     table = lm_table(report)
+    others = report.other_train_lens()
     head = (f"posexp report: {ppl_label(report)}, protocol {fmt_view(report.protocol, report.scaling, report.window)}, "
-            f"training length {report.train_len}")
+            f"training length {report.train_len}" + (f" ({others})" if others else ""))
     return to_latex(replace(table, notes=[head, *table.notes[1:]]))
 
 
@@ -400,7 +413,10 @@ def settings_note(report: Report) -> list[str]:
         f"Corpus: {md_escape(name or 'unknown')} (fingerprint `{short_id(fingerprint)}`)",
         f"Protocol: {md_escape(fmt_view(report.protocol, report.scaling, report.window))}",
         f"Eval settings: {md_escape(fmt_settings(report.eval_settings))}",
-        f"Training length: {report.train_len if report.train_len is not None else 'unknown'} tokens",
+        f"Training length: {report.train_len if report.train_len is not None else 'unknown'} tokens"
+        + (f" ({md_escape(others)}: trained at another length, each ratio taken at its own)"
+           if (others := report.other_train_lens())
+           else ""),
     ]
 
 

@@ -134,3 +134,29 @@ def parent_changed(child: Run, parent_dir: str | os.PathLike) -> Optional[str]:
         return (f"its parent {parent_dir} was overwritten or changed since the fine-tune (weights SHA-256 "
                 f"{recorded[:12]} then, {now[:12]} now)")
     return None
+
+
+def model_identity(run: Run) -> tuple:
+    """Which model a run measured, whatever folder holds the rows: a pretrained model's weights (their SHA-256, else
+    its Hugging Face id and revision); a trained run's config hash (what shapes its weights, evaluation settings
+    left out: :func:`posexp.config.identity.config_hash`), else its folder."""
+    model = run.info.get("pretrained")
+    if isinstance(model, dict):
+        sha = model.get("weights_sha256")
+        return ("weights", sha) if sha else ("hf", model.get("name"), model.get("revision"))
+    digest = run.info.get("config_hash")
+    return ("config", digest) if isinstance(digest, str) and digest else ("folder", str(run.path.resolve()))
+
+
+# what a row was measured on, beside its length: two rows of one model differ only by their view where these agree
+MEASURED_ON = ("eval_tokens", "tokens", "examples_asked", "eval_seed")
+
+
+def measured_on(row: dict) -> tuple:
+    """The tokens (or task instances) a row scored: its budget, what was scored, its examples and their seed."""
+    return tuple(row.get(name) for name in MEASURED_ON)
+
+
+def measured_text(row: dict) -> str:
+    """:func:`measured_on` in words, for a note saying why two rows are not differenced."""
+    return ", ".join(f"{name}={row.get(name)}" for name in MEASURED_ON if row.get(name) is not None) or "unrecorded"

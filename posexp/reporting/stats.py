@@ -186,8 +186,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     mean = math.fsum(values) / n
     if n < 2:
         return mean, None, None
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(0.5 + confidence / 2, n - 1) * sample_sd(values) / math.sqrt(n)
     return mean, mean - half, mean + half
 
 
@@ -245,11 +244,8 @@ def welch_interval(a: Sequence[float], b: Sequence[float],
     Returns:
         ``(difference, low, high, df)``.
     """
-    diff, se, df = _welch(a, b)
-    if se == 0:
-        return diff, diff, diff, df
-    half = t_quantile(0.5 + confidence / 2, max(df, 1.0)) * se
-    return diff, diff - half, diff + half, df
+    test = TTest.welch(a, b)
+    return (test.difference, *test.interval(confidence), _welch(a, b)[2])
 
 
 def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:

@@ -95,7 +95,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
-    lead = _lead_table(report, options, wanted) if report is not None else None
+    lead = _lead_table(report, task_report, options, wanted)
     _print_tables(report, task_report, options.fmt, console, notes, lead)
     out_dir = _out_dir(paths, out, options, wanted)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)
@@ -147,17 +147,21 @@ class LeadTable:
         atomic_write_text(out_dir / f"{self.name}.tex", render(self.table, "latex"))
 
 
-def _lead_table(report: Report, options: ReportOptions, wanted: Optional[dict]) -> Optional[LeadTable]:
-    """``--cols``: the pivot; a parent and its fine-tunes given alone: the context-extension table; else None."""
-    runs = [row.run for row in report.rows]
+def _lead_table(report: Optional[Report], task_report: Optional[TaskReport], options: ReportOptions,
+                wanted: Optional[dict]) -> Optional[LeadTable]:
+    """``--cols``: the pivot, of the perplexity and the task runs in one table; a parent and its fine-tunes given
+    alone: the context-extension table; else None."""
+    runs = [row.run for row in report.rows] if report is not None else []
     if options.cols:
-        pivot = build_pivot(runs, parse_by(options.by), parse_by(options.cols))
-        return LeadTable("pivot", f"Perplexity by {', '.join(pivot.cols)}", pivot_table(pivot))
+        runs += [run for group in task_report.groups for run in group.runs] if task_report is not None else []
+        table = pivot_table(build_pivot(runs, parse_by(options.by), parse_by(options.cols)))
+        return LeadTable("pivot", table.title[0].upper() + table.title[1:], table)
+    if report is None:
+        return None
     found = extension_runs(runs) if not (options.by or options.where or wanted) else None
     if found is None:
         return None
-    table = build_extension_table(*found)
-    return LeadTable("extension", "Context extension", extension_table(table))
+    return LeadTable("extension", "Context extension", extension_table(build_extension_table(*found)))
 
 
 def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console,
@@ -168,10 +172,12 @@ def _write_files(report: Optional[Report], task_report: Optional[TaskReport], ou
     if task_report is not None:
         _write_task_sections(task_report, out_dir, lm=report is not None)
     write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
-    csv_note = f" and {SUMMARY_CSV}" if report is not None else ""
+    files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else [])]
     if lead is not None:
         lead.write(out_dir)
-    notes.print(Text(f"wrote {full} (with figures), {SUMMARY_MD}{csv_note}"))
+        files += [f"{lead.name}.csv", f"{lead.name}.tex"]
+    notes.print(Text(f"wrote {full} (with figures), {', '.join(files[:-1])} and {files[-1]}" if len(files) > 1
+                     else f"wrote {full} (with figures), {files[0]}"))
     return out_dir / SUMMARY_MD
 
 

@@ -93,6 +93,15 @@ class Report:
     def encoders(self) -> list[str]:
         return list(dict.fromkeys(str(r.run.info.get("encoder") or "?") for r in self.rows))
 
+    def other_train_lens(self) -> str:
+        """The runs trained at another length than ``train_len`` (fine-tunes, compared at their parent's), in words:
+        ``512 for a, b``; "" when every run trained at it."""
+        others: dict[int, list[str]] = {}
+        for row in self.rows:
+            if row.run.train_len is not None and row.run.train_len != self.train_len:
+                others.setdefault(row.run.train_len, []).append(row.label)
+        return "; ".join(f"{n} for {', '.join(labels)}" for n, labels in sorted(others.items()))
+
 
 @dataclass
 class Group:

@@ -31,6 +31,8 @@ class Column:
     wrap: bool = False
     short: Optional[str] = None  # the header on a terminal, where width is scarce
     last: bool = False  # on a terminal: in the last part only, and not counted when fitting the others (flags)
+    code: bool = False  # a label set as code (a folder): in markdown a code span, not escaped
+    escape: bool = False  # a number column escaped in markdown too (an interval's brackets)
 
 
 @dataclass
@@ -105,7 +107,7 @@ def to_json(table: Table) -> str:
 
 
 def _md_cell(cell: TableCell, column: Column) -> str:
-    text = md_escape(cell.text) if column.label else cell.text
+    text = f"`{cell.text}`" if column.code else md_escape(cell.text) if column.label or column.escape else cell.text
     return f"**{text}**" if cell.best else text
 
 
@@ -168,7 +170,8 @@ def _latex_cell(cell: TableCell) -> str:
 
 
 def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
-                stacked: bool = False) -> Any:
+                stacked: bool = False, room: Optional[int] = None) -> Any:
+    """``room``: the width the last columns (flags) may take, where Rich's own narrowing would not wrap them."""
     from rich import box
     from rich.table import Table as RichTable
     from rich.text import Text
@@ -181,11 +184,14 @@ def _rich_table(table: Table, section: Section, shown: list[int], title: Optiona
     for i in shown:
         column = (section.columns or [])[i]
         name = column.short or column.name
+        # a label wraps at its spaces, never inside a word: no narrower than its longest word
+        word = max([len(w) for row in section.rows for w in row[i].text.split()] or [0])
         if column.label and column.last:
-            out.add_column(name, style="yellow", overflow="fold")
+            out.add_column(name, style="yellow", overflow="fold", min_width=word or None,
+                           max_width=max(room, word, len(name)) if room else None)
         elif column.label:
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
-            out.add_column(name, overflow="fold", min_width=min(widest, column.min_width) or None)
+            out.add_column(name, overflow="fold", min_width=max(word, min(widest, column.min_width)) or None)
         else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
             header = name.replace(" (", "\n(").replace("@", "\n@") if stacked else name
             out.add_column(header, justify="right", no_wrap=not column.wrap,
@@ -210,6 +216,18 @@ def _joined(group: list[Section], table: Table) -> Section:
     return joined
 
 
+def _fits(rich_table: Any, width: int) -> bool:
+    """Whether a Rich table prints within ``width`` with nothing cut: by the measure of :func:`table_width`, and as
+    Rich lays it out (its narrowing of wrapping columns stops short of some that could wrap further)."""
+    from rich.console import Console
+
+    if table_width(rich_table) > width:
+        return False
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, legacy_windows=False).print(rich_table, crop=False)
+    return max(map(len, buf.getvalue().splitlines() or [""])) <= width
+
+
 def rich_tables(table: Table, width: int) -> list[Any]:
     """The Rich tables of ``table`` for a terminal ``width`` wide: one per section with a heading (titled by it),
     each in parts where its columns do not fit side by side, every part repeating the key columns; labels wrap
@@ -226,13 +244,18 @@ def rich_tables(table: Table, width: int) -> list[Any]:
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width
         parts: list[list[int]] = []
         for i in numbers:
-            if parts and table_width(_rich_table(table, section, keys + parts[-1] + [i], None, None, stacked)) <= width:
+            if parts and _fits(_rich_table(table, section, keys + parts[-1] + [i], None, None, stacked), width):
                 parts[-1].append(i)
             else:
                 parts.append([i])
         parts = parts or [[]]
+        if last and parts[-1] and not _fits(_rich_table(table, section, keys + parts[-1] + last, None, None, stacked),
+                                            width):
+            parts.append([])  # the flags do not fit beside the last numbers: a part of their own, never cut
         for k, part in enumerate(parts):
             end = k == len(parts) - 1
+            room = width - table_width(_rich_table(table, section, keys + part, None, None, stacked)) - 3 * len(last)
             out.append(_rich_table(table, section, keys + part + (last if end else []), title if k == 0 else None,
-                                   caption if end and g == len(groups) - 1 else None, stacked))
+                                   caption if end and g == len(groups) - 1 else None, stacked,
+                                   room // len(last) if end and last else None))
     return out

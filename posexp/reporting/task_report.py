@@ -40,8 +40,21 @@ from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
+RULER_METRIC = "efflen@85"  # Hsieh et al. 2024 (RULER, §3): the effective length, at the 85% threshold
 NEAR_CHANCE = 0.05  # exact match at 1x at most this far above chance: the run did not learn the task
 UNLEARNED = "did not learn at 1×"
+
+
+def is_ruler_task(run: Run) -> bool:
+    """Whether a run's task is one of RULER's (Hsieh et al. 2024), as its recorded citation says."""
+    task = run.info.get("task")
+    return isinstance(task, dict) and "RULER" in str(task.get("citation") or "")
+
+
+def default_task_metrics(runs: Sequence[Run]) -> tuple[str, ...]:
+    """The metrics a task table shows without ``--metric``: with a RULER task among the runs, its effective length
+    too (``efflen@85``, the longest length scoring ≥ 85%, as RULER reports it)."""
+    return DEFAULT_TASK_METRICS + (RULER_METRIC,) * any(is_ruler_task(run) for run in runs)
 
 
 def is_task_run(run: Run) -> bool:
@@ -145,7 +158,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     view = view or {}
     scaling = view.get("scaling")
     window = None if view.get("window") is None else (view["window"], view.get("sinks"))
-    chosen = [parse_task_metric(m) for m in (metrics or DEFAULT_TASK_METRICS)]
+    chosen = [parse_task_metric(m) for m in (metrics or default_task_metrics(runs))]
     groups: dict[tuple, TaskGroup] = {}
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")

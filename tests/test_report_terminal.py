@@ -1,0 +1,35 @@
+"""A report's terminal table at any width: labels wrap at their spaces and never inside a word, and no column
+(the flags last of all) is cut, whatever the terminal's width."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from posexp.reporting.tables import Column, Section, Table, TableCell, rich_tables
+
+LABELS = ["encoder=irope", "encoder=stickbreaking seed=1"]
+FLAGS = "status: diverged; kept apart: not comparable"
+
+
+def _table(compact: bool) -> Table:
+    columns = [Column("run", label=True, min_width=12), *(Column(str(n)) for n in (64, 128, 256, 512, 1024)),
+               Column("ratio"), Column("flags", label=True, last=True, min_width=12)]
+    rows = [[TableCell(label), *(TableCell("3.45", beside="3.45 ±0.12", under="3.45\n±0.12") for _ in range(6)),
+             TableCell(FLAGS)] for label in LABELS]
+    return Table("perplexity", columns, [Section(rows)], keys=1, compact=compact)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("width", range(50, 130, 3))
+def test_no_word_is_cut_and_no_line_is_wider_than_the_terminal(width, compact):
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, legacy_windows=False)
+    for part in rich_tables(_table(compact), width):
+        console.print(part, crop=False)
+    out = buf.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= width, out
+    words = {w for text in (*LABELS, FLAGS) for w in text.split()}
+    assert all(w in out.split() for w in words), out
