@@ -91,9 +91,7 @@ def default_options(kind: str, train_len: int, length: int) -> dict[str, float]:
     if kind == REROPE:
         return {"rerope_window": max(1, T // 2)}
     if kind == SELF_EXTEND:
-        W = max(1, T // 4)
-        G = max(1, math.ceil((int(length) - W) / max(1, T - W)))
-        return {"self_extend_group": G, "self_extend_window": W}
+        return {"self_extend_group": default_group(length, T), "self_extend_window": max(1, T // 4)}
     if kind == STRING:
         S = max(2, int(0.33 * T))
         return {"string_offset": S, "string_local": max(1, min(128, T // 16, S - 1))}
@@ -103,6 +101,13 @@ def default_options(kind: str, train_len: int, length: int) -> dict[str, float]:
     if kind == MS_POE:
         return {"ms_poe_min": MS_POE_MIN, "ms_poe_max": MS_POE_MAX, "ms_poe_skip_layers": MS_POE_SKIP}
     raise ConfigError("eval.scaling", f"{kind!r} is not a position remapping; choose one of: {', '.join(REMAPPINGS)}")
+
+
+def default_group(length: int, train_len: int, window: Optional[int] = None) -> int:
+    """Self-Extend's group when ``eval.self_extend_group`` is unset: the smallest ``G`` with
+    ``(train_len - W) * G + W >= length`` (Jin et al. 2024, §3), ``W`` the neighbour window (default train_len / 4)."""
+    W = max(1, int(train_len) // 4) if window is None else int(window)
+    return max(1, math.ceil((int(length) - W) / max(1, int(train_len) - W)))
 
 
 def check_options(kind: Optional[str], given: dict, train_len: Optional[int] = None) -> None:
@@ -171,8 +176,7 @@ class Remapping:
                   **{k: v for k, v in given.items() if v is not None and k in OPTION_KEYS[kind]}}
         T = int(train_len)
         if kind == SELF_EXTEND and given.get("self_extend_group") is None:  # the paper's reach from the window used
-            W = int(values["self_extend_window"])
-            values["self_extend_group"] = max(1, math.ceil((int(length) - W) / max(1, T - W)))
+            values["self_extend_group"] = default_group(length, T, int(values["self_extend_window"]))
         if kind == STRING and given.get("string_local") is None:
             values["string_local"] = max(1, min(int(values["string_local"]), int(values["string_offset"]) - 1))
         if kind == DCA and given.get("dca_local") is None:
@@ -510,6 +514,6 @@ def unrotated(x: Tensor, pos: Tensor, inv_freq: Tensor) -> Tensor:
 
 
 __all__ = ["ALL_OPTION_KEYS", "DCA", "FACTOR_OPTION", "MS_POE", "METHODS", "Method", "MsPoEMethod", "OPTION_KEYS", "Placement",
-           "REMAPPINGS", "REROPE", "Remapping", "SELF_EXTEND", "STRING", "check_options", "default_options",
+           "REMAPPINGS", "REROPE", "Remapping", "SELF_EXTEND", "STRING", "check_options", "default_group", "default_options",
            "remapped_attention", "rotate_by", "unrotated"]
 
