@@ -232,7 +232,7 @@ def _reference_function(kind: str, o: dict, model):
     import sys
 
     module_ns = sys.modules[type(model).__module__]
-    rotary = model.model.rotary_emb
+    rotary = model.base_model.rotary_emb
     types = getattr(model.config, "layer_types", None)
 
     def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -266,11 +266,13 @@ def hf_reference(model, kind: str, o: dict, idx: torch.Tensor) -> torch.Tensor:
         model.set_attn_implementation(original)
 
 
-@pytest.mark.parametrize("kind", REMAPPINGS)
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_a_transformers_model_reads_each_remapping_as_its_paper_defines_it(kind, arch):
+HF_CASES = [(arch, kind) for arch in ("llama", "gemma3") for kind in REMAPPINGS] + [("neox", "dca"), ("neox", "ms_poe")]
+
+
+@pytest.mark.parametrize("arch,kind", HF_CASES, ids=[f"{a}-{k}" for a, k in HF_CASES])
+def test_a_transformers_model_reads_each_remapping_as_its_paper_defines_it(arch, kind):
     """Through the attention interface, over a key cache in query chunks of 16: the reference's logits; Gemma 3's
-    sliding-window layers as they were."""
+    sliding-window layers as they were; GPT-NeoX rotating half of each head."""
     from posexp.hf.model import HFLanguageModel
 
     model = hf_model(arch)
@@ -293,14 +295,21 @@ def _rerope(lm, o, idx):
         return lm.logits(idx)
 
 
-@pytest.mark.parametrize("arch,expect", [("neox", None), ("gpt2", "no rotary position embedding"),
-                                         ("qwen2", None)])
+def _cohere():
+    T, hf_tiny = _hf()
+    return hf_tiny.build(T.CohereConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=32, pad_token_id=0,
+                                        bos_token_id=None, eos_token_id=None))
+
+
+@pytest.mark.parametrize("arch,expect", [("qwen2", None), ("gpt2", "no rotary position embedding"),
+                                         ("cohere", "rotary layout is another")])
 def test_which_transformers_models_take_a_remapping(arch, expect):
-    """GPT-NeoX (half of each head rotated) and Qwen2 take them; a model without RoPE gets one line saying why."""
+    """Qwen2 takes them; a model without RoPE, or rotating interleaved pairs (Cohere), gets one line saying why."""
     from posexp.hf.model import HFLanguageModel
 
     _, hf_tiny = _hf()
-    lm = HFLanguageModel(hf_tiny.model(arch), arch)
+    lm = HFLanguageModel(_cohere() if arch == "cohere" else hf_tiny.model(arch), arch)
     for kind in REMAPPINGS:
         reason = lm.check_scaling(kind)
         assert (reason is None) if expect is None else (expect in reason and "\n" not in reason), (kind, reason)

@@ -139,8 +139,10 @@ class HFLanguageModel:
         """
         check_known(kind)
         if kind in REMAPPINGS:  # through the attention interface (posexp/hf/remap.py)
-            return rotary_refusal(self._rotary, kind, self.model) if not self._rotary else \
-                remap_refusal(self.model, self._rotary, kind)
+            if not self._rotary:
+                return str(rotary_refusal(self._rotary, kind, self.model)).replace("rescales rotary frequencies",
+                                                                                  "remaps rotary positions")
+            return remap_refusal(self.model, self._rotary, kind)
         return rotary_refusal(self._rotary, kind, self.model)
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
