@@ -77,9 +77,9 @@ def ms_poe_ratios(q0: torch.Tensor, k0: torch.Tensor, lo: float, hi: float, scal
     return ratios
 
 
-def reference_attention(kind: str, o: dict, q0, k0, v, pos, inv_freq, scale, layer: int, window=None):
+def reference_attention(kind: str, o: dict, q0, k0, v, pos, inv_freq, scale, layer: int, window=None, softcap=None):
     """Softmax attention of unrotated ``q0, k0 (B, H, L, D)`` at the paper's positions; ``window`` = a sliding window
-    the layer keeps as it is (plain RoPE)."""
+    the layer keeps as it is (plain RoPE); ``softcap``: logits ``cap * tanh(x / cap)`` (Gemma 2)."""
     B, H, L, D = q0.shape
     i = torch.arange(L)
     visible = i[None, :] <= i[:, None]
@@ -97,6 +97,8 @@ def reference_attention(kind: str, o: dict, q0, k0, v, pos, inv_freq, scale, lay
     qr = rotate_dense(q0[:, :, :, None, :].expand(B, H, L, L, D), qp, inv_freq)  # query i at its position for key j
     kr = rotate_dense(k0[:, :, None, :, :].expand(B, H, L, L, D), kp, inv_freq)
     logits = (qr * kr).sum(-1) * scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     logits = logits.masked_fill(~visible, float("-inf"))
     return logits.softmax(-1) @ v
 
@@ -219,9 +221,18 @@ def gemma3(seed: int = 0):
     return hf_tiny.build(config, seed)
 
 
+def gemma2(seed: int = 0):
+    """A random Gemma 2: attention logits soft-capped, sliding-window layers between full ones."""
+    T, hf_tiny = _hf()
+    return hf_tiny.build(T.Gemma2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=TRAIN, sliding_window=8, initializer_range=0.2,
+        attn_logit_softcapping=5.0, bos_token_id=None, eos_token_id=None, pad_token_id=None), seed)
+
+
 def hf_model(arch: str):
-    if arch == "gemma3":
-        return gemma3().double()
+    if arch in ("gemma3", "gemma2"):
+        return (gemma3() if arch == "gemma3" else gemma2()).double()
     _, hf_tiny = _hf()
     return hf_tiny.model(arch, max_position_embeddings=TRAIN).double()
 
@@ -245,7 +256,8 @@ def _reference_function(kind: str, o: dict, model):
         groups = query.shape[1] // key.shape[1]
         k0, v = k0.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
         window = model.config.sliding_window if t == "sliding_attention" else None
-        y = reference_attention(kind, o, q0, k0, v, pos[0], inv, scaling, module.layer_idx, window)
+        y = reference_attention(kind, o, q0, k0, v, pos[0], inv, scaling, module.layer_idx, window,
+                                kwargs.get("softcap"))
         return y.transpose(1, 2).contiguous(), None
 
     return attend
@@ -266,7 +278,9 @@ def hf_reference(model, kind: str, o: dict, idx: torch.Tensor) -> torch.Tensor:
         model.set_attn_implementation(original)
 
 
-HF_CASES = [(arch, kind) for arch in ("llama", "gemma3") for kind in REMAPPINGS] + [("neox", "dca"), ("neox", "ms_poe")]
+# Llama and Gemma 3 (rope per layer type) under every method; GPT-NeoX's half-rotated heads, Gemma 2's soft-capped logits
+HF_CASES = [(arch, kind) for arch in ("llama", "gemma3") for kind in REMAPPINGS]
+HF_CASES += [("neox", "dca"), ("neox", "ms_poe"), ("gemma2", "string")]
 
 
 @pytest.mark.parametrize("arch,kind", HF_CASES, ids=[f"{a}-{k}" for a, k in HF_CASES])

@@ -24,8 +24,8 @@ from torch import Tensor
 from posexp.encoders import register
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.encoders.frequencies import check_schedule, rope_frequencies
-from posexp.encoders.remapping import (MS_POE, STRING, MsPoEMethod, Placement, Remapping, remapped_attention,
-                                       unrotated)
+from posexp.encoders.remap_attention import Placement, remapped_attention, unrotated
+from posexp.encoders.remapping import MS_POE, STRING, MsPoEMethod, Remapping
 from posexp.encoders.scaling import module_copy, rope_scaling
 from posexp.errors import ConfigError, require
 
