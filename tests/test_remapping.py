@@ -367,3 +367,15 @@ def test_a_wrong_option_is_one_line_naming_the_key(trained, args, line):
     assert result.exit_code == 2, result.output
     errors = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(errors) == 1 and line in errors[0], result.output
+
+
+def test_ms_poe_skipping_every_layer_is_not_applicable_with_the_reason():
+    """The default run has 2 layers, Ms-PoE's default skips 2 (the authors' first 2 of 32): rows say so, not numbers
+    identical to plain evaluation."""
+    model = own_model()
+    remap = Remapping.of("ms_poe", {"ms_poe_skip_layers": 3}, TRAIN, LENGTH)
+    how = Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, remap)
+    assert model.length_refusal(how, LENGTH) == ("ms_poe leaves its first 3 layers as trained, every layer of this "
+                                                 "3-layer model: set eval.ms_poe_skip_layers below 3")
+    assert model.length_refusal(Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, Remapping.of(
+        "ms_poe", {}, TRAIN, LENGTH)), LENGTH) is None

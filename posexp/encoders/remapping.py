@@ -151,6 +151,14 @@ def check_options(kind: Optional[str], given: dict, train_len: Optional[int] = N
         need(g["ms_poe_max"] >= g["ms_poe_min"], "ms_poe_max", "must be >= eval.ms_poe_min")
 
 
+def skip_refusal(remap: "Remapping", n_layers: int) -> Optional[str]:
+    """Why Ms-PoE would leave every one of ``n_layers`` layers as trained (its ``skip_layers`` too many), or None."""
+    if remap.kind != MS_POE or int(remap["skip_layers"]) < n_layers:
+        return None
+    return (f"ms_poe leaves its first {int(remap['skip_layers'])} layers as trained, every layer of this "
+            f"{n_layers}-layer model: set eval.ms_poe_skip_layers below {n_layers}")
+
+
 @dataclass(frozen=True)
 class Remapping:
     """One remapping and all its options (``eval.<key>`` names, every one filled in), for one length.
@@ -371,6 +379,6 @@ METHODS: dict[str, Callable[[Remapping], Method]] = {REROPE: ReRoPEMethod, SELF_
 
 
 __all__ = ["ALL_OPTION_KEYS", "DCA", "FACTOR_OPTION", "MS_POE", "METHODS", "Method", "MsPoEMethod", "OPTION_KEYS",
-           "REMAPPINGS", "REROPE", "Remapping", "SELF_EXTEND", "STRING", "check_options", "default_group", "default_options",
+           "REMAPPINGS", "REROPE", "Remapping", "SELF_EXTEND", "STRING", "check_options", "default_group", "default_options", "skip_refusal",
            ]
 

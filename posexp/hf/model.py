@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.encoders.extension import REMAPPINGS
-from posexp.encoders.remapping import REROPE, Remapping
+from posexp.encoders.remapping import REROPE, Remapping, skip_refusal
 from posexp.encoders.scaling import NONE, check_known
 from posexp.errors import ConfigError, PosexpError
 from posexp.hf.remap import RemapCall, Switched, layer_sites, remap_refusal
@@ -153,6 +153,9 @@ class HFLanguageModel:
             return f"{self.name} has {limit} positions; it cannot read {length} tokens"
         if how.window is not None:
             return self.window_refusal()
+        remap = how.remap if how.scaling in REMAPPINGS and self._rotary else None
+        if remap is not None and remap.kind == "ms_poe":
+            return skip_refusal(remap, int(self.config.num_hidden_layers))
         return None
 
     def window_refusal(self) -> Optional[str]:
