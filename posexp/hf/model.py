@@ -10,7 +10,9 @@ Positions: the window's ``pos`` are the model's ``position_ids`` (a learned tabl
 them). A model whose forward takes no positions (Bloom's and MPT's ALiBi, relative by construction) reads
 consecutive tokens only.
 
-Scalings: see :mod:`posexp.hf.rotary`. **Dynamic NTK.** transformers recomputes the dynamic base from the largest
+Scalings: see :mod:`posexp.hf.rotary`; position remappings (``rerope``, ``self_extend``, ``string``, ``dca``,
+``ms_poe``) go through transformers' attention interface, :mod:`posexp.hf.remap` (Ms-PoE reads a window in one
+call: its heads are ranked on the whole input). **Dynamic NTK.** transformers recomputes the dynamic base from the largest
 position of each forward call, so with a key cache the early keys keep the base they were rotated with while later
 chunks use a larger one (the inconsistent rotation bases reported against transformers' dynamic scaling). posexp
 measures one defined behaviour instead, independent of the chunk size: the base for the window's length
