@@ -274,7 +274,8 @@ def test_an_unnamed_architecture_evaluates_under_every_protocol_scaling_window_a
     settings = [dataclasses.replace(base, protocol="sliding", stride=16),
                 dataclasses.replace(base, protocol="last_k", last_k=8),
                 dataclasses.replace(base, window=8, sinks=2),
-                *(dataclasses.replace(base, scaling=s) for s in SCALINGS if s not in ("none", "longrope"))]
+                *(dataclasses.replace(base, scaling=s) for s in SCALINGS if s not in ("none", "longrope", "ms_poe")),
+                dataclasses.replace(base, scaling="ms_poe", ms_poe_skip_layers=0)]  # its default skips both layers
     for e in settings:
         positions: list = []
         rows = evaluate(lm, val, e, 32, torch.device("cpu"), hooks=EvalHooks(positions=positions))

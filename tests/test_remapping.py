@@ -374,8 +374,8 @@ def test_ms_poe_skipping_every_layer_is_not_applicable_with_the_reason():
     identical to plain evaluation."""
     model = own_model()
     remap = Remapping.of("ms_poe", {"ms_poe_skip_layers": 3}, TRAIN, LENGTH)
-    how = Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, remap)
+    how = Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, remap=remap)
     assert model.length_refusal(how, LENGTH) == ("ms_poe leaves its first 3 layers as trained, every layer of this "
                                                  "3-layer model: set eval.ms_poe_skip_layers below 3")
-    assert model.length_refusal(Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, Remapping.of(
+    assert model.length_refusal(Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, remap=Remapping.of(
         "ms_poe", {}, TRAIN, LENGTH)), LENGTH) is None

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posexp.analysis.schema import register_schema
-from posexp.cli import hydra_flags, shell
+from posexp.cli import hydra_flags, search, shell
 from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain_composition,
                                   full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
@@ -29,7 +29,6 @@ from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
-from posexp.cli.search import search_cmd
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
@@ -464,7 +463,7 @@ def export(
                     f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
 
 
-app.command("search")(search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
+app.command("search")(search.search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
 
 
 def _usable_streams() -> None:

@@ -186,6 +186,24 @@ class SearchOptions:
     overrides: tuple = ()
 
 
+def _target(target: str, overrides: list[str], console: Console) -> Target:
+    """The run folder or ``hf:`` model a search extends, loaded."""
+    if target.startswith(HF_PREFIX):
+        return _hf_target(target[len(HF_PREFIX):], overrides, console)
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        raise PosexpError(f"{target}: not a run folder; posexp search takes a run folder or hf:PATH_OR_NAME")
+    return _run_target(path, overrides)
+
+
+def _check_options(options: SearchOptions, objectives: tuple) -> None:
+    """Raises ConfigError naming the option for an objective or a budget a search cannot take."""
+    require(options.objective in objectives, "--objective",
+            f"must be one of: {', '.join(objectives)} (got {options.objective!r})")
+    require(options.tokens > 0, "--tokens", f"must be a positive number of held-out targets (got {options.tokens})")
+    require(options.needles > 0, "--needles", f"must be a positive number of documents (got {options.needles})")
+
+
 def search_main(target: str, target_len: int, options: SearchOptions = SearchOptions(),
                 console: Optional[Console] = None) -> dict:
     """Run (or continue) a search and write its factors file; returns the file's record (the module docstring).
@@ -200,19 +218,11 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
     out, objective, tokens, needles, restart = (options.out, options.objective, options.tokens, options.needles,
                                                 options.restart)
     overrides = list(options.overrides)
-    require(objective in OBJECTIVES, "--objective", f"must be one of: {', '.join(OBJECTIVES)} (got {objective!r})")
-    require(tokens > 0, "--tokens", f"must be a positive number of held-out targets (got {tokens})")
-    require(needles > 0, "--needles", f"must be a positive number of documents (got {needles})")
+    _check_options(options, OBJECTIVES)
     settings = options.settings or SearchSettings()
     start, seed = settings.start, settings.seed
     check_settings(settings)
-    if target.startswith(HF_PREFIX):
-        found = _hf_target(target[len(HF_PREFIX):], overrides, console)
-    else:
-        path = Path(target).expanduser()
-        if not path.is_dir():
-            raise PosexpError(f"{target}: not a run folder; posexp search takes a run folder or hf:PATH_OR_NAME")
-        found = _run_target(path, overrides)
+    found = _target(target, overrides, console)
     require(target_len > found.train_len, "--target-len",
             f"must be longer than the training length {found.train_len} it extends (got {target_len})")
     require(start is None or start < found.train_len, "--start",

@@ -139,7 +139,7 @@ class Stretch:
 def search_factors(score: Score, stretch: Stretch, settings: SearchSettings = SearchSettings(), log: Log = None,
                    cache: Optional[dict[str, float]] = None,
                    on_scored: Optional[Callable[[str, float, bool], None]] = None) -> SearchResult:
-    """The evolutionary search for ``dim / 2`` factors and ``n^`` minimising ``score``.
+    """The evolutionary search for ``rot_dim / 2`` factors and ``n^`` minimising ``score``.
 
     Args:
         score: the objective of the model under given factors and ``n^`` (:func:`perplexity_score`,
@@ -151,11 +151,10 @@ def search_factors(score: Score, stretch: Stretch, settings: SearchSettings = Se
         on_scored: called after each candidate with its key, its score and whether it was newly scored.
     """
     check_settings(settings)
-    dim, base, factor, train_len = stretch.rot_dim, stretch.base, stretch.factor, stretch.train_len
-    population, parents, sigma = settings.population, settings.parents, settings.sigma
+    population, parents, sigma, factor = settings.population, settings.parents, settings.sigma, stretch.factor
     rng = np.random.default_rng(settings.seed)
-    starts = start_choices(train_len, settings.start)
-    n = dim // 2
+    starts = start_choices(stretch.train_len, settings.start)
+    n = stretch.rot_dim // 2
     scored: dict[str, float] = {} if cache is None else cache
 
     def mutate(factors: np.ndarray, start: int) -> tuple[np.ndarray, int]:
@@ -175,8 +174,7 @@ def search_factors(score: Score, stretch: Stretch, settings: SearchSettings = Se
                 on_scored(key, scored[key], fresh)
         return sorted(((scored[candidate_key(c, s)], c, s) for c, s in pool), key=lambda t: t[0])
 
-    first = starts[0] if settings.start is not None else 0
-    seeds = {k: (constrained(v, factor), first) for k, v in initial_factors(dim, base, factor, train_len).items()}
+    seeds = _seeds(stretch, starts[0] if settings.start is not None else 0)
     pool = list(seeds.values())
     pool += [mutate(*pool[i % 3]) for i in range(population - len(pool))]
     best = ranked(pool)
@@ -197,6 +195,12 @@ def search_factors(score: Score, stretch: Stretch, settings: SearchSettings = Se
     result.factors = [round(float(f), 4) for f in best[0][1]]
     result.ppl, result.start = best[0][0], int(best[0][2])
     return result
+
+
+def _seeds(stretch: Stretch, start: int) -> dict[str, tuple[np.ndarray, int]]:
+    """The search's first candidates: PI's, NTK's and YaRN's factors (:func:`initial_factors`), at ``n^`` = ``start``."""
+    found = initial_factors(stretch.rot_dim, stretch.base, stretch.factor, stretch.train_len)
+    return {k: (constrained(v, stretch.factor), start) for k, v in found.items()}
 
 
 def _say(log: Log, g: int, generations: int, ppl: float, start: int, initial: Optional[dict] = None) -> None:
