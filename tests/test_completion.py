@@ -71,6 +71,8 @@ def test_values_of_keys_that_take_one_of_a_few():
     assert _tab("posexp train cache=")[1] == ["cache=true", "cache=false"]
     assert _tab("posexp train precision=")[1] == ["precision=auto", "precision=fp32", "precision=bf16"]
     assert _tab("posexp finetune runs/a scaling=r")[1] == []  # rerope is evaluation-only
+    assert _tab("posexp finetune runs/a scaling=s")[1] == []  # and so are self_extend and string
+    assert _tab("posexp train eval.scaling=s")[1] == ["eval.scaling=self_extend", "eval.scaling=string"]
     assert _tab("posexp train base=") == (WORDS, [])  # a number: nothing to list
     assert _tab("posexp train --cfg ")[1] == ["job", "hydra", "all"]
     assert _tab("posexp report --format=m")[1] == ["--format=markdown"]

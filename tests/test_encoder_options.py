@@ -17,7 +17,7 @@ import torch
 from conftest import TINY_RUN, run_cli
 from posexp.encoders import create
 from posexp.encoders.frequencies import frequency_schedule
-from posexp.encoders.rope import ReRoPEScores, rope_frequencies
+from posexp.encoders.rope import RemappedRoPE, ReRoPEScores, rope_frequencies
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
 from conftest import evaluate_at
@@ -434,7 +434,8 @@ def test_mix_scales_its_rotary_layers_and_leaves_nope_alone():
     assert rope.scaling == ("yarn", 4.0, 16) and nope is mixed.for_layers(2)[1]
     assert mixed.for_layers(2)[0].scaling is None  # the trained encoder is untouched
     rerope = mixed.with_scaling("rerope", 8, 16)
-    assert isinstance(rerope.for_layers(2)[0], ReRoPEScores) and rerope.uses_scores
+    first = rerope.for_layers(2)[0]
+    assert isinstance(first, RemappedRoPE) and first.remapping["window"] == 8 and rerope.uses_attend
 
 
 @pytest.mark.parametrize("options,key,needle", [

@@ -258,10 +258,15 @@ def test_an_existing_folder_is_kept_unless_overwrite_and_nothing_is_left_half_wr
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(export, "check_logits", broken)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / ".rope.4242.0badc0de.tmp").mkdir()  # an export killed while writing: cleared by the next
     with pytest.raises(PosexpError, match="no space left on the device") as err:
         export_run(run_dir, tmp_path / "new" / "rope")
     assert "\n" not in str(err.value) and "nothing of it was left there" in str(err.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]  # no folder, no temporary one, no parent made
+    assert list((tmp_path / "new").iterdir()) == []  # no folder, no temporary one (nor the killed one's)
+    with pytest.raises(PosexpError, match="no space left on the device"):
+        export_run(run_dir, tmp_path / "made" / "for" / "rope")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "notes"]  # nor the parents it made
 
 
 def test_a_full_disk_while_the_weights_are_written_is_one_line_and_leaves_nothing(runs, tmp_path):

@@ -40,7 +40,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def pretrained_run(llama_dir, corpus_dir, tmp_path_factory) -> Path:  # noqa: F811
+def pretrained_run(llama_dir, corpus_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pretrained") / "run"
     result = invoke("eval", f"hf:{llama_dir}", *_data(corpus_dir), f"hydra.run.dir={out}")
     assert result.exit_code == 0, result.output
@@ -69,7 +69,7 @@ def _no_tokenizer(folder: Path) -> None:
     (_no_tokenizer, "holds no tokenizer files (looked for tokenizer.json, tokenizer.model"),
 ])
 def test_a_damaged_model_folder_is_one_line_saying_what_it_lacks_and_leaves_no_run_folder(damage, says, llama_dir,
-                                                                                         corpus_dir, tmp_path):  # noqa: F811
+                                                                                         corpus_dir, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(llama_dir, folder)
     damage(folder)
@@ -83,7 +83,7 @@ def test_a_damaged_model_folder_is_one_line_saying_what_it_lacks_and_leaves_no_r
 
 # -- a typo on a machine without network (item 5) ------------------------------------------------------------------
 
-def test_a_typo_of_a_local_folder_offline_is_said_at_once_naming_the_folder(llama_dir, corpus_dir, tmp_path,  # noqa: F811
+def test_a_typo_of_a_local_folder_offline_is_said_at_once_naming_the_folder(llama_dir, corpus_dir, tmp_path,
                                                                             monkeypatch):
     shutil.copytree(llama_dir, tmp_path / "tiny-llama")
     probes = []
@@ -110,7 +110,7 @@ def test_a_typo_of_a_local_folder_offline_is_said_at_once_naming_the_folder(llam
 
 # -- a folder with a comma (item 7) --------------------------------------------------------------------------------
 
-def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_dir, corpus_dir, tmp_path):  # noqa: F811
+def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_dir, corpus_dir, tmp_path):
     shutil.copytree(llama_dir, tmp_path / "llama,64")
     refused = invoke("eval", "hf:nope,64", *_data(corpus_dir), cwd=tmp_path)
     line = _one_line(refused.output)
@@ -129,7 +129,7 @@ def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
-def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corpus_dir, pretrained_run,  # noqa: F811
+def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corpus_dir, pretrained_run,
                                                           tmp_path):
     # small query chunks make the evaluation last: the signal comes while it measures, once the model is loaded
     slow = (f"hf:{llama_dir}", *_data(corpus_dir), "hf.query_chunk=16")
@@ -160,9 +160,10 @@ def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corp
 
 # -- a sweep of pretrained evaluations handed to posexp eval (item 8) ----------------------------------------------
 
-def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works(llama_dir, corpus_dir,  # noqa: F811
+def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works(llama_dir, corpus_dir,
                                                                                  tmp_path):
-    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]", "eval.scaling=none,linear",
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]",
+                   "eval.scaling=none,linear",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert swept.exit_code == 0, swept.output
     again = invoke("eval", str(tmp_path / "sweep"), "eval.lengths=[64]")
@@ -181,21 +182,22 @@ def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works
 
 @pytest.mark.parametrize("command,then", [
     (("export", "{run}", "{tmp}/out"), "AutoModelForCausalLM.from_pretrained("),
-    (("finetune", "{run}"), "posexp eval hf:{model} eval.scaling=yarn"),
+    (("finetune", "{run}"), "posexp eval hf:{model} data=text eval.tokens=1024 data.path={corpus} eval.scaling=yarn"),
     (("analyze", "{run}"), "posexp analyze encoder=rope base=10000 train_len=64"),
 ])
 def test_commands_of_posexp_runs_say_a_pretrained_run_is_one_and_what_to_type(command, then, pretrained_run,
-                                                                              llama_dir, tmp_path):  # noqa: F811
+                                                                              llama_dir, corpus_dir,
+                                                                              tmp_path):
     args = [a.format(run=pretrained_run, tmp=tmp_path) for a in command]
     result = invoke(*args)
     assert result.exit_code != 0
     line = _one_line(result.output)
     assert "the run of pretrained model" in line and "weights stay in the model's own folder" in line
-    assert then.format(model=llama_dir) in line and "schema" not in line
+    assert then.format(model=llama_dir, corpus=corpus_dir) in line and "schema" not in line
     assert not (tmp_path / "out").exists()
 
 
-def test_load_run_model_of_a_pretrained_run_is_the_transformers_model_it_measured(pretrained_run, llama_dir,  # noqa: F811
+def test_load_run_model_of_a_pretrained_run_is_the_transformers_model_it_measured(pretrained_run, llama_dir,
                                                                                   tmp_path):
     import torch
 
@@ -217,3 +219,28 @@ def test_load_run_model_of_a_pretrained_run_is_the_transformers_model_it_measure
     (moved / "results.json").write_text(json.dumps(results))
     with pytest.raises(PosexpError, match="changed since the run measured them"):
         posexp.load_run(moved).model
+
+
+def test_posexp_resume_of_a_stopped_sweep_of_pretrained_runs_finishes_it(llama_dir, corpus_dir, tmp_path):
+    from posexp.commands.sweep_resume import plan_sweep, resume_sweep
+
+    sweep = tmp_path / "sweep"
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]",
+                   "eval.scaling=none,linear",
+                   f"hydra.sweep.dir={sweep}")
+    assert swept.exit_code == 0, swept.output
+    measured = [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)]
+    for name in ("results.json", "results.csv", "results.md"):  # job 0 killed while measuring
+        (sweep / "0" / name).unlink()
+    shutil.rmtree(sweep / "1")  # job 1 never started
+    plan = plan_sweep(sweep)
+    assert (plan.finished, plan.resume, list(plan.start), plan.command) == ([], [0], [1], "eval")
+    ran: list[list[str]] = []
+
+    def runner(args: list[str]) -> int:
+        ran.append(args)
+        return invoke(*args).exit_code
+
+    assert resume_sweep(sweep, lambda _: None, runner=runner) == []
+    assert [a[0] for a in ran] == ["resume", "eval"]
+    assert [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)] == pytest.approx(measured, rel=1e-4)

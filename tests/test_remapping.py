@@ -77,9 +77,9 @@ def ms_poe_ratios(q0: torch.Tensor, k0: torch.Tensor, lo: float, hi: float, scal
     return ratios
 
 
-def reference_attention(kind: str, o: dict, q0, k0, v, pos, inv_freq, scale, layer: int, window=None):
+def reference_attention(kind: str, o: dict, q0, k0, v, pos, inv_freq, scale, layer: int, window=None, softcap=None):
     """Softmax attention of unrotated ``q0, k0 (B, H, L, D)`` at the paper's positions; ``window`` = a sliding window
-    the layer keeps as it is (plain RoPE)."""
+    the layer keeps as it is (plain RoPE); ``softcap``: logits ``cap * tanh(x / cap)`` (Gemma 2)."""
     B, H, L, D = q0.shape
     i = torch.arange(L)
     visible = i[None, :] <= i[:, None]
@@ -97,6 +97,8 @@ def reference_attention(kind: str, o: dict, q0, k0, v, pos, inv_freq, scale, lay
     qr = rotate_dense(q0[:, :, :, None, :].expand(B, H, L, L, D), qp, inv_freq)  # query i at its position for key j
     kr = rotate_dense(k0[:, :, None, :, :].expand(B, H, L, L, D), kp, inv_freq)
     logits = (qr * kr).sum(-1) * scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     logits = logits.masked_fill(~visible, float("-inf"))
     return logits.softmax(-1) @ v
 
@@ -219,9 +221,18 @@ def gemma3(seed: int = 0):
     return hf_tiny.build(config, seed)
 
 
+def gemma2(seed: int = 0):
+    """A random Gemma 2: attention logits soft-capped, sliding-window layers between full ones."""
+    T, hf_tiny = _hf()
+    return hf_tiny.build(T.Gemma2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=TRAIN, sliding_window=8, initializer_range=0.2,
+        attn_logit_softcapping=5.0, bos_token_id=None, eos_token_id=None, pad_token_id=None), seed)
+
+
 def hf_model(arch: str):
-    if arch == "gemma3":
-        return gemma3().double()
+    if arch in ("gemma3", "gemma2"):
+        return (gemma3() if arch == "gemma3" else gemma2()).double()
     _, hf_tiny = _hf()
     return hf_tiny.model(arch, max_position_embeddings=TRAIN).double()
 
@@ -232,7 +243,7 @@ def _reference_function(kind: str, o: dict, model):
     import sys
 
     module_ns = sys.modules[type(model).__module__]
-    rotary = model.model.rotary_emb
+    rotary = model.base_model.rotary_emb
     types = getattr(model.config, "layer_types", None)
 
     def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -245,7 +256,8 @@ def _reference_function(kind: str, o: dict, model):
         groups = query.shape[1] // key.shape[1]
         k0, v = k0.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
         window = model.config.sliding_window if t == "sliding_attention" else None
-        y = reference_attention(kind, o, q0, k0, v, pos[0], inv, scaling, module.layer_idx, window)
+        y = reference_attention(kind, o, q0, k0, v, pos[0], inv, scaling, module.layer_idx, window,
+                                kwargs.get("softcap"))
         return y.transpose(1, 2).contiguous(), None
 
     return attend
@@ -266,11 +278,15 @@ def hf_reference(model, kind: str, o: dict, idx: torch.Tensor) -> torch.Tensor:
         model.set_attn_implementation(original)
 
 
-@pytest.mark.parametrize("kind", REMAPPINGS)
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_a_transformers_model_reads_each_remapping_as_its_paper_defines_it(kind, arch):
+# Llama and Gemma 3 (rope per layer type) under every method; GPT-NeoX's half-rotated heads, Gemma 2's soft-capped logits
+HF_CASES = [(arch, kind) for arch in ("llama", "gemma3") for kind in REMAPPINGS]
+HF_CASES += [("neox", "dca"), ("neox", "ms_poe"), ("gemma2", "string")]
+
+
+@pytest.mark.parametrize("arch,kind", HF_CASES, ids=[f"{a}-{k}" for a, k in HF_CASES])
+def test_a_transformers_model_reads_each_remapping_as_its_paper_defines_it(arch, kind):
     """Through the attention interface, over a key cache in query chunks of 16: the reference's logits; Gemma 3's
-    sliding-window layers as they were."""
+    sliding-window layers as they were; GPT-NeoX rotating half of each head."""
     from posexp.hf.model import HFLanguageModel
 
     model = hf_model(arch)
@@ -293,14 +309,73 @@ def _rerope(lm, o, idx):
         return lm.logits(idx)
 
 
-@pytest.mark.parametrize("arch,expect", [("neox", None), ("gpt2", "no rotary position embedding"),
-                                         ("qwen2", None)])
+def _cohere():
+    T, hf_tiny = _hf()
+    return hf_tiny.build(T.CohereConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, max_position_embeddings=32, pad_token_id=0,
+                                        bos_token_id=None, eos_token_id=None))
+
+
+@pytest.mark.parametrize("arch,expect", [("qwen2", None), ("gpt2", "no rotary position embedding"),
+                                         ("cohere", "rotary layout is another")])
 def test_which_transformers_models_take_a_remapping(arch, expect):
-    """GPT-NeoX (half of each head rotated) and Qwen2 take them; a model without RoPE gets one line saying why."""
+    """Qwen2 takes them; a model without RoPE, or rotating interleaved pairs (Cohere), gets one line saying why."""
     from posexp.hf.model import HFLanguageModel
 
     _, hf_tiny = _hf()
-    lm = HFLanguageModel(hf_tiny.model(arch), arch)
+    lm = HFLanguageModel(_cohere() if arch == "cohere" else hf_tiny.model(arch), arch)
     for kind in REMAPPINGS:
         reason = lm.check_scaling(kind)
         assert (reason is None) if expect is None else (expect in reason and "\n" not in reason), (kind, reason)
+
+
+# -- the command line -------------------------------------------------------------------------------------
+
+def test_posexp_eval_keeps_rows_of_different_options_apart_and_records_them(trained, tmp_path):
+    import json
+    import shutil
+
+    from conftest import invoke
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    lengths = "eval.lengths=[64,256]"
+    for extra in ((), ("eval.string_offset=12",), ("eval.string_offset=12", "eval.string_local=4")):
+        result = invoke("eval", str(run), "eval.scaling=string", lengths, "eval.tokens=512", *extra)
+        assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads((run / "results.json").read_text())["rows"] if r.get("scaling") == "string"]
+    train_len = json.loads((run / "results.json").read_text())["run"]["train_len"]
+    default, offset = (Remapping.of("string", o, train_len, 64).text for o in ({}, {"string_offset": 12}))
+    assert sorted({r["scaling_options"] for r in rows}) == sorted({default, offset, "offset=12 local=4"})
+    assert len(rows) == 6 and all(r["applicable"] and r["scaling_factor"] is None for r in rows)
+
+
+@pytest.mark.parametrize("args,line", [
+    (("eval.scaling=self_extend", "eval.dca_chunk=8"),
+     "eval.dca_chunk: only applies with eval.scaling=dca (scaling is self_extend); drop it or set eval.scaling=dca"),
+    (("eval.scaling=string", "eval.string_offset=10", "eval.string_local=20"),
+     "eval.string_local: must be smaller than eval.string_offset (got 20)"),
+    (("eval.scaling=dca", "eval.scaling_factor=2"), "eval.scaling_factor: dca has no factor"),
+    (("eval.scaling=ms_poe", "eval.window=8"), "eval.window: ms_poe remaps positions over the whole causal past"),
+    (("eval.scaling=selfextend",), "eval.scaling: unknown scaling 'selfextend'; choose one of: none, linear, ntk, "
+                                   "dynamic_ntk, yarn, llama3, longrope, rerope, self_extend, string, dca, ms_poe"),
+])
+def test_a_wrong_option_is_one_line_naming_the_key(trained, args, line):
+    from conftest import invoke
+
+    result = invoke("eval", str(trained), *args)
+    assert result.exit_code == 2, result.output
+    errors = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(errors) == 1 and line in errors[0], result.output
+
+
+def test_ms_poe_skipping_every_layer_is_not_applicable_with_the_reason():
+    """The default run has 2 layers, Ms-PoE's default skips 2 (the authors' first 2 of 32): rows say so, not numbers
+    identical to plain evaluation."""
+    model = own_model()
+    remap = Remapping.of("ms_poe", {"ms_poe_skip_layers": 3}, TRAIN, LENGTH)
+    how = Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, remap)
+    assert model.length_refusal(how, LENGTH) == ("ms_poe leaves its first 3 layers as trained, every layer of this "
+                                                 "3-layer model: set eval.ms_poe_skip_layers below 3")
+    assert model.length_refusal(Reading("ms_poe", 1.0, TRAIN, LENGTH, None, None, Remapping.of(
+        "ms_poe", {}, TRAIN, LENGTH)), LENGTH) is None

@@ -360,8 +360,9 @@ def pretrained_refusal(run_dir: str | os.PathLike, command: str) -> Optional[str
                 f"already: load it as it is, AutoModelForCausalLM.from_pretrained('{name}'), or "
                 f"posexp.load_run('{run_dir}').model")
     if command == "finetune":
+        kept = " ".join(o for o in found["overrides"] if not o.startswith("eval.scaling"))
         return (f"{what}; posexp finetune continues posexp's own trained runs: measure the model under a context "
-                f"extension instead, e.g. posexp eval {model} eval.scaling=yarn")
+                f"extension instead, e.g. posexp eval {model} {kept} eval.scaling=yarn".replace("  ", " "))
     if command == "analyze":
         theta, length = found.get("rope_theta"), found.get("train_len")
         if theta:

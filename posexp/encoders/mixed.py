@@ -147,6 +147,10 @@ class Mixed(PositionalEncoder):
         return any(e.uses_scores for e in self.per_layer)
 
     @property
+    def uses_attend(self) -> bool:  # a rope layer read through a position remapping (rerope)
+        return any(e.uses_attend for e in self.per_layer)
+
+    @property
     def uses_transform(self) -> bool:
         return any(e.uses_transform for e in self.per_layer)
 

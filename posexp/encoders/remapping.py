@@ -37,7 +37,7 @@ positions, ``<R(P_q^p(m)) q, R(P_k^p(n)) k>``, so the relative position the mode
 How it runs: q and k arrive rotated at their true positions (``R(m) q``); since ``R(a) R(b) = R(a + b)``, rotating
 them by ``P(m) - m`` moves them to the remapped positions, on posexp's own RoPE (``posexp.encoders.rope.RemappedRoPE``, through
 the ``attend`` hook) and inside a transformers model's attention interface (:mod:`posexp.hf.remap`) alike.
-:func:`remapped_attention` forms each query block's logits piece by piece over only the key columns the piece
+:func:`posexp.encoders.remap_attention.remapped_attention` forms each query block's logits piece by piece over only the key columns the piece
 touches, so memory is one block of logits (linear in the length), never a full ``L x L`` matrix per piece.
 """
 
@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from posexp.errors import ConfigError
@@ -91,9 +90,7 @@ def default_options(kind: str, train_len: int, length: int) -> dict[str, float]:
     if kind == REROPE:
         return {"rerope_window": max(1, T // 2)}
     if kind == SELF_EXTEND:
-        W = max(1, T // 4)
-        G = max(1, math.ceil((int(length) - W) / max(1, T - W)))
-        return {"self_extend_group": G, "self_extend_window": W}
+        return {"self_extend_group": default_group(length, T), "self_extend_window": max(1, T // 4)}
     if kind == STRING:
         S = max(2, int(0.33 * T))
         return {"string_offset": S, "string_local": max(1, min(128, T // 16, S - 1))}
@@ -103,6 +100,13 @@ def default_options(kind: str, train_len: int, length: int) -> dict[str, float]:
     if kind == MS_POE:
         return {"ms_poe_min": MS_POE_MIN, "ms_poe_max": MS_POE_MAX, "ms_poe_skip_layers": MS_POE_SKIP}
     raise ConfigError("eval.scaling", f"{kind!r} is not a position remapping; choose one of: {', '.join(REMAPPINGS)}")
+
+
+def default_group(length: int, train_len: int, window: Optional[int] = None) -> int:
+    """Self-Extend's group when ``eval.self_extend_group`` is unset: the smallest ``G`` with
+    ``(train_len - W) * G + W >= length`` (Jin et al. 2024, §3), ``W`` the neighbour window (default train_len / 4)."""
+    W = max(1, int(train_len) // 4) if window is None else int(window)
+    return max(1, math.ceil((int(length) - W) / max(1, int(train_len) - W)))
 
 
 def check_options(kind: Optional[str], given: dict, train_len: Optional[int] = None) -> None:
@@ -147,6 +151,14 @@ def check_options(kind: Optional[str], given: dict, train_len: Optional[int] = N
         need(g["ms_poe_max"] >= g["ms_poe_min"], "ms_poe_max", "must be >= eval.ms_poe_min")
 
 
+def skip_refusal(remap: "Remapping", n_layers: int) -> Optional[str]:
+    """Why Ms-PoE would leave every one of ``n_layers`` layers as trained (its ``skip_layers`` too many), or None."""
+    if remap.kind != MS_POE or int(remap["skip_layers"]) < n_layers:
+        return None
+    return (f"ms_poe leaves its first {int(remap['skip_layers'])} layers as trained, every layer of this "
+            f"{n_layers}-layer model: set eval.ms_poe_skip_layers below {n_layers}")
+
+
 @dataclass(frozen=True)
 class Remapping:
     """One remapping and all its options (``eval.<key>`` names, every one filled in), for one length.
@@ -171,8 +183,7 @@ class Remapping:
                   **{k: v for k, v in given.items() if v is not None and k in OPTION_KEYS[kind]}}
         T = int(train_len)
         if kind == SELF_EXTEND and given.get("self_extend_group") is None:  # the paper's reach from the window used
-            W = int(values["self_extend_window"])
-            values["self_extend_group"] = max(1, math.ceil((int(length) - W) / max(1, T - W)))
+            values["self_extend_group"] = default_group(length, T, int(values["self_extend_window"]))
         if kind == STRING and given.get("string_local") is None:
             values["string_local"] = max(1, min(int(values["string_local"]), int(values["string_offset"]) - 1))
         if kind == DCA and given.get("dca_local") is None:
@@ -367,149 +378,7 @@ METHODS: dict[str, Callable[[Remapping], Method]] = {REROPE: ReRoPEMethod, SELF_
                                                      STRING: StringMethod, DCA: DCAMethod, MS_POE: MsPoEMethod}
 
 
-# -- rotating by a position difference ---------------------------------------------------------------
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_by(x: Tensor, delta: Tensor, inv_freq: Tensor) -> Tensor:
-    """``x (B, H, L, D)`` rotated by ``delta * theta_i`` on its first ``2 * len(inv_freq)`` features (pairs as halves,
-    the GPT-NeoX / Llama layout), the rest unchanged; ``delta (L,)`` or ``(B, H, L)`` positions. Angles in float64."""
-    rot = 2 * inv_freq.numel()
-    freqs = delta.double()[..., None] * inv_freq.double()  # (..., L, rot/2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    if rot == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
-    head, rest = x[..., :rot], x[..., rot:]
-    return torch.cat((head * cos + rotate_half(head) * sin, rest), dim=-1)
-
-
-def _moved(x: Tensor, at: Optional[Tensor], pos: Tensor, inv_freq: Tensor) -> Tensor:
-    """``x``, rotated at ``pos``, moved to ``at`` (None: left where it is)."""
-    if at is None:
-        return x
-    return rotate_by(x, at - pos.double(), inv_freq)
-
-
-# -- attention -------------------------------------------------------------------------------------------
-
-@dataclass
-class Placement:
-    """Where q and k were rotated: their true positions ``q_pos (Lq,)``, ``k_pos (Lk,)`` (integers) and the rotary
-    frequencies ``inv_freq (rot/2,)`` they were rotated with."""
-
-    q_pos: Tensor
-    k_pos: Tensor
-    inv_freq: Tensor
-
-
-def remapped_attention(method: Method, q: Tensor, k: Tensor, v: Tensor, placed: Placement, scale: float,
-                       block: int = 256, softcap: Optional[float] = None) -> Tensor:
-    """Causal attention whose logits are the remapping's, ``(B, H, Lq, Dv)``.
-
-    Args:
-        method: the pieces (:meth:`Remapping.method`).
-        q: ``(B, H, Lq, D)`` rotated at ``placed.q_pos``; query ``i`` is key ``Lk - Lq + i`` (a chunk over a key cache).
-        k, v: ``(B, H, Lk, D)``, ``k`` rotated at ``placed.k_pos``; heads already repeated to the query heads.
-        placed: the true positions and the frequencies q and k were rotated with.
-        scale: the logit scale (``1/sqrt(D)`` or the model's own).
-        block: queries per block; each block holds ``(B, H, block, Lk)`` logits.
-        softcap: logits ``cap * tanh(x / cap)`` before the mask (Gemma 2's ``attn_logit_softcapping``); None = off.
-    """
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
-    off = Lk - Lq
-    q_pos, k_pos, inv_freq = placed.q_pos, placed.k_pos, placed.inv_freq
-    k_moved: dict[int, Tensor] = {}
-    for p in range(method.pieces):
-        if method.k_variant(p) not in k_moved:
-            k_moved[method.k_variant(p)] = _moved(k, method.k_at(p, k_pos), k_pos, inv_freq)
-    if method.pieces == 1:  # one piece (Ms-PoE): move q and k, then causal SDPA
-        qm = _moved(q, method.q_at(0, q_pos), q_pos, inv_freq)
-        mask = None if Lq == Lk else _causal(Lq, Lk, q.device)
-        if softcap is None:
-            return F.scaled_dot_product_attention(qm, k_moved[0], v, attn_mask=mask, is_causal=mask is None and Lq > 1,
-                                                  scale=scale)
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    out = q.new_empty(B, H, Lq, v.shape[-1])
-    block = method.block(block)
-    for a in range(0, Lq, block):
-        b = min(Lq, a + block)
-        kend = off + b
-        m = q_pos[a:b]
-        future = torch.arange(kend, device=q.device)[None, :] > torch.arange(off + a, off + b, device=q.device)[:, None]
-        region = method.region(m, k_pos[:kend]).masked_fill(future, -1)  # (r, kend): each pair's piece, -1 future
-        spans = {p: sp for p in range(method.pieces) if (sp := _span(region, p, future)) is not None}
-        moved = {p: _moved(q[:, :, a:b], method.q_at(p, m), m, inv_freq) for p in spans}
-        if softcap is None:
-            # the widest piece attends through SDPA over every key; the others add their logits' difference to it
-            # on their own columns, as an additive mask (-inf on the future)
-            dom = max(spans, key=lambda p: spans[p][1] - spans[p][0])
-            kd = k_moved[method.k_variant(dom)]
-            mask = torch.zeros((B, H, b - a, kend), dtype=dtype, device=q.device)
-
-            def logits_of(p: int, c0: int, c1: int) -> Tensor:
-                return (moved[p] @ k_moved[method.k_variant(p)][:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale
-
-            for p, (c0, c1, p0, p1) in spans.items():
-                if p != dom:
-                    _write(mask, region, p, (c0, c1, p0, p1),
-                           logits_of(p, c0, c1) - (moved[dom] @ kd[:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale)
-            mask[..., off + a:].masked_fill_(future[:, off + a:], float("-inf"))
-            out[:, :, a:b] = F.scaled_dot_product_attention(moved[dom], kd[:, :, :kend], v[:, :, :kend],
-                                                            attn_mask=mask.to(q.dtype), scale=scale)
-            continue
-        logits = torch.empty((B, H, b - a, kend), dtype=dtype, device=q.device)
-        for p, span in spans.items():  # every causal entry is written by its own piece; the future is -inf after
-            c0, c1 = span[:2]
-            s = (moved[p] @ k_moved[method.k_variant(p)][:, :, c0:c1].transpose(-1, -2)).to(dtype) * scale
-            _write(logits, region, p, span, torch.tanh(s / softcap) * softcap)
-        logits[..., off + a:].masked_fill_(future[:, off + a:], float("-inf"))
-        out[:, :, a:b] = logits.softmax(-1).to(v.dtype) @ v[:, :, :kend]
-    return out
-
-
-def _write(dest: Tensor, region: Tensor, p: int, span: tuple[int, int, int, int], values: Tensor) -> None:
-    """``values`` (piece ``p``'s, over columns ``[c0, c1)``) into ``dest``: copied where every row is ``p``'s (or in
-    the future), selected by ``region`` in the mixed band ``[p0, p1)``."""
-    c0, c1, p0, p1 = span
-    dest[..., c0:p0] = values[..., :p0 - c0]
-    dest[..., p1:c1] = values[..., p1 - c0:]
-    if p1 > p0:
-        band = region[:, p0:p1] == p
-        dest[..., p0:p1] = torch.where(band, values[..., p0 - c0:p1 - c0], dest[..., p0:p1])
-
-
-def _span(region: Tensor, p: int, future: Tensor) -> Optional[tuple[int, int, int, int]]:
-    """Piece ``p``'s columns ``[c0, c1)`` in a block's ``region``, and within them the mixed band ``[p0, p1)`` outside
-    of which every row is ``p``'s or in the future; None when no entry is ``p``'s."""
-    mine = region == p
-    cols = mine.any(0).nonzero()
-    if cols.numel() == 0:
-        return None
-    c0, c1 = int(cols[0]), int(cols[-1]) + 1
-    pure = (mine | future)[:, c0:c1].all(0).to(torch.int32)
-    lead = int(pure.cumprod(0).sum())
-    if lead == c1 - c0:
-        return c0, c1, c1, c1
-    trail = int(pure.flip(0).cumprod(0).sum())
-    return c0, c1, c0 + lead, c1 - trail
-
-
-def _causal(Lq: int, Lk: int, device: torch.device) -> Tensor:
-    """Boolean mask ``(Lq, Lk)``, True where query ``i`` (key ``Lk - Lq + i``) may see key ``j``."""
-    return torch.arange(Lk, device=device)[None, :] <= torch.arange(Lk - Lq, Lk, device=device)[:, None]
-
-
-def unrotated(x: Tensor, pos: Tensor, inv_freq: Tensor) -> Tensor:
-    """``x`` rotated at ``pos`` moved back to position 0 (its content before RoPE)."""
-    return rotate_by(x, -pos.double(), inv_freq)
-
-
-__all__ = ["ALL_OPTION_KEYS", "DCA", "FACTOR_OPTION", "MS_POE", "METHODS", "Method", "MsPoEMethod", "OPTION_KEYS", "Placement",
-           "REMAPPINGS", "REROPE", "Remapping", "SELF_EXTEND", "STRING", "check_options", "default_options",
-           "remapped_attention", "rotate_by", "unrotated"]
+__all__ = ["ALL_OPTION_KEYS", "DCA", "FACTOR_OPTION", "MS_POE", "METHODS", "Method", "MsPoEMethod", "OPTION_KEYS",
+           "REMAPPINGS", "REROPE", "Remapping", "SELF_EXTEND", "STRING", "check_options", "default_group", "default_options", "skip_refusal",
+           ]
 

@@ -24,8 +24,8 @@ from torch import Tensor
 from posexp.encoders import register
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.encoders.frequencies import check_schedule, rope_frequencies
-from posexp.encoders.remapping import (MS_POE, STRING, MsPoEMethod, Placement, Remapping, remapped_attention,
-                                       unrotated)
+from posexp.encoders.remap_attention import Placement, remapped_attention, unrotated
+from posexp.encoders.remapping import MS_POE, STRING, MsPoEMethod, Remapping, skip_refusal
 from posexp.encoders.scaling import LONGROPE, check_longrope_start, module_copy, rope_scaling
 from posexp.errors import ConfigError, require
 
@@ -341,6 +341,10 @@ class RemappedRoPE(PositionalEncoder):
         skip = int(self.remapping["skip_layers"]) if self.remapping.kind == MS_POE else 0
         skip = min(skip, n_layers)
         return [self.rope] * skip + [self] * (n_layers - skip)
+
+    def depth_refusal(self, n_layers: int) -> Optional[str]:
+        """Why a model of ``n_layers`` layers would read as trained (Ms-PoE skipping every layer), or None."""
+        return skip_refusal(self.remapping, n_layers)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return self.rope.rotate(q, k, q_pos, k_pos)

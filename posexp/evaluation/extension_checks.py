@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from posexp.encoders.extension import NONE, REMAPPINGS, REROPE, SCALINGS, check_scaling, scaled_encoder
-from posexp.encoders.remapping import ALL_OPTION_KEYS, OPTION_KEYS, check_options
+from posexp.encoders.remapping import ALL_OPTION_KEYS, OPTION_KEYS, Remapping, check_options
 from posexp.encoders.scaling import LONGROPE, check_known, check_longrope_start
 from posexp.errors import require
 from posexp.runs.longrope import longrope_settings
@@ -48,13 +48,13 @@ def check_scaling_settings(scaling: str, factor: Optional[float], rerope_window:
 
 
 def check_remap_options(e: Any, train_len: Optional[int]) -> None:
-    """A position remapping's ``eval.`` options (posexp/encoders/remapping.py): each only with its method, in range;
-    no ``eval.scaling_factor`` (their numbers are their options) and no ``eval.window`` with one."""
-    check_options(e.scaling, {key: getattr(e, key, None) for key in ALL_OPTION_KEYS}, train_len)
+    """A remapping's ``eval.`` options: each with its method, in range (defaults filled in); no factor, no window."""
+    check_options(e.scaling, given := {key: getattr(e, key, None) for key in ALL_OPTION_KEYS}, train_len)
+    if e.scaling in REMAPPINGS[1:] and train_len is not None:  # a local window against its default chunk, say
+        Remapping.of(e.scaling, given, train_len, train_len)
     if e.scaling in REMAPPINGS[1:]:
-        keys = ", ".join(f"eval.{k}" for k in OPTION_KEYS[e.scaling])
-        require(e.scaling_factor is None, "eval.scaling_factor",
-                f"{e.scaling} has no factor: its settings are {keys} (null = defaults); drop eval.scaling_factor")
+        require(e.scaling_factor is None, "eval.scaling_factor", f"{e.scaling} has no factor: its settings are "
+                f"{', '.join(f'eval.{k}' for k in OPTION_KEYS[e.scaling])} (null = defaults); drop eval.scaling_factor")
         require(getattr(e, "window", None) is None, "eval.window",
                 f"{e.scaling} remaps positions over the whole causal past; evaluate it without eval.window")
 

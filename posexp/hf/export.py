@@ -122,12 +122,23 @@ def claim_destination(out: Path) -> Iterator[None]:
     except PosexpError:
         _remove_empty([p for p in created if p != out])
         raise
+    _remove_stale(out)
     try:
         yield
     finally:
         if took:
             unlock_run(out)
         _remove_empty(created)  # only what is still empty: a finished export is not
+
+
+def _remove_stale(out: Path) -> None:
+    """The temporary folders of exports into ``out`` that were killed while writing: no other export of ``out`` can
+    be running while this one holds it, so each is left over."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.\d+\.[0-9a-f]{{8}}\.tmp")
+    with contextlib.suppress(OSError):
+        for stale in out.parent.iterdir():
+            if pattern.fullmatch(stale.name) and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def _remove_empty(created: list[Path]) -> None:

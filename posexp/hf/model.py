@@ -10,7 +10,9 @@ Positions: the window's ``pos`` are the model's ``position_ids`` (a learned tabl
 them). A model whose forward takes no positions (Bloom's and MPT's ALiBi, relative by construction) reads
 consecutive tokens only.
 
-Scalings: see :mod:`posexp.hf.rotary`. **Dynamic NTK.** transformers recomputes the dynamic base from the largest
+Scalings: see :mod:`posexp.hf.rotary`; position remappings (``rerope``, ``self_extend``, ``string``, ``dca``,
+``ms_poe``) go through transformers' attention interface, :mod:`posexp.hf.remap` (Ms-PoE reads a window in one
+call: its heads are ranked on the whole input). **Dynamic NTK.** transformers recomputes the dynamic base from the largest
 position of each forward call, so with a key cache the early keys keep the base they were rotated with while later
 chunks use a larger one (the inconsistent rotation bases reported against transformers' dynamic scaling). posexp
 measures one defined behaviour instead, independent of the chunk size: the base for the window's length
@@ -36,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posexp.encoders.extension import REMAPPINGS
-from posexp.encoders.remapping import REROPE, Remapping
+from posexp.encoders.remapping import REROPE, Remapping, skip_refusal
 from posexp.encoders.scaling import LONGROPE, NONE, check_known, check_longrope_start
 from posexp.errors import ConfigError, PosexpError
 from posexp.hf.remap import RemapCall, Switched, layer_sites, remap_refusal
@@ -139,8 +141,10 @@ class HFLanguageModel:
         """
         check_known(kind)
         if kind in REMAPPINGS:  # through the attention interface (posexp/hf/remap.py)
-            return rotary_refusal(self._rotary, kind, self.model) if not self._rotary else \
-                remap_refusal(self.model, self._rotary, kind)
+            if not self._rotary:
+                return str(rotary_refusal(self._rotary, kind, self.model)).replace("rescales rotary frequencies",
+                                                                                  "remaps rotary positions")
+            return remap_refusal(self.model, self._rotary, kind)
         return rotary_refusal(self._rotary, kind, self.model)
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
@@ -151,6 +155,9 @@ class HFLanguageModel:
             return f"{self.name} has {limit} positions; it cannot read {length} tokens"
         if how.window is not None:
             return self.window_refusal()
+        remap = how.remap if how.scaling in REMAPPINGS and self._rotary else None
+        if remap is not None and remap.kind == "ms_poe":
+            return skip_refusal(remap, int(self.config.num_hidden_layers))
         return None
 
     def window_refusal(self) -> Optional[str]:

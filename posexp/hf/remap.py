@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from posexp.encoders.remapping import MsPoEMethod, Method, Placement, Remapping, remapped_attention, rotate_by, unrotated
+from posexp.encoders.remap_attention import Placement, remapped_attention, rotate_by, unrotated
+from posexp.encoders.remapping import Method, MsPoEMethod, Remapping
 from posexp.hf.rotary import LOCAL_LAYER_TYPES, PER_CALL_TYPES, RotarySite
 
 NAME = "posexp_remap_"  # + the implementation stood in for

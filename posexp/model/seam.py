@@ -60,6 +60,9 @@ class OwnModelSeam:
 
     def length_refusal(self, how: Reading, length: int) -> Optional[str]:
         scaled = self._scaled(how)
+        depth = getattr(scaled, "depth_refusal", None)  # a position remapping that would remap no layer
+        if depth is not None and depth(len(self.blocks)) is not None:
+            return depth(len(self.blocks))
         if scaled.supports(length):
             return None
         by = f" with {how.scaling} scaling by {how.factor:g}" if how.scaling != "none" else ""

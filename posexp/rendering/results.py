@@ -15,6 +15,7 @@ from rich.table import Table
 
 from posexp.data.tokenizer import bits_per_byte
 from posexp.encoders.extension import default_factor
+from posexp.encoders.remapping import default_group
 from posexp.evaluation.perplexity import loss_by_position_rows
 from posexp.plots.perplexity import plot_loss_by_position, plot_ppl_vs_length
 from posexp.runs.atomic import atomic_write_text
@@ -61,12 +62,15 @@ def scaling_text(row: dict) -> str:
     if row.get("scaling") is None:
         return "none"
     factor = row.get("scaling_factor")
-    return str(row["scaling"]) + (factor_text(row["scaling"], factor) if factor is not None else "")
+    options = f" {row['scaling_options']}" if row.get("scaling_options") else ""  # a position remapping's
+    return str(row["scaling"]) + (factor_text(row["scaling"], factor) if factor is not None else "") + options
 
 
 def factor_text(scaling: Optional[str], factor: float) -> str:
-    """`` ×4`` after a scaling's name, or `` w=64`` after ``rerope``, whose number is a window in tokens."""
-    return f" w={factor:g}" if scaling == "rerope" else f" ×{factor:g}"
+    """`` ×4`` after a scaling's name, `` w=64`` after ``rerope`` (a window in tokens), `` group=8`` after
+    ``self_extend``."""
+    return f" w={factor:g}" if scaling == "rerope" else f" group={factor:g}" if scaling == "self_extend" else \
+        f" ×{factor:g}"
 
 
 MAIN_VIEW = tuple("nonoverlap" if name == "protocol" else None for name in VIEW_KEY)  # plain: no scaling, no window
@@ -79,13 +83,17 @@ def curve_of(row: dict, train_len: int) -> tuple:
     if factor is None:
         return view_of(row), None
     default = 1.0 if row.get("scaling") == "dynamic_ntk" else default_factor(row["length"], train_len)
+    if row.get("scaling") == "self_extend":  # its group by default: the smallest reaching the length (remapping.py)
+        window = dict(o.split("=") for o in str(row.get("scaling_options") or "").split() if "=" in o).get("window")
+        default = default_group(row["length"], train_len, None if window is None else int(float(window)))
     return view_of(row), None if abs(factor - default) < 1e-9 else float(factor)
 
 
 def view_label(view: tuple) -> str:
     row = dict(zip(VIEW_KEY, view))
     text = protocol_text(row)
-    return text if row["scaling"] is None else f"{text}, {row['scaling']}"
+    options = f" {row['scaling_options']}" if row.get("scaling_options") else ""
+    return text if row["scaling"] is None else f"{text}, {row['scaling']}{options}"
 
 
 def display_rows(results: dict) -> list[dict]:
