@@ -165,6 +165,17 @@ def test_a_fine_tune_refuses_longrope_factors_without_longrope(run_copy, tmp_pat
     assert not child.exists()
 
 
+def test_a_fine_tunes_eval_tokens_given_on_its_command_line_is_the_one_it_measures_with(trained, tmp_path):
+    for given, expected in ((["eval.tokens=256"], 256), ([], _results(trained)["run"]["config"]["eval"]["tokens"])):
+        child = tmp_path / f"ft{len(given)}"
+        result = invoke("finetune", str(trained), "train.steps=2", "train.progress=false", "train.threads=1",
+                        "precision=fp32", "eval.multiples=[1]", *given, f"hydra.run.dir={child}")
+        assert result.exit_code == 0, result.output
+        saved = _results(child)
+        assert saved["run"]["config"]["eval"]["tokens"] == expected  # unset: the parent's budget, to compare
+        assert [r["eval_tokens"] for r in saved["rows"]] == [expected]
+
+
 def test_load_runs_warns_of_sweep_jobs_without_results(run_copy, tmp_path):
     import posexp
 

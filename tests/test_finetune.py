@@ -145,7 +145,7 @@ def test_finetune_starts_from_the_parents_weights(parents, tmp_path, monkeypatch
 
     read, hashed = [], []
     child_config, weights_sha256 = finetune.child_config, finetune._weights_sha256
-    monkeypatch.setattr(finetune, "child_config", lambda app: read.append(1) or child_config(app))
+    monkeypatch.setattr(finetune, "child_config", lambda app, *given: read.append(1) or child_config(app, *given))
     monkeypatch.setattr(finetune, "_weights_sha256", lambda p: hashed.append(1) or weights_sha256(p))
     run_dir = tmp_path / "still"
     result = invoke("finetune", str(parents["rope"]), *QUICK, "train.lr=1e-12", f"hydra.run.dir={run_dir}")

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import check_added_keys, explain, full_error_requested
 from posexp.commands.edge import override_text
-from posexp.commands.finetune import CONFIG_NAME, check_finetune
+from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
 from posexp.runs.atomic import unwritable
@@ -164,7 +164,10 @@ def _check(claim: Claim, config: DictConfig, config_name: str, label: str = "", 
         del job["hydra"]
     try:
         check_added_keys(config)
-        spec = checker(config_name)(job)
+        if config_name == CONFIG_NAME:  # no Hydra job runs yet: a fine-tune is told what its command line set
+            spec = check_finetune(job, overridden_keys(config.hydra.overrides.task))
+        else:
+            spec = checker(config_name)(job)
         if "${hydra:" not in OmegaConf.to_yaml(job):  # else a value of the job's own (${hydra:job.num}): typed there
             claim.checked[tuple(str(o) for o in config.hydra.overrides.task)] = spec
     except PosexpError as e:

@@ -177,9 +177,10 @@ def _check_corpus(requested, parent_data: dict, parent: Path) -> None:
 
 # -- the new run's config ----------------------------------------------------------------------------
 
-def child_config(app: DictConfig) -> DictConfig:
+def child_config(app: DictConfig, overridden: Optional[set[str]] = None) -> DictConfig:
     """The new run's config: the parent's encoder, model, tokenizer and corpus, the fine-tune's training and
-    evaluation, and the lineage in ``finetune``.
+    evaluation, and the lineage in ``finetune``. ``overridden``: the keys the command line set (None: the running
+    Hydra job's); ``eval.tokens`` not among them is the parent's.
 
     Raises:
         PosexpError: the parent is not a finished run trained from scratch, or its weights are damaged.
@@ -213,7 +214,7 @@ def child_config(app: DictConfig) -> DictConfig:
     # the parent's encoder, model, tokenizer, corpus, and any group a later posexp adds (a task, a logger)
     child = {k: v for k, v in resolved.items() if k not in (*CHILD_KEYS, "train_len", "finetune")}
     child.update({k: mine[k] for k in CHILD_KEYS}, train_len=new_len)
-    if "eval.tokens" not in _overridden():  # measured on the parent's budget, so that the two compare
+    if "eval.tokens" not in (_overridden() if overridden is None else overridden):  # measured on the parent's budget, so that the two compare
         child["eval"]["tokens"] = resolved["eval"]["tokens"]
     if mine.get("logger") is not None:  # trackers chosen for the fine-tune, else the parent's
         child["logger"] = mine["logger"]
@@ -280,24 +281,30 @@ def _pose_target(mine: dict, train_len: int) -> int:
     return max(int(n) for n in e["lengths"]) if e.get("lengths") else max(int(m) for m in e["multiples"]) * train_len
 
 
+def overridden_keys(overrides) -> set[str]:
+    """The keys a job's overrides (``hydra.overrides.task``) set."""
+    return {str(o).lstrip("+~").partition("=")[0] for o in overrides}
+
+
 def _overridden() -> set[str]:
     """The keys the user set on the command line of this job (empty outside a Hydra job)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return set()
-    return {str(o).lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task}
+    return overridden_keys(HydraConfig.get().overrides.task)
 
 
-def check_finetune(app: DictConfig) -> Config:
+def check_finetune(app: DictConfig, overridden: Optional[set[str]] = None) -> Config:
     """Everything about a fine-tune that can be checked before it runs (every sweep job is checked first).
+    ``overridden``: the keys its command line set, where no Hydra job runs yet (the folder's claim checks it).
 
     Returns:
         The new run's config, typed.
     """
     from posexp.commands.train import check_config
 
-    return check_config(child_config(app))
+    return check_config(child_config(app, overridden))
 
 
 def finetune_run(spec: Config, run_dir: Path, overrides: list[str], console: Optional[Console] = None) -> dict:
