@@ -174,7 +174,7 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
 
 
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
-    from posexp.analysis.app import check_analyze_job
+    from posexp.cli.folders import check_analyze_job
 
     with pytest.raises(ConfigError, match="analyze.length"):
         check_analyze_job(compose_analyze("encoder=rope", *TINY, "analyze.length=1"))

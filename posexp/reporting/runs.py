@@ -59,8 +59,8 @@ class Run:
     info: dict
     rows: list[dict]
     overrides: Optional[list[str]]
-    side: Optional[RunSide] = field(default=None, repr=False)
-    _cache: dict = field(default_factory=dict, repr=False)
+    side: Optional[RunSide] = field(default=None, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def config_data(self) -> dict:
