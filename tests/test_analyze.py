@@ -31,7 +31,7 @@ from posexp.analysis.geometry import (
     rotary_frequencies,
     score_map,
 )
-from posexp.analysis.schema import register_schema
+from posexp.cli.folders import register_analyze_schema
 from posexp.config.schema import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError
@@ -45,7 +45,7 @@ TINY = ("model.d_model=32", "model.n_heads=2", "train_len=16", "eval.multiples=[
 def compose_analyze():
     from hydra import compose, initialize_config_dir
 
-    register_schema()
+    register_analyze_schema()
 
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

@@ -23,12 +23,11 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.analysis.schema import register_schema
 from posexp.cli import hydra_flags, shell, transfer
 from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain, full_error_requested,
                                   hydra_raises, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
-from posexp.cli.folders import Claim, Folders, Refused, claiming
+from posexp.cli.folders import Claim, Folders, Refused, claiming, register_analyze_schema
 from posexp.cli.jobs import Terminated, analyze_task, failed_jobs, finetune_task, pretrained_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
@@ -222,7 +221,7 @@ def _user_encoders(line: Optional[hydra_flags.CommandLine]) -> list:
     load_folder_plugins(dirs)
     refuse_broken(line)
     register_configs()
-    register_schema()
+    register_analyze_schema()
     return dirs
 
 

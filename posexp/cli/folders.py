@@ -139,6 +139,17 @@ def refuse_own_parent(config: DictConfig, key: str) -> None:
                           f"starts from; choose another {key} (nothing was deleted)")
 
 
+def register_analyze_schema() -> None:
+    """Store the ``posexp analyze`` schema with Hydra: the training config plus ``analyze.*``; idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    from posexp.analysis.schema import AnalyzeRootConfig
+    from posexp.commands.validation import register_configs
+
+    register_configs()
+    ConfigStore.instance().store(name="posexp_analyze_schema", node=AnalyzeRootConfig)
+
+
 def check_analyze_job(cfg: DictConfig) -> Any:
     """``posexp analyze``'s job config typed (a :class:`Config` with the ``analyze`` group) and checked."""
     from posexp.analysis.schema import AnalyzeRootConfig, check_analyze
