@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from posexp.reporting import find_runs, load_run
+from posexp.reporting import find_runs, read_run
 from posexp.reporting.curve_report import DIVERGED, diverged_from
 from posexp.runs.curve import read_curve
 from posexp.runs.layout import PERPLEXITY
@@ -37,7 +37,7 @@ def main() -> None:
     for folder in find_runs(args.paths):
         metric, rows = read_curve(folder)
         if metric == PERPLEXITY and rows:
-            curves.append((str(load_run(folder).info.get("encoder") or folder.name), rows))
+            curves.append((str(read_run(folder).info.get("encoder") or folder.name), rows))
     if not curves:
         raise SystemExit("no run with a perplexity curve.csv (train with eval.during_training.every=N)")
     steps = _steps(sorted({r["step"] for _, rows in curves for r in rows}), args.steps)

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from posexp.reporting.depth_curve import group_depth_series
-from posexp.reporting.runs import load_run
+from posexp.reporting.runs import read_run
 from posexp.reporting.summary import report_main
 from posexp.runs.layout import REPORT_DEPTH_PLOT
 
@@ -33,7 +33,7 @@ def _kv_run(folder: Path, by_depth: dict[int, dict[float, float]], seed: int = 0
 
 
 def test_each_length_is_a_line_over_depths_averaged_over_seeds(tmp_path):
-    runs = [load_run(_kv_run(tmp_path / str(s), {64: U, 128: {d: a - 0.2 * s for d, a in U.items()}}, seed=s))
+    runs = [read_run(_kv_run(tmp_path / str(s), {64: U, 128: {d: a - 0.2 * s for d, a in U.items()}}, seed=s))
             for s in (0, 1)]
     series = group_depth_series("rope", runs, many=False)
     assert [label for label, _, _ in series] == ["L=64", "L=128"]

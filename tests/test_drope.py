@@ -56,7 +56,7 @@ def test_the_child_is_recorded_as_a_drope_fine_tune_at_the_parents_length(traine
     assert run["finetune"]["train_len"] == parent["train_len"]  # recalibrated at the original length
     assert run["scaling"] == "none" and run["finetune"]["steps"] == 4
     from posexp.reporting.extension import build_extension_table
-    from posexp.reporting.runs import load_run as read_run
+    from posexp.reporting.runs import read_run
 
     table = build_extension_table(read_run(trained), [read_run(dropped)])
     assert any(line.label.startswith("DroPE") for line in table.lines)

@@ -87,6 +87,26 @@ def test_a_folder_that_is_no_run_is_one_clear_error(tmp_path):
         posexp.load_run(tmp_path)
 
 
+def test_the_report_and_load_run_read_one_run_class_and_the_report_stays_light(run_dir):
+    """One :class:`Run`: what a report reads is what ``posexp.load_run`` gives, with the same rows and curve; read
+    for a report it imports neither the model side (commands, torch) nor Hydra, and says so if asked for a model."""
+    import posexp
+    from posexp.reporting.runs import Run, read_run
+
+    run, report = posexp.load_run(run_dir), read_run(run_dir)
+    assert type(run) is Run and type(report) is Run
+    assert run.rows == report.rows and run.info == report.info and run.overrides == report.overrides
+    assert run.config_data == report.config_data and run.curve.equals(report.curve)
+    code = (f"import sys; from posexp.reporting.runs import read_run; r = read_run({str(run_dir)!r}); r.curve; "
+            "r.config_data; print(sorted(m for m in ('torch', 'hydra', 'posexp.commands') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+    from posexp.errors import PosexpError
+
+    with pytest.raises(PosexpError, match="without its model; open it with posexp.load_run"):
+        report.model
+
+
 def test_import_posexp_stays_light():
     code = "import sys, posexp; posexp.load_run; posexp.load_runs; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -21,8 +21,8 @@ from posexp.plots.perplexity import plot_ppl_vs_length
 from posexp.reporting import (
     build_report,
     find_runs,
-    load_run,
     print_report,
+    read_run,
     render_csv,
     render_markdown,
     report_main,
@@ -147,7 +147,7 @@ def test_label_from_overrides(tmp_path):
 
     # Older results without "overrides": Hydra's own overrides.yaml is the fallback.
     old = make_run(tmp_path / "old", {128: 3.0}, ["encoder=alibi"], overrides_in_results=False)
-    assert load_run(old).overrides == ["encoder=alibi"]
+    assert read_run(old).overrides == ["encoder=alibi"]
 
 
 def test_shared_overrides_move_to_header_and_duplicate_labels_are_unique(tmp_path):
@@ -301,7 +301,7 @@ def test_corrupt_results_raises_helpful_error(tmp_path):
         report_main([str(tmp_path / "sweep")], console=quiet_console(), options=ReportOptions(strict=True))
     (bad / "results.json").write_text("[1, 2]")
     with pytest.raises(PosexpError, match=r"results\.json: top level is a list"):
-        load_run(bad)
+        read_run(bad)
 
 
 # --- outputs -----------------------------------------------------------------

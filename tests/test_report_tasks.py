@@ -13,7 +13,7 @@ from rich.console import Console
 from posexp.errors import ConfigError
 from posexp.evaluation.accuracy import wilson_interval
 from posexp.reporting.task_report import build_task_report, parse_task_metric
-from posexp.reporting.runs import load_run
+from posexp.reporting.runs import read_run
 from posexp.reporting.summary import report_main
 from posexp.reporting.options import ReportOptions
 from test_report import make_run
@@ -40,7 +40,7 @@ def make_task_run(folder: Path, accuracy: dict[int, float | None], task: str = "
 
 
 def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(tmp_path):
-    runs = [load_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2, 256: 0.2}, seed=s))
+    runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2, 256: 0.2}, seed=s))
             for s, acc2 in ((0, 0.95), (1, 0.85))]
     report = build_task_report(runs, ["encoder"], ["acc@2x", "maxlen@acc90", "maxlen@acc80"])
     (group,) = report.groups
@@ -54,7 +54,7 @@ def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(
 
 
 def test_a_single_run_shows_its_wilson_interval_and_not_applicable_lengths(tmp_path):
-    run = load_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
+    run = read_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
     (group,) = build_task_report([run]).groups
     low, high = wilson_interval(100, 200)
     assert group.cells[64].low == pytest.approx(100 * low) and group.cells[64].high == pytest.approx(100 * high)
@@ -119,7 +119,7 @@ def test_tok_metrics_read_the_per_token_accuracy_where_exact_match_is_zero(tmp_p
         for row in results["rows"]:
             row["token_accuracy"] = tokens[row["length"]]
         (folder / "results.json").write_text(json.dumps(results))
-        runs.append(load_run(folder))
+        runs.append(read_run(folder))
     report = build_task_report(runs, ["encoder"], ["acc@2x", "tok@2x", "tok@64"])
     (group,) = report.groups
     assert group.metrics["acc@2x"].mean == pytest.approx(0.0)
@@ -157,7 +157,7 @@ def test_json_of_lm_and_task_runs_is_one_document(tmp_path):
 
 
 def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
-    runs = [load_run(make_task_run(tmp_path / str(i), {n: 0.5, 2 * n: 0.1}, seed=i, train_len=n))
+    runs = [read_run(make_task_run(tmp_path / str(i), {n: 0.5, 2 * n: 0.1}, seed=i, train_len=n))
             for i, n in enumerate((32, 64))]
     report = build_task_report(runs, ["encoder"])
     assert sorted(g.label for g in report.groups) == ["encoder=rope train_len=32", "encoder=rope train_len=64"]
@@ -212,7 +212,7 @@ def test_task_tables_at_40_columns_keep_every_label_readable_and_every_number_wh
     assert result.exit_code == 0, result.output
     out = result.output
     assert max(len(line) for line in out.splitlines()) <= 40 and "…" not in out, out
-    report = build_task_report([load_run(tmp_path / "sweep" / name) for name in ("m0", "m1", "r0", "r1")],
+    report = build_task_report([read_run(tmp_path / "sweep" / name) for name in ("m0", "m1", "r0", "r1")],
                                list(by[1:]))
     headers, cells = _cells(out, "┃"), _cells(out, "│")
     assert {"encoder" if by else "run"} | {"n", "acc@2x", "acc@4x", "maxlen@acc90"} <= headers | {"encoder"}, out
@@ -230,9 +230,9 @@ def test_task_tables_at_40_columns_keep_every_label_readable_and_every_number_wh
 
 def test_maxlen_at_acc90_is_an_absolute_threshold_and_the_relative_form_has_its_own_name(tmp_path):
     """A passkey model at 0.2% got maxlen@acc90 = 128, the same as one at 95%: 90% of 0.2% is easy to keep."""
-    never = load_run(make_task_run(tmp_path / "never", {64: 0.002, 128: 0.002, 256: 0.002}, task="passkey",
+    never = read_run(make_task_run(tmp_path / "never", {64: 0.002, 128: 0.002, 256: 0.002}, task="passkey",
                                    examples=1000))
-    good = load_run(make_task_run(tmp_path / "good", {64: 0.97, 128: 0.93, 256: 0.5}, task="passkey",
+    good = read_run(make_task_run(tmp_path / "good", {64: 0.97, 128: 0.93, 256: 0.5}, task="passkey",
                                   encoder="alibi"))
     report = build_task_report([never, good], ["encoder"], ["maxlen@acc90", "maxlen@rel90", "maxlen@acc50"])
     value = {g.label: {name: s.mean for name, s in g.metrics.items()} for g in report.groups}
@@ -275,7 +275,7 @@ def test_a_run_that_did_not_learn_at_1x_is_marked_with_chance_from_the_answer_al
     # copy without a recorded answer size: exact match <= 5% did not learn; one of two seeds
     make_task_run(tmp_path / "s" / "c0", {64: 0.03, 128: 0.0}, seed=0)
     make_task_run(tmp_path / "s" / "c1", {64: 0.60, 128: 0.1}, seed=1)
-    report = build_task_report([load_run(tmp_path / "s" / n) for n in ("p0", "p1", "c0", "c1")], ["encoder"])
+    report = build_task_report([read_run(tmp_path / "s" / n) for n in ("p0", "p1", "c0", "c1")], ["encoder"])
     shown = {(g.task, g.label): g.shown_label for g in report.groups}
     assert shown[("parity", "encoder=nope")] == "encoder=nope (did not learn at 1×)"
     assert shown[("parity", "encoder=rope")] == "encoder=rope"
@@ -318,7 +318,7 @@ def test_chance_comes_from_each_tasks_answer_alphabet():
 
 def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):
     """RULER's effective length: a dip at 128 (a run that recovers) does not end it, as it ends maxlen@acc85."""
-    run = load_run(make_task_run(tmp_path / "r", {64: 0.95, 128: 0.6, 256: 0.9, 512: 0.3}))
+    run = read_run(make_task_run(tmp_path / "r", {64: 0.95, 128: 0.6, 256: 0.9, 512: 0.3}))
     report = build_task_report([run], ["encoder"], ["efflen@85", "maxlen@acc85", "efflen@99"])
     (group,) = report.groups
     assert group.metrics["efflen@85"].mean == 256 and group.metrics["maxlen@acc85"].mean == 64
@@ -334,8 +334,8 @@ def test_a_ruler_task_shows_its_effective_length_by_default(tmp_path):
     recorded = json.loads((niah / "results.json").read_text())
     recorded["run"]["task"]["citation"] = "Hsieh et al. 2024 (RULER, needle in a haystack)"
     (niah / "results.json").write_text(json.dumps(recorded))
-    report = build_task_report([load_run(niah)])
+    report = build_task_report([read_run(niah)])
     assert [m.name for m in report.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90", "efflen@85"]
     assert report.groups[0].metrics["efflen@85"].mean == 128
-    copy = build_task_report([load_run(make_task_run(tmp_path / "copy", {64: 1.0, 128: 0.9}))])
+    copy = build_task_report([read_run(make_task_run(tmp_path / "copy", {64: 1.0, 128: 0.9}))])
     assert [m.name for m in copy.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90"]

@@ -118,9 +118,9 @@ def _window_runs(tmp_path: Path) -> list[Path]:
 def test_cols_window_pivots_plain_against_window_with_a_paired_verdict(tmp_path):
     from posexp.reporting.pivot import as_table, build_pivot
     from posexp.reporting.tables import render
-    from posexp.reporting.runs import load_run
+    from posexp.reporting.runs import read_run
 
-    pivot = build_pivot([load_run(p) for p in _window_runs(tmp_path)], ["encoder"], ["window"])
+    pivot = build_pivot([read_run(p) for p in _window_runs(tmp_path)], ["encoder"], ["window"])
     assert pivot.columns == [(None,), (64,)]  # the plain rows are the baseline
     cell = pivot.cell(("rope",), 256, (64,))
     diff, low, high = cell.diff()
@@ -231,10 +231,10 @@ def test_cols_scaling_pairs_one_models_folders_and_shows_its_task_beside_its_per
     from test_report_golden import pretrained_sweep
 
     from posexp.reporting.pivot import build_pivot
-    from posexp.reporting.runs import load_run
+    from posexp.reporting.runs import read_run
 
     sweep = pretrained_sweep(tmp_path)
-    runs = [load_run(p) for p in sorted(sweep.iterdir())]
+    runs = [read_run(p) for p in sorted(sweep.iterdir())]
     pivot = build_pivot(runs, [], ["scaling"])
     assert pivot.lines == [("hf.model=tiny",)] and [m.name for m in pivot.measures] == ["ppl", "passkey acc"]
     yarn = pivot.cell(("hf.model=tiny",), 512, ("yarn",))
@@ -245,7 +245,7 @@ def test_cols_scaling_pairs_one_models_folders_and_shows_its_task_beside_its_per
     for row in recorded["rows"]:
         row.update(tokens=32768, eval_tokens=32768)
     (sweep / "1" / "results.json").write_text(json.dumps(recorded))
-    pivot = build_pivot([load_run(p) for p in sorted(sweep.iterdir())], [], ["scaling"])
+    pivot = build_pivot([read_run(p) for p in sorted(sweep.iterdir())], [], ["scaling"])
     assert not pivot.cell(("hf.model=tiny",), 512, ("yarn",)).diffs
     assert any("3 of 6 values have no difference" in note and "measured on other tokens" in note
                for note in pivot.notes), pivot.notes
@@ -260,10 +260,10 @@ def test_fine_tunes_say_their_target_and_are_differenced_only_where_measured_ali
     from posexp.reporting.extension import build_extension_table, extension_runs
     from posexp.reporting.lm_report import build_report
     from posexp.reporting.render import render_markdown
-    from posexp.reporting.runs import load_run
+    from posexp.reporting.runs import read_run
 
     top = longer_finetunes(tmp_path)
-    runs = [load_run(top / name) for name in ("parent", "ft_direct", "ft_yarn")]
+    runs = [read_run(top / name) for name in ("parent", "ft_direct", "ft_yarn")]
     table = build_extension_table(*extension_runs(runs))
     parent, direct, _ = table.lines
     assert direct.label == "direct ft→512, 150 steps"

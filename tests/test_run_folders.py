@@ -146,10 +146,10 @@ def test_analyze_is_composed_as_often_as_by_a_plain_hydra_app(tmp_path, monkeypa
 
     import hydra
 
-    from posexp.analysis.schema import register_schema
+    from posexp.cli.folders import register_analyze_schema
     from posexp.config.schema import config_dir
 
-    register_schema()
+    register_analyze_schema()
     monkeypatch.chdir(tmp_path)
     loads = _compositions(monkeypatch)
     args = ("encoder=rope", "train_len=32", "analyze.length=64", "analyze.figures=false")

@@ -70,14 +70,14 @@ def test_objective_picks_the_loss_it_names(tiny, objective, expected):
     from posexp.commands.sweeps import objective_value
 
     cfg = tiny(*TINY, f"objective={objective}")
-    assert objective_value(ROWS, cfg) == pytest.approx(expected)
+    assert objective_value(ROWS, typed(cfg).objective) == pytest.approx(expected)
 
 
 def test_objective_of_an_unreachable_length_is_worst(tiny):
     from posexp.commands.sweeps import objective_value
 
     rows = {"rows": [*ROWS["rows"][:2], {"length": 128, "loss": None, "applicable": False}]}
-    assert objective_value(rows, tiny(*TINY)) == math.inf
+    assert objective_value(rows, typed(tiny(*TINY)).objective) == math.inf
 
 
 @pytest.mark.parametrize("bad", ["longst", "0", "-4"])

@@ -3,34 +3,28 @@
 Builds the encoder the config names, analyses each unit of it
 (:mod:`posexp.analysis.geometry`), draws its figures (:mod:`posexp.analysis.drawing`),
 writes ``analysis.json`` and prints a summary; at the end of a ``-m`` sweep,
-:class:`AnalyzeSweepCallback` draws one comparison across the jobs.
+:func:`compare_sweep` draws one comparison across the jobs. It takes the typed config: Hydra's is typed and
+checked in ``posexp/cli/`` (:func:`posexp.cli.folders.check_analyze_job`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from posexp.analysis.drawing import draw_comparison, draw_unit
 from posexp.analysis.geometry import RELATIVE_TOLERANCE, analyse_unit, units
-from posexp.analysis.schema import AnalyzeConfig, AnalyzeRootConfig, check_analyze
+from posexp.analysis.schema import AnalyzeConfig
 from posexp.model.factory import build_encoder
 from posexp.config.schema import Config, eval_lengths
-from posexp.commands.edge import typed
-from posexp.commands.validation import validate
 from posexp.runs.atomic import atomic_write_json
-
-# the logger name train.log and users' logging filters have always seen, wherever the module lives
-log = logging.getLogger("posexp.analyze")
 
 ANALYSIS_JSON = "analysis.json"
 COMPARISON_PNG = "comparison.png"
@@ -97,14 +91,6 @@ def _curves_for_json(unit: dict) -> dict:
     if "rope_bound" in c:
         out["rope_bound"] = np.round(c["rope_bound"], 6).tolist()
     return out
-
-
-def check_analyze_job(cfg: DictConfig) -> Any:
-    """``posexp analyze``'s job config typed (a :class:`Config` with the ``analyze`` group) and checked."""
-    spec: Any = typed(cfg, AnalyzeRootConfig)
-    validate(spec, memory=None)  # no model is built, only the encoder
-    check_analyze(spec.analyze)
-    return spec
 
 
 def run_analyze(cfg: Config, a: AnalyzeConfig, out: Path, console: Optional[Console] = None) -> dict:
@@ -180,21 +166,3 @@ def compare_sweep(sweep_dir: Path) -> Optional[Path]:
     if len(results) < 2:
         return None
     return draw_comparison(results, Path(sweep_dir) / COMPARISON_PNG)
-
-
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover
-    Callback = object  # type: ignore[misc,assignment]
-
-
-class AnalyzeSweepCallback(Callback):
-    """Hydra callback: when a ``posexp analyze -m`` sweep ends, draw ``comparison.png`` in the sweep folder."""
-
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        try:
-            path = compare_sweep(Path(str(config.hydra.sweep.dir)))
-            if path is not None:
-                Console().print(f"wrote {path}", highlight=False)
-        except Exception:  # the jobs' own outputs are already safe
-            log.warning("comparison figure not written", exc_info=True)

@@ -47,16 +47,6 @@ def _analyze_root_schema() -> type:
 AnalyzeRootConfig = _analyze_root_schema()
 
 
-def register_schema() -> None:
-    """Store the ``posexp analyze`` schema: the training config plus ``analyze.*``; idempotent."""
-    from hydra.core.config_store import ConfigStore
-
-    from posexp.commands.validation import register_configs
-
-    register_configs()
-    ConfigStore.instance().store(name="posexp_analyze_schema", node=AnalyzeRootConfig)
-
-
 def check_analyze(a: Any) -> None:
     """Range checks of the ``analyze`` keys. Raises :class:`ConfigError` naming the key."""
     require(a.length is None or a.length >= 2, "analyze.length",

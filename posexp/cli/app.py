@@ -19,12 +19,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from posexp.analysis.schema import register_schema
 from posexp.cli import hydra_flags, search, shell
 from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain_composition,
                                   full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import err_console, fail
-from posexp.cli.folders import Carried, Claim, Folders, claiming
+from posexp.cli.folders import Carried, Claim, Folders, claiming, register_analyze_schema
 from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
 from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
@@ -208,7 +207,7 @@ def _user_encoders(line: Optional[hydra_flags.CommandLine]) -> list:
     load_folder_plugins(dirs)
     refuse_broken(line)
     register_configs()
-    register_schema()
+    register_analyze_schema()
     return dirs
 
 

@@ -72,8 +72,9 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
     hc = HydraConfig.get()
     run_dir, overrides = Path(hc.runtime.output_dir), list(hc.overrides.task)
     try:
-        set_job_threads(cfg, hc.launcher)
-        return objective_value(run(_checked(cfg, hc), run_dir, overrides), cfg)
+        spec = _checked(cfg, hc)  # the edge: the sweep's threads and objective are read typed
+        set_job_threads(getattr(getattr(spec, "train", None), "threads", None), hc.launcher)
+        return objective_value(run(spec, run_dir, overrides), getattr(spec, "objective", "longest"))
     except TrainingInterrupted as e:
         if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
             raise SystemExit(e.exit_code)
@@ -162,6 +163,23 @@ class SweepSummaryCallback(Callback):
             logging.getLogger("posexp.report").warning("sweep summary not written: the config names no sweep folder")
             return
         sweep_summary(sweep_dir)
+
+
+class AnalyzeSweepCallback(Callback):
+    """Hydra callback (``hydra.callbacks`` of configs/analyze.yaml): when a ``posexp analyze -m`` sweep ends, draw
+    ``comparison.png`` in the sweep folder (:func:`posexp.analysis.app.compare_sweep`)."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        from rich.console import Console
+
+        from posexp.analysis.app import compare_sweep  # torch: see posexp/cli/app.py
+
+        try:
+            path = compare_sweep(Path(str(config.hydra.sweep.dir)))
+            if path is not None:
+                Console().print(f"wrote {path}", highlight=False)
+        except Exception:  # the jobs' own outputs are already safe
+            logging.getLogger("posexp.analyze").warning("comparison figure not written", exc_info=True)
 
 
 class FailedJobsCallback(Callback):

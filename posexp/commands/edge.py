@@ -50,8 +50,9 @@ def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assig
         on_schema = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         spec = OmegaConf.to_object(on_schema)
         encoder = OmegaConf.to_container(on_schema.encoder, resolve=True) if "encoder" in on_schema else None
-        task = OmegaConf.to_container(on_schema.task, resolve=True) if schema is Config else None
-        logger = OmegaConf.to_container(on_schema.logger, resolve=True) if schema is Config else None
+        run_schema = issubclass(schema, Config)  # Config, or a command's subclass of it (posexp analyze's)
+        task = OmegaConf.to_container(on_schema.task, resolve=True) if run_schema else None
+        logger = OmegaConf.to_container(on_schema.logger, resolve=True) if run_schema else None
     except OmegaConfBaseException as e:
         raise PosexpError(f"the config does not fit posexp's config schema ({str(e).splitlines()[0]})") from None
     assert isinstance(spec, schema)
@@ -62,6 +63,19 @@ def typed(cfg: DictConfig, schema: type[C] = Config) -> C:  # type: ignore[assig
     if isinstance(logger, dict):
         spec.logger = logger  # type: ignore[attr-defined]
     return spec
+
+
+def launch_folder() -> Path:
+    """The folder posexp was started in: Hydra's record of it inside a job (with ``hydra.job.chdir=true`` the job
+    runs in its run folder), else the working folder. Read here so that nothing below the commands asks Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.cwd)
+    except (ImportError, ValueError):
+        pass
+    return Path(os.getcwd())
 
 
 def read_saved_config(run_dir: str | os.PathLike) -> DictConfig:

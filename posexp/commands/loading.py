@@ -7,7 +7,9 @@
     run.curve    # curve.csv (eval.during_training) the same way: one line per step x length
     logits = run.model(tokens)  # (B, L, vocab), the weights of the run's checkpoint
 
-Many runs at once, as one table: :func:`posexp.load_runs` (:mod:`posexp.reporting.frame`).
+The run is the one :class:`posexp.reporting.runs.Run` the reports read too; this module is its library side
+(:class:`RunOpener`): the config typed, the results as a table, the model. Many runs at once, as one table:
+:func:`posexp.load_runs` (:mod:`posexp.reporting.frame`).
 """
 
 from __future__ import annotations
@@ -16,91 +18,47 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, typed
 from posexp.config.schema import PretrainedConfig
 from posexp.errors import PosexpError
 from posexp.reporting.frame import records_table, run_records
-from posexp.reporting.runs import load_run as read_run
-from posexp.runs.curve import read_curve
+from posexp.reporting.runs import Run, read_run
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG
 
 ALLOW_KEYWORD = "allow_changed_encoder=True to posexp.load_run"  # the Python twin of --allow-changed-encoder
 
 
 @dataclass
-class Run:
-    """A finished run, read back from its folder by :func:`load_run`.
+class RunOpener:
+    """The library side of a :class:`~posexp.reporting.runs.Run` (its :class:`~posexp.reporting.runs.RunSide`):
+    the raw saved config is typed here, at the edge; the results table and the model are made on first use."""
 
-    Example::
+    allow_changed_encoder: bool = False
+    _saved: Optional[SavedConfig] = field(default=None, repr=False)
 
-        run = posexp.load_run("outputs/2026-11-22/10-00-00")
-        run.config.train_len, run.config.encoder["name"]       # 128, 'rope'
-        run.results.pivot_table(index="protocol", columns="length", values="ppl")
-        run.curve[run.curve.length == 512].plot(x="step", y="ppl")   # with eval.during_training.every=N
-        with torch.no_grad():
-            logits = run.model(tokens)                          # tokens: (B, L) long -> (B, L, vocab)
+    def saved(self, run: Run) -> SavedConfig:
+        """The run's saved config, raw and typed (read once)."""
+        if self._saved is None:
+            self._saved = _saved_config(run)
+        return self._saved
 
-    Attributes:
-        path: the run folder.
-        config: the run's config as the typed :class:`posexp.config.schema.Config` (keys added to posexp since
-            the run was written get their defaults; ``encoder`` is a mapping, as
-            :func:`~posexp.commands.edge.typed` leaves it).
-        results: the rows of ``results.json`` as a pandas DataFrame, one line per measured length x protocol x
-            scaling x window (task runs: x depth), each with the run's columns joined as
-            :func:`posexp.load_runs` joins them: ``encoder``, ``base``, ``seed``, ``train_len``, ``task``,
-            ``run``, ``config_hash``, ``status``, and for a fine-tune ``ft_scaling`` and ``parent``. The row's
-            own fields follow: ``metric``, ``length``, ``multiple``, ``protocol``, ``scaling`` (of evaluation,
-            ``none`` without), ``ppl``, ``ppl_low``, ``ppl_high``, ``loss``, or ``exact_match``, ... .
-        curve: see :attr:`curve`.
-        model: see :attr:`model`.
-        info: ``results.json``'s ``run`` record (encoder, seed, corpus, training time, versions, ...).
-    """
+    def config(self, run: Run) -> Any:
+        return self.saved(run).spec
 
-    path: Path
-    config: Any
-    results: Any
-    info: dict
-    _saved: SavedConfig = field(repr=False)
-    _allow_changed_encoder: bool = field(default=False, repr=False)
-    _model: Any = field(default=None, repr=False)
+    def results(self, run: Run) -> Any:
+        return records_table(run_records(run))
 
-    @property
-    def model(self):
-        """The trained :class:`posexp.model.gpt.GPT` in eval mode on the CPU, ready for ``model(tokens)``; for the
-        run of a pretrained model (``posexp eval hf:MODEL``) the transformers model it measured, read from the
-        model's own folder (fp32, CPU; ``model(tokens).logits``), checked against the weights' SHA-256 the run
-        recorded.
-
-        Built from the run's config and loaded from its checkpoint on first use (then kept), checked
-        against the config hash and SHA-256 recorded when training wrote it. Tied input and output
-        embeddings stay one tensor. A plugin encoder (``--config-dir`` with ``module:``) is imported from the
-        working folder, else from the file the run recorded, and must be the code the run was trained with,
-        as ``posexp eval`` requires.
-
-        Raises:
-            PosexpError: the checkpoint is missing, corrupt or from another config; a plugin encoder cannot be
-                imported, or its source changed since training (``load_run(..., allow_changed_encoder=True)``
-                goes on with a warning); a pretrained model's folder is gone or holds other weights now.
-        """
-        if self._model is None:
-            if isinstance(self.info.get("pretrained"), dict):
-                self._model = _load_pretrained_model(self.path, self.info["pretrained"], self.config)
-            else:
-                self._model = _load_model(self.path, self._saved, self.info, self._allow_changed_encoder)
-        return self._model
-
-    @property
-    def curve(self) -> Any:
-        """The points of ``curve.csv`` (``eval.during_training.every=N``) as a pandas DataFrame: one line per
-        ``step`` x ``length``, with ``multiple``, ``ppl`` and ``loss`` (a task run: ``exact_match``,
-        ``token_accuracy``); empty for a run trained without it."""
-        return _table(read_curve(self.path)[1])
+    def model(self, run: Run) -> Any:
+        if isinstance(run.info.get("pretrained"), dict):
+            return _load_pretrained_model(run.path, run.info["pretrained"], run.config)
+        return _load_model(run.path, self.saved(run), run.info, self.allow_changed_encoder)
 
 
 def load_run(path: str | os.PathLike, allow_changed_encoder: bool = False) -> Run:
-    """Read the run in folder ``path`` (one that ``posexp train`` wrote). The weights load on first ``.model``.
+    """Read the run in folder ``path`` (one that ``posexp train`` wrote): a :class:`~posexp.reporting.runs.Run`
+    whose config, results, curve and model (weights loaded on first ``.model``) are at hand.
 
     Args:
         path: the run folder, or its ``results.json``.
@@ -110,25 +68,22 @@ def load_run(path: str | os.PathLike, allow_changed_encoder: bool = False) -> Ru
     Raises:
         PosexpError: ``path`` is not a run folder, or its results or config cannot be read.
     """
+    opener = RunOpener(allow_changed_encoder)
+    run = read_run(path, opener)  # a results.json named directly reads as its folder
+    opener.saved(run)  # a config that cannot be read is refused now, not on first use
+    return run
+
+
+def _saved_config(run: Run) -> SavedConfig:
+    """The run's config as saved, typed: a pretrained model's by that app's schema (``posexp eval hf:MODEL``)."""
     from posexp.commands.eval import apply_eval_overrides, load_run_config
 
-    report_run = read_run(path)  # a results.json named directly reads as its folder
-    run_dir, results = report_run.path, {"run": report_run.info, "rows": report_run.rows}
-    if isinstance(report_run.info.get("pretrained"), dict):  # posexp eval hf:MODEL: its config is that app's
-        raw = load_run_config(run_dir, results)
-        saved = SavedConfig(raw, typed(raw, PretrainedConfig))  # type: ignore[arg-type]
-        return Run(path=run_dir, config=saved.spec, results=records_table(run_records(report_run)),
-                   info=report_run.info, _saved=saved)
-    raw = apply_eval_overrides(load_run_config(run_dir, results), [])
-    saved = SavedConfig(raw, typed(raw))  # the edge: typed from here on
-    return Run(path=run_dir, config=saved.spec, results=records_table(run_records(report_run)), info=report_run.info,
-               _saved=saved, _allow_changed_encoder=allow_changed_encoder)
-
-
-def _table(rows: list[dict]) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(rows)
+    results = {"run": run.info, "rows": run.rows}
+    if isinstance(run.info.get("pretrained"), dict):
+        raw = load_run_config(run.path, results)
+        return SavedConfig(raw, typed(raw, PretrainedConfig))  # type: ignore[arg-type]
+    raw = apply_eval_overrides(load_run_config(run.path, results), [])
+    return SavedConfig(raw, typed(raw))  # the edge: typed from here on
 
 
 def _load_pretrained_model(run_dir: Path, record: dict, spec: Any):

@@ -22,7 +22,6 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from omegaconf import DictConfig
 
 from posexp.errors import ConfigError
 from posexp.runs.layout import RESULTS_JSON, run_status, runs_under
@@ -73,16 +72,16 @@ def job_threads(launcher: Any, cores: Optional[int] = None) -> Optional[int]:
     return int(cpus) if cpus else None
 
 
-def set_job_threads(cfg: DictConfig, launcher: Any) -> Optional[int]:
-    """Set torch's thread count for this job from the launcher, unless ``train.threads`` is a number (auto takes
-    the launcher's share)."""
+def set_job_threads(threads: Any, launcher: Any) -> Optional[int]:
+    """Set torch's thread count for this job from the launcher, unless ``threads`` (the job's typed
+    ``train.threads``; None for a config that trains nothing) is a number (auto takes the launcher's share)."""
     import torch
 
     from posexp.runtime.threads import pin
 
     threads = job_threads(launcher)
     pin(threads, f"{_launcher_name(launcher)}'s share of the cores")  # what train.threads=auto then takes
-    if isinstance((cfg.get("train") or {}).get("threads"), int):  # a number: run_train sets it
+    if isinstance(threads, int):  # a number: run_train sets it
         return None
     if threads is not None:
         torch.set_num_threads(threads)
@@ -96,9 +95,9 @@ def _launcher_name(launcher: Any) -> str:
 
 # -- the objective ------------------------------------------------------------------------------
 
-def objective_value(results: dict, cfg: DictConfig) -> Optional[float]:
-    """The loss in nats per token (log perplexity) that ``objective`` picks from a run's rows; lower is better
-    (a task run: the loss of its answer tokens).
+def objective_value(results: dict, objective: Any = "longest") -> Optional[float]:
+    """The loss in nats per token (log perplexity) that ``objective`` (the job's typed ``objective``) picks from a
+    run's rows; lower is better (a task run: the loss of its answer tokens).
 
     ``longest``: at the longest eval length; ``mean``: the mean over the eval lengths (the log of
     the geometric mean perplexity); an integer: at that eval length. A length the encoder cannot
@@ -110,7 +109,6 @@ def objective_value(results: dict, cfg: DictConfig) -> Optional[float]:
     rows = [r for r in results.get("rows", []) if r.get("length") is not None]
     if not rows:
         return None
-    objective = cfg.get("objective", "longest")
     by_length: dict[int, Optional[float]] = {}
     for r in rows:  # one row per length for one run; the first wins if a protocol added more
         loss = r.get("loss") if "loss" in r else r.get("answer_loss")  # a task row: nats per answer token

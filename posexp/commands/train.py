@@ -21,7 +21,7 @@ from rich.markup import escape
 from posexp.model.factory import build_model
 from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
-from posexp.commands.edge import typed
+from posexp.commands.edge import launch_folder, typed
 from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
@@ -85,7 +85,7 @@ def train_run(spec: Config, run_dir: Path, overrides: list[str], console: Option
     with _claimed(run_dir, w.is_main, resume is not None):
         try:
             return _run(TrainJob(spec, run_dir, overrides, identity=resume or run_hash(spec), resume=resume is not None,
-                                 device=device, world=w, console=console))
+                                 device=device, world=w, console=console, launched_in=launch_folder()))
         except OSError as e:
             if e.errno not in DISK_FULL:
                 raise
@@ -187,6 +187,8 @@ class TrainJob:
         resume: continue training from the run folder's latest checkpoint.
         device, world: this process's device and its place among the ranks.
         console: where the run reports (a quiet one on ranks other than 0).
+        launched_in: the folder posexp was started in, where a relative ``cache_dir`` is
+            (:func:`~posexp.commands.edge.launch_folder`).
     """
 
     spec: Config
@@ -197,6 +199,7 @@ class TrainJob:
     device: torch.device
     world: World
     console: Console
+    launched_in: Path
 
 
 def _run(job: TrainJob) -> dict:
@@ -207,7 +210,7 @@ def _run(job: TrainJob) -> dict:
         # refused for a damaged checkpoint leaves train.log as it was, and one that goes on says its own threads
         logging.getLogger("posexp.threads").info("%s", threads.describe(chosen, torch.get_num_threads()))
     warn = _warner(console)
-    cache_writable = warn_about_settings(spec, warn, w.is_main)
+    cache_writable = warn_about_settings(spec, warn, w.is_main, job.launched_in)
     source = _load_source(spec, w, console, warn)
     # eval.key_tokens: an evaluator that reads other tokens is refused here, before training
     key_tokens = for_run(spec, source.corpus, job.device, hf_evaluator, str(run_dir),
@@ -226,7 +229,7 @@ def _run(job: TrainJob) -> dict:
         write_encoder_source(run_dir, spec.encoder)
     with _tracked(job, warn) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
-        reused = distributed.broadcast(cache.lookup(spec, source.fingerprint)) if spec.cache and not resume else None
+        reused = distributed.broadcast(cache.lookup(spec, source.fingerprint, job.launched_in)) if spec.cache and not resume else None
         if reused is not None:
             result = reused.restore(model, run_dir, job.device) if w.is_main else None
             cache.log.info(reused.message())
@@ -244,7 +247,7 @@ def _run(job: TrainJob) -> dict:
         save_checkpoint(model, run_dir, {"config_hash": job.identity.value, "hash_format": job.identity.format,
                                          "steps": result.steps, "encoder": spec.encoder["name"]})
         if spec.cache and reused is None and cache_writable:
-            cache.store(spec, source.fingerprint, run_dir, result, warn)
+            cache.store(spec, source.fingerprint, run_dir, result, warn, job.launched_in)
         results = _evaluate_and_write(job, model, source, result, reused, key_tokens)
         trackers.log_results(results["rows"], run_dir)
     curve_s = results["run"]["train"].get("curve_s")
@@ -263,7 +266,8 @@ def _warner(console: Console) -> Callable[[str], None]:
     return warn
 
 
-def warn_about_settings(cfg: Config, warn: Callable[[str], None], is_main: bool) -> bool:
+def warn_about_settings(cfg: Config, warn: Callable[[str], None], is_main: bool,
+                        launched_in: Optional[Path] = None) -> bool:
     """Warn about settings that train, but probably not as meant; returns whether ``cache_dir`` can be written.
 
     With ``cache=true`` and a ``cache_dir`` that cannot be written, this is said once, here: the run reads the
@@ -271,7 +275,7 @@ def warn_about_settings(cfg: Config, warn: Callable[[str], None], is_main: bool)
     """
     for note in config_warnings(cfg):
         warn(note)
-    problem = cache.unwritable_warning(cfg) if cfg.cache and is_main else None
+    problem = cache.unwritable_warning(cfg, launched_in) if cfg.cache and is_main else None
     if problem is not None:
         warn(problem)
     return problem is None

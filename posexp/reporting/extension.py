@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, fmt_ratio, fmt_signed
-from posexp.reporting.runs import Run, load_run, measured_on, measured_text, parent_changed, shown_settings
+from posexp.reporting.runs import Run, read_run, measured_on, measured_text, parent_changed, shown_settings
 from posexp.reporting.tables import Column, Section, Table, TableCell
 
 PLAIN = "nonoverlap"
@@ -105,7 +105,7 @@ def extension_runs(runs: list[Run]) -> Optional[tuple[Run, list[Run]]]:
             return None
         return others[0], finetunes
     try:
-        return load_run(parent_dir), finetunes
+        return read_run(parent_dir), finetunes
     except PosexpError as e:
         raise PosexpError(f"the fine-tunes' parent {parent_dir} cannot be read ({e}); pass it as well, or "
                           "report the fine-tunes with --by") from None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.reporting.runs import Run, load_run
+from posexp.reporting.runs import Run, read_run
 from posexp.reporting.selection import config_value
 from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, find_runs, is_sweep_dir, iter_jobs
 from posexp.runs.row import ROW_KEY
@@ -111,7 +111,7 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
     runs = []
     for folder in find_runs(paths):
         try:
-            runs.append(load_run(folder))
+            runs.append(read_run(folder))
         except PosexpError as e:
             if strict:
                 raise
@@ -165,7 +165,7 @@ def _check_key(key: str, runs: list[Run]) -> None:
     if key in RUN_COLUMNS or any(type(config_value(run, key)) is not object for run in runs):
         return
     known = sorted({*(k for run in runs for k, v in run.info.items() if not isinstance(v, (dict, list))),
-                    *(k for run in runs[:20] for k in flatten_config(run.config))})
+                    *(k for run in runs[:20] for k in flatten_config(run.config_data))})
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError("columns", f"unknown config key {key!r}: no run has it{hint}")

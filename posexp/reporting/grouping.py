@@ -74,7 +74,7 @@ def _pooled_keys(group: Group, by: list[str]) -> list[str]:
         return []
     flats = []
     for row in group.rows:
-        flat = {k: v for k, v in flatten_config(row.run.config).items() if not k.startswith("eval.")}
+        flat = {k: v for k, v in flatten_config(row.run.config_data).items() if not k.startswith("eval.")}
         for k in ("encoder", "base"):  # the effective values: base is null where an encoding ignores it
             flat[k] = row.run.info.get(k)
         flat.pop("encoder.name", None)

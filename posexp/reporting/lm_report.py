@@ -27,7 +27,7 @@ from posexp.reporting.grouping import aggregate_group, group_rows, sort_groups
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
-from posexp.reporting.runs import Run, load_run, parent_changed, shown_settings, window_key
+from posexp.reporting.runs import Run, read_run, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import aggregate_stat
@@ -182,7 +182,7 @@ def _add_parent_metrics(report: Report) -> None:
         path = row.run.info.get("parent")
         if isinstance(path, str) and path not in parents:
             try:
-                run = load_run(path)
+                run = read_run(path)
                 parents[path] = ReportRow(path, run, _cells(run, report.protocol, report.scaling, report.window), None)
             except PosexpError as e:
                 parents[path] = None
@@ -212,7 +212,7 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
     skipped: list[str] = []
     for folder in run_dirs:
         try:
-            runs.append(load_run(folder))
+            runs.append(read_run(folder))
         except PosexpError as e:
             # one damaged results.json in a sweep must not hide the others
             if strict:

@@ -1,4 +1,6 @@
-"""A run as the report sees it: one run folder's ``results.json``, its overrides and config.
+"""A run: one run folder's ``results.json``, its overrides and config, as the reports and :func:`posexp.load_run`
+read it (one :class:`Run`; the typed config and the model come from its :class:`RunSide`, imported only by
+:func:`posexp.load_run`, so a report stays light).
 
 Reading the files is :mod:`posexp.runs.layout`'s job; this module only shapes them into :class:`Run`.
 """
@@ -8,35 +10,111 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Protocol
 
+from posexp.errors import PosexpError
+from posexp.runs.curve import read_curve
 from posexp.runs.row import VIEW_KEY
 from posexp.runs.layout import CHECKPOINT, read_config_dict, read_overrides, read_results, results_file, sha256_file
 
 
+class RunSide(Protocol):
+    """What a run has beyond its files, supplied by the one that opened it: :func:`posexp.load_run`
+    (:class:`posexp.commands.loading.RunOpener`) types its config and builds its model. Reporting reads a run
+    without one, so it never imports the model side."""
+
+    def config(self, run: "Run") -> Any: ...
+
+    def results(self, run: "Run") -> Any: ...
+
+    def model(self, run: "Run") -> Any: ...
+
+
 @dataclass
 class Run:
-    """One run folder's ``results.json``.
+    """A finished run, read back from its folder: :func:`posexp.load_run` (the library: typed config, results
+    table and model) and the reports (its files only) read this one class.
+
+    Example::
+
+        run = posexp.load_run("outputs/2026-11-22/10-00-00")
+        run.config.train_len, run.config.encoder["name"]       # 128, 'rope'
+        run.results.pivot_table(index="protocol", columns="length", values="ppl")
+        run.curve[run.curve.length == 512].plot(x="step", y="ppl")   # with eval.during_training.every=N
+        with torch.no_grad():
+            logits = run.model(tokens)                          # tokens: (B, L) long -> (B, L, vocab)
 
     Attributes:
         path: the run folder.
-        info: the ``run`` object (label, encoder, config, ...).
+        info: ``results.json``'s ``run`` record (label, encoder, seed, corpus, training time, versions, ...).
         rows: the ``rows`` list, one per evaluated (length, protocol, scaling).
         overrides: the Hydra overrides the run was launched with, or None when unknown.
+        config: see :attr:`config`; :attr:`config_data` is the same config as plain data.
+        results: see :attr:`results`.
+        curve: see :attr:`curve`.
+        model: see :attr:`model`.
     """
 
     path: Path
     info: dict
     rows: list[dict]
     overrides: Optional[list[str]]
-    _config: Optional[dict] = field(default=None, repr=False)
+    side: Optional[RunSide] = field(default=None, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def config(self) -> dict:
-        """The resolved config: from results.json, else the run's ``.hydra/config.yaml``; {} when neither."""
-        if self._config is None:
-            self._config = _run_config(self)
-        return self._config
+    def config_data(self) -> dict:
+        """The resolved config as plain data: from results.json, else the run's ``.hydra/config.yaml``; {} when
+        neither."""
+        if "data" not in self._cache:
+            self._cache["data"] = _run_config(self)
+        return self._cache["data"]
+
+    @property
+    def config(self) -> Any:
+        """The run's config as the typed :class:`posexp.config.schema.Config` (keys added to posexp since the run
+        was written get their defaults; ``encoder`` is a mapping, as :func:`~posexp.commands.edge.typed` leaves
+        it); a pretrained model's run: :class:`~posexp.config.schema.PretrainedConfig`."""
+        return self._side_value("config")
+
+    @property
+    def results(self) -> Any:
+        """The rows of ``results.json`` as a pandas DataFrame, one line per measured length x protocol x scaling x
+        window (task runs: x depth), each with the run's columns joined as :func:`posexp.load_runs` joins them:
+        ``encoder``, ``base``, ``seed``, ``train_len``, ``task``, ``run``, ``config_hash``, ``status``, and for a
+        fine-tune ``ft_scaling`` and ``parent``. The row's own fields follow: ``metric``, ``length``,
+        ``multiple``, ``protocol``, ``scaling`` (of evaluation, ``none`` without), ``ppl``, ``ppl_low``,
+        ``ppl_high``, ``loss``, or ``exact_match``, ... ."""
+        return self._side_value("results")
+
+    @property
+    def model(self) -> Any:
+        """The trained :class:`posexp.model.gpt.GPT` in eval mode on the CPU, ready for ``model(tokens)``; for the
+        run of a pretrained model (``posexp eval hf:MODEL``) the transformers model it measured, read from the
+        model's own folder (fp32, CPU; ``model(tokens).logits``), checked against the weights' SHA-256 the run
+        recorded.
+
+        Built from the run's config and loaded from its checkpoint on first use (then kept), checked
+        against the config hash and SHA-256 recorded when training wrote it. Tied input and output
+        embeddings stay one tensor. A plugin encoder (``--config-dir`` with ``module:``) is imported from the
+        working folder, else from the file the run recorded, and must be the code the run was trained with,
+        as ``posexp eval`` requires.
+
+        Raises:
+            PosexpError: the checkpoint is missing, corrupt or from another config; a plugin encoder cannot be
+                imported, or its source changed since training (``load_run(..., allow_changed_encoder=True)``
+                goes on with a warning); a pretrained model's folder is gone or holds other weights now.
+        """
+        return self._side_value("model")
+
+    @property
+    def curve(self) -> Any:
+        """The points of ``curve.csv`` (``eval.during_training.every=N``) as a pandas DataFrame: one line per
+        ``step`` x ``length``, with ``multiple``, ``ppl`` and ``loss`` (a task run: ``exact_match``,
+        ``token_accuracy``); empty for a run trained without it."""
+        import pandas as pd
+
+        return pd.DataFrame(read_curve(self.path)[1])
 
     @property
     def status(self) -> str:
@@ -47,12 +125,22 @@ class Run:
         value = self.info.get("train_len")
         return int(value) if isinstance(value, (int, float)) else None
 
+    def _side_value(self, name: str) -> Any:
+        """``config``, ``results`` or ``model`` from the run's side, made on first use and then kept."""
+        if name not in self._cache:
+            if self.side is None:
+                raise PosexpError(f"{self.path}: read for a report, without its {name}; open it with "
+                                  "posexp.load_run")
+            self._cache[name] = getattr(self.side, name)(self)
+        return self._cache[name]
 
-def load_run(path: str | os.PathLike) -> Run:
-    """Read one run folder's ``results.json``.
+
+def read_run(path: str | os.PathLike, side: Optional[RunSide] = None) -> Run:
+    """Read one run folder's ``results.json`` (the files only; :func:`posexp.load_run` gives it its ``side``).
 
     Args:
         path: the run folder (or its ``results.json``).
+        side: what types its config and builds its model, or None for a report.
 
     Returns:
         The parsed :class:`Run`.
@@ -66,7 +154,7 @@ def load_run(path: str | os.PathLike) -> Run:
     overrides = info.get("overrides")
     # Overrides from results.json, else from Hydra's own record of the launch.
     overrides = [str(o) for o in overrides] if isinstance(overrides, list) else read_overrides(folder)
-    return Run(path=folder, info=info, rows=data["rows"], overrides=overrides)
+    return Run(path=folder, info=info, rows=data["rows"], overrides=overrides, side=side)
 
 
 def _run_config(run: Run) -> dict:

@@ -60,7 +60,7 @@ def config_value(run: Run, key: str) -> Any:
         return run.info[key]
     if key in ("encoder", "base"):
         return run.info.get(key)
-    node: Any = run.config
+    node: Any = run.config_data
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return ABSENT
@@ -83,7 +83,7 @@ def flatten_config(node: dict, prefix: str = "") -> dict[str, Any]:
 def _known_keys(runs: list[Run]) -> list[str]:
     keys = dict.fromkeys(k for k in RUN_KEYS if any(k in r.info for r in runs))
     for run in runs[:20]:  # enough to name the keys; every run's config has the same shape
-        keys.update(dict.fromkeys(flatten_config(run.config)))
+        keys.update(dict.fromkeys(flatten_config(run.config_data)))
     return list(keys)
 
 

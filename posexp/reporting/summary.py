@@ -43,7 +43,7 @@ from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
-from posexp.reporting.runs import load_run
+from posexp.reporting.runs import read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
@@ -259,7 +259,7 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
     filters = parse_where(where)
     for folder in run_dirs:
         try:
-            run = load_run(folder)
+            run = read_run(folder)
         except PosexpError:
             lm_dirs.append(folder)  # the perplexity report names what is wrong with it
             continue

@@ -84,26 +84,20 @@ def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def cache_root(cfg: Config) -> Path:
-    """``cache_dir`` as an absolute path; a relative one is taken from the folder posexp was started in."""
+def cache_root(cfg: Config, start: Optional[Path] = None) -> Path:
+    """``cache_dir`` as an absolute path; a relative one is taken from ``start``, the folder posexp was started in
+    (the commands pass it, :func:`posexp.commands.edge.launch_folder`: with ``hydra.job.chdir=true`` a job runs
+    in its run folder), else from the working folder."""
     root = Path(cfg.cache_dir or "outputs/cache").expanduser()
     if root.is_absolute():
         return root
-    start = os.getcwd()
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():  # with hydra.job.chdir=true the job runs in its run folder
-            start = HydraConfig.get().runtime.cwd
-    except (ImportError, ValueError):
-        pass
-    return Path(start) / root
+    return Path(start if start is not None else os.getcwd()) / root
 
 
-def unwritable_warning(cfg: Config) -> Optional[str]:
+def unwritable_warning(cfg: Config, start: Optional[Path] = None) -> Optional[str]:
     """What to tell the user when ``cache_dir`` cannot be written (the run then reads the cache but stores
-    nothing), or None when it can."""
-    root = cache_root(cfg)
+    nothing), or None when it can. ``start``: as for :func:`cache_root`."""
+    root = cache_root(cfg, start)
     problem = unwritable(root)
     if problem is None:
         return None
@@ -172,10 +166,11 @@ def _usable(path: Path, key: str) -> bool:
     return entry is not None and sha256_file(path / WEIGHTS_FILE) == entry["sha256"]
 
 
-def lookup(cfg: Config, corpus_fingerprint: str) -> Optional[CacheEntry]:
-    """The cache entry of ``cfg``'s training key, or None (no entry, or one that cannot be used)."""
+def lookup(cfg: Config, corpus_fingerprint: str, start: Optional[Path] = None) -> Optional[CacheEntry]:
+    """The cache entry of ``cfg``'s training key, or None (no entry, or one that cannot be used). ``start``: as
+    for :func:`cache_root`."""
     key = cache_key(cfg, corpus_fingerprint)
-    path = cache_root(cfg) / key
+    path = cache_root(cfg, start) / key
     if not path.exists():
         log.info("cache %s: no entry in %s; training", key, path.parent)
         return None
@@ -201,8 +196,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def store(cfg: Config, corpus_fingerprint: str, run_dir: Path, result,
-          warn: Optional[Callable[[str], None]] = None) -> Optional[Path]:
+          warn: Optional[Callable[[str], None]] = None, start: Optional[Path] = None) -> Optional[Path]:
     """Publish a finished training of ``run_dir`` as ``cache_dir/<key>/``; None if it could not be written.
+    ``start``: as for :func:`cache_root`.
 
     Call only after training ended normally and the final checkpoint was written. A failure to write the cache
     (a full disk) does not fail the run: it is said through ``warn`` (the run's terminal and train.log), else logged.
@@ -210,7 +206,7 @@ def store(cfg: Config, corpus_fingerprint: str, run_dir: Path, result,
     from posexp.training.checkpoint import META_FILE, sha256_file
 
     key = cache_key(cfg, corpus_fingerprint)
-    root = cache_root(cfg)
+    root = cache_root(cfg, start)
     final = root / key
     weights = Path(run_dir) / CHECKPOINT_DIR / WEIGHTS_FILE
     tmp = root / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
