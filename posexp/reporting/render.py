@@ -111,7 +111,7 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     lines += ["", f"![perplexity vs context length]({PPL_PLOT})", ""]
     comparison = sweep_comparison(report)
     if comparison is not None:
-        lines += [*comparison_markdown(comparison, md_escape), ""]
+        lines += [*comparison_markdown(comparison), ""]
     lines += ["## Runs", ""]
 
     lines += to_markdown(runs_table(report, out_dir)).splitlines()
