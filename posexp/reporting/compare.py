@@ -41,7 +41,7 @@ from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIV
                                          NO_INTERVAL, NONE, NOT_COMPARED, PAIRED, WELCH, WORSE, Difference, Margin,
                                          WindowVerdict, fill_difference, interval_text, judge, p_text, parse_margin,
                                          window_verdicts)
-from posexp.reporting.formatting import fmt_signed
+from posexp.reporting.formatting import fmt_signed, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
 
@@ -299,12 +299,12 @@ def methods(comparison: Comparison) -> list[str]:
     return sorted({d.method for d in comparison.differences if d.method != NONE})
 
 
-def comparison_markdown(comparison: Comparison, md) -> list[str]:
-    """Lines of the ``## Comparison`` section of report.md and summary.md; ``md`` escapes a table cell."""
+def comparison_markdown(comparison: Comparison) -> list[str]:
+    """Lines of the ``## Comparison`` section of report.md and summary.md."""
     header, rows = comparison_rows(comparison)
     columns = [Column(h, label=h not in NUMBER_COLUMNS, escape=True) for h in header]
     table = Table("", columns, [Section([[TableCell(c) for c in row] for row in rows])])
-    lines = ["## Comparison", "", f"Each group against the reference **{md(comparison.reference)}**: mean "
+    lines = ["## Comparison", "", f"Each group against the reference **{md_escape(comparison.reference)}**: mean "
              "difference (group − reference), in % of the reference's mean, with its 95% interval. Paired t: over "
              "the seeds both groups share (Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the "
              "seeds differ (Welch 1947). p (Holm): the two-sided p-value, Holm-adjusted over all comparisons.", "",

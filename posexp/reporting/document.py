@@ -14,7 +14,7 @@ from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
 from posexp.reporting.compare import comparison_markdown
 from posexp.reporting.lm_report import Report
-from posexp.reporting.formatting import MAX_BANDS, fmt_view, md_escape
+from posexp.reporting.formatting import MAX_BANDS, fmt_view
 from posexp.reporting.render import (head_lines, legend_label, lm_table, plot_series, ppl_label, plot_groups,
                                      render_csv, render_markdown, runs_table)
 from posexp.reporting.tables import to_markdown
@@ -171,7 +171,7 @@ def render_report_markdown(report: Report, out_dir: str | os.PathLike | None = N
     lines = ["# Positional encodings: perplexity vs context length", "", *head_lines(report, what)]
     lines.append(to_markdown(lm_table(report)).rstrip("\n"))  # the table and its notes
     if report.comparison is not None:
-        lines += ["", *comparison_markdown(report.comparison, md_escape)]
+        lines += ["", *comparison_markdown(report.comparison)]
     for file, title, caption in figures:
         lines += ["", f"## {title}", "", f"![{title.lower()}]({file})", "", caption]
     lines += ["", "## Runs", "", *to_markdown(runs_table(report, out_dir, groups=True)).splitlines()]

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.reporting.runs import Run, read_run
-from posexp.reporting.selection import config_value
+from posexp.reporting.selection import ABSENT, config_value, flatten_config
 from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, find_runs, is_sweep_dir, iter_jobs
 from posexp.runs.row import ROW_KEY
 
@@ -60,7 +60,8 @@ def run_records(run: Run, columns: Sequence[str] = ()) -> list[dict]:
     run column (other than ``task``, which means the same in both) is kept as ``row_NAME``.
     """
     base = run_columns(run)
-    extra = {key: _value(run, key) for key in columns if key not in base}
+    extra = {key: None if (value := config_value(run, key)) is ABSENT else value
+             for key in columns if key not in base}
     records = []
     for row in run.rows or [{}]:
         record = dict(base)
@@ -156,26 +157,14 @@ def records_table(records: list[dict], columns: Sequence[str] = ()):
     return df
 
 
-def _value(run: Run, key: str) -> Any:
-    value = config_value(run, key)
-    return None if type(value) is object else value  # config_value's sentinel: the run has no such key
-
-
 def _check_key(key: str, runs: list[Run]) -> None:
-    if key in RUN_COLUMNS or any(type(config_value(run, key)) is not object for run in runs):
+    if key in RUN_COLUMNS or any(config_value(run, key) is not ABSENT for run in runs):
         return
     known = sorted({*(k for run in runs for k, v in run.info.items() if not isinstance(v, (dict, list))),
                     *(k for run in runs[:20] for k in flatten_config(run.config_data))})
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError("columns", f"unknown config key {key!r}: no run has it{hint}")
-
-
-def flatten_config(node: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in node.items():
-        keys += flatten_config(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [f"{prefix}{key}"]
-    return keys
 
 
 def _integer_columns(records: list[dict], names: list[str]) -> list[str]:

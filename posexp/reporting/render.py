@@ -10,6 +10,7 @@ import csv
 import os
 import re
 from dataclasses import replace
+from functools import partial
 from io import StringIO
 from typing import Optional
 
@@ -26,7 +27,7 @@ from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv
                                          fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
-from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_csv, to_json, to_latex, to_markdown
+from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_markdown
 from posexp.reporting import tables
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
 
@@ -110,7 +111,7 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     lines += ["", f"![perplexity vs context length]({PPL_PLOT})", ""]
     comparison = sweep_comparison(report)
     if comparison is not None:
-        lines += [*comparison_markdown(comparison, md_escape), ""]
+        lines += [*comparison_markdown(comparison), ""]
     lines += ["## Runs", ""]
 
     lines += to_markdown(runs_table(report, out_dir)).splitlines()
@@ -181,38 +182,6 @@ def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
     return buf.getvalue()
 
 
-def _columns(report: Report) -> list[str]:
-    keys = list(report.by) + ["n"] if report.by else ["run"]
-    return [*keys, *(_length_header(report, n) for n in report.lengths), *(m.name for m in report.metrics), "flags"]
-
-
-def _group_cells(report: Report, group: Group) -> list[tuple[str, Optional[Stat], int]]:
-    """(text when not a number, stat, decimals) for every column of a group's line."""
-    keys: list[tuple[str, Optional[Stat], int]]
-    if report.by:
-        keys = [(show_value(group.key.get(k)), None, 0) for k in report.by]
-        keys.append((str(group.n), None, 0))
-    else:
-        keys = [(group.label, None, 0)]
-    cells = [("", group.cells.get(n, Stat()), 2) for n in report.lengths]
-    metrics = [("", group.metrics.get(m.name, Stat()), m.decimals) for m in report.metrics]
-    return [*keys, *cells, *metrics, ("; ".join(group.flags), None, 0)]
-
-
-def _stat_text(stat: Stat, decimals: int, group: Group, plus_minus: str = " ± ") -> str:
-    return stat.text(decimals, plus_minus, of=group.n)
-
-
-def _best_cells(report: Report) -> set[tuple[int, int]]:
-    """(group index, column index) of the best mean of each number column: the lowest perplexity, ratio and
-    auc, the highest maxlen and gain; ties are all marked, lines kept apart never."""
-    n_keys = len(report.by) + 1 if report.by else 1
-    lines = [_group_cells(report, group) for group in report.groups]
-    higher = [False] * len(report.lengths) + [higher_is_better(m) for m in report.metrics]
-    return {(i, n_keys + j) for j, high in enumerate(higher)
-            for i in best_groups(report.groups, high, [line[n_keys + j][1] for line in lines])}
-
-
 def table_notes(report: Report) -> list[str]:
     notes = [f"Values are {ppl_label(report)} on held-out text (lower is better); "
              f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated.']
@@ -271,29 +240,18 @@ def _print_comparison(comparison: Comparison, console: Console) -> None:
         console.print(Text(line))
 
 
-def _best_columns(report: Report) -> list[list[str]]:
-    """Per group, the columns (``ppl@N`` and metric names) where it has the best value."""
-    n_keys = len(report.by) + 1 if report.by else 1
-    names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
-    marks: list[list[str]] = [[] for _ in report.groups]
-    for g, i in sorted(_best_cells(report)):
-        marks[g].append(names[i - n_keys])
-    return marks
-
-
-def _csv_rows(report: Report) -> list[list[str]]:
-    """The grouped table's csv: value, 95% low/high and n per length and metric."""
+def _csv_rows(report: Report, numbers: list[list[Stat]], best: list[list[str]]) -> list[list[str]]:
+    """The grouped table's csv: value, 95% low/high and n per length and metric (``numbers``: per group, its statistics;
+    ``best``: per group, the columns where it has the best value)."""
     keys = [*report.by, "n"] if report.by else ["run"]
     stats = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
     rows = [[*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
              "flags", "runs", "seeds", "best"]]
-    best = _best_columns(report)
     for g, group in enumerate(report.groups):
         key_cells = [csv_cell(None if (v := group.key.get(k)) is ABSENT else v) for k in report.by] + \
             [str(group.n)] if report.by else [group.label]
         values = []
-        for stat in [group.cells.get(n, Stat()) for n in report.lengths] + \
-                    [group.metrics.get(m.name, Stat()) for m in report.metrics]:
+        for stat in numbers[g]:
             ok = bool(stat.applicable)
             values += [csv_cell(stat.mean if ok else None), csv_cell(stat.low if ok else None),
                        csv_cell(stat.high if ok else None), str(stat.n)]
@@ -303,10 +261,9 @@ def _csv_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-def _json_document(report: Report) -> dict:
+def _json_document(report: Report, best: list[list[str]]) -> dict:
     """The report as JSON: settings, metric definitions, groups with their runs."""
     name, fingerprint = report.corpus
-    best = _best_columns(report)
     return {
         "by": list(report.by),
         "protocol": report.protocol, "scaling": report.scaling,
@@ -332,56 +289,55 @@ def _json_document(report: Report) -> dict:
 
 def lm_table(report: Report) -> tables.Table:
     """The grouped perplexity table as a :class:`~posexp.reporting.tables.Table`: a line per group (or run), its
-    perplexity at every length and its metrics, each cell a statistic; the table's notes define them."""
-    n_keys = len(report.by) + 1 if report.by else 1
-    columns = [Column(c, label=i < n_keys and c != "n" or c == "flags", min_width=12, last=c == "flags")
-               for i, c in enumerate(_columns(report))]
-    best = _best_cells(report)
+    perplexity at every length and its metrics, each cell a statistic; the table's notes define them. Bold: the
+    best mean of each number column (the lowest perplexity, ratio and auc, the highest maxlen and gain); ties are
+    all marked, lines kept apart never."""
+    keys = [*report.by, "n"] if report.by else ["run"]
+    names = [*keys, *(_length_header(report, n) for n in report.lengths), *(m.name for m in report.metrics), "flags"]
+    columns = [Column(c, label=i < len(keys) and c != "n" or c == "flags", min_width=12, last=c == "flags")
+               for i, c in enumerate(names)]
+    stats = [[*(group.cells.get(n, Stat()) for n in report.lengths),
+              *(group.metrics.get(m.name, Stat()) for m in report.metrics)] for group in report.groups]
+    decimals = [2] * len(report.lengths) + [m.decimals for m in report.metrics]
+    higher = [False] * len(report.lengths) + [higher_is_better(m) for m in report.metrics]
+    best = {(g, j) for j, high in enumerate(higher)
+            for g in best_groups(report.groups, high, [line[j] for line in stats])}
+    stat_names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
+    marks = [[stat_names[j] for j in range(len(higher)) if (g, j) in best] for g in range(len(report.groups))]
     rows = []
     for g, group in enumerate(report.groups):
-        cells = []
-        for i, (text, stat, decimals) in enumerate(_group_cells(report, group)):
-            if stat is None:
-                cells.append(TableCell(text))
-                continue
-            number = _stat_text(stat, decimals, group)
-            math = _stat_text(stat, decimals, group, plus_minus=r" \pm ") if stat.applicable and \
-                stat.mean is not None else None
-            cells.append(TableCell(number, stat, (g, i) in best, math, _stat_text(stat, decimals, group, " ±"),
-                                   _stat_text(stat, decimals, group, "\n±")))
-        rows.append(cells)
+        text = lambda stat, d, plus_minus=" ± ": stat.text(d, plus_minus, of=group.n)  # noqa: E731
+        key_texts = [*(show_value(group.key.get(k)) for k in report.by), str(group.n)] if report.by else [group.label]
+        rows.append([*(TableCell(k) for k in key_texts),
+                     *(TableCell(text(s, d), s, (g, j) in best,
+                                 text(s, d, r" \pm ") if s.applicable and s.mean is not None else None,
+                                 text(s, d, " ±"), text(s, d, "\n±")) for j, (s, d) in enumerate(zip(stats[g], decimals))),
+                     TableCell("; ".join(group.flags))])
     flagged = {g for g, group in enumerate(report.groups) if group.flags}
     return tables.Table(_title(report), columns, [Section(rows, flagged=flagged)], notes=table_notes(report),
-                        csv=_csv_rows(report), json=_json_document(report), keys=n_keys, compact=True)
+                        csv=_csv_rows(report, stats, marks), json=_json_document(report, marks), keys=len(keys),
+                        compact=True)
 
 
-def render_table_markdown(report: Report) -> str:
-    """The grouped table as a markdown table (``--format markdown``; the table in ``report.md``, with its notes)."""
-    return to_markdown(replace(lm_table(report), notes=[]))
-
-
-def render_table_csv(report: Report) -> str:
-    """The grouped table as CSV (``--format csv``): value, 95% low/high and n per length and metric."""
-    return to_csv(lm_table(report))
-
-
-def render_json(report: Report) -> str:
-    """The report as JSON (``--format json``): settings, metric definitions, groups with their runs."""
-    return to_json(lm_table(report))
-
-
-def render_latex(report: Report) -> str:
-    """The grouped table as a booktabs ``tabular`` for a paper (``--format latex``); its settings and notes as
-    comments above."""
+def render_lm(report: Report, fmt: str) -> str:
+    """The grouped table in ``fmt`` (``--format``): markdown without its notes (``report.md`` gives them), LaTeX
+    with the settings as its first comment; csv: value, 95% low/high and n per length and metric; json: the whole
+    report (settings, metric definitions, groups with their runs, the comparison)."""
     table = lm_table(report)
-    others = report.other_train_lens()
-    head = (f"posexp report: {ppl_label(report)}, protocol {fmt_view(report.protocol, report.scaling, report.window)}, "
-            f"training length {report.train_len}" + (f" ({others})" if others else ""))
-    return to_latex(replace(table, notes=[head, *table.notes[1:]]))
+    if fmt == "markdown":
+        table = replace(table, notes=[])
+    elif fmt == "latex":
+        others = report.other_train_lens()
+        head = (f"posexp report: {ppl_label(report)}, protocol "
+                f"{fmt_view(report.protocol, report.scaling, report.window)}, training length {report.train_len}"
+                + (f" ({others})" if others else ""))
+        table = replace(table, notes=[head, *table.notes[1:]])
+    return tables.render(table, fmt)
 
 
-RENDERERS = {"markdown": render_table_markdown, "csv": render_table_csv, "json": render_json,
-             "latex": render_latex}
+RENDERERS = {fmt: partial(render_lm, fmt=fmt) for fmt in FORMATS[1:]}
+render_table_markdown, render_table_csv, render_json, render_latex = (
+    RENDERERS[fmt] for fmt in ("markdown", "csv", "json", "latex"))
 
 
 def legend_label(report: Report, group: Group) -> str:

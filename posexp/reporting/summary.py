@@ -34,7 +34,7 @@ from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, print_task_report, split_task_metrics, write_task_report, render_task)
+from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, split_task_metrics, task_table, write_task_report, render_task)
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
@@ -129,16 +129,6 @@ class LeadTable:
     title: str
     table: Table
 
-    def print(self, fmt: str, console: Console, notes: Console) -> None:
-        if fmt == "rich":
-            for part in rich_tables(self.table, console.width):
-                console.print(part)
-        else:
-            console.file.write(render(self.table, fmt))
-            console.file.flush()
-        for warning in self.table.warnings:
-            notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
-
     def write(self, out_dir: Path) -> None:
         report_md = out_dir / REPORT_MD
         rest = report_md.read_text(encoding="utf-8") if report_md.is_file() else ""
@@ -186,25 +176,28 @@ def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], f
     """The table(s) to ``console`` in ``fmt``; with a machine-readable format, the warnings to ``notes``. A
     context-extension table or a pivot (``--cols``) stands in for the perplexity report's."""
     if lead is not None:
-        lead.print(fmt, console, notes)
+        _show(fmt, console, notes, lead.table.warnings, lead.table)
+    elif report is not None and fmt == "rich":
+        print_report(report, console)
     elif report is not None:
-        if fmt == "rich":
-            print_report(report, console)
-        else:
-            console.file.write(_machine_text(report, task_report, fmt))
-            console.file.flush()
-            for warning in report.warnings:
-                # one line each, however narrow the terminal: a warning is read (and grepped) whole
-                notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+        _show(fmt, console, notes, report.warnings, text=_machine_text(report, task_report, fmt))
     if task_report is not None:  # its own tables: accuracy never shares a table with perplexity
-        if fmt == "rich":
-            print_task_report(task_report, console)
-        else:
-            if report is None:
-                console.file.write(render_task(task_report, fmt))
-                console.file.flush()
-            for warning in task_report.warnings:
-                notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
+        text = render_task(task_report, fmt) if report is None and fmt != "rich" else ""
+        _show(fmt, console, notes, task_report.warnings, task_table(task_report) if fmt == "rich" else None, text)
+
+
+def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], table: Optional[Table] = None,
+          text: str = "") -> None:
+    """``table`` on a terminal (``fmt`` rich), else ``text`` (by default the table in ``fmt``), then ``warnings``,
+    one line each however narrow the terminal: a warning is read (and grepped) whole."""
+    if fmt == "rich" and table is not None:
+        for part in rich_tables(table, console.width):
+            console.print(part)
+    elif text or table is not None:
+        console.file.write(text or render(table, fmt))
+        console.file.flush()
+    for warning in warnings:
+        notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
 def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:

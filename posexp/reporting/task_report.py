@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting.tables import Column, Section, Table, TableCell, render, rich_tables, to_markdown
+from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, metric_value, parse_metric
 from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import DEFAULT_TOLERANCE, show_value, config_value
@@ -284,15 +284,6 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
     lm = [m for m in items if applies_to(m) != TASK_RUNS]
     task = [m for m in items if applies_to(m) == TASK_RUNS]
     return lm or None, task or None
-
-
-def print_task_report(report: TaskReport, console) -> None:
-    """One rich table per task, in parts where its lengths and metrics do not fit the terminal side by side, each
-    repeating the run (or group) and n columns: labels wrap at spaces, numbers are never cut."""
-    for table in rich_tables(task_table(report), console.width):
-        console.print(table)
-    for warning in report.warnings:
-        console.print(f"[yellow]warning: {warning}[/]", highlight=False, soft_wrap=True)
 
 
 def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) -> str:
