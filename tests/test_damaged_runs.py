@@ -244,7 +244,7 @@ def _whole_on_one_line(text: str, output: str) -> bool:
 
 def test_report_keeps_every_number_whole_at_80_columns(tmp_path):
     from posexp.reporting import build_report, print_report
-    from posexp.reporting.render import _group_cells, _stat_text
+    from posexp.reporting.render import lm_table
 
     lengths = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
     runs = [make_run(tmp_path / f"{e}{s}", {n: 3.1234 + n / 1000 * (s + 1) for n in lengths},
@@ -258,12 +258,12 @@ def test_report_keeps_every_number_whole_at_80_columns(tmp_path):
         assert max(len(line) for line in out.splitlines()) <= 80
         assert "…" not in out
         cells = 0
-        for group in report.groups:
-            for text, stat, decimals in _group_cells(report, group):
-                if stat is not None and stat.applicable:
-                    number = _stat_text(stat, decimals, group, plus_minus=" ±")
-                    assert _whole_on_one_line(number, out), (number, out)
-                    cells += 1
+        for section in lm_table(report).sections:  # each number as the terminal shows it, its interval beside
+            for line in section.rows:
+                for cell in line:
+                    if cell.stat is not None and cell.stat.applicable and cell.beside is not None:
+                        assert _whole_on_one_line(cell.beside, out), (cell.beside, out)
+                        cells += 1
         assert cells >= 6 * len(lengths) // (2 if by else 1)
 
 
