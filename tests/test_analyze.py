@@ -35,7 +35,7 @@ from posexp.analysis.schema import register_schema
 from posexp.config.schema import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError
-from conftest import run_cli
+from helpers import run_cli
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 TINY = ("model.d_model=32", "model.n_heads=2", "train_len=16", "eval.multiples=[1,4]")

@@ -104,7 +104,7 @@ def test_a_bad_variant_names_the_key_and_the_choices():
 def test_a_babilong_run_reports_accuracy_by_length_and_depth(tmp_path):
     import json
 
-    from conftest import TINY_RUN, invoke
+    from helpers import TINY_RUN, invoke
 
     run = tmp_path / "babilong"
     result = invoke("train", *TINY_RUN, "task=babilong", "train_len=192", "train.steps=4", "eval.examples=16",

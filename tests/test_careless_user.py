@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import REPO, TINY_RUN, run_cli
+from helpers import REPO, TINY_RUN, run_cli
 from posexp.config.schema import DataConfig
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError, PosexpError

@@ -19,7 +19,7 @@ from posexp.encoders import create, register
 from posexp.encoders.contract import PositionalEncoder, bias_score_mod, relative_distance
 from posexp.errors import PosexpError
 from posexp.evaluation.conformance import CHECKS, FAIL, PASS, Probe, run_checks
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 
 # small enough for the test suite: 16x the nominal length is 512 tokens
 PROBE = Probe(train_len=32, block=8, long_block=32)

@@ -10,7 +10,7 @@ import pytest
 
 from posexp.commands.edge import typed
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 
 RUN_KEYS = {"encoder", "base", "train_len", "overrides", "config_hash", "corpus_fingerprint", "versions",
             "git_commit", "python_version", "label", "status"}
@@ -67,7 +67,7 @@ def test_checkpoint_loads_without_code_and_reproduces_results(smoke_run, compose
 
     from posexp.config.schema import DataConfig
     from posexp.data.corpus import load_corpus
-    from conftest import evaluate_at
+    from helpers import evaluate_at
     from posexp.model.factory import build_model
 
     run_dir, _ = smoke_run

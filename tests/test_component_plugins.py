@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN
+from helpers import TINY_RUN
 
 TASK = '''
 """task=first: read a string, then write its first symbol `repeats` times."""

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import TINY_RUN, invoke
+from helpers import TINY_RUN, invoke
 
 
 @contextlib.contextmanager

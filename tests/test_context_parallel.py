@@ -17,7 +17,7 @@ from posexp.encoders.cope import CoPE
 from posexp.evaluation.conformance import FAIL, PASS, Probe, run_checks
 from posexp.evaluation.conformance.sharded import SHARDS, sharded_difference
 
-from conftest import TINY_RUN, invoke
+from helpers import TINY_RUN, invoke
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 # a query's logits read a prefix over the keys between it and the key (or the sequence's length)

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 import posexp
-from conftest import TINY_RUN, invoke, sigterm_at_step
+from helpers import TINY_RUN, invoke, sigterm_at_step
 from posexp.commands.edge import typed
 from posexp.commands.train import check_config, run_train
 from posexp.config.identity import config_hash

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import TINY_RUN, invoke
+from helpers import TINY_RUN, invoke
 from posexp.runs.layout import write_results_json
 from posexp.reporting.options import ReportOptions
 
@@ -369,7 +369,7 @@ def test_evaluate_reports_windows_done_per_length():
     import torch
 
     from posexp.encoders import create
-    from conftest import evaluate_at
+    from helpers import evaluate_at
     from posexp.model.gpt import GPT, ModelShape
 
     torch.manual_seed(0)
@@ -392,7 +392,7 @@ def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected)
     import torch
 
     from posexp.encoders import create
-    from conftest import evaluate_at
+    from helpers import evaluate_at
     from posexp.model.gpt import GPT, ModelShape
 
     model = GPT(ModelShape(d_model=16, n_layers=1, n_heads=2), create("alibi", d_model=16, n_heads=2)).eval()

@@ -305,7 +305,7 @@ def test_train_on_a_local_hf_data_set_with_bpe_end_to_end(tmp_path):
     """data=hf + tokenizer=bpe as a user types it: the model's vocabulary is the tokenizer's, results say so."""
     from safetensors import safe_open
 
-    from conftest import TINY_RUN, run_cli
+    from helpers import TINY_RUN, run_cli
 
     path, _ = _hub_like(tmp_path)
     proc = run_cli("train", *TINY_RUN, "data=hf", f"data.name={path}", "data.text_column=body", "tokenizer=bpe",
@@ -322,7 +322,7 @@ def test_train_on_a_local_hf_data_set_with_bpe_end_to_end(tmp_path):
 
 
 def test_a_hub_data_set_offline_and_not_cached_is_one_clear_message(tmp_path, monkeypatch):
-    from conftest import run_cli
+    from helpers import run_cli
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import TINY_RUN, invoke, run_cli
+from helpers import TINY_RUN, invoke, run_cli
 from posexp.errors import PosexpError
 
 TINY_ANALYZE = ("train_len=32", "analyze.length=64", "analyze.figures=false")

@@ -16,7 +16,7 @@ from posexp.training.distributed import shard, worker_overrides
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.train import run_train
 
-from conftest import TINY_RUN
+from helpers import TINY_RUN
 
 TINY = ("train.steps=20", "train.log_every=1", "eval.multiples=[1]",
         "eval.loss_by_position=false")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_RUN, invoke
+from helpers import TINY_RUN, invoke
 
 QUICK = ("train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "train.threads=1", "train.progress=false",
          "eval.tokens=1024", "eval.multiples=[1,2]")

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 from posexp.encoders import create
 from posexp.encoders.frequencies import frequency_schedule
 from posexp.encoders.rope import ReRoPEScores, rope_frequencies
 from posexp.encoders.sinusoidal import sinusoidal_table
 from posexp.errors import ConfigError
-from conftest import evaluate_at
+from helpers import evaluate_at
 from posexp.model.gpt import GPT, AttentionPlan, ModelShape
 from posexp.encoders.scaling import rope_scaling
 from posexp.commands.edge import typed

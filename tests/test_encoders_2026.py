@@ -218,7 +218,7 @@ def test_irope_out_of_memory_shrinks_the_query_blocks_of_its_windowed_layers():
     """Its RoPE layers attend on the blocked path (their window is a mask), so evaluation can shrink the blocks."""
     import numpy as np
 
-    from conftest import evaluate_at
+    from helpers import evaluate_at
 
     torch.manual_seed(0)
     model = GPT(ModelShape(d_model=16, n_layers=2, n_heads=2, attn_block_size=64),

@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY_RUN, invoke, run_cli
+from helpers import TINY_RUN, invoke, run_cli
 from posexp.encoders import create
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.perplexity import batch_means_se, plan_windows
-from conftest import evaluate_at
+from helpers import evaluate_at
 from posexp.runs.layout import merge_rows
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.edge import typed

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN, invoke
+from helpers import TINY_RUN, invoke
 from posexp.errors import ConfigError
 
 

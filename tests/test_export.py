@@ -25,7 +25,7 @@ from posexp.commands.export import export_run  # noqa: E402
 from posexp.hf.export import EXPORT_JSON  # noqa: E402
 from posexp.model.gpt import GPT, ModelShape  # noqa: E402
 
-from conftest import TINY_RUN, run_cli  # noqa: E402
+from helpers import TINY_RUN, run_cli  # noqa: E402
 
 # each run's own options on top of the smoke experiment (train_len 32); alibi trains without LayerNorm biases,
 # which MPT's norms lack

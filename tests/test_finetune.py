@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_RUN, invoke, sigterm_at_step
+from helpers import TINY_RUN, invoke, sigterm_at_step
 
 PARENT_LEN = 32  # experiment=smoke's train_len
 # a fine-tune of a smoke parent in seconds: 2x its length, a few steps, two eval lengths

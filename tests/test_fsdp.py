@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN, invoke
+import helpers
+from helpers import TINY_RUN, invoke
 
 # float rounding only: the ranks sum a batch's gradients in another order than one process does (the curves
 # measured here agree to ~1e-6 nats; the tolerance leaves room for other CPUs' kernels)
 CURVE_TOLERANCE = 1e-4
 CURVE = ("train.log_every=1", "eval.multiples=[1]", "eval.loss_by_position=false")
 ENCODINGS = ("rope", "alibi", "t5", "fox")
-STOP = Path(__file__).with_name("stop_at_step.py")
+STOP = Path(helpers.__file__).with_name("stop_at_step.py")
 
 
 def _losses(run_dir: Path) -> dict[int, float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SMOKE, sigterm_at_step
+from helpers import SMOKE, sigterm_at_step
 from posexp.model.factory import build_encoder, build_model
 from posexp.config.schema import config_dir
 from posexp.model.fused import causal_block_mask, flex_attend, flex_available, fused_by_default

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SMOKE, TINY_RUN
+from helpers import SMOKE, TINY_RUN
 from posexp.config.identity import config_hash, weights_config
 from posexp.errors import ConfigError
 from posexp.runtime.precision import choose_precision

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hf_tiny import model, tokenizer, tokens
+from helpers.hf_tiny import model, tokenizer, tokens
 
 import torch  # noqa: E402
 

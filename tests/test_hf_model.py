@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_tiny import NO_ROPE, ROPE, configs, model, tokens
+from helpers.hf_tiny import NO_ROPE, ROPE, configs, model, tokens
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_tiny import ROPE, build, configs, model, tokens
+from helpers.hf_tiny import ROPE, build, configs, model, tokens
 
 import torch  # noqa: E402
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_RUN, evaluate_at, invoke
+from helpers import TINY_RUN, evaluate_at, invoke
 from posexp.evaluation.key_tokens import (Evaluator, KeySelector, OpenedEvaluator, Rule, key_summary, short_contexts,
                                           target_contexts)
 from posexp.evaluation.perplexity import plan_windows
@@ -157,7 +157,7 @@ def test_an_evaluator_that_is_no_run_or_reads_other_tokens_is_one_line(trained, 
     result = invoke("eval", str(run), f"eval.key_tokens.evaluator={tmp_path}")
     assert result.exit_code != 0 and "eval.key_tokens.evaluator" in result.output
     assert "not a run folder with weights" in result.output and "Traceback" not in result.output
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("helpers.hf_tiny")
     folder = tmp_path / "hf-model"
     hf_tiny.model("llama").save_pretrained(folder)
     hf_tiny.tokenizer(folder)
@@ -183,7 +183,7 @@ def test_unset_key_tokens_stay_out_of_a_pretrained_models_hash_and_set_ones_do_n
 
 
 def test_a_pretrained_model_gets_ppl_key_from_an_hf_evaluator(tmp_path):
-    hf_tiny = pytest.importorskip("hf_tiny")
+    hf_tiny = pytest.importorskip("helpers.hf_tiny")
     folder, text = tmp_path / "hf-model", tmp_path / "text"
     hf_tiny.model("llama", eos_token_id=0).save_pretrained(folder)
     hf_tiny.tokenizer(folder)

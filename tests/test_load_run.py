@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 
 TINY = (*TINY_RUN, "train.steps=4", "train.log_every=2", "eval.multiples=[1,2]", "eval.tokens=512")
 

@@ -73,7 +73,7 @@ def test_init_pytorch_keeps_the_layers_defaults_and_gpt2_draws_n_0_002(compose):
 def test_an_unknown_init_is_one_line_naming_the_key_and_the_choices(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from conftest import TINY_RUN
+    from helpers import TINY_RUN
     from posexp.cli.app import app
 
     monkeypatch.chdir(tmp_path)

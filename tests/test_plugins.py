@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY_RUN, run_cli
+from helpers import REPO, TINY_RUN, run_cli
 
 EXAMPLE = REPO / "scripts" / "plugin_example"
 TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256",

@@ -16,7 +16,7 @@ from posexp.commands.edge import typed
 from posexp.commands.train import run_train
 from posexp.commands.validation import validate
 
-TINY = ("train.steps=8", "eval.multiples=[1,2,4]")  # on top of the shared tiny run (conftest.TINY_RUN)
+TINY = ("train.steps=8", "eval.multiples=[1,2,4]")  # on top of the shared tiny run (helpers.TINY_RUN)
 
 
 def test_randomized_positions_are_sorted_distinct_and_in_range():

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 from posexp.commands.validation import validate
 from posexp.encoders import create
 from posexp.errors import ConfigError
-from conftest import evaluate_at
+from helpers import evaluate_at
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.runtime.precision import bf16_is_native, choose_precision, resolve_precision
@@ -20,7 +20,7 @@ from posexp.training.precision import BF16_MARGIN, measured_cpu_precision, train
 from posexp.commands.edge import typed
 
 CPU = torch.device("cpu")
-TINY = ("train.steps=4", "train.log_every=2", "eval.multiples=[1]", "eval.loss_by_position=false")  # on conftest.TINY_RUN
+TINY = ("train.steps=4", "train.log_every=2", "eval.multiples=[1]", "eval.loss_by_position=false")  # on helpers.TINY_RUN
 
 
 def test_top_level_keys_drive_the_train_keys(compose):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from posexp.commands.train import check_config
 from posexp.config.schema import config_dir, eval_lengths
 

@@ -17,7 +17,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import invoke, run_cli, start_cli  # noqa: E402
+from helpers import invoke, run_cli, start_cli  # noqa: E402
 from test_pretrained_runs import corpus_dir, llama_dir  # noqa: E402,F401 - the same tiny Llama and its text
 
 from posexp.hf import loading  # noqa: E402

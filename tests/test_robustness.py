@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_RUN, invoke, sigterm_at_step, start_cli
+from helpers import TINY_RUN, invoke, sigterm_at_step, start_cli
 
 STEPS = 60
 # log every step and checkpoint every 4: a kill usually lands between a checkpoint and the

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN, invoke, start_cli
+from helpers import TINY_RUN, invoke, start_cli
 
 FAST = (*TINY_RUN, "eval.multiples=[1]")
 # long enough to be caught training: checkpoints every 5 steps, stopped long before the end

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import invoke
+from helpers import invoke
 
 SMALL = ("--tokens", "512", "--population", "4", "--generations", "1", "--parents", "2")
 

@@ -17,9 +17,9 @@ import pytest
 from posexp.commands.edge import typed
 import yaml
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 
-# On the shared tiny run (conftest.TINY_RUN), smaller still: these tests check wiring, not learning.
+# On the shared tiny run (helpers.TINY_RUN), smaller still: these tests check wiring, not learning.
 TINY = ("train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256", "eval.loss_by_position=false")
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import TINY_RUN, run_cli, sigterm_at_step
+from helpers import TINY_RUN, run_cli, sigterm_at_step
 from posexp.cli.app import app
 
 FAST = (*TINY_RUN, "train.steps=4", "eval.examples=16")

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 from test_tasks import _strip, solve_niah, solve_top_words, solve_vartrack
 from posexp.errors import ConfigError
 from posexp.tasks import build_task, chance_exact_match

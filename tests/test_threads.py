@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import SMOKE, run_cli
+from helpers import SMOKE, run_cli
 from posexp.runtime import threads
 
 

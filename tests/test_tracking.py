@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 from posexp.commands.train import check_config, run_train
 from posexp.errors import ConfigError
 from posexp.tracking.tracker import eval_points, metric_name, row_value

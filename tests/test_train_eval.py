@@ -13,12 +13,12 @@ from posexp.commands.edge import typed
 from posexp.config.schema import eval_lengths
 from posexp.encoders import create
 from posexp.evaluation.perplexity import eval_budget
-from conftest import evaluate_at
+from helpers import evaluate_at
 from posexp.model.gpt import GPT, ModelShape
 from posexp.commands.train import run_train
 from posexp.training.optim import lr_at
 
-TINY = ("train.steps=6", "eval.multiples=[1,2]")  # on the shared tiny run (conftest.TINY_RUN)
+TINY = ("train.steps=6", "eval.multiples=[1,2]")  # on the shared tiny run (helpers.TINY_RUN)
 
 
 def test_lr_warms_up_then_decays_to_the_floor(compose):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posexp.cli.app import app
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 
 # the shared tiny run, smaller still: a case which is wrongly accepted finishes in seconds (and then fails its asserts)
 TINY = (*TINY_RUN, "train.steps=2", "train.batch_size=2", "train.warmup_steps=0", "eval.multiples=[1]",
@@ -166,7 +166,7 @@ def test_every_main_key_has_a_meaning():
     ids=["COLUMNS=0", "COLUMNS=wide", "PYTHONIOENCODING=ascii"])
 def test_a_terminal_setting_never_hides_an_error_nor_raises(env, tmp_path, monkeypatch):
     """COLUMNS=0 printed nothing at all (not even the error); an ASCII-only output raised on posexp's "·"."""
-    from conftest import run_cli
+    from helpers import run_cli
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)

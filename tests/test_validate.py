@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY_RUN, run_cli
+from helpers import TINY_RUN, run_cli
 from posexp.errors import ConfigError
 from posexp.commands.validation import validate
 from posexp.commands.edge import typed

@@ -15,7 +15,7 @@ import torch
 
 from posexp.commands.edge import typed
 from posexp.errors import ConfigError
-from conftest import evaluate_at
+from helpers import evaluate_at
 from posexp.model.factory import build_model
 from posexp.model.fused import flex_available
 from posexp.model.gpt import AttentionPlan

@@ -1,4 +1,4 @@
-"""``python tests/stop_at_step.py STEP posexp-args...``: posexp's CLI, with SIGTERM raised in this process while
+"""``python tests/helpers/stop_at_step.py STEP posexp-args...``: posexp's CLI, with SIGTERM raised in this process while
 training step STEP (0-based) draws its batch, as a user's Ctrl-C or a scheduler's preemption would land.
 
 Started by torchrun, every rank gets the signal at the same step, so a sharded run stops, checkpoints that step in
