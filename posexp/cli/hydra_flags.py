@@ -1,6 +1,6 @@
 """Hydra's command-line flags, read as ``@hydra.main`` reads them, so that posexp can look at a command line
 (its overrides, ``-m``, ``--config-dir``) before Hydra runs it. Hydra 1.3 offers no public parser of its own
-flags: this is its flag set, written out (``tests/test_completion.py`` holds it equal to what
+flags: this is its flag set, written out (``tests/process/test_completion.py`` holds it equal to what
 ``posexp train --hydra-help`` lists). Standard library only: tab completion reads it too.
 """
 

@@ -2,7 +2,7 @@
 training step STEP (0-based) draws its batch, as a user's Ctrl-C or a scheduler's preemption would land.
 
 Started by torchrun, every rank gets the signal at the same step, so a sharded run stops, checkpoints that step in
-every rank's shards and exits as an interrupted run does (tests/test_fsdp.py resumes it at another world size).
+every rank's shards and exits as an interrupted run does (tests/process/test_fsdp.py resumes it at another world size).
 """
 
 import os
