@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers import REPO
 
 SCRIPTS = REPO / "scripts"

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from helpers import REPO
+
 README = (REPO / "README.md").read_text()
 
 

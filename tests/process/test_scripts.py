@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 SCRIPTS = REPO / "scripts"

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from helpers import REPO
 from posexp.errors import ConfigError
 from posexp.data.tokenizer import (DOC_TOKEN, BPETokenizer, ByteTokenizer, TokenizerSpec, batches, bits_per_byte,
                               check_spec, token_dtype)
@@ -73,9 +74,8 @@ def test_first_merge_is_the_most_frequent_adjacent_pair():
 
 _TRAIN_IN_SUBPROCESS = """
 import sys
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {root!r} + '/tests']
 from tests.integration.data.test_tokenizer import sample_text, train_bpe
-from helpers import REPO
 print(train_bpe([sample_text(3000, s) for s in range(4)], 600, 2).to_str())
 """
 

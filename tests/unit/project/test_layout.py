@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 PKG = REPO / "posexp"
