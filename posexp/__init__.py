@@ -27,7 +27,7 @@ has one home, and the subpackages name the layers, from the command line down::
     posexp analyze     ─► analysis/    the geometry of an encoding's hooks, the attention of trained runs
                           plots/       every figure, in one house style
 
-Who may import whom (``tests/test_layout.py`` checks it, with no import cycle,
+Who may import whom (``tests/unit/project/test_layout.py`` checks it, with no import cycle,
 lazy imports included):
 
 - ``config/`` (schemas, the rule of what shapes the weights and its hash) is a
@@ -55,7 +55,7 @@ Where the next one goes:
   of its ``start``) and one yaml in ``configs/logger/``.
 - A task: one file in ``posexp/tasks/`` (a ``Task`` subclass with
   ``@TASKS.register``; its options are its ``__init__``'s keyword arguments)
-  and one yaml in ``configs/task/``; ``tests/test_tasks.py`` picks it up from
+  and one yaml in ``configs/task/``; ``tests/unit/tasks/test_tasks.py`` picks it up from
   the yaml and needs an independent solver for it.
 - A transformers export: one file in ``posexp/hf/exporters/`` (an
   ``Exporter`` subclass with ``@EXPORTERS.register``) saying which encoder it

@@ -7,7 +7,7 @@ the schema's keys as ``train.steps=``, the values of keys that take a few), ``ev
 
 A TAB must answer at once, so this module imports neither torch nor Hydra: group options are the yaml
 files of ``configs/GROUP/`` (and of the user's ``--config-dir``), keys come from the schema's dataclasses,
-and the few value lists owned by torch-importing modules are copied here (``tests/test_completion.py``
+and the few value lists owned by torch-importing modules are copied here (``tests/process/test_completion.py``
 holds each copy equal to its owner). How a shell asks and what it gets back: :mod:`posexp.cli.shell`.
 """
 

@@ -45,7 +45,7 @@ whether it applies, is evaluation's policy (:mod:`posexp.encoders.extension`,
 whose :func:`~posexp.encoders.extension.scaled_encoder` is the one entry point).
 
 The rotary formulas follow Hugging Face transformers' ``ROPE_INIT_FUNCTIONS``
-(``modeling_rope_utils``) number for number; ``tests/test_scaling.py`` checks it.
+(``modeling_rope_utils``) number for number; ``tests/unit/encoders/test_scaling.py`` checks it.
 """
 
 from __future__ import annotations

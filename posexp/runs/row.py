@@ -13,7 +13,7 @@ field metadata rather than by lists kept elsewhere:
   row is not applicable.
 
 Writers (``results.json`` / ``results.csv``, ``loss_by_position.csv``, the trackers) and readers (the
-report, :func:`posexp.load_runs`) take their columns from here; ``tests/test_layout.py`` fails if a second
+report, :func:`posexp.load_runs`) take their columns from here; ``tests/unit/project/test_layout.py`` fails if a second
 list of the key appears in the package. Rows written before a field existed load with it empty (the
 run-level ``eval_settings`` fill in the budget of rows that predate per-row settings).
 

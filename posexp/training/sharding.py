@@ -8,7 +8,7 @@ keeps ``1/N`` of each parameter, its gradient and its AdamW moments, gathers a b
 before the block runs and reduce-scatters its gradients after (Zhao et al. 2023, "PyTorch FSDP", §3;
 the per-parameter sharding of FSDP2 is torch's ``fully_shard``). The same global batch is split over the
 ranks as under DDP (:func:`posexp.training.distributed.shard`), so the steps are the same up to float
-rounding (``tests/test_distributed.py`` holds the loss curves together).
+rounding (``tests/process/test_distributed.py`` holds the loss curves together).
 
 The training copy is sharded, not the model the run hands in: that one stays whole on every rank, is given
 the trained weights at the end (:meth:`ShardedTraining.consolidate`), and is what rank 0 evaluates and saves,

@@ -1,0 +1,256 @@
+"""``posexp analyze``: the properties the papers claim, checked with the built-in analysis.
+
+Decay measure used for comparing bases (see :func:`posexp.analysis.geometry.decay_summary`): the
+envelope ``e(r) = max_{r' >= r} |c(r') / c(0)|`` of the diagonal-mean inner product
+``c(r)``, its half distance (first ``r`` with ``e(r) <= 1/2``) and the mean of
+``|c(r) / c(0)|`` over the range.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from posexp.analysis.app import run_analyze
+from posexp.analysis.schema import AnalyzeRootConfig
+from posexp.commands.edge import typed
+from posexp.analysis.attention import attention_statistics
+from posexp.analysis.geometry import (
+    analyse_unit,
+    decay_summary,
+    diagonal_means,
+    envelope,
+    position_dependence,
+    rope_relative_bound,
+    rotary_frequencies,
+    score_map,
+)
+from posexp.cli.folders import register_analyze_schema
+from posexp.config.schema import config_dir
+from posexp.encoders import create
+from posexp.errors import ConfigError
+from helpers import run_cli
+
+ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
+TINY = ("model.d_model=32", "model.n_heads=2", "train_len=16", "eval.multiples=[1,4]")
+
+
+@pytest.fixture
+def compose_analyze():
+    from hydra import compose, initialize_config_dir
+
+    register_analyze_schema()
+
+    def _compose(*overrides: str):
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            return compose(config_name="analyze", overrides=list(overrides))
+
+    return _compose
+
+
+def _sinusoid_curve(base: float, d_model: int = 64, length: int = 1024) -> tuple[torch.Tensor, np.ndarray]:
+    S = score_map(create("sinusoidal", d_model=d_model, n_heads=4, base=base), "embed", length)
+    return S, diagonal_means(S)[0].numpy()
+
+
+# -- sinusoidal (Vaswani et al. 2017; Su 2021, "Transformer升级之路 1") --------------------------
+
+def test_sinusoidal_inner_products_depend_only_on_distance():
+    S, curve = _sinusoid_curve(10000.0, d_model=64, length=256)
+    assert position_dependence(S) < 1e-6
+    # Su 2021, Eq. 31: <p_m, p_n> = sum_i cos((m - n) theta_i), theta_i = base^(-2i/d)
+    theta = 10000.0 ** (-2 * np.arange(32) / 64)
+    expected = np.cos(np.arange(256)[:, None] * theta[None, :]).sum(-1)
+    np.testing.assert_allclose(curve, expected, atol=1e-4)
+
+
+def test_position_dependence_flags_absolute_encodings():
+    torch.manual_seed(0)
+    for name in ("learned", "integer", "normalized"):
+        S = score_map(create(name, d_model=32, n_heads=2), "embed", 64)
+        assert position_dependence(S) > 0.1, name
+
+
+def test_sinusoidal_envelope_decays_with_distance():
+    _, curve = _sinusoid_curve(10000.0, d_model=128, length=1024)
+    dec = decay_summary(curve)
+    env = dec["envelope"]
+    assert env[1] > 0.9
+    assert env[511] < 0.5 * env[1]
+    assert dec["half_distance"] is not None and 1 < dec["half_distance"] < 511
+    assert dec["power_law"]["exponent"] > 0
+
+
+@pytest.mark.parametrize("small,large", [(100.0, 10000.0), (1000.0, 100000.0)])
+def test_larger_base_decays_more_slowly(small, large):
+    d_small = decay_summary(_sinusoid_curve(small)[1])
+    d_large = decay_summary(_sinusoid_curve(large)[1])
+    # over distances 8..511 the larger base's envelope is never below the smaller base's
+    assert np.all(d_large["envelope"][8:512] >= d_small["envelope"][8:512])
+    assert d_large["half_distance"] > d_small["half_distance"]
+    assert d_large["mean_abs"] > d_small["mean_abs"]
+
+
+# -- rotary (Su et al. 2021, RoFormer) ------------------------------------------------------------
+
+def test_rope_score_depends_only_on_distance():
+    rope = create("rope", d_model=64, n_heads=2, base=10000)
+    S = score_map(rope, "rotate", 256)
+    assert position_dependence(S) < 1e-5
+    # constant content q = k = 1 on halves-paired features: sum_i 2 cos((m - n) theta_i)
+    theta = rope.inv_freq.double().numpy()
+    expected = 2 * np.cos(np.arange(256)[:, None] * theta[None, :]).sum(-1)
+    np.testing.assert_allclose(diagonal_means(S)[0].numpy(), expected, atol=1e-3)
+
+
+def test_rotary_frequencies_are_read_off_the_hook():
+    rope = create("rope", d_model=64, n_heads=2, base=500.0)
+    theta = rotary_frequencies(rope)
+    np.testing.assert_allclose(theta.numpy(), 500.0 ** (-2 * np.arange(16) / 32), rtol=1e-5)
+    partial = rotary_frequencies(create("rope", d_model=64, n_heads=2, rotary_fraction=0.5))
+    assert (partial[:8] > 0).all() and torch.allclose(partial[8:], torch.zeros(8, dtype=partial.dtype), atol=1e-6)
+
+
+def test_rope_relative_upper_bound_decays():
+    rope = create("rope", d_model=128, n_heads=2, base=10000)
+    bound = rope_relative_bound(rotary_frequencies(rope), 1024)
+    half_pairs = 32
+    assert bound[0] == pytest.approx((half_pairs + 1) / 2)  # S_j = j at distance 0
+    assert envelope(bound)[512] < 0.5 * bound[0]
+    assert bound[512:].mean() < 0.3 * bound[0]
+
+
+def test_rope_bound_bounds_the_score():
+    # RoFormer §3.4.3: |sum_i h_i e^{i r theta_i}| <= max_i |h_{i+1} - h_i| * sum_j |S_j|, h_{d/2} = 0
+    torch.manual_seed(0)
+    rope = create("rope", d_model=64, n_heads=1, base=10000)
+    Dh, length = 64, 512
+    q, k = torch.randn(Dh, dtype=torch.float64), torch.randn(Dh, dtype=torch.float64)
+    pos = torch.arange(length)
+    qr, kr = rope.rotate(q.float().expand(1, 1, length, Dh), k.float().expand(1, 1, length, Dh), pos, pos)
+    score = (qr[0, 0, :, None, :].double() * kr[0, 0, None, 0, :].double()).sum(-1)[:, 0]  # query r, key 0
+    half = Dh // 2
+    h = torch.complex(q[:half], q[half:]) * torch.complex(k[:half], k[half:]).conj()
+    h = torch.cat((h, torch.zeros(1, dtype=h.dtype)))
+    step = (h[1:] - h[:-1]).abs().max().item()
+    bound = step * half * rope_relative_bound(rotary_frequencies(rope), length)
+    assert np.all(score.abs().numpy() <= bound + 1e-3)
+
+
+# -- bias (ALiBi, Press et al. 2022, §3) ------------------------------------------------------
+
+@pytest.mark.parametrize("n_heads", [4, 8])
+def test_alibi_bias_is_linear_with_the_paper_slopes(n_heads):
+    unit = analyse_unit(create("alibi", d_model=64, n_heads=n_heads), 128, 32, [32, 128])
+    fits = unit["maps"]["bias"]["linear_fit_per_head"]
+    paper = [-(2.0 ** (-8 * h / n_heads)) for h in range(1, n_heads + 1)]  # m_h = 2^(-8h/H)
+    np.testing.assert_allclose([f["slope"] for f in fits], paper, rtol=1e-5)
+    assert all(f["r2"] > 1 - 1e-9 and abs(f["intercept"]) < 1e-5 for f in fits)
+    assert unit["maps"]["bias"]["position_dependence"] == 0.0
+    assert "rope_bound" in unit["not_applicable"] and "embed" in unit["not_applicable"]
+
+
+# -- every encoder config, through the Hydra config ----------------------------------------------
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
+    cfg = compose_analyze(f"encoder={name}", *TINY, "analyze.length=48", "analyze.figures=false")
+    spec = typed(cfg, AnalyzeRootConfig)
+    result = run_analyze(spec, spec.analyze, tmp_path, Console(file=open(Path(tmp_path) / "out.txt", "w")))
+    saved = json.loads((tmp_path / "analysis.json").read_text())
+    assert saved["encoder"] == name and saved["units"]
+    for unit in saved["units"]:
+        for hook in ("embed", "rotate", "bias", "scores"):
+            assert (hook in unit["maps"]) != (hook in unit["not_applicable"]), (name, hook)
+        for entry in unit["maps"].values():
+            assert math.isfinite(entry["position_dependence"])
+    assert result["figures"] == []
+
+
+def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
+    from posexp.cli.folders import check_analyze_job
+
+    with pytest.raises(ConfigError, match="analyze.length"):
+        check_analyze_job(compose_analyze("encoder=rope", *TINY, "analyze.length=1"))
+
+
+# -- attention statistics of a model ------------------------------------------------------------
+
+@pytest.mark.parametrize("encoder", ["none", "rope", "alibi"])
+def test_attention_statistics_match_closed_forms(encoder):
+    from posexp.model.gpt import GPT, ModelShape
+
+    torch.manual_seed(0)
+    enc = create(encoder, d_model=32, n_heads=2)
+    model = GPT(ModelShape(d_model=32, n_layers=1, n_heads=2, attn_block_size=16), enc).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.zero_()  # q = k = 0: only the position bias is left
+    L = 40
+    stats = attention_statistics(model, np.arange(2 * L) % 256, L, 2)
+    i = np.arange(L)
+    if encoder == "alibi":  # a_ij ∝ exp(-m_h (i - j)) (Press et al. 2022, §3)
+        for h, m in enumerate(enc.slopes.double().numpy()):
+            dist = ent = 0.0
+            for q in i:
+                d = np.arange(q + 1)
+                p = np.exp(-m * d) / np.exp(-m * d).sum()
+                dist += (p * d).sum() / L
+                ent += -(p * np.log(p)).sum() / L
+            assert stats["mean_distance"][0, h] == pytest.approx(dist, rel=1e-4)
+            assert stats["entropy"][0, h] == pytest.approx(ent, rel=1e-4)
+    else:  # uniform over the causal context
+        np.testing.assert_allclose(stats["mean_distance"][0], stats["uniform_distance"], rtol=1e-4)
+        np.testing.assert_allclose(stats["entropy"][0], stats["uniform_entropy"], rtol=1e-4)
+        assert stats["uniform_distance"] == pytest.approx((i / 2).mean())
+
+
+# -- the command --------------------------------------------------------------------------------
+
+@pytest.mark.slow  # a two-job sweep, then analyze; the single-run command tests stay in the default suite
+def test_analyze_multirun_compares_bases(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cli("analyze", "-m", "encoder=rope", "base=100,10000", *TINY, "analyze.length=64",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for job, base in (("0", 100.0), ("1", 10000.0)):
+        saved = json.loads((sweep / job / "analysis.json").read_text())
+        assert saved["base"] == base and saved["label"] == f"rope base={base:g}"
+        for png in saved["figures"]:
+            assert (sweep / job / png).stat().st_size > 0
+        assert {"rotate_heatmap.png", "rope_bound.png", "wavelengths.png"} <= set(saved["figures"])
+    assert (sweep / "comparison.png").stat().st_size > 0
+    assert "rope base=100" in proc.stdout and "rope bound" in proc.stdout
+
+
+def test_analyze_bad_input_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    result = CliRunner().invoke(app, ["analyze", "encoder=rope", "base=0.5", f"hydra.run.dir={tmp_path / 'r'}"])
+    assert result.exit_code == 2
+    assert "base: must be > 1" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_analyze_trained_run(tmp_path):
+    run = tmp_path / "run"
+    proc = run_cli("train", "experiment=smoke", "train.progress=false", "encoder=alibi", f"hydra.run.dir={run}",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("analyze", str(run), "analyze.multiples=[1,2]", "analyze.tokens=256", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((run / "analysis" / "analysis.json").read_text())
+    assert [r["length"] for r in saved["attention"]] == [32, 64]
+    for row in saved["attention"]:
+        assert np.array(row["entropy"]).shape == (2, 2)  # layers x heads
+        assert np.all(np.array(row["entropy"]) <= math.log(row["length"]) + 1e-6)
+    assert (run / "analysis" / "attention_entropy.png").is_file()
+    proc = run_cli("analyze", str(run), "analyze.lenght=3", cwd=tmp_path)
+    assert proc.returncode == 2 and "analyze.lenght" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,174 @@
+"""``posexp search RUN_OR_hf:NAME --target-len N`` as a user runs it: LongRoPE's search (Ding et al. 2024) with n^ in
+its space, on a tiny run and on a tiny random Llama; stopped and continued from its state; its factors file read by
+posexp eval; refused in one line where it cannot run."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import invoke
+
+SMALL = ("--tokens", "512", "--population", "4", "--generations", "1", "--parents", "2")
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(trained, target)
+    return target
+
+
+def test_a_search_writes_factors_no_worse_than_its_start_that_eval_reads(run):
+    result = invoke("search", str(run), "--target-len", "128", *SMALL)
+    assert result.exit_code == 0, result.output
+    folder = run / "longrope" / "128"
+    record = json.loads((folder / "factors.json").read_text())
+    assert len(record["factors"]) == 8 and record["factors"] == sorted(record["factors"])  # head 16: 8 frequencies
+    assert record["score"] <= min(record["initial"].values())  # the starting points are in the pool: never worse
+    assert record["start"] in (0, 1, 2, 4, 8, 12, 16, 20, 24, 28) and record["target_len"] == 128
+    said = " ".join(result.output.split())
+    assert f"posexp eval {run} eval.scaling=longrope eval.longrope_file={folder}" in said
+    assert f"posexp finetune {run} train_len=128 scaling=longrope longrope_file={folder}" in said
+    evaluated = invoke("eval", str(run), "eval.scaling=longrope", f"eval.longrope_file={folder}", "eval.lengths=[128]")
+    assert evaluated.exit_code == 0, evaluated.output
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert any(r.get("scaling") == "longrope" and r["length"] == 128 and math.isfinite(r["ppl"]) for r in rows)
+
+
+def test_a_stopped_search_continues_from_its_state(run, monkeypatch):
+    import posexp.evaluation.longrope_search as search
+
+    original, calls = search.perplexity_score, {"n": 0, "stop_after": 3}
+
+    def counted(*args, **kwargs):
+        score = original(*args, **kwargs)
+
+        def wrapped(factors, start=0):
+            if calls["n"] == calls["stop_after"]:
+                raise KeyboardInterrupt  # Ctrl-C while a candidate is scored
+            calls["n"] += 1
+            return score(factors, start)
+        return wrapped
+
+    monkeypatch.setattr(search, "perplexity_score", counted)
+    stopped = invoke("search", str(run), "--target-len", "128", *SMALL)
+    assert stopped.exit_code == 130 and "run the same command to continue" in stopped.output
+    state = json.loads((run / "longrope" / "128" / "state.json").read_text())
+    assert len(state["scored"]) == 3 and not (run / "longrope" / "128" / "factors.json").exists()
+    calls.update(n=0, stop_after=-1)
+    resumed = invoke("search", str(run), "--target-len", "128", *SMALL)
+    assert resumed.exit_code == 0 and "resuming with 3 scored" in " ".join(resumed.output.split())
+    continued = calls["n"]
+    calls.update(n=0)
+    fresh = invoke("search", str(run), "--target-len", "128", *SMALL, "--out", str(run / "fresh"))
+    assert fresh.exit_code == 0
+    assert continued == calls["n"] - 3  # only what the stopped search had not scored
+    first = json.loads((run / "longrope" / "128" / "factors.json").read_text())
+    again = json.loads((run / "fresh" / "factors.json").read_text())
+    assert (first["factors"], first["start"], first["score"]) == (again["factors"], again["start"], again["score"])
+
+
+def test_the_search_replays_to_the_same_candidates_from_a_cache():
+    from posexp.evaluation.longrope_search import SearchSettings, Stretch, search_factors
+
+    target = np.geomspace(1.0, 3.0, 8)
+
+    def score(factors, start):
+        return 1.0 + float(np.sum(np.log(factors / target) ** 2)) + 0.01 * abs(start - 8)
+
+    settings = SearchSettings(population=8, generations=4, parents=3, seed=1)
+    calls: list[str] = []
+    whole = search_factors(score, Stretch(16, 10000.0, 64, 256), settings, on_scored=lambda k, v, fresh: calls.append(k))
+    cache: dict[str, float] = {}
+    with pytest.raises(KeyboardInterrupt):
+        def stopping(factors, start):
+            if len(cache) == 5:
+                raise KeyboardInterrupt
+            return score(factors, start)
+        search_factors(stopping, Stretch(16, 10000.0, 64, 256), settings, cache=cache)
+    new: list[str] = []
+    resumed = search_factors(score, Stretch(16, 10000.0, 64, 256), settings, cache=cache,
+                             on_scored=lambda k, v, fresh: fresh and new.append(k))
+    assert (resumed.factors, resumed.start, resumed.ppl) == (whole.factors, whole.start, whole.ppl)
+    assert len(new) == len(set(calls)) - 5
+    assert whole.ppl < min(whole.initial.values()) and whole.start in (0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32)
+
+
+def test_n_hat_is_searched_and_can_be_fixed():
+    from posexp.evaluation.longrope_search import SearchSettings, Stretch, search_factors
+
+    def score(factors, start):  # best with n^ = 16, whatever the factors
+        return 1.0 + abs(start - 16) + 0.001 * float(np.sum(factors))
+
+    found = search_factors(score, Stretch(16, 10000.0, 64, 256), SearchSettings(population=12, generations=10, parents=3))
+    assert found.start == 16
+    fixed = search_factors(score, Stretch(16, 10000.0, 64, 256), SearchSettings(population=8, generations=2, parents=3,
+                                                                        start=2))
+    assert fixed.start == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--target-len", "32"), "--target-len: must be longer than the training length 32"),
+    (("--target-len", "128", "--objective", "loss"), "--objective: must be one of: ppl, needle"),
+    (("--target-len", "128", "--start", "32"), "--start: must be below the training length 32"),
+    (("--target-len", "128", "--population", "2"), "--population: must be at least 4"),
+    (("--target-len", "128", "data=text"), "data=text: overrides apply to a hf: model"),
+])
+def test_refusals_are_one_line(run, args, message):
+    result = invoke("search", str(run), *args)
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output and not (run / "longrope").exists()
+
+
+def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
+    quick = ("--tokens", "256", "--population", "4", "--generations", "0")
+    assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0
+    other = invoke("search", str(run), "--target-len", "64", *quick, "--parents", "3")
+    assert other.exit_code == 2 and "holds a search with other settings (parents)" in " ".join(other.output.split())
+    restarted = invoke("search", str(run), "--target-len", "64", *quick, "--parents", "3", "--restart")
+    assert restarted.exit_code == 0, restarted.output
+    missing = invoke("search", str(tmp_path / "nowhere"), "--target-len", "128")
+    assert missing.exit_code == 2 and "not a run folder" in missing.output
+
+
+def test_a_transformers_model_is_searched_with_either_objective(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    corpus = tmp_path / "text"
+    corpus.mkdir()
+    words = "the cat sat on a mat and then a dog ran far and slept 0 1 2 3 4 5 6 7 8 9".split()
+    rng = np.random.default_rng(0)
+    for i in range(6):  # several files: some are held out for validation
+        (corpus / f"part{i}.txt").write_text(" ".join(rng.choice(words, 3000)))
+    folder = tmp_path / "tiny-llama"
+    bpe = Tokenizer(models.BPE())  # byte-level: the passkey's prompt and digits are text like any other
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator([p.read_text() for p in corpus.iterdir()], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    tok.save_pretrained(folder)
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                      bos_token_id=None, eos_token_id=tok.eos_token_id, initializer_range=0.2)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    common = (f"hf:{folder}", "data=text", f"data.path={corpus}", "--population", "4", "--generations", "1",
+              "--parents", "2")
+    ppl = invoke("search", *common, "--target-len", "128", "--tokens", "256", "--out", str(tmp_path / "ppl"))
+    assert ppl.exit_code == 0, ppl.output
+    record = json.loads((tmp_path / "ppl" / "factors.json").read_text())
+    assert len(record["factors"]) == 4 and record["train_len"] == 64 and record["model"] == f"hf:{folder}"
+    assert record["score"] <= min(record["initial"].values())
+    needle = invoke("search", *common, "--target-len", "256", "--objective", "needle", "--needles", "2",
+                    "--out", str(tmp_path / "needle"))
+    assert needle.exit_code == 0, needle.output
+    scored = json.loads((tmp_path / "needle" / "factors.json").read_text())
+    assert scored["objective"] == "needle" and math.isfinite(scored["score"]) and scored["score"] > 1

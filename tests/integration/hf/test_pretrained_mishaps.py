@@ -1,0 +1,246 @@
+"""A pretrained model as a careless or unlucky user meets it: a damaged model folder, a typo on a machine without
+network, a folder with a comma, an evaluation stopped or killed, and a pretrained model's run handed to the
+commands that read posexp's own runs. Each is one line that says what to type, and that line works."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from helpers import invoke, run_cli, start_cli  # noqa: E402
+from integration.hf.test_pretrained_runs import corpus_dir, llama_dir  # noqa: E402,F401 - the same tiny Llama and its text
+
+from posexp.hf import loading  # noqa: E402
+
+DATA = ("data=text", "eval.tokens=1024")
+
+
+def _data(corpus: Path) -> tuple[str, ...]:
+    return (*DATA, f"data.path={corpus}")
+
+
+def _one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return " ".join(lines[0].split())
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "results.json").read_text())["rows"]
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(llama_dir, corpus_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pretrained") / "run"
+    result = invoke("eval", f"hf:{llama_dir}", *_data(corpus_dir), f"hydra.run.dir={out}")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# -- a damaged model folder (items 2, 3, 4) ------------------------------------------------------------------------
+
+def _no_weights(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+
+
+def _truncated(folder: Path) -> None:
+    with open(folder / "model.safetensors", "r+b") as fh:
+        fh.truncate(5000)
+
+
+def _no_tokenizer(folder: Path) -> None:
+    for f in [*folder.glob("tokenizer*"), *folder.glob("special_tokens_map.json")]:
+        f.unlink()
+
+
+@pytest.mark.parametrize("damage,says", [
+    (_no_weights, "has config.json but no weight file (looked for model.safetensors"),
+    (_truncated, "model.safetensors is incomplete or damaged (5,000 bytes of the"),
+    (_no_tokenizer, "holds no tokenizer files (looked for tokenizer.json, tokenizer.model"),
+])
+def test_a_damaged_model_folder_is_one_line_saying_what_it_lacks_and_leaves_no_run_folder(damage, says, llama_dir,
+                                                                                         corpus_dir, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(llama_dir, folder)
+    damage(folder)
+    out = tmp_path / "run"
+    result = invoke("eval", f"hf:{folder}", *_data(corpus_dir), f"hydra.run.dir={out}")
+    assert result.exit_code != 0
+    line = _one_line(result.output)
+    assert says in line and "Hugging Face cache" not in line and "sentencepiece or tiktoken" not in line
+    assert not out.exists()
+
+
+# -- a typo on a machine without network (item 5) ------------------------------------------------------------------
+
+def test_a_typo_of_a_local_folder_offline_is_said_at_once_naming_the_folder(llama_dir, corpus_dir, tmp_path,
+                                                                            monkeypatch):
+    shutil.copytree(llama_dir, tmp_path / "tiny-llama")
+    probes = []
+
+    def no_network(*args, **kwargs):
+        probes.append(args)
+        raise OSError(-2, "Name or service not known")
+
+    loading.hub_reachable.cache_clear()
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    try:
+        start = time.monotonic()
+        result = invoke("eval", "hf:tiny-lama", *_data(corpus_dir), "hydra.run.dir=run", cwd=tmp_path)
+        took = time.monotonic() - start
+    finally:
+        loading.hub_reachable.cache_clear()
+    assert result.exit_code != 0 and took < 10
+    line = _one_line(result.output)
+    assert "did you mean hf:tiny-llama?" in line and "cannot reach huggingface.co" in line and "Retry" not in line
+    assert len(probes) == 1 and not (tmp_path / "run").exists()
+
+
+# -- a folder with a comma (item 7) --------------------------------------------------------------------------------
+
+def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_dir, corpus_dir, tmp_path):
+    shutil.copytree(llama_dir, tmp_path / "llama,64")
+    refused = invoke("eval", "hf:nope,64", *_data(corpus_dir), cwd=tmp_path)
+    line = _one_line(refused.output)
+    suggested = re.search(r"quote it: (posexp eval .*)$", line)
+    assert refused.exit_code != 0 and suggested is not None, line
+    typed = shlex.split(suggested.group(1).replace("nope,64", "llama,64"))  # as a shell hands it over
+    for args in (["hf:llama,64"], typed[2:], ["hf.model='llama,64'"]):
+        result = invoke("eval", *args, *_data(corpus_dir), "eval.multiples=[1]", "hydra.run.dir=run", cwd=tmp_path)
+        assert result.exit_code == 0, (args, result.output)
+        run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
+        assert run["pretrained"]["name"] == "llama,64" and len(_rows(tmp_path / "run")) == 1
+        shutil.rmtree(tmp_path / "run")
+
+
+# -- stopped or killed, then resumed as its message says (item 6) --------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
+def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corpus_dir, pretrained_run,
+                                                          tmp_path):
+    # small query chunks make the evaluation last: the signal comes while it measures, once the model is loaded
+    slow = (f"hf:{llama_dir}", *_data(corpus_dir), "hf.query_chunk=16")
+    proc = start_cli("eval", *slow, "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("posexp pretrained"):
+            break
+    proc.send_signal(stop)
+    _, err = proc.communicate(timeout=120)
+    assert not (tmp_path / "run" / "results.json").exists(), "finished before it was stopped"
+    if stop == signal.SIGINT:
+        told = re.search(r"(posexp resume \S+)", err)
+        assert told is not None and "evaluates the model again" in err, err
+        command = shlex.split(told.group(1))
+    else:  # killed: nothing said; the folder is then refused to a new evaluation, naming the command
+        again = invoke("eval", *slow, "hydra.run.dir=run", cwd=tmp_path)
+        told = re.search(r"(posexp resume \S+?);", " ".join(again.output.split()))
+        assert again.exit_code != 0 and told is not None, again.output
+        command = shlex.split(told.group(1))
+    resumed = invoke(*command[1:], cwd=tmp_path)
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["ppl"] for r in _rows(tmp_path / "run")] == pytest.approx([r["ppl"] for r in _rows(pretrained_run)],
+                                                                        rel=1e-4)
+    finished = invoke("resume", str(tmp_path / "run"))  # nothing left to resume: measure it again instead
+    assert finished.exit_code != 0 and f"posexp eval hf:{llama_dir}" in " ".join(finished.output.split())
+
+
+# -- a sweep of pretrained evaluations handed to posexp eval (item 8) ----------------------------------------------
+
+def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works(llama_dir, corpus_dir,
+                                                                                 tmp_path):
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]",
+                   "eval.scaling=none,linear",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert swept.exit_code == 0, swept.output
+    again = invoke("eval", str(tmp_path / "sweep"), "eval.lengths=[64]")
+    assert again.exit_code != 0
+    line = _one_line(again.output)
+    assert "pretrained models' evaluations" in line and "no checkpoint" not in line
+    command = shlex.split(line.split("measure them again as new runs: ")[1])
+    assert command[:3] == ["posexp", "eval", "-m"] and "eval.scaling=none,linear" in command
+    result = invoke(*command[1:], f"hydra.sweep.dir={tmp_path / 'again'}")
+    assert result.exit_code == 0, result.output
+    jobs = sorted((tmp_path / "again").glob("[0-9]/results.json"))
+    assert len(jobs) == 2 and all([r["length"] for r in _rows(j.parent)] == [64] for j in jobs)
+
+
+# -- a pretrained model's run handed to export, finetune, analyze and load_run (item 9) ----------------------------
+
+@pytest.mark.parametrize("command,then", [
+    (("export", "{run}", "{tmp}/out"), "AutoModelForCausalLM.from_pretrained("),
+    (("finetune", "{run}"), "posexp eval hf:{model} data=text eval.tokens=1024 data.path={corpus} eval.scaling=yarn"),
+    (("analyze", "{run}"), "posexp analyze encoder=rope base=10000 train_len=64"),
+])
+def test_commands_of_posexp_runs_say_a_pretrained_run_is_one_and_what_to_type(command, then, pretrained_run,
+                                                                              llama_dir, corpus_dir,
+                                                                              tmp_path):
+    args = [a.format(run=pretrained_run, tmp=tmp_path) for a in command]
+    result = invoke(*args)
+    assert result.exit_code != 0
+    line = _one_line(result.output)
+    assert "the run of pretrained model" in line and "weights stay in the model's own folder" in line
+    assert then.format(model=llama_dir, corpus=corpus_dir) in line and "schema" not in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_load_run_model_of_a_pretrained_run_is_the_transformers_model_it_measured(pretrained_run, llama_dir,
+                                                                                  tmp_path):
+    import torch
+
+    import posexp
+    from posexp.errors import PosexpError
+
+    run = posexp.load_run(pretrained_run)
+    assert run.config.hf.model == str(llama_dir) and len(run.results) == 3
+    model = run.model
+    reference = transformers.AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    tokens = torch.randint(0, reference.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).logits, reference(tokens).logits)
+    # the run's record names another folder's weights: refused, not silently another model
+    moved = tmp_path / "run"
+    shutil.copytree(pretrained_run, moved)
+    results = json.loads((moved / "results.json").read_text())
+    results["run"]["pretrained"]["weights_sha256"] = "0" * 64
+    (moved / "results.json").write_text(json.dumps(results))
+    with pytest.raises(PosexpError, match="changed since the run measured them"):
+        posexp.load_run(moved).model
+
+
+def test_posexp_resume_of_a_stopped_sweep_of_pretrained_runs_finishes_it(llama_dir, corpus_dir, tmp_path):
+    from posexp.commands.sweep_resume import plan_sweep, resume_sweep
+
+    sweep = tmp_path / "sweep"
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]",
+                   "eval.scaling=none,linear",
+                   f"hydra.sweep.dir={sweep}")
+    assert swept.exit_code == 0, swept.output
+    measured = [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)]
+    for name in ("results.json", "results.csv", "results.md"):  # job 0 killed while measuring
+        (sweep / "0" / name).unlink()
+    shutil.rmtree(sweep / "1")  # job 1 never started
+    plan = plan_sweep(sweep)
+    assert (plan.finished, plan.resume, list(plan.start), plan.command) == ([], [0], [1], "eval")
+    ran: list[list[str]] = []
+
+    def runner(args: list[str]) -> int:
+        ran.append(args)
+        return invoke(*args).exit_code
+
+    assert resume_sweep(sweep, lambda _: None, runner=runner) == []
+    assert [a[0] for a in ran] == ["resume", "eval"]
+    assert [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)] == pytest.approx(measured, rel=1e-4)

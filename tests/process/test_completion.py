@@ -1,0 +1,369 @@
+"""Tab completion as a user gets it: what a TAB offers (in-process), the script in a real bash and zsh (the
+``=`` word break, no space after a key), the install commands, and a TAB that never loads torch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from posexp.cli import completion, shell
+from posexp.cli.arguments import OPTIONAL_GROUPS
+from posexp.cli.completion import DIRS, FILES, WORDS, AppKeys, complete
+from posexp.config.schema import config_dir
+from helpers import REPO
+
+EXAMPLE_CONF = REPO / "scripts" / "plugin_example" / "conf"
+
+
+def _tab(line: str) -> tuple[str, list[str]]:
+    """The kind and the whole words a TAB at the end of ``line`` offers."""
+    words, typed, _ = shell.split_line(line)
+    reply = complete(words[1:], typed)
+    return reply.kind, list(reply.items)
+
+
+def _yamls(group: str) -> list[str]:
+    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+
+
+# -- what a TAB offers --------------------------------------------------------------------------------
+
+def test_subcommands_then_a_group_key_with_its_options():
+    assert _tab("posexp tr") == (WORDS, ["train"])
+    assert _tab("posexp train enc") == (WORDS, ["encoder="])  # the group, not encoder. beside it
+    assert _tab("posexp train encoder=") == (WORDS, [f"encoder={n}" for n in _yamls("encoder")])
+    assert _tab("posexp train model=s") == (WORDS, ["model=small"])
+    assert _tab("posexp train encoder=rope model=") == (WORDS, [f"model={n}" for n in _yamls("model")])
+    assert _tab("posexp train tr") == (WORDS, ["train=", "train_len="])
+    assert _tab("posexp analyze exp") == (WORDS, ["experiment="])
+
+
+def test_the_keys_offered_are_the_composed_configs(compose):
+    cfg = compose()
+    known = AppKeys.of("config", [])
+    for group in ("model", "train", "eval", "data", "tokenizer", "task", "encoder"):
+        offered = {k.removeprefix(f"{group}.").rstrip("=.") for k in known.keys(f"{group}.")}
+        own = set(cfg[group]) - ({"name"} if group == "encoder" else set())  # encoder=NAME chooses the name
+        assert offered == own, group
+    top = {k.rstrip("=") for k in known.keys("")}
+    # the lineage a fine-tune writes is no setting; the optional groups bring keys only when chosen
+    assert top == set(cfg) - {"finetune"} | set(OPTIONAL_GROUPS)
+    assert "logger.tensorboard." in known.keys("logger.")
+
+
+def test_encoder_keys_follow_the_encoder_chosen_on_the_line():
+    assert _tab("posexp train encoder.")[1] == [f"encoder.{k}=" for k in
+                                                ("alpha", "base", "freq_schedule", "lr_mult", "rotary_fraction")]
+    assert _tab("posexp train encoder=t5 encoder.")[1] == [f"encoder.{k}=" for k in
+                                                           ("lr_mult", "max_distance", "num_buckets")]
+    assert _tab("posexp check t5 ")[1] == ["num_buckets=", "max_distance=", "lr_mult="]
+    assert _tab("posexp check ro") == (WORDS, ["rope"])
+
+
+def test_values_of_keys_that_take_one_of_a_few():
+    assert _tab("posexp train eval.scaling=y")[1] == ["eval.scaling=yarn"]
+    assert _tab("posexp train cache=")[1] == ["cache=true", "cache=false"]
+    assert _tab("posexp train precision=")[1] == ["precision=auto", "precision=fp32", "precision=bf16"]
+    assert _tab("posexp finetune runs/a scaling=r")[1] == []  # rerope is evaluation-only
+    assert _tab("posexp finetune runs/a scaling=s")[1] == []  # and so are self_extend and string
+    assert _tab("posexp train eval.scaling=s")[1] == ["eval.scaling=self_extend", "eval.scaling=string"]
+    assert _tab("posexp train base=") == (WORDS, [])  # a number: nothing to list
+    assert _tab("posexp train --cfg ")[1] == ["job", "hydra", "all"]
+    assert _tab("posexp report --format=m")[1] == ["--format=markdown"]
+
+
+def test_sweeps_lists_and_hydra_prefixes_keep_what_was_typed():
+    assert _tab("posexp train -m encoder=rope,al")[1] == ["encoder=rope,alibi"]
+    assert _tab("posexp train logger=[tensorboard,ml")[1] == ["logger=[tensorboard,mlflow"]
+    assert _tab("posexp train +model.d_")[1] == ["+model.d_model="]
+    assert _tab("posexp report --by encoder,ba")[1] == ["encoder,base"]
+
+
+def test_run_folders_where_a_command_takes_them():
+    assert _tab("posexp eval ")[0] == DIRS and _tab("posexp eval ")[1] == ["eval."]
+    assert _tab("posexp eval outputs/x eval.prot") == (WORDS, ["eval.protocol="])
+    assert _tab("posexp resume ")[0] == _tab("posexp report ")[0] == _tab("posexp finetune ")[0] == DIRS
+    assert _tab("posexp finetune outputs/x sc")[1] == ["scaling=", "scaling_factor="]
+    assert _tab("posexp analyze ./ou")[0] == DIRS
+    assert _tab("posexp report --out ")[0] == _tab("posexp train hydra.run.dir=")[0] == DIRS
+    assert _tab("posexp train data.path=")[0] == FILES
+
+
+def test_the_users_config_folder_adds_its_encoders():
+    assert "encoder=logrope" in _tab(f"posexp train --config-dir {EXAMPLE_CONF} encoder=")[1]
+    assert "encoder=logrope" not in _tab("posexp train encoder=")[1]
+    assert _tab(f"posexp train -cd {EXAMPLE_CONF} encoder=logrope encoder.")[1] == [
+        "encoder.base=", "encoder.lr_mult=", "encoder.scale="]
+    # hydra.searchpath works like --config-dir (posexp train takes both)
+    assert "encoder=logrope" in _tab(f"posexp train hydra.searchpath=[file://{EXAMPLE_CONF}] encoder=")[1]
+    assert "encoder=logrope" in _tab(f"posexp train +hydra.searchpath=[pkg://x,file://{EXAMPLE_CONF}] encoder=")[1]
+
+
+def test_bash_gets_the_part_after_its_word_break():
+    """readline replaces the text after the last ``=`` (``@``, ``:``...), so that is what bash is given."""
+    assert shell.reply_text("bash", "posexp train encoder=ro") == "words:ro\nrope"
+    assert shell.reply_text("bash", "posexp train enc") == "words:enc\nencoder="
+    assert shell.reply_text("bash", "posexp train hydra.run.dir=ou") == "dirs:ou"
+    assert shell.reply_text("zsh", "posexp train encoder=ro") == "words:encoder=ro\nencoder=rope"
+    # a shell whose COMP_WORDBREAKS lost its = (as Hydra's own script leaves it) gets whole words
+    assert shell.reply_text("bash", "posexp train encoder=ro", " \t\n\"'><;|&(:") == "words:encoder=ro\nencoder=rope"
+
+
+# -- the tables agree with what they describe --------------------------------------------------------
+
+def test_the_subcommands_and_options_are_the_apps():
+    import typer
+
+    from posexp.cli.app import app
+
+    root = typer.main.get_command(app)
+    assert set(completion.COMMANDS) == set(root.commands)  # type: ignore[attr-defined]
+    assert set(completion.ROOT_OPTIONS) - {"-h", "--help"} == {o for p in root.params for o in p.opts}
+    for name, command in root.commands.items():  # type: ignore[attr-defined]
+        options = {o: not p.is_flag for p in command.params if p.param_type_name == "option" for o in p.opts}
+        ours = {o: v is not None for o, v in completion.COMMANDS[name].options.items() if o not in ("-h", "--help")}
+        if name in ("train", "analyze", "finetune"):  # Hydra's flags, which Typer passes on
+            continue
+        assert ours == options, name
+
+
+def test_the_hydra_flags_read_and_offered_are_hydras():
+    """posexp reads Hydra's flags with a parser of its own (Hydra has no public one): the same flags and choices
+    as Hydra's own help lists."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from posexp.cli import hydra_flags
+    from posexp.cli.app import app
+    from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.runs.lock import OVERWRITE_FLAG
+
+    text = CliRunner().invoke(app, ["train", "--hydra-help"]).output
+    listed = dict(re.findall(r"^(-[\w,-]+) : (.*)$", text, flags=re.M))
+    hydras = {flag for flags in listed for flag in flags.split(",")}
+    assert hydras == hydra_flags.option_strings()
+    choices = {flags.split(",")[0]: tuple(re.search(r"\[(.*)\]", what).group(1).split("|"))  # type: ignore[union-attr]
+               for flags, what in listed.items() if re.search(r"\[(.*)\]", what)}
+    assert choices == {"--cfg": hydra_flags.CFG_PARTS, "--info": hydra_flags.INFO_PARTS}
+    assert set(completion.HYDRA_OPTIONS) - {OVERWRITE_FLAG} <= hydras
+    assert (completion.OVERWRITE, completion.ALLOW_CHANGED) == (OVERWRITE_FLAG, ALLOW_FLAG)
+
+
+def test_the_copied_value_lists_equal_their_owners():
+    from posexp.commands.check import FORMATS as CHECK_FORMATS
+    from posexp.encoders.scaling import SCALINGS
+    from posexp.encoders.extension import FINETUNE_SCALINGS
+    from posexp.model.positions import CURRICULA, POSITION_SCHEMES
+    from posexp.reporting.render import FORMATS
+    from posexp.runtime.device import COMPILE_SETTINGS
+
+    assert completion.SCALINGS == SCALINGS and completion.FINETUNE_SCALINGS == FINETUNE_SCALINGS
+    assert completion.POSITION_SCHEMES == POSITION_SCHEMES and completion.CURRICULA == CURRICULA
+    assert completion.REPORT_FORMATS == FORMATS and completion.CHECK_FORMATS == CHECK_FORMATS
+    assert completion.COMPILE == tuple(str(v).lower() for v in COMPILE_SETTINGS)
+    from posexp.reporting.views import PROTOCOLS, VIEW_KEYS
+
+    assert {v.split("=")[0] for v in completion.REPORT_VIEWS} == set(VIEW_KEYS)
+    assert [v.split("=")[1] for v in completion.REPORT_VIEWS if v.startswith("protocol=")] == list(PROTOCOLS)
+
+
+def test_every_builtin_encoders_yaml_lists_its_options():
+    """Completion reads an encoder's options from its yaml; a built-in's must list every one."""
+    from posexp.encoders import option_names, registry
+    from posexp.encoders.plugins import is_builtin
+
+    for name, cls in registry().items():
+        if is_builtin(cls):
+            assert set(completion.encoder_keys(name)) == {*option_names(name), "lr_mult"}, name
+
+
+# -- a TAB is quick: no torch, no Hydra ---------------------------------------------------------------
+
+def test_a_tab_loads_neither_torch_nor_hydra():
+    code = ("import os, sys\n"
+            f"os.environ.update({{'{shell.SHELL_VAR}': 'bash', '{shell.LINE_VAR}': 'posexp train encoder=ro'}})\n"
+            "from posexp.cli import main\nmain()\n"
+            "print(sorted(m for m in ('torch', 'hydra', 'typer', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == ["words:ro", "rope", "[]"], out.stderr
+
+
+# -- installing it --------------------------------------------------------------------------------------
+
+def test_hydras_install_command_prints_the_script_without_an_error():
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    for command in (["train", "-sc", "install=bash"], ["analyze", "--shell-completion", "install=zsh"],
+                    ["finetune", "-sc", "install=bash"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0 and result.stdout == shell.SCRIPT and not result.stderr, command
+    refused = CliRunner().invoke(app, ["train", "-sc", "query=bash"])
+    assert refused.exit_code == 2 and "install=bash" in refused.stderr and len(refused.stderr.splitlines()) == 1
+
+
+def test_install_completion_loads_the_script_at_start_once(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".bashrc").write_text("alias ll='ls -l'")  # the user's own lines stay
+    monkeypatch.setattr(shell, "detect_shell", lambda: "bash")
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["--install-completion"])
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / ".bash_completions" / "posexp.sh").read_text() == shell.SCRIPT
+    assert (tmp_path / ".bashrc").read_text() == f"alias ll='ls -l'\nsource '{tmp_path}/.bash_completions/posexp.sh'\n"
+    script, rc = shell.install("zsh", tmp_path)
+    assert script.read_text() == shell.SCRIPT and rc.read_text().count("fpath+=~/.zfunc") == 1
+    monkeypatch.setattr(shell, "detect_shell", lambda: "fish")
+    refused = CliRunner().invoke(app, ["--install-completion"])
+    assert refused.exit_code == 2 and "bash and zsh" in refused.stderr
+
+
+# -- the script in the shells themselves ----------------------------------------------------------------
+
+@pytest.fixture
+def posexp_on_path(tmp_path):
+    """A folder holding a ``posexp`` that runs this checkout (``python -m posexp``), and PATH with it first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "posexp"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m posexp "$@"\n')
+    exe.chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+BASH_DRIVER = r"""
+source "$1"
+function=$(complete -p posexp | sed -E 's/.* -F ([^ ]+) .*/\1/')  # the function the script registered
+compopt() { options+=" $*"; }  # readline's options, which only a completion started by readline may set
+tab() {
+    COMP_LINE=$1 COMP_POINT=${#1} COMP_WORDBREAKS=$' \t\n"\'@><=;|&(:' options=""
+    # bash's own split: at blanks, and each run of word-break characters a word of its own
+    read -ra COMP_WORDS <<< "$(sed -E 's/([=:@]+)/ \1 /g' <<< "$1")"
+    COMP_CWORD=${#COMP_WORDS[@]}
+    [[ $1 == *' ' ]] || COMP_CWORD=$((COMP_CWORD - 1))
+    "$function" posexp "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+    printf '%s|%s|%s\n' "$1" "${options# }" "${COMPREPLY[*]}"
+}
+tab "posexp train enc"
+tab "posexp train encoder="
+tab "posexp train encoder=ro"
+tab "posexp train model=s"
+tab "posexp train train.ste"
+tab "posexp eval ou"
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_bash_completion_function_fills_compreply(tmp_path, posexp_on_path):
+    script = tmp_path / "posexp.sh"
+    script.write_text(shell.SCRIPT)
+    (tmp_path / "outputs").mkdir()
+    out = subprocess.run(["bash", "--norc", "--noprofile", "-c", BASH_DRIVER, "bash", str(script)], cwd=tmp_path,
+                         env={**os.environ, "PATH": posexp_on_path}, capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == [
+        "posexp train enc|-o nospace|encoder=",  # no space: the value follows
+        f"posexp train encoder=||{' '.join(_yamls('encoder'))}",  # bash's word after = is empty
+        "posexp train encoder=ro||rope",  # readline replaces "ro", the part after the =
+        "posexp train model=s||small",
+        "posexp train train.ste|-o nospace|train.steps=",
+        "posexp eval ou|-o filenames|outputs",
+    ], out.stderr
+
+
+def _typed_in_a_terminal(argv: list[str], env: dict, setup: str, lines: list[str], cwd: Path) -> list[str]:
+    """Start an interactive shell in a terminal, type each line with a TAB, and return each line as it then
+    stands (a key bound in ``setup`` appends it to ``$OUT`` and clears it)."""
+    import pty
+    import select
+
+    out, ready = cwd / "typed.txt", cwd / "ready"
+    pid, fd = pty.fork()
+    if pid == 0:  # the shell
+        os.chdir(cwd)
+        os.execvpe(argv[0], argv, {**env, "OUT": str(out)})
+    try:
+        os.write(fd, f"{setup}; : > {ready}\n".encode())
+        deadline = time.time() + 60
+        for keys in [None, *[f"{line}\t\x14" for line in lines]]:
+            if keys is not None:
+                os.write(fd, keys.encode())
+            want = lines.index(keys[:-2]) + 1 if keys else 0
+            while not (ready.exists() if keys is None else out.exists() and len(out.read_text().splitlines()) >= want):
+                assert time.time() < deadline, out.read_text() if out.exists() else "the shell never answered"
+                if select.select([fd], [], [], 0.05)[0]:
+                    os.read(fd, 65536)  # the terminal's output, read so that the shell never blocks on it
+        return out.read_text().splitlines()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(fd)
+
+
+LINES = ["posexp train enc", "posexp train encoder=ro", "posexp train model=s", "posexp train train.ste",
+         "posexp tr", "posexp eval ou"]
+# what the user then sees: a key stays open (no space), a value is done (a space), a folder ends in /
+AFTER_TAB = ["posexp train encoder=", "posexp train encoder=rope ", "posexp train model=small ",
+             "posexp train train.steps=", "posexp train ", "posexp eval outputs/"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or sys.platform == "win32", reason="no bash terminal")
+def test_tab_in_an_interactive_bash_after_install_completion(tmp_path, posexp_on_path):
+    shell.install("bash", tmp_path)
+    (tmp_path / "outputs").mkdir()
+    env = {"HOME": str(tmp_path), "PATH": posexp_on_path, "TERM": "dumb", "INPUTRC": "/dev/null"}
+    setup = r"""bind -x '"\C-t": printf "%s\n" "$READLINE_LINE" >> "$OUT"; READLINE_LINE=""'"""
+    typed = _typed_in_a_terminal(["bash", "--noprofile", "--rcfile", str(tmp_path / ".bashrc"), "-i"], env, setup,
+                                 LINES, tmp_path)
+    assert typed == AFTER_TAB
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="no zsh (apt-get install zsh)")
+def test_tab_in_an_interactive_zsh_after_install_completion(tmp_path, posexp_on_path):
+    shell.install("zsh", tmp_path)
+    (tmp_path / "outputs").mkdir()
+    env = {"HOME": str(tmp_path), "ZDOTDIR": str(tmp_path), "PATH": posexp_on_path, "TERM": "dumb"}
+    setup = "dump() { print -r -- $BUFFER >> $OUT; BUFFER= }; zle -N dump; bindkey '^T' dump"
+    typed = _typed_in_a_terminal(["zsh", "-d", "-i"], env, setup, LINES, tmp_path)
+    assert typed == AFTER_TAB
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or sys.platform == "win32", reason="no bash")
+def test_install_completion_under_a_home_with_a_quote_leaves_a_bashrc_bash_can_read(tmp_path):
+    """``source '/home/o'brien/…'`` in .bashrc broke every new shell of the user."""
+    home = tmp_path / "o'brien dir"
+    home.mkdir()
+    script, rc = shell.install("bash", home)
+    ran = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"source {shlex.quote(str(rc))} && echo sourced"],
+                         capture_output=True, text=True, env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    assert ran.returncode == 0 and ran.stdout.strip() == "sourced", ran.stderr
+    assert str(script) in shlex.split(rc.read_text().splitlines()[-1])
+
+
+def test_install_completion_into_an_immutable_bashrc_is_one_line(tmp_path):
+    """--install-completion to an immutable .bashrc (or a full disk) was an OSError traceback."""
+    rc = tmp_path / ".bashrc"
+    rc.write_text("alias ll='ls -l'\n")
+    if subprocess.run(["chattr", "+i", str(rc)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs root and a file system that has the flag")
+    try:
+        env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+        done = subprocess.run([sys.executable, "-m", "posexp", "--install-completion", "bash"], env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["chattr", "-i", str(rc)], capture_output=True)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ") and ".bashrc" in line

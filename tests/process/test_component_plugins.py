@@ -1,0 +1,267 @@
+"""A task, a tracker and an exporter from a package outside posexp: one module each (and the task's yaml), found
+through the one registry (posexp.registry) with no list to edit, each run end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import TINY_RUN
+
+TASK = '''
+"""task=first: read a string, then write its first symbol `repeats` times."""
+from typing import Optional
+
+import numpy as np
+
+from posexp.tasks.task import TASKS, Task, fill, with_answer
+
+
+@TASKS.register("first")
+class First(Task):
+    default_symbols = 8
+    size_unit = "symbols"
+
+    def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, repeats: int = 1):
+        super().__init__(symbols, min_size)
+        self.repeats = int(repeats)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.symbols + 2  # padding, the symbols, the separator
+
+    def tokens_for(self, size: int) -> int:
+        return size + 1 + self.repeats
+
+    def options(self) -> dict:
+        return {"symbols": self.symbols, "repeats": self.repeats}
+
+    def generate(self, size, count, rng, **options):
+        text = fill(count, size, self.symbols + 1, rng, low=1)
+        sep = np.full((count, 1), self.symbols + 1)
+        return with_answer([(text, False), (sep, False), (np.repeat(text[:, :1], self.repeats, axis=1), True)])
+'''
+
+TASK_YAML = '''
+# @package _global_
+#   posexp train task=first task.repeats=2
+defaults:
+  - /schema/task/first@task
+  - _self_
+task:
+  name: first
+  description: "write the first symbol again"
+  repeats: 2
+train_len: 16
+'''
+
+TRACKER = '''
+"""logger=jsonl: every event of a run as one JSON line."""
+import json
+from pathlib import Path
+from typing import Optional
+
+from posexp.tracking.tracker import TRACKERS, Tracker
+
+
+@TRACKERS.register("jsonl")
+class JsonlTracker(Tracker):
+    needs_module = "json"
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def start(cls, run, path: Optional[str] = None, prefix: str = "run"):
+        tracker = cls(Path(path) if path else run.run_dir / "events.jsonl")
+        tracker._write(prefix, config=run.config)
+        return tracker
+
+    @classmethod
+    def reopen(cls, record, run):
+        return cls(Path(record["path"]))
+
+    def _write(self, event, **fields):
+        with self.path.open("a") as f:
+            f.write(json.dumps({"event": event, **fields}, default=str) + "\\n")
+
+    def log_train(self, step, values):
+        self._write("train", step=step, **values)
+
+    def log_curve(self, step, values):
+        self._write("curve", step=step, **values)
+
+    def log_eval(self, points, rows):
+        for p in points:
+            self._write("eval", name=p.name, length=p.length, value=p.value)
+
+    def log_artifacts(self, files):
+        self._write("artifacts", files=[Path(f).name for f in files])
+
+    def finish(self, status):
+        self._write("finish", status=status)
+
+    def record(self):
+        return {"path": str(self.path)}
+
+    def where(self):
+        return f"jsonl: {self.path}"
+'''
+
+TRACKER_YAML = '''
+# @package logger.jsonl
+defaults:
+  - /schema/logger/jsonl@_here_
+  - _self_
+prefix: lab
+'''
+
+EXPORTER = '''
+"""encoder=none -> GPT-2 with a position table of zeros: the same function, no positions added."""
+from typing import Any, Optional
+
+from posexp.hf.exporters import EXPORTERS, Exporter, Mapping, common_config, hidden, norm, put
+
+
+@EXPORTERS.register("nope_gpt2")
+class NoPEGPT2(Exporter):
+    encoder = "none"
+    target = "GPT-2 (zero position table)"
+
+    def refusal(self, model) -> Optional[str]:
+        if not model.shape.tie_embeddings:
+            return "this exporter writes tied embeddings only: train with model.tie_embeddings=true"
+        return None
+
+    def mapping(self, model, reach):
+        from transformers import GPT2Config
+
+        shape = model.shape
+        config = GPT2Config(n_embd=shape.d_model, n_layer=shape.n_layers, n_head=shape.n_heads,
+                            n_inner=hidden(model), n_positions=reach, activation_function="gelu",
+                            layer_norm_epsilon=model.ln_f.eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            **common_config(model))
+        return Mapping("GPT2LMHeadModel", "none -> GPT-2, zero position table (exact)", config, _fill, reach)
+
+
+def _fill(model: Any, hf: Any) -> None:
+    t = hf.transformer
+    put(t.wte.weight, model.wte.weight)
+    t.wpe.weight.zero_()
+    for block, h in zip(model.blocks, t.h):
+        for ours, theirs in ((block.ln1, h.ln_1), (block.ln2, h.ln_2)):
+            put(theirs.weight, norm(ours)[0])
+            put(theirs.bias, norm(ours)[1])
+        put(h.attn.c_attn.weight, block.attn.qkv.weight.T)
+        put(h.attn.c_proj.weight, block.attn.proj.weight.T)
+        put(h.mlp.c_fc.weight, block.mlp.fc.weight.T)
+        put(h.mlp.c_proj.weight, block.mlp.proj.weight.T)
+    put(t.ln_f.weight, norm(model.ln_f)[0])
+    put(t.ln_f.bias, norm(model.ln_f)[1])
+    put(hf.lm_head.weight, model.lm_head.weight)
+'''
+
+ENTRY_POINTS = '''
+[posexp.tasks]
+first = lab.first
+
+[posexp.trackers]
+jsonl = lab.jsonl_tracker
+
+[posexp.exporters]
+nope_gpt2 = lab.nope_gpt2
+'''
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Path:
+    """An installed-looking package ``lab`` (its distribution's entry points name each module), a config folder
+    with the task's and the tracker's yaml, and nothing of posexp edited."""
+    root = tmp_path_factory.mktemp("lab")
+    package = root / "site" / "lab"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name, text in (("first", TASK), ("jsonl_tracker", TRACKER), ("nope_gpt2", EXPORTER)):
+        (package / f"{name}.py").write_text(textwrap.dedent(text).lstrip())
+    dist = root / "site" / "lab-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lab\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(ENTRY_POINTS.lstrip())
+    for group, name, text in (("task", "first", TASK_YAML), ("logger", "jsonl", TRACKER_YAML)):
+        (root / "conf" / group).mkdir(parents=True, exist_ok=True)
+        (root / "conf" / group / f"{name}.yaml").write_text(text.lstrip())
+    return root
+
+
+def _posexp(lab: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(lab / "site"), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "posexp", *args], cwd=lab, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+FAST = (*TINY_RUN, "train.steps=3", "eval.examples=8", "eval.multiples=[1,2]")
+
+
+def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_tracker(lab):
+    run = lab / "first-run"
+    done = _posexp(lab, "train", "--config-dir", "conf", "task=first", "task.symbols=6", "logger=jsonl",
+                   "encoder=rope", *FAST, f"hydra.run.dir={run}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((run / "results.json").read_text())
+    assert results["run"]["task"]["options"] == {"symbols": 6, "repeats": 2}  # the yaml's, and the command line's
+    assert results["run"]["vocab_size"] == 8
+    rows = results["rows"]
+    assert [r["length"] for r in rows] == [32, 64] and all(r["answer_tokens"] == 8 * 2 for r in rows)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "lab" and kinds[-1] == "finish" and events[-1]["status"] == "completed"  # logger.jsonl.prefix
+    assert events[0]["config"]["task"]["repeats"] == 2
+    assert {e["length"] for e in events if e["event"] == "eval"} == {32, 64} and "train" in kinds
+
+    # posexp eval finds the plugin tracker's run again, from the record in the run folder
+    again = _posexp(lab, "eval", str(run), "eval.lengths=[48]", "eval.examples=8")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert 48 in {json.loads(line).get("length") for line in (run / "events.jsonl").read_text().splitlines()}
+
+
+@pytest.mark.parametrize("args,line", [
+    (("task=first", "task.repeat=3"), "task.repeat: not an option of task 'first'; did you mean task.repeats? its "
+                                      "options are: symbols, min_size, repeats"),
+    (("logger=jsonl", "+logger.jsonl.prefx=a"), "logger.jsonl.prefx: not an option of logger 'jsonl'; did you mean "
+                                                "logger.jsonl.prefix? its options are: path, prefix"),
+])
+def test_an_option_a_plugin_does_not_take_is_one_line_naming_its_options(lab, args, line):
+    done = _posexp(lab, "train", "--config-dir", "conf", *args, *FAST, f"hydra.run.dir={lab / 'refused'}")
+    out = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and out.splitlines() == [f"error: {line}"], out
+    assert not (lab / "refused").exists()
+
+
+@pytest.mark.slow  # two trainings and two exports through the CLI (~60 s)
+def test_a_plugin_exporter_writes_a_none_run_as_gpt2_and_its_refusal_is_its_own(lab):
+    pytest.importorskip("transformers")
+    run = lab / "none-run"
+    done = _posexp(lab, "train", "encoder=none", *TINY_RUN, "train.steps=3", "eval.multiples=[1]",
+                   "eval.tokens=256", f"hydra.run.dir={run}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    exported = _posexp(lab, "export", str(run), str(lab / "none-hf"))
+    assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
+    record = json.loads((lab / "none-hf" / "posexp_export.json").read_text())
+    assert record["architecture"] == "GPT2LMHeadModel" and record["exact"] is True
+    assert record["max_abs_logit_diff"] < 1e-4  # measured on the reloaded folder: the same function as the run's
+
+    untied = lab / "untied-run"
+    done = _posexp(lab, "train", "encoder=none", "model.tie_embeddings=false", *TINY_RUN, "train.steps=3",
+                   "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={untied}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    refused = _posexp(lab, "export", str(untied), str(lab / "untied-hf"))
+    out = (refused.stdout + refused.stderr).strip()
+    assert refused.returncode != 0 and out.splitlines() == [
+        "error: this exporter writes tied embeddings only: train with model.tie_embeddings=true"], out
+    assert not (lab / "untied-hf").exists()

@@ -1,0 +1,156 @@
+"""Two posexp commands meeting on one run folder lose nothing.
+
+Evaluations of one run queue behind each other and each merges its rows into the results.json it finds
+once it holds the run, so none is dropped; a command refused because another holds the run says what
+that other one does there; ``--overwrite`` of a sweep claims every job before it empties any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from helpers import TINY_RUN, invoke
+
+
+@contextlib.contextmanager
+def held_by(run: Path, doing: str) -> Iterator[None]:
+    """Another process holds ``run``'s claim, ``doing`` something there, for the block."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from posexp.runs.lock import lock_run; "
+                               f"lock_run({str(run)!r}, {doing!r}); print('held', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _lengths(run: Path) -> set[int]:
+    return {row["length"] for row in json.loads((run / "results.json").read_text())["rows"]}
+
+
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
+def test_four_evaluations_of_one_run_at_once_keep_every_row(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = _lengths(run)
+    new = [40, 48, 56, 80]
+    procs = [subprocess.Popen([sys.executable, "-m", "posexp", "eval", str(run), f"eval.lengths=[{n}]"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in new]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outputs
+    assert _lengths(run) == before | set(new)
+    assert not (run / ".posexp-lock.json").exists()
+
+
+def test_a_command_refused_by_an_evaluation_says_it_is_evaluating(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "results.json").read_bytes()
+    with held_by(run, "evaluating"):
+        result = invoke("train", *TINY_RUN, f"hydra.run.dir={run}", "--overwrite")
+    assert result.exit_code == 2
+    assert "is evaluating in this folder" in result.output and "training" not in result.output
+    assert (run / "results.json").read_bytes() == before
+
+
+def test_an_evaluation_waits_for_another_and_keeps_its_rows(trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; from posexp.runs.lock import lock_run; "
+                                f"lock_run({str(run)!r}, 'evaluating'); print('held', flush=True); "
+                                "time.sleep(3)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stdout.readline().strip() == "held"
+        result = invoke("eval", str(run), "eval.lengths=[40]")
+    finally:
+        waiting.wait()
+    assert result.exit_code == 0, result.output
+    assert "waiting for" in result.output and "evaluating in this folder" in result.output
+    assert 40 in _lengths(run)
+
+
+def test_overwriting_a_sweep_with_one_busy_job_touches_nothing(trained, tmp_path):
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1"):
+        shutil.copytree(trained, sweep / job)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
+    with held_by(sweep / "1", "training"):
+        result = invoke("train", "-m", *TINY_RUN, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert "is training in this folder" in result.output
+    after = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
+    assert after == before
+
+
+def test_sigterm_during_an_evaluation_says_what_was_kept_and_how_to_finish(trained, tmp_path):
+    import signal
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = (run / "results.json").read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "posexp", "eval", str(run), "eval.lengths=[32,64,128,256,512]",
+                             "eval.tokens=400000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # stopped once it is measuring (its header printed), not while it starts
+        if line.startswith("posexp eval"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and "results.json is as it was" in err and "Traceback" not in err
+    assert f"finish with: posexp eval {run} 'eval.lengths=[32,64,128,256,512]' eval.tokens=400000" in err
+    assert (run / "results.json").read_bytes() == before
+
+
+def test_overwrite_replaces_only_what_posexp_wrote(trained, tmp_path):
+    """The user's own files in a run folder (notes, W&B's settings file) survive --overwrite."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    (run / "notes.md").write_text("why I ran this\n")
+    (run / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)
+    (run / "wandb" / "settings").write_text("[default]\nproject = mine\n")
+    result = invoke("train", *TINY_RUN, "seed=3", f"hydra.run.dir={run}", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert (run / "notes.md").read_text() == "why I ran this\n"
+    assert (run / "wandb" / "settings").is_file() and not (run / "wandb" / "offline-run-20260101_000000-abc").exists()
+    assert json.loads((run / "results.json").read_text())["run"]["seed"] == 3
+
+
+def test_a_run_overwritten_between_loading_its_weights_and_taking_the_folder_is_not_written(tiny, tmp_path,
+                                                                                            monkeypatch):
+    """posexp eval RUN, then within a second posexp train ... hydra.run.dir=RUN --overwrite: the overwrite went
+    through before the evaluation held the folder, and the old weights' rows could land in the new run."""
+    import contextlib
+    import json
+
+    import posexp.commands.eval as eval_command
+    from posexp.commands.train import run_train
+    from posexp.errors import PosexpError
+
+    run_dir = tmp_path / "run"
+    run_train(tiny("train.steps=2", "eval.multiples=[1]", "eval.tokens=256"), run_dir, [])
+    lock = eval_command.run_lock
+
+    @contextlib.contextmanager
+    def replaced_first(folder, *args, **kwargs):  # another run's weights now stand in the folder
+        meta = folder / "checkpoint" / "meta.json"
+        data = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**data, "sha256": "0" * 64}))
+        with lock(folder, *args, **kwargs):
+            yield
+
+    monkeypatch.setattr(eval_command, "run_lock", replaced_first)
+    before = (run_dir / "results.json").read_text()
+    with pytest.raises(PosexpError, match="its run was replaced while this evaluation started"):
+        eval_command.reeval_main([str(run_dir), "eval.multiples=[1,2]", "eval.tokens=256"])
+    assert (run_dir / "results.json").read_text() == before

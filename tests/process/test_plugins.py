@@ -1,0 +1,500 @@
+"""Encoders from outside the package: the worked example (scripts/plugin_example) copied into a folder outside
+the repository, an installed package's entry point, and the provenance that keeps their results honest.
+
+Nothing is installed: the example is used from its folder (``--config-dir``, ``hydra.searchpath``), and an
+"installed" package is a ``*.dist-info`` folder with an ``entry_points.txt`` on ``sys.path`` / ``PYTHONPATH``,
+which is all :mod:`importlib.metadata` reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TINY_RUN, run_cli
+
+EXAMPLE = REPO / "scripts" / "plugin_example"
+TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256",
+        "eval.loss_by_position=false")
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """The worked example as a researcher's own project folder, outside the repository."""
+    folder = tmp_path / "project"
+    shutil.copytree(EXAMPLE, folder)
+    assert REPO not in folder.parents
+    return folder
+
+
+@pytest.fixture
+def registry_state(monkeypatch):
+    """The encoder registry, the plugin modules and ``sys.path`` as they were, after the test."""
+    import posexp.encoders as encoders
+
+    saved, loaded, path = dict(encoders._REGISTRY), dict(encoders._loaded), list(sys.path)
+    modules = set(sys.modules)
+    yield encoders
+    encoders._REGISTRY.reset_to(saved)
+    encoders._loaded.update(loaded)
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def _dist(site: Path, name: str, entry_points: str, module: str = "", code: str = "") -> None:
+    """An installed distribution as importlib.metadata sees it: ``NAME-0.1.dist-info`` (and its module)."""
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[posexp.encoders]\n{entry_points}\n")
+    if module:
+        (site / f"{module}.py").write_text(code)
+
+
+PLUGIN_CODE = '''
+from posexp.encoders import PositionalEncoder
+
+
+class Damped(PositionalEncoder):
+    """Adds nothing: a plugin with one option, for the registry's tests."""
+
+    def __init__(self, d_model: int, n_heads: int, width: int = 3):
+        super().__init__(d_model, n_heads)
+        self.width = width
+'''
+
+
+def _sweep_jobs(sweep: Path) -> dict:
+    jobs = {}
+    for results in sweep.glob("*/results.json"):
+        run = json.loads(results.read_text())["run"]
+        jobs[run["encoder"]] = results.parent
+    return jobs
+
+
+# -- the worked example, end to end ----------------------------------------------------------------
+
+def _repository_state() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+                          capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow  # a three-encoder sweep in fresh interpreters; test_plugins' single-run tests keep the plugin path in the default suite
+def test_sweep_against_builtins_and_report_from_a_folder_outside_the_repository(project):
+    before = _repository_state()
+    proc = run_cli("train", "--config-dir", "conf", "-m", "encoder=rope,alibi,logrope", *TINY,
+                   "hydra.sweep.dir=sweep", cwd=project)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = _sweep_jobs(project / "sweep")
+    assert set(jobs) == {"rope", "alibi", "logrope"}
+    run = json.loads((jobs["logrope"] / "results.json").read_text())["run"]
+    source = project / "my_encoders" / "logrope.py"
+    assert run["encoder_source"]["module"] == "my_encoders.logrope"
+    assert Path(run["encoder_source"]["file"]) == source.resolve()
+    assert run["encoder_source"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert "encoder_source" not in json.loads((jobs["rope"] / "results.json").read_text())["run"]
+
+    report = run_cli("report", "sweep", cwd=project)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "encoder=logrope" in report.stdout and "encoder=alibi" in report.stdout
+    assert (project / "sweep" / "report.md").is_file()
+    assert _repository_state() == before  # no file of posexp written or changed
+
+    # eval of a plugin's run, from another folder: the module is imported from where the run found it
+    again = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project.parent)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+    # the encoder's file edited: eval says what changed and how to go on; the flag goes on, with a warning
+    source.write_text(source.read_text().replace("scale: float = 64.0", "scale: float = 32.0"))
+    refused = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project)
+    assert refused.returncode != 0
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "source of encoder 'logrope' changed" in line and run["encoder_source"]["sha256"][:12] in line
+    assert "--allow-changed-encoder" in line and "Traceback" not in refused.stderr
+    allowed = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", "--allow-changed-encoder", cwd=project)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "going on with the code as it is now" in allowed.stdout + allowed.stderr
+
+    # the module gone: one line naming the module and where the run had it
+    shutil.rmtree(project / "my_encoders")
+    gone = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project)
+    assert gone.returncode != 0 and "Traceback" not in gone.stderr
+    assert "cannot be loaded here" in gone.stderr and "my_encoders.logrope" in gone.stderr
+
+
+@pytest.mark.slow  # train, edit, resume in fresh interpreters; --config-dir's tests cover the lookup by default
+def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
+    proc = run_cli("train", "hydra.searchpath=[file://conf]", "encoder=logrope", "encoder.scale=16", *TINY,
+                   "hydra.run.dir=run", cwd=project)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((project / "run" / "results.json").read_text())
+    assert results["run"]["config"]["encoder"]["scale"] == 16.0
+    assert (project / "run" / "encoder_source.json").is_file()  # what posexp resume compares with
+    # an interrupted run of an edited plugin: resume refuses in one line (results.json gone as if killed)
+    (project / "run" / "results.json").unlink()
+    source = project / "my_encoders" / "logrope.py"
+    source.write_text(source.read_text() + "\n# edited\n")
+    refused = run_cli("resume", "run", cwd=project)
+    assert refused.returncode != 0 and "changed since the run was trained" in refused.stderr
+    assert "--allow-changed-encoder" in refused.stderr
+    resumed = run_cli("resume", "run", "--allow-changed-encoder", cwd=project)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (project / "run" / "results.json").is_file()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (("encoder=logrope",), "--config-dir CONF"),  # the yaml's folder not given
+    (("--config-dir", "conf", "+encoder._target_=my_encoders.logrope.LogRoPE"), "module: PACKAGE.MODULE"),
+    (("plugins=[my_encoders.logrope]",), "--config-dir CONF"),
+    (("--config-path", "conf", "encoder=logrope"), "use --config-dir DIR"),
+    (("--config-dir", "conf", "encoder=logrope", "encoder.scael=2"), "did you mean encoder.scale?"),
+    (("--config-dir", "nowhere", "encoder=logrope"), "no such folder"),
+])
+def test_wrong_guesses_fail_in_one_line_naming_the_way_that_works(project, args, expected):
+    proc = run_cli("train", *args, *TINY, cwd=project)
+    assert proc.returncode != 0
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (project / "outputs").exists()  # refused before any run folder
+
+
+def test_list_shows_plugins_with_where_they_come_from(project):
+    proc = run_cli("list", "--config-dir", "conf", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if "logrope" in line)
+    assert "base, scale" in row and "my_encoders.logrope" in row
+    assert "built-in" in next(line for line in proc.stdout.splitlines() if line.strip("│ ").startswith("rope "))
+
+
+# -- the registry ------------------------------------------------------------------------------------
+
+def test_plugin_schema_comes_from_init_and_a_typo_gets_a_did_you_mean(project, registry_state, monkeypatch):
+    from posexp.errors import ConfigError
+
+    monkeypatch.chdir(project)
+    encoders = registry_state
+    cls = encoders.load_plugin("logrope", "my_encoders.logrope")
+    schema = encoders.options_schema(cls)()
+    assert (schema.name, schema.module, schema.scale, schema.base) == ("logrope", "my_encoders.logrope", 64.0, 1e4)
+    with pytest.raises(ConfigError, match=r"encoder\.scael: .*did you mean encoder\.scale\?"):
+        encoders.create("logrope", d_model=32, n_heads=2, module="my_encoders.logrope", scael=2.0)
+
+
+def test_cache_key_changes_when_the_plugin_source_or_a_helper_beside_it_changes(project, registry_state, monkeypatch, compose):
+    from posexp.training.cache import cache_key
+
+    monkeypatch.chdir(project)
+    registry_state.load_plugin("logrope", "my_encoders.logrope")
+    from posexp.commands.validation import register_configs
+
+    register_configs()
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from posexp.config.schema import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=["encoder=logrope", f"hydra.searchpath=[file://{project / 'conf'}]"])
+    before = cache_key(cfg, "corpus")
+    assert cache_key(cfg, "corpus") == before
+    helper = project / "my_encoders" / "helpers.py"  # a module the encoder could import, beside it
+    helper.write_text("SCALE = 1.0\n")
+    with_helper = cache_key(cfg, "corpus")
+    assert with_helper != before
+    helper.write_text("SCALE = 2.0\n")  # the helper changed, the encoder's own file did not
+    assert cache_key(cfg, "corpus") != with_helper
+    source = project / "my_encoders" / "logrope.py"
+    before = cache_key(cfg, "corpus")
+    source.write_text(source.read_text() + "\n# a comment is a change of the source\n")
+    assert cache_key(cfg, "corpus") != before
+    # built-in runs keep the key they had: no plugin hash in it
+    rope = compose("encoder=rope")
+    assert cache_key(rope, "corpus") == cache_key(compose("encoder=rope"), "corpus")
+
+
+def test_entry_point_plugin_is_found_without_installing(tmp_path, registry_state, monkeypatch):
+    site = tmp_path / "site"
+    _dist(site, "damped-pe", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE)
+    monkeypatch.syspath_prepend(str(site))
+    registry_state._loaded["entry_points"] = False
+    reg = registry_state.registry()
+    assert reg["damped"].__name__ == "Damped"
+    assert registry_state.option_names("damped") == ["width"]
+    assert registry_state.origin("damped").startswith("damped-pe 0.1")
+    record = registry_state.source_record("damped")
+    assert (record["distribution"], record["version"]) == ("damped-pe", "0.1")
+    assert record["sha256"] == hashlib.sha256((site / "damped_pe.py").read_bytes()).hexdigest()
+
+
+def test_entry_point_plugin_trains_by_name_and_checks_its_options(tmp_path):
+    site = tmp_path / "site"
+    _dist(site, "damped-pe", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE)
+    env_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(site) + (os.pathsep + env_path if env_path else "")
+    try:
+        ok = run_cli("train", "encoder=damped", "encoder.width=5", "--cfg", "job", cwd=tmp_path)
+        typo = run_cli("train", "encoder=damped", "encoder.widht=5", *TINY, cwd=tmp_path)
+    finally:
+        os.environ.pop("PYTHONPATH") if env_path is None else os.environ.update(PYTHONPATH=env_path)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "width: 5" in ok.stdout
+    assert typo.returncode != 0 and "did you mean encoder.width?" in typo.stderr
+
+
+def _installed(registry_state, monkeypatch, *dists: tuple) -> None:
+    """Each ``(folder, distribution, entry point, module, code)`` installed on ``sys.path``, the registry set to read
+    the entry points again."""
+    for folder, *spec in dists:
+        _dist(folder, *spec)
+        monkeypatch.syspath_prepend(str(folder))
+    registry_state._loaded["entry_points"] = False
+
+
+def test_two_plugins_claiming_one_name_is_one_clear_error(tmp_path, registry_state, monkeypatch):
+    from posexp.errors import ConfigError
+
+    _installed(registry_state, monkeypatch,
+               (tmp_path / "a", "pe-one", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE),
+               (tmp_path / "b", "pe-two", "damped = other_pe:Damped", "other_pe", PLUGIN_CODE))
+    assert "rope" in registry_state.registry()  # the others go on
+    with pytest.raises(ConfigError, match=r"two installed plugins claim the encoder name 'damped': .*pe-(one|two)"
+                                          r".* and .*pe-(one|two)"):
+        registry_state.get("damped")
+
+
+def test_a_builtin_name_wins_over_a_plugin_and_says_so(tmp_path, registry_state, monkeypatch, caplog):
+    from posexp.encoders.rope import RoPE
+    from posexp.errors import ConfigError
+
+    _dist(tmp_path / "site", "fake-rope", "rope = fake_rope:Damped", "fake_rope", PLUGIN_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    registry_state._loaded["entry_points"] = False
+    with caplog.at_level(logging.WARNING, logger="posexp.encoders"):
+        assert registry_state.registry()["rope"] is RoPE
+    assert "shadowed by posexp's built-in 'rope'" in caplog.text and "fake-rope" in caplog.text
+    # a module of the user's that registers a built-in name: the built-in stays, loading it by that name says why
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_rope.py").write_text(PLUGIN_CODE.replace("class Damped", "@register('rope')\nclass Damped")
+                                                   .replace("import PositionalEncoder", "import PositionalEncoder, register"))
+    monkeypatch.chdir(tmp_path / "mine")
+    with pytest.raises(ConfigError, match="built-in encoder, which wins"):
+        registry_state.load_plugin("rope", "my_rope")
+    assert registry_state.registry()["rope"] is RoPE
+
+
+def test_two_user_modules_claiming_one_name_is_one_clear_error(tmp_path, registry_state, monkeypatch):
+    from posexp.errors import ConfigError
+
+    code = PLUGIN_CODE.replace("class Damped", "@register('twin')\nclass Damped").replace(
+        "import PositionalEncoder", "import PositionalEncoder, register")
+    (tmp_path / "first_pe.py").write_text(code)
+    (tmp_path / "second_pe.py").write_text(code)
+    monkeypatch.chdir(tmp_path)
+    registry_state.load_plugin("twin", "first_pe")
+    with pytest.raises(ConfigError, match="two plugins claim the encoder name 'twin': first_pe .* and second_pe"):
+        registry_state.load_plugin("twin", "second_pe")
+
+
+def test_posexp_check_takes_the_users_config_folder(project):
+    """The worked example is checked against the contract before any training, from its own folder."""
+    proc = run_cli("check", "--config-dir", "conf", "logrope", "--format", "json", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    checks = {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}
+    assert checks["causality"] == "pass" and checks["absolute positions"] == "pass"
+
+
+ROTARY_PLUGIN = '''
+from posexp.encoders.rope import RoPE
+
+
+class HalfRope(RoPE):
+    """RoPE from outside posexp: acts inside attention, so ``encoder=mixed`` can use it as a layer."""
+'''
+
+
+@pytest.mark.slow  # a mixed run trained and re-evaluated; a plugin encoder's record is tested by default
+def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "run"
+    trained = run_cli("train", "encoder=mixed", "encoder.layers=[rope,halfrope]", *TINY, f"hydra.run.dir={out}", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    run = json.loads((out / "results.json").read_text())["run"]
+    assert "encoder_source" not in run  # the encoder is the built-in mix; its plugin layer is what is recorded
+    record = run["layer_sources"]["halfrope"]
+    assert (record["distribution"], record["class"]) == ("half-rope", "HalfRope")
+    assert record["sha256"] == hashlib.sha256((site / "half_rope.py").read_bytes()).hexdigest()
+    assert set(run["layer_sources"]) == {"halfrope"}  # rope is built-in
+
+    (site / "half_rope.py").write_text(ROTARY_PLUGIN + "\n# edited after training\n")
+    changed = run_cli("eval", str(out), "eval.tokens=256", cwd=tmp_path)
+    assert changed.returncode != 0
+    assert "the source of encoder 'halfrope' changed" in changed.stderr and "Traceback" not in changed.stderr
+    allowed = run_cli("eval", str(out), "eval.tokens=256", "--allow-changed-encoder", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+
+
+def test_a_plugin_layer_changes_the_cache_key_and_builtin_mixes_keep_theirs(tmp_path, registry_state, monkeypatch,
+                                                                              compose):
+    from posexp.commands.edge import typed
+    from posexp.training.cache import cache_key
+
+    site = tmp_path / "site"
+    _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)
+    monkeypatch.syspath_prepend(str(site))
+    registry_state._loaded["entry_points"] = False
+    builtin = typed(compose("encoder=mixed", "encoder.layers=[rope,none]"))
+    mixed = typed(compose("encoder=mixed", "encoder.layers=[rope,halfrope]"))
+    key, builtin_key = cache_key(mixed, "corpus"), cache_key(builtin, "corpus")
+    (site / "half_rope.py").write_text(ROTARY_PLUGIN + "\n# edited\n")
+    assert cache_key(mixed, "corpus") != key  # an edited layer is another training
+    assert cache_key(builtin, "corpus") == builtin_key
+
+
+# -- one broken plugin never takes the others down ------------------------------------------------------------------
+
+NO_DEFAULT = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("nohints")
+class NoHints(PositionalEncoder):
+    def __init__(self, d_model, n_heads, alpha):
+        super().__init__(d_model, n_heads)
+'''
+
+PLAIN = PLUGIN_CODE.replace("class Damped", "@register('plain')\nclass Damped").replace(
+    "import PositionalEncoder", "import PositionalEncoder, register")
+
+
+def _broken_neighbours(project: Path) -> None:
+    """Three broken plugins beside the example's good one: an option without a default, a yaml without its
+    schema line, a yaml naming a module whose file is missing."""
+    enc = project / "my_encoders"
+    (enc / "nohints.py").write_text(NO_DEFAULT)
+    (enc / "plain.py").write_text(PLAIN)
+    conf = project / "conf" / "encoder"
+    (conf / "nohints.yaml").write_text("defaults:\n  - /schema/encoder/nohints@_here_\n  - _self_\n"
+                                       "module: my_encoders.nohints\n")
+    (conf / "plain.yaml").write_text("module: my_encoders.plain\nwidth: 4\n")  # no defaults: no schema
+    (conf / "gone.yaml").write_text("defaults:\n  - /schema/encoder/gone@_here_\n  - _self_\n"
+                                    "module: my_encoders.gone\n")
+
+
+def _one_line(proc, *expected: str) -> None:
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert all(text in proc.stderr for text in expected), proc.stderr
+
+
+@pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
+def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_and_trains(project):
+    _broken_neighbours(project)
+    listed = run_cli("list", "--config-dir", "conf", cwd=project)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    rows = {line.strip("│ ").split(" ")[0]: line for line in listed.stdout.splitlines() if "│" in line}
+    assert "base, scale" in rows["logrope"] and all("broken" in rows[n] for n in ("nohints", "plain", "gone"))
+    why = {line.split(":")[0].split()[-1]: line for line in listed.stdout.splitlines() if line.startswith("broken ")}
+    assert "needs a default" in why["nohints"] and "/schema/encoder/plain@_here_" in why["plain"]
+    assert "has no gone.py" in why["gone"] and len(why) == 3
+
+    good = run_cli("check", "--config-dir", "conf", "logrope", "train_len=32", "--format", "json", cwd=project)
+    assert good.returncode == 0, good.stderr[-2000:]
+    for name, reason in (("nohints", "needs a default"), ("plain", "/schema/encoder/plain@_here_")):
+        bad = run_cli("check", "--config-dir", "conf", name, "--format", "json", cwd=project)
+        assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+        (build,) = json.loads(bad.stdout)["checks"]
+        assert build["name"] == "build" and reason in build["detail"]
+
+    trained = run_cli("train", "--config-dir", "conf", "encoder=logrope", *TINY, "hydra.run.dir=run", cwd=project)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    _one_line(run_cli("train", "--config-dir", "conf", "encoder=plain", *TINY, cwd=project),
+              "encoder=plain", "/schema/encoder/plain@_here_")
+    _one_line(run_cli("train", "--config-dir", "conf", "-m", "encoder=logrope,nohints", *TINY, cwd=project),
+              "encoder=nohints", "needs a default")
+    assert not (project / "outputs").exists() and not (project / "multirun").exists()
+
+
+def test_the_plugin_module_is_found_beside_the_config_folder_from_any_working_folder(project, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_cli("check", "--config-dir", str(project / "conf"), "logrope", "train_len=32", "--format", "json",
+                   cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}["causality"] == "pass"
+
+
+def test_a_registry_module_may_register_classes_defined_in_another_module(tmp_path, registry_state, monkeypatch):
+    """``labenc/reg.py`` registers two classes of ``labenc/classes.py``: the second name was "registers none"."""
+    package = tmp_path / "labenc"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "classes.py").write_text(PLUGIN_CODE + "\n\nclass LogMLP(Damped):\n    pass\n")
+    (package / "reg.py").write_text("from posexp.encoders import register\nfrom labenc import classes\n"
+                                    "from labenc.classes import Damped\n\nregister('damped')(Damped)\n"
+                                    "register('logmlp')(classes.LogMLP)\n")
+    monkeypatch.chdir(tmp_path)
+    assert registry_state.load_plugin("damped", "labenc.reg").__name__ == "Damped"
+    assert registry_state.load_plugin("logmlp", "labenc.reg").__name__ == "LogMLP"
+
+
+BROKEN_ENTRY = "raise ImportError('needs libfoo 2')\n"
+
+
+def test_a_broken_installed_plugin_is_listed_and_skipped(tmp_path, registry_state, monkeypatch):
+    from posexp.errors import ConfigError
+
+    _installed(registry_state, monkeypatch, (tmp_path / "good", "damped-pe", "damped = damped_pe:Damped", "damped_pe",
+                                             PLUGIN_CODE),
+               (tmp_path / "bad", "bad-pe", "badpe = bad_pe:Bad", "bad_pe", BROKEN_ENTRY))
+    assert "damped" in registry_state.registry() and "rope" in registry_state.registry()
+    assert "needs libfoo 2" in registry_state.broken()["badpe"]
+    with pytest.raises(ConfigError, match="'badpe' cannot be used: .*bad-pe.*needs libfoo 2"):
+        registry_state.get("badpe")
+
+
+def test_a_plugin_package_named_like_a_standard_module_is_told_so(tmp_path, registry_state, monkeypatch):
+    """``encodings/`` (a natural name for one's encoders) is shadowed by the standard library's: "no module here"."""
+    from posexp.errors import ConfigError
+
+    (tmp_path / "encodings").mkdir()
+    (tmp_path / "encodings" / "__init__.py").write_text("")
+    (tmp_path / "encodings" / "myenc.py").write_text(PLUGIN_CODE)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"your encodings/ .* shadowed by .*encodings.* rename your package"):
+        registry_state.load_plugin("myenc", "encodings.myenc")
+    (tmp_path / "json.py").write_text(PLUGIN_CODE)  # imported without error: the standard json
+    with pytest.raises(ConfigError, match=r"your json.py .* shadowed by .*json.* rename your package"):
+        registry_state.load_plugin("myjson", "json")
+
+
+def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_file(project, registry_state,
+                                                                                  monkeypatch, tmp_path):
+    """The encoder's own file unchanged, a module of its package it may import edited since training."""
+    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.errors import PosexpError
+
+    monkeypatch.chdir(project)
+    (project / "my_encoders" / "helpers.py").write_text("SCALE = 1.0\n")
+    registry_state.load_plugin("logrope", "my_encoders.logrope")
+    recorded = registry_state.source_record("logrope")
+    assert recorded["package_sha256"]
+    results = {"run": {"encoder_source": recorded}}
+    encoder = {"name": "logrope", "module": "my_encoders.logrope"}
+    check_encoder_source(tmp_path, encoder, results)  # as trained: nothing to say
+    (project / "my_encoders" / "helpers.py").write_text("SCALE = 2.0\n")
+    with pytest.raises(PosexpError, match=r"a file of encoder 'logrope''s package my_encoders changed since"):
+        check_encoder_source(tmp_path, encoder, results)
+    said: list[str] = []
+    check_encoder_source(tmp_path, encoder, results, allow_changed=True, warn=said.append)
+    assert said and "going on with the code as it is now" in said[0]

@@ -1,0 +1,73 @@
+"""Every table kind, through every text format, with labels holding & # % _ \\ $: LaTeX escapes each with the one
+escaper (posexp.reporting.formatting.latex_escape), markdown keeps its table whole, csv and json keep the text."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from posexp.reporting.options import ReportOptions
+from posexp.reporting.summary import report_main
+from unit.reporting.test_report_golden import _no_figure, _ppl_rows, _write_run
+from unit.reporting.test_report_tasks import make_task_run
+
+NASTY = "a&b#c%d_e\\f$g"
+LATEX = r"a\&b\#c\%d\_e\textbackslash{}f\$g"
+
+
+def _runs(root: Path) -> dict[str, tuple[list[Path], dict]]:
+    lm = root / "lm"
+    for seed in (0, 1):
+        _write_run(lm / str(seed), _ppl_rows({128: 3.0 + seed / 10, 256: 3.5 + seed / 10}, 128),
+                   [f"encoder={NASTY}", f"seed={seed}"], NASTY, seed=seed, config={"data": {"note": NASTY}})
+    parent = _write_run(root / "ext" / "parent", _ppl_rows({128: 3.0, 256: 4.0}, 128), [f"encoder={NASTY}"], NASTY)
+    _write_run(root / "ext" / "ft", _ppl_rows({128: 3.1, 256: 3.3}, 128), [f"encoder={NASTY}"], NASTY,
+               extra={"parent": str(parent.resolve()), "scaling": None, "finetune": {"steps": 10}})
+    make_task_run(root / "task" / "0", {64: 1.0, 128: 0.5}, encoder=NASTY)
+    return {"perplexity": ([lm], {"by": "data.note"}), "pivot": ([lm], {"by": "data.note", "cols": "seed"}),
+            "extension": ([root / "ext"], {}), "task": ([root / "task"], {})}
+
+
+@pytest.mark.parametrize("kind", ["perplexity", "pivot", "extension", "task"])
+@pytest.mark.parametrize("fmt", ["latex", "markdown", "csv", "json"])
+def test_labels_with_special_characters_survive_every_format(tmp_path, kind, fmt, monkeypatch):
+    import posexp.plots.accuracy
+    import posexp.plots.perplexity
+
+    for module in (posexp.plots.perplexity, posexp.plots.accuracy):  # the text is tested, not the figures
+        for name in dir(module):
+            if name.startswith("plot_"):
+                monkeypatch.setattr(module, name, _no_figure)
+    paths, options = _runs(tmp_path)[kind]
+    out = io.StringIO()
+    report_main(paths, out=tmp_path / "out", options=ReportOptions(fmt=fmt, **options),
+                console=Console(file=out, width=200), err_console=Console(file=io.StringIO()))
+    text = out.getvalue()
+    if fmt == "latex":
+        assert LATEX in text
+        for line in text.splitlines():
+            if not line.startswith("%"):  # outside comments, no special character is left unescaped
+                assert NASTY not in line and "$g" not in line.replace(r"\$g", "")
+    elif fmt == "markdown":
+        rows = [line for line in text.splitlines() if line.startswith("|") and NASTY[:3] in line.replace("\\", "")]
+        assert rows, text
+        header = next(line for line in text.splitlines() if line.startswith("|"))
+        assert all(line.count(" | ") == header.count(" | ") for line in rows)  # no cell split or merged
+        assert r"d\_e\\f" in text  # _ and \ escaped, so no emphasis or escape is read into the label
+    elif fmt == "csv":
+        assert any(NASTY in cell for row in csv.reader(io.StringIO(text)) for cell in row)
+    else:
+        assert any(NASTY in value for value in _strings(json.loads(text)))
+
+
+def _strings(node) -> list[str]:
+    if isinstance(node, dict):
+        return [s for key, value in node.items() for s in (*_strings(key), *_strings(value))]
+    if isinstance(node, list):
+        return [s for item in node for s in _strings(item)]
+    return [node] if isinstance(node, str) else []

@@ -1,0 +1,59 @@
+"""slope@Kx, the log-log slope of perplexity over multiples of the training length: a metric added as one file."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from posexp.errors import ConfigError
+from posexp.reporting import build_report, parse_metric
+from posexp.reporting.compare import higher_is_better
+from posexp.reporting.metrics.slope import loglog_slope
+from posexp.reporting.options import ReportOptions
+from unit.reporting.test_report import make_run
+
+
+def _reference_slope(points):
+    """Least squares written out from the normal equations: b = (nΣxy − ΣxΣy) / (nΣx² − (Σx)²)."""
+    n = len(points)
+    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    sx, sy = sum(xs), sum(ys)
+    sxy, sxx = sum(x * y for x, y in zip(xs, ys)), sum(x * x for x in xs)
+    return (n * sxy - sx * sy) / (n * sxx - sx * sx)
+
+
+def test_a_power_law_gives_back_its_exponent():
+    for exponent in (0.0, 0.35, 1.0, -0.2):
+        assert loglog_slope([(m, 3.0 * m ** exponent) for m in (1, 2, 4, 8)]) == pytest.approx(exponent, abs=1e-12)
+
+
+def test_the_slope_is_the_least_squares_one_on_scattered_points():
+    rng = random.Random(0)
+    points = [(m, math.exp(rng.uniform(1, 3))) for m in (1, 1.5, 2, 4, 8, 16)]
+    assert loglog_slope(points) == pytest.approx(_reference_slope(points), rel=1e-12)
+
+
+def test_slope_in_a_report_spans_1x_to_kx_and_is_na_or_missing_as_declared(tmp_path):
+    ppl = {128: 3.0, 256: 3.6, 512: 4.8, 1024: 9.0}
+    rope = make_run(tmp_path / "rope", ppl, ["encoder=rope"])
+    learned = make_run(tmp_path / "learned", {128: 3.0, 256: 3.5, 512: None}, ["encoder=learned"],
+                       encoder="learned")
+    report = build_report([rope, learned], ReportOptions(by="encoder", metrics="slope@4x,slope@8x"))
+    groups = {g.label: g for g in report.groups}
+    expected = _reference_slope([(n / 128, ppl[n]) for n in (128, 256, 512)])
+    assert groups["encoder=rope"].metrics["slope@4x"].mean == pytest.approx(expected)
+    assert groups["encoder=rope"].metrics["slope@8x"].mean == pytest.approx(
+        _reference_slope([(n / 128, p) for n, p in ppl.items()]))
+    assert groups["encoder=learned"].metrics["slope@4x"].text() == "n/a"  # 512 not applicable
+    assert groups["encoder=learned"].metrics["slope@8x"].applicable is None  # 1024 never evaluated
+    metric = parse_metric("slope@4x")
+    assert metric.decimals == 3 and not higher_is_better(metric)
+    assert "ln(ppl) on ln(length / training length)" in metric.describe(report)
+
+
+@pytest.mark.parametrize("bad", ["slope@1x", "slope@0.5x", "slope@8", "slope@abc"])
+def test_slope_takes_a_multiple_above_1(bad):
+    with pytest.raises(ConfigError, match="slope takes the upper end of its span as a multiple above 1"):
+        parse_metric(bad)

@@ -1,0 +1,342 @@
+"""posexp report over task runs: their own tables (never mixed with perplexity), intervals over seeds,
+acc@Kx and maxlen@accP."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from posexp.errors import ConfigError
+from posexp.evaluation.accuracy import wilson_interval
+from posexp.reporting.task_report import build_task_report, parse_task_metric
+from posexp.reporting.runs import read_run
+from posexp.reporting.summary import report_main
+from posexp.reporting.options import ReportOptions
+from unit.reporting.test_report import make_run
+from helpers import REPO
+
+
+def make_task_run(folder: Path, accuracy: dict[int, float | None], task: str = "copy", encoder: str = "rope",
+                  seed: int = 0, train_len: int = 64, examples: int = 200) -> Path:
+    """A task run's folder as the trainer writes it; None = not applicable."""
+    rows = []
+    for length, acc in accuracy.items():
+        exact = None if acc is None else round(acc * examples)
+        low, high = (None, None) if acc is None else wilson_interval(exact, examples)
+        rows.append({"metric": "accuracy", "task": task, "length": length, "multiple": length / train_len,
+                     "depth": None, "protocol": "teacher_forced", "scaling": None, "scaling_factor": None,
+                     "applicable": acc is not None, "exact_match": None if acc is None else exact / examples,
+                     "exact_match_low": low, "exact_match_high": high, "examples": examples})
+    overrides = [f"task={task}", f"encoder={encoder}", f"seed={seed}"]
+    run = {"label": " ".join(overrides), "overrides": overrides, "encoder": encoder, "train_len": train_len,
+           "seed": seed, "status": "completed", "task": {"name": task, "options": {}},
+           "config": {"encoder": {"name": encoder}, "seed": seed, "train_len": train_len, "task": {"name": task}}}
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
+    return folder
+
+
+def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(tmp_path):
+    runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2, 256: 0.2}, seed=s))
+            for s, acc2 in ((0, 0.95), (1, 0.85))]
+    report = build_task_report(runs, ["encoder"], ["acc@2x", "maxlen@acc90", "maxlen@acc80"])
+    (group,) = report.groups
+    cell = group.cells[128]
+    assert cell.n == 2 and cell.mean == pytest.approx(90.0)
+    assert cell.low < 85 and cell.high > 95  # t(0.975, 1) = 12.71: wide with two seeds
+    assert group.metrics["acc@2x"].mean == pytest.approx(90.0)
+    # seed 0 keeps >= 90% of its 100% up to 128 tokens; seed 1 (85%) only at 64
+    assert group.metrics["maxlen@acc90"].mean == pytest.approx((128 + 64) / 2)
+    assert group.metrics["maxlen@acc80"].mean == pytest.approx(128)
+
+
+def test_a_single_run_shows_its_wilson_interval_and_not_applicable_lengths(tmp_path):
+    run = read_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
+    (group,) = build_task_report([run]).groups
+    low, high = wilson_interval(100, 200)
+    assert group.cells[64].low == pytest.approx(100 * low) and group.cells[64].high == pytest.approx(100 * high)
+    assert group.cells[128].applicable is False
+    assert group.metrics["acc@2x"].applicable is False
+
+
+def test_lm_and_task_runs_get_separate_tables(tmp_path):
+    make_run(tmp_path / "sweep" / "0", {128: 10.0, 256: 12.0})
+    make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
+    make_task_run(tmp_path / "sweep" / "2", {64: 0.9, 128: 0.1}, task="mqar")
+    report_main([tmp_path / "sweep"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
+                options=ReportOptions(metrics=["ratio", "acc@2x"]))
+    text = (tmp_path / "sweep" / "reports" / "default" / "report.md").read_text()
+    perplexity, tasks = text.split("## Tasks: accuracy vs context length")
+    assert "task=copy" not in perplexity and "task=mqar" not in perplexity  # no task run in the perplexity table
+    assert "### task copy" in tasks and "### task mqar" in tasks and "acc@2x" in tasks and "50.0" in tasks
+    assert (tmp_path / "sweep" / "reports" / "default" / "report_accuracy_vs_length.png").is_file()
+    assert "## Tasks" in (tmp_path / "sweep" / "reports" / "default" / "summary.md").read_text()
+
+
+def test_a_report_of_task_runs_only(tmp_path):
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200))
+    text = (tmp_path / "s" / "reports" / "default" / "report.md").read_text()
+    assert text.startswith("# Tasks: accuracy vs context length") and "maxlen@acc90" in text
+
+
+@pytest.mark.parametrize("bad", ["acc@", "acc@twox", "maxlen@acc0", "maxlen@acc150"])
+def test_unknown_task_metrics_name_the_option(bad):
+    with pytest.raises(ConfigError) as e:
+        parse_task_metric(bad)
+    assert e.value.key == "--metric" and "acc@Kx" in str(e.value)
+
+
+def _last_k_rows(losses: dict[int, float], train_len: int = 128) -> list[dict]:
+    return [{"length": n, "multiple": n / train_len, "protocol": "last_k", "last_k": 64, "scaling": None,
+             "applicable": True, "ppl": 2.718281828 ** loss, "loss": loss} for n, loss in losses.items()]
+
+
+def test_context_gain_is_the_fall_of_the_last_k_loss_and_shows_by_default_with_last_k_rows(tmp_path):
+    from posexp.reporting.lm_report import build_report
+
+    make_run(tmp_path / "a", {128: 10.0, 512: 12.0}, extra_rows=_last_k_rows({128: 2.0, 256: 1.9, 512: 1.85}))
+    make_run(tmp_path / "b", {128: 10.0, 512: 12.0}, overrides=["encoder=alibi"], encoder="alibi",
+             extra_rows=_last_k_rows({128: 2.0, 512: 2.1}))
+    report = build_report([tmp_path / "a", tmp_path / "b"])
+    assert "gain" in [m.name for m in report.metrics]
+    gains = {g.label: g.metrics["gain"].mean for g in report.groups}
+    assert gains["encoder=rope"] == pytest.approx(0.15) and gains["encoder=alibi"] == pytest.approx(-0.1)
+    at2 = build_report([tmp_path / "a"], ReportOptions(metrics=["gain@2x"])).groups[0].metrics["gain@2x"]
+    assert at2.mean == pytest.approx(0.1)
+    without = build_report([make_run(tmp_path / "c", {128: 10.0})])
+    assert "gain" not in [m.name for m in without.metrics]
+
+
+def test_tok_metrics_read_the_per_token_accuracy_where_exact_match_is_zero(tmp_path):
+    runs = []
+    for seed, tokens in ((0, {64: 0.9, 128: 0.4}), (1, {64: 0.8, 128: 0.2})):
+        folder = make_task_run(tmp_path / str(seed), {64: 0.5, 128: 0.0}, seed=seed)
+        results = json.loads((folder / "results.json").read_text())
+        for row in results["rows"]:
+            row["token_accuracy"] = tokens[row["length"]]
+        (folder / "results.json").write_text(json.dumps(results))
+        runs.append(read_run(folder))
+    report = build_task_report(runs, ["encoder"], ["acc@2x", "tok@2x", "tok@64"])
+    (group,) = report.groups
+    assert group.metrics["acc@2x"].mean == pytest.approx(0.0)
+    assert group.metrics["tok@2x"].mean == pytest.approx(30.0) and group.metrics["tok@64"].mean == pytest.approx(85.0)
+    assert "per-token" in parse_task_metric("tok@2x").describe()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "markdown", "latex"])
+def test_task_runs_print_in_every_machine_format(tmp_path, fmt):
+    """--format prints the task tables to stdout as it does the perplexity table (it printed nothing)."""
+    import io
+
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    out = io.StringIO()
+    report_main([tmp_path / "s"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(fmt=fmt))
+    text = out.getvalue()
+    if fmt == "json":
+        (record,) = json.loads(text)["tasks"]
+        assert record["task"] == "copy" and record["exact_match"]["128"]["mean"] == pytest.approx(50.0)
+    else:
+        assert "50.0" in text and ("copy" in text)
+
+
+def test_json_of_lm_and_task_runs_is_one_document(tmp_path):
+    import io
+
+    make_run(tmp_path / "sweep" / "0", {128: 10.0, 256: 12.0})
+    make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
+    out = io.StringIO()
+    report_main([tmp_path / "sweep"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(fmt="json"))
+    data = json.loads(out.getvalue())
+    assert data["groups"] and data["tasks"][0]["task"] == "copy"
+
+
+def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
+    runs = [read_run(make_task_run(tmp_path / str(i), {n: 0.5, 2 * n: 0.1}, seed=i, train_len=n))
+            for i, n in enumerate((32, 64))]
+    report = build_task_report(runs, ["encoder"])
+    assert sorted(g.label for g in report.groups) == ["encoder=rope train_len=32", "encoder=rope train_len=64"]
+    assert all(len(g.runs) == 1 for g in report.groups)
+
+
+def test_a_filtered_report_keeps_the_sweeps_own_summary(tmp_path):
+    import io
+
+    sweep = tmp_path / "sweep"
+    make_task_run(sweep / "0", {64: 1.0, 128: 0.5})
+    make_task_run(sweep / "1", {64: 1.0, 128: 0.2}, encoder="alibi")
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    (sweep / "summary.md").write_text("the sweep's own summary\n")
+    report_main([sweep], console=Console(file=io.StringIO(), width=200), options=ReportOptions(where=["encoder=alibi"]))
+    assert (sweep / "summary.md").read_text() == "the sweep's own summary\n"
+    (written,) = (sweep / "reports").iterdir()
+    assert written.name == "where-encoder=alibi" and "alibi" in (written / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("kind,metric,allowed", [("task", "ratio", "acc@Kx"), ("lm", "acc@2x", "ratio@Kx")])
+def test_a_metric_no_selected_run_has_is_an_error_naming_those_that_apply(tmp_path, kind, metric, allowed):
+    """It was left out of the table in silence."""
+    import io
+
+    if kind == "task":
+        make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    else:
+        make_run(tmp_path / "s" / "0", {128: 10.0, 256: 12.0})
+    with pytest.raises(ConfigError) as e:
+        report_main([tmp_path / "s"], console=Console(file=io.StringIO()), options=ReportOptions(metrics=[metric]))
+    assert e.value.key == "--metric" and metric in str(e.value) and allowed in str(e.value)
+
+
+def _cells(output: str, edge: str) -> set[str]:
+    """The text of every table cell on lines that start with ``edge`` (┃ headers, │ rows), one line each."""
+    return {cell.strip() for line in output.splitlines() if line.startswith(edge) for cell in line.split(edge)}
+
+
+@pytest.mark.parametrize("by", [(), ("--by", "encoder")])
+def test_task_tables_at_40_columns_keep_every_label_readable_and_every_number_whole(tmp_path, by):
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    accuracy = {64: 1.0, 128: 0.955, 256: 0.5, 512: 0.125, 1024: 0.0, 2048: None}
+    for seed in range(2):
+        make_task_run(tmp_path / "sweep" / f"r{seed}", {n: a and a - seed / 100 for n, a in accuracy.items()},
+                      task="reverse", seed=seed)
+        make_task_run(tmp_path / "sweep" / f"m{seed}", {64: 1.0, 128: 0.5}, task="mqar", encoder="alibi", seed=seed)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "sweep"), *by], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert max(len(line) for line in out.splitlines()) <= 40 and "…" not in out, out
+    report = build_task_report([read_run(tmp_path / "sweep" / name) for name in ("m0", "m1", "r0", "r1")],
+                               list(by[1:]))
+    headers, cells = _cells(out, "┃"), _cells(out, "│")
+    assert {"encoder" if by else "run"} | {"n", "acc@2x", "acc@4x", "maxlen@acc90"} <= headers | {"encoder"}, out
+    assert {str(n) for n in accuracy} <= headers, out
+    numbers = 0
+    for group in report.groups:
+        for stat in [*group.cells.values(), *group.metrics.values()]:
+            for decimals in (0, 1):
+                text = stat.text(decimals, of=len(group.runs))
+                numbers += text in cells
+    assert numbers >= sum(len(g.cells) + len(g.metrics) for g in report.groups), out
+
+
+# -- maxlen@acc90 is absolute; runs that never learned are marked -----------------------------------------
+
+def test_maxlen_at_acc90_is_an_absolute_threshold_and_the_relative_form_has_its_own_name(tmp_path):
+    """A passkey model at 0.2% got maxlen@acc90 = 128, the same as one at 95%: 90% of 0.2% is easy to keep."""
+    never = read_run(make_task_run(tmp_path / "never", {64: 0.002, 128: 0.002, 256: 0.002}, task="passkey",
+                                   examples=1000))
+    good = read_run(make_task_run(tmp_path / "good", {64: 0.97, 128: 0.93, 256: 0.5}, task="passkey",
+                                  encoder="alibi"))
+    report = build_task_report([never, good], ["encoder"], ["maxlen@acc90", "maxlen@rel90", "maxlen@acc50"])
+    value = {g.label: {name: s.mean for name, s in g.metrics.items()} for g in report.groups}
+    assert value["encoder=rope"] == {"maxlen@acc90": 0, "maxlen@rel90": 256, "maxlen@acc50": 0}
+    assert value["encoder=alibi"] == {"maxlen@acc90": 128, "maxlen@rel90": 128, "maxlen@acc50": 256}
+    assert "every evaluated length has exact-match accuracy >= 90%" in parse_task_metric("maxlen@acc90").describe()
+    assert "of the accuracy at the training length" in parse_task_metric("maxlen@rel90").describe()
+
+
+def test_report_help_and_readme_define_maxlen_at_acc90():
+    from typer.testing import CliRunner
+
+    from posexp.cli.app import app
+
+    result = CliRunner().invoke(app, ["report", "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    assert "maxlen@acc90: the longest length up to which every evaluated length has exact match >= 90%" \
+        in " ".join(result.output.replace("│", " ").split())
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r"`maxlen@acc90` \(the longest length up to which every evaluated length has exact match\s+"
+                     r">= 90%", readme)
+
+
+def _with_answer_tokens(folder: Path, per_instance: int) -> Path:
+    results = json.loads((folder / "results.json").read_text())
+    for row in results["rows"]:
+        row["answer_tokens"] = per_instance * row["examples"]
+    (folder / "results.json").write_text(json.dumps(results))
+    return folder
+
+
+def test_a_run_that_did_not_learn_at_1x_is_marked_with_chance_from_the_answer_alphabet(tmp_path):
+    import io
+
+    # parity answers one bit: chance is 50%, and 52% at 1x is a guess; 90% is learned
+    make_task_run(tmp_path / "s" / "p0", {64: 0.52, 128: 0.5}, task="parity", encoder="nope")
+    make_task_run(tmp_path / "s" / "p1", {64: 0.90, 128: 0.6}, task="parity", encoder="rope")
+    for folder in ("p0", "p1"):
+        _with_answer_tokens(tmp_path / "s" / folder, 1)
+    # copy without a recorded answer size: exact match <= 5% did not learn; one of two seeds
+    make_task_run(tmp_path / "s" / "c0", {64: 0.03, 128: 0.0}, seed=0)
+    make_task_run(tmp_path / "s" / "c1", {64: 0.60, 128: 0.1}, seed=1)
+    report = build_task_report([read_run(tmp_path / "s" / n) for n in ("p0", "p1", "c0", "c1")], ["encoder"])
+    shown = {(g.task, g.label): g.shown_label for g in report.groups}
+    assert shown[("parity", "encoder=nope")] == "encoder=nope (did not learn at 1×)"
+    assert shown[("parity", "encoder=rope")] == "encoder=rope"
+    assert shown[("copy", "encoder=rope")] == "encoder=rope (1 of 2 did not learn at 1×)"
+    (warning,) = report.warnings
+    assert warning.startswith("did not learn at 1×: ") and "parity: encoder=nope" in warning
+    assert "copy: encoder=rope" in warning
+    out = io.StringIO()
+    report_main([tmp_path / "s"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(by=["encoder"], fmt="markdown"))
+    assert "| encoder=nope (did not learn at 1×) | 1 |" in out.getvalue()
+    data = io.StringIO()
+    report_main([tmp_path / "s"], console=Console(file=data, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(by=["encoder"], fmt="json"))
+    assert {(r["task"], r["group"]): r["did_not_learn"] for r in json.loads(data.getvalue())["tasks"]} == {
+        ("parity", "encoder=nope"): 1, ("parity", "encoder=rope"): 0, ("copy", "encoder=rope"): 1}
+
+
+def test_chance_comes_from_each_tasks_answer_alphabet():
+    """Every shipped task's answer tokens take exactly the values its answer alphabet says, so chance (a uniform
+    guess of each) is that many values to the power of the answer's length."""
+    import numpy as np
+
+    from posexp.tasks import chance_exact_match
+    from unit.tasks.test_tasks import SHIPPED, make
+
+    for name in SHIPPED:
+        task = make(name)
+        expected = type(task).answer_values(task.options())
+        # enough instances to see every value of a large alphabet (niah's 64 values, cwe's 512 words)
+        count = 400 if expected is None else max(400, 8 * expected)
+        made = task.instances(task.shortest_length(max(task.min_size, 4)), count, np.random.default_rng(0))
+        values = len(np.unique(made.tokens[made.answer]))
+        assert values == expected, name
+    assert chance_exact_match("parity", {}, 1) == 0.5
+    assert chance_exact_match("passkey", {"digits": 5}, 5) == pytest.approx(1e-5)
+    assert chance_exact_match("copy", {"symbols": 4}, 3) == pytest.approx(4.0 ** -3)
+    assert chance_exact_match("lm", {}, 3) is None
+
+
+def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):
+    """RULER's effective length: a dip at 128 (a run that recovers) does not end it, as it ends maxlen@acc85."""
+    run = read_run(make_task_run(tmp_path / "r", {64: 0.95, 128: 0.6, 256: 0.9, 512: 0.3}))
+    report = build_task_report([run], ["encoder"], ["efflen@85", "maxlen@acc85", "efflen@99"])
+    (group,) = report.groups
+    assert group.metrics["efflen@85"].mean == 256 and group.metrics["maxlen@acc85"].mean == 64
+    assert group.metrics["efflen@99"].mean == 0
+    with pytest.raises(ConfigError, match="efflen@P"):
+        build_task_report([run], ["encoder"], ["efflen@0"])
+
+
+def test_a_ruler_task_shows_its_effective_length_by_default(tmp_path):
+    """RULER (Hsieh et al. 2024) reports a task's effective length (exact match >= 85%): a niah run's table shows
+    efflen@85 without --metric; a task of another family keeps the plain defaults."""
+    niah = make_task_run(tmp_path / "niah", {64: 1.0, 128: 0.9, 256: 0.5}, task="niah")
+    recorded = json.loads((niah / "results.json").read_text())
+    recorded["run"]["task"]["citation"] = "Hsieh et al. 2024 (RULER, needle in a haystack)"
+    (niah / "results.json").write_text(json.dumps(recorded))
+    report = build_task_report([read_run(niah)])
+    assert [m.name for m in report.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90", "efflen@85"]
+    assert report.groups[0].metrics["efflen@85"].mean == 128
+    copy = build_task_report([read_run(make_task_run(tmp_path / "copy", {64: 1.0, 128: 0.9}))])
+    assert [m.name for m in copy.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90"]

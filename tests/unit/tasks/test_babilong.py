@@ -1,0 +1,117 @@
+"""``task=babilong`` (Kuratov et al. 2024): bAbI-like stories hidden in data's text, a question at the end.
+
+What a user relies on: the answer is the one the facts give (checked by a solver written from bAbI's rules that
+reads only the text), the facts sit at the depth asked, in story order, between the background's lines, and the
+instances are a function of the seed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from posexp.errors import ConfigError
+from posexp.tasks.babilong import BAND, VARIANTS, Babilong
+
+LINES = b"".join(b"line %d of the background text, as code or prose has.\n" % i for i in range(300))
+TEXT = np.frombuffer(LINES, dtype=np.uint8).astype(np.int64)
+FACT = re.compile(rb"(Mary|John|Sandra|Daniel) (went to|picked up|dropped) the (\w+)\.\n")
+
+
+def solve_babilong(text: bytes) -> list[int]:
+    """The answer bytes bAbI's rules give for the facts and question in ``text`` (the reference)."""
+    body, _, question = text.rpartition(b"\nQ: ")
+    where: dict[bytes, bytes] = {}
+    holder: dict[bytes, bytes] = {}
+    last_place: dict[bytes, bytes] = {}
+    for who, verb, what in FACT.findall(body):
+        if verb == b"went to":
+            where[who] = what
+        elif verb == b"picked up":
+            holder[what] = who
+        else:
+            last_place[what] = where[who]
+            del holder[what]
+    if m := re.match(rb"Where is the (\w+)\? A: ", question):
+        obj = m.group(1)
+        return list(where[holder[obj]] if obj in holder else last_place[obj])
+    if m := re.match(rb"Where is (\w+)\? A: ", question):
+        return list(where[m.group(1)])
+    m = re.match(rb"How many objects is (\w+) carrying\? A: ", question)
+    assert m, question
+    return list([b"none", b"one", b"two", b"three"][sum(h == m.group(1) for h in holder.values())])
+
+
+def _facts_in_background(row: np.ndarray) -> tuple[list[int], int]:
+    """Where each fact starts in background coordinates (the row less the facts), and the background's length."""
+    text = bytes(row.tolist()).rpartition(b"\nQ: ")[0]
+    places, removed = [], 0
+    for m in FACT.finditer(text):
+        places.append(m.start() - removed)
+        removed += m.end() - m.start()
+    return places, len(text) - removed
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_answer_is_the_one_the_facts_give(variant):
+    task = Babilong(TEXT, TEXT, variant)
+    made = task.instances(400, 64, np.random.default_rng(0), split="val")
+    answers = set()
+    for row, answer in zip(made.tokens, made.answer):
+        assert row[answer].tolist() == solve_babilong(bytes(row.tolist()))
+        assert len(FACT.findall(bytes(row.tolist()))) == 4  # the story's four facts
+        answers.add(bytes(row[answer].tolist()))
+    assert len(answers) > 2  # not one answer always
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 1.0])
+def test_facts_lie_at_the_requested_depth_between_lines_in_story_order(depth):
+    task = Babilong(TEXT, TEXT, "qa2")
+    made = task.instances(1000, 32, np.random.default_rng(1), depth=depth, split="val")
+    for row in made.tokens:
+        places, size = _facts_in_background(row)
+        assert places == sorted(places)
+        lo, hi = max(0.0, depth - BAND / 2), min(1.0, depth + BAND / 2)
+        assert all(lo * size - 1 <= p <= hi * size + 1 for p in places), (places, size)
+        text = bytes(row.tolist())
+        for m in FACT.finditer(text):  # each fact starts a line of the background (or the row)
+            assert m.start() == 0 or text[m.start() - 1] == ord("\n")
+    anywhere = task.instances(1000, 64, np.random.default_rng(2), split="train")
+    spread = [p / s for p, s in map(_facts_in_background, anywhere.tokens) for p in p]
+    assert min(spread) < 0.2 and max(spread) > 0.8  # training: anywhere in the background
+
+
+def test_instances_are_deterministic_per_seed_and_read_the_split_asked():
+    task = Babilong(TEXT[:3000], TEXT[3000:], "qa7")
+    a = task.instances(300, 8, np.random.default_rng(5), depth=0.5, split="val")
+    b = task.instances(300, 8, np.random.default_rng(5), depth=0.5, split="val")
+    c = task.instances(300, 8, np.random.default_rng(6), depth=0.5, split="val")
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.answer, b.answer)
+    assert not np.array_equal(a.tokens, c.tokens)
+    train = task.instances(300, 8, np.random.default_rng(5), depth=0.5, split="train")
+    assert b"line 1" not in bytes(train.tokens[0].tolist())[:10] or not np.array_equal(train.tokens, a.tokens)
+
+
+def test_a_bad_variant_names_the_key_and_the_choices():
+    with pytest.raises(ConfigError) as err:
+        Babilong(TEXT, TEXT, "qa3")
+    assert err.value.key == "task.variant" and "qa1, qa2, qa7" in str(err.value)
+
+
+@pytest.mark.slow  # a training run through the CLI (~10 s)
+def test_a_babilong_run_reports_accuracy_by_length_and_depth(tmp_path):
+    import json
+
+    from helpers import TINY_RUN, invoke
+
+    run = tmp_path / "babilong"
+    result = invoke("train", *TINY_RUN, "task=babilong", "train_len=192", "train.steps=4", "eval.examples=16",
+                    "eval.multiples=[1,2]", "eval.depths=[0,1]", f"hydra.run.dir={run}")
+    assert result.exit_code == 0, result.output
+    saved = json.loads((run / "results.json").read_text())
+    rows = saved["rows"]
+    assert {(r["length"], r["depth"]) for r in rows} == {(192, 0.0), (192, 1.0), (384, 0.0), (384, 1.0)}
+    assert all(r["task"] == "babilong" and r["metric"] == "accuracy" for r in rows)
+    assert "filler from" in saved["run"]["corpus"]  # the background is data's text
