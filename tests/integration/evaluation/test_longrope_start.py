@@ -102,7 +102,7 @@ def _reference_rotary(module, factors, start: int, factor: float, train_len: int
 
 @pytest.mark.parametrize("kind", ["llama", "neox"])
 def test_a_transformers_model_with_n_hat_matches_the_equation(kind):
-    from hf_tiny import model, tokens
+    from helpers.hf_tiny import model, tokens
 
     from posexp.hf.model import HFLanguageModel
     from posexp.hf.rotary import find_rotary
