@@ -10,10 +10,11 @@ checked before anything is written, so refusing a folder leaves it as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from rich.console import Console
 
@@ -98,18 +99,8 @@ def _resume_pretrained(run_dir: Path, name: str, console: Console) -> dict:
     spec = check_pretrained(read_saved_config(run_dir))
     console.print(f"{run_dir}: a pretrained model's evaluation keeps no checkpoint; evaluating {name} again from "
                   "the start in the same folder", highlight=False)
-    handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
+    with _logging_to(logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")):
         results = pretrained_run(spec, run_dir, load_overrides(run_dir), console)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old_level)
-        handler.close()
     sweep = run_dir.resolve().parent
     if is_sweep_dir(sweep):
         from posexp.reporting.summary import refresh_sweep_summary
@@ -143,20 +134,28 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
     # Hydra is not running, so its log file handler is not either: append to the run's train.log ourselves.
     handler: logging.Handler = logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8") if writes \
         else logging.NullHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
+    with _logging_to(handler):
         results = train_run(spec, run_dir, load_overrides(run_dir), console, resume=identity)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old_level)
-        handler.close()
     sweep = run_dir.resolve().parent
     if writes and is_sweep_dir(sweep):  # a resumed sweep job belongs in its sweep's summary.md, written without it
         from posexp.reporting.summary import refresh_sweep_summary
 
         refresh_sweep_summary(sweep, console)
     return results
+
+
+@contextlib.contextmanager
+def _logging_to(handler: logging.Handler) -> Iterator[None]:
+    """The root logger at INFO writing to ``handler`` (the run's train.log) while the block runs, as Hydra's own
+    file handler does for a job; both put back and the handler closed after."""
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        handler.close()

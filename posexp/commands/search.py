@@ -302,12 +302,10 @@ def _print_done(console: Console, found: Target, result, target_len: int, object
     console.print(f"best {unit} at {target_len}: {result.ppl:.3f} with n^={result.start} (pi "
                   f"{result.initial['pi']:.3f}, ntk {result.initial['ntk']:.3f}, yarn {result.initial['yarn']:.3f}); "
                   f"factors in {escape(str(path))}", highlight=False, soft_wrap=True)
-    if found.label.startswith(HF_PREFIX):
-        console.print(f"posexp eval {escape(found.label)} eval.scaling=longrope eval.longrope_file={escape(str(folder))}"
-                      f" eval.lengths=[{target_len}]", highlight=False, soft_wrap=True)
-        return
     console.print(f"posexp eval {escape(found.label)} eval.scaling=longrope eval.longrope_file={escape(str(folder))}"
                   f" eval.lengths=[{target_len}]", highlight=False, soft_wrap=True)
+    if found.label.startswith(HF_PREFIX):  # a pretrained model is evaluated, not fine-tuned, by posexp
+        return
     console.print(f"posexp finetune {escape(found.label)} train_len={target_len} scaling=longrope "
                   f"longrope_file={escape(str(folder))}", highlight=False, soft_wrap=True)
 
