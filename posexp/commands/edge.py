@@ -22,6 +22,7 @@ from posexp.config.schema import Config
 from posexp.errors import PosexpError
 from posexp.runs.layout import CHECKPOINT_DIR, HYDRA_CONFIG, RESULTS_JSON
 
+HF_PREFIX = "hf:"  # hf:NAME on a command line names a transformers model (posexp eval hf:MODEL, posexp search)
 C = TypeVar("C")  # Config, a subclass of it, or another app's schema (PretrainedConfig)
 META_FILE, RESUME_FILE = "meta.json", "resume.json"  # checkpoint/ files that record the hash (training/checkpoint)
 

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from posexp.commands.edge import folder_run_hash, load_saved
+from posexp.commands.edge import HF_PREFIX, folder_run_hash, load_saved
 from posexp.config.schema import Config, DataConfig, EvalConfig
 from posexp.data.tokens import cache_root
 from posexp.errors import ConfigError, PosexpError, require
@@ -26,7 +26,6 @@ from posexp.evaluation.key_tokens import SHORT_STRIDE_DIVISOR, Evaluator, KeySel
 from posexp.runs.layout import CHECKPOINT, RESULTS_JSON, is_run_dir, read_results
 
 KEY = "eval.key_tokens.evaluator"
-HF_PREFIX = "hf:"
 OpenHF = Callable[[str, torch.device], Evaluator]
 
 

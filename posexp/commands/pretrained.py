@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from posexp.commands.edge import typed
+from posexp.commands.edge import HF_PREFIX, typed
 from posexp.config.identity import unset_keys_dropped
 from posexp.commands.evaluator import Evaluated, check_key_tokens, key_selector
 from posexp.config.schema import DEVICES, PRECISIONS, DataConfig, EvalConfig, HFConfig, PretrainedConfig, lengths_of
@@ -39,7 +39,6 @@ from posexp.runtime.device import resolve_device
 from posexp.runtime.precision import resolve_precision
 from posexp.tasks.passkey_text import TextPasskey
 
-HF_PREFIX = "hf:"  # posexp eval hf:MODEL
 BOS_CHOICES = ("auto", "true", "false")  # hf.bos
 PRETRAINED_TASKS = ("lm", "passkey")  # perplexity, or zero-shot passkey retrieval (posexp.tasks.passkey_text)
 

@@ -28,10 +28,10 @@ from typing import Any, Callable, Optional
 from rich.console import Console
 from rich.markup import escape
 
+from posexp.commands.edge import HF_PREFIX
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runs.longrope import FACTORS_FILE, STATE_FILE, write_factors
 
-HF_PREFIX = "hf:"
 STATE_FORMAT = 1
 
 
