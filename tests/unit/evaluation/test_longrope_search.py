@@ -62,3 +62,35 @@ def test_a_search_on_a_trained_run_scores_held_out_perplexity(tiny, tmp_path):
     result = search_factors(score, Stretch(model.encoder.rot_dim, model.encoder.base, spec.train_len, 4 * spec.train_len),
                             SearchSettings(population=4, generations=1, parents=2))
     assert len(result.factors) == n and math.isfinite(result.ppl)
+
+
+def test_the_needle_objective_is_the_perplexity_of_the_answer_tokens_alone():
+    """LongRoPE2's needle-driven objective (Shang et al. 2025, §3.2): exp of the mean cross-entropy over the answer
+    tokens only, read under LongRoPE with the candidate's factors and n^; written out here from the model's logits."""
+    import torch
+
+    from posexp.encoders import create
+    from posexp.encoders.scaling import LONGROPE
+    from posexp.evaluation.longrope_search import needle_score
+    from posexp.model.gpt import GPT, ModelShape
+    from posexp.model.interface import Reading
+
+    torch.manual_seed(0)
+    model = GPT(ModelShape(d_model=32, n_layers=2, n_heads=4, attn_block_size=8, vocab_size=61),
+                create("rope", d_model=32, n_heads=4)).eval()
+    train_len, length, n = 16, 64, 4
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 61, (3, length + 1))
+    answer = np.zeros_like(tokens, dtype=bool)
+    answer[:, -6:-1] = True  # the answer's tokens, as needle_documents marks them
+    factors = np.linspace(1.0, length / train_len, n)
+    scored = needle_score(model, tokens, answer, train_len, torch.device("cpu"), torch.float32, batch=2)(factors, 3)
+
+    x, y = torch.as_tensor(tokens[:, :-1]), torch.as_tensor(tokens[:, 1:])
+    how = Reading(LONGROPE, length / train_len, train_len, length, tuple(factors), None, 3)
+    with torch.no_grad(), model.reading(how):
+        losses = torch.nn.functional.cross_entropy(model.logits(x).transpose(1, 2).double(), y, reduction="none")
+    direct = math.exp(float(losses[torch.as_tensor(answer[:, 1:])].mean()))
+    assert scored == pytest.approx(direct, rel=1e-5)
+    assert scored != pytest.approx(needle_score(model, tokens, answer, train_len, torch.device("cpu"),
+                                                torch.float32)(np.ones(n), 0), rel=1e-6)  # the factors reach it
