@@ -44,25 +44,24 @@ CSV_COLUMNS = [
 ]
 
 
-def plot_series(report: Report) -> list[tuple]:
-    # A run with nothing applicable would only add an empty legend entry; the table explains it.
-    rows = [row for row in report.rows if any(c.applicable for c in row.cells.values())]
-    bands = len(rows) <= MAX_BANDS
+def plot_series(report: Report, groups: bool = False) -> list[tuple]:
+    """(label, lengths, values, lows, highs) per run (per group with ``groups``: its mean), the lows and highs None
+    when there are more lines than :data:`MAX_BANDS`."""
+    # the flags themselves are in summary.md
+    lines = [(legend_label(report, g), g.cells) for g in report.groups] if groups else \
+        [(legend_label(report, Group({}, row.label, [row], flags=row.flags)), row.cells) for row in report.rows]
+    # A line with nothing applicable would only add an empty legend entry; the table explains it.
+    lines = [(label, cells) for label, cells in lines if any(c.applicable for c in cells.values())]
+    bands = len(lines) <= MAX_BANDS
     series = []
-    for row in rows:
-        # Only lengths the run was evaluated at: a None in the series means "not applicable",
-        # which would be wrong for a length the run simply never tried.
-        lengths = [n for n in report.lengths if n in row.cells]
-        cells = [row.cells[n] for n in lengths]
-        # the flags themselves are in summary.md
-        label = legend_label(report, Group({}, row.label, [row], flags=row.flags))
-        series.append((
-            label,
-            lengths,
-            [c.ppl for c in cells],
-            [c.low for c in cells] if bands else None,
-            [c.high for c in cells] if bands else None,
-        ))
+    for label, cells in lines:
+        # Only lengths it was evaluated at: a None in the series means "not applicable", which would be wrong
+        # for a length the run simply never tried.
+        lengths = [n for n in report.lengths if n in cells]
+        shown = [cells[n] for n in lengths]
+        series.append((label, lengths, [(c.mean if isinstance(c, Stat) else c.ppl) if c.applicable else None
+                                        for c in shown],
+                       [c.low for c in shown] if bands else None, [c.high for c in shown] if bands else None))
     return series
 
 
