@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posexp.reporting.compare import (NUMBER_COLUMNS, Comparison, best_groups, comparison_json, comparison_markdown,
-                                      comparison_rows, higher_is_better, methods, sweep_keys, verdict_lines)
+from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
+                                      higher_is_better, sweep_keys, verdict_lines)
 from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
@@ -222,19 +222,19 @@ def print_report(report: Report, console: Console | None = None) -> None:
 
 def _print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison with the reference group: a table of differences, then one plain line per metric."""
-    header, rows = comparison_rows(comparison, method=False)  # the method goes in the title: 80 columns
-    table = Table(title=f"Each group − {comparison.reference} ({', '.join(methods(comparison)) or 'no interval'}, "
-                        "95% interval)", title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
-    for name in header:
+    table = comparison_table(comparison, method=False)  # the method goes in the title: 80 columns
+    out = Table(title=table.title, title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
+    for column in table.columns:
         # the labels wrap; a number and its interval never do
-        table.add_column(name, justify="right" if name in NUMBER_COLUMNS else "left",
-                         no_wrap=name in NUMBER_COLUMNS, overflow="fold")
-    if sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header)) > console.width:
-        # too wide for one line each: the interval goes under its difference, whole, so the verdict keeps room
-        rows = [[c.replace(" [", "\n[") if h == "difference (95%)" else c for h, c in zip(header, r)] for r in rows]
+        out.add_column(column.name, justify="left" if column.label else "right", no_wrap=not column.label,
+                       overflow="fold")
+    rows = table.sections[0].rows
+    # too wide for one line each: the interval goes under its difference, whole, so the verdict keeps room
+    stacked = sum(max(len(c.name), *(len(r[i].text) for r in rows)) + 2
+                  for i, c in enumerate(table.columns)) > console.width
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
-    console.print(table)
+        out.add_row(*(Text(cell.under if stacked and cell.under else cell.text) for cell in row))
+    console.print(out)
     for line in verdict_lines(comparison):
         console.print(Text(line))
 
