@@ -43,11 +43,13 @@ from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, print_report
+from posexp.reporting.frame import unfinished_jobs
 from posexp.reporting.runs import read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
-from posexp.runs.layout import REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+from posexp.runs.layout import (REPORT_FILES, REPORT_MD, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
+                                is_run_dir, is_sweep_dir)
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")
@@ -283,19 +285,9 @@ def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool,
 
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
     """Warn about sweep jobs without results, which would otherwise just be absent from the table."""
-    warnings = []
-    for raw in paths:
-        root = Path(raw)
-        if not is_sweep_dir(root):
-            continue
-        missing = [d.name for d in iter_jobs(root) if not (d / RESULTS_JSON).is_file()]
-        if missing:
-            warnings.append(
-                f"{root}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
-                f"{'are' if len(missing) > 1 else 'is'} not in the table"
-            )
-    return warnings
+    return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
+            f"{'are' if len(missing) > 1 else 'is'} not in the table" for sweep, missing in unfinished_jobs(paths)]
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:
