@@ -1,30 +1,11 @@
 """The comparison a grouped report supports: each group against a reference group, in numbers and in words.
 
-With ``--by``, every group's summary metrics (ratio, maxlen, auc, ...) are compared with
-those of a reference group (``--baseline KEY=VALUE``; the first group by default):
-
-- **paired** where the two groups share seeds: the difference group − reference is taken
-  per seed, and its mean gets a 95% paired t-interval (Student 1908, n − 1 degrees of
-  freedom, n = the number of shared seeds). Runs with the same seed share their data order
-  and initialisation, so pairing removes that part of the noise.
-- **unpaired** where they share fewer than two seeds but each has two or more runs:
-  Welch's t-interval (Welch 1947), said as such in every output.
-- **no interval** where a group (or the reference) has a single run: the output says so and
-  how to add seeds.
-
-A bootstrap is not used: with the 2-5 seeds a sweep usually has, a resample of the
-differences takes only a handful of distinct values and its percentile interval is too
-narrow; the t-interval is exact for normal differences and the usual choice at this n.
-
-Each comparison gets a two-sided p-value from its t statistic, and the family of all comparisons
-in the report (groups × metrics) is corrected by Holm's step-down procedure (Holm 1979): a group
-is called better or worse (by the metric's direction) when its adjusted p is below 0.05. Every
-difference is also given in % of the reference group's mean. One that is not resolved is
-*inconclusive* at this n, never "the same": the verdict says about how many seeds would resolve a
-difference of the observed size (:func:`~posexp.reporting.stats.runs_needed`, 80% power). Only
-with a margin (``--margin 2%`` of the reference's mean, or an absolute one) is equivalence claimed,
-by two one-sided tests (Schuirmann 1987): the 90% interval of the difference lies inside ±margin.
-One difference, its test and its verdict are :mod:`.difference`'s.
+With ``--by``, every group's summary metrics (ratio, maxlen, auc, ...) are compared with those of a reference group
+(``--baseline KEY=VALUE``; the first group by default): paired over the seeds the two groups share (the same data
+order and initialisation, so pairing removes that part of the noise), else Welch's test where each has two or more
+runs, else no interval, and the output says so and how to add seeds. The comparisons of a report (groups ×
+metrics) are one family for Holm's correction, and an equivalence is claimed only within ``--margin``; one
+difference, its test and its verdict are :mod:`.difference`'s.
 
 :func:`window_verdicts` says, per length, whether runs beat their own attention window
 (``posexp eval RUN eval.window=W``), paired over the runs.
