@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from dataclasses import replace
 from functools import partial
-from io import StringIO
 from typing import Optional
 
 from rich import box
@@ -158,27 +156,22 @@ def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
     Besides the fixed columns, one per ``--by`` key (without ``--by``: per key a sweep varies), so a
     spreadsheet can group the rows as the report did.
     """
-    buf = StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
     keys = [k for k in (report.by or sweep_keys([row.run for row in report.rows])) if k not in CSV_COLUMNS]
     # a windowed row (eval.window) says so in two more columns, only in a file that has one
     windowed = any(r.get("window") is not None for row in report.rows for r in row.run.rows)
     scaling_at = CSV_COLUMNS.index("scaling") + 1
     columns = CSV_COLUMNS[:scaling_at] + (["window", "sinks"] if windowed else []) + CSV_COLUMNS[scaling_at:]
-    writer.writerow([*columns[:5], *keys, *columns[5:]])
+    records = [[*columns[:5], *keys, *columns[5:]]]
     for row in report.rows:
-        info, flags = row.run.info, "; ".join(row.flags)
         key_cells = [csv_cell(None if (v := config_value(row.run, k)) is ABSENT else v) for k in keys]
         for r in sorted(row.run.rows, key=lambda r: (float(r["length"]), str(r.get("protocol")), str(r.get("scaling")),
                                                      r.get("window") or 0, r.get("sinks") or 0)):
-            writer.writerow([
-                row.label, display_path(row.run.path, out_dir), csv_cell(info.get("encoder")), csv_cell(info.get("base")),
-                csv_cell(info.get("seed")), *key_cells, int(r["length"]), csv_cell(r.get("multiple")), csv_cell(r.get("protocol")),
-                csv_cell(r.get("scaling")), *([csv_cell(r.get("window")), csv_cell(r.get("sinks"))] if windowed else []),
-                csv_cell(r.get("ppl")), csv_cell(r.get("ppl_low")), csv_cell(r.get("ppl_high")), csv_cell(r.get("loss")),
-                csv_cell(bool(r.get("applicable", r.get("ppl") is not None))), flags,
-            ])
-    return buf.getvalue()
+            run = {"label": row.label, "run_dir": display_path(row.run.path, out_dir), "length": int(r["length"]),
+                   **{k: row.run.info.get(k) for k in ("encoder", "base", "seed")}, "flags": "; ".join(row.flags),
+                   "applicable": bool(r.get("applicable", r.get("ppl") is not None))}
+            line = [csv_cell(run[c] if c in run else r.get(c)) for c in columns]
+            records.append([*line[:5], *key_cells, *line[5:]])
+    return tables.to_csv(tables.Table("summary.csv", [], [], csv=records))
 
 
 def table_notes(report: Report) -> list[str]:

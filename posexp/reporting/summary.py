@@ -20,7 +20,6 @@ and order; ``--format`` prints the table as rich, markdown, csv, json or latex.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -42,7 +41,7 @@ from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import write_report, write_summary
-from posexp.reporting.render import FORMATS, RENDERERS, print_report
+from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_report
 from posexp.reporting.frame import unfinished_jobs
 from posexp.reporting.runs import read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
@@ -202,18 +201,15 @@ def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], t
         notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
-def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
+def _machine_text(report: Report, task_report: Optional[TaskReport], fmt: str) -> str:
     """The perplexity report in ``fmt``, followed by the task report's tables when there are task runs too
     (for JSON, one document: the task records under ``"tasks"``)."""
+    if task_report is not None and fmt == "json":
+        lm, tasks = lm_table(report), task_table(task_report).json
+        return render(replace(lm, json={**lm.json, "tasks": tasks["tasks"],
+                                        "warnings": lm.json["warnings"] + tasks["warnings"]}), fmt)
     text = RENDERERS[fmt](report)
-    if task_report is None:
-        return text
-    tasks = render_task(task_report, fmt)
-    if fmt == "json":
-        lm, task = json.loads(text), json.loads(tasks)
-        return json.dumps({**lm, "tasks": task["tasks"], "warnings": lm["warnings"] + task["warnings"]},
-                          indent=2) + "\n"
-    return text + "\n" + tasks
+    return text if task_report is None else text + "\n" + render_task(task_report, fmt)
 
 
 def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, options: ReportOptions,
