@@ -232,11 +232,10 @@ def _print_comparison(comparison: Comparison, console: Console) -> None:
         console.print(Text(line))
 
 
-def _csv_rows(report: Report, numbers: list[list[Stat]], best: list[list[str]]) -> list[list[str]]:
-    """The grouped table's csv: value, 95% low/high and n per length and metric (``numbers``: per group, its statistics;
-    ``best``: per group, the columns where it has the best value)."""
-    keys = [*report.by, "n"] if report.by else ["run"]
-    stats = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
+def _csv_rows(report: Report, keys: list[str], stats: list[str], numbers: list[list[Stat]],
+              best: list[list[str]]) -> list[list[str]]:
+    """The grouped table's csv: value, 95% low/high and n per length and metric (``stats``: their names;
+    ``numbers``: per group, its statistics; ``best``: per group, the columns where it has the best value)."""
     rows = [[*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
              "flags", "runs", "seeds", "best"]]
     for g, group in enumerate(report.groups):
@@ -307,8 +306,8 @@ def lm_table(report: Report) -> tables.Table:
                      TableCell("; ".join(group.flags))])
     flagged = {g for g, group in enumerate(report.groups) if group.flags}
     return tables.Table(_title(report), columns, [Section(rows, flagged=flagged)], notes=table_notes(report),
-                        csv=_csv_rows(report, stats, marks), json=_json_document(report, marks), keys=len(keys),
-                        compact=True)
+                        csv=_csv_rows(report, keys, stat_names, stats, marks), json=_json_document(report, marks),
+                        keys=len(keys), compact=True)
 
 
 def render_lm(report: Report, fmt: str) -> str:
