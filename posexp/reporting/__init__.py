@@ -33,27 +33,15 @@ _OWNERS = {
                     "selection"),
     **dict.fromkeys(("Stat", "mean_interval", "t_quantile"), "stats"),
     **dict.fromkeys(("refresh_sweep_summary", "report_main", "sweep_summary"), "summary"),
+    "find_runs": "posexp.runs.layout",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name == "find_runs":
-        from posexp.runs.layout import find_runs
-
-        return find_runs
     if name not in _OWNERS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_OWNERS[name]}"), name)
+    owner = _OWNERS[name]
+    return getattr(importlib.import_module(owner if "." in owner else f"{__name__}.{owner}"), name)
 
 
-__all__ = [
-    "Cell", "Group", "Report", "ReportOptions", "ReportRow", "build_report", "metric_value",
-    "render_report_markdown", "write_report", "write_summary",
-    "FORMATS", "RENDERERS", "print_report", "render_csv", "render_json", "render_latex", "render_markdown",
-    "render_table_csv", "render_table_markdown",
-    "Run", "read_run", "find_runs",
-    "DEFAULT_METRICS", "DEFAULT_TOLERANCE", "Filter", "Metric", "SortKey", "check_tolerance", "config_value",
-    "parse_by", "parse_metric", "parse_metrics", "parse_sort", "parse_where",
-    "Stat", "mean_interval", "t_quantile",
-    "refresh_sweep_summary", "report_main", "sweep_summary",
-]
+__all__ = list(_OWNERS)

@@ -1,30 +1,11 @@
 """The comparison a grouped report supports: each group against a reference group, in numbers and in words.
 
-With ``--by``, every group's summary metrics (ratio, maxlen, auc, ...) are compared with
-those of a reference group (``--baseline KEY=VALUE``; the first group by default):
-
-- **paired** where the two groups share seeds: the difference group − reference is taken
-  per seed, and its mean gets a 95% paired t-interval (Student 1908, n − 1 degrees of
-  freedom, n = the number of shared seeds). Runs with the same seed share their data order
-  and initialisation, so pairing removes that part of the noise.
-- **unpaired** where they share fewer than two seeds but each has two or more runs:
-  Welch's t-interval (Welch 1947), said as such in every output.
-- **no interval** where a group (or the reference) has a single run: the output says so and
-  how to add seeds.
-
-A bootstrap is not used: with the 2-5 seeds a sweep usually has, a resample of the
-differences takes only a handful of distinct values and its percentile interval is too
-narrow; the t-interval is exact for normal differences and the usual choice at this n.
-
-Each comparison gets a two-sided p-value from its t statistic, and the family of all comparisons
-in the report (groups × metrics) is corrected by Holm's step-down procedure (Holm 1979): a group
-is called better or worse (by the metric's direction) when its adjusted p is below 0.05. Every
-difference is also given in % of the reference group's mean. One that is not resolved is
-*inconclusive* at this n, never "the same": the verdict says about how many seeds would resolve a
-difference of the observed size (:func:`~posexp.reporting.stats.runs_needed`, 80% power). Only
-with a margin (``--margin 2%`` of the reference's mean, or an absolute one) is equivalence claimed,
-by two one-sided tests (Schuirmann 1987): the 90% interval of the difference lies inside ±margin.
-One difference, its test and its verdict are :mod:`.difference`'s.
+With ``--by``, every group's summary metrics (ratio, maxlen, auc, ...) are compared with those of a reference group
+(``--baseline KEY=VALUE``; the first group by default): paired over the seeds the two groups share (the same data
+order and initialisation, so pairing removes that part of the noise), else Welch's test where each has two or more
+runs, else no interval, and the output says so and how to add seeds. The comparisons of a report (groups ×
+metrics) are one family for Holm's correction, and an equivalence is claimed only within ``--margin``; one
+difference, its test and its verdict are :mod:`.difference`'s.
 
 :func:`window_verdicts` says, per length, whether runs beat their own attention window
 (``posexp eval RUN eval.window=W``), paired over the runs.
@@ -37,20 +18,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Protocol, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIVALENT, INCONCLUSIVE, MARGIN_FORMS,
-                                         NO_INTERVAL, NONE, NOT_COMPARED, PAIRED, WELCH, WORSE, Difference, Margin,
-                                         WindowVerdict, fill_difference, interval_text, judge, p_text, parse_margin,
-                                         window_verdicts)
+# Margin, parse_margin, interval_text and window_verdicts are read from here too, by those who compare groups
+from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIVALENT, INCONCLUSIVE, NO_INTERVAL, NONE,
+                                         NOT_COMPARED, WORSE, Difference, Margin, fill_difference, interval_text, judge,
+                                         p_text, parse_margin, window_verdicts)
 from posexp.reporting.formatting import fmt_signed, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
-
-__all__ = ["ALPHA", "BETTER", "CONFIDENCE", "EQUAL", "EQUIVALENT", "INCONCLUSIVE", "MARGIN_FORMS", "NO_INTERVAL",
-           "NONE", "NOT_COMPARED", "PAIRED", "WELCH", "WORSE", "Comparison", "Difference", "Group", "Margin",
-           "WindowVerdict", "best_groups", "comparable", "compare_groups", "comparison_json", "comparison_markdown",
-           "comparison_rows", "family_note", "higher_is_better", "interval_text", "methods", "p_text",
-           "NUMBER_COLUMNS", "parse_baseline", "parse_margin", "pick_reference", "sweep_keys", "verdict_line", "verdict_lines",
-           "window_verdicts"]
 
 
 class Group(Protocol):
@@ -281,34 +255,31 @@ def family_note(comparison: Comparison) -> str:
                    "Schuirmann 1987; not corrected for multiplicity).")
 
 
-def comparison_rows(comparison: Comparison, method: bool = True) -> tuple[list[str], list[list[str]]]:
-    """The comparison table, one line per group and metric: n, method (unless ``method`` is False), the
-    difference with its relative size and interval, the Holm-adjusted p, and the verdict."""
+def comparison_table(comparison: Comparison, method: bool = True) -> Table:
+    """The comparison table, one line per group and metric: n, method (unless ``method`` is False: a terminal says it
+    in the title, for room), the difference with its relative size and interval (``under``: the interval under it),
+    the Holm-adjusted p, and the verdict."""
     header = ["group", "metric", "n", *(["method"] if method else []), "difference (95%)", "p (Holm)", "verdict"]
-    rows = [[d.group, d.metric, str(d.n) if d.n else "—", *([d.method] if method else []),
-             interval_text(d, comparison.decimals[d.metric]), p_text(d.p_adjusted), d.text()]
-            for d in comparison.differences]
-    return header, rows
-
-
-NUMBER_COLUMNS = ("n", "difference (95%)", "p (Holm)")
-
-
-def methods(comparison: Comparison) -> list[str]:
-    """The interval methods the comparison used (``paired t``, ``Welch t``)."""
-    return sorted({d.method for d in comparison.differences if d.method != NONE})
+    columns = [Column(h, label=h not in ("n", "difference (95%)", "p (Holm)"), escape=True) for h in header]
+    rows = []
+    for d in comparison.differences:
+        interval = interval_text(d, comparison.decimals[d.metric])
+        rows.append([TableCell(d.group), TableCell(d.metric), TableCell(str(d.n) if d.n else "—"),
+                     *([TableCell(d.method)] if method else []),
+                     TableCell(interval, under=interval.replace(" [", "\n[")), TableCell(p_text(d.p_adjusted)),
+                     TableCell(d.text())])
+    used = sorted({d.method for d in comparison.differences if d.method != NONE})
+    return Table(f"Each group − {comparison.reference} ({', '.join(used) or 'no interval'}, 95% interval)", columns,
+                 [Section(rows)])
 
 
 def comparison_markdown(comparison: Comparison) -> list[str]:
     """Lines of the ``## Comparison`` section of report.md and summary.md."""
-    header, rows = comparison_rows(comparison)
-    columns = [Column(h, label=h not in NUMBER_COLUMNS, escape=True) for h in header]
-    table = Table("", columns, [Section([[TableCell(c) for c in row] for row in rows])])
     lines = ["## Comparison", "", f"Each group against the reference **{md_escape(comparison.reference)}**: mean "
              "difference (group − reference), in % of the reference's mean, with its 95% interval. Paired t: over "
              "the seeds both groups share (Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the "
              "seeds differ (Welch 1947). p (Holm): the two-sided p-value, Holm-adjusted over all comparisons.", "",
-             *to_markdown(table).splitlines(), ""]
+             *to_markdown(comparison_table(comparison)).splitlines(), ""]
     # prose, not a table cell: the seed hint keeps its code span
     lines += [f"- {line}" for line in verdict_lines(comparison)]
     return lines

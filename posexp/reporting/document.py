@@ -60,18 +60,6 @@ def _writable_folder(out_dir: Path, what: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _group_plot_series(report: Report) -> list[tuple]:
-    groups = [g for g in report.groups if any(c.applicable for c in g.cells.values())]
-    bands = len(groups) <= MAX_BANDS
-    series = []
-    for group in groups:
-        lengths = [n for n in report.lengths if n in group.cells]
-        stats = [group.cells[n] for n in lengths]
-        series.append((legend_label(report, group), lengths, [s.mean if s.applicable else None for s in stats],
-                       [s.low for s in stats] if bands else None, [s.high for s in stats] if bands else None))
-    return series
-
-
 def _position_series(report: Report) -> list[tuple]:
     """Each group at the longest window where it is applicable; its runs pooled per position, weighted by windows."""
     series = []
@@ -133,8 +121,8 @@ def write_report(report: Report, out_dir: str | os.PathLike) -> Path:
         view = fmt_view(report.protocol, report.scaling, report.window)
         # Without --by the groups are the runs, and the summary's figure is this one.
         ppl_file = REPORT_PLOT if report.by else PPL_PLOT
-        drawn = [g for g in report.groups if any(c.applicable for c in g.cells.values())]  # as _group_plot_series
-        plot_ppl_vs_length(_group_plot_series(report), out_dir / ppl_file, train_len=report.train_len,
+        drawn = [g for g in report.groups if any(c.applicable for c in g.cells.values())]  # as plot_series draws them
+        plot_ppl_vs_length(plot_series(report, groups=True), out_dir / ppl_file, train_len=report.train_len,
                            title=f"protocol: {view}", ylabel=ppl_label(report),
                            colour_by=None if report.by else plot_groups(report, [g.rows[0].run for g in drawn]))
         write_summary(report, out_dir, plot=bool(report.by))

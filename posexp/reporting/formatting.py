@@ -1,4 +1,4 @@
-"""Small formatters shared by every output: numbers, perplexities, markdown/csv escaping, paths."""
+"""Small formatters shared by every output: numbers, perplexities, markdown and LaTeX escaping, csv cells, paths."""
 
 from __future__ import annotations
 
@@ -112,17 +112,3 @@ def latex_escape(text: str) -> str:
                "≤": r"$\leq$"}
     return "".join(special.get(ch, ch) for ch in str(text))
 
-
-def table_width(table: Any) -> int:
-    """The narrowest width a Rich table prints at with nothing cut: its no-wrap columns (numbers) at their
-    longest cell, the others (labels, which wrap) at their longest word or ``min_width``."""
-    # Rich's own measure takes a number's narrowest as its longest word ("±0.12"), not the whole cell.
-    needed = 1  # an edge, then per column its content, two pads and a divider (rules or SIMPLE_HEAD's spaces)
-    for column in table.columns:
-        texts = [str(column.header), *(str(cell) for cell in column.cells)]
-        if column.no_wrap:
-            width = max(len(line) for t in texts for line in t.split("\n"))  # a stacked cell: its longest line
-        else:
-            width = max([column.min_width or 0, *(len(w) for t in texts for w in t.split())])
-        needed += width + 3
-    return needed

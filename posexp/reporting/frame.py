@@ -125,23 +125,28 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
     return records_table([record for run in runs for record in run_records(run, keys)], keys)
 
 
-def _jobs_without_results(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """A line per sweep folder under ``paths`` with jobs that wrote no ``results.json`` yet (still training, or
-    failed), whose rows the DataFrame therefore lacks."""
-    lines = []
+def unfinished_jobs(paths: str | os.PathLike | Sequence[str | os.PathLike],
+                    below: bool = False) -> list[tuple[Path, list[str]]]:
+    """(sweep folder, its jobs that wrote no ``results.json`` yet: still running, or failed) for each sweep folder
+    of ``paths`` with such jobs (``below``: and each sweep folder under them)."""
+    found = []
     for raw in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
         root = Path(raw)
         sweeps = [root] if is_sweep_dir(root) else []
-        if root.is_dir():
+        if below and root.is_dir():
             sweeps += sorted(p.parent for p in root.rglob(MULTIRUN_YAML) if p.parent != root)
-        for sweep in sweeps:
-            missing = [d.name for d in iter_jobs(sweep) if not (d / RESULTS_JSON).is_file()]
-            if missing:
-                jobs = f"job{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
-                lines.append(f"{sweep}: sweep {jobs} {'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} yet "
-                             f"(still running, or failed), so {'their' if len(missing) > 1 else 'its'} rows are not "
-                             "in the DataFrame")
-    return lines
+        found += [(sweep, missing) for sweep in sweeps
+                  if (missing := [d.name for d in iter_jobs(sweep) if not (d / RESULTS_JSON).is_file()])]
+    return found
+
+
+def _jobs_without_results(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """A line per sweep folder under ``paths`` with jobs that wrote no ``results.json`` yet, whose rows the
+    DataFrame therefore lacks."""
+    return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} yet (still running, or failed), so "
+            f"{'their' if len(missing) > 1 else 'its'} rows are not in the DataFrame"
+            for sweep, missing in unfinished_jobs(paths, below=True)]
 
 
 def records_table(records: list[dict], columns: Sequence[str] = ()):

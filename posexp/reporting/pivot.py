@@ -284,9 +284,6 @@ def as_table(pivot: Pivot) -> Table:
     rows = [[TableCell(label(pivot.by, line) if i == 0 else ""), TableCell(str(n)),
              *(TableCell(_text(pivot, line, n, c, m)) for m, c in shown)]
             for line in pivot.lines for i, n in enumerate(pivot.lengths[line])]
-    value = ["measure", "value"] if several else ["ppl"]
-    records: list[list[Any]] = [[*pivot.by, "length", *pivot.cols, *value, "n", "diff_vs_baseline", "diff_low",
-                                  "diff_high"]]
     cells: list[dict] = []
     for line in pivot.lines:
         for n in pivot.lengths[line]:
@@ -295,10 +292,13 @@ def as_table(pivot: Pivot) -> Table:
                 if cell.mean is not None:
                     diff, low, high = cell.diff()
                     what = {"measure": m.name, "value": cell.mean} if several else {"ppl": cell.mean}
-                    records.append([*line, n, *column, *what.values(), len(cell.values), diff, low, high])
                     cells.append({**dict(zip(pivot.by, line)), "length": n, **dict(zip(pivot.cols, column)),
                                   **what, "n": len(cell.values), "diff_vs_baseline": diff,
                                   "diff_low": low, "diff_high": high})
+    # the csv: the json's cells, a key both --by and --cols name in each of its columns
+    header = [*pivot.by, "length", *pivot.cols, *(["measure", "value"] if several else ["ppl"]), "n",
+              "diff_vs_baseline", "diff_low", "diff_high"]
+    records: list[list[Any]] = [header, *([cell[k] for k in header] for cell in cells)]
     document = {"by": pivot.by, "cols": pivot.cols, "baseline": dict(zip(pivot.cols, pivot.columns[0]))
                 if pivot.columns else None, "cells": cells, "notes": pivot.notes}
     return Table(f"{_what(pivot)} by {', '.join(pivot.cols)}", columns, [Section(rows)], caption(pivot),

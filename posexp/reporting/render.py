@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from dataclasses import replace
 from functools import partial
-from io import StringIO
 from typing import Optional
 
 from rich import box
@@ -19,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from posexp.reporting.compare import (NUMBER_COLUMNS, Comparison, best_groups, comparison_json, comparison_markdown,
-                                      comparison_rows, higher_is_better, methods, sweep_keys, verdict_lines)
+from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
+                                      higher_is_better, sweep_keys, verdict_lines)
 from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Cell, Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
@@ -44,25 +42,24 @@ CSV_COLUMNS = [
 ]
 
 
-def plot_series(report: Report) -> list[tuple]:
-    # A run with nothing applicable would only add an empty legend entry; the table explains it.
-    rows = [row for row in report.rows if any(c.applicable for c in row.cells.values())]
-    bands = len(rows) <= MAX_BANDS
+def plot_series(report: Report, groups: bool = False) -> list[tuple]:
+    """(label, lengths, values, lows, highs) per run (per group with ``groups``: its mean), the lows and highs None
+    when there are more lines than :data:`MAX_BANDS`."""
+    # the flags themselves are in summary.md
+    lines = [(legend_label(report, g), g.cells) for g in report.groups] if groups else \
+        [(legend_label(report, Group({}, row.label, [row], flags=row.flags)), row.cells) for row in report.rows]
+    # A line with nothing applicable would only add an empty legend entry; the table explains it.
+    lines = [(label, cells) for label, cells in lines if any(c.applicable for c in cells.values())]
+    bands = len(lines) <= MAX_BANDS
     series = []
-    for row in rows:
-        # Only lengths the run was evaluated at: a None in the series means "not applicable",
-        # which would be wrong for a length the run simply never tried.
-        lengths = [n for n in report.lengths if n in row.cells]
-        cells = [row.cells[n] for n in lengths]
-        # the flags themselves are in summary.md
-        label = legend_label(report, Group({}, row.label, [row], flags=row.flags))
-        series.append((
-            label,
-            lengths,
-            [c.ppl for c in cells],
-            [c.low for c in cells] if bands else None,
-            [c.high for c in cells] if bands else None,
-        ))
+    for label, cells in lines:
+        # Only lengths it was evaluated at: a None in the series means "not applicable", which would be wrong
+        # for a length the run simply never tried.
+        lengths = [n for n in report.lengths if n in cells]
+        shown = [cells[n] for n in lengths]
+        series.append((label, lengths, [(c.mean if isinstance(c, Stat) else c.ppl) if c.applicable else None
+                                        for c in shown],
+                       [c.low for c in shown] if bands else None, [c.high for c in shown] if bands else None))
     return series
 
 
@@ -159,27 +156,22 @@ def render_csv(report: Report, out_dir: str | os.PathLike | None = None) -> str:
     Besides the fixed columns, one per ``--by`` key (without ``--by``: per key a sweep varies), so a
     spreadsheet can group the rows as the report did.
     """
-    buf = StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
     keys = [k for k in (report.by or sweep_keys([row.run for row in report.rows])) if k not in CSV_COLUMNS]
     # a windowed row (eval.window) says so in two more columns, only in a file that has one
     windowed = any(r.get("window") is not None for row in report.rows for r in row.run.rows)
     scaling_at = CSV_COLUMNS.index("scaling") + 1
     columns = CSV_COLUMNS[:scaling_at] + (["window", "sinks"] if windowed else []) + CSV_COLUMNS[scaling_at:]
-    writer.writerow([*columns[:5], *keys, *columns[5:]])
+    records = [[*columns[:5], *keys, *columns[5:]]]
     for row in report.rows:
-        info, flags = row.run.info, "; ".join(row.flags)
         key_cells = [csv_cell(None if (v := config_value(row.run, k)) is ABSENT else v) for k in keys]
         for r in sorted(row.run.rows, key=lambda r: (float(r["length"]), str(r.get("protocol")), str(r.get("scaling")),
                                                      r.get("window") or 0, r.get("sinks") or 0)):
-            writer.writerow([
-                row.label, display_path(row.run.path, out_dir), csv_cell(info.get("encoder")), csv_cell(info.get("base")),
-                csv_cell(info.get("seed")), *key_cells, int(r["length"]), csv_cell(r.get("multiple")), csv_cell(r.get("protocol")),
-                csv_cell(r.get("scaling")), *([csv_cell(r.get("window")), csv_cell(r.get("sinks"))] if windowed else []),
-                csv_cell(r.get("ppl")), csv_cell(r.get("ppl_low")), csv_cell(r.get("ppl_high")), csv_cell(r.get("loss")),
-                csv_cell(bool(r.get("applicable", r.get("ppl") is not None))), flags,
-            ])
-    return buf.getvalue()
+            run = {"label": row.label, "run_dir": display_path(row.run.path, out_dir), "length": int(r["length"]),
+                   **{k: row.run.info.get(k) for k in ("encoder", "base", "seed")}, "flags": "; ".join(row.flags),
+                   "applicable": bool(r.get("applicable", r.get("ppl") is not None))}
+            line = [csv_cell(run[c] if c in run else r.get(c)) for c in columns]
+            records.append([*line[:5], *key_cells, *line[5:]])
+    return tables.to_csv(tables.Table("summary.csv", [], [], csv=records))
 
 
 def table_notes(report: Report) -> list[str]:
@@ -223,28 +215,27 @@ def print_report(report: Report, console: Console | None = None) -> None:
 
 def _print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison with the reference group: a table of differences, then one plain line per metric."""
-    header, rows = comparison_rows(comparison, method=False)  # the method goes in the title: 80 columns
-    table = Table(title=f"Each group − {comparison.reference} ({', '.join(methods(comparison)) or 'no interval'}, "
-                        "95% interval)", title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
-    for name in header:
+    table = comparison_table(comparison, method=False)  # the method goes in the title: 80 columns
+    out = Table(title=table.title, title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
+    for column in table.columns:
         # the labels wrap; a number and its interval never do
-        table.add_column(name, justify="right" if name in NUMBER_COLUMNS else "left",
-                         no_wrap=name in NUMBER_COLUMNS, overflow="fold")
-    if sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header)) > console.width:
-        # too wide for one line each: the interval goes under its difference, whole, so the verdict keeps room
-        rows = [[c.replace(" [", "\n[") if h == "difference (95%)" else c for h, c in zip(header, r)] for r in rows]
+        out.add_column(column.name, justify="left" if column.label else "right", no_wrap=not column.label,
+                       overflow="fold")
+    rows = table.sections[0].rows
+    # too wide for one line each: the interval goes under its difference, whole, so the verdict keeps room
+    stacked = sum(max(len(c.name), *(len(r[i].text) for r in rows)) + 2
+                  for i, c in enumerate(table.columns)) > console.width
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
-    console.print(table)
+        out.add_row(*(Text(cell.under if stacked and cell.under else cell.text) for cell in row))
+    console.print(out)
     for line in verdict_lines(comparison):
         console.print(Text(line))
 
 
-def _csv_rows(report: Report, numbers: list[list[Stat]], best: list[list[str]]) -> list[list[str]]:
-    """The grouped table's csv: value, 95% low/high and n per length and metric (``numbers``: per group, its statistics;
-    ``best``: per group, the columns where it has the best value)."""
-    keys = [*report.by, "n"] if report.by else ["run"]
-    stats = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
+def _csv_rows(report: Report, keys: list[str], stats: list[str], numbers: list[list[Stat]],
+              best: list[list[str]]) -> list[list[str]]:
+    """The grouped table's csv: value, 95% low/high and n per length and metric (``stats``: their names;
+    ``numbers``: per group, its statistics; ``best``: per group, the columns where it has the best value)."""
     rows = [[*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
              "flags", "runs", "seeds", "best"]]
     for g, group in enumerate(report.groups):
@@ -315,8 +306,8 @@ def lm_table(report: Report) -> tables.Table:
                      TableCell("; ".join(group.flags))])
     flagged = {g for g, group in enumerate(report.groups) if group.flags}
     return tables.Table(_title(report), columns, [Section(rows, flagged=flagged)], notes=table_notes(report),
-                        csv=_csv_rows(report, stats, marks), json=_json_document(report, marks), keys=len(keys),
-                        compact=True)
+                        csv=_csv_rows(report, keys, stat_names, stats, marks), json=_json_document(report, marks),
+                        keys=len(keys), compact=True)
 
 
 def render_lm(report: Report, fmt: str) -> str:

@@ -20,7 +20,6 @@ and order; ``--format`` prints the table as rich, markdown, csv, json or latex.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -42,12 +41,14 @@ from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import write_report, write_summary
-from posexp.reporting.render import FORMATS, RENDERERS, print_report
+from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_report
+from posexp.reporting.frame import unfinished_jobs
 from posexp.reporting.runs import read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
-from posexp.runs.layout import REPORT_FILES, REPORT_MD, REPORTS_DIR, is_run_dir, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs, is_sweep_dir, iter_jobs
+from posexp.runs.layout import (REPORT_FILES, REPORT_MD, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
+                                is_run_dir, is_sweep_dir)
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")
@@ -200,18 +201,15 @@ def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], t
         notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
-def _machine_text(report, task_report: Optional[TaskReport], fmt: str) -> str:
+def _machine_text(report: Report, task_report: Optional[TaskReport], fmt: str) -> str:
     """The perplexity report in ``fmt``, followed by the task report's tables when there are task runs too
     (for JSON, one document: the task records under ``"tasks"``)."""
+    if task_report is not None and fmt == "json":
+        lm, tasks = lm_table(report), task_table(task_report).json
+        return render(replace(lm, json={**lm.json, "tasks": tasks["tasks"],
+                                        "warnings": lm.json["warnings"] + tasks["warnings"]}), fmt)
     text = RENDERERS[fmt](report)
-    if task_report is None:
-        return text
-    tasks = render_task(task_report, fmt)
-    if fmt == "json":
-        lm, task = json.loads(text), json.loads(tasks)
-        return json.dumps({**lm, "tasks": task["tasks"], "warnings": lm["warnings"] + task["warnings"]},
-                          indent=2) + "\n"
-    return text + "\n" + tasks
+    return text if task_report is None else text + "\n" + render_task(task_report, fmt)
 
 
 def _out_dir(paths: Sequence[str | os.PathLike], out: str | os.PathLike | None, options: ReportOptions,
@@ -283,19 +281,9 @@ def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool,
 
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
     """Warn about sweep jobs without results, which would otherwise just be absent from the table."""
-    warnings = []
-    for raw in paths:
-        root = Path(raw)
-        if not is_sweep_dir(root):
-            continue
-        missing = [d.name for d in iter_jobs(root) if not (d / RESULTS_JSON).is_file()]
-        if missing:
-            warnings.append(
-                f"{root}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
-                f"{'are' if len(missing) > 1 else 'is'} not in the table"
-            )
-    return warnings
+    return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
+            f"{'are' if len(missing) > 1 else 'is'} not in the table" for sweep, missing in unfinished_jobs(paths)]
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:

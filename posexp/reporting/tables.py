@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from posexp.reporting.formatting import latex_escape, md_escape, table_width
+from posexp.reporting.formatting import latex_escape, md_escape
 from posexp.reporting.stats import Stat
 
 @dataclass(frozen=True)
@@ -214,6 +214,21 @@ def _joined(group: list[Section], table: Table) -> Section:
         joined.flagged |= {len(joined.rows) + i for i in section.flagged}
         joined.rows += section.rows
     return joined
+
+
+def table_width(table: Any) -> int:
+    """The narrowest width a Rich table prints at with nothing cut: its no-wrap columns (numbers) at their
+    longest cell, the others (labels, which wrap) at their longest word or ``min_width``."""
+    # Rich's own measure takes a number's narrowest as its longest word ("±0.12"), not the whole cell.
+    needed = 1  # an edge, then per column its content, two pads and a divider (rules or SIMPLE_HEAD's spaces)
+    for column in table.columns:
+        texts = [str(column.header), *(str(cell) for cell in column.cells)]
+        if column.no_wrap:
+            width = max(len(line) for t in texts for line in t.split("\n"))  # a stacked cell: its longest line
+        else:
+            width = max([column.min_width or 0, *(len(w) for t in texts for w in t.split())])
+        needed += width + 3
+    return needed
 
 
 def _fits(rich_table: Any, width: int) -> bool:

@@ -71,3 +71,28 @@ def _strings(node) -> list[str]:
     if isinstance(node, list):
         return [s for item in node for s in _strings(item)]
     return [node] if isinstance(node, str) else []
+
+
+def test_the_curve_table_keeps_special_characters_whole_in_report_md(tmp_path, monkeypatch):
+    """The extrapolation-during-training table (report.md only): the label escaped, its line one cell per column."""
+    import math
+
+    import posexp.plots.curve
+    import posexp.plots.perplexity
+    from posexp.runs.curve import CurveWriter
+
+    for module in (posexp.plots.perplexity, posexp.plots.curve):
+        for name in dir(module):
+            if name.startswith("plot_"):
+                monkeypatch.setattr(module, name, _no_figure)
+    folder = _write_run(tmp_path / "curve" / "0", _ppl_rows({128: 4.5}, 128), [f"encoder={NASTY}"], NASTY)
+    writer = CurveWriter(folder, "perplexity")
+    for step, ppls in ((100, (6.0, 6.3)), (200, (5.0, 6.0))):
+        writer.write([{"step": step, "length": 128 * m, "multiple": m, "ppl": p, "loss": math.log(p), "tokens": 4096,
+                       "eval_s": 0.5} for m, p in zip((1, 4), ppls)])
+    report_main([folder], out=tmp_path / "out", options=ReportOptions(fmt="markdown"),
+                console=Console(file=io.StringIO()), err_console=Console(file=io.StringIO()))
+    text = (tmp_path / "out" / "report.md").read_text().split("## Extrapolation during training")[1]
+    header = next(line for line in text.splitlines() if line.startswith("| curve"))
+    [row] = [line for line in text.splitlines() if line.startswith("| encoder=")]
+    assert r"a&b#c%d\_e\\f$g" in row and row.count(" | ") == header.count(" | ")
