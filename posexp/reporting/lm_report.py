@@ -1,13 +1,8 @@
 """Building the report: runs -> one row per run (a cell per length) -> groups with summary metrics.
 
-The parts live beside it: the table's data (:mod:`.table`), the summary metrics (:mod:`.metrics`), the grouping
-and sorting (:mod:`.grouping`); this module loads the runs, lays out the table and puts the parts together.
-
-Runs are only comparable when they were trained on the same corpus, with the
-same training length, and evaluated the same way. Rather than refuse to report
-(a sweep may legitimately contain a stray run), runs that differ from the
-majority are flagged in every output, and grouping never averages them with
-the others: they form groups of their own, flagged "kept apart".
+The parts live beside it: the table's data (:mod:`.table`), the summary metrics (:mod:`.metrics`), the grouping,
+the flags of runs not comparable with the others, and the sorting (:mod:`.grouping`); this module loads the runs,
+lays out the table and puts the parts together. Task runs are built of the same parts (:mod:`.task_report`).
 """
 
 from __future__ import annotations
@@ -20,10 +15,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from posexp.errors import PosexpError
-from posexp.reporting.comparability import flag_outliers
 from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
 from posexp.reporting.formatting import as_number
-from posexp.reporting.grouping import aggregate_group, group_rows, sort_groups
+from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows, sort_groups
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length

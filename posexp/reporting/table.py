@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from posexp.reporting.compare import Comparison
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_ppl
-from posexp.reporting.metrics import PERPLEXITY, read_values
+from posexp.reporting.metrics import CELLS, PERPLEXITY, read_values
 from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import Filter, Metric
 from posexp.reporting.stats import Stat
@@ -171,7 +171,9 @@ class Group:
         return self.rows[0].run.train_len if self.rows else None
 
 
-def cells(run: Run, report: Report, name: str = "ppl", scale: float = 1.0) -> dict[int, Cell]:
-    """length -> the :class:`Cell` of the field ``name`` of ``run``'s rows the table shows, times ``scale``."""
+def cells(run: Run, report: Report) -> dict[int, Cell]:
+    """length -> the :class:`Cell` of ``run``'s rows the table shows: the field of the report's kind, scaled
+    (:data:`posexp.reporting.metrics.CELLS`)."""
+    name, scale = CELLS[report.kind]
     return {n: Cell(ok, *(None if v is None else scale * v for v in values))
             for n, (ok, *values) in read_values(report.shown(run), name).items()}

@@ -102,7 +102,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
         # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
         key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
-        row = ReportRow(label, run, cells(run, report, "exact_match", 100.0), None)
+        row = ReportRow(label, run, cells(run, report), None)
         groups.setdefault(key, Group(dict(zip(by, values)), label, [], task=task)).rows.append(row)
     split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
     for key, group in groups.items():

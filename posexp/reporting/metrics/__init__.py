@@ -50,6 +50,8 @@ from typing import Any, ClassVar, Optional
 from posexp.errors import ConfigError
 
 PERPLEXITY, ACCURACY = "perplexity", "accuracy"
+# what a table's cell shows of the rows of each kind of run: the field, and its scale (accuracy in %)
+CELLS = {PERPLEXITY: ("ppl", 1.0), ACCURACY: ("exact_match", 100.0)}
 LOWER, HIGHER = "lower", "higher"
 Value = tuple[Optional[bool], Optional[float]]
 
@@ -89,10 +91,6 @@ class Metric:
     @property
     def higher_is_better(self) -> bool:
         return self.spec.better == HIGHER
-
-    @property
-    def tolerance(self) -> Optional[float]:
-        return self.fraction
 
     @property
     def share(self) -> float:
