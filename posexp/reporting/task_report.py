@@ -3,21 +3,9 @@
 Task runs (``task=copy``, ``reverse``, ...) have accuracy rows instead of perplexity rows. ``posexp report``
 gives them their own table: one line per task and ``--by`` group, exact-match accuracy (%) at every length
 (for passkey, the mean over the depths measured), the mean over a group's runs (seeds) with a 95% t-interval
-over them (a single run: its own Wilson interval), and these metrics:
-
-``acc@Kx`` / ``acc@N``
-    Exact-match accuracy (%) at K times the training length / at N tokens.
-``tok@Kx`` / ``tok@N``
-    Per-token accuracy (%) of the answer at K times the training length / at N tokens: the share of answer
-    tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which moves where exact
-    match is 0 everywhere.
-``maxlen@accP`` (default ``maxlen@acc90``)
-    The longest evaluated length up to which every evaluated length has exact-match accuracy of at least P%
-    (an absolute threshold); 0 when not even the shortest evaluated length reaches it.
-``maxlen@relP``
-    The longest length up to which exact-match accuracy stays at least P% of the accuracy at the training
-    length, every evaluated length from the training length on included (relative: a model at 0.2% at 1×
-    that stays there gets the longest length); n/a when the accuracy at the training length is 0.
+over them (a single run: its own Wilson interval), and the task metrics of :mod:`.metrics.accuracy` (by default
+acc@2x, acc@4x and maxlen@acc90). The table is built of the perplexity report's parts: a
+:class:`~posexp.reporting.table.Report` of ``accuracy`` runs, whose groups each hold one task's runs.
 
 A run whose exact match at the training length (the plain rows) is within :data:`NEAR_CHANCE` of chance, a
 uniform guess of each answer token from the task's answer alphabet (:func:`posexp.tasks.chance_exact_match`;
@@ -34,7 +22,7 @@ from posexp.reporting.tables import Column, Section, Table, TableCell, render, t
 from posexp.reporting.grouping import aggregate_group
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run
-from posexp.reporting.selection import DEFAULT_TOLERANCE, show_value, config_value
+from posexp.reporting.selection import DEFAULT_TOLERANCE, config_value, option_items, show_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.runs.layout import ACCURACY, row_metric
@@ -201,8 +189,7 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
     """``--metric`` values as (perplexity metrics, task metrics); None where none of a kind was asked for."""
     if metrics is None:
         return None, None
-    items = [m.strip() for part in ([metrics] if isinstance(metrics, str) else metrics) for m in str(part).split(",")
-             if m.strip()]
+    items = [m for m in option_items(metrics) if m]
     lm = [m for m in items if applies_to(m) != TASK_RUNS]
     task = [m for m in items if applies_to(m) == TASK_RUNS]
     return lm or None, task or None

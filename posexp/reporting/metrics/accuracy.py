@@ -21,6 +21,9 @@ class Accuracy(ValueAt):
 
 
 class TokenAccuracy(Accuracy):
+    """The share of answer tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which
+    moves where exact match is 0 everywhere."""
+
     kind, pattern, forms, examples = "tok", "tok@{at}", "tok@Kx / tok@N (per-token)", ("tok@4x",)
     reads = "token_accuracy"
 
@@ -46,6 +49,9 @@ class AbsoluteMaxLen(MetricSpec):
 
 
 class RelativeMaxLen(MetricSpec):
+    """Every evaluated length from the training length on counts (relative: a model at 0.2% at 1× that stays there
+    gets the longest length); n/a when the accuracy at the training length is 0."""
+
     kind, pattern, applies, better, decimals = "maxlen_rel", "maxlen@rel{pct}%?", ACCURACY, HIGHER, 0
     forms, examples, max_pct = "maxlen@relP (>= P% of the 1x exact match)", ("maxlen@rel90",), 100.0
 
