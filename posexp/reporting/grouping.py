@@ -32,7 +32,7 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
     """Flag runs whose corpus, eval settings or training length differ from the majority.
 
     Args:
-        rows: the report's rows (:class:`~posexp.reporting.lm_report.ReportRow`); flags are appended to them.
+        rows: the report's rows (:class:`~posexp.reporting.table.ReportRow`); flags are appended to them.
         warnings: the report's warnings; one is appended per flagged run.
         train_len_varies: the training length is a compared variable (``--by train_len``): do not flag it.
 

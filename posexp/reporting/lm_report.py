@@ -90,8 +90,9 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
     labels, shared = _labels(runs)
     report = Report(protocol=protocol, scaling=scaling, window=window, other_views=other_views, by=by_keys,
                     shared_overrides=shared, warnings=warnings)
-    report.rows = rows = [ReportRow(label, run, cells(run, report), None,
-                                    settings=shown_settings(run, report.shown(run))) for label, run in zip(labels, runs)]
+    rows = [ReportRow(label, run, cells(run, report), None, settings=shown_settings(run, report.shown(run)))
+            for label, run in zip(labels, runs)]
+    report.rows = rows
     report.lengths = lengths = sorted({n for row in rows for n in row.cells})
     _per_byte(rows, warnings)
     for row in rows:

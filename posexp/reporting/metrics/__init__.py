@@ -106,7 +106,9 @@ class Metric:
 
     def where(self, times: str = "×") -> str:
         """Where the metric looks, in words: ``1024 tokens`` or ``4× the training length``."""
-        return f"{self.length} tokens" if self.length is not None else f"{self.multiple or 1:g}{times} the training length"
+        if self.length is not None:
+            return f"{self.length} tokens"
+        return f"{self.multiple or 1:g}{times} the training length"
 
     def describe(self, report: Any = None) -> str:
         """One sentence for the notes under the table."""

@@ -2,7 +2,7 @@
 and the lengths the plain ratio and auc are taken at, common to every run of the report.
 
 Each value function reads the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Cell of
-the rows the table shows) and the :class:`~posexp.reporting.lm_report.Report`.
+the rows the table shows) and the :class:`~posexp.reporting.table.Report`.
 """
 
 from __future__ import annotations
