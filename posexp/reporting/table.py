@@ -137,7 +137,6 @@ class Group:
         values: metric name -> each run's value (None: n/a or missing), in the order of ``rows``.
         flags: why its numbers need care (different corpus, pooled configs, failed...).
         task: the task of a group of task runs (a table per task).
-        unlearned: how many of its runs did not learn at 1x.
     """
 
     key: dict[str, Any]
@@ -148,7 +147,6 @@ class Group:
     values: dict[str, list[Optional[float]]] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
     task: Optional[str] = None
-    unlearned: int = 0
 
     @property
     def n(self) -> int:
@@ -157,6 +155,11 @@ class Group:
     @property
     def runs(self) -> list[Run]:
         return [row.run for row in self.rows]
+
+    @property
+    def unlearned(self) -> int:
+        """How many of its runs did not learn at 1x (flagged :data:`UNLEARNED` by the builder)."""
+        return sum(UNLEARNED in row.flags for row in self.rows)
 
     @property
     def shown_label(self) -> str:

@@ -109,8 +109,8 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
 
 def _mark_unlearned(groups: list[Group]) -> list[str]:
     """Count each group's runs that did not learn the task at 1x; the warning that names them (none if none)."""
-    for group in groups:
-        group.unlearned = sum(bool(did_not_learn(run)) for run in group.runs)
+    for row in (row for group in groups for row in group.rows if did_not_learn(row.run)):
+        row.flags.append(UNLEARNED)
     marked = [f"{g.task}: {g.label}" for g in groups if g.unlearned]
     if not marked:
         return []
