@@ -99,6 +99,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     report.groups = sorted(groups.values(), key=lambda g: g.task)
     report.rows = [row for group in report.groups for row in group.rows]
     report.lengths = sorted({n for group in report.groups for n in group.cells})
+    report.train_len = train.pop() if len(train := {run.train_len for run in runs}) == 1 else None
     report.warnings += _mark_unlearned(report.groups)
     if view and not report.lengths:
         asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in view.items())
@@ -139,9 +140,9 @@ def _task_section(report: Report, task: str) -> Section:
     columns = [Column("group" if report.by else "run", label=True, min_width=12), Column("n"),
                *(Column(f"{n}" + (f" ({n / train_len:g}x)" if train_len else ""), short=str(n)) for n in lengths),
                *(Column(m.name) for m in report.metrics)]
-    rows = [[TableCell(g.shown_label), TableCell(str(len(g.runs))),
-             *(TableCell(_cell_text(g.cells.get(n), of=len(g.runs)), g.cells.get(n)) for n in lengths),
-             *(TableCell(_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs)), g.metrics.get(m.name))
+    rows = [[TableCell(g.shown_label), TableCell(str(g.n)),
+             *(TableCell(_cell_text(g.cells.get(n), of=g.n), g.cells.get(n)) for n in lengths),
+             *(TableCell(_cell_text(g.metrics.get(m.name), m.decimals, g.n), g.metrics.get(m.name))
                for m in report.metrics)] for g in groups]
     return Section(rows, f"task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""),
                    [f"Rows shown: {report.view}.", ""] if report.view else [],
@@ -203,9 +204,7 @@ def write_task_report(report: Report, out_dir, after: Optional[str] = None) -> s
     from posexp.plots.accuracy import plot_accuracy_vs_length
     from posexp.runs.layout import REPORT_ACCURACY_PLOT
 
-    train = {g.train_len for g in report.groups}
-    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT,
-                            train_len=train.pop() if len(train) == 1 else None,
+    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
                             title="exact match vs context length (mean over each group's runs)")
     lines = task_table_lines(report)
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
@@ -225,7 +224,7 @@ def write_task_report(report: Report, out_dir, after: Optional[str] = None) -> s
 def _task_records(report: Report) -> list[dict]:
     """One record per group: its task, label, runs, training length, how many of its runs did not learn at 1x,
     accuracy per length and metrics."""
-    return [{"task": g.task, "group": g.label, "n": len(g.runs), "train_len": g.train_len,
+    return [{"task": g.task, "group": g.label, "n": g.n, "train_len": g.train_len,
              "did_not_learn": g.unlearned,
              "exact_match": {str(n): stat.as_dict() for n, stat in sorted(g.cells.items())},
              "metrics": {name: stat.as_dict() for name, stat in g.metrics.items()}} for g in report.groups]
