@@ -1,13 +1,8 @@
 """Building the report: runs -> one row per run (a cell per length) -> groups with summary metrics.
 
-The parts live beside it: the table's data (:mod:`.table`), the summary metrics (:mod:`.metrics`), the grouping
-and sorting (:mod:`.grouping`); this module loads the runs, lays out the table and puts the parts together.
-
-Runs are only comparable when they were trained on the same corpus, with the
-same training length, and evaluated the same way. Rather than refuse to report
-(a sweep may legitimately contain a stray run), runs that differ from the
-majority are flagged in every output, and grouping never averages them with
-the others: they form groups of their own, flagged "kept apart".
+The parts live beside it: the table's data (:mod:`.table`), the summary metrics (:mod:`.metrics`), the grouping,
+the flags of runs not comparable with the others, and the sorting (:mod:`.grouping`); this module loads the runs,
+lays out the table and puts the parts together. Task runs are built of the same parts (:mod:`.task_report`).
 """
 
 from __future__ import annotations
@@ -20,10 +15,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from posexp.errors import PosexpError
-from posexp.reporting.comparability import flag_outliers
 from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
 from posexp.reporting.formatting import as_number
-from posexp.reporting.grouping import aggregate_group, group_rows, sort_groups
+from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows, sort_groups
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
@@ -31,8 +25,7 @@ from posexp.reporting.runs import Run, read_run, parent_changed, shown_settings,
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import aggregate_stat
-from posexp.reporting.table import Cell, Group, Report, ReportRow
-from posexp.reporting.task_report import UNLEARNED
+from posexp.reporting.table import UNLEARNED, Cell, Group, Report, ReportRow, cells
 from posexp.reporting.views import parse_view, pick_view
 from posexp.runs.layout import RESULTS_JSON
 
@@ -94,12 +87,13 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
     protocol, scaling, window, other_views = _pick_view(runs, wanted)
     if protocol is not None and protocol != MAIN_PROTOCOL and "protocol" not in (wanted or {}):
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
-
     labels, shared = _labels(runs)
-    rows = [ReportRow(label, run, _cells(run, protocol, scaling, window), None,
-                      settings=shown_settings(run, _shown(run, protocol, scaling, window)))
+    report = Report(protocol=protocol, scaling=scaling, window=window, other_views=other_views, by=by_keys,
+                    shared_overrides=shared, warnings=warnings)
+    rows = [ReportRow(label, run, cells(run, report), None, settings=shown_settings(run, report.shown(run)))
             for label, run in zip(labels, runs)]
-    lengths = sorted({n for row in rows for n in row.cells})
+    report.rows = rows
+    report.lengths = lengths = sorted({n for row in rows for n in row.cells})
     _per_byte(rows, warnings)
     for row in rows:
         budgets = (row.settings or {}).get("tokens")
@@ -109,7 +103,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
                             f"{', '.join(f'{b:,}' for b in budgets)}); evaluate it again with one eval.tokens")
 
     # Grouping by train_len compares training lengths on purpose: not a stray run to flag.
-    train_len, corpus, eval_settings = flag_outliers(rows, warnings, train_len_varies="train_len" in by_keys)
+    report.train_len, report.corpus, report.eval_settings = flag_outliers(rows, warnings, "train_len" in by_keys)
     for row in rows:
         if row.run.status != "completed":
             row.flags.append(f"status: {row.run.status}")
@@ -120,15 +114,12 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
             row.flags.append(_missing_view(protocol, scaling, window))
 
     _mark_unlearned(rows, warnings)
-    ratio_length = common_ratio_length(rows, lengths, train_len)
-    if ratio_length is not None:
+    report.ratio_length = common_ratio_length(rows, lengths, report.train_len)
+    if report.ratio_length is not None:
         for row in rows:
-            row.ratio = ratio_of(row, ratio_length)
-    return Report(
-        rows=rows, lengths=lengths, protocol=protocol, scaling=scaling, train_len=train_len,
-        ratio_length=ratio_length, shared_overrides=shared, corpus=corpus, eval_settings=eval_settings,
-        warnings=warnings, other_views=other_views, window=window, by=by_keys, auc_multiple=auc_span_multiple(rows),
-    )
+            row.ratio = ratio_of(row, report.ratio_length)
+    report.auc_multiple = auc_span_multiple(rows)
+    return report
 
 
 def _missing_view(protocol: Any, scaling: Any, window: Optional[tuple]) -> str:
@@ -183,7 +174,7 @@ def _add_parent_metrics(report: Report) -> None:
         if isinstance(path, str) and path not in parents:
             try:
                 run = read_run(path)
-                parents[path] = ReportRow(path, run, _cells(run, report.protocol, report.scaling, report.window), None)
+                parents[path] = ReportRow(path, run, cells(run, report), None)
             except PosexpError as e:
                 parents[path] = None
                 report.warnings.append(f"{row.label}: its parent cannot be read, its parent columns are blank ({e})")
@@ -308,12 +299,6 @@ def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:
     return labels, shared
 
 
-def _shown(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> list[dict]:
-    """The rows of ``run`` in the view (protocol, scaling, window) the table shows."""
-    return [row for row in run.rows
-            if row.get("protocol") == protocol and row.get("scaling") == scaling and window_key(row) == window]
-
-
 def _short_override(override: str) -> str:
     """An override as a label shows it: a folder value (``parent=/home/me/outputs/sweep/0``) by its last two parts
     (``parent=sweep/0``), which is what tells runs apart; the table's runs section has the whole path."""
@@ -344,17 +329,5 @@ def _per_byte(rows: list[ReportRow], warnings: list[str]) -> None:
         row.per_byte = True
         row.cells = {n: Cell(c.applicable, *(None if v is None else math.exp(math.log(v) * tpb)
                                             for v in (c.ppl, c.low, c.high))) for n, c in row.cells.items()}
-
-
-def _cells(run: Run, protocol: Any, scaling: Any, window: Optional[tuple] = None) -> dict[int, Cell]:
-    cells: dict[int, Cell] = {}
-    for row in _shown(run, protocol, scaling, window):
-        length = int(row["length"])
-        if length in cells:
-            continue  # duplicate rows: the trainer's first one wins
-        ppl = as_number(row.get("ppl"))
-        applicable = bool(row.get("applicable", ppl is not None)) and ppl is not None
-        cells[length] = Cell(applicable, ppl if applicable else None, as_number(row.get("ppl_low")), as_number(row.get("ppl_high")))
-    return cells
 
 

@@ -118,13 +118,15 @@ def show_value(value: Any) -> str:
     return str(value)
 
 
+def option_items(value: Sequence[str] | str | None) -> list[str]:
+    """The items of a repeatable, comma-separated option (``--by encoder,base --by seed``), stripped."""
+    return [item.strip() for part in ([value] if isinstance(value, str) else list(value or []))
+            for item in str(part).split(",")]
+
+
 def parse_by(by: Sequence[str] | str | None) -> list[str]:
     """``--by encoder,base`` (repeatable) -> ``["encoder", "base"]``."""
-    if by is None:
-        return []
-    if isinstance(by, str):
-        by = [by]
-    keys = [k.strip() for item in by for k in str(item).split(",")]
+    keys = option_items(by)
     if any(not k for k in keys):
         raise ConfigError("--by", "empty key; give dotted config keys separated by commas, e.g. --by encoder,base")
     return list(dict.fromkeys(keys))
@@ -199,10 +201,7 @@ def parse_metrics(metrics: Sequence[str] | str | None, tolerance: float = DEFAUL
     check_tolerance(tolerance)
     if metrics is None or (not isinstance(metrics, str) and not list(metrics)):
         metrics = list(DEFAULT_METRICS)
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    names = [m.strip() for item in metrics for m in str(item).split(",") if m.strip()]
-    parsed = [parse_metric(n, tolerance) for n in names]
+    parsed = [parse_metric(n, tolerance) for n in option_items(metrics) if n]
     return list({m.name: m for m in parsed}.values())
 
 

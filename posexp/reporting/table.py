@@ -10,14 +10,19 @@ from typing import Any, Optional
 
 from posexp.reporting.compare import Comparison
 from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_ppl
-from posexp.reporting.runs import Run
+from posexp.reporting.metrics import CELLS, PERPLEXITY, read_values
+from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import Filter, Metric
 from posexp.reporting.stats import Stat
+from posexp.runs.row import row_metric
+
+UNLEARNED = "did not learn at 1×"  # the flag of a run that did not learn at its training length
 
 
 @dataclass
 class Cell:
-    """One table cell. ``applicable`` is None when the run has no row for this length."""
+    """One table cell: perplexity (task runs: accuracy in %). ``applicable`` is None when the run has no row for
+    this length."""
 
     applicable: Optional[bool] = None
     ppl: Optional[float] = None
@@ -68,19 +73,20 @@ class Report:
         filters: the ``--where`` filters applied.
         auc_multiple: the span of plain ``auc`` (multiple of the training length), None when no run has one.
         comparison: each group against the reference group (with ``--by`` and two or more groups), else None.
+        kind: the runs' kind, of :mod:`.metrics`: ``perplexity`` (language-model runs) or ``accuracy`` (task runs).
     """
 
-    rows: list[ReportRow]
-    lengths: list[int]
-    protocol: Optional[str]
-    scaling: Any
-    train_len: Optional[int]
-    ratio_length: Optional[int]
-    shared_overrides: list[str]
-    corpus: tuple[Optional[str], Optional[str]]
-    eval_settings: Any
-    warnings: list[str]
-    other_views: list[tuple[Any, Any, Any]]
+    rows: list[ReportRow] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    protocol: Optional[str] = None
+    scaling: Any = None
+    train_len: Optional[int] = None
+    ratio_length: Optional[int] = None
+    shared_overrides: list[str] = field(default_factory=list)
+    corpus: tuple[Optional[str], Optional[str]] = (None, None)
+    eval_settings: Any = None
+    warnings: list[str] = field(default_factory=list)
+    other_views: list[tuple[Any, Any, Any]] = field(default_factory=list)
     by: list[str] = field(default_factory=list)
     metrics: list["Metric"] = field(default_factory=list)
     groups: list["Group"] = field(default_factory=list)
@@ -88,6 +94,21 @@ class Report:
     auc_multiple: Optional[float] = None
     comparison: Optional[Comparison] = None
     window: Optional[tuple] = None
+    kind: str = PERPLEXITY
+
+    def shown(self, run: Run) -> list[dict]:
+        """The result rows of ``run`` the table shows: of its kind, in its view (task rows: of any protocol)."""
+        return [r for r in run.rows if row_metric(r) == self.kind and r.get("scaling") == self.scaling
+                and window_key(r) == self.window and self.protocol in (None, r.get("protocol"))]
+
+    @property
+    def view(self) -> str:
+        """The scaling and window shown, in words ("" for the plain rows)."""
+        text = f"scaling {self.scaling}" if self.scaling is not None else ""
+        if self.window is not None:
+            text += (", " if text else "") + f"window {self.window[0]}" + (
+                f" + {self.window[1]} sinks" if self.window[1] else "")
+        return text
 
     @property
     def encoders(self) -> list[str]:
@@ -115,6 +136,7 @@ class Group:
         metrics: metric name -> value over the runs.
         values: metric name -> each run's value (None: n/a or missing), in the order of ``rows``.
         flags: why its numbers need care (different corpus, pooled configs, failed...).
+        task: the task of a group of task runs (a table per task).
     """
 
     key: dict[str, Any]
@@ -124,12 +146,37 @@ class Group:
     metrics: dict[str, Stat] = field(default_factory=dict)
     values: dict[str, list[Optional[float]]] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
+    task: Optional[str] = None
 
     @property
     def n(self) -> int:
         return len(self.rows)
 
     @property
+    def runs(self) -> list[Run]:
+        return [row.run for row in self.rows]
+
+    @property
+    def unlearned(self) -> int:
+        """How many of its runs did not learn at 1x (flagged :data:`UNLEARNED` by the builder)."""
+        return sum(UNLEARNED in row.flags for row in self.rows)
+
+    @property
+    def shown_label(self) -> str:
+        """The label as task tables show it: marked when runs of the group did not learn the task at 1x."""
+        if not self.unlearned:
+            return self.label
+        how_many = "" if self.unlearned == self.n else f"{self.unlearned} of {self.n} "
+        return f"{self.label} ({how_many}{UNLEARNED})"
+
+    @property
     def train_len(self) -> Optional[int]:
         return self.rows[0].run.train_len if self.rows else None
 
+
+def cells(run: Run, report: Report) -> dict[int, Cell]:
+    """length -> the :class:`Cell` of ``run``'s rows the table shows: the field of the report's kind, scaled
+    (:data:`posexp.reporting.metrics.CELLS`)."""
+    name, scale = CELLS[report.kind]
+    return {n: Cell(ok, *(None if v is None else scale * v for v in values))
+            for n, (ok, *values) in read_values(report.shown(run), name).items()}

@@ -3,21 +3,9 @@
 Task runs (``task=copy``, ``reverse``, ...) have accuracy rows instead of perplexity rows. ``posexp report``
 gives them their own table: one line per task and ``--by`` group, exact-match accuracy (%) at every length
 (for passkey, the mean over the depths measured), the mean over a group's runs (seeds) with a 95% t-interval
-over them (a single run: its own Wilson interval), and these metrics:
-
-``acc@Kx`` / ``acc@N``
-    Exact-match accuracy (%) at K times the training length / at N tokens.
-``tok@Kx`` / ``tok@N``
-    Per-token accuracy (%) of the answer at K times the training length / at N tokens: the share of answer
-    tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which moves where exact
-    match is 0 everywhere.
-``maxlen@accP`` (default ``maxlen@acc90``)
-    The longest evaluated length up to which every evaluated length has exact-match accuracy of at least P%
-    (an absolute threshold); 0 when not even the shortest evaluated length reaches it.
-``maxlen@relP``
-    The longest length up to which exact-match accuracy stays at least P% of the accuracy at the training
-    length, every evaluated length from the training length on included (relative: a model at 0.2% at 1×
-    that stays there gets the longest length); n/a when the accuracy at the training length is 0.
+over them (a single run: its own Wilson interval), and the task metrics of :mod:`.metrics.accuracy` (by default
+acc@2x, acc@4x and maxlen@acc90). The table is built of the perplexity report's parts: a
+:class:`~posexp.reporting.table.Report` of ``accuracy`` runs, whose groups each hold one task's runs.
 
 A run whose exact match at the training length (the plain rows) is within :data:`NEAR_CHANCE` of chance, a
 uniform guess of each answer token from the task's answer alphabet (:func:`posexp.tasks.chance_exact_match`;
@@ -27,22 +15,21 @@ what it shows past 1× says nothing of extrapolation.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
-from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, metric_value, parse_metric
-from posexp.reporting.runs import Run, window_key
-from posexp.reporting.selection import DEFAULT_TOLERANCE, show_value, config_value
-from posexp.reporting.stats import Stat, aggregate_stat
+from posexp.reporting.grouping import aggregate_group
+from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, parse_metric, read_values
+from posexp.reporting.runs import Run
+from posexp.reporting.selection import DEFAULT_TOLERANCE, config_value, option_items, show_value
+from posexp.reporting.stats import Stat
+from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
 RULER_METRIC = "efflen@85"  # Hsieh et al. 2024 (RULER, §3): the effective length, at the 85% threshold
 NEAR_CHANCE = 0.05  # exact match at 1x at most this far above chance: the run did not learn the task
-UNLEARNED = "did not learn at 1×"
 
 
 def is_ruler_task(run: Run) -> bool:
@@ -67,140 +54,64 @@ def parse_task_metric(text: str) -> Metric:
     return parse_metric(text, DEFAULT_TOLERANCE, TASK_RUNS)
 
 
-def run_accuracy(run: Run, name: str = "exact_match", scaling: Optional[str] = None, window: Optional[tuple] = None
-                 ) -> dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]]:
-    """length -> (applicable, accuracy, low, high) of a run's rows of one view (default: unscaled, unwindowed;
-    ``window`` = (window, sinks) of windowed rows), the accuracy ``name`` (``exact_match`` or
-    ``token_accuracy``); passkey: the mean over depths, without an interval."""
-    by_length: dict[int, list[dict]] = {}
-    for r in run.rows:
-        if row_metric(r) == ACCURACY and r.get("scaling") == scaling and window_key(r) == window:
-            by_length.setdefault(int(r["length"]), []).append(r)
-    out: dict[int, tuple[bool, Optional[float], Optional[float], Optional[float]]] = {}
-    for length, rows in by_length.items():
-        values = [r.get(name) for r in rows]
-        if not all(r.get("applicable", True) for r in rows) or any(v is None for v in values):
-            out[length] = (False, None, None, None)
-            continue
-        mean = math.fsum(values) / len(values)
-        if len(rows) == 1:
-            out[length] = (True, mean, rows[0].get(f"{name}_low"), rows[0].get(f"{name}_high"))
-        else:
-            out[length] = (True, mean, None, None)
-    return out
-
-
 def did_not_learn(run: Run) -> Optional[bool]:
     """Whether a task run's exact match at its training length (its plain rows; passkey: the mean over depths) is
     within :data:`NEAR_CHANCE` of chance (:func:`posexp.tasks.chance_exact_match`; 0 where the task's answer
     alphabet is not known); None where the run has no such row."""
     from posexp.tasks import chance_exact_match
 
-    cell = run_accuracy(run).get(run.train_len) if run.train_len is not None else None
-    if cell is None or not cell[0] or cell[1] is None:
+    plain = Report(kind=TASK_RUNS).shown(run)
+    ok, value, *_ = read_values(plain, "exact_match").get(run.train_len, (None, None))
+    if not ok:
         return None
-    rows = [r for r in run.rows if row_metric(r) == ACCURACY and r.get("length") == run.train_len
-            and r.get("scaling") is None and window_key(r) is None and r.get("examples")]
-    answer_tokens = [r["answer_tokens"] / r["examples"] for r in rows if r.get("answer_tokens")]
+    answer_tokens = [r["answer_tokens"] / r["examples"] for r in plain
+                     if r.get("length") == run.train_len and r.get("examples") and r.get("answer_tokens")]
     task = run.info.get("task") if isinstance(run.info.get("task"), dict) else {}
     chance = chance_exact_match(str(task.get("name")), task.get("options") or {},
                                 sum(answer_tokens) / len(answer_tokens)) if answer_tokens else None
-    return cell[1] <= (chance or 0.0) + NEAR_CHANCE
+    return value <= (chance or 0.0) + NEAR_CHANCE
 
 
-@dataclass
-class TaskGroup:
-    task: str
-    label: str
-    runs: list[Run]
-    cells: dict[int, Stat] = field(default_factory=dict)
-    metrics: dict[str, Stat] = field(default_factory=dict)
-    unlearned: int = 0  # how many of its runs did not learn the task at 1x (:func:`did_not_learn`)
-
-    @property
-    def train_len(self) -> Optional[int]:
-        lengths = {r.train_len for r in self.runs}
-        return lengths.pop() if len(lengths) == 1 else None
-
-    @property
-    def shown_label(self) -> str:
-        """The label as tables show it: marked when runs of the group did not learn the task at 1x."""
-        if not self.unlearned:
-            return self.label
-        how_many = "" if self.unlearned == len(self.runs) else f"{self.unlearned} of {len(self.runs)} "
-        return f"{self.label} ({how_many}{UNLEARNED})"
-
-
-@dataclass
-class TaskReport:
-    groups: list[TaskGroup]
-    lengths: list[int]
-    metrics: list[Metric]
-    by: list[str]
-    warnings: list[str] = field(default_factory=list)
-    scaling: Optional[str] = None  # the view shown (posexp report --view): plain rows by default
-    window: Optional[tuple] = None
-
-    @property
-    def view(self) -> str:
-        """The rows shown, in words ("" for the plain ones)."""
-        text = f"scaling {self.scaling}" if self.scaling is not None else ""
-        if self.window is not None:
-            text += (", " if text else "") + f"window {self.window[0]}" + (
-                f" + {self.window[1]} sinks" if self.window[1] else "")
-        return text
+TaskReport = Report  # a report of task runs: Report.kind is ACCURACY, each group's task is set
 
 
 def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,
-                      view: Optional[dict] = None) -> TaskReport:
+                      view: Optional[dict] = None) -> Report:
     """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy, of the
     rows ``view`` names (``--view``'s scaling, window and sinks; :mod:`posexp.reporting.views`), plain by default."""
     view = view or {}
-    scaling = view.get("scaling")
     window = None if view.get("window") is None else (view["window"], view.get("sinks"))
-    chosen = [parse_task_metric(m) for m in (metrics or default_task_metrics(runs))]
-    groups: dict[tuple, TaskGroup] = {}
+    report = Report(kind=TASK_RUNS, scaling=view.get("scaling"), window=window, by=list(by),
+                    metrics=[parse_task_metric(m) for m in (metrics or default_task_metrics(runs))])
+    groups: dict[tuple, Group] = {}
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
         values = tuple(show_value(config_value(run, key)) for key in by)
         # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
         key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
-        groups.setdefault(key, TaskGroup(task, label, [])).runs.append(run)
+        row = ReportRow(label, run, cells(run, report), None)
+        groups.setdefault(key, Group(dict(zip(by, values)), label, [], task=task)).rows.append(row)
     split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
     for key, group in groups.items():
-        if key[:2] in split:
-            group.label += f" train_len={show_value(key[2])}"
-    warnings: list[str] = []
-    lengths: set[int] = set()
-    for group in groups.values():
-        # each run's accuracies by length, per row field the table (exact match) and the chosen metrics read
-        per_field = {name: [run_accuracy(run, name, scaling, window) for run in group.runs]
-                     for name in {"exact_match", *(m.spec.reads for m in chosen)}}
-        per_run = per_field["exact_match"]
-        group_lengths = sorted({n for acc in per_run for n in acc})
-        lengths.update(group_lengths)
-        for n in group_lengths:
-            cells = [acc.get(n) for acc in per_run]
-            pairs = [(None, None) if c is None else (c[0], None if c[1] is None else 100 * c[1]) for c in cells]
-            single = next(((100 * c[2], 100 * c[3]) for c in cells if c and c[0] and c[2] is not None), (None, None))
-            group.cells[n] = aggregate_stat(pairs, single)
-        for metric in chosen:
-            group.metrics[metric.name] = aggregate_stat([metric_value(metric, acc, run.train_len)
-                                                for acc, run in zip(per_field[metric.spec.reads], group.runs)])
-    ordered = sorted(groups.values(), key=lambda g: g.task)
-    warnings += _mark_unlearned(ordered)
-    if view and not lengths:
+        group.label += f" train_len={show_value(key[2])}" if key[:2] in split else ""
+        aggregate_group(group, report)
+    report.groups = sorted(groups.values(), key=lambda g: g.task)
+    report.rows = [row for group in report.groups for row in group.rows]
+    report.lengths = sorted({n for group in report.groups for n in group.cells})
+    report.train_len = train.pop() if len(train := {run.train_len for run in runs}) == 1 else None
+    report.warnings += _mark_unlearned(report.groups)
+    if view and not report.lengths:
         asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in view.items())
         raise ConfigError("--view", f"no accuracy rows of the selected task runs are {asked} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")
-    return TaskReport(ordered, sorted(lengths), chosen, list(by), warnings, scaling, window)
+    return report
 
 
-def _mark_unlearned(groups: list[TaskGroup]) -> list[str]:
+def _mark_unlearned(groups: list[Group]) -> list[str]:
     """Count each group's runs that did not learn the task at 1x; the warning that names them (none if none)."""
-    for group in groups:
-        group.unlearned = sum(bool(did_not_learn(run)) for run in group.runs)
+    for row in (row for group in groups for row in group.rows if did_not_learn(row.run)):
+        row.flags.append(UNLEARNED)
     marked = [f"{g.task}: {g.label}" for g in groups if g.unlearned]
     if not marked:
         return []
@@ -220,7 +131,7 @@ INTRO = ("Exact-match accuracy (%) of the whole answer, teacher-forced, on the s
          "past a learned table).")
 
 
-def _task_section(report: TaskReport, task: str) -> Section:
+def _task_section(report: Report, task: str) -> Section:
     """One task's table: its groups' exact match by length and the chosen metrics."""
     groups = [g for g in report.groups if g.task == task]
     lengths = sorted({n for g in groups for n in g.cells})
@@ -229,9 +140,9 @@ def _task_section(report: TaskReport, task: str) -> Section:
     columns = [Column("group" if report.by else "run", label=True, min_width=12), Column("n"),
                *(Column(f"{n}" + (f" ({n / train_len:g}x)" if train_len else ""), short=str(n)) for n in lengths),
                *(Column(m.name) for m in report.metrics)]
-    rows = [[TableCell(g.shown_label), TableCell(str(len(g.runs))),
-             *(TableCell(_cell_text(g.cells.get(n), of=len(g.runs)), g.cells.get(n)) for n in lengths),
-             *(TableCell(_cell_text(g.metrics.get(m.name), m.decimals, len(g.runs)), g.metrics.get(m.name))
+    rows = [[TableCell(g.shown_label), TableCell(str(g.n)),
+             *(TableCell(_cell_text(g.cells.get(n), of=g.n), g.cells.get(n)) for n in lengths),
+             *(TableCell(_cell_text(g.metrics.get(m.name), m.decimals, g.n), g.metrics.get(m.name))
                for m in report.metrics)] for g in groups]
     return Section(rows, f"task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""),
                    [f"Rows shown: {report.view}.", ""] if report.view else [],
@@ -239,7 +150,7 @@ def _task_section(report: TaskReport, task: str) -> Section:
                    columns)
 
 
-def task_table(report: TaskReport) -> Table:
+def task_table(report: Report) -> Table:
     """The report as a :class:`~posexp.reporting.tables.Table`: a section (a table of its own) per task."""
     records = _task_records(report)
     rows: list[list[Any]] = [["task", "group", "n", "train_len", "what", "mean", "low", "high", "did_not_learn"]]
@@ -253,7 +164,7 @@ def task_table(report: TaskReport) -> Table:
                  json={"tasks": records, "warnings": report.warnings}, keys=2)
 
 
-def task_table_lines(report: TaskReport) -> list[str]:
+def task_table_lines(report: Report) -> list[str]:
     """The report's markdown: one table per task (exact match %, mean ± 95% t-interval over runs)."""
     lines = ["# Tasks: accuracy vs context length", "", INTRO, ""]
     for warning in report.warnings:
@@ -261,7 +172,7 @@ def task_table_lines(report: TaskReport) -> list[str]:
     return lines + to_markdown(task_table(report)).splitlines()
 
 
-def task_plot_series(report: TaskReport) -> list[tuple]:
+def task_plot_series(report: Report) -> list[tuple]:
     """(label, lengths, accuracy in [0, 1], low, high) per group, for the accuracy-vs-length figure."""
     series = []
     for g in report.groups:
@@ -279,14 +190,13 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
     """``--metric`` values as (perplexity metrics, task metrics); None where none of a kind was asked for."""
     if metrics is None:
         return None, None
-    items = [m.strip() for part in ([metrics] if isinstance(metrics, str) else metrics) for m in str(part).split(",")
-             if m.strip()]
+    items = [m for m in option_items(metrics) if m]
     lm = [m for m in items if applies_to(m) != TASK_RUNS]
     task = [m for m in items if applies_to(m) == TASK_RUNS]
     return lm or None, task or None
 
 
-def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) -> str:
+def write_task_report(report: Report, out_dir, after: Optional[str] = None) -> str:
     """Draw ``report_accuracy_vs_length.png`` into ``out_dir``; returns the markdown of the task section
     (``after``, the perplexity report's markdown, first when there is one)."""
     from pathlib import Path
@@ -294,9 +204,7 @@ def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) 
     from posexp.plots.accuracy import plot_accuracy_vs_length
     from posexp.runs.layout import REPORT_ACCURACY_PLOT
 
-    train = {g.train_len for g in report.groups}
-    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT,
-                            train_len=train.pop() if len(train) == 1 else None,
+    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
                             title="exact match vs context length (mean over each group's runs)")
     lines = task_table_lines(report)
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
@@ -313,16 +221,16 @@ def write_task_report(report: TaskReport, out_dir, after: Optional[str] = None) 
 
 # -- machine-readable formats (posexp report --format) ---------------------------------------------
 
-def _task_records(report: TaskReport) -> list[dict]:
+def _task_records(report: Report) -> list[dict]:
     """One record per group: its task, label, runs, training length, how many of its runs did not learn at 1x,
     accuracy per length and metrics."""
-    return [{"task": g.task, "group": g.label, "n": len(g.runs), "train_len": g.train_len,
+    return [{"task": g.task, "group": g.label, "n": g.n, "train_len": g.train_len,
              "did_not_learn": g.unlearned,
              "exact_match": {str(n): stat.as_dict() for n, stat in sorted(g.cells.items())},
              "metrics": {name: stat.as_dict() for name, stat in g.metrics.items()}} for g in report.groups]
 
 
-def render_task(report: TaskReport, fmt: str) -> str:
+def render_task(report: Report, fmt: str) -> str:
     """The task report in ``fmt`` (``--format``): markdown with its introduction, as report.md has it."""
     if fmt == "markdown":
         return "\n".join(task_table_lines(report)) + "\n"

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.formatting import fmt_view
+from posexp.reporting.selection import option_items
 
 VIEW_KEYS = ("protocol", "scaling", "window", "sinks")
 PROTOCOLS = ("nonoverlap", "sliding", "last_k")
@@ -47,10 +48,8 @@ def parse_view(view: Sequence[str] | str | None) -> dict[str, Any]:
     Raises:
         ConfigError: an unknown key, a repeated one, or a value of the wrong kind, naming ``--view``.
     """
-    items = [i.strip() for part in ([view] if isinstance(view, str) else list(view or []))
-             for i in str(part).split(",") if i.strip()]
     wanted: dict[str, Any] = {}
-    for item in items:
+    for item in filter(None, option_items(view)):
         key, sep, text = item.partition("=")
         key = key.strip().removeprefix("eval.")
         if not sep or key not in VIEW_KEYS:

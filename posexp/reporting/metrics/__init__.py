@@ -23,16 +23,17 @@ A whole new metric, e.g. ``posexp/reporting/metrics/median_ppl.py``::
         decimals = 2
 
         def value(self, metric: Metric, row, report) -> Value:
-            # perplexity: row is a posexp.reporting.table.ReportRow (row.cells: length -> Cell, row.run: the
-            # Run with all its result rows), report the Report; accuracy: see posexp.reporting.metrics.accuracy
             ...
             return True, 3.2            # (True, v); (False, None) = n/a; (None, None) = not evaluated
 
         def describe(self, metric: Metric, report) -> str:
             return f"{metric.name} = the median perplexity from 1x to {metric.multiple:g}x the training length."
 
-A metric of another field of the result rows (``ppl_key`` beside ``ppl``) reads it, in the view the table shows,
-with :func:`posexp.reporting.metrics.perplexity.shown_values` (length -> (applicable, value)).
+Every metric's ``value`` gets the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Cell of
+the field the table shows, ``row.run``: the run with all its result rows) and the
+:class:`~posexp.reporting.table.Report`. A metric of the value at one length subclasses :class:`ValueAt`; one of
+another field of the result rows (``ppl_key`` beside ``ppl``, ``token_accuracy`` beside ``exact_match``) reads it,
+in the view the table shows, with :func:`shown_values` (length -> (applicable, value)).
 
 A metric from outside the package enters the same way: importing the module that defines the class registers it.
 """
@@ -40,6 +41,7 @@ A metric from outside the package enters the same way: importing the module that
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 import re
 from dataclasses import dataclass
@@ -48,6 +50,8 @@ from typing import Any, ClassVar, Optional
 from posexp.errors import ConfigError
 
 PERPLEXITY, ACCURACY = "perplexity", "accuracy"
+# what a table's cell shows of the rows of each kind of run: the field, and its scale (accuracy in %)
+CELLS = {PERPLEXITY: ("ppl", 1.0), ACCURACY: ("exact_match", 100.0)}
 LOWER, HIGHER = "lower", "higher"
 Value = tuple[Optional[bool], Optional[float]]
 
@@ -89,10 +93,6 @@ class Metric:
         return self.spec.better == HIGHER
 
     @property
-    def tolerance(self) -> Optional[float]:
-        return self.fraction
-
-    @property
     def share(self) -> float:
         return self.fraction if self.fraction is not None else 0.9
 
@@ -103,6 +103,12 @@ class Metric:
         if self.multiple is not None and train_len is not None:
             return int(round(self.multiple * train_len))
         return None
+
+    def where(self, times: str = "×") -> str:
+        """Where the metric looks, in words: ``1024 tokens`` or ``4× the training length``."""
+        if self.length is not None:
+            return f"{self.length} tokens"
+        return f"{self.multiple or 1:g}{times} the training length"
 
     def describe(self, report: Any = None) -> str:
         """One sentence for the notes under the table."""
@@ -124,7 +130,7 @@ class MetricSpec:
         applies: :data:`PERPLEXITY` or :data:`ACCURACY`: which runs it is computed for.
         better: :data:`LOWER` or :data:`HIGHER`: the direction of every better/worse verdict. Required.
         decimals: the decimals a table shows.
-        reads: accuracy metrics: the row field they read (``exact_match``, ``token_accuracy``).
+        reads: the field of the result rows a :class:`ValueAt` reads (``exact_match``, ``token_accuracy``).
     """
 
     kind: ClassVar[str]
@@ -138,16 +144,15 @@ class MetricSpec:
     max_pct: ClassVar[float] = float("inf")  # the largest {pct} allowed
     min_multiple: ClassVar[float] = 0.0  # {x} must be above this
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        register(cls())
+        if not abstract:  # a shape other metrics share (ValueAt) is no metric of its own
+            register(cls())
 
     def value(self, metric: Metric, row: Any, report: Any) -> Value:
-        """The metric of one run: (True, value), (False, None) = not applicable, (None, None) = not evaluated.
-
-        Perplexity metrics get the run's :class:`~posexp.reporting.table.ReportRow` and the
-        :class:`~posexp.reporting.lm_report.Report`; accuracy metrics the run's accuracies by length (length ->
-        (applicable, accuracy in [0, 1], low, high), of the field :attr:`reads`) and its training length."""
+        """The metric of one run (its :class:`~posexp.reporting.table.ReportRow`, in the
+        :class:`~posexp.reporting.table.Report`): (True, value), (False, None) = not applicable, (None, None) = not
+        evaluated."""
         raise NotImplementedError
 
     def describe(self, metric: Metric, report: Any) -> str:
@@ -192,6 +197,57 @@ class MetricSpec:
         for slot, loose in _SLOTS.items():
             regex = regex.replace("{" + slot + "}", loose)
         return re.fullmatch(regex, raw)
+
+
+class ValueAt(MetricSpec, abstract=True):
+    """A metric of the value at one length (``{at}``), of :meth:`values`, times :attr:`scale`."""
+
+    scale: ClassVar[float] = 1.0
+
+    def values(self, row: Any, report: Any) -> dict[int, Value]:
+        """length -> (applicable, value) the metric picks from: the field :attr:`reads` of the rows shown."""
+        return shown_values(row, report, self.reads)
+
+    def value(self, metric: Metric, row: Any, report: Any) -> Value:
+        length = metric.at(row.run.train_len)
+        ok, value = self.values(row, report).get(length, (None, None)) if length is not None else (None, None)
+        return (True, self.scale * value) if ok else (ok, None)
+
+
+def read_values(rows: list[dict], name: str) -> dict[int, tuple[bool, Optional[float], Any, Any]]:
+    """length -> (applicable, value, low, high) of the result rows' field ``name`` (``ppl``, ``exact_match``...), with
+    the row's ``{name}_low``/``{name}_high``. The first row of a length (and depth) counts; several depths of a length
+    (passkey) give their mean, without an interval. A missing or non-finite value is not applicable."""
+    firsts: dict[int, dict] = {}
+    for row in rows:
+        firsts.setdefault(int(row["length"]), {}).setdefault(row.get("depth"), row)
+    out = {}
+    for length, by_depth in firsts.items():
+        picked = list(by_depth.values())
+        values = [row.get(name) for row in picked]
+        ok = all(row.get("applicable", True) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and math.isfinite(v) for row, v in zip(picked, values))
+        bounds = [picked[0].get(f"{name}_{end}") if len(picked) == 1 else None for end in ("low", "high")]
+        out[length] = (ok, math.fsum(values) / len(values) if ok else None,
+                       *(float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) else None for b in bounds))
+    return out
+
+
+def shown_values(row: Any, report: Any, name: str) -> dict[int, Value]:
+    """length -> (applicable, value of the result rows' field ``name``) of the run's rows in the view the table shows
+    (:meth:`~posexp.reporting.table.Report.shown`), as :func:`read_values` reads them."""
+    return {n: (ok, value) for n, (ok, value, *_) in read_values(report.shown(row.run), name).items()}
+
+
+def longest(values: dict[int, Value], start: int, passes: Any, best: Optional[int] = None) -> Optional[int]:
+    """The longest length from ``start`` up to which every length's value is applicable and ``passes``; ``best``
+    when not even the first does."""
+    for length in sorted(n for n in values if n >= start):
+        ok, value = values[length]
+        if not ok or value is None or not passes(value):
+            break
+        best = length
+    return best
 
 
 _REGISTRY: dict[str, MetricSpec] = {}

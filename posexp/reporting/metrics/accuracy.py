@@ -1,44 +1,34 @@
 """The summary metrics of a task run's accuracy-vs-length curve: acc@, tok@, maxlen@acc, maxlen@rel, efflen.
 
-Each value function reads the run's accuracies by length, of the row field the metric :attr:`reads`:
-length -> (applicable, accuracy in [0, 1], low, high) (:func:`posexp.reporting.task_report.run_accuracy`),
-and the run's training length.
+Each reads the run's accuracies in [0, 1] by length, of the field :attr:`reads` of the rows the table shows
+(:func:`posexp.reporting.metrics.shown_values`), and the run's training length.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
-from posexp.reporting.metrics import ACCURACY, HIGHER, Metric, MetricSpec, Value
-
-
-def _where(metric: Metric) -> str:
-    return f"{metric.multiple:g}x the training length" if metric.multiple is not None else f"{metric.length} tokens"
+from posexp.reporting.metrics import ACCURACY, HIGHER, Metric, MetricSpec, Value, ValueAt, longest, shown_values
 
 
-class Accuracy(MetricSpec):
+class Accuracy(ValueAt):
     kind, pattern, forms = "acc", "acc@{at}", "acc@Kx (e.g. acc@4x), acc@N (N tokens)"
-    applies, better, decimals = ACCURACY, HIGHER, 1
+    applies, better, decimals, scale = ACCURACY, HIGHER, 1, 100.0
     examples: ClassVar[tuple[str, ...]] = ("acc@2x", "acc@4x")
 
-    def value(self, metric: Metric, acc: dict, train_len: Optional[int]) -> Value:
-        length = metric.length if metric.length is not None else (
-            int(round(metric.multiple * train_len)) if train_len and metric.multiple is not None else None)
-        cell = acc.get(length) if length is not None else None
-        if cell is None:
-            return None, None
-        return (True, 100 * cell[1]) if cell[0] else (False, None)
-
     def describe(self, metric: Metric, report: Any) -> str:
-        return f"{metric.name} = exact-match accuracy (%) at {_where(metric)}."
+        return f"{metric.name} = exact-match accuracy (%) at {metric.where('x')}."
 
 
 class TokenAccuracy(Accuracy):
+    """The share of answer tokens predicted right, the measure Ruoss et al. 2023 report (their "accuracy"), which
+    moves where exact match is 0 everywhere."""
+
     kind, pattern, forms, examples = "tok", "tok@{at}", "tok@Kx / tok@N (per-token)", ("tok@4x",)
     reads = "token_accuracy"
 
     def describe(self, metric: Metric, report: Any) -> str:
-        return f"{metric.name} = per-token accuracy of the answer (%) at {_where(metric)}."
+        return f"{metric.name} = per-token accuracy of the answer (%) at {metric.where('x')}."
 
 
 class AbsoluteMaxLen(MetricSpec):
@@ -47,18 +37,11 @@ class AbsoluteMaxLen(MetricSpec):
              "match >= 90%)")
     examples, max_pct = ("maxlen@acc90",), 100.0
 
-    def value(self, metric: Metric, acc: dict, train_len: Optional[int]) -> Value:
+    def value(self, metric: Metric, row: Any, report: Any) -> Value:
         """The longest evaluated length up to which every evaluated length has exact match >= the share; 0 when
         the shortest has not (a length not applicable ends the run of lengths as a miss does)."""
-        if not acc:
-            return None, None
-        best = 0
-        for length in sorted(acc):
-            ok, value = acc[length][0], acc[length][1]
-            if not ok or value is None or value < metric.share:
-                break
-            best = length
-        return True, float(best)
+        acc = shown_values(row, report, self.reads)
+        return (True, float(longest(acc, 0, lambda v: v >= metric.share, best=0))) if acc else (None, None)
 
     def describe(self, metric: Metric, report: Any) -> str:
         return (f"{metric.name} = the longest evaluated length up to which every evaluated length has exact-match "
@@ -66,21 +49,19 @@ class AbsoluteMaxLen(MetricSpec):
 
 
 class RelativeMaxLen(MetricSpec):
+    """Every evaluated length from the training length on counts (relative: a model at 0.2% at 1× that stays there
+    gets the longest length); n/a when the accuracy at the training length is 0."""
+
     kind, pattern, applies, better, decimals = "maxlen_rel", "maxlen@rel{pct}%?", ACCURACY, HIGHER, 0
     forms, examples, max_pct = "maxlen@relP (>= P% of the 1x exact match)", ("maxlen@rel90",), 100.0
 
-    def value(self, metric: Metric, acc: dict, train_len: Optional[int]) -> Value:
-        if train_len is None or train_len not in acc or not acc[train_len][0]:
+    def value(self, metric: Metric, row: Any, report: Any) -> Value:
+        acc, train_len = shown_values(row, report, self.reads), row.run.train_len
+        if train_len is None or not acc.get(train_len, (None,))[0]:
             return None, None
         if not acc[train_len][1]:
             return False, None  # nothing in distribution to keep
-        floor = metric.share * acc[train_len][1]
-        best = None
-        for length in sorted(n for n in acc if n >= train_len):
-            ok, value = acc[length][0], acc[length][1]
-            if not ok or value is None or value < floor:
-                break
-            best = length
+        best = longest(acc, train_len, lambda v: v >= metric.share * acc[train_len][1])
         return (True, float(best)) if best is not None else (False, None)
 
     def describe(self, metric: Metric, report: Any) -> str:
@@ -96,8 +77,9 @@ class EffectiveLength(MetricSpec):
              ">= 85%, shorter ones as they may be)")
     examples, max_pct = ("efflen@85",), 100.0
 
-    def value(self, metric: Metric, acc: dict, train_len: Optional[int]) -> Value:
-        passing = [n for n, (ok, value, *_) in acc.items() if ok and value is not None and value >= metric.share]
+    def value(self, metric: Metric, row: Any, report: Any) -> Value:
+        acc = shown_values(row, report, self.reads)
+        passing = [n for n, (ok, value) in acc.items() if ok and value is not None and value >= metric.share]
         return (True, float(max(passing, default=0))) if acc else (None, None)
 
     def describe(self, metric: Metric, report: Any) -> str:

@@ -12,25 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from posexp.reporting.metrics import LOWER, Metric, MetricSpec, Value
-from posexp.reporting.metrics.perplexity import shown_values
+from posexp.reporting.metrics import LOWER, Metric, Value, ValueAt
 
 
-class PplKey(MetricSpec):
+class PplKey(ValueAt):
     kind, pattern, forms = "ppl_key", "ppl_key@{at}", "ppl_key@Kx, ppl_key@N (key-token perplexity, LongPPL)"
-    examples, better, decimals = ("ppl_key@4x", "ppl_key@8x"), LOWER, 2
+    examples, better, decimals, reads = ("ppl_key@4x", "ppl_key@8x"), LOWER, 2, "ppl_key"
 
     def value(self, metric: Metric, row: Any, report: Any) -> Value:
         length = metric.at(row.run.train_len)
-        if length is None:
+        if not any(r.get("key_tokens") is not None and int(r.get("length", -1)) == length for r in row.run.rows):
             return None, None
-        keyed = any(r.get("key_tokens") is not None and int(r.get("length", -1)) == length for r in row.run.rows)
-        if not keyed:
-            return None, None
-        return shown_values(row, report, "ppl_key").get(length, (None, None))
+        return super().value(metric, row, report)
 
     def describe(self, metric: Metric, report: Any) -> str:
-        at = f"{metric.length} tokens" if metric.length is not None else f"{metric.multiple:g}× the training length"
-        return (f"{metric.name} = perplexity at {at} over the key tokens only (LongPPL, Fang et al. 2024): the "
-                "targets the key-token evaluator predicts with log p(long) - log p(short) > alpha and log p(long) > "
-                "beta (eval.key_tokens; lower is better; n/a where no key token fell).")
+        return (f"{metric.name} = perplexity at {metric.where()} over the key tokens only (LongPPL, Fang et al. 2024): "
+                "the targets the key-token evaluator predicts with log p(long) - log p(short) > alpha and log p(long) "
+                "> beta (eval.key_tokens; lower is better; n/a where no key token fell).")

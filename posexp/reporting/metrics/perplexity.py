@@ -2,7 +2,7 @@
 and the lengths the plain ratio and auc are taken at, common to every run of the report.
 
 Each value function reads the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Cell of
-the rows the table shows) and the :class:`~posexp.reporting.lm_report.Report`.
+the rows the table shows) and the :class:`~posexp.reporting.table.Report`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from posexp.reporting.metrics import HIGHER, LOWER, Metric, MetricSpec, Value
-from posexp.reporting.runs import context_gain, window_key
+from posexp.reporting.metrics import HIGHER, LOWER, Metric, MetricSpec, Value, ValueAt, longest
+from posexp.reporting.metrics import shown_values  # noqa: F401  (where metrics of another field have long found it)
+from posexp.reporting.runs import context_gain
 
 
 def common_ratio_length(rows: list[Any], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
@@ -51,26 +52,6 @@ def auc_span_multiple(rows: list[Any]) -> Optional[float]:
     return min(reach) if reach else None
 
 
-def shown_values(row: Any, report: Any, name: str) -> dict[int, Value]:
-    """length -> (applicable, value of the result rows' field ``name``) of the run's rows in the view the table
-    shows (the report's protocol, scaling and window): what a metric of a field beside ``ppl`` reads. A length
-    whose field is missing or not a number is (False, None); the first row of a length wins, as for the cells."""
-    values: dict[int, Value] = {}
-    for result in row.run.rows:
-        if (result.get("protocol"), result.get("scaling"), window_key(result)) != \
-                (report.protocol, report.scaling, report.window):
-            continue
-        value = result.get(name)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        values.setdefault(int(result["length"]), (True, float(value)) if number and result.get("applicable", True)
-                          else (False, None))
-    return values
-
-
-def _where(metric: Metric) -> str:
-    return f"{metric.length} tokens" if metric.length is not None else f"{metric.multiple or 1:g}× the training length"
-
-
 def _at_train(row: Any) -> tuple[Optional[Value], Any]:
     """(None, the cell at the training length) when it has a perplexity; else (the value to return, None)."""
     train_len = row.run.train_len
@@ -80,6 +61,10 @@ def _at_train(row: Any) -> tuple[Optional[Value], Any]:
     if not cell.applicable or not cell.ppl:
         return (False, None), None
     return None, cell
+
+
+def _cells(row: Any) -> dict[int, Value]:
+    return {n: (cell.applicable, cell.ppl) for n, cell in row.cells.items()}
 
 
 class Ratio(MetricSpec):
@@ -116,21 +101,18 @@ class RatioAt(MetricSpec):
         return (True, cell.ppl / at_train.ppl) if cell.applicable else (False, None)
 
     def describe(self, metric: Metric, report: Any) -> str:
-        return f"{metric.name} = ppl at {_where(metric)} / ppl at the training length (lower is better; 1 = no loss)."
+        return f"{metric.name} = ppl at {metric.where()} / ppl at the training length (lower is better; 1 = no loss)."
 
 
-class PplAt(MetricSpec):
+class PplAt(ValueAt):
     kind, pattern, forms = "ppl_at", "ppl@{at}", "ppl@Kx, ppl@N"
     examples, better, decimals = ("ppl@4x", "ppl@8x"), LOWER, 2
 
-    def value(self, metric: Metric, row: Any, report: Any) -> Value:
-        if row.run.train_len is None:
-            return None, None
-        cell = row.cells.get(metric.at(row.run.train_len))
-        return (None, None) if cell is None else (bool(cell.applicable), cell.ppl if cell.applicable else None)
+    def values(self, row: Any, report: Any) -> dict[int, Value]:
+        return _cells(row)  # the cells: per byte where the report compares per byte
 
     def describe(self, metric: Metric, report: Any) -> str:
-        return f"{metric.name} = perplexity at {_where(metric)}."
+        return f"{metric.name} = perplexity at {metric.where()}."
 
 
 class Gain(MetricSpec):
@@ -144,7 +126,7 @@ class Gain(MetricSpec):
         return context_gain(row.run, train_len, metric.at(train_len), report.window)
 
     def describe(self, metric: Metric, report: Any) -> str:
-        at = _where(metric) if metric.length is not None or metric.multiple is not None else \
+        at = metric.where() if metric.length is not None or metric.multiple is not None else \
             "the longest last_k length"
         return (f"{metric.name} = context gain: loss (nats/token) of the same last K tokens at the training length "
                 f"minus at {at}, from eval.protocol=last_k rows (Kazemnejad et al. 2023's setting, which scores "
@@ -175,15 +157,8 @@ class MaxLen(MetricSpec):
         early, at_train = _at_train(row)
         if early is not None:
             return early
-        train_len, cells = row.run.train_len, row.cells
         limit = (1 + (metric.fraction or 0.0)) * at_train.ppl
-        best = train_len
-        for length in sorted(n for n in cells if n > train_len):
-            cell = cells[length]
-            if not cell.applicable or cell.ppl is None or cell.ppl > limit:
-                break
-            best = length
-        return True, float(best)
+        return True, float(longest(_cells(row), row.run.train_len + 1, lambda ppl: ppl <= limit, row.run.train_len))
 
     def describe(self, metric: Metric, report: Any) -> str:
         return (f"{metric.name} = the longest evaluated length (tokens) up to which every evaluated length keeps "
