@@ -145,7 +145,7 @@ def detect_shell() -> Optional[str]:
 
 def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
     """Install completion for ``shell`` under ``home``: bash reads ``~/.bash_completions/posexp.sh`` from
-    ``~/.bashrc``, zsh loads ``~/.zfunc/_posexp`` through ``fpath`` (lines added to ``~/.zshrc``). Running it
+    ``~/.bashrc``, zsh loads ``~/.zfunc/_posexp`` through ``fpath`` (a line added to ``~/.zshrc``). Running it
     again replaces the script and adds no line twice (the paths of Typer's installer, whose script it replaces).
 
     Returns:
@@ -157,10 +157,10 @@ def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
     if shell == "bash":
         script, rc = home / ".bash_completions" / "posexp.sh", home / ".bashrc"
         # single-quoted as before (a second install finds its line), a quote inside the path escaped: '\''
-        lines: Sequence[str] = ("source '" + str(script).replace("'", "'\\''") + "'",)
+        line = "source '" + str(script).replace("'", "'\\''") + "'"
     elif shell == "zsh":
         script, rc = home / ".zfunc" / "_posexp", home / ".zshrc"
-        lines = ("fpath+=~/.zfunc; autoload -Uz compinit; compinit",)
+        line = "fpath+=~/.zfunc; autoload -Uz compinit; compinit"
     else:
         raise PosexpError(f"--install-completion: posexp completes in bash and zsh, not in {shell or 'this shell'}; "
                           "in one of them run posexp --install-completion there, or load the script of "
@@ -169,10 +169,9 @@ def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
 
     atomic_write_bytes(script, SCRIPT.encode())
     present = rc.read_text() if rc.is_file() else ""
-    missing = [line for line in lines if line not in present.splitlines()]
-    if missing:
+    if line not in present.splitlines():
         with rc.open("a") as f:  # appended in place: a start-up file that is a link stays one
-            f.write(("\n" if present and not present.endswith("\n") else "") + "\n".join(missing) + "\n")
+            f.write(("\n" if present and not present.endswith("\n") else "") + line + "\n")
     return script, rc
 
 
