@@ -39,9 +39,9 @@ NOTHING, FOLDERS = Reply(), Reply(DIRS)
 Completer = Callable[[Sequence[str], str], Reply]  # (the words after the subcommand, the word typed) -> Reply
 
 
-def _offer(values: Iterable[str], typed: str, kind: str = WORDS) -> Reply:
-    """``values`` for the last item of ``typed``, a sweep's ``a,b,`` or a list's ``[a,`` kept in front of it."""
-    cut = max(typed.rfind(","), 0 if typed.startswith("[") else -1) + 1
+def _offer(values: Iterable[str], typed: str, kind: str = WORDS, items: bool = False) -> Reply:
+    """``values`` that complete ``typed``; with ``items``, its last item (a sweep's ``a,b,``, a list's ``[a,`` kept)."""
+    cut = max(typed.rfind(","), 0 if typed.startswith("[") else -1) + 1 if items else 0
     return Reply(kind, tuple(typed[:cut] + v for v in values if v.startswith(typed[cut:])))
 
 
@@ -207,9 +207,9 @@ class AppKeys:
         folders and files for a key named ``...dir`` or ``...path``."""
         node = self._node(key)
         if key in self.groups:
-            return _offer(group_options(key, self.dirs), typed)
+            return _offer(group_options(key, self.dirs), typed, items=True)
         if isinstance(node, tuple) or node is bool:
-            return _offer(("true", "false") if node is bool else node, typed)
+            return _offer(("true", "false") if node is bool else node, typed, items=True)
         return Reply(DIRS if key.endswith("dir") else FILES) if key.endswith(("dir", "path")) else NOTHING
 
     def _node(self, path: str) -> Any:
@@ -265,14 +265,14 @@ SHELL_COMPLETION = ("install=bash", "install=zsh", "uninstall=bash", "uninstall=
 def _report_keys(words: Sequence[str], typed: str) -> Reply:
     """``--by encoder,base``: config keys, comma-separated."""
     keys = AppKeys.of("config", words).keys(typed[typed.rfind(",") + 1:])
-    return _offer([k.rstrip("=") for k in keys], typed)
+    return _offer([k.rstrip("=") for k in keys], typed, items=True)
 
 
 def _metrics(words: Sequence[str], typed: str) -> Reply:
     """``--metric ratio@8x,auc``: the metric registry's examples, comma-separated."""
     from posexp.reporting.metrics import metric_examples
 
-    return _offer(metric_examples(), typed)
+    return _offer(metric_examples(), typed, items=True)
 
 
 VALUES: Dict[str, Completer] = {
