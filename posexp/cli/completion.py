@@ -89,7 +89,8 @@ def schema_tree(cls: type) -> Mapping[str, Any]:
         hint = hints[f.name]
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint  # Optional[X]: X
-        tree[f.name] = schema_tree(hint) if dataclasses.is_dataclass(hint) else choices.get(f.name, hint)
+        tree[f.name] = schema_tree(typing.cast(type, hint)) if dataclasses.is_dataclass(hint) else (
+            choices.get(f.name, hint))
     return tree
 
 

@@ -37,7 +37,8 @@ WIDE = 120
 def yaml_description(path: Path) -> str:
     """A config's ``description`` key, else the first sentence of its header comment: the comment lines
     before the first usage example (``#   posexp train ...``) or blank line, Hydra directives left out."""
-    desc = OmegaConf.load(path).get("description")
+    loaded: Any = OmegaConf.load(path)
+    desc = loaded.get("description")
     if desc:
         return str(desc)
     header = []
