@@ -2,7 +2,7 @@
 ``eval hf:MODEL`` are Hydra's own applications; Hydra's flags read and its apps run (:mod:`posexp.cli.hydra_flags`);
 what a user types and Hydra's errors about it, each in one line (:mod:`posexp.cli.arguments`); each job's config
 checked and its run or sweep folder claimed on the config Hydra composed (:mod:`posexp.cli.folders`); one job inside
-Hydra (:mod:`posexp.cli.jobs`); ``posexp list`` (:mod:`posexp.cli.listing`); tab completion
+Hydra (:mod:`posexp.cli.jobs`); ``posexp list`` (:mod:`posexp.commands.listing`); tab completion
 (:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`). Of Hydra's private API, only its parser and runner are
 used, where ``@hydra.main`` would read ``sys.argv`` (:mod:`posexp.cli.hydra_flags`).
 

@@ -25,9 +25,9 @@ from posexp.cli.arguments import (OverrideError, check_command_line, expand_home
 from posexp.cli.console import err_console, fail
 from posexp.cli.folders import Carried, Claim, Folders, claiming, register_analyze_schema
 from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
-from posexp.cli.listing import print_choices
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
+from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
@@ -426,7 +426,8 @@ def list_cmd(
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
     try:
-        print_choices(Console(), _config_dirs(config_dir))
+        load_folder_plugins(dirs := _config_dirs(config_dir))  # the encoders of the user's folder listed too
+        print_choices(Console(), dirs)
     except PosexpError as e:
         fail(e)
 

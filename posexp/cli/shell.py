@@ -3,13 +3,9 @@
 One script serves both shells (:data:`SCRIPT`). On TAB it runs ``posexp`` with the line typed so far in
 ``_POSEXP_COMPLETE_LINE``; :func:`posexp.cli.main` sees ``_POSEXP_COMPLETE_SHELL`` and answers through
 :func:`answer` before the app (Hydra, torch) is loaded. The answer is a first line ``KIND:WORD`` (``words``,
-or ``dirs`` / ``files`` for the shell to list paths matching ``WORD``), then one candidate a line.
-
-bash splits words at the characters of ``COMP_WORDBREAKS``, ``=`` and ``:`` among them, and replaces only
-the text after the last one: after ``encoder=ro`` its word is ``ro``. :func:`reply_text` cuts each candidate
-to that word, so ``encoder=ro`` becomes ``encoder=rope`` without anyone changing the user's
-``COMP_WORDBREAKS`` (Hydra's own script removes ``=`` from it for every command of the shell). A key
-(``encoder=``, ``train.``) gets no space after it, so the value can follow.
+or ``dirs`` / ``files`` for the shell to list paths matching ``WORD``), then one candidate a line. bash gets the
+part after its word break (:func:`reply_text`), so the user's ``COMP_WORDBREAKS`` stays as it is (Hydra's own script
+removes ``=`` from it for every command of the shell). A key (``encoder=``, ``train.``) gets no space after it.
 
 ``posexp --install-completion`` (:func:`install`) writes the script where bash or zsh reads it at start;
 ``posexp train -sc install=bash``, the way Hydra documents, prints the same script (:func:`hydra_request`).
@@ -19,8 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from posexp.errors import PosexpError
 
@@ -106,57 +103,32 @@ def answer() -> None:
     print(text)
 
 
-def split_line(line: str) -> Tuple[list, str, str]:
-    """A command line typed up to the cursor, as the shell will pass it: the complete words, the word being
-    typed (quotes and backslashes removed) and that word as typed."""
-    words: list = []
-    word = raw = ""
-    quote: Optional[str] = None
-    escaped = started = False
-    for ch in line:
-        if escaped:
-            word, raw, escaped = word + ch, raw + ch, False
-        elif quote:
-            raw += ch
-            if ch == quote:
-                quote = None
-            elif ch == "\\" and quote == '"':
-                escaped = True
-            else:
-                word += ch
-        elif ch.isspace():
-            if started:
-                words.append(word)
-            word, raw, started = "", "", False
-        else:
-            raw, started = raw + ch, True
-            if ch in "'\"":
-                quote = ch
-            elif ch == "\\":
-                escaped = True
-            else:
-                word += ch
-    return words, word, raw
-
-
-def bash_cut(typed: str, wordbreaks: str) -> int:
-    """How many leading characters of the word ``typed`` bash keeps as they are: those up to and including
-    the last one of ``wordbreaks`` (``encoder=ro``: 8), which readline does not replace."""
-    breaks = set(wordbreaks) - set("\"'")  # quotes start a quoted word; the words here are unquoted
-    return max((i + 1 for i, ch in enumerate(typed) if ch in breaks), default=0)
+def split_line(line: str) -> Tuple[List[str], str]:
+    """A command line typed up to the cursor as the shell will pass it: the complete words, and the word being typed
+    (quotes and backslashes removed; an open quote is closed at the cursor)."""
+    for close in ("", '"', "'"):
+        try:  # the cursor marked with a NUL, so that a word being typed is told from a finished one
+            *words, last = shlex.split(line + "\0" + close)
+            return words, last[:-1]
+        except ValueError:
+            continue
+    return line.split(), ""
 
 
 def reply_text(shell: str, line: str, wordbreaks: str = DEFAULT_WORDBREAKS) -> str:
     """The answer to a TAB at the end of ``line`` (``posexp ...``): ``KIND:WORD``, then the candidates.
 
-    For bash each candidate is cut to the part after the word-break characters of ``wordbreaks``, as readline
-    replaces only that part; zsh replaces the whole word and gets whole words.
+    bash's readline replaces only the text after the last of its word-break characters (``encoder=ro``: ``ro``), so
+    bash gets each candidate from there on, when the word was typed without quotes or backslashes; zsh replaces the
+    whole word and gets whole words.
     """
     from posexp.cli.completion import complete
 
-    words, typed, raw = split_line(line)
+    words, typed = split_line(line)
     reply = complete(words[1:], typed)
-    cut = bash_cut(typed, wordbreaks) if shell == "bash" and raw == typed else 0
+    plain = line.endswith(typed) and line[:len(line) - len(typed)][-1:].isspace()  # typed as it stands
+    breaks = set(wordbreaks) - set("\"'")  # quotes start a quoted word; this one is unquoted
+    cut = max((i + 1 for i, ch in enumerate(typed) if ch in breaks), default=0) if shell == "bash" and plain else 0
     items = [item[cut:] for item in reply.items if item.startswith(typed[:cut])]
     return "\n".join([f"{reply.kind}:{typed[cut:]}", *items])
 
@@ -173,7 +145,7 @@ def detect_shell() -> Optional[str]:
 
 def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
     """Install completion for ``shell`` under ``home``: bash reads ``~/.bash_completions/posexp.sh`` from
-    ``~/.bashrc``, zsh loads ``~/.zfunc/_posexp`` through ``fpath`` (lines added to ``~/.zshrc``). Running it
+    ``~/.bashrc``, zsh loads ``~/.zfunc/_posexp`` through ``fpath`` (a line added to ``~/.zshrc``). Running it
     again replaces the script and adds no line twice (the paths of Typer's installer, whose script it replaces).
 
     Returns:
@@ -185,10 +157,10 @@ def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
     if shell == "bash":
         script, rc = home / ".bash_completions" / "posexp.sh", home / ".bashrc"
         # single-quoted as before (a second install finds its line), a quote inside the path escaped: '\''
-        lines: Sequence[str] = ("source '" + str(script).replace("'", "'\\''") + "'",)
+        line = "source '" + str(script).replace("'", "'\\''") + "'"
     elif shell == "zsh":
         script, rc = home / ".zfunc" / "_posexp", home / ".zshrc"
-        lines = ("fpath+=~/.zfunc; autoload -Uz compinit; compinit",)
+        line = "fpath+=~/.zfunc; autoload -Uz compinit; compinit"
     else:
         raise PosexpError(f"--install-completion: posexp completes in bash and zsh, not in {shell or 'this shell'}; "
                           "in one of them run posexp --install-completion there, or load the script of "
@@ -197,10 +169,9 @@ def install(shell: Optional[str], home: Path) -> Tuple[Path, Path]:
 
     atomic_write_bytes(script, SCRIPT.encode())
     present = rc.read_text() if rc.is_file() else ""
-    missing = [line for line in lines if line not in present.splitlines()]
-    if missing:
+    if line not in present.splitlines():
         with rc.open("a") as f:  # appended in place: a start-up file that is a link stays one
-            f.write(("\n" if present and not present.endswith("\n") else "") + "\n".join(missing) + "\n")
+            f.write(("\n" if present and not present.endswith("\n") else "") + line + "\n")
     return script, rc
 
 

@@ -164,7 +164,7 @@ def test_list_reads_at_80_columns(tmp_path):
     import subprocess
     import sys
 
-    from posexp.cli.listing import yaml_description
+    from posexp.commands.listing import yaml_description
     from posexp.config.schema import config_dir
 
     env = {**os.environ, "COLUMNS": "80"}
@@ -180,7 +180,7 @@ def test_list_reads_at_80_columns(tmp_path):
 
 
 def test_a_description_is_the_header_first_sentence_not_its_first_line():
-    from posexp.cli.listing import yaml_description
+    from posexp.commands.listing import yaml_description
     from posexp.config.schema import config_dir
 
     assert yaml_description(config_dir() / "model" / "press2022.yaml") == (

@@ -24,7 +24,7 @@ EXAMPLE_CONF = REPO / "scripts" / "plugin_example" / "conf"
 
 def _tab(line: str) -> tuple[str, list[str]]:
     """The kind and the whole words a TAB at the end of ``line`` offers."""
-    words, typed, _ = shell.split_line(line)
+    words, typed = shell.split_line(line)
     reply = complete(words[1:], typed)
     return reply.kind, list(reply.items)
 
@@ -128,7 +128,7 @@ def test_the_subcommands_and_options_are_the_apps():
     assert set(completion.ROOT_OPTIONS) - {"-h", "--help"} == {o for p in root.params for o in p.opts}
     for name, command in root.commands.items():  # type: ignore[attr-defined]
         options = {o: not p.is_flag for p in command.params if p.param_type_name == "option" for o in p.opts}
-        ours = {o: v is not None for o, v in completion.COMMANDS[name].options.items() if o not in ("-h", "--help")}
+        ours = {o: o not in completion.FLAGS for o in completion.COMMANDS[name] if o not in ("-h", "--help")}
         if name in ("train", "analyze", "finetune"):  # Hydra's flags, which Typer passes on
             continue
         assert ours == options, name
@@ -164,11 +164,14 @@ def test_the_copied_value_lists_equal_their_owners():
     from posexp.model.positions import CURRICULA, POSITION_SCHEMES
     from posexp.reporting.render import FORMATS
     from posexp.runtime.device import COMPILE_SETTINGS
+    from posexp.config.schema import Config, EvalConfig, FinetuneAppConfig, TrainConfig
+    from posexp.evaluation.longrope_search import OBJECTIVES
 
-    assert completion.SCALINGS == SCALINGS and completion.FINETUNE_SCALINGS == FINETUNE_SCALINGS
-    assert completion.POSITION_SCHEMES == POSITION_SCHEMES and completion.CURRICULA == CURRICULA
-    assert completion.REPORT_FORMATS == FORMATS and completion.CHECK_FORMATS == CHECK_FORMATS
-    assert completion.COMPILE == tuple(str(v).lower() for v in COMPILE_SETTINGS)
+    choices = completion.field_choices  # what completion offers for a key: the values its schema comment lists
+    assert choices(EvalConfig)["scaling"] == SCALINGS and choices(FinetuneAppConfig)["scaling"] == FINETUNE_SCALINGS
+    assert choices(TrainConfig)["positions"] == POSITION_SCHEMES and choices(TrainConfig)["curriculum"] == CURRICULA
+    assert completion.FORMATS == {"report": FORMATS, "check": CHECK_FORMATS} and completion.OBJECTIVES == OBJECTIVES
+    assert choices(Config)["compile"] == tuple(str(v).lower() for v in COMPILE_SETTINGS)
     from posexp.reporting.views import PROTOCOLS, VIEW_KEYS
 
     assert {v.split("=")[0] for v in completion.REPORT_VIEWS} == set(VIEW_KEYS)

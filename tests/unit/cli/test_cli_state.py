@@ -62,7 +62,7 @@ def test_every_listed_eval_scaling_completes():
     from posexp.cli import shell
     from posexp.cli.completion import complete
 
-    words, typed, _ = shell.split_line("posexp train eval.scaling=")
+    words, typed = shell.split_line("posexp train eval.scaling=")
     from posexp.encoders.scaling import SCALINGS
 
     assert complete(words[1:], typed).items == tuple(f"eval.scaling={s}" for s in SCALINGS)

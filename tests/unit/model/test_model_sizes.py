@@ -38,7 +38,7 @@ def test_the_default_model_is_still_small(compose):
 
 
 def test_posexp_list_shows_each_size_with_its_parameter_count():
-    from posexp.cli.listing import model_table
+    from posexp.commands.listing import model_table
 
     console = Console(width=250, record=True)
     console.print(model_table())
