@@ -227,15 +227,15 @@ def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> N
         _run_hydra(config_name, args, claim)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
-        folders = claim.folders if claim is not None else None
+        path = claim.path if claim is not None else None
         stopped = isinstance(e, KeyboardInterrupt)  # before the job began: nothing of it is kept
-        if folders is not None and not folders.multirun and (stopped or code == PosexpError.exit_code):
-            discard_unused(folders.path, folders.created)
-            if stopped and not folders.path.exists():
-                say(f"interrupted before the run started; {folders.path} was not kept")
-        if folders is not None and folders.multirun and code in (130, 128 + signal.SIGTERM):
+        if path is not None and not claim.multirun and (stopped or code == PosexpError.exit_code):
+            discard_unused(path, claim.created)
+            if stopped and not path.exists():
+                say(f"interrupted before the run started; {path} was not kept")
+        if path is not None and claim.multirun and code in (130, 128 + signal.SIGTERM):
             name = signal.Signals(code - 128).name if code > 128 else "SIGINT"
-            say(f"sweep {folders.path} stopped by {name}: {sweep_progress(folders.path, folders.jobs)}", error=True)
+            say(f"sweep {path} stopped by {name}: {sweep_progress(path, claim.jobs)}", error=True)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
