@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from posexp.cli.console import console, fail, say
+from posexp.cli.console import console, say
 from posexp.commands.edge import typed
 from posexp.cli.folders import Carried, checker, current_claim, take_checked
 from posexp.commands.finetune import finetune_run
@@ -55,10 +55,8 @@ def analyze_task(cfg: DictConfig) -> None:
     try:
         spec = _checked(cfg, hc)
         run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir), console())
-    except PosexpError as e:
-        fail(e)
     except Exception as e:
-        raise Carried(e) from None  # to the command as it is: Hydra would print it as a traceback
+        raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
 
 
 def _checked(cfg: DictConfig, hc: Any) -> Any:
@@ -74,22 +72,17 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
         spec = _checked(cfg, hc)  # the edge: the sweep's threads and objective are read typed
         set_job_threads(getattr(getattr(spec, "train", None), "threads", None), hc.launcher)
         return objective_value(run(spec, run_dir, overrides, console()), getattr(spec, "objective", "longest"))
-    except TrainingInterrupted as e:
-        if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
-            raise SystemExit(e.exit_code)
-        fail(e)
-    except PosexpError as e:
-        if hc.mode != RunMode.MULTIRUN:
-            fail(e)
-        _record_failed_job(cfg, run_dir, overrides, e)
     except KeyboardInterrupt as e:
         if hc.mode != RunMode.MULTIRUN:
             say(interrupted_hint(run_dir, e))
         raise SystemExit(128 + e.signum if isinstance(e, Terminated) else 130)
     except Exception as e:
         if hc.mode != RunMode.MULTIRUN:
-            raise Carried(e) from None  # to the command as it is: Hydra would print it as a traceback
-        logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
+            raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
+        if isinstance(e, TrainingInterrupted):  # stops the sweep too: the user asked to stop; `train` says where
+            raise SystemExit(e.exit_code)
+        if not isinstance(e, PosexpError):
+            logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback to train.log
         _record_failed_job(cfg, run_dir, overrides, e)
     return None
 

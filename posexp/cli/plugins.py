@@ -87,19 +87,6 @@ def _schema_named(raw: DictConfig) -> Optional[str]:
     return None
 
 
-def schema_line(name: str) -> str:
-    return f"- /schema/encoder/{name}@_here_"
-
-
-def _yaml_problem(path: Path, raw: DictConfig, name: str) -> Optional[str]:
-    """What keeps a plugin yaml (one with a ``module`` key) from composing, and the fix; None if nothing."""
-    if _schema_named(raw) is None:
-        return (f"{path}: no schema line (the options, typed, from the class's __init__); add "
-                f"`{schema_line(name)}` under `defaults:`, before `- _self_` (as scripts/plugin_example/conf/"
-                "encoder/logrope.yaml has it)")
-    return None
-
-
 def _load_yaml(path: Path, roots: Sequence[Path]) -> Optional[str]:
     """Import the module the encoder yaml ``path`` names; returns the encoder's name when it is a plugin's.
 
@@ -125,9 +112,10 @@ def _load_yaml(path: Path, roots: Sequence[Path]) -> Optional[str]:
                               f"an installed plugin; name the module that defines it: {MODULE_KEY}: "
                               "PACKAGE.MODULE (e.g. my_encoders.logrope)")
         return None
-    problem = _yaml_problem(path, raw, name)
-    if problem is not None:
-        raise PosexpError(problem)
+    if _schema_named(raw) is None:
+        raise PosexpError(f"{path}: no schema line (the options, typed, from the class's __init__); add "
+                          f"`- /schema/encoder/{name}@_here_` under `defaults:`, before `- _self_` (as "
+                          "scripts/plugin_example/conf/encoder/logrope.yaml has it)")
     try:
         load_plugin(name, str(module), roots=roots)
     except PosexpError as e:
