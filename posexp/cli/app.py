@@ -52,9 +52,9 @@ def _finetune_arguments(args: List[str]) -> List[str]:
 
 # each Hydra app: its task, the command that names it in Hydra's messages, and what turns the command's arguments
 # into Hydra's
-APPS = {"config": (train_task, "posexp train", list), CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
-        "pretrained": (pretrained_task, "posexp eval", pretrained_arguments),
-        "analyze": (analyze_task, "posexp analyze", list)}
+APPS = {"config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
+        CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
+        "pretrained": (pretrained_task, "posexp eval", pretrained_arguments)}
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -150,7 +150,10 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         missing = missing_plugin(args)
         if missing:
             raise PosexpError(missing)
-        dirs = _user_encoders(line)
+        dirs = user_config_dirs(line)  # the user's config folders: their encoders imported, every schema stored
+        load_folder_plugins(dirs)
+        refuse_broken(line)  # an encoder chosen that cannot be used
+        register_analyze_schema()
         if line is not None:
             check_command_line(line, dirs, folders)
     except OverrideError as e:
@@ -171,19 +174,6 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         say(f"{len(failed)} sweep job(s) failed: {', '.join(failed)}; each has a results.json with the reason, the "
             "other jobs' results are kept", error=True)
         raise SystemExit(1)
-
-
-def _user_encoders(line: Optional[hydra_flags.CommandLine]) -> list:
-    """The user's config folders on the command line, their encoders imported and every schema stored.
-
-    Raises:
-        PosexpError: a folder that does not exist, or an encoder chosen that cannot be used.
-    """
-    dirs = user_config_dirs(line)
-    load_folder_plugins(dirs)
-    refuse_broken(line)
-    register_analyze_schema()
-    return dirs
 
 
 def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
