@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import typer
 from rich.markup import escape
@@ -52,24 +52,35 @@ def _finetune_arguments(args: List[str]) -> List[str]:
 
 # each Hydra app: its task, the command that names it in Hydra's messages, and what turns the command's arguments
 # into Hydra's
-APPS = {"config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
+APPS: Dict[str, Tuple[Callable[[Any], Any], str, Callable[[List[str]], List[str]]]] = {"config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
         CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
         "pretrained": (pretrained_task, "posexp eval", pretrained_arguments)}
 
 
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    """A :class:`PosexpError`, or a path the system refuses (too long, a symlink loop, read-only, full), said in one
+    line with its exit status, not as a traceback."""
+    try:
+        yield
+    except PosexpError as e:
+        fail(e)
+    except OSError as e:
+        if e.errno not in SYSTEM_REFUSALS or full_error_requested():
+            raise
+        fail(PosexpError(f"{e.strerror}: {e.filename}" if e.filename else str(e)))
+
+
 class _OneLineErrors(typer.core.TyperGroup):
-    """Every command's :class:`PosexpError`, and a path the system refuses (too long, a symlink loop, read-only,
-    full), said in one line with its exit status, not as a traceback."""
+    """Every command's errors said in one line (:func:`_one_line`), its options' (``--install-completion``) too."""
+
+    def make_context(self, *args, **kwargs):
+        with _one_line():
+            return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx):
-        try:
+        with _one_line():
             return super().invoke(ctx)
-        except PosexpError as e:
-            fail(e)
-        except OSError as e:
-            if e.errno not in SYSTEM_REFUSALS or full_error_requested():
-                raise
-            fail(PosexpError(f"{e.strerror}: {e.filename}" if e.filename else str(e)))
 
 
 # what the file system refuses for a path the user gave or a folder posexp writes in: said in one line
@@ -442,9 +453,7 @@ def _usable_streams() -> None:
 
 
 def main() -> None:
-    if shell.requested():  # a TAB, from an install whose entry point still names this function
-        shell.answer()
-        return
+    """The app on streams that never stop a run (the ``posexp`` command is :func:`posexp.cli.main`)."""
     _usable_streams()
     app()
 

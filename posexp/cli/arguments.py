@@ -342,11 +342,11 @@ _COMMENTED = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    lr: float
 def documented_keys(cls: type, prefix: str = "") -> dict:
     """``key -> meaning`` of each field of the schema dataclass ``cls`` that has a comment of its own (``lr: float =
     3e-3  # peak learning rate``), and of a group's fields (``model.d_model``) one level down."""
-    own = dict(m.groups() for m in map(_COMMENTED.match, inspect.getsource(cls).splitlines()) if m)
+    own = {m[1]: m[2] for m in map(_COMMENTED.match, inspect.getsource(cls).splitlines()) if m}
     hints, keys = typing.get_type_hints(cls), {}
     for f in dataclasses.fields(cls):
         group = hints[f.name]
-        if dataclasses.is_dataclass(group) and not prefix:
+        if isinstance(group, type) and dataclasses.is_dataclass(group) and not prefix:
             keys.update(documented_keys(group, f"{f.name}."))
         elif f.name in own and not any(map(dataclasses.is_dataclass, (group, *typing.get_args(group)))):
             keys[prefix + f.name] = " ".join(own[f.name].split())
