@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import check_added_keys, explain, full_error_requested
 from posexp.commands.edge import override_text, typed
-from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys
+from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys, refuse_own_parent
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
 from posexp.runs.atomic import unwritable
@@ -117,28 +117,12 @@ class ClaimFolder(Callback):
                 _check(claim, config, config_name)
             if config_name == ANALYZE:
                 return check_writable(config, key)
-            refuse_own_parent(config, key)
+            if config.get("parent") is not None:  # a fine-tune's new run
+                refuse_own_parent(Path(str(config.parent)), Path(str(OmegaConf.select(config, key))), key)
             claim.path, claim.created = _claim_dir(claim, config, key, sweep=multirun)
         except Exception as e:
             raise Carried(e) from None
         claim.multirun, claim.jobs = multirun, jobs
-
-
-def refuse_own_parent(config: DictConfig, key: str) -> None:
-    """A fine-tune writes a new run: its folder (``key``) may not be its parent's, lie inside it or hold it,
-    where claiming it (with ``--overwrite``) would delete the weights it starts from.
-
-    Raises:
-        PosexpError: naming the folder, the parent and the key that chooses another; nothing is deleted.
-    """
-    parent = config.get("parent")
-    if parent is None:  # posexp train: no parent
-        return
-    parent_dir, target = Path(str(parent)).resolve(), Path(str(OmegaConf.select(config, key))).resolve()
-    if target == parent_dir or parent_dir in target.parents or target in parent_dir.parents:
-        where = "is" if target == parent_dir else "lies inside" if parent_dir in target.parents else "holds"
-        raise PosexpError(f"{key}={target}: {where} the parent run {parent_dir}, whose weights the fine-tune "
-                          f"starts from; choose another {key} (nothing was deleted)")
 
 
 def register_analyze_schema() -> None:
