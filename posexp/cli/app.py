@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from posexp.cli import hydra_flags, search, shell
-from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain_composition,
+from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_command_line, expand_home, explain,
                                   full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming, register_analyze_schema
@@ -189,7 +189,7 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
 
 def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
     """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. A config Hydra cannot
-    compose is said in one line (:func:`~posexp.cli.arguments.explain_composition`), Hydra's own report held back
+    compose is said in one line (:func:`~posexp.cli.arguments.explain`), Hydra's own report held back
     until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
     the table of the main keys."""
     task, prog, _ = APPS[config_name]
@@ -204,12 +204,10 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
             fail(e.error)  # as a SystemExit: the run's folder is let go (_run_claimed)
         raise e.error
     except SystemExit as e:
-        line = hydra_flags.read(args)
-        if e.code == 1 and held.holding and line is not None and not full_error_requested():
-            error = explain_composition(config_name, line)
-            if error is not None:
-                held.discard()
-                fail(error)
+        composing = e.__context__  # Hydra exits while handling the error that stopped it (run_and_report)
+        if e.code == 1 and held.holding and isinstance(composing, COMPOSITION_ERRORS) and not full_error_requested():
+            held.discard()
+            fail(explain(composing))
         if not e.code and any(a in ("-h", "--help") for a in args):
             print_key_table(config_name, prog)
         raise

@@ -43,6 +43,7 @@ HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
 OPTIONAL_GROUPS = ("experiment", "search")
+COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a config Hydra could not compose (:func:`explain`)
 
 
 class OverrideError(PosexpError):
@@ -62,31 +63,6 @@ class OverrideError(PosexpError):
 def full_error_requested() -> bool:
     """HYDRA_FULL_ERROR=1 (Hydra's own switch) or POSEXP_DEBUG=1: leave Hydra's errors to Hydra, in full."""
     return any(os.environ.get(v, "") not in ("", "0") for v in (HYDRA_FULL_ERROR, "POSEXP_DEBUG"))
-
-
-def explain_composition(config_name: str, line: CommandLine) -> Optional[OverrideError]:
-    """Why Hydra could not compose the config of ``line``, in one line (:func:`explain`); None when it composes.
-
-    Hydra says it in several lines; posexp composes it again with Hydra's compose API, the command line's
-    overrides without a sweep's swept ones (those are composed job by job: :func:`posexp.cli.folders.check_sweep`).
-    """
-    from posexp.commands.sweeps import fixed_overrides
-
-    overrides, paths = [], [f"file://{Path(line.config_dir).expanduser().resolve()}"] if line.config_dir else []
-    for o in OverridesParser.create().parse_overrides(fixed_overrides(line.overrides)):
-        if o.key_or_group == "hydra.searchpath":  # --config-dir joins it, as Hydra adds it to the search path
-            value = o.value()
-            paths = [*map(str, value if isinstance(value, list) else [value]), *paths]
-        else:
-            overrides.append(o.input_line)
-    if paths:
-        overrides.append("hydra.searchpath=[" + ",".join(f"'{p}'" for p in paths) + "]")
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            compose(config_name, overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        return explain(e)
-    return None
 
 
 def _parse(args: Sequence[str], folders: bool) -> list:
