@@ -44,6 +44,7 @@ CONFIG_DIR = config_dir()
 
 
 def _finetune_arguments(args: List[str]) -> List[str]:
+    """``posexp finetune RUN_DIR ...`` as the overrides of configs/finetune.yaml (:func:`parent_argument`)."""
     from posexp.commands.encoder_source import ALLOW_FLAG
 
     # --allow-changed-encoder as an override, so that a launcher's worker processes see it too
@@ -52,9 +53,10 @@ def _finetune_arguments(args: List[str]) -> List[str]:
 
 # each Hydra app: its task, the command that names it in Hydra's messages, and what turns the command's arguments
 # into Hydra's
-APPS: Dict[str, Tuple[Callable[[Any], Any], str, Callable[[List[str]], List[str]]]] = {"config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
-        CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
-        "pretrained": (pretrained_task, "posexp eval", pretrained_arguments)}
+APPS: Dict[str, Tuple[Callable[[Any], Any], str, Callable[[List[str]], List[str]]]] = {
+    "config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
+    CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
+    "pretrained": (pretrained_task, "posexp eval", pretrained_arguments)}
 
 
 @contextlib.contextmanager
@@ -84,8 +86,8 @@ class _OneLineErrors(typer.core.TyperGroup):
 
 
 # what the file system refuses for a path the user gave or a folder posexp writes in: said in one line
-SYSTEM_REFUSALS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQUOT,
-                   errno.ENOTDIR}
+SYSTEM_REFUSALS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM,
+                             errno.EDQUOT, errno.ENOTDIR})
 
 app = typer.Typer(
     name="posexp",
