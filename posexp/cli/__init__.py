@@ -1,10 +1,9 @@
-"""The ``posexp`` command line: the Typer app (:mod:`posexp.cli.app`), whose ``train``, ``finetune``, ``analyze`` and
-``eval hf:MODEL`` are Hydra's own applications; Hydra's flags read and its apps run (:mod:`posexp.cli.hydra_flags`);
-what a user types and Hydra's errors about it, each in one line (:mod:`posexp.cli.arguments`); each job's config
-checked and its run or sweep folder claimed on the config Hydra composed (:mod:`posexp.cli.folders`); one job inside
-Hydra (:mod:`posexp.cli.jobs`); ``posexp list`` (:mod:`posexp.commands.listing`); tab completion
-(:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`). Of Hydra's private API, only its parser and runner are
-used, where ``@hydra.main`` would read ``sys.argv`` (:mod:`posexp.cli.hydra_flags`).
+"""The ``posexp`` command line: the Typer app (:mod:`posexp.cli.app`), whose ``train``, ``finetune``, ``analyze``
+and ``eval hf:MODEL`` are Hydra's own applications, run on the arguments typed (no ``sys.argv`` swapped:
+:mod:`posexp.cli.hydra_flags`); what Hydra lacks around them: one-line errors (:mod:`posexp.cli.arguments`), each
+job checked and its folder claimed (:mod:`posexp.cli.folders`), sweep jobs that fail counted (:mod:`posexp.cli.jobs`),
+the user's encoder folders (:mod:`posexp.cli.plugins`), ``posexp list`` (:mod:`posexp.commands.listing`) and tab
+completion (:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`).
 
 The only package that touches Hydra's argv; the recipes it starts live in :mod:`posexp.commands`.
 """

@@ -13,17 +13,16 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from posexp.cli import hydra_flags, search, shell
-from posexp.cli.arguments import (OverrideError, check_command_line, expand_home, explain_composition,
+from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_command_line, expand_home, explain,
                                   full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
-from posexp.cli.console import err_console, fail
-from posexp.cli.folders import Carried, Claim, Folders, claiming, register_analyze_schema
+from posexp.cli.console import console, fail, say
+from posexp.cli.folders import Carried, Claim, claiming, register_analyze_schema
 from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
 from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
@@ -42,43 +41,57 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
 
 CONFIG_DIR = config_dir()
-# each Hydra app: its task and the command that names it in Hydra's messages
-APPS = {"config": (train_task, "posexp train"), CONFIG_NAME: (finetune_task, "posexp finetune"),
-        "pretrained": (pretrained_task, "posexp eval"), "analyze": (analyze_task, "posexp analyze")}
 
 
-def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
-    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. A config Hydra cannot
-    compose is said in one line (:func:`~posexp.cli.arguments.explain_composition`), Hydra's own report held back
-    until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
-    the table of the main keys."""
-    task, prog = APPS[config_name]
-    held = hydra_flags.HeldStream(sys.stderr)
-    if claim is not None:
-        claim.held = held
+def _finetune_arguments(args: List[str]) -> List[str]:
+    """``posexp finetune RUN_DIR ...`` as the overrides of configs/finetune.yaml (:func:`parent_argument`)."""
+    from posexp.commands.encoder_source import ALLOW_FLAG
+
+    # --allow-changed-encoder as an override, so that a launcher's worker processes see it too
+    return parent_argument([f"{ALLOW_KEY}=true" if a == ALLOW_FLAG else a for a in args])
+
+
+# each Hydra app: its task, the command that names it in Hydra's messages, and what turns the command's arguments
+# into Hydra's
+APPS: Dict[str, Tuple[Callable[[Any], Any], str, Callable[[List[str]], List[str]]]] = {
+    "config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
+    CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
+    "pretrained": (pretrained_task, "posexp eval", pretrained_arguments)}
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    """A :class:`PosexpError`, or a path the system refuses (too long, a symlink loop, read-only, full), said in one
+    line with its exit status, not as a traceback."""
     try:
-        with contextlib.redirect_stderr(held) if claim is not None else contextlib.nullcontext():
-            hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
-    except Carried as e:
-        if isinstance(e.error, PosexpError):
-            fail(e.error)
-        raise e.error
-    except SystemExit as e:
-        line = hydra_flags.read(args)
-        if e.code == 1 and held.holding and line is not None and not full_error_requested():
-            error = explain_composition(config_name, line)
-            if error is not None:
-                held.discard()
-                fail(error)
-        if not e.code and any(a in ("-h", "--help") for a in args):
-            print_key_table(config_name, prog)
-        raise
-    finally:
-        held.release()
+        yield
+    except PosexpError as e:
+        fail(e)
+    except OSError as e:
+        if e.errno not in SYSTEM_REFUSALS or full_error_requested():
+            raise
+        fail(PosexpError(f"{e.strerror}: {e.filename}" if e.filename else str(e)))
 
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """Every command's errors said in one line (:func:`_one_line`), its options' (``--install-completion``) too."""
+
+    def make_context(self, *args, **kwargs):
+        with _one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _one_line():
+            return super().invoke(ctx)
+
+
+# what the file system refuses for a path the user gave or a folder posexp writes in: said in one line
+SYSTEM_REFUSALS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM,
+                             errno.EDQUOT, errno.ENOTDIR})
 
 app = typer.Typer(
     name="posexp",
+    cls=_OneLineErrors,
     help="Experiments with positional encodings: train a small causal LM per encoding, measure perplexity "
          "at 1x..16x the training length, compare runs.",
     no_args_is_help=True,
@@ -103,17 +116,6 @@ def _root(
     pass
 
 
-def _shell_completion(args: List[str]) -> bool:
-    """``-sc install=bash``, Hydra's way to set up completion: print posexp's script (for every subcommand)."""
-    try:
-        script = shell.hydra_request(args)
-    except PosexpError as e:
-        fail(e)
-    if script is not None:
-        print(script, end="")
-    return script is not None
-
-
 @app.command(context_settings=HYDRA_PASSTHROUGH)
 def train(
     overrides: Optional[List[str]] = typer.Argument(
@@ -124,8 +126,7 @@ def train(
 
     A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
     """
-    if not _shell_completion(list(overrides or [])):
-        _launch("config", list(overrides or []))
+    _launch("config", overrides or [])
 
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
@@ -140,26 +141,21 @@ def finetune(
     scaling=none (direct fine-tuning), linear (position interpolation), ntk, dynamic_ntk, yarn or llama3;
     the new run records its parent, and evaluates at multiples of the new length.
     """
-    from posexp.commands.encoder_source import ALLOW_FLAG
-
-    if _shell_completion(list(args or [])):
-        return
-    if ALLOW_FLAG in (args or []):  # an override, so that a launcher's worker processes see it too
-        args = [*(a for a in args if a != ALLOW_FLAG), f"{ALLOW_KEY}=true"]
-    try:
-        given = parent_argument(args or [])
-    except PosexpError as e:
-        fail(e)
-    _launch(CONFIG_NAME, given)
+    _launch(CONFIG_NAME, args or [])
 
 
 def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
-    """Check the command line, then run the Hydra app of ``config_name``, which checks each job's config and
+    """Run the Hydra app of ``config_name`` on the command's arguments: Hydra's ``-sc install=bash`` prints posexp's
+    completion script; else the command line is checked, then Hydra runs, which checks each job's config and
     claims the run (or sweep) folder (:class:`~posexp.cli.folders.ClaimFolder`).
 
     ``folders``: the command also takes run folders (``posexp analyze``), for the message of a missing one.
     """
-    args = quote_non_ascii(expand_home(args))
+    script = shell.hydra_request(args)  # -sc install=bash, Hydra's way to set up completion: for every subcommand
+    if script is not None:
+        print(script, end="")
+        return
+    args = quote_non_ascii(expand_home(APPS[config_name][2](args)))
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
     line = hydra_flags.read(args)
@@ -167,14 +163,15 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         missing = missing_plugin(args)
         if missing:
             raise PosexpError(missing)
-        dirs = _user_encoders(line)
+        dirs = user_config_dirs(line)  # the user's config folders: their encoders imported, every schema stored
+        load_folder_plugins(dirs)
+        refuse_broken(line)  # an encoder chosen that cannot be used
+        register_analyze_schema()
         if line is not None:
             check_command_line(line, dirs, folders)
     except OverrideError as e:
         if not (e.hydra_reports and full_error_requested()):  # asked for in full: Hydra reports what it knows
-            fail(e)
-    except PosexpError as e:
-        fail(e)
+            raise
     from posexp.training import distributed
 
     # under torchrun, ranks other than 0 run Hydra without writing anything (posexp/training/distributed.py)
@@ -182,33 +179,42 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         try:
             with contextlib.nullcontext(None) if quiet else claiming(overwrite) as claim:
                 _run_claimed(claim, config_name, [*args, *quiet])
-        except PosexpError as e:
-            fail(e)
         finally:
             unlock_run()
             distributed.shutdown()
     failed = unique(claim.failed) if claim is not None else []
     if failed and distributed.is_main():
-        err_console.print(f"[bold red]error:[/] {len(failed)} sweep job(s) failed: {', '.join(failed)}; "
-                          "each has a results.json with the reason, the other jobs' results are kept",
-                          highlight=False, soft_wrap=True)
+        say(f"{len(failed)} sweep job(s) failed: {', '.join(failed)}; each has a results.json with the reason, the "
+            "other jobs' results are kept", error=True)
         raise SystemExit(1)
 
 
-def _user_encoders(line: Optional[hydra_flags.CommandLine]) -> list:
-    """The user's config folders on the command line, their encoders imported and every schema stored.
-
-    Raises:
-        PosexpError: a folder that does not exist, or an encoder chosen that cannot be used.
-    """
-    from posexp.commands.validation import register_configs
-
-    dirs = user_config_dirs(line)
-    load_folder_plugins(dirs)
-    refuse_broken(line)
-    register_configs()
-    register_analyze_schema()
-    return dirs
+def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> None:
+    """Run the Hydra app of ``config_name`` as if its command line ``args`` had been typed. A config Hydra cannot
+    compose is said in one line (:func:`~posexp.cli.arguments.explain`), Hydra's own report held back
+    until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
+    the table of the main keys."""
+    task, prog, _ = APPS[config_name]
+    held = hydra_flags.HeldStream(sys.stderr)
+    if claim is not None:
+        claim.held = held
+    try:
+        with contextlib.redirect_stderr(held) if claim is not None else contextlib.nullcontext():
+            hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
+    except Carried as e:
+        if isinstance(e.error, PosexpError):
+            fail(e.error)  # as a SystemExit: the run's folder is let go (_run_claimed)
+        raise e.error
+    except SystemExit as e:
+        composing = e.__context__  # Hydra exits while handling the error that stopped it (run_and_report)
+        if e.code == 1 and held.holding and isinstance(composing, COMPOSITION_ERRORS) and not full_error_requested():
+            held.discard()
+            fail(explain(composing))
+        if not e.code and any(a in ("-h", "--help") for a in args):
+            print_key_table(config_name, prog)
+        raise
+    finally:
+        held.release()
 
 
 def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> None:
@@ -222,16 +228,15 @@ def _run_claimed(claim: Optional[Claim], config_name: str, args: List[str]) -> N
         _run_hydra(config_name, args, claim)
     except (SystemExit, KeyboardInterrupt) as e:
         code = 130 if isinstance(e, KeyboardInterrupt) else e.code
-        folders = claim.folders if claim is not None else None
-        if folders is not None and not folders.multirun and code == PosexpError.exit_code:
-            discard_unused(folders.path, folders.created)
-        if folders is not None and not folders.multirun and isinstance(e, KeyboardInterrupt):
-            discard_unused(folders.path, folders.created)  # stopped before the job began: nothing of it is kept
-            if not folders.path.exists():
-                err_console.print(f"interrupted before the run started; {folders.path} was not kept", highlight=False,
-                                  soft_wrap=True)
-        if folders is not None and folders.multirun and code in (130, 128 + signal.SIGTERM):
-            _report_interrupted_sweep(folders, code)
+        path = claim.path if claim is not None else None
+        stopped = isinstance(e, KeyboardInterrupt)  # before the job began: nothing of it is kept
+        if path is not None and not claim.multirun and (stopped or code == PosexpError.exit_code):
+            discard_unused(path, claim.created)
+            if stopped and not path.exists():
+                say(f"interrupted before the run started; {path} was not kept")
+        if path is not None and claim.multirun and code in (130, 128 + signal.SIGTERM):
+            name = signal.Signals(code - 128).name if code > 128 else "SIGINT"
+            say(f"sweep {path} stopped by {name}: {sweep_progress(path, claim.jobs)}", error=True)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -243,12 +248,6 @@ def _terminate(signum, frame) -> None:
 
 def _terminate_run(signum, frame) -> None:
     raise Terminated(signum)
-
-
-def _report_interrupted_sweep(folders: Folders, code: int) -> None:
-    name = signal.Signals(code - 128).name if code > 128 else "SIGINT"
-    err_console.print(f"[bold red]error:[/] sweep {escape(str(folders.path))} stopped by {name}: "
-                      f"{escape(sweep_progress(folders.path, folders.jobs))}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -263,20 +262,17 @@ def resume(
     from posexp.runtime.device import world
     from posexp.commands.resume import resume_main
 
+    if world().distributed and is_sweep_dir(run_dir):
+        raise PosexpError("posexp resume of a sweep runs in one process; start it without torchrun, or resume "
+                          "its runs one by one under torchrun")
     try:
-        if world().distributed and is_sweep_dir(run_dir):
-            raise PosexpError("posexp resume of a sweep runs in one process; start it without torchrun, or resume "
-                              "its runs one by one under torchrun")
         if is_sweep_dir(run_dir):  # a stopped sweep: its interrupted jobs resumed, those never started trained
             from posexp.commands.sweep_resume import finish_sweep
 
-            return finish_sweep(run_dir, lambda m: err_console.print(m, highlight=False, soft_wrap=True),
-                                allow_changed_encoder)
-        resume_main(run_dir, allow_changed_encoder=allow_changed_encoder)
-    except PosexpError as e:
-        fail(e)
+            return finish_sweep(run_dir, say, allow_changed_encoder)
+        resume_main(run_dir, console(), allow_changed_encoder=allow_changed_encoder)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted; continue with: posexp resume {run_dir}")
+        say(f"interrupted; continue with: posexp resume {run_dir}")
         raise SystemExit(130)
 
 
@@ -326,12 +322,9 @@ def report(
     one-line warning naming it and the others are reported (exit status 0); with --strict it stops the report
     (exit status 2).
     """
-    try:
-        report_main([str(f) for f in folders], str(out) if out else None,
-                    options=ReportOptions(by=by, metrics=metric, tolerance=tolerance, where=where, sort=sort, fmt=fmt,
-                                          strict=strict, baseline=baseline, view=view, margin=margin, cols=cols))
-    except PosexpError as e:
-        fail(e)
+    report_main([str(f) for f in folders], str(out) if out else None, console=console(),
+                options=ReportOptions(by=by, metrics=metric, tolerance=tolerance, where=where, sort=sort, fmt=fmt,
+                                      strict=strict, baseline=baseline, view=view, margin=margin, cols=cols))
 
 
 @app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -355,14 +348,11 @@ def eval_cmd(
     from posexp.commands.eval import reeval_main
 
     if any(a.startswith(("hf:", "hf.model=")) for a in args):  # a pretrained model: a new run, as posexp train's
-        _launch("pretrained", pretrained_arguments(args))
-        return
+        return _launch("pretrained", args)
     try:
-        reeval_main(list(args), strict=strict, allow_changed_encoder=allow_changed_encoder)
-    except PosexpError as e:
-        fail(e)
+        reeval_main(list(args), console(), strict=strict, allow_changed_encoder=allow_changed_encoder)
     except KeyboardInterrupt:
-        err_console.print("interrupted; results of runs not yet finished were left as they were")
+        say("interrupted; results of runs not yet finished were left as they were")
         raise SystemExit(130)
 
 
@@ -379,18 +369,13 @@ def analyze(
     """
     from posexp.analysis.attention import analyze_runs_main
 
-    if _shell_completion(list(overrides or [])):
-        return
     args = quote_non_ascii(expand_home(overrides or []))
     # run folders; Hydra overrides are not folders, nor is the user's config folder (--config-dir DIR)
     named = [a for i, a in enumerate(args) if not (i and args[i - 1] in ("--config-dir", "-cd"))]
     if any(is_run_dir(a, needs_weights=True) or Path(a).is_dir() for a in named):
-        try:
-            analyze_runs_main(args)
-        except PosexpError as e:
-            fail(e)
-        return
-    _launch("analyze", args, folders=True)
+        analyze_runs_main(args, console())
+    else:
+        _launch("analyze", args, folders=True)
 
 
 @app.command("check")
@@ -409,12 +394,8 @@ def check_cmd(
     cannot be built), 3 when none fails but one could not measure (out of memory)."""
     from posexp.commands.check import check_main
 
-    try:
-        load_folder_plugins(_config_dirs(config_dir))
-        code = check_main(encoder, list(options or []), fmt)
-    except PosexpError as e:
-        fail(e)
-    raise SystemExit(code)
+    load_folder_plugins(_config_dirs(config_dir))
+    raise SystemExit(check_main(encoder, list(options or []), fmt, console()))
 
 
 @app.command("list")
@@ -425,11 +406,8 @@ def list_cmd(
 ) -> None:
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
-    try:
-        load_folder_plugins(dirs := _config_dirs(config_dir))  # the encoders of the user's folder listed too
-        print_choices(Console(), dirs)
-    except PosexpError as e:
-        fail(e)
+    load_folder_plugins(dirs := _config_dirs(config_dir))  # the encoders of the user's folder listed too
+    print_choices(console(), dirs)
 
 
 def _config_dirs(config_dir: Optional[Path]) -> list:
@@ -454,11 +432,8 @@ def export(
     """
     from posexp.commands.export import export_run
 
-    try:
-        done = export_run(run_dir, out_dir, overwrite=overwrite)
-    except PosexpError as e:
-        fail(e)
-    Console().print(f"exported {escape(str(run_dir))} to {escape(str(done.folder))}: {escape(done.description)}; "
+    done = export_run(run_dir, out_dir, overwrite=overwrite)
+    console().print(f"exported {escape(str(run_dir))} to {escape(str(done.folder))}: {escape(done.description)}; "
                     f"max |logit difference| {done.max_abs_diff:.2g} (fp32, lengths "
                     f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
 
@@ -478,22 +453,10 @@ def _usable_streams() -> None:
     logging.raiseExceptions = False
 
 
-# what the file system refuses for a path the user gave or a folder posexp writes in: said in one line
-SYSTEM_REFUSALS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EDQUOT,
-                   errno.ENOTDIR}
-
-
 def main() -> None:
-    if shell.requested():  # a TAB, from an install whose entry point still names this function
-        shell.answer()
-        return
+    """The app on streams that never stop a run (the ``posexp`` command is :func:`posexp.cli.main`)."""
     _usable_streams()
-    try:
-        app()
-    except OSError as e:  # a path the system refuses (too long, a symlink loop, read-only, full): one line, no traceback
-        if e.errno not in SYSTEM_REFUSALS or full_error_requested():
-            raise
-        fail(PosexpError(f"{e.strerror}: {e.filename}" if e.filename else str(e)))
+    app()
 
 
 if __name__ == "__main__":

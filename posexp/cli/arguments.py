@@ -7,8 +7,8 @@ would be ignored; its own errors are several lines and exit 1. Nothing here comp
 what Hydra composed. :func:`check_command_line` checks what needs no config before Hydra starts (syntax, group
 choices, sweeps without ``-m``); :func:`check_added_keys` reads the config Hydra composed for a job;
 :func:`explain` turns the error of a config Hydra could not compose into one :class:`OverrideError` naming the key
-and what is allowed. :func:`key_table` is the table of the main keys ``posexp train --help`` prints, taken from the
-configs' and the schema's own comments.
+and what is allowed. :func:`key_table` is the table of keys ``posexp train --help`` prints: the schema's commented
+fields.
 
 This module imports Hydra and ``posexp.config.schema`` (no torch until an encoder is looked up).
 """
@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
@@ -28,9 +29,9 @@ from hydra.core.override_parser.types import Glob
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
-from rich.console import Console
 from rich.table import Table
 
+from posexp.cli.console import console
 from posexp.cli.hydra_flags import CommandLine
 from posexp.cli.plugins import guess_hint
 from posexp.config import schema
@@ -42,6 +43,7 @@ HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
 OPTIONAL_GROUPS = ("experiment", "search")
+COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a config Hydra could not compose (:func:`explain`)
 
 
 class OverrideError(PosexpError):
@@ -61,33 +63,6 @@ class OverrideError(PosexpError):
 def full_error_requested() -> bool:
     """HYDRA_FULL_ERROR=1 (Hydra's own switch) or POSEXP_DEBUG=1: leave Hydra's errors to Hydra, in full."""
     return any(os.environ.get(v, "") not in ("", "0") for v in (HYDRA_FULL_ERROR, "POSEXP_DEBUG"))
-
-
-def explain_composition(config_name: str, line: CommandLine) -> Optional[OverrideError]:
-    """Why Hydra could not compose the config of ``line``, in one line (:func:`explain`); None when it composes.
-
-    Hydra says it in several lines; posexp composes it again with Hydra's compose API, the command line's
-    overrides without a sweep's swept ones (those are composed job by job: :func:`posexp.cli.folders.check_sweep`).
-    """
-    from hydra import compose, initialize_config_dir
-
-    from posexp.commands.sweeps import fixed_overrides
-
-    overrides, paths = [], [f"file://{Path(line.config_dir).expanduser().resolve()}"] if line.config_dir else []
-    for o in OverridesParser.create().parse_overrides(fixed_overrides(line.overrides)):
-        if o.key_or_group == "hydra.searchpath":  # --config-dir joins it, as Hydra adds it to the search path
-            value = o.value()
-            paths = [*map(str, value if isinstance(value, list) else [value]), *paths]
-        else:
-            overrides.append(o.input_line)
-    if paths:
-        overrides.append("hydra.searchpath=[" + ",".join(f"'{p}'" for p in paths) + "]")
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            compose(config_name, overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        return explain(e)
-    return None
 
 
 def _parse(args: Sequence[str], folders: bool) -> list:
@@ -191,12 +166,6 @@ def _check_launcher(override) -> None:
                                 "at least 1 (or -1: one per CPU core, -2: all but one)")
 
 
-def _how_to() -> str:
-    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/plugins.py
-
-    return HOW_TO
-
-
 def _is_group(override, dirs: Sequence[Path]) -> bool:
     """A choice of one of posexp's config groups (``encoder=rope``), the user's folders' included; Hydra's own
     groups (``hydra/launcher``) are Hydra's to check."""
@@ -219,7 +188,9 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
 
 
 def _no_option(group: str, value: str, options: Sequence[str]) -> str:
-    own = f"; {_how_to()}" if group == "encoder" else ""
+    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/plugins.py
+
+    own = f"; {HOW_TO}" if group == "encoder" else ""
     return (f"{group}={value}: no such {group} option; {did_you_mean(value, list(options), f'{group}=')}"
             f"choose one of: {', '.join(options)}{own}")
 
@@ -293,7 +264,6 @@ def _task_key(where: str, name: str, parent: object) -> Optional[str]:
 
         return f"task.{name}: {option_refusal(str(parent.get('name')), name, module)}"
     if where.startswith("logger.") and where.count(".") == 1:
-        from posexp.errors import PosexpError
         from posexp.tracking import option_refusal as tracker_refusal
 
         try:
@@ -337,89 +307,41 @@ def _one_line(error: Exception) -> str:
     return f"{'; '.join(lines[:3])} ({FULL_ERROR_HINT})"
 
 
-# -- posexp train --help: the main keys ---------------------------------------------------------
+# -- posexp train --help: the keys the schema documents ----------------------------------------------
 
-MAIN_KEYS = ("base", "train_len", "seed", "device", "precision", "compile", "cache", "objective",
-             "model.d_model", "model.n_layers", "model.n_heads", "train.steps", "train.batch_size", "train.lr",
-             "train.warmup_steps", "train.checkpoint_every", "train.positions", "train.curriculum",
-             "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
-# posexp finetune --help: the keys of configs/finetune.yaml a fine-tune sets (the rest is the parent's)
-FINETUNE_KEYS = ("scaling", "scaling_factor", "train_len", "seed", "cache", "train.steps", "train.batch_size",
-                 "train.lr", "train.warmup_steps", "eval.multiples", "eval.tokens")
-# posexp eval hf:MODEL --help: the keys of configs/pretrained.yaml
-PRETRAINED_KEYS = ("hf.model", "hf.revision", "hf.trust_remote_code", "hf.device_map", "train_len", "device",
-                   "precision", "eval.lengths", "eval.multiples", "eval.tokens", "eval.protocol", "eval.scaling")
-KEYS_OF = {"finetune": FINETUNE_KEYS, "pretrained": PRETRAINED_KEYS}
-_KEY_LINE = re.compile(r"^\s*(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
+# the schema of each Hydra app's config: its fields with a comment of their own are the keys its --help lists
+APP_SCHEMAS = {"config": schema.Config, "analyze": schema.Config, "finetune": schema.FinetuneAppConfig,
+               "pretrained": schema.PretrainedConfig}
+_COMMENTED = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    lr: float = 3e-3  # peak learning rate"
 
 
-def _first_sentence(text: str) -> str:
-    text = " ".join(text.split())
-    cut = re.search(r"(?<=[a-z)])[.;](\s|$)", text)
-    return text[:cut.start()] if cut else text
+def documented_keys(cls: type, prefix: str = "") -> dict:
+    """``key -> meaning`` of each field of the schema dataclass ``cls`` that has a comment of its own (``lr: float =
+    3e-3  # peak learning rate``), and of a group's fields (``model.d_model``) one level down."""
+    own = {m[1]: m[2] for m in map(_COMMENTED.match, inspect.getsource(cls).splitlines()) if m}
+    hints, keys = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        group = hints[f.name]
+        if isinstance(group, type) and dataclasses.is_dataclass(group) and not prefix:
+            keys.update(documented_keys(group, f"{f.name}."))
+        elif f.name in own and not any(map(dataclasses.is_dataclass, (group, *typing.get_args(group)))):
+            keys[prefix + f.name] = " ".join(own[f.name].split())
+    return keys
 
 
-def comment_descriptions(lines: Sequence[str]) -> tuple:
-    """``key -> meaning`` from a yaml file's or a dataclass's comments: ``(trailing, above)``.
-
-    ``trailing`` holds a key line's own comment (``lr: float = 3e-3  # peak learning rate``), ``above``
-    the first sentence of the comment block above it. Example lines (``#   posexp train ...``) and Hydra
-    directives are not descriptions.
-    """
-    trailing: dict[str, str] = {}
-    above: dict[str, str] = {}
-    block: list[str] = []
-    for line in lines:
-        s = line.strip()
-        if s.startswith("#"):
-            text = s.lstrip("#").strip()
-            if not (text.startswith(("posexp", "@package")) or s.startswith("#   ")):
-                block.append(text)
-            continue
-        m = _KEY_LINE.match(line)
-        if m and m.group(1) not in ("defaults", "hydra"):
-            if m.group(2):
-                trailing.setdefault(m.group(1), " ".join(m.group(2).split()))
-            if block:
-                above.setdefault(m.group(1), _first_sentence(" ".join(block)))
-        block = []
-    return trailing, above
-
-
-def key_descriptions() -> dict:
-    """Meaning of every documented key: a key's own comment in the schema or ``configs/``, else the
-    comment above it there (the schema first)."""
-    root = config_dir()
-    sources = [("", inspect.getsource(schema.Config).splitlines()[1:]),
-               ("", (root / "config.yaml").read_text().splitlines()),
-               ("", inspect.getsource(schema.FinetuneAppConfig).splitlines()[1:]),
-               ("", inspect.getsource(schema.PretrainedConfig).splitlines()[1:]),
-               ("hf.", inspect.getsource(schema.HFConfig).splitlines()[1:])]
-    for group, cls in (("model", schema.ModelConfig), ("train", schema.TrainConfig), ("eval", schema.EvalConfig)):
-        sources.append((f"{group}.", inspect.getsource(cls).splitlines()[1:]))
-        sources += [(f"{group}.", path.read_text().splitlines()) for path in sorted((root / group).glob("*.yaml"))]
-    trailing: dict[str, str] = {}
-    above: dict[str, str] = {}
-    for prefix, lines in sources:
-        own, block = comment_descriptions(lines)
-        for k, v in own.items():
-            trailing.setdefault(prefix + k, v)
-        for k, v in block.items():
-            above.setdefault(prefix + k, v)
-    return {**above, **trailing}
-
-
-def key_table(cfg: DictConfig, keys: Sequence[str] = MAIN_KEYS) -> list:
-    """Rows ``(key, default, meaning)`` of ``keys``, the defaults as written in the composed ``cfg``."""
-    meanings = key_descriptions()
+def key_table(config_name: str, cfg: DictConfig) -> list:
+    """Rows ``(key, default, meaning)`` of the keys the app's schema documents, the defaults as written in its
+    composed config ``cfg``."""
     defaults: Any = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    for key in keys:
+    documented = documented_keys(APP_SCHEMAS.get(config_name, schema.Config))
+    for key in sorted(documented, key=lambda k: "." in k):  # the top level's first, then each group's
+        meaning = documented[key]
         value: Any = defaults
         for part in key.split("."):
             value = value[part]
         text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-        rows.append((key, text.replace(" ", ""), meanings.get(key, "")))
+        rows.append((key, text.replace(" ", ""), meaning))
     return rows
 
 
@@ -431,9 +353,9 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("default", no_wrap=True)
     table.add_column("meaning")
-    for row in key_table(cfg, KEYS_OF.get(config_name, MAIN_KEYS)):
+    for row in key_table(config_name, cfg):
         table.add_row(*row)
-    Console().print(table)
+    console().print(table)
 
 
 def pretrained_arguments(args: Sequence[str]) -> List[str]:

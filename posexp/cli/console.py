@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import NoReturn
 
 from rich.console import Console
@@ -10,18 +11,26 @@ from rich.markup import escape
 
 from posexp.errors import PosexpError
 
-# COLUMNS=0 (or not a number) made every console zero characters wide, errors included: dropped before
-# the first console is made, so rich measures the terminal (or takes 80 columns) instead
-if not os.environ.get("COLUMNS", "1").isdigit() or os.environ.get("COLUMNS") == "0":
-    del os.environ["COLUMNS"]
-err_console = Console(stderr=True)
+
+def console(stderr: bool = False) -> Console:
+    """A Rich console for the command's output. COLUMNS=0 made Rich's consoles zero characters wide, errors
+    included: the terminal's own width (or 80 columns) is taken instead, as :func:`shutil.get_terminal_size` reads
+    it; any other COLUMNS is Rich's to read."""
+    width = shutil.get_terminal_size().columns if os.environ.get("COLUMNS") == "0" else None
+    return Console(stderr=stderr, width=width)
+
+
+def say(text: str, error: bool = False) -> None:
+    """``text`` to stderr as one line however long (soft_wrap: for the terminal to wrap and for scripts to grep);
+    ``error``: prefixed ``error:``."""
+    if "RANK" not in os.environ or _is_main():  # under torchrun every rank fails alike; one message is enough
+        console(stderr=True).print(("[bold red]error:[/] " if error else "") + escape(text), highlight=False,
+                                   soft_wrap=True)
 
 
 def fail(error: PosexpError) -> NoReturn:
     """Print ``error`` as one line and exit with its status."""
-    # soft_wrap: one line however long, for the terminal to wrap and for scripts to grep
-    if "RANK" not in os.environ or _is_main():  # under torchrun every rank fails alike; one message is enough
-        err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+    say(str(error), error=True)
     raise SystemExit(error.exit_code)
 
 

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import check_added_keys, explain, full_error_requested
 from posexp.commands.edge import override_text, typed
-from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys
+from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys, refuse_own_parent
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
 from posexp.runs.atomic import unwritable
@@ -35,35 +35,29 @@ from posexp.runs.lock import claim_named_dir, new_run_dir
 
 
 @dataclass
-class Folders:
-    """The run (or sweep) folder of a ``posexp train`` command line, claimed before Hydra writes there.
+class Claim:
+    """What a command asks of :class:`ClaimFolder`, and what its Hydra app found.
 
     Attributes:
-        path: the run folder, or the sweep folder with ``-m``.
+        overwrite: ``--overwrite``: a folder the user named may hold a run, which is replaced.
+        path: the run folder, or the sweep folder with ``-m``, once claimed; None until Hydra starts a run or sweep
+            (and for ``--cfg``, ``--info``, ``--help``, shell completion and ``posexp analyze``).
         created: the folders made for it (to remove again if the run never starts).
         multirun: a sweep (``-m``).
         jobs: each sweep job's overrides (a basic sweep's); None when a sweeper draws them.
+        checked: each checked job's typed config by its overrides, for the job to take.
+        failed: the run folders of the sweep jobs that failed.
+        held: the command's stderr, held until Hydra has composed (:class:`~posexp.cli.hydra_flags.HeldStream`).
     """
 
-    path: Path
-    created: List[Path]
-    multirun: bool
-    jobs: Optional[List[List[str]]]
-
-
-@dataclass
-class Claim:
-    """What a command asks of :class:`ClaimFolder` (``overwrite``) and what its Hydra app found: ``folders``, what
-    it claimed (None until Hydra starts a run or sweep; it stays None for ``--cfg``, ``--info``, ``--help``, shell
-    completion and ``posexp analyze``); ``checked``, each checked job's typed config by its overrides, for the job
-    to take; ``failed``, the run folders of the sweep jobs that failed; ``held``, the command's stderr, held
-    until Hydra has composed the config."""
-
     overwrite: bool
-    folders: Optional[Folders] = None
+    path: Optional[Path] = None
+    created: List[Path] = dataclasses.field(default_factory=list)
+    multirun: bool = False
+    jobs: Optional[List[List[str]]] = None
     checked: dict = dataclasses.field(default_factory=dict)
     failed: List[str] = dataclasses.field(default_factory=list)
-    held: Any = None  # the command's stderr, held until Hydra has composed (posexp.cli.hydra_flags.HeldStream)
+    held: Any = None
 
 
 class Carried(BaseException):
@@ -123,28 +117,12 @@ class ClaimFolder(Callback):
                 _check(claim, config, config_name)
             if config_name == ANALYZE:
                 return check_writable(config, key)
-            refuse_own_parent(config, key)
-            path, created = _claim_dir(claim, config, key, sweep=multirun)
+            if config.get("parent") is not None:  # a fine-tune's new run
+                refuse_own_parent(Path(str(config.parent)), Path(str(OmegaConf.select(config, key))), key)
+            claim.path, claim.created = _claim_dir(claim, config, key, sweep=multirun)
         except Exception as e:
             raise Carried(e) from None
-        claim.folders = Folders(path, created, multirun=multirun, jobs=jobs)
-
-
-def refuse_own_parent(config: DictConfig, key: str) -> None:
-    """A fine-tune writes a new run: its folder (``key``) may not be its parent's, lie inside it or hold it,
-    where claiming it (with ``--overwrite``) would delete the weights it starts from.
-
-    Raises:
-        PosexpError: naming the folder, the parent and the key that chooses another; nothing is deleted.
-    """
-    parent = config.get("parent")
-    if parent is None:  # posexp train: no parent
-        return
-    parent_dir, target = Path(str(parent)).resolve(), Path(str(OmegaConf.select(config, key))).resolve()
-    if target == parent_dir or parent_dir in target.parents or target in parent_dir.parents:
-        where = "is" if target == parent_dir else "lies inside" if parent_dir in target.parents else "holds"
-        raise PosexpError(f"{key}={target}: {where} the parent run {parent_dir}, whose weights the fine-tune "
-                          f"starts from; choose another {key} (nothing was deleted)")
+        claim.multirun, claim.jobs = multirun, jobs
 
 
 def register_analyze_schema() -> None:

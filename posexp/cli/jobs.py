@@ -17,9 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from rich.markup import escape
 
-from posexp.cli.console import err_console, fail
+from posexp.cli.console import console, say
 from posexp.commands.edge import typed
 from posexp.cli.folders import Carried, checker, current_claim, take_checked
 from posexp.commands.finetune import finetune_run
@@ -55,11 +54,9 @@ def analyze_task(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     try:
         spec = _checked(cfg, hc)
-        run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir))
-    except PosexpError as e:
-        fail(e)
+        run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir), console())
     except Exception as e:
-        raise Carried(e) from None  # to the command as it is: Hydra would print it as a traceback
+        raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
 
 
 def _checked(cfg: DictConfig, hc: Any) -> Any:
@@ -74,28 +71,18 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
     try:
         spec = _checked(cfg, hc)  # the edge: the sweep's threads and objective are read typed
         set_job_threads(getattr(getattr(spec, "train", None), "threads", None), hc.launcher)
-        return objective_value(run(spec, run_dir, overrides), getattr(spec, "objective", "longest"))
-    except TrainingInterrupted as e:
-        if hc.mode == RunMode.MULTIRUN:  # stops the sweep too: the user asked to stop; `train` says where it stands
-            raise SystemExit(e.exit_code)
-        fail(e)
-    except PosexpError as e:
-        if hc.mode != RunMode.MULTIRUN:
-            fail(e)
-        if isinstance(e, RunFolderTaken):  # another run's folder: nothing of this job's goes there
-            err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(e))}", highlight=False,
-                              soft_wrap=True)
-            _count_failed(str(run_dir))
-        else:
-            _record_failed_job(cfg, run_dir, overrides, e)
+        return objective_value(run(spec, run_dir, overrides, console()), getattr(spec, "objective", "longest"))
     except KeyboardInterrupt as e:
         if hc.mode != RunMode.MULTIRUN:
-            err_console.print(interrupted_hint(run_dir, e), highlight=False, soft_wrap=True)
+            say(interrupted_hint(run_dir, e))
         raise SystemExit(128 + e.signum if isinstance(e, Terminated) else 130)
     except Exception as e:
         if hc.mode != RunMode.MULTIRUN:
-            raise Carried(e) from None  # to the command as it is: Hydra would print it as a traceback
-        logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback goes to train.log
+            raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
+        if isinstance(e, TrainingInterrupted):  # stops the sweep too: the user asked to stop; `train` says where
+            raise SystemExit(e.exit_code)
+        if not isinstance(e, PosexpError):
+            logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback to train.log
         _record_failed_job(cfg, run_dir, overrides, e)
     return None
 
@@ -127,7 +114,8 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
     """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
     from posexp.runs.provenance import write_run_status  # torch: see posexp/cli/app.py
 
-    if not isinstance(error, TrainingDiverged):  # a diverged run has written its own
+    # a diverged run has written its own; nothing of this job's goes into another run's folder
+    if not isinstance(error, (TrainingDiverged, RunFolderTaken)):
         spec: Optional[Config]
         try:
             spec = typed(cfg)
@@ -136,9 +124,8 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
         try:
             write_run_status(run_dir, spec, overrides, "failed", error)
         except OSError as e:
-            err_console.print(f"could not record the failure in {run_dir}: {e}", highlight=False)
-    err_console.print(f"[bold red]error:[/] sweep job {run_dir} failed: {escape(str(error))}", highlight=False,
-                      soft_wrap=True)
+            say(f"could not record the failure in {run_dir}: {e}")
+    say(f"sweep job {run_dir} failed: {error}", error=True)
     _count_failed(str(run_dir))
 
 
@@ -170,14 +157,12 @@ class AnalyzeSweepCallback(Callback):
     ``comparison.png`` in the sweep folder (:func:`posexp.analysis.app.compare_sweep`)."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from rich.console import Console
-
         from posexp.analysis.app import compare_sweep  # torch: see posexp/cli/app.py
 
         try:
             path = compare_sweep(Path(str(config.hydra.sweep.dir)))
             if path is not None:
-                Console().print(f"wrote {path}", highlight=False)
+                console().print(f"wrote {path}", highlight=False)
         except Exception:  # the jobs' own outputs are already safe
             logging.getLogger("posexp.analyze").warning("comparison figure not written", exc_info=True)
 

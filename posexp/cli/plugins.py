@@ -1,10 +1,10 @@
-"""Encoders from the user's own config folders, found on the command line before Hydra starts.
+"""The user's own config folders, found on the command line before Hydra starts.
 
 ``posexp train --config-dir conf encoder=logrope`` and ``posexp train hydra.searchpath=[file://conf]
 encoder=logrope`` both reach ``conf/encoder/logrope.yaml``, whose ``module:`` key names the Python module
-that defines the encoder (``module: my_encoders.logrope``). :func:`load_folder_plugins` imports those
-modules first, so that each encoder's schema (from its ``__init__``) is in Hydra's ConfigStore as a
-built-in's is.
+that defines the encoder (``module: my_encoders.logrope``): :func:`load_folder_plugins` has the registry import
+those modules first (:mod:`posexp.encoders.config_folder`), so that each encoder's schema is in Hydra's
+ConfigStore as a built-in's is; a broken one chosen on the command line is refused (:func:`refuse_broken`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import List, Optional, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.hydra_flags import CommandLine
 from posexp.errors import PosexpError
@@ -78,85 +76,12 @@ def _values(arg: str) -> list:
     return list(getattr(value, "list", None) or (value if isinstance(value, list) else [value]))
 
 
-def _schema_named(raw: DictConfig) -> Optional[str]:
-    """The encoder schema a yaml's defaults list names (``/schema/encoder/NAME@_here_``), if any."""
-    for entry in raw.get("defaults") or []:
-        text = str(entry)
-        if "schema/encoder/" in text:
-            return text.split("schema/encoder/", 1)[1].split("@", 1)[0]
-    return None
-
-
-def schema_line(name: str) -> str:
-    return f"- /schema/encoder/{name}@_here_"
-
-
-def _yaml_problem(path: Path, raw: DictConfig, name: str) -> Optional[str]:
-    """What keeps a plugin yaml (one with a ``module`` key) from composing, and the fix; None if nothing."""
-    if _schema_named(raw) is None:
-        return (f"{path}: no schema line (the options, typed, from the class's __init__); add "
-                f"`{schema_line(name)}` under `defaults:`, before `- _self_` (as scripts/plugin_example/conf/"
-                "encoder/logrope.yaml has it)")
-    return None
-
-
-def _load_yaml(path: Path, roots: Sequence[Path]) -> Optional[str]:
-    """Import the module the encoder yaml ``path`` names; returns the encoder's name when it is a plugin's.
-
-    Raises:
-        PosexpError: naming the yaml: it is unreadable, lacks its schema line, its module cannot be imported or
-            defines no such encoder, or it uses the schema of an encoder that does not exist and names no module.
-    """
-    from posexp.encoders import load_plugin, registry
-    from posexp.encoders.plugins import MODULE_KEY
-
-    try:
-        raw = OmegaConf.load(path)
-    except (OSError, OmegaConfBaseException) as e:
-        raise PosexpError(f"{path}: not a readable yaml file ({str(e).splitlines()[0]})") from None
-    if isinstance(raw, ListConfig):
-        return None  # Hydra says what is wrong with it, if it is ever chosen
-    name = str(raw.get("name") or path.stem)
-    module = raw.get(MODULE_KEY)
-    if module is None:
-        schema = _schema_named(raw)
-        if schema is not None and schema not in registry():
-            raise PosexpError(f"{path}: uses the schema of encoder {schema!r}, which is not a built-in or "
-                              f"an installed plugin; name the module that defines it: {MODULE_KEY}: "
-                              "PACKAGE.MODULE (e.g. my_encoders.logrope)")
-        return None
-    problem = _yaml_problem(path, raw, name)
-    if problem is not None:
-        raise PosexpError(problem)
-    try:
-        load_plugin(name, str(module), roots=roots)
-    except PosexpError as e:
-        raise PosexpError(f"{path}: {e}") from None
-    return name
-
-
 def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
-    """Import the module each ``DIR/encoder/*.yaml`` names in its ``module`` key; returns the encoders loaded.
+    """The encoders the user's config folders ``dirs`` name, imported (:func:`posexp.encoders.config_folder.
+    load_config_folder`); returns their names."""
+    from posexp.encoders.config_folder import load_config_folder
 
-    A module is imported from the working folder, else from beside the config folder (its parent, as in
-    ``project/conf`` and ``project/my_encoders``) or from inside it, whatever folder posexp was started in.
-    A yaml that cannot be used is recorded as broken, with why (:func:`posexp.encoders.broken`): the others
-    load as if it were not there, and choosing it says why in one line.
-    """
-    from posexp.encoders import broken, mark_broken
-
-    loaded = []
-    for folder in dirs:
-        for path in sorted((folder / "encoder").glob("*.yaml")):
-            try:
-                name = _load_yaml(path, (folder.parent, folder))
-            except PosexpError as e:
-                if path.stem not in broken():  # else its class's registration said why, and better
-                    mark_broken(path.stem, str(e).splitlines()[0])
-                continue
-            if name is not None:
-                loaded.append(name)
-    return loaded
+    return [name for folder in dirs for name in load_config_folder(folder)]
 
 
 def refuse_broken(line: Optional[CommandLine]) -> None:

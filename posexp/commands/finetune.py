@@ -295,6 +295,20 @@ def _overridden() -> set[str]:
     return overridden_keys(HydraConfig.get().overrides.task)
 
 
+def refuse_own_parent(parent: Path, target: Path, key: str) -> None:
+    """A fine-tune writes a new run: its folder ``target`` (set by ``key``) may not be its parent's, lie inside it
+    or hold it, where claiming it (with ``--overwrite``) would delete the weights it starts from.
+
+    Raises:
+        PosexpError: naming the folder, the parent and the key that chooses another; nothing is deleted.
+    """
+    parent, target = parent.resolve(), target.resolve()
+    if target == parent or parent in target.parents or target in parent.parents:
+        where = "is" if target == parent else "lies inside" if parent in target.parents else "holds"
+        raise PosexpError(f"{key}={target}: {where} the parent run {parent}, whose weights the fine-tune starts "
+                          f"from; choose another {key} (nothing was deleted)")
+
+
 def check_finetune(app: DictConfig, overridden: Optional[set[str]] = None) -> Config:
     """Everything about a fine-tune that can be checked before it runs (every sweep job is checked first).
     ``overridden``: the keys its command line set, where no Hydra job runs yet (the folder's claim checks it).

@@ -30,8 +30,10 @@ def test_no_global_state_no_argv_swap_no_environment_set(path):
                 text = ast.unparse(target)
                 assert text != "sys.argv", f"{path.name}:{node.lineno}: sys.argv assigned"
                 assert not text.startswith("os.environ["), f"{path.name}:{node.lineno}: {text} set"
+        if isinstance(node, ast.Delete):  # del os.environ["COLUMNS"]: toggled as much as set
+            assert not any(ast.unparse(t).startswith("os.environ[") for t in node.targets), f"{path.name}:{node.lineno}"
         if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.update", "os.environ.setdefault",
-                                                                      "os.putenv"):
+                                                                      "os.environ.pop", "os.putenv", "os.unsetenv"):
             raise AssertionError(f"{path.name}:{node.lineno}: the environment set")
     for node in tree.body:  # module level: a lower-case name bound to a list, dict or set is state, not a constant
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Dict, ast.Set)):
