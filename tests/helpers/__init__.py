@@ -4,11 +4,13 @@ these by name (``from helpers import ...``); fixtures stay in the conftest.py fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,15 +41,47 @@ def invoke(*args: str, columns: int = 200, cwd: Path | None = None):
         cwd: the folder the command runs in (a relative run folder, Hydra's ``outputs/``); the test's own
             working folder is back afterwards.
     """
-    from typer.testing import CliRunner
+    from typer.main import get_command
 
     from posexp.cli.app import app
+
+    return _in_process(get_command(app), args, columns, cwd)
+
+
+class _Command:
+    """The installed ``posexp`` command's ``main()``, as the runner calls a command: what :func:`invoke` runs
+    plus what ``main()`` adds around the app (its streams, logging that drops a line it cannot write, a path the
+    system refuses said in one line). Python's logging setting is put back afterwards."""
+
+    name = "posexp"
+
+    def main(self, args, prog_name: str, **_):
+        import logging
+
+        from posexp.cli import main
+
+        argv, raise_exceptions = sys.argv, logging.raiseExceptions
+        sys.argv = [prog_name, *args]
+        try:
+            main()
+        finally:
+            sys.argv, logging.raiseExceptions = argv, raise_exceptions
+
+
+def invoke_main(*args: str, columns: int = 200, cwd: Path | None = None):
+    """``posexp ARGS`` through the installed command's ``main()`` in this process (see :func:`invoke`), for a test of
+    what ``main()`` adds around the app."""
+    return _in_process(_Command(), args, columns, cwd)
+
+
+def _in_process(command, args, columns: int, cwd: Path | None):
+    from click.testing import CliRunner
 
     old = os.getcwd()
     if cwd is not None:
         os.chdir(cwd)
     try:
-        return CliRunner().invoke(app, list(args), env={"COLUMNS": str(columns)})
+        return CliRunner().invoke(command, list(args), env={"COLUMNS": str(columns)})
     finally:
         os.chdir(old)
 
@@ -61,6 +95,48 @@ SMOKE = ("experiment=smoke", "train.progress=false")
 # a test's spies and whose choice depends on the CPU) and one thread; `tiny` adds a sweep cache in the test's own
 # folder, and every test gets torch's thread count back afterwards (_torch_threads).
 TINY_RUN = (*SMOKE, "precision=fp32", "train.threads=1")
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """``path`` (a file or a folder) immutable for the block, as ``chattr +i`` makes it: nobody, root included, may
+    write, rename, delete it or (a folder) create in it. Skips the test where the flag cannot be set (it needs root
+    and a file system that has it)."""
+    import array
+    import fcntl
+
+    import pytest
+
+    get_flags, set_flags, immutable_flag = 0x80086601, 0x40086602, 0x10  # FS_IOC_GETFLAGS, FS_IOC_SETFLAGS
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        flags = array.array("i", [0])
+        try:
+            fcntl.ioctl(fd, get_flags, flags, True)
+            fcntl.ioctl(fd, set_flags, array.array("i", [flags[0] | immutable_flag]))
+        except OSError:
+            pytest.skip("chattr +i needs root and a file system that has the flag")
+        try:
+            yield
+        finally:
+            fcntl.ioctl(fd, set_flags, flags)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only to this very process for the block: its permission bits for a user, immutable for
+    root (whom permission bits do not bind)."""
+    if os.geteuid() == 0:
+        with immutable(folder):
+            yield
+        return
+    folder.chmod(0o555)
+    try:
+        yield
+    finally:
+        folder.chmod(0o755)
 
 
 def sigterm_at_step(monkeypatch, owner: type, method: str, step: int):

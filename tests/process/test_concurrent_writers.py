@@ -52,17 +52,6 @@ def test_four_evaluations_of_one_run_at_once_keep_every_row(trained, tmp_path):
     assert not (run / ".posexp-lock.json").exists()
 
 
-def test_a_command_refused_by_an_evaluation_says_it_is_evaluating(trained, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
-    before = (run / "results.json").read_bytes()
-    with held_by(run, "evaluating"):
-        result = invoke("train", *TINY_RUN, f"hydra.run.dir={run}", "--overwrite")
-    assert result.exit_code == 2
-    assert "is evaluating in this folder" in result.output and "training" not in result.output
-    assert (run / "results.json").read_bytes() == before
-
-
 def test_an_evaluation_waits_for_another_and_keeps_its_rows(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -79,18 +68,27 @@ def test_an_evaluation_waits_for_another_and_keeps_its_rows(trained, tmp_path):
     assert 40 in _lengths(run)
 
 
-def test_overwriting_a_sweep_with_one_busy_job_touches_nothing(trained, tmp_path):
-    sweep = tmp_path / "sweep"
+def test_a_command_refused_by_another_holding_its_folder_says_what_that_one_does_and_touches_nothing(trained,
+                                                                                                      tmp_path):
+    """A run held by an evaluation, and a sweep one of whose jobs is training: ``--overwrite`` of either is refused,
+    naming what the other command does there; a sweep's jobs are all claimed before any is emptied."""
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    shutil.copytree(trained, run)
     for job in ("0", "1"):
         shutil.copytree(trained, sweep / job)
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
-    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
-    with held_by(sweep / "1", "training"):
-        result = invoke("train", "-m", *TINY_RUN, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
-    assert result.exit_code == 2, result.output
-    assert "is training in this folder" in result.output
+    before = (run / "results.json").read_bytes()
+    swept = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
+    with held_by(run, "evaluating"), held_by(sweep / "1", "training"):
+        result = invoke("train", *TINY_RUN, f"hydra.run.dir={run}", "--overwrite")
+        overwrite = invoke("train", "-m", *TINY_RUN, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
+    assert result.exit_code == 2
+    assert "is evaluating in this folder" in result.output and "training" not in result.output
+    assert (run / "results.json").read_bytes() == before
+    assert overwrite.exit_code == 2, overwrite.output
+    assert "is training in this folder" in overwrite.output
     after = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
-    assert after == before
+    assert after == swept
 
 
 def test_sigterm_during_an_evaluation_says_what_was_kept_and_how_to_finish(trained, tmp_path):

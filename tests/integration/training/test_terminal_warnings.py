@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke
 
 # ---------------------------------------------------------------------------- warnings on the terminal
 
@@ -14,9 +14,9 @@ def test_warmup_longer_than_the_run_and_an_unwritable_cache_dir_are_warned_on_th
     (tmp_path / "a_file").write_text("")
     cache_dir = tmp_path / "a_file" / "cache"
     run = tmp_path / "run"
-    r = run_cli("train", *TINY_RUN, "train.warmup_steps=20", "cache=true", f"cache_dir={cache_dir}",
-                f"hydra.run.dir={run}", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    r = invoke("train", *TINY_RUN, "train.warmup_steps=20", "cache=true", f"cache_dir={cache_dir}",
+               f"hydra.run.dir={run}", cwd=tmp_path)
+    assert r.exit_code == 0, r.output
     assert (run / "results.json").is_file()
     warnings = [x for x in r.stdout.splitlines() if x.startswith("warning:")]
     warmup = [x for x in warnings if "train.warmup_steps=20" in x]
@@ -25,4 +25,4 @@ def test_warmup_longer_than_the_run_and_an_unwritable_cache_dir_are_warned_on_th
     assert len(cache) == 1, r.stdout  # said once: not again when the finished training would be stored
     log = (run / "train.log").read_text()
     assert re.search(r"WARNING\] - train\.warmup_steps=20", log) and "cannot be written" in log
-    assert "Traceback" not in r.stdout + r.stderr
+    assert "Traceback" not in r.output

@@ -1,9 +1,11 @@
 """Encoders from outside the package: the worked example (scripts/plugin_example) copied into a folder outside
-the repository, an installed package's entry point, and the provenance that keeps their results honest.
+the repository, an installed package's entry point, and the provenance that keeps their results honest; the CLI
+runs in this process, each test with the registry, the imported plugin modules and ``sys.path`` put back after it.
+The example swept and edited between commands, each a fresh interpreter, is tests/process/test_plugin_project.py.
 
 Nothing is installed: the example is used from its folder (``--config-dir``, ``hydra.searchpath``), and an
-"installed" package is a ``*.dist-info`` folder with an ``entry_points.txt`` on ``sys.path`` / ``PYTHONPATH``,
-which is all :mod:`importlib.metadata` reads.
+"installed" package is a ``*.dist-info`` folder with an ``entry_points.txt`` on ``sys.path``, which is all
+:mod:`importlib.metadata` reads.
 """
 
 from __future__ import annotations
@@ -11,15 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TINY_RUN, run_cli
+from helpers import REPO, TINY_RUN, invoke
 
 EXAMPLE = REPO / "scripts" / "plugin_example"
 TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256",
@@ -27,8 +27,9 @@ TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2",
 
 
 @pytest.fixture
-def project(tmp_path) -> Path:
-    """The worked example as a researcher's own project folder, outside the repository."""
+def project(tmp_path, registry_state) -> Path:
+    """The worked example as a researcher's own project folder, outside the repository (its modules not imported
+    yet, and forgotten again after the test)."""
     folder = tmp_path / "project"
     shutil.copytree(EXAMPLE, folder)
     assert REPO not in folder.parents
@@ -36,18 +37,30 @@ def project(tmp_path) -> Path:
 
 
 @pytest.fixture
-def registry_state(monkeypatch):
-    """The encoder registry, the plugin modules and ``sys.path`` as they were, after the test."""
+def registry_state(monkeypatch, tmp_path):
+    """The encoder registry, the plugin modules and ``sys.path`` as they were, after the test: the modules imported
+    from the test's folder are forgotten (what the test's commands imported of torch and posexp stays, as a
+    second import of some of torch's modules registers their operators twice)."""
     import posexp.encoders as encoders
 
     saved, loaded, path = dict(encoders._REGISTRY), dict(encoders._loaded), list(sys.path)
+    broken, by_module = dict(encoders._BROKEN), {k: set(v) for k, v in encoders._BY_MODULE.items()}
     modules = set(sys.modules)
     yield encoders
     encoders._REGISTRY.reset_to(saved)
     encoders._loaded.update(loaded)
+    for state, was in ((encoders._BROKEN, broken), (encoders._BY_MODULE, by_module)):
+        state.clear()
+        state.update(was)
+    from posexp.cli.completion import plugin_encoders
+
+    plugin_encoders.cache_clear()  # the installed encoders the test's own sys.path showed
     sys.path[:] = path
     for name in set(sys.modules) - modules:
-        del sys.modules[name]
+        module = sys.modules[name]
+        files = [getattr(module, "__file__", None), *getattr(module, "__path__", [])]
+        if any(f and Path(f).is_relative_to(tmp_path) for f in files):
+            del sys.modules[name]
 
 
 def _dist(site: Path, name: str, entry_points: str, module: str = "", code: str = "") -> None:
@@ -73,69 +86,12 @@ class Damped(PositionalEncoder):
 '''
 
 
-def _sweep_jobs(sweep: Path) -> dict:
-    jobs = {}
-    for results in sweep.glob("*/results.json"):
-        run = json.loads(results.read_text())["run"]
-        jobs[run["encoder"]] = results.parent
-    return jobs
+# -- the worked example, through the CLI ------------------------------------------------------------
 
-
-# -- the worked example, end to end ----------------------------------------------------------------
-
-def _repository_state() -> str:
-    return subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
-                          capture_output=True, text=True).stdout
-
-
-@pytest.mark.slow  # a three-encoder sweep in fresh interpreters; test_plugins' single-run tests keep the plugin path in the default suite
-def test_sweep_against_builtins_and_report_from_a_folder_outside_the_repository(project):
-    before = _repository_state()
-    proc = run_cli("train", "--config-dir", "conf", "-m", "encoder=rope,alibi,logrope", *TINY,
-                   "hydra.sweep.dir=sweep", cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = _sweep_jobs(project / "sweep")
-    assert set(jobs) == {"rope", "alibi", "logrope"}
-    run = json.loads((jobs["logrope"] / "results.json").read_text())["run"]
-    source = project / "my_encoders" / "logrope.py"
-    assert run["encoder_source"]["module"] == "my_encoders.logrope"
-    assert Path(run["encoder_source"]["file"]) == source.resolve()
-    assert run["encoder_source"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
-    assert "encoder_source" not in json.loads((jobs["rope"] / "results.json").read_text())["run"]
-
-    report = run_cli("report", "sweep", cwd=project)
-    assert report.returncode == 0, report.stderr[-2000:]
-    assert "encoder=logrope" in report.stdout and "encoder=alibi" in report.stdout
-    assert (project / "sweep" / "report.md").is_file()
-    assert _repository_state() == before  # no file of posexp written or changed
-
-    # eval of a plugin's run, from another folder: the module is imported from where the run found it
-    again = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project.parent)
-    assert again.returncode == 0, again.stderr[-2000:]
-
-    # the encoder's file edited: eval says what changed and how to go on; the flag goes on, with a warning
-    source.write_text(source.read_text().replace("scale: float = 64.0", "scale: float = 32.0"))
-    refused = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project)
-    assert refused.returncode != 0
-    line = refused.stderr.strip().splitlines()[-1]
-    assert "source of encoder 'logrope' changed" in line and run["encoder_source"]["sha256"][:12] in line
-    assert "--allow-changed-encoder" in line and "Traceback" not in refused.stderr
-    allowed = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", "--allow-changed-encoder", cwd=project)
-    assert allowed.returncode == 0, allowed.stderr[-2000:]
-    assert "going on with the code as it is now" in allowed.stdout + allowed.stderr
-
-    # the module gone: one line naming the module and where the run had it
-    shutil.rmtree(project / "my_encoders")
-    gone = run_cli("eval", str(jobs["logrope"]), "eval.lengths=[64]", cwd=project)
-    assert gone.returncode != 0 and "Traceback" not in gone.stderr
-    assert "cannot be loaded here" in gone.stderr and "my_encoders.logrope" in gone.stderr
-
-
-@pytest.mark.slow  # train, edit, resume in fresh interpreters; --config-dir's tests cover the lookup by default
 def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
-    proc = run_cli("train", "hydra.searchpath=[file://conf]", "encoder=logrope", "encoder.scale=16", *TINY,
-                   "hydra.run.dir=run", cwd=project)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = invoke("train", "hydra.searchpath=[file://conf]", "encoder=logrope", "encoder.scale=16", *TINY,
+                     "hydra.run.dir=run", cwd=project)
+    assert trained.exit_code == 0, trained.output[-3000:]
     results = json.loads((project / "run" / "results.json").read_text())
     assert results["run"]["config"]["encoder"]["scale"] == 16.0
     assert (project / "run" / "encoder_source.json").is_file()  # what posexp resume compares with
@@ -143,11 +99,11 @@ def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
     (project / "run" / "results.json").unlink()
     source = project / "my_encoders" / "logrope.py"
     source.write_text(source.read_text() + "\n# edited\n")
-    refused = run_cli("resume", "run", cwd=project)
-    assert refused.returncode != 0 and "changed since the run was trained" in refused.stderr
+    refused = invoke("resume", "run", cwd=project)
+    assert refused.exit_code != 0 and "changed since the run was trained" in refused.stderr
     assert "--allow-changed-encoder" in refused.stderr
-    resumed = run_cli("resume", "run", "--allow-changed-encoder", cwd=project)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    resumed = invoke("resume", "run", "--allow-changed-encoder", cwd=project)
+    assert resumed.exit_code == 0, resumed.output[-2000:]
     assert (project / "run" / "results.json").is_file()
 
 
@@ -160,19 +116,19 @@ def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
     (("--config-dir", "nowhere", "encoder=logrope"), "no such folder"),
 ])
 def test_wrong_guesses_fail_in_one_line_naming_the_way_that_works(project, args, expected):
-    proc = run_cli("train", *args, *TINY, cwd=project)
-    assert proc.returncode != 0
-    assert expected in proc.stderr and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    result = invoke("train", *args, *TINY, cwd=project)
+    assert result.exit_code != 0
+    assert expected in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (project / "outputs").exists()  # refused before any run folder
 
 
 def test_list_shows_plugins_with_where_they_come_from(project):
-    proc = run_cli("list", "--config-dir", "conf", cwd=project)
-    assert proc.returncode == 0, proc.stderr
-    row = next(line for line in proc.stdout.splitlines() if "logrope" in line)
+    result = invoke("list", "--config-dir", "conf", cwd=project)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if "logrope" in line)
     assert "base, scale" in row and "my_encoders.logrope" in row
-    assert "built-in" in next(line for line in proc.stdout.splitlines() if line.strip("│ ").startswith("rope "))
+    assert "built-in" in next(line for line in result.stdout.splitlines() if line.strip("│ ").startswith("rope "))
 
 
 # -- the registry ------------------------------------------------------------------------------------
@@ -235,28 +191,26 @@ def test_entry_point_plugin_is_found_without_installing(tmp_path, registry_state
     assert record["sha256"] == hashlib.sha256((site / "damped_pe.py").read_bytes()).hexdigest()
 
 
-def test_entry_point_plugin_trains_by_name_and_checks_its_options(tmp_path):
+def test_entry_point_plugin_trains_by_name_and_checks_its_options(tmp_path, registry_state, monkeypatch):
     site = tmp_path / "site"
-    _dist(site, "damped-pe", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE)
-    env_path = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(site) + (os.pathsep + env_path if env_path else "")
-    try:
-        ok = run_cli("train", "encoder=damped", "encoder.width=5", "--cfg", "job", cwd=tmp_path)
-        typo = run_cli("train", "encoder=damped", "encoder.widht=5", *TINY, cwd=tmp_path)
-    finally:
-        os.environ.pop("PYTHONPATH") if env_path is None else os.environ.update(PYTHONPATH=env_path)
-    assert ok.returncode == 0, ok.stderr[-2000:]
+    _installed(registry_state, monkeypatch, (site, "damped-pe", "damped = damped_pe:Damped", "damped_pe", PLUGIN_CODE))
+    ok = invoke("train", "encoder=damped", "encoder.width=5", "--cfg", "job", cwd=tmp_path)
+    typo = invoke("train", "encoder=damped", "encoder.widht=5", *TINY, cwd=tmp_path)
+    assert ok.exit_code == 0, ok.output[-2000:]
     assert "width: 5" in ok.stdout
-    assert typo.returncode != 0 and "did you mean encoder.width?" in typo.stderr
+    assert typo.exit_code != 0 and "did you mean encoder.width?" in typo.stderr
 
 
 def _installed(registry_state, monkeypatch, *dists: tuple) -> None:
     """Each ``(folder, distribution, entry point, module, code)`` installed on ``sys.path``, the registry set to read
-    the entry points again."""
+    the entry points again, and the command line's list of installed encoders too (read once per process)."""
+    from posexp.cli.completion import plugin_encoders
+
     for folder, *spec in dists:
         _dist(folder, *spec)
         monkeypatch.syspath_prepend(str(folder))
     registry_state._loaded["entry_points"] = False
+    plugin_encoders.cache_clear()
 
 
 def test_two_plugins_claiming_one_name_is_one_clear_error(tmp_path, registry_state, monkeypatch):
@@ -306,9 +260,9 @@ def test_two_user_modules_claiming_one_name_is_one_clear_error(tmp_path, registr
 
 def test_posexp_check_takes_the_users_config_folder(project):
     """The worked example is checked against the contract before any training, from its own folder."""
-    proc = run_cli("check", "--config-dir", "conf", "logrope", "--format", "json", cwd=project)
-    assert proc.returncode == 0, proc.stderr
-    checks = {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}
+    result = invoke("check", "--config-dir", "conf", "logrope", "--format", "json", cwd=project)
+    assert result.exit_code == 0, result.output
+    checks = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
     assert checks["causality"] == "pass" and checks["absolute positions"] == "pass"
 
 
@@ -322,13 +276,14 @@ class HalfRope(RoPE):
 
 
 @pytest.mark.slow  # a mixed run trained and re-evaluated; a plugin encoder's record is tested by default
-def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(tmp_path, monkeypatch):
+def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(tmp_path, registry_state, monkeypatch):
     site = tmp_path / "site"
-    _dist(site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope", ROTARY_PLUGIN)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    _installed(registry_state, monkeypatch, (site, "half-rope", "halfrope = half_rope:HalfRope", "half_rope",
+                                             ROTARY_PLUGIN))
     out = tmp_path / "run"
-    trained = run_cli("train", "encoder=mixed", "encoder.layers=[rope,halfrope]", *TINY, f"hydra.run.dir={out}", cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
+    trained = invoke("train", "encoder=mixed", "encoder.layers=[rope,halfrope]", *TINY, f"hydra.run.dir={out}",
+                     cwd=tmp_path)
+    assert trained.exit_code == 0, trained.output[-2000:]
     run = json.loads((out / "results.json").read_text())["run"]
     assert "encoder_source" not in run  # the encoder is the built-in mix; its plugin layer is what is recorded
     record = run["layer_sources"]["halfrope"]
@@ -337,11 +292,11 @@ def test_a_plugin_layer_of_a_mix_is_recorded_and_checked_like_a_plugin_encoder(t
     assert set(run["layer_sources"]) == {"halfrope"}  # rope is built-in
 
     (site / "half_rope.py").write_text(ROTARY_PLUGIN + "\n# edited after training\n")
-    changed = run_cli("eval", str(out), "eval.tokens=256", cwd=tmp_path)
-    assert changed.returncode != 0
-    assert "the source of encoder 'halfrope' changed" in changed.stderr and "Traceback" not in changed.stderr
-    allowed = run_cli("eval", str(out), "eval.tokens=256", "--allow-changed-encoder", cwd=tmp_path)
-    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    changed = invoke("eval", str(out), "eval.tokens=256", cwd=tmp_path)
+    assert changed.exit_code != 0
+    assert "the source of encoder 'halfrope' changed" in changed.stderr and "Traceback" not in changed.output
+    allowed = invoke("eval", str(out), "eval.tokens=256", "--allow-changed-encoder", cwd=tmp_path)
+    assert allowed.exit_code == 0, allowed.output[-2000:]
 
 
 def test_a_plugin_layer_changes_the_cache_key_and_builtin_mixes_keep_theirs(tmp_path, registry_state, monkeypatch,
@@ -391,36 +346,36 @@ def _broken_neighbours(project: Path) -> None:
                                     "module: my_encoders.gone\n")
 
 
-def _one_line(proc, *expected: str) -> None:
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert all(text in proc.stderr for text in expected), proc.stderr
+def _one_line(result, *expected: str) -> None:
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert all(text in result.stderr for text in expected), result.stderr
 
 
 @pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_and_trains(project):
     _broken_neighbours(project)
-    listed = run_cli("list", "--config-dir", "conf", cwd=project)
-    assert listed.returncode == 0, listed.stderr[-2000:]
+    listed = invoke("list", "--config-dir", "conf", cwd=project)
+    assert listed.exit_code == 0, listed.output[-2000:]
     rows = {line.strip("│ ").split(" ")[0]: line for line in listed.stdout.splitlines() if "│" in line}
     assert "base, scale" in rows["logrope"] and all("broken" in rows[n] for n in ("nohints", "plain", "gone"))
     why = {line.split(":")[0].split()[-1]: line for line in listed.stdout.splitlines() if line.startswith("broken ")}
     assert "needs a default" in why["nohints"] and "/schema/encoder/plain@_here_" in why["plain"]
     assert "has no gone.py" in why["gone"] and len(why) == 3
 
-    good = run_cli("check", "--config-dir", "conf", "logrope", "train_len=32", "--format", "json", cwd=project)
-    assert good.returncode == 0, good.stderr[-2000:]
+    good = invoke("check", "--config-dir", "conf", "logrope", "train_len=32", "--format", "json", cwd=project)
+    assert good.exit_code == 0, good.output[-2000:]
     for name, reason in (("nohints", "needs a default"), ("plain", "/schema/encoder/plain@_here_")):
-        bad = run_cli("check", "--config-dir", "conf", name, "--format", "json", cwd=project)
-        assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+        bad = invoke("check", "--config-dir", "conf", name, "--format", "json", cwd=project)
+        assert bad.exit_code == 1 and "Traceback" not in bad.output, bad.output[-2000:]
         (build,) = json.loads(bad.stdout)["checks"]
         assert build["name"] == "build" and reason in build["detail"]
 
-    trained = run_cli("train", "--config-dir", "conf", "encoder=logrope", *TINY, "hydra.run.dir=run", cwd=project)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    _one_line(run_cli("train", "--config-dir", "conf", "encoder=plain", *TINY, cwd=project),
+    trained = invoke("train", "--config-dir", "conf", "encoder=logrope", *TINY, "hydra.run.dir=run", cwd=project)
+    assert trained.exit_code == 0, trained.output[-3000:]
+    _one_line(invoke("train", "--config-dir", "conf", "encoder=plain", *TINY, cwd=project),
               "encoder=plain", "/schema/encoder/plain@_here_")
-    _one_line(run_cli("train", "--config-dir", "conf", "-m", "encoder=logrope,nohints", *TINY, cwd=project),
+    _one_line(invoke("train", "--config-dir", "conf", "-m", "encoder=logrope,nohints", *TINY, cwd=project),
               "encoder=nohints", "needs a default")
     assert not (project / "outputs").exists() and not (project / "multirun").exists()
 
@@ -428,10 +383,10 @@ def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_
 def test_the_plugin_module_is_found_beside_the_config_folder_from_any_working_folder(project, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = run_cli("check", "--config-dir", str(project / "conf"), "logrope", "train_len=32", "--format", "json",
-                   cwd=elsewhere)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert {c["name"]: c["status"] for c in json.loads(proc.stdout)["checks"]}["causality"] == "pass"
+    result = invoke("check", "--config-dir", str(project / "conf"), "logrope", "train_len=32", "--format", "json",
+                    cwd=elsewhere)
+    assert result.exit_code == 0, result.output[-2000:]
+    assert {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}["causality"] == "pass"
 
 
 def test_a_registry_module_may_register_classes_defined_in_another_module(tmp_path, registry_state, monkeypatch):

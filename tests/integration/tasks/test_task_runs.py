@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from helpers import TINY_RUN, run_cli, sigterm_at_step
+from helpers import TINY_RUN, invoke, sigterm_at_step
 from posexp.cli.app import app
 
 FAST = (*TINY_RUN, "train.steps=4", "eval.examples=16")
@@ -44,8 +44,8 @@ def test_bad_task_input_is_one_line_naming_the_key(args, needles, tmp_path, monk
 
 def test_a_task_run_writes_accuracy_rows_with_intervals_and_eval_adds_lengths(tmp_path):
     run = tmp_path / "copy"
-    done = run_cli("train", "task=copy", "encoder=rope", *FAST, f"hydra.run.dir={run}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr + done.stdout
+    done = invoke("train", "task=copy", "encoder=rope", *FAST, f"hydra.run.dir={run}", cwd=tmp_path)
+    assert done.exit_code == 0, done.output
     rows = _rows(run)
     assert [r["length"] for r in rows] == [32, 64, 128]
     for r in rows:
@@ -60,17 +60,17 @@ def test_a_task_run_writes_accuracy_rows_with_intervals_and_eval_adds_lengths(tm
     results = json.loads((run / "results.json").read_text())
     assert results["run"]["task"]["name"] == "copy" and results["run"]["vocab_size"] == 18
 
-    again = run_cli("eval", str(run), "eval.lengths=[48]", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr + again.stdout
+    again = invoke("eval", str(run), "eval.lengths=[48]", cwd=tmp_path)
+    assert again.exit_code == 0, again.output
     rows = _rows(run)
     assert sorted(r["length"] for r in rows) == [32, 48, 64, 128] and {r["metric"] for r in rows} == {"accuracy"}
 
 
 def test_passkey_rows_are_per_length_and_depth_with_a_heatmap(tmp_path):
     run = tmp_path / "passkey"
-    done = run_cli("train", "task=passkey", "encoder=alibi", *FAST, "eval.depths=[0,0.5,1]",
-                   f"hydra.run.dir={run}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr + done.stdout
+    done = invoke("train", "task=passkey", "encoder=alibi", *FAST, "eval.depths=[0,0.5,1]", f"hydra.run.dir={run}",
+                  cwd=tmp_path)
+    assert done.exit_code == 0, done.output
     rows = _rows(run)
     assert sorted((r["length"], r["depth"]) for r in rows) == [(n, d) for n in (32, 64, 128) for d in (0, 0.5, 1)]
     assert all(r["answer_tokens"] == 16 * 5 for r in rows)  # five key digits per instance
@@ -80,9 +80,9 @@ def test_passkey_rows_are_per_length_and_depth_with_a_heatmap(tmp_path):
 @pytest.mark.slow  # an end-to-end run of several seconds; the default suite stays near 10 minutes
 def test_learned_positions_past_their_table_are_not_applicable_on_a_task(tmp_path):
     run = tmp_path / "learned"
-    done = run_cli("train", "task=reverse", "encoder=learned", "encoder.max_length=64", *FAST,
-                   f"hydra.run.dir={run}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr + done.stdout
+    done = invoke("train", "task=reverse", "encoder=learned", "encoder.max_length=64", *FAST, f"hydra.run.dir={run}",
+                  cwd=tmp_path)
+    assert done.exit_code == 0, done.output
     by_length = {r["length"]: r for r in _rows(run)}
     assert by_length[64]["applicable"] and not by_length[128]["applicable"]
     assert by_length[128]["exact_match"] is None and "64" in by_length[128]["reason"]
@@ -116,9 +116,9 @@ def test_mqar_learns_with_its_yaml_init(tmp_path):
     """4 key-value pairs, 1500 steps (about 15 s): the task yaml's init=pytorch, untied model recalls every value.
     With GPT-2's N(0, 0.02) the same model stays near 45% of values (scripts/study_tasks.md)."""
     run = tmp_path / "mqar"
-    done = run_cli("train", "task=mqar", "encoder=rope", "task.symbols=16", "train_len=16", "eval.multiples=[1]",
-                   "train.steps=1500", "train.progress=false", f"hydra.run.dir={run}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr + done.stdout
+    done = invoke("train", "task=mqar", "encoder=rope", "task.symbols=16", "train_len=16", "eval.multiples=[1]",
+                  "train.steps=1500", "train.progress=false", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert done.exit_code == 0, done.output
     (row,) = _rows(run)
     assert row["token_accuracy"] >= 0.95 and row["exact_match"] >= 0.8, row
 

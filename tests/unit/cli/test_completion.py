@@ -1,15 +1,9 @@
-"""Tab completion as a user gets it: what a TAB offers (in-process), the script in a real bash and zsh (the
-``=`` word break, no space after a key), the install commands, and a TAB that never loads torch."""
+"""Tab completion's answers and its install commands, in this process: what a TAB offers after each word, the
+flags and keys it reads from the app, the schema and the registries, and ``--install-completion`` writing the
+script and the line that loads it. The script in a real bash and zsh, and a TAB that never loads torch, are
+tests/process/test_completion_in_a_shell.py and tests/process/test_fresh_interpreter.py."""
 
 from __future__ import annotations
-
-import os
-import shlex
-import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +11,7 @@ from posexp.cli import completion, shell
 from posexp.cli.arguments import OPTIONAL_GROUPS
 from posexp.cli.completion import DIRS, FILES, WORDS, AppKeys, complete
 from posexp.config.schema import config_dir
-from helpers import REPO
+from helpers import REPO, immutable, invoke_main
 
 EXAMPLE_CONF = REPO / "scripts" / "plugin_example" / "conf"
 
@@ -188,17 +182,6 @@ def test_every_builtin_encoders_yaml_lists_its_options():
             assert set(completion.encoder_keys(name)) == {*option_names(name), "lr_mult"}, name
 
 
-# -- a TAB is quick: no torch, no Hydra ---------------------------------------------------------------
-
-def test_a_tab_loads_neither_torch_nor_hydra():
-    code = ("import os, sys\n"
-            f"os.environ.update({{'{shell.SHELL_VAR}': 'bash', '{shell.LINE_VAR}': 'posexp train encoder=ro'}})\n"
-            "from posexp.cli import main\nmain()\n"
-            "print(sorted(m for m in ('torch', 'hydra', 'typer', 'rich') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.splitlines() == ["words:ro", "rope", "[]"], out.stderr
-
-
 # -- installing it --------------------------------------------------------------------------------------
 
 def test_hydras_install_command_prints_the_script_without_an_error():
@@ -234,139 +217,14 @@ def test_install_completion_loads_the_script_at_start_once(tmp_path, monkeypatch
     assert refused.exit_code == 2 and "bash and zsh" in refused.stderr
 
 
-# -- the script in the shells themselves ----------------------------------------------------------------
-
-@pytest.fixture
-def posexp_on_path(tmp_path):
-    """A folder holding a ``posexp`` that runs this checkout (``python -m posexp``), and PATH with it first."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "posexp"
-    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m posexp "$@"\n')
-    exe.chmod(0o755)
-    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-BASH_DRIVER = r"""
-source "$1"
-function=$(complete -p posexp | sed -E 's/.* -F ([^ ]+) .*/\1/')  # the function the script registered
-compopt() { options+=" $*"; }  # readline's options, which only a completion started by readline may set
-tab() {
-    COMP_LINE=$1 COMP_POINT=${#1} COMP_WORDBREAKS=$' \t\n"\'@><=;|&(:' options=""
-    # bash's own split: at blanks, and each run of word-break characters a word of its own
-    read -ra COMP_WORDS <<< "$(sed -E 's/([=:@]+)/ \1 /g' <<< "$1")"
-    COMP_CWORD=${#COMP_WORDS[@]}
-    [[ $1 == *' ' ]] || COMP_CWORD=$((COMP_CWORD - 1))
-    "$function" posexp "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
-    printf '%s|%s|%s\n' "$1" "${options# }" "${COMPREPLY[*]}"
-}
-tab "posexp train enc"
-tab "posexp train encoder="
-tab "posexp train encoder=ro"
-tab "posexp train model=s"
-tab "posexp train train.ste"
-tab "posexp eval ou"
-"""
-
-
-@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
-def test_bash_completion_function_fills_compreply(tmp_path, posexp_on_path):
-    script = tmp_path / "posexp.sh"
-    script.write_text(shell.SCRIPT)
-    (tmp_path / "outputs").mkdir()
-    out = subprocess.run(["bash", "--norc", "--noprofile", "-c", BASH_DRIVER, "bash", str(script)], cwd=tmp_path,
-                         env={**os.environ, "PATH": posexp_on_path}, capture_output=True, text=True, timeout=60)
-    assert out.stdout.splitlines() == [
-        "posexp train enc|-o nospace|encoder=",  # no space: the value follows
-        f"posexp train encoder=||{' '.join(_yamls('encoder'))}",  # bash's word after = is empty
-        "posexp train encoder=ro||rope",  # readline replaces "ro", the part after the =
-        "posexp train model=s||small",
-        "posexp train train.ste|-o nospace|train.steps=",
-        "posexp eval ou|-o filenames|outputs",
-    ], out.stderr
-
-
-def _typed_in_a_terminal(argv: list[str], env: dict, setup: str, lines: list[str], cwd: Path) -> list[str]:
-    """Start an interactive shell in a terminal, type each line with a TAB, and return each line as it then
-    stands (a key bound in ``setup`` appends it to ``$OUT`` and clears it)."""
-    import pty
-    import select
-
-    out, ready = cwd / "typed.txt", cwd / "ready"
-    pid, fd = pty.fork()
-    if pid == 0:  # the shell
-        os.chdir(cwd)
-        os.execvpe(argv[0], argv, {**env, "OUT": str(out)})
-    try:
-        os.write(fd, f"{setup}; : > {ready}\n".encode())
-        deadline = time.time() + 60
-        for keys in [None, *[f"{line}\t\x14" for line in lines]]:
-            if keys is not None:
-                os.write(fd, keys.encode())
-            want = lines.index(keys[:-2]) + 1 if keys else 0
-            while not (ready.exists() if keys is None else out.exists() and len(out.read_text().splitlines()) >= want):
-                assert time.time() < deadline, out.read_text() if out.exists() else "the shell never answered"
-                if select.select([fd], [], [], 0.05)[0]:
-                    os.read(fd, 65536)  # the terminal's output, read so that the shell never blocks on it
-        return out.read_text().splitlines()
-    finally:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        os.close(fd)
-
-
-LINES = ["posexp train enc", "posexp train encoder=ro", "posexp train model=s", "posexp train train.ste",
-         "posexp tr", "posexp eval ou"]
-# what the user then sees: a key stays open (no space), a value is done (a space), a folder ends in /
-AFTER_TAB = ["posexp train encoder=", "posexp train encoder=rope ", "posexp train model=small ",
-             "posexp train train.steps=", "posexp train ", "posexp eval outputs/"]
-
-
-@pytest.mark.skipif(shutil.which("bash") is None or sys.platform == "win32", reason="no bash terminal")
-def test_tab_in_an_interactive_bash_after_install_completion(tmp_path, posexp_on_path):
-    shell.install("bash", tmp_path)
-    (tmp_path / "outputs").mkdir()
-    env = {"HOME": str(tmp_path), "PATH": posexp_on_path, "TERM": "dumb", "INPUTRC": "/dev/null"}
-    setup = r"""bind -x '"\C-t": printf "%s\n" "$READLINE_LINE" >> "$OUT"; READLINE_LINE=""'"""
-    typed = _typed_in_a_terminal(["bash", "--noprofile", "--rcfile", str(tmp_path / ".bashrc"), "-i"], env, setup,
-                                 LINES, tmp_path)
-    assert typed == AFTER_TAB
-
-
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="no zsh (apt-get install zsh)")
-def test_tab_in_an_interactive_zsh_after_install_completion(tmp_path, posexp_on_path):
-    shell.install("zsh", tmp_path)
-    (tmp_path / "outputs").mkdir()
-    env = {"HOME": str(tmp_path), "ZDOTDIR": str(tmp_path), "PATH": posexp_on_path, "TERM": "dumb"}
-    setup = "dump() { print -r -- $BUFFER >> $OUT; BUFFER= }; zle -N dump; bindkey '^T' dump"
-    typed = _typed_in_a_terminal(["zsh", "-d", "-i"], env, setup, LINES, tmp_path)
-    assert typed == AFTER_TAB
-
-
-@pytest.mark.skipif(shutil.which("bash") is None or sys.platform == "win32", reason="no bash")
-def test_install_completion_under_a_home_with_a_quote_leaves_a_bashrc_bash_can_read(tmp_path):
-    """``source '/home/o'brien/…'`` in .bashrc broke every new shell of the user."""
-    home = tmp_path / "o'brien dir"
-    home.mkdir()
-    script, rc = shell.install("bash", home)
-    ran = subprocess.run(["bash", "--noprofile", "--norc", "-c", f"source {shlex.quote(str(rc))} && echo sourced"],
-                         capture_output=True, text=True, env={"HOME": str(home), "PATH": os.environ["PATH"]})
-    assert ran.returncode == 0 and ran.stdout.strip() == "sourced", ran.stderr
-    assert str(script) in shlex.split(rc.read_text().splitlines()[-1])
-
-
-def test_install_completion_into_an_immutable_bashrc_is_one_line(tmp_path):
+def test_install_completion_into_an_immutable_bashrc_is_one_line(tmp_path, monkeypatch):
     """--install-completion to an immutable .bashrc (or a full disk) was an OSError traceback."""
     rc = tmp_path / ".bashrc"
     rc.write_text("alias ll='ls -l'\n")
-    if subprocess.run(["chattr", "+i", str(rc)], capture_output=True).returncode != 0:
-        pytest.skip("chattr +i needs root and a file system that has the flag")
-    try:
-        env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
-        done = subprocess.run([sys.executable, "-m", "posexp", "--install-completion", "bash"], env=env,
-                              capture_output=True, text=True, timeout=120)
-    finally:
-        subprocess.run(["chattr", "-i", str(rc)], capture_output=True)
-    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    with immutable(rc):
+        done = invoke_main("--install-completion", "bash")
+    assert done.exit_code != 0 and "Traceback" not in done.output, done.output
     (line,) = [line for line in done.stderr.splitlines() if line.strip()]
     assert line.startswith("error: ") and ".bashrc" in line

@@ -4,9 +4,9 @@ is strict enough to refuse the raw Hydra config where a command's typed config i
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,12 +15,20 @@ from helpers import REPO
 ROOT = REPO
 
 
-def _mypy(*args: str) -> subprocess.CompletedProcess:
+def _mypy(*args: str) -> SimpleNamespace:
+    """mypy as ``python -m mypy`` runs it from the repository root, through its own in-process API."""
     # mypy is in the test extra, so a missing one is a broken install: the tests fail saying so, never skip
     if importlib.util.find_spec("mypy") is None:
         pytest.fail("mypy is not installed: pip install -e '.[test]' (the test extra has it)", pytrace=False)
-    return subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    from mypy import api
+
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        stdout, stderr, returncode = api.run(["--config-file", str(ROOT / "pyproject.toml"), *args])
+    finally:
+        os.chdir(here)
+    return SimpleNamespace(stdout=stdout, stderr=stderr, returncode=returncode)
 
 
 def test_the_package_type_checks():

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from helpers import SMOKE, run_cli
+from helpers import SMOKE, invoke
 from posexp.runtime import threads
 
 
@@ -67,10 +67,10 @@ def test_auto_is_the_default_and_leaves_the_run_hash_alone(compose):
 
 
 def test_the_first_line_says_how_many_threads_and_why(tmp_path):
-    proc = run_cli("train", *SMOKE, "precision=fp32", "train.steps=4", "train.warmup_steps=1", "eval.tokens=256",
-                   "eval.multiples=[1]", "eval.loss_by_position=false", "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    first = " ".join(proc.stdout.split("\n\n")[0].split())
+    result = invoke("train", *SMOKE, "precision=fp32", "train.steps=4", "train.warmup_steps=1", "eval.tokens=256",
+                    "eval.multiples=[1]", "eval.loss_by_position=false", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.exit_code == 0, result.output[-2000:]
+    first = " ".join(result.stdout.split("\n\n")[0].split())
     said = re.search(r"(\d+) threads? \(auto: (\d+) cores allowed, [^)]*\)", first)
     assert said, first
     logged = (tmp_path / "run" / "train.log").read_text().splitlines()[0]
@@ -81,6 +81,6 @@ def test_the_first_line_says_how_many_threads_and_why(tmp_path):
 
 @pytest.mark.parametrize("value", ["abc", "0", "1.5", "true"])
 def test_anything_but_auto_or_a_positive_number_is_one_line(tmp_path, value):
-    proc = run_cli("train", *SMOKE, f"train.threads={value}", cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "train.threads: must be auto (the cores free to this process) or a positive integer" in proc.stderr
+    result = invoke("train", *SMOKE, f"train.threads={value}", cwd=tmp_path)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "train.threads: must be auto (the cores free to this process) or a positive integer" in result.stderr

@@ -3,26 +3,22 @@ run, folder names outside ASCII. Each is one line naming the place and what to d
 half-written.
 
 Root writes anywhere, whatever a folder's permission bits say, so a read-only folder is made read-only for real:
-as root, the CLI runs in a subprocess without the capabilities that override permissions (``setpriv``), or the
-folder is made immutable (``chattr +i``); as another user, ``chmod`` binds already.
+as root, the folder is made immutable (``chattr +i``, :func:`helpers.read_only`); as another user, ``chmod`` binds
+already. A disk that really fills up (a size-limited tmpfs) is tests/process/test_full_disk.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import shutil
-import subprocess
-import sys
 import types
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from helpers import TINY_RUN, invoke, run_cli
+from helpers import TINY_RUN, immutable, invoke, invoke_main, read_only
 from posexp.errors import PosexpError
 
 TINY_ANALYZE = ("train_len=32", "analyze.length=64", "analyze.figures=false")
@@ -40,42 +36,7 @@ def _results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
-# -- making a folder read-only for real ----------------------------------------------------------------
-
-def _can_create_in(folder: Path, prefix: list[str]) -> bool:
-    probe = folder / "probe"
-    done = subprocess.run([*prefix, sys.executable, "-c", f"open({str(probe)!r}, 'w')"], capture_output=True)
-    probe.unlink(missing_ok=True)
-    return done.returncode == 0
-
-
-def _unprivileged(folder: Path) -> list[str]:
-    """A command prefix that runs a process bound by ``folder``'s permission bits, as a user's is."""
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("root ignores permission bits, and setpriv is not here to drop that power")
-        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-    if _can_create_in(folder, prefix):
-        pytest.skip("this machine lets the process write to a read-only folder")
-    return prefix
-
-
-@contextlib.contextmanager
-def read_only(folder: Path) -> Iterator[None]:
-    """``folder`` read-only to this very process, root included (immutable), for the in-process checks."""
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        undo = ["chmod", "755", str(folder)]
-    elif shutil.which("chattr") and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
-        undo = ["chattr", "-i", str(folder)]
-    else:
-        pytest.skip("root cannot make a folder read-only to itself here (no chattr +i)")
-    try:
-        yield
-    finally:
-        subprocess.run(undo, check=True)
-
+# -- a read-only copy of a run ------------------------------------------------------------------------
 
 def _read_only_copy(trained: Path, where: Path) -> Path:
     copy = where / "shared_run"
@@ -97,13 +58,12 @@ def test_a_read_only_run_folder_is_refused_before_any_work(command, writes, trai
     run = _read_only_copy(trained, tmp_path)
     before = (run / "results.json").read_bytes()
     try:
-        prefix = _unprivileged(run)
         extra = "eval.lengths=[32]" if command == "eval" else "analyze.figures=false"
-        done = subprocess.run([*prefix, sys.executable, "-m", "posexp", command, str(run), extra], cwd=tmp_path,
-                              env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300)
+        with read_only(run):
+            done = invoke(command, str(run), extra, cwd=tmp_path)
     finally:
         _writable_again(run)
-    assert done.returncode == 2, done.stderr
+    assert done.exit_code == 2, done.output
     line = _error_line(done.stderr)
     assert f"{run}: not writable" in line and writes in line and f"cp -r {run} DIR" in line
     assert "posexp eval" not in done.stdout and "attention at" not in done.stdout  # nothing was evaluated
@@ -133,23 +93,14 @@ def test_the_writability_check_probes_the_folder_and_leaves_nothing(trained, tmp
 def test_analyze_from_a_read_only_working_folder_is_one_line_or_writes_elsewhere(tmp_path):
     cwd = tmp_path / "read_only_cwd"
     cwd.mkdir()
-    prefix = _unprivileged_dir(cwd)
-
-    def analyze(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*prefix, sys.executable, "-m", "posexp", "analyze", "encoder=rope", *TINY_ANALYZE,
-                               *args], cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True,
-                              timeout=300)
-
-    try:
-        refused = analyze()
-        elsewhere = analyze(f"hydra.run.dir={tmp_path / 'analysis'}")
-    finally:
-        cwd.chmod(0o755)
-    assert refused.returncode == 2, refused.stderr
+    with read_only(cwd):
+        refused = invoke("analyze", "encoder=rope", *TINY_ANALYZE, cwd=cwd)
+        elsewhere = invoke("analyze", "encoder=rope", *TINY_ANALYZE, f"hydra.run.dir={tmp_path / 'analysis'}", cwd=cwd)
+    assert refused.exit_code == 2, refused.output
     line = _error_line(refused.stderr)
     assert line.startswith("error: outputs/analyze/") and f"{cwd} is not writable" in line
     assert "run the command from a folder you can write to" in line and "hydra.run.dir=DIR" in line
-    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert elsewhere.exit_code == 0, elsewhere.output
     assert (tmp_path / "analysis" / "analysis.json").is_file()
     assert list(cwd.iterdir()) == []
 
@@ -176,15 +127,6 @@ def test_cfg_job_writes_no_folder_and_is_not_refused_for_one(tmp_path):
     result = CliRunner().invoke(app, ["analyze", "--cfg", "job", "hydra.run.dir=/proc/posexp/run"])
     assert result.exit_code == 0, result.output
     assert "encoder:" in result.output
-
-
-def _unprivileged_dir(folder: Path) -> list[str]:
-    folder.chmod(0o555)
-    try:
-        return _unprivileged(folder)
-    except BaseException:
-        folder.chmod(0o755)
-        raise
 
 
 # -- a disk that fills up during a run ---------------------------------------------------------------
@@ -326,40 +268,11 @@ def test_a_full_disk_during_eval_keeps_results_json_and_says_how_to_finish(train
 def test_a_log_file_that_cannot_be_written_does_not_flood_the_terminal(tmp_path):
     """train.log on a full disk (/dev/full refuses every write): the run finishes and writes its results, with
     no "--- Logging error ---" traceback per log line on the terminal."""
-    done = run_cli("train", *TINY_RUN, "hydra.run.dir=run", "hydra.job_logging.handlers.file.filename=/dev/full",
-                   cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = invoke_main("train", *TINY_RUN, "hydra.run.dir=run", "hydra.job_logging.handlers.file.filename=/dev/full",
+                  cwd=tmp_path)
+    assert done.exit_code == 0, done.output[-2000:]
     assert "Logging error" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["run"]["status"] == "completed"
-
-
-@pytest.mark.slow  # two runs in fresh interpreters; the simulated full disk above keeps this in the default suite
-def test_a_real_full_disk_leaves_a_run_that_resumes(tmp_path):
-    """On a size-limited tmpfs (mounted in a user namespace, no privileges needed where the kernel allows
-    them): training fills it, stops in one line, and resumes once there is space."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    posexp = f"{sys.executable} -m posexp"
-    # 700 KiB: room for the .hydra files, the log and the first checkpoint pair (about 430 KiB), not a second
-    script = (f"mount -t tmpfs -o size=700k none {disk} || exit 99; cd {disk}; "
-              f"{posexp} train {' '.join(TINY_RUN)} train.steps=12 train.checkpoint_every=4 hydra.run.dir=run "
-              "2>err.txt; echo $? > code.txt; cp err.txt code.txt run/checkpoint/resume.json "
-              f"{tmp_path}/ 2>/dev/null; rm err.txt code.txt; mount -o remount,size=16m {disk}; "
-              f"{posexp} resume run > /dev/null 2>{tmp_path}/resume_err.txt; echo $? > {tmp_path}/resume_code.txt; "
-              f"cp run/results.json {tmp_path}/")
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "200"})
-    if done.returncode == 99 or not (tmp_path / "code.txt").exists():
-        pytest.skip(f"no tmpfs can be mounted here: {done.stderr.strip()[:200]}")
-    err = (tmp_path / "err.txt").read_text()
-    assert (tmp_path / "code.txt").read_text().strip() == "2", err
-    line = _error_line(err)
-    assert "could not be written (No space left on device)" in line and f"posexp resume {disk / 'run'}" in line
-    assert "Logging error" not in err and "Traceback" not in err, err  # train.log's failed writes stay quiet
-    assert (tmp_path / "resume_code.txt").read_text().strip() == "0", (tmp_path / "resume_err.txt").read_text()
-    assert _results(tmp_path)["run"]["status"] == "completed"
 
 
 # -- folder names outside ASCII ----------------------------------------------------------------------
@@ -398,12 +311,8 @@ def test_an_immutable_results_json_stops_eval_before_it_writes_anything(tiny, tm
     run_dir = tmp_path / "run"
     run_train(tiny("train.steps=2", "eval.multiples=[1]", "eval.tokens=256"), run_dir, [])
     locked = run_dir / "results.json"
-    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
-        pytest.skip("chattr +i needs root and a file system that has the flag")
-    try:
+    with immutable(locked):
         before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
         with pytest.raises(PosexpError, match=r"results\.json read-only or immutable"):
             reeval_main([str(run_dir), "eval.multiples=[1,2]", "eval.tokens=256"])
         assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
-    finally:
-        subprocess.run(["chattr", "-i", str(locked)], capture_output=True)

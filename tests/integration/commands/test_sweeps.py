@@ -17,7 +17,7 @@ import pytest
 from posexp.commands.edge import typed
 import yaml
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke
 
 # On the shared tiny run (helpers.TINY_RUN), smaller still: these tests check wiring, not learning.
 TINY = ("train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256", "eval.loss_by_position=false")
@@ -90,10 +90,10 @@ def test_bad_objective_is_refused_naming_the_key(tiny, bad):
 
 
 def test_bad_objective_on_the_command_line_is_one_line(tmp_path):
-    proc = run_cli("train", *TINY_RUN, *TINY, "objective=longst", "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "error: objective: must be longest, mean or an eval length" in proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr and not (tmp_path / "run" / "results.json").exists()
+    result = invoke("train", *TINY_RUN, *TINY, "objective=longst", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "error: objective: must be longest, mean or an eval length" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "run" / "results.json").exists()
 
 
 # -- the cache key -----------------------------------------------------------------------------------
@@ -142,23 +142,23 @@ def test_an_incomplete_or_corrupt_entry_is_never_reused(tiny, tmp_path):
 def cached_pair(tmp_path_factory):
     """The same tiny training twice with cache=true; the second asks for other eval lengths."""
     cwd = tmp_path_factory.mktemp("cache")
-    first = run_cli("train", *TINY_RUN, *TINY, "cache=true", "hydra.run.dir=first", cwd=cwd)
-    assert first.returncode == 0, first.stderr
-    second = run_cli("train", *TINY_RUN, *TINY, "cache=true", "eval.multiples=[2,4,8]", "hydra.run.dir=second",
-                     cwd=cwd)
-    assert second.returncode == 0, second.stderr
+    first = invoke("train", *TINY_RUN, *TINY, "cache=true", "hydra.run.dir=first", cwd=cwd)
+    assert first.exit_code == 0, first.output
+    second = invoke("train", *TINY_RUN, *TINY, "cache=true", "eval.multiples=[2,4,8]", "hydra.run.dir=second",
+                    cwd=cwd)
+    assert second.exit_code == 0, second.output
     return cwd, second
 
 
 def test_second_identical_training_is_reused_not_repeated(cached_pair):
-    cwd, proc = cached_pair
+    cwd, result = cached_pair
     first, second = cwd / "first", cwd / "second"
     key = _results(first)["run"].get("cached_from")
     assert key is None  # the first one trained
     cached = _results(second)["run"]["cached_from"]
     assert cached["run_dir"] == str(first.resolve())
     message = f"trained weights reused from cache {cached['key']} (run {first.resolve()})"
-    assert message in proc.stdout.replace("\n", "")
+    assert message in result.stdout.replace("\n", "")
     log = (second / "train.log").read_text()
     assert message in log
     assert "posexp.train" not in log  # no training step was logged
@@ -231,10 +231,10 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
     (tmp_path / "big.txt").write_text(Path(json.__file__).read_text(encoding="utf-8") * 20, encoding="utf-8")
     (tmp_path / "tiny.txt").write_text("def f():\n    return 1\n", encoding="utf-8")
     # train.threads=null: the launcher's share of the cores is what this test checks
-    proc = run_cli("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY_RUN, *TINY, "data=text",
-                   "data.path=big.txt,tiny.txt", "train.threads=null", "hydra.sweep.dir=sweep", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr
-    assert "1 sweep job(s) failed" in proc.stderr and "sweep/1" in proc.stderr
+    result = invoke("train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY_RUN, *TINY, "data=text",
+                    "data.path=big.txt,tiny.txt", "train.threads=null", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "1 sweep job(s) failed" in result.stderr and "sweep/1" in result.stderr
     ok, failed = _results(tmp_path / "sweep" / "0"), _results(tmp_path / "sweep" / "1")
     assert ok["run"]["status"] == "completed" and failed["run"]["status"] == "failed"
     assert "fewer than one window" in failed["run"]["error"]["message"]
@@ -247,9 +247,9 @@ def test_joblib_sweep_runs_jobs_in_parallel_processes(tmp_path):
 @needs_submitit
 @pytest.mark.slow  # the joblib launcher test keeps a launcher in the default suite
 def test_submitit_local_sweep(tmp_path):
-    proc = run_cli("train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", *TINY_RUN, *TINY,
-                   "hydra.sweep.dir=sweep", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    result = invoke("train", "-m", "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1", *TINY_RUN, *TINY,
+                    "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
     run = _results(tmp_path / "sweep" / "0")["run"]
     assert run["status"] == "completed" and run["train"]["threads"] == 1
     assert "step 6 loss" in (tmp_path / "sweep" / "0" / "train.log").read_text()
@@ -258,9 +258,9 @@ def test_submitit_local_sweep(tmp_path):
 @pytest.mark.slow  # two full runs in a row, and the sweeps extra besides
 @needs_optuna
 def test_optuna_search_minimises_the_returned_objective(tmp_path):
-    proc = run_cli("train", "-m", "search=base", *TINY_RUN, *TINY, "hydra.sweeper.n_trials=2", "hydra.sweep.dir=sweep",
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    result = invoke("train", "-m", "search=base", *TINY_RUN, *TINY, "hydra.sweeper.n_trials=2",
+                    "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
     best = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     trials = {}
     for n in (0, 1):

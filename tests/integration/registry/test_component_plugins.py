@@ -1,18 +1,18 @@
 """A task, a tracker and an exporter from a package outside posexp: one module each (and the task's yaml), found
-through the one registry (posexp.registry) with no list to edit, each run end to end through the CLI."""
+through the one registry (posexp.registry) with no list to edit, each run end to end through the CLI, in this
+process: each test starts as a new ``posexp`` would once the package is installed (the registries read the entry
+points again, the schemas are stored afresh) and puts the registries back after it."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import TINY_RUN
+from helpers import TINY_RUN, invoke
 
 TASK = '''
 """task=first: read a string, then write its first symbol `repeats` times."""
@@ -199,20 +199,43 @@ def lab(tmp_path_factory) -> Path:
     return root
 
 
-def _posexp(lab: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(lab / "site"), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "posexp", *args], cwd=lab, env=env, capture_output=True,
-                          text=True, timeout=300)
+@pytest.fixture
+def installed(lab, monkeypatch) -> Path:
+    """``lab`` installed (its site folder on ``sys.path``) before posexp starts: the task, tracker and exporter
+    registries read their entry points anew and the config schemas are stored anew, as in a new process; the
+    registries, and ``lab``'s modules, are as they were after the test."""
+    from posexp.commands import validation
+    from posexp.hf.exporters import EXPORTERS
+    from posexp.tasks.task import TASKS
+    from posexp.tracking.tracker import TRACKERS
+
+    monkeypatch.syspath_prepend(str(lab / "site"))
+    monkeypatch.setattr(validation, "_stored", {})
+    saved = [(registry, dict(registry), registry._loaded) for registry in (TASKS, TRACKERS, EXPORTERS)]
+    for registry, _, _ in saved:
+        registry._loaded = False
+    yield lab
+    for registry, classes, loaded in saved:
+        registry.reset_to(classes)
+        registry._loaded = loaded
+    for name in [m for m in sys.modules if m == "lab" or m.startswith("lab.")]:
+        del sys.modules[name]
+
+
+def _posexp(lab: Path, *args: str):
+    """``posexp ARGS`` run from the lab folder (its ``conf/``)."""
+    return invoke(*args, cwd=lab)
 
 
 FAST = (*TINY_RUN, "train.steps=3", "eval.examples=8", "eval.multiples=[1,2]")
 
 
-def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_tracker(lab):
+def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_tracker(installed):
+    lab = installed
     run = lab / "first-run"
     done = _posexp(lab, "train", "--config-dir", "conf", "task=first", "task.symbols=6", "logger=jsonl",
                    "encoder=rope", *FAST, f"hydra.run.dir={run}")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.exit_code == 0, done.output[-4000:]
     results = json.loads((run / "results.json").read_text())
     assert results["run"]["task"]["options"] == {"symbols": 6, "repeats": 2}  # the yaml's, and the command line's
     assert results["run"]["vocab_size"] == 8
@@ -226,7 +249,7 @@ def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_track
 
     # posexp eval finds the plugin tracker's run again, from the record in the run folder
     again = _posexp(lab, "eval", str(run), "eval.lengths=[48]", "eval.examples=8")
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert again.exit_code == 0, again.output[-4000:]
     assert 48 in {json.loads(line).get("length") for line in (run / "events.jsonl").read_text().splitlines()}
 
 
@@ -236,22 +259,24 @@ def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_track
     (("logger=jsonl", "+logger.jsonl.prefx=a"), "logger.jsonl.prefx: not an option of logger 'jsonl'; did you mean "
                                                 "logger.jsonl.prefix? its options are: path, prefix"),
 ])
-def test_an_option_a_plugin_does_not_take_is_one_line_naming_its_options(lab, args, line):
+def test_an_option_a_plugin_does_not_take_is_one_line_naming_its_options(installed, args, line):
+    lab = installed
     done = _posexp(lab, "train", "--config-dir", "conf", *args, *FAST, f"hydra.run.dir={lab / 'refused'}")
-    out = (done.stdout + done.stderr).strip()
-    assert done.returncode == 2 and out.splitlines() == [f"error: {line}"], out
+    out = done.output.strip()
+    assert done.exit_code == 2 and out.splitlines() == [f"error: {line}"], out
     assert not (lab / "refused").exists()
 
 
 @pytest.mark.slow  # two trainings and two exports through the CLI (~60 s)
-def test_a_plugin_exporter_writes_a_none_run_as_gpt2_and_its_refusal_is_its_own(lab):
+def test_a_plugin_exporter_writes_a_none_run_as_gpt2_and_its_refusal_is_its_own(installed):
+    lab = installed
     pytest.importorskip("transformers")
     run = lab / "none-run"
     done = _posexp(lab, "train", "encoder=none", *TINY_RUN, "train.steps=3", "eval.multiples=[1]",
                    "eval.tokens=256", f"hydra.run.dir={run}")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.exit_code == 0, done.output[-4000:]
     exported = _posexp(lab, "export", str(run), str(lab / "none-hf"))
-    assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
+    assert exported.exit_code == 0, exported.output[-4000:]
     record = json.loads((lab / "none-hf" / "posexp_export.json").read_text())
     assert record["architecture"] == "GPT2LMHeadModel" and record["exact"] is True
     assert record["max_abs_logit_diff"] < 1e-4  # measured on the reloaded folder: the same function as the run's
@@ -259,9 +284,9 @@ def test_a_plugin_exporter_writes_a_none_run_as_gpt2_and_its_refusal_is_its_own(
     untied = lab / "untied-run"
     done = _posexp(lab, "train", "encoder=none", "model.tie_embeddings=false", *TINY_RUN, "train.steps=3",
                    "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={untied}")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.exit_code == 0, done.output[-4000:]
     refused = _posexp(lab, "export", str(untied), str(lab / "untied-hf"))
-    out = (refused.stdout + refused.stderr).strip()
-    assert refused.returncode != 0 and out.splitlines() == [
+    out = refused.output.strip()
+    assert refused.exit_code != 0 and out.splitlines() == [
         "error: this exporter writes tied embeddings only: train with model.tie_embeddings=true"], out
     assert not (lab / "untied-hf").exists()

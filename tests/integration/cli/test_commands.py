@@ -1,0 +1,126 @@
+"""The CLI's own commands and flags, run in this process: ``--cfg job``, ``train --help``, ``posexp list`` at
+any width, bad overrides as one message, Hydra's flags read beside overrides, and a run stopped outside its
+training steps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import REPO, TINY_RUN, invoke
+
+
+def test_cfg_job_prints_the_composed_config(tmp_path):
+    result = invoke("train", "encoder=t5", "--cfg", "job", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "name: t5" in result.stdout and "num_buckets: 32" in result.stdout
+    assert not (tmp_path / "outputs").exists()  # printing the config runs nothing
+
+
+def test_help_is_hydras(tmp_path):
+    result = invoke("train", "--help", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "encoder:" in result.stdout and "alibi" in result.stdout  # config groups with their options
+
+
+def test_list_names_every_encoder_data_set_and_experiment(tmp_path):
+    result = invoke("list", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    shipped = REPO / "configs"
+    for group in ("encoder", "data", "experiment"):
+        for yaml in (shipped / group).glob("*.yaml"):
+            assert yaml.stem in result.stdout, (group, yaml.stem)
+
+
+def test_list_reads_at_80_columns(tmp_path):
+    from posexp.commands.listing import yaml_description
+    from posexp.config.schema import config_dir
+
+    result = invoke("list", columns=80, cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out  # no name or description cut short
+    words = set(re.findall(r"[^\s│┃]+", out))
+    for group in ("model", "data", "experiment", "logger"):
+        for yaml in (config_dir() / group).glob("*.yaml"):
+            desc = yaml_description(yaml)
+            assert set(desc.split()) <= words, (yaml, desc)  # every word whole: no 9-character column folding them
+
+
+def test_a_description_is_the_header_first_sentence_not_its_first_line():
+    from posexp.commands.listing import yaml_description
+    from posexp.config.schema import config_dir
+
+    assert yaml_description(config_dir() / "model" / "press2022.yaml") == (
+        "The ALiBi paper's WikiText-103 model (Press et al. 2022): 16 layers of d_model 1024, 8 heads, FFN 4096.")
+    # a long first sentence ends at its first clause rather than mid-word
+    assert yaml_description(config_dir() / "experiment" / "converged.yaml") == (
+        "The built-in data trained long enough that the training-length perplexity stops being a race of how "
+        "fast each encoding is learned")
+
+
+BAD_INPUT = [
+    (["encoder=nope"], ["encoder", "rope", "alibi"]),
+    (["nope=1"], ["nope"]),
+    (["model.dmodel=64"], ["dmodel"]),
+    (["base=1"], ["base", "> 1"]),
+    (["base=0.5"], ["base"]),
+    (["encoder=sinusoidal", "base=-3"], ["base"]),
+    (["encoder=t5", "encoder.lr_mult=0"], ["encoder.lr_mult", "> 0"]),
+    (["train_len=0"], ["train_len", "positive"]),
+    (["train_len=-8"], ["train_len"]),
+    (["train_len=12.5"], ["train_len"]),
+    (["eval.lengths=[0,64]"], ["eval.lengths", "positive"]),
+    (["eval.lengths=[-64]"], ["eval.lengths"]),
+    (["eval.lengths=[1.5]"], ["eval.lengths"]),
+    (["model.d_model=30", "model.n_heads=4"], ["model.d_model", "divisible"]),
+    (["model.d_model=12", "model.n_heads=4"], ["d_model", "even"]),  # rope with head dim 3
+    (["data=text"], ["data.path"]),
+    (["data=text", "data.path=/no/such/file.txt"], ["data.path", "does not exist"]),
+    (["train.steps=0"], ["train.steps"]),
+    (["train.precision=fp16"], ["train.precision", "bf16"]),
+    (["data=hub"], ["data", "stdlib", "text"]),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", BAD_INPUT, ids=[" ".join(o) for o, _ in BAD_INPUT])
+def test_bad_input_is_a_clear_message_not_a_traceback(tmp_path, overrides, needles):
+    # in this interpreter (the CLI as a user calls it, without starting Python and torch 20 times); the
+    # fresh-interpreter form is checked once in tests/process/test_fresh_interpreter.py
+    result = invoke("train", *TINY_RUN, *overrides, "hydra.run.dir=run", cwd=tmp_path)
+    out = result.output
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in out
+    for needle in needles:
+        assert needle in out, (needle, out)
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_overrides_after_a_flag_are_read_without_a_usage_error(capsys):
+    """``posexp finetune RUN train_len=512 -m scaling=none,yarn``: overrides on both sides of -m, read in one go."""
+    from posexp.cli.hydra_flags import read
+
+    line = read(["parent=/runs/p", "train_len=512", "-m", "scaling=none,yarn", "train.steps=200"])
+    assert line is not None and line.multirun and line.runs
+    assert line.overrides == ("parent=/runs/p", "train_len=512", "scaling=none,yarn", "train.steps=200")
+    assert read(["--cfg", "nope"]) is None  # Hydra's parser refuses it (and says so itself)
+    assert not read(["--cfg", "job", "a=1"]).runs and read(["-cd", "conf", "--help"]).helps  # type: ignore[union-attr]
+    assert "usage" not in capsys.readouterr().err
+
+
+def test_a_run_stopped_outside_its_training_steps_says_how_to_go_on(tmp_path):
+    import signal as signals
+
+    from posexp.cli.app import _terminate_run
+    from posexp.cli.jobs import Terminated, interrupted_hint
+
+    with pytest.raises(Terminated) as stopped:  # SIGTERM while evaluating stops the run as Ctrl-C does
+        _terminate_run(signals.SIGTERM, None)
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"")
+    hint = interrupted_hint(tmp_path, stopped.value)
+    assert "SIGTERM" in hint and "while evaluating" in hint and f"posexp resume {tmp_path}" in hint
+    assert "Ctrl-C" in interrupted_hint(tmp_path, KeyboardInterrupt())
