@@ -27,14 +27,23 @@ def text_key(row: Any) -> Any:
     return info.get("text_fingerprint") if row.per_byte else info.get("corpus_fingerprint")
 
 
-def flag_outliers(rows: Sequence[Any], warnings: list[str],
-                   train_len_varies: bool = False) -> tuple[Optional[int], tuple, Any]:
+def _compared_settings(row: Any, scaling: Any) -> Optional[dict]:
+    """The eval settings a run is compared by: a run shown under its own scaling (Report.shown), not the table's,
+    differs in it on purpose."""
+    if row.settings is None or row.settings.get("scaling") == scaling:
+        return row.settings
+    return {k: v for k, v in row.settings.items() if k != "scaling"}
+
+
+def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bool = False,
+                  scaling: Any = None) -> tuple[Optional[int], tuple, Any]:
     """Flag runs whose corpus, eval settings or training length differ from the majority.
 
     Args:
         rows: the report's rows (:class:`~posexp.reporting.table.ReportRow`); flags are appended to them.
         warnings: the report's warnings; one is appended per flagged run.
         train_len_varies: the training length is a compared variable (``--by train_len``): do not flag it.
+        scaling: the scaling the table shows; a run shown under its own is not flagged for it.
 
     Returns:
         The majority training length, (corpus, fingerprint) and eval settings.
@@ -49,7 +58,8 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
 
     # the settings of the rows each run shows (ReportRow.settings), not what the run recorded when it trained:
     # a later posexp eval may have measured them otherwise
-    infos = [{**row.run.info, "eval_settings": row.settings, "compared_text": text_key(row)} for row in rows]
+    infos = [{**row.run.info, "eval_settings": _compared_settings(row, scaling), "compared_text": text_key(row)}
+             for row in rows]
     # A run that stopped before it read its data or evaluated has no fingerprint or eval settings:
     # unknown is not different (its status is flagged already), so it neither votes nor is flagged.
     unknown = [row.run.status != "completed" for row in rows]
@@ -110,20 +120,14 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
 
     # Same --by values in several groups: name what separates them, in the label and the flags.
     by_values = Counter(canon(list(g.key.values())) for g in groups)
+    scalings: dict[str, set] = {}  # by values -> the scalings its groups show (a run's own, Report.shown)
+    for g in groups:
+        scalings.setdefault(canon(list(g.key.values())), set()).add((g.rows[0].settings or {}).get("scaling"))
     for group in groups:
         first = group.rows[0]
         group.flags = list(dict.fromkeys(f for row in group.rows for f in row.flags))
         if by_values[canon(list(group.key.values()))] > 1:
-            info = first.run.info
-            parts = []
-            if first.run.status != "completed":
-                parts.append(first.label)
-            if "different corpus" in group.flags:
-                parts.append(f"corpus {info.get('corpus')} {short_id(info.get('corpus_fingerprint'))}")
-            if "different eval settings" in group.flags:
-                parts.append(f"eval {fmt_settings(first.settings)}")
-            if "different train length" in group.flags:
-                parts.append(f"train_len={first.run.train_len}")
+            parts = _why_apart(group, len(scalings[canon(list(group.key.values()))]) > 1)
             if parts:
                 group.label += f" [{'; '.join(parts)}]"
             group.flags.append("kept apart: not comparable")
@@ -137,6 +141,23 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
         warnings.append(f"{len(split)} groups have the same --by values but a different corpus, eval settings, "
                         "train length or status; they are shown apart, never averaged together")
     return groups
+
+
+def _why_apart(group: Group, scalings_differ: bool) -> list[str]:
+    """What sets a group apart from the others of its ``--by`` values, for its label."""
+    first = group.rows[0]
+    info, parts = first.run.info, []
+    if first.run.status != "completed":
+        parts.append(first.label)
+    if "different corpus" in group.flags:
+        parts.append(f"corpus {info.get('corpus')} {short_id(info.get('corpus_fingerprint'))}")
+    if "different eval settings" in group.flags:
+        parts.append(f"eval {fmt_settings(first.settings)}")
+    elif scalings_differ:  # runs shown under their own scaling (Report.shown)
+        parts.append(f"scaling {(first.settings or {}).get('scaling') or 'none'}")
+    if "different train length" in group.flags:
+        parts.append(f"train_len={first.run.train_len}")
+    return parts
 
 
 def _pooled_keys(group: Group, by: list[str]) -> list[str]:

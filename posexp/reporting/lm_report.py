@@ -88,11 +88,13 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
     if protocol is not None and protocol != MAIN_PROTOCOL and "protocol" not in (wanted or {}):
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
     labels, shared = _labels(runs)
-    report = Report(protocol=protocol, scaling=scaling, window=window, other_views=other_views, by=by_keys,
-                    shared_overrides=shared, warnings=warnings)
+    report = Report(protocol=protocol, scaling=scaling, window=window, by=by_keys, shared_overrides=shared,
+                    warnings=warnings, own_scaling="scaling" not in (wanted or {}))
     rows = [ReportRow(label, run, cells(run, report), None, settings=shown_settings(run, report.shown(run)))
             for label, run in zip(labels, runs)]
     report.rows = rows
+    shown = {(r.get("protocol"), r.get("scaling"), window_key(r)) for row in rows for r in report.shown(row.run)}
+    report.other_views = [v for v in other_views if v not in shown]  # a run's own scaling is in the table
     report.lengths = lengths = sorted({n for row in rows for n in row.cells})
     _per_byte(rows, warnings)
     for row in rows:
@@ -103,7 +105,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
                             f"{', '.join(f'{b:,}' for b in budgets)}); evaluate it again with one eval.tokens")
 
     # Grouping by train_len compares training lengths on purpose: not a stray run to flag.
-    report.train_len, report.corpus, report.eval_settings = flag_outliers(rows, warnings, "train_len" in by_keys)
+    report.train_len, report.corpus, report.eval_settings = flag_outliers(rows, warnings, "train_len" in by_keys, scaling)
     for row in rows:
         if row.run.status != "completed":
             row.flags.append(f"status: {row.run.status}")

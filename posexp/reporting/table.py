@@ -74,6 +74,7 @@ class Report:
         auc_multiple: the span of plain ``auc`` (multiple of the training length), None when no run has one.
         comparison: each group against the reference group (with ``--by`` and two or more groups), else None.
         kind: the runs' kind, of :mod:`.metrics`: ``perplexity`` (language-model runs) or ``accuracy`` (task runs).
+        own_scaling: no scaling was asked for (``--view``): a run evaluated only under its own scaling shows it.
     """
 
     rows: list[ReportRow] = field(default_factory=list)
@@ -95,11 +96,16 @@ class Report:
     comparison: Optional[Comparison] = None
     window: Optional[tuple] = None
     kind: str = PERPLEXITY
+    own_scaling: bool = False
 
     def shown(self, run: Run) -> list[dict]:
-        """The result rows of ``run`` the table shows: of its kind, in its view (task rows: of any protocol)."""
-        return [r for r in run.rows if row_metric(r) == self.kind and r.get("scaling") == self.scaling
-                and window_key(r) == self.window and self.protocol in (None, r.get("protocol"))]
+        """The result rows of ``run`` the table shows: of its kind, in its view (task rows: of any protocol). With
+        ``own_scaling``, a run with none there whose rows are all under one scaling (a pretrained model evaluated
+        with its own ``eval.scaling``) shows those: its own view, not "no results"."""
+        rows = [r for r in run.rows if row_metric(r) == self.kind and window_key(r) == self.window
+                and self.protocol in (None, r.get("protocol"))]
+        shown = [r for r in rows if r.get("scaling") == self.scaling]
+        return rows if not shown and self.own_scaling and len({r.get("scaling") for r in rows}) == 1 else shown
 
     @property
     def view(self) -> str:
