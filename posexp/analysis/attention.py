@@ -14,15 +14,14 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
 from posexp.analysis.app import ANALYSIS_JSON, analyse_encoder, print_summary
 from posexp.analysis.drawing import draw_attention
-from posexp.analysis.schema import AnalyzeConfig, check_analyze
-from posexp.errors import ConfigError, PosexpError, require
+from posexp.analysis.schema import AnalyzeConfig, analyze_settings
+from posexp.errors import PosexpError, require
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import is_run_dir
 
@@ -100,8 +99,9 @@ def _attention_probs(attn, x: Tensor, plan) -> Tensor:
     return enc.normalise(logits, plan.pos, plan.pos) if enc.uses_normalise else logits.softmax(-1)
 
 
-def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
-    """Run folders and ``analyze.KEY=VALUE`` overrides of ``posexp analyze RUN_DIR...``."""
+def parse_run_args(args: Sequence[str]) -> tuple[list[Path], AnalyzeConfig]:
+    """Run folders and the ``analyze.*`` settings (``analyze.KEY=VALUE`` applied, typed and checked) of
+    ``posexp analyze RUN_DIR...``."""
     import yaml
 
     runs, over = [], {}
@@ -123,38 +123,29 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], dict]:
                 "with a trained run only analyze.* settings apply; choose one of: "
                 + ", ".join("analyze." + k for k in keys))
         over[key[len("analyze."):]] = yaml.safe_load(value)
-    return runs, over
+    return runs, analyze_settings(over)
 
 
-def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = None,
+def analyze_run(run_dir: Path, settings: AnalyzeConfig, console: Optional[Console] = None,
                 allow_changed_encoder: bool = False) -> dict:
     """``posexp analyze RUN_DIR``: the trained encoder's geometry and the model's attention vs length.
 
     Loads the run as ``posexp eval`` does (:func:`posexp.commands.eval.prepare`: its saved config,
-    its corpus, safetensors weights) and writes into ``RUN_DIR/analysis/``.
+    its corpus, safetensors weights) and writes into ``RUN_DIR/analysis/``. ``settings``: the checked
+    ``analyze.*`` values (:func:`parse_run_args`).
     """
-    from omegaconf.errors import OmegaConfBaseException
-
     from posexp.commands.eval import prepare
 
     console = console or Console()
     p = prepare(run_dir, [], allow_changed_encoder=allow_changed_encoder,
                 warn=lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
-    a = OmegaConf.structured(AnalyzeConfig)
-    for k, v in overrides.items():
-        try:
-            a[k] = v
-        except OmegaConfBaseException:
-            raise ConfigError(f"analyze.{k}", f"{v!r} is not a valid value") from None
-    check_analyze(a)
-    settings: AnalyzeConfig = OmegaConf.to_object(a)  # type: ignore[assignment]
     cfg = p.cfg
     out = Path(run_dir) / ANALYSIS_DIR
     model = p.model.eval()
     result = analyse_encoder(model.encoder, cfg, settings, out, note="trained encoder of this run")
     train_len = int(cfg.train_len)
     rows = []
-    for m in sorted(set(int(x) for x in a.multiples)):
+    for m in sorted(set(settings.multiples)):
         length = m * train_len
         row: dict[str, Any] = {"multiple": m, "length": length}
         if not model.encoder.supports(length):
@@ -162,7 +153,7 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
         elif p.task is None and len(p.corpus.val) < length:
             row["not_applicable"] = f"the validation text has only {len(p.corpus.val)} tokens"
         else:
-            n, text = _windows(p, length, int(a.tokens))
+            n, text = _windows(p, length, settings.tokens)
             stats = attention_statistics(model, text, length, n)
             row.update({"windows": n, "mean_distance": stats["mean_distance"].round(4).tolist(),
                         "entropy": stats["entropy"].round(4).tolist(),
@@ -171,7 +162,7 @@ def analyze_run(run_dir: Path, overrides: dict, console: Optional[Console] = Non
         console.print(f"attention at {length} tokens ({m}× train_len): "
                       + (row.get("not_applicable") or f"{row['windows']} window(s)"), highlight=False)
     result["attention"] = rows
-    if a.figures:
+    if settings.figures:
         result["figures"] += draw_attention(rows, train_len, result["label"], out)
     atomic_write_json(out / ANALYSIS_JSON, result)
     print_summary(result, console)
@@ -215,7 +206,7 @@ def analyze_runs_main(args: Sequence[str], console: Optional[Console] = None) ->
     from posexp.commands.eval import check_writable
 
     allow = ALLOW_FLAG in args
-    runs, overrides = parse_run_args([a for a in args if a != ALLOW_FLAG])
+    runs, settings = parse_run_args([a for a in args if a != ALLOW_FLAG])
     for run in runs:  # every folder checked before the first is analysed
         check_writable(run, "posexp analyze", f"its figures and {ANALYSIS_JSON}", into=run / ANALYSIS_DIR)
-    return [analyze_run(r, overrides, console, allow_changed_encoder=allow) for r in runs]
+    return [analyze_run(r, settings, console, allow_changed_encoder=allow) for r in runs]

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from posexp.config.schema import Config
-from posexp.errors import require
+from posexp.errors import ConfigError, require
+
 
 @dataclass
 class AnalyzeConfig:
@@ -47,7 +48,29 @@ def _analyze_root_schema() -> type:
 AnalyzeRootConfig = _analyze_root_schema()
 
 
-def check_analyze(a: Any) -> None:
+def analyze_settings(overrides: dict[str, Any]) -> AnalyzeConfig:
+    """The ``analyze.*`` settings of ``posexp analyze RUN_DIR``: the defaults with ``overrides`` (key without the
+    ``analyze.`` prefix -> parsed value) applied, typed by the schema and range-checked.
+
+    Raises:
+        ConfigError: naming the first key whose value does not fit its type or range.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    node: Any = OmegaConf.structured(AnalyzeConfig)
+    for k, v in overrides.items():
+        try:
+            node[k] = v
+        except OmegaConfBaseException:
+            raise ConfigError(f"analyze.{k}", f"{v!r} is not a valid value") from None
+    settings = OmegaConf.to_object(node)
+    assert isinstance(settings, AnalyzeConfig)
+    check_analyze(settings)
+    return settings
+
+
+def check_analyze(a: AnalyzeConfig) -> None:
     """Range checks of the ``analyze`` keys. Raises :class:`ConfigError` naming the key."""
     require(a.length is None or a.length >= 2, "analyze.length",
             f"must be at least 2 positions, or null for the longest eval length (got {a.length})")

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 from typing import NoReturn
 
-from rich.console import Console
 from rich.markup import escape
 
 from posexp.errors import PosexpError
-
-
-def console(stderr: bool = False) -> Console:
-    """A Rich console for the command's output. COLUMNS=0 made Rich's consoles zero characters wide, errors
-    included: the terminal's own width (or 80 columns) is taken instead, as :func:`shutil.get_terminal_size` reads
-    it; any other COLUMNS is Rich's to read."""
-    width = shutil.get_terminal_size().columns if os.environ.get("COLUMNS") == "0" else None
-    return Console(stderr=stderr, width=width)
+from posexp.runtime.terminal import console  # the command's consoles, shared with training's progress
 
 
 def say(text: str, error: bool = False) -> None:

@@ -79,14 +79,14 @@ def set_job_threads(threads: Any, launcher: Any) -> Optional[int]:
 
     from posexp.runtime.threads import pin
 
-    threads = job_threads(launcher)
-    pin(threads, f"{_launcher_name(launcher)}'s share of the cores")  # what train.threads=auto then takes
+    share = job_threads(launcher)
+    pin(share, f"{_launcher_name(launcher)}'s share of the cores")  # what train.threads=auto then takes
     if isinstance(threads, int):  # a number: run_train sets it
         return None
-    if threads is not None:
-        torch.set_num_threads(threads)
-        log.info("%d torch threads for this job (%s)", threads, _launcher_name(launcher))
-    return threads
+    if share is not None:
+        torch.set_num_threads(share)
+        log.info("%d torch threads for this job (%s)", share, _launcher_name(launcher))
+    return share
 
 
 def _launcher_name(launcher: Any) -> str:

@@ -47,6 +47,7 @@ from posexp.model.gpt import GPT
 from posexp.model.positions import PositionPlan
 from posexp.runtime.device import Placement, autocast, resolve_device, step_settings
 from posexp.runtime.precision import bf16_is_native
+from posexp.runtime.terminal import console as terminal_console
 from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
 from posexp.training.checkpoint import save_final
 from posexp.training.context import sequence_shards
@@ -354,7 +355,7 @@ def _train_steps(setup: TrainingSetup, spec: Config, sampler: Sampler, run_dir: 
     """Train from ``setup.state`` to ``spec.train.steps``, logging and checkpointing; returns the run's training
     wall time (every session's)."""
     t, w, model, opt, state = spec.train, placement.world, setup.model, setup.optimizer, setup.state
-    console = Console(stderr=True)
+    console = terminal_console(stderr=True)  # its warnings and progress, whatever COLUMNS says
     warn_if_slow_bf16(t.precision, placement.device, console, w.is_main)
     take_step = TrainStep(model, setup.net, opt, sampler, PositionPlan(spec), t, placement)
     # only rank 0 writes; the others keep the same numbers, and so take the same decisions

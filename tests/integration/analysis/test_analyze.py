@@ -180,6 +180,23 @@ def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
         check_analyze_job(compose_analyze("encoder=rope", *TINY, "analyze.length=1"))
 
 
+def test_trained_run_settings_are_typed_and_checked_before_any_run_loads():
+    """``posexp analyze RUN_DIR analyze.KEY=VALUE``: the values are parsed into the typed schema, and a value of
+    the wrong type or out of range is refused while reading the command line, before a run folder is read."""
+    from posexp.analysis.attention import parse_run_args
+    from posexp.analysis.schema import AnalyzeConfig
+
+    runs, settings = parse_run_args(["analyze.multiples=[2,1]", "analyze.tokens=256", "analyze.figures=false"])
+    assert runs == [] and settings == AnalyzeConfig(multiples=[2, 1], tokens=256, figures=False)
+    for arg, message in (("analyze.tokens=many", "analyze.tokens: 'many' is not a valid value"),
+                         ("analyze.tokens=0", "analyze.tokens: must be a positive number of tokens (got 0)"),
+                         ("analyze.multiples=[1,-2]", "analyze.multiples: must list positive multiples"),
+                         ("analyze.length=1", "analyze.length: must be at least 2 positions")):
+        with pytest.raises(ConfigError) as err:
+            parse_run_args([arg])
+        assert str(err.value).startswith(message), arg
+
+
 # -- attention statistics of a model ------------------------------------------------------------
 
 @pytest.mark.parametrize("encoder", ["none", "rope", "alibi"])

@@ -59,6 +59,30 @@ def test_joblib_jobs_share_the_cores():
     assert job_threads(OmegaConf.create({"_target_": "x.BasicLauncher"}), cores=8) is None
 
 
+def test_a_launchers_share_sets_the_jobs_threads_unless_train_threads_is_a_number(caplog):
+    """train.threads=null and auto take the launcher's share (null: set here, and said in train.log); a number is
+    run_train's to set."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from posexp.commands.sweeps import available_cores, set_job_threads
+    from posexp.runtime.threads import choose, pin
+
+    joblib = OmegaConf.create({"_target_": "x.JoblibLauncher", "n_jobs": 2})
+    share = max(1, available_cores() // 2)
+    torch.set_num_threads(share + 1)  # conftest's _torch_threads puts the session's count back
+    try:
+        with caplog.at_level("INFO", logger="posexp.sweeps"):
+            assert set_job_threads(None, joblib) == share
+        assert torch.get_num_threads() == share
+        assert f"{share} torch threads for this job (JoblibLauncher)" in caplog.text
+        assert set_job_threads("auto", joblib) == share and choose("auto").count == share
+        torch.set_num_threads(share + 1)
+        assert set_job_threads(share + 1, joblib) is None and torch.get_num_threads() == share + 1
+    finally:
+        pin(None)
+
+
 # -- the objective a sweeper minimises ---------------------------------------------------------------
 
 ROWS = {"rows": [{"length": 32, "loss": 4.0, "applicable": True}, {"length": 64, "loss": 4.5, "applicable": True},

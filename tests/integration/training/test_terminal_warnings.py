@@ -26,3 +26,15 @@ def test_warmup_longer_than_the_run_and_an_unwritable_cache_dir_are_warned_on_th
     log = (run / "train.log").read_text()
     assert re.search(r"WARNING\] - train\.warmup_steps=20", log) and "cannot be written" in log
     assert "Traceback" not in r.output
+
+
+def test_training_progress_is_readable_with_columns_0(tmp_path):
+    """COLUMNS=0 made training's own console zero characters wide: its progress lines (and warnings) printed
+    nothing at all."""
+    r = invoke("train", *TINY_RUN, "train.progress=true", f"hydra.run.dir={tmp_path / 'run'}", columns=0,
+               cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.startswith("train ")]
+    assert lines and all(re.fullmatch(r"train \S+ step [\d,]+/[\d,]+ \(\d+%\)  loss \d+\.\d{3}  .* eta \d+:\d\d:\d\d",
+                                      x) for x in lines), r.stderr
+    assert lines[-1].split()[3].split("/")[0] == lines[-1].split()[3].split("/")[1]  # through the last step
