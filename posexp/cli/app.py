@@ -24,7 +24,7 @@ from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_comma
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming, register_analyze_schema
 from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
-from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
+from posexp.cli.plugins import load_folder_plugins, user_config_dirs
 from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
@@ -165,7 +165,6 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
             raise PosexpError(missing)
         dirs = user_config_dirs(line)  # the user's config folders: their encoders imported, every schema stored
         load_folder_plugins(dirs)
-        refuse_broken(line)  # an encoder chosen that cannot be used
         register_analyze_schema()
         if line is not None:
             check_command_line(line, dirs, folders)

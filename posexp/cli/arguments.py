@@ -16,7 +16,6 @@ This module imports Hydra and ``posexp.config.schema`` (no torch until an encode
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import re
 import typing
@@ -31,10 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.table import Table
 
+from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options
 from posexp.cli.console import console
 from posexp.cli.hydra_flags import CommandLine
 from posexp.cli.plugins import guess_hint
-from posexp.config import schema
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
@@ -185,6 +184,13 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
     for value in values:
         if value not in options:
             raise OverrideError(_no_option(group, value, options), hydra_reports=group not in OPTIONAL_GROUPS)
+    if group == "encoder":  # a plugin encoder that cannot be used (its module fails to load...): why, in one line
+        from posexp.encoders import broken  # torch: see posexp/cli/plugins.py
+
+        unusable = broken()
+        value = next((v for v in values if v in unusable), None)
+        if value is not None:
+            raise PosexpError(f"encoder={value}: the plugin encoder cannot be used: {unusable[value]}")
 
 
 def _no_option(group: str, value: str, options: Sequence[str]) -> str:
@@ -208,8 +214,6 @@ def check_command_line(line: CommandLine, dirs: Sequence[Path] = (), folders: bo
     Raises:
         OverrideError: naming the argument and what is allowed.
     """
-    from posexp.cli.completion import group_options  # the groups' files, read without Hydra
-
     if line.config_path:
         raise OverrideError(f"--config-path {line.config_path}: replaces posexp's own configs; to add a folder of "
                             "yours beside them use --config-dir DIR (or hydra.searchpath=[file://DIR])")
@@ -309,16 +313,10 @@ def _one_line(error: Exception) -> str:
 
 # -- posexp train --help: the keys the schema documents ----------------------------------------------
 
-# the schema of each Hydra app's config: its fields with a comment of their own are the keys its --help lists
-APP_SCHEMAS = {"config": schema.Config, "analyze": schema.Config, "finetune": schema.FinetuneAppConfig,
-               "pretrained": schema.PretrainedConfig}
-_COMMENTED = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    lr: float = 3e-3  # peak learning rate"
-
-
 def documented_keys(cls: type, prefix: str = "") -> dict:
-    """``key -> meaning`` of each field of the schema dataclass ``cls`` that has a comment of its own (``lr: float =
-    3e-3  # peak learning rate``), and of a group's fields (``model.d_model``) one level down."""
-    own = {m[1]: m[2] for m in map(_COMMENTED.match, inspect.getsource(cls).splitlines()) if m}
+    """``key -> meaning`` of each field of the schema dataclass ``cls`` that has a comment of its own
+    (:func:`~posexp.cli.completion.field_comments`), and of a group's fields (``model.d_model``) one level down."""
+    own = field_comments(cls)
     hints, keys = typing.get_type_hints(cls), {}
     for f in dataclasses.fields(cls):
         group = hints[f.name]
@@ -334,7 +332,7 @@ def key_table(config_name: str, cfg: DictConfig) -> list:
     composed config ``cfg``."""
     defaults: Any = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    documented = documented_keys(APP_SCHEMAS.get(config_name, schema.Config))
+    documented = documented_keys(APP_SCHEMAS[config_name])
     for key in sorted(documented, key=lambda k: "." in k):  # the top level's first, then each group's
         meaning = documented[key]
         value: Any = defaults

@@ -4,7 +4,7 @@
 encoder=logrope`` both reach ``conf/encoder/logrope.yaml``, whose ``module:`` key names the Python module
 that defines the encoder (``module: my_encoders.logrope``): :func:`load_folder_plugins` has the registry import
 those modules first (:mod:`posexp.encoders.config_folder`), so that each encoder's schema is in Hydra's
-ConfigStore as a built-in's is; a broken one chosen on the command line is refused (:func:`refuse_broken`).
+ConfigStore as a built-in's is.
 """
 
 from __future__ import annotations
@@ -83,22 +83,3 @@ def load_folder_plugins(dirs: Sequence[Path]) -> List[str]:
 
     return [name for folder in dirs for name in load_config_folder(folder)]
 
-
-def refuse_broken(line: Optional[CommandLine]) -> None:
-    """Stop a command line that chooses a broken plugin encoder (``encoder=NAME``, or among a sweep's choices),
-    naming why in one line.
-
-    Raises:
-        PosexpError: the first broken encoder chosen, and why.
-    """
-    from posexp.encoders import broken
-
-    unusable = broken()
-    if not unusable:
-        return
-    for arg in (line.overrides if line is not None else ()):
-        if arg.split("=", 1)[0].lstrip("+~") != "encoder":
-            continue
-        for choice in map(str, _values(arg)):
-            if choice in unusable:
-                raise PosexpError(f"encoder={choice}: the plugin encoder cannot be used: {unusable[choice]}")
