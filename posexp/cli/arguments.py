@@ -33,7 +33,6 @@ from rich.table import Table
 from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options
 from posexp.cli.console import console
 from posexp.cli.hydra_flags import CommandLine
-from posexp.cli.plugins import guess_hint
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
@@ -42,6 +41,9 @@ HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
 OPTIONAL_GROUPS = ("experiment", "search")
+# keys a user might guess for an encoder of their own (and encoder.MODULE_KEY); none exists, the message names the
+# way that does
+GUESSED_KEYS = ("plugins", "encoder._target_", "encoders")
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a config Hydra could not compose (:func:`explain`)
 
 
@@ -185,7 +187,7 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
         if value not in options:
             raise OverrideError(_no_option(group, value, options), hydra_reports=group not in OPTIONAL_GROUPS)
     if group == "encoder":  # a plugin encoder that cannot be used (its module fails to load...): why, in one line
-        from posexp.encoders import broken  # torch: see posexp/cli/plugins.py
+        from posexp.encoders import broken  # torch: see posexp/cli/app.py
 
         unusable = broken()
         value = next((v for v in values if v in unusable), None)
@@ -194,7 +196,7 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
 
 
 def _no_option(group: str, value: str, options: Sequence[str]) -> str:
-    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/plugins.py
+    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/app.py
 
     own = f"; {HOW_TO}" if group == "encoder" else ""
     return (f"{group}={value}: no such {group} option; {did_you_mean(value, list(options), f'{group}=')}"
@@ -279,11 +281,12 @@ def _task_key(where: str, name: str, parent: object) -> Optional[str]:
 
 def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:
     """``where.name`` is no key of ``keys`` (the override ``what`` set it, if it is not the key alone)."""
+    from posexp.encoders.plugins import HOW_TO, MODULE_KEY  # torch: see posexp/cli/app.py
+
     prefix = f"{where}." if where else ""
-    hint = guess_hint(prefix + name)
     said = f"{what}: " if what else ""
-    if hint:
-        return f"{said or prefix + name + ': '}{hint}"
+    if (prefix + name).lstrip("+") in (*GUESSED_KEYS, f"encoder.{MODULE_KEY}"):
+        return f"{said or prefix + name + ': '}posexp builds no encoder from a command-line key; {HOW_TO}"
     return (f"{said}{prefix}{name} is not a config key; {did_you_mean(name, list(keys), prefix)}"
             f"keys of {where or 'the top level'}: {', '.join(keys)}")
 
