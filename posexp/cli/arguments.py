@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.table import Table
 
-from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options
+from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options, optional_groups
 from posexp.cli.console import console
 from posexp.cli.hydra_flags import CommandLine
 from posexp.config.schema import config_dir
@@ -40,7 +40,7 @@ from posexp.registry import did_you_mean
 HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
-OPTIONAL_GROUPS = ("experiment", "search")
+OPTIONAL_GROUPS = optional_groups()
 # keys a user might guess for an encoder of their own (and encoder.MODULE_KEY); none exists, the message names the
 # way that does
 GUESSED_KEYS = ("plugins", "encoder._target_", "encoders")

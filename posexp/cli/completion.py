@@ -128,6 +128,12 @@ def app_defaults(config_name: str) -> Dict[str, Optional[str]]:
     return chosen
 
 
+def optional_groups(config_name: str = "config") -> Tuple[str, ...]:
+    """The groups a Hydra app's defaults list marks ``optional`` (``optional experiment: null``)."""
+    entries = (_read_yaml(config_dir() / f"{config_name}.yaml") or {}).get("defaults") or []
+    return tuple(str(k).split()[-1] for e in entries if isinstance(e, dict) for k in e if str(k).startswith("optional "))
+
+
 def user_dirs(words: Sequence[str]) -> List[Path]:
     """The user's config folders on the command line: ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and
     the ``file://`` folders of ``hydra.searchpath=[...]``."""
