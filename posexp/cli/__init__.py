@@ -2,7 +2,7 @@
 and ``eval hf:MODEL`` are Hydra's own applications, run on the arguments typed (no ``sys.argv`` swapped:
 :mod:`posexp.cli.hydra_flags`); what Hydra lacks around them: one-line errors (:mod:`posexp.cli.arguments`), each
 job checked and its folder claimed (:mod:`posexp.cli.folders`), sweep jobs that fail counted (:mod:`posexp.cli.jobs`),
-the user's encoder folders (:mod:`posexp.cli.plugins`), ``posexp list`` (:mod:`posexp.commands.listing`) and tab
+the user's encoder folders (:mod:`posexp.cli.hydra_flags`), ``posexp list`` (:mod:`posexp.commands.listing`) and tab
 completion (:mod:`posexp.cli.completion`, :mod:`posexp.cli.shell`).
 
 The only package that touches Hydra's argv; the recipes it starts live in :mod:`posexp.commands`.

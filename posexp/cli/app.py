@@ -24,7 +24,6 @@ from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_comma
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming, register_analyze_schema
 from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
-from posexp.cli.plugins import load_folder_plugins, refuse_broken, user_config_dirs
 from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
@@ -163,9 +162,7 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
         missing = missing_plugin(args)
         if missing:
             raise PosexpError(missing)
-        dirs = user_config_dirs(line)  # the user's config folders: their encoders imported, every schema stored
-        load_folder_plugins(dirs)
-        refuse_broken(line)  # an encoder chosen that cannot be used
+        dirs = hydra_flags.user_config_dirs(line)  # the user's config folders: their encoders imported
         register_analyze_schema()
         if line is not None:
             check_command_line(line, dirs, folders)
@@ -394,7 +391,7 @@ def check_cmd(
     cannot be built), 3 when none fails but one could not measure (out of memory)."""
     from posexp.commands.check import check_main
 
-    load_folder_plugins(_config_dirs(config_dir))
+    _config_dirs(config_dir)
     raise SystemExit(check_main(encoder, list(options or []), fmt, console()))
 
 
@@ -406,13 +403,13 @@ def list_cmd(
 ) -> None:
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
-    load_folder_plugins(dirs := _config_dirs(config_dir))  # the encoders of the user's folder listed too
-    print_choices(console(), dirs)
+    print_choices(console(), _config_dirs(config_dir))  # the encoders of the user's folder listed too
 
 
 def _config_dirs(config_dir: Optional[Path]) -> list:
-    """A ``--config-dir`` option's folder, checked as Hydra's flag is (:func:`user_config_dirs`)."""
-    return user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
+    """A ``--config-dir`` option's folder, checked as Hydra's flag is, its encoders imported
+    (:func:`~posexp.cli.hydra_flags.user_config_dirs`)."""
+    return hydra_flags.user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
 
 
 @app.command("export")

@@ -16,7 +16,6 @@ This module imports Hydra and ``posexp.config.schema`` (no torch until an encode
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import re
 import typing
@@ -31,10 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.table import Table
 
+from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options, optional_groups
 from posexp.cli.console import console
 from posexp.cli.hydra_flags import CommandLine
-from posexp.cli.plugins import guess_hint
-from posexp.config import schema
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
@@ -42,7 +40,10 @@ from posexp.registry import did_you_mean
 HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 FULL_ERROR_HINT = "HYDRA_FULL_ERROR=1 shows Hydra's full message"
 # the `optional` groups of configs/config.yaml's defaults: Hydra skips an option of theirs that does not exist
-OPTIONAL_GROUPS = ("experiment", "search")
+OPTIONAL_GROUPS = optional_groups()
+# keys a user might guess for an encoder of their own (and encoder.MODULE_KEY); none exists, the message names the
+# way that does
+GUESSED_KEYS = ("plugins", "encoder._target_", "encoders")
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a config Hydra could not compose (:func:`explain`)
 
 
@@ -185,10 +186,17 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
     for value in values:
         if value not in options:
             raise OverrideError(_no_option(group, value, options), hydra_reports=group not in OPTIONAL_GROUPS)
+    if group == "encoder":  # a plugin encoder that cannot be used (its module fails to load...): why, in one line
+        from posexp.encoders import broken  # torch: see posexp/cli/app.py
+
+        unusable = broken()
+        value = next((v for v in values if v in unusable), None)
+        if value is not None:
+            raise PosexpError(f"encoder={value}: the plugin encoder cannot be used: {unusable[value]}")
 
 
 def _no_option(group: str, value: str, options: Sequence[str]) -> str:
-    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/plugins.py
+    from posexp.encoders.plugins import HOW_TO  # torch: see posexp/cli/app.py
 
     own = f"; {HOW_TO}" if group == "encoder" else ""
     return (f"{group}={value}: no such {group} option; {did_you_mean(value, list(options), f'{group}=')}"
@@ -208,8 +216,6 @@ def check_command_line(line: CommandLine, dirs: Sequence[Path] = (), folders: bo
     Raises:
         OverrideError: naming the argument and what is allowed.
     """
-    from posexp.cli.completion import group_options  # the groups' files, read without Hydra
-
     if line.config_path:
         raise OverrideError(f"--config-path {line.config_path}: replaces posexp's own configs; to add a folder of "
                             "yours beside them use --config-dir DIR (or hydra.searchpath=[file://DIR])")
@@ -275,11 +281,12 @@ def _task_key(where: str, name: str, parent: object) -> Optional[str]:
 
 def _not_a_key(where: str, name: str, keys: Sequence[str], what: str = "") -> str:
     """``where.name`` is no key of ``keys`` (the override ``what`` set it, if it is not the key alone)."""
+    from posexp.encoders.plugins import HOW_TO, MODULE_KEY  # torch: see posexp/cli/app.py
+
     prefix = f"{where}." if where else ""
-    hint = guess_hint(prefix + name)
     said = f"{what}: " if what else ""
-    if hint:
-        return f"{said or prefix + name + ': '}{hint}"
+    if (prefix + name).lstrip("+") in (*GUESSED_KEYS, f"encoder.{MODULE_KEY}"):
+        return f"{said or prefix + name + ': '}posexp builds no encoder from a command-line key; {HOW_TO}"
     return (f"{said}{prefix}{name} is not a config key; {did_you_mean(name, list(keys), prefix)}"
             f"keys of {where or 'the top level'}: {', '.join(keys)}")
 
@@ -309,16 +316,10 @@ def _one_line(error: Exception) -> str:
 
 # -- posexp train --help: the keys the schema documents ----------------------------------------------
 
-# the schema of each Hydra app's config: its fields with a comment of their own are the keys its --help lists
-APP_SCHEMAS = {"config": schema.Config, "analyze": schema.Config, "finetune": schema.FinetuneAppConfig,
-               "pretrained": schema.PretrainedConfig}
-_COMMENTED = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    lr: float = 3e-3  # peak learning rate"
-
-
 def documented_keys(cls: type, prefix: str = "") -> dict:
-    """``key -> meaning`` of each field of the schema dataclass ``cls`` that has a comment of its own (``lr: float =
-    3e-3  # peak learning rate``), and of a group's fields (``model.d_model``) one level down."""
-    own = {m[1]: m[2] for m in map(_COMMENTED.match, inspect.getsource(cls).splitlines()) if m}
+    """``key -> meaning`` of each field of the schema dataclass ``cls`` that has a comment of its own
+    (:func:`~posexp.cli.completion.field_comments`), and of a group's fields (``model.d_model``) one level down."""
+    own = field_comments(cls)
     hints, keys = typing.get_type_hints(cls), {}
     for f in dataclasses.fields(cls):
         group = hints[f.name]
@@ -334,7 +335,7 @@ def key_table(config_name: str, cfg: DictConfig) -> list:
     composed config ``cfg``."""
     defaults: Any = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    documented = documented_keys(APP_SCHEMAS.get(config_name, schema.Config))
+    documented = documented_keys(APP_SCHEMAS[config_name])
     for key in sorted(documented, key=lambda k: "." in k):  # the top level's first, then each group's
         meaning = documented[key]
         value: Any = defaults

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from posexp.cli.hydra_flags import CFG_PARTS, INFO_PARTS
-from posexp.config.schema import Config, FinetuneAppConfig, config_dir
+from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig, config_dir
 
 WORDS, DIRS, FILES = "words", "dirs", "files"
+# the schema of each Hydra app's config (``analyze`` adds its own group to the training config's)
+APP_SCHEMAS = {"config": Config, "analyze": Config, "finetune": FinetuneAppConfig, "pretrained": PretrainedConfig}
 
 
 @dataclass(frozen=True)
@@ -55,17 +57,22 @@ _FIELD = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    name: type = 
 
 
 @lru_cache(maxsize=None)
-def field_choices(cls: type) -> Dict[str, Tuple[str, ...]]:
-    """The values of each field of a schema dataclass whose comment lists them, ``a | b | c`` (``scaling: str =
-    "none"  # eval-time context extension: none | linear | ...``): the schema documents a key's choices once."""
+def field_comments(cls: type) -> Dict[str, str]:
+    """``field -> comment`` of each field of a schema dataclass that has a comment of its own (``lr: float = 3e-3
+    # peak learning rate``); none for a schema made at run time (a task's or tracker's options)."""
     import inspect
 
     try:
         source = inspect.getsource(cls)
-    except (OSError, TypeError):  # a schema made at run time (a task's or tracker's options): no comments to read
+    except (OSError, TypeError):
         return {}
-    found = {m.group(1): _alternatives(m.group(2)) for m in map(_FIELD.match, source.splitlines())
-             if m and "|" in m.group(2)}
+    return {m[1]: m[2] for m in map(_FIELD.match, source.splitlines()) if m}
+
+
+def field_choices(cls: type) -> Dict[str, Tuple[str, ...]]:
+    """The values of each field whose comment lists them, ``a | b | c`` (``scaling: str = "none"  # eval-time context
+    extension: none | linear | ...``): the schema documents a key's choices once."""
+    found = {key: _alternatives(comment) for key, comment in field_comments(cls).items() if "|" in comment}
     return {k: v for k, v in found.items() if v}
 
 
@@ -121,6 +128,12 @@ def app_defaults(config_name: str) -> Dict[str, Optional[str]]:
     return chosen
 
 
+def optional_groups(config_name: str = "config") -> Tuple[str, ...]:
+    """The groups a Hydra app's defaults list marks ``optional`` (``optional experiment: null``)."""
+    entries = (_read_yaml(config_dir() / f"{config_name}.yaml") or {}).get("defaults") or []
+    return tuple(str(k).split()[-1] for e in entries if isinstance(e, dict) for k in e if str(k).startswith("optional "))
+
+
 def user_dirs(words: Sequence[str]) -> List[Path]:
     """The user's config folders on the command line: ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and
     the ``file://`` folders of ``hydra.searchpath=[...]``."""
@@ -166,7 +179,7 @@ class AppKeys:
     @classmethod
     def of(cls, app: str, words: Sequence[str]) -> "AppKeys":
         dirs, groups = user_dirs(words), app_defaults(app)
-        tree = dict(schema_tree(FinetuneAppConfig if app == "finetune" else Config))
+        tree = dict(schema_tree(APP_SCHEMAS[app]))
         tree.pop("finetune", None)  # the lineage posexp finetune writes, not a setting
 
         def chosen(group: str) -> Optional[str]:  # the option chosen last (a sweep's first), else the app's default

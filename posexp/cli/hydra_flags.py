@@ -3,6 +3,12 @@
 Hydra 1.3 reads an app's arguments from ``sys.argv`` in ``@hydra.main`` and has no public way to hand them over;
 its parser (``get_args_parser``) and runner (``_run_hydra``), which ``@hydra.main`` calls, are the two names of
 its private API posexp uses, here only. Standard library at import: tab completion reads :data:`CFG_PARTS`.
+
+The user's own config folders are read from the command line here too (:func:`user_config_dirs`): ``posexp train
+--config-dir conf encoder=logrope`` and ``hydra.searchpath=[file://conf]`` both reach ``conf/encoder/logrope.yaml``,
+whose ``module:`` key names the module that defines the encoder; its encoders are imported before Hydra composes
+(:func:`posexp.encoders.config_folder.load_config_folder`), so that each schema is in Hydra's ConfigStore as a
+built-in's is.
 """
 
 from __future__ import annotations
@@ -11,10 +17,14 @@ import argparse
 import contextlib
 import io
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from posexp.errors import PosexpError
 
 CFG_PARTS = ("job", "hydra", "all")
 INFO_PARTS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+SEARCHPATH = "hydra.searchpath"
 
 
 def _parse(args: Sequence[str], prog: str = "posexp") -> Tuple[argparse.ArgumentParser, Optional[argparse.Namespace]]:
@@ -67,6 +77,47 @@ def option_strings() -> set:
     """Every flag of Hydra's parser."""
     return {o for action in _parse([])[0]._actions for o in action.option_strings}
 
+
+
+def user_config_dirs(line: Optional[CommandLine]) -> List[Path]:
+    """The user's config folders a Hydra command line names (``--config-dir`` / ``-cd``, ``hydra.searchpath``),
+    their encoders imported.
+
+    Raises:
+        PosexpError: a named folder does not exist.
+    """
+    if line is None:
+        return []  # Hydra's argparse reports it
+    named = [("--config-dir", line.config_dir)] if line.config_dir else []
+    for arg in line.overrides:
+        if arg.lstrip("+").startswith(SEARCHPATH + "="):
+            named += [(SEARCHPATH, str(v)) for v in override_values(arg)]
+    dirs: List[Path] = []
+    for key, text in named:
+        if text.startswith("pkg://"):
+            continue  # configs inside a package, not a folder of the user's
+        folder = Path(text.removeprefix("file://")).expanduser().resolve()
+        if not folder.is_dir():
+            raise PosexpError(f"{key}: no such folder {folder} (the folder that holds your encoder/NAME.yaml)")
+        dirs += [] if folder in dirs else [folder]
+    from posexp.encoders.config_folder import load_config_folder  # torch: see posexp/cli/app.py
+
+    for folder in dirs:
+        load_config_folder(folder)
+    return dirs
+
+
+def override_values(arg: str) -> list:
+    """What an override sets: its value, a list's items or a sweep's choices; nothing for an override Hydra's parser
+    refuses (the override check names it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+    except HydraException:
+        return []
+    return list(getattr(value, "list", None) or (value if isinstance(value, list) else [value]))
 
 class HeldStream:
     """A stream whose writes wait until :meth:`release`, then go through: what Hydra writes before it has composed

@@ -9,7 +9,7 @@ import typer
 
 from posexp.cli.console import fail
 from posexp.commands.search import SearchOptions, search_main
-from posexp.errors import PosexpError, TrainingInterrupted
+from posexp.errors import TrainingInterrupted
 
 
 def search_cmd(
@@ -45,5 +45,3 @@ def search_cmd(
                                                       tuple(overrides or ())))
     except KeyboardInterrupt:
         fail(TrainingInterrupted("stopped; the scores so far are kept: run the same command to continue", 130))
-    except PosexpError as e:
-        fail(e)

@@ -195,18 +195,14 @@ def hydra_request(args: Sequence[str]) -> Optional[str]:
 
 
 def install_completion_option(value: bool) -> None:
-    """``posexp --install-completion``: install the script for the shell the user runs, say where, and stop."""
+    """``posexp --install-completion``: install the script for the shell the user runs, say where, and stop (an
+    error said in one line by the app, as a command's)."""
     import typer
-
-    from posexp.cli.console import fail
 
     if not value:
         return
     name = detect_shell()
-    try:
-        script, rc = install(name, Path.home())
-    except PosexpError as e:
-        fail(e)
+    script, rc = install(name, Path.home())
     print(f"{name} completion of posexp installed in {script}, loaded by {rc}; it works in {name} shells started "
           "from now on")
     raise typer.Exit()
