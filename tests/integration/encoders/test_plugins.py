@@ -52,9 +52,6 @@ def registry_state(monkeypatch, tmp_path):
     for state, was in ((encoders._BROKEN, broken), (encoders._BY_MODULE, by_module)):
         state.clear()
         state.update(was)
-    from posexp.cli.completion import plugin_encoders
-
-    plugin_encoders.cache_clear()  # the installed encoders the test's own sys.path showed
     sys.path[:] = path
     for name in set(sys.modules) - modules:
         module = sys.modules[name]
@@ -203,14 +200,11 @@ def test_entry_point_plugin_trains_by_name_and_checks_its_options(tmp_path, regi
 
 def _installed(registry_state, monkeypatch, *dists: tuple) -> None:
     """Each ``(folder, distribution, entry point, module, code)`` installed on ``sys.path``, the registry set to read
-    the entry points again, and the command line's list of installed encoders too (read once per process)."""
-    from posexp.cli.completion import plugin_encoders
-
+    the entry points again (the command line's completion reads them at each call)."""
     for folder, *spec in dists:
         _dist(folder, *spec)
         monkeypatch.syspath_prepend(str(folder))
     registry_state._loaded["entry_points"] = False
-    plugin_encoders.cache_clear()
 
 
 def test_two_plugins_claiming_one_name_is_one_clear_error(tmp_path, registry_state, monkeypatch):
