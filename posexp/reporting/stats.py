@@ -223,27 +223,13 @@ def sample_sd(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def welch_interval(a: Sequence[float], b: Sequence[float],
-                   confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` with Welch's t-interval, for two unpaired groups of two or more runs.
+def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Welch's difference, standard error and Welch–Satterthwaite degrees of freedom.
 
     Welch (1947), "The generalization of 'Student's' problem when several different population
     variances are involved", Biometrika 34: standard error √(s_a²/n_a + s_b²/n_b), with the
     Welch–Satterthwaite degrees of freedom ν = (s_a²/n_a + s_b²/n_b)² / Σ (s²/n)² / (n − 1).
-
-    Args:
-        a, b: one value per run of each group.
-        confidence: interval coverage.
-
-    Returns:
-        ``(difference, low, high, df)``.
     """
-    test = TTest.welch(a, b)
-    return (test.difference, *test.interval(confidence), _welch(a, b)[2])
-
-
-def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """Welch's difference, standard error and Welch–Satterthwaite degrees of freedom."""
     va, vb = sample_sd(a) ** 2 / len(a), sample_sd(b) ** 2 / len(b)
     diff = math.fsum(a) / len(a) - math.fsum(b) / len(b)
     if va + vb == 0:
@@ -328,7 +314,7 @@ class TTest:
 
     @classmethod
     def welch(cls, a: Sequence[float], b: Sequence[float]) -> "TTest":
-        """Welch's (1947) test of mean(a) − mean(b), two or more runs each (see :func:`welch_interval`)."""
+        """Welch's (1947) test of mean(a) − mean(b), two or more runs each (see :func:`_welch`)."""
         diff, se, df = _welch(a, b)
         return cls(diff, se, max(df, 1.0), math.sqrt((sample_sd(a) ** 2 + sample_sd(b) ** 2) / 2), 2)
 

@@ -72,9 +72,6 @@ def did_not_learn(run: Run) -> Optional[bool]:
     return value <= (chance or 0.0) + NEAR_CHANCE
 
 
-TaskReport = Report  # a report of task runs: Report.kind is ACCURACY, each group's task is set
-
-
 def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,
                       view: Optional[dict] = None) -> Report:
     """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy, of the

@@ -11,7 +11,6 @@ import math
 from typing import Any, Optional
 
 from posexp.reporting.metrics import HIGHER, LOWER, Metric, MetricSpec, Value, ValueAt, longest
-from posexp.reporting.metrics import shown_values  # noqa: F401  (where metrics of another field have long found it)
 from posexp.reporting.runs import context_gain
 
 
