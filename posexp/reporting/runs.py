@@ -67,7 +67,8 @@ class Run:
         """The resolved config as plain data: from results.json, else the run's ``.hydra/config.yaml``; {} when
         neither."""
         if "data" not in self._cache:
-            self._cache["data"] = _run_config(self)
+            config = self.info.get("config")
+            self._cache["data"] = config if isinstance(config, dict) else read_config_dict(self.path)
         return self._cache["data"]
 
     @property
@@ -155,13 +156,6 @@ def read_run(path: str | os.PathLike, side: Optional[RunSide] = None) -> Run:
     # Overrides from results.json, else from Hydra's own record of the launch.
     overrides = [str(o) for o in overrides] if isinstance(overrides, list) else read_overrides(folder)
     return Run(path=folder, info=info, rows=data["rows"], overrides=overrides, side=side)
-
-
-def _run_config(run: Run) -> dict:
-    config = run.info.get("config")
-    if isinstance(config, dict):
-        return config
-    return read_config_dict(run.path)
 
 
 def base_train_len(run: Run) -> Optional[int]:

@@ -203,20 +203,6 @@ def aggregate_stat(values: list[tuple[Optional[bool], Optional[float]]], single_
     return Stat(True, mean, low, high, len(numbers))
 
 
-def normal_quantile(p: float) -> float:
-    """The ``p`` quantile of the standard normal distribution (Wichura 1988, AS 241, as :mod:`statistics` has it).
-
-    Args:
-        p: probability in (0, 1), e.g. 0.975 (z = 1.95996) or 0.8 (z = 0.84162).
-
-    Returns:
-        z such that Φ(z) = p.
-    """
-    if not 0 < p < 1:
-        raise ValueError(f"normal_quantile needs 0 < p < 1 (got {p})")
-    return NormalDist().inv_cdf(p)
-
-
 def sample_sd(values: Sequence[float]) -> float:
     """The sample standard deviation (n − 1 in the denominator) of two or more values."""
     mean = math.fsum(values) / len(values)
@@ -259,7 +245,7 @@ def runs_needed(difference: float, sd: float, groups: int = 1, alpha: float = 0.
     """
     if difference == 0:
         return math.inf
-    z = normal_quantile(1 - alpha / 2) + normal_quantile(power)
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
     return groups * (z * sd / difference) ** 2
 
 
@@ -284,7 +270,7 @@ def runs_needed_equivalent(difference: float, sd: float, margin: float, groups: 
     """
     if abs(difference) >= margin:
         return math.inf
-    z = normal_quantile(1 - alpha) + normal_quantile(1 - (1 - power) / 2)
+    z = NormalDist().inv_cdf(1 - alpha) + NormalDist().inv_cdf(1 - (1 - power) / 2)
     return groups * (z * sd / (margin - abs(difference))) ** 2
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, render_json, report_main
 from posexp.reporting.compare import Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
-from posexp.reporting.stats import (TTest, holm, mean_interval, normal_quantile, runs_needed, runs_needed_equivalent,
+from posexp.reporting.stats import (TTest, holm, mean_interval, runs_needed, runs_needed_equivalent,
                                     t_cdf, t_quantile, t_two_sided_p)
 from posexp.reporting.options import ReportOptions
 from unit.reporting.test_report import make_run
@@ -54,9 +54,7 @@ def test_t_quantile_known_answers():
     assert t_quantile(0.975, 2) > t_quantile(0.975, 2.5) > t_quantile(0.975, 3)
 
 
-def test_normal_quantile_and_runs_needed():
-    assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
-    assert normal_quantile(0.8) == pytest.approx(0.841621, abs=1e-6)
+def test_runs_needed():
     # (z_0.975 + z_0.8)^2 = 7.85 paired pairs for a difference of one sd; twice that per group unpaired (Lehr's 16)
     assert runs_needed(1.0, 1.0) == pytest.approx(7.849, abs=1e-3)
     assert runs_needed(0.5, 1.0, groups=2) == pytest.approx(4 * 2 * 7.849, abs=1e-2)
