@@ -274,9 +274,11 @@ def _write_task_sections(task_report: Report, out_dir: Path, lm: bool,
     """report.md and summary.md (or ``names``): the task tables after the perplexity report (or alone, when no run
     is an LM's)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    text = write_task_report(task_report, out_dir)  # the figures are drawn once, for every file
+    nested = text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")  # after the perplexity report
     for name in names:
-        before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else None
-        atomic_write_text(out_dir / name, write_task_report(task_report, out_dir, after=before))
+        before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else ""
+        atomic_write_text(out_dir / name, before.rstrip("\n") + "\n\n" + nested if before else text)
 
 
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
