@@ -41,12 +41,8 @@ def build_report(run_dirs: Iterable[str | os.PathLike], options: ReportOptions =
 
     Args:
         run_dirs: run folders, e.g. from :func:`posexp.runs.layout.find_runs`; their order is kept.
-        options: the table asked for (:class:`~posexp.reporting.options.ReportOptions`): ``by`` groups runs by
-            config keys and averages each group with a 95% t-interval; ``metrics`` after the lengths (None: ratio,
-            maxlen, auc); ``tolerance`` of a plain ``maxlen``; ``where`` filters; ``sort``; ``strict`` refuses the
-            whole report when one run's ``results.json`` cannot be loaded (otherwise such a run is left out, with
-            a warning naming its file and the problem); ``baseline`` and ``margin`` of the comparison
-            (:mod:`.compare`); ``view``, the rows shown (:mod:`.views`). ``fmt`` and ``cols`` are the printing's.
+        options: the table asked for, as :class:`~posexp.reporting.options.ReportOptions` describes each (all but
+            ``fmt`` and ``cols``, which are the printing's).
 
     Returns:
         The :class:`Report`.
