@@ -74,7 +74,8 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str],
         for row, key in zip(rows, keys):
             if key != top:
                 row.flags += [flag] if flag not in row.flags else []  # a flag once, whichever check found it
-                warnings.append(f"{row.label}: {flag}, {detail(row.run.info)}; not comparable with the other runs")
+                warnings.append(f"{row.label}: {flag}, {detail({**row.run.info, 'compared_text': text_key(row)})}; "
+                                "not comparable with the other runs")
     return train_len, (corpus_name, corpus_fp), eval_settings
 
 
