@@ -184,23 +184,6 @@ def window_key(row: dict) -> Optional[tuple]:
     return None if row.get("window") is None else (row.get("window"), row.get("sinks"))
 
 
-def context_gain(run: Run, train_len: int, length: Optional[int],
-                 window: Optional[tuple] = None) -> tuple[Optional[bool], Optional[float]]:
-    """Loss of the run's ``last_k`` rows at ``train_len`` minus at ``length`` (None: the longest one), unscaled:
-    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them.
-    ``window``: (window, sinks) of the windowed rows to read (``eval.window``); None = the plain rows."""
-    losses = {int(r["length"]): r.get("loss") for r in run.rows
-              if r.get("protocol") == "last_k" and r.get("scaling") is None and window_key(r) == window}
-    if train_len not in losses:
-        return None, None
-    target = length if length is not None else max(losses)
-    if target not in losses or target == train_len and length is None:
-        return None, None
-    if losses[train_len] is None or losses[target] is None:
-        return False, None
-    return True, losses[train_len] - losses[target]
-
-
 def parent_changed(child: Run, parent_dir: str | os.PathLike) -> Optional[str]:
     """Why a fine-tune's parent is no longer the one it started from (its weights overwritten or changed since,
     or gone), in words; None when the parent's weights are those the fine-tune recorded, or it recorded none."""

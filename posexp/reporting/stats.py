@@ -50,9 +50,7 @@ def t_cdf(t: float, df: float) -> float:
     """
     if not df > 0:
         raise ValueError(f"t_cdf needs df > 0 (got {df})")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = regularized_beta(df / (df + t * t), df / 2, 0.5) / 2  # one tail beyond |t|
+    tail = t_two_sided_p(t, df) / 2  # one tail beyond |t|
     return 1 - tail if t > 0 else tail
 
 
