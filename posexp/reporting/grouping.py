@@ -49,35 +49,27 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bo
         The majority training length, (corpus, fingerprint) and eval settings.
     """
 
-    def majority(values: list[Any]) -> Any:
-        # Compare through canonical JSON so dicts (eval settings) can be counted;
-        # ties go to the value seen first, i.e. the first run.
-        keys = [json.dumps(v, sort_keys=True, default=str) for v in values]
-        top = Counter(keys).most_common(1)[0][0]
-        return values[keys.index(top)], keys
-
     # the settings of the rows each run shows (ReportRow.settings), not what the run recorded when it trained:
     # a later posexp eval may have measured them otherwise
     infos = [{**row.run.info, "eval_settings": _compared_settings(row, scaling), "compared_text": text_key(row)}
              for row in rows]
+
+    def majority(values: list[Any], unknown: Sequence[bool]) -> tuple[Any, list[str]]:
+        """The value most runs have (compared as canonical JSON, so that dicts count; ties go to the first run's),
+        and each run's key. An ``unknown`` run whose value is None neither votes nor is flagged."""
+        keys = [json.dumps(v, sort_keys=True, default=str) for v in values]
+        voters = [k for k, v, u in zip(keys, values, unknown) if not (u and v is None)] or keys
+        top = Counter(voters).most_common(1)[0][0]
+        return values[keys.index(top)], [top if u and v is None else k for k, v, u in zip(keys, values, unknown)]
+
     # A run that stopped before it read its data or evaluated has no fingerprint or eval settings:
-    # unknown is not different (its status is flagged already), so it neither votes nor is flagged.
-    unknown = [row.run.status != "completed" for row in rows]
-
-    def majority_known(key: str) -> tuple[Any, list[str]]:
-        values = [i.get(key) for i in infos]
-        known = [v for v, u in zip(values, unknown) if not (u and v is None)] or values
-        value, _ = majority(known)
-        top = json.dumps(value, sort_keys=True, default=str)
-        keys = [top if u and v is None else json.dumps(v, sort_keys=True, default=str)
-                for v, u in zip(values, unknown)]
-        return value, keys
-
-    corpus_fp, fp_keys = majority_known("compared_text")
+    # unknown is not different (its status is flagged already).
+    stopped = [row.run.status != "completed" for row in rows]
+    corpus_fp, fp_keys = majority([i.get("compared_text") for i in infos], stopped)
     corpus_name = next((i.get("corpus") for i in infos if i.get("compared_text") == corpus_fp), None)
-    eval_settings, eval_keys = majority_known("eval_settings")
+    eval_settings, eval_keys = majority([i.get("eval_settings") for i in infos], stopped)
     # a fine-tune changes its training length by design: it is compared at its parent's
-    train_len, len_keys = majority([base_train_len(row.run) for row in rows])
+    train_len, len_keys = majority([base_train_len(row.run) for row in rows], [False] * len(rows))
 
     checks = [
         (fp_keys, "different corpus", lambda i: f"corpus {i.get('corpus')} ({short_id(i.get('compared_text'))}) "
@@ -92,7 +84,8 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bo
         for row, key in zip(rows, keys):
             if key != top:
                 row.flags += [flag] if flag not in row.flags else []  # a flag once, whichever check found it
-                warnings.append(f"{row.label}: {flag}, {detail(row.run.info)}; not comparable with the other runs")
+                warnings.append(f"{row.label}: {flag}, {detail({**row.run.info, 'compared_text': text_key(row)})}; "
+                                "not comparable with the other runs")
     return train_len, (corpus_name, corpus_fp), eval_settings
 
 

@@ -26,12 +26,11 @@ from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, confi
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import aggregate_stat
 from posexp.reporting.table import UNLEARNED, Cell, Group, Report, ReportRow, cells
-from posexp.reporting.views import parse_view, pick_view
+from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view
 from posexp.runs.layout import RESULTS_JSON
 
 __all__ = ["Cell", "Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
 
-MAIN_PROTOCOL = "nonoverlap"
 # perplexity at the training length at least this share of the corpus's unigram perplexity (what a model that reads no
 # context scores, recorded by the run as ``unigram_ppl``): the run did not learn to use its context
 NEAR_UNIGRAM = 0.9
@@ -42,12 +41,8 @@ def build_report(run_dirs: Iterable[str | os.PathLike], options: ReportOptions =
 
     Args:
         run_dirs: run folders, e.g. from :func:`posexp.runs.layout.find_runs`; their order is kept.
-        options: the table asked for (:class:`~posexp.reporting.options.ReportOptions`): ``by`` groups runs by
-            config keys and averages each group with a 95% t-interval; ``metrics`` after the lengths (None: ratio,
-            maxlen, auc); ``tolerance`` of a plain ``maxlen``; ``where`` filters; ``sort``; ``strict`` refuses the
-            whole report when one run's ``results.json`` cannot be loaded (otherwise such a run is left out, with
-            a warning naming its file and the problem); ``baseline`` and ``margin`` of the comparison
-            (:mod:`.compare`); ``view``, the rows shown (:mod:`.views`). ``fmt`` and ``cols`` are the printing's.
+        options: the table asked for, as :class:`~posexp.reporting.options.ReportOptions` describes each (all but
+            ``fmt`` and ``cols``, which are the printing's).
 
     Returns:
         The :class:`Report`.
@@ -84,7 +79,8 @@ def build_report(run_dirs: Iterable[str | os.PathLike], options: ReportOptions =
 def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: Optional[dict] = None) -> Report:
     """The table of ``runs`` before grouping: the view it shows, a row per run (label, cells, flags, ratio), and
     the settings most runs share (the others flagged in ``warnings``)."""
-    protocol, scaling, window, other_views = _pick_view(runs, wanted)
+    chosen, other_views = pick_view(runs, wanted or {})
+    protocol, scaling, window = chosen or (None, None, None)
     if protocol is not None and protocol != MAIN_PROTOCOL and "protocol" not in (wanted or {}):
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
     labels, shared = _labels(runs)
@@ -167,31 +163,29 @@ def compare(report: Report, reference: list[Filter], margin: Optional[Margin] = 
 
 def _add_parent_metrics(report: Report) -> None:
     """Fine-tuned runs (``posexp finetune``): every metric but ``ratio`` again on their parents, beside their own."""
-    parents: dict[str, Optional[ReportRow]] = {}
-
-    changed: dict[str, Optional[str]] = {}  # a fine-tune's label -> why its parent is not the one it started from
-
-    def parent_of(row: ReportRow) -> Optional[ReportRow]:
+    read: dict[str, Optional[ReportRow]] = {}  # a parent's folder -> its row, None when it cannot be read
+    parent: dict[int, ReportRow] = {}  # id of a fine-tune's row -> its parent's, when that is the one it started from
+    for row in report.rows:
         path = row.run.info.get("parent")
-        if isinstance(path, str) and path not in parents:
+        if not isinstance(path, str):
+            continue
+        if path not in read:
             try:
                 run = read_run(path)
-                parents[path] = ReportRow(path, run, cells(run, report), None)
+                read[path] = ReportRow(path, run, cells(run, report), None)
             except PosexpError as e:
-                parents[path] = None
+                read[path] = None
                 report.warnings.append(f"{row.label}: its parent cannot be read, its parent columns are blank ({e})")
-        if isinstance(path, str) and parents.get(path) is not None and row.label not in changed:
-            changed[row.label] = why = parent_changed(row.run, path)
-            if why:
-                report.warnings.append(f"{row.label}: {why}; its parent columns are blank")
-        return parents.get(path) if isinstance(path, str) and not changed.get(row.label) else None
-
-    if not [row for row in report.rows if parent_of(row) is not None]:
+        if (found := read[path]) is not None and (why := parent_changed(row.run, path)):
+            report.warnings.append(f"{row.label}: {why}; its parent columns are blank")
+        elif found is not None:
+            parent[id(row)] = found
+    if not parent:
         return
     pairs = [(m, replace(m, name=f"parent {m.name}", of_parent=True)) for m in report.metrics if m.kind != "ratio"]
     for group in report.groups:
         for mine, theirs in pairs:
-            values = {p.run.path: metric_value(mine, p, report) for row in group.rows if (p := parent_of(row))}
+            values = {p.run.path: metric_value(mine, p, report) for row in group.rows if (p := parent.get(id(row)))}
             group.metrics[theirs.name] = aggregate_stat(list(values.values()))  # a parent shared by seeds counts once
     beside = dict((mine.name, theirs) for mine, theirs in pairs)
     report.metrics = [m for mine in report.metrics for m in (mine, beside.get(mine.name)) if m is not None]
@@ -250,22 +244,6 @@ def _once(runs: list[Run], skipped: list[str]) -> list[Run]:
             seen[key] = run
             kept.append(run)
     return kept
-
-
-def _pick_view(runs: list[Run], wanted: Optional[dict] = None) -> tuple[Any, Any, Any, list[tuple[Any, Any, Any]]]:
-    """Choose the (protocol, scaling, window) the table shows (:func:`posexp.reporting.views.pick_view`): the
-    view ``wanted`` names (``--view``), else nonoverlap without scaling or window if any run has it. A windowed
-    row is a view of its own, like a scaled one: never in the same cell as a plain row."""
-    views: list[tuple[Any, Any, Any]] = []
-    for run in runs:
-        for row in run.rows:
-            view = (row.get("protocol"), row.get("scaling"), window_key(row))
-            if view not in views:
-                views.append(view)
-    chosen = pick_view(views, wanted or {}, MAIN_PROTOCOL)
-    if chosen is None:
-        return None, None, None, []
-    return chosen[0], chosen[1], chosen[2], [v for v in views if v != chosen]
 
 
 def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:

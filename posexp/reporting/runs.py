@@ -67,7 +67,8 @@ class Run:
         """The resolved config as plain data: from results.json, else the run's ``.hydra/config.yaml``; {} when
         neither."""
         if "data" not in self._cache:
-            self._cache["data"] = _run_config(self)
+            config = self.info.get("config")
+            self._cache["data"] = config if isinstance(config, dict) else read_config_dict(self.path)
         return self._cache["data"]
 
     @property
@@ -157,13 +158,6 @@ def read_run(path: str | os.PathLike, side: Optional[RunSide] = None) -> Run:
     return Run(path=folder, info=info, rows=data["rows"], overrides=overrides, side=side)
 
 
-def _run_config(run: Run) -> dict:
-    config = run.info.get("config")
-    if isinstance(config, dict):
-        return config
-    return read_config_dict(run.path)
-
-
 def base_train_len(run: Run) -> Optional[int]:
     """The training length a run is compared at: its own, or for a fine-tune (``posexp finetune``) its parent's,
     since extending the context is what a fine-tune does."""
@@ -188,23 +182,6 @@ def shown_settings(run: Run, rows: list[dict]) -> Optional[dict]:
 def window_key(row: dict) -> Optional[tuple]:
     """(window, sinks) of a windowed row (``eval.window``), None for a row that attended to its whole past."""
     return None if row.get("window") is None else (row.get("window"), row.get("sinks"))
-
-
-def context_gain(run: Run, train_len: int, length: Optional[int],
-                 window: Optional[tuple] = None) -> tuple[Optional[bool], Optional[float]]:
-    """Loss of the run's ``last_k`` rows at ``train_len`` minus at ``length`` (None: the longest one), unscaled:
-    the same last K tokens scored with more context (Kazemnejad et al. 2023). (None, None) without them.
-    ``window``: (window, sinks) of the windowed rows to read (``eval.window``); None = the plain rows."""
-    losses = {int(r["length"]): r.get("loss") for r in run.rows
-              if r.get("protocol") == "last_k" and r.get("scaling") is None and window_key(r) == window}
-    if train_len not in losses:
-        return None, None
-    target = length if length is not None else max(losses)
-    if target not in losses or target == train_len and length is None:
-        return None, None
-    if losses[train_len] is None or losses[target] is None:
-        return False, None
-    return True, losses[train_len] - losses[target]
 
 
 def parent_changed(child: Run, parent_dir: str | os.PathLike) -> Optional[str]:

@@ -50,9 +50,7 @@ def t_cdf(t: float, df: float) -> float:
     """
     if not df > 0:
         raise ValueError(f"t_cdf needs df > 0 (got {df})")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = regularized_beta(df / (df + t * t), df / 2, 0.5) / 2  # one tail beyond |t|
+    tail = t_two_sided_p(t, df) / 2  # one tail beyond |t|
     return 1 - tail if t > 0 else tail
 
 
@@ -203,47 +201,19 @@ def aggregate_stat(values: list[tuple[Optional[bool], Optional[float]]], single_
     return Stat(True, mean, low, high, len(numbers))
 
 
-def normal_quantile(p: float) -> float:
-    """The ``p`` quantile of the standard normal distribution (Wichura 1988, AS 241, as :mod:`statistics` has it).
-
-    Args:
-        p: probability in (0, 1), e.g. 0.975 (z = 1.95996) or 0.8 (z = 0.84162).
-
-    Returns:
-        z such that Φ(z) = p.
-    """
-    if not 0 < p < 1:
-        raise ValueError(f"normal_quantile needs 0 < p < 1 (got {p})")
-    return NormalDist().inv_cdf(p)
-
-
 def sample_sd(values: Sequence[float]) -> float:
     """The sample standard deviation (n − 1 in the denominator) of two or more values."""
     mean = math.fsum(values) / len(values)
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def welch_interval(a: Sequence[float], b: Sequence[float],
-                   confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` with Welch's t-interval, for two unpaired groups of two or more runs.
+def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Welch's difference, standard error and Welch–Satterthwaite degrees of freedom.
 
     Welch (1947), "The generalization of 'Student's' problem when several different population
     variances are involved", Biometrika 34: standard error √(s_a²/n_a + s_b²/n_b), with the
     Welch–Satterthwaite degrees of freedom ν = (s_a²/n_a + s_b²/n_b)² / Σ (s²/n)² / (n − 1).
-
-    Args:
-        a, b: one value per run of each group.
-        confidence: interval coverage.
-
-    Returns:
-        ``(difference, low, high, df)``.
     """
-    test = TTest.welch(a, b)
-    return (test.difference, *test.interval(confidence), _welch(a, b)[2])
-
-
-def _welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """Welch's difference, standard error and Welch–Satterthwaite degrees of freedom."""
     va, vb = sample_sd(a) ** 2 / len(a), sample_sd(b) ** 2 / len(b)
     diff = math.fsum(a) / len(a) - math.fsum(b) / len(b)
     if va + vb == 0:
@@ -273,7 +243,7 @@ def runs_needed(difference: float, sd: float, groups: int = 1, alpha: float = 0.
     """
     if difference == 0:
         return math.inf
-    z = normal_quantile(1 - alpha / 2) + normal_quantile(power)
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
     return groups * (z * sd / difference) ** 2
 
 
@@ -298,7 +268,7 @@ def runs_needed_equivalent(difference: float, sd: float, margin: float, groups: 
     """
     if abs(difference) >= margin:
         return math.inf
-    z = normal_quantile(1 - alpha) + normal_quantile(1 - (1 - power) / 2)
+    z = NormalDist().inv_cdf(1 - alpha) + NormalDist().inv_cdf(1 - (1 - power) / 2)
     return groups * (z * sd / (margin - abs(difference))) ** 2
 
 
@@ -328,7 +298,7 @@ class TTest:
 
     @classmethod
     def welch(cls, a: Sequence[float], b: Sequence[float]) -> "TTest":
-        """Welch's (1947) test of mean(a) − mean(b), two or more runs each (see :func:`welch_interval`)."""
+        """Welch's (1947) test of mean(a) − mean(b), two or more runs each (see :func:`_welch`)."""
         diff, se, df = _welch(a, b)
         return cls(diff, se, max(df, 1.0), math.sqrt((sample_sd(a) ** 2 + sample_sd(b) ** 2) / 2), 2)
 

@@ -33,7 +33,7 @@ from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (TaskReport, build_task_report, is_task_run, split_task_metrics, task_table, write_task_report, render_task)
+from posexp.reporting.task_report import (build_task_report, is_task_run, split_task_metrics, task_table, write_task_report, render_task)
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
@@ -138,7 +138,7 @@ class LeadTable:
         atomic_write_text(out_dir / f"{self.name}.tex", render(self.table, "latex"))
 
 
-def _lead_table(report: Optional[Report], task_report: Optional[TaskReport], options: ReportOptions,
+def _lead_table(report: Optional[Report], task_report: Optional[Report], options: ReportOptions,
                 wanted: Optional[dict]) -> Optional[LeadTable]:
     """``--cols``: the pivot, of the perplexity and the task runs in one table; a parent and its fine-tunes given
     alone: the context-extension table; else None."""
@@ -155,7 +155,7 @@ def _lead_table(report: Optional[Report], task_report: Optional[TaskReport], opt
     return LeadTable("extension", "Context extension", extension_table(build_extension_table(*found)))
 
 
-def _write_files(report: Optional[Report], task_report: Optional[TaskReport], out_dir: Path, notes: Console,
+def _write_files(report: Optional[Report], task_report: Optional[Report], out_dir: Path, notes: Console,
                  lead: Optional[LeadTable] = None) -> Path:
     """report.md with its figures, the task sections, the curves and summary.md in ``out_dir`` (a lead table, the
     context-extension table or a pivot, first); the path of summary.md."""
@@ -172,7 +172,7 @@ def _write_files(report: Optional[Report], task_report: Optional[TaskReport], ou
     return out_dir / SUMMARY_MD
 
 
-def _print_tables(report: Optional[Report], task_report: Optional[TaskReport], fmt: str, console: Console,
+def _print_tables(report: Optional[Report], task_report: Optional[Report], fmt: str, console: Console,
                   notes: Console, lead: Optional[LeadTable] = None) -> None:
     """The table(s) to ``console`` in ``fmt``; with a machine-readable format, the warnings to ``notes``. A
     context-extension table or a pivot (``--cols``) stands in for the perplexity report's."""
@@ -201,7 +201,7 @@ def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], t
         notes.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
-def _machine_text(report: Report, task_report: Optional[TaskReport], fmt: str) -> str:
+def _machine_text(report: Report, task_report: Optional[Report], fmt: str) -> str:
     """The perplexity report in ``fmt``, followed by the task report's tables when there are task runs too
     (for JSON, one document: the task records under ``"tasks"``)."""
     if task_report is not None and fmt == "json":
@@ -244,7 +244,7 @@ def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_
 
 
 def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None
-                 ) -> tuple[list[Path], Optional[TaskReport]]:
+                 ) -> tuple[list[Path], Optional[Report]]:
     """The language-modelling run folders, and the report of the task runs among ``run_dirs`` (None: none)."""
     lm_dirs, task_runs = [], []
     filters = parse_where(where)
@@ -269,14 +269,16 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
         return lm_dirs, None  # the view is the perplexity runs' alone; a missing one there says so
 
 
-def _write_task_sections(task_report: TaskReport, out_dir: Path, lm: bool,
+def _write_task_sections(task_report: Report, out_dir: Path, lm: bool,
                          names: tuple[str, ...] = (REPORT_MD, SUMMARY_MD)) -> None:
     """report.md and summary.md (or ``names``): the task tables after the perplexity report (or alone, when no run
     is an LM's)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    text = write_task_report(task_report, out_dir)  # the figures are drawn once, for every file
+    nested = text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")  # after the perplexity report
     for name in names:
-        before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else None
-        atomic_write_text(out_dir / name, write_task_report(task_report, out_dir, after=before))
+        before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else ""
+        atomic_write_text(out_dir / name, before.rstrip("\n") + "\n\n" + nested if before else text)
 
 
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:

@@ -72,9 +72,6 @@ def did_not_learn(run: Run) -> Optional[bool]:
     return value <= (chance or 0.0) + NEAR_CHANCE
 
 
-TaskReport = Report  # a report of task runs: Report.kind is ACCURACY, each group's task is set
-
-
 def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,
                       view: Optional[dict] = None) -> Report:
     """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy, of the
@@ -196,12 +193,13 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
     return lm or None, task or None
 
 
-def write_task_report(report: Report, out_dir, after: Optional[str] = None) -> str:
-    """Draw ``report_accuracy_vs_length.png`` into ``out_dir``; returns the markdown of the task section
-    (``after``, the perplexity report's markdown, first when there is one)."""
+def write_task_report(report: Report, out_dir) -> str:
+    """Draw ``report_accuracy_vs_length.png`` (and the depth figure, where tasks have depths) into ``out_dir``;
+    returns the markdown of the task section."""
     from pathlib import Path
 
     from posexp.plots.accuracy import plot_accuracy_vs_length
+    from posexp.reporting.depth_curve import write_depth_curve
     from posexp.runs.layout import REPORT_ACCURACY_PLOT
 
     plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
@@ -210,13 +208,9 @@ def write_task_report(report: Report, out_dir, after: Optional[str] = None) -> s
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
               "Lines: mean exact match of each group; bands: 95% interval (over runs, or the run's Wilson interval). "
               "Dashed: the training length. x: not applicable."]
-    from posexp.reporting.depth_curve import write_depth_curve
-
     if depth_text := write_depth_curve(report.groups, out_dir):  # tasks with depths: lost in the middle
         lines += ["", depth_text]
-    text = "\n".join(lines) + "\n"
-    return (after.rstrip("\n") + "\n\n" + text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")
-            if after else text)
+    return "\n".join(lines) + "\n"
 
 
 # -- machine-readable formats (posexp report --format) ---------------------------------------------

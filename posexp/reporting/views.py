@@ -13,8 +13,10 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.formatting import fmt_view
+from posexp.reporting.runs import window_key
 from posexp.reporting.selection import option_items
 
+MAIN_PROTOCOL = "nonoverlap"  # the protocol of the plain view
 VIEW_KEYS = ("protocol", "scaling", "window", "sinks")
 PROTOCOLS = ("nonoverlap", "sliding", "last_k")
 NONE = ("none", "null", "")
@@ -63,33 +65,37 @@ def parse_view(view: Sequence[str] | str | None) -> dict[str, Any]:
     return wanted
 
 
-def matches(view: View, wanted: dict[str, Any]) -> bool:
-    """Whether ``view`` has every value of ``wanted``."""
-    protocol, scaling, window = view
-    size, sinks = window if window is not None else (None, None)
-    have = {"protocol": protocol, "scaling": scaling, "window": size, "sinks": sinks}
-    return all(have[key] == value for key, value in wanted.items())
-
-
-def pick_view(views: list[View], wanted: dict[str, Any], main_protocol: str) -> Optional[View]:
-    """The view a table shows among ``views``: of those matching ``wanted``, the plain one (``main_protocol``,
-    no scaling, no window) first, else the first unscaled and unwindowed one, else the first unscaled, else the
-    first; None when there are no views.
+def pick_view(runs: Sequence[Any], wanted: dict[str, Any]) -> tuple[Optional[View], list[View]]:
+    """The view a table shows of ``runs``' rows, and the others they have: of the views matching ``wanted``, the
+    plain one (:data:`MAIN_PROTOCOL`, no scaling, no window) first, else the first unscaled and unwindowed one, else
+    the first unscaled, else the first; (None, []) when the runs have no rows. A windowed row is a view of its own,
+    like a scaled one: never in the same cell as a plain row.
 
     Raises:
-        ConfigError: ``wanted`` matches none of ``views``, naming those there are.
+        ConfigError: ``wanted`` matches none of the views, naming those there are.
     """
-    candidates = [v for v in views if matches(v, wanted)]
+    views: list[View] = []
+    for row in (row for run in runs for row in run.rows):
+        if (view := (row.get("protocol"), row.get("scaling"), window_key(row))) not in views:
+            views.append(view)
+
+    def matches(view: View) -> bool:
+        size, sinks = view[2] if view[2] is not None else (None, None)
+        have = {"protocol": view[0], "scaling": view[1], "window": size, "sinks": sinks}
+        return all(have[key] == value for key, value in wanted.items())
+
+    candidates = [v for v in views if matches(v)]
     if views and not candidates:
         have = "; ".join(fmt_view(*v) for v in views)
         asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
         raise ConfigError("--view", f"no results of the selected runs are {asked}; they have: {have} "
                                     "(posexp eval RUN eval.KEY=VALUE measures another)")
     if not candidates:
-        return None
-    return next((v for v in candidates if v == (main_protocol, None, None)),
-                next((v for v in candidates if v[1:] == (None, None)),
-                     next((v for v in candidates if v[1] is None), candidates[0])))
+        return None, []
+    chosen = next((v for v in candidates if v == (MAIN_PROTOCOL, None, None)),
+                  next((v for v in candidates if v[1:] == (None, None)),
+                       next((v for v in candidates if v[1] is None), candidates[0])))
+    return chosen, [v for v in views if v != chosen]
 
 
 def view_slug(wanted: dict[str, Any]) -> str:
@@ -97,4 +103,4 @@ def view_slug(wanted: dict[str, Any]) -> str:
     return "view-" + ",".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
 
 
-__all__ = ["VIEW_KEYS", "View", "matches", "parse_view", "pick_view", "view_slug"]
+__all__ = ["MAIN_PROTOCOL", "VIEW_KEYS", "View", "parse_view", "pick_view", "view_slug"]

@@ -82,7 +82,8 @@ class Metric:
 
     @property
     def spec(self) -> "MetricSpec":
-        return spec_of(self.kind)
+        _load()
+        return _REGISTRY[self.kind]
 
     @property
     def decimals(self) -> int:
@@ -289,11 +290,6 @@ def specs(applies: Optional[str] = None) -> list[MetricSpec]:
     """Every registered metric (of runs of one kind), in the order declared."""
     _load()
     return [s for s in _REGISTRY.values() if applies is None or s.applies == applies]
-
-
-def spec_of(kind: str) -> MetricSpec:
-    _load()
-    return _REGISTRY[kind]
 
 
 def metric_value(metric: Metric, row: Any, report: Any) -> Value:

@@ -11,8 +11,7 @@ import math
 from typing import Any, Optional
 
 from posexp.reporting.metrics import HIGHER, LOWER, Metric, MetricSpec, Value, ValueAt, longest
-from posexp.reporting.metrics import shown_values  # noqa: F401  (where metrics of another field have long found it)
-from posexp.reporting.runs import context_gain
+from posexp.reporting.runs import window_key
 
 
 def common_ratio_length(rows: list[Any], lengths: list[int], train_len: Optional[int]) -> Optional[int]:
@@ -120,10 +119,20 @@ class Gain(MetricSpec):
     better, decimals = HIGHER, 3
 
     def value(self, metric: Metric, row: Any, report: Any) -> Value:
-        train_len = row.run.train_len
-        if train_len is None:
+        """Loss of the run's ``last_k`` rows, in the window the table shows, at the training length minus at the
+        metric's length (the longest one when it names none), unscaled: the same last K tokens scored with more
+        context (Kazemnejad et al. 2023). (None, None) without them."""
+        train_len, length = row.run.train_len, metric.at(row.run.train_len)
+        losses = {int(r["length"]): r.get("loss") for r in row.run.rows
+                  if r.get("protocol") == "last_k" and r.get("scaling") is None and window_key(r) == report.window}
+        if train_len is None or train_len not in losses:
             return None, None
-        return context_gain(row.run, train_len, metric.at(train_len), report.window)
+        target = length if length is not None else max(losses)
+        if target not in losses or target == train_len and length is None:
+            return None, None
+        if losses[train_len] is None or losses[target] is None:
+            return False, None
+        return True, losses[train_len] - losses[target]
 
     def describe(self, metric: Metric, report: Any) -> str:
         at = metric.where() if metric.length is not None or metric.multiple is not None else \

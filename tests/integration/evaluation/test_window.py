@@ -256,16 +256,16 @@ def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
 def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
     from unit.reporting.test_report import make_run
 
-    from posexp.reporting.runs import context_gain, read_run
+    from posexp.reporting import build_report
 
     def last_k(ppls, **fields):
         return [{**r, "protocol": "last_k", "last_k": 32} for r in _rows(ppls, **fields)]
 
     folder = make_run(tmp_path / "r", {}, extra_rows=last_k({128: 3.0, 512: 2.5}) + last_k({128: 3.0, 512: 3.0},
                                                                                            window=128))
-    run = read_run(folder)
-    assert context_gain(run, 128, None) == (True, pytest.approx(math.log(3.0) - math.log(2.5)))
-    assert context_gain(run, 128, None, (128, None)) == (True, pytest.approx(0.0))
+    gain = {view: build_report([folder], ReportOptions(metrics="gain", view=view)).groups[0].metrics["gain"].mean
+            for view in (None, "window=128")}
+    assert gain == {None: pytest.approx(math.log(3.0) - math.log(2.5)), "window=128": pytest.approx(0.0)}
 
 
 def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):

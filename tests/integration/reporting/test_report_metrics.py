@@ -93,7 +93,7 @@ def test_shown_values_read_another_field_of_the_rows_the_table_shows(tmp_path):
     from unit.reporting.test_report import make_run
 
     from posexp.reporting import build_report
-    from posexp.reporting.metrics.perplexity import shown_values
+    from posexp.reporting.metrics import shown_values
 
     extra = [{"length": 256, "protocol": "sliding", "scaling": None, "applicable": True, "ppl": 9.0, "ppl_key": 99.0}]
     folder = make_run(tmp_path / "r", {128: 3.0, 256: 4.0, 512: None}, extra_rows=extra)

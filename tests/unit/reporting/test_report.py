@@ -217,7 +217,7 @@ def test_mixed_corpus_is_flagged_and_warned(tmp_path):
 
     summary = write_summary(report, tmp_path / "out")
     md = summary.read_text()
-    assert "**Warning:** seed=2: different corpus" in md
+    assert "**Warning:** seed=2: different corpus, corpus stdlib (fp-other) vs stdlib (fp-stdlib) for the others" in md
     assert "| seed=2 | 2.00 | 2.10 | 1.05 | different corpus |" in md
     csv_rows = list(csv.DictReader((tmp_path / "out" / "summary.csv").open()))
     assert {r["flags"] for r in csv_rows if r["label"] == "seed=2"} == {"different corpus"}

@@ -15,8 +15,8 @@ from rich.console import Console
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, render_json, report_main
 from posexp.reporting.compare import Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
-from posexp.reporting.stats import (TTest, holm, mean_interval, normal_quantile, runs_needed, runs_needed_equivalent,
-                                    t_cdf, t_quantile, t_two_sided_p, welch_interval)
+from posexp.reporting.stats import (TTest, holm, mean_interval, runs_needed, runs_needed_equivalent,
+                                    t_cdf, t_quantile, t_two_sided_p)
 from posexp.reporting.options import ReportOptions
 from unit.reporting.test_report import make_run
 
@@ -54,9 +54,7 @@ def test_t_quantile_known_answers():
     assert t_quantile(0.975, 2) > t_quantile(0.975, 2.5) > t_quantile(0.975, 3)
 
 
-def test_normal_quantile_and_runs_needed():
-    assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
-    assert normal_quantile(0.8) == pytest.approx(0.841621, abs=1e-6)
+def test_runs_needed():
     # (z_0.975 + z_0.8)^2 = 7.85 paired pairs for a difference of one sd; twice that per group unpaired (Lehr's 16)
     assert runs_needed(1.0, 1.0) == pytest.approx(7.849, abs=1e-3)
     assert runs_needed(0.5, 1.0, groups=2) == pytest.approx(4 * 2 * 7.849, abs=1e-2)
@@ -69,7 +67,8 @@ def test_paired_and_welch_intervals_by_hand():
     assert (mean, low, high) == (pytest.approx(0.2), pytest.approx(0.2 - 0.24843, abs=1e-4),
                                  pytest.approx(0.2 + 0.24843, abs=1e-4))
     # equal sizes and variances: Welch's df is 2n - 2 = 4; half-width 2.776 · √(1/3 + 1/3) = 2.2667
-    diff, low, high, df = welch_interval([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
+    test = TTest.welch([3.0, 4.0, 5.0], [1.0, 2.0, 3.0])
+    (low, high), diff, df = test.interval(), test.difference, test.df
     assert (diff, df) == (pytest.approx(2.0), pytest.approx(4.0))
     assert (low, high) == (pytest.approx(2 - 2.2667, abs=1e-3), pytest.approx(2 + 2.2667, abs=1e-3))
 
@@ -260,8 +259,8 @@ def test_seeds_that_differ_fall_back_to_welch(tmp_path):
             + ratio_runs(tmp_path / "b", {1000: [1.3, 1.35, 1.4]}, seeds=(5, 6, 7)))
     (diff,) = build_report(runs, ReportOptions(by="base", metrics="ratio")).comparison.differences
     assert diff.method == "Welch t" and "unpaired" in diff.reason
-    expected = welch_interval([1.3, 1.35, 1.4], [1.2, 1.25, 1.3])
-    assert (diff.low, diff.high) == (pytest.approx(expected[1]), pytest.approx(expected[2]))
+    expected = TTest.welch([1.3, 1.35, 1.4], [1.2, 1.25, 1.3]).interval()
+    assert (diff.low, diff.high) == (pytest.approx(expected[0]), pytest.approx(expected[1]))
 
 
 def test_json_carries_the_comparison_fields(tmp_path):
