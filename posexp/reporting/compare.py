@@ -270,7 +270,7 @@ def comparison_table(comparison: Comparison, method: bool = True) -> Table:
                      TableCell(d.text())])
     used = sorted({d.method for d in comparison.differences if d.method != NONE})
     return Table(f"Each group − {comparison.reference} ({', '.join(used) or 'no interval'}, 95% interval)", columns,
-                 [Section(rows)])
+                 [Section(rows)], compact=True, whole=True)
 
 
 def comparison_markdown(comparison: Comparison) -> list[str]:
