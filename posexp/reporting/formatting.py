@@ -39,10 +39,6 @@ def fmt_fixed(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
 
 
-def fmt_ppl(value: float) -> str:
-    return f"{value:.2f}" if math.isfinite(value) else str(value)
-
-
 def fmt_ratio(value: Optional[float]) -> str:
     return NOT_APPLICABLE if value is None else f"{value:.2f}"
 
