@@ -79,6 +79,11 @@ def plural(word: str, items: list) -> str:
     return word if len(items) == 1 else word + "s"
 
 
+def joined(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def md_escape(text: str) -> str:
     """Escape what would break a markdown table cell or turn into emphasis."""
     text = str(text).replace("\n", " ")

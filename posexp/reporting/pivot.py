@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.difference import window_verdicts
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed, fmt_signed
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed, fmt_signed, joined
 from posexp.reporting.frame import LM_TASK, NO_SCALING, run_records
 from posexp.reporting.runs import Run, measured_on, measured_text, model_identity
 from posexp.reporting.stats import mean_interval
@@ -309,7 +309,7 @@ def _what(pivot: Pivot) -> str:
     """What the table shows: ``perplexity``, or its measures (``perplexity and passkey exact match (%)``)."""
     names = [{"ppl": "perplexity", "ppl_key": "key-token perplexity"}.get(m.name, f"{m.task} exact match (%)")
              for m in pivot.measures] or ["perplexity"]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return joined(names)
 
 
 def caption(pivot: Pivot) -> str:
