@@ -1,8 +1,8 @@
 """One table model for every table a report prints, and each output format rendered once.
 
-A report's tables (the perplexity table, the pivot, the context-extension table, the task tables and the
-training-curve table; see :mod:`.render`, :mod:`.pivot`, :mod:`.extension`, :mod:`.task_report`,
-:mod:`.curve_report`) are each built as one :class:`Table`: columns, sections of lines of
+A report's tables (the perplexity table, the pivot, the context-extension table, the task tables, the
+training-curve table and the comparison; see :mod:`.render`, :mod:`.pivot`, :mod:`.extension`, :mod:`.task_report`,
+:mod:`.curve_report`, :mod:`.compare`) are each built as one :class:`Table`: columns, sections of lines of
 :class:`TableCell` (a cell's text and, for a number, the statistic behind it), a caption, notes and the
 records its csv and json carry. :func:`render` prints any of them as markdown, csv, json or latex, and
 :func:`rich_tables` as terminal tables, each with one escaper per format (:func:`md_escape`,
