@@ -22,7 +22,7 @@ from posexp.errors import ConfigError
 from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIVALENT, INCONCLUSIVE, NO_INTERVAL, NONE,
                                          NOT_COMPARED, WORSE, Difference, Margin, fill_difference, interval_text, judge,
                                          p_text, parse_margin, window_verdicts)
-from posexp.reporting.formatting import fmt_signed, md_escape
+from posexp.reporting.formatting import fmt_signed, joined, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
 
@@ -167,10 +167,6 @@ def _seeded(group: Group, metric: str) -> list[tuple[Any, float]]:
             if v is not None and math.isfinite(v)]
 
 
-def _names(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def _are(items: list) -> str:
     return "is" if len(items) == 1 else "are"
 
@@ -188,21 +184,21 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
         if hits:
             items = [f"{d.group} ({interval_text(d, decimals)}, n = {d.n}, Holm-adjusted p {_p_phrase(d.p_adjusted)})"
                      for d in hits]
-            parts.append(f"{_names(items)} {_are(hits)} {verdict}")
+            parts.append(f"{joined(items)} {_are(hits)} {verdict}")
     same = [d for d in diffs if d.verdict == EQUIVALENT]
     if same:
-        parts.append(f"{_names([f'{d.group} ({_equivalence_text(d, decimals)})' for d in same])} {_are(same)} "
+        parts.append(f"{joined([f'{d.group} ({_equivalence_text(d, decimals)})' for d in same])} {_are(same)} "
                      f"equivalent to {comparison.reference} within {comparison.margin} (two one-sided tests)")
     open_ = [d for d in diffs if d.verdict == INCONCLUSIVE]
     if open_:
         parts.append(_inconclusive_text(comparison, open_, decimals))
     equal = [d for d in diffs if d.verdict == EQUAL]
     if equal:
-        parts.append(f"{_names([d.group for d in equal])} {'shows' if len(equal) == 1 else 'show'} no difference "
+        parts.append(f"{joined([d.group for d in equal])} {'shows' if len(equal) == 1 else 'show'} no difference "
                      "at all")
     single = [d for d in diffs if d.verdict == NO_INTERVAL]
     if single:
-        parts.append(f"{_names([d.group for d in single])}: one run (n = 1) in the group or the reference, "
+        parts.append(f"{joined([d.group for d in single])}: one run (n = 1) in the group or the reference, "
                      f"so no interval exists; {SEEDS_HINT}")
     apart = [d for d in diffs if d.verdict == NOT_COMPARED]
     if apart:
@@ -228,13 +224,13 @@ def _inconclusive_text(comparison: Comparison, diffs: list[Difference], decimals
     """``base=1000 (+0.030 (+2.4%) [...]) is inconclusive against base=100 at n = 3: about 12 seeds ...``."""
     sizes = {d.n for d in diffs}
     at = f"n = {sizes.pop()}" if len(sizes) == 1 else "their n"
-    text = (f"{_names([f'{d.group} ({interval_text(d, decimals)})' for d in diffs])} {_are(diffs)} inconclusive "
+    text = (f"{joined([f'{d.group} ({interval_text(d, decimals)})' for d in diffs])} {_are(diffs)} inconclusive "
             f"against {comparison.reference} at {at}")
     sized = [d for d in diffs if d.needed and d.needed <= 10_000]  # more: the table says so
     if sized:
         level = f"α = {ALPHA}" + (f"/{comparison.family}" if comparison.family > 1 else "")
         counts = [f"{d.needed}" + (f" for {d.group}" if len(sized) < len(diffs) else "") for d in sized]
-        text += (f": about {_names(counts)} seeds "
+        text += (f": about {joined(counts)} seeds "
                  f"would be needed to resolve {'this difference' if len(sized) == 1 else 'each difference'}"
                  + (f" or show it equivalent within {comparison.margin}" if comparison.margin else "")
                  + f" (80% power, {level})")
@@ -270,7 +266,7 @@ def comparison_table(comparison: Comparison, method: bool = True) -> Table:
                      TableCell(d.text())])
     used = sorted({d.method for d in comparison.differences if d.method != NONE})
     return Table(f"Each group − {comparison.reference} ({', '.join(used) or 'no interval'}, 95% interval)", columns,
-                 [Section(rows)])
+                 [Section(rows)], compact=True, whole=True)
 
 
 def comparison_markdown(comparison: Comparison) -> list[str]:

@@ -39,10 +39,6 @@ def fmt_fixed(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
 
 
-def fmt_ppl(value: float) -> str:
-    return f"{value:.2f}" if math.isfinite(value) else str(value)
-
-
 def fmt_ratio(value: Optional[float]) -> str:
     return NOT_APPLICABLE if value is None else f"{value:.2f}"
 
@@ -81,6 +77,11 @@ def short_id(fingerprint: Any) -> str:
 
 def plural(word: str, items: list) -> str:
     return word if len(items) == 1 else word + "s"
+
+
+def joined(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def md_escape(text: str) -> str:

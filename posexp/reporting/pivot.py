@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.difference import window_verdicts
-from posexp.reporting.formatting import fmt_signed
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed, fmt_signed, joined
 from posexp.reporting.frame import LM_TASK, NO_SCALING, run_records
 from posexp.reporting.runs import Run, measured_on, measured_text, model_identity
 from posexp.reporting.stats import mean_interval
@@ -256,14 +256,14 @@ def _window_notes(pivot: Pivot, runs: list[Run]) -> list[str]:
 
 def as_number(value: Optional[float], signed: bool = False, decimals: int = 2) -> str:
     if value is None or not math.isfinite(value):
-        return "n/a"
-    return fmt_signed(value, decimals) if signed else f"{value:.{decimals}f}"
+        return NOT_APPLICABLE
+    return fmt_signed(value, decimals) if signed else fmt_fixed(value, decimals)
 
 
 def _text(pivot: Pivot, line: tuple, length: int, column: tuple, measure: Measure = PPL) -> str:
     cell, d = pivot.cell(line, length, column, measure), measure.decimals
     if cell.mean is None:
-        return "—"
+        return MISSING
     text = as_number(cell.mean, decimals=d)
     diff, low, high = cell.diff()
     if diff is not None:
@@ -309,7 +309,7 @@ def _what(pivot: Pivot) -> str:
     """What the table shows: ``perplexity``, or its measures (``perplexity and passkey exact match (%)``)."""
     names = [{"ppl": "perplexity", "ppl_key": "key-token perplexity"}.get(m.name, f"{m.task} exact match (%)")
              for m in pivot.measures] or ["perplexity"]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return joined(names)
 
 
 def caption(pivot: Pivot) -> str:

@@ -12,9 +12,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Optional
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
@@ -215,19 +213,9 @@ def print_report(report: Report, console: Console | None = None) -> None:
 
 def _print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison with the reference group: a table of differences, then one plain line per metric."""
-    table = comparison_table(comparison, method=False)  # the method goes in the title: 80 columns
-    out = Table(title=table.title, title_style="bold", header_style="bold", box=box.SIMPLE_HEAD)
-    for column in table.columns:
-        # the labels wrap; a number and its interval never do
-        out.add_column(column.name, justify="left" if column.label else "right", no_wrap=not column.label,
-                       overflow="fold")
-    rows = table.sections[0].rows
-    # too wide for one line each: the interval goes under its difference, whole, so the verdict keeps room
-    stacked = sum(max(len(c.name), *(len(r[i].text) for r in rows)) + 2
-                  for i, c in enumerate(table.columns)) > console.width
-    for row in rows:
-        out.add_row(*(Text(cell.under if stacked and cell.under else cell.text) for cell in row))
-    console.print(out)
+    # the method goes in the title: 80 columns
+    for table in rich_tables(comparison_table(comparison, method=False), console.width):
+        console.print(table)
     for line in verdict_lines(comparison):
         console.print(Text(line))
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from posexp.reporting.compare import Comparison
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_ppl
+from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed
 from posexp.reporting.metrics import CELLS, PERPLEXITY, read_values
 from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import Filter, Metric
@@ -34,7 +34,7 @@ class Cell:
             return MISSING
         if not self.applicable or self.ppl is None:
             return NOT_APPLICABLE
-        return fmt_ppl(self.ppl)
+        return fmt_fixed(self.ppl, 2)
 
 
 @dataclass

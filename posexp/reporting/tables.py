@@ -1,8 +1,8 @@
 """One table model for every table a report prints, and each output format rendered once.
 
-A report's tables (the perplexity table, the pivot, the context-extension table, the task tables and the
-training-curve table; see :mod:`.render`, :mod:`.pivot`, :mod:`.extension`, :mod:`.task_report`,
-:mod:`.curve_report`) are each built as one :class:`Table`: columns, sections of lines of
+A report's tables (the perplexity table, the pivot, the context-extension table, the task tables, the
+training-curve table and the comparison; see :mod:`.render`, :mod:`.pivot`, :mod:`.extension`, :mod:`.task_report`,
+:mod:`.curve_report`, :mod:`.compare`) are each built as one :class:`Table`: columns, sections of lines of
 :class:`TableCell` (a cell's text and, for a number, the statistic behind it), a caption, notes and the
 records its csv and json carry. :func:`render` prints any of them as markdown, csv, json or latex, and
 :func:`rich_tables` as terminal tables, each with one escaper per format (:func:`md_escape`,
@@ -89,6 +89,8 @@ class Table:
     keys: int = 1
     compact: bool = False  # on a terminal: no vertical rules, bold title and headers, intervals under their means
     # where they do not fit beside them
+    whole: bool = False  # on a terminal: never in parts, its labels folding anywhere instead; intervals under their
+    # values when the lines do not fit one each
 
 
 def render(table: Table, fmt: str) -> str:
@@ -178,7 +180,7 @@ def _rich_table(table: Table, section: Section, shown: list[int], title: Optiona
 
     if table.compact:
         out = RichTable(title=title, caption=caption, title_style="bold", header_style="bold", box=box.SIMPLE_HEAD,
-                        pad_edge=not stacked)
+                        pad_edge=table.whole or not stacked)
     else:
         out = RichTable(title=title, caption=caption)
     for i in shown:
@@ -191,11 +193,12 @@ def _rich_table(table: Table, section: Section, shown: list[int], title: Optiona
                            max_width=max(room, word, len(name)) if room else None)
         elif column.label:
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
-            out.add_column(name, overflow="fold", min_width=max(word, min(widest, column.min_width)) or None)
+            out.add_column(name, overflow="fold",
+                           min_width=None if table.whole else max(word, min(widest, column.min_width)) or None)
         else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
-            header = name.replace(" (", "\n(").replace("@", "\n@") if stacked else name
+            header = name.replace(" (", "\n(").replace("@", "\n@") if stacked and not table.whole else name
             out.add_column(header, justify="right", no_wrap=not column.wrap,
-                           overflow="fold" if column.wrap else "ellipsis")
+                           overflow="fold" if column.wrap or table.whole else "ellipsis")
     for r, row in enumerate(section.rows):
         texts = []
         for i in shown:
@@ -256,6 +259,12 @@ def rich_tables(table: Table, width: int) -> list[Any]:
         columns = section.columns or []
         numbers = [i for i in range(table.keys, len(columns)) if not columns[i].last]
         last = [i for i in range(table.keys, len(columns)) if columns[i].last]
+        if table.whole:  # its lines one each, at their natural width, or its intervals under their values
+            natural = sum(max([len(c.name), *(len(row[i].text) for row in section.rows)]) + 2
+                          for i, c in enumerate(columns))
+            out.append(_rich_table(table, section, list(range(len(columns))), title,
+                                   caption if g == len(groups) - 1 else None, natural > width))
+            continue
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width
         parts: list[list[int]] = []
         for i in numbers:
