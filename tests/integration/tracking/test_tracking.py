@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,21 +79,7 @@ def test_rows_not_measured_are_not_points():
     assert [(p.name, p.length, p.value) for p in eval_points(rows)] == [("eval/ppl/nonoverlap", 64, 5.0)]
 
 
-# -- no tracker: no cost ---------------------------------------------------------------------------
-
-def test_logger_none_imports_no_tracker_library(tmp_path):
-    """A default run never imports tensorboard, mlflow or wandb, installed or not."""
-    code = ("import sys\nfrom posexp.cli.app import main\n"
-            f"sys.argv = ['posexp', 'train', *{list(TINY_RUN + TINY)!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorboard', 'mlflow', 'wandb', "
-            "'tensorboardX'}))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert (tmp_path / "run" / "results.json").is_file()
-    assert out.stdout.strip().splitlines()[-1] == "[]"
-
+# -- no tracker: no cost (a default run imports none: tests/process/test_fresh_interpreter.py) ----------------------
 
 def test_a_missing_library_names_its_extra_in_one_line_before_anything_runs(tmp_path, monkeypatch):
     """mlflow made unimportable (as when it is not installed): one line, exit 2, no run folder."""
