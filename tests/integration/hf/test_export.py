@@ -270,20 +270,21 @@ def test_an_existing_folder_is_kept_unless_overwrite_and_nothing_is_left_half_wr
 
 
 def test_a_full_disk_while_the_weights_are_written_is_one_line_and_leaves_nothing(runs, tmp_path):
-    """The file-size limit of a process (RLIMIT_FSIZE, its SIGXFSZ ignored) fails the weights' write as a full
-    disk does, inside safetensors' own writer."""
-    import subprocess
-    import sys
+    """This process's file-size limit (RLIMIT_FSIZE, its SIGXFSZ ignored) lowered for the export alone fails the
+    weights' write as a full disk does, inside safetensors' own writer."""
+    import resource
+    import signal
 
     run_dir, _ = runs["rope"]
-    script = ("import resource, signal, sys\n"
-              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-              "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
-              "from posexp.cli import main\n"
-              f"sys.argv = ['posexp', 'export', {str(run_dir)!r}, 'full/rope']\n"
-              "main()\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))
+    try:
+        proc = invoke_main("export", str(run_dir), "full/rope", cwd=tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, xfsz)
+    assert proc.exit_code != 0 and isinstance(proc.exception, SystemExit), repr(proc.exception)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "the export could not be written" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
