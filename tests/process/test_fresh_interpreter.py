@@ -1,6 +1,7 @@
 """What only a fresh interpreter shows: which modules a use of posexp loads (a TAB, ``import posexp``, ``--help``,
 a report never wait for torch; reporting never loads Hydra, a default run no tracker), that a registered module
-imported first registers, and ``python -m posexp``'s exit status and one message for bad input."""
+imported first registers, a BPE learned alike under any hash seed, and ``python -m posexp``'s exit status and one
+message for bad input."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from posexp.cli import shell
 
-from helpers import TINY_RUN, run_cli
+from helpers import REPO, TINY_RUN, run_cli
 
 # One interpreter walks from the lightest use of posexp to the heaviest; after each step it prints which of the
 # heavy modules are loaded so far (a step that loaded one shows it, since no step unloads anything).
@@ -130,3 +131,25 @@ def test_a_first_use_of_posexp_loads_none_of_what_it_does_not_need(use, tmp_path
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     if "train" in code:
         assert (tmp_path / "run" / "results.json").is_file()
+
+
+# posexp's BPE trained in a fresh interpreter: its helpers are the tokenizer tests' own
+_TRAIN_IN_SUBPROCESS = """
+import sys
+sys.path[:0] = [{root!r}, {root!r} + '/tests']
+from tests.integration.data.test_tokenizer import sample_text, train_bpe
+print(train_bpe([sample_text(3000, s) for s in range(4)], 600, 2).to_str())
+"""
+
+
+def test_bpe_training_is_deterministic_across_processes():
+    """Two fresh interpreters (different hash seeds, thread timing) learn the same vocabulary and merges."""
+    root = str(REPO)
+    outs = [subprocess.run([sys.executable, "-c", _TRAIN_IN_SUBPROCESS.format(root=root)], capture_output=True,
+                           text=True, env={"PYTHONHASHSEED": str(seed), "RAYON_NUM_THREADS": str(threads),
+                                           "PATH": "/usr/bin:/bin"}, timeout=120)
+            for seed, threads in ((1, 1), (2, 2))]
+    for out in outs:
+        assert out.returncode == 0, out.stderr
+    assert outs[0].stdout == outs[1].stdout
+    assert json.loads(outs[0].stdout)["model"]["merges"]  # it did learn merges
