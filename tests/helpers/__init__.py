@@ -68,20 +68,25 @@ class _Command:
             sys.argv, logging.raiseExceptions = argv, raise_exceptions
 
 
-def invoke_main(*args: str, columns: int = 200, cwd: Path | None = None):
-    """``posexp ARGS`` through the installed command's ``main()`` in this process (see :func:`invoke`), for a test of
-    what ``main()`` adds around the app."""
-    return _in_process(_Command(), args, columns, cwd)
+def invoke_main(*args: str, columns: int | str = 200, cwd: Path | None = None, encoding: str = "utf-8"):
+    """``posexp ARGS`` through the installed command's ``main()`` in this process (see :func:`invoke`): what a user
+    typing the command gets (its exit status, its one-line errors), without an interpreter's start-up.
+
+    Args:
+        columns: as for :func:`invoke`; any string a terminal may set (``"0"``, ``"wide"``) too.
+        encoding: the encoding of the command's output streams, as ``PYTHONIOENCODING`` sets a terminal's.
+    """
+    return _in_process(_Command(), args, columns, cwd, encoding)
 
 
-def _in_process(command, args, columns: int, cwd: Path | None):
+def _in_process(command, args, columns: int | str, cwd: Path | None, encoding: str = "utf-8"):
     from click.testing import CliRunner
 
     old = os.getcwd()
     if cwd is not None:
         os.chdir(cwd)
     try:
-        return CliRunner().invoke(command, list(args), env={"COLUMNS": str(columns)})
+        return CliRunner(charset=encoding).invoke(command, list(args), env={"COLUMNS": str(columns)})
     finally:
         os.chdir(old)
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from helpers import TINY_RUN, invoke
+from helpers import TINY_RUN, invoke, invoke_main
 
 
 @contextlib.contextmanager
@@ -71,17 +71,21 @@ def test_an_evaluation_waits_for_another_and_keeps_its_rows(trained, tmp_path):
 def test_a_command_refused_by_another_holding_its_folder_says_what_that_one_does_and_touches_nothing(trained,
                                                                                                       tmp_path):
     """A run held by an evaluation, and a sweep one of whose jobs is training: ``--overwrite`` of either is refused,
-    naming what the other command does there; a sweep's jobs are all claimed before any is emptied."""
-    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    naming what the other command does there; a sweep's jobs are all claimed before any is emptied. An evaluation
+    of a run that is training is refused too: two commands never write one run's results.json at once."""
+    run, sweep, training = tmp_path / "run", tmp_path / "sweep", tmp_path / "training"
     shutil.copytree(trained, run)
+    shutil.copytree(trained, training)
     for job in ("0", "1"):
         shutil.copytree(trained, sweep / job)
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
     before = (run / "results.json").read_bytes()
+    trained_before = (training / "results.json").read_bytes()
     swept = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
-    with held_by(run, "evaluating"), held_by(sweep / "1", "training"):
+    with held_by(run, "evaluating"), held_by(sweep / "1", "training"), held_by(training, "training"):
         result = invoke("train", *TINY_RUN, f"hydra.run.dir={run}", "--overwrite")
         overwrite = invoke("train", "-m", *TINY_RUN, f"hydra.sweep.dir={sweep}", "encoder=rope,alibi", "--overwrite")
+        evaluation = invoke("eval", str(training), "eval.lengths=[32]")
     assert result.exit_code == 2
     assert "is evaluating in this folder" in result.output and "training" not in result.output
     assert (run / "results.json").read_bytes() == before
@@ -89,6 +93,10 @@ def test_a_command_refused_by_another_holding_its_folder_says_what_that_one_does
     assert "is training in this folder" in overwrite.output
     after = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file() and p.name != ".posexp-lock.json"}
     assert after == swept
+    assert evaluation.exit_code == 2
+    assert "another posexp process (posexp, pid" in evaluation.output
+    assert "is training in this folder" in evaluation.output
+    assert (training / "results.json").read_bytes() == trained_before
 
 
 def test_sigterm_during_an_evaluation_says_what_was_kept_and_how_to_finish(trained, tmp_path):
@@ -152,3 +160,46 @@ def test_a_run_overwritten_between_loading_its_weights_and_taking_the_folder_is_
     with pytest.raises(PosexpError, match="its run was replaced while this evaluation started"):
         eval_command.reeval_main([str(run_dir), "eval.multiples=[1,2]", "eval.tokens=256"])
     assert (run_dir / "results.json").read_text() == before
+
+
+def test_two_exports_into_one_new_folder_at_once_the_second_is_refused(trained, tmp_path):
+    """The first claims the folder before writing; the second, started while it writes, is refused in one line
+    and the first's export is the one left, whole."""
+    import time
+
+    from posexp.commands.export import export_run
+    from posexp.hf.export import EXPORT_JSON
+
+    run_dir = trained
+    # the first export stops before its check until told to go on: the second starts while it writes
+    script = ("import sys, time\nfrom pathlib import Path\nimport posexp.hf.export as e\n"
+              "check = e.check_logits\n"
+              "def slow(*a, **k):\n"
+              "    Path('writing').touch()\n"
+              "    while not Path('go').exists():\n"
+              "        time.sleep(0.05)\n"
+              "    return check(*a, **k)\n"
+              "e.check_logits = slow\n"
+              "from posexp.cli import main\n"
+              f"sys.argv = ['posexp', 'export', {str(run_dir)!r}, 'same']\n"
+              "main()\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    first = subprocess.Popen([sys.executable, "-c", script.replace("'same'", repr(str(tmp_path / "same")))],
+                             cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (scratch / "writing").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = invoke_main("export", str(run_dir), "same", cwd=tmp_path)
+    (scratch / "go").touch()
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.exit_code != 0 and "exported" not in second.stdout
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "exporting in this folder" in lines[0], second.stderr
+    assert "exported" in out
+    assert (tmp_path / "same" / "model.safetensors").is_file() and (tmp_path / "same" / EXPORT_JSON).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same", "scratch"]
+    reference = export_run(run_dir, tmp_path / "scratch" / "reference").folder
+    assert sorted(p.name for p in (tmp_path / "same").iterdir()) == sorted(
+        p.name for p in reference.iterdir())  # the first's export, whole, no claim note left

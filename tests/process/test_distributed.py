@@ -1,4 +1,5 @@
-"""Data-parallel training under torchrun: the same global batch, the same losses, one writer."""
+"""Data-parallel training under torchrun: the same global batch, the same losses, one writer; and torch's
+context parallelism, each sequence split over two GPUs, the same losses as one process."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from posexp.runtime.device import World, world
 from posexp.training.distributed import shard, worker_overrides
 from posexp.errors import ConfigError, PosexpError
 from posexp.commands.train import run_train
 
-from helpers import TINY_RUN
+from helpers import TINY_RUN, invoke
 
 TINY = ("train.steps=20", "train.log_every=1", "eval.multiples=[1]",
         "eval.loss_by_position=false")
@@ -88,3 +90,23 @@ def test_two_processes_train_like_one(tiny, tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     assert results["run"]["train"]["processes"] == 2 and results["run"]["train"]["tokens"] == one["run"]["train"]["tokens"]
     assert results["rows"][0]["loss"] == pytest.approx(one["rows"][0]["loss"], abs=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_rope_trains_with_each_sequence_split_over_two_gpus(tmp_path):
+    """torch's context_parallel on 2 GPUs: the same loss curve as one process, up to float rounding (never run: no GPU yet)."""
+    args = ("experiment=smoke", "train.progress=false", "device=cuda", "precision=fp32", "compile=false",
+            "train_len=64", "train.log_every=1", "eval.multiples=[1]")
+    one = invoke("train", *args, f"hydra.run.dir={tmp_path / 'one'}")
+    assert one.exit_code == 0, one.output
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "posexp", "train", *args, "train.context_parallel=2", f"hydra.run.dir={tmp_path / 'cp'}"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def losses(run: Path) -> list[float]:
+        with open(run / "metrics.csv", newline="") as f:
+            return [float(r["loss"]) for r in csv.DictReader(f)]
+
+    assert max(abs(a - b) for a, b in zip(losses(tmp_path / "cp"), losses(tmp_path / "one"))) < 1e-3

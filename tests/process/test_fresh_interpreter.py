@@ -1,5 +1,7 @@
 """What only a fresh interpreter shows: which modules a use of posexp loads (a TAB, ``import posexp``, ``--help``,
-a report never wait for torch), and ``python -m posexp``'s exit status and one message for bad input."""
+a report never wait for torch; reporting never loads Hydra, a default run no tracker), that a registered module
+imported first registers, a BPE learned alike under any hash seed, and ``python -m posexp``'s exit status and one
+message for bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from posexp.cli import shell
 
-from helpers import TINY_RUN, run_cli
+from helpers import REPO, TINY_RUN, run_cli
 
 # One interpreter walks from the lightest use of posexp to the heaviest; after each step it prints which of the
 # heavy modules are loaded so far (a step that loaded one shows it, since no step unloads anything).
@@ -89,3 +91,65 @@ def test_bad_input_in_a_fresh_interpreter_is_one_message(tmp_path, overrides, ne
     assert proc.returncode == 2 and "Traceback" not in out
     assert all(needle in out for needle in needles), out
     assert not (tmp_path / "run").exists()
+
+
+# The first thing a fresh interpreter does with posexp, and the top-level packages it must not have loaded since.
+FIRST_USES = {
+    # reporting reads finished run folders; the Hydra callback that starts a sweep's summary lives in posexp.cli
+    "every reporting module and the run layout": (
+        "import pkgutil, importlib, posexp.runs.layout, posexp.reporting as r\n"
+        "for m in pkgutil.walk_packages(r.__path__, 'posexp.reporting.'): importlib.import_module(m.name)",
+        {"hydra", "omegaconf", "torch"}),
+    "the metric registry read": (
+        "from posexp.reporting.metrics import metric_examples; metric_examples()",
+        {"hydra", "rich", "torch", "omegaconf"}),
+    "a default run (logger=none)": (
+        "from posexp.cli.app import main\n"
+        f"sys.argv = ['posexp', 'train', *{list(TINY_RUN)!r}, 'train.steps=4', 'train.log_every=2', "
+        "'train.warmup_steps=1', 'eval.multiples=[1,2]', 'hydra.run.dir=run']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code",
+        {"tensorboard", "mlflow", "wandb", "tensorboardX"}),
+    # `from posexp.encoders.rope import RoPE` first: its @register must not load the whole package, whose irope
+    # module imports rope back while rope is half-initialised
+    **{f"import {module} first": (f"import {module}; import posexp.encoders as e; e.create('rope', d_model=32, "
+                                  "n_heads=4)", set())
+       for module in ("posexp.encoders.rope", "posexp.encoders.alibi", "posexp.tasks.ruler", "posexp.tasks.copy")},
+}
+
+
+@pytest.mark.parametrize("use", FIRST_USES)
+def test_a_first_use_of_posexp_loads_none_of_what_it_does_not_need(use, tmp_path):
+    """Reporting (every module of it, and the run layout) never loads torch, Hydra or OmegaConf, nor the metric
+    registry Rich; a default run never imports tensorboard, mlflow or wandb, installed or not; a registered module
+    imported before its package registers without error."""
+    code, heavy = FIRST_USES[use]
+    loaded = f"{{m.split('.')[0] for m in sys.modules}} & set({sorted(heavy)!r})"
+    script = f"import json, sys\n{code}\nprint(json.dumps(sorted({loaded})))"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    if "train" in code:
+        assert (tmp_path / "run" / "results.json").is_file()
+
+
+# posexp's BPE trained in a fresh interpreter: its helpers are the tokenizer tests' own
+_TRAIN_IN_SUBPROCESS = """
+import sys
+sys.path[:0] = [{root!r}, {root!r} + '/tests']
+from tests.integration.data.test_tokenizer import sample_text, train_bpe
+print(train_bpe([sample_text(3000, s) for s in range(4)], 600, 2).to_str())
+"""
+
+
+def test_bpe_training_is_deterministic_across_processes():
+    """Two fresh interpreters (different hash seeds, thread timing) learn the same vocabulary and merges."""
+    root = str(REPO)
+    outs = [subprocess.run([sys.executable, "-c", _TRAIN_IN_SUBPROCESS.format(root=root)], capture_output=True,
+                           text=True, env={"PYTHONHASHSEED": str(seed), "RAYON_NUM_THREADS": str(threads),
+                                           "PATH": "/usr/bin:/bin"}, timeout=120)
+            for seed, threads in ((1, 1), (2, 2))]
+    for out in outs:
+        assert out.returncode == 0, out.stderr
+    assert outs[0].stdout == outs[1].stdout
+    assert json.loads(outs[0].stdout)["model"]["merges"]  # it did learn merges

@@ -35,7 +35,7 @@ from posexp.cli.folders import register_analyze_schema
 from posexp.config.schema import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError
-from helpers import run_cli
+from helpers import invoke_main
 
 ENCODERS = sorted(p.stem for p in (config_dir() / "encoder").glob("*.yaml"))
 TINY = ("model.d_model=32", "model.n_heads=2", "train_len=16", "eval.multiples=[1,4]")
@@ -232,9 +232,9 @@ def test_attention_statistics_match_closed_forms(encoder):
 @pytest.mark.slow  # a two-job sweep, then analyze; the single-run command tests stay in the default suite
 def test_analyze_multirun_compares_bases(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("analyze", "-m", "encoder=rope", "base=100,10000", *TINY, "analyze.length=64",
-                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("analyze", "-m", "encoder=rope", "base=100,10000", *TINY, "analyze.length=64",
+                       f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     for job, base in (("0", 100.0), ("1", 10000.0)):
         saved = json.loads((sweep / job / "analysis.json").read_text())
         assert saved["base"] == base and saved["label"] == f"rope base={base:g}"
@@ -258,16 +258,16 @@ def test_analyze_bad_input_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_analyze_trained_run(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli("train", "experiment=smoke", "train.progress=false", "encoder=alibi", f"hydra.run.dir={run}",
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    proc = run_cli("analyze", str(run), "analyze.multiples=[1,2]", "analyze.tokens=256", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("train", "experiment=smoke", "train.progress=false", "encoder=alibi", f"hydra.run.dir={run}",
+                       cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
+    proc = invoke_main("analyze", str(run), "analyze.multiples=[1,2]", "analyze.tokens=256", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     saved = json.loads((run / "analysis" / "analysis.json").read_text())
     assert [r["length"] for r in saved["attention"]] == [32, 64]
     for row in saved["attention"]:
         assert np.array(row["entropy"]).shape == (2, 2)  # layers x heads
         assert np.all(np.array(row["entropy"]) <= math.log(row["length"]) + 1e-6)
     assert (run / "analysis" / "attention_entropy.png").is_file()
-    proc = run_cli("analyze", str(run), "analyze.lenght=3", cwd=tmp_path)
-    assert proc.returncode == 2 and "analyze.lenght" in proc.stderr and "Traceback" not in proc.stderr
+    proc = invoke_main("analyze", str(run), "analyze.lenght=3", cwd=tmp_path)
+    assert proc.exit_code == 2 and "analyze.lenght" in proc.stderr and "Traceback" not in proc.stderr

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from posexp.cli.app import app
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke_main
 
 # the shared tiny run, smaller still: a case which is wrongly accepted finishes in seconds (and then fails its asserts)
 TINY = (*TINY_RUN, "train.steps=2", "train.batch_size=2", "train.warmup_steps=0", "eval.multiples=[1]",
@@ -172,20 +172,15 @@ def test_the_help_table_lists_the_main_keys_with_their_meaning_and_default(confi
     assert rows["train_len"][0] == ("128" if config_name == "config" else "null")
 
 
-@pytest.mark.parametrize("env", [  # each a fresh interpreter: one in the default suite, the others with -m slow
-    {"COLUMNS": "0"}, pytest.param({"COLUMNS": "wide"}, marks=pytest.mark.slow),
-    pytest.param({"PYTHONIOENCODING": "ascii"}, marks=pytest.mark.slow)],
-    ids=["COLUMNS=0", "COLUMNS=wide", "PYTHONIOENCODING=ascii"])
-def test_a_terminal_setting_never_hides_an_error_nor_raises(env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("columns,encoding", [("0", "utf-8"), ("wide", "utf-8"), ("200", "ascii")],
+                         ids=["COLUMNS=0", "COLUMNS=wide", "PYTHONIOENCODING=ascii"])
+def test_a_terminal_setting_never_hides_an_error_nor_raises(columns, encoding, tmp_path):
     """COLUMNS=0 printed nothing at all (not even the error); an ASCII-only output raised on posexp's "·"."""
-    from helpers import run_cli
-
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    bad = run_cli("train", "encoder=rpoe", cwd=tmp_path)
-    assert bad.returncode == 2 and "did you mean encoder=rope" in bad.stderr, bad.stderr
-    listing = run_cli("list", cwd=tmp_path)
-    assert listing.returncode == 0 and "rope" in listing.stdout and "Traceback" not in listing.stderr
+    bad = invoke_main("train", "encoder=rpoe", columns=columns, encoding=encoding, cwd=tmp_path)
+    assert bad.exit_code == 2 and "did you mean encoder=rope" in bad.stderr, bad.stderr
+    listing = invoke_main("list", columns=columns, encoding=encoding, cwd=tmp_path)
+    assert listing.exit_code == 0 and "rope" in listing.stdout, repr(listing.exception)
+    assert "Traceback" not in listing.stderr
 
 
 @pytest.mark.parametrize("args", [[f"hydra.run.dir={'x' * 300}"], ["-m", f"hydra.sweep.dir=s/{'y' * 300}", "seed=0,1"]],
@@ -201,8 +196,8 @@ def test_a_folder_name_too_long_for_the_filesystem_is_one_line(args, tmp_path, m
 @pytest.mark.parametrize("command", ["eval", "resume", "report"])
 def test_a_run_folder_whose_name_the_filesystem_refuses_is_one_line(command, tmp_path):
     """``posexp eval`` of a 300-character folder name was an OSError 36 traceback."""
-    result = run_cli(command, "x" * 300, cwd=tmp_path, timeout=120)
-    assert result.returncode == 2, result.stderr
+    result = invoke_main(command, "x" * 300, cwd=tmp_path)
+    assert result.exit_code == 2, result.stderr
     assert "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith("error: File name too long: xxx")

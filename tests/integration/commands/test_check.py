@@ -19,7 +19,7 @@ from posexp.encoders import create, register
 from posexp.encoders.contract import PositionalEncoder, bias_score_mod, relative_distance
 from posexp.errors import PosexpError
 from posexp.evaluation.conformance import CHECKS, FAIL, PASS, Probe, run_checks
-from helpers import REPO, run_cli
+from helpers import REPO, invoke_main
 
 # small enough for the test suite: 16x the nominal length is 512 tokens
 PROBE = Probe(train_len=32, block=8, long_block=32)
@@ -212,8 +212,8 @@ def test_markdown_output_is_one_table_row_per_check():
     (["check", "rope", "bsae=500"], "encoder.bsae: not an option of encoder 'rope'; did you mean base?"),
 ])
 def test_a_bad_name_or_option_is_one_line_and_exit_2(tmp_path: Path, args, message):
-    result = run_cli(*args, cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
+    result = invoke_main(*args, cwd=tmp_path)
+    assert result.exit_code == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke_main
 from posexp.errors import ConfigError
 from posexp.commands.validation import validate
 from posexp.commands.edge import typed
@@ -43,8 +43,8 @@ def test_an_encoding_shorter_than_train_len_is_refused_before_training(compose, 
 
 
 def test_posexp_train_refuses_inf_in_one_line(tmp_path):
-    proc = run_cli("train", *TINY_RUN, "base=inf", "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.returncode == 2
+    proc = invoke_main("train", *TINY_RUN, "base=inf", "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.exit_code == 2
     assert proc.stderr.strip().splitlines() == ["error: base: must be a finite number (got inf)"]
 
 

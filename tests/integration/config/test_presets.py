@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import run_cli
+from helpers import invoke_main
 from posexp.commands.train import check_config
 from posexp.config.schema import config_dir, eval_lengths
 
@@ -31,9 +31,9 @@ def test_press2022_is_the_papers_setup_for_each_encoding_of_its_sweep(compose, e
 def test_press2022_without_network_stops_in_one_line_before_making_a_run_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = run_cli("train", "experiment=press2022", "encoder=alibi", f"hydra.run.dir={tmp_path / 'run'}",
-                     cwd=tmp_path)
-    assert result.returncode == 2
+    result = invoke_main("train", "experiment=press2022", "encoder=alibi", f"hydra.run.dir={tmp_path / 'run'}",
+                         cwd=tmp_path)
+    assert result.exit_code == 2
     [line] = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert line.startswith("error: data.name: the data set Salesforce/wikitext (wikitext-103-raw-v1) is not cached")
     assert not (tmp_path / "run").exists()

@@ -305,12 +305,12 @@ def test_train_on_a_local_hf_data_set_with_bpe_end_to_end(tmp_path):
     """data=hf + tokenizer=bpe as a user types it: the model's vocabulary is the tokenizer's, results say so."""
     from safetensors import safe_open
 
-    from helpers import TINY_RUN, run_cli
+    from helpers import TINY_RUN, invoke_main
 
     path, _ = _hub_like(tmp_path)
-    proc = run_cli("train", *TINY_RUN, "data=hf", f"data.name={path}", "data.text_column=body", "tokenizer=bpe",
-                   "tokenizer.vocab_size=300", "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("train", *TINY_RUN, "data=hf", f"data.name={path}", "data.text_column=body", "tokenizer=bpe",
+                       "tokenizer.vocab_size=300", "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
     assert run["tokenizer"] == "bpe" and run["vocab_size"] == 300 and run["split"] == "hub"
     assert 0 < run["tokens_per_byte"] < 1 and run["corpus"] == str(path)
@@ -322,12 +322,12 @@ def test_train_on_a_local_hf_data_set_with_bpe_end_to_end(tmp_path):
 
 
 def test_a_hub_data_set_offline_and_not_cached_is_one_clear_message(tmp_path, monkeypatch):
-    from helpers import run_cli
+    from helpers import invoke_main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
-    proc = run_cli("train", "data=wikitext103", "hydra.run.dir=run", cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2
+    proc = invoke_main("train", "data=wikitext103", "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.exit_code == 2
     err = " ".join(proc.stderr.split())
     assert "Salesforce/wikitext (wikitext-103-raw-v1) is not cached" in err
     assert "HF_HUB_OFFLINE" in err and "data=text" in err and "Traceback" not in proc.stderr

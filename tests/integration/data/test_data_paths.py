@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from helpers import REPO, TINY_RUN, run_cli
+from helpers import REPO, TINY_RUN, invoke_main
 from posexp.config.schema import DataConfig
 from posexp.data.corpus import corpus_from_config, load_corpus
 from posexp.errors import ConfigError
@@ -71,9 +71,9 @@ def test_a_bare_home_path_on_the_command_line_is_expanded_as_a_shell_would(monke
 def test_posexp_train_takes_the_readme_style_home_path(monkeypatch, tmp_path):
     home = tmp_path / "home"
     (home / "corpus").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))  # run_cli passes the environment on
-    r = run_cli("train", *TINY_RUN, "data=text", "data.path=~/corpus", "--cfg", "job", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("HOME", str(home))  # the command reads this environment
+    r = invoke_main("train", *TINY_RUN, "data=text", "data.path=~/corpus", "--cfg", "job", cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr
     assert f"path: {home}/corpus" in r.stdout
 
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from helpers import REPO
 from posexp.errors import ConfigError
 from posexp.data.tokenizer import (DOC_TOKEN, BPETokenizer, ByteTokenizer, TokenizerSpec, batches, bits_per_byte,
                               check_spec, token_dtype)
@@ -70,29 +67,6 @@ def test_first_merge_is_the_most_frequent_adjacent_pair():
     merges = json.loads(tok.to_str())["model"]["merges"]
     first = merges[0] if isinstance(merges[0], list) else merges[0].split(" ")
     assert tuple(first) == best
-
-
-_TRAIN_IN_SUBPROCESS = """
-import sys
-sys.path[:0] = [{root!r}, {root!r} + '/tests']
-from tests.integration.data.test_tokenizer import sample_text, train_bpe
-print(train_bpe([sample_text(3000, s) for s in range(4)], 600, 2).to_str())
-"""
-
-
-def test_bpe_training_is_deterministic_across_processes():
-    """Two fresh interpreters (different hash seeds, thread timing) learn the same vocabulary and merges."""
-    from pathlib import Path
-
-    root = str(REPO)
-    outs = [subprocess.run([sys.executable, "-c", _TRAIN_IN_SUBPROCESS.format(root=root)], capture_output=True,
-                           text=True, env={"PYTHONHASHSEED": str(seed), "RAYON_NUM_THREADS": str(threads),
-                                           "PATH": "/usr/bin:/bin"}, timeout=120)
-            for seed, threads in ((1, 1), (2, 2))]
-    for out in outs:
-        assert out.returncode == 0, out.stderr
-    assert outs[0].stdout == outs[1].stdout
-    assert json.loads(outs[0].stdout)["model"]["merges"]  # it did learn merges
 
 
 def test_byte_tokenizer_is_utf8():

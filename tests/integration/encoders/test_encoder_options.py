@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke_main
 from posexp.encoders import create
 from posexp.encoders.frequencies import frequency_schedule
 from posexp.encoders.rope import RemappedRoPE, ReRoPEScores, rope_frequencies
@@ -465,18 +465,18 @@ def test_a_mix_longer_than_the_model_is_refused():
 
 
 def test_list_shows_the_new_options(tmp_path):
-    proc = run_cli("list", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("list", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     for option in ("freq_schedule", "rotary_fraction", "learnable_scale", "layout", "layers"):
         assert option in proc.stdout, option
 
 
 @pytest.mark.slow  # rerope rows and mixing stay covered in-process above; this is the end-to-end run
 def test_a_mixed_run_says_its_mix_and_evaluates_with_rerope(tmp_path):
-    proc = run_cli("train", *TINY_RUN, "encoder=mixed", "encoder.layers=[rope,none]",
-                   "encoder.options={rope:{rotary_fraction:0.5}}", "eval.scaling=rerope", "eval.rerope_window=16",
-                   "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("train", *TINY_RUN, "encoder=mixed", "encoder.layers=[rope,none]",
+                       "encoder.options={rope:{rotary_fraction:0.5}}", "eval.scaling=rerope", "eval.rerope_window=16",
+                       "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["run"]["encoder"] == "mixed[rope,none]"
     assert results["run"]["eval_settings"]["rerope_window"] == 16
@@ -484,12 +484,12 @@ def test_a_mixed_run_says_its_mix_and_evaluates_with_rerope(tmp_path):
     assert "rerope w=16" in (tmp_path / "run" / "results.md").read_text()
 
     # posexp eval: another window is another measurement, kept beside the first
-    proc = run_cli("eval", "run", "eval.scaling=rerope", "eval.rerope_window=8", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("eval", "run", "eval.scaling=rerope", "eval.rerope_window=8", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert {(r["scaling"], r["scaling_factor"]) for r in results["rows"]} == {("rerope", 16.0), ("rerope", 8.0)}
-    proc = run_cli("eval", "run", "eval.rerope_window=0", cwd=tmp_path)
-    assert proc.returncode == 2 and "eval.rerope_window" in proc.stderr and "Traceback" not in proc.stderr
+    proc = invoke_main("eval", "run", "eval.rerope_window=0", cwd=tmp_path)
+    assert proc.exit_code == 2 and "eval.rerope_window" in proc.stderr and "Traceback" not in proc.stderr
 
 
 BAD_INPUT = [

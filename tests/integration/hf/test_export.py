@@ -25,7 +25,7 @@ from posexp.commands.export import export_run  # noqa: E402
 from posexp.hf.export import EXPORT_JSON  # noqa: E402
 from posexp.model.gpt import GPT, ModelShape  # noqa: E402
 
-from helpers import TINY_RUN, run_cli  # noqa: E402
+from helpers import TINY_RUN, invoke_main  # noqa: E402
 
 # each run's own options on top of the smoke experiment (train_len 32); alibi trains without LayerNorm biases,
 # which MPT's norms lack
@@ -159,9 +159,9 @@ def test_a_bpe_run_exports_with_its_own_tokenizer(tmp_path):
     from posexp.data.tokenizer import BPETokenizer
 
     run_dir = tmp_path / "bpe"
-    proc = run_cli("train", *TINY_RUN, "tokenizer=bpe", "tokenizer.vocab_size=300", "train.steps=2",
-                   "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("train", *TINY_RUN, "tokenizer=bpe", "tokenizer.vocab_size=300", "train.steps=2",
+                       "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     done = export_run(run_dir, tmp_path / "hf")
     assert done.max_abs_diff < TOL
     bpe = BPETokenizer.load(corpus_from_config(posexp.load_run(run_dir).config).tokenizer_file)
@@ -270,65 +270,25 @@ def test_an_existing_folder_is_kept_unless_overwrite_and_nothing_is_left_half_wr
 
 
 def test_a_full_disk_while_the_weights_are_written_is_one_line_and_leaves_nothing(runs, tmp_path):
-    """The file-size limit of a process (RLIMIT_FSIZE, its SIGXFSZ ignored) fails the weights' write as a full
-    disk does, inside safetensors' own writer."""
-    import subprocess
-    import sys
+    """This process's file-size limit (RLIMIT_FSIZE, its SIGXFSZ ignored) lowered for the export alone fails the
+    weights' write as a full disk does, inside safetensors' own writer."""
+    import resource
+    import signal
 
     run_dir, _ = runs["rope"]
-    script = ("import resource, signal, sys\n"
-              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-              "resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))\n"
-              "from posexp.cli import main\n"
-              f"sys.argv = ['posexp', 'export', {str(run_dir)!r}, 'full/rope']\n"
-              "main()\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, hard))
+    try:
+        proc = invoke_main("export", str(run_dir), "full/rope", cwd=tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, xfsz)
+    assert proc.exit_code != 0 and isinstance(proc.exception, SystemExit), repr(proc.exception)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "the export could not be written" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert list(tmp_path.iterdir()) == []
-
-
-def test_two_exports_into_one_new_folder_at_once_the_second_is_refused(runs, tmp_path):
-    """The first claims the folder before writing; the second, started while it writes, is refused in one line
-    and the first's export is the one left, whole."""
-    import subprocess
-    import sys
-    import time
-
-    run_dir, _ = runs["rope"]
-    # the first export stops before its check until told to go on: the second starts while it writes
-    script = ("import sys, time\nfrom pathlib import Path\nimport posexp.hf.export as e\n"
-              "check = e.check_logits\n"
-              "def slow(*a, **k):\n"
-              "    Path('writing').touch()\n"
-              "    while not Path('go').exists():\n"
-              "        time.sleep(0.05)\n"
-              "    return check(*a, **k)\n"
-              "e.check_logits = slow\n"
-              "from posexp.cli import main\n"
-              f"sys.argv = ['posexp', 'export', {str(run_dir)!r}, 'same']\n"
-              "main()\n")
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    first = subprocess.Popen([sys.executable, "-c", script.replace("'same'", repr(str(tmp_path / "same")))],
-                             cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (scratch / "writing").exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    second = run_cli("export", str(run_dir), "same", cwd=tmp_path)
-    (scratch / "go").touch()
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err
-    assert second.returncode != 0 and "exported" not in second.stdout
-    lines = [line for line in second.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "exporting in this folder" in lines[0], second.stderr
-    assert "exported" in out
-    assert (tmp_path / "same" / "model.safetensors").is_file() and (tmp_path / "same" / EXPORT_JSON).is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["same", "scratch"]
-    assert sorted(p.name for p in (tmp_path / "same").iterdir()) == sorted(
-        p.name for p in runs["rope"][1].folder.iterdir())  # the first's export, whole, no claim note left
 
 
 def test_posexp_export_on_the_command_line(runs, tmp_path):
@@ -338,8 +298,8 @@ def test_posexp_export_on_the_command_line(runs, tmp_path):
 
     run_dir, _ = runs["learned"]
     out = tmp_path / "gpt2"
-    proc = run_cli("export", str(run_dir), str(out), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke_main("export", str(run_dir), str(out), cwd=tmp_path)
+    assert proc.exit_code == 0, proc.stderr
     assert "GPT-2" in proc.stdout and (out / "config.json").is_file()
     again = CliRunner().invoke(app, ["export", str(run_dir), str(out)])
     assert again.exit_code == 2 and again.output.strip().count("\n") == 0 and "--overwrite" in again.output

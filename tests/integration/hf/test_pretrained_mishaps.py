@@ -1,5 +1,5 @@
 """A pretrained model as a careless or unlucky user meets it: a damaged model folder, a typo on a machine without
-network, a folder with a comma, an evaluation stopped or killed, and a pretrained model's run handed to the
+network, a folder with a comma, and a pretrained model's run handed to the
 commands that read posexp's own runs. Each is one line that says what to type, and that line works."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import json
 import re
 import shlex
 import shutil
-import signal
 import socket
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from helpers import invoke, run_cli, start_cli  # noqa: E402
+from helpers import invoke  # noqa: E402
 from integration.hf.test_pretrained_runs import corpus_dir, llama_dir  # noqa: E402,F401 - the same tiny Llama and its text
 
 from posexp.hf import loading  # noqa: E402
@@ -123,39 +122,6 @@ def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_
         run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
         assert run["pretrained"]["name"] == "llama,64" and len(_rows(tmp_path / "run")) == 1
         shutil.rmtree(tmp_path / "run")
-
-
-# -- stopped or killed, then resumed as its message says (item 6) --------------------------------------------------
-
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL])
-def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corpus_dir, pretrained_run,
-                                                          tmp_path):
-    # small query chunks make the evaluation last: the signal comes while it measures, once the model is loaded
-    slow = (f"hf:{llama_dir}", *_data(corpus_dir), "hf.query_chunk=16")
-    proc = start_cli("eval", *slow, "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("posexp pretrained"):
-            break
-    proc.send_signal(stop)
-    _, err = proc.communicate(timeout=120)
-    assert not (tmp_path / "run" / "results.json").exists(), "finished before it was stopped"
-    if stop == signal.SIGINT:
-        told = re.search(r"(posexp resume \S+)", err)
-        assert told is not None and "evaluates the model again" in err, err
-        command = shlex.split(told.group(1))
-    else:  # killed: nothing said; the folder is then refused to a new evaluation, naming the command
-        again = invoke("eval", *slow, "hydra.run.dir=run", cwd=tmp_path)
-        told = re.search(r"(posexp resume \S+?);", " ".join(again.output.split()))
-        assert again.exit_code != 0 and told is not None, again.output
-        command = shlex.split(told.group(1))
-    resumed = invoke(*command[1:], cwd=tmp_path)
-    assert resumed.exit_code == 0, resumed.output
-    assert [r["ppl"] for r in _rows(tmp_path / "run")] == pytest.approx([r["ppl"] for r in _rows(pretrained_run)],
-                                                                        rel=1e-4)
-    finished = invoke("resume", str(tmp_path / "run"))  # nothing left to resume: measure it again instead
-    assert finished.exit_code != 0 and f"posexp eval hf:{llama_dir}" in " ".join(finished.output.split())
 
 
 # -- a sweep of pretrained evaluations handed to posexp eval (item 8) ----------------------------------------------

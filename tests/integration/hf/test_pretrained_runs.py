@@ -300,10 +300,10 @@ def test_without_transformers_both_commands_say_which_install_brings_it(tmp_path
 
 
 @pytest.mark.parametrize("bos", ("auto", "true"))
-def test_the_reproduce_script_gives_a_cell_with_transformers_alone(llama_dir, corpus_dir, tmp_path, bos):
+def test_the_reproduce_script_gives_a_cell_with_transformers_alone(llama_dir, corpus_dir, tmp_path, bos, monkeypatch,
+                                                                  capsys):
+    import runpy
     import shutil
-    import subprocess
-    import sys
 
     folder = tmp_path / "model"
     shutil.copytree(llama_dir, folder)
@@ -318,11 +318,13 @@ def test_the_reproduce_script_gives_a_cell_with_transformers_alone(llama_dir, co
     text = run["text"]
     assert text["documents"] and text["separator"] == config.eos_token_id, text
     assert text["bos"] == (config.bos_token_id if bos == "true" else None)  # this tokenizer adds no BOS itself
-    script = REPO / "scripts" / "reproduce_cell.py"  # the README points to it
-    printed = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True)
-    ours, recorded = (float(v) for v in re.findall(r"ppl at \d+: ([0-9.]+), results.json: ([0-9.]+)",
-                                                    printed.stdout)[0])
-    assert math.isclose(ours, recorded, rel_tol=1e-5), printed.stdout
+    script = REPO / "scripts" / "reproduce_cell.py"  # the README points to it; run as `python script RUN` runs it
+    capsys.readouterr()
+    monkeypatch.setattr("sys.argv", [str(script), str(out)])
+    runpy.run_path(str(script), run_name="__main__")
+    printed = capsys.readouterr().out
+    ours, recorded = (float(v) for v in re.findall(r"ppl at \d+: ([0-9.]+), results.json: ([0-9.]+)", printed)[0])
+    assert math.isclose(ours, recorded, rel_tol=1e-5), printed
 
 
 def test_a_bos_a_model_cannot_have_is_refused_in_one_line(llama_dir, corpus_dir, tmp_path):

@@ -47,17 +47,3 @@ def test_a_new_module_in_the_package_is_found_with_no_list_to_edit(tmp_path, mon
         kinds.KINDS.register("first")(type("Other", (), {}))
     for name in ("kinds", "kinds.first", "kinds.second"):
         sys.modules.pop(name, None)
-
-
-
-@pytest.mark.parametrize("module", ["posexp.encoders.rope", "posexp.encoders.alibi", "posexp.tasks.ruler",
-                                    "posexp.tasks.copy"])
-def test_a_registered_module_imported_first_registers_without_importing_its_half_made_self(module):
-    """`from posexp.encoders.rope import RoPE` as the first import of a process: its @register must not load the
-    whole package, whose irope module imports rope back while rope is half-initialised."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", f"import {module}; import posexp.encoders as e; e.create('rope', "
-                                                 "d_model=32, n_heads=4)"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]

@@ -78,16 +78,6 @@ def test_task_names_go_to_task_runs_and_the_rest_to_language_model_runs():
         ["ratio@4x", "maxlen", "ppl"], ["acc@2x", "maxlen@acc90", "efflen@85"])
 
 
-def test_reading_the_registry_imports_neither_hydra_nor_rich(tmp_path):
-    import subprocess
-    import sys
-
-    code = ("import sys; from posexp.reporting.metrics import metric_examples; metric_examples(); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'rich', 'torch', 'omegaconf'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-
-
 def test_shown_values_read_another_field_of_the_rows_the_table_shows(tmp_path):
     """What a metric of a field beside ppl (ppl_key) reads: the shown view's rows only, n/a kept apart."""
     from unit.reporting.test_report import make_run
@@ -102,15 +92,3 @@ def test_shown_values_read_another_field_of_the_rows_the_table_shows(tmp_path):
     rows[128]["ppl_key"], rows[256]["ppl_key"] = 5.0, float("nan")
     assert shown_values(report.rows[0], report, "ppl_key") == {128: (True, 5.0), 256: (False, None),
                                                                512: (False, None)}
-
-
-def test_no_reporting_module_imports_hydra_omegaconf_or_torch():
-    """Reporting reads finished run folders; the Hydra callback that starts a sweep's summary lives in posexp.cli."""
-    import subprocess
-    import sys
-
-    code = ("import pkgutil, importlib, sys, posexp.reporting as r\n"
-            "for m in pkgutil.walk_packages(r.__path__, 'posexp.reporting.'): importlib.import_module(m.name)\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'hydra', 'omegaconf', 'torch'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"

@@ -402,28 +402,6 @@ def test_a_model_with_non_finite_losses_is_measured_not_crashed(value, expected)
     assert row["applicable"] and str(row["ppl"]) == expected
 
 
-def test_eval_is_refused_while_another_process_holds_the_run(trained, tmp_path):
-    """Two commands never write one run's results.json at once: eval refuses a run that is training."""
-    import subprocess
-    import sys
-
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
-    before = (run / "results.json").read_bytes()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from posexp.runs.lock import lock_run; "
-                               f"lock_run({str(run)!r}); print('held', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        result = invoke("eval", str(run), "eval.lengths=[32]")
-    finally:
-        holder.kill()
-        holder.wait()
-    assert result.exit_code == 2
-    assert "another posexp process (posexp, pid" in result.output and "is training in this folder" in result.output
-    assert (run / "results.json").read_bytes() == before
-
-
 def test_eval_of_a_failed_sweep_job_that_kept_its_weights_writes_its_rows(trained, tmp_path):
     """A job that failed after training (say, out of memory while evaluating) has weights but no train record:
     posexp eval raised KeyError('train') while writing results.md."""

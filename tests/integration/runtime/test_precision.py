@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke_main
 from posexp.commands.validation import validate
 from posexp.encoders import create
 from posexp.errors import ConfigError
@@ -49,8 +49,8 @@ def test_unknown_device_or_precision_names_the_key_and_the_choices(compose, over
 
 
 def test_cli_reports_a_bad_precision_in_one_line(tmp_path):
-    proc = run_cli("train", *TINY_RUN, "precision=fp16", "hydra.run.dir=run", cwd=tmp_path)
-    assert proc.returncode != 0
+    proc = invoke_main("train", *TINY_RUN, "precision=fp16", "hydra.run.dir=run", cwd=tmp_path)
+    assert proc.exit_code != 0 and isinstance(proc.exception, SystemExit), repr(proc.exception)
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "precision: unknown precision 'fp16'; choose one of: auto, fp32, bf16" in proc.stderr
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke_main
 from unit.tasks.test_tasks import _strip, solve_niah, solve_top_words, solve_vartrack
 from posexp.errors import ConfigError
 from posexp.tasks import build_task, chance_exact_match
@@ -207,9 +207,9 @@ def test_the_shipped_yamls_build_their_tasks_with_the_options_they_document():
 
 def test_kv_retrieval_run_writes_a_row_per_length_and_depth_and_the_heatmap(tmp_path):
     run = tmp_path / "kv"
-    done = run_cli("train", "task=kv_retrieval", "encoder=rope", *TINY_RUN, "train.steps=4", "eval.examples=16",
-                   "eval.depths=[0,0.5,1]", f"hydra.run.dir={run}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr + done.stdout
+    done = invoke_main("train", "task=kv_retrieval", "encoder=rope", *TINY_RUN, "train.steps=4", "eval.examples=16",
+                       "eval.depths=[0,0.5,1]", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert done.exit_code == 0, done.stderr + done.stdout
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert sorted((r["length"], r["depth"]) for r in rows) == [(n, d) for n in (32, 64, 128) for d in (0, 0.5, 1)]
     assert all(r["answer_tokens"] == 16 * 2 for r in rows)  # a value of two symbols per instance
@@ -218,8 +218,8 @@ def test_kv_retrieval_run_writes_a_row_per_length_and_depth_and_the_heatmap(tmp_
 
 
 def test_a_bad_niah_variant_on_the_command_line_is_one_line(tmp_path):
-    done = run_cli("train", "task=niah", "task.variant=multi", *TINY_RUN, "train.steps=2",
-                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    done = invoke_main("train", "task=niah", "task.variant=multi", *TINY_RUN, "train.steps=2",
+                       f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     out = (done.stdout + done.stderr).strip()
-    assert done.returncode == 2 and len(out.splitlines()) == 1 and "task.variant" in out and "multiquery" in out, out
+    assert done.exit_code == 2 and len(out.splitlines()) == 1 and "task.variant" in out and "multiquery" in out, out
     assert not (tmp_path / "run" / "results.json").exists()

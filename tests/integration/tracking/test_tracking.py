@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import TINY_RUN, run_cli
+from helpers import TINY_RUN, invoke_main
 from posexp.commands.train import check_config, run_train
 from posexp.errors import ConfigError
 from posexp.tracking.tracker import eval_points, metric_name, row_value
@@ -80,30 +79,14 @@ def test_rows_not_measured_are_not_points():
     assert [(p.name, p.length, p.value) for p in eval_points(rows)] == [("eval/ppl/nonoverlap", 64, 5.0)]
 
 
-# -- no tracker: no cost ---------------------------------------------------------------------------
+# -- no tracker: no cost (a default run imports none: tests/process/test_fresh_interpreter.py) ----------------------
 
-def test_logger_none_imports_no_tracker_library(tmp_path):
-    """A default run never imports tensorboard, mlflow or wandb, installed or not."""
-    code = ("import sys\nfrom posexp.cli.app import main\n"
-            f"sys.argv = ['posexp', 'train', *{list(TINY_RUN + TINY)!r}, 'hydra.run.dir={tmp_path / 'run'}']\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorboard', 'mlflow', 'wandb', "
-            "'tensorboardX'}))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert (tmp_path / "run" / "results.json").is_file()
-    assert out.stdout.strip().splitlines()[-1] == "[]"
-
-
-def test_a_missing_library_names_its_extra_in_one_line_before_anything_runs(tmp_path):
+def test_a_missing_library_names_its_extra_in_one_line_before_anything_runs(tmp_path, monkeypatch):
     """mlflow made unimportable (as when it is not installed): one line, exit 2, no run folder."""
-    code = ("import sys\nsys.modules['mlflow'] = None\nfrom posexp.cli.app import main\n"
-            f"sys.argv = ['posexp', 'train', *{list(TINY_RUN + TINY)!r}, 'logger=[tensorboard,mlflow]', "
-            f"'hydra.run.dir={tmp_path / 'run'}']\nmain()\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 2, out.stderr
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    out = invoke_main("train", *TINY_RUN, *TINY, "logger=[tensorboard,mlflow]", f"hydra.run.dir={tmp_path / 'run'}",
+                      cwd=tmp_path)
+    assert out.exit_code == 2, out.stderr
     assert out.stderr.strip() == ("error: logger: mlflow needs the mlflow package, which is not installed: "
                                   "pip install 'posexp[mlflow]'")
     assert not (tmp_path / "run").exists()
@@ -298,9 +281,9 @@ def test_posexp_eval_appends_to_the_same_wandb_run_after_its_last_step(tiny, tmp
 @pytest.mark.slow  # a two-job sweep with two trackers; single-run tracking is tested by default
 def test_a_sweep_of_two_jobs_gives_two_grouped_runs(tmp_path, mlflow_store, wandb_offline):
     sweep = tmp_path / "sweep"
-    result = run_cli("train", "-m", *TINY_RUN, *TINY, "encoder=rope,alibi", "logger=[mlflow,wandb]",
-                     f"logger.mlflow.tracking_uri={mlflow_store}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = invoke_main("train", "-m", *TINY_RUN, *TINY, "encoder=rope,alibi", "logger=[mlflow,wandb]",
+                         f"logger.mlflow.tracking_uri={mlflow_store}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr[-3000:]
     client, runs = _mlflow_runs(mlflow_store)
     parent = json.loads((sweep / "trackers.json").read_text())["mlflow"]["parent_run_id"]
     children = [r for r in runs if r.info.run_id != parent]

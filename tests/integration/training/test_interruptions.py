@@ -1,126 +1,33 @@
-"""Nothing lost: resume after a kill, SIGTERM, divergence, failing sweep jobs, corrupt checkpoints, bad input.
+"""Nothing lost: resume after SIGTERM, divergence, failing sweep jobs, corrupt checkpoints, bad input.
 
-The SIGKILL test (and the slow SIGTERM one) kill the real CLI in a subprocess,
-as a user's run would be killed; the rest runs the CLI in this process (Typer's
-runner): the same code without an interpreter's start-up, and a SIGTERM sent
-to this process while a step runs.
+The CLI runs in this process (Typer's runner): the same code without an interpreter's start-up, and a SIGTERM sent
+to this process while a step runs. A real run killed or stopped from outside at a random moment is
+tests/process/test_signals.py.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import random
 import shutil
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import TINY_RUN, invoke, sigterm_at_step, start_cli
-
-STEPS = 60
-# log every step and checkpoint every 4: a kill usually lands between a checkpoint and the
-# rows logged after it, which resume must drop and log again. T5: an encoder with parameters of
-# its own, in an optimizer group at 10x the learning rate, which resume must restore too.
-RESUMABLE = (*TINY_RUN, "encoder=t5", f"train.steps={STEPS}", "train.log_every=1", "train.checkpoint_every=4",
-             "eval.multiples=[1,2]")
-
-
-def _results(run_dir: Path) -> dict:
-    return json.loads((run_dir / "results.json").read_text())
-
-
-def _numbers(results: dict) -> list[tuple]:
-    return [(r["length"], r["protocol"], r["ppl"], r["loss"], r["ppl_low"], r["ppl_high"]) for r in results["rows"]]
-
-
-def _logged_steps(run_dir: Path) -> list[int]:
-    with open(run_dir / "metrics.csv", newline="") as f:
-        return [int(r["step"]) for r in csv.DictReader(f)]
-
-
-def _last_complete_step(metrics: Path) -> int:
-    if not metrics.exists():
-        return 0
-    lines = metrics.read_text().split("\n")[1:-1]  # header; a last line without newline is not complete
-    rows = [line.split(",") for line in lines]
-    return max((int(r[0]) for r in rows if len(r) == 6 and r[0].isdigit()), default=0)
-
-
-def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
-    """Block until ``metrics.csv`` shows ``step`` and a resumable checkpoint exists (no clock involved)."""
-    while _last_complete_step(run_dir / "metrics.csv") < step or \
-            not (run_dir / "checkpoint" / "resume.json").exists():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"the run ended before step {step}: {err[-2000:]}")
-        time.sleep(0.01)  # polling only: no assertion depends on how long anything takes
+from helpers import TINY_RUN, invoke, sigterm_at_step
+from helpers.resume import RESUMABLE, STEPS
+from helpers.resume import logged_steps as _logged_steps, numbers as _numbers, results as _results
 
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory) -> Path:
-    """The uninterrupted run every resumed run must match (here; the killed one runs in a subprocess)."""
+    """The uninterrupted run every resumed run must match."""
     run_dir = tmp_path_factory.mktemp("full") / "run"
     result = invoke("train", *RESUMABLE, f"hydra.run.dir={run_dir}")
     assert result.exit_code == 0, result.output
     return run_dir
-
-
-@pytest.mark.slow  # the SIGTERM-mid-step test keeps kill-and-resume in the default suite
-def test_sigkill_at_a_random_moment_then_resume_gives_identical_numbers(full_run, tmp_path):
-    seed = random.randrange(2**32)
-    target = random.Random(seed).randint(2, STEPS // 2)
-    run_dir = tmp_path / "run"
-    proc = start_cli("train", *RESUMABLE, "hydra.run.dir=run", cwd=tmp_path)
-    _wait_for_step(proc, run_dir, target)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL
-    assert not (run_dir / "results.json").exists(), f"the run finished before the kill (seed {seed})"
-    killed_at = json.loads((run_dir / "checkpoint" / "resume.json").read_text())["step"]
-
-    resumed = invoke("resume", str(run_dir))
-    assert resumed.exit_code == 0, resumed.output
-    assert f"resuming {run_dir} at step {killed_at}" in resumed.stdout
-
-    res, ref = _results(run_dir), _results(full_run)
-    assert _numbers(res) == _numbers(ref), f"kill seed {seed}, checkpoint step {killed_at}"
-    assert res["run"]["train"]["final_loss"] == ref["run"]["train"]["final_loss"]
-    assert res["run"]["train"]["resumed_at"] == [killed_at]
-    assert res["run"]["config_hash"] == ref["run"]["config_hash"]
-    assert _logged_steps(run_dir) == list(range(1, STEPS + 1))  # every step once: no duplicates, no gaps
-    # the final weights are bitwise the same
-    from safetensors.torch import load_file
-
-    mine, theirs = (load_file(str(d / "checkpoint" / "model.safetensors")) for d in (run_dir, full_run))
-    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
-    # one step pair left, no temporary files of the killed writer
-    left = sorted(p.name for p in (run_dir / "checkpoint").iterdir())
-    assert left == ["meta.json", "model.safetensors", "resume.json", f"step-{STEPS:08d}.safetensors",
-                    f"step-{STEPS:08d}.state.pt"]
-
-
-@pytest.mark.slow
-def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = start_cli("train", *RESUMABLE, "hydra.run.dir=run", cwd=tmp_path)
-    _wait_for_step(proc, run_dir, 3)
-    os.kill(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and f"posexp resume {run_dir}" in lines[0], err
-    stopped = _last_complete_step(run_dir / "metrics.csv")
-    assert f"at step {stopped} of {STEPS}" in lines[0]
-    # the checkpoint holds the step the signal arrived in, with its metrics row
-    assert json.loads((run_dir / "checkpoint" / "resume.json").read_text())["step"] == stopped
-    assert not (run_dir / "results.json").exists()
 
 
 def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers(full_run, tmp_path, monkeypatch):
