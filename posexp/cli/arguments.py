@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.table import Table
 
-from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options, optional_groups
+from posexp.cli.completion import field_comments, group_options, optional_groups
 from posexp.cli.console import console
-from posexp.cli.hydra_flags import CommandLine
+from posexp.cli.hydra_flags import APPS, CommandLine
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
@@ -335,7 +335,7 @@ def key_table(config_name: str, cfg: DictConfig) -> list:
     composed config ``cfg``."""
     defaults: Any = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    documented = documented_keys(APP_SCHEMAS[config_name])
+    documented = documented_keys(APPS[config_name].schema)
     for key in sorted(documented, key=lambda k: "." in k):  # the top level's first, then each group's
         meaning = documented[key]
         value: Any = defaults

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import check_added_keys, explain, full_error_requested
+from posexp.cli.hydra_flags import APPS
 from posexp.commands.edge import override_text, typed
 from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys, refuse_own_parent
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
@@ -149,11 +150,7 @@ def check_analyze_job(cfg: DictConfig) -> Any:
 
 def checker(config_name: str):
     """The function that types and checks a job's config of the Hydra app ``config_name``."""
-    from posexp.commands.train import check_config  # torch: see posexp/cli/app.py
-    from posexp.commands.pretrained import check_pretrained
-
-    return {CONFIG_NAME: check_finetune, "pretrained": check_pretrained, ANALYZE: check_analyze_job}.get(
-        config_name, check_config)
+    return APPS[config_name].load(APPS[config_name].check)
 
 
 def _check(claim: Claim, config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:

@@ -2,7 +2,9 @@
 
 Hydra 1.3 reads an app's arguments from ``sys.argv`` in ``@hydra.main`` and has no public way to hand them over;
 its parser (``get_args_parser``) and runner (``_run_hydra``), which ``@hydra.main`` calls, are the two names of
-its private API posexp uses, here only. Standard library at import: tab completion reads :data:`CFG_PARTS`.
+its private API posexp uses, here only. :data:`APPS` is the one table of posexp's Hydra apps, read by the command,
+its jobs, the folder's claim, ``--help`` and tab completion. Standard library and the schema at import: tab
+completion reads :data:`CFG_PARTS` and :data:`APPS`; what the apps run is imported when they run (torch).
 
 The user's own config folders are read from the command line here too (:func:`user_config_dirs`): ``posexp train
 --config-dir conf encoder=logrope`` and ``hydra.searchpath=[file://conf]`` both reach ``conf/encoder/logrope.yaml``,
@@ -15,16 +17,56 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig
 from posexp.errors import PosexpError
 
 CFG_PARTS = ("job", "hydra", "all")
 INFO_PARTS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 SEARCHPATH = "hydra.searchpath"
+
+
+@dataclass(frozen=True)
+class HydraApp:
+    """One Hydra app of posexp (its config's name in configs/ is its key in :data:`APPS`).
+
+    Attributes:
+        command: the command that names it in Hydra's messages.
+        schema: its config's schema (``analyze`` adds its own group to the training config's).
+        task: ``module:function``, the task Hydra calls for each job (a module-level name: launchers pickle it).
+        check: ``module:function`` that types and checks a job's config.
+        arguments: ``module:function`` that turns the command's arguments into Hydra's; empty: they are Hydra's.
+    """
+
+    command: str
+    schema: type
+    task: str
+    check: str
+    arguments: str = ""
+
+    @staticmethod
+    def load(name: str) -> Callable[..., Any]:
+        """The function a ``module:function`` field names (imported now: it may import torch)."""
+        module, _, function = name.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+    def hydra_arguments(self, args: Sequence[str]) -> List[str]:
+        return list(self.load(self.arguments)(args)) if self.arguments else list(args)
+
+
+APPS = {
+    "config": HydraApp("posexp train", Config, "posexp.cli.jobs:train_task", "posexp.commands.train:check_config"),
+    "analyze": HydraApp("posexp analyze", Config, "posexp.cli.jobs:analyze_task", "posexp.cli.folders:check_analyze_job"),
+    "finetune": HydraApp("posexp finetune", FinetuneAppConfig, "posexp.cli.jobs:finetune_task",
+                         "posexp.commands.finetune:check_finetune", "posexp.cli.app:finetune_arguments"),
+    "pretrained": HydraApp("posexp eval", PretrainedConfig, "posexp.cli.jobs:pretrained_task",
+                           "posexp.commands.pretrained:check_pretrained", "posexp.cli.arguments:pretrained_arguments"),
+}
 
 
 def _parse(args: Sequence[str], prog: str = "posexp") -> Tuple[argparse.ArgumentParser, Optional[argparse.Namespace]]:
