@@ -18,18 +18,18 @@ from typing import Iterator, List, Optional
 import typer
 from rich.markup import escape
 
+from posexp.analysis.schema import register_analyze_schema
 from posexp.cli import hydra_flags, search, shell
 from posexp.cli.hydra_flags import APPS
 from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_command_line, expand_home, explain,
                                   full_error_requested, print_key_table, quote_non_ascii)
 from posexp.cli.console import console, fail, say
-from posexp.cli.folders import Carried, Claim, claiming, register_analyze_schema
-from posexp.cli.jobs import Terminated
-from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
+from posexp.cli.folders import Carried, Claim, claiming
+from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
-from posexp.errors import PosexpError
+from posexp.errors import PosexpError, Terminated
 from posexp.reporting import ReportOptions, report_main
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import DEFAULT_METRICS, DEFAULT_TOLERANCE
@@ -41,14 +41,6 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
 
 CONFIG_DIR = config_dir()
-
-
-def finetune_arguments(args: List[str]) -> List[str]:
-    """``posexp finetune RUN_DIR ...`` as the overrides of configs/finetune.yaml (:func:`parent_argument`)."""
-    from posexp.commands.encoder_source import ALLOW_FLAG
-
-    # --allow-changed-encoder as an override, so that a launcher's worker processes see it too
-    return parent_argument([f"{ALLOW_KEY}=true" if a == ALLOW_FLAG else a for a in args])
 
 
 @contextlib.contextmanager

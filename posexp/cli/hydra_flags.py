@@ -61,11 +61,11 @@ class HydraApp:
 
 APPS = {
     "config": HydraApp("posexp train", Config, "posexp.cli.jobs:train_task", "posexp.commands.train:check_config"),
-    "analyze": HydraApp("posexp analyze", Config, "posexp.cli.jobs:analyze_task", "posexp.cli.folders:check_analyze_job"),
+    "analyze": HydraApp("posexp analyze", Config, "posexp.cli.jobs:analyze_task", "posexp.analysis.schema:check_analyze_job"),
     "finetune": HydraApp("posexp finetune", FinetuneAppConfig, "posexp.cli.jobs:finetune_task",
-                         "posexp.commands.finetune:check_finetune", "posexp.cli.app:finetune_arguments"),
+                         "posexp.commands.finetune:check_finetune", "posexp.commands.finetune:parent_argument"),
     "pretrained": HydraApp("posexp eval", PretrainedConfig, "posexp.cli.jobs:pretrained_task",
-                           "posexp.commands.pretrained:check_pretrained", "posexp.cli.arguments:pretrained_arguments"),
+                           "posexp.commands.pretrained:check_pretrained", "posexp.commands.pretrained:pretrained_arguments"),
 }
 
 

@@ -115,7 +115,8 @@ def test_a_run_stopped_outside_its_training_steps_says_how_to_go_on(tmp_path):
     import signal as signals
 
     from posexp.cli.app import _terminate_run
-    from posexp.cli.jobs import Terminated, interrupted_hint
+    from posexp.commands.resume import interrupted_hint
+    from posexp.errors import Terminated
 
     with pytest.raises(Terminated) as stopped:  # SIGTERM while evaluating stops the run as Ctrl-C does
         _terminate_run(signals.SIGTERM, None)
