@@ -93,14 +93,12 @@ class CommandLine:
         overrides: the ``KEY=VALUE`` arguments, in order.
         multirun: ``-m``: a sweep.
         helps: Hydra prints help, its version or a completion script, composing nothing of posexp's.
-        runs: Hydra runs a job (or a sweep); not ``--cfg``, ``--info`` nor any of ``helps``.
         config_dir: ``--config-dir``; config_path: ``--config-path``.
     """
 
     overrides: tuple
     multirun: bool
     helps: bool
-    runs: bool
     config_dir: Optional[str]
     config_path: Optional[str]
 
@@ -111,8 +109,7 @@ def read(args: Sequence[str]) -> Optional[CommandLine]:
     if ns is None:
         return None
     helps = bool(ns.help or ns.hydra_help or ns.shell_completion or ns.config_name)
-    runs = not (helps or ns.cfg or ns.info or ns.experimental_rerun)
-    return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, runs, ns.config_dir, ns.config_path)
+    return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, ns.config_dir, ns.config_path)
 
 
 def option_strings() -> set:
