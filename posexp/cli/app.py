@@ -25,6 +25,7 @@ from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_comma
                                   full_error_requested, print_key_table, quote_non_ascii)
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming
+from posexp.cli.jobs import analyze_task, run_task
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
@@ -176,8 +177,7 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
     compose is said in one line (:func:`~posexp.cli.arguments.explain`), Hydra's own report held back
     until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
     the table of the main keys."""
-    hydra_app = APPS[config_name]
-    task, prog = hydra_app.load(hydra_app.task), hydra_app.command
+    task, prog = run_task if APPS[config_name].run else analyze_task, APPS[config_name].command
     held = hydra_flags.HeldStream(sys.stderr)
     if claim is not None:
         claim.held = held

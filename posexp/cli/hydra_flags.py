@@ -38,34 +38,34 @@ class HydraApp:
     Attributes:
         command: the command that names it in Hydra's messages.
         schema: its config's schema (``analyze`` adds its own group to the training config's).
-        task: ``module:function``, the task Hydra calls for each job (a module-level name: launchers pickle it).
-        check: ``module:function`` that types and checks a job's config.
-        arguments: ``module:function`` that turns the command's arguments into Hydra's; empty: they are Hydra's.
+        module: the module of its recipe (imported when a job runs: torch), which names the functions below.
+        check: the function that types and checks a job's config.
+        run: the recipe each job runs, ``(spec, run_dir, overrides, console) -> results``; empty: ``posexp
+            analyze``'s job draws an encoding's geometry instead.
+        arguments: the function that turns the command's arguments into Hydra's; empty: they are Hydra's.
     """
 
     command: str
     schema: type
-    task: str
+    module: str
     check: str
+    run: str = ""
     arguments: str = ""
 
-    @staticmethod
-    def load(name: str) -> Callable[..., Any]:
-        """The function a ``module:function`` field names (imported now: it may import torch)."""
-        module, _, function = name.partition(":")
-        return getattr(importlib.import_module(module), function)
+    def load(self, name: str) -> Callable[..., Any]:
+        return getattr(importlib.import_module(self.module), name)
 
     def hydra_arguments(self, args: Sequence[str]) -> List[str]:
         return list(self.load(self.arguments)(args)) if self.arguments else list(args)
 
 
 APPS = {
-    "config": HydraApp("posexp train", Config, "posexp.cli.jobs:train_task", "posexp.commands.train:check_config"),
-    "analyze": HydraApp("posexp analyze", Config, "posexp.cli.jobs:analyze_task", "posexp.analysis.schema:check_analyze_job"),
-    "finetune": HydraApp("posexp finetune", FinetuneAppConfig, "posexp.cli.jobs:finetune_task",
-                         "posexp.commands.finetune:check_finetune", "posexp.commands.finetune:parent_argument"),
-    "pretrained": HydraApp("posexp eval", PretrainedConfig, "posexp.cli.jobs:pretrained_task",
-                           "posexp.commands.pretrained:check_pretrained", "posexp.commands.pretrained:pretrained_arguments"),
+    "config": HydraApp("posexp train", Config, "posexp.commands.train", "check_config", "train_run"),
+    "analyze": HydraApp("posexp analyze", Config, "posexp.analysis.schema", "check_analyze_job"),
+    "finetune": HydraApp("posexp finetune", FinetuneAppConfig, "posexp.commands.finetune", "check_finetune",
+                         "finetune_run", "parent_argument"),
+    "pretrained": HydraApp("posexp eval", PretrainedConfig, "posexp.commands.pretrained", "check_pretrained",
+                           "pretrained_run", "pretrained_arguments"),
 }
 
 

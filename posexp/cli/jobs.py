@@ -20,29 +20,18 @@ from omegaconf import DictConfig
 from posexp.cli.console import console, say
 from posexp.commands.edge import typed
 from posexp.cli.folders import Carried, checker, current_claim, take_checked
-from posexp.commands.finetune import finetune_run
+from posexp.cli.hydra_flags import APPS
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
 from posexp.errors import PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import RunFolderTaken
 
-def train_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed)."""
-    from posexp.commands.train import train_run  # torch: see posexp/cli/app.py
 
-    return _task(cfg, train_run)
-
-
-def finetune_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
-    return _task(cfg, finetune_run)
-
-
-def pretrained_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp eval hf:MODEL``: one pretrained model's evaluation (as :func:`train_task`)."""
-    from posexp.commands.pretrained import pretrained_run  # torch: see posexp/cli/app.py
-
-    return _task(cfg, pretrained_run)
+def run_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp train``, ``finetune`` and ``eval hf:MODEL``: one job, run by its app's recipe
+    (:data:`~posexp.cli.hydra_flags.APPS`). Returns its ``objective`` for sweepers (None if it failed)."""
+    app = APPS[str(HydraConfig.get().job.config_name)]
+    return _task(cfg, app.load(app.run))  # torch: see posexp/cli/app.py
 
 
 def analyze_task(cfg: DictConfig) -> None:
