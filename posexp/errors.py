@@ -1,4 +1,8 @@
-"""Errors a user can cause. The CLI prints their message and exits non-zero, no traceback."""
+"""Errors a user can cause. The CLI prints their message and exits non-zero, no traceback.
+
+:class:`Terminated` (SIGTERM as Ctrl-C) sits here beside :class:`TrainingInterrupted`: the command raises it, a
+job and ``posexp resume``'s hint read it.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,14 @@ class TrainingDiverged(PosexpError):
     def __init__(self, step: int, message: str):
         self.step = step
         super().__init__(message)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training steps (while evaluating, or writing): stops a run as Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 class TrainingInterrupted(PosexpError):

@@ -4,7 +4,7 @@ Builds the encoder the config names, analyses each unit of it
 (:mod:`posexp.analysis.geometry`), draws its figures (:mod:`posexp.analysis.drawing`),
 writes ``analysis.json`` and prints a summary; at the end of a ``-m`` sweep,
 :func:`compare_sweep` draws one comparison across the jobs. It takes the typed config: Hydra's is typed and
-checked in ``posexp/cli/`` (:func:`posexp.cli.folders.check_analyze_job`).
+checked in ``posexp/cli/`` (:func:`posexp.analysis.schema.check_analyze_job`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The configuration of ``posexp analyze``: the ``analyze.*`` keys, their schema and range checks.
 
 ``configs/analyze.yaml`` composes the training config and then this schema, so every
-key ``posexp train`` reads applies to an analysis too.
+key ``posexp train`` reads applies to an analysis too. A job's config is registered with Hydra and checked
+here too (:func:`register_analyze_schema`, :func:`check_analyze_job`), beside the schema it is checked against.
 """
 
 from __future__ import annotations
@@ -81,3 +82,24 @@ def check_analyze(a: AnalyzeConfig) -> None:
             f"must list positive multiples of train_len, e.g. analyze.multiples=[1,2,4,8] (got {list(a.multiples)})")
     require(a.tokens > 0, "analyze.tokens", f"must be a positive number of tokens (got {a.tokens})")
 
+
+def register_analyze_schema() -> None:
+    """Store the ``posexp analyze`` schema with Hydra: the training config plus ``analyze.*``; idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    from posexp.commands.validation import register_configs
+
+    register_configs()
+    ConfigStore.instance().store(name="posexp_analyze_schema", node=AnalyzeRootConfig)
+
+
+def check_analyze_job(cfg: Any) -> Any:
+    """``posexp analyze``'s job config (a DictConfig Hydra composed) typed, a :class:`Config` with the ``analyze``
+    group, and checked: the encoder's config as training's, no model built."""
+    from posexp.commands.edge import typed
+    from posexp.commands.validation import validate
+
+    spec: Any = typed(cfg, AnalyzeRootConfig)
+    validate(spec, memory=None)
+    check_analyze(spec.analyze)
+    return spec

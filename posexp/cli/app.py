@@ -13,22 +13,24 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional
 
 import typer
 from rich.markup import escape
 
+from posexp.analysis.schema import register_analyze_schema
 from posexp.cli import hydra_flags, search, shell
+from posexp.cli.hydra_flags import APPS
 from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_command_line, expand_home, explain,
-                                  full_error_requested, print_key_table, pretrained_arguments, quote_non_ascii)
+                                  full_error_requested, print_key_table, quote_non_ascii)
 from posexp.cli.console import console, fail, say
-from posexp.cli.folders import Carried, Claim, claiming, register_analyze_schema
-from posexp.cli.jobs import Terminated, analyze_task, finetune_task, pretrained_task, train_task
-from posexp.commands.finetune import ALLOW_KEY, CONFIG_NAME, parent_argument
+from posexp.cli.folders import Carried, Claim, claiming
+from posexp.cli.jobs import analyze_task, run_task
+from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
-from posexp.errors import PosexpError
+from posexp.errors import PosexpError, Terminated
 from posexp.reporting import ReportOptions, report_main
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import DEFAULT_METRICS, DEFAULT_TOLERANCE
@@ -40,22 +42,6 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
 
 CONFIG_DIR = config_dir()
-
-
-def _finetune_arguments(args: List[str]) -> List[str]:
-    """``posexp finetune RUN_DIR ...`` as the overrides of configs/finetune.yaml (:func:`parent_argument`)."""
-    from posexp.commands.encoder_source import ALLOW_FLAG
-
-    # --allow-changed-encoder as an override, so that a launcher's worker processes see it too
-    return parent_argument([f"{ALLOW_KEY}=true" if a == ALLOW_FLAG else a for a in args])
-
-
-# each Hydra app: its task, the command that names it in Hydra's messages, and what turns the command's arguments
-# into Hydra's
-APPS: Dict[str, Tuple[Callable[[Any], Any], str, Callable[[List[str]], List[str]]]] = {
-    "config": (train_task, "posexp train", list), "analyze": (analyze_task, "posexp analyze", list),
-    CONFIG_NAME: (finetune_task, "posexp finetune", _finetune_arguments),
-    "pretrained": (pretrained_task, "posexp eval", pretrained_arguments)}
 
 
 @contextlib.contextmanager
@@ -154,7 +140,7 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
     if script is not None:
         print(script, end="")
         return
-    args = quote_non_ascii(expand_home(APPS[config_name][2](args)))
+    args = quote_non_ascii(expand_home(APPS[config_name].hydra_arguments(args)))
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
     line = hydra_flags.read(args)
@@ -191,7 +177,7 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
     compose is said in one line (:func:`~posexp.cli.arguments.explain`), Hydra's own report held back
     until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
     the table of the main keys."""
-    task, prog, _ = APPS[config_name]
+    task, prog = run_task if APPS[config_name].run else analyze_task, APPS[config_name].command
     held = hydra_flags.HeldStream(sys.stderr)
     if claim is not None:
         claim.held = held

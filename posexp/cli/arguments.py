@@ -30,9 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 from rich.table import Table
 
-from posexp.cli.completion import APP_SCHEMAS, field_comments, group_options, optional_groups
+from posexp.cli.completion import field_comments, group_options, optional_groups
 from posexp.cli.console import console
-from posexp.cli.hydra_flags import CommandLine
+from posexp.cli.hydra_flags import APPS, CommandLine
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
@@ -335,7 +335,7 @@ def key_table(config_name: str, cfg: DictConfig) -> list:
     composed config ``cfg``."""
     defaults: Any = OmegaConf.to_container(cfg, resolve=False)  # train.device stays ${device}, as the yaml says
     rows = []
-    documented = documented_keys(APP_SCHEMAS[config_name])
+    documented = documented_keys(APPS[config_name].schema)
     for key in sorted(documented, key=lambda k: "." in k):  # the top level's first, then each group's
         meaning = documented[key]
         value: Any = defaults
@@ -358,25 +358,3 @@ def print_key_table(config_name: str, prog: str = "posexp train") -> None:
         table.add_row(*row)
     console().print(table)
 
-
-def pretrained_arguments(args: Sequence[str]) -> List[str]:
-    """``posexp eval hf:MODEL ...`` as the overrides of configs/pretrained.yaml: ``hf:MODEL`` is ``hf.model=MODEL``
-    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does; without ``-m``, a folder named ``A,B`` that
-    exists is that one folder, quoted for Hydra), and ``task=passkey`` is ``task.name=passkey`` (``task=lm,passkey``
-    with ``-m``: perplexity and the zero-shot passkey in one sweep), as ``posexp train`` spells a task."""
-    sweeping = any(a in ("-m", "--multirun") for a in args)
-    out = []
-    for a in args:
-        if a.startswith("task="):
-            out.append(f"task.name={a[len('task='):]}")
-            continue
-        if not a.startswith("hf:"):
-            out.append(a)
-            continue
-        name = a[len("hf:"):]
-        if not sweeping and set(name) & set(",[]{}() ") and not set(name) & set("'\"\\") \
-                and Path(name).expanduser().is_dir():
-            out.append(f"hf.model='{name}'")
-        else:
-            out.append(f"hf.model={name}")
-    return out

@@ -20,12 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from posexp.cli.hydra_flags import CFG_PARTS, INFO_PARTS
-from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig, config_dir
+from posexp.cli.hydra_flags import APPS, CFG_PARTS, INFO_PARTS
+from posexp.config.schema import config_dir
 
 WORDS, DIRS, FILES = "words", "dirs", "files"
-# the schema of each Hydra app's config (``analyze`` adds its own group to the training config's)
-APP_SCHEMAS = {"config": Config, "analyze": Config, "finetune": FinetuneAppConfig, "pretrained": PretrainedConfig}
 
 
 @dataclass(frozen=True)
@@ -179,7 +177,7 @@ class AppKeys:
     @classmethod
     def of(cls, app: str, words: Sequence[str]) -> "AppKeys":
         dirs, groups = user_dirs(words), app_defaults(app)
-        tree = dict(schema_tree(APP_SCHEMAS[app]))
+        tree = dict(schema_tree(APPS[app].schema))
         tree.pop("finetune", None)  # the lineage posexp finetune writes, not a setting
 
         def chosen(group: str) -> Optional[str]:  # the option chosen last (a sweep's first), else the app's default

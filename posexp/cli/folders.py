@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from posexp.cli.arguments import check_added_keys, explain, full_error_requested
-from posexp.commands.edge import override_text, typed
+from posexp.cli.hydra_flags import APPS
+from posexp.commands.edge import override_text
 from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys, refuse_own_parent
 from posexp.commands.sweeps import fixed_overrides, jobs_to_check, swept_values, sweep_jobs
 from posexp.errors import PosexpError
@@ -125,35 +126,9 @@ class ClaimFolder(Callback):
         claim.multirun, claim.jobs = multirun, jobs
 
 
-def register_analyze_schema() -> None:
-    """Store the ``posexp analyze`` schema with Hydra: the training config plus ``analyze.*``; idempotent."""
-    from hydra.core.config_store import ConfigStore
-
-    from posexp.analysis.schema import AnalyzeRootConfig
-    from posexp.commands.validation import register_configs
-
-    register_configs()
-    ConfigStore.instance().store(name="posexp_analyze_schema", node=AnalyzeRootConfig)
-
-
-def check_analyze_job(cfg: DictConfig) -> Any:
-    """``posexp analyze``'s job config typed (a :class:`Config` with the ``analyze`` group) and checked."""
-    from posexp.analysis.schema import AnalyzeRootConfig, check_analyze
-    from posexp.commands.validation import validate
-
-    spec: Any = typed(cfg, AnalyzeRootConfig)
-    validate(spec, memory=None)  # no model is built, only the encoder
-    check_analyze(spec.analyze)
-    return spec
-
-
 def checker(config_name: str):
     """The function that types and checks a job's config of the Hydra app ``config_name``."""
-    from posexp.commands.train import check_config  # torch: see posexp/cli/app.py
-    from posexp.commands.pretrained import check_pretrained
-
-    return {CONFIG_NAME: check_finetune, "pretrained": check_pretrained, ANALYZE: check_analyze_job}.get(
-        config_name, check_config)
+    return APPS[config_name].load(APPS[config_name].check)
 
 
 def _check(claim: Claim, config: DictConfig, config_name: str, label: str = "", multirun: bool = False) -> None:

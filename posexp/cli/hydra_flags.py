@@ -2,7 +2,9 @@
 
 Hydra 1.3 reads an app's arguments from ``sys.argv`` in ``@hydra.main`` and has no public way to hand them over;
 its parser (``get_args_parser``) and runner (``_run_hydra``), which ``@hydra.main`` calls, are the two names of
-its private API posexp uses, here only. Standard library at import: tab completion reads :data:`CFG_PARTS`.
+its private API posexp uses, here only. :data:`APPS` is the one table of posexp's Hydra apps, read by the command,
+its jobs, the folder's claim, ``--help`` and tab completion. Standard library and the schema at import: tab
+completion reads :data:`CFG_PARTS` and :data:`APPS`; what the apps run is imported when they run (torch).
 
 The user's own config folders are read from the command line here too (:func:`user_config_dirs`): ``posexp train
 --config-dir conf encoder=logrope`` and ``hydra.searchpath=[file://conf]`` both reach ``conf/encoder/logrope.yaml``,
@@ -15,16 +17,56 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig
 from posexp.errors import PosexpError
 
 CFG_PARTS = ("job", "hydra", "all")
 INFO_PARTS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 SEARCHPATH = "hydra.searchpath"
+
+
+@dataclass(frozen=True)
+class HydraApp:
+    """One Hydra app of posexp (its config's name in configs/ is its key in :data:`APPS`).
+
+    Attributes:
+        command: the command that names it in Hydra's messages.
+        schema: its config's schema (``analyze`` adds its own group to the training config's).
+        module: the module of its recipe (imported when a job runs: torch), which names the functions below.
+        check: the function that types and checks a job's config.
+        run: the recipe each job runs, ``(spec, run_dir, overrides, console) -> results``; empty: ``posexp
+            analyze``'s job draws an encoding's geometry instead.
+        arguments: the function that turns the command's arguments into Hydra's; empty: they are Hydra's.
+    """
+
+    command: str
+    schema: type
+    module: str
+    check: str
+    run: str = ""
+    arguments: str = ""
+
+    def load(self, name: str) -> Callable[..., Any]:
+        return getattr(importlib.import_module(self.module), name)
+
+    def hydra_arguments(self, args: Sequence[str]) -> List[str]:
+        return list(self.load(self.arguments)(args)) if self.arguments else list(args)
+
+
+APPS = {
+    "config": HydraApp("posexp train", Config, "posexp.commands.train", "check_config", "train_run"),
+    "analyze": HydraApp("posexp analyze", Config, "posexp.analysis.schema", "check_analyze_job"),
+    "finetune": HydraApp("posexp finetune", FinetuneAppConfig, "posexp.commands.finetune", "check_finetune",
+                         "finetune_run", "parent_argument"),
+    "pretrained": HydraApp("posexp eval", PretrainedConfig, "posexp.commands.pretrained", "check_pretrained",
+                           "pretrained_run", "pretrained_arguments"),
+}
 
 
 def _parse(args: Sequence[str], prog: str = "posexp") -> Tuple[argparse.ArgumentParser, Optional[argparse.Namespace]]:
@@ -51,14 +93,12 @@ class CommandLine:
         overrides: the ``KEY=VALUE`` arguments, in order.
         multirun: ``-m``: a sweep.
         helps: Hydra prints help, its version or a completion script, composing nothing of posexp's.
-        runs: Hydra runs a job (or a sweep); not ``--cfg``, ``--info`` nor any of ``helps``.
         config_dir: ``--config-dir``; config_path: ``--config-path``.
     """
 
     overrides: tuple
     multirun: bool
     helps: bool
-    runs: bool
     config_dir: Optional[str]
     config_path: Optional[str]
 
@@ -69,8 +109,7 @@ def read(args: Sequence[str]) -> Optional[CommandLine]:
     if ns is None:
         return None
     helps = bool(ns.help or ns.hydra_help or ns.shell_completion or ns.config_name)
-    runs = not (helps or ns.cfg or ns.info or ns.experimental_rerun)
-    return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, runs, ns.config_dir, ns.config_path)
+    return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, ns.config_dir, ns.config_path)
 
 
 def option_strings() -> set:

@@ -8,7 +8,6 @@ pickle them by reference.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any, List, Optional
@@ -21,30 +20,18 @@ from omegaconf import DictConfig
 from posexp.cli.console import console, say
 from posexp.commands.edge import typed
 from posexp.cli.folders import Carried, checker, current_claim, take_checked
-from posexp.commands.finetune import finetune_run
+from posexp.cli.hydra_flags import APPS
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
-from posexp.errors import PosexpError, TrainingDiverged, TrainingInterrupted
-from posexp.runs.layout import CHECKPOINT, RESULTS_JSON
+from posexp.errors import PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import RunFolderTaken
 
-def train_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp train``: one run. Returns its ``objective`` for sweepers (None if it failed)."""
-    from posexp.commands.train import train_run  # torch: see posexp/cli/app.py
 
-    return _task(cfg, train_run)
-
-
-def finetune_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp finetune``: one fine-tune of a parent run (as :func:`train_task`)."""
-    return _task(cfg, finetune_run)
-
-
-def pretrained_task(cfg: DictConfig) -> Optional[float]:
-    """The Hydra task of ``posexp eval hf:MODEL``: one pretrained model's evaluation (as :func:`train_task`)."""
-    from posexp.commands.pretrained import pretrained_run  # torch: see posexp/cli/app.py
-
-    return _task(cfg, pretrained_run)
+def run_task(cfg: DictConfig) -> Optional[float]:
+    """The Hydra task of ``posexp train``, ``finetune`` and ``eval hf:MODEL``: one job, run by its app's recipe
+    (:data:`~posexp.cli.hydra_flags.APPS`). Returns its ``objective`` for sweepers (None if it failed)."""
+    app = APPS[str(HydraConfig.get().job.config_name)]
+    return _task(cfg, app.load(app.run))  # torch: see posexp/cli/app.py
 
 
 def analyze_task(cfg: DictConfig) -> None:
@@ -74,6 +61,8 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
         return objective_value(run(spec, run_dir, overrides, console()), getattr(spec, "objective", "longest"))
     except KeyboardInterrupt as e:
         if hc.mode != RunMode.MULTIRUN:
+            from posexp.commands.resume import interrupted_hint  # torch: see posexp/cli/app.py
+
             say(interrupted_hint(run_dir, e))
         raise SystemExit(128 + e.signum if isinstance(e, Terminated) else 130)
     except Exception as e:
@@ -85,29 +74,6 @@ def _task(cfg: DictConfig, run) -> Optional[float]:
             logging.getLogger(__name__).exception("sweep job %s failed", run_dir)  # the traceback to train.log
         _record_failed_job(cfg, run_dir, overrides, e)
     return None
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM outside the training steps (while evaluating, or writing): stops a run as Ctrl-C does."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def interrupted_hint(run_dir: Path, why: BaseException) -> str:
-    """What a run stopped by Ctrl-C or SIGTERM outside its training steps leaves, and the command that goes on."""
-    name = signal.Signals(why.signum).name if isinstance(why, Terminated) else "Ctrl-C"
-    if (run_dir / RESULTS_JSON).is_file():
-        return f"interrupted ({name}); {run_dir} holds its results as they were"
-    from posexp.commands.pretrained import pretrained_of
-
-    if pretrained_of(run_dir) is not None:  # posexp eval hf:MODEL keeps no checkpoint to continue from
-        return f"interrupted ({name}); posexp resume {run_dir} evaluates the model again from the start in this folder"
-    if (run_dir / CHECKPOINT).is_file():  # trained, stopped while evaluating: the weights are kept
-        return (f"interrupted ({name}) while evaluating; the trained weights are kept: posexp resume {run_dir} "
-                "evaluates them and finishes the run")
-    return f"interrupted ({name}); posexp resume {run_dir} continues from its last checkpoint, if it wrote one"
 
 
 def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], error: Exception) -> None:

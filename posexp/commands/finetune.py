@@ -58,6 +58,10 @@ def parent_argument(args: Sequence[str]) -> list[str]:
     Raises:
         PosexpError: no run folder, or an override of the encoder, model, tokenizer or base.
     """
+    from posexp.commands.encoder_source import ALLOW_FLAG
+
+    # --allow-changed-encoder as an override, so that a launcher's worker processes see it too
+    args = [f"{ALLOW_KEY}=true" if a == ALLOW_FLAG else a for a in args]
     out, parent, skip = [], None, False
     for arg in args:
         if skip or arg.startswith("-"):

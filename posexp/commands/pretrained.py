@@ -5,6 +5,8 @@ The recipe mirrors ``posexp train``'s without the training: check the config, lo
 model seam (:class:`posexp.hf.model.HFLanguageModel`, read by :func:`posexp.evaluation.perplexity.evaluate` as it
 reads posexp's own model) and write the run folder as a run's: results.json with the model's provenance (name,
 revision, config and weights SHA-256) in ``run.pretrained``, results.csv / .md, the plots and loss by position.
+:func:`pretrained_arguments` reads the command's ``hf:MODEL`` and ``task=`` into this config's overrides: the
+recipe knows its config's keys, the command line only runs the app (:data:`posexp.cli.hydra_flags.APPS`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,24 @@ from posexp.tasks.passkey_text import TextPasskey
 
 BOS_CHOICES = ("auto", "true", "false")  # hf.bos
 PRETRAINED_TASKS = ("lm", "passkey")  # perplexity, or zero-shot passkey retrieval (posexp.tasks.passkey_text)
+
+
+def pretrained_arguments(args: Sequence[str]) -> list[str]:
+    """``posexp eval hf:MODEL ...`` as the overrides of configs/pretrained.yaml: ``hf:MODEL`` is ``hf.model=MODEL``
+    (``hf:A,B`` with ``-m`` sweeps over models, as any comma list does; without ``-m``, a folder named ``A,B`` that
+    exists is that one folder, quoted for Hydra), and ``task=passkey`` is ``task.name=passkey`` (``task=lm,passkey``
+    with ``-m``: perplexity and the zero-shot passkey in one sweep), as ``posexp train`` spells a task."""
+    sweeping, out = any(a in ("-m", "--multirun") for a in args), []
+    for a in args:
+        name = a[len(HF_PREFIX):]
+        if not a.startswith(HF_PREFIX):
+            out.append(f"task.name={a[len('task='):]}" if a.startswith("task=") else a)
+        elif not sweeping and set(name) & set(",[]{}() ") and not set(name) & set("'\"\\") \
+                and Path(name).expanduser().is_dir():
+            out.append(f"hf.model='{name}'")
+        else:
+            out.append(f"hf.model={name}")
+    return out
 
 
 def check_pretrained(cfg: DictConfig) -> PretrainedConfig:

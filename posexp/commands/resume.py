@@ -5,7 +5,8 @@ The run is rebuilt from what its folder says: the config Hydra saved
 resumable checkpoint (:mod:`posexp.training.checkpoint`). Training continues at the
 checkpoint's step; ``metrics.csv`` drops the rows logged after that step (they
 are logged again); then the run is evaluated and written as usual. Everything is
-checked before anything is written, so refusing a folder leaves it as it was.
+checked before anything is written, so refusing a folder leaves it as it was. :func:`interrupted_hint` says,
+for a run stopped outside its training steps, what this command will do with its folder.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 from pathlib import Path
 from typing import Iterator, Optional
 
 from rich.console import Console
 
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
-from posexp.errors import PosexpError
+from posexp.errors import PosexpError, Terminated
 from posexp.commands.edge import folder_run_hash, load_saved
-from posexp.runs.layout import HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, run_status
+from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, run_status
 from posexp.runs.lock import EVALUATING, run_lock
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
@@ -159,3 +161,18 @@ def _logging_to(handler: logging.Handler) -> Iterator[None]:
         root.removeHandler(handler)
         root.setLevel(old_level)
         handler.close()
+
+
+def interrupted_hint(run_dir: Path, why: BaseException) -> str:
+    """What a run stopped by Ctrl-C or SIGTERM outside its training steps leaves, and the command that goes on."""
+    name = signal.Signals(why.signum).name if isinstance(why, Terminated) else "Ctrl-C"
+    if (run_dir / RESULTS_JSON).is_file():
+        return f"interrupted ({name}); {run_dir} holds its results as they were"
+    from posexp.commands.pretrained import pretrained_of
+
+    if pretrained_of(run_dir) is not None:  # posexp eval hf:MODEL keeps no checkpoint to continue from
+        return f"interrupted ({name}); posexp resume {run_dir} evaluates the model again from the start in this folder"
+    if (run_dir / CHECKPOINT).is_file():  # trained, stopped while evaluating: the weights are kept
+        return (f"interrupted ({name}) while evaluating; the trained weights are kept: posexp resume {run_dir} "
+                "evaluates them and finishes the run")
+    return f"interrupted ({name}); posexp resume {run_dir} continues from its last checkpoint, if it wrote one"

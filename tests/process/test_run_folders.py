@@ -146,7 +146,7 @@ def test_analyze_is_composed_as_often_as_by_a_plain_hydra_app(tmp_path, monkeypa
 
     import hydra
 
-    from posexp.cli.folders import register_analyze_schema
+    from posexp.analysis.schema import register_analyze_schema
     from posexp.config.schema import config_dir
 
     register_analyze_schema()

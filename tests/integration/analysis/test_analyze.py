@@ -31,7 +31,7 @@ from posexp.analysis.geometry import (
     rotary_frequencies,
     score_map,
 )
-from posexp.cli.folders import register_analyze_schema
+from posexp.analysis.schema import register_analyze_schema
 from posexp.config.schema import config_dir
 from posexp.encoders import create
 from posexp.errors import ConfigError
@@ -174,7 +174,7 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
 
 
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
-    from posexp.cli.folders import check_analyze_job
+    from posexp.analysis.schema import check_analyze_job
 
     with pytest.raises(ConfigError, match="analyze.length"):
         check_analyze_job(compose_analyze("encoder=rope", *TINY, "analyze.length=1"))

@@ -193,7 +193,7 @@ def test_load_runs_warns_of_sweep_jobs_without_results(run_copy, tmp_path):
 # -- pretrained models: perplexity and the zero-shot passkey in one sweep -----------------------------
 
 def test_pretrained_task_is_spelled_as_posexp_train_spells_it():
-    from posexp.cli.arguments import pretrained_arguments
+    from posexp.commands.pretrained import pretrained_arguments
 
     assert pretrained_arguments(["-m", "hf:M", "task=lm,passkey", "eval.scaling=none,yarn"]) == [
         "-m", "hf.model=M", "task.name=lm,passkey", "eval.scaling=none,yarn"]

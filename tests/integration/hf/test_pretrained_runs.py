@@ -207,7 +207,7 @@ def test_zero_shot_passkey_of_a_pretrained_model_writes_accuracy_rows(llama_dir,
 
 
 def test_hf_model_on_the_command_line_is_hf_model_and_a_comma_list_sweeps_models():
-    from posexp.cli.arguments import pretrained_arguments
+    from posexp.commands.pretrained import pretrained_arguments
 
     assert pretrained_arguments(["-m", "hf:./a,./b", "eval.scaling=none,yarn"]) == [
         "-m", "hf.model=./a,./b", "eval.scaling=none,yarn"]
