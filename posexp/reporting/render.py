@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import replace
 from functools import partial
-from typing import Optional
+from typing import Mapping, Optional
 
 from rich.console import Console
 from rich.text import Text
@@ -44,6 +44,7 @@ def plot_series(report: Report, groups: bool = False) -> list[tuple]:
     """(label, lengths, values, lows, highs) per run (per group with ``groups``: its mean), the lows and highs None
     when there are more lines than :data:`MAX_BANDS`."""
     # the flags themselves are in summary.md
+    lines: list[tuple[str, Mapping[int, Stat | Cell]]]
     lines = [(legend_label(report, g), g.cells) for g in report.groups] if groups else \
         [(legend_label(report, Group({}, row.label, [row], flags=row.flags)), row.cells) for row in report.rows]
     # A line with nothing applicable would only add an empty legend entry; the table explains it.

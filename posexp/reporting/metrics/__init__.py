@@ -222,15 +222,15 @@ def read_values(rows: list[dict], name: str) -> dict[int, tuple[bool, Optional[f
     firsts: dict[int, dict] = {}
     for row in rows:
         firsts.setdefault(int(row["length"]), {}).setdefault(row.get("depth"), row)
-    out = {}
+    out: dict[int, tuple[bool, Optional[float], Any, Any]] = {}
     for length, by_depth in firsts.items():
         picked = list(by_depth.values())
         values = [row.get(name) for row in picked]
         ok = all(row.get("applicable", True) and isinstance(v, (int, float)) and not isinstance(v, bool)
                  and math.isfinite(v) for row, v in zip(picked, values))
-        bounds = [picked[0].get(f"{name}_{end}") if len(picked) == 1 else None for end in ("low", "high")]
-        out[length] = (ok, math.fsum(values) / len(values) if ok else None,
-                       *(float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) else None for b in bounds))
+        low, high = (float(b) if len(picked) == 1 and isinstance(b := picked[0].get(f"{name}_{end}"), (int, float))
+                     and not isinstance(b, bool) else None for end in ("low", "high"))
+        out[length] = (ok, math.fsum(values) / len(values) if ok else None, low, high)
     return out
 
 
