@@ -25,6 +25,7 @@ from posexp.analysis.schema import AnalyzeConfig
 from posexp.model.factory import build_encoder
 from posexp.config.schema import Config, eval_lengths
 from posexp.runs.atomic import atomic_write_json
+from posexp.runtime import terminal
 
 ANALYSIS_JSON = "analysis.json"
 COMPARISON_PNG = "comparison.png"
@@ -95,7 +96,7 @@ def _curves_for_json(unit: dict) -> dict:
 
 def run_analyze(cfg: Config, a: AnalyzeConfig, out: Path, console: Optional[Console] = None) -> dict:
     """``posexp analyze encoder=... base=...`` of a checked config: analyse, write, print a summary."""
-    console = console or Console()
+    console = console or terminal.console()
     torch.manual_seed(int(cfg.seed))  # learned encoders are analysed at their seeded initialisation
     encoder = build_encoder(cfg)
     encoder.eval()

@@ -24,6 +24,7 @@ from posexp.analysis.schema import AnalyzeConfig, analyze_settings
 from posexp.errors import PosexpError, require
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import is_run_dir
+from posexp.runtime import terminal
 
 ANALYSIS_DIR = "analysis"  # in the run folder
 
@@ -136,7 +137,7 @@ def analyze_run(run_dir: Path, settings: AnalyzeConfig, console: Optional[Consol
     """
     from posexp.commands.eval import prepare
 
-    console = console or Console()
+    console = console or terminal.console()
     p = prepare(run_dir, [], allow_changed_encoder=allow_changed_encoder,
                 warn=lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
     cfg = p.cfg

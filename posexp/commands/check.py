@@ -24,6 +24,7 @@ from posexp.encoders import broken, create, get, option_names, registry
 from posexp.errors import ConfigError, PosexpError
 from posexp.registry import did_you_mean
 from posexp.evaluation.conformance import ERROR, FAIL, PASS, Check, Probe, run_checks
+from posexp.runtime import terminal
 
 FORMATS = ("table", "json", "markdown")
 _STYLE = {PASS: "green", FAIL: "bold red", ERROR: "yellow"}
@@ -199,7 +200,7 @@ def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Opti
     else:
         results = run_checks(lambda d_model, n_heads: create(name, d_model=d_model, n_heads=n_heads, **options),
                              probe)
-    render(name, options, results, time.perf_counter() - start, fmt, console or Console(), probe)
+    render(name, options, results, time.perf_counter() - start, fmt, console or terminal.console(), probe)
     if any(r.status == FAIL for r in results):
         return 1
     return UNMEASURED_EXIT if any(r.status == ERROR for r in results) else 0

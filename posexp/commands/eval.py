@@ -57,6 +57,7 @@ from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
                                 PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD,
                                 is_run_dir, merge_rows, natural_key, read_results, runs_under)
+from posexp.runtime import terminal
 
 # -- finding and checking runs -------------------------------------------------------------------
 
@@ -328,7 +329,7 @@ def reeval_main(args: Sequence[str], console: Optional[Console] = None, *, stric
     evaluated; otherwise it is skipped with a warning and the other runs are evaluated. A run of a plugin
     encoder whose source changed since it was trained stops the command unless ``allow_changed_encoder``.
     """
-    console = console or Console()
+    console = console or terminal.console()
     folders, raw_overrides = split_args(args)
     settings = parse_settings(raw_overrides, multirun=is_multirun(args))
     runs = find_eval_runs(folders, lambda msg: _warn(console, msg), raw_overrides)

@@ -40,6 +40,7 @@ from posexp.rendering.results import results_table, write_loss_by_position, writ
 from posexp.runtime.device import resolve_device
 from posexp.runtime.precision import resolve_precision
 from posexp.tasks.passkey_text import TextPasskey
+from posexp.runtime import terminal
 
 BOS_CHOICES = ("auto", "true", "false")  # hf.bos
 PRETRAINED_TASKS = ("lm", "passkey")  # perplexity, or zero-shot passkey retrieval (posexp.tasks.passkey_text)
@@ -107,7 +108,7 @@ def check_pretrained(cfg: DictConfig) -> PretrainedConfig:
 def pretrained_run(spec: PretrainedConfig, run_dir: Path, overrides: list[str],
                    console: Optional[Console] = None) -> dict:
     """Load, evaluate and write one pretrained model's run of a checked config (the module docstring)."""
-    console = console or Console()
+    console = console or terminal.console()
     device = resolve_device(spec.device)
     dtype = resolve_precision(spec.precision, device)  # auto: bf16 on a GPU that has it, fp32 on a CPU (no probe)
     lm, tokenizer, record = _load(spec, device, dtype)

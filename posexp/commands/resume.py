@@ -25,6 +25,7 @@ from posexp.errors import PosexpError, Terminated
 from posexp.commands.edge import folder_run_hash, load_saved
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, run_status
 from posexp.runs.lock import EVALUATING, run_lock
+from posexp.runtime import terminal
 
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
@@ -84,11 +85,11 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_ch
     model = pretrained_of(run_dir)
     if model is not None:  # posexp eval hf:MODEL keeps no checkpoint: its evaluation runs again, in its folder
         with run_lock(run_dir, doing=EVALUATING):
-            return _resume_pretrained(run_dir, model["name"], console or Console())
+            return _resume_pretrained(run_dir, model["name"], console or terminal.console())
     if not is_main():  # under torchrun rank 0 holds the folder and writes; the others train beside it
         return _resume(run_dir, Console(quiet=True), allow_changed_encoder, writes=False)
     with run_lock(run_dir):  # refused while another process trains there
-        return _resume(run_dir, console or Console(), allow_changed_encoder)
+        return _resume(run_dir, console or terminal.console(), allow_changed_encoder)
 
 
 def _resume_pretrained(run_dir: Path, name: str, console: Console) -> dict:

@@ -31,6 +31,7 @@ from rich.markup import escape
 from posexp.commands.edge import HF_PREFIX
 from posexp.errors import ConfigError, PosexpError, require
 from posexp.runs.longrope import FACTORS_FILE, STATE_FILE, write_factors
+from posexp.runtime import terminal
 
 STATE_FORMAT = 1
 
@@ -214,7 +215,7 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
     from posexp.evaluation.longrope_search import (OBJECTIVES, SearchSettings, check_settings, needle_documents,
                                                    needle_score, perplexity_score, search_factors)
 
-    console = console or Console()
+    console = console or terminal.console()
     out, objective, tokens, needles, restart = (options.out, options.objective, options.tokens, options.needles,
                                                 options.restart)
     overrides = list(options.overrides)

@@ -49,7 +49,7 @@ from posexp.training.checkpoint import parent_weights
 from posexp.training.trainer import LogHook, TrainResult, save_checkpoint, train
 from posexp.commands.validation import config_warnings, validate
 from posexp.runtime.memory import out_of_memory
-from posexp.runtime import threads
+from posexp.runtime import terminal, threads
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
 log = logging.getLogger("posexp.train")
@@ -74,7 +74,7 @@ def train_run(spec: Config, run_dir: Path, overrides: list[str], console: Option
         TrainingDiverged: after writing a results.json with status "diverged".
         PosexpError: a full disk (or quota), naming the file that could not be written and how to continue.
     """
-    console = console or Console()
+    console = console or terminal.console()
     device = resolve_device(spec.train.device)
     w = distributed.setup(device)
     if w.distributed:  # several processes (torchrun): rank 0's run folder for all; only rank 0 writes or prints

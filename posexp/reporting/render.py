@@ -26,6 +26,7 @@ from posexp.reporting.stats import Stat
 from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_markdown
 from posexp.reporting import tables
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
+from posexp.runtime import terminal
 
 
 PPL_LABEL = "perplexity per token"
@@ -193,7 +194,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     and metrics do not fit the terminal side by side the table is printed in parts, each
     repeating the run (or ``--by``) columns.
     """
-    console = console or Console()
+    console = console or terminal.console()
     for table in rich_tables(lm_table(report), console.width):
         console.print(table)
     for note in table_notes(report)[1:] if report.by or report.metrics else []:

@@ -49,6 +49,7 @@ from posexp.reporting.selection import parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import (REPORT_FILES, REPORT_MD, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
                                 is_run_dir, is_sweep_dir)
+from posexp.runtime import terminal
 
 # the logger name users' logging filters and test captures have always seen
 log = logging.getLogger("posexp.report")
@@ -85,8 +86,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     wanted = parse_view(options.view)
     lm_dirs, task_report = _split_tasks(find_runs(paths), options.by, task_metrics, options.where, wanted)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
-    console = console or Console()
-    notes = console if options.fmt == "rich" else (err_console or Console(stderr=True))
+    console = console or terminal.console()
+    notes = console if options.fmt == "rich" else (err_console or terminal.console(stderr=True))
     try:
         report = build_report(lm_dirs, replace(options, metrics=lm_metrics)) if lm_dirs else None
     except ConfigError as e:

@@ -8,7 +8,9 @@ import io
 import pytest
 from rich.console import Console
 
+from posexp.reporting import report_main
 from posexp.reporting.tables import Column, Section, Table, TableCell, rich_tables
+from unit.reporting.test_report import make_run
 
 LABELS = ["encoder=irope", "encoder=stickbreaking seed=1"]
 FLAGS = "status: diverged; kept apart: not comparable"
@@ -33,3 +35,13 @@ def test_no_word_is_cut_and_no_line_is_wider_than_the_terminal(width, compact):
     assert max(len(line) for line in out.splitlines()) <= width, out
     words = {w for text in (*LABELS, FLAGS) for w in text.split()}
     assert all(w in out.split() for w in words), out
+
+
+def test_the_report_called_from_python_prints_its_table_with_columns_0(tmp_path, monkeypatch, capsys):
+    """report_main without a console of the caller's builds its own: COLUMNS=0 made it zero characters wide, so that
+    the table (and every warning) printed nothing at all."""
+    make_run(tmp_path / "run", {128: 5.0, 256: 7.0})
+    monkeypatch.setenv("COLUMNS", "0")
+    report_main([tmp_path / "run"], out=tmp_path / "report")
+    out = capsys.readouterr().out
+    assert "Perplexity vs context length" in out and "5.00" in out and "7.00" in out, out
