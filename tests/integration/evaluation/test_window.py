@@ -218,7 +218,7 @@ def _rows(ppls: dict[int, float], **fields) -> list[dict]:
 
 
 def test_reports_keep_windowed_rows_apart_like_scalings(tmp_path):
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     from posexp.reporting import build_report, render_csv, render_json, render_markdown
 
@@ -238,7 +238,7 @@ def test_reports_keep_windowed_rows_apart_like_scalings(tmp_path):
 
 
 def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     from posexp.runs.layout import read_results
     from posexp.rendering.results import results_csv, results_markdown, write_results
@@ -254,7 +254,7 @@ def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
 
 
 def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     from posexp.reporting import build_report
 
@@ -269,7 +269,7 @@ def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
 
 
 def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     from posexp.reporting import build_report
 
@@ -295,7 +295,7 @@ def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
     ("sinks=4,window=none", "sinks belong to a window"),
 ])
 def test_a_view_that_is_not_there_or_malformed_is_one_line_naming_view(tmp_path, view, message):
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     from posexp.reporting import build_report
 
@@ -307,8 +307,7 @@ def test_a_view_that_is_not_there_or_malformed_is_one_line_naming_view(tmp_path,
 
 def test_a_view_report_goes_beside_the_folders_own_and_covers_task_runs(tmp_path):
     from rich.console import Console
-    from unit.reporting.test_report import make_run
-    from unit.reporting.test_report_tasks import make_task_run
+    from helpers.runs import make_run, make_task_run
 
     from posexp.reporting.summary import report_main
 
