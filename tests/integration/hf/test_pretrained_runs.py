@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 from helpers import REPO, invoke  # noqa: E402
 from helpers.hf_tiny import CODE  # noqa: E402
-from helpers.runs import result_rows  # noqa: E402
+
 
 def _run(tmp_path: Path, *args: str, name: str = "run"):
     out = tmp_path / name
@@ -24,17 +24,21 @@ def _run(tmp_path: Path, *args: str, name: str = "run"):
     return result, out
 
 
+def _rows(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "results.json").read_text())["rows"]
+
+
 def test_a_pretrained_model_is_evaluated_into_a_run_folder_with_its_provenance(llama_dir, corpus_dir, tmp_path):
     result, out = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=1024")
     assert result.exit_code == 0, result.output
     run = json.loads((out / "results.json").read_text())["run"]
     assert run["train_len"] == 64  # the config's context length: multiples 1, 2, 4 of it
-    assert [r["length"] for r in result_rows(out)] == [64, 128, 256]
+    assert [r["length"] for r in _rows(out)] == [64, 128, 256]
     model = run["pretrained"]
     assert model["architecture"] == "LlamaForCausalLM" and len(model["weights_sha256"]) == 64
     vocab = len(transformers.AutoTokenizer.from_pretrained(llama_dir))
     assert run["tokenizer"] == "pretrained" and run["vocab_size"] == vocab and 0 < run["tokens_per_byte"] < 1
-    assert all(r["applicable"] and math.isfinite(r["ppl"]) for r in result_rows(out))
+    assert all(r["applicable"] and math.isfinite(r["ppl"]) for r in _rows(out))
     for name in ("results.md", "results.csv", "ppl_vs_length.png", ".hydra/config.yaml"):
         assert (out / name).exists(), name
     again = invoke("eval", str(out), "eval.scaling=linear")  # no weights of its own: the command that measures it
@@ -63,7 +67,7 @@ def test_the_rows_are_the_models_own_cross_entropy_on_the_tokens_of_its_tokenize
             logits = model(windows[s:s + 64][None]).logits[0]
             losses.append(torch.nn.functional.cross_entropy(logits, windows[s + 1:s + 65], reduction="sum"))
     expected = math.exp(float(sum(losses)) / 512)
-    assert result_rows(out)[0]["ppl"] == pytest.approx(expected, rel=1e-5)
+    assert _rows(out)[0]["ppl"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_a_sweep_over_scalings_writes_one_run_per_scaling_and_the_report_compares_them(llama_dir, corpus_dir,
@@ -72,7 +76,7 @@ def test_a_sweep_over_scalings_writes_one_run_per_scaling_and_the_report_compare
     result = invoke("eval", "-m", f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
                     "eval.lengths=[64,128]", "eval.scaling=none,linear", f"hydra.sweep.dir={sweep}")
     assert result.exit_code == 0, result.output
-    scaled = {r["scaling"]: r for d in ("0", "1") for r in result_rows(sweep / d) if r["length"] == 128}
+    scaled = {r["scaling"]: r for d in ("0", "1") for r in _rows(sweep / d) if r["length"] == 128}
     assert set(scaled) == {None, "linear"}
     assert scaled["linear"]["scaling_factor"] == 2.0 and scaled["linear"]["ppl"] != scaled[None]["ppl"]
     report = invoke("report", str(sweep), "--by", "eval.scaling", "--view", "scaling=linear")
@@ -89,10 +93,10 @@ def test_rotary_scalings_of_a_model_without_rope_are_not_applicable(corpus_dir, 
     result, out = _run(tmp_path, f"hf:{folder}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
                        "eval.lengths=[64,128]", "eval.scaling=yarn")
     assert result.exit_code == 0, result.output
-    assert [r["applicable"] for r in result_rows(out)] == [False, False]
+    assert [r["applicable"] for r in _rows(out)] == [False, False]
     result, out = _run(tmp_path, f"hf:{folder}", "data=text", f"data.path={corpus_dir}", "eval.tokens=512",
                        "eval.lengths=[64,128]", name="plain")
-    rows = result_rows(out)
+    rows = _rows(out)
     assert rows[0]["applicable"] and not rows[1]["applicable"]  # GPT-2's table holds 64 positions
     assert "64" in rows[1]["reason"]
 
@@ -112,9 +116,9 @@ def test_per_byte_report_beside_a_posexp_run_of_the_same_text(llama_dir, corpus_
     report = build_report([hf, own])
     assert all(row.per_byte for row in report.rows)
     info = json.loads((hf / "results.json").read_text())["run"]
-    expected = math.exp(result_rows(hf)[0]["loss"] * info["tokens_per_byte"])
+    expected = math.exp(_rows(hf)[0]["loss"] * info["tokens_per_byte"])
     assert report.rows[0].cells[64].ppl == pytest.approx(expected)
-    assert report.rows[1].cells[64].ppl == pytest.approx(result_rows(own)[0]["ppl"])  # bytes: unchanged
+    assert report.rows[1].cells[64].ppl == pytest.approx(_rows(own)[0]["ppl"])  # bytes: unchanged
     assert not any("different corpus" in row.flags for row in report.rows)
 
 
@@ -159,7 +163,7 @@ def test_zero_shot_passkey_of_a_pretrained_model_writes_accuracy_rows(llama_dir,
     result, out = _run(tmp_path, f"hf:{llama_dir}", "data=text", f"data.path={corpus_dir}", "task.name=passkey",
                        "eval.lengths=[256]", "eval.examples=4", "eval.depths=[0.0,1.0]")
     assert result.exit_code == 0, result.output
-    rows = result_rows(out)
+    rows = _rows(out)
     assert [(r["metric"], r["length"], r["depth"], r["examples"]) for r in rows] == [
         ("accuracy", 256, 0.0, 4), ("accuracy", 256, 1.0, 4)]
     assert json.loads((out / "results.json").read_text())["run"]["task"]["zero_shot"] is True
@@ -183,9 +187,9 @@ def test_a_pretrained_model_evaluates_on_cuda_in_bf16_as_on_the_cpu(llama_dir, c
     assert result.exit_code == 0, result.output
     plain, _ = _run(tmp_path, *common, "device=cuda", "precision=bf16", name="gpu-plain")
     assert plain.exit_code == 0, plain.output
-    for ours, theirs in zip(result_rows(tmp_path / "gpu-plain"), result_rows(cpu)):
+    for ours, theirs in zip(_rows(tmp_path / "gpu-plain"), _rows(cpu)):
         assert ours["ppl"] == pytest.approx(theirs["ppl"], rel=0.02)  # bf16 weights and activations
-    assert all(r["applicable"] for r in result_rows(gpu))
+    assert all(r["applicable"] for r in _rows(gpu))
 
 
 @pytest.mark.slow  # three trainings, exports and evaluations; the export's logits and hf:'s rows are checked fast
@@ -200,7 +204,7 @@ def test_an_exported_run_evaluated_as_a_pretrained_model_gives_its_own_perplexit
     assert invoke("export", str(run), str(exported)).exit_code == 0
     result, out = _run(tmp_path, f"hf:{exported}", "eval.tokens=1024", name="again")
     assert result.exit_code == 0, result.output
-    own, again = result_rows(run), result_rows(out)
+    own, again = _rows(run), _rows(out)
     assert [r["length"] for r in again] == [r["length"] for r in own]
     for a, b in zip(own, again):
         assert a["applicable"] == b["applicable"] and a["targets"] == b["targets"]
