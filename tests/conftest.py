@@ -1,4 +1,4 @@
-"""Shared fixtures: a private token cache, tiny configs composed from the real configs/."""
+"""Shared fixtures: a private token cache, tiny configs composed from the real configs/, a tiny pretrained model."""
 
 from __future__ import annotations
 
@@ -79,3 +79,33 @@ def tiny(compose, tmp_path, monkeypatch, _private_cache):
         return compose(*TINY_RUN, f"cache_dir={tmp_path / 'sweep-cache'}", *overrides)
 
     return _tiny
+
+
+# A pretrained model as `posexp eval hf:FOLDER` takes one (helpers.hf_tiny), for its tests in this process and in a
+# process of its own; built once per test module.
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A folder of code files, the text the model's tokenizer learns and the model is evaluated on."""
+    from helpers.hf_tiny import write_code_corpus
+
+    return write_code_corpus(tmp_path_factory.mktemp("text"))
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, corpus_dir) -> Path:
+    """A random 2-layer Llama with a 64-token context, saved with its tokenizer as a Hub model folder is."""
+    from helpers.hf_tiny import save_llama
+
+    return save_llama(tmp_path_factory.mktemp("tiny-llama"), corpus_dir)
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(llama_dir, corpus_dir, tmp_path_factory) -> Path:
+    """The run folder of ``posexp eval hf:LLAMA_DIR`` on the corpus' text."""
+    from helpers.hf_tiny import text_data
+
+    out = tmp_path_factory.mktemp("pretrained") / "run"
+    result = invoke("eval", f"hf:{llama_dir}", *text_data(corpus_dir), f"hydra.run.dir={out}")
+    assert result.exit_code == 0, result.output
+    return out

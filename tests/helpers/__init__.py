@@ -102,6 +102,12 @@ SMOKE = ("experiment=smoke", "train.progress=false")
 TINY_RUN = (*SMOKE, "precision=fp32", "train.threads=1")
 
 
+def no_figure(*args, **kwargs) -> None:
+    """Draws nothing: what a test puts in place of posexp.plots' ``plot_*`` functions where a report's text is
+    tested, not its figures (and drawing them would be slow)."""
+    return None
+
+
 @contextlib.contextmanager
 def immutable(path: Path) -> Iterator[None]:
     """``path`` (a file or a folder) immutable for the block, as ``chattr +i`` makes it: nobody, root included, may

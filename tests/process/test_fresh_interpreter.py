@@ -133,11 +133,11 @@ def test_a_first_use_of_posexp_loads_none_of_what_it_does_not_need(use, tmp_path
         assert (tmp_path / "run" / "results.json").is_file()
 
 
-# posexp's BPE trained in a fresh interpreter: its helpers are the tokenizer tests' own
+# posexp's BPE trained in a fresh interpreter, on the tokenizer tests' text
 _TRAIN_IN_SUBPROCESS = """
 import sys
 sys.path[:0] = [{root!r}, {root!r} + '/tests']
-from tests.integration.data.test_tokenizer import sample_text, train_bpe
+from helpers.text import sample_text, train_bpe
 print(train_bpe([sample_text(3000, s) for s in range(4)], 600, 2).to_str())
 """
 

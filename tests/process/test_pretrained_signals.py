@@ -13,9 +13,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from helpers import invoke, start_cli  # noqa: E402
-# the same tiny Llama, its text and its uninterrupted evaluation as the in-process pretrained tests
-from integration.hf.test_pretrained_mishaps import _data, _rows, pretrained_run  # noqa: E402,F401
-from integration.hf.test_pretrained_runs import corpus_dir, llama_dir  # noqa: E402,F401
+from helpers.hf_tiny import text_data  # noqa: E402
+from helpers.runs import result_rows  # noqa: E402
 
 
 @pytest.mark.slow
@@ -23,7 +22,7 @@ from integration.hf.test_pretrained_runs import corpus_dir, llama_dir  # noqa: E
 def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corpus_dir, pretrained_run,
                                                           tmp_path):
     # small query chunks make the evaluation last: the signal comes while it measures, once the model is loaded
-    slow = (f"hf:{llama_dir}", *_data(corpus_dir), "hf.query_chunk=16")
+    slow = (f"hf:{llama_dir}", *text_data(corpus_dir), "hf.query_chunk=16")
     proc = start_cli("eval", *slow, "hydra.run.dir=run", cwd=tmp_path)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -43,7 +42,7 @@ def test_a_stopped_or_killed_evaluation_resumes_as_it_says(stop, llama_dir, corp
         command = shlex.split(told.group(1))
     resumed = invoke(*command[1:], cwd=tmp_path)
     assert resumed.exit_code == 0, resumed.output
-    assert [r["ppl"] for r in _rows(tmp_path / "run")] == pytest.approx([r["ppl"] for r in _rows(pretrained_run)],
+    assert [r["ppl"] for r in result_rows(tmp_path / "run")] == pytest.approx([r["ppl"] for r in result_rows(pretrained_run)],
                                                                         rel=1e-4)
     finished = invoke("resume", str(tmp_path / "run"))  # nothing left to resume: measure it again instead
     assert finished.exit_code != 0 and f"posexp eval hf:{llama_dir}" in " ".join(finished.output.split())

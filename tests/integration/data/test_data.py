@@ -146,7 +146,7 @@ def test_batches_are_a_function_of_seed_and_step():
 # ---------------------------------------------------------------------------- tokenizers on local corpora
 
 def _text_folder(root, n_docs: int = 30, words: int = 300):
-    from integration.data.test_tokenizer import sample_text
+    from helpers.text import sample_text
 
     root.mkdir()
     for i in range(n_docs):
@@ -221,7 +221,7 @@ def _hub_like(tmp_path, splits=("train", "validation"), rows=40):
     """A small data set as ``datasets`` saves it, with a text column and another one."""
     from datasets import Dataset, DatasetDict
 
-    from integration.data.test_tokenizer import sample_text
+    from helpers.text import sample_text
 
     dd = DatasetDict({s: Dataset.from_dict({"id": list(range(rows)),
                                             "body": [sample_text(60, seed=100 * k + i) for i in range(rows)]})

@@ -10,22 +10,9 @@ import numpy as np
 import pytest
 
 from posexp.errors import ConfigError
-from posexp.data.tokenizer import (DOC_TOKEN, BPETokenizer, ByteTokenizer, TokenizerSpec, batches, bits_per_byte,
-                              check_spec, token_dtype)
-
-WORDS = ["the", "cat", "sat", "on", "mat", "and", "a", "dog", "ran", "far", "away", "from", "home", "while",
-         "rain", "fell", "über", "naïve", "café", "x=1;", "return", "self"]
-
-
-def sample_text(n_words: int, seed: int = 0) -> str:
-    """Pseudo-sentences over a small vocabulary (some non-ASCII), reproducible from the seed."""
-    rng = np.random.default_rng(seed)
-    words = rng.choice(WORDS, size=n_words)
-    return " ".join(w + ("\n" if i % 11 == 10 else "") for i, w in enumerate(words))
-
-
-def train_bpe(docs: list[str], vocab_size: int, min_frequency: int = 2) -> BPETokenizer:
-    return BPETokenizer.train(batches(iter(docs), 7), TokenizerSpec("bpe", vocab_size, min_frequency))
+from posexp.data.tokenizer import (DOC_TOKEN, ByteTokenizer, TokenizerSpec, bits_per_byte, check_spec,
+                                   token_dtype)
+from helpers.text import sample_text, train_bpe
 
 
 def test_bpe_round_trips_text_with_the_separator_as_its_own_token():

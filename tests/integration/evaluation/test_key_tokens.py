@@ -210,7 +210,7 @@ def test_ppl_key_metric_reads_the_rows_and_is_in_help_and_completion(tmp_path):
     from posexp.reporting import build_report, parse_metric
     from posexp.reporting.metrics import PERPLEXITY, metric_examples, metric_help
     from posexp.reporting.options import ReportOptions
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     keyed = make_run(tmp_path / "keyed", {128: 3.0, 512: 4.0, 1024: 5.0}, ["encoder=rope"])
     data = json.loads((keyed / "results.json").read_text())

@@ -16,6 +16,7 @@ import torch
 from posexp.commands.edge import typed
 from posexp.errors import ConfigError
 from helpers import evaluate_at
+from helpers.runs import make_run, make_task_run
 from posexp.model.factory import build_model
 from posexp.model.fused import flex_available
 from posexp.model.gpt import AttentionPlan
@@ -218,8 +219,6 @@ def _rows(ppls: dict[int, float], **fields) -> list[dict]:
 
 
 def test_reports_keep_windowed_rows_apart_like_scalings(tmp_path):
-    from unit.reporting.test_report import make_run
-
     from posexp.reporting import build_report, render_csv, render_json, render_markdown
 
     windowed = _rows({128: 3.0, 512: 3.1}, window=128, sinks=4)
@@ -238,8 +237,6 @@ def test_reports_keep_windowed_rows_apart_like_scalings(tmp_path):
 
 
 def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
-    from unit.reporting.test_report import make_run
-
     from posexp.runs.layout import read_results
     from posexp.rendering.results import results_csv, results_markdown, write_results
 
@@ -254,8 +251,6 @@ def test_a_runs_own_files_show_its_windowed_rows_apart(tmp_path):
 
 
 def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
-    from unit.reporting.test_report import make_run
-
     from posexp.reporting import build_report
 
     def last_k(ppls, **fields):
@@ -269,8 +264,6 @@ def test_context_gain_reads_the_rows_of_its_own_window(tmp_path):
 
 
 def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
-    from unit.reporting.test_report import make_run
-
     from posexp.reporting import build_report
 
     def last_k(ppls, **fields):
@@ -295,8 +288,6 @@ def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
     ("sinks=4,window=none", "sinks belong to a window"),
 ])
 def test_a_view_that_is_not_there_or_malformed_is_one_line_naming_view(tmp_path, view, message):
-    from unit.reporting.test_report import make_run
-
     from posexp.reporting import build_report
 
     folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0}) + _rows({128: 3.0}, window=128))
@@ -307,8 +298,6 @@ def test_a_view_that_is_not_there_or_malformed_is_one_line_naming_view(tmp_path,
 
 def test_a_view_report_goes_beside_the_folders_own_and_covers_task_runs(tmp_path):
     from rich.console import Console
-    from unit.reporting.test_report import make_run
-    from unit.reporting.test_report_tasks import make_task_run
 
     from posexp.reporting.summary import report_main
 

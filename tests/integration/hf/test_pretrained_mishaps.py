@@ -17,33 +17,15 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from helpers import invoke  # noqa: E402
-from integration.hf.test_pretrained_runs import corpus_dir, llama_dir  # noqa: E402,F401 - the same tiny Llama and its text
+from helpers.hf_tiny import text_data  # noqa: E402
+from helpers.runs import result_rows  # noqa: E402
 
 from posexp.hf import loading  # noqa: E402
-
-DATA = ("data=text", "eval.tokens=1024")
-
-
-def _data(corpus: Path) -> tuple[str, ...]:
-    return (*DATA, f"data.path={corpus}")
-
 
 def _one_line(output: str) -> str:
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in output, output
     return " ".join(lines[0].split())
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return json.loads((run_dir / "results.json").read_text())["rows"]
-
-
-@pytest.fixture(scope="module")
-def pretrained_run(llama_dir, corpus_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pretrained") / "run"
-    result = invoke("eval", f"hf:{llama_dir}", *_data(corpus_dir), f"hydra.run.dir={out}")
-    assert result.exit_code == 0, result.output
-    return out
 
 
 # -- a damaged model folder (items 2, 3, 4) ------------------------------------------------------------------------
@@ -73,7 +55,7 @@ def test_a_damaged_model_folder_is_one_line_saying_what_it_lacks_and_leaves_no_r
     shutil.copytree(llama_dir, folder)
     damage(folder)
     out = tmp_path / "run"
-    result = invoke("eval", f"hf:{folder}", *_data(corpus_dir), f"hydra.run.dir={out}")
+    result = invoke("eval", f"hf:{folder}", *text_data(corpus_dir), f"hydra.run.dir={out}")
     assert result.exit_code != 0
     line = _one_line(result.output)
     assert says in line and "Hugging Face cache" not in line and "sentencepiece or tiktoken" not in line
@@ -97,7 +79,7 @@ def test_a_typo_of_a_local_folder_offline_is_said_at_once_naming_the_folder(llam
         monkeypatch.delenv(key, raising=False)
     try:
         start = time.monotonic()
-        result = invoke("eval", "hf:tiny-lama", *_data(corpus_dir), "hydra.run.dir=run", cwd=tmp_path)
+        result = invoke("eval", "hf:tiny-lama", *text_data(corpus_dir), "hydra.run.dir=run", cwd=tmp_path)
         took = time.monotonic() - start
     finally:
         loading.hub_reachable.cache_clear()
@@ -111,16 +93,16 @@ def test_a_typo_of_a_local_folder_offline_is_said_at_once_naming_the_folder(llam
 
 def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_dir, corpus_dir, tmp_path):
     shutil.copytree(llama_dir, tmp_path / "llama,64")
-    refused = invoke("eval", "hf:nope,64", *_data(corpus_dir), cwd=tmp_path)
+    refused = invoke("eval", "hf:nope,64", *text_data(corpus_dir), cwd=tmp_path)
     line = _one_line(refused.output)
     suggested = re.search(r"quote it: (posexp eval .*)$", line)
     assert refused.exit_code != 0 and suggested is not None, line
     typed = shlex.split(suggested.group(1).replace("nope,64", "llama,64"))  # as a shell hands it over
     for args in (["hf:llama,64"], typed[2:], ["hf.model='llama,64'"]):
-        result = invoke("eval", *args, *_data(corpus_dir), "eval.multiples=[1]", "hydra.run.dir=run", cwd=tmp_path)
+        result = invoke("eval", *args, *text_data(corpus_dir), "eval.multiples=[1]", "hydra.run.dir=run", cwd=tmp_path)
         assert result.exit_code == 0, (args, result.output)
         run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
-        assert run["pretrained"]["name"] == "llama,64" and len(_rows(tmp_path / "run")) == 1
+        assert run["pretrained"]["name"] == "llama,64" and len(result_rows(tmp_path / "run")) == 1
         shutil.rmtree(tmp_path / "run")
 
 
@@ -128,7 +110,7 @@ def test_a_folder_with_a_comma_runs_as_given_and_as_the_message_quotes_it(llama_
 
 def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works(llama_dir, corpus_dir,
                                                                                  tmp_path):
-    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]",
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *text_data(corpus_dir), "eval.multiples=[1]",
                    "eval.scaling=none,linear",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert swept.exit_code == 0, swept.output
@@ -141,7 +123,7 @@ def test_posexp_eval_of_a_sweep_of_pretrained_runs_says_the_command_and_it_works
     result = invoke(*command[1:], f"hydra.sweep.dir={tmp_path / 'again'}")
     assert result.exit_code == 0, result.output
     jobs = sorted((tmp_path / "again").glob("[0-9]/results.json"))
-    assert len(jobs) == 2 and all([r["length"] for r in _rows(j.parent)] == [64] for j in jobs)
+    assert len(jobs) == 2 and all([r["length"] for r in result_rows(j.parent)] == [64] for j in jobs)
 
 
 # -- a pretrained model's run handed to export, finetune, analyze and load_run (item 9) ----------------------------
@@ -191,11 +173,11 @@ def test_posexp_resume_of_a_stopped_sweep_of_pretrained_runs_finishes_it(llama_d
     from posexp.commands.sweep_resume import plan_sweep, resume_sweep
 
     sweep = tmp_path / "sweep"
-    swept = invoke("eval", "-m", f"hf:{llama_dir}", *_data(corpus_dir), "eval.multiples=[1]",
+    swept = invoke("eval", "-m", f"hf:{llama_dir}", *text_data(corpus_dir), "eval.multiples=[1]",
                    "eval.scaling=none,linear",
                    f"hydra.sweep.dir={sweep}")
     assert swept.exit_code == 0, swept.output
-    measured = [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)]
+    measured = [result_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)]
     for name in ("results.json", "results.csv", "results.md"):  # job 0 killed while measuring
         (sweep / "0" / name).unlink()
     shutil.rmtree(sweep / "1")  # job 1 never started
@@ -209,4 +191,4 @@ def test_posexp_resume_of_a_stopped_sweep_of_pretrained_runs_finishes_it(llama_d
 
     assert resume_sweep(sweep, lambda _: None, runner=runner) == []
     assert [a[0] for a in ran] == ["resume", "eval"]
-    assert [_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)] == pytest.approx(measured, rel=1e-4)
+    assert [result_rows(sweep / str(n))[0]["ppl"] for n in (0, 1)] == pytest.approx(measured, rel=1e-4)

@@ -15,42 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 from helpers import REPO, invoke  # noqa: E402
-
-TEXT = ("def add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
-        "        self.y = y\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n\n")
-
-
-def _tokenizer(texts: list[str]):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("text")
-    for i in range(8):  # several files: posexp holds some out for validation by their path's hash
-        (folder / f"part{i}.py").write_text(TEXT.replace("Point", f"Point{i}") * 30)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory, corpus_dir) -> Path:
-    """A random 2-layer Llama with a 64-token context, saved with its tokenizer as a Hub model folder is."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tok = _tokenizer([p.read_text() for p in sorted(corpus_dir.glob("*.py"))])
-    tok.save_pretrained(folder)
-    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                                      eos_token_id=tok.eos_token_id, bos_token_id=None, initializer_range=0.2)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+from helpers.hf_tiny import CODE  # noqa: E402
 
 
 def _run(tmp_path: Path, *args: str, name: str = "run"):
@@ -178,7 +143,7 @@ def test_zero_shot_passkey_instances_hold_the_key_at_its_depth_in_exactly_the_le
     from posexp.tasks.passkey_text import PROMPT, QUESTION, TextPasskey
 
     tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
-    filler = np.asarray(tok(TEXT * 20, add_special_tokens=False)["input_ids"])
+    filler = np.asarray(tok(CODE * 20, add_special_tokens=False)["input_ids"])
     task = TextPasskey(lambda t: tok(t, add_special_tokens=False)["input_ids"], filler, len(tok), digits=5)
     for depth in (0.0, 1.0):
         made = eval_instances(task, 400, 3, depth)
@@ -269,7 +234,7 @@ def test_an_unnamed_architecture_evaluates_under_every_protocol_scaling_window_a
                                         max_position_embeddings=32, sliding_window=None, initializer_range=0.2)
     torch.manual_seed(0)
     lm = HFLanguageModel(transformers.AutoModelForCausalLM.from_config(config).eval(), "mistral", chunk=16)
-    val = np.asarray(tok(TEXT * 30, add_special_tokens=False)["input_ids"])
+    val = np.asarray(tok(CODE * 30, add_special_tokens=False)["input_ids"])
     base = EvalConfig(lengths=[32, 64], tokens=256, batch_tokens=256)
     settings = [dataclasses.replace(base, protocol="sliding", stride=16),
                 dataclasses.replace(base, protocol="last_k", last_k=8),

@@ -80,7 +80,7 @@ def test_task_names_go_to_task_runs_and_the_rest_to_language_model_runs():
 
 def test_shown_values_read_another_field_of_the_rows_the_table_shows(tmp_path):
     """What a metric of a field beside ppl (ppl_key) reads: the shown view's rows only, n/a kept apart."""
-    from unit.reporting.test_report import make_run
+    from helpers.runs import make_run
 
     from posexp.reporting import build_report
     from posexp.reporting.metrics import shown_values

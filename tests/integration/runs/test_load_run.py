@@ -8,6 +8,7 @@ import json
 import pytest
 
 from helpers import TINY_RUN, invoke
+from helpers.runs import make_run, make_task_run
 
 TINY = (*TINY_RUN, "train.steps=4", "train.log_every=2", "eval.multiples=[1,2]", "eval.tokens=512")
 
@@ -107,8 +108,6 @@ def test_the_report_and_load_run_read_one_run_class(run_dir):
 def _finetune(folder, parent):
     """A fine-tune's folder as posexp finetune writes it: lineage at the top of ``run``, its own rows, and one row
     the parent-style evaluation-time scaling would add (``posexp eval FT eval.scaling=ntk``)."""
-    from unit.reporting.test_report import make_run
-
     extra = [{"length": 512, "multiple": 2.0, "protocol": "nonoverlap", "scaling": "ntk", "scaling_factor": 2.0,
               "applicable": True, "ppl": 7.5}]
     make_run(folder, {256: 6.0, 512: 6.5}, overrides=["finetune"], train_len=256, extra_rows=extra)
@@ -119,9 +118,6 @@ def _finetune(folder, parent):
 
 
 def test_load_runs_is_one_long_table_a_pivot_needs_no_join(tmp_path):
-    from unit.reporting.test_report import make_run
-    from unit.reporting.test_report_tasks import make_task_run
-
     import posexp
 
     sweep = tmp_path / "sweep"
@@ -154,8 +150,6 @@ def test_load_runs_is_one_long_table_a_pivot_needs_no_join(tmp_path):
 
 
 def test_load_runs_names_an_unknown_column_and_a_folder_without_runs(tmp_path):
-    from unit.reporting.test_report import make_run
-
     import posexp
     from posexp.errors import ConfigError, PosexpError
 
@@ -169,8 +163,6 @@ def test_load_runs_names_an_unknown_column_and_a_folder_without_runs(tmp_path):
 
 
 def test_a_run_that_cannot_be_read_is_left_out_with_a_warning_or_stops_a_strict_load(tmp_path):
-    from unit.reporting.test_report import make_run
-
     import posexp
     from posexp.errors import PosexpError
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers import TINY_RUN, invoke_main
-from unit.tasks.test_tasks import _strip, solve_niah, solve_top_words, solve_vartrack
+from helpers.tasks import solve_niah, solve_top_words, solve_vartrack, unpadded
 from posexp.errors import ConfigError
 from posexp.tasks import build_task, chance_exact_match
 from posexp.tasks.cwe import COMMON_REPEATS, UNCOMMON_REPEATS, CommonWords
@@ -26,7 +26,7 @@ WORDS_QUERY = 1  # cwe's and fwe's
 
 def _rows(made):
     for row, answer in zip(made.tokens, made.answer):
-        pad = row.size - _strip(row).size
+        pad = row.size - unpadded(row).size
         yield row[pad:].tolist(), row[answer].tolist()
 
 

@@ -53,7 +53,7 @@ def test_report_of_kv_runs_draws_the_depth_figure_and_links_it(tmp_path):
 
 
 def test_a_report_without_depths_draws_no_depth_figure(tmp_path):
-    from unit.reporting.test_report_tasks import make_task_run
+    from helpers.runs import make_task_run
 
     make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
     report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200))

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import re
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -29,74 +28,9 @@ from posexp.reporting import (
     write_summary,
 )
 from posexp.reporting.options import ReportOptions
+from helpers.runs import make_run, make_sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-EVAL = {"tokens": 65536, "protocol": "nonoverlap"}
-
-
-def make_run(
-    folder: Path,
-    ppls: dict[int, float | None],
-    overrides: list[str] | None = ("encoder=rope",),
-    encoder: str = "rope",
-    base: float | None = 10000.0,
-    train_len: int = 128,
-    fingerprint: str = "fp-stdlib",
-    eval_settings: dict | None = None,
-    status: str = "completed",
-    extra_rows: list[dict] | None = None,
-    overrides_in_results: bool = True,
-    seed: int = 0,
-    config: dict | None = None,
-    curves: bool = False,
-) -> Path:
-    """Write a run folder like the trainer does; a None perplexity means not applicable."""
-    overrides = list(overrides or [])
-    rows = []
-    for length, ppl in ppls.items():
-        rows.append({
-            "length": length, "multiple": length / train_len, "protocol": "nonoverlap", "scaling": None,
-            "applicable": ppl is not None, "ppl": ppl, "loss": None if ppl is None else 1.0,
-            "loss_se": 0.01, "ppl_low": None if ppl is None else ppl * 0.98,
-            "ppl_high": None if ppl is None else ppl * 1.02, "tokens": 65536, "windows": 65536 // length,
-            "tokens_per_s": 40000.0, "peak_mem_mb": 210.0,
-        })
-    rows += extra_rows or []
-    run = {
-        "label": " ".join(overrides) or "default", "encoder": encoder, "base": base,
-        "train_len": train_len, "seed": seed,
-        "config": {"encoder": {"name": encoder}, "base": base, "train_len": train_len, "seed": seed, **(config or {})},
-        "config_hash": "ab12",
-        "corpus": "stdlib", "corpus_fingerprint": fingerprint, "eval_settings": eval_settings or dict(EVAL),
-        "versions": {"posexp": "0.1.0", "torch": "2.13.0", "python": "3.11.7"}, "git_commit": None,
-        "status": status, "params": 821504,
-        "train": {"steps": 1000, "tokens": 4096000, "final_loss": 1.23, "wall_s": 120.0},
-    }
-    if overrides_in_results:
-        run["overrides"] = overrides
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
-    (folder / ".hydra").mkdir(exist_ok=True)
-    (folder / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides) or "[]\n")
-    if curves:  # what a finished run also writes: per-position losses and the training log
-        lines = ["protocol,stride,last_k,scaling,scaling_factor,length,position,loss,count"]
-        for length, ppl in ppls.items():
-            if ppl is not None:
-                lines += [f"nonoverlap,,,,,{length},{p},{1.0 + p / length:.6f},{65536 // length}"
-                          for p in range(length)]
-        (folder / "loss_by_position.csv").write_text("\n".join(lines) + "\n")
-        (folder / "metrics.csv").write_text("step,tokens,loss,lr,tokens_per_s,elapsed_s\n"
-                                            "10,1000,3.0,0.001,100.0,1.0\n20,2000,2.5,0.001,100.0,2.0\n")
-    return folder
-
-
-def make_sweep(root: Path, n: int) -> Path:
-    for i in range(n):
-        make_run(root / str(i), {128: 3.0 + i, 256: 4.0 + i}, overrides=["train.steps=50", f"seed={i}"])
-    (root / "multirun.yaml").write_text("hydra: {}\n")
-    return root
-
-
 def quiet_console() -> Console:
     return Console(file=io.StringIO(), width=200)
 

@@ -18,7 +18,7 @@ from posexp.reporting.compare import Margin, interval_text, parse_margin, verdic
 from posexp.reporting.stats import (TTest, holm, mean_interval, runs_needed, runs_needed_equivalent,
                                     t_cdf, t_quantile, t_two_sided_p)
 from posexp.reporting.options import ReportOptions
-from unit.reporting.test_report import make_run
+from helpers.runs import make_run
 
 # The journey of the issue: base=100,1000,10000 x seed=0,1,2 gave ratios 1.22 ± 0.06, 1.25 ± 0.10, 1.25 ± 0.11
 # (mean ± half-width of the 95% t-interval over 3 seeds). sd = half-width · √3 / t(0.975, 2).

@@ -13,8 +13,10 @@ from rich.console import Console
 
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.summary import report_main
-from unit.reporting.test_report_golden import _no_figure, _ppl_rows, _write_run
-from unit.reporting.test_report_tasks import make_task_run
+from helpers import no_figure as _no_figure
+from helpers.runs import make_task_run
+from helpers.runs import ppl_rows as _ppl_rows
+from helpers.runs import write_run as _write_run
 
 NASTY = "a&b#c%d_e\\f$g"
 LATEX = r"a\&b\#c\%d\_e\textbackslash{}f\$g"

@@ -10,7 +10,6 @@ and read the diff before committing it.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import io
 import json
 import math
@@ -23,38 +22,15 @@ from rich.console import Console
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.summary import report_main
 from posexp.runs.curve import CurveWriter
+from helpers import no_figure as _no_figure
+from helpers.runs import longer_finetunes, pretrained_sweep
+from helpers.runs import ppl_rows as _ppl_rows
+from helpers.runs import write_run as _write_run
 
 GOLDEN = Path(__file__).parent / "golden" / "report"
 REGEN = os.environ.get("POSEXP_REGEN_GOLDEN") == "1"
 FORMATS = ("rich80", "rich160", "markdown", "csv", "json", "latex")
 TEXT_FILES = (".md", ".csv", ".tex", ".json")
-
-
-def _ppl_rows(ppls: dict[int, float | None], train_len: int, scaling: str | None = None,
-              protocol: str = "nonoverlap") -> list[dict]:
-    return [{"length": n, "multiple": n / train_len, "protocol": protocol, "scaling": scaling,
-             "scaling_factor": None if scaling is None else max(1.0, n / train_len),
-             "applicable": p is not None, "ppl": p, "loss": None if p is None else math.log(p), "loss_se": 0.01,
-             "ppl_low": None if p is None else p * 0.98, "ppl_high": None if p is None else p * 1.02,
-             "tokens": 65536, "windows": 65536 // n, "tokens_per_s": 40000.0, "peak_mem_mb": 210.0}
-            for n, p in ppls.items()]
-
-
-def _write_run(folder: Path, rows: list[dict], overrides: list[str], encoder: str, seed: int = 0,
-               train_len: int = 128, base: float | None = 10000.0, extra: dict | None = None,
-               config: dict | None = None) -> Path:
-    run = {"label": " ".join(overrides) or "default", "overrides": overrides, "encoder": encoder, "base": base,
-           "train_len": train_len, "seed": seed,
-           "config": {"encoder": {"name": encoder}, "base": base, "train_len": train_len, "seed": seed,
-                      **(config or {})},
-           "config_hash": hashlib.sha256(folder.as_posix().encode()).hexdigest()[:16], "corpus": "stdlib", "corpus_fingerprint": "fp-stdlib",
-           "eval_settings": {"tokens": 65536, "protocol": "nonoverlap"},
-           "versions": {"posexp": "0.1.0", "torch": "2.13.0", "python": "3.11.7"}, "git_commit": None,
-           "status": "completed", "params": 821504,
-           "train": {"steps": 1000, "tokens": 4096000, "final_loss": 1.23, "wall_s": 120.0}, **(extra or {})}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
-    return folder
 
 
 def lm_sweep(root: Path) -> Path:
@@ -109,24 +85,6 @@ def extension_runs(root: Path) -> Path:
     return top
 
 
-def longer_finetunes(root: Path) -> Path:
-    """A parent trained at 128 and its fine-tunes to 512, the parent evaluated again on another token budget since:
-    its rows at 256 and 512 scored other tokens than the fine-tunes'."""
-    top = root / "ext512"
-    lengths = (128, 256, 512, 1024)
-    parent_rows = _ppl_rows(dict(zip(lengths, (3.0, 4.5, 9.0, 20.0))), 128)
-    for row in parent_rows:
-        if row["length"] >= 256:
-            row.update(tokens=131072, eval_tokens=131072)
-    parent = _write_run(top / "parent", parent_rows, ["encoder=rope"], "rope")
-    for name, scaling, ppls in (("ft_direct", None, (3.2, 3.1, 3.0, 6.0)), ("ft_yarn", "yarn", (3.1, 3.0, 2.9, 3.4))):
-        rows = [{**r, "multiple": r["length"] / 512} for r in _ppl_rows(dict(zip(lengths, ppls)), 512)]
-        _write_run(top / name, rows, ["encoder=rope", f"finetune={name}"], "rope", train_len=512,
-                   extra={"parent": str(parent.resolve()), "parent_train_len": 128, "scaling": scaling,
-                          "finetune": {"steps": 150}})
-    return top
-
-
 def curve_sweep(root: Path) -> Path:
     sweep = root / "curve"
     for job, (encoder, ppl_at) in enumerate((("rope", {100: (6.0, 6.3), 200: (5.0, 6.0), 300: (4.5, 9.0)}),
@@ -167,34 +125,6 @@ def depth_sweep(root: Path) -> Path:
         folder = sweep / str(job)
         folder.mkdir(parents=True)
         (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
-    return sweep
-
-
-def pretrained_sweep(root: Path) -> Path:
-    """``posexp eval -m hf:tiny eval.scaling=none,yarn`` and the same with ``task=passkey``: a folder per scaling
-    and task, one model throughout."""
-    sweep = root / "hf"
-    record = {"name": "tiny", "revision": "abc123", "weights_sha256": None, "parameters": 1000}
-    ppls = {"none": (3.0, 4.4, 9.1), "yarn": (3.0, 3.3, 3.9)}
-    accs = {"none": (1.0, 0.5, 0.0), "yarn": (1.0, 0.9, 0.6)}
-    job = 0
-    for scaling in ("none", "yarn"):
-        overrides = ["hf.model=tiny", f"eval.scaling={scaling}"]
-        rows = _ppl_rows(dict(zip((128, 256, 512), ppls[scaling])), 128, None if scaling == "none" else "yarn")
-        _write_run(sweep / str(job), rows, overrides, "hf:tiny", extra={"pretrained": record},
-                   config={"hf": {"model": "tiny"}})
-        job += 1
-    for scaling in ("none", "yarn"):
-        overrides = ["hf.model=tiny", "task=passkey", f"eval.scaling={scaling}"]
-        rows = [{"metric": "accuracy", "task": "passkey", "length": n, "multiple": n / 128, "depth": d,
-                 "protocol": "teacher_forced", "scaling": None if scaling == "none" else "yarn",
-                 "scaling_factor": None, "applicable": True, "exact_match": a, "exact_match_low": 0.0,
-                 "exact_match_high": 1.0, "token_accuracy": a, "examples": 20, "examples_asked": 20, "eval_seed": 0}
-                for n, a in zip((128, 256, 512), accs[scaling]) for d in (0.0, 1.0)]
-        _write_run(sweep / str(job), rows, overrides, "hf:tiny",
-                   extra={"pretrained": record, "task": {"name": "passkey", "options": {}, "zero_shot": True}},
-                   config={"hf": {"model": "tiny"}, "task": {"name": "passkey"}})
-        job += 1
     return sweep
 
 
@@ -240,10 +170,6 @@ def _render(root: Path, case: str, fmt: str) -> dict[str, str]:
             if file.suffix in TEXT_FILES:
                 texts[file.name] = file.read_text()
     return texts
-
-
-def _no_figure(*args, **kwargs) -> None:
-    return None
 
 
 @pytest.fixture(scope="module")

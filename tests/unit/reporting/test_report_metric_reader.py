@@ -13,8 +13,7 @@ from posexp.reporting.selection import parse_metric
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.runs import read_run
 from posexp.reporting.task_report import build_task_report
-from unit.reporting.test_report import make_run
-from unit.reporting.test_report_tasks import make_task_run
+from helpers.runs import make_run, make_task_run
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from posexp.reporting import build_report, parse_metric
 from posexp.reporting.compare import higher_is_better
 from posexp.reporting.metrics.slope import loglog_slope
 from posexp.reporting.options import ReportOptions
-from unit.reporting.test_report import make_run
+from helpers.runs import make_run
 
 
 def _reference_slope(points):

@@ -7,7 +7,7 @@ import pytest
 
 from posexp.reporting import build_report
 from posexp.reporting.options import ReportOptions
-from unit.reporting.test_report import make_run
+from helpers.runs import make_run
 
 
 def _scaled(ppls: dict[int, float], scaling: str) -> list[dict]:

@@ -16,28 +16,8 @@ from posexp.reporting.task_report import build_task_report, parse_task_metric
 from posexp.reporting.runs import read_run
 from posexp.reporting.summary import report_main
 from posexp.reporting.options import ReportOptions
-from unit.reporting.test_report import make_run
 from helpers import REPO
-
-
-def make_task_run(folder: Path, accuracy: dict[int, float | None], task: str = "copy", encoder: str = "rope",
-                  seed: int = 0, train_len: int = 64, examples: int = 200) -> Path:
-    """A task run's folder as the trainer writes it; None = not applicable."""
-    rows = []
-    for length, acc in accuracy.items():
-        exact = None if acc is None else round(acc * examples)
-        low, high = (None, None) if acc is None else wilson_interval(exact, examples)
-        rows.append({"metric": "accuracy", "task": task, "length": length, "multiple": length / train_len,
-                     "depth": None, "protocol": "teacher_forced", "scaling": None, "scaling_factor": None,
-                     "applicable": acc is not None, "exact_match": None if acc is None else exact / examples,
-                     "exact_match_low": low, "exact_match_high": high, "examples": examples})
-    overrides = [f"task={task}", f"encoder={encoder}", f"seed={seed}"]
-    run = {"label": " ".join(overrides), "overrides": overrides, "encoder": encoder, "train_len": train_len,
-           "seed": seed, "status": "completed", "task": {"name": task, "options": {}},
-           "config": {"encoder": {"name": encoder}, "seed": seed, "train_len": train_len, "task": {"name": task}}}
-    folder.mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps({"run": run, "rows": rows}))
-    return folder
+from helpers.runs import make_run, make_task_run
 
 
 def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(tmp_path):
@@ -301,7 +281,7 @@ def test_chance_comes_from_each_tasks_answer_alphabet():
     import numpy as np
 
     from posexp.tasks import chance_exact_match
-    from unit.tasks.test_tasks import SHIPPED, make
+    from helpers.tasks import SHIPPED, make
 
     for name in SHIPPED:
         task = make(name)

@@ -228,7 +228,7 @@ def test_cols_scaling_pairs_one_models_folders_and_shows_its_task_beside_its_per
     """``posexp eval -m hf:M eval.scaling=none,yarn`` writes a folder per scaling: the same model on the same tokens
     is paired across them, and a zero-shot passkey run of it joins the same line; another token budget is not
     paired, and a note says so."""
-    from unit.reporting.test_report_golden import pretrained_sweep
+    from helpers.runs import pretrained_sweep
 
     from posexp.reporting.pivot import build_pivot
     from posexp.reporting.runs import read_run
@@ -255,7 +255,7 @@ def test_fine_tunes_say_their_target_and_are_differenced_only_where_measured_ali
     """A parent evaluated again on another token budget after its fine-tunes: no difference where the rows scored
     other tokens, each such line named; the fine-tunes' label names their target length; the perplexity report
     says its runs trained at other lengths and that each ratio is taken at the run's own."""
-    from unit.reporting.test_report_golden import longer_finetunes
+    from helpers.runs import longer_finetunes
 
     from posexp.reporting.extension import build_extension_table, extension_runs
     from posexp.reporting.lm_report import build_report

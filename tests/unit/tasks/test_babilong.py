@@ -7,41 +7,15 @@ instances are a function of the seed.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
 from posexp.errors import ConfigError
 from posexp.tasks.babilong import BAND, VARIANTS, Babilong
+from helpers.tasks import FACT, solve_babilong
 
 LINES = b"".join(b"line %d of the background text, as code or prose has.\n" % i for i in range(300))
 TEXT = np.frombuffer(LINES, dtype=np.uint8).astype(np.int64)
-FACT = re.compile(rb"(Mary|John|Sandra|Daniel) (went to|picked up|dropped) the (\w+)\.\n")
-
-
-def solve_babilong(text: bytes) -> list[int]:
-    """The answer bytes bAbI's rules give for the facts and question in ``text`` (the reference)."""
-    body, _, question = text.rpartition(b"\nQ: ")
-    where: dict[bytes, bytes] = {}
-    holder: dict[bytes, bytes] = {}
-    last_place: dict[bytes, bytes] = {}
-    for who, verb, what in FACT.findall(body):
-        if verb == b"went to":
-            where[who] = what
-        elif verb == b"picked up":
-            holder[what] = who
-        else:
-            last_place[what] = where[who]
-            del holder[what]
-    if m := re.match(rb"Where is the (\w+)\? A: ", question):
-        obj = m.group(1)
-        return list(where[holder[obj]] if obj in holder else last_place[obj])
-    if m := re.match(rb"Where is (\w+)\? A: ", question):
-        return list(where[m.group(1)])
-    m = re.match(rb"How many objects is (\w+) carrying\? A: ", question)
-    assert m, question
-    return list([b"none", b"one", b"two", b"three"][sum(h == m.group(1) for h in holder.values())])
 
 
 def _facts_in_background(row: np.ndarray) -> tuple[list[int], int]:

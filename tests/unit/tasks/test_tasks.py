@@ -9,37 +9,17 @@ import re
 import numpy as np
 import pytest
 
-from posexp.config.schema import config_dir
 from posexp.errors import ConfigError
 from posexp.evaluation.accuracy import eval_instances, wilson_interval
-from posexp.tasks import PAD, TASKS, Task
-from posexp.tasks.passkey import Passkey
+from posexp.tasks import PAD, TASKS
 from posexp.tasks.sampler import TaskSampler
-
-SHIPPED = sorted(p.stem for p in (config_dir() / "task").glob("*.yaml") if p.stem != "lm")
-FILLER = np.frombuffer(b"The grass is green. The sky is blue. 0123 456 789 " * 40, dtype=np.uint8).astype(np.int64)
-
-
-def make(name: str, **options) -> Task:
-    if name == "passkey":
-        return Passkey(FILLER[:1500], FILLER[500:], **options)
-    if name == "babilong":
-        return TASKS[name](FILLER[:1500], FILLER[500:], **options)
-    return TASKS[name](**options)
-
-
-def _strip(row: np.ndarray) -> np.ndarray:
-    """An instance without its padding."""
-    start = 0
-    while start < row.size and row[start] == PAD:
-        start += 1
-    return row[start:]
-
+from helpers.tasks import (SHIPPED, make, solve_babilong, solve_kv_retrieval, solve_niah, solve_top_words,
+                           solve_vartrack, unpadded)
 
 def solve(name: str, row: np.ndarray, answer: np.ndarray) -> tuple[list[int], list[int]]:
     """(the answer tokens a solver written from the task's description expects, the tokens marked as answer)."""
     marked = row[answer].tolist()
-    pad = row.size - _strip(row).size
+    pad = row.size - unpadded(row).size
     seq, ans = row[pad:].tolist(), answer[pad:]
     if name in ("copy", "reverse", "sort"):
         n = (len(seq) - 1) // 2
@@ -76,72 +56,12 @@ def solve(name: str, row: np.ndarray, answer: np.ndarray) -> tuple[list[int], li
         assert text[-15:-5] == b"pass key? "
         return list(needle.group(1)), marked
     if name == "babilong":
-        from unit.tasks.test_babilong import solve_babilong
-
         return solve_babilong(bytes(seq)), marked
     ruler = {"niah": solve_niah, "vartrack": solve_vartrack, "cwe": solve_top_words, "fwe": solve_top_words,
              "kv_retrieval": solve_kv_retrieval}
     if name in ruler:
         return ruler[name](seq), marked
     raise AssertionError(name)
-
-
-# RULER's tasks and key-value retrieval: markers 1 (NEEDLE / VAR / QUERY) and 2 (QUERY) never stand for a key,
-# value, variable or word, so a solver finds the statements and the question by them.
-
-
-def solve_niah(seq: list[int]) -> list[int]:
-    """Needles ``1 k v``, then one ``2 k`` asking for every value of ``k`` in the order they appear (1 for single
-    and multikey), or ``2 k v`` once per key (multiquery)."""
-    q = seq.index(2)
-    needles = [(seq[i + 1], seq[i + 2]) for i in range(q) if seq[i] == 1]
-    values = lambda key: [v for k, v in needles if k == key]  # noqa: E731
-    question = seq[q:]
-    if question.count(2) > 1:  # multiquery: every key asked once
-        asked = question[1::3]
-        assert sorted(asked) == sorted(k for k, _ in needles) and len(set(asked)) == len(asked)
-        return [values(k)[0] for k in asked]
-    key = question[1]
-    assert values(key), "the key asked is in no needle"
-    return values(key) if len(question) > 3 else values(key)[:1]
-
-
-def solve_vartrack(seq: list[int]) -> list[int]:
-    """Statements ``1 x rhs``; ``2 v`` asks for every variable that holds ``v``, in the order they are assigned."""
-    q = seq.index(2)
-    assigned = {seq[i + 1]: seq[i + 2] for i in range(q) if seq[i] == 1}
-    order = [seq[i + 1] for i in range(q) if seq[i] == 1]
-    assert len(order) == len(assigned)  # each variable assigned once
-
-    def holds(x: int) -> int:
-        while x in assigned:
-            x = assigned[x]
-        return x
-
-    value = seq[q + 1]
-    return [x for x in order if holds(x) == value]
-
-
-def solve_top_words(seq: list[int]) -> list[int]:
-    """Words, then ``1`` and the k most frequent words (as many as answer tokens) in the order they first appear."""
-    q = seq.index(1)
-    words, k = seq[:q], len(seq) - q - 1
-    counts: dict[int, int] = {}
-    for w in words:
-        counts[w] = counts.get(w, 0) + 1
-    ranked = sorted(counts.values(), reverse=True) + [0]
-    assert ranked[k - 1] > ranked[k], "the top k is not clear"
-    top = {w for w, c in counts.items() if c >= ranked[k - 1]}
-    return sorted(top, key=words.index)
-
-
-def solve_kv_retrieval(seq: list[int]) -> list[int]:
-    """Pairs ``k k v v``, then ``1 k k`` and the value of that key."""
-    q = seq.index(1)
-    assert q % 4 == 0
-    table = {tuple(seq[i:i + 2]): seq[i + 2:i + 4] for i in range(0, q, 4)}
-    assert len(table) == q // 4  # distinct keys
-    return table[tuple(seq[q + 1:q + 3])]
 
 
 def test_every_shipped_task_yaml_has_a_generator():
@@ -203,7 +123,7 @@ def test_passkey_puts_the_key_at_the_requested_depth():
         made = task.instances(120, 4, np.random.default_rng(0), split="val", depth=depth)
         size = task.size_for(120)
         for row in made.tokens:
-            body = bytes(_strip(row).tolist())
+            body = bytes(unpadded(row).tolist())
             assert body.find(b"pass key ") == round(depth * size)
 
 
