@@ -10,7 +10,7 @@ from rich.console import Console
 
 from posexp.reporting import report_main
 from posexp.reporting.tables import Column, Section, Table, TableCell, rich_tables
-from unit.reporting.test_report import make_run
+from helpers.runs import make_run
 
 LABELS = ["encoder=irope", "encoder=stickbreaking seed=1"]
 FLAGS = "status: diverged; kept apart: not comparable"
