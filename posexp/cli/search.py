@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from posexp.cli.console import fail
+from posexp.cli.options import option
 from posexp.commands.search import SearchOptions, search_main
 from posexp.errors import TrainingInterrupted
 
@@ -18,21 +19,17 @@ def search_cmd(
     overrides: Optional[List[str]] = typer.Argument(None, help="For hf: models, settings as posexp eval hf: takes "
                                                     "them, e.g. data=text data.path=DIR hf.bos=false.",
                                                     show_default=False),
-    target_len: int = typer.Option(..., "--target-len", help="The context length the factors are for (tokens).",
-                                   show_default=False),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The search's folder (state.json, factors.json); "
-                                       "default RUN/longrope/N, or outputs/longrope/NAME/N.", show_default=False),
-    objective: str = typer.Option("ppl", "--objective", help="ppl (LongRoPE: held-out perplexity) or needle "
-                                  "(LongRoPE2: perplexity of passkey answers planted in long documents)."),
-    tokens: int = typer.Option(8192, "--tokens", help="ppl: held-out targets scored per candidate."),
-    needles: int = typer.Option(8, "--needles", help="needle: documents with a planted passkey per candidate."),
-    population: int = typer.Option(12, "--population", help="Candidates per generation."),
-    generations: int = typer.Option(5, "--generations", help="Generations after the first."),
-    parents: int = typer.Option(4, "--parents", help="The best that breed the next generation."),
-    seed: int = typer.Option(0, "--seed", help="The search's random numbers."),
-    start: Optional[int] = typer.Option(None, "--start", help="Fix LongRoPE's n^ (first positions left unscaled); "
-                                        "default: searched over 0, 1, 2, 4, ..., 256.", show_default=False),
-    restart: bool = typer.Option(False, "--restart", help="Start over, dropping the state a stopped search left."),
+    target_len: int = option("search", "target_len"),
+    out: Optional[Path] = option("search", "out"),
+    objective: str = option("search", "objective"),
+    tokens: int = option("search", "tokens"),
+    needles: int = option("search", "needles"),
+    population: int = option("search", "population"),
+    generations: int = option("search", "generations"),
+    parents: int = option("search", "parents"),
+    seed: int = option("search", "seed"),
+    start: Optional[int] = option("search", "start"),
+    restart: bool = option("search", "restart"),
 ) -> None:
     """Search LongRoPE's per-frequency rescale factors and n^ for a run or a transformers model (Ding et al. 2024;
     --objective needle: LongRoPE2, Shang et al. 2025). Resumable: stopped, the same command continues. Writes
