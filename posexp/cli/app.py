@@ -88,9 +88,9 @@ HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "
 
 @app.callback()
 def _root(
-    install_completion: bool = option(ROOT, "install_completion", is_eager=True, expose_value=False,
+    install_completion: bool = option(ROOT, "--install-completion", is_eager=True, expose_value=False,
                                       callback=shell.install_completion_option),
-    show_completion: bool = option(ROOT, "show_completion", is_eager=True, expose_value=False,
+    show_completion: bool = option(ROOT, "--show-completion", is_eager=True, expose_value=False,
                                    callback=shell.show_completion_option),
 ) -> None:
     pass
@@ -233,7 +233,7 @@ def resume(
     run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run, or a "
                                    "stopped sweep's folder (its interrupted jobs resumed, those never started run).",
                                    show_default=False, metavar="RUN_DIR"),
-    allow_changed_encoder: bool = option("resume", "allow_changed_encoder"),
+    allow_changed_encoder: bool = option("resume", "--allow-changed-encoder"),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
     from posexp.runtime.device import world
@@ -256,18 +256,18 @@ def resume(
 @app.command()
 def report(
     folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
-    out: Optional[Path] = option("report", "out"),
-    by: Optional[List[str]] = option("report", "by"),
-    metric: Optional[List[str]] = option("report", "metric"),
-    tolerance: float = option("report", "tolerance"),
-    sort: Optional[str] = option("report", "sort"),
-    where: Optional[List[str]] = option("report", "where"),
-    fmt: str = option("report", "fmt"),
-    strict: bool = option("report", "strict"),
-    baseline: Optional[List[str]] = option("report", "baseline"),
-    view: Optional[List[str]] = option("report", "view"),
-    margin: Optional[str] = option("report", "margin"),
-    cols: Optional[List[str]] = option("report", "cols"),
+    out: Optional[Path] = option("report", "--out"),
+    by: Optional[List[str]] = option("report", "--by"),
+    metric: Optional[List[str]] = option("report", "--metric"),
+    tolerance: float = option("report", "--tolerance"),
+    sort: Optional[str] = option("report", "--sort"),
+    where: Optional[List[str]] = option("report", "--where"),
+    fmt: str = option("report", "--format"),
+    strict: bool = option("report", "--strict"),
+    baseline: Optional[List[str]] = option("report", "--baseline"),
+    view: Optional[List[str]] = option("report", "--view"),
+    margin: Optional[str] = option("report", "--margin"),
+    cols: Optional[List[str]] = option("report", "--cols"),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
@@ -287,8 +287,8 @@ def eval_cmd(
                   "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn; or hf:MODEL "
                   "(a transformers model folder or Hub name) with Hydra overrides (hf:MODEL --cfg job lists them).",
         show_default=False, metavar="RUN_DIR|hf:MODEL|eval.KEY=VALUE"),
-    strict: bool = option("eval", "strict"),
-    allow_changed_encoder: bool = option("eval", "allow_changed_encoder"),
+    strict: bool = option("eval", "--strict"),
+    allow_changed_encoder: bool = option("eval", "--allow-changed-encoder"),
 ) -> None:
     """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
 
@@ -336,8 +336,8 @@ def check_cmd(
     options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500; "
                                                   "train_len=N: the length check reaches 16N (default 128).",
                                                   show_default=False),
-    fmt: str = option("check", "fmt"),
-    config_dir: Optional[Path] = option("check", "config_dir"),
+    fmt: str = option("check", "--format"),
+    config_dir: Optional[Path] = option("check", "--config-dir"),
 ) -> None:
     """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
     scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails (or the encoder
@@ -350,7 +350,7 @@ def check_cmd(
 
 @app.command("list")
 def list_cmd(
-    config_dir: Optional[Path] = option("list", "config_dir"),
+    config_dir: Optional[Path] = option("list", "--config-dir"),
 ) -> None:
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
@@ -367,7 +367,7 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
 def export(
     run_dir: Path = typer.Argument(..., help="A finished run folder (posexp train's).", show_default=False),
     out_dir: Path = typer.Argument(..., help="The model folder to write; new or empty.", show_default=False),
-    overwrite: bool = option("export", "overwrite"),
+    overwrite: bool = option("export", "--overwrite"),
 ) -> None:
     """Write a trained run as a transformers model folder (learned, rope and alibi runs).
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from posexp.cli.hydra_flags import APPS
-from posexp.cli.options import COMMANDS, DIR, HELP, KEYS, METRICS, OVERRIDES, ROOT, Option, options
+from posexp.cli.options import COMMANDS, DIR, HELP, KEYS, METRICS, OVERRIDES, ROOT, find, options
 from posexp.config.schema import config_dir
 
 WORDS, DIRS, FILES = "words", "dirs", "files"
@@ -263,13 +263,9 @@ VALUES: Dict[str, Completer] = {DIR: lambda words, typed: FOLDERS, KEYS: _report
                                 OVERRIDES: lambda words, typed: overrides("config", words, typed)}
 
 
-def _option(command: str, name: str) -> Optional[Option]:
-    return next((o for o in options(command).values() if name in o.names), None)
-
-
 def _value_of(command: str, name: str) -> Optional[Completer]:
     """What completes option ``name``'s value; None for a flag without values (or an option ``command`` lacks)."""
-    found = _option(command, name)
+    found = find(command, name)
     if found is None or (found.flag and not found.values):
         return None
     values = found.values
@@ -277,12 +273,12 @@ def _value_of(command: str, name: str) -> Optional[Completer]:
 
 
 def _names(command: str) -> List[str]:
-    return [name for o in options(command).values() for name in o.names] + list(HELP)
+    return [name for o in options(command) for name in o.names] + list(HELP)
 
 
 def _positionals(command: str, words: Sequence[str]) -> List[str]:
     """The arguments among ``words`` that are neither options nor an option's value."""
-    takes_value = [(o := _option(command, w)) is not None and not o.flag for w in words]
+    takes_value = [(o := find(command, w)) is not None and not o.flag for w in words]
     return [w for i, w in enumerate(words) if not w.startswith("-") and not (i and takes_value[i - 1])]
 
 

@@ -19,17 +19,17 @@ def search_cmd(
     overrides: Optional[List[str]] = typer.Argument(None, help="For hf: models, settings as posexp eval hf: takes "
                                                     "them, e.g. data=text data.path=DIR hf.bos=false.",
                                                     show_default=False),
-    target_len: int = option("search", "target_len"),
-    out: Optional[Path] = option("search", "out"),
-    objective: str = option("search", "objective"),
-    tokens: int = option("search", "tokens"),
-    needles: int = option("search", "needles"),
-    population: int = option("search", "population"),
-    generations: int = option("search", "generations"),
-    parents: int = option("search", "parents"),
-    seed: int = option("search", "seed"),
-    start: Optional[int] = option("search", "start"),
-    restart: bool = option("search", "restart"),
+    target_len: int = option("search", "--target-len"),
+    out: Optional[Path] = option("search", "--out"),
+    objective: str = option("search", "--objective"),
+    tokens: int = option("search", "--tokens"),
+    needles: int = option("search", "--needles"),
+    population: int = option("search", "--population"),
+    generations: int = option("search", "--generations"),
+    parents: int = option("search", "--parents"),
+    seed: int = option("search", "--seed"),
+    start: Optional[int] = option("search", "--start"),
+    restart: bool = option("search", "--restart"),
 ) -> None:
     """Search LongRoPE's per-frequency rescale factors and n^ for a run or a transformers model (Ding et al. 2024;
     --objective needle: LongRoPE2, Shang et al. 2025). Resumable: stopped, the same command continues. Writes

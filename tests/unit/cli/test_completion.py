@@ -125,15 +125,15 @@ def test_the_subcommands_and_options_are_the_apps():
         if name in ("train", "analyze", "finetune"):  # Hydra's flags, which Typer passes on
             continue
         apps = {o: not p.is_flag for p in command.params if p.param_type_name == "option" for o in p.opts}
-        ours = {n: not o.flag for o in options.options(name).values() for n in o.names}
+        ours = {n: not o.flag for o in options.options(name) for n in o.names}
         assert ours == apps, name
 
 
 def test_an_option_declared_once_is_completed(monkeypatch):
     """A new option of a command's declaration is offered, and its value completed, with nothing else to edit."""
     declared = options.COMMANDS["report"]
-    monkeypatch.setitem(options.COMMANDS, "report", lambda: {**declared(), "palette": options.Option(
-        ("--palette",), "Colours.", "dark", ("dark", "light"))})
+    monkeypatch.setitem(options.COMMANDS, "report", lambda: (*declared(), options.Option(
+        ("--palette",), "Colours.", "dark", ("dark", "light"))))
     options.options.cache_clear()
     try:
         assert _tab("posexp report --pal")[1] == ["--palette"]
@@ -161,9 +161,8 @@ def test_the_hydra_flags_read_and_offered_are_hydras():
     assert hydras == hydra_flags.option_strings()
     choices = {flags.split(",")[0]: tuple(re.search(r"\[(.*)\]", what).group(1).split("|"))  # type: ignore[union-attr]
                for flags, what in listed.items() if re.search(r"\[(.*)\]", what)}
-    offered = options.options("train")
-    assert choices == {"--cfg": offered["--cfg"].values, "--info": offered["--info"].values}
-    assert {n for o in offered.values() for n in o.names} - {OVERWRITE_FLAG} <= hydras
+    assert choices == {flag: options.find("train", flag).values for flag in ("--cfg", "--info")}  # type: ignore[union-attr]
+    assert {n for o in options.options("train") for n in o.names} - {OVERWRITE_FLAG} <= hydras
     assert (options.OVERWRITE, options.ALLOW_CHANGED) == (OVERWRITE_FLAG, ALLOW_FLAG)
 
 
@@ -180,13 +179,14 @@ def test_the_copied_value_lists_equal_their_owners():
     choices = completion.field_choices  # what completion offers for a key: the values its schema comment lists
     assert choices(EvalConfig)["scaling"] == SCALINGS and choices(FinetuneAppConfig)["scaling"] == FINETUNE_SCALINGS
     assert choices(TrainConfig)["positions"] == POSITION_SCHEMES and choices(TrainConfig)["curriculum"] == CURRICULA
-    report = options.options("report")
-    assert (report["fmt"].values, options.options("check")["fmt"].values) == (FORMATS, CHECK_FORMATS)
-    assert options.options("search")["objective"].values == OBJECTIVES
+    values = {(c, o): options.find(c, o).values for c, o in  # type: ignore[union-attr]
+              [("report", "--format"), ("check", "--format"), ("search", "--objective"), ("report", "--view")]}
+    assert (values["report", "--format"], values["check", "--format"]) == (FORMATS, CHECK_FORMATS)
+    assert values["search", "--objective"] == OBJECTIVES
     assert choices(Config)["compile"] == tuple(str(v).lower() for v in COMPILE_SETTINGS)
     from posexp.reporting.views import PROTOCOLS, VIEW_KEYS
 
-    views = report["view"].values
+    views = values["report", "--view"]
     assert {v.split("=")[0] for v in views} == set(VIEW_KEYS)
     assert [v.split("=")[1] for v in views if v.startswith("protocol=")] == list(PROTOCOLS)
 
