@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from posexp.analysis.schema import register_analyze_schema
-from posexp.cli import hydra_flags, search, shell
+from posexp.cli import hydra_flags, shell
 from posexp.cli.hydra_flags import APPS
 from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_command_line, expand_home, explain,
                                   full_error_requested, print_key_table, quote_non_ascii)
@@ -31,7 +31,7 @@ from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
-from posexp.errors import PosexpError, Terminated
+from posexp.errors import PosexpError, Terminated, TrainingInterrupted
 from posexp.reporting import ReportOptions, report_main
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
@@ -385,7 +385,37 @@ def export(
                     f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
 
 
-app.command("search")(search.search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
+@app.command("search")
+def search_cmd(
+    target: str = typer.Argument(..., help="A rope run folder, or hf:PATH_OR_NAME (a transformers model with RoPE).",
+                                 show_default=False),
+    overrides: Optional[List[str]] = typer.Argument(None, help="For hf: models, settings as posexp eval hf: takes "
+                                                    "them, e.g. data=text data.path=DIR hf.bos=false.",
+                                                    show_default=False),
+    target_len: int = option("search", "--target-len"),
+    out: Optional[Path] = option("search", "--out"),
+    objective: str = option("search", "--objective"),
+    tokens: int = option("search", "--tokens"),
+    needles: int = option("search", "--needles"),
+    population: int = option("search", "--population"),
+    generations: int = option("search", "--generations"),
+    parents: int = option("search", "--parents"),
+    seed: int = option("search", "--seed"),
+    start: Optional[int] = option("search", "--start"),
+    restart: bool = option("search", "--restart"),
+) -> None:
+    """Search LongRoPE's per-frequency rescale factors and n^ for a run or a transformers model (Ding et al. 2024;
+    --objective needle: LongRoPE2, Shang et al. 2025). Resumable: stopped, the same command continues. Writes
+    factors.json, which eval.longrope_file= and finetune's longrope_file= read."""
+    from posexp.commands.search import SearchOptions, search_main
+    from posexp.evaluation.longrope_search import SearchSettings
+
+    settings = SearchSettings(population=population, generations=generations, parents=parents, seed=seed, start=start)
+    try:
+        search_main(target, target_len, SearchOptions(out, objective, tokens, needles, settings, restart,
+                                                      tuple(overrides or ())))
+    except KeyboardInterrupt:
+        fail(TrainingInterrupted("stopped; the scores so far are kept: run the same command to continue", 130))
 
 
 def _usable_streams() -> None:
