@@ -19,22 +19,20 @@ import typer
 from rich.markup import escape
 
 from posexp.analysis.schema import register_analyze_schema
-from posexp.cli import hydra_flags, search, shell
+from posexp.cli import hydra_flags, shell
 from posexp.cli.hydra_flags import APPS
 from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_command_line, expand_home, explain,
                                   full_error_requested, print_key_table, quote_non_ascii)
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming
 from posexp.cli.jobs import analyze_task, run_task
+from posexp.cli.options import ROOT, option
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
 from posexp.config.schema import config_dir
-from posexp.errors import PosexpError, Terminated
+from posexp.errors import PosexpError, Terminated, TrainingInterrupted
 from posexp.reporting import ReportOptions, report_main
-from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
-from posexp.reporting.selection import DEFAULT_METRICS, DEFAULT_TOLERANCE
-from posexp.reporting.task_report import DEFAULT_TASK_METRICS, RULER_METRIC
 from posexp.runs.layout import is_run_dir, is_sweep_dir
 from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
@@ -90,13 +88,10 @@ HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "
 
 @app.callback()
 def _root(
-    install_completion: bool = typer.Option(
-        False, "--install-completion", is_eager=True, expose_value=False, callback=shell.install_completion_option,
-        help="Install tab completion for the shell you run (bash or zsh): subcommands, encoder=NAME, train.KEY=, "
-             "run folders."),
-    show_completion: bool = typer.Option(
-        False, "--show-completion", is_eager=True, expose_value=False, callback=shell.show_completion_option,
-        help="Print the completion script (bash and zsh), to load it yourself."),
+    install_completion: bool = option(ROOT, "--install-completion", is_eager=True, expose_value=False,
+                                      callback=shell.install_completion_option),
+    show_completion: bool = option(ROOT, "--show-completion", is_eager=True, expose_value=False,
+                                   callback=shell.show_completion_option),
 ) -> None:
     pass
 
@@ -238,8 +233,7 @@ def resume(
     run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run, or a "
                                    "stopped sweep's folder (its interrupted jobs resumed, those never started run).",
                                    show_default=False, metavar="RUN_DIR"),
-    allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Resume a run of a plugin "
-                                               "encoder whose source file changed since training started."),
+    allow_changed_encoder: bool = option("resume", "--allow-changed-encoder"),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
     from posexp.runtime.device import world
@@ -262,42 +256,18 @@ def resume(
 @app.command()
 def report(
     folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Where to write report.md (with figures), summary.md and summary.csv; "
-                                  "default: reports/NAME/ in the folder given (here, for several)."),
-    by: Optional[List[str]] = typer.Option(
-        None, "--by", help="Group by config keys, comma-separated: encoder,base,train_len,model.n_layers,... "
-                           "Runs with the same values (e.g. seeds) are averaged with a 95% t-interval."),
-    metric: Optional[List[str]] = typer.Option(
-        None, "--metric", help=f"Summary columns, comma-separated: {metric_help(PERPLEXITY)}. Default: "
-                               f"{','.join(DEFAULT_METRICS)}. Task runs: {metric_help(ACCURACY)}. Default: "
-                               f"{','.join(DEFAULT_TASK_METRICS)} (and {RULER_METRIC} for RULER's tasks)."),
-    tolerance: float = typer.Option(DEFAULT_TOLERANCE, "--tolerance", help="Tolerance of a plain maxlen: 0.1 = ppl within +10% "
-                                                             "of the training-length value."),
-    sort: Optional[str] = typer.Option(None, "--sort", help="Sort by a metric, --by key or n; --sort=-auc for "
-                                                            "descending."),
-    where: Optional[List[str]] = typer.Option(
-        None, "--where", help="Keep runs with KEY=VALUE (or KEY!=VALUE; VALUE may be a,b for any of); repeatable."),
-    fmt: str = typer.Option("rich", "--format", "-f", help="Table format: rich, markdown, csv, json, latex. "
-                                                           "All but rich print only the table, for redirecting."),
-    strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2 at the first run whose "
-                                                        "results.json cannot be read, instead of leaving it out."),
-    baseline: Optional[List[str]] = typer.Option(
-        None, "--baseline", help="With --by: the reference group the others are compared with, KEY=VALUE "
-                                 "(e.g. encoder=rope or encoder=rope,base=100); default: the first group."),
-    view: Optional[List[str]] = typer.Option(
-        None, "--view", help="Which rows to show, KEY=VALUE of protocol, scaling, window, sinks: window=128 (the "
-                             "window baseline of posexp eval RUN eval.window=128), protocol=last_k, scaling=yarn; "
-                             "default: the plain rows. Written to reports/view-.../ of the folder given."),
-    margin: Optional[str] = typer.Option(
-        None, "--margin", help="With --by: the largest difference that does not matter, 2% (of the reference "
-                               "group's mean) or 0.05 (in each metric's unit); a group whose 90% interval lies "
-                               "within it is 'equivalent within 2%' (two one-sided tests). Without it no "
-                               "equivalence is claimed."),
-    cols: Optional[List[str]] = typer.Option(
-        None, "--cols", help="Pivot: the values of a row or run key as columns, the first the baseline, each other "
-                             "with its paired difference beside it: window (plain vs window, with a verdict), "
-                             "scaling (none vs yarn), protocol, seed, encoder, base, any config key. Lines: --by."),
+    out: Optional[Path] = option("report", "--out"),
+    by: Optional[List[str]] = option("report", "--by"),
+    metric: Optional[List[str]] = option("report", "--metric"),
+    tolerance: float = option("report", "--tolerance"),
+    sort: Optional[str] = option("report", "--sort"),
+    where: Optional[List[str]] = option("report", "--where"),
+    fmt: str = option("report", "--format"),
+    strict: bool = option("report", "--strict"),
+    baseline: Optional[List[str]] = option("report", "--baseline"),
+    view: Optional[List[str]] = option("report", "--view"),
+    margin: Optional[str] = option("report", "--margin"),
+    cols: Optional[List[str]] = option("report", "--cols"),
 ) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
@@ -317,10 +287,8 @@ def eval_cmd(
                   "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn; or hf:MODEL "
                   "(a transformers model folder or Hub name) with Hydra overrides (hf:MODEL --cfg job lists them).",
         show_default=False, metavar="RUN_DIR|hf:MODEL|eval.KEY=VALUE"),
-    strict: bool = typer.Option(False, "--strict", help="Stop with exit status 2, before evaluating anything, at "
-                                                        "the first run whose results.json cannot be read."),
-    allow_changed_encoder: bool = typer.Option(False, "--allow-changed-encoder", help="Evaluate runs of a plugin "
-                                               "encoder whose source file changed since they were trained."),
+    strict: bool = option("eval", "--strict"),
+    allow_changed_encoder: bool = option("eval", "--allow-changed-encoder"),
 ) -> None:
     """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
 
@@ -368,9 +336,8 @@ def check_cmd(
     options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500; "
                                                   "train_len=N: the length check reaches 16N (default 128).",
                                                   show_default=False),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json or markdown (for CI)."),
-    config_dir: Optional[Path] = typer.Option(None, "--config-dir", "-cd", show_default=False,
-                                              help="Your config folder, whose encoder/*.yaml name their modules."),
+    fmt: str = option("check", "--format"),
+    config_dir: Optional[Path] = option("check", "--config-dir"),
 ) -> None:
     """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
     scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails (or the encoder
@@ -383,9 +350,7 @@ def check_cmd(
 
 @app.command("list")
 def list_cmd(
-    config_dir: Optional[Path] = typer.Option(
-        None, "--config-dir", "-cd", help="A config folder of yours (as posexp train --config-dir): its encoders "
-                                          "are listed too.", show_default=False),
+    config_dir: Optional[Path] = option("list", "--config-dir"),
 ) -> None:
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
@@ -402,8 +367,7 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
 def export(
     run_dir: Path = typer.Argument(..., help="A finished run folder (posexp train's).", show_default=False),
     out_dir: Path = typer.Argument(..., help="The model folder to write; new or empty.", show_default=False),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR if it already holds a model folder "
-                                                              "(an earlier export)."),
+    overwrite: bool = option("export", "--overwrite"),
 ) -> None:
     """Write a trained run as a transformers model folder (learned, rope and alibi runs).
 
@@ -421,7 +385,37 @@ def export(
                     f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
 
 
-app.command("search")(search.search_cmd)  # LongRoPE's factor search (posexp/commands/search.py)
+@app.command("search")
+def search_cmd(
+    target: str = typer.Argument(..., help="A rope run folder, or hf:PATH_OR_NAME (a transformers model with RoPE).",
+                                 show_default=False),
+    overrides: Optional[List[str]] = typer.Argument(None, help="For hf: models, settings as posexp eval hf: takes "
+                                                    "them, e.g. data=text data.path=DIR hf.bos=false.",
+                                                    show_default=False),
+    target_len: int = option("search", "--target-len"),
+    out: Optional[Path] = option("search", "--out"),
+    objective: str = option("search", "--objective"),
+    tokens: int = option("search", "--tokens"),
+    needles: int = option("search", "--needles"),
+    population: int = option("search", "--population"),
+    generations: int = option("search", "--generations"),
+    parents: int = option("search", "--parents"),
+    seed: int = option("search", "--seed"),
+    start: Optional[int] = option("search", "--start"),
+    restart: bool = option("search", "--restart"),
+) -> None:
+    """Search LongRoPE's per-frequency rescale factors and n^ for a run or a transformers model (Ding et al. 2024;
+    --objective needle: LongRoPE2, Shang et al. 2025). Resumable: stopped, the same command continues. Writes
+    factors.json, which eval.longrope_file= and finetune's longrope_file= read."""
+    from posexp.commands.search import SearchOptions, search_main
+    from posexp.evaluation.longrope_search import SearchSettings
+
+    settings = SearchSettings(population=population, generations=generations, parents=parents, seed=seed, start=start)
+    try:
+        search_main(target, target_len, SearchOptions(out, objective, tokens, needles, settings, restart,
+                                                      tuple(overrides or ())))
+    except KeyboardInterrupt:
+        fail(TrainingInterrupted("stopped; the scores so far are kept: run the same command to continue", 130))
 
 
 def _usable_streams() -> None:

@@ -6,8 +6,7 @@ where a command takes them (the shell lists those: :mod:`posexp.cli.shell`).
 
 A TAB must answer at once, so this imports neither torch, Hydra nor the app: a group's options are the yaml files of
 ``configs/GROUP/`` (and of the user's ``--config-dir``), keys come from the schema's dataclasses, an encoder's options
-from its yaml. The subcommands' options and the few value lists owned by torch-importing modules are kept here, each
-held equal to its owner by ``tests/process/test_completion.py``.
+from its yaml. The subcommands and their options are :mod:`posexp.cli.options`, which the app builds its own from.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from posexp.cli.hydra_flags import APPS, CFG_PARTS, INFO_PARTS
+from posexp.cli.hydra_flags import APPS
+from posexp.cli.options import COMMANDS, DIR, HELP, KEYS, METRICS, OVERRIDES, ROOT, find, options
 from posexp.config.schema import config_dir
 
 WORDS, DIRS, FILES = "words", "dirs", "files"
@@ -244,35 +244,7 @@ def overrides(app: str, words: Sequence[str], typed: str) -> Reply:
     return Reply(reply.kind, tuple(f"{sign}{key}={v}" for v in reply.items))
 
 
-# -- the subcommands: their options, and what completes each option's value ------------------------------
-
-OVERWRITE = "--overwrite"  # posexp.runs.lock.OVERWRITE_FLAG
-ALLOW_CHANGED = "--allow-changed-encoder"  # posexp.commands.encoder_source.ALLOW_FLAG
-HELP = ("--help", "-h")
-# Hydra's flags worth offering (posexp refuses --config-path); -sc install=bash prints posexp's script (cli.shell)
-HYDRA_OPTIONS = ("-m", "--multirun", "--cfg", "-c", "--package", "-p", "--resolve", "--info", "-i", "--config-dir",
-                 "-cd", "--shell-completion", "-sc", "--hydra-help", OVERWRITE, *HELP)
-ROOT_OPTIONS = ("--install-completion", "--show-completion", *HELP)
-COMMANDS: Dict[str, Tuple[str, ...]] = {
-    "train": HYDRA_OPTIONS, "analyze": HYDRA_OPTIONS, "finetune": (*HYDRA_OPTIONS, ALLOW_CHANGED),
-    "eval": ("--strict", ALLOW_CHANGED, *HELP), "resume": (ALLOW_CHANGED, *HELP),
-    "report": ("--out", "-o", "--by", "--metric", "--tolerance", "--sort", "--where", "--format", "-f", "--strict",
-               "--baseline", "--view", "--margin", "--cols", *HELP),
-    "check": ("--format", "-f", "--config-dir", "-cd", *HELP), "list": ("--config-dir", "-cd", *HELP),
-    "export": (OVERWRITE, *HELP),
-    "search": ("--target-len", "--out", "-o", "--objective", "--tokens", "--needles", "--population", "--generations",
-               "--parents", "--seed", "--start", "--restart", *HELP),
-}
-# Options that take no value; -sc too: what follows it (install=bash) is one of Hydra's arguments
-FLAGS = {"-m", "--multirun", "--resolve", "--hydra-help", "--shell-completion", "-sc", "--strict", "--restart",
-         OVERWRITE, ALLOW_CHANGED, *HELP}
-# Copied, as a TAB imports neither rich nor torch; the tests compare each with its owner.
-FORMATS = {"report": ("rich", "markdown", "csv", "json", "latex"),  # posexp.reporting.render.FORMATS
-           "check": ("table", "json", "markdown")}  # posexp.commands.check.FORMATS
-REPORT_VIEWS = ("protocol=nonoverlap", "protocol=sliding", "protocol=last_k", "window=", "sinks=", "scaling=")
-OBJECTIVES = ("ppl", "needle")  # posexp.evaluation.longrope_search.OBJECTIVES
-SHELL_COMPLETION = ("install=bash", "install=zsh", "uninstall=bash", "uninstall=zsh")
-
+# -- the subcommands: their options (posexp.cli.options), and what completes each option's value -------------
 
 def _report_keys(words: Sequence[str], typed: str) -> Reply:
     """``--by encoder,base``: config keys, comma-separated."""
@@ -287,28 +259,26 @@ def _metrics(words: Sequence[str], typed: str) -> Reply:
     return _offer(metric_examples(), typed, items=True)
 
 
-VALUES: Dict[str, Completer] = {
-    **dict.fromkeys(("--out", "-o", "--config-dir", "-cd"), lambda words, typed: FOLDERS),
-    **dict.fromkeys(("--by", "--cols"), _report_keys), "--metric": _metrics,
-    **dict.fromkeys(("--where", "--baseline"), lambda words, typed: overrides("config", words, typed)),
-    "--view": _choices(REPORT_VIEWS), "--objective": _choices(OBJECTIVES),
-    **dict.fromkeys(("--cfg", "-c"), _choices(CFG_PARTS)), **dict.fromkeys(("--info", "-i"), _choices(INFO_PARTS)),
-    **dict.fromkeys(("-sc", "--shell-completion"), _choices(SHELL_COMPLETION)),
-}
+VALUES: Dict[str, Completer] = {DIR: lambda words, typed: FOLDERS, KEYS: _report_keys, METRICS: _metrics,
+                                OVERRIDES: lambda words, typed: overrides("config", words, typed)}
 
 
-def _value_of(command: str, option: str) -> Optional[Completer]:
-    """What completes ``option``'s value; None for a flag (or an option ``command`` does not have)."""
-    if option not in COMMANDS[command]:
+def _value_of(command: str, name: str) -> Optional[Completer]:
+    """What completes option ``name``'s value; None for a flag without values (or an option ``command`` lacks)."""
+    found = find(command, name)
+    if found is None or (found.flag and not found.values):
         return None
-    if option in ("--format", "-f"):
-        return _choices(FORMATS[command])
-    return VALUES.get(option) or (None if option in FLAGS else _choices(()))
+    values = found.values
+    return VALUES[values] if isinstance(values, str) else _choices(values)
+
+
+def _names(command: str) -> List[str]:
+    return [name for o in options(command) for name in o.names] + list(HELP)
 
 
 def _positionals(command: str, words: Sequence[str]) -> List[str]:
     """The arguments among ``words`` that are neither options nor an option's value."""
-    takes_value = [w in COMMANDS[command] and w not in FLAGS for w in words]
+    takes_value = [(o := find(command, w)) is not None and not o.flag for w in words]
     return [w for i, w in enumerate(words) if not w.startswith("-") and not (i and takes_value[i - 1])]
 
 
@@ -335,7 +305,7 @@ def complete(words: Sequence[str], typed: str) -> Reply:
     """What a TAB offers for the word ``typed``, after ``words`` (what follows ``posexp``, complete words)."""
     command = next((w for w in words if not w.startswith("-")), None)
     if command is None:
-        return _offer(ROOT_OPTIONS if typed.startswith("-") else COMMANDS, typed)
+        return _offer(_names(ROOT) if typed.startswith("-") else COMMANDS, typed)
     if command not in COMMANDS:
         return NOTHING
     words = list(words[list(words).index(command) + 1:])
@@ -348,5 +318,5 @@ def complete(words: Sequence[str], typed: str) -> Reply:
         reply = completer(words, value) if completer else NOTHING
         return Reply(reply.kind, tuple(f"{option}={v}" for v in reply.items))
     if typed.startswith("-"):
-        return _offer(COMMANDS[command], typed)
+        return _offer(_names(command), typed)
     return _arguments(command, words, typed)

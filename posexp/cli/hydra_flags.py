@@ -4,7 +4,7 @@ Hydra 1.3 reads an app's arguments from ``sys.argv`` in ``@hydra.main`` and has 
 its parser (``get_args_parser``) and runner (``_run_hydra``), which ``@hydra.main`` calls, are the two names of
 its private API posexp uses, here only. :data:`APPS` is the one table of posexp's Hydra apps, read by the command,
 its jobs, the folder's claim, ``--help`` and tab completion. Standard library and the schema at import: tab
-completion reads :data:`CFG_PARTS` and :data:`APPS`; what the apps run is imported when they run (torch).
+completion reads :data:`APPS`; what the apps run is imported when they run (torch).
 
 The user's own config folders are read from the command line here too (:func:`user_config_dirs`): ``posexp train
 --config-dir conf encoder=logrope`` and ``hydra.searchpath=[file://conf]`` both reach ``conf/encoder/logrope.yaml``,
@@ -26,8 +26,6 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig
 from posexp.errors import PosexpError
 
-CFG_PARTS = ("job", "hydra", "all")
-INFO_PARTS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 SEARCHPATH = "hydra.searchpath"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from posexp.cli import completion, shell
+from posexp.cli import completion, options, shell
 from posexp.cli.arguments import OPTIONAL_GROUPS
 from posexp.cli.completion import DIRS, FILES, WORDS, AppKeys, complete
 from posexp.config.schema import config_dir
@@ -113,19 +113,34 @@ def test_bash_gets_the_part_after_its_word_break():
 # -- the tables agree with what they describe --------------------------------------------------------
 
 def test_the_subcommands_and_options_are_the_apps():
+    """The app declares its options from posexp.cli.options, which completion reads: no option of the app's is
+    missing there, and a flag is one in both."""
     import typer
 
     from posexp.cli.app import app
 
     root = typer.main.get_command(app)
-    assert set(completion.COMMANDS) == set(root.commands)  # type: ignore[attr-defined]
-    assert set(completion.ROOT_OPTIONS) - {"-h", "--help"} == {o for p in root.params for o in p.opts}
-    for name, command in root.commands.items():  # type: ignore[attr-defined]
-        options = {o: not p.is_flag for p in command.params if p.param_type_name == "option" for o in p.opts}
-        ours = {o: o not in completion.FLAGS for o in completion.COMMANDS[name] if o not in ("-h", "--help")}
+    assert set(options.COMMANDS) == set(root.commands)  # type: ignore[attr-defined]
+    for name, command in [(options.ROOT, root), *root.commands.items()]:  # type: ignore[attr-defined]
         if name in ("train", "analyze", "finetune"):  # Hydra's flags, which Typer passes on
             continue
-        assert ours == options, name
+        apps = {o: not p.is_flag for p in command.params if p.param_type_name == "option" for o in p.opts}
+        ours = {n: not o.flag for o in options.options(name) for n in o.names}
+        assert ours == apps, name
+
+
+def test_an_option_declared_once_is_completed(monkeypatch):
+    """A new option of a command's declaration is offered, and its value completed, with nothing else to edit."""
+    declared = options.COMMANDS["report"]
+    monkeypatch.setitem(options.COMMANDS, "report", lambda: (*declared(), options.Option(
+        ("--palette",), "Colours.", "dark", ("dark", "light"))))
+    options.options.cache_clear()
+    try:
+        assert _tab("posexp report --pal")[1] == ["--palette"]
+        assert _tab("posexp report runs --palette l")[1] == ["light"]
+        assert _tab("posexp report --palette=d")[1] == ["--palette=dark"]
+    finally:
+        options.options.cache_clear()
 
 
 def test_the_hydra_flags_read_and_offered_are_hydras():
@@ -146,9 +161,9 @@ def test_the_hydra_flags_read_and_offered_are_hydras():
     assert hydras == hydra_flags.option_strings()
     choices = {flags.split(",")[0]: tuple(re.search(r"\[(.*)\]", what).group(1).split("|"))  # type: ignore[union-attr]
                for flags, what in listed.items() if re.search(r"\[(.*)\]", what)}
-    assert choices == {"--cfg": hydra_flags.CFG_PARTS, "--info": hydra_flags.INFO_PARTS}
-    assert set(completion.HYDRA_OPTIONS) - {OVERWRITE_FLAG} <= hydras
-    assert (completion.OVERWRITE, completion.ALLOW_CHANGED) == (OVERWRITE_FLAG, ALLOW_FLAG)
+    assert choices == {flag: options.find("train", flag).values for flag in ("--cfg", "--info")}  # type: ignore[union-attr]
+    assert {n for o in options.options("train") for n in o.names} - {OVERWRITE_FLAG} <= hydras
+    assert (options.OVERWRITE, options.ALLOW_CHANGED) == (OVERWRITE_FLAG, ALLOW_FLAG)
 
 
 def test_the_copied_value_lists_equal_their_owners():
@@ -164,12 +179,16 @@ def test_the_copied_value_lists_equal_their_owners():
     choices = completion.field_choices  # what completion offers for a key: the values its schema comment lists
     assert choices(EvalConfig)["scaling"] == SCALINGS and choices(FinetuneAppConfig)["scaling"] == FINETUNE_SCALINGS
     assert choices(TrainConfig)["positions"] == POSITION_SCHEMES and choices(TrainConfig)["curriculum"] == CURRICULA
-    assert completion.FORMATS == {"report": FORMATS, "check": CHECK_FORMATS} and completion.OBJECTIVES == OBJECTIVES
+    values = {(c, o): options.find(c, o).values for c, o in  # type: ignore[union-attr]
+              [("report", "--format"), ("check", "--format"), ("search", "--objective"), ("report", "--view")]}
+    assert (values["report", "--format"], values["check", "--format"]) == (FORMATS, CHECK_FORMATS)
+    assert values["search", "--objective"] == OBJECTIVES
     assert choices(Config)["compile"] == tuple(str(v).lower() for v in COMPILE_SETTINGS)
     from posexp.reporting.views import PROTOCOLS, VIEW_KEYS
 
-    assert {v.split("=")[0] for v in completion.REPORT_VIEWS} == set(VIEW_KEYS)
-    assert [v.split("=")[1] for v in completion.REPORT_VIEWS if v.startswith("protocol=")] == list(PROTOCOLS)
+    views = values["report", "--view"]
+    assert {v.split("=")[0] for v in views} == set(VIEW_KEYS)
+    assert [v.split("=")[1] for v in views if v.startswith("protocol=")] == list(PROTOCOLS)
 
 
 def test_every_builtin_encoders_yaml_lists_its_options():
