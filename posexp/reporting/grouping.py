@@ -173,7 +173,7 @@ def _pooled_keys(group: Group, by: list[str]) -> list[str]:
 def aggregate_group(group: Group, report: "Report") -> None:
     lengths = sorted({n for row in group.rows for n in row.cells})
     for n in lengths:
-        pairs = [(c.applicable, c.ppl) for row in group.rows if (c := row.cells.get(n)) is not None]
+        pairs = [(c.applicable, c.mean) for row in group.rows if (c := row.cells.get(n)) is not None]
         single = next(((c.low, c.high) for row in group.rows if (c := row.cells.get(n)) is not None
                        and c.applicable), (None, None))
         group.cells[n] = aggregate_stat(pairs, single)

@@ -24,12 +24,12 @@ from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, com
 from posexp.reporting.runs import Run, read_run, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
-from posexp.reporting.stats import aggregate_stat
-from posexp.reporting.table import UNLEARNED, Cell, Group, Report, ReportRow, cells
+from posexp.reporting.stats import Stat, aggregate_stat
+from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view
 from posexp.runs.layout import RESULTS_JSON
 
-__all__ = ["Cell", "Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
+__all__ = ["Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
 
 # perplexity at the training length at least this share of the corpus's unigram perplexity (what a model that reads no
 # context scores, recorded by the run as ``unigram_ppl``): the run did not learn to use its context
@@ -134,12 +134,12 @@ def did_not_learn(row: ReportRow) -> Optional[bool]:
     """Whether a run's perplexity at its own training length is within :data:`NEAR_UNIGRAM` of its corpus's unigram
     perplexity (``unigram_ppl`` in results.json; None where either is missing, as in runs written before it)."""
     unigram, cell = row.run.info.get("unigram_ppl"), row.cells.get(row.run.train_len or -1)
-    if not isinstance(unigram, (int, float)) or cell is None or not cell.applicable or cell.ppl is None:
+    if not isinstance(unigram, (int, float)) or cell is None or not cell.applicable or cell.mean is None:
         return None
     threshold = NEAR_UNIGRAM * unigram
     if row.per_byte:  # the cell is per byte (:func:`_per_byte`), the unigram perplexity per token of the run's own
         threshold **= float(row.run.info["tokens_per_byte"])
-    return cell.ppl >= threshold
+    return cell.mean >= threshold
 
 
 def _mark_unlearned(rows: list[ReportRow], warnings: list[str]) -> None:
@@ -307,7 +307,8 @@ def _per_byte(rows: list[ReportRow], warnings: list[str]) -> None:
                             "with runs of other tokenizers; evaluate it again with this posexp")
             continue
         row.per_byte = True
-        row.cells = {n: Cell(c.applicable, *(None if v is None else math.exp(math.log(v) * tpb)
-                                            for v in (c.ppl, c.low, c.high))) for n, c in row.cells.items()}
+        per_byte = lambda v: None if v is None else math.exp(math.log(v) * tpb)  # noqa: E731
+        row.cells = {n: Stat(c.applicable, per_byte(c.mean), per_byte(c.low), per_byte(c.high))
+                     for n, c in row.cells.items()}
 
 

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import replace
 from functools import partial
-from typing import Mapping, Optional
+from typing import Optional
 
 from rich.console import Console
 from rich.text import Text
@@ -18,7 +18,7 @@ from rich.text import Text
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
                                       higher_is_better, sweep_keys, verdict_lines)
 from posexp.reporting.grouping import aggregate_group, group_rows
-from posexp.reporting.lm_report import Cell, Group, Report, compare
+from posexp.reporting.lm_report import Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
                                          fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
@@ -44,7 +44,6 @@ def plot_series(report: Report, groups: bool = False) -> list[tuple]:
     """(label, lengths, values, lows, highs) per run (per group with ``groups``: its mean), the lows and highs None
     when there are more lines than :data:`MAX_BANDS`."""
     # the flags themselves are in summary.md
-    lines: list[tuple[str, Mapping[int, Stat | Cell]]]
     lines = [(legend_label(report, g), g.cells) for g in report.groups] if groups else \
         [(legend_label(report, Group({}, row.label, [row], flags=row.flags)), row.cells) for row in report.rows]
     # A line with nothing applicable would only add an empty legend entry; the table explains it.
@@ -56,8 +55,7 @@ def plot_series(report: Report, groups: bool = False) -> list[tuple]:
         # for a length the run simply never tried.
         lengths = [n for n in report.lengths if n in cells]
         shown = [cells[n] for n in lengths]
-        series.append((label, lengths, [(c.mean if isinstance(c, Stat) else c.ppl) if c.applicable else None
-                                        for c in shown],
+        series.append((label, lengths, [c.mean if c.applicable else None for c in shown],
                        [c.low for c in shown] if bands else None, [c.high for c in shown] if bands else None))
     return series
 
@@ -96,7 +94,7 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     columns = [Column("run", label=True), *(Column(_length_header(report, n)) for n in report.lengths),
                Column("ratio"), Column("flags", label=True)]
     lines += to_markdown(tables.Table("", columns, [Section([[
-        TableCell(row.label), *(TableCell(row.cells.get(n, Cell()).text()) for n in report.lengths),
+        TableCell(row.label), *(TableCell(row.cells.get(n, Stat()).text()) for n in report.lengths),
         TableCell(fmt_ratio(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
     lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '

@@ -29,7 +29,7 @@ A whole new metric, e.g. ``posexp/reporting/metrics/median_ppl.py``::
         def describe(self, metric: Metric, report) -> str:
             return f"{metric.name} = the median perplexity from 1x to {metric.multiple:g}x the training length."
 
-Every metric's ``value`` gets the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Cell of
+Every metric's ``value`` gets the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Stat of
 the field the table shows, ``row.run``: the run with all its result rows) and the
 :class:`~posexp.reporting.table.Report`. A metric of the value at one length subclasses :class:`ValueAt`; one of
 another field of the result rows (``ppl_key`` beside ``ppl``, ``token_accuracy`` beside ``exact_match``) reads it,
