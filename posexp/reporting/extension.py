@@ -23,8 +23,7 @@ from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, fmt_ratio, fmt_signed
 from posexp.reporting.runs import Run, read_run, measured_on, measured_text, parent_changed, shown_settings
 from posexp.reporting.tables import Column, Section, Table, TableCell
-
-PLAIN = "nonoverlap"
+from posexp.reporting.views import MAIN_PROTOCOL
 
 
 @dataclass
@@ -124,7 +123,7 @@ def _fill(line: ExtensionLine, rows: list[dict]) -> ExtensionLine:
 
 
 def _plain(run: Run, scaling: Optional[str] = None) -> list[dict]:
-    return [r for r in run.rows if r.get("protocol") == PLAIN and r.get("scaling") == scaling
+    return [r for r in run.rows if r.get("protocol") == MAIN_PROTOCOL and r.get("scaling") == scaling
             and r.get("window") is None and r.get("metric", "perplexity") == "perplexity"]
 
 

@@ -21,7 +21,7 @@ from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
-from posexp.reporting.runs import Run, read_run, parent_changed, shown_settings, window_key
+from posexp.reporting.runs import Run, read_run, read_runs, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import Stat, aggregate_stat
@@ -195,16 +195,7 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
                strict: bool = False) -> tuple[list[Run], list[str]]:
     """The runs of ``run_dirs`` that pass ``filters``, after checking that every key names something,
     and the problems of the runs that could not be loaded (left out unless ``strict``)."""
-    runs: list[Run] = []
-    skipped: list[str] = []
-    for folder in run_dirs:
-        try:
-            runs.append(read_run(folder))
-        except PosexpError as e:
-            # one damaged results.json in a sweep must not hide the others
-            if strict:
-                raise
-            skipped.append(str(e))
+    runs, skipped = read_runs(run_dirs, strict)
     if not runs:
         if skipped:
             raise PosexpError(skipped[0] + (f" ({len(skipped) - 1} more run(s) cannot be read either)"

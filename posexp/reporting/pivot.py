@@ -34,6 +34,7 @@ from posexp.reporting.frame import LM_TASK, NO_SCALING, run_records
 from posexp.reporting.runs import Run, measured_on, measured_text, model_identity
 from posexp.reporting.stats import mean_interval
 from posexp.reporting.tables import Column, Section, Table, TableCell
+from posexp.reporting.views import MAIN_PROTOCOL
 from posexp.runs.row import VIEW_KEY
 
 # a row key only an evaluation setting gives a row, and how to make such rows
@@ -43,7 +44,7 @@ MADE_BY = {"window": "the runs were never evaluated with an attention window; ma
                     "`posexp eval RUN eval.window=128 eval.sinks=4`, then report again"}
 
 # what stays fixed unless pivoted on, and the value it is fixed at (a task's rows: their own protocol)
-FIXED = {"protocol": "nonoverlap", "scaling": NO_SCALING, "window": None, "sinks": None}
+FIXED = {"protocol": MAIN_PROTOCOL, "scaling": NO_SCALING, "window": None, "sinks": None}
 
 
 @dataclass(frozen=True)

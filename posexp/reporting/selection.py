@@ -5,6 +5,7 @@ Everything here parses a user's option or reads a run's config; nothing builds t
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -87,13 +88,16 @@ def _known_keys(runs: list[Run]) -> list[str]:
     return list(keys)
 
 
-def unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
-    import difflib
-
-    known = _known_keys(runs)
+def did_you_mean(key: str, known: list[str]) -> str:
+    """`` (did you mean KEY?)`` with the known key closest to ``key``; "" when none is close."""
     close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return ConfigError(option, f"unknown config key {key!r}: no run has it{hint}. Known keys: {', '.join(known)}")
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
+    known = _known_keys(runs)
+    return ConfigError(option, f"unknown config key {key!r}: no run has it{did_you_mean(key, known)}. "
+                               f"Known keys: {', '.join(known)}")
 
 
 def canon(value: Any) -> str:
