@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
-                                      higher_is_better, sweep_keys, verdict_lines)
+                                      sweep_keys, verdict_lines)
 from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
@@ -277,7 +277,7 @@ def lm_table(report: Report) -> tables.Table:
     stats = [[*(group.cells.get(n, Stat()) for n in report.lengths),
               *(group.metrics.get(m.name, Stat()) for m in report.metrics)] for group in report.groups]
     decimals = [2] * len(report.lengths) + [m.decimals for m in report.metrics]
-    higher = [False] * len(report.lengths) + [higher_is_better(m) for m in report.metrics]
+    higher = [False] * len(report.lengths) + [m.higher_is_better for m in report.metrics]
     best = {(g, j) for j, high in enumerate(higher)
             for g in best_groups(report.groups, high, [line[j] for line in stats])}
     stat_names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
