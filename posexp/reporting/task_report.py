@@ -25,6 +25,7 @@ from posexp.reporting.runs import Run
 from posexp.reporting.selection import DEFAULT_TOLERANCE, config_value, option_items, show_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
+from posexp.reporting.views import view_text
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
@@ -99,8 +100,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     report.train_len = train.pop() if len(train := {run.train_len for run in runs}) == 1 else None
     report.warnings += _mark_unlearned(report.groups)
     if view and not report.lengths:
-        asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in view.items())
-        raise ConfigError("--view", f"no accuracy rows of the selected task runs are {asked} "
+        raise ConfigError("--view", f"no accuracy rows of the selected task runs are {view_text(view)} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")
     return report
 
