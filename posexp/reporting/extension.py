@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from posexp.errors import PosexpError
-from posexp.reporting.formatting import MISSING, fmt_ratio, fmt_signed
+from posexp.reporting.formatting import MISSING, fmt_signed, fmt_value
 from posexp.reporting.runs import Run, read_run, measured_on, measured_text, parent_changed, shown_settings
 from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.reporting.views import MAIN_PROTOCOL
@@ -200,7 +200,7 @@ def _cell(table: ExtensionTable, line: ExtensionLine, n: int) -> str:
     if n not in line.ppl:
         return MISSING
     diff = line.difference(table.parent, n) if line is not table.parent else None
-    return fmt_ratio(line.ppl[n]) + (f" ({fmt_signed(diff)})" if diff is not None else "")
+    return fmt_value(line.ppl[n]) + (f" ({fmt_signed(diff)})" if diff is not None else "")
 
 
 def caption(table: ExtensionTable) -> str:

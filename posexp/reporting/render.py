@@ -20,7 +20,7 @@ from posexp.reporting.compare import (Comparison, best_groups, comparison_json, 
 from posexp.reporting.grouping import aggregate_group, group_rows
 from posexp.reporting.lm_report import Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
-                                         fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id)
+                                         fmt_settings, fmt_value, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_markdown
@@ -95,7 +95,7 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
                Column("ratio"), Column("flags", label=True)]
     lines += to_markdown(tables.Table("", columns, [Section([[
         TableCell(row.label), *(TableCell(row.cells.get(n, Stat()).text()) for n in report.lengths),
-        TableCell(fmt_ratio(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
+        TableCell(fmt_value(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
     lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
                   + parse_metric("ratio").describe(report)]
