@@ -13,13 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting import metrics
-from posexp.reporting.metrics import PERPLEXITY, Metric, metric_help
+from posexp.reporting.metrics import DEFAULT_TOLERANCE, PERPLEXITY, Metric, metric_help, parse_metric
 from posexp.reporting.formatting import MISSING
 from posexp.reporting.runs import Run
-
-
-DEFAULT_TOLERANCE = 0.1
 
 
 DEFAULT_METRICS = ("ratio", "maxlen", "auc")
@@ -183,16 +179,6 @@ def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
         filters.append(Filter(match.group(1), tuple(v.strip() for v in match.group(3).split(",")),
                               match.group(2) == "!="))
     return filters
-
-
-def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE) -> Metric:
-    """Parse a perplexity metric (``ratio``, ``ratio@8x``, ``ppl@1024``, ``maxlen``, ``auc@16x``...) by the
-    registry's declarations (:mod:`posexp.reporting.metrics`).
-
-    Raises:
-        ConfigError: for ``--metric`` (or ``--tolerance``), naming the allowed forms.
-    """
-    return metrics.parse_metric(text, tolerance, PERPLEXITY)
 
 
 def check_tolerance(tolerance: float) -> None:

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence
 from posexp.errors import ConfigError
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group
-from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, parse_metric, read_values
+from posexp.reporting.metrics import ACCURACY as TASK_RUNS, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run
-from posexp.reporting.selection import DEFAULT_TOLERANCE, config_value, option_items, show_value
+from posexp.reporting.selection import config_value, option_items, show_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import view_text
@@ -50,11 +50,6 @@ def is_task_run(run: Run) -> bool:
     return isinstance(run.info.get("task"), dict) or any(row_metric(r) == ACCURACY for r in run.rows)
 
 
-def parse_task_metric(text: str) -> Metric:
-    """A task metric (``acc@2x``, ``maxlen@acc90``...) by the registry's declarations (:mod:`.metrics`)."""
-    return parse_metric(text, DEFAULT_TOLERANCE, TASK_RUNS)
-
-
 def did_not_learn(run: Run) -> Optional[bool]:
     """Whether a task run's exact match at its training length (its plain rows; passkey: the mean over depths) is
     within :data:`NEAR_CHANCE` of chance (:func:`posexp.tasks.chance_exact_match`; 0 where the task's answer
@@ -80,7 +75,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     view = view or {}
     window = None if view.get("window") is None else (view["window"], view.get("sinks"))
     report = Report(kind=TASK_RUNS, scaling=view.get("scaling"), window=window, by=list(by),
-                    metrics=[parse_task_metric(m) for m in (metrics or default_task_metrics(runs))])
+                    metrics=[parse_metric(m, applies=TASK_RUNS) for m in (metrics or default_task_metrics(runs))])
     groups: dict[tuple, Group] = {}
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")

@@ -53,6 +53,7 @@ PERPLEXITY, ACCURACY = "perplexity", "accuracy"
 # what a table's cell shows of the rows of each kind of run: the field, and its scale (accuracy in %)
 CELLS = {PERPLEXITY: ("ppl", 1.0), ACCURACY: ("exact_match", 100.0)}
 LOWER, HIGHER = "lower", "higher"
+DEFAULT_TOLERANCE = 0.1  # what a bare maxlen stands for: ppl within +10% of the training length's (--tolerance)
 Value = tuple[Optional[bool], Optional[float]]
 
 # what each {slot} of a pattern matches, loosely (a bad value is then named by the metric's own message)
@@ -321,7 +322,7 @@ def applies_to(text: str) -> Optional[str]:
     return None
 
 
-def parse_metric(text: str, tolerance: float, applies: str = PERPLEXITY) -> Metric:
+def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE, applies: str = PERPLEXITY) -> Metric:
     """Parse one ``--metric`` name of runs of one kind (``ratio@8x``, ``maxlen``, ``acc@2x``...).
 
     Args:
