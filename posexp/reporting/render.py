@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import replace
 from functools import partial
-from typing import Optional
+from typing import Mapping, Optional
 
 from rich.console import Console
 from rich.text import Text
@@ -48,16 +48,18 @@ def plot_series(report: Report, groups: bool = False) -> list[tuple]:
         [(legend_label(report, Group({}, row.label, [row], flags=row.flags)), row.cells) for row in report.rows]
     # A line with nothing applicable would only add an empty legend entry; the table explains it.
     lines = [(label, cells) for label, cells in lines if any(c.applicable for c in cells.values())]
-    bands = len(lines) <= MAX_BANDS
-    series = []
-    for label, cells in lines:
-        # Only lengths it was evaluated at: a None in the series means "not applicable", which would be wrong
-        # for a length the run simply never tried.
-        lengths = [n for n in report.lengths if n in cells]
-        shown = [cells[n] for n in lengths]
-        series.append((label, lengths, [c.mean if c.applicable else None for c in shown],
-                       [c.low for c in shown] if bands else None, [c.high for c in shown] if bands else None))
-    return series
+    return [stat_series(label, cells, bands=len(lines) <= MAX_BANDS) for label, cells in lines]
+
+
+def stat_series(label: str, cells: Mapping[int, Stat], bands: bool = True, per: float = 1.0) -> tuple:
+    """(label, lengths, values, lows, highs) of one line of a figure: its cells' means, divided by ``per``; no lows
+    and highs without ``bands``. Only lengths it was evaluated at: a None value means "not applicable", which would
+    be wrong for a length never tried."""
+    lengths = sorted(cells)
+    shown = [cells[n] for n in lengths]
+    scaled = lambda v: None if v is None else v / per  # noqa: E731
+    return (label, lengths, [scaled(c.mean) if c.applicable else None for c in shown],
+            [scaled(c.low) for c in shown] if bands else None, [scaled(c.high) for c in shown] if bands else None)
 
 
 def plot_groups(report: Report, runs: Optional[list] = None) -> list[str]:

@@ -166,14 +166,9 @@ def task_table_lines(report: Report) -> list[str]:
 
 def task_plot_series(report: Report) -> list[tuple]:
     """(label, lengths, accuracy in [0, 1], low, high) per group, for the accuracy-vs-length figure."""
-    series = []
-    for g in report.groups:
-        lengths = sorted(g.cells)
-        stat = [g.cells[n] for n in lengths]
-        frac = lambda v: None if v is None else v / 100  # noqa: E731
-        series.append((f"{g.task}: {g.label}", lengths, [frac(s.mean if s.applicable else None) for s in stat],
-                       [frac(s.low) for s in stat], [frac(s.high) for s in stat]))
-    return series
+    from posexp.reporting.render import stat_series
+
+    return [stat_series(f"{g.task}: {g.label}", g.cells, per=100) for g in report.groups]
 
 
 # -- output ------------------------------------------------------------------------------------------
