@@ -164,13 +164,6 @@ def task_table_lines(report: Report) -> list[str]:
     return lines + to_markdown(task_table(report)).splitlines()
 
 
-def task_plot_series(report: Report) -> list[tuple]:
-    """(label, lengths, accuracy in [0, 1], low, high) per group, for the accuracy-vs-length figure."""
-    from posexp.reporting.render import stat_series
-
-    return [stat_series(f"{g.task}: {g.label}", g.cells, per=100) for g in report.groups]
-
-
 # -- output ------------------------------------------------------------------------------------------
 
 def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[list[str]], Optional[list[str]]]:
@@ -190,9 +183,11 @@ def write_task_report(report: Report, out_dir) -> str:
 
     from posexp.plots.accuracy import plot_accuracy_vs_length
     from posexp.reporting.depth_curve import write_depth_curve
+    from posexp.reporting.render import stat_series
     from posexp.runs.layout import REPORT_ACCURACY_PLOT
 
-    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
+    series = [stat_series(f"{g.task}: {g.label}", g.cells, per=100) for g in report.groups]  # accuracy in [0, 1]
+    plot_accuracy_vs_length(series, Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
                             title="exact match vs context length (mean over each group's runs)")
     lines = task_table_lines(report)
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
