@@ -26,7 +26,7 @@ from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, confi
                                         parse_metric, parse_metrics, parse_sort, parse_where)
 from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
-from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view
+from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_text
 from posexp.runs.layout import RESULTS_JSON
 
 __all__ = ["Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
@@ -122,12 +122,11 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
 
 def _missing_view(protocol: Any, scaling: Any, window: Optional[tuple]) -> str:
     """The flag of a run with no rows in the view shown: ``no window=16 rows`` rather than a protocol it may have."""
-    parts = [f"protocol={protocol}"] if protocol != MAIN_PROTOCOL else []
-    if scaling is not None:
-        parts.append(f"scaling={scaling}")
-    if window is not None:
-        parts.append(f"window={window[0]}" + (f" sinks={window[1]}" if window[1] else ""))
-    return f"no {' '.join(parts)} rows" if parts else f"no {protocol} results"
+    size, sinks = window or (None, None)
+    view = {"protocol": None if protocol == MAIN_PROTOCOL else protocol, "scaling": scaling, "window": size,
+            "sinks": sinks or None}
+    shown = {key: value for key, value in view.items() if value is not None}
+    return f"no {view_text(shown, ' ')} rows" if shown else f"no {protocol} results"
 
 
 def did_not_learn(row: ReportRow) -> Optional[bool]:
