@@ -22,7 +22,7 @@ from typing import Any
 # Each public name and the module that owns it, imported on first use (PEP 562): reading the metric registry
 # (shell completion) or the options loads no more than it needs.
 _OWNERS = {
-    **dict.fromkeys(("Cell", "Group", "Report", "ReportRow", "build_report", "metric_value"), "lm_report"),
+    **dict.fromkeys(("Group", "Report", "ReportRow", "build_report", "metric_value"), "lm_report"),
     "ReportOptions": "options",
     **dict.fromkeys(("render_report_markdown", "write_report", "write_summary"), "document"),
     **dict.fromkeys(("FORMATS", "RENDERERS", "print_report", "render_csv", "render_json", "render_latex",

@@ -41,11 +41,6 @@ SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... see
 NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length"}
 
 
-def higher_is_better(metric: Metric) -> bool:
-    """Whether a larger value of ``metric`` is the better one, as its declaration says (:mod:`.metrics`)."""
-    return metric.higher_is_better
-
-
 @dataclass
 class Comparison:
     """Every group against the reference group, per compared metric.
@@ -146,7 +141,7 @@ def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Gr
         if group is reference:
             continue
         for metric in metrics:
-            diff = Difference(group.label, metric.name, reference.label, higher=higher_is_better(metric))
+            diff = Difference(group.label, metric.name, reference.label, higher=metric.higher_is_better)
             if not comparable(group):
                 diff.reason = "measured differently: " + "; ".join(group.flags)
             else:
@@ -176,7 +171,7 @@ def verdict_line(comparison: Comparison, metric: Metric) -> str:
     diffs = comparison.of_metric(metric.name)
     decimals = comparison.decimals[metric.name]
     used = sorted({d.method for d in diffs if d.method != NONE})
-    head = (f"{metric.name} ({'higher' if higher_is_better(metric) else 'lower'} is better), each group − "
+    head = (f"{metric.name} ({metric.spec.better} is better), each group − "
             f"{comparison.reference}" + (f" ({', '.join(used)}, 95%)" if used else "") + ": ")
     parts = []
     for verdict in (BETTER, WORSE):
@@ -300,7 +295,7 @@ def comparison_json(comparison: Comparison) -> dict:
             "value": comparison.margin.value, "relative": comparison.margin.relative, "text": str(comparison.margin),
             "test": f"two one-sided tests (Schuirmann 1987): {100 * (1 - 2 * ALPHA):g}% interval inside ±margin"},
         "verdicts": verdict_lines(comparison),
-        "metrics": {m.name: {"better": "higher" if higher_is_better(m) else "lower",
+        "metrics": {m.name: {"better": m.spec.better,
                              "verdict": verdict_line(comparison, m)} for m in comparison.metrics},
         "differences": [d.as_dict() for d in comparison.differences],
     }

@@ -119,16 +119,6 @@ def curve_table(panels: Sequence[CurvePanel]) -> Optional[Table]:
     return Table("extrapolation during training", columns, [Section(rows)])
 
 
-def curve_lines(panels: Sequence[CurvePanel]) -> list[str]:
-    """The markdown of the section (without the figure): the table of the perplexity panels' ratios."""
-    table = curve_table(panels)
-    if table is None:
-        return []
-    return [*to_markdown(table).splitlines(), "",
-            f"Each cell: perplexity at that multiple of the training length over perplexity at 1x, at the last step; "
-            f"(from S): above {1 + DIVERGED:g}x at every point from step S on."]
-
-
 def write_curve_section(panels: Sequence[CurvePanel], out_dir: str | os.PathLike) -> Optional[Path]:
     """Draw ``report_curve.png`` and append its section to ``report.md`` in ``out_dir``; nothing without panels.
 
@@ -149,9 +139,11 @@ def write_curve_section(panels: Sequence[CurvePanel], out_dir: str | os.PathLike
              "tokens (task runs: exact match on the same instances) at every point."]
     if len(panels) > len(shown):
         lines.append(f"The first {len(shown)} of {len(panels)} curves are drawn; narrow the report with --where.")
-    table = curve_lines(panels)
-    if table:
-        lines += ["", *table]
+    table = curve_table(panels)
+    if table is not None:
+        lines += ["", *to_markdown(table).splitlines(), "",
+                  f"Each cell: perplexity at that multiple of the training length over perplexity at 1x, at the last "
+                  f"step; (from S): above {1 + DIVERGED:g}x at every point from step S on."]
     report = out_dir / REPORT_MD
     before = report.read_text(encoding="utf-8").rstrip("\n") + "\n\n" if report.is_file() else ""
     atomic_write_text(report, before + "\n".join(lines) + "\n")

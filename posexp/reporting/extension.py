@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from posexp.errors import PosexpError
-from posexp.reporting.formatting import MISSING, fmt_ratio, fmt_signed
+from posexp.reporting.formatting import MISSING, fmt_signed, fmt_value
 from posexp.reporting.runs import Run, read_run, measured_on, measured_text, parent_changed, shown_settings
 from posexp.reporting.tables import Column, Section, Table, TableCell
-
-PLAIN = "nonoverlap"
+from posexp.reporting.views import MAIN_PROTOCOL
 
 
 @dataclass
@@ -124,7 +123,7 @@ def _fill(line: ExtensionLine, rows: list[dict]) -> ExtensionLine:
 
 
 def _plain(run: Run, scaling: Optional[str] = None) -> list[dict]:
-    return [r for r in run.rows if r.get("protocol") == PLAIN and r.get("scaling") == scaling
+    return [r for r in run.rows if r.get("protocol") == MAIN_PROTOCOL and r.get("scaling") == scaling
             and r.get("window") is None and r.get("metric", "perplexity") == "perplexity"]
 
 
@@ -201,7 +200,7 @@ def _cell(table: ExtensionTable, line: ExtensionLine, n: int) -> str:
     if n not in line.ppl:
         return MISSING
     diff = line.difference(table.parent, n) if line is not table.parent else None
-    return fmt_ratio(line.ppl[n]) + (f" ({fmt_signed(diff)})" if diff is not None else "")
+    return fmt_value(line.ppl[n]) + (f" ({fmt_signed(diff)})" if diff is not None else "")
 
 
 def caption(table: ExtensionTable) -> str:

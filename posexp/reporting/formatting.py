@@ -39,8 +39,11 @@ def fmt_fixed(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
 
 
-def fmt_ratio(value: Optional[float]) -> str:
-    return NOT_APPLICABLE if value is None else f"{value:.2f}"
+def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -> str:
+    """``3.10`` (``signed``: ``+0.12``, :func:`fmt_signed`); n/a for None or a value that is not finite."""
+    if value is None or not math.isfinite(value):
+        return NOT_APPLICABLE
+    return fmt_signed(value, decimals) if signed else fmt_fixed(value, decimals)
 
 
 def fmt_signed(value: Optional[float], decimals: int = 2, missing: str = "—") -> str:

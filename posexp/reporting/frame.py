@@ -14,15 +14,14 @@ Torch-free: it reads run folders only (:mod:`posexp.reporting.runs`), never a mo
 
 from __future__ import annotations
 
-import difflib
 import os
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from posexp.errors import ConfigError, PosexpError
-from posexp.reporting.runs import Run, read_run
-from posexp.reporting.selection import ABSENT, config_value, flatten_config
+from posexp.errors import ConfigError
+from posexp.reporting.runs import Run, read_runs
+from posexp.reporting.selection import ABSENT, config_value, flatten_config, did_you_mean
 from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, find_runs, is_sweep_dir, iter_jobs
 from posexp.runs.row import ROW_KEY
 
@@ -109,15 +108,8 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
         PosexpError: no run under ``paths``, or (``strict``) a run's results cannot be read.
         ConfigError: (``columns``) a key no run's config has, with the closest known key.
     """
-    runs = []
-    for folder in find_runs(paths):
-        try:
-            runs.append(read_run(folder))
-        except PosexpError as e:
-            if strict:
-                raise
-            warnings.warn(f"left out: {e}", stacklevel=2)
-    for message in _jobs_without_results(paths):  # as posexp report says of them: absent, not silently
+    runs, problems = read_runs(find_runs(paths), strict)
+    for message in [f"left out: {problem}" for problem in problems] + _jobs_without_results(paths):  # as posexp report says of them: absent, not silently
         warnings.warn(message, stacklevel=2)
     keys = list(dict.fromkeys(columns or ()))
     for key in keys:
@@ -167,9 +159,7 @@ def _check_key(key: str, runs: list[Run]) -> None:
         return
     known = sorted({*(k for run in runs for k, v in run.info.items() if not isinstance(v, (dict, list))),
                     *(k for run in runs[:20] for k in flatten_config(run.config_data))})
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    raise ConfigError("columns", f"unknown config key {key!r}: no run has it{hint}")
+    raise ConfigError("columns", f"unknown config key {key!r}: no run has it{did_you_mean(key, known)}")
 
 
 def _integer_columns(records: list[dict], names: list[str]) -> list[str]:

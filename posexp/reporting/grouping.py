@@ -95,7 +95,6 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
         return [Group({}, row.label, [row], flags=list(row.flags)) for row in rows]
     buckets: dict[tuple, Group] = {}
     for row in rows:
-        info = row.run.info
         values = {k: config_value(row.run, k) for k in by}
         # Numbers measured on different text, or scored differently, are different quantities.
         guard = (
@@ -117,7 +116,6 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
     for g in groups:
         scalings.setdefault(canon(list(g.key.values())), set()).add((g.rows[0].settings or {}).get("scaling"))
     for group in groups:
-        first = group.rows[0]
         group.flags = list(dict.fromkeys(f for row in group.rows for f in row.flags))
         if by_values[canon(list(group.key.values()))] > 1:
             parts = _why_apart(group, len(scalings[canon(list(group.key.values()))]) > 1)
@@ -173,7 +171,7 @@ def _pooled_keys(group: Group, by: list[str]) -> list[str]:
 def aggregate_group(group: Group, report: "Report") -> None:
     lengths = sorted({n for row in group.rows for n in row.cells})
     for n in lengths:
-        pairs = [(c.applicable, c.ppl) for row in group.rows if (c := row.cells.get(n)) is not None]
+        pairs = [(c.applicable, c.mean) for row in group.rows if (c := row.cells.get(n)) is not None]
         single = next(((c.low, c.high) for row in group.rows if (c := row.cells.get(n)) is not None
                        and c.applicable), (None, None))
         group.cells[n] = aggregate_stat(pairs, single)

@@ -21,15 +21,15 @@ from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
-from posexp.reporting.runs import Run, read_run, parent_changed, shown_settings, window_key
+from posexp.reporting.runs import Run, read_run, read_runs, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
                                         parse_metric, parse_metrics, parse_sort, parse_where)
-from posexp.reporting.stats import aggregate_stat
-from posexp.reporting.table import UNLEARNED, Cell, Group, Report, ReportRow, cells
-from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view
+from posexp.reporting.stats import Stat, aggregate_stat
+from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
+from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_text
 from posexp.runs.layout import RESULTS_JSON
 
-__all__ = ["Cell", "Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
+__all__ = ["Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
 
 # perplexity at the training length at least this share of the corpus's unigram perplexity (what a model that reads no
 # context scores, recorded by the run as ``unigram_ppl``): the run did not learn to use its context
@@ -122,24 +122,23 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
 
 def _missing_view(protocol: Any, scaling: Any, window: Optional[tuple]) -> str:
     """The flag of a run with no rows in the view shown: ``no window=16 rows`` rather than a protocol it may have."""
-    parts = [f"protocol={protocol}"] if protocol != MAIN_PROTOCOL else []
-    if scaling is not None:
-        parts.append(f"scaling={scaling}")
-    if window is not None:
-        parts.append(f"window={window[0]}" + (f" sinks={window[1]}" if window[1] else ""))
-    return f"no {' '.join(parts)} rows" if parts else f"no {protocol} results"
+    size, sinks = window or (None, None)
+    view = {"protocol": None if protocol == MAIN_PROTOCOL else protocol, "scaling": scaling, "window": size,
+            "sinks": sinks or None}
+    shown = {key: value for key, value in view.items() if value is not None}
+    return f"no {view_text(shown, ' ')} rows" if shown else f"no {protocol} results"
 
 
 def did_not_learn(row: ReportRow) -> Optional[bool]:
     """Whether a run's perplexity at its own training length is within :data:`NEAR_UNIGRAM` of its corpus's unigram
     perplexity (``unigram_ppl`` in results.json; None where either is missing, as in runs written before it)."""
     unigram, cell = row.run.info.get("unigram_ppl"), row.cells.get(row.run.train_len or -1)
-    if not isinstance(unigram, (int, float)) or cell is None or not cell.applicable or cell.ppl is None:
+    if not isinstance(unigram, (int, float)) or cell is None or not cell.applicable or cell.mean is None:
         return None
     threshold = NEAR_UNIGRAM * unigram
     if row.per_byte:  # the cell is per byte (:func:`_per_byte`), the unigram perplexity per token of the run's own
         threshold **= float(row.run.info["tokens_per_byte"])
-    return cell.ppl >= threshold
+    return cell.mean >= threshold
 
 
 def _mark_unlearned(rows: list[ReportRow], warnings: list[str]) -> None:
@@ -195,16 +194,7 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
                strict: bool = False) -> tuple[list[Run], list[str]]:
     """The runs of ``run_dirs`` that pass ``filters``, after checking that every key names something,
     and the problems of the runs that could not be loaded (left out unless ``strict``)."""
-    runs: list[Run] = []
-    skipped: list[str] = []
-    for folder in run_dirs:
-        try:
-            runs.append(read_run(folder))
-        except PosexpError as e:
-            # one damaged results.json in a sweep must not hide the others
-            if strict:
-                raise
-            skipped.append(str(e))
+    runs, skipped = read_runs(run_dirs, strict)
     if not runs:
         if skipped:
             raise PosexpError(skipped[0] + (f" ({len(skipped) - 1} more run(s) cannot be read either)"
@@ -307,7 +297,8 @@ def _per_byte(rows: list[ReportRow], warnings: list[str]) -> None:
                             "with runs of other tokenizers; evaluate it again with this posexp")
             continue
         row.per_byte = True
-        row.cells = {n: Cell(c.applicable, *(None if v is None else math.exp(math.log(v) * tpb)
-                                            for v in (c.ppl, c.low, c.high))) for n, c in row.cells.items()}
+        per_byte = lambda v: None if v is None else math.exp(math.log(v) * tpb)  # noqa: E731
+        row.cells = {n: Stat(c.applicable, per_byte(c.mean), per_byte(c.low), per_byte(c.high))
+                     for n, c in row.cells.items()}
 
 

@@ -23,17 +23,17 @@ no scaling, no window. With ``--cols window``, each window also gets a paired ve
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.difference import window_verdicts
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed, fmt_signed, joined
+from posexp.reporting.formatting import MISSING, fmt_value, joined
 from posexp.reporting.frame import LM_TASK, NO_SCALING, run_records
-from posexp.reporting.runs import Run, measured_on, measured_text, model_identity
+from posexp.reporting.runs import Run, measured_on, model_identity
 from posexp.reporting.stats import mean_interval
 from posexp.reporting.tables import Column, Section, Table, TableCell
+from posexp.reporting.views import MAIN_PROTOCOL
 from posexp.runs.row import VIEW_KEY
 
 # a row key only an evaluation setting gives a row, and how to make such rows
@@ -43,7 +43,7 @@ MADE_BY = {"window": "the runs were never evaluated with an attention window; ma
                     "`posexp eval RUN eval.window=128 eval.sinks=4`, then report again"}
 
 # what stays fixed unless pivoted on, and the value it is fixed at (a task's rows: their own protocol)
-FIXED = {"protocol": "nonoverlap", "scaling": NO_SCALING, "window": None, "sinks": None}
+FIXED = {"protocol": MAIN_PROTOCOL, "scaling": NO_SCALING, "window": None, "sinks": None}
 
 
 @dataclass(frozen=True)
@@ -254,21 +254,15 @@ def _window_notes(pivot: Pivot, runs: list[Run]) -> list[str]:
 
 # -- rendering -------------------------------------------------------------------------------------------
 
-def as_number(value: Optional[float], signed: bool = False, decimals: int = 2) -> str:
-    if value is None or not math.isfinite(value):
-        return NOT_APPLICABLE
-    return fmt_signed(value, decimals) if signed else fmt_fixed(value, decimals)
-
-
 def _text(pivot: Pivot, line: tuple, length: int, column: tuple, measure: Measure = PPL) -> str:
     cell, d = pivot.cell(line, length, column, measure), measure.decimals
     if cell.mean is None:
         return MISSING
-    text = as_number(cell.mean, decimals=d)
+    text = fmt_value(cell.mean, d)
     diff, low, high = cell.diff()
     if diff is not None:
-        text += f" ({as_number(diff, True, d)}"
-        text += f" [{as_number(low, True, d)}, {as_number(high, True, d)}])" if low is not None else ")"
+        text += f" ({fmt_value(diff, d, True)}"
+        text += f" [{fmt_value(low, d, True)}, {fmt_value(high, d, True)}])" if low is not None else ")"
     return text
 
 

@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.text import Text
 
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
-                                      higher_is_better, sweep_keys, verdict_lines)
+                                      sweep_keys, verdict_lines)
 from posexp.reporting.grouping import aggregate_group, group_rows
-from posexp.reporting.lm_report import Cell, Group, Report, compare
+from posexp.reporting.lm_report import Group, Report, compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
-                                         fmt_ratio, fmt_settings, fmt_view, md_escape, plural, short_id)
+                                         fmt_settings, fmt_value, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_markdown
@@ -45,22 +45,22 @@ def plot_series(report: Report, groups: bool = False) -> list[tuple]:
     """(label, lengths, values, lows, highs) per run (per group with ``groups``: its mean), the lows and highs None
     when there are more lines than :data:`MAX_BANDS`."""
     # the flags themselves are in summary.md
-    lines: list[tuple[str, Mapping[int, Stat | Cell]]]
     lines = [(legend_label(report, g), g.cells) for g in report.groups] if groups else \
         [(legend_label(report, Group({}, row.label, [row], flags=row.flags)), row.cells) for row in report.rows]
     # A line with nothing applicable would only add an empty legend entry; the table explains it.
     lines = [(label, cells) for label, cells in lines if any(c.applicable for c in cells.values())]
-    bands = len(lines) <= MAX_BANDS
-    series = []
-    for label, cells in lines:
-        # Only lengths it was evaluated at: a None in the series means "not applicable", which would be wrong
-        # for a length the run simply never tried.
-        lengths = [n for n in report.lengths if n in cells]
-        shown = [cells[n] for n in lengths]
-        series.append((label, lengths, [(c.mean if isinstance(c, Stat) else c.ppl) if c.applicable else None
-                                        for c in shown],
-                       [c.low for c in shown] if bands else None, [c.high for c in shown] if bands else None))
-    return series
+    return [stat_series(label, cells, bands=len(lines) <= MAX_BANDS) for label, cells in lines]
+
+
+def stat_series(label: str, cells: Mapping[int, Stat], bands: bool = True, per: float = 1.0) -> tuple:
+    """(label, lengths, values, lows, highs) of one line of a figure: its cells' means, divided by ``per``; no lows
+    and highs without ``bands``. Only lengths it was evaluated at: a None value means "not applicable", which would
+    be wrong for a length never tried."""
+    lengths = sorted(cells)
+    shown = [cells[n] for n in lengths]
+    scaled = lambda v: None if v is None else v / per  # noqa: E731
+    return (label, lengths, [scaled(c.mean) if c.applicable else None for c in shown],
+            [scaled(c.low) for c in shown] if bands else None, [scaled(c.high) for c in shown] if bands else None)
 
 
 def plot_groups(report: Report, runs: Optional[list] = None) -> list[str]:
@@ -97,8 +97,8 @@ def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) ->
     columns = [Column("run", label=True), *(Column(_length_header(report, n)) for n in report.lengths),
                Column("ratio"), Column("flags", label=True)]
     lines += to_markdown(tables.Table("", columns, [Section([[
-        TableCell(row.label), *(TableCell(row.cells.get(n, Cell()).text()) for n in report.lengths),
-        TableCell(fmt_ratio(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
+        TableCell(row.label), *(TableCell(row.cells.get(n, Stat()).text()) for n in report.lengths),
+        TableCell(fmt_value(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
     lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
                   f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
                   + parse_metric("ratio").describe(report)]
@@ -280,7 +280,7 @@ def lm_table(report: Report) -> tables.Table:
     stats = [[*(group.cells.get(n, Stat()) for n in report.lengths),
               *(group.metrics.get(m.name, Stat()) for m in report.metrics)] for group in report.groups]
     decimals = [2] * len(report.lengths) + [m.decimals for m in report.metrics]
-    higher = [False] * len(report.lengths) + [higher_is_better(m) for m in report.metrics]
+    higher = [False] * len(report.lengths) + [m.higher_is_better for m in report.metrics]
     best = {(g, j) for j, high in enumerate(higher)
             for g in best_groups(report.groups, high, [line[j] for line in stats])}
     stat_names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol
 
 from posexp.errors import PosexpError
 from posexp.runs.curve import read_curve
@@ -156,6 +156,21 @@ def read_run(path: str | os.PathLike, side: Optional[RunSide] = None) -> Run:
     # Overrides from results.json, else from Hydra's own record of the launch.
     overrides = [str(o) for o in overrides] if isinstance(overrides, list) else read_overrides(folder)
     return Run(path=folder, info=info, rows=data["rows"], overrides=overrides, side=side)
+
+
+def read_runs(folders: Iterable[str | os.PathLike], strict: bool = False) -> tuple[list[Run], list[str]]:
+    """The runs of ``folders`` that can be read, and why each of the others cannot (one damaged results.json in a
+    sweep must not hide the others); with ``strict``, the first that cannot be read raises its PosexpError."""
+    runs: list[Run] = []
+    problems: list[str] = []
+    for folder in folders:
+        try:
+            runs.append(read_run(folder))
+        except PosexpError as e:
+            if strict:
+                raise
+            problems.append(str(e))
+    return runs, problems
 
 
 def base_train_len(run: Run) -> Optional[int]:

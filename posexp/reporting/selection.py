@@ -5,6 +5,7 @@ Everything here parses a user's option or reads a run's config; nothing builds t
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -12,13 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting import metrics
-from posexp.reporting.metrics import PERPLEXITY, Metric, metric_help
+from posexp.reporting.metrics import DEFAULT_TOLERANCE, PERPLEXITY, Metric, metric_help, parse_metric
 from posexp.reporting.formatting import MISSING
 from posexp.reporting.runs import Run
-
-
-DEFAULT_TOLERANCE = 0.1
 
 
 DEFAULT_METRICS = ("ratio", "maxlen", "auc")
@@ -87,13 +84,16 @@ def _known_keys(runs: list[Run]) -> list[str]:
     return list(keys)
 
 
-def unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
-    import difflib
-
-    known = _known_keys(runs)
+def did_you_mean(key: str, known: list[str]) -> str:
+    """`` (did you mean KEY?)`` with the known key closest to ``key``; "" when none is close."""
     close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return ConfigError(option, f"unknown config key {key!r}: no run has it{hint}. Known keys: {', '.join(known)}")
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_key_error(option: str, key: str, runs: list[Run]) -> ConfigError:
+    known = _known_keys(runs)
+    return ConfigError(option, f"unknown config key {key!r}: no run has it{did_you_mean(key, known)}. "
+                               f"Known keys: {', '.join(known)}")
 
 
 def canon(value: Any) -> str:
@@ -179,16 +179,6 @@ def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
         filters.append(Filter(match.group(1), tuple(v.strip() for v in match.group(3).split(",")),
                               match.group(2) == "!="))
     return filters
-
-
-def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE) -> Metric:
-    """Parse a perplexity metric (``ratio``, ``ratio@8x``, ``ppl@1024``, ``maxlen``, ``auc@16x``...) by the
-    registry's declarations (:mod:`posexp.reporting.metrics`).
-
-    Raises:
-        ConfigError: for ``--metric`` (or ``--tolerance``), naming the allowed forms.
-    """
-    return metrics.parse_metric(text, tolerance, PERPLEXITY)
 
 
 def check_tolerance(tolerance: float) -> None:

@@ -137,7 +137,8 @@ class Stat:
     Attributes:
         applicable: None when no run has this value (not evaluated), False when not applicable.
         mean, low, high: the value and its interval (None when unknown).
-        n: how many runs the mean is over.
+        n: how many runs the mean is over; 0 for one run's own value (a cell of a run's line, with its
+            evaluation interval).
     """
 
     applicable: Optional[bool] = None

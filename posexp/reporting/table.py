@@ -1,5 +1,8 @@
 """What a report is made of: a cell per length, a row per run, groups of rows (the table's lines), the report.
 
+A run's cell and a group's are one :class:`~posexp.reporting.stats.Stat`: a run's is its own value with its
+evaluation interval (``n`` 0), a group's the mean over its runs.
+
 Built by :func:`posexp.reporting.lm_report.build_report`; read by the writers (:mod:`.render`, :mod:`.document`).
 """
 
@@ -9,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from posexp.reporting.compare import Comparison
-from posexp.reporting.formatting import MISSING, NOT_APPLICABLE, fmt_fixed
 from posexp.reporting.metrics import CELLS, PERPLEXITY, read_values
 from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import Filter, Metric
@@ -20,30 +22,12 @@ UNLEARNED = "did not learn at 1×"  # the flag of a run that did not learn at it
 
 
 @dataclass
-class Cell:
-    """One table cell: perplexity (task runs: accuracy in %). ``applicable`` is None when the run has no row for
-    this length."""
-
-    applicable: Optional[bool] = None
-    ppl: Optional[float] = None
-    low: Optional[float] = None
-    high: Optional[float] = None
-
-    def text(self) -> str:
-        if self.applicable is None:
-            return MISSING
-        if not self.applicable or self.ppl is None:
-            return NOT_APPLICABLE
-        return fmt_fixed(self.ppl, 2)
-
-
-@dataclass
 class ReportRow:
     """One run's line in the table."""
 
     label: str
     run: Run
-    cells: dict[int, Cell]
+    cells: dict[int, Stat]  # length -> its perplexity (task runs: accuracy in %); absent: no row at that length
     ratio: Optional[float]
     flags: list[str] = field(default_factory=list)
     settings: Optional[dict] = None  # how the shown rows were measured (reporting.runs.shown_settings)
@@ -180,9 +164,9 @@ class Group:
         return self.rows[0].run.train_len if self.rows else None
 
 
-def cells(run: Run, report: Report) -> dict[int, Cell]:
-    """length -> the :class:`Cell` of ``run``'s rows the table shows: the field of the report's kind, scaled
-    (:data:`posexp.reporting.metrics.CELLS`)."""
+def cells(run: Run, report: Report) -> dict[int, Stat]:
+    """length -> the :class:`~posexp.reporting.stats.Stat` of ``run``'s rows the table shows: the field of the
+    report's kind, scaled (:data:`posexp.reporting.metrics.CELLS`)."""
     name, scale = CELLS[report.kind]
-    return {n: Cell(ok, *(None if v is None else scale * v for v in values))
+    return {n: Stat(ok, *(None if v is None else scale * v for v in values))
             for n, (ok, *values) in read_values(report.shown(run), name).items()}

@@ -20,11 +20,12 @@ from typing import Any, Optional, Sequence
 from posexp.errors import ConfigError
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group
-from posexp.reporting.metrics import ACCURACY as TASK_RUNS, Metric, applies_to, parse_metric, read_values
+from posexp.reporting.metrics import ACCURACY as TASK_RUNS, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run
-from posexp.reporting.selection import DEFAULT_TOLERANCE, config_value, option_items, show_value
+from posexp.reporting.selection import config_value, option_items, show_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
+from posexp.reporting.views import view_text
 from posexp.runs.layout import ACCURACY, row_metric
 
 DEFAULT_TASK_METRICS = ("acc@2x", "acc@4x", "maxlen@acc90")
@@ -47,11 +48,6 @@ def default_task_metrics(runs: Sequence[Run]) -> tuple[str, ...]:
 def is_task_run(run: Run) -> bool:
     """Whether a run trained on a generated task (its rows are accuracy rows)."""
     return isinstance(run.info.get("task"), dict) or any(row_metric(r) == ACCURACY for r in run.rows)
-
-
-def parse_task_metric(text: str) -> Metric:
-    """A task metric (``acc@2x``, ``maxlen@acc90``...) by the registry's declarations (:mod:`.metrics`)."""
-    return parse_metric(text, DEFAULT_TOLERANCE, TASK_RUNS)
 
 
 def did_not_learn(run: Run) -> Optional[bool]:
@@ -79,7 +75,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     view = view or {}
     window = None if view.get("window") is None else (view["window"], view.get("sinks"))
     report = Report(kind=TASK_RUNS, scaling=view.get("scaling"), window=window, by=list(by),
-                    metrics=[parse_task_metric(m) for m in (metrics or default_task_metrics(runs))])
+                    metrics=[parse_metric(m, applies=TASK_RUNS) for m in (metrics or default_task_metrics(runs))])
     groups: dict[tuple, Group] = {}
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
@@ -99,8 +95,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     report.train_len = train.pop() if len(train := {run.train_len for run in runs}) == 1 else None
     report.warnings += _mark_unlearned(report.groups)
     if view and not report.lengths:
-        asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in view.items())
-        raise ConfigError("--view", f"no accuracy rows of the selected task runs are {asked} "
+        raise ConfigError("--view", f"no accuracy rows of the selected task runs are {view_text(view)} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")
     return report
 
@@ -169,18 +164,6 @@ def task_table_lines(report: Report) -> list[str]:
     return lines + to_markdown(task_table(report)).splitlines()
 
 
-def task_plot_series(report: Report) -> list[tuple]:
-    """(label, lengths, accuracy in [0, 1], low, high) per group, for the accuracy-vs-length figure."""
-    series = []
-    for g in report.groups:
-        lengths = sorted(g.cells)
-        stat = [g.cells[n] for n in lengths]
-        frac = lambda v: None if v is None else v / 100  # noqa: E731
-        series.append((f"{g.task}: {g.label}", lengths, [frac(s.mean if s.applicable else None) for s in stat],
-                       [frac(s.low) for s in stat], [frac(s.high) for s in stat]))
-    return series
-
-
 # -- output ------------------------------------------------------------------------------------------
 
 def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[list[str]], Optional[list[str]]]:
@@ -200,9 +183,11 @@ def write_task_report(report: Report, out_dir) -> str:
 
     from posexp.plots.accuracy import plot_accuracy_vs_length
     from posexp.reporting.depth_curve import write_depth_curve
+    from posexp.reporting.render import stat_series
     from posexp.runs.layout import REPORT_ACCURACY_PLOT
 
-    plot_accuracy_vs_length(task_plot_series(report), Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
+    series = [stat_series(f"{g.task}: {g.label}", g.cells, per=100) for g in report.groups]  # accuracy in [0, 1]
+    plot_accuracy_vs_length(series, Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
                             title="exact match vs context length (mean over each group's runs)")
     lines = task_table_lines(report)
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",

@@ -87,8 +87,7 @@ def pick_view(runs: Sequence[Any], wanted: dict[str, Any]) -> tuple[Optional[Vie
     candidates = [v for v in views if matches(v)]
     if views and not candidates:
         have = "; ".join(fmt_view(*v) for v in views)
-        asked = ", ".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
-        raise ConfigError("--view", f"no results of the selected runs are {asked}; they have: {have} "
+        raise ConfigError("--view", f"no results of the selected runs are {view_text(wanted)}; they have: {have} "
                                     "(posexp eval RUN eval.KEY=VALUE measures another)")
     if not candidates:
         return None, []
@@ -98,9 +97,14 @@ def pick_view(runs: Sequence[Any], wanted: dict[str, Any]) -> tuple[Optional[Vie
     return chosen, [v for v in views if v != chosen]
 
 
+def view_text(wanted: dict[str, Any], sep: str = ", ") -> str:
+    """``window=128, scaling=none``: a ``--view`` as the user gave it, in words."""
+    return sep.join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
+
+
 def view_slug(wanted: dict[str, Any]) -> str:
     """``view-window=128,protocol=last_k``: a folder name for a report of this view."""
-    return "view-" + ",".join(f"{k}={'none' if v is None else v}" for k, v in wanted.items())
+    return "view-" + view_text(wanted, ",")
 
 
-__all__ = ["MAIN_PROTOCOL", "VIEW_KEYS", "View", "parse_view", "pick_view", "view_slug"]
+__all__ = ["MAIN_PROTOCOL", "VIEW_KEYS", "View", "parse_view", "pick_view", "view_slug", "view_text"]

@@ -29,7 +29,7 @@ A whole new metric, e.g. ``posexp/reporting/metrics/median_ppl.py``::
         def describe(self, metric: Metric, report) -> str:
             return f"{metric.name} = the median perplexity from 1x to {metric.multiple:g}x the training length."
 
-Every metric's ``value`` gets the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Cell of
+Every metric's ``value`` gets the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Stat of
 the field the table shows, ``row.run``: the run with all its result rows) and the
 :class:`~posexp.reporting.table.Report`. A metric of the value at one length subclasses :class:`ValueAt`; one of
 another field of the result rows (``ppl_key`` beside ``ppl``, ``token_accuracy`` beside ``exact_match``) reads it,
@@ -53,6 +53,7 @@ PERPLEXITY, ACCURACY = "perplexity", "accuracy"
 # what a table's cell shows of the rows of each kind of run: the field, and its scale (accuracy in %)
 CELLS = {PERPLEXITY: ("ppl", 1.0), ACCURACY: ("exact_match", 100.0)}
 LOWER, HIGHER = "lower", "higher"
+DEFAULT_TOLERANCE = 0.1  # what a bare maxlen stands for: ppl within +10% of the training length's (--tolerance)
 Value = tuple[Optional[bool], Optional[float]]
 
 # what each {slot} of a pattern matches, loosely (a bad value is then named by the metric's own message)
@@ -321,7 +322,7 @@ def applies_to(text: str) -> Optional[str]:
     return None
 
 
-def parse_metric(text: str, tolerance: float, applies: str = PERPLEXITY) -> Metric:
+def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE, applies: str = PERPLEXITY) -> Metric:
     """Parse one ``--metric`` name of runs of one kind (``ratio@8x``, ``maxlen``, ``acc@2x``...).
 
     Args:

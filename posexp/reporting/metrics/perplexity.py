@@ -1,7 +1,7 @@
 """The summary metrics of a language-model run's perplexity-vs-length curve: ratio, ratio@, ppl@, gain, maxlen, auc;
 and the lengths the plain ratio and auc are taken at, common to every run of the report.
 
-Each value function reads the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Cell of
+Each value function reads the run's :class:`~posexp.reporting.table.ReportRow` (``row.cells``: length -> Stat of
 the rows the table shows) and the :class:`~posexp.reporting.table.Report`.
 """
 
@@ -36,9 +36,9 @@ def common_ratio_length(rows: list[Any], lengths: list[int], train_len: Optional
 def ratio_of(row: Any, length: int) -> Optional[float]:
     at_len = row.cells.get(length)
     at_train = row.cells.get(row.run.train_len) if row.run.train_len is not None else None
-    if at_len is None or at_train is None or not (at_len.applicable and at_train.applicable) or not at_train.ppl:
+    if at_len is None or at_train is None or not (at_len.applicable and at_train.applicable) or not at_train.mean:
         return None
-    return at_len.ppl / at_train.ppl
+    return at_len.mean / at_train.mean
 
 
 def auc_span_multiple(rows: list[Any]) -> Optional[float]:
@@ -57,13 +57,13 @@ def _at_train(row: Any) -> tuple[Optional[Value], Any]:
     if train_len is None or train_len not in row.cells:
         return (None, None), None
     cell = row.cells[train_len]
-    if not cell.applicable or not cell.ppl:
+    if not cell.applicable or not cell.mean:
         return (False, None), None
     return None, cell
 
 
 def _cells(row: Any) -> dict[int, Value]:
-    return {n: (cell.applicable, cell.ppl) for n, cell in row.cells.items()}
+    return {n: (cell.applicable, cell.mean) for n, cell in row.cells.items()}
 
 
 class Ratio(MetricSpec):
@@ -97,7 +97,7 @@ class RatioAt(MetricSpec):
         cell = row.cells.get(metric.at(row.run.train_len))
         if cell is None:
             return None, None
-        return (True, cell.ppl / at_train.ppl) if cell.applicable else (False, None)
+        return (True, cell.mean / at_train.mean) if cell.applicable else (False, None)
 
     def describe(self, metric: Metric, report: Any) -> str:
         return f"{metric.name} = ppl at {metric.where()} / ppl at the training length (lower is better; 1 = no loss)."
@@ -166,7 +166,7 @@ class MaxLen(MetricSpec):
         early, at_train = _at_train(row)
         if early is not None:
             return early
-        limit = (1 + (metric.fraction or 0.0)) * at_train.ppl
+        limit = (1 + (metric.fraction or 0.0)) * at_train.mean
         return True, float(longest(_cells(row), row.run.train_len + 1, lambda ppl: ppl <= limit, row.run.train_len))
 
     def describe(self, metric: Metric, report: Any) -> str:
@@ -191,10 +191,10 @@ class Auc(MetricSpec):
         if upper not in cells:
             return None, None
         span = [n for n in sorted(cells) if train_len <= n <= upper]
-        if any(not cells[n].applicable or not cells[n].ppl or cells[n].ppl <= 0 for n in span):
+        if any(not cells[n].applicable or not cells[n].mean or cells[n].mean <= 0 for n in span):
             return False, None
         xs = [math.log2(n) for n in span]
-        ys = [math.log(cells[n].ppl) for n in span]
+        ys = [math.log(cells[n].mean) for n in span]
         return True, sum((xs[i + 1] - xs[i]) * (ys[i] + ys[i + 1]) / 2 for i in range(len(span) - 1))
 
     def describe(self, metric: Metric, report: Any) -> str:

@@ -44,9 +44,9 @@ class Slope(MetricSpec):
         span = [n for n in sorted(cells) if train_len <= n <= upper]
         if upper not in cells or train_len not in cells or len(span) < 2:
             return None, None
-        if any(not cells[n].applicable or not cells[n].ppl or cells[n].ppl <= 0 for n in span):
+        if any(not cells[n].applicable or not cells[n].mean or cells[n].mean <= 0 for n in span):
             return False, None
-        return True, loglog_slope([(n / train_len, cells[n].ppl) for n in span])
+        return True, loglog_slope([(n / train_len, cells[n].mean) for n in span])
 
     def describe(self, metric: Metric, report: Any) -> str:
         return (f"{metric.name} = least-squares slope of ln(ppl) on ln(length / training length) over the evaluated "

@@ -224,11 +224,11 @@ def test_reports_keep_windowed_rows_apart_like_scalings(tmp_path):
     windowed = _rows({128: 3.0, 512: 3.1}, window=128, sinks=4)
     both = make_run(tmp_path / "both", {}, extra_rows=windowed + _rows({128: 3.0, 512: 5.0}))
     report = build_report([both])
-    assert report.window is None and report.rows[0].cells[512].ppl == 5.0  # plain rows, though listed second
+    assert report.window is None and report.rows[0].cells[512].mean == 5.0  # plain rows, though listed second
     assert "nonoverlap with window 128 + 4 sinks" in render_markdown(report)
     only = make_run(tmp_path / "only", {}, extra_rows=windowed)
     report = build_report([only])
-    assert report.window == (128, 4) and report.rows[0].cells[512].ppl == 3.1
+    assert report.window == (128, 4) and report.rows[0].cells[512].mean == 3.1
     assert "with window 128 + 4 sinks" in render_markdown(report)
     assert (json.loads(render_json(report))["window"], json.loads(render_json(report))["sinks"]) == (128, 4)
     table = list(csv.DictReader(io.StringIO(render_csv(report))))
@@ -272,12 +272,12 @@ def test_report_view_shows_the_window_baseline_and_its_context_gain(tmp_path):
     folder = make_run(tmp_path / "r", {}, extra_rows=_rows({128: 3.0, 512: 5.0}) + _rows({128: 3.0, 512: 3.1},
                       window=128) + last_k({128: 3.0, 512: 2.5}) + last_k({128: 3.0, 512: 3.0}, window=128))
     plain, windowed = build_report([folder]), build_report([folder], ReportOptions(view="window=128", metrics="gain"))
-    assert plain.window is None and plain.rows[0].cells[512].ppl == 5.0
+    assert plain.window is None and plain.rows[0].cells[512].mean == 5.0
     assert windowed.window == (128, None) and windowed.protocol == "nonoverlap"
-    assert windowed.rows[0].cells[512].ppl == 3.1
+    assert windowed.rows[0].cells[512].mean == 3.1
     assert windowed.groups[0].metrics["gain"].mean == pytest.approx(0.0)  # the windowed last_k rows' gain
     last = build_report([folder], ReportOptions(view=["protocol=last_k", "window=128"]))
-    assert (last.protocol, last.window, last.rows[0].cells[512].ppl) == ("last_k", (128, None), 3.0)
+    assert (last.protocol, last.window, last.rows[0].cells[512].mean) == ("last_k", (128, None), 3.0)
 
 
 @pytest.mark.parametrize("view,message", [

@@ -7,7 +7,6 @@ import pytest
 
 from posexp.errors import ConfigError
 from posexp.reporting import metrics
-from posexp.reporting.compare import higher_is_better
 from posexp.reporting.metrics import ACCURACY, HIGHER, LOWER, PERPLEXITY, MetricSpec, parse_metric
 
 
@@ -57,7 +56,7 @@ def test_a_new_metric_reaches_parser_help_completion_and_verdicts_from_its_decla
 
     parsed = parse_metric("peak@4x", 0.1)
     assert (parsed.kind, parsed.multiple, parsed.decimals) == ("peak", 4.0, 1)
-    assert higher_is_better(parsed)
+    assert parsed.higher_is_better
     assert "peak@Kx" in metrics.metric_help(PERPLEXITY) and "peak@Kx" not in metrics.metric_help(ACCURACY)
     assert "ratio@4x,peak@4x" in _metrics([], "ratio@4x,pe").items
     assert metrics.applies_to("peak@4x") == PERPLEXITY
@@ -68,7 +67,7 @@ def test_a_new_metric_reaches_parser_help_completion_and_verdicts_from_its_decla
 @pytest.mark.parametrize("name,better", [("ratio@4x", LOWER), ("ppl@1024", LOWER), ("auc", LOWER), ("auc@8x", LOWER),
                                          ("maxlen", HIGHER), ("gain", HIGHER), ("gain@4x", HIGHER)])
 def test_the_verdict_direction_of_each_perplexity_metric(name, better):
-    assert higher_is_better(parse_metric(name, 0.1)) == (better == HIGHER)
+    assert parse_metric(name, 0.1).higher_is_better == (better == HIGHER)
 
 
 def test_task_names_go_to_task_runs_and_the_rest_to_language_model_runs():

@@ -129,7 +129,7 @@ def test_main_table_prefers_nonoverlap_unscaled_and_mentions_others(tmp_path):
     run = make_run(tmp_path / "r", {128: 3.0, 256: 3.5}, extra_rows=extra)
     report = build_report([run])
     assert (report.protocol, report.scaling) == ("nonoverlap", None)
-    assert report.rows[0].cells[256].ppl == 3.5
+    assert report.rows[0].cells[256].mean == 3.5
     md = render_markdown(report)
     assert "sliding" in md and "nonoverlap with scaling ntk" in md
 

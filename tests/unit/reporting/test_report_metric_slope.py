@@ -9,7 +9,6 @@ import pytest
 
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, parse_metric
-from posexp.reporting.compare import higher_is_better
 from posexp.reporting.metrics.slope import loglog_slope
 from posexp.reporting.options import ReportOptions
 from helpers.runs import make_run
@@ -49,7 +48,7 @@ def test_slope_in_a_report_spans_1x_to_kx_and_is_na_or_missing_as_declared(tmp_p
     assert groups["encoder=learned"].metrics["slope@4x"].text() == "n/a"  # 512 not applicable
     assert groups["encoder=learned"].metrics["slope@8x"].applicable is None  # 1024 never evaluated
     metric = parse_metric("slope@4x")
-    assert metric.decimals == 3 and not higher_is_better(metric)
+    assert metric.decimals == 3 and not metric.higher_is_better
     assert "ln(ppl) on ln(length / training length)" in metric.describe(report)
 
 

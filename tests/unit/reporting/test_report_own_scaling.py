@@ -20,7 +20,7 @@ def test_a_run_evaluated_only_under_its_own_scaling_shows_it(tmp_path):
     yarn = make_run(tmp_path / "1", {}, ["eval.scaling=yarn"], extra_rows=_scaled({128: 3.0, 256: 3.3}, "yarn"))
     report = build_report([plain, yarn])
     rows = {row.label: row for row in report.rows}
-    assert rows["eval.scaling=yarn"].cells[256].ppl == pytest.approx(3.3)
+    assert rows["eval.scaling=yarn"].cells[256].mean == pytest.approx(3.3)
     assert not rows["eval.scaling=yarn"].flags and not report.warnings  # its scaling is what is compared
     assert rows["eval.scaling=yarn"].ratio == pytest.approx(1.1) and report.other_views == []
 
@@ -29,7 +29,7 @@ def test_a_view_asked_for_or_a_run_with_plain_rows_keeps_the_table_to_one_scalin
     both = make_run(tmp_path / "0", {128: 3.0, 256: 4.4}, ["encoder=rope"], extra_rows=_scaled({256: 3.3}, "yarn"))
     yarn = make_run(tmp_path / "1", {}, ["encoder=alibi"], extra_rows=_scaled({128: 3.0, 256: 3.9}, "yarn"))
     rows = {row.label: row for row in build_report([both, yarn]).rows}
-    assert rows["encoder=rope"].cells[256].ppl == pytest.approx(4.4)  # plain rows of its own: those are shown
-    assert rows["encoder=alibi"].cells[256].ppl == pytest.approx(3.9)
+    assert rows["encoder=rope"].cells[256].mean == pytest.approx(4.4)  # plain rows of its own: those are shown
+    assert rows["encoder=alibi"].cells[256].mean == pytest.approx(3.9)
     plain = build_report([both, yarn], ReportOptions(view="scaling=none"))
     assert "no nonoverlap results" in {row.label: row.flags for row in plain.rows}["encoder=alibi"]

@@ -12,7 +12,8 @@ from rich.console import Console
 
 from posexp.errors import ConfigError
 from posexp.evaluation.accuracy import wilson_interval
-from posexp.reporting.task_report import build_task_report, parse_task_metric
+from posexp.reporting.metrics import ACCURACY, parse_metric
+from posexp.reporting.task_report import build_task_report
 from posexp.reporting.runs import read_run
 from posexp.reporting.summary import report_main
 from posexp.reporting.options import ReportOptions
@@ -67,7 +68,7 @@ def test_a_report_of_task_runs_only(tmp_path):
 @pytest.mark.parametrize("bad", ["acc@", "acc@twox", "maxlen@acc0", "maxlen@acc150"])
 def test_unknown_task_metrics_name_the_option(bad):
     with pytest.raises(ConfigError) as e:
-        parse_task_metric(bad)
+        parse_metric(bad, applies=ACCURACY)
     assert e.value.key == "--metric" and "acc@Kx" in str(e.value)
 
 
@@ -105,7 +106,7 @@ def test_tok_metrics_read_the_per_token_accuracy_where_exact_match_is_zero(tmp_p
     (group,) = report.groups
     assert group.metrics["acc@2x"].mean == pytest.approx(0.0)
     assert group.metrics["tok@2x"].mean == pytest.approx(30.0) and group.metrics["tok@64"].mean == pytest.approx(85.0)
-    assert "per-token" in parse_task_metric("tok@2x").describe()
+    assert "per-token" in parse_metric("tok@2x", applies=ACCURACY).describe()
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json", "markdown", "latex"])
@@ -219,8 +220,8 @@ def test_maxlen_at_acc90_is_an_absolute_threshold_and_the_relative_form_has_its_
     value = {g.label: {name: s.mean for name, s in g.metrics.items()} for g in report.groups}
     assert value["encoder=rope"] == {"maxlen@acc90": 0, "maxlen@rel90": 256, "maxlen@acc50": 0}
     assert value["encoder=alibi"] == {"maxlen@acc90": 128, "maxlen@rel90": 128, "maxlen@acc50": 256}
-    assert "every evaluated length has exact-match accuracy >= 90%" in parse_task_metric("maxlen@acc90").describe()
-    assert "of the accuracy at the training length" in parse_task_metric("maxlen@rel90").describe()
+    assert "every evaluated length has exact-match accuracy >= 90%" in parse_metric("maxlen@acc90", applies=ACCURACY).describe()
+    assert "of the accuracy at the training length" in parse_metric("maxlen@rel90", applies=ACCURACY).describe()
 
 
 def test_report_help_and_readme_define_maxlen_at_acc90():
