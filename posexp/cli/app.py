@@ -10,6 +10,8 @@ import contextlib
 import errno
 import io
 import logging
+import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -433,7 +435,23 @@ def _usable_streams() -> None:
 def main() -> None:
     """The app on streams that never stop a run (the ``posexp`` command is :func:`posexp.cli.main`)."""
     _usable_streams()
-    app()
+    with _typer_width():
+        app()
+
+
+@contextlib.contextmanager
+def _typer_width() -> Iterator[None]:
+    """Typer's own console (``--help``, usage errors) under COLUMNS=0 was zero characters wide and printed nothing:
+    it gets the terminal's width, as :func:`posexp.runtime.terminal.console` does, for this call only."""
+    from typer import rich_utils
+
+    kept = rich_utils.MAX_WIDTH
+    if kept is None and os.environ.get("COLUMNS") == "0":
+        rich_utils.MAX_WIDTH = shutil.get_terminal_size().columns
+    try:
+        yield
+    finally:
+        rich_utils.MAX_WIDTH = kept
 
 
 if __name__ == "__main__":

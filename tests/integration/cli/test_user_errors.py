@@ -181,6 +181,8 @@ def test_a_terminal_setting_never_hides_an_error_nor_raises(columns, encoding, t
     listing = invoke_main("list", columns=columns, encoding=encoding, cwd=tmp_path)
     assert listing.exit_code == 0 and "rope" in listing.stdout, repr(listing.exception)
     assert "Traceback" not in listing.stderr
+    helped = invoke_main("report", "--help", columns=columns, encoding=encoding, cwd=tmp_path)
+    assert helped.exit_code == 0 and "--metric" in helped.stdout, helped.stdout
 
 
 @pytest.mark.parametrize("args", [[f"hydra.run.dir={'x' * 300}"], ["-m", f"hydra.sweep.dir=s/{'y' * 300}", "seed=0,1"]],
