@@ -183,16 +183,18 @@ def _check_group(override, options: List[str], multirun: bool) -> None:
         values = []  # the sweep check names it
     # several options of one group at once (logger=[tensorboard,mlflow]): each must exist
     values = [v.strip() for value in values for v in (value[1:-1].split(",") if value.startswith("[") else [value])]
-    for value in values:
-        if value not in options:
-            raise OverrideError(_no_option(group, value, options), hydra_reports=group not in OPTIONAL_GROUPS)
-    if group == "encoder":  # a plugin encoder that cannot be used (its module fails to load...): why, in one line
+    # a plugin encoder that cannot be used (its module fails to load...) is named first, with why, in one line; a
+    # command line naming only unknown encoders is answered without loading them
+    if group == "encoder" and any(v in options for v in values):
         from posexp.encoders import broken  # torch: see posexp/cli/app.py
 
         unusable = broken()
         value = next((v for v in values if v in unusable), None)
         if value is not None:
             raise PosexpError(f"encoder={value}: the plugin encoder cannot be used: {unusable[value]}")
+    for value in values:
+        if value not in options:
+            raise OverrideError(_no_option(group, value, options), hydra_reports=group not in OPTIONAL_GROUPS)
 
 
 def _no_option(group: str, value: str, options: Sequence[str]) -> str:

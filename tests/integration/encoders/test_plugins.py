@@ -371,6 +371,8 @@ def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_
               "encoder=plain", "/schema/encoder/plain@_here_")
     _one_line(invoke("train", "--config-dir", "conf", "-m", "encoder=logrope,nohints", *TINY, cwd=project),
               "encoder=nohints", "needs a default")
+    _one_line(invoke("train", "--config-dir", "conf", "-m", "encoder=nohints,nope", *TINY, cwd=project),
+              "encoder=nohints", "needs a default")  # the broken plugin is named first, as a lone value is
     assert not (project / "outputs").exists() and not (project / "multirun").exists()
 
 
