@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import TINY_RUN, invoke
+from helpers.resume import RESUMABLE
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -109,3 +110,12 @@ def pretrained_run(llama_dir, corpus_dir, tmp_path_factory) -> Path:
     result = invoke("eval", f"hf:{llama_dir}", *text_data(corpus_dir), f"hydra.run.dir={out}")
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> Path:
+    """The uninterrupted run (:data:`helpers.resume.RESUMABLE`) every stopped and resumed run must match."""
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    result = invoke("train", *RESUMABLE, f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    return run_dir

@@ -39,15 +39,6 @@ def _wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
         time.sleep(0.01)  # polling only: no assertion depends on how long anything takes
 
 
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory) -> Path:
-    """The uninterrupted run every resumed run must match (here; the stopped one runs in a subprocess)."""
-    run_dir = tmp_path_factory.mktemp("full") / "run"
-    result = invoke("train", *RESUMABLE, f"hydra.run.dir={run_dir}")
-    assert result.exit_code == 0, result.output
-    return run_dir
-
-
 @pytest.mark.slow  # the SIGTERM-mid-step test in tests/integration keeps stop-and-resume in the default suite
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_run_stopped_at_a_random_moment_resumes_to_identical_numbers(stop, full_run, tmp_path):

@@ -21,15 +21,6 @@ from helpers.resume import RESUMABLE, STEPS
 from helpers.resume import logged_steps as _logged_steps, numbers as _numbers, results as _results
 
 
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory) -> Path:
-    """The uninterrupted run every resumed run must match."""
-    run_dir = tmp_path_factory.mktemp("full") / "run"
-    result = invoke("train", *RESUMABLE, f"hydra.run.dir={run_dir}")
-    assert result.exit_code == 0, result.output
-    return run_dir
-
-
 def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers(full_run, tmp_path, monkeypatch):
     """The signal arrives while step 6 runs (here, from the batch sampler): step 6 finishes and is checkpointed."""
     from posexp.data.corpus import BatchSampler
