@@ -36,7 +36,9 @@ def fmt_settings(settings: Any) -> str:
 
 
 def fmt_fixed(value: float, decimals: int) -> str:
-    return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
+    """``value`` to ``decimals`` places; one that rounds to zero is ``0.000``, never ``-0.000`` (a flat slope of
+    -0.0001 is not a negative one)."""
+    return _unsigned_zero(f"{value:.{decimals}f}") if math.isfinite(value) else str(value)
 
 
 def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -> str:
@@ -48,7 +50,13 @@ def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -
 
 def fmt_signed(value: Optional[float], decimals: int = 2, missing: str = "—") -> str:
     """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); ``missing`` for None."""
-    return missing if value is None else f"{value:+.{decimals}f}".replace("-", "−")
+    return missing if value is None else _unsigned_zero(f"{value:+.{decimals}f}", "+").replace("-", "−")
+
+
+def _unsigned_zero(text: str, sign: str = "") -> str:
+    """A formatted number that rounds to zero without its minus sign (``-0.00`` -> ``0.00``; ``sign``: what
+    stands there instead, ``+`` for a signed number)."""
+    return sign + text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 def fmt_num(value: Any, spec: str = "g") -> str:

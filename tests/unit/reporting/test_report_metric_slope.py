@@ -9,6 +9,7 @@ import pytest
 
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, parse_metric
+from posexp.reporting.formatting import fmt_signed
 from posexp.reporting.metrics.slope import loglog_slope
 from posexp.reporting.options import ReportOptions
 from helpers.runs import make_run
@@ -56,3 +57,10 @@ def test_slope_in_a_report_spans_1x_to_kx_and_is_na_or_missing_as_declared(tmp_p
 def test_slope_takes_a_multiple_above_1(bad):
     with pytest.raises(ConfigError, match="slope takes the upper end of its span as a multiple above 1"):
         parse_metric(bad)
+
+
+def test_a_flat_run_prints_a_slope_of_zero_not_a_negative_one(tmp_path):
+    flat = make_run(tmp_path / "flat", {128: 3.0, 256: 2.9999, 512: 2.9998}, ["encoder=rope"])
+    slope = build_report([flat], ReportOptions(metrics="slope@4x")).groups[0].metrics["slope@4x"]
+    assert slope.mean < 0 and slope.text(3) == "0.000"  # rounds to zero: no minus sign before it
+    assert fmt_signed(-0.001) == "+0.00" and fmt_signed(-0.01) == "−0.01"  # a difference that rounds to zero alike
