@@ -71,8 +71,11 @@ class Ratio(MetricSpec):
     better, decimals = LOWER, 2
 
     def value(self, metric: Metric, row: Any, report: Any) -> Value:
-        if report.ratio_length is None or row.ratio is None:
+        if report.ratio_length is None:
             return False, None
+        if row.ratio is None:  # not evaluated at 1x or at the ratio's length (in the rows shown): missing, not n/a
+            evaluated = all(n in row.cells for n in (row.run.train_len, report.ratio_length))
+            return (False if evaluated else None), None
         return True, row.ratio
 
     def describe(self, metric: Metric, report: Any) -> str:

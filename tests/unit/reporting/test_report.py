@@ -812,3 +812,13 @@ def test_a_hand_edited_list_seed_does_not_crash_the_report(tmp_path):
     results["run"]["seed"] = [0]
     (b / "results.json").write_text(json.dumps(results))
     assert len(build_report([a, b], ReportOptions(by="encoder")).groups) == 2
+
+
+def test_ratio_of_a_run_not_evaluated_at_1x_is_missing_and_of_one_that_cannot_run_there_not_applicable(tmp_path):
+    full = make_run(tmp_path / "full", {128: 3.0, 256: 3.3, 512: 3.6}, ["encoder=rope"])
+    unmeasured = make_run(tmp_path / "unmeasured", {256: 3.1, 512: 3.4}, ["encoder=alibi"], encoder="alibi")
+    learned = make_run(tmp_path / "learned", {128: 3.0, 256: None, 512: None}, ["encoder=learned"],
+                       encoder="learned")
+    ratio = {g.label: g.metrics["ratio"].text() for g in
+             build_report([full, unmeasured, learned], ReportOptions(by="encoder", metrics="ratio")).groups}
+    assert ratio == {"encoder=rope": "1.20", "encoder=alibi": "—", "encoder=learned": "n/a"}

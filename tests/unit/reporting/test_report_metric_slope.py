@@ -64,3 +64,4 @@ def test_a_flat_run_prints_a_slope_of_zero_not_a_negative_one(tmp_path):
     slope = build_report([flat], ReportOptions(metrics="slope@4x")).groups[0].metrics["slope@4x"]
     assert slope.mean < 0 and slope.text(3) == "0.000"  # rounds to zero: no minus sign before it
     assert fmt_signed(-0.001) == "+0.00" and fmt_signed(-0.01) == "−0.01"  # a difference that rounds to zero alike
+
