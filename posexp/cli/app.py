@@ -28,7 +28,7 @@ from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_comma
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming
 from posexp.cli.jobs import analyze_task, run_task
-from posexp.cli.options import ROOT, option
+from posexp.cli.options import ROOT, argument, option
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
@@ -100,9 +100,7 @@ def _root(
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
 def train(
-    overrides: Optional[List[str]] = typer.Argument(
-        None, help="Hydra overrides, e.g. encoder=rope base=10000; -m to sweep; --help for Hydra's help.",
-        show_default=False),
+    overrides: Optional[List[str]] = argument("train", "overrides"),
 ) -> None:
     """Train one model per configuration and evaluate it at several context lengths (a Hydra app).
 
@@ -113,10 +111,7 @@ def train(
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
 def finetune(
-    args: Optional[List[str]] = typer.Argument(
-        None, help="The run folder to fine-tune, then Hydra overrides, e.g. train_len=512 scaling=yarn "
-                   "train.steps=200; -m to sweep; --help for Hydra's help.", show_default=False,
-        metavar="RUN_DIR [OVERRIDES]"),
+    args: Optional[List[str]] = argument("finetune", "args"),
 ) -> None:
     """Extend a finished run's context: fine-tune it at a longer train_len, its positions scaled (a Hydra app).
 
@@ -232,9 +227,7 @@ def _terminate_run(signum, frame) -> None:
 
 @app.command()
 def resume(
-    run_dir: Path = typer.Argument(..., help="The run folder of a killed or interrupted posexp train run, or a "
-                                   "stopped sweep's folder (its interrupted jobs resumed, those never started run).",
-                                   show_default=False, metavar="RUN_DIR"),
+    run_dir: Path = argument("resume", "run_dir"),
     allow_changed_encoder: bool = option("resume", "--allow-changed-encoder"),
 ) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
@@ -257,7 +250,7 @@ def resume(
 
 @app.command()
 def report(
-    folders: List[Path] = typer.Argument(..., help="Run folders or sweep folders (searched recursively)."),
+    folders: List[Path] = argument("report", "folders"),
     out: Optional[Path] = option("report", "--out"),
     by: Optional[List[str]] = option("report", "--by"),
     metric: Optional[List[str]] = option("report", "--metric"),
@@ -284,11 +277,7 @@ def report(
 
 @app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def eval_cmd(
-    args: List[str] = typer.Argument(
-        ..., help="Run folders (or sweep folders: every run under them), then eval.* overrides, e.g. "
-                  "eval.lengths=[256,1024,8192] eval.protocol=last_k eval.last_k=64 eval.scaling=yarn; or hf:MODEL "
-                  "(a transformers model folder or Hub name) with Hydra overrides (hf:MODEL --cfg job lists them).",
-        show_default=False, metavar="RUN_DIR|hf:MODEL|eval.KEY=VALUE"),
+    args: List[str] = argument("eval", "args"),
     strict: bool = option("eval", "--strict"),
     allow_changed_encoder: bool = option("eval", "--allow-changed-encoder"),
 ) -> None:
@@ -311,10 +300,7 @@ def eval_cmd(
 
 @app.command(context_settings=HYDRA_PASSTHROUGH)
 def analyze(
-    overrides: Optional[List[str]] = typer.Argument(
-        None, help="Hydra overrides, e.g. encoder=rope base=10000 (-m to sweep, --help for Hydra's help); "
-                   "or trained run folders, then analyze.KEY=VALUE.",
-        show_default=False),
+    overrides: Optional[List[str]] = argument("analyze", "overrides"),
 ) -> None:
     """The geometry of an encoding without training (a Hydra app), or of a trained run's encoding and attention.
 
@@ -333,11 +319,8 @@ def analyze(
 
 @app.command("check")
 def check_cmd(
-    encoder: str = typer.Argument(..., help="A registered encoder (posexp list shows them), built-in or plugin.",
-                                  show_default=False),
-    options: Optional[List[str]] = typer.Argument(None, help="The encoder's options, KEY=VALUE, e.g. base=500; "
-                                                  "train_len=N: the length check reaches 16N (default 128).",
-                                                  show_default=False),
+    encoder: str = argument("check", "encoder"),
+    options: Optional[List[str]] = argument("check", "options"),
     fmt: str = option("check", "--format"),
     config_dir: Optional[Path] = option("check", "--config-dir"),
 ) -> None:
@@ -367,8 +350,8 @@ def _config_dirs(config_dir: Optional[Path]) -> list:
 
 @app.command("export")
 def export(
-    run_dir: Path = typer.Argument(..., help="A finished run folder (posexp train's).", show_default=False),
-    out_dir: Path = typer.Argument(..., help="The model folder to write; new or empty.", show_default=False),
+    run_dir: Path = argument("export", "run_dir"),
+    out_dir: Path = argument("export", "out_dir"),
     overwrite: bool = option("export", "--overwrite"),
 ) -> None:
     """Write a trained run as a transformers model folder (learned, rope and alibi runs).
@@ -389,11 +372,8 @@ def export(
 
 @app.command("search")
 def search_cmd(
-    target: str = typer.Argument(..., help="A rope run folder, or hf:PATH_OR_NAME (a transformers model with RoPE).",
-                                 show_default=False),
-    overrides: Optional[List[str]] = typer.Argument(None, help="For hf: models, settings as posexp eval hf: takes "
-                                                    "them, e.g. data=text data.path=DIR hf.bos=false.",
-                                                    show_default=False),
+    target: str = argument("search", "target"),
+    overrides: Optional[List[str]] = argument("search", "overrides"),
     target_len: int = option("search", "--target-len"),
     out: Optional[Path] = option("search", "--out"),
     objective: str = option("search", "--objective"),

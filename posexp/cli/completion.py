@@ -6,7 +6,8 @@ where a command takes them (the shell lists those: :mod:`posexp.cli.shell`).
 
 A TAB must answer at once, so this imports neither torch, Hydra nor the app: a group's options are the yaml files of
 ``configs/GROUP/`` (and of the user's ``--config-dir``), keys come from the schema's dataclasses, an encoder's options
-from its yaml. The subcommands and their options are :mod:`posexp.cli.options`, which the app builds its own from.
+from its yaml. The subcommands, their arguments and options are :mod:`posexp.cli.options`, which the app builds its
+own from.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from posexp.cli.hydra_flags import APPS
-from posexp.cli.options import COMMANDS, DIR, HELP, KEYS, METRICS, OVERRIDES, ROOT, find, options
+from posexp.cli.options import (COMMANDS, DIR, ENCODER, ENCODER_OPTIONS, HELP, KEYS, METRICS, OVERRIDES, ROOT,
+                                RUNS_AND_EVAL, RUNS_OR_OVERRIDES, arguments, find, options)
 from posexp.config.schema import config_dir
 
 WORDS, DIRS, FILES = "words", "dirs", "files"
@@ -36,7 +38,24 @@ class Reply:
 
 
 NOTHING, FOLDERS = Reply(), Reply(DIRS)
-Completer = Callable[[Sequence[str], str], Reply]  # (the words after the subcommand, the word typed) -> Reply
+
+
+@dataclass(frozen=True)
+class Line:
+    """The command line a word is completed on.
+
+    Attributes:
+        words: the words after the subcommand.
+        app: the Hydra app (its config's name) whose overrides complete the word.
+        before: the arguments before the one typed.
+    """
+
+    words: Sequence[str]
+    app: str = "config"
+    before: Sequence[str] = ()
+
+
+Completer = Callable[[Line, str], Reply]  # (the line, the word typed) -> Reply
 
 
 def _offer(values: Iterable[str], typed: str, kind: str = WORDS, items: bool = False) -> Reply:
@@ -46,7 +65,7 @@ def _offer(values: Iterable[str], typed: str, kind: str = WORDS, items: bool = F
 
 
 def _choices(values: Sequence[str]) -> Completer:
-    return lambda words, typed: _offer(values, typed)
+    return lambda line, typed: _offer(values, typed)
 
 
 # -- the schema's keys and the values its comments list ---------------------------------------------
@@ -244,23 +263,47 @@ def overrides(app: str, words: Sequence[str], typed: str) -> Reply:
     return Reply(reply.kind, tuple(f"{sign}{key}={v}" for v in reply.items))
 
 
-# -- the subcommands: their options (posexp.cli.options), and what completes each option's value -------------
+# -- the subcommands: their arguments and options (posexp.cli.options), and what completes each ------------------
 
-def _report_keys(words: Sequence[str], typed: str) -> Reply:
+def _report_keys(line: Line, typed: str) -> Reply:
     """``--by encoder,base``: config keys, comma-separated."""
-    keys = AppKeys.of("config", words).keys(typed[typed.rfind(",") + 1:])
+    keys = AppKeys.of("config", line.words).keys(typed[typed.rfind(",") + 1:])
     return _offer([k.rstrip("=") for k in keys], typed, items=True)
 
 
-def _metrics(words: Sequence[str], typed: str) -> Reply:
+def _metrics(line: Line, typed: str) -> Reply:
     """``--metric ratio@8x,auc``: the metric registry's examples, comma-separated."""
     from posexp.reporting.metrics import metric_examples
 
     return _offer(metric_examples(), typed, items=True)
 
 
-VALUES: Dict[str, Completer] = {DIR: lambda words, typed: FOLDERS, KEYS: _report_keys, METRICS: _metrics,
-                                OVERRIDES: lambda words, typed: overrides("config", words, typed)}
+def _runs_or_overrides(line: Line, typed: str) -> Reply:
+    """Run folders where a path is being typed, else overrides (``posexp analyze``)."""
+    return FOLDERS if "/" in typed or typed.startswith((".", "~")) else overrides(line.app, line.words, typed)
+
+
+def _runs_and_eval(line: Line, typed: str) -> Reply:
+    """Run folders and ``eval.KEY=VALUE`` (``posexp eval``)."""
+    return overrides(line.app, line.words, typed) if typed.startswith("eval.") else _offer(("eval.",), typed, DIRS)
+
+
+def _encoders(line: Line, typed: str) -> Reply:
+    """The registered encoders: the configs' and the user's yaml files, the plugins installed packages declare."""
+    return _offer(group_options("encoder", user_dirs(line.words)), typed)
+
+
+def _encoder_options(line: Line, typed: str) -> Reply:
+    """``KEY=`` of the encoder the argument before names (``posexp check t5 num_buckets=``)."""
+    if "=" in typed:  # a value: nothing to list
+        return NOTHING
+    return _offer([f"{k}=" for k in encoder_keys(line.before[-1], user_dirs(line.words))], typed)
+
+
+VALUES: Dict[str, Completer] = {
+    DIR: lambda line, typed: FOLDERS, KEYS: _report_keys, METRICS: _metrics,
+    OVERRIDES: lambda line, typed: overrides(line.app, line.words, typed), RUNS_OR_OVERRIDES: _runs_or_overrides,
+    RUNS_AND_EVAL: _runs_and_eval, ENCODER: _encoders, ENCODER_OPTIONS: _encoder_options}
 
 
 def _value_of(command: str, name: str) -> Optional[Completer]:
@@ -283,22 +326,13 @@ def _positionals(command: str, words: Sequence[str]) -> List[str]:
 
 
 def _arguments(command: str, words: Sequence[str], typed: str) -> Reply:
-    """The arguments of ``command``: overrides of a Hydra app, run folders, an encoder and its options."""
+    """The argument of ``command`` the word typed is, completed as its declaration says; nothing past the last."""
     given = _positionals(command, words)
-    if command in ("train", "analyze", "finetune"):
-        if (command == "finetune" and not given) or (command == "analyze" and (
-                "/" in typed or typed.startswith((".", "~")))):  # the run folder(s) first, or a path being typed
-            return FOLDERS
-        return overrides("config" if command == "train" else command, words, typed)
-    if command == "eval":  # run folders and eval.KEY=VALUE
-        return overrides("config", words, typed) if typed.startswith("eval.") else _offer(("eval.",), typed, DIRS)
-    if command == "check":  # an encoder, then its options
-        dirs = user_dirs(words)
-        if not given:
-            return _offer(group_options("encoder", dirs), typed)
-        return NOTHING if "=" in typed else _offer([f"{k}=" for k in encoder_keys(given[0], dirs)], typed)
-    most = {"resume": 1, "export": 2, "list": 0}.get(command, len(given) + 1)  # report, search: any number
-    return FOLDERS if len(given) < most else NOTHING
+    for at, declared in enumerate(arguments(command)):
+        if declared.many or at == len(given):
+            values = declared.first if declared.first and at == len(given) else declared.values
+            return VALUES[values](Line(words, declared.app, given[:at]), typed)
+    return NOTHING
 
 
 def complete(words: Sequence[str], typed: str) -> Reply:
@@ -311,11 +345,11 @@ def complete(words: Sequence[str], typed: str) -> Reply:
     words = list(words[list(words).index(command) + 1:])
     completer = _value_of(command, words[-1]) if words else None
     if completer is not None:
-        return completer(words, typed)
+        return completer(Line(words), typed)
     if typed.startswith("--") and "=" in typed:  # --format=json
         option, _, value = typed.partition("=")
         completer = _value_of(command, option)
-        reply = completer(words, value) if completer else NOTHING
+        reply = completer(Line(words), value) if completer else NOTHING
         return Reply(reply.kind, tuple(f"{option}={v}" for v in reply.items))
     if typed.startswith("-"):
         return _offer(_names(command), typed)

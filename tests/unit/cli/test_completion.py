@@ -143,6 +143,42 @@ def test_an_option_declared_once_is_completed(monkeypatch):
         options.options.cache_clear()
 
 
+def test_the_arguments_are_the_apps():
+    """The app builds its positional arguments from posexp.cli.options, which completion reads: the same names, in
+    the same order, with the same help, metavar, count and need."""
+    import typer
+
+    from posexp.cli.app import app
+
+    for name, command in typer.main.get_command(app).commands.items():  # type: ignore[attr-defined]
+        apps = [(p.name, p.help, p.metavar, p.required, p.nargs) for p in command.params
+                if p.param_type_name == "argument"]
+        ours = [(a.name, a.help, a.metavar or None, a.required, -1 if a.many else 1)
+                for a in options.arguments(name)]
+        assert ours == apps, name
+
+
+def test_an_argument_declared_once_is_completed(monkeypatch):
+    """A new positional argument of a command's declaration is completed where it stands, with nothing else to
+    edit: after resume's one run folder, an encoder, then that encoder's options."""
+    declared = options.COMMANDS["resume"]
+    monkeypatch.setitem(options.COMMANDS, "resume", lambda: (
+        *declared(), options.Argument("encoder", "The encoder.", options.ENCODER),
+        options.Argument("settings", "Its options.", options.ENCODER_OPTIONS, required=False, many=True)))
+    options.options.cache_clear()
+    options.arguments.cache_clear()
+    try:
+        assert _tab("posexp resume ")[0] == DIRS  # the run folder still comes first
+        assert _tab("posexp resume runs/a ro") == (WORDS, ["rope"])
+        assert _tab("posexp resume --allow-changed-encoder runs/a t5 num") == (WORDS, ["num_buckets="])
+        assert _tab("posexp resume runs/a t5 base=1 max") == (WORDS, ["max_distance="])
+    finally:
+        monkeypatch.undo()
+        options.options.cache_clear()
+        options.arguments.cache_clear()
+    assert _tab("posexp resume runs/a ro") == (WORDS, [])  # as declared: one run folder, nothing after it
+
+
 def test_the_hydra_flags_read_and_offered_are_hydras():
     """posexp reads Hydra's flags with a parser of its own (Hydra has no public one): the same flags and choices
     as Hydra's own help lists."""
