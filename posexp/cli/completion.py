@@ -284,7 +284,9 @@ def _runs_or_overrides(line: Line, typed: str) -> Reply:
 
 
 def _runs_and_eval(line: Line, typed: str) -> Reply:
-    """Run folders and ``eval.KEY=VALUE`` (``posexp eval``)."""
+    """Run folders and ``eval.KEY=VALUE`` (``posexp eval``); after ``hf:MODEL``, the pretrained app's overrides."""
+    if any(w.startswith("hf:") for w in line.words):
+        return overrides("pretrained", line.words, typed)
     return overrides(line.app, line.words, typed) if typed.startswith("eval.") else _offer(("eval.",), typed, DIRS)
 
 

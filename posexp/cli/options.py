@@ -191,7 +191,7 @@ def _search() -> Declared:
     return (
         Argument("target", "A rope run folder, or hf:PATH_OR_NAME (a transformers model with RoPE).", DIR),
         Argument("overrides", "For hf: models, settings as posexp eval hf: takes them, e.g. data=text data.path=DIR "
-                 "hf.bos=false.", DIR, required=False, many=True),
+                 "hf.bos=false.", OVERRIDES, app="pretrained", required=False, many=True),
         Option(("--target-len",), "The context length the factors are for (tokens).", ...),
         Option(("--out", "-o"), "The search's folder (state.json, factors.json); default RUN/longrope/N, or "
                "outputs/longrope/NAME/N.", values=DIR),

@@ -90,6 +90,13 @@ def test_run_folders_where_a_command_takes_them():
     assert _tab("posexp train data.path=")[0] == FILES
 
 
+def test_a_pretrained_models_settings_complete_after_hf_model():
+    # posexp eval hf:MODEL and posexp search hf:MODEL take the pretrained app's overrides (data=, hf.*), not folders
+    assert _tab("posexp eval hf:gpt2 da") == _tab("posexp search hf:gpt2 da") == (WORDS, ["data="])
+    assert _tab("posexp search hf:gpt2 --target-len 4096 hf.b")[1] == ["hf.bos="]
+    assert _tab("posexp eval hf:gpt2 eval.sc")[1] == ["eval.scaling=", "eval.scaling_factor="]
+
+
 def test_the_users_config_folder_adds_its_encoders():
     assert "encoder=logrope" in _tab(f"posexp train --config-dir {EXAMPLE_CONF} encoder=")[1]
     assert "encoder=logrope" not in _tab("posexp train encoder=")[1]
