@@ -24,7 +24,7 @@ from typing import Any
 _OWNERS = {
     **dict.fromkeys(("Group", "Report", "ReportRow", "build_report", "metric_value"), "lm_report"),
     "ReportOptions": "options",
-    **dict.fromkeys(("render_report_markdown", "write_report", "write_summary"), "document"),
+    **dict.fromkeys(("write_report", "write_summary"), "document"),
     **dict.fromkeys(("FORMATS", "RENDERERS", "print_report", "render_csv", "render_json", "render_latex",
                      "render_markdown", "render_table_csv", "render_table_markdown"), "render"),
     **dict.fromkeys(("Run", "read_run"), "runs"),

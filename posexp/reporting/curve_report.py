@@ -17,9 +17,8 @@ from typing import Any, Optional, Sequence
 from posexp.reporting.formatting import NOT_APPLICABLE
 from posexp.reporting.runs import Run
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
-from posexp.runs.atomic import atomic_write_text
 from posexp.runs.curve import read_curve
-from posexp.runs.layout import PERPLEXITY, REPORT_CURVE_PLOT, REPORT_MD
+from posexp.runs.layout import PERPLEXITY, REPORT_CURVE_PLOT
 
 MAX_PANELS = 24  # a figure of more panels is unreadable; the section says how many were left out
 # a longer length "has diverged" from the step on which its perplexity stays above (1 + this) x the 1x one
@@ -119,20 +118,16 @@ def curve_table(panels: Sequence[CurvePanel]) -> Optional[Table]:
     return Table("extrapolation during training", columns, [Section(rows)])
 
 
-def write_curve_section(panels: Sequence[CurvePanel], out_dir: str | os.PathLike) -> Optional[Path]:
-    """Draw ``report_curve.png`` and append its section to ``report.md`` in ``out_dir``; nothing without panels.
-
-    Returns:
-        The figure's path, or None when no run has a curve.
-    """
+def curve_section(panels: Sequence[CurvePanel], out_dir: str | os.PathLike) -> Optional[str]:
+    """Draw ``report_curve.png`` into ``out_dir``; returns the markdown of its section of ``report.md``, or None
+    (nothing drawn) without panels."""
     if not panels:
         return None
     from posexp.plots.curve import plot_curve_panels
 
-    out_dir = Path(out_dir)
     shown = list(panels[:MAX_PANELS])
-    figure = plot_curve_panels([(p.label, p.metric, p.rows) for p in shown], out_dir / REPORT_CURVE_PLOT,
-                               title="extrapolation during training (eval.during_training)")
+    plot_curve_panels([(p.label, p.metric, p.rows) for p in shown], Path(out_dir) / REPORT_CURVE_PLOT,
+                      title="extrapolation during training (eval.during_training)")
     lines = ["## Extrapolation during training", "", f"![extrapolation during training]({REPORT_CURVE_PLOT})", "",
              "Each panel: a run's curve.csv (with --by, a group's runs pooled: perplexity from the mean loss), one "
              "line per multiple of the training length against the training step, measured on the same held-out "
@@ -144,7 +139,4 @@ def write_curve_section(panels: Sequence[CurvePanel], out_dir: str | os.PathLike
         lines += ["", *to_markdown(table).splitlines(), "",
                   f"Each cell: perplexity at that multiple of the training length over perplexity at 1x, at the last "
                   f"step; (from S): above {1 + DIVERGED:g}x at every point from step S on."]
-    report = out_dir / REPORT_MD
-    before = report.read_text(encoding="utf-8").rstrip("\n") + "\n\n" if report.is_file() else ""
-    atomic_write_text(report, before + "\n".join(lines) + "\n")
-    return figure
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""The report as text: the per-run summary (markdown, csv) and the grouped table in five formats.
+"""The report as text: summary.md and report.md's perplexity report (one builder), summary.csv, and the grouped
+table in five formats.
 
 ``--format`` prints the grouped table as rich (terminal), markdown, csv, json or latex;
 :data:`RENDERERS` maps each machine-readable format to its renderer.
@@ -10,7 +11,7 @@ import os
 import re
 from dataclasses import replace
 from functools import partial
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -90,29 +91,39 @@ def sweep_comparison(report: Report) -> Optional[Comparison]:
     return grouped.comparison
 
 
-def render_markdown(report: Report, out_dir: str | os.PathLike | None = None) -> str:
-    """The text of ``summary.md``; folders are shown relative to ``out_dir`` when inside it."""
+def render_markdown(report: Report, out_dir: str | os.PathLike | None = None,
+                    figures: Optional[Sequence[tuple[str, str, str]]] = None) -> str:
+    """The text of ``summary.md``: a line per run, its figure, the comparison over what a sweep varies and the
+    runs. With ``figures`` (file, title, caption), the text of ``report.md``: the grouped table with its notes, the
+    comparison with the reference group, a section per figure and the runs with their groups. Folders are shown
+    relative to ``out_dir`` when inside it."""
+    grouped = figures is not None
     n_runs = len(report.rows)
-    lines = ["# Perplexity vs context length", "", *head_lines(report, f"{n_runs} run{'s' if n_runs != 1 else ''}")]
-    columns = [Column("run", label=True), *(Column(_length_header(report, n)) for n in report.lengths),
-               Column("ratio"), Column("flags", label=True)]
-    lines += to_markdown(tables.Table("", columns, [Section([[
-        TableCell(row.label), *(TableCell(row.cells.get(n, Stat()).text()) for n in report.lengths),
-        TableCell(fmt_value(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).splitlines()
-    lines += ["", f"Values are {ppl_label(report)} on held-out text, lower is better; "
-                  f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
-                  + parse_metric("ratio").describe(report)]
-    if report.other_views:
-        views = "; ".join(fmt_view(*view) for view in report.other_views)
-        lines += ["", f"Also in the results but not in this table (see {SUMMARY_CSV}): {views}."]
-    lines += ["", f"![perplexity vs context length]({PPL_PLOT})", ""]
-    comparison = sweep_comparison(report)
-    if comparison is not None:
-        lines += [*comparison_markdown(comparison), ""]
-    lines += ["## Runs", ""]
-
-    lines += to_markdown(runs_table(report, out_dir)).splitlines()
-    return "\n".join(lines) + "\n"
+    compared = f"{n_runs} run{'s' if n_runs != 1 else ''}"
+    if grouped:
+        title = "Positional encodings: perplexity vs context length"
+        compared += f" in {len(report.groups)} groups by {', '.join(report.by)}" if report.by else ""
+        comparison = report.comparison
+        blocks = [to_markdown(lm_table(report)).rstrip("\n")]  # the table and its notes
+    else:
+        title = "Perplexity vs context length"
+        comparison = sweep_comparison(report)
+        columns = [Column("run", label=True), *(Column(_length_header(report, n)) for n in report.lengths),
+                   Column("ratio"), Column("flags", label=True)]
+        blocks = [to_markdown(tables.Table("", columns, [Section([[
+            TableCell(row.label), *(TableCell(row.cells.get(n, Stat()).text()) for n in report.lengths),
+            TableCell(fmt_value(row.ratio)), TableCell("; ".join(row.flags))] for row in report.rows])])).rstrip("\n"),
+            f"Values are {ppl_label(report)} on held-out text, lower is better; "
+            f'"{NOT_APPLICABLE}" = the encoding cannot run at that length, "{MISSING}" = not evaluated. '
+            + parse_metric("ratio").describe(report)]
+        if report.other_views:
+            views = "; ".join(fmt_view(*view) for view in report.other_views)
+            blocks.append(f"Also in the results but not in this table (see {SUMMARY_CSV}): {views}.")
+        blocks.append(f"![perplexity vs context length]({PPL_PLOT})")
+    blocks += ["\n".join(comparison_markdown(comparison))] if comparison is not None else []
+    blocks += [f"## {name}\n\n![{name.lower()}]({file})\n\n{caption}" for file, name, caption in figures or ()]
+    blocks += ["## Runs", to_markdown(runs_table(report, out_dir, groups=grouped)).rstrip("\n")]
+    return "\n".join([f"# {title}", "", *head_lines(report, compared), "\n\n".join(blocks)]) + "\n"
 
 
 def runs_table(report: Report, out_dir: str | os.PathLike | None, groups: bool = False) -> tables.Table:

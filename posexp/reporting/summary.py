@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,22 +32,20 @@ from rich.markup import escape
 from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.runs.atomic import atomic_write_text
-from posexp.reporting.task_report import (build_task_report, is_task_run, split_task_metrics, task_table, write_task_report, render_task)
+from posexp.reporting.task_report import build_task_report, is_task_run, split_task_metrics, task_table, render_task
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
-from posexp.reporting.curve_report import panels_of, write_curve_section
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
-from posexp.reporting.document import write_report, write_summary
+from posexp.reporting.document import LeadTable, write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_report
 from posexp.reporting.frame import unfinished_jobs
 from posexp.reporting.runs import read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
 from posexp.reporting.selection import parse_by, parse_where
 from posexp.reporting.views import parse_view, view_slug
-from posexp.runs.layout import (REPORT_FILES, REPORT_MD, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
+from posexp.runs.layout import (REPORT_FILES, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
                                 is_run_dir, is_sweep_dir)
 from posexp.runtime import terminal
 
@@ -101,7 +99,12 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     _print_tables(report, task_report, options.fmt, console, notes, lead)
     out_dir = _out_dir(paths, out, options, wanted)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)
-    return _write_files(report, task_report, out_dir, notes, lead)
+    full = write_report(report, out_dir, task_report, lead)
+    files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else []),
+             *([f"{lead.name}.csv", f"{lead.name}.tex"] if lead is not None else [])]
+    notes.print(Text(f"wrote {full} (with figures), {', '.join(files[:-1])} and {files[-1]}" if len(files) > 1
+                     else f"wrote {full} (with figures), {files[0]}"))
+    return out_dir / SUMMARY_MD
 
 
 def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
@@ -121,24 +124,6 @@ def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
             raise PosexpError(f"cannot replace the earlier report's {out_dir / name}: {e.strerror or e}") from None
 
 
-@dataclass
-class LeadTable:
-    """A table that stands in for the perplexity report's: the context-extension table of a parent and its
-    fine-tunes, or a pivot (``--cols``). Printed in any format, and written at the top of report.md with its csv
-    and LaTeX beside it."""
-
-    name: str
-    title: str
-    table: Table
-
-    def write(self, out_dir: Path) -> None:
-        report_md = out_dir / REPORT_MD
-        rest = report_md.read_text(encoding="utf-8") if report_md.is_file() else ""
-        atomic_write_text(report_md, f"# {self.title}\n\n" + render(self.table, "markdown") + "\n" + rest)
-        atomic_write_text(out_dir / f"{self.name}.csv", render(self.table, "csv"))
-        atomic_write_text(out_dir / f"{self.name}.tex", render(self.table, "latex"))
-
-
 def _lead_table(report: Optional[Report], task_report: Optional[Report], options: ReportOptions,
                 wanted: Optional[dict]) -> Optional[LeadTable]:
     """``--cols``: the pivot, of the perplexity and the task runs in one table; a parent and its fine-tunes given
@@ -154,23 +139,6 @@ def _lead_table(report: Optional[Report], task_report: Optional[Report], options
     if found is None:
         return None
     return LeadTable("extension", "Context extension", extension_table(build_extension_table(*found)))
-
-
-def _write_files(report: Optional[Report], task_report: Optional[Report], out_dir: Path, notes: Console,
-                 lead: Optional[LeadTable] = None) -> Path:
-    """report.md with its figures, the task sections, the curves and summary.md in ``out_dir`` (a lead table, the
-    context-extension table or a pivot, first); the path of summary.md."""
-    full = write_report(report, out_dir) if report is not None else out_dir / REPORT_MD
-    if task_report is not None:
-        _write_task_sections(task_report, out_dir, lm=report is not None)
-    write_curve_section(panels_of(report, task_report), out_dir)  # runs trained with eval.during_training
-    files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else [])]
-    if lead is not None:
-        lead.write(out_dir)
-        files += [f"{lead.name}.csv", f"{lead.name}.tex"]
-    notes.print(Text(f"wrote {full} (with figures), {', '.join(files[:-1])} and {files[-1]}" if len(files) > 1
-                     else f"wrote {full} (with figures), {files[0]}"))
-    return out_dir / SUMMARY_MD
 
 
 def _print_tables(report: Optional[Report], task_report: Optional[Report], fmt: str, console: Console,
@@ -270,18 +238,6 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
         return lm_dirs, None  # the view is the perplexity runs' alone; a missing one there says so
 
 
-def _write_task_sections(task_report: Report, out_dir: Path, lm: bool,
-                         names: tuple[str, ...] = (REPORT_MD, SUMMARY_MD)) -> None:
-    """report.md and summary.md (or ``names``): the task tables after the perplexity report (or alone, when no run
-    is an LM's)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = write_task_report(task_report, out_dir)  # the figures are drawn once, for every file
-    nested = text.replace("# Tasks:", "## Tasks:", 1).replace("\n## task", "\n### task")  # after the perplexity report
-    for name in names:
-        before = (out_dir / name).read_text(encoding="utf-8") if lm and (out_dir / name).is_file() else ""
-        atomic_write_text(out_dir / name, before.rstrip("\n") + "\n\n" + nested if before else text)
-
-
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
     """Warn about sweep jobs without results, which would otherwise just be absent from the table."""
     return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
@@ -317,9 +273,7 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     sweep = Path(sweep)
     try:
         lm_dirs, task_report = _split_tasks(find_runs([sweep]), None, None, None)
-        summary = write_summary(build_report(lm_dirs), sweep) if lm_dirs else sweep / SUMMARY_MD
-        if task_report is not None:
-            _write_task_sections(task_report, sweep, lm=bool(lm_dirs), names=(SUMMARY_MD,))
+        summary = write_summary(build_report(lm_dirs) if lm_dirs else None, sweep, task_report)
     except PosexpError as e:
         console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)
         return None

@@ -113,12 +113,14 @@ def _md_cell(cell: TableCell, column: Column) -> str:
     return f"**{text}**" if cell.best else text
 
 
-def to_markdown(table: Table) -> str:
+def to_markdown(table: Table, level: int = 2) -> str:
+    """``table`` as markdown, a section with a heading under a heading of ``level`` (``##``: a section of a document
+    whose title is ``#``)."""
     lines = [table.caption, ""] if table.caption else []
     columns = table.columns
     for k, section in enumerate(table.sections):
         if section.heading is not None:
-            lines += [*([""] if k else []), f"## {section.heading}", "", *section.preamble]
+            lines += [*([""] if k else []), f"{'#' * level} {section.heading}", "", *section.preamble]
         if k == 0 or section.heading is not None:
             columns = section.columns or table.columns
             lines += ["| " + " | ".join(md_escape(c.name) for c in columns) + " |",

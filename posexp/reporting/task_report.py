@@ -156,12 +156,13 @@ def task_table(report: Report) -> Table:
                  json={"tasks": records, "warnings": report.warnings}, keys=2)
 
 
-def task_table_lines(report: Report) -> list[str]:
-    """The report's markdown: one table per task (exact match %, mean ± 95% t-interval over runs)."""
-    lines = ["# Tasks: accuracy vs context length", "", INTRO, ""]
+def task_table_lines(report: Report, level: int = 1) -> list[str]:
+    """The report's markdown under a heading of ``level`` (2: after the perplexity report): one table per task
+    (exact match %, mean ± 95% t-interval over runs)."""
+    lines = [f"{'#' * level} Tasks: accuracy vs context length", "", INTRO, ""]
     for warning in report.warnings:
         lines += [f"> **Warning:** {warning}", ""]
-    return lines + to_markdown(task_table(report)).splitlines()
+    return lines + to_markdown(task_table(report), level + 1).splitlines()
 
 
 # -- output ------------------------------------------------------------------------------------------
@@ -176,9 +177,9 @@ def split_task_metrics(metrics: Sequence[str] | str | None) -> tuple[Optional[li
     return lm or None, task or None
 
 
-def write_task_report(report: Report, out_dir) -> str:
+def task_section(report: Report, out_dir, level: int = 1) -> str:
     """Draw ``report_accuracy_vs_length.png`` (and the depth figure, where tasks have depths) into ``out_dir``;
-    returns the markdown of the task section."""
+    returns the markdown of the task section, under a heading of ``level`` (2: after the perplexity report)."""
     from pathlib import Path
 
     from posexp.plots.accuracy import plot_accuracy_vs_length
@@ -189,7 +190,7 @@ def write_task_report(report: Report, out_dir) -> str:
     series = [stat_series(f"{g.task}: {g.label}", g.cells, per=100) for g in report.groups]  # accuracy in [0, 1]
     plot_accuracy_vs_length(series, Path(out_dir) / REPORT_ACCURACY_PLOT, train_len=report.train_len,
                             title="exact match vs context length (mean over each group's runs)")
-    lines = task_table_lines(report)
+    lines = task_table_lines(report, level)
     lines += ["", f"![accuracy vs context length]({REPORT_ACCURACY_PLOT})", "",
               "Lines: mean exact match of each group; bands: 95% interval (over runs, or the run's Wilson interval). "
               "Dashed: the training length. x: not applicable."]

@@ -28,7 +28,8 @@ from posexp.reporting import (
     write_summary,
 )
 from posexp.reporting.options import ReportOptions
-from helpers.runs import make_run, make_sweep
+from helpers import no_figure
+from helpers.runs import make_run, make_sweep, make_task_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def quiet_console() -> Console:
@@ -365,6 +366,31 @@ def test_atomic_write_failure_keeps_old_content(tmp_path, monkeypatch):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_a_report_whose_task_figure_fails_leaves_no_report_md_without_its_task_section(tmp_path, monkeypatch):
+    """report.md and summary.md are written once, after every part has drawn its figures: a part that fails (here
+    the task section's figure) leaves neither the earlier report's files nor new ones that lack that part."""
+    import posexp.plots.accuracy
+    import posexp.plots.perplexity
+
+    make_run(tmp_path / "runs" / "lm", {128: 3.0, 256: 3.5})
+    make_task_run(tmp_path / "runs" / "task", {64: 1.0, 128: 0.5})
+    for name in ("plot_ppl_vs_length", "plot_position_overlay", "plot_training_curves"):
+        monkeypatch.setattr(posexp.plots.perplexity, name, no_figure)
+    monkeypatch.setattr(posexp.plots.accuracy, "plot_accuracy_vs_length", no_figure)
+    out = tmp_path / "out"
+    report_main([tmp_path / "runs"], out=out, console=quiet_console())
+    assert "## Tasks: accuracy vs context length" in (out / "report.md").read_text()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(posexp.plots.accuracy, "plot_accuracy_vs_length", full_disk)
+    with pytest.raises(PosexpError, match=f"^cannot write the report into {re.escape(str(out))}: No space left on "
+                                          "device$"):
+        report_main([tmp_path / "runs"], out=out, console=quiet_console())
+    assert not (out / "report.md").exists() and not (out / "summary.md").exists()
 
 
 # --- the Hydra callback ----------------------------------------------------------
