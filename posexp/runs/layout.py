@@ -89,7 +89,7 @@ REPORT_CURVE_PLOT = "report_curve.png"  # the runs' curve.csv side by side
 LEAD_FILES = ("extension.csv", "extension.tex", "pivot.csv", "pivot.tex")
 # everything a report may write, so that a report written again leaves no figure of the last one behind
 REPORT_FILES = (REPORT_MD, "summary.md", "summary.csv", PPL_PLOT, REPORT_PLOT, REPORT_POSITION_PLOT,
-                REPORT_TRAINING_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, *LEAD_FILES)
+                REPORT_TRAINING_PLOT, REPORT_ACCURACY_PLOT, REPORT_DEPTH_PLOT, REPORT_CURVE_PLOT, *LEAD_FILES)
 
 # The columns of loss_by_position.csv: the row's key (posexp.runs.row.POSITION_KEY, the length last), then the
 # position and its loss; and, only in a file with rows of a windowed evaluation (eval.window), the window and its

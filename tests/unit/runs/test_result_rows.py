@@ -101,6 +101,13 @@ def test_a_report_writes_into_a_folder_of_its_own_and_leaves_no_stale_figure(tmp
     assert not (plain / "report_ppl_vs_length.png").exists()
 
 
+def test_every_figure_a_report_draws_is_cleared_by_the_next_report():
+    from posexp.runs import layout
+
+    figures = {value for name, value in vars(layout).items() if name.startswith("REPORT_") and name.endswith("_PLOT")}
+    assert figures and figures <= set(layout.REPORT_FILES)  # else an old figure stays beside the new report
+
+
 # -- any key as a column --------------------------------------------------------------------------------
 
 def _window_runs(tmp_path: Path) -> list[Path]:
