@@ -141,7 +141,8 @@ def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Gr
         if group is reference:
             continue
         for metric in metrics:
-            diff = Difference(group.label, metric.name, reference.label, higher=metric.higher_is_better)
+            diff = Difference(group.label, metric.name, reference.label, higher=metric.higher_is_better,
+                              scaled=metric.relative)
             if not comparable(group):
                 diff.reason = "measured differently: " + "; ".join(group.flags)
             else:

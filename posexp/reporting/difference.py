@@ -98,12 +98,14 @@ class Difference:
             ``inconclusive``, ``equal`` (the same value for every seed), ``no interval`` or ``not compared``.
         needed: about how many seeds (per group) would resolve this difference; None unless inconclusive.
         reason: why there is no interval or no comparison.
-        relative: the difference in % of the reference's mean (of the runs compared); None for a zero mean.
+        relative: the difference in % of the reference's mean (of the runs compared); None for a zero mean, or a
+            metric whose zero is an ordinary value (``scaled`` False).
         p, p_adjusted: the two-sided p-value of the t test, and Holm's adjusted one over the report's family.
         margin: the equivalence margin in the metric's unit, when one was tested.
         within: the margin as the user gave it (``2%``), when one was tested.
         p_equivalence: the p-value of the two one-sided tests, when a margin was tested.
         higher: whether a larger value is better.
+        scaled: a % of the reference's mean means something for the metric (:attr:`MetricSpec.relative`).
         reference_mean: the reference's mean over the runs compared.
         test: the t test behind the numbers.
     """
@@ -126,6 +128,7 @@ class Difference:
     within: str = ""
     p_equivalence: Optional[float] = None
     higher: bool = False
+    scaled: bool = True
     reference_mean: Optional[float] = None
     test: Optional[TTest] = field(default=None, repr=False)
 
@@ -178,7 +181,7 @@ def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[t
         diff.difference, diff.p = diff.test.difference, diff.test.p_value()
         diff.low, diff.high = diff.test.interval(CONFIDENCE)
     diff.reference_mean = math.fsum(reference) / len(reference)
-    if diff.reference_mean and diff.difference is not None:
+    if diff.reference_mean and diff.difference is not None and diff.scaled:
         diff.relative = 100 * diff.difference / abs(diff.reference_mean)
 
 
@@ -197,9 +200,11 @@ def _verdict(diff: Difference, margin: Optional[Margin], family: int) -> None:
     test = diff.test
     assert test is not None and diff.p_adjusted is not None
     if margin is not None:
-        bound = margin.of(diff.reference_mean)
+        bound = margin.of(diff.reference_mean) if diff.scaled or not margin.relative else None
         if bound is None:
-            diff.reason = f"no equivalence test: a {margin} margin of a zero reference mean"
+            diff.reason = (f"no equivalence test: a {margin} margin of a zero reference mean" if diff.scaled else
+                           f"no equivalence test: {diff.metric} has no {margin} (its 0 is an ordinary value); give "
+                           "an absolute margin in its unit")
         else:
             diff.margin, diff.within, diff.p_equivalence = bound, str(margin), test.equivalence_p(bound)
     if test.se == 0 and test.difference == 0:

@@ -95,6 +95,10 @@ class Metric:
         return self.spec.better == HIGHER
 
     @property
+    def relative(self) -> bool:
+        return self.spec.relative
+
+    @property
     def share(self) -> float:
         return self.fraction if self.fraction is not None else 0.9
 
@@ -133,6 +137,10 @@ class MetricSpec:
         better: :data:`LOWER` or :data:`HIGHER`: the direction of every better/worse verdict. Required.
         decimals: the decimals a table shows.
         reads: the field of the result rows a :class:`ValueAt` reads (``exact_match``, ``token_accuracy``).
+        relative: a difference says something in % of the reference's mean (a comparison's ``+2.4%``, a ``--margin``
+            of ``2%``): the metric's zero is no value a run can have (perplexity, a ratio, a length). False for a
+            difference or an exponent (``gain``, ``slope``), whose 0 is an ordinary value: a % of a mean near it
+            reads as a huge change.
     """
 
     kind: ClassVar[str]
@@ -143,6 +151,7 @@ class MetricSpec:
     better: ClassVar[Optional[str]] = None
     decimals: ClassVar[int] = 2
     reads: ClassVar[str] = "exact_match"
+    relative: ClassVar[bool] = True
     max_pct: ClassVar[float] = float("inf")  # the largest {pct} allowed
     min_multiple: ClassVar[float] = 0.0  # {x} must be above this
 

@@ -119,7 +119,7 @@ class PplAt(ValueAt):
 
 class Gain(MetricSpec):
     kind, pattern, forms, examples = "gain", "gain", "gain", ("gain",)
-    better, decimals = HIGHER, 3
+    better, decimals, relative = HIGHER, 3, False  # a difference of losses: 0 is "no gain"
 
     def value(self, metric: Metric, row: Any, report: Any) -> Value:
         """Loss of the run's ``last_k`` rows, in the window the table shows, at the training length minus at the

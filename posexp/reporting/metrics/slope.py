@@ -31,7 +31,7 @@ def loglog_slope(points: list[tuple[float, float]]) -> float:
 class Slope(MetricSpec):
     kind, pattern, forms, examples = "slope", "slope@{x}", "slope@Kx (log-log slope of ppl from 1x to Kx)", \
         ("slope@4x", "slope@8x")
-    better, decimals, min_multiple = LOWER, 3, 1.0
+    better, decimals, min_multiple, relative = LOWER, 3, 1.0, False  # an exponent: 0 is "flat"
 
     def error(self, raw: str, text: str) -> str:
         return f"{raw!r}: slope takes the upper end of its span as a multiple above 1, e.g. slope@8x"

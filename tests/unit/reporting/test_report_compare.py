@@ -367,6 +367,18 @@ def test_every_difference_is_also_relative_to_the_reference_mean(tmp_path):
     assert "base=1000 (+0.200 (+18.2%) [−0.048, +0.448])" in verdict_line(report.comparison, report.metrics[0])
 
 
+def test_a_metric_whose_zero_is_an_ordinary_value_has_no_percent_difference_nor_percent_margin(tmp_path):
+    # slope@4x is an exponent (0 = flat): +0.05 against a reference slope of 0.001 is no "+5000%"
+    runs = ratio_runs(tmp_path, {100: [1.0, 1.001, 1.002], 1000: [1.1, 1.3, 1.5]})
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio,slope@4x", margin="2%"))
+    ratio, slope = report.comparison.differences
+    assert ratio.relative is not None and ratio.margin == pytest.approx(0.02 * 1.001)
+    assert slope.difference > 0 and slope.relative is None and "%" not in interval_text(slope, 3)
+    assert slope.margin is None and "slope@4x has no 2%" in slope.reason and "absolute margin" in slope.reason
+    absolute = build_report(runs, ReportOptions(by="base", metrics="slope@4x", margin="0.05"))
+    assert absolute.comparison.differences[0].margin == 0.05
+
+
 def test_holm_turns_a_lone_p_of_003_inconclusive_among_five_comparisons(tmp_path):
     # differences 0.0226, 0.0326, 0.0426: t = 0.0326·√3/0.01 = 5.65 on 2 df, p = 0.030
     worse = shifted([0.0226, 0.0326, 0.0426])
