@@ -14,8 +14,8 @@ difference, its test and its verdict are :mod:`.difference`'s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Protocol, Sequence
+from dataclasses import replace
+from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 # Margin, parse_margin, interval_text and window_verdicts are read from here too, by those who compare groups
@@ -25,46 +25,12 @@ from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIV
 from posexp.reporting.formatting import fmt_signed, joined, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
-
-
-class Group(Protocol):
-    """What a comparison reads of a report's group (:class:`posexp.reporting.lm_report.Group`)."""
-
-    label: str
-    rows: list[Any]  # ReportRow: .run.info["seed"]
-    values: dict[str, list[Optional[float]]]
-    flags: list[str]
+from posexp.reporting.table import Comparison, Group  # Comparison is read from here too, as Margin is
 
 
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
 # flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
 NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length"}
-
-
-@dataclass
-class Comparison:
-    """Every group against the reference group, per compared metric.
-
-    Attributes:
-        reference: the reference group's label.
-        metrics: the compared metrics, in table order.
-        differences: one per (non-reference group, metric), groups in table order.
-        decimals: metric name -> decimals of its differences.
-        by: the keys the groups differ in.
-        margin: the equivalence margin (``--margin``), if any.
-        family: how many comparisons were tested, and Holm-corrected together.
-    """
-
-    reference: str
-    metrics: list[Metric]
-    by: list[str] = field(default_factory=list)
-    differences: list[Difference] = field(default_factory=list)
-    decimals: dict[str, int] = field(default_factory=dict)
-    margin: Optional[Margin] = None
-    family: int = 0
-
-    def of_metric(self, name: str) -> list[Difference]:
-        return [d for d in self.differences if d.metric == name]
 
 
 def parse_baseline(baseline: Sequence[str] | str | None, by: list[str]) -> list[Filter]:

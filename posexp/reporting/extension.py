@@ -22,6 +22,7 @@ from typing import Any, Optional
 from posexp.errors import PosexpError
 from posexp.reporting.formatting import MISSING, fmt_signed, fmt_value
 from posexp.reporting.runs import Run, read_run, measured_on, measured_text, parent_changed, shown_settings
+from posexp.reporting.table import Report
 from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.reporting.views import MAIN_PROTOCOL
 
@@ -123,8 +124,8 @@ def _fill(line: ExtensionLine, rows: list[dict]) -> ExtensionLine:
 
 
 def _plain(run: Run, scaling: Optional[str] = None) -> list[dict]:
-    return [r for r in run.rows if r.get("protocol") == MAIN_PROTOCOL and r.get("scaling") == scaling
-            and r.get("window") is None and r.get("metric", "perplexity") == "perplexity"]
+    """The run's perplexity rows of the plain protocol under ``scaling``, without a window."""
+    return Report(protocol=MAIN_PROTOCOL, scaling=scaling).shown(run)
 
 
 def _factor_text(rows: list[dict], train_len: int) -> str:
@@ -163,11 +164,9 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
             lines.append(_fill(ExtensionLine(f"+{scaling}{_factor_text(rows, train_len)} (eval)", "eval",
                                              parent.path, scaling=scaling, train_len=train_len), rows))
     warnings: list[str] = []
-    labels: dict[str, int] = {}
     for run in finetunes:
         label = _finetune_label(run)
-        labels[label] = labels.get(label, 0) + 1
-        if labels[label] > 1 or sum(_finetune_label(r) == label for r in finetunes) > 1:
+        if sum(_finetune_label(r) == label for r in finetunes) > 1:
             label += f" (seed {run.info.get('seed')})"
         line = ExtensionLine(label, "finetune", run.path, scaling=run.info.get("scaling"),
                              scaling_factor=run.info.get("scaling_factor"),

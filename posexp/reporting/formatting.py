@@ -48,9 +48,9 @@ def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -
     return fmt_signed(value, decimals) if signed else fmt_fixed(value, decimals)
 
 
-def fmt_signed(value: Optional[float], decimals: int = 2, missing: str = "—") -> str:
-    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); ``missing`` for None."""
-    return missing if value is None else _unsigned_zero(f"{value:+.{decimals}f}", "+").replace("-", "−")
+def fmt_signed(value: Optional[float], decimals: int = 2) -> str:
+    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); :data:`MISSING` for None."""
+    return MISSING if value is None else _unsigned_zero(f"{value:+.{decimals}f}", "+").replace("-", "−")
 
 
 def _unsigned_zero(text: str, sign: str = "") -> str:

@@ -33,7 +33,7 @@ from posexp.reporting.frame import LM_TASK, NO_SCALING, run_records
 from posexp.reporting.runs import Run, measured_on, model_identity
 from posexp.reporting.stats import mean_interval
 from posexp.reporting.tables import Column, Section, Table, TableCell
-from posexp.reporting.views import MAIN_PROTOCOL
+from posexp.reporting.views import MAIN_PROTOCOL, view_text
 from posexp.runs.row import VIEW_KEY
 
 # a row key only an evaluation setting gives a row, and how to make such rows
@@ -89,6 +89,7 @@ class Pivot:
     notes: list[str] = field(default_factory=list)
     measures: list[Measure] = field(default_factory=lambda: [PPL])
     by_model: bool = True  # pairs are the same model on the same tokens (a row key pivoted), else the same seed
+    fixed: dict[str, Any] = field(default_factory=dict)  # what the table does not pivot on: the value it is fixed at
 
     def cell(self, line: tuple, length: int, column: tuple, measure: Measure = PPL) -> PivotCell:
         return self.cells.get((line, length, column, measure), PivotCell())
@@ -170,9 +171,8 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     # value per (line, length, column, measure) and pair key; a task's depths averaged per run first
     per_run: dict[tuple, dict[Any, list[float]]] = {}
     for r in records:
-        measure = next((m for m in measures if m.task == r.get("task") and r.get(m.field) is not None), None)
         task_row = r.get("metric") == "accuracy"
-        if measure is None or not all(r.get(k) == v for k, v in fixed.items() if not (task_row and k == "protocol")):
+        if not all(r.get(k) == v for k, v in fixed.items() if not (task_row and k == "protocol")):
             continue
         for m in (m for m in measures if m.task == r.get("task") and r.get(m.field) is not None):
             line = tuple(lines_of[r["run"]] if k == "label" else r.get(k) for k in by)
@@ -183,7 +183,7 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     columns.sort(key=lambda c: [(v not in (None, NO_SCALING), str(v)) for v in c])  # plain first: the baseline
     lines = list(dict.fromkeys(key[0] for key in per_run))
     pivot = Pivot(by, cols, columns, lines, {}, {}, measures=[m for m in measures if any(k[3] == m for k in per_run)],
-                  by_model=by_model)
+                  by_model=by_model, fixed=fixed)
     for (line, length, column, measure), lists in per_run.items():
         values = {k: sum(v) / len(v) for k, v in lists.items()}
         base = {k: sum(v) / len(v) for k, v in per_run.get((line, length, columns[0], measure), {}).items()}
@@ -307,10 +307,8 @@ def _what(pivot: Pivot) -> str:
 
 
 def caption(pivot: Pivot) -> str:
-    free = {*pivot.cols, *pivot.by, *(("sinks",) if "window" in (*pivot.cols, *pivot.by) else ())}
-    fixed = ", ".join(f"{k}={show_value(v)}" for k, v in FIXED.items() if k not in free)
     paired = ("paired by model: the same model at the same length on the same tokens" if pivot.by_model else
               "paired run with run alike in every other override")
-    return (f"{_what(pivot)[0].upper()}{_what(pivot)[1:]} by length, columns by {', '.join(pivot.cols)} ({fixed}); "
+    return (f"{_what(pivot)[0].upper()}{_what(pivot)[1:]} by length, columns by {', '.join(pivot.cols)} ({view_text(pivot.fixed)}); "
             f"beside each column its difference to the baseline column, {paired} (mean over the pairs, 95% "
             "t-interval when n ≥ 2).")

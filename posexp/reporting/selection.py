@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.metrics import DEFAULT_TOLERANCE, PERPLEXITY, Metric, metric_help, parse_metric
-from posexp.reporting.formatting import MISSING
+from posexp.reporting.formatting import MISSING, csv_cell
 from posexp.reporting.runs import Run
 
 
@@ -106,16 +106,11 @@ def canon(value: Any) -> str:
 
 
 def show_value(value: Any) -> str:
-    """A config value as a person reads it in a table or label."""
+    """A config value as a person reads it in a table or label: as a csv cell spells it (booleans lowercase,
+    dicts and lists as JSON), a float shortest (``1e-04``), an absent or null value as :data:`MISSING`."""
     if value is ABSENT or value is None:
         return MISSING
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
+    return f"{value:g}" if isinstance(value, float) else csv_cell(value)
 
 
 def option_items(value: Sequence[str] | str | None) -> list[str]:

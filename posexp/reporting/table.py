@@ -1,4 +1,5 @@
-"""What a report is made of: a cell per length, a row per run, groups of rows (the table's lines), the report.
+"""What a report is made of: a cell per length, a row per run, groups of rows (the table's lines), the comparison of
+the groups, the report.
 
 A run's cell and a group's are one :class:`~posexp.reporting.stats.Stat`: a run's is its own value with its
 evaluation interval (``n`` 0), a group's the mean over its runs.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from posexp.reporting.compare import Comparison
+from posexp.reporting.difference import Difference, Margin
 from posexp.reporting.metrics import CELLS, PERPLEXITY, read_values
 from posexp.reporting.runs import Run, window_key
 from posexp.reporting.selection import Filter, Metric
@@ -19,6 +20,33 @@ from posexp.reporting.stats import Stat
 from posexp.runs.row import row_metric
 
 UNLEARNED = "did not learn at 1×"  # the flag of a run that did not learn at its training length
+
+
+@dataclass
+class Comparison:
+    """Every group against the reference group, per compared metric (made by
+    :func:`posexp.reporting.compare.compare_groups`).
+
+    Attributes:
+        reference: the reference group's label.
+        metrics: the compared metrics, in table order.
+        differences: one per (non-reference group, metric), groups in table order.
+        decimals: metric name -> decimals of its differences.
+        by: the keys the groups differ in.
+        margin: the equivalence margin (``--margin``), if any.
+        family: how many comparisons were tested, and Holm-corrected together.
+    """
+
+    reference: str
+    metrics: list[Metric]
+    by: list[str] = field(default_factory=list)
+    differences: list[Difference] = field(default_factory=list)
+    decimals: dict[str, int] = field(default_factory=dict)
+    margin: Optional[Margin] = None
+    family: int = 0
+
+    def of_metric(self, name: str) -> list[Difference]:
+        return [d for d in self.differences if d.metric == name]
 
 
 @dataclass
