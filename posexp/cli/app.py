@@ -31,7 +31,7 @@ from posexp.cli.jobs import analyze_task, run_task
 from posexp.cli.options import ROOT, argument, option
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
-from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
+from posexp.commands.sweeps import check_plugins, sweep_progress, unique
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError, Terminated, TrainingInterrupted
 from posexp.reporting import ReportOptions, report_main
@@ -136,12 +136,11 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
     line = hydra_flags.read(args)
+    check_plugins(args)
+    # the user's config folders: their encoders imported before the schemas are stored with Hydra
+    dirs = hydra_flags.user_config_dirs(args) if line is not None else []
+    register_analyze_schema()
     try:
-        missing = missing_plugin(args)
-        if missing:
-            raise PosexpError(missing)
-        dirs = hydra_flags.user_config_dirs(line)  # the user's config folders: their encoders imported
-        register_analyze_schema()
         if line is not None:
             check_command_line(line, dirs, folders)
     except OverrideError as e:
@@ -345,7 +344,7 @@ def list_cmd(
 def _config_dirs(config_dir: Optional[Path]) -> list:
     """A ``--config-dir`` option's folder, checked as Hydra's flag is, its encoders imported
     (:func:`~posexp.cli.hydra_flags.user_config_dirs`)."""
-    return hydra_flags.user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
+    return hydra_flags.user_config_dirs(["--config-dir", str(config_dir)] if config_dir else [])
 
 
 @app.command("export")

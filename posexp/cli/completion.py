@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from posexp.cli.hydra_flags import APPS
+from posexp.cli.hydra_flags import APPS, named_config_dirs
 from posexp.cli.options import (COMMANDS, DIR, ENCODER, ENCODER_OPTIONS, HELP, KEYS, METRICS, OVERRIDES, ROOT,
                                 RUNS_AND_EVAL, RUNS_OR_OVERRIDES, arguments, find, options)
 from posexp.config.schema import config_dir
@@ -152,16 +152,8 @@ def optional_groups(config_name: str = "config") -> Tuple[str, ...]:
 
 
 def user_dirs(words: Sequence[str]) -> List[Path]:
-    """The user's config folders on the command line: ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and
-    the ``file://`` folders of ``hydra.searchpath=[...]``."""
-    found = []
-    for before, word in zip(["", *words], words):
-        if before in ("--config-dir", "-cd") or word.startswith("--config-dir="):
-            found.append(word.removeprefix("--config-dir="))
-        elif word.lstrip("+").startswith("hydra.searchpath="):
-            items = (item.strip(" '\"") for item in word.partition("=")[2].strip("[]").split(","))
-            found += [item.removeprefix("file://") for item in items if item.startswith("file://")]
-    return [Path(d).expanduser() for d in found]
+    """The user's config folders on the command line (:func:`~posexp.cli.hydra_flags.named_config_dirs`)."""
+    return [Path(text).expanduser() for _, text in named_config_dirs(words)]
 
 
 def group_options(group: str, dirs: Sequence[Path] = ()) -> List[str]:

@@ -6,7 +6,7 @@
 - :func:`objective_value`: the number the train task returns, which a sweeper such as
   ``hydra/sweeper=optuna`` minimises: the validation loss in nats per token (the log
   of the perplexity) at the longest eval length, at a chosen length, or averaged.
-- :func:`missing_plugin`: a clear message when a launcher or sweeper is asked for
+- :func:`check_plugins`: a clear message when a launcher or sweeper is asked for
   whose plugin is not installed (``pip install -e '.[sweeps]'``).
 - :func:`failed_runs`: the runs of a sweep that failed in other processes, so the
   exit code of ``posexp train -m`` counts them too.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.runs.layout import RESULTS_JSON, run_status, runs_under
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -129,16 +129,19 @@ def objective_value(results: dict, objective: Any = "longest") -> Optional[float
 
 # -- plugins and failed jobs ----------------------------------------------------------------------
 
-def missing_plugin(args: Sequence[str]) -> Optional[str]:
-    """A one-line message if ``args`` select a launcher or sweeper whose Hydra plugin is not installed."""
+def check_plugins(args: Sequence[str]) -> None:
+    """Refuse, in one line, ``args`` that select a launcher or sweeper whose Hydra plugin is not installed.
+
+    Raises:
+        PosexpError: naming the plugin and the command that installs it.
+    """
     for arg in args:
         choice = arg.lstrip("+~").replace(" ", "")
         if choice in PLUGINS:
             module, package = PLUGINS[choice]
             if importlib.util.find_spec(module) is None:
-                return (f"{choice} needs the Hydra plugin {package}, which is not installed: "
-                        f"pip install -e '.[sweeps]' (or pip install {package})")
-    return None
+                raise PosexpError(f"{choice} needs the Hydra plugin {package}, which is not installed: "
+                                  f"pip install -e '.[sweeps]' (or pip install {package})")
 
 
 def failed_runs(sweep_dir: Path, since: float) -> list[str]:
