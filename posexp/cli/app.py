@@ -33,7 +33,6 @@ from posexp.cli.options import ROOT, argument, arguments, option, options
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import check_plugins, sweep_progress, unique
-from posexp.config.schema import config_dir
 from posexp.errors import PosexpError, Terminated, TrainingInterrupted
 from posexp.reporting import ReportOptions, report_main
 from posexp.runs.layout import is_run_dir, is_sweep_dir
@@ -41,8 +40,6 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
 # What a command runs imports torch (`import posexp.cli.app` took 1.9 s with those modules at the top, 0.26 s without):
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
-
-CONFIG_DIR = config_dir()
 
 
 @contextlib.contextmanager
@@ -181,13 +178,12 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
     compose is said in one line (:func:`~posexp.cli.arguments.explain`), Hydra's own report held back
     until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
     the table of the main keys."""
-    task, prog = run_task if APPS[config_name].run else analyze_task, APPS[config_name].command
     held = hydra_flags.HeldStream(sys.stderr)
     if claim is not None:
         claim.held = held
     try:
         with contextlib.redirect_stderr(held) if claim is not None else contextlib.nullcontext():
-            hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
+            hydra_flags.run_app(run_task if APPS[config_name].run else analyze_task, config_name, args)
     except Carried as e:
         if isinstance(e.error, PosexpError):
             fail(e.error)  # as a SystemExit: the run's folder is let go (_run_claimed)
@@ -198,7 +194,7 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
             held.discard()
             fail(explain(composing))
         if not e.code and any(a in ("-h", "--help") for a in args):
-            print_key_table(config_name, prog)
+            print_key_table(config_name)
         raise
     finally:
         held.release()

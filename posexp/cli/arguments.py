@@ -348,10 +348,11 @@ def key_table(config_name: str, cfg: DictConfig) -> list:
     return rows
 
 
-def print_key_table(config_name: str, prog: str = "posexp train") -> None:
+def print_key_table(config_name: str) -> None:
     """Print :func:`key_table` of the shipped defaults (``posexp train --help``)."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name)
+    prog = APPS[config_name].command
     table = Table(title=f"main keys  ({prog} KEY=VALUE; every key: {prog} --cfg job)", title_justify="left")
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("default", no_wrap=True)

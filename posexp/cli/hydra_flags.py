@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig
+from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig, config_dir
 from posexp.errors import PosexpError
 
 SEARCHPATH = "hydra.searchpath"
@@ -184,17 +184,18 @@ class HeldStream:
         return getattr(self.stream, name)
 
 
-def run_app(task: Callable[[Any], Any], config_dir: str, config_name: str, args: Sequence[str], prog: str) -> None:
-    """Run ``task`` as the Hydra app of ``config_name`` would run it had ``prog ARGS`` been typed (as ``@hydra.main``
-    does, with the arguments given instead of ``sys.argv``)."""
+def run_app(task: Callable[[Any], Any], config_name: str, args: Sequence[str]) -> None:
+    """Run ``task`` as the Hydra app of ``config_name`` would run it had its command (``posexp train``) been typed
+    with ``args`` (as ``@hydra.main`` does, with the arguments given instead of ``sys.argv``)."""
     from hydra._internal.utils import _run_hydra
     from hydra.main import _get_rerun_conf
 
-    parser, ns = _parse(args, prog)
+    parser, ns = _parse(args, APPS[config_name].command)
     if ns is None:
         parser.parse_args(list(args))  # Hydra's usage and error, exit status 2
         return
     if ns.experimental_rerun is not None:
         task(_get_rerun_conf(ns.experimental_rerun, ns.overrides))
         return
-    _run_hydra(args=ns, args_parser=parser, task_function=task, config_path=config_dir, config_name=config_name)
+    _run_hydra(args=ns, args_parser=parser, task_function=task, config_path=str(config_dir()),
+               config_name=config_name)
