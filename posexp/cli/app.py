@@ -29,7 +29,7 @@ from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_comma
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming
 from posexp.cli.jobs import analyze_task, run_task
-from posexp.cli.options import ROOT, argument, arguments, option, options
+from posexp.cli.options import HELP, ROOT, argument, arguments, option, options
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
 from posexp.commands.sweeps import check_plugins, sweep_progress, unique
@@ -193,7 +193,7 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
         if e.code == 1 and held.holding and isinstance(composing, COMPOSITION_ERRORS) and not full_error_requested():
             held.discard()
             fail(explain(composing))
-        if not e.code and any(a in ("-h", "--help") for a in args):
+        if not e.code and any(a in HELP for a in args):
             print_key_table(config_name)
         raise
     finally:

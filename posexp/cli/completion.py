@@ -64,10 +64,6 @@ def _offer(values: Iterable[str], typed: str, kind: str = WORDS, items: bool = F
     return Reply(kind, tuple(typed[:cut] + v for v in values if v.startswith(typed[cut:])))
 
 
-def _choices(values: Sequence[str]) -> Completer:
-    return lambda line, typed: _offer(values, typed)
-
-
 # -- the schema's keys and the values its comments list ---------------------------------------------
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:[^#=]*=[^#]*#\s*(.*)$")  # "    name: type = default  # comment"
@@ -306,7 +302,7 @@ def _value_of(command: str, name: str) -> Optional[Completer]:
     if found is None or (found.flag and not found.values):
         return None
     values = found.values
-    return VALUES[values] if isinstance(values, str) else _choices(values)
+    return VALUES[values] if isinstance(values, str) else lambda line, typed: _offer(values, typed)
 
 
 def _names(command: str) -> List[str]:
