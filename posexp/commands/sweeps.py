@@ -180,18 +180,26 @@ def sweep_jobs(overrides: Sequence[str]) -> Optional[list[list[str]]]:
         One list per job; None when a value is a sweeper's to draw (``interval(...)``, a glob).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Glob
 
     choices: dict[str, list[str]] = {}  # as BasicSweeper.split_arguments: a key given twice keeps its first place
     for o in OverridesParser.create().parse_overrides(list(overrides)):
-        key = o.get_key_element()
-        if not o.is_sweep_override():
-            choices[key] = [f"{key}={o.get_value_element_as_str()}"]
-        elif o.is_interval_sweep() or isinstance(o.value(), Glob):
+        key, values = o.get_key_element(), override_values(o)
+        if values is None:
             return None
-        else:
-            choices[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        choices[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def override_values(override: Any) -> Optional[list[str]]:
+    """The values a parsed override sets, as override text (a sweep's each); None for a sweep that cannot be
+    listed (an interval, a glob), which a sweeper draws."""
+    from hydra.core.override_parser.types import Glob
+
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    if override.is_interval_sweep() or isinstance(override.value(), Glob):
+        return None
+    return list(override.sweep_string_iterator())
 
 
 def fixed_overrides(overrides: Sequence[str]) -> list[str]:
