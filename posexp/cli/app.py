@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import io
 import logging
 import os
@@ -15,7 +16,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 from rich.markup import escape
@@ -28,11 +29,10 @@ from posexp.cli.arguments import (COMPOSITION_ERRORS, OverrideError, check_comma
 from posexp.cli.console import console, fail, say
 from posexp.cli.folders import Carried, Claim, claiming
 from posexp.cli.jobs import analyze_task, run_task
-from posexp.cli.options import ROOT, argument, option
+from posexp.cli.options import HELP, ROOT, argument, arguments, option, options
 from posexp.commands.finetune import CONFIG_NAME
 from posexp.commands.listing import print_choices
-from posexp.commands.sweeps import missing_plugin, sweep_progress, unique
-from posexp.config.schema import config_dir
+from posexp.commands.sweeps import check_plugins, sweep_progress, unique
 from posexp.errors import PosexpError, Terminated, TrainingInterrupted
 from posexp.reporting import ReportOptions, report_main
 from posexp.runs.layout import is_run_dir, is_sweep_dir
@@ -40,8 +40,6 @@ from posexp.runs.lock import OVERWRITE_FLAG, discard_unused, unlock_run
 
 # What a command runs imports torch (`import posexp.cli.app` took 1.9 s with those modules at the top, 0.26 s without):
 # they are imported inside the command that needs them, so that `posexp --help` and `posexp report` start without it.
-
-CONFIG_DIR = config_dir()
 
 
 @contextlib.contextmanager
@@ -88,6 +86,22 @@ app = typer.Typer(
 HYDRA_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
+def _command(name: str, **settings: Any) -> Callable[[Any], Any]:
+    """Register a function as subcommand ``name``, typed as its signature says; each parameter is the argument or
+    option of that name :mod:`posexp.cli.options` declares for it (``--allow-changed-encoder``:
+    ``allow_changed_encoder``)."""
+    declared = {a.name: argument(name, a.name) for a in arguments(name)}
+    declared.update({o.names[0].lstrip("-").replace("-", "_"): option(name, o.names[0]) for o in options(name)})
+
+    def register(run: Any) -> Any:
+        signature = inspect.signature(run, eval_str=True)
+        run.__signature__ = signature.replace(parameters=[p.replace(default=declared[p.name])
+                                                          for p in signature.parameters.values()])
+        return app.command(name, **settings)(run)
+
+    return register
+
+
 @app.callback()
 def _root(
     install_completion: bool = option(ROOT, "--install-completion", is_eager=True, expose_value=False,
@@ -98,10 +112,8 @@ def _root(
     pass
 
 
-@app.command(context_settings=HYDRA_PASSTHROUGH)
-def train(
-    overrides: Optional[List[str]] = argument("train", "overrides"),
-) -> None:
+@_command("train", context_settings=HYDRA_PASSTHROUGH)
+def train(overrides: Optional[List[str]]) -> None:
     """Train one model per configuration and evaluate it at several context lengths (a Hydra app).
 
     A new run gets a folder of its own; one that holds a run is refused unless --overwrite is given.
@@ -109,10 +121,8 @@ def train(
     _launch("config", overrides or [])
 
 
-@app.command(context_settings=HYDRA_PASSTHROUGH)
-def finetune(
-    args: Optional[List[str]] = argument("finetune", "args"),
-) -> None:
+@_command("finetune", context_settings=HYDRA_PASSTHROUGH)
+def finetune(args: Optional[List[str]]) -> None:
     """Extend a finished run's context: fine-tune it at a longer train_len, its positions scaled (a Hydra app).
 
     scaling=none (direct fine-tuning), linear (position interpolation), ntk, dynamic_ntk, yarn or llama3;
@@ -136,12 +146,11 @@ def _launch(config_name: str, args: List[str], folders: bool = False) -> None:
     overwrite = OVERWRITE_FLAG in args
     args = [a for a in args if a != OVERWRITE_FLAG]  # Hydra's parser knows no --overwrite
     line = hydra_flags.read(args)
+    check_plugins(args)
+    # the user's config folders: their encoders imported before the schemas are stored with Hydra
+    dirs = hydra_flags.user_config_dirs(args) if line is not None else []
+    register_analyze_schema()
     try:
-        missing = missing_plugin(args)
-        if missing:
-            raise PosexpError(missing)
-        dirs = hydra_flags.user_config_dirs(line)  # the user's config folders: their encoders imported
-        register_analyze_schema()
         if line is not None:
             check_command_line(line, dirs, folders)
     except OverrideError as e:
@@ -169,13 +178,12 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
     compose is said in one line (:func:`~posexp.cli.arguments.explain`), Hydra's own report held back
     until then; an error of a job or callback is said by the command. ``--help`` / ``-h`` print Hydra's help, then
     the table of the main keys."""
-    task, prog = run_task if APPS[config_name].run else analyze_task, APPS[config_name].command
     held = hydra_flags.HeldStream(sys.stderr)
     if claim is not None:
         claim.held = held
     try:
         with contextlib.redirect_stderr(held) if claim is not None else contextlib.nullcontext():
-            hydra_flags.run_app(task, str(CONFIG_DIR), config_name, args, prog)
+            hydra_flags.run_app(run_task if APPS[config_name].run else analyze_task, config_name, args)
     except Carried as e:
         if isinstance(e.error, PosexpError):
             fail(e.error)  # as a SystemExit: the run's folder is let go (_run_claimed)
@@ -185,8 +193,8 @@ def _run_hydra(config_name: str, args: List[str], claim: Optional[Claim]) -> Non
         if e.code == 1 and held.holding and isinstance(composing, COMPOSITION_ERRORS) and not full_error_requested():
             held.discard()
             fail(explain(composing))
-        if not e.code and any(a in ("-h", "--help") for a in args):
-            print_key_table(config_name, prog)
+        if not e.code and any(a in HELP for a in args):
+            print_key_table(config_name)
         raise
     finally:
         held.release()
@@ -225,11 +233,8 @@ def _terminate_run(signum, frame) -> None:
     raise Terminated(signum)
 
 
-@app.command()
-def resume(
-    run_dir: Path = argument("resume", "run_dir"),
-    allow_changed_encoder: bool = option("resume", "--allow-changed-encoder"),
-) -> None:
+@_command("resume")
+def resume(run_dir: Path, allow_changed_encoder: bool) -> None:
     """Continue a killed or interrupted run from its last checkpoint, in the same folder, to the same results."""
     from posexp.runtime.device import world
     from posexp.commands.resume import resume_main
@@ -248,22 +253,11 @@ def resume(
         raise SystemExit(130)
 
 
-@app.command()
-def report(
-    folders: List[Path] = argument("report", "folders"),
-    out: Optional[Path] = option("report", "--out"),
-    by: Optional[List[str]] = option("report", "--by"),
-    metric: Optional[List[str]] = option("report", "--metric"),
-    tolerance: float = option("report", "--tolerance"),
-    sort: Optional[str] = option("report", "--sort"),
-    where: Optional[List[str]] = option("report", "--where"),
-    fmt: str = option("report", "--format"),
-    strict: bool = option("report", "--strict"),
-    baseline: Optional[List[str]] = option("report", "--baseline"),
-    view: Optional[List[str]] = option("report", "--view"),
-    margin: Optional[str] = option("report", "--margin"),
-    cols: Optional[List[str]] = option("report", "--cols"),
-) -> None:
+@_command("report")
+def report(folders: List[Path], out: Optional[Path], by: Optional[List[str]], metric: Optional[List[str]],
+           tolerance: float, sort: Optional[str], where: Optional[List[str]], format: str, strict: bool,
+           baseline: Optional[List[str]], view: Optional[List[str]], margin: Optional[str],
+           cols: Optional[List[str]]) -> None:
     """Compare finished runs: a table (grouped with --by), report.md with figures, summary.md and summary.csv.
 
     A run whose results.json cannot be read (not JSON, cut short, wrong shape, unreadable) is left out with a
@@ -271,16 +265,12 @@ def report(
     (exit status 2).
     """
     report_main([str(f) for f in folders], str(out) if out else None, console=console(),
-                options=ReportOptions(by=by, metrics=metric, tolerance=tolerance, where=where, sort=sort, fmt=fmt,
+                options=ReportOptions(by=by, metrics=metric, tolerance=tolerance, where=where, sort=sort, fmt=format,
                                       strict=strict, baseline=baseline, view=view, margin=margin, cols=cols))
 
 
-@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def eval_cmd(
-    args: List[str] = argument("eval", "args"),
-    strict: bool = option("eval", "--strict"),
-    allow_changed_encoder: bool = option("eval", "--allow-changed-encoder"),
-) -> None:
+@_command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_cmd(args: List[str], strict: bool, allow_changed_encoder: bool) -> None:
     """Evaluate trained runs again (new lengths, protocols, context-extension scalings) without retraining.
 
     New rows join each run's results.json (a re-measured row replaces its old one); the other outputs are redrawn.
@@ -298,10 +288,8 @@ def eval_cmd(
         raise SystemExit(130)
 
 
-@app.command(context_settings=HYDRA_PASSTHROUGH)
-def analyze(
-    overrides: Optional[List[str]] = argument("analyze", "overrides"),
-) -> None:
+@_command("analyze", context_settings=HYDRA_PASSTHROUGH)
+def analyze(overrides: Optional[List[str]]) -> None:
     """The geometry of an encoding without training (a Hydra app), or of a trained run's encoding and attention.
 
     Writes PNGs and analysis.json: to the Hydra run dir, or to RUN_DIR/analysis/ for a trained run.
@@ -317,26 +305,19 @@ def analyze(
         _launch("analyze", args, folders=True)
 
 
-@app.command("check")
-def check_cmd(
-    encoder: str = argument("check", "encoder"),
-    options: Optional[List[str]] = argument("check", "options"),
-    fmt: str = option("check", "--format"),
-    config_dir: Optional[Path] = option("check", "--config-dir"),
-) -> None:
+@_command("check")
+def check_cmd(encoder: str, options: Optional[List[str]], format: str, config_dir: Optional[Path]) -> None:
     """Hold an encoding to the encoder contract in a small random model: causality, positions, length, memory,
     scalings, precision, speed. No training, seconds on a CPU; exit status 1 when a check fails (or the encoder
     cannot be built), 3 when none fails but one could not measure (out of memory)."""
     from posexp.commands.check import check_main
 
     _config_dirs(config_dir)
-    raise SystemExit(check_main(encoder, list(options or []), fmt, console()))
+    raise SystemExit(check_main(encoder, list(options or []), format, console()))
 
 
-@app.command("list")
-def list_cmd(
-    config_dir: Optional[Path] = option("list", "--config-dir"),
-) -> None:
+@_command("list")
+def list_cmd(config_dir: Optional[Path]) -> None:
     """What you can choose: encoders (with their options and where each comes from), model sizes, data sets,
     tokenizers, tasks, experiment trackers and experiments."""
     print_choices(console(), _config_dirs(config_dir))  # the encoders of the user's folder listed too
@@ -345,15 +326,11 @@ def list_cmd(
 def _config_dirs(config_dir: Optional[Path]) -> list:
     """A ``--config-dir`` option's folder, checked as Hydra's flag is, its encoders imported
     (:func:`~posexp.cli.hydra_flags.user_config_dirs`)."""
-    return hydra_flags.user_config_dirs(hydra_flags.read(["--config-dir", str(config_dir)] if config_dir else []))
+    return hydra_flags.user_config_dirs(["--config-dir", str(config_dir)] if config_dir else [])
 
 
-@app.command("export")
-def export(
-    run_dir: Path = argument("export", "run_dir"),
-    out_dir: Path = argument("export", "out_dir"),
-    overwrite: bool = option("export", "--overwrite"),
-) -> None:
+@_command("export")
+def export(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
     """Write a trained run as a transformers model folder (learned, rope and alibi runs).
 
     OUT_DIR gets config.json, model.safetensors, the tokenizer files (byte or bpe: the run's token ids) and
@@ -370,22 +347,10 @@ def export(
                     f"{', '.join(map(str, done.checked_lengths))})", highlight=False, soft_wrap=True)
 
 
-@app.command("search")
-def search_cmd(
-    target: str = argument("search", "target"),
-    overrides: Optional[List[str]] = argument("search", "overrides"),
-    target_len: int = option("search", "--target-len"),
-    out: Optional[Path] = option("search", "--out"),
-    objective: str = option("search", "--objective"),
-    tokens: int = option("search", "--tokens"),
-    needles: int = option("search", "--needles"),
-    population: int = option("search", "--population"),
-    generations: int = option("search", "--generations"),
-    parents: int = option("search", "--parents"),
-    seed: int = option("search", "--seed"),
-    start: Optional[int] = option("search", "--start"),
-    restart: bool = option("search", "--restart"),
-) -> None:
+@_command("search")
+def search_cmd(target: str, overrides: Optional[List[str]], target_len: int, out: Optional[Path], objective: str,
+               tokens: int, needles: int, population: int, generations: int, parents: int, seed: int,
+               start: Optional[int], restart: bool) -> None:
     """Search LongRoPE's per-frequency rescale factors and n^ for a run or a transformers model (Ding et al. 2024;
     --objective needle: LongRoPE2, Shang et al. 2025). Resumable: stopped, the same command continues. Writes
     factors.json, which eval.longrope_file= and finetune's longrope_file= read."""

@@ -24,7 +24,6 @@ from typing import Any, List, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Glob
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -33,6 +32,7 @@ from rich.table import Table
 from posexp.cli.completion import field_comments, group_options, optional_groups
 from posexp.cli.console import console
 from posexp.cli.hydra_flags import APPS, CommandLine
+from posexp.commands.sweeps import override_values
 from posexp.config.schema import config_dir
 from posexp.errors import PosexpError
 from posexp.registry import did_you_mean
@@ -144,20 +144,11 @@ def expand_home(args: Sequence[str]) -> List[str]:
     return out
 
 
-def _values(override) -> Optional[List[str]]:
-    """The values an override sets, as override text; None for a sweep that cannot be listed (interval, glob)."""
-    if not override.is_sweep_override():
-        return [override.get_value_element_as_str()]
-    if override.is_interval_sweep() or isinstance(override.value(), Glob):
-        return None  # a sweeper draws these; Hydra checks them as it does
-    return list(override.sweep_string_iterator())
-
-
 def _check_launcher(override) -> None:
     """Launcher settings that joblib and submitit would only refuse with a traceback once the sweep starts."""
     if override.key_or_group != "hydra.launcher.n_jobs":
         return
-    for value in _values(override) or []:
+    for value in override_values(override) or []:
         try:
             ok = int(value) != 0
         except ValueError:
@@ -178,7 +169,7 @@ def _is_group(override, dirs: Sequence[Path]) -> bool:
 
 def _check_group(override, options: List[str], multirun: bool) -> None:
     group = override.key_or_group
-    values = _values(override) or []
+    values = override_values(override) or []
     if override.is_sweep_override() and not multirun:
         values = []  # the sweep check names it
     # several options of one group at once (logger=[tensorboard,mlflow]): each must exist
@@ -348,10 +339,11 @@ def key_table(config_name: str, cfg: DictConfig) -> list:
     return rows
 
 
-def print_key_table(config_name: str, prog: str = "posexp train") -> None:
+def print_key_table(config_name: str) -> None:
     """Print :func:`key_table` of the shipped defaults (``posexp train --help``)."""
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name)
+    prog = APPS[config_name].command
     table = Table(title=f"main keys  ({prog} KEY=VALUE; every key: {prog} --cfg job)", title_justify="left")
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("default", no_wrap=True)

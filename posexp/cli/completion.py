@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from posexp.cli.hydra_flags import APPS
+from posexp.cli.hydra_flags import APPS, named_config_dirs
 from posexp.cli.options import (COMMANDS, DIR, ENCODER, ENCODER_OPTIONS, HELP, KEYS, METRICS, OVERRIDES, ROOT,
                                 RUNS_AND_EVAL, RUNS_OR_OVERRIDES, arguments, find, options)
 from posexp.config.schema import config_dir
@@ -62,10 +62,6 @@ def _offer(values: Iterable[str], typed: str, kind: str = WORDS, items: bool = F
     """``values`` that complete ``typed``; with ``items``, its last item (a sweep's ``a,b,``, a list's ``[a,`` kept)."""
     cut = max(typed.rfind(","), 0 if typed.startswith("[") else -1) + 1 if items else 0
     return Reply(kind, tuple(typed[:cut] + v for v in values if v.startswith(typed[cut:])))
-
-
-def _choices(values: Sequence[str]) -> Completer:
-    return lambda line, typed: _offer(values, typed)
 
 
 # -- the schema's keys and the values its comments list ---------------------------------------------
@@ -152,16 +148,8 @@ def optional_groups(config_name: str = "config") -> Tuple[str, ...]:
 
 
 def user_dirs(words: Sequence[str]) -> List[Path]:
-    """The user's config folders on the command line: ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and
-    the ``file://`` folders of ``hydra.searchpath=[...]``."""
-    found = []
-    for before, word in zip(["", *words], words):
-        if before in ("--config-dir", "-cd") or word.startswith("--config-dir="):
-            found.append(word.removeprefix("--config-dir="))
-        elif word.lstrip("+").startswith("hydra.searchpath="):
-            items = (item.strip(" '\"") for item in word.partition("=")[2].strip("[]").split(","))
-            found += [item.removeprefix("file://") for item in items if item.startswith("file://")]
-    return [Path(d).expanduser() for d in found]
+    """The user's config folders on the command line (:func:`~posexp.cli.hydra_flags.named_config_dirs`)."""
+    return [Path(text).expanduser() for _, text in named_config_dirs(words)]
 
 
 def group_options(group: str, dirs: Sequence[Path] = ()) -> List[str]:
@@ -314,7 +302,7 @@ def _value_of(command: str, name: str) -> Optional[Completer]:
     if found is None or (found.flag and not found.values):
         return None
     values = found.values
-    return VALUES[values] if isinstance(values, str) else _choices(values)
+    return VALUES[values] if isinstance(values, str) else lambda line, typed: _offer(values, typed)
 
 
 def _names(command: str) -> List[str]:

@@ -19,13 +19,10 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-from omegaconf.errors import OmegaConfBaseException
 
-from posexp.cli.arguments import check_added_keys, explain, full_error_requested
+from posexp.cli.arguments import COMPOSITION_ERRORS, check_added_keys, explain, full_error_requested
 from posexp.cli.hydra_flags import APPS
 from posexp.commands.edge import override_text
 from posexp.commands.finetune import CONFIG_NAME, check_finetune, overridden_keys, refuse_own_parent
@@ -171,7 +168,7 @@ def check_sweep(claim: Claim, config: DictConfig, config_name: str) -> Optional[
     for job, label in zip(checked, swept_values(checked)):
         try:  # as Hydra's launchers compose a job: the sweep's resolved values (``${now:...}``) kept
             composed = GlobalHydra.instance().config_loader().load_sweep_config(config, list(job))
-        except (HydraException, OmegaConfBaseException) as e:
+        except COMPOSITION_ERRORS as e:
             if full_error_requested():
                 raise  # Hydra's own report, in full
             raise PosexpError(f"{explain(e)} (with {label or 'the sweep'}; no job was started)") from None
@@ -189,8 +186,7 @@ def _claim_dir(claim: Claim, config: DictConfig, key: str, sweep: bool) -> tuple
         PosexpError: a folder that cannot be created, or one that holds a run (:class:`RunFolderTaken`).
     """
     path = Path(str(OmegaConf.select(config, key)))
-    given = [str(o) for o in config.hydra.overrides.hydra]
-    if any(o.key_or_group == key for o in OverridesParser.create().parse_overrides(given)):
+    if key in overridden_keys(config.hydra.overrides.hydra):
         return path, claim_named_dir(path, key, sweep=sweep, overwrite=claim.overwrite)
     path, created = new_run_dir(path, key)
     with read_write(config.hydra), open_dict(config.hydra):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig
+from posexp.config.schema import Config, FinetuneAppConfig, PretrainedConfig, config_dir
 from posexp.errors import PosexpError
 
 SEARCHPATH = "hydra.searchpath"
@@ -91,13 +91,12 @@ class CommandLine:
         overrides: the ``KEY=VALUE`` arguments, in order.
         multirun: ``-m``: a sweep.
         helps: Hydra prints help, its version or a completion script, composing nothing of posexp's.
-        config_dir: ``--config-dir``; config_path: ``--config-path``.
+        config_path: ``--config-path``.
     """
 
     overrides: tuple
     multirun: bool
     helps: bool
-    config_dir: Optional[str]
     config_path: Optional[str]
 
 
@@ -107,7 +106,7 @@ def read(args: Sequence[str]) -> Optional[CommandLine]:
     if ns is None:
         return None
     helps = bool(ns.help or ns.hydra_help or ns.shell_completion or ns.config_name)
-    return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, ns.config_dir, ns.config_path)
+    return CommandLine(tuple(ns.overrides), bool(ns.multirun), helps, ns.config_path)
 
 
 def option_strings() -> set:
@@ -115,25 +114,30 @@ def option_strings() -> set:
     return {o for action in _parse([])[0]._actions for o in action.option_strings}
 
 
+def named_config_dirs(words: Sequence[str]) -> List[Tuple[str, str]]:
+    """The user's config folders a command line names, each with the flag or key that names it: ``--config-dir DIR``
+    (``-cd DIR``, ``--config-dir=DIR``), then the folders of ``hydra.searchpath=[...]`` (``pkg://`` ones are configs
+    inside a package). Read from the words alone, as a TAB reads them (:mod:`posexp.cli.completion`)."""
+    flags, searched = [], []
+    for before, word in zip(["", *words], words):
+        if before in ("--config-dir", "-cd") or word.startswith("--config-dir="):
+            flags.append(("--config-dir", word.removeprefix("--config-dir=")))
+        elif word.lstrip("+").startswith(SEARCHPATH + "="):
+            items = (item.strip(" '\"") for item in word.partition("=")[2].strip("[]").split(","))
+            searched += [(SEARCHPATH, item.removeprefix("file://")) for item in items
+                         if item and not item.startswith("pkg://")]
+    return flags + searched
 
-def user_config_dirs(line: Optional[CommandLine]) -> List[Path]:
-    """The user's config folders a Hydra command line names (``--config-dir`` / ``-cd``, ``hydra.searchpath``),
-    their encoders imported.
+
+def user_config_dirs(words: Sequence[str]) -> List[Path]:
+    """The user's config folders a Hydra command line names (:func:`named_config_dirs`), their encoders imported.
 
     Raises:
         PosexpError: a named folder does not exist.
     """
-    if line is None:
-        return []  # Hydra's argparse reports it
-    named = [("--config-dir", line.config_dir)] if line.config_dir else []
-    for arg in line.overrides:
-        if arg.lstrip("+").startswith(SEARCHPATH + "="):
-            named += [(SEARCHPATH, str(v)) for v in override_values(arg)]
     dirs: List[Path] = []
-    for key, text in named:
-        if text.startswith("pkg://"):
-            continue  # configs inside a package, not a folder of the user's
-        folder = Path(text.removeprefix("file://")).expanduser().resolve()
+    for key, text in named_config_dirs(words):
+        folder = Path(text).expanduser().resolve()
         if not folder.is_dir():
             raise PosexpError(f"{key}: no such folder {folder} (the folder that holds your encoder/NAME.yaml)")
         dirs += [] if folder in dirs else [folder]
@@ -143,18 +147,6 @@ def user_config_dirs(line: Optional[CommandLine]) -> List[Path]:
         load_config_folder(folder)
     return dirs
 
-
-def override_values(arg: str) -> list:
-    """What an override sets: its value, a list's items or a sweep's choices; nothing for an override Hydra's parser
-    refuses (the override check names it)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        value = OverridesParser.create().parse_override(arg).value()
-    except HydraException:
-        return []
-    return list(getattr(value, "list", None) or (value if isinstance(value, list) else [value]))
 
 class HeldStream:
     """A stream whose writes wait until :meth:`release`, then go through: what Hydra writes before it has composed
@@ -192,17 +184,18 @@ class HeldStream:
         return getattr(self.stream, name)
 
 
-def run_app(task: Callable[[Any], Any], config_dir: str, config_name: str, args: Sequence[str], prog: str) -> None:
-    """Run ``task`` as the Hydra app of ``config_name`` would run it had ``prog ARGS`` been typed (as ``@hydra.main``
-    does, with the arguments given instead of ``sys.argv``)."""
+def run_app(task: Callable[[Any], Any], config_name: str, args: Sequence[str]) -> None:
+    """Run ``task`` as the Hydra app of ``config_name`` would run it had its command (``posexp train``) been typed
+    with ``args`` (as ``@hydra.main`` does, with the arguments given instead of ``sys.argv``)."""
     from hydra._internal.utils import _run_hydra
     from hydra.main import _get_rerun_conf
 
-    parser, ns = _parse(args, prog)
+    parser, ns = _parse(args, APPS[config_name].command)
     if ns is None:
         parser.parse_args(list(args))  # Hydra's usage and error, exit status 2
         return
     if ns.experimental_rerun is not None:
         task(_get_rerun_conf(ns.experimental_rerun, ns.overrides))
         return
-    _run_hydra(args=ns, args_parser=parser, task_function=task, config_path=config_dir, config_name=config_name)
+    _run_hydra(args=ns, args_parser=parser, task_function=task, config_path=str(config_dir()),
+               config_name=config_name)

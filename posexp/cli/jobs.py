@@ -97,15 +97,19 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
 
 def _count_failed(run_dir: str) -> None:
     """Count a failed sweep job for the command's exit status (in a launcher's other process, its results.json
-    does: :class:`FailedJobsCallback`)."""
+    does: :class:`SweepSummaryCallback`)."""
     claim = current_claim()
     if claim is not None:
         claim.failed.append(run_dir)
 
 
 class SweepSummaryCallback(Callback):
-    """Hydra callback (``hydra.callbacks.sweep_summary`` of configs/config.yaml, finetune.yaml, pretrained.yaml):
-    write the sweep's summary into its folder when a multirun ends (:func:`posexp.reporting.summary.sweep_summary`)."""
+    """Hydra callback (``hydra.callbacks.sweep_summary`` of configs/config.yaml, finetune.yaml, pretrained.yaml): when
+    a multirun ends, count the jobs that failed in other processes (joblib, submitit) too, and write the sweep's
+    summary into its folder (:func:`posexp.reporting.summary.sweep_summary`)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._start = time.time() - 1.0  # file times may trail the clock a little
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         from posexp.reporting.summary import sweep_summary
@@ -115,6 +119,8 @@ class SweepSummaryCallback(Callback):
         except Exception:  # no sweep folder in the config: nothing to summarise, and a finished sweep stays one
             logging.getLogger("posexp.report").warning("sweep summary not written: the config names no sweep folder")
             return
+        for run_dir in failed_runs(Path(sweep_dir), getattr(self, "_start", 0.0)):
+            _count_failed(run_dir)
         sweep_summary(sweep_dir)
 
 
@@ -131,14 +137,3 @@ class AnalyzeSweepCallback(Callback):
                 console().print(f"wrote {path}", highlight=False)
         except Exception:  # the jobs' own outputs are already safe
             logging.getLogger("posexp.analyze").warning("comparison figure not written", exc_info=True)
-
-
-class FailedJobsCallback(Callback):
-    """Hydra callback: count the sweep jobs that failed in other processes (joblib, submitit) too."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        self._start = time.time() - 1.0  # file times may trail the clock a little
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        for run_dir in failed_runs(Path(str(config.hydra.sweep.dir)), getattr(self, "_start", 0.0)):
-            _count_failed(run_dir)

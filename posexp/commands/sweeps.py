@@ -6,7 +6,7 @@
 - :func:`objective_value`: the number the train task returns, which a sweeper such as
   ``hydra/sweeper=optuna`` minimises: the validation loss in nats per token (the log
   of the perplexity) at the longest eval length, at a chosen length, or averaged.
-- :func:`missing_plugin`: a clear message when a launcher or sweeper is asked for
+- :func:`check_plugins`: a clear message when a launcher or sweeper is asked for
   whose plugin is not installed (``pip install -e '.[sweeps]'``).
 - :func:`failed_runs`: the runs of a sweep that failed in other processes, so the
   exit code of ``posexp train -m`` counts them too.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.runs.layout import RESULTS_JSON, run_status, runs_under
 
 # the logger name train.log and users' logging filters have always seen, wherever the module lives
@@ -129,16 +129,19 @@ def objective_value(results: dict, objective: Any = "longest") -> Optional[float
 
 # -- plugins and failed jobs ----------------------------------------------------------------------
 
-def missing_plugin(args: Sequence[str]) -> Optional[str]:
-    """A one-line message if ``args`` select a launcher or sweeper whose Hydra plugin is not installed."""
+def check_plugins(args: Sequence[str]) -> None:
+    """Refuse, in one line, ``args`` that select a launcher or sweeper whose Hydra plugin is not installed.
+
+    Raises:
+        PosexpError: naming the plugin and the command that installs it.
+    """
     for arg in args:
         choice = arg.lstrip("+~").replace(" ", "")
         if choice in PLUGINS:
             module, package = PLUGINS[choice]
             if importlib.util.find_spec(module) is None:
-                return (f"{choice} needs the Hydra plugin {package}, which is not installed: "
-                        f"pip install -e '.[sweeps]' (or pip install {package})")
-    return None
+                raise PosexpError(f"{choice} needs the Hydra plugin {package}, which is not installed: "
+                                  f"pip install -e '.[sweeps]' (or pip install {package})")
 
 
 def failed_runs(sweep_dir: Path, since: float) -> list[str]:
@@ -177,18 +180,26 @@ def sweep_jobs(overrides: Sequence[str]) -> Optional[list[list[str]]]:
         One list per job; None when a value is a sweeper's to draw (``interval(...)``, a glob).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import Glob
 
     choices: dict[str, list[str]] = {}  # as BasicSweeper.split_arguments: a key given twice keeps its first place
     for o in OverridesParser.create().parse_overrides(list(overrides)):
-        key = o.get_key_element()
-        if not o.is_sweep_override():
-            choices[key] = [f"{key}={o.get_value_element_as_str()}"]
-        elif o.is_interval_sweep() or isinstance(o.value(), Glob):
+        key, values = o.get_key_element(), override_values(o)
+        if values is None:
             return None
-        else:
-            choices[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        choices[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def override_values(override: Any) -> Optional[list[str]]:
+    """The values a parsed override sets, as override text (a sweep's each); None for a sweep that cannot be
+    listed (an interval, a glob), which a sweeper draws."""
+    from hydra.core.override_parser.types import Glob
+
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    if override.is_interval_sweep() or isinstance(override.value(), Glob):
+        return None
+    return list(override.sweep_string_iterator())
 
 
 def fixed_overrides(overrides: Sequence[str]) -> list[str]:
