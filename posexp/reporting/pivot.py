@@ -175,9 +175,9 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
         if not all(r.get(k) == v for k, v in fixed.items() if not (task_row and k == "protocol")):
             continue
         for m in (m for m in measures if m.task == r.get("task") and r.get(m.field) is not None):
-            line = tuple(lines_of[r["run"]] if k == "label" else r.get(k) for k in by)
+            line = tuple(lines_of[r["run"]] if k == "label" else _hashable(r.get(k)) for k in by)
             pair = (identity[r["run"]], measured_on(r)) if by_model else settings_of[r["run"]]
-            per_run.setdefault((line, int(r["length"]), tuple(r.get(k) for k in cols), m), {}) \
+            per_run.setdefault((line, int(r["length"]), tuple(_hashable(r.get(k)) for k in cols), m), {}) \
                 .setdefault(pair, []).append(float(r[m.field]) * m.scale)
     columns = list(dict.fromkeys(key[2] for key in per_run))
     columns.sort(key=lambda c: [(v not in (None, NO_SCALING), str(v)) for v in c])  # plain first: the baseline
@@ -197,6 +197,12 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     if "window" in cols:
         pivot.notes += _window_notes(pivot, runs)
     return pivot
+
+
+def _hashable(value: Any) -> Any:
+    """A key's value as a line or column of the pivot: a list or mapping (``model.lst=[1,2]``) as the text
+    :func:`show_value` shows it, which can key a cell."""
+    return str(value) if isinstance(value, (list, dict)) else value
 
 
 def _unpaired_notes(pivot: Pivot, records: list[dict], identity: dict[str, tuple]) -> list[str]:

@@ -279,3 +279,14 @@ def test_fine_tunes_say_their_target_and_are_differenced_only_where_measured_ali
                             "other tokens") for w in table.warnings), table.warnings
     text = render_markdown(build_report([top / name for name in ("parent", "ft_direct", "ft_yarn")]))
     assert "Training length: 128 tokens (512 for " in text and "each run's own training length (128; 512 for" in text
+
+
+def test_a_list_valued_key_can_be_a_pivots_column_or_line(tmp_path):
+    from helpers.runs import make_run
+    from posexp.reporting.pivot import build_pivot
+    from posexp.reporting.runs import read_run
+
+    runs = [read_run(make_run(tmp_path / name, {128: ppl}, ["encoder=rope"], config={"model": {"lst": lst}},
+                              seed=seed)) for name, ppl, lst, seed in (("a", 3.0, [1, 2], 0), ("b", 3.1, [3, 4], 1))]
+    assert build_pivot(runs, [], ["model.lst"]).columns == [("[1, 2]",), ("[3, 4]",)]  # a TypeError before
+    assert build_pivot(runs, ["model.lst"], ["seed"]).lines == [("[1, 2]",), ("[3, 4]",)]
