@@ -66,7 +66,7 @@ def comparable(group: Group) -> bool:
     return not any(f in NOT_COMPARABLE or f.startswith("status:") for f in group.flags)
 
 
-def pick_reference(groups: Sequence[Group], filters: list[Filter]) -> Optional[Group]:
+def pick_reference(groups: Sequence[Group], filters: Sequence[Filter]) -> Optional[Group]:
     """The group ``filters`` name (all its runs match), else the first comparable group.
 
     Raises:

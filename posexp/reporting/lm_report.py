@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
@@ -23,7 +23,7 @@ from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
 from posexp.reporting.runs import Run, read_run, read_runs, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
-                                        parse_metric, parse_metrics, parse_sort, parse_where)
+                                        parse_metric, parse_metrics, parse_sort, parse_where, SortKey)
 from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_text
@@ -67,11 +67,7 @@ def build_report(run_dirs: Iterable[str | os.PathLike], options: ReportOptions =
 
     report = _lay_out(runs, by_keys, [f"not in the table: {problem}" for problem in skipped], wanted)
     report.metrics, report.filters = chosen, filters
-    groups = group_rows(report.rows, by_keys, report.warnings)
-    for group in groups:
-        aggregate_group(group, report)
-    report.groups = sort_groups(groups, sort_key)
-    compare(report, parse_baseline(options.baseline, by_keys), equivalence)
+    group_and_compare(report, sort_key, parse_baseline(options.baseline, by_keys), equivalence)
     _add_parent_metrics(report)
     return report
 
@@ -152,8 +148,14 @@ def _mark_unlearned(rows: list[ReportRow], warnings: list[str]) -> None:
                         "context), so how it changes past 1x says nothing of extrapolation")
 
 
-def compare(report: Report, reference: list[Filter], margin: Optional[Margin] = None) -> None:
-    """Set ``report.comparison`` when there are groups to compare (with ``--by``, two or more)."""
+def group_and_compare(report: Report, sort_key: Optional[SortKey] = None, reference: Sequence[Filter] = (),
+                      margin: Optional[Margin] = None) -> None:
+    """Group ``report.rows`` by ``report.by`` (each group aggregated, the groups in ``sort_key``'s order) and set
+    ``report.comparison`` when there are groups to compare (with ``--by``, two or more) against ``reference``."""
+    groups = group_rows(report.rows, report.by, report.warnings)
+    for group in groups:
+        aggregate_group(group, report)
+    report.groups = sort_groups(groups, sort_key)
     if report.by and len(report.groups) > 1:
         chosen = pick_reference(report.groups, reference)
         if chosen is not None:

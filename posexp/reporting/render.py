@@ -18,8 +18,7 @@ from rich.text import Text
 
 from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
                                       sweep_keys, verdict_lines)
-from posexp.reporting.grouping import aggregate_group, group_rows
-from posexp.reporting.lm_report import Group, Report, compare
+from posexp.reporting.lm_report import Group, Report, group_and_compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
                                          fmt_settings, fmt_value, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
@@ -84,10 +83,7 @@ def sweep_comparison(report: Report) -> Optional[Comparison]:
     if not keys:
         return None
     grouped = replace(report, by=keys, warnings=[], comparison=None)
-    grouped.groups = group_rows(report.rows, keys, grouped.warnings)
-    for group in grouped.groups:
-        aggregate_group(group, grouped)
-    compare(grouped, [])
+    group_and_compare(grouped)
     return grouped.comparison
 
 
