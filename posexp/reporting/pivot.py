@@ -31,6 +31,7 @@ from posexp.reporting.difference import window_verdicts
 from posexp.reporting.formatting import MISSING, fmt_value, joined
 from posexp.reporting.frame import LM_TASK, NO_SCALING, run_records
 from posexp.reporting.runs import Run, measured_on, model_identity
+from posexp.reporting import selection
 from posexp.reporting.stats import mean_interval
 from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.reporting.views import MAIN_PROTOCOL, view_text
@@ -96,9 +97,9 @@ class Pivot:
 
 
 def show_value(value: Any) -> str:
-    if value is None:
-        return "none"
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A key's value as a line or column of the pivot: as the report's groups spell it
+    (:func:`~posexp.reporting.selection.show_value`), but null is "none" (no window, no scaling), not missing."""
+    return "none" if value is None else selection.show_value(value)
 
 
 def label(keys: Sequence[str], values: tuple) -> str:
@@ -202,7 +203,7 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
 def _hashable(value: Any) -> Any:
     """A key's value as a line or column of the pivot: a list or mapping (``model.lst=[1,2]``) as the text
     :func:`show_value` shows it, which can key a cell."""
-    return str(value) if isinstance(value, (list, dict)) else value
+    return show_value(value) if isinstance(value, (list, dict)) else value
 
 
 def _unpaired_notes(pivot: Pivot, records: list[dict], identity: dict[str, tuple]) -> list[str]:

@@ -290,3 +290,18 @@ def test_a_list_valued_key_can_be_a_pivots_column_or_line(tmp_path):
                               seed=seed)) for name, ppl, lst, seed in (("a", 3.0, [1, 2], 0), ("b", 3.1, [3, 4], 1))]
     assert build_pivot(runs, [], ["model.lst"]).columns == [("[1, 2]",), ("[3, 4]",)]  # a TypeError before
     assert build_pivot(runs, ["model.lst"], ["seed"]).lines == [("[1, 2]",), ("[3, 4]",)]
+
+
+def test_a_pivot_spells_a_keys_values_as_the_grouped_report_does(tmp_path):
+    from helpers.runs import make_run
+    from posexp.reporting.pivot import build_pivot, label
+    from posexp.reporting.runs import read_run
+    from posexp.reporting.selection import show_value
+
+    runs = [read_run(make_run(tmp_path / str(tied), {128: 3.0 + tied}, ["encoder=rope"],
+                              config={"model": {"tie_embeddings": tied, "lst": [1, 2]}})) for tied in (True, False)]
+    pivot = build_pivot(runs, ["model.lst"], ["model.tie_embeddings"])
+    # as typed (model.tie_embeddings=true) and as --by shows it, not Python's True
+    assert [label(pivot.cols, c) for c in pivot.columns] == ["model.tie_embeddings=false", "model.tie_embeddings=true"]
+    assert [label(pivot.by, line) for line in pivot.lines] == [f"model.lst={show_value([1, 2])}"]
+    assert label(["window"], (None,)) == "window=none"  # no window: a value of its own, not a missing one
