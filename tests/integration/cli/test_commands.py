@@ -61,6 +61,19 @@ def test_a_description_is_the_header_first_sentence_not_its_first_line():
         "fast each encoding is learned")
 
 
+def test_a_description_ends_outside_brackets_quotes_and_ellipses():
+    """A full stop inside a citation's brackets ("Eq. 4"), an ellipsis ("X2 = X1, ...") or a colon inside a quoted
+    title cut a description short: posexp list showed "task=vartrack: ... X2 = X1, ..." without its citation and
+    "RNoPE-SWA (Yang et al. 2025, \"Rope to Nope and Back Again" with its bracket and quote left open."""
+    from posexp.commands.listing import yaml_description
+    from posexp.config.schema import config_dir
+
+    assert yaml_description(config_dir() / "task" / "vartrack.yaml").endswith("(Hsieh et al. 2024 (RULER)).")
+    for yaml in sorted(config_dir().glob("*/*.yaml")):
+        desc = yaml_description(yaml)
+        assert desc.count("(") == desc.count(")") and desc.count('"') % 2 == 0, (yaml, desc)
+
+
 BAD_INPUT = [
     (["encoder=nope"], ["encoder", "rope", "alibi"]),
     (["nope=1"], ["nope"]),
