@@ -130,7 +130,8 @@ def model_table(described: bool = True) -> Table:
 
 
 def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
-    """Every table of ``posexp list``, the encoders of the user's config folders ``dirs`` (imported) among them."""
+    """Every table of ``posexp list``, the choices of the user's config folders ``dirs`` among them (their encoders
+    imported)."""
     from posexp.encoders import broken
 
     console.print(encoder_table(dirs))
@@ -146,4 +147,5 @@ def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
             notes.add_row(name, yaml_description(path))
         console.print(notes)
     for group, title in GROUP_TABLES:
-        console.print(_table(title, ("name", "what it is"), [(n, yaml_description(p)) for n, p in _yamls(group).items()]))
+        console.print(_table(title, ("name", "what it is"),
+                             [(n, yaml_description(p)) for n, p in _yamls(group, dirs).items()]))
