@@ -129,15 +129,14 @@ def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
     return cls(**options)
 
 
-def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float) -> Optional[float]:
-    """The exact match of a guess that draws each of an instance's ``answer_tokens`` answer tokens uniformly from
-    the task's answer alphabet (:meth:`Task.answer_values`): ``values ** -answer_tokens``. 0.5 for parity, 10^-5
-    for a 5-digit passkey, about 0 for copying 16 symbols. None for a task not known here (e.g. ``lm``)."""
+def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float,
+                       size: Optional[int] = None) -> Optional[float]:
+    """The exact match of a guess that draws each of an instance's ``answer_tokens`` answer tokens (their mean over
+    the instances of ``size``) uniformly from the task's answer alphabet (:meth:`Task.chance`): ``values **
+    -answer_tokens``. 0.5 for parity, 10^-5 for a 5-digit passkey, about 0 for copying 16 symbols; flip-flop's mean
+    over its instances' reads. None for a task not known here (e.g. ``lm``)."""
     cls = TASKS.get(name)
-    values = cls.answer_values(options) if cls is not None else None
-    if values is None or answer_tokens <= 0:
-        return None
-    return float(values) ** -float(answer_tokens)
+    return cls.chance(options, answer_tokens, size) if cls is not None else None
 
 
 def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:

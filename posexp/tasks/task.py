@@ -105,6 +105,14 @@ class Task(ABC):
         symbols = options.get("symbols", cls.default_symbols)
         return int(symbols) if isinstance(symbols, (int, float)) and symbols >= 2 else None
 
+    @classmethod
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+        """The exact match of a guess drawing each answer token uniformly from :meth:`answer_values`, for instances
+        of ``answer_tokens`` answer tokens (their mean) at instance ``size``: ``values ** -answer_tokens``, exact
+        where every instance of the size has as many; a task whose answers vary in length says its own mean."""
+        values = cls.answer_values(options)
+        return None if values is None or answer_tokens <= 0 else float(values) ** -float(answer_tokens)
+
     def check_filler(self, size: int, split: str) -> None:
         """A task that ``uses_data``: refuse instances of ``size`` the data's ``split`` cannot fill; the others read
         no data, and refuse nothing here."""
