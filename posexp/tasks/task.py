@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from posexp.errors import ConfigError
-from posexp.registry import Registry
+from posexp.registry import Registry, option_params
 
 PAD = 0  # every task's token 0: fills a length an instance does not use; never an answer
 
@@ -93,8 +93,11 @@ class Task(ABC):
         return None
 
     def options(self) -> dict:
-        """What, besides its name, defines the task's instances (provenance and the task's fingerprint)."""
-        return {"symbols": self.symbols} if self.default_symbols is not None else {}
+        """What, besides its name, defines the task's instances (provenance and the task's fingerprint): each option
+        of ``__init__`` the task holds under its own name, but ``min_size`` (recorded apart) and ``symbols`` of a task
+        without an alphabet. A task whose instances some of its options do not shape lists its own."""
+        held = [p.name for p in option_params(type(self).__init__, ("train", "val", "min_size")) if hasattr(self, p.name)]
+        return {name: getattr(self, name) for name in held if name != "symbols" or self.default_symbols is not None}
 
     @classmethod
     def answer_values(cls, options: Mapping[str, Any]) -> Optional[int]:
