@@ -21,9 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from posexp.encoders import broken, create, get, option_names, registry
-from posexp.encoders.plugins import init_raised
 from posexp.errors import ConfigError, PosexpError
-from posexp.registry import did_you_mean
+from posexp.registry import did_you_mean, init_raised
 from posexp.evaluation.conformance import ERROR, FAIL, PASS, Check, Probe, run_checks
 from posexp.runtime import terminal
 
@@ -170,7 +169,7 @@ def unbuildable(name: str, options: dict, probe: Probe) -> Optional[str]:
     except PosexpError:
         raise
     except Exception as e:  # noqa: BLE001 - the encoder's own code: what it raised is the finding
-        return init_raised(get(name), probe.d_model, probe.n_heads, options, e)
+        return init_raised(get(name), {"d_model": probe.d_model, "n_heads": probe.n_heads, **options}, e)
     return None
 
 

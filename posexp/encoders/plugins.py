@@ -48,13 +48,6 @@ def is_builtin(cls: type) -> bool:
     return cls.__module__.startswith("posexp.encoders.")
 
 
-def init_raised(cls: type, d_model: int, n_heads: int, options: Dict[str, object], error: Exception) -> str:
-    """One line saying what an encoder's own ``__init__`` raised, called with ``options``: what ``posexp check``
-    reports and ``posexp train`` stops with, for a plugin's code (a built-in's is posexp's: its traceback)."""
-    given = "".join(f", {k}={v!r}" for k, v in options.items())
-    return f"{cls.__qualname__}(d_model={d_model}, n_heads={n_heads}{given}) raised {type(error).__name__}: {error}"
-
-
 def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> object:
     """Import the user's module ``module``, with the working folder (then ``roots``) on ``sys.path``.
 

@@ -14,8 +14,9 @@ import torch
 
 from posexp.config.schema import Config
 from posexp.encoders import PositionalEncoder, create, get
-from posexp.encoders.plugins import MODULE_KEY, init_raised, is_builtin
+from posexp.encoders.plugins import MODULE_KEY, is_builtin
 from posexp.errors import ConfigError, PosexpError
+from posexp.registry import init_raised
 from posexp.model.gpt import GPT, ModelShape
 
 
@@ -39,8 +40,8 @@ def build_encoder(cfg: Config) -> PositionalEncoder:
         if is_builtin(get(name)):
             raise
         given = {k: v for k, v in options.items() if k not in (MODULE_KEY, "lr_mult")}
-        raise ConfigError(f"encoder={name}", init_raised(get(name), cfg.model.d_model, cfg.model.n_heads, given,
-                                                         e)) from None
+        shape = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}
+        raise ConfigError(f"encoder={name}", init_raised(get(name), {**shape, **given}, e)) from None
     encoder.for_layers(int(cfg.model.n_layers))
     return encoder
 
