@@ -34,6 +34,13 @@ MODULE_KEY = "module"  # the config key naming the user's module a class of thei
 log = logging.getLogger("posexp.registry")
 
 
+def init_raised(cls: type, arguments: Mapping[str, Any], error: Exception) -> str:
+    """One line saying what a component's own ``__init__`` raised, called with ``arguments``: what ``posexp check``
+    reports and ``posexp train`` stops with, for a plugin's code (a built-in's is posexp's: its traceback)."""
+    given = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return f"{cls.__qualname__}({given}) raised {type(error).__name__}: {error}"
+
+
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
     """``did you mean PREFIXclosest? `` (with its trailing space) for the choice closest to ``word``; "" for none
     close enough: the hint every error about an unknown name or key gives."""

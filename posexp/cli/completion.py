@@ -173,6 +173,15 @@ def encoder_keys(name: Optional[str], dirs: Sequence[Path] = ()) -> Dict[str, An
     return {**keys, "lr_mult": float}
 
 
+def yaml_task_keys(name: Optional[str], dirs: Sequence[Path]) -> Dict[str, Any]:
+    """The keys the user's ``task/NAME.yaml`` lists under ``task`` (a task of theirs, its module not imported at a
+    TAB), but the ``module`` that names it."""
+    path = next((p for p in (folder / "task" / f"{name}.yaml" for folder in dirs) if p.is_file()), None)
+    raw = _read_yaml(path) if path and name else None
+    task = raw.get("task") if isinstance(raw, dict) else None
+    return {str(k): Any for k in task if k != "module"} if isinstance(task, dict) else {}
+
+
 @dataclass
 class AppKeys:
     """The groups and keys one Hydra app accepts, for the command line typed so far."""
@@ -201,7 +210,7 @@ class AppKeys:
 
             task = chosen("task")
             tree["task"] = dict(schema_tree(options_schema(TASKS[task]))) if task in TASKS else (
-                {"name": str, "description": str} if task == LM else {})
+                {"name": str, "description": str} if task == LM else yaml_task_keys(task, dirs))
         if tree.get("logger") is Any:  # each tracker's keys: the options of its start()
             from posexp.tracking.tracker import TRACKERS, options_schema as tracker_schema
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from posexp.encoders import broken, create, get, option_names, registry
 from posexp.errors import ConfigError, PosexpError
-from posexp.registry import did_you_mean
+from posexp.registry import did_you_mean, init_raised
 from posexp.evaluation.conformance import ERROR, FAIL, PASS, Check, Probe, run_checks
 from posexp.runtime import terminal
 
@@ -169,9 +169,7 @@ def unbuildable(name: str, options: dict, probe: Probe) -> Optional[str]:
     except PosexpError:
         raise
     except Exception as e:  # noqa: BLE001 - the encoder's own code: what it raised is the finding
-        given = "".join(f", {k}={v!r}" for k, v in options.items())
-        return (f"{get(name).__qualname__}(d_model={probe.d_model}, n_heads={probe.n_heads}{given}) raised "
-                f"{type(e).__name__}: {e}")
+        return init_raised(get(name), {"d_model": probe.d_model, "n_heads": probe.n_heads, **options}, e)
     return None
 
 

@@ -46,8 +46,14 @@ VALUE_HINTS = {
     "sinks": "a positive integer number of tokens, e.g. eval.sinks=4, or null (needs eval.window)",
     "batch_tokens": "an integer",
     "loss_by_position": "true or false",
+    "examples": "a positive integer, e.g. eval.examples=256",
+    "depths": "a list of depths in [0, 1], e.g. eval.depths=[0,0.5,1]",
+    "key_tokens": "its settings one by one, e.g. eval.key_tokens.evaluator=RUN",
+    "key_tokens.evaluator": "a run folder or hf:NAME, or null",
     "key_tokens.alpha": "a number of nats, e.g. eval.key_tokens.alpha=2", "key_tokens.beta": "a number of nats",
     "key_tokens.short_len": "an integer number of tokens, or null",
+    "key_tokens.short_stride": "an integer number of tokens, or null",
+    "key_tokens.cache_dir": "a folder, or null",
 }
 NESTED_KEYS = ("key_tokens",)  # eval groups set key by key: eval.key_tokens.evaluator=RUN
 # where and how an evaluation computes: a run's evaluation may set them, since they leave the weights as trained

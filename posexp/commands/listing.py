@@ -26,8 +26,10 @@ GROUP_TABLES = (("data", "data sets  (posexp train data=NAME)"),
                 ("experiment", "experiments  (posexp train experiment=NAME)"))
 MODEL_COLUMNS = ("name", "d_model", "layers", "heads", "FFN", "params", "with byte vocab", "what it is")
 NUMBERS = ("d_model", "layers", "heads", "FFN", "params")  # right-aligned
-# A full stop that ends a sentence: not the one of "et al.", "e.g." or "i.e.".
-SENTENCE_END = re.compile(r"(?<!\bal)(?<!\be\.g)(?<!\bi\.e)\.(?=\s|$)")
+# A full stop that ends a sentence: not the one of "et al.", "e.g.", "i.e." or an ellipsis; outside brackets and
+# quotes (:func:`_first_outside`), so "(He et al. 2021, Eq. 4)" does not end one.
+SENTENCE_END = re.compile(r"(?<!\bal)(?<!\be\.g)(?<!\bi\.e)(?<!\.)\.(?=\s|$)")
+CLAUSE_END = re.compile(r": ")
 # A first sentence longer than this is shortened to its first clause (up to ": ").
 LONG_SENTENCE = 160
 # Narrower consoles get the model sizes' descriptions under their table, not in a squeezed column.
@@ -48,10 +50,20 @@ def yaml_description(path: Path) -> str:
         if "@package" not in line:
             header.append(line[1:].strip())
     text = " ".join(header)
-    end = SENTENCE_END.search(text)
+    end = _first_outside(SENTENCE_END, text)
     sentence = text[:end.end()] if end else text
-    clause = sentence.find(": ", 30)  # a long sentence up to its first clause: never cut mid-word
-    return sentence[:clause] if len(sentence) > LONG_SENTENCE and clause > 0 else sentence
+    clause = _first_outside(CLAUSE_END, sentence, 30)  # a long sentence up to its first clause: never cut mid-word
+    return sentence[:clause.start()] if len(sentence) > LONG_SENTENCE and clause else sentence
+
+
+def _first_outside(pattern: re.Pattern, text: str, start: int = 0) -> Optional[re.Match]:
+    """The first match of ``pattern`` in ``text`` from ``start`` that lies outside every bracket and quote (a title
+    quoted in a citation has its own colons and full stops), or None."""
+    for match in pattern.finditer(text, start):
+        before = text[:match.start()]
+        if before.count("(") == before.count(")") and before.count('"') % 2 == 0:
+            return match
+    return None
 
 
 def _yamls(group: str, dirs: Sequence[Path] = ()) -> Dict[str, Path]:
@@ -118,7 +130,8 @@ def model_table(described: bool = True) -> Table:
 
 
 def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
-    """Every table of ``posexp list``, the encoders of the user's config folders ``dirs`` (imported) among them."""
+    """Every table of ``posexp list``, the choices of the user's config folders ``dirs`` among them (their encoders
+    imported)."""
     from posexp.encoders import broken
 
     console.print(encoder_table(dirs))
@@ -134,4 +147,5 @@ def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
             notes.add_row(name, yaml_description(path))
         console.print(notes)
     for group, title in GROUP_TABLES:
-        console.print(_table(title, ("name", "what it is"), [(n, yaml_description(p)) for n, p in _yamls(group).items()]))
+        console.print(_table(title, ("name", "what it is"),
+                             [(n, yaml_description(p)) for n, p in _yamls(group, dirs).items()]))

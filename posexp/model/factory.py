@@ -13,7 +13,10 @@ from typing import Callable, Optional
 import torch
 
 from posexp.config.schema import Config
-from posexp.encoders import PositionalEncoder, create
+from posexp.encoders import PositionalEncoder, create, get
+from posexp.encoders.plugins import MODULE_KEY, is_builtin
+from posexp.errors import ConfigError, PosexpError
+from posexp.registry import init_raised
 from posexp.model.gpt import GPT, ModelShape
 
 
@@ -24,10 +27,21 @@ def build_encoder(cfg: Config) -> PositionalEncoder:
     turns it into the one the run trains.
 
     Raises:
-        ConfigError: an unknown option, a value out of range, or options that do not go together.
+        ConfigError: an unknown option, a value out of range, or options that do not go together; what a plugin
+            encoder's own ``__init__`` raised, in one line.
     """
+    name = cfg.encoder["name"]
     options = {k: v for k, v in cfg.encoder.items() if k != "name"}
-    encoder = create(cfg.encoder["name"], d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
+    try:
+        encoder = create(name, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
+    except PosexpError:
+        raise
+    except Exception as e:
+        if is_builtin(get(name)):
+            raise
+        given = {k: v for k, v in options.items() if k not in (MODULE_KEY, "lr_mult")}
+        shape = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}
+        raise ConfigError(f"encoder={name}", init_raised(get(name), {**shape, **given}, e)) from None
     encoder.for_layers(int(cfg.model.n_layers))
     return encoder
 

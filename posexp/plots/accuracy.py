@@ -69,7 +69,8 @@ def plot_passkey_heatmap(lengths: Sequence[int], depths: Sequence[float],
     ax.set_yticklabels([f"{d:g}" for d in depths], fontsize=7)
     ax.set_xlabel("context length (tokens)" + ("; * = training length" if train_len in lengths else ""),
                   fontsize=8)
-    ax.set_ylabel("depth of the needle (0 = first, 1 = last before the question)", fontsize=8)
+    # two lines: on one, the label is taller than the figure and loses both ends
+    ax.set_ylabel("depth of the needle\n(0 = first, 1 = last before the question)", fontsize=8)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
             value = data[i, j]

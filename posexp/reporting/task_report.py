@@ -60,12 +60,11 @@ def did_not_learn(run: Run) -> Optional[bool]:
     ok, value, *_ = read_values(plain, "exact_match").get(run.train_len, (None, None))
     if not ok:
         return None
-    answer_tokens = [r["answer_tokens"] / r["examples"] for r in plain
-                     if r.get("length") == run.train_len and r.get("examples") and r.get("answer_tokens")]
     task = run.info.get("task") if isinstance(run.info.get("task"), dict) else {}
-    chance = chance_exact_match(str(task.get("name")), task.get("options") or {},
-                                sum(answer_tokens) / len(answer_tokens)) if answer_tokens else None
-    return value <= (chance or 0.0) + NEAR_CHANCE
+    chances = [chance_exact_match(str(task.get("name")), task.get("options") or {},
+                                  r["answer_tokens"] / r["examples"], r.get("size")) or 0.0 for r in plain
+               if r.get("length") == run.train_len and r.get("examples") and r.get("answer_tokens")]
+    return value <= (sum(chances) / len(chances) if chances else 0.0) + NEAR_CHANCE
 
 
 def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,

@@ -25,8 +25,8 @@ from omegaconf.errors import ValidationError
 
 from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
-from posexp.errors import ConfigError
-from posexp.registry import MODULE_KEY, did_you_mean, option_params, options_dataclass
+from posexp.errors import ConfigError, PosexpError
+from posexp.registry import MODULE_KEY, did_you_mean, init_raised, option_params, options_dataclass
 from posexp.tasks.task import PAD, TASKS, Instances, Task
 
 LM = "lm"
@@ -120,24 +120,32 @@ def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
     ``val`` are ``data``'s token splits (the filler of a task that ``uses_data``).
 
     Raises:
-        ConfigError: an unknown task, or an option it does not take or out of range.
+        ConfigError: an unknown task, or an option it does not take or out of range; what a plugin task's own
+            ``__init__`` raised, in one line.
     """
     cls, options = task_options(task_cfg)
+    given = dict(options)
     if cls.uses_data:
         empty = np.zeros(0, dtype=np.int64)
         options.update(train=train if train is not None else empty, val=val if val is not None else empty)
-    return cls(**options)
+    try:
+        return cls(**options)
+    except PosexpError:
+        raise
+    except Exception as e:
+        if cls.__module__.startswith("posexp.tasks."):
+            raise
+        raise ConfigError(f"task={cls.name}", init_raised(cls, given, e)) from None
 
 
-def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float) -> Optional[float]:
-    """The exact match of a guess that draws each of an instance's ``answer_tokens`` answer tokens uniformly from
-    the task's answer alphabet (:meth:`Task.answer_values`): ``values ** -answer_tokens``. 0.5 for parity, 10^-5
-    for a 5-digit passkey, about 0 for copying 16 symbols. None for a task not known here (e.g. ``lm``)."""
+def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float,
+                       size: Optional[int] = None) -> Optional[float]:
+    """The exact match of a guess that draws each of an instance's ``answer_tokens`` answer tokens (their mean over
+    the instances of ``size``) uniformly from the task's answer alphabet (:meth:`Task.chance`): ``values **
+    -answer_tokens``. 0.5 for parity, 10^-5 for a 5-digit passkey, about 0 for copying 16 symbols; flip-flop's mean
+    over its instances' reads. None for a task not known here (e.g. ``lm``)."""
     cls = TASKS.get(name)
-    values = cls.answer_values(options) if cls is not None else None
-    if values is None or answer_tokens <= 0:
-        return None
-    return float(values) ** -float(answer_tokens)
+    return cls.chance(options, answer_tokens, size) if cls is not None else None
 
 
 def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:

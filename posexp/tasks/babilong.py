@@ -169,9 +169,6 @@ class Babilong(Passkey):
                            for w in PLACES + OBJECTS)
         return FACTS * longest_fact + len(PROMPT) + len(_LONGEST_QUESTION) + max(map(len, PLACES + COUNTS))
 
-    def options(self) -> dict:
-        return {"variant": self.variant}
-
     def generate(self, size: int, count: int, rng: np.random.Generator, depth: Optional[float] = None,
                  split: str = "train", **options) -> Instances:
         total = self.tokens_for(size)

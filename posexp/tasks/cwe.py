@@ -61,9 +61,6 @@ class CommonWords(Task):
     def largest_size(self) -> Optional[int]:
         return self.symbols - self.top_k  # the words are distinct
 
-    def options(self) -> dict:
-        return {"symbols": self.symbols, "top_k": self.top_k}
-
     def generate(self, size: int, count: int, rng: np.random.Generator, **options) -> Instances:
         k = self.top_k
         words = distinct(count, k + size, self.symbols, rng) + FIRST_WORD  # the first k are the common ones

@@ -11,7 +11,7 @@ Tokens: ``0`` padding, ``1`` / ``2`` the bits 0 / 1, ``3`` ``w``, ``4`` ``r``, `
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -37,6 +37,14 @@ class FlipFlop(Task):
 
     def tokens_for(self, size: int) -> int:
         return 2 * size
+
+    @classmethod
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+        """A uniform guess of each read bit: 1/2 for the last instruction's read, and for each of the ``size - 2``
+        between a factor 1 - P(read) / 2, the mean of 2^-reads over instances (not 2^-(mean reads), far below it)."""
+        if size is None:
+            return super().chance(options, answer_tokens)
+        return 0.5 * (1 - (1 - P_IGNORE - P_WRITE) / 2) ** (size - 2)
 
     def generate(self, size: int, count: int, rng: np.random.Generator, **options) -> Instances:
         u = rng.random((count, size))

@@ -48,9 +48,6 @@ class FrequentWords(Task):
     def tokens_for(self, size: int) -> int:
         return size + 1 + self.top_k
 
-    def options(self) -> dict:
-        return {"symbols": self.symbols, "top_k": self.top_k}
-
     def _draw_ranks(self, size: int, count: int, rng: np.random.Generator) -> np.ndarray:
         """``(count, size)`` Zipf ranks ``0 ..`` whose top-k counts are clear: the k-th above the (k+1)-th."""
         ranks = np.empty((count, size), dtype=np.int64)

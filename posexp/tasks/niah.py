@@ -79,9 +79,6 @@ class NIAH(Task):
     def tokens_for(self, size: int) -> int:
         return size + 3 * self.needles + self.question_tokens()
 
-    def options(self) -> dict:
-        return {"symbols": self.symbols, "variant": self.variant, "needles": self.needles}
-
     def generate(self, size: int, count: int, rng: np.random.Generator, depth: Optional[float] = None,
                  **options) -> Instances:
         n = self.needles

@@ -57,9 +57,6 @@ class Passkey(Task):
     def tokens_for(self, size: int) -> int:
         return size + self.overhead()
 
-    def options(self) -> dict:
-        return {"digits": self.digits}
-
     def check_filler(self, size: int, split: str) -> None:
         """Refuse instances of ``size`` filler tokens when the data's ``split`` has fewer tokens.
 

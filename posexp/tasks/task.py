@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from posexp.errors import ConfigError
-from posexp.registry import Registry
+from posexp.registry import Registry, option_params
 
 PAD = 0  # every task's token 0: fills a length an instance does not use; never an answer
 
@@ -93,8 +93,11 @@ class Task(ABC):
         return None
 
     def options(self) -> dict:
-        """What, besides its name, defines the task's instances (provenance and the task's fingerprint)."""
-        return {"symbols": self.symbols} if self.default_symbols is not None else {}
+        """What, besides its name, defines the task's instances (provenance and the task's fingerprint): each option
+        of ``__init__`` the task holds under its own name, but ``min_size`` (recorded apart) and ``symbols`` of a task
+        without an alphabet. A task whose instances some of its options do not shape lists its own."""
+        held = [p.name for p in option_params(type(self).__init__, ("train", "val", "min_size")) if hasattr(self, p.name)]
+        return {name: getattr(self, name) for name in held if name != "symbols" or self.default_symbols is not None}
 
     @classmethod
     def answer_values(cls, options: Mapping[str, Any]) -> Optional[int]:
@@ -104,6 +107,14 @@ class Task(ABC):
             return cls.answer_alphabet
         symbols = options.get("symbols", cls.default_symbols)
         return int(symbols) if isinstance(symbols, (int, float)) and symbols >= 2 else None
+
+    @classmethod
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+        """The exact match of a guess drawing each answer token uniformly from :meth:`answer_values`, for instances
+        of ``answer_tokens`` answer tokens (their mean) at instance ``size``: ``values ** -answer_tokens``, exact
+        where every instance of the size has as many; a task whose answers vary in length says its own mean."""
+        values = cls.answer_values(options)
+        return None if values is None or answer_tokens <= 0 else float(values) ** -float(answer_tokens)
 
     def check_filler(self, size: int, split: str) -> None:
         """A task that ``uses_data``: refuse instances of ``size`` the data's ``split`` cannot fill; the others read

@@ -63,9 +63,6 @@ class VariableTracking(Task):
     def tokens_for(self, size: int) -> int:
         return size + 3 * self.chains * (self.hops + 1) + 2 + self.hops + 1
 
-    def options(self) -> dict:
-        return {"symbols": self.symbols, "chains": self.chains, "hops": self.hops}
-
     def generate(self, size: int, count: int, rng: np.random.Generator, **options) -> Instances:
         c, v = self.chains, self.hops + 1  # chains, variables per chain
         names = distinct(count, c * v, self.symbols, rng).reshape(count, c, v) + FIRST_NAME

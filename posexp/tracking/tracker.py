@@ -20,11 +20,11 @@ from typing import Any, Optional
 from posexp.errors import PosexpError
 from posexp.registry import MODULE_KEY, Registry, option_params, options_dataclass
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, CURVE_CSV, CURVE_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
+from posexp.runs.layout import (ACCURACY, ACCURACY_PLOT, CURVE_CSV, CURVE_PLOT, DEPTH_PLOT, LOSS_BY_POSITION_PNG, PASSKEY_HEATMAP, PERPLEXITY, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRACKERS_JSON, row_metric)
 
 # What a run folder hands its trackers as artifacts, when present: the results and the run's figures.
 ARTIFACTS = (RESULTS_JSON, RESULTS_CSV, RESULTS_MD, PPL_PLOT, LOSS_BY_POSITION_PNG, ACCURACY_PLOT, PASSKEY_HEATMAP,
-             CURVE_CSV, CURVE_PLOT)
+             DEPTH_PLOT, CURVE_CSV, CURVE_PLOT)
 
 
 @dataclass

@@ -33,6 +33,21 @@ def test_list_names_every_encoder_data_set_and_experiment(tmp_path):
             assert yaml.stem in result.stdout, (group, yaml.stem)
 
 
+def test_list_with_a_config_dir_names_its_tasks_trackers_and_experiments_too(tmp_path):
+    """--config-dir's encoders were listed, its other components not: a task of one's own (components.md) was
+    missing from the tasks table, though posexp train --config-dir conf task=NAME runs it."""
+    conf = tmp_path / "conf"
+    for group, name, header in (("task", "first", "task=first: the first symbol again at the end."),
+                                ("logger", "jsonl", "One JSON line per event."),
+                                ("experiment", "mine", "My lab's budget.")):
+        (conf / group).mkdir(parents=True)
+        (conf / group / f"{name}.yaml").write_text(f"# @package _global_\n# {header}\nseed: 0\n")
+    result = invoke("list", "--config-dir", str(conf), cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    for text in ("task=first: the first symbol again at the end.", "One JSON line per event.", "My lab's budget."):
+        assert text in result.stdout, text
+
+
 def test_list_reads_at_80_columns(tmp_path):
     from posexp.commands.listing import yaml_description
     from posexp.config.schema import config_dir
@@ -59,6 +74,19 @@ def test_a_description_is_the_header_first_sentence_not_its_first_line():
     assert yaml_description(config_dir() / "experiment" / "converged.yaml") == (
         "The built-in data trained long enough that the training-length perplexity stops being a race of how "
         "fast each encoding is learned")
+
+
+def test_a_description_ends_outside_brackets_quotes_and_ellipses():
+    """A full stop inside a citation's brackets ("Eq. 4"), an ellipsis ("X2 = X1, ...") or a colon inside a quoted
+    title cut a description short: posexp list showed "task=vartrack: ... X2 = X1, ..." without its citation and
+    "RNoPE-SWA (Yang et al. 2025, \"Rope to Nope and Back Again" with its bracket and quote left open."""
+    from posexp.commands.listing import yaml_description
+    from posexp.config.schema import config_dir
+
+    assert yaml_description(config_dir() / "task" / "vartrack.yaml").endswith("(Hsieh et al. 2024 (RULER)).")
+    for yaml in sorted(config_dir().glob("*/*.yaml")):
+        desc = yaml_description(yaml)
+        assert desc.count("(") == desc.count(")") and desc.count('"') % 2 == 0, (yaml, desc)
 
 
 BAD_INPUT = [

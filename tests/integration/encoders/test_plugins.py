@@ -376,6 +376,29 @@ def test_broken_plugins_are_listed_with_why_and_the_good_one_still_lists_checks_
     assert not (project / "outputs").exists() and not (project / "multirun").exists()
 
 
+RAISES = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("odd")
+class Odd(PositionalEncoder):
+    def __init__(self, d_model: int, n_heads: int, width: int = 3):
+        super().__init__(d_model, n_heads)
+        if width % 2:
+            raise ValueError("width must be even")
+'''
+
+
+def test_a_plugin_whose_init_raises_stops_train_in_one_line_as_check_says_it(project):
+    """posexp check said what a plugin's __init__ raised in one line; posexp train printed Python's traceback."""
+    (project / "my_encoders" / "odd.py").write_text(RAISES)
+    (project / "conf" / "encoder" / "odd.yaml").write_text("defaults:\n  - /schema/encoder/odd@_here_\n"
+                                                            "  - _self_\nmodule: my_encoders.odd\nwidth: 3\n")
+    _one_line(invoke("train", "--config-dir", "conf", "encoder=odd", *TINY, "hydra.run.dir=run", cwd=project),
+              "encoder=odd", "Odd(d_model=", "width=3) raised ValueError: width must be even")
+    assert not (project / "run").exists()
+
+
 def test_the_plugin_module_is_found_beside_the_config_folder_from_any_working_folder(project, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -353,6 +353,9 @@ BAD_EVAL = [
     (["model.d_model=64"], ["model.d_model", "eval"]),
     (["eval.nope=1"], ["eval.nope", "eval.lengths", "eval.protocol"]),
     (["eval.lengths=[abc]"], ["eval.lengths"]),
+    (["eval.depths=0.5"], ["eval.depths", "a list of depths in [0, 1], e.g. eval.depths=[0,0.5,1]"]),
+    (["eval.examples=many"], ["eval.examples", "a positive integer, e.g. eval.examples=256"]),
+    (["eval.key_tokens=5"], ["eval.key_tokens", "e.g. eval.key_tokens.evaluator=RUN"]),
     (["eval.protocol=sliding,last_k"], ["eval.protocol", "one setting at a time"]),
 ]
 

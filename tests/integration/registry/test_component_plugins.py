@@ -30,6 +30,8 @@ class First(Task):
 
     def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, repeats: int = 1):
         super().__init__(symbols, min_size)
+        if repeats < 1:
+            raise ValueError("repeats must be at least 1")
         self.repeats = int(repeats)
 
     @property
@@ -251,6 +253,16 @@ def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_track
     again = _posexp(lab, "eval", str(run), "eval.lengths=[48]", "eval.examples=8")
     assert again.exit_code == 0, again.output[-4000:]
     assert 48 in {json.loads(line).get("length") for line in (run / "events.jsonl").read_text().splitlines()}
+
+
+def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
+    """What the task's own __init__ raised was Python's traceback; it is one line naming the task, as an encoder's."""
+    done = _posexp(installed, "train", "--config-dir", "conf", "task=first", "task.repeats=0", *FAST,
+                   f"hydra.run.dir={installed / 'raised'}")
+    assert done.exit_code != 0 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == ["error: task=first: First(symbols=None, min_size=None, repeats=0) "
+                                                "raised ValueError: repeats must be at least 1"]
+    assert not (installed / "raised").exists()
 
 
 @pytest.mark.parametrize("args,line", [

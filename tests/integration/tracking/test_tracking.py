@@ -126,6 +126,17 @@ def test_tensorboard_reads_back_the_curve_every_row_and_the_files(tiny, tmp_path
         str((run_dir / "tensorboard").resolve())
 
 
+def test_tensorboard_holds_every_figure_a_task_run_with_depths_draws(tiny, tmp_path):
+    """A passkey run draws accuracy by length, its length x depth heatmap and accuracy by depth: all three are
+    images of its tracked run, as the figures of a perplexity run are."""
+    pytest.importorskip("tensorboard")
+    run_dir = tmp_path / "run"
+    _train(tiny, run_dir, "task=passkey", "train_len=64", "eval.examples=4", "eval.depths=[0,1]", "logger=tensorboard")
+    drawn = {p.stem for p in run_dir.glob("*.png")}
+    assert {"accuracy_vs_length", "passkey_heatmap", "accuracy_vs_depth"} <= drawn
+    assert set(_event_accumulator(run_dir / "tensorboard").Tags()["images"]) == drawn
+
+
 def test_posexp_eval_appends_its_rows_to_the_tensorboard_run(tiny, tmp_path):
     pytest.importorskip("tensorboard")
     from posexp.commands.eval import reeval_main

@@ -107,6 +107,17 @@ def test_the_users_config_folder_adds_its_encoders():
     assert "encoder=logrope" in _tab(f"posexp train +hydra.searchpath=[pkg://x,file://{EXAMPLE_CONF}] encoder=")[1]
 
 
+def test_a_task_of_the_users_config_folder_offers_the_keys_its_yaml_lists(tmp_path):
+    """A task of one's own (a module the yaml names, components.md) was offered as task=first, but task.<TAB> then
+    offered nothing: its keys are those its yaml lists, as an encoder of one's own has them."""
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "first.yaml").write_text("# @package _global_\ntask:\n  name: first\n  module: lab.first\n"
+                                                  "  symbols: 8\n  repeats: 2\n")
+    assert "task=first" in _tab(f"posexp train --config-dir {tmp_path} task=")[1]
+    assert _tab(f"posexp train --config-dir {tmp_path} task=first task.")[1] == [
+        "task.name=", "task.repeats=", "task.symbols="]
+
+
 def test_bash_gets_the_part_after_its_word_break():
     """readline replaces the text after the last ``=`` (``@``, ``:``...), so that is what bash is given."""
     assert shell.reply_text("bash", "posexp train encoder=ro") == "words:ro\nrope"

@@ -311,6 +311,25 @@ def test_a_fine_tunes_long_label_keeps_the_plot_readable(tmp_path):
     assert shown.count("\n") <= 2
 
 
+def test_the_passkey_heatmaps_axis_labels_are_inside_the_figure(tmp_path):
+    """The depth axis's label ran past the top and bottom of the heatmap's figure, cut off at both ends."""
+    from posexp.plots import accuracy
+
+    figures = []
+    real_save = accuracy.save_png
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(accuracy, "save_png", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+        accuracy.plot_passkey_heatmap([32, 64, 128], [0.0, 0.25, 0.5, 0.75, 1.0], [[0.5, 0.2, 0.0]] * 5,
+                                      tmp_path / "h.png", train_len=32, title="task=passkey")
+    fig = figures[0]
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    for label in (fig.axes[0].yaxis.label, fig.axes[0].xaxis.label):
+        box = label.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, \
+            label.get_text()
+
+
 def test_report_of_only_a_failed_run(tmp_path):
     run = make_run(tmp_path / "run", {}, status="failed")
     summary = report_main([str(run)], console=quiet_console())

@@ -13,7 +13,7 @@ from rich.console import Console
 from posexp.errors import ConfigError
 from posexp.evaluation.accuracy import wilson_interval
 from posexp.reporting.metrics import ACCURACY, parse_metric
-from posexp.reporting.task_report import build_task_report
+from posexp.reporting.task_report import build_task_report, did_not_learn
 from posexp.reporting.runs import read_run
 from posexp.reporting.summary import report_main
 from posexp.reporting.options import ReportOptions
@@ -296,6 +296,28 @@ def test_chance_comes_from_each_tasks_answer_alphabet():
     assert chance_exact_match("passkey", {"digits": 5}, 5) == pytest.approx(1e-5)
     assert chance_exact_match("copy", {"symbols": 4}, 3) == pytest.approx(4.0 ** -3)
     assert chance_exact_match("lm", {}, 3) is None
+
+
+def test_chance_of_a_task_whose_answers_vary_in_length_is_the_mean_over_its_instances(tmp_path):
+    """Flip-flop's instances hold from one read to many: a uniform guess gets an instance right with 2^-reads, whose
+    mean over instances is well above 2^-(mean reads) (0.107 against 0.0625 at train_len 64). Chance from the mean
+    put a run at 13% exact match more than 5 points above it: "learned", though within 3 points of chance."""
+    import numpy as np
+
+    from posexp.tasks import chance_exact_match
+    from helpers.tasks import make
+
+    task = make("flipflop")
+    made = task.instances(64, 20000, np.random.default_rng(0))
+    reads = made.answer.sum(axis=1)
+    guessed = float(np.mean(0.5 ** reads))
+    assert chance_exact_match("flipflop", {}, float(reads.mean()), task.size_for(64)) == pytest.approx(guessed, rel=0.05)
+    run = make_task_run(tmp_path / "ff", {64: 0.13, 128: 0.02}, task="flipflop", train_len=64)
+    recorded = json.loads((run / "results.json").read_text())
+    for row in recorded["rows"]:
+        row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
+    (run / "results.json").write_text(json.dumps(recorded))
+    assert did_not_learn(read_run(run))
 
 
 def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):

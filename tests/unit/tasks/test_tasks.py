@@ -195,3 +195,33 @@ def test_a_saved_config_of_the_one_schema_builds_its_task_and_refuses_what_it_re
     with pytest.raises(ConfigError) as e:
         build_task({**old, "digits": 3})  # not the value every config held: a passkey option set on niah
     assert str(e.value) == "task.digits: only applies to task=passkey (the task is niah); drop task.digits"
+
+
+def test_a_task_that_does_not_list_its_options_records_every_option_it_holds():
+    """A task of one's own, written as components.md says (its options the keywords of ``__init__``), recorded only
+    task.symbols in results.json and its fingerprint: two runs of different ``repeats`` were the same task. The
+    built-ins that list no options of their own record what they did."""
+    from posexp.tasks import task_fingerprint
+    from posexp.tasks.task import Task, fill, with_answer
+    from helpers.tasks import make
+
+    class First(Task):
+        name = "first"
+        default_symbols = 8
+
+        def __init__(self, symbols=None, min_size=None, repeats: int = 1):
+            super().__init__(symbols, min_size)
+            self.repeats = repeats
+
+        vocab_size = 10
+
+        def tokens_for(self, size):
+            return size + 1 + self.repeats
+
+        def generate(self, size, count, rng, **options):
+            x = fill(count, size, 10, rng, low=2)
+            return with_answer([(x, False), (np.full((count, 1), 1), False), (np.repeat(x[:, :1], self.repeats, 1), True)])
+
+    assert First(repeats=2).options() == {"symbols": 8, "repeats": 2}
+    assert task_fingerprint(First(repeats=2)) != task_fingerprint(First(repeats=3))
+    assert make("copy").options() == {"symbols": 16} and make("parity").options() == {} == make("flipflop").options()
