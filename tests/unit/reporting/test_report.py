@@ -754,6 +754,20 @@ def test_group_by_train_len_compares_lengths_without_flagging_them(tmp_path):
     assert len(report.groups) == 2 and all("kept apart: not comparable" in g.flags for g in report.groups)
 
 
+def test_the_plain_ratio_is_never_taken_at_a_runs_own_training_length(tmp_path):
+    """Runs trained at 16 reach 64, runs trained at 64 reach 256: 64 is past the first ones' training length but is
+    the others' own, where a ratio is 1 by construction; no length is past both, so the plain ratio is n/a."""
+    short = [make_run(tmp_path / f"short{i}", {16: 26.0 + i, 32: 26.5 + i, 64: 27.0 + i},
+                      ["encoder=rope", "train_len=16", f"seed={i}"], train_len=16, seed=i) for i in range(2)]
+    long = [make_run(tmp_path / f"long{i}", {64: 24.0 + i, 128: 25.0 + i, 256: 30.0 + i},
+                     ["encoder=rope", "train_len=64", f"seed={i}"], train_len=64, seed=i) for i in range(2)]
+    report = build_report([*short, *long], ReportOptions(by="train_len", metrics="ratio,ratio@2x"))
+    assert report.ratio_length is None
+    assert all(g.metrics["ratio"].mean is None for g in report.groups)
+    assert report.groups[1].metrics["ratio@2x"].mean == pytest.approx((25.0 / 24.0 + 26.0 / 25.0) / 2)
+    assert "ratio = ppl at the longest length / ppl at the training length; n/a here" in render_markdown(report)
+
+
 def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):
     """A model whose perplexity at its own training length is about what token frequencies alone give did not
     learn to read its context: a flat curve past 1x from it is no sign of extrapolation."""
