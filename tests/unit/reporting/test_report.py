@@ -172,6 +172,21 @@ def test_eval_settings_and_train_len_outliers_and_status(tmp_path):
     assert rows["encoder=d"].flags == ["different train length", "status: failed"]
 
 
+def test_the_eval_settings_warning_names_the_settings_the_rows_were_measured_with(tmp_path):
+    """A run evaluated again on another budget (posexp eval RUN eval.tokens=2048) keeps the eval settings it
+    trained with in results.json; the warning names the budget its rows were measured on, not those."""
+    runs = [make_run(tmp_path / str(i), {128: 3.0, 256: 3.3}, [f"seed={i}"], seed=i) for i in range(3)]
+    for folder, budget in zip(runs, (65536, 65536, 2048)):
+        results = json.loads((folder / "results.json").read_text())
+        for row in results["rows"]:
+            row["eval_tokens"] = budget
+        (folder / "results.json").write_text(json.dumps(results))
+    report = build_report(runs)
+    assert by_label(report)["seed=2"].flags == ["different eval settings"]
+    assert ("seed=2: different eval settings, eval settings protocol=nonoverlap, tokens=2048 vs protocol=nonoverlap, "
+            "tokens=65536 for the others; not comparable with the other runs") in report.warnings
+
+
 # --- finding and loading runs ------------------------------------------------
 
 
