@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.reporting.metrics import DEFAULT_TOLERANCE, PERPLEXITY, Metric, metric_help, parse_metric
 from posexp.reporting.formatting import MISSING, csv_cell
 from posexp.reporting.runs import Run
@@ -157,6 +157,25 @@ def _same_value(value: Any, text: str) -> bool:
         except ValueError:
             return False
     return show_value(value) == text
+
+
+def select_runs(runs: list[Run], filters: list[Filter], by_keys: Sequence[str] = ()) -> list[Run]:
+    """The runs that pass ``filters`` (``--where``), after checking that each ``--by`` and ``--where`` key names
+    something at least one of ``runs`` has.
+
+    Raises:
+        ConfigError: a key no run has, naming the keys they have.
+        PosexpError: no run passes the filters.
+    """
+    for option, keys in (("--by", by_keys), ("--where", [f.key for f in filters])):
+        for key in keys:
+            if all(config_value(run, key) is ABSENT for run in runs):
+                raise unknown_key_error(option, key, runs)
+    kept = [run for run in runs if all(f.matches(run) for f in filters)]
+    if filters and not kept:
+        raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs); "
+                          "values are compared as in results.json, e.g. --where encoder=rope --where base=10000")
+    return kept
 
 
 def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
