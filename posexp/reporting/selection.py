@@ -156,7 +156,26 @@ def _same_value(value: Any, text: str) -> bool:
             return float(text) == float(value)
         except ValueError:
             return False
+    if isinstance(value, (list, dict)):  # as typed on the command line: eval.multiples=[1,2,4], encoder.layers=[rope,none]
+        import yaml
+
+        try:
+            return yaml.safe_load(text) == value
+        except yaml.YAMLError:
+            return False
     return show_value(value) == text
+
+
+def _values(text: str) -> list[str]:
+    """The values of ``--where KEY=VALUE``: VALUE split at the commas outside brackets (``rope,alibi`` is either of
+    two; ``[1,2,4]`` one list, as Hydra spells it)."""
+    values, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth == 0:
+            values.append(text[start:i].strip())
+            start = i + 1
+    return values + [text[start:].strip()]
 
 
 def select_runs(runs: list[Run], filters: list[Filter], by_keys: Sequence[str] = ()) -> list[Run]:
@@ -190,8 +209,7 @@ def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
         if not match or not match.group(3):
             raise ConfigError("--where", f"{item!r} is not KEY=VALUE; e.g. --where encoder=rope, --where base!=100, "
                                          "--where encoder=rope,alibi (any of)")
-        filters.append(Filter(match.group(1), tuple(v.strip() for v in match.group(3).split(",")),
-                              match.group(2) == "!="))
+        filters.append(Filter(match.group(1), tuple(_values(match.group(3))), match.group(2) == "!="))
     return filters
 
 

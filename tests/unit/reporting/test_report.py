@@ -635,6 +635,20 @@ def test_sort_and_where(tmp_path):
         build_report(runs, ReportOptions(where="encoder=nope"))
 
 
+def test_where_on_a_list_valued_key_matches_the_list_as_the_command_line_spells_it(tmp_path):
+    """--where eval.multiples=[1,2,4] was split at its commas into '[1', '2', '4]' and matched no run."""
+    runs = [make_run(tmp_path / name, {128: 3.0, 256: 3.3}, [f"encoder.layers={name}"],
+                     config={"eval": {"multiples": multiples}, "encoder": {"layers": layers}})
+            for name, multiples, layers in (("mixed", [1, 2, 4], ["rope", "none"]), ("rope", [1, 2], ["rope", "rope"]))]
+
+    def kept(*where: str) -> list[str]:
+        return [r.run.path.name for r in build_report(runs, ReportOptions(where=list(where))).rows]
+
+    assert kept("eval.multiples=[1,2,4]") == kept("eval.multiples=[1, 2, 4]") == ["mixed"]
+    assert kept("encoder.layers=[rope,none]") == kept("eval.multiples!=[1,2]") == ["mixed"]
+    assert kept("eval.multiples=[1,2,4],[1,2]") == ["mixed", "rope"]  # either of two lists
+
+
 @pytest.mark.parametrize("kwargs, option, allowed", [
     ({"by": "encoder,modle.n_layers"}, "--by", "model.n_layers"),
     ({"where": "nokey=1"}, "--where", "encoder"),
