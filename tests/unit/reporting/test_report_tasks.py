@@ -363,3 +363,15 @@ def test_a_task_run_whose_results_cannot_be_read_is_left_out_with_a_warning(tmp_
     assert f"warning: not in the table: {sweep / '1' / 'results.json'}: not valid JSON" in out.getvalue()
     with pytest.raises(PosexpError, match="not valid JSON"):
         report_main([sweep], tmp_path / "out", console=Console(file=io.StringIO()), options=ReportOptions(strict=True))
+
+
+def test_a_task_metric_without_its_length_is_named_as_a_task_metric(tmp_path):
+    """--metric acc of task runs said 'acc: metrics of perplexity runs, and the runs selected are task runs'."""
+    import io
+
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    for family in ("acc", "tok", "efflen"):
+        with pytest.raises(ConfigError) as e:
+            report_main([tmp_path / "s"], tmp_path / "out", console=Console(file=io.StringIO()),
+                        options=ReportOptions(metrics=[family]))
+        assert str(e.value).startswith(f"--metric: unknown task metric {family!r}; choose from acc@Kx"), str(e.value)
