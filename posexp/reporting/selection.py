@@ -192,9 +192,18 @@ def select_runs(runs: list[Run], filters: list[Filter], by_keys: Sequence[str] =
                 raise unknown_key_error(option, key, runs)
     kept = [run for run in runs if all(f.matches(run) for f in filters)]
     if filters and not kept:
-        raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs); "
-                          "values are compared as in results.json, e.g. --where encoder=rope --where base=10000")
+        have = "; ".join(f"{key} {', '.join(_values_of(runs, key))}" for key in dict.fromkeys(f.key for f in filters))
+        raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs; they have "
+                          f"{have}); values are compared as in results.json, e.g. --where encoder=rope --where "
+                          "base=10000")
     return kept
+
+
+def _values_of(runs: list[Run], key: str, most: int = 12) -> list[str]:
+    """The values ``runs`` have for ``key``, as ``--where`` takes them (null for none), the first ``most``."""
+    values = list(dict.fromkeys("null" if (v := config_value(run, key)) is None else show_value(v) for run in runs
+                                if config_value(run, key) is not ABSENT))
+    return values[:most] + (["…"] if len(values) > most else [])
 
 
 def parse_where(where: Sequence[str] | str | None) -> list[Filter]:

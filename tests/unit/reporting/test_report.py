@@ -631,8 +631,13 @@ def test_sort_and_where(tmp_path):
         "encoder=alibi", "encoder=t5", "encoder=learned"]
     base_10000 = build_report(runs, ReportOptions(where="base=10000"))
     assert [r.label for r in base_10000.rows] == ["encoder=rope"]  # 10000.0 in json
-    with pytest.raises(PosexpError, match=r"no run matches encoder=nope \(of 4 runs\)"):
+    # a value no run has: the values they have, to pick from
+    with pytest.raises(PosexpError, match=r"^no run matches encoder=nope \(of 4 runs; they have encoder rope, alibi, t5, "
+                                          r"learned\); values are compared as in results.json"):
         build_report(runs, ReportOptions(where="encoder=nope"))
+    with pytest.raises(PosexpError, match=r"^no run matches encoder=alibi and base=10000 \(of 4 runs; they have "
+                                          r"encoder rope, alibi, t5, learned; base 10000, null\)"):
+        build_report(runs, ReportOptions(where=["encoder=alibi", "base=10000"]))
 
 
 def test_where_on_a_list_valued_key_matches_the_list_as_the_command_line_spells_it(tmp_path):

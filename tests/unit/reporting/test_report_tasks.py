@@ -338,7 +338,7 @@ def test_where_on_task_runs_is_checked_as_on_perplexity_runs(tmp_path):
                     options=ReportOptions(fmt="csv", **options))
         return out.getvalue()
 
-    with pytest.raises(PosexpError, match=r"^no run matches encoder=nope \(of 2 runs\)"):
+    with pytest.raises(PosexpError, match=r"^no run matches encoder=nope \(of 2 runs; they have encoder rope, alibi\)"):
         report(tasks, where=["encoder=nope"])
     for option in ("where", "by"):
         with pytest.raises(ConfigError, match=r"unknown config key 'nope'") as e:
