@@ -97,9 +97,9 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
     lead = _lead_table(report, task_report, options, wanted)
-    _print_tables(report, task_report, options.fmt, console, notes, lead)
     out_dir = _out_dir(paths, out, options, wanted)
-    _clear_report_folder(out_dir, sweep_end=_sweep_end)
+    _clear_report_folder(out_dir, sweep_end=_sweep_end)  # a wrong --out stops before any table is printed
+    _print_tables(report, task_report, options.fmt, console, notes, lead)
     full = write_report(report, out_dir, task_report, lead)
     files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else []),
              *([f"{lead.name}.csv", f"{lead.name}.tex"] if lead is not None else [])]
@@ -116,6 +116,8 @@ def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
         kind = "run" if is_run_dir(out_dir) else "sweep"
         raise ConfigError("--out", f"{out_dir} is a {kind} folder, whose files are its own; give a folder of the "
                                    f"report's own (the default is {REPORTS_DIR}/NAME/ inside it)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError("--out", f"{out_dir} is a file; give a folder of the report's own (made if missing)")
     for name in REPORT_FILES:
         try:
             (out_dir / name).unlink()

@@ -766,6 +766,23 @@ def test_cli_report_options_and_errors(tmp_path):
     assert "--by: unknown config key 'encodr'" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("target,message", [
+    ("a_file", "--out: {out} is a file; give a folder of the report's own (made if missing)"),
+    ("sweep/rope-10000.0-0", "--out: {out} is a run folder, whose files are its own"),
+])
+def test_a_wrong_out_stops_before_the_table_is_printed(tmp_path, target, message):
+    """`posexp report SWEEP --format csv --out FILE > table.csv` wrote the table, then failed with exit status 2
+    ('cannot replace the earlier report's FILE/report.md: Not a directory' for a file)."""
+    seeds(tmp_path / "sweep", "rope", [3.0, 3.2])
+    (tmp_path / "a_file").write_text("mine\n")
+    out = io.StringIO()
+    with pytest.raises(ConfigError) as e:
+        report_main([tmp_path / "sweep"], tmp_path / target, console=Console(file=out),
+                    options=ReportOptions(fmt="csv"))
+    assert str(e.value).startswith(message.format(out=tmp_path / target)) and out.getvalue() == ""
+    assert (tmp_path / "a_file").read_text() == "mine\n"
+
+
 def test_group_cell_with_fewer_runs_says_how_many(tmp_path):
     a = make_run(tmp_path / "a", {128: 3.0, 256: 3.3, 512: 4.0}, ["encoder=rope", "seed=0"])
     b = make_run(tmp_path / "b", {128: 3.2, 256: 3.5}, ["encoder=rope", "seed=1"], seed=1)
