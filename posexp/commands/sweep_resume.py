@@ -97,12 +97,17 @@ def resume_sweep(sweep: Path, say: Callable[[str], None], allow_changed_encoder:
 
 
 def finish_sweep(sweep: Path, say: Callable[[str], None], allow_changed_encoder: bool = False) -> None:
-    """``posexp resume SWEEP``: :func:`resume_sweep`, then how to compare the jobs.
+    """``posexp resume SWEEP``: :func:`resume_sweep`, then the summary the sweep writes when it ends (its jobs
+    that never started trained in their own processes, each a single run, which leaves the sweep's summary to this),
+    and how to compare the jobs.
 
     Raises:
         PosexpError: a job did not finish (each said why as it ran).
     """
+    from posexp.reporting.summary import sweep_summary
+
     failed = resume_sweep(sweep, say, allow_changed_encoder)
+    sweep_summary(sweep)
     if failed:
         raise PosexpError(f"{sweep}: job(s) {', '.join(map(str, failed))} did not finish (each said why above); "
                           f"posexp resume {sweep} tries them again")

@@ -82,7 +82,13 @@ def pick_reference(groups: Sequence[Group], filters: Sequence[Filter]) -> Option
                                         "--by key that tells them apart")
     if matched:
         return matched[0]
-    raise ConfigError("--baseline", f"no group has {','.join(str(f) for f in filters)}; the groups are: "
+    named = ",".join(str(f) for f in filters)
+    apart = [g for g in groups if not comparable(g) and all(f.matches(row.run) for f in filters for row in g.rows)]
+    if apart:  # in the table, yet not compared: say why rather than that it is not there
+        raise ConfigError("--baseline", f"the groups with {named} are not compared with the others ("
+                                        + "; ".join(f"{g.label}: {', '.join(g.flags)}" for g in apart)
+                                        + "); the groups compared are: " + "; ".join(g.label for g in candidates))
+    raise ConfigError("--baseline", f"no group has {named}; the groups are: "
                                     + "; ".join(g.label for g in candidates))
 
 

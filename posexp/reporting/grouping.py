@@ -81,11 +81,10 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bo
     ][:2 if train_len_varies else 3]
     for keys, flag, detail in checks:
         top = Counter(keys).most_common(1)[0][0]
-        for row, key in zip(rows, keys):
+        for row, key, info in zip(rows, keys, infos):
             if key != top:
                 row.flags += [flag] if flag not in row.flags else []  # a flag once, whichever check found it
-                warnings.append(f"{row.label}: {flag}, {detail({**row.run.info, 'compared_text': text_key(row)})}; "
-                                "not comparable with the other runs")
+                warnings.append(f"{row.label}: {flag}, {detail(info)}; not comparable with the other runs")
     return train_len, (corpus_name, corpus_fp), eval_settings
 
 

@@ -22,8 +22,8 @@ from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
 from posexp.reporting.runs import Run, read_run, read_runs, parent_changed, shown_settings, window_key
-from posexp.reporting.selection import (Filter, ABSENT, unknown_key_error, config_value, parse_by,
-                                        parse_metric, parse_metrics, parse_sort, parse_where, SortKey)
+from posexp.reporting.selection import (Filter, SortKey, parse_by, parse_metric, parse_metrics, parse_sort,
+                                        parse_where, select_runs)
 from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_text
@@ -202,17 +202,7 @@ def _load_runs(run_dirs: Iterable[str | os.PathLike], by_keys: list[str], filter
             raise PosexpError(skipped[0] + (f" ({len(skipped) - 1} more run(s) cannot be read either)"
                                             if len(skipped) > 1 else ""))
         raise PosexpError(f"no runs to report; pass folders containing {RESULTS_JSON}")
-    for option, keys in (("--by", by_keys), ("--where", [f.key for f in filters])):
-        for key in keys:
-            if all(config_value(run, key) is ABSENT for run in runs):
-                raise unknown_key_error(option, key, runs)
-    if filters:
-        kept = [run for run in runs if all(f.matches(run) for f in filters)]
-        if not kept:
-            raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs); "
-                              "values are compared as in results.json, e.g. --where encoder=rope --where base=10000")
-        runs = kept
-    return _once(runs, skipped), skipped
+    return _once(select_runs(runs, filters, by_keys), skipped), skipped
 
 
 def _once(runs: list[Run], skipped: list[str]) -> list[Run]:

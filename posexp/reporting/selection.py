@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.reporting.metrics import DEFAULT_TOLERANCE, PERPLEXITY, Metric, metric_help, parse_metric
 from posexp.reporting.formatting import MISSING, csv_cell
 from posexp.reporting.runs import Run
@@ -156,7 +156,54 @@ def _same_value(value: Any, text: str) -> bool:
             return float(text) == float(value)
         except ValueError:
             return False
+    if isinstance(value, (list, dict)):  # as typed on the command line: eval.multiples=[1,2,4], encoder.layers=[rope,none]
+        import yaml
+
+        try:
+            return yaml.safe_load(text) == value
+        except yaml.YAMLError:
+            return False
     return show_value(value) == text
+
+
+def _values(text: str) -> list[str]:
+    """The values of ``--where KEY=VALUE``: VALUE split at the commas outside brackets (``rope,alibi`` is either of
+    two; ``[1,2,4]`` one list, as Hydra spells it)."""
+    values, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char in "[{") - (char in "]}")
+        if char == "," and depth == 0:
+            values.append(text[start:i].strip())
+            start = i + 1
+    return values + [text[start:].strip()]
+
+
+def select_runs(runs: list[Run], filters: list[Filter], by_keys: Sequence[str] = ()) -> list[Run]:
+    """The runs that pass ``filters`` (``--where``), after checking that each ``--by`` and ``--where`` key names
+    something at least one of ``runs`` has.
+
+    Raises:
+        ConfigError: a key no run has, naming the keys they have.
+        PosexpError: no run passes the filters.
+    """
+    for option, keys in (("--by", by_keys), ("--where", [f.key for f in filters])):
+        for key in keys:
+            if all(config_value(run, key) is ABSENT for run in runs):
+                raise unknown_key_error(option, key, runs)
+    kept = [run for run in runs if all(f.matches(run) for f in filters)]
+    if filters and not kept:
+        have = "; ".join(f"{key} {', '.join(_values_of(runs, key))}" for key in dict.fromkeys(f.key for f in filters))
+        raise PosexpError(f"no run matches {' and '.join(str(f) for f in filters)} (of {len(runs)} runs; they have "
+                          f"{have}); values are compared as in results.json, e.g. --where encoder=rope --where "
+                          "base=10000")
+    return kept
+
+
+def _values_of(runs: list[Run], key: str, most: int = 12) -> list[str]:
+    """The values ``runs`` have for ``key``, as ``--where`` takes them (null for none), the first ``most``."""
+    values = list(dict.fromkeys("null" if (v := config_value(run, key)) is None else show_value(v) for run in runs
+                                if config_value(run, key) is not ABSENT))
+    return values[:most] + (["…"] if len(values) > most else [])
 
 
 def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
@@ -171,8 +218,7 @@ def parse_where(where: Sequence[str] | str | None) -> list[Filter]:
         if not match or not match.group(3):
             raise ConfigError("--where", f"{item!r} is not KEY=VALUE; e.g. --where encoder=rope, --where base!=100, "
                                          "--where encoder=rope,alibi (any of)")
-        filters.append(Filter(match.group(1), tuple(v.strip() for v in match.group(3).split(",")),
-                              match.group(2) == "!="))
+        filters.append(Filter(match.group(1), tuple(_values(match.group(3))), match.group(2) == "!="))
     return filters
 
 

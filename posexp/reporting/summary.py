@@ -41,9 +41,9 @@ from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import LeadTable, write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_report
 from posexp.reporting.frame import unfinished_jobs
-from posexp.reporting.runs import read_run
+from posexp.reporting.runs import Run, read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
-from posexp.reporting.selection import parse_by, parse_where
+from posexp.reporting.selection import parse_by, parse_where, select_runs
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import (REPORT_FILES, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
                                 is_run_dir, is_sweep_dir)
@@ -82,7 +82,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         paths = [paths]
     lm_metrics, task_metrics = split_task_metrics(options.metrics)
     wanted = parse_view(options.view)
-    lm_dirs, task_report = _split_tasks(find_runs(paths), options.by, task_metrics, options.where, wanted)
+    lm_dirs, task_report = _split_tasks(find_runs(paths), options.by, task_metrics, options.where, wanted,
+                                        options.strict)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
     console = console or terminal.console()
     notes = console if options.fmt == "rich" else (err_console or terminal.console(stderr=True))
@@ -96,9 +97,9 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     if report is not None:
         report.warnings += _unfinished_sweep_jobs(paths)
     lead = _lead_table(report, task_report, options, wanted)
-    _print_tables(report, task_report, options.fmt, console, notes, lead)
     out_dir = _out_dir(paths, out, options, wanted)
-    _clear_report_folder(out_dir, sweep_end=_sweep_end)
+    _clear_report_folder(out_dir, sweep_end=_sweep_end)  # a wrong --out stops before any table is printed
+    _print_tables(report, task_report, options.fmt, console, notes, lead)
     full = write_report(report, out_dir, task_report, lead)
     files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else []),
              *([f"{lead.name}.csv", f"{lead.name}.tex"] if lead is not None else [])]
@@ -115,6 +116,8 @@ def _clear_report_folder(out_dir: Path, sweep_end: bool = False) -> None:
         kind = "run" if is_run_dir(out_dir) else "sweep"
         raise ConfigError("--out", f"{out_dir} is a {kind} folder, whose files are its own; give a folder of the "
                                    f"report's own (the default is {REPORTS_DIR}/NAME/ inside it)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError("--out", f"{out_dir} is a file; give a folder of the report's own (made if missing)")
     for name in REPORT_FILES:
         try:
             (out_dir / name).unlink()
@@ -212,30 +215,43 @@ def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_
                                       f"model runs; their metrics: {metric_help(PERPLEXITY)}")
 
 
-def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None
-                 ) -> tuple[list[Path], Optional[Report]]:
-    """The language-modelling run folders, and the report of the task runs among ``run_dirs`` (None: none)."""
-    lm_dirs, task_runs = [], []
-    filters = parse_where(where)
+def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None,
+                 strict: bool = False) -> tuple[list[Path], Optional[Report]]:
+    """The language-modelling run folders that pass ``where`` (and those that cannot be read, which the perplexity
+    report names), and the report of the task runs that pass it (None: none). The ``--by`` and ``--where`` keys are
+    checked against the runs of both kinds, so that a filter no task run passes is an error, not an empty report.
+    With no perplexity run to report, what cannot be read is named in the task report's warnings (``strict``:
+    raised)."""
+    read: list[tuple[Path, Optional[Run]]] = []
+    problems = []
     for folder in run_dirs:
         try:
-            run = read_run(folder)
-        except PosexpError:
-            lm_dirs.append(folder)  # the perplexity report names what is wrong with it
-            continue
-        if not is_task_run(run):
-            lm_dirs.append(folder)
-        elif all(f.matches(run) for f in filters):
-            task_runs.append(run)
+            read.append((folder, read_run(folder)))
+        except PosexpError as e:
+            if strict:
+                raise
+            read.append((folder, None))
+            problems.append(str(e))
+    runs = [run for _, run in read if run is not None]
+    if not any(is_task_run(run) for run in runs):
+        return run_dirs, None
+    kept = {id(run) for run in select_runs(runs, parse_where(where), parse_by(by))}
+    task_runs = [run for run in runs if id(run) in kept and is_task_run(run)]
+    lm_dirs = [folder for folder, run in read if run is not None and id(run) in kept and not is_task_run(run)]
+    if lm_dirs:  # the perplexity report names the runs that cannot be read
+        lm_dirs = [folder for folder, run in read if run is None or (id(run) in kept and not is_task_run(run))]
     if not task_runs:
         return lm_dirs, None
     by_keys = [k for k in parse_by(by) if k not in ("task", "task.name")]  # one table per task anyway
     try:
-        return lm_dirs, build_task_report(task_runs, by_keys, task_metrics, wanted)
+        task_report = build_task_report(task_runs, by_keys, task_metrics, wanted)
     except ConfigError as e:
         if e.key != "--view" or not lm_dirs:
             raise
         return lm_dirs, None  # the view is the perplexity runs' alone; a missing one there says so
+    if not lm_dirs:
+        task_report.warnings[:0] = [f"not in the table: {problem}" for problem in problems]
+    return lm_dirs, task_report
 
 
 def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:

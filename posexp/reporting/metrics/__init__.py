@@ -319,7 +319,8 @@ def metric_examples() -> list[str]:
 
 def applies_to(text: str) -> Optional[str]:
     """Which runs a ``--metric`` name is for (:data:`PERPLEXITY` or :data:`ACCURACY`), by the first declaration
-    whose pattern it matches, else whose literal start it begins with; None: neither."""
+    whose pattern it matches, else whose literal start it begins with, else whose family it names without its
+    argument (``acc``), when every metric of that family is for the same runs; None: neither."""
     raw = text.strip().lower()
     for spec in specs():
         if spec.match(raw):
@@ -328,7 +329,8 @@ def applies_to(text: str) -> Optional[str]:
         start = re.split(r"[{(\[\\?]", spec.pattern)[0]
         if "@" in start and raw.startswith(start):
             return spec.applies
-    return None
+    kinds = {spec.applies for spec in specs() if spec.family == raw}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def parse_metric(text: str, tolerance: float = DEFAULT_TOLERANCE, applies: str = PERPLEXITY) -> Metric:

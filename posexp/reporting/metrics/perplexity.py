@@ -20,15 +20,22 @@ def common_ratio_length(rows: list[Any], lengths: list[int], train_len: Optional
     Using one common length keeps the ratio comparable across runs: a run that
     cannot go past 512 tokens would otherwise be compared at 512 against others at 8k.
     A run with no perplexity past the training length (learned positions at their
-    table size) has no ratio, and does not take the others' away.
+    table size) has no ratio, and does not take the others' away. Beyond training is
+    beyond each run's own training length (``train_len`` is the majority's): at its own
+    length a run's ratio is 1 by construction, which reads as no loss at all.
     """
     if train_len is None:
         return None
-    usable = [row for row in rows if any(c.applicable for n, c in row.cells.items() if n > train_len)]
+
+    def beyond(row: Any, length: int) -> bool:
+        return length > (row.run.train_len or train_len)
+
+    usable = [row for row in rows if any(c.applicable for n, c in row.cells.items() if beyond(row, n))]
     for length in reversed(lengths):
         if length <= train_len:
             return None
-        if usable and all(row.cells[length].applicable if length in row.cells else False for row in usable):
+        if usable and all(beyond(row, length) and length in row.cells and row.cells[length].applicable
+                          for row in usable):
             return length
     return None
 

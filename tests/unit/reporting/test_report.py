@@ -172,6 +172,21 @@ def test_eval_settings_and_train_len_outliers_and_status(tmp_path):
     assert rows["encoder=d"].flags == ["different train length", "status: failed"]
 
 
+def test_the_eval_settings_warning_names_the_settings_the_rows_were_measured_with(tmp_path):
+    """A run evaluated again on another budget (posexp eval RUN eval.tokens=2048) keeps the eval settings it
+    trained with in results.json; the warning names the budget its rows were measured on, not those."""
+    runs = [make_run(tmp_path / str(i), {128: 3.0, 256: 3.3}, [f"seed={i}"], seed=i) for i in range(3)]
+    for folder, budget in zip(runs, (65536, 65536, 2048)):
+        results = json.loads((folder / "results.json").read_text())
+        for row in results["rows"]:
+            row["eval_tokens"] = budget
+        (folder / "results.json").write_text(json.dumps(results))
+    report = build_report(runs)
+    assert by_label(report)["seed=2"].flags == ["different eval settings"]
+    assert ("seed=2: different eval settings, eval settings protocol=nonoverlap, tokens=2048 vs protocol=nonoverlap, "
+            "tokens=65536 for the others; not comparable with the other runs") in report.warnings
+
+
 # --- finding and loading runs ------------------------------------------------
 
 
@@ -635,8 +650,27 @@ def test_sort_and_where(tmp_path):
         "encoder=alibi", "encoder=t5", "encoder=learned"]
     base_10000 = build_report(runs, ReportOptions(where="base=10000"))
     assert [r.label for r in base_10000.rows] == ["encoder=rope"]  # 10000.0 in json
-    with pytest.raises(PosexpError, match=r"no run matches encoder=nope \(of 4 runs\)"):
+    # a value no run has: the values they have, to pick from
+    with pytest.raises(PosexpError, match=r"^no run matches encoder=nope \(of 4 runs; they have encoder rope, alibi, t5, "
+                                          r"learned\); values are compared as in results.json"):
         build_report(runs, ReportOptions(where="encoder=nope"))
+    with pytest.raises(PosexpError, match=r"^no run matches encoder=alibi and base=10000 \(of 4 runs; they have "
+                                          r"encoder rope, alibi, t5, learned; base 10000, null\)"):
+        build_report(runs, ReportOptions(where=["encoder=alibi", "base=10000"]))
+
+
+def test_where_on_a_list_valued_key_matches_the_list_as_the_command_line_spells_it(tmp_path):
+    """--where eval.multiples=[1,2,4] was split at its commas into '[1', '2', '4]' and matched no run."""
+    runs = [make_run(tmp_path / name, {128: 3.0, 256: 3.3}, [f"encoder.layers={name}"],
+                     config={"eval": {"multiples": multiples}, "encoder": {"layers": layers}})
+            for name, multiples, layers in (("mixed", [1, 2, 4], ["rope", "none"]), ("rope", [1, 2], ["rope", "rope"]))]
+
+    def kept(*where: str) -> list[str]:
+        return [r.run.path.name for r in build_report(runs, ReportOptions(where=list(where))).rows]
+
+    assert kept("eval.multiples=[1,2,4]") == kept("eval.multiples=[1, 2, 4]") == ["mixed"]
+    assert kept("encoder.layers=[rope,none]") == kept("eval.multiples!=[1,2]") == ["mixed"]
+    assert kept("eval.multiples=[1,2,4],[1,2]") == ["mixed", "rope"]  # either of two lists
 
 
 @pytest.mark.parametrize("kwargs, option, allowed", [
@@ -751,6 +785,23 @@ def test_cli_report_options_and_errors(tmp_path):
     assert "--by: unknown config key 'encodr'" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("target,message", [
+    ("a_file", "--out: {out} is a file; give a folder of the report's own (made if missing)"),
+    ("sweep/rope-10000.0-0", "--out: {out} is a run folder, whose files are its own"),
+])
+def test_a_wrong_out_stops_before_the_table_is_printed(tmp_path, target, message):
+    """`posexp report SWEEP --format csv --out FILE > table.csv` wrote the table, then failed with exit status 2
+    ('cannot replace the earlier report's FILE/report.md: Not a directory' for a file)."""
+    seeds(tmp_path / "sweep", "rope", [3.0, 3.2])
+    (tmp_path / "a_file").write_text("mine\n")
+    out = io.StringIO()
+    with pytest.raises(ConfigError) as e:
+        report_main([tmp_path / "sweep"], tmp_path / target, console=Console(file=out),
+                    options=ReportOptions(fmt="csv"))
+    assert str(e.value).startswith(message.format(out=tmp_path / target)) and out.getvalue() == ""
+    assert (tmp_path / "a_file").read_text() == "mine\n"
+
+
 def test_group_cell_with_fewer_runs_says_how_many(tmp_path):
     a = make_run(tmp_path / "a", {128: 3.0, 256: 3.3, 512: 4.0}, ["encoder=rope", "seed=0"])
     b = make_run(tmp_path / "b", {128: 3.2, 256: 3.5}, ["encoder=rope", "seed=1"], seed=1)
@@ -771,6 +822,20 @@ def test_group_by_train_len_compares_lengths_without_flagging_them(tmp_path):
     # Without --by train_len the odd length is still flagged, and never averaged with the others.
     report = build_report([*short, *long], ReportOptions(by="encoder"))
     assert len(report.groups) == 2 and all("kept apart: not comparable" in g.flags for g in report.groups)
+
+
+def test_the_plain_ratio_is_never_taken_at_a_runs_own_training_length(tmp_path):
+    """Runs trained at 16 reach 64, runs trained at 64 reach 256: 64 is past the first ones' training length but is
+    the others' own, where a ratio is 1 by construction; no length is past both, so the plain ratio is n/a."""
+    short = [make_run(tmp_path / f"short{i}", {16: 26.0 + i, 32: 26.5 + i, 64: 27.0 + i},
+                      ["encoder=rope", "train_len=16", f"seed={i}"], train_len=16, seed=i) for i in range(2)]
+    long = [make_run(tmp_path / f"long{i}", {64: 24.0 + i, 128: 25.0 + i, 256: 30.0 + i},
+                     ["encoder=rope", "train_len=64", f"seed={i}"], train_len=64, seed=i) for i in range(2)]
+    report = build_report([*short, *long], ReportOptions(by="train_len", metrics="ratio,ratio@2x"))
+    assert report.ratio_length is None
+    assert all(g.metrics["ratio"].mean is None for g in report.groups)
+    assert report.groups[1].metrics["ratio@2x"].mean == pytest.approx((25.0 / 24.0 + 26.0 / 25.0) / 2)
+    assert "ratio = ppl at the longest length / ppl at the training length; n/a here" in render_markdown(report)
 
 
 def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):

@@ -245,6 +245,19 @@ def test_baseline_selects_the_reference(tmp_path):
     assert both.comparison.reference == "base=100 seed=1"
 
 
+def test_a_baseline_whose_groups_are_kept_apart_says_so(tmp_path):
+    """One run of base=100 on another corpus keeps both base=100 groups apart, out of the comparison: --baseline
+    base=100 said 'no group has base=100' though the table shows them."""
+    runs = ratio_runs(tmp_path, journey_ratios())
+    runs.append(make_run(tmp_path / "other", {128: 9.0, 256: 9.9}, ["base=100", "seed=9"], base=100.0, seed=9,
+                         fingerprint="fp-other"))
+    with pytest.raises(ConfigError, match=r"^--baseline: the groups with base=100 are not compared with the others "
+                                          r"\(base=100: kept apart: not comparable; base=100 \[corpus stdlib fp-other\]: "
+                                          r"different corpus, kept apart: not comparable\); the groups compared are: "
+                                          r"base=1000; base=10000$"):
+        build_report(runs, ReportOptions(by="base", metrics="ratio", baseline="base=100"))
+
+
 def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):
     runs = ratio_runs(tmp_path, {100: [1.2], 1000: [1.3]}, seeds=(0,))
     report = build_report(runs, ReportOptions(by="base", metrics="ratio"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.accuracy import wilson_interval
 from posexp.reporting.metrics import ACCURACY, parse_metric
 from posexp.reporting.task_report import build_task_report, did_not_learn
@@ -343,3 +343,57 @@ def test_a_ruler_task_shows_its_effective_length_by_default(tmp_path):
     assert report.groups[0].metrics["efflen@85"].mean == 128
     copy = build_task_report([read_run(make_task_run(tmp_path / "copy", {64: 1.0, 128: 0.9}))])
     assert [m.name for m in copy.metrics] == ["acc@2x", "acc@4x", "maxlen@acc90"]
+
+
+def test_where_on_task_runs_is_checked_as_on_perplexity_runs(tmp_path):
+    """A --where no task run passes gave an empty report and exit status 0; beside perplexity runs, a --where only
+    the task runs pass (task.name=copy) stopped the report as if no run matched."""
+    import io
+
+    tasks = tmp_path / "tasks"
+    make_task_run(tasks / "0", {64: 1.0, 128: 0.5})
+    make_task_run(tasks / "1", {64: 1.0, 128: 0.2}, encoder="alibi")
+
+    def report(*folders, **options):
+        out = io.StringIO()
+        report_main(list(folders), tmp_path / "out", console=Console(file=out, width=200),
+                    options=ReportOptions(fmt="csv", **options))
+        return out.getvalue()
+
+    with pytest.raises(PosexpError, match=r"^no run matches encoder=nope \(of 2 runs; they have encoder rope, alibi\)"):
+        report(tasks, where=["encoder=nope"])
+    for option in ("where", "by"):
+        with pytest.raises(ConfigError, match=r"unknown config key 'nope'") as e:
+            report(tasks, **{option: ["nope=1" if option == "where" else "nope"]})
+        assert e.value.key == f"--{option}"
+    make_run(tmp_path / "lm" / "0", {128: 10.0, 256: 12.0})
+    text = report(tasks, tmp_path / "lm", where=["task.name=copy"], by=["encoder"])
+    assert "copy,encoder=alibi" in text and "copy,encoder=rope" in text and "ppl@" not in text
+
+
+def test_a_task_run_whose_results_cannot_be_read_is_left_out_with_a_warning(tmp_path):
+    """It stopped the whole report, though --help promises the others are reported (with --strict it stops)."""
+    import io
+
+    sweep = tmp_path / "sweep"
+    make_task_run(sweep / "0", {64: 1.0, 128: 0.5})
+    make_task_run(sweep / "1", {64: 1.0, 128: 0.2}, seed=1)
+    (sweep / "1" / "results.json").write_text('{"run": {"encoder": "rope",')  # cut short while written
+    out = io.StringIO()
+    report_main([sweep], tmp_path / "out", console=Console(file=out, width=300))
+    assert "task=copy encoder=rope seed=0" in out.getvalue()
+    assert f"warning: not in the table: {sweep / '1' / 'results.json'}: not valid JSON" in out.getvalue()
+    with pytest.raises(PosexpError, match="not valid JSON"):
+        report_main([sweep], tmp_path / "out", console=Console(file=io.StringIO()), options=ReportOptions(strict=True))
+
+
+def test_a_task_metric_without_its_length_is_named_as_a_task_metric(tmp_path):
+    """--metric acc of task runs said 'acc: metrics of perplexity runs, and the runs selected are task runs'."""
+    import io
+
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    for family in ("acc", "tok", "efflen"):
+        with pytest.raises(ConfigError) as e:
+            report_main([tmp_path / "s"], tmp_path / "out", console=Console(file=io.StringIO()),
+                        options=ReportOptions(metrics=[family]))
+        assert str(e.value).startswith(f"--metric: unknown task metric {family!r}; choose from acc@Kx"), str(e.value)

@@ -1,0 +1,35 @@
+"""``posexp resume SWEEP`` of a sweep stopped before some of its jobs started: it ends as the sweep would have."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import yaml
+
+from helpers.runs import make_run
+
+
+def test_the_summary_of_a_resumed_sweep_holds_the_jobs_that_never_started(tmp_path, monkeypatch):
+    """Those jobs train as single runs, which write no sweep summary: summary.md kept only the jobs that had
+    finished or were resumed (here: rope), though the sweep compares rope and alibi."""
+    from posexp.commands import sweep_resume
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0, 256: 3.3}, ["encoder=rope"])
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "overrides": {"task": ["encoder=rope,alibi"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    (sweep / "summary.md").write_text("| encoder=rope | 3.00 | 3.30 |\n")  # as a resumed job left it
+
+    def train(args: list[str]) -> types.SimpleNamespace:
+        """posexp train JOB hydra.run.dir=SWEEP/N, as the never-started job's own process would leave it."""
+        folder = Path(next(a for a in args if a.startswith("hydra.run.dir=")).partition("=")[2])
+        make_run(folder, {128: 3.1, 256: 3.2}, ["encoder=alibi"], encoder="alibi")
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(sweep_resume.subprocess, "run", train)
+    sweep_resume.finish_sweep(sweep, lambda _: None)
+    summary = (sweep / "summary.md").read_text()
+    assert "| encoder=rope |" in summary and "| encoder=alibi |" in summary
+    assert "encoder=alibi" in (sweep / "summary.csv").read_text() and (sweep / "report.md").is_file()
