@@ -185,7 +185,9 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
         warnings.append("the lines were measured on different token budgets (eval.tokens): "
                         + "; ".join(f"{line.label}: {(line.settings or {}).get('tokens')}" for line in lines)
                         + "; evaluate them again with one eval.tokens")
-    unlike = [(line, [n for n in lengths if n in line.ppl and not line.alike(lines[0], n)]) for line in lines[1:]]
+    # a not-applicable row scored no tokens: there is no number to difference, not one measured on other tokens
+    unlike = [(line, [n for n in lengths if line.ppl.get(n) is not None and lines[0].ppl.get(n) is not None
+                      and not line.alike(lines[0], n)]) for line in lines[1:]]
     for line, at in ((line, at) for line, at in unlike if at):
         warnings.append(f"{line.label}: no difference to the parent at {', '.join(map(str, at))}: measured on other "
                         f"tokens ({measured_text(line.measured[at[0]])} vs the parent's "
