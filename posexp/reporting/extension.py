@@ -165,7 +165,7 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
             text = ("" if fixed is None else factor_text(scaling, fixed)) + (
                 f" {options}" if options and len({v[0] for v in variants}) > 1 else "")
             lines.append(_fill(ExtensionLine(f"+{scaling}{text} (eval)", "eval", parent.path, scaling=scaling,
-                                             train_len=train_len), picked))
+                                             scaling_factor=fixed, train_len=train_len), picked))
     warnings: list[str] = []
     for run in finetunes:
         label = _finetune_label(run)

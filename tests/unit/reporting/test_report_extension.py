@@ -34,6 +34,8 @@ def test_each_setting_the_parent_was_evaluated_with_is_its_own_line(tmp_path):
                      "+yarn ×8 (eval)": {128: 9.9},
                      "+self_extend group=4 (eval)": {128: 7.4, 256: 7.7},
                      "+rerope w=32 (eval)": {64: 7.2, 128: 7.3, 256: 7.6}}
+    factors = {line.label: line.scaling_factor for line in table.lines if line.scaling == "yarn"}
+    assert factors == {"+yarn (eval)": None, "+yarn ×8 (eval)": 8.0, "+yarn ft→256, 20 steps": None}
 
 
 def test_a_setting_not_applicable_to_the_parent_is_not_said_to_be_measured_on_other_tokens(tmp_path):
