@@ -136,6 +136,11 @@ def rotary_refusal(sites: list[RotarySite], kind: str, model: Any = None) -> Opt
     if not sites:
         return (f"{kind} rescales rotary frequencies, and this model has no rotary position embedding "
                 f"(learned positions or ALiBi)")
+    types = getattr(getattr(model, "config", None), "layer_types", None) or ()
+    if types and all(s.layer_type is not None for s in sites) and all(t in LOCAL_LAYER_TYPES for t in types):
+        # rope parameters per layer type: the scaling would stretch only full-attention layers, and there are none
+        return (f"{kind} rescales the frequencies of full-attention layers, and every layer of this model attends "
+                f"within a window")
     return None
 
 

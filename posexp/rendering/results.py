@@ -14,8 +14,6 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from posexp.data.tokenizer import bits_per_byte
-from posexp.encoders.extension import default_factor
-from posexp.encoders.remapping import default_group
 from posexp.evaluation.perplexity import loss_by_position_rows
 from posexp.plots.perplexity import plot_loss_by_position, plot_ppl_vs_length
 from posexp.runs.atomic import atomic_write_text
@@ -30,7 +28,7 @@ from posexp.runs.layout import (
     window_text,
     write_results_json,
 )
-from posexp.runs.row import VIEW_KEY, csv_columns, csv_record, view_of
+from posexp.runs.row import VIEW_KEY, csv_columns, csv_record, factor_text, fixed_factor, view_of
 from posexp.rendering.task_results import is_task_results, task_table, write_task_results
 
 
@@ -66,27 +64,13 @@ def scaling_text(row: dict) -> str:
     return str(row["scaling"]) + (factor_text(row["scaling"], factor) if factor is not None else "") + options
 
 
-def factor_text(scaling: Optional[str], factor: float) -> str:
-    """`` ×4`` after a scaling's name, `` w=64`` after ``rerope`` (a window in tokens), `` group=8`` after
-    ``self_extend``."""
-    return f" w={factor:g}" if scaling == "rerope" else f" group={factor:g}" if scaling == "self_extend" else \
-        f" ×{factor:g}"
-
-
 MAIN_VIEW = tuple("nonoverlap" if name == "protocol" else None for name in VIEW_KEY)  # plain: no scaling, no window
 
 
 def curve_of(row: dict, train_len: int) -> tuple:
     """(view, fixed factor): rows scaled by the default per-length factor form one curve per view,
     each fixed ``eval.scaling_factor`` its own."""
-    factor = row.get("scaling_factor")
-    if factor is None:
-        return view_of(row), None
-    default = 1.0 if row.get("scaling") == "dynamic_ntk" else default_factor(row["length"], train_len)
-    if row.get("scaling") == "self_extend":  # its group by default: the smallest reaching the length (remapping.py)
-        window = dict(o.split("=") for o in str(row.get("scaling_options") or "").split() if "=" in o).get("window")
-        default = default_group(row["length"], train_len, None if window is None else int(float(window)))
-    return view_of(row), None if abs(factor - default) < 1e-9 else float(factor)
+    return view_of(row), fixed_factor(row, train_len)
 
 
 def view_label(view: tuple) -> str:

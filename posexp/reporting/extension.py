@@ -25,6 +25,7 @@ from posexp.reporting.runs import Run, read_run, measured_on, measured_text, par
 from posexp.reporting.table import Report
 from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.reporting.views import MAIN_PROTOCOL
+from posexp.runs.row import factor_text, fixed_factor
 
 
 @dataclass
@@ -128,14 +129,10 @@ def _plain(run: Run, scaling: Optional[str] = None) -> list[dict]:
     return Report(protocol=MAIN_PROTOCOL, scaling=scaling).shown(run)
 
 
-def _factor_text(rows: list[dict], train_len: int) -> str:
-    """`` ×4`` for one fixed factor; nothing for the default per-length factor (s = L / train_len)."""
-    factors = {r.get("scaling_factor") for r in rows}
-    if len(factors) == 1 and (factor := factors.pop()) is not None:
-        default = all(abs(float(r["scaling_factor"]) - max(1.0, r["length"] / train_len)) < 1e-9 for r in rows)
-        if not default:
-            return f" ×{factor:g}"
-    return ""
+def _variant(row: dict, train_len: int) -> tuple[Optional[str], Optional[float]]:
+    """What tells apart two evaluations of the parent under one scaling: a position remapping's options and a fixed
+    factor (:func:`~posexp.runs.row.fixed_factor`)."""
+    return row.get("scaling_options"), fixed_factor(row, train_len)
 
 
 def _finetune_label(run: Run) -> str:
@@ -160,9 +157,15 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
     scalings = list(dict.fromkeys(r.get("scaling") for r in parent.rows if r.get("scaling") is not None))
     for scaling in scalings:
         rows = _plain(parent, scaling)
-        if rows:
-            lines.append(_fill(ExtensionLine(f"+{scaling}{_factor_text(rows, train_len)} (eval)", "eval",
-                                             parent.path, scaling=scaling, train_len=train_len), rows))
+        # a line per setting the parent was evaluated with: its options (string offset=20 local=4) and fixed factor
+        variants = list(dict.fromkeys(_variant(r, train_len) for r in rows))
+        for variant in variants:
+            picked = [r for r in rows if _variant(r, train_len) == variant]
+            options, fixed = variant
+            text = ("" if fixed is None else factor_text(scaling, fixed)) + (
+                f" {options}" if options and len({v[0] for v in variants}) > 1 else "")
+            lines.append(_fill(ExtensionLine(f"+{scaling}{text} (eval)", "eval", parent.path, scaling=scaling,
+                                             scaling_factor=fixed, train_len=train_len), picked))
     warnings: list[str] = []
     for run in finetunes:
         label = _finetune_label(run)
@@ -182,7 +185,9 @@ def build_extension_table(parent: Run, finetunes: list[Run]) -> ExtensionTable:
         warnings.append("the lines were measured on different token budgets (eval.tokens): "
                         + "; ".join(f"{line.label}: {(line.settings or {}).get('tokens')}" for line in lines)
                         + "; evaluate them again with one eval.tokens")
-    unlike = [(line, [n for n in lengths if n in line.ppl and not line.alike(lines[0], n)]) for line in lines[1:]]
+    # a not-applicable row scored no tokens: there is no number to difference, not one measured on other tokens
+    unlike = [(line, [n for n in lengths if line.ppl.get(n) is not None and lines[0].ppl.get(n) is not None
+                      and not line.alike(lines[0], n)]) for line in lines[1:]]
     for line, at in ((line, at) for line, at in unlike if at):
         warnings.append(f"{line.label}: no difference to the parent at {', '.join(map(str, at))}: measured on other "
                         f"tokens ({measured_text(line.measured[at[0]])} vs the parent's "

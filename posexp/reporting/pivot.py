@@ -35,7 +35,7 @@ from posexp.reporting import selection
 from posexp.reporting.stats import mean_interval
 from posexp.reporting.tables import Column, Section, Table, TableCell
 from posexp.reporting.views import MAIN_PROTOCOL, view_text
-from posexp.runs.row import VIEW_KEY
+from posexp.runs.row import VIEW_KEY, factor_text, fixed_factor
 
 # a row key only an evaluation setting gives a row, and how to make such rows
 MADE_BY = {"window": "the runs were never evaluated with an attention window; make such rows with "
@@ -169,16 +169,16 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     fixed = {k: v for k, v in FIXED.items() if k not in free}
     measures = _measures(records)
     by_model = set(cols) <= {*VIEW_KEY, "metric"}
+    kept = [r for r in records if all(r.get(k) == v for k, v in fixed.items()
+                                      if not (r.get("metric") == "accuracy" and k == "protocol"))]
+    value_of = _column_values(kept, cols)
     # value per (line, length, column, measure) and pair key; a task's depths averaged per run first
     per_run: dict[tuple, dict[Any, list[float]]] = {}
-    for r in records:
-        task_row = r.get("metric") == "accuracy"
-        if not all(r.get(k) == v for k, v in fixed.items() if not (task_row and k == "protocol")):
-            continue
+    for r in kept:
         for m in (m for m in measures if m.task == r.get("task") and r.get(m.field) is not None):
             line = tuple(lines_of[r["run"]] if k == "label" else _hashable(r.get(k)) for k in by)
             pair = (identity[r["run"]], measured_on(r)) if by_model else settings_of[r["run"]]
-            per_run.setdefault((line, int(r["length"]), tuple(_hashable(r.get(k)) for k in cols), m), {}) \
+            per_run.setdefault((line, int(r["length"]), tuple(value_of(r, k) for k in cols), m), {}) \
                 .setdefault(pair, []).append(float(r[m.field]) * m.scale)
     columns = list(dict.fromkeys(key[2] for key in per_run))
     columns.sort(key=lambda c: [(v not in (None, NO_SCALING), str(v)) for v in c])  # plain first: the baseline
@@ -198,6 +198,34 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     if "window" in cols:
         pivot.notes += _window_notes(pivot, runs)
     return pivot
+
+
+def _setting(row: dict, key: str, cols: Sequence[str]) -> str:
+    """What else a row was measured with under its value of the pivoted ``key``: a window's sink tokens
+    (``sinks=4``), a scaling's fixed factor and a position remapping's options (``×8``, ``offset=64 local=4``)."""
+    if key == "window" and "sinks" not in cols and row.get("sinks"):
+        return f"sinks={row['sinks']}"
+    if key == "scaling" and isinstance(row.get("train_len"), int):
+        fixed = fixed_factor(row, row["train_len"])
+        factor = "" if fixed is None else factor_text(row["scaling"], fixed)
+        return f"{factor} {row.get('scaling_options') or ''}".strip()
+    return ""
+
+
+def _column_values(records: list[dict], cols: Sequence[str]):
+    """``value(row, key)``: the row's value of the pivoted ``key``, followed by what else it was measured with
+    (:func:`_setting`) where rows of that value were measured with several settings, so that each setting is a
+    column of its own rather than averaged with the others as if it were another measurement of one."""
+    settings: dict[tuple, set[str]] = {}
+    for r in records:
+        for k in cols:
+            settings.setdefault((k, _hashable(r.get(k))), set()).add(_setting(r, k, cols))
+
+    def value(row: dict, key: str) -> Any:
+        plain, setting = _hashable(row.get(key)), _setting(row, key, cols)
+        return f"{show_value(plain)} {setting}" if setting and len(settings[(key, plain)]) > 1 else plain
+
+    return value
 
 
 def _hashable(value: Any) -> Any:

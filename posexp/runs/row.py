@@ -263,6 +263,38 @@ def view_of(row: dict | ResultRow) -> tuple:
     return tuple(row.get(n) for n in VIEW_KEY)
 
 
+def factor_text(scaling: Optional[str], factor: float) -> str:
+    """`` ×4`` after a scaling's name, `` w=64`` after ``rerope`` (a window in tokens), `` group=8`` after
+    ``self_extend``."""
+    return f" w={factor:g}" if scaling == "rerope" else f" group={factor:g}" if scaling == "self_extend" else \
+        f" ×{factor:g}"
+
+
+def fixed_factor(row: dict, train_len: int) -> Optional[float]:
+    """A scaled row's ``scaling_factor`` when it was set rather than the method's default for the row's length, else
+    None: rows of one view with the same fixed factor (or all with the default) form one curve over length.
+
+    The defaults are ``s = max(1, length / train_len)`` (``eval.scaling_factor`` unset), ``a = 1`` for
+    ``dynamic_ntk``, and for ``self_extend`` the smallest group reaching the length, ``ceil((L - W) / (train_len -
+    W))`` (as ``posexp.encoders.remapping.default_group``); ``rerope``'s factor is its window, the same at every
+    length, so it is always fixed.
+    """
+    factor = row.get("scaling_factor")
+    if factor is None:
+        return None
+    scaling, length = row.get("scaling"), int(row["length"])
+    if scaling == "rerope":
+        return float(factor)
+    default = max(1.0, length / train_len)
+    if scaling == "dynamic_ntk":
+        default = 1.0
+    elif scaling == "self_extend":
+        options = dict(o.split("=", 1) for o in str(row.get("scaling_options") or "").split() if "=" in o)
+        window = int(float(options["window"])) if "window" in options else max(1, int(train_len) // 4)
+        default = max(1, math.ceil((length - window) / max(1, int(train_len) - window)))
+    return None if abs(factor - default) < 1e-9 else float(factor)
+
+
 def position_key(row: dict) -> dict:
     """The ``POSITION_KEY`` fields of a row (what a line of ``loss_by_position.csv`` belongs to)."""
     return {n: row.get(n) for n in POSITION_KEY}

@@ -236,6 +236,25 @@ def test_gemma3_sliding_layers_keep_their_frequencies_under_a_scaling():
     torch.testing.assert_close(inv, full.inv_freq / 4.0)
 
 
+def test_a_gemma3_whose_layers_all_attend_within_a_window_says_a_scaling_does_not_apply():
+    """Every layer a sliding-window one (Gemma 3's default pattern at under 6 layers): no layer reads the
+    full-attention frequencies a scaling stretches, so its rows would be the unscaled ones labelled yarn."""
+    import transformers as T
+
+    config = T.Gemma3TextConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=TRAIN, sliding_window=8,
+        layer_types=["sliding_attention"] * 2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "sliding_attention": GEMMA_LOCAL}, attn_implementation="eager")
+    lm = HFLanguageModel(build(config), "gemma3")
+    for scaling in ("linear", "yarn", "ntk"):
+        assert lm.check_scaling(scaling) == (f"{scaling} rescales the frequencies of full-attention layers, and "
+                                             "every layer of this model attends within a window")
+    assert lm.check_scaling("none") is None
+    assert HFLanguageModel(gemma3({"rope_type": "default"}), "gemma3").check_scaling("yarn") is None
+
+
 def test_a_rotary_layout_posexp_does_not_read_is_named_not_called_absent():
     class OddRotaryEmbedding(torch.nn.Module):
         rope_type = "default"

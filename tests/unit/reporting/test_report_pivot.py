@@ -1,0 +1,29 @@
+"""``posexp report RUN --cols KEY``: what a column of the pivot holds."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.runs import ppl_rows, write_run
+
+from posexp.reporting.pivot import build_pivot
+from posexp.reporting.runs import read_run
+
+
+def test_each_setting_under_one_pivoted_value_is_its_own_column_not_an_average(tmp_path):
+    """A run evaluated with a window of 32 with and without sink tokens, and with string at two offsets: each is
+    its own column showing its own row's number (before, each pair was averaged into one column)."""
+    rows = ppl_rows({64: 7.0, 128: 8.0}, 64)
+    rows += [{**r, "window": 32, "sinks": None} for r in ppl_rows({64: 7.0, 128: 7.5}, 64)]
+    rows += [{**r, "window": 32, "sinks": 4} for r in ppl_rows({64: 7.1, 128: 7.7}, 64)]
+    rows += [{**r, "scaling_factor": None, "scaling_options": options}
+             for ppls, options in (({64: 7.2, 128: 8.2}, "offset=21 local=4"), ({128: 7.8}, "offset=64 local=4"))
+             for r in ppl_rows(ppls, 64, "string")]
+    rows += ppl_rows({64: 7.0, 128: 7.9}, 64, "yarn")
+    run = read_run(write_run(tmp_path / "run", rows, ["encoder=rope"], "rope", train_len=64))
+    windows = build_pivot([run], [], ["window"])
+    assert windows.columns == [(None,), (32,), ("32 sinks=4",)]
+    assert [windows.cell(windows.lines[0], 128, c).mean for c in windows.columns] == pytest.approx([8.0, 7.5, 7.7])
+    scalings = build_pivot([run], [], ["scaling"])
+    shown = {c[0]: scalings.cell(scalings.lines[0], 128, c).mean for c in scalings.columns}
+    assert shown == pytest.approx({"none": 8.0, "string offset=21 local=4": 8.2, "string offset=64 local=4": 7.8,
+                                   "yarn": 7.9})
