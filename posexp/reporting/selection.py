@@ -245,7 +245,9 @@ class SortKey:
     metric: Optional[Metric] = None
 
 
-def parse_sort(sort: Optional[str], metrics: list[Metric], by: list[str], tolerance: float) -> Optional[SortKey]:
+def parse_sort(sort: Optional[str], metrics: list[Metric], by: list[str], tolerance: float,
+               applies: str = PERPLEXITY) -> Optional[SortKey]:
+    """``--sort`` of a table of ``applies`` runs (:data:`PERPLEXITY` or task runs) showing ``metrics``."""
     if sort is None or not str(sort).strip():
         return None
     text = str(sort).strip()
@@ -257,9 +259,9 @@ def parse_sort(sort: Optional[str], metrics: list[Metric], by: list[str], tolera
     if name in shown:
         return SortKey(name, descending, shown[name])
     try:
-        metric = parse_metric(name, tolerance)
+        metric = parse_metric(name, tolerance, applies)
     except ConfigError:
         keys = ", ".join([*shown, *by, "n"])
         raise ConfigError("--sort", f"cannot sort by {name!r}; use a shown column ({keys}) or a metric "
-                                    f"({metric_help(PERPLEXITY)}); prefix - for descending, e.g. --sort=-maxlen") from None
+                                    f"({metric_help(applies)}); prefix - for descending, e.g. --sort=-maxlen") from None
     return SortKey(metric.name, descending, metric)

@@ -42,8 +42,8 @@ from posexp.reporting.document import LeadTable, write_report, write_summary
 from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_report
 from posexp.reporting.frame import unfinished_jobs
 from posexp.reporting.runs import Run, read_run
-from posexp.reporting.metrics import ACCURACY, PERPLEXITY, metric_help
-from posexp.reporting.selection import parse_by, parse_where, select_runs
+from posexp.reporting.metrics import ACCURACY, PERPLEXITY, applies_to, metric_help
+from posexp.reporting.selection import check_tolerance, parse_by, parse_where, select_runs
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import (REPORT_FILES, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
                                 is_run_dir, is_sweep_dir)
@@ -80,11 +80,18 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         raise ConfigError("--format", f"unknown format {options.fmt!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    check_tolerance(options.tolerance)
     lm_metrics, task_metrics = split_task_metrics(options.metrics)
     wanted = parse_view(options.view)
     lm_dirs, task_report = _split_tasks(find_runs(paths), options.by, task_metrics, options.where, wanted,
-                                        options.strict)
+                                        options.strict, options.sort)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
+    if task_report is not None and not lm_dirs and (unused := [o for o, v in (("--baseline", options.baseline),
+                                                                             ("--margin", options.margin)) if v]):
+        task_report.warnings.append(f"{' and '.join(unused)} not used: they set how groups of perplexity runs are "
+                                    "compared, and task runs are shown side by side, not compared")
+    if task_report is not None and _sorts_by(options.sort) == ACCURACY:
+        options = replace(options, sort=None)  # a task metric sorts the task table alone
     console = console or terminal.console()
     notes = console if options.fmt == "rich" else (err_console or terminal.console(stderr=True))
     try:
@@ -215,8 +222,13 @@ def _check_metrics_apply(lm: Optional[list[str]], task: Optional[list[str]], lm_
                                       f"model runs; their metrics: {metric_help(PERPLEXITY)}")
 
 
+def _sorts_by(sort: Optional[str]) -> Optional[str]:
+    """Which runs' metric ``--sort`` names (:data:`PERPLEXITY` or :data:`ACCURACY`); None: a key, ``n`` or none."""
+    return applies_to(str(sort).strip().lstrip("+-")) if sort else None
+
+
 def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None,
-                 strict: bool = False) -> tuple[list[Path], Optional[Report]]:
+                 strict: bool = False, sort: Optional[str] = None) -> tuple[list[Path], Optional[Report]]:
     """The language-modelling run folders that pass ``where`` (and those that cannot be read, which the perplexity
     report names), and the report of the task runs that pass it (None: none). The ``--by`` and ``--where`` keys are
     checked against the runs of both kinds, so that a filter no task run passes is an error, not an empty report.
@@ -244,7 +256,8 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
         return lm_dirs, None
     by_keys = [k for k in parse_by(by) if k not in ("task", "task.name")]  # one table per task anyway
     try:
-        task_report = build_task_report(task_runs, by_keys, task_metrics, wanted)
+        task_report = build_task_report(task_runs, by_keys, task_metrics, wanted,
+                                        None if lm_dirs and _sorts_by(sort) == PERPLEXITY else sort)
     except ConfigError as e:
         if e.key != "--view" or not lm_dirs:
             raise

@@ -19,10 +19,10 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
-from posexp.reporting.grouping import aggregate_group
-from posexp.reporting.metrics import ACCURACY as TASK_RUNS, applies_to, parse_metric, read_values
+from posexp.reporting.grouping import aggregate_group, sort_groups
+from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run
-from posexp.reporting.selection import config_value, option_items, show_value
+from posexp.reporting.selection import config_value, option_items, parse_sort, show_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import view_text
@@ -68,13 +68,17 @@ def did_not_learn(run: Run) -> Optional[bool]:
 
 
 def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,
-                      view: Optional[dict] = None) -> Report:
+                      view: Optional[dict] = None, sort: Optional[str] = None) -> Report:
     """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy, of the
-    rows ``view`` names (``--view``'s scaling, window and sinks; :mod:`posexp.reporting.views`), plain by default."""
+    rows ``view`` names (``--view``'s scaling, window and sinks; :mod:`posexp.reporting.views`), plain by default.
+    Each task's groups are in ``sort``'s order (``--sort``: a metric, shown or not, a ``by`` key or ``n``)."""
     view = view or {}
     window = None if view.get("window") is None else (view["window"], view.get("sinks"))
     report = Report(kind=TASK_RUNS, scaling=view.get("scaling"), window=window, by=list(by),
                     metrics=[parse_metric(m, applies=TASK_RUNS) for m in (metrics or default_task_metrics(runs))])
+    sort_key = parse_sort(sort, report.metrics, list(by), DEFAULT_TOLERANCE, TASK_RUNS)
+    if sort_key is not None and sort_key.metric is not None and sort_key.name not in {m.name for m in report.metrics}:
+        report.metrics.append(sort_key.metric)  # what the table is sorted by is shown
     groups: dict[tuple, Group] = {}
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
@@ -88,7 +92,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     for key, group in groups.items():
         group.label += f" train_len={show_value(key[2])}" if key[:2] in split else ""
         aggregate_group(group, report)
-    report.groups = sorted(groups.values(), key=lambda g: g.task)
+    report.groups = sorted(sort_groups(list(groups.values()), sort_key), key=lambda g: g.task)
     report.rows = [row for group in report.groups for row in group.rows]
     report.lengths = sorted({n for group in report.groups for n in group.cells})
     report.train_len = train.pop() if len(train := {run.train_len for run in runs}) == 1 else None

@@ -397,3 +397,53 @@ def test_a_task_metric_without_its_length_is_named_as_a_task_metric(tmp_path):
             report_main([tmp_path / "s"], tmp_path / "out", console=Console(file=io.StringIO()),
                         options=ReportOptions(metrics=[family]))
         assert str(e.value).startswith(f"--metric: unknown task metric {family!r}; choose from acc@Kx"), str(e.value)
+
+
+def test_sort_orders_each_tasks_groups_and_shows_a_metric_it_sorts_by(tmp_path):
+    runs = [read_run(make_task_run(tmp_path / enc, {64: 1.0, 128: acc2, 256: acc4}, encoder=enc))
+            for enc, acc2, acc4 in (("rope", 0.5, 0.1), ("alibi", 0.9, 0.7), ("t5", 0.7, 0.2))]
+    runs.append(read_run(make_task_run(tmp_path / "mqar", {64: 1.0, 128: 0.2}, task="mqar")))
+    report = build_task_report(runs, ["encoder"], ["acc@2x"], sort="-acc@4x")
+    assert [(g.task, g.label) for g in report.groups] == [  # each task's groups best first; the tasks stay apart
+        ("copy", "encoder=alibi"), ("copy", "encoder=t5"), ("copy", "encoder=rope"), ("mqar", "encoder=rope")]
+    assert [m.name for m in report.metrics] == ["acc@2x", "acc@4x"]  # the column it is sorted by is in the table
+    assert [g.label for g in build_task_report(runs[:3], ["encoder"], sort="encoder").groups] == [
+        "encoder=alibi", "encoder=rope", "encoder=t5"]
+    with pytest.raises(ConfigError, match="--sort.*cannot sort by 'ratio'.*acc@Kx"):
+        build_task_report(runs, ["encoder"], sort="ratio")  # a perplexity metric, named with the task metrics
+
+
+def test_sort_by_a_metric_of_one_kind_orders_that_kinds_table_and_leaves_the_other(tmp_path):
+    make_run(tmp_path / "s" / "0", {128: 10.0, 256: 12.0}, ["encoder=rope"])
+    make_run(tmp_path / "s" / "1", {128: 10.0, 256: 11.0}, ["encoder=alibi"], encoder="alibi")
+    for enc, acc in (("rope", 0.2), ("alibi", 0.8)):
+        make_task_run(tmp_path / "s" / f"task-{enc}", {64: 1.0, 128: acc}, encoder=enc)
+    parts = {}
+    for sort in ("ratio", "-ratio", "acc@2x", "-acc@2x"):
+        report_main([tmp_path / "s"], tmp_path / sort, console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
+                    options=ReportOptions(by=["encoder"], sort=sort))
+        text = (tmp_path / sort / "report.md").read_text().replace(str(tmp_path / sort), "OUT")
+        parts[sort] = text.split("## Tasks: accuracy vs context length")
+
+    def first(text):  # the group on the table's first line (perplexity: "| alibi |", tasks: "| encoder=alibi |")
+        at = {enc: min(i for p in ("", "encoder=") if (i := text.find(f"| {p}{enc} |")) >= 0) for enc in ("rope", "alibi")}
+        return min(at, key=at.__getitem__)
+
+    assert [first(parts[s][0]) for s in ("ratio", "-ratio")] == ["alibi", "rope"]  # alibi: ratio 1.1, rope 1.2
+    assert parts["ratio"][1] == parts["-ratio"][1]  # a perplexity metric leaves the task table as it was
+    assert [first(parts[s][1]) for s in ("acc@2x", "-acc@2x")] == ["rope", "alibi"]  # rope 20%, alibi 80%
+    assert parts["acc@2x"][0] == parts["-acc@2x"][0]  # and a task metric the perplexity table
+
+
+def test_options_that_only_perplexity_runs_use_are_said_unused_for_task_runs(tmp_path):
+    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
+    make_task_run(tmp_path / "s" / "1", {64: 1.0, 128: 0.6}, encoder="alibi")
+    err = tmp_path / "err.txt"
+    with open(err, "w") as stream:
+        report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
+                    err_console=Console(file=stream, width=300),
+                    options=ReportOptions(by=["encoder"], baseline=["encoder=rope"], margin="5%", fmt="csv"))
+    assert "--baseline and --margin not used" in err.read_text()
+    with pytest.raises(ConfigError, match="--tolerance"):  # checked whichever runs there are, as for perplexity
+        report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w")),
+                    options=ReportOptions(tolerance=-1.0))
