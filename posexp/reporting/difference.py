@@ -236,10 +236,16 @@ def interval_text(diff: Difference, decimals: int) -> str:
 
 
 def p_text(p: Optional[float]) -> str:
-    """A p-value for a table: ``0.012``, ``< 0.001``, or ``—`` when there is none."""
+    """A p-value for a table: ``0.012``, ``< 0.001``, or ``—`` when there is none. One that rounds to
+    :data:`ALPHA` gets the digits that show its side of it (``0.0498`` beside "worse", not ``0.050``)."""
     if p is None:
         return "—"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+    if p < 0.001:
+        return "< 0.001"
+    digits = 3
+    while float(text := f"{p:.{digits}f}") == ALPHA and p != ALPHA and digits < 9:
+        digits += 1
+    return text
 
 
 @dataclass

@@ -485,3 +485,13 @@ def test_window_verdicts_with_one_run_or_a_margin():
     runs = [{1024: (4.00, 4.01)}, {1024: (4.10, 4.12)}, {1024: (3.90, 3.905)}]
     same = window_verdicts(runs, margin=Margin(0.02, True))
     assert same[1024].text == "equivalent within 2% of its own window at 1024 tokens"
+
+
+def test_a_p_value_that_rounds_to_alpha_shows_which_side_of_it_it_is():
+    from posexp.reporting.difference import ALPHA, p_text
+
+    assert ALPHA == 0.05
+    assert p_text(0.0498) == "0.0498"  # beside "worse" (p < 0.05), not "0.050"
+    assert p_text(0.04996) == "0.04996" and p_text(0.0502) == "0.0502"
+    assert float(p_text(0.0499999)) < ALPHA
+    assert [p_text(p) for p in (0.05, 0.012, 0.0004, 0.51, None)] == ["0.050", "0.012", "< 0.001", "0.510", "—"]
