@@ -120,6 +120,8 @@ def latex_escape(text: str) -> str:
     escaper of every LaTeX table."""
     special = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
+               # in text mode LaTeX's default (OT1) font prints < > | as ¡ ¿ —
+               "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
                "—": "---", "×": r"$\times$", "±": r"$\pm$", "−": "$-$", "Δ": r"$\Delta$", "≥": r"$\geq$",
                "≤": r"$\leq$"}
     return "".join(special.get(ch, ch) for ch in str(text))

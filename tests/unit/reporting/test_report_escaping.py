@@ -98,3 +98,11 @@ def test_the_curve_table_keeps_special_characters_whole_in_report_md(tmp_path, m
     header = next(line for line in text.splitlines() if line.startswith("| curve"))
     [row] = [line for line in text.splitlines() if line.startswith("| encoder=")]
     assert r"a&b#c%d\_e\\f$g" in row and row.count(" | ") == header.count(" | ")
+
+
+def test_latex_writes_angle_brackets_and_bars_as_text_not_as_the_default_fonts_other_glyphs():
+    from posexp.reporting.formatting import latex_escape
+
+    # OT1, LaTeX's default text font, prints < > | as ¡ ¿ and a dash: p "< 0.001", a label "window<=128|sinks"
+    assert latex_escape("< 0.001") == r"\textless{} 0.001"
+    assert latex_escape("a<b>c|d") == r"a\textless{}b\textgreater{}c\textbar{}d"
