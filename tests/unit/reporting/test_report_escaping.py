@@ -103,6 +103,6 @@ def test_the_curve_table_keeps_special_characters_whole_in_report_md(tmp_path, m
 def test_latex_writes_angle_brackets_and_bars_as_text_not_as_the_default_fonts_other_glyphs():
     from posexp.reporting.formatting import latex_escape
 
-    # OT1, LaTeX's default text font, prints < > | as ¡ ¿ and a dash: p "< 0.001", a label "window<=128|sinks"
+    # OT1, LaTeX's default text font, prints < > | as ¡ ¿ and a dash
     assert latex_escape("< 0.001") == r"\textless{} 0.001"
     assert latex_escape("a<b>c|d") == r"a\textless{}b\textgreater{}c\textbar{}d"
