@@ -88,6 +88,18 @@ def display_rows(results: dict) -> list[dict]:
     return sorted(results["rows"], key=lambda r: (order[view_of(r)], r["length"], r.get("scaling_factor") or 0))
 
 
+def reason_notes(rows: list[dict]) -> list[str]:
+    """Why rows are not applicable, a note per reason naming its lengths (and their scaling, where scaled):
+    ``lengths 256, 512: not applicable (...)``."""
+    lengths: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("reason"):
+            where = str(r["length"]) + (f" ({scaling_text(r)})" if r.get("scaling") else "")
+            lengths.setdefault(str(r["reason"]), []).append(where)
+    return [f"length{'s' if len(at) > 1 else ''} {', '.join(dict.fromkeys(at))}: not applicable ({reason})"
+            for reason, at in lengths.items()]
+
+
 SCORED_TOKENS_NOTE = {
     "nonoverlap": "consecutive windows, every target scored",
     "sliding": "windows advance by S and score their last S targets (the first window all of them)",
@@ -141,7 +153,8 @@ def results_markdown(results: dict) -> str:
                      f"| {_fmt(r['ppl'], '.3f')} | {interval} | {_fmt(r['loss'], '.4f')} | {r['tokens']:,} "
                      f"| {r.get('windows', 0):,} | {_fmt(r.get('tokens_per_s'), ',.0f')} "
                      f"| {_fmt(r.get('peak_mem_mb'), ',.0f')} |" + bits)
-    return "\n".join(lines) + "\n"
+    notes = reason_notes(rows)
+    return "\n".join(lines + ([""] + [f"- {note}" for note in notes] if notes else [])) + "\n"
 
 
 def results_csv(results: dict) -> str:
@@ -207,7 +220,7 @@ class ResultsTable:
                 table.add_column(name, justify=justify, no_wrap=True)
         for c in cells:
             table.add_row(*(c[name] for name, _, _ in columns))
-        notes = [f"length {r['length']}: {r['note']}" for r in self.rows if r.get("note")]
+        notes = [f"length {r['length']}: {r['note']}" for r in self.rows if r.get("note")] + reason_notes(self.rows)
         if dropped:
             names = [n for n, _, _ in reversed(dropped)]
             listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]

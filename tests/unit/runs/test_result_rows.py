@@ -305,3 +305,24 @@ def test_a_pivot_spells_a_keys_values_as_the_grouped_report_does(tmp_path):
     assert [label(pivot.cols, c) for c in pivot.columns] == ["model.tie_embeddings=false", "model.tie_embeddings=true"]
     assert [label(pivot.by, line) for line in pivot.lines] == [f"model.lst={show_value([1, 2])}"]
     assert label(["window"], (None,)) == "window=none"  # no window: a value of its own, not a missing one
+
+
+def test_a_runs_results_say_why_its_rows_are_not_applicable_once_per_reason():
+    from rich.console import Console
+
+    from helpers.runs import ppl_rows
+    from posexp.rendering.results import results_markdown, results_table
+
+    rows = ppl_rows({128: 3.0, 256: None, 512: None}, 128)
+    rows += ppl_rows({256: None}, 128, scaling="ms_poe")
+    for r in rows:
+        r.update(targets=[0, 1], tokens=r["tokens"] if r["applicable"] else 0)
+        if not r["applicable"]:
+            r["reason"] = "every layer skipped" if r["scaling"] else "encoder 'learned' represents at most 128 positions"
+    results = {"run": {"label": "encoder=learned", "train_len": 128, "base": None}, "rows": rows}
+    text = results_markdown(results)
+    assert "- lengths 256, 512: not applicable (encoder 'learned' represents at most 128 positions)" in text
+    assert "- length 256 (ms_poe ×2): not applicable (every layer skipped)" in text
+    console = Console(width=200, record=True)
+    console.print(results_table(results))
+    assert "lengths 256, 512: not applicable (encoder 'learned'" in console.export_text()
