@@ -28,6 +28,7 @@ from posexp.reporting.stats import Stat, aggregate_stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_text
 from posexp.runs.layout import RESULTS_JSON
+from posexp.runs.row import factor_text, fixed_factor
 
 __all__ = ["Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
 
@@ -90,6 +91,9 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
     report.lengths = lengths = sorted({n for row in rows for n in row.cells})
     _per_byte(rows, warnings)
     for row in rows:
+        if scaling is not None and (several := _settings_at_one_length(report.shown(row.run), row.run.train_len)):
+            warnings.append(f"{row.label}: its {scaling} rows measure a length {len(several)} ways "
+                            f"({'; '.join(several)}); the table shows the first measured, --cols scaling shows each")
         budgets = (row.settings or {}).get("tokens")
         if isinstance(budgets, list):  # a later posexp eval measured some lengths on another budget
             row.flags.append("different eval settings")
@@ -146,6 +150,18 @@ def _mark_unlearned(rows: list[ReportRow], warnings: list[str]) -> None:
         warnings.append(f"{UNLEARNED}: {', '.join(row.label for row in marked)}: perplexity at the training length "
                         f"is at least {NEAR_UNIGRAM:.0%} of the corpus's unigram perplexity (a model that reads no "
                         "context), so how it changes past 1x says nothing of extrapolation")
+
+
+def _settings_at_one_length(rows: list[dict], train_len: Optional[int]) -> list[str]:
+    """The settings of scaled ``rows`` that measure one length several ways (string at two offsets, yarn at a fixed
+    factor beside its default), each as its options and fixed factor say (``default`` for neither); [] if none."""
+    settings: dict[tuple, dict[str, None]] = {}
+    for r in rows:
+        fixed = fixed_factor(r, train_len) if train_len else None
+        text = " ".join(filter(None, ("" if fixed is None else factor_text(r.get("scaling"), fixed).strip(),
+                                      str(r.get("scaling_options") or ""))))
+        settings.setdefault((r.get("length"), r.get("depth")), {})[text or "default"] = None
+    return next((list(s) for s in settings.values() if len(s) > 1), [])
 
 
 def group_and_compare(report: Report, sort_key: Optional[SortKey] = None, reference: Sequence[Filter] = (),

@@ -932,3 +932,19 @@ def test_ratio_of_a_run_not_evaluated_at_1x_is_missing_and_of_one_that_cannot_ru
     ratio = {g.label: g.metrics["ratio"].text() for g in
              build_report([full, unmeasured, learned], ReportOptions(by="encoder", metrics="ratio")).groups}
     assert ratio == {"encoder=rope": "1.20", "encoder=alibi": "—", "encoder=learned": "n/a"}
+
+
+def test_a_view_whose_rows_measure_a_length_several_ways_says_which_it_shows(tmp_path):
+    from helpers.runs import ppl_rows, write_run
+
+    rows = ppl_rows({64: 7.0, 128: 8.0}, 64)
+    rows += [{**r, "scaling_options": "offset=21 local=4"} for r in ppl_rows({64: 7.1, 128: 7.5}, 64, "string")]
+    rows += [{**r, "scaling_options": "offset=40 local=4"} for r in ppl_rows({128: 7.3}, 64, "string")]
+    rows += ppl_rows({64: 7.0, 128: 7.6}, 64, "yarn")
+    write_run(tmp_path / "run", rows, ["encoder=rope"], "rope", train_len=64)
+    report = build_report([tmp_path / "run"], ReportOptions(view=["scaling=string"]))
+    assert report.rows[0].cells[128].mean == 7.5  # the first measured
+    assert ("encoder=rope: its string rows measure a length 2 ways (offset=21 local=4; offset=40 local=4); the table "
+            "shows the first measured, --cols scaling shows each") in report.warnings
+    yarn = build_report([tmp_path / "run"], ReportOptions(view=["scaling=yarn"]))  # one way per length: no warning
+    assert not [w for w in yarn.warnings if "ways" in w]
