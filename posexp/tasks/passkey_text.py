@@ -56,6 +56,10 @@ class TextPasskey(Passkey):
     def vocab_size(self) -> int:
         return self.vocab
 
+    def options(self) -> dict:
+        """``task.digits``: the tokenizer's ``encode`` and vocabulary are the model's, not options of the task."""
+        return {"digits": self.digits}
+
     def overhead(self) -> int:
         """Tokens of an instance besides its filler, for the widest key: the prompt, needle, question, answer."""
         return self._fixed + self._widest
