@@ -211,9 +211,10 @@ def installed(lab, monkeypatch) -> Path:
     from posexp.tasks.task import TASKS
     from posexp.tracking.tracker import TRACKERS
 
+    # saved before lab is on the path: reading a registry loads it, entry points included
+    saved = [(registry, dict(registry), registry._loaded) for registry in (TASKS, TRACKERS, EXPORTERS)]
     monkeypatch.syspath_prepend(str(lab / "site"))
     monkeypatch.setattr(validation, "_stored", {})
-    saved = [(registry, dict(registry), registry._loaded) for registry in (TASKS, TRACKERS, EXPORTERS)]
     for registry, _, _ in saved:
         registry._loaded = False
     yield lab
