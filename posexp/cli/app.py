@@ -312,8 +312,7 @@ def check_cmd(encoder: str, options: Optional[List[str]], format: str, config_di
     cannot be built), 3 when none fails but one could not measure (out of memory)."""
     from posexp.commands.check import check_main
 
-    _config_dirs(config_dir)
-    raise SystemExit(check_main(encoder, list(options or []), format, console()))
+    raise SystemExit(check_main(encoder, list(options or []), format, console(), dirs=_config_dirs(config_dir)))
 
 
 @_command("list")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rich.console import Console
@@ -158,6 +159,41 @@ def split_probe(args: Sequence[str], probe: Probe) -> tuple[list[str], Probe]:
     return rest, probe
 
 
+def yaml_options(name: str, dirs: Sequence[Path] = ()) -> dict[str, Any]:
+    """The options ``encoder=NAME`` gives the encoder in ``posexp train`` (its yaml's values, ``${base}`` resolved),
+    composed by Hydra as train composes them, the user's config folders ``dirs`` searched too; {} for an encoder
+    without a yaml (an installed plugin: its ``__init__`` defaults).
+
+    Raises:
+        PosexpError: the yaml gives a value its encoder cannot take, in one line naming the key.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posexp.commands.validation import register_configs
+    from posexp.config.schema import config_dir
+
+    yaml = next((p for p in (folder / "encoder" / f"{name}.yaml" for folder in (*dirs, config_dir())) if p.is_file()),
+                None)
+    if yaml is None:
+        return {}
+    register_configs()
+    searched = [f"hydra.searchpath=[{','.join(f'file://{folder}' for folder in dirs)}]"] if dirs else []
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            encoder = OmegaConf.to_container(compose("config", [f"encoder={name}", *searched]).encoder, resolve=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        cause: Optional[BaseException] = e  # the value's own error, naming its key, if Hydra's chain has one
+        while cause is not None and not getattr(cause, "full_key", None):
+            cause = cause.__cause__ or cause.__context__
+        key, text = (getattr(cause, "full_key"), getattr(cause, "msg", None) or cause) if cause else ("encoder", e)
+        raise PosexpError(f"{yaml}: {key}: {str(text).splitlines()[0]}") from None
+    assert isinstance(encoder, dict)
+    return {key: value for key, value in encoder.items() if key in option_names(name)}
+
+
 def unbuildable(name: str, options: dict, probe: Probe) -> Optional[str]:
     """Why the encoder cannot be built with ``options`` (a broken plugin, or its ``__init__`` raises); None when
     it can. A value posexp's own checks refuse (:class:`PosexpError`) is raised, as a bad option."""
@@ -174,12 +210,14 @@ def unbuildable(name: str, options: dict, probe: Probe) -> Optional[str]:
 
 
 def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Optional[Console] = None,
-               probe: Optional[Probe] = None) -> int:
+               probe: Optional[Probe] = None, dirs: Sequence[Path] = ()) -> int:
     """Run every conformance check on encoder ``name`` with options ``args`` and print the results.
 
     Args:
         probe: the probe model (default :class:`~posexp.evaluation.conformance.Probe`); ``train_len=N`` among
             ``args`` sets its training length.
+        dirs: the user's config folders (``--config-dir``): the encoder is built with its yaml's values
+            (:func:`yaml_options`), as ``posexp train`` builds it, ``args`` over them.
 
     Returns:
         The exit status: 1 when a check fails, 3 when none fails but one could not measure, else 0.
@@ -191,12 +229,13 @@ def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Opti
         raise PosexpError(f"--format {fmt}: choose one of: {', '.join(FORMATS)}")
     args, probe = split_probe(args, probe or Probe())
     options = parse_options(name, args) if name not in broken() else {}
+    built = {**yaml_options(name, dirs), **options} if name not in broken() else {}
     start = time.perf_counter()
-    reason = unbuildable(name, options, probe)  # a bad value fails here, in one line
+    reason = unbuildable(name, built, probe)  # a bad value fails here, in one line
     if reason is not None:
         results = [Check("build", FAIL, None, "", reason)]
     else:
-        results = run_checks(lambda d_model, n_heads: create(name, d_model=d_model, n_heads=n_heads, **options),
+        results = run_checks(lambda d_model, n_heads: create(name, d_model=d_model, n_heads=n_heads, **built),
                              probe)
     render(name, options, results, time.perf_counter() - start, fmt, console or terminal.console(), probe)
     if any(r.status == FAIL for r in results):
@@ -204,4 +243,4 @@ def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Opti
     return UNMEASURED_EXIT if any(r.status == ERROR for r in results) else 0
 
 
-__all__ = ["FORMATS", "check_main", "parse_options", "render", "split_probe", "unbuildable"]
+__all__ = ["FORMATS", "check_main", "parse_options", "render", "split_probe", "unbuildable", "yaml_options"]

@@ -260,6 +260,21 @@ def test_posexp_check_takes_the_users_config_folder(project):
     assert checks["causality"] == "pass" and checks["absolute positions"] == "pass"
 
 
+def test_posexp_check_builds_the_encoder_with_its_yamls_values_as_train_does(project):
+    """A value the yaml sets is the one checked (before, the ``__init__`` default was, and the yaml's failed only
+    at train); an option on the command line is over it."""
+    yaml = project / "conf" / "encoder" / "logrope.yaml"
+    yaml.write_text(yaml.read_text().replace("scale: 64.0", "scale: -1.0"))
+    refused = invoke("check", "--config-dir", "conf", "logrope", "--format", "json", cwd=project)
+    assert refused.exit_code == 2 and "encoder.scale: must be > 0 tokens (got -1.0)" in refused.output
+    given = invoke("check", "--config-dir", "conf", "logrope", "scale=32", "--format", "json", cwd=project)
+    assert given.exit_code == 0, given.output
+    yaml.write_text(yaml.read_text().replace("scale: -1.0", "scale: many"))
+    typed = invoke("check", "--config-dir", "conf", "logrope", "--format", "json", cwd=project)
+    assert typed.exit_code == 2 and "Traceback" not in typed.output
+    assert "logrope.yaml: encoder.scale: Value 'many' of type 'str' could not be converted to Float" in typed.output
+
+
 ROTARY_PLUGIN = '''
 from posexp.encoders.rope import RoPE
 
