@@ -3,9 +3,10 @@
 The evaluator is a run folder (its weights, as ``posexp eval`` loads them) or a transformers model (``hf:NAME``,
 opened by :func:`posexp.commands.pretrained.hf_evaluator`, passed in as ``open_hf``). It must read the same
 tokens as the evaluated model, for the key tokens are positions in the evaluated model's token array: posexp's
-byte tokens, one BPE vocabulary (the same corpus fingerprint), or one transformers tokenizer (its fingerprint). A
-mismatch is one line naming both before anything is evaluated. :mod:`posexp.evaluation.key_tokens` does the
-rest; the selection is cached under the token cache (``data.cache_dir``), in ``key_tokens/``.
+byte tokens (a transformers tokenizer that ``posexp export`` wrote for a byte run counts as them), one BPE
+vocabulary (the same corpus fingerprint), or one transformers tokenizer (its fingerprint). A mismatch is one line
+naming both before anything is evaluated. :mod:`posexp.evaluation.key_tokens` does the rest; the selection is
+cached under the token cache (``data.cache_dir``), in ``key_tokens/``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ recipe knows its config's keys, the command line only runs the app (:data:`posex
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from rich.console import Console
 
 from posexp.commands.edge import HF_PREFIX, typed
 from posexp.config.identity import unset_keys_dropped
-from posexp.commands.evaluator import Evaluated, check_key_tokens, key_selector
+from posexp.commands.evaluator import Evaluated, check_key_tokens, key_selector, run_tokens
 from posexp.config.schema import DEVICES, PRECISIONS, DataConfig, EvalConfig, HFConfig, PretrainedConfig, lengths_of
 from posexp.data.corpus import check_fits, load_corpus
 from posexp.data.tokenizer import PRETRAINED, TokenizerSpec
@@ -186,8 +187,21 @@ def _load(spec: PretrainedConfig, device: torch.device, dtype: torch.dtype):
 
 
 def hf_tokens(tokenizer, separator: Optional[int]) -> str:
-    """Which tokens a transformers model reads (key-token perplexity's evaluator must read the same)."""
-    return f"the tokens of transformers tokenizer {tokenizer_fingerprint(tokenizer, separator)}"
+    """Which tokens a transformers model reads (key-token perplexity's evaluator must read the same): posexp's byte
+    tokens when the tokenizer is the one ``posexp export`` writes for a ``tokenizer=byte`` run (the same definition
+    and document separator, so the same ids for every text), else the tokenizer's fingerprint."""
+    fingerprint = tokenizer_fingerprint(tokenizer, separator)
+    if fingerprint == _exported_byte_fingerprint():
+        return run_tokens({"tokenizer": "byte"})
+    return f"the tokens of transformers tokenizer {fingerprint}"
+
+
+@functools.lru_cache(maxsize=1)
+def _exported_byte_fingerprint() -> str:
+    """The :func:`tokenizer_fingerprint` of the byte tokenizer ``posexp export`` writes, with its separator."""
+    from posexp.hf.tokenizer_export import BYTE_SEPARATOR, byte_tokenizer, fast_tokenizer
+
+    return tokenizer_fingerprint(fast_tokenizer(byte_tokenizer(), eos_token=None), BYTE_SEPARATOR)
 
 
 def hf_evaluator(name: str, device: torch.device) -> Evaluator:

@@ -68,7 +68,7 @@ def finetune_scaling_refusal(kind: str, encoder: nn.Module) -> Optional[str]:
     The methods are the encoder's evaluation-time ones (:func:`check_scaling`), so a fine-tune trains with
     exactly the frequencies or positions that ``eval.scaling`` reads; ``none`` suits every encoding.
     """
-    if kind in REMAPPINGS[1:]:
+    if kind in REMAPPINGS:
         return (f"{kind} is an evaluation-time position remapping with nothing to train; evaluate with posexp eval "
                 f"RUN eval.scaling={kind}, or fine-tune with one of: {', '.join(FINETUNE_SCALINGS)}")
     if kind not in FINETUNE_SCALINGS:

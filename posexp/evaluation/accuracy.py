@@ -190,5 +190,5 @@ def _row_identity(task: Task, how: Reading, factor: Optional[float], depth: Opti
     return ResultRow(metric=ACCURACY, task=task.name, length=how.length, multiple=how.length / how.train_len,
                      depth=None if depth is None else float(depth), protocol=EVAL_PROTOCOL,
                      scaling=None if how.scaling == NONE else how.scaling, scaling_factor=factor,
-                     scaling_options=None if how.remap is None else how.remap.text, size=task.size_for(how.length), examples_asked=examples, eval_seed=_EVAL_STREAM,
+                     scaling_options=how.options, size=task.size_for(how.length), examples_asked=examples, eval_seed=_EVAL_STREAM,
                      **window_fields(how.window)).to_dict()

@@ -62,7 +62,7 @@ from posexp.errors import ConfigError, PosexpError, require
 from posexp.runtime.memory import PeakMemory, bound_heap_growth, free_memory, is_out_of_memory
 from posexp.encoders.extension import NONE, REMAPPINGS, REROPE, default_factor, default_rerope_window
 from posexp.encoders.remapping import OPTION_KEYS, Remapping
-from posexp.runs.longrope import longrope_settings
+from posexp.runs.longrope import longrope_settings, options_text
 from posexp.runs.row import PERPLEXITY, ResultRow, position_key
 from posexp.model.interface import EvaluableLM, Reading
 from posexp.model.window import AttentionWindow, window_fields, window_of
@@ -275,7 +275,7 @@ def _row_identity(e: EvalConfig, how: Reading, factor: Optional[float]) -> dict:
                      stride=e.stride if e.protocol == "sliding" else None,
                      last_k=e.last_k if e.protocol == "last_k" else None,
                      scaling=None if how.scaling == NONE else how.scaling, scaling_factor=factor,
-                     scaling_options=None if how.remap is None else how.remap.text,
+                     scaling_options=how.options,
                      eval_tokens=int(e.tokens), **window_fields(how.window)).to_dict()
 
 
@@ -294,12 +294,14 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
     if scaling in REMAPPINGS[1:]:  # self_extend, string, dca, ms_poe: every option filled in for this length
         given = {key: getattr(settings, key, None) for key in OPTION_KEYS[scaling]}
         remap = Remapping.of(scaling, given, int(train_len), int(length))
-        return Reading(scaling, remap.factor or 1.0, int(train_len), int(length), None, window, remap=remap), remap.factor
+        return (Reading(scaling, remap.factor or 1.0, int(train_len), int(length), None, window, remap=remap,
+                        options=remap.text), remap.factor)
     factor = _length_factor(scaling, length, train_len, settings.scaling_factor, settings.rerope_window)
-    # LongRoPE's factors and n^, as given or from posexp search's file (eval.longrope_file)
+    # LongRoPE's factors and n^, as given or from posexp search's file (eval.longrope_file); its rows record them
     factors, start = longrope_settings(settings) if scaling == "longrope" else (settings.longrope_factors, 0)
+    options = options_text(factors, start, getattr(settings, "longrope_file", None)) if scaling == "longrope" else None
     return Reading(scaling, factor or 1.0, int(train_len), int(length),
-                   None if factors is None else tuple(float(f) for f in factors), window, start), factor
+                   None if factors is None else tuple(float(f) for f in factors), window, start, options=options), factor
 
 
 @dataclass

@@ -19,6 +19,8 @@ from typing import Any, Optional
 from posexp.data.tokenizer import BYTE_VOCAB_SIZE, DOC_TOKEN
 from posexp.errors import PosexpError
 
+BYTE_SEPARATOR = 0  # the NUL byte between documents, the exported model's end-of-text id
+
 
 def byte_to_char() -> dict[int, str]:
     """The printable character GPT-2's byte-level alphabet gives each byte (Radford et al. 2019, §2.2).
@@ -67,8 +69,8 @@ def bpe_tokenizer(cfg: Any, fingerprint: Optional[str]) -> Any:
     return Tokenizer.from_file(str(corpus.tokenizer_file))
 
 
-def save_tokenizer(tokenizer: Any, folder: Path, eos_token: Optional[str], max_length: Optional[int] = None) -> None:
-    """``tokenizer.json`` and ``tokenizer_config.json`` in ``folder``, for ``AutoTokenizer.from_pretrained``.
+def fast_tokenizer(tokenizer: Any, eos_token: Optional[str], max_length: Optional[int] = None) -> Any:
+    """``tokenizer`` as the transformers tokenizer an export writes (``PreTrainedTokenizerFast``).
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``.
@@ -78,10 +80,15 @@ def save_tokenizer(tokenizer: Any, folder: Path, eos_token: Optional[str], max_l
     from transformers import PreTrainedTokenizerFast
 
     # no BOS/EOS added on encoding: the ids are exactly the text's, as posexp tokenizes it
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, add_bos_token=False,
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, add_bos_token=False,
                                    add_eos_token=False, clean_up_tokenization_spaces=False,
                                    **({"model_max_length": max_length} if max_length else {}))
-    fast.save_pretrained(str(folder))
+
+
+def save_tokenizer(tokenizer: Any, folder: Path, eos_token: Optional[str], max_length: Optional[int] = None) -> None:
+    """``tokenizer.json`` and ``tokenizer_config.json`` in ``folder``, for ``AutoTokenizer.from_pretrained``
+    (the arguments as :func:`fast_tokenizer` takes them)."""
+    fast_tokenizer(tokenizer, eos_token, max_length).save_pretrained(str(folder))
 
 
 def export_tokenizer(cfg: Any, info: dict, folder: Path, max_length: Optional[int] = None) -> dict:
@@ -101,7 +108,7 @@ def export_tokenizer(cfg: Any, info: dict, folder: Path, max_length: Optional[in
             raise PosexpError(f"the run has {info.get('vocab_size')} tokens, not the {BYTE_VOCAB_SIZE} bytes of "
                               "tokenizer=byte, so the byte tokenizer would not give its ids")
         save_tokenizer(byte_tokenizer(), folder, eos_token=None, max_length=max_length)
-        return {"tokenizer": "byte", "document_separator_id": 0}
+        return {"tokenizer": "byte", "document_separator_id": BYTE_SEPARATOR}
     tok = bpe_tokenizer(cfg, info.get("corpus_fingerprint"))
     if tok.get_vocab_size() != info.get("vocab_size"):
         raise PosexpError(f"the BPE tokenizer in the token cache has {tok.get_vocab_size()} tokens, the run "
@@ -110,4 +117,4 @@ def export_tokenizer(cfg: Any, info: dict, folder: Path, max_length: Optional[in
     return {"tokenizer": "bpe", "document_separator_id": int(tok.token_to_id(DOC_TOKEN))}
 
 
-__all__ = ["byte_to_char", "byte_tokenizer", "export_tokenizer"]
+__all__ = ["BYTE_SEPARATOR", "byte_to_char", "byte_tokenizer", "export_tokenizer", "fast_tokenizer"]

@@ -36,6 +36,9 @@ class Reading:
         window: every layer attends within this window (``eval.window`` / ``eval.sinks``); None = the whole past.
         remap: a position remapping with all its options (``self_extend``, ``string``, ``dca``, ``ms_poe``;
             :class:`posexp.encoders.remapping.Remapping`), None otherwise.
+        options: what a row of this reading records as ``scaling_options``, the method's settings beside its factor:
+            a remapping's other options (``Remapping.text``), LongRoPE's factors, ``n^`` and factors file
+            (:func:`posexp.runs.longrope.options_text`); None when the factor is all there is.
     """
 
     scaling: str = NO_SCALING
@@ -46,6 +49,7 @@ class Reading:
     window: Optional[AttentionWindow] = None
     longrope_start: int = 0  # after window: Reading(...) built positionally keeps its meaning
     remap: Optional[Any] = None
+    options: Optional[str] = None
 
 
 @runtime_checkable

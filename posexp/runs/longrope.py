@@ -9,11 +9,13 @@ folder (``RUN/longrope/<target_len>/`` for a run), beside the search's resumable
 
 ``posexp eval RUN eval.scaling=longrope eval.longrope_file=RUN/longrope/512`` and ``posexp finetune RUN
 scaling=longrope longrope_file=RUN/longrope/512`` read it (the folder or the file itself): the same as giving
-``longrope_factors=[...]`` and ``longrope_start=N`` by hand, which results record. Torch-free.
+``longrope_factors=[...]`` and ``longrope_start=N`` by hand. A row records them in its ``scaling_options``
+(:func:`options_text`): a fingerprint of the factors, ``n^`` and the file they came from. Torch-free.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -83,4 +85,22 @@ def longrope_settings(settings: Any, prefix: str = "eval.") -> tuple[Optional[li
     return read, start
 
 
-__all__ = ["FACTORS_FILE", "STATE_FILE", "factors_path", "longrope_settings", "read_factors", "write_factors"]
+def fingerprint(factors: Any) -> str:
+    """A short stable name of the rescale factors ``lambda_i``: the first 8 hex digits of the SHA-256 of their values
+    as JSON floats, so that ``[1, 2]`` and ``[1.0, 2.0]`` agree and a search's file and the same list typed by hand
+    do too."""
+    text = json.dumps([float(f) for f in factors])
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def options_text(factors: Any, start: int, file: Optional[str] = None) -> Optional[str]:
+    """What a LongRoPE row keeps as ``scaling_options`` beside its factor ``s``: its factors ``lambda_i`` (their
+    :func:`fingerprint`), ``n^`` and the factors file they were read from (``eval.longrope_file``), e.g.
+    ``"factors=3f2a9c1e start=4 file=RUN/longrope/512"``; None without factors (a pretrained model's own)."""
+    if factors is None:
+        return None
+    return f"factors={fingerprint(factors)} start={int(start)}" + (f" file={file}" if file else "")
+
+
+__all__ = ["FACTORS_FILE", "STATE_FILE", "factors_path", "fingerprint", "longrope_settings", "options_text",
+           "read_factors", "write_factors"]

@@ -172,6 +172,26 @@ def test_an_evaluator_that_is_no_run_or_reads_other_tokens_is_one_line(trained, 
     assert bad.exit_code != 0 and "eval.key_tokens.short_len" in bad.output
 
 
+def test_a_byte_run_exported_by_posexp_export_is_an_evaluator_of_the_same_tokens(trained, tmp_path):
+    """posexp export writes the byte tokenizer as a transformers one that gives the run's ids: as the evaluator it
+    reads the tokens the run reads, and picks the key tokens the run itself picks."""
+    pytest.importorskip("transformers")
+    exported = tmp_path / "exported"
+    result = invoke("export", str(trained), str(exported))
+    assert result.exit_code == 0, result.output
+    picked = []
+    for evaluator in (f"hf:{exported}", str(trained)):
+        run = tmp_path / f"run{len(picked)}"
+        shutil.copytree(trained, run)
+        result = invoke("eval", str(run), f"eval.key_tokens.evaluator={evaluator}", "eval.lengths=[64]",
+                        "eval.key_tokens.alpha=0", "eval.key_tokens.beta=-20",
+                        f"eval.key_tokens.cache_dir={tmp_path / 'keys'}")
+        assert result.exit_code == 0, result.output
+        row = next(r for r in json.loads((run / "results.json").read_text())["rows"] if r["length"] == 64)
+        picked.append((row["key_tokens"], row["ppl_key"]))
+    assert picked[0][0] > 0 and picked[0][0] == picked[1][0] and picked[0][1] == pytest.approx(picked[1][1])
+
+
 def test_unset_key_tokens_stay_out_of_a_pretrained_models_hash_and_set_ones_do_not():
     from posexp.config.identity import unset_keys_dropped
 

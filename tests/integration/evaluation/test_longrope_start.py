@@ -160,3 +160,37 @@ def test_a_fine_tune_without_n_hat_keeps_the_hash_it_had():
     before = weights_of({"train_len": 128, "finetune": lineage})
     assert weights_of({"train_len": 128, "finetune": {**lineage, "longrope_start": None}}) == before
     assert weights_of({"train_len": 128, "finetune": {**lineage, "longrope_start": 4}}) != before
+
+
+def test_posexp_eval_keeps_rows_of_other_factors_apart_and_names_them(trained, tmp_path):
+    """Evaluating a run again with other factors (or another n^) adds rows; the same factors replace theirs; each row
+    names its factors (a fingerprint), its n^ and its factors file, and the report's lines do too."""
+    import shutil
+
+    from helpers import invoke
+
+    from posexp.runs.longrope import fingerprint
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    one, two = [1.0] * 8, [1.0 + i / 4 for i in range(8)]
+    folder = tmp_path / "longrope" / "256"
+    folder.mkdir(parents=True)
+    (folder / "factors.json").write_text(json.dumps({"factors": two, "start": 3}))
+    common = ("eval.scaling=longrope", "eval.lengths=[64,256]", "eval.tokens=512")
+    for given in ((f"eval.longrope_factors=[{','.join(map(str, one))}]",),
+                  (f"eval.longrope_factors=[{','.join(map(str, two))}]",),
+                  (f"eval.longrope_factors=[{','.join(map(str, two))}]", "eval.longrope_start=3"),
+                  (f"eval.longrope_factors=[{','.join(map(str, one))}]",),  # again: replaces its rows
+                  (f"eval.longrope_file={folder}",)):
+        result = invoke("eval", str(run), *common, *given)
+        assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads((run / "results.json").read_text())["rows"] if r.get("scaling") == "longrope"]
+    expected = [f"factors={fingerprint(one)} start=0", f"factors={fingerprint(two)} start=0",
+                f"factors={fingerprint(two)} start=3", f"factors={fingerprint(two)} start=3 file={folder}"]
+    assert [r["scaling_options"] for r in rows] == [o for o in expected for _ in (64, 256)]
+    assert fingerprint(one) != fingerprint(two) and fingerprint([1] * 8) == fingerprint(one)
+    assert all(f"longrope ×8 {o} |" in (run / "results.md").read_text() for o in expected)
+    report = invoke("report", str(run), "--cols", "scaling", "--format", "markdown")
+    assert report.exit_code == 0, report.output
+    assert all(f"scaling=longrope {o}" in report.output.replace("\\_", "_") for o in expected), report.output

@@ -191,7 +191,9 @@ def test_a_finished_finetune_is_reused_from_the_cache(parents, tmp_path):
     ("unsupported", "scaling: 'ntk' does not apply to encoder 'learned'"),
     ("corpus", "data: the parent"),
     ("encoder", "encoder: encoder=alibi: a fine-tune keeps the parent's"),
-    ("rerope", "scaling: unknown scaling 'rerope' for fine-tuning"),
+    ("rerope", "scaling: rerope is an evaluation-time position remapping with nothing to train; evaluate with "
+               "posexp eval RUN eval.scaling=rerope"),
+    ("unknown", "scaling: unknown scaling 'yarn2' for fine-tuning; choose one of: none, linear"),
     ("self_extend", "scaling: self_extend is an evaluation-time position remapping with nothing to train"),
     ("bias", "scaling: 'linear' does not apply to encoder 'alibi', which fine-tunes with scaling=none"),
     ("no_parent", "give the run folder to fine-tune first"),
@@ -208,6 +210,7 @@ def test_bad_input_is_one_line_and_leaves_no_folder(parents, tmp_path, case, key
         "encoder": (str(parents["rope"]), "encoder=alibi"),
         "rerope": (str(parents["rope"]), "scaling=rerope"),
         "self_extend": (str(parents["rope"]), "scaling=self_extend"),
+        "unknown": (str(parents["rope"]), "scaling=yarn2"),
         "bias": (str(parents["alibi"]), "scaling=linear"),
         "no_parent": ("train_len=64",),
     }[case]
