@@ -299,7 +299,7 @@ def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,
     factor = _length_factor(scaling, length, train_len, settings.scaling_factor, settings.rerope_window)
     # LongRoPE's factors and n^, as given or from posexp search's file (eval.longrope_file); its rows record them
     factors, start = longrope_settings(settings) if scaling == "longrope" else (settings.longrope_factors, 0)
-    options = options_text(factors, start, getattr(settings, "longrope_file", None)) if scaling == "longrope" else None
+    options = options_text(factors, start) if scaling == "longrope" else None
     return Reading(scaling, factor or 1.0, int(train_len), int(length),
                    None if factors is None else tuple(float(f) for f in factors), window, start, options=options), factor
 

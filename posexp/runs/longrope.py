@@ -10,7 +10,7 @@ folder (``RUN/longrope/<target_len>/`` for a run), beside the search's resumable
 ``posexp eval RUN eval.scaling=longrope eval.longrope_file=RUN/longrope/512`` and ``posexp finetune RUN
 scaling=longrope longrope_file=RUN/longrope/512`` read it (the folder or the file itself): the same as giving
 ``longrope_factors=[...]`` and ``longrope_start=N`` by hand. A row records them in its ``scaling_options``
-(:func:`options_text`): a fingerprint of the factors, ``n^`` and the file they came from. Torch-free.
+(:func:`options_text`): a fingerprint of the factors and ``n^``. Torch-free.
 """
 
 from __future__ import annotations
@@ -93,13 +93,13 @@ def fingerprint(factors: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def options_text(factors: Any, start: int, file: Optional[str] = None) -> Optional[str]:
+def options_text(factors: Any, start: int) -> Optional[str]:
     """What a LongRoPE row keeps as ``scaling_options`` beside its factor ``s``: its factors ``lambda_i`` (their
-    :func:`fingerprint`), ``n^`` and the factors file they were read from (``eval.longrope_file``), e.g.
-    ``"factors=3f2a9c1e start=4 file=RUN/longrope/512"``; None without factors (a pretrained model's own)."""
+    :func:`fingerprint`) and ``n^``, e.g. ``"factors=3f2a9c1e start=4"``, whether typed or read from a search's file
+    (the same factors, the same measurement); None without factors (a pretrained model's own)."""
     if factors is None:
         return None
-    return f"factors={fingerprint(factors)} start={int(start)}" + (f" file={file}" if file else "")
+    return f"factors={fingerprint(factors)} start={int(start)}"
 
 
 __all__ = ["FACTORS_FILE", "STATE_FILE", "factors_path", "fingerprint", "longrope_settings", "options_text",

@@ -164,7 +164,7 @@ def test_a_fine_tune_without_n_hat_keeps_the_hash_it_had():
 
 def test_posexp_eval_keeps_rows_of_other_factors_apart_and_names_them(trained, tmp_path):
     """Evaluating a run again with other factors (or another n^) adds rows; the same factors replace theirs; each row
-    names its factors (a fingerprint), its n^ and its factors file, and the report's lines do too."""
+    names its factors (a fingerprint) and its n^, typed or read from a file alike, and the report's lines do too."""
     import shutil
 
     from helpers import invoke
@@ -182,12 +182,12 @@ def test_posexp_eval_keeps_rows_of_other_factors_apart_and_names_them(trained, t
                   (f"eval.longrope_factors=[{','.join(map(str, two))}]",),
                   (f"eval.longrope_factors=[{','.join(map(str, two))}]", "eval.longrope_start=3"),
                   (f"eval.longrope_factors=[{','.join(map(str, one))}]",),  # again: replaces its rows
-                  (f"eval.longrope_file={folder}",)):
+                  (f"eval.longrope_file={folder}",)):  # the factors and n^ typed before: replaces their rows
         result = invoke("eval", str(run), *common, *given)
         assert result.exit_code == 0, result.output
     rows = [r for r in json.loads((run / "results.json").read_text())["rows"] if r.get("scaling") == "longrope"]
     expected = [f"factors={fingerprint(one)} start=0", f"factors={fingerprint(two)} start=0",
-                f"factors={fingerprint(two)} start=3", f"factors={fingerprint(two)} start=3 file={folder}"]
+                f"factors={fingerprint(two)} start=3"]
     assert [r["scaling_options"] for r in rows] == [o for o in expected for _ in (64, 256)]
     assert fingerprint(one) != fingerprint(two) and fingerprint([1] * 8) == fingerprint(one)
     assert all(f"longrope ×8 {o} |" in (run / "results.md").read_text() for o in expected)
