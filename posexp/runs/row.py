@@ -55,7 +55,7 @@ class ResultRow:
         scaling, scaling_factor: evaluation-time context extension and its number (None: as trained).
         scaling_options: a position remapping's other options, ``"window=32"`` (``posexp/encoders/remapping.py``);
             with ``scaling_factor`` (rerope's window, self_extend's group) they are all of the method's options;
-            LongRoPE's factors, ``n^`` and factors file, ``"factors=3f2a9c1e start=4"`` (``posexp/runs/longrope.py``).
+            LongRoPE's factors and ``n^``, ``"factors=3f2a9c1e start=4"`` (``posexp/runs/longrope.py``).
         window, sinks: each query attended only to its last ``window`` keys (and the first ``sinks``).
         depth: where the passkey sat (``task=passkey``), in [0, 1].
 
