@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from torch import nn
 
 from posexp.encoders import get, registry
+from posexp.encoders.remapping import REMAPPINGS
 from posexp.encoders.scaling import (LONGROPE, NONE, REROPE, SCALINGS, check_known, check_longrope_start,
                                      supported_scalings)
 from posexp.errors import ConfigError
@@ -58,7 +59,6 @@ def check_scaling(kind: str, encoder_name: str, encoder_cls=None) -> None:
 # what a fine-tune can train with: every frequency or position scaling (LongRoPE with its factors given as
 # longrope_factors, Ding et al. 2024 fine-tune with them); ReRoPE's clamped distances are evaluation-time only
 # (Su 2023 proposes it without training), and so are the other position remappings (posexp/encoders/remapping.py)
-REMAPPINGS = (REROPE, "self_extend", "string", "dca", "ms_poe")
 FINETUNE_SCALINGS = tuple(k for k in SCALINGS if k not in REMAPPINGS)
 
 
