@@ -24,6 +24,7 @@ import os
 import pkgutil
 import sys
 import typing
+from pathlib import Path
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Generic, Iterable, Optional, Sequence, TypeVar
 
@@ -76,6 +77,55 @@ def options_dataclass(name: str, func: Callable, skip: Iterable[str] = (),
         else:
             fields.append((p.name, hints.get(p.name, Any), dataclasses.field(default=default)))
     return dataclasses.make_dataclass(name, fields, bases=bases)
+
+
+def import_user_module(module: str, key: str, roots: Iterable[str | os.PathLike] = ()) -> object:
+    """Import the user's module ``module`` (an encoder's, task's or tracker's, named by ``key``: ``task.module``),
+    with the working folder (then ``roots``) on ``sys.path``.
+
+    Raises:
+        ConfigError: (``key``) the module cannot be found or fails while importing, with what to do.
+    """
+    roots = list(roots)
+    for folder in (os.getcwd(), *map(str, roots)):
+        if folder not in sys.path:
+            sys.path.append(folder)  # after the installed packages: a user's copy.py shadows nothing
+    try:
+        return importlib.import_module(module)
+    except PosexpError:
+        raise  # the registry's own word on what the module registered
+    except ModuleNotFoundError as e:
+        if e.name is None or not module.startswith(e.name):
+            raise ConfigError(key, f"importing {module} failed: {e}") from None
+        top = module.split(".")[0]
+        why = shadowed(top, roots)
+        if why is not None:
+            raise ConfigError(key, why) from None
+        if e.name != top:  # the package is here, the module's file is not
+            package, _, missing = e.name.rpartition(".")
+            raise ConfigError(key, f"no module {e.name!r}: the package {package} has no {missing}.py "
+                                   f"(nor {missing}/)") from None
+        where = ", ".join(dict.fromkeys([os.getcwd(), *map(str, roots)]))
+        raise ConfigError(key, f"no module {module!r} in {where}: start posexp in the folder that holds {top}/ (or "
+                               f"{top}.py), keep it beside your config folder, or install its package") from None
+    except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
+        raise ConfigError(key, f"importing {module} failed: {type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+def shadowed(top: str, roots: Sequence[str | os.PathLike]) -> Optional[str]:
+    """Why the user's package ``top`` is not the one imported: another of that name (the standard library's
+    ``encodings``, an installed package) comes first on ``sys.path``; None when it is not shadowed."""
+    found = sys.modules.get(top)
+    where = getattr(found, "__file__", None) or next(iter(getattr(found, "__path__", []) or []), None)
+    if found is None or where is None:
+        return None
+    for folder in (Path.cwd(), *map(Path, roots)):
+        mine = folder / top if (folder / top).is_dir() else folder / f"{top}.py"
+        if mine.exists() and Path(mine).resolve() not in (Path(where).resolve(), Path(where).resolve().parent):
+            return (f"your {mine.name}{'/' if mine.is_dir() else ''} ({mine}) is shadowed by another module of that "
+                    f"name, {where}, which Python imports first; rename your package (e.g. my_{top}) and the module: "
+                    "key of its yaml")
+    return None
 
 
 class Registry(Mapping[str, type[T]], Generic[T]):
@@ -173,16 +223,8 @@ class Registry(Mapping[str, type[T]], Generic[T]):
             ConfigError: on ``KEY.module``: the module cannot be imported, or registers no ``name``.
         """
         key = f"{self.key}.{MODULE_KEY}"
-        for folder in (os.getcwd(), *roots):
-            if folder not in sys.path:
-                sys.path.append(folder)  # after the installed packages: a user's copy.py shadows nothing
         self.load()  # posexp's own first: a module that takes a built-in name is told so
-        try:
-            importlib.import_module(module)
-        except PosexpError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
-            raise ConfigError(key, f"importing {module} failed: {type(e).__name__}: {e}".splitlines()[0]) from None
+        import_user_module(module, key, roots)
         cls = self._classes.get(name)
         if cls is None or not (cls.__module__ == module or cls.__module__.startswith(module + ".")):
             raise ConfigError(key, f"module {module} registers no {self.kind} {name!r}; decorate its class with "

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Type
 from posexp.encoders import plugins
 from posexp.encoders.contract import PositionalEncoder, relative_distance
 from posexp.errors import ConfigError
-from posexp.registry import Registry, did_you_mean
+from posexp.registry import Registry, did_you_mean, import_user_module, shadowed
 
 # plugin encoders that cannot be used, by name: why, in one line (the others work as if it were not there)
 _BROKEN: Dict[str, str] = {}
@@ -133,7 +133,7 @@ def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Typ
     """
     registry()
     before = dict(_REGISTRY)
-    mod = plugins.import_module(module, roots)
+    mod = import_user_module(module, "encoder.module", roots)
     mine = _BY_MODULE.setdefault(module, set())
     mine.update(n for n, c in _REGISTRY.items() if before.get(n) is not c)
     if name in _BROKEN and name not in _REGISTRY:
@@ -150,9 +150,9 @@ def load_plugin(name: str, module: str, roots: Sequence[str | Path] = ()) -> Typ
     else:
         raise ConfigError("encoder.module", f"{name!r} is posexp's built-in encoder, which wins over {module}'s; "
                                             f"give your encoder another name")
-    shadowed = plugins.shadowed(module.split(".")[0], roots)  # a json.py of the user's, the standard json imported
-    if shadowed is not None:
-        raise ConfigError("encoder.module", shadowed)
+    why = shadowed(module.split(".")[0], roots)  # a json.py of the user's, the standard json imported
+    if why is not None:
+        raise ConfigError("encoder.module", why)
     registered = sorted(mine | {n for n, c in _REGISTRY.items() if c.__module__ == module})
     raise ConfigError("encoder.module", f"module {module} registers no encoder {name!r} (it registers: "
                                         f"{', '.join(registered) or 'none'}); decorate its class with "

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Type
 
 from posexp.encoders.contract import PositionalEncoder
-from posexp.errors import ConfigError, PosexpError
 
 ENTRY_POINT_GROUP = "posexp.encoders"
 # how a user names the module of an encoder of their own, in the encoder's yaml
@@ -46,53 +45,6 @@ _DISTRIBUTIONS: Dict[type, tuple] = {}
 def is_builtin(cls: type) -> bool:
     """A class of posexp's own ``posexp/encoders/`` (not a plugin)."""
     return cls.__module__.startswith("posexp.encoders.")
-
-
-def import_module(module: str, roots: Sequence[str | os.PathLike] = ()) -> object:
-    """Import the user's module ``module``, with the working folder (then ``roots``) on ``sys.path``.
-
-    Raises:
-        ConfigError: (``encoder.module``) the module cannot be found or fails while importing.
-    """
-    for folder in (os.getcwd(), *map(str, roots)):
-        if folder not in sys.path:
-            sys.path.append(folder)  # after the installed packages: a user's copy.py shadows nothing
-    try:
-        return importlib.import_module(module)
-    except PosexpError:
-        raise  # the registry's own word on what the module registered
-    except ModuleNotFoundError as e:
-        if e.name is None or not module.startswith(e.name):
-            raise ConfigError("encoder.module", f"importing {module} failed: {e}") from None
-        top = module.split(".")[0]
-        why = shadowed(top, roots)
-        if why is not None:
-            raise ConfigError("encoder.module", why) from None
-        if e.name != top:  # the package is here, the module's file is not
-            package, _, missing = e.name.rpartition(".")
-            raise ConfigError("encoder.module", f"no module {e.name!r}: the package {package} has no {missing}.py "
-                                                f"(nor {missing}/)") from None
-        where = ", ".join(dict.fromkeys([os.getcwd(), *map(str, roots)]))
-        raise ConfigError("encoder.module", f"no module {module!r} in {where}: start posexp in the folder that "
-                                            f"holds {top}/ (or {top}.py), keep it beside your config folder, or "
-                                            "install its package") from None
-    except Exception as e:  # noqa: BLE001 - the user's code: say which module and what it raised
-        raise ConfigError("encoder.module", f"importing {module} failed: {type(e).__name__}: {e}") from None
-
-
-def shadowed(top: str, roots: Sequence[str | os.PathLike]) -> Optional[str]:
-    """Why the user's package ``top`` is not the one imported: another of that name (the standard library's
-    ``encodings``, an installed package) comes first on ``sys.path``; None when it is not shadowed."""
-    found = sys.modules.get(top)
-    where = getattr(found, "__file__", None) or next(iter(getattr(found, "__path__", []) or []), None)
-    if found is None or where is None:
-        return None
-    for folder in (Path.cwd(), *map(Path, roots)):
-        mine = folder / top if (folder / top).is_dir() else folder / f"{top}.py"
-        if mine.exists() and Path(mine).resolve() not in (Path(where).resolve(), Path(where).resolve().parent):
-            return (f"your {mine.name}{'/' if mine.is_dir() else ''} ({mine}) is shadowed by another module of that name, {where}, which Python "
-                    f"imports first; rename your package (e.g. my_{top}) and the module: key of its yaml")
-    return None
 
 
 def encoder_classes(module: types.ModuleType) -> List[Type[PositionalEncoder]]:

@@ -47,3 +47,21 @@ def test_a_new_module_in_the_package_is_found_with_no_list_to_edit(tmp_path, mon
         kinds.KINDS.register("first")(type("Other", (), {}))
     for name in ("kinds", "kinds.first", "kinds.second"):
         sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("kind", ["task", "logger", "encoder"])
+def test_a_users_module_that_is_not_here_says_where_it_was_looked_for_and_what_to_do(kind, tmp_path, monkeypatch):
+    """Every component of one's own (``task.module``, ``logger.NAME.module``, ``encoder.module``) is imported alike:
+    a module not found (``posexp eval`` of a plugin task's run from another folder) is named with the folders
+    searched and what to do, not Python's "No module named"."""
+    from posexp.encoders import load_plugin
+    from posexp.tasks import task_class
+
+    monkeypatch.chdir(tmp_path)
+    find = {"task": lambda: task_class({"name": "first", "module": "my_lab.first"}),
+            "logger": lambda: _tracker_class("jsonl", "my_lab.jsonl"),
+            "encoder": lambda: load_plugin("mine", "my_lab.mine")}[kind]
+    with pytest.raises(ConfigError) as e:
+        find()
+    assert e.value.key.endswith(".module") and "no module 'my_lab." in str(e.value)
+    assert str(tmp_path) in str(e.value) and "start posexp in the folder that holds my_lab/" in str(e.value)
