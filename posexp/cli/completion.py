@@ -59,9 +59,11 @@ Completer = Callable[[Line, str], Reply]  # (the line, the word typed) -> Reply
 
 
 def _offer(values: Iterable[str], typed: str, kind: str = WORDS, items: bool = False) -> Reply:
-    """``values`` that complete ``typed``; with ``items``, its last item (a sweep's ``a,b,``, a list's ``[a,`` kept)."""
+    """``values`` that complete ``typed``; with ``items``, its last item (a sweep's ``a,b,``, a list's ``[a,`` kept),
+    from the values not given already."""
     cut = max(typed.rfind(","), 0 if typed.startswith("[") else -1) + 1 if items else 0
-    return Reply(kind, tuple(typed[:cut] + v for v in values if v.startswith(typed[cut:])))
+    given = set(typed[:cut].split("=", 1)[-1].lstrip("[").split(","))
+    return Reply(kind, tuple(typed[:cut] + v for v in values if v.startswith(typed[cut:]) and v not in given))
 
 
 # -- the schema's keys and the values its comments list ---------------------------------------------

@@ -301,3 +301,11 @@ def test_install_completion_into_an_immutable_bashrc_is_one_line(tmp_path, monke
     assert done.exit_code != 0 and "Traceback" not in done.output, done.output
     (line,) = [line for line in done.stderr.splitlines() if line.strip()]
     assert line.startswith("error: ") and ".bashrc" in line
+
+
+def test_an_item_of_a_list_or_sweep_is_not_offered_again():
+    listed = complete(["train"], "logger=[tensorboard,").items
+    assert "logger=[tensorboard,wandb" in listed and "logger=[tensorboard,tensorboard" not in listed
+    swept = complete(["train"], "encoder=rope,").items
+    assert "encoder=rope,alibi" in swept and "encoder=rope,rope" not in swept
+    assert "encoder,encoder" not in complete(["report", "--by"], "encoder,").items
