@@ -273,10 +273,10 @@ def _searched(score, found: Target, target_len: int, settings, scored: dict[str,
     from posexp.evaluation.longrope_search import Stretch, search_factors
 
     best = math.inf
-    total = settings.population * (settings.generations + 1)  # every candidate ranked, the elite again each time
+    total = settings.candidates()  # the candidates scored, as the first line says; a stopped search's counted
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
-        task = progress.add_task("longrope search", total=total)
+        task = progress.add_task("longrope search", total=total, completed=min(len(scored), total))
 
         def on_scored(key: str, value: float, fresh: bool) -> None:
             nonlocal best
@@ -285,7 +285,7 @@ def _searched(score, found: Target, target_len: int, settings, scored: dict[str,
             if value < best:
                 best = value
                 progress.update(task, description=f"longrope search · best {best:.3f} at n^={key.rsplit('|', 1)[1]}")
-            progress.update(task, advance=1)
+            progress.update(task, advance=int(fresh))  # a parent ranked again, or a known score, is not scored
 
         started = time.perf_counter()
         result = search_factors(score, Stretch(found.rot_dim, found.base, found.train_len, target_len),

@@ -33,6 +33,7 @@ def test_a_search_writes_factors_no_worse_than_its_start_that_eval_reads(run):
     assert record["score"] <= min(record["initial"].values())  # the starting points are in the pool: never worse
     assert record["start"] in (0, 1, 2, 4, 8, 12, 16, 20, 24, 28) and record["target_len"] == 128
     said = " ".join(result.output.split())
+    assert "6 candidates at most" in said and "6/6" in said and "8/8" not in said  # 4 + 1 x (4 - 2) scored
     assert f"posexp eval {run} eval.scaling=longrope eval.longrope_file={folder}" in said
     assert f"posexp finetune {run} train_len=128 scaling=longrope longrope_file={folder}" in said
     evaluated = invoke("eval", str(run), "eval.scaling=longrope", f"eval.longrope_file={folder}", "eval.lengths=[128]")
