@@ -42,6 +42,23 @@ def init_raised(cls: type, arguments: Mapping[str, Any], error: Exception) -> st
     return f"{cls.__qualname__}({given}) raised {type(error).__name__}: {error}"
 
 
+def construct(build: Callable[[], T], plugin: Callable[[], Optional[type]], arguments: Mapping[str, Any],
+              key: str) -> T:
+    """``build()``, which calls a component's ``__init__`` with ``arguments``: what a plugin's own code raises there
+    is one :class:`ConfigError` on ``key`` (``encoder=NAME``, :func:`init_raised`); posexp's own refusals, and a
+    built-in's errors (posexp's code: its traceback), pass through. ``plugin()``: the class when it is a plugin's,
+    else None, asked only after an error (a plugin's class is known once ``build`` has imported its module)."""
+    try:
+        return build()
+    except PosexpError:
+        raise
+    except Exception as e:
+        cls = plugin()
+        if cls is None:
+            raise
+        raise ConfigError(key, init_raised(cls, arguments, e)) from None
+
+
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
     """``did you mean PREFIXclosest? `` (with its trailing space) for the choice closest to ``word``; "" for none
     close enough: the hint every error about an unknown name or key gives."""

@@ -15,8 +15,7 @@ import torch
 from posexp.config.schema import Config
 from posexp.encoders import PositionalEncoder, create, get
 from posexp.encoders.plugins import MODULE_KEY, is_builtin
-from posexp.errors import ConfigError, PosexpError
-from posexp.registry import init_raised
+from posexp.registry import construct
 from posexp.model.gpt import GPT, ModelShape
 
 
@@ -32,16 +31,10 @@ def build_encoder(cfg: Config) -> PositionalEncoder:
     """
     name = cfg.encoder["name"]
     options = {k: v for k, v in cfg.encoder.items() if k != "name"}
-    try:
-        encoder = create(name, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, **options)
-    except PosexpError:
-        raise
-    except Exception as e:
-        if is_builtin(get(name)):
-            raise
-        given = {k: v for k, v in options.items() if k not in (MODULE_KEY, "lr_mult")}
-        shape = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}
-        raise ConfigError(f"encoder={name}", init_raised(get(name), {**shape, **given}, e)) from None
+    shape = {"d_model": cfg.model.d_model, "n_heads": cfg.model.n_heads}
+    given = {k: v for k, v in options.items() if k not in (MODULE_KEY, "lr_mult")}
+    encoder = construct(lambda: create(name, **shape, **options), lambda: None if is_builtin(get(name)) else get(name),
+                        {**shape, **given}, f"encoder={name}")
     encoder.for_layers(int(cfg.model.n_layers))
     return encoder
 

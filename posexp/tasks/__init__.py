@@ -25,8 +25,8 @@ from omegaconf.errors import ValidationError
 
 from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
-from posexp.errors import ConfigError, PosexpError
-from posexp.registry import MODULE_KEY, did_you_mean, init_raised, option_params, options_dataclass
+from posexp.errors import ConfigError
+from posexp.registry import MODULE_KEY, construct, did_you_mean, option_params, options_dataclass
 from posexp.tasks.task import PAD, TASKS, Instances, Task
 
 LM = "lm"
@@ -128,14 +128,8 @@ def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
     if cls.uses_data:
         empty = np.zeros(0, dtype=np.int64)
         options.update(train=train if train is not None else empty, val=val if val is not None else empty)
-    try:
-        return cls(**options)
-    except PosexpError:
-        raise
-    except Exception as e:
-        if cls.__module__.startswith("posexp.tasks."):
-            raise
-        raise ConfigError(f"task={cls.name}", init_raised(cls, given, e)) from None
+    return construct(lambda: cls(**options), lambda: None if cls.__module__.startswith("posexp.tasks.") else cls,
+                     given, f"task={cls.name}")
 
 
 def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float,
