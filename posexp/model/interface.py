@@ -37,7 +37,7 @@ class Reading:
         remap: a position remapping with all its options (``self_extend``, ``string``, ``dca``, ``ms_poe``;
             :class:`posexp.encoders.remapping.Remapping`), None otherwise.
         options: what a row of this reading records as ``scaling_options``, the method's settings beside its factor:
-            a remapping's other options (``Remapping.text``), LongRoPE's factors, ``n^`` and factors file
+            a remapping's other options (``Remapping.text``), LongRoPE's factors and ``n^``
             (:func:`posexp.runs.longrope.options_text`); None when the factor is all there is.
     """
 

@@ -201,8 +201,8 @@ def select_runs(runs: list[Run], filters: list[Filter], by_keys: Sequence[str] =
 
 def _values_of(runs: list[Run], key: str, most: int = 12) -> list[str]:
     """The values ``runs`` have for ``key``, as ``--where`` takes them (null for none), the first ``most``."""
-    values = list(dict.fromkeys("null" if (v := config_value(run, key)) is None else show_value(v) for run in runs
-                                if config_value(run, key) is not ABSENT))
+    found = [config_value(run, key) for run in runs]
+    values = list(dict.fromkeys("null" if v is None else show_value(v) for v in found if v is not ABSENT))
     return values[:most] + (["…"] if len(values) > most else [])
 
 
