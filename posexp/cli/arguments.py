@@ -289,11 +289,13 @@ def explain(error: Exception) -> OverrideError:
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, value = str(error.missing_cfg_file).rpartition("/")
         return OverrideError(_no_option(group, value, [str(o) for o in error.options]))
-    cause = error.__cause__ if error.__cause__ is not None else error
+    cause = error.__cause__ or error.__context__ or error  # a yaml's own key: Hydra raises inside its except
     key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and isinstance(parent, DictConfig):
         where, _, name = str(key).rpartition(".")
-        return OverrideError(_task_key(where, name, parent) or _not_a_key(where, name, [str(k) for k in parent.keys()]))
+        message = _task_key(where, name, parent) or _not_a_key(where, name, [str(k) for k in parent.keys()])
+        in_file = re.match(r"In '[^']+'", str(error))  # the yaml that sets the key
+        return OverrideError(f"{in_file.group(0)}: {message}" if in_file else message)
     return OverrideError(_one_line(error))
 
 

@@ -91,6 +91,25 @@ def test_cfg_job_is_checked_too(tmp_path, monkeypatch):
     _assert_one_line_error(result, ["experiment=smok", "smoke"], tmp_path)
 
 
+@pytest.mark.parametrize("group,text,needles", [
+    ("encoder", "defaults:\n  - rope\n  - _self_\nbsae: 500\n",
+     ["In 'encoder/mine'", "encoder.bsae is not a config key", "did you mean encoder.base?"]),
+    ("task", "defaults:\n  - copy\n  - _self_\nsymbosl: 8\n",
+     ["In 'task/mine'", "task.symbosl", "did you mean task.symbols?"]),
+], ids=["encoder", "task"])
+def test_a_key_typed_wrong_in_a_yaml_of_ones_own_is_named_with_a_did_you_mean(group, text, needles, tmp_path,
+                                                                              monkeypatch):
+    """A typo inside a yaml of --config-dir was Hydra's "ConfigKeyError raised while composing config", with no
+    "did you mean" and not the keys allowed, as the same typo on the command line gets."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf" / group).mkdir(parents=True)
+    (tmp_path / "conf" / group / "mine.yaml").write_text(text)
+    result = CliRunner().invoke(app, ["train", "--config-dir", "conf", f"{group}=mine", *TINY, "hydra.run.dir=run"])
+    _assert_one_line_error(result, needles, tmp_path)
+    sweep = ["train", "--config-dir", "conf", "-m", f"{group}=mine", "seed=0,1", *TINY, "hydra.sweep.dir=sweep"]
+    _assert_one_line_error(CliRunner().invoke(app, sweep), needles, tmp_path)
+
+
 def test_hydra_full_error_keeps_hydras_own_report(tmp_path, monkeypatch):
     """The full text on request: Hydra raises its own exception, with the key in it."""
     from hydra.errors import ConfigCompositionException
