@@ -69,7 +69,7 @@ class Task(ABC):
         if min_size is None:
             min_size = max(1, self.smallest)
         if min_size < self.smallest:
-            raise ConfigError("task.min_size", f"task={self.name} needs at least {self.smallest} {self.size_unit} "
+            raise ConfigError("task.min_size", f"task={self.name} needs at least {self.counted(self.smallest)} "
                                                f"per instance (got {min_size})")
         self.min_size = int(min_size)
 
@@ -138,6 +138,11 @@ class Task(ABC):
         """The shortest length holding one instance of ``size`` (default ``task.min_size``)."""
         return self.tokens_for(self.min_size if size is None else size) - 1
 
+    def counted(self, size: int) -> str:
+        """``1 background token``, ``2 background tokens``, ``1 digit per operand``: a size in its unit."""
+        noun, per, rest = self.size_unit.partition(" per ")
+        return f"{size} {noun[:-1] if size == 1 and noun.endswith('s') else noun}{per}{rest}"
+
     def check_length(self, length: int, key: str) -> None:
         """Refuse a length no instance of ``task.min_size`` fits in, or one past what the task can build.
 
@@ -147,11 +152,11 @@ class Task(ABC):
         shortest = self.shortest_length()
         if length < shortest:
             raise ConfigError(key, f"length {length} is too short for one instance of task={self.name}: "
-                                   f"{self.min_size} {self.size_unit} (task.min_size) take {shortest + 1} tokens, "
+                                   f"an instance of {self.counted(self.min_size)} (task.min_size) takes {shortest + 1} tokens, "
                                    f"read as {shortest}; use lengths >= {shortest}")
         limit = self.largest_size()
         if limit is not None and self.tokens_for(limit + 1) <= length + 1:
-            raise ConfigError(key, f"length {length} needs more than the {limit} {self.size_unit} task={self.name} "
+            raise ConfigError(key, f"length {length} needs more than the {self.counted(limit)} task={self.name} "
                                    f"can build with task.symbols={self.symbols}; raise task.symbols or use lengths "
                                    f"<= {self.tokens_for(limit) - 1}")
 

@@ -145,6 +145,17 @@ def test_a_length_too_short_for_one_instance_is_refused_with_the_shortest_allowe
     assert e.value.key == "eval.lengths"
 
 
+@pytest.mark.parametrize("name,min_size,said", [("babilong", 1, "an instance of 1 background token (task.min_size)"),
+                                                   ("babilong", 2, "an instance of 2 background tokens (task.min_size)"),
+                                                   ("addition", 1, "an instance of 1 digit per operand (task.min_size)"),
+                                                   ("addition", 3, "an instance of 3 digits per operand")])
+def test_a_size_is_said_in_its_unit_singular_or_plural(name, min_size, said):
+    """``1 background tokens (task.min_size) take 177 tokens`` read wrong."""
+    with pytest.raises(ConfigError) as e:
+        make(name, min_size=min_size).check_length(2, "eval.lengths")
+    assert said in str(e.value), str(e.value)
+
+
 def test_mqar_refuses_more_pairs_than_distinct_keys():
     with pytest.raises(ConfigError, match="task.symbols"):
         make("mqar", symbols=8).check_length(40, "eval.lengths")  # 10 pairs of 8 keys
