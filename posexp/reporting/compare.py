@@ -274,10 +274,10 @@ def comparison_json(comparison: Comparison) -> dict:
     }
 
 
-def best_groups(groups: Sequence[Group], higher: bool, stats: list[Any]) -> set[int]:
-    """Indexes of the groups with the best mean in one column (ties all marked); empty with fewer than two values
-    or when all are equal."""
-    values = {i: s.mean for i, (g, s) in enumerate(zip(groups, stats))
+def best_groups(groups: Sequence[Group], higher: bool, stats: list[Any], decimals: int) -> set[int]:
+    """Indexes of the groups with the best mean in one column, as shown to ``decimals`` (ties all marked: two means
+    printed alike are both bold or neither); empty with fewer than two values or when all are equal."""
+    values = {i: round(s.mean, decimals) for i, (g, s) in enumerate(zip(groups, stats))
               if comparable(g) and s is not None and s.applicable and s.mean is not None and math.isfinite(s.mean)}
     if len(values) < 2:
         return set()

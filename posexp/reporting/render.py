@@ -288,8 +288,8 @@ def lm_table(report: Report) -> tables.Table:
               *(group.metrics.get(m.name, Stat()) for m in report.metrics)] for group in report.groups]
     decimals = [2] * len(report.lengths) + [m.decimals for m in report.metrics]
     higher = [False] * len(report.lengths) + [m.higher_is_better for m in report.metrics]
-    best = {(g, j) for j, high in enumerate(higher)
-            for g in best_groups(report.groups, high, [line[j] for line in stats])}
+    best = {(g, j) for j, (high, d) in enumerate(zip(higher, decimals))
+            for g in best_groups(report.groups, high, [line[j] for line in stats], d)}
     stat_names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
     marks = [[stat_names[j] for j in range(len(higher)) if (g, j) in best] for g in range(len(report.groups))]
     rows = []

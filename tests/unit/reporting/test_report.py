@@ -519,6 +519,17 @@ def test_group_by_encoder_averages_seeds_with_t_interval(tmp_path):
     assert not any(g.flags for g in report.groups)
 
 
+def test_two_means_printed_alike_are_both_bold_or_neither(tmp_path):
+    """ratio 1.0999 was bold and 1.1000 beside it was not, though both print 1.10: the bold read as a difference
+    the table does not show."""
+    runs = [make_run(tmp_path / "a", {128: 3.00, 256: 3.2997}, ["seed=0"], seed=0),
+            make_run(tmp_path / "b", {128: 3.02, 256: 3.322}, ["seed=1"], seed=1),
+            make_run(tmp_path / "c", {128: 3.10, 256: 3.44}, ["seed=2"], seed=2)]
+    lines = render_table_markdown(build_report(runs, ReportOptions(metrics="ratio@2x"))).splitlines()
+    assert "| **1.10** |" in lines[2] and "| **1.10** |" in lines[3], lines  # 1.0999 and 1.1000
+    assert "| 1.11 |" in lines[4], lines
+
+
 def test_different_corpus_or_eval_settings_are_never_averaged(tmp_path):
     same = seeds(tmp_path, "rope", [3.0, 3.2])
     other_corpus = make_run(tmp_path / "oc", {128: 9.0, 256: 9.5}, ["encoder=rope", "seed=7"], seed=7,
