@@ -21,7 +21,7 @@ from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
-from posexp.reporting.runs import Run, read_run, read_runs, parent_changed, shown_settings, window_key
+from posexp.reporting.runs import Run, read_run, run_labels, read_runs, parent_changed, shown_settings, window_key
 from posexp.reporting.selection import (Filter, SortKey, parse_by, parse_metric, parse_metrics, parse_sort,
                                         parse_where, select_runs)
 from posexp.reporting.stats import Stat, aggregate_stat
@@ -80,7 +80,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
     protocol, scaling, window = chosen or (None, None, None)
     if protocol is not None and protocol != MAIN_PROTOCOL and "protocol" not in (wanted or {}):
         warnings.append(f'no "{MAIN_PROTOCOL}" results in these runs; the table shows protocol "{protocol}" instead')
-    labels, shared = _labels(runs)
+    labels, shared = run_labels(runs)
     report = Report(protocol=protocol, scaling=scaling, window=window, by=by_keys, shared_overrides=shared,
                     warnings=warnings, own_scaling="scaling" not in (wanted or {}))
     rows = [ReportRow(label, run, cells(run, report), None, settings=shown_settings(run, report.shown(run)))
@@ -242,48 +242,6 @@ def _once(runs: list[Run], skipped: list[str]) -> list[Run]:
             seen[key] = run
             kept.append(run)
     return kept
-
-
-def _labels(runs: list[Run]) -> tuple[list[str], list[str]]:
-    """Label each run by the overrides that set it apart; make duplicates unique by folder.
-
-    Overrides shared by every run (``train.steps=50`` given to a whole sweep) say
-    nothing about the difference between rows, so they move to the header.
-    """
-    known = [r.overrides for r in runs if r.overrides is not None]
-    shared: list[str] = []
-    if len(runs) > 1 and len(known) == len(runs):
-        shared = [o for o in known[0] if all(o in other for other in known[1:])]
-    labels = []
-    for run in runs:
-        if run.overrides is None:
-            labels.append(str(run.info.get("label") or run.path.name))
-        else:
-            labels.append(" ".join(_short_override(o) for o in run.overrides if o not in shared) or "default")
-
-    counts = Counter(labels)
-    if max(counts.values()) > 1:
-        root = Path(os.path.commonpath([str(r.path.resolve()) for r in runs]))
-        for i, run in enumerate(runs):
-            if counts[labels[i]] > 1:
-                where = run.path.resolve().relative_to(root).as_posix() if run.path.resolve() != root else run.path.name
-                labels[i] = f"{labels[i]} [{where or run.path.name}]"
-        # Still clashing (same folder names in different places): a counter is the last resort.
-        seen: Counter = Counter()
-        for i, label in enumerate(labels):
-            seen[label] += 1
-            if seen[label] > 1:
-                labels[i] = f"{label} #{seen[label]}"
-    return labels, shared
-
-
-def _short_override(override: str) -> str:
-    """An override as a label shows it: a folder value (``parent=/home/me/outputs/sweep/0``) by its last two parts
-    (``parent=sweep/0``), which is what tells runs apart; the table's runs section has the whole path."""
-    key, sep, value = override.partition("=")
-    if sep and os.sep in value and len(Path(value).parts) > 2:
-        return f"{key}={Path(*Path(value).parts[-2:]).as_posix()}"
-    return override
 
 
 def _per_byte(rows: list[ReportRow], warnings: list[str]) -> None:

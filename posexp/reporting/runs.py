@@ -8,6 +8,7 @@ Reading the files is :mod:`posexp.runs.layout`'s job; this module only shapes th
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Protocol
@@ -240,3 +241,45 @@ def measured_on(row: dict) -> tuple:
 def measured_text(row: dict) -> str:
     """:func:`measured_on` in words, for a note saying why two rows are not differenced."""
     return ", ".join(f"{name}={row.get(name)}" for name in MEASURED_ON if row.get(name) is not None) or "unrecorded"
+
+
+def run_labels(runs: list[Run]) -> tuple[list[str], list[str]]:
+    """Label each run by the overrides that set it apart; make duplicates unique by folder.
+
+    Overrides shared by every run (``train.steps=50`` given to a whole sweep) say
+    nothing about the difference between rows, so they move to the header.
+    """
+    known = [r.overrides for r in runs if r.overrides is not None]
+    shared: list[str] = []
+    if len(runs) > 1 and len(known) == len(runs):
+        shared = [o for o in known[0] if all(o in other for other in known[1:])]
+    labels = []
+    for run in runs:
+        if run.overrides is None:
+            labels.append(str(run.info.get("label") or run.path.name))
+        else:
+            labels.append(" ".join(short_override(o) for o in run.overrides if o not in shared) or "default")
+
+    counts = Counter(labels)
+    if max(counts.values()) > 1:
+        root = Path(os.path.commonpath([str(r.path.resolve()) for r in runs]))
+        for i, run in enumerate(runs):
+            if counts[labels[i]] > 1:
+                where = run.path.resolve().relative_to(root).as_posix() if run.path.resolve() != root else run.path.name
+                labels[i] = f"{labels[i]} [{where or run.path.name}]"
+        # Still clashing (same folder names in different places): a counter is the last resort.
+        seen: Counter = Counter()
+        for i, label in enumerate(labels):
+            seen[label] += 1
+            if seen[label] > 1:
+                labels[i] = f"{label} #{seen[label]}"
+    return labels, shared
+
+
+def short_override(override: str) -> str:
+    """An override as a label shows it: a folder value (``parent=/home/me/outputs/sweep/0``) by its last two parts
+    (``parent=sweep/0``), which is what tells runs apart; the table's runs section has the whole path."""
+    key, sep, value = override.partition("=")
+    if sep and os.sep in value and len(Path(value).parts) > 2:
+        return f"{key}={Path(*Path(value).parts[-2:]).as_posix()}"
+    return override

@@ -21,7 +21,7 @@ from posexp.errors import ConfigError
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
-from posexp.reporting.runs import Run
+from posexp.reporting.runs import Run, run_labels
 from posexp.reporting.selection import config_value, option_items, parse_sort, show_value
 from posexp.reporting.stats import Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
@@ -80,12 +80,13 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     if sort_key is not None and sort_key.metric is not None and sort_key.name not in {m.name for m in report.metrics}:
         report.metrics.append(sort_key.metric)  # what the table is sorted by is shown
     groups: dict[tuple, Group] = {}
+    run_label, report.shared_overrides = run_labels(list(runs))  # no --by: a line per run, named by what sets it apart
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
         values = tuple(show_value(config_value(run, key)) for key in by)
         # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
         key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
-        label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
+        label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else run_label[i]
         row = ReportRow(label, run, cells(run, report), None)
         groups.setdefault(key, Group(dict(zip(by, values)), label, [], task=task)).rows.append(row)
     split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
@@ -163,6 +164,8 @@ def task_table_lines(report: Report, level: int = 1) -> list[str]:
     """The report's markdown under a heading of ``level`` (2: after the perplexity report): one table per task
     (exact match %, mean ± 95% t-interval over runs)."""
     lines = [f"{'#' * level} Tasks: accuracy vs context length", "", INTRO, ""]
+    if report.shared_overrides and not report.by:
+        lines += [f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.", ""]
     for warning in report.warnings:
         lines += [f"> **Warning:** {warning}", ""]
     return lines + to_markdown(task_table(report), level + 1).splitlines()

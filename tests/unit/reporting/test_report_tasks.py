@@ -13,7 +13,7 @@ from rich.console import Console
 from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.accuracy import wilson_interval
 from posexp.reporting.metrics import ACCURACY, parse_metric
-from posexp.reporting.task_report import build_task_report, did_not_learn
+from posexp.reporting.task_report import build_task_report, did_not_learn, task_table_lines
 from posexp.reporting.runs import read_run
 from posexp.reporting.summary import report_main
 from posexp.reporting.options import ReportOptions
@@ -63,6 +63,18 @@ def test_a_report_of_task_runs_only(tmp_path):
     report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200))
     text = (tmp_path / "s" / "reports" / "default" / "report.md").read_text()
     assert text.startswith("# Tasks: accuracy vs context length") and "maxlen@acc90" in text
+
+
+def test_task_runs_are_named_by_what_sets_them_apart_as_perplexity_runs_are(tmp_path):
+    """A sweep's task table named each run by every override it had (``experiment=smoke task=copy encoder=rope
+    train.threads=1``), the shared ones too, where the perplexity table names it ``encoder=rope``."""
+    runs = [read_run(make_task_run(tmp_path / str(i), {64: 0.9, 128: 0.5}, encoder=encoder, seed=0))
+            for i, encoder in enumerate(["rope", "alibi"])]
+    report = build_task_report(runs)
+    assert [g.label for g in report.groups] == ["encoder=rope", "encoder=alibi"]
+    assert report.shared_overrides == ["task=copy", "seed=0"]
+    assert "Overrides shared by all runs: `task=copy`, `seed=0`." in task_table_lines(report)
+    assert [g.label for g in build_task_report(runs[:1]).groups] == ["task=copy encoder=rope seed=0"]  # alone: all
 
 
 @pytest.mark.parametrize("bad", ["acc@", "acc@twox", "maxlen@acc0", "maxlen@acc150"])
