@@ -207,7 +207,7 @@ def print_report(report: Report, console: Console | None = None) -> None:
     for note in table_notes(report)[1:] if report.by or report.metrics else []:
         console.print(Text(note, style="dim"))
     if report.comparison is not None:
-        _print_comparison(report.comparison, console)
+        print_comparison(report.comparison, console)
     elif (comparison := sweep_comparison(report)) is not None:
         # a sweep's runs, one line each: the verdict over what the sweep varies, as summary.md has it
         keys = ",".join(comparison.by)
@@ -220,10 +220,12 @@ def print_report(report: Report, console: Console | None = None) -> None:
         console.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
-def _print_comparison(comparison: Comparison, console: Console) -> None:
-    """The comparison with the reference group: a table of differences, then one plain line per metric."""
-    # the method goes in the title: 80 columns
-    for table in rich_tables(comparison_table(comparison, method=False), console.width):
+def print_comparison(comparison: Comparison, console: Console, what: str = "") -> None:
+    """The comparison with the reference group: a table of differences (its title after ``what``: ``task copy:
+    ``), then one plain line per metric."""
+    table = comparison_table(comparison, method=False)  # the method goes in the title: 80 columns
+    for table in rich_tables(replace(table, title=what + table.title[0].lower() + table.title[1:]) if what else table,
+                             console.width):
         console.print(table)
     for line in verdict_lines(comparison):
         console.print(Text(line))

@@ -39,7 +39,7 @@ from posexp.reporting.tables import Table, render, rich_tables
 from posexp.reporting.lm_report import Report, build_report
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.document import LeadTable, write_report, write_summary
-from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_report
+from posexp.reporting.render import FORMATS, RENDERERS, lm_table, print_comparison, print_report
 from posexp.reporting.frame import unfinished_jobs
 from posexp.reporting.runs import Run, read_run
 from posexp.reporting.metrics import ACCURACY, PERPLEXITY, applies_to, metric_help
@@ -83,13 +83,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     check_tolerance(options.tolerance)
     lm_metrics, task_metrics = split_task_metrics(options.metrics)
     wanted = parse_view(options.view)
-    lm_dirs, task_report = _split_tasks(find_runs(paths), options.by, task_metrics, options.where, wanted,
-                                        options.strict, options.sort)
+    lm_dirs, task_report = _split_tasks(find_runs(paths), options, task_metrics, wanted)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
-    if task_report is not None and not lm_dirs and (unused := [o for o, v in (("--baseline", options.baseline),
-                                                                             ("--margin", options.margin)) if v]):
-        task_report.warnings.append(f"{' and '.join(unused)} not used: they set how groups of perplexity runs are "
-                                    "compared, and task runs are shown side by side, not compared")
     if task_report is not None and _sorts_by(options.sort) == ACCURACY:
         options = replace(options, sort=None)  # a task metric sorts the task table alone
     console = console or terminal.console()
@@ -163,7 +158,10 @@ def _print_tables(report: Optional[Report], task_report: Optional[Report], fmt: 
         _show(fmt, console, notes, report.warnings, text=_machine_text(report, task_report, fmt))
     if task_report is not None:  # its own tables: accuracy never shares a table with perplexity
         text = render_task(task_report, fmt) if report is None and fmt != "rich" else ""
-        _show(fmt, console, notes, task_report.warnings, task_table(task_report) if fmt == "rich" else None, text)
+        _show(fmt, console, notes, [], task_table(task_report) if fmt == "rich" else None, text)
+        for task, comparison in task_report.comparisons.items() if fmt == "rich" else ():
+            print_comparison(comparison, console, f"task {task}: ")
+        _show(fmt, console, notes, task_report.warnings)
 
 
 def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], table: Optional[Table] = None,
@@ -186,6 +184,7 @@ def _machine_text(report: Report, task_report: Optional[Report], fmt: str) -> st
     if task_report is not None and fmt == "json":
         lm, tasks = lm_table(report), task_table(task_report).json
         return render(replace(lm, json={**lm.json, "tasks": tasks["tasks"],
+                                        "task_comparisons": tasks["task_comparisons"],
                                         "warnings": lm.json["warnings"] + tasks["warnings"]}), fmt)
     text = RENDERERS[fmt](report)
     return text if task_report is None else text + "\n" + render_task(task_report, fmt)
@@ -227,13 +226,14 @@ def _sorts_by(sort: Optional[str]) -> Optional[str]:
     return applies_to(str(sort).strip().lstrip("+-")) if sort else None
 
 
-def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], where, wanted: Optional[dict] = None,
-                 strict: bool = False, sort: Optional[str] = None) -> tuple[list[Path], Optional[Report]]:
-    """The language-modelling run folders that pass ``where`` (and those that cannot be read, which the perplexity
-    report names), and the report of the task runs that pass it (None: none). The ``--by`` and ``--where`` keys are
-    checked against the runs of both kinds, so that a filter no task run passes is an error, not an empty report.
-    With no perplexity run to report, what cannot be read is named in the task report's warnings (``strict``:
-    raised)."""
+def _split_tasks(run_dirs: list[Path], options: ReportOptions, task_metrics: Optional[list[str]] = None,
+                 wanted: Optional[dict] = None) -> tuple[list[Path], Optional[Report]]:
+    """The language-modelling run folders that pass ``--where`` (and those that cannot be read, which the perplexity
+    report names), and the report of the task runs that pass it (None: none), its groups compared as ``--baseline``
+    and ``--margin`` say. The ``--by`` and ``--where`` keys are checked against the runs of both kinds, so that a
+    filter no task run passes is an error, not an empty report. With no perplexity run to report, what cannot be
+    read is named in the task report's warnings (``--strict``: raised)."""
+    by, where, strict, sort = options.by, options.where, options.strict, options.sort
     read: list[tuple[Path, Optional[Run]]] = []
     problems = []
     for folder in run_dirs:
@@ -257,7 +257,8 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
     by_keys = [k for k in parse_by(by) if k not in ("task", "task.name")]  # one table per task anyway
     try:
         task_report = build_task_report(task_runs, by_keys, task_metrics, wanted,
-                                        None if lm_dirs and _sorts_by(sort) == PERPLEXITY else sort)
+                                        None if lm_dirs and _sorts_by(sort) == PERPLEXITY else sort,
+                                        options.baseline, options.margin)
     except ConfigError as e:
         if e.key != "--view" or not lm_dirs:
             raise
@@ -301,7 +302,7 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     """
     sweep = Path(sweep)
     try:
-        lm_dirs, task_report = _split_tasks(find_runs([sweep]), None, None, None)
+        lm_dirs, task_report = _split_tasks(find_runs([sweep]), ReportOptions())
         summary = write_summary(build_report(lm_dirs) if lm_dirs else None, sweep, task_report)
     except PosexpError as e:
         console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)

@@ -85,6 +85,7 @@ class Report:
         filters: the ``--where`` filters applied.
         auc_multiple: the span of plain ``auc`` (multiple of the training length), None when no run has one.
         comparison: each group against the reference group (with ``--by`` and two or more groups), else None.
+        comparisons: a task report's: each task's comparison, as ``comparison`` (the tasks with two groups or more).
         kind: the runs' kind, of :mod:`.metrics`: ``perplexity`` (language-model runs) or ``accuracy`` (task runs).
         own_scaling: no scaling was asked for (``--view``): a run evaluated only under its own scaling shows it.
     """
@@ -106,6 +107,7 @@ class Report:
     filters: list["Filter"] = field(default_factory=list)
     auc_multiple: Optional[float] = None
     comparison: Optional[Comparison] = None
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
     window: Optional[tuple] = None
     kind: str = PERPLEXITY
     own_scaling: bool = False

@@ -169,7 +169,7 @@ def _tabulars(table: Table) -> list[list[Section]]:
 
 def _latex_cell(cell: TableCell) -> str:
     if cell.math is None:
-        return latex_escape(cell.text)
+        return f"\\textbf{{{latex_escape(cell.text)}}}" if cell.best else latex_escape(cell.text)
     return (f"\\mathbf{{{cell.math}}}" if cell.best else cell.math).join("$$")
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
+from posexp.reporting.compare import (best_groups, compare_groups, comparison_json, comparison_markdown, parse_baseline,
+                                      parse_margin, pick_reference)
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
@@ -68,10 +70,13 @@ def did_not_learn(run: Run) -> Optional[bool]:
 
 
 def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequence[str] | None = None,
-                      view: Optional[dict] = None, sort: Optional[str] = None) -> Report:
+                      view: Optional[dict] = None, sort: Optional[str] = None, baseline: Any = None,
+                      margin: Any = None) -> Report:
     """Group task runs by task and ``by`` keys (none: one group per run) and aggregate their accuracy, of the
     rows ``view`` names (``--view``'s scaling, window and sinks; :mod:`posexp.reporting.views`), plain by default.
-    Each task's groups are in ``sort``'s order (``--sort``: a metric, shown or not, a ``by`` key or ``n``)."""
+    Each task's groups are in ``sort``'s order (``--sort``: a metric, shown or not, a ``by`` key or ``n``) and, with
+    ``by``, compared with its reference group (``baseline``, ``--baseline``: the first by default) as perplexity
+    groups are (:func:`~posexp.reporting.compare.compare_groups`; ``margin``: ``--margin``)."""
     view = view or {}
     window = None if view.get("window") is None else (view["window"], view.get("sinks"))
     report = Report(kind=TASK_RUNS, scaling=view.get("scaling"), window=window, by=list(by),
@@ -98,6 +103,11 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     report.lengths = sorted({n for group in report.groups for n in group.cells})
     report.train_len = train.pop() if len(train := {run.train_len for run in runs}) == 1 else None
     report.warnings += _mark_unlearned(report.groups)
+    reference, equivalence = parse_baseline(baseline, list(by)), parse_margin(margin, list(by))
+    for task in dict.fromkeys(g.task for g in report.groups) if by else ():
+        lines = [g for g in report.groups if g.task == task]
+        if len(lines) > 1 and (chosen := pick_reference(lines, reference)) is not None:
+            report.comparisons[task] = compare_groups(lines, report.metrics, chosen, report.by, equivalence)
     if view and not report.lengths:
         raise ConfigError("--view", f"no accuracy rows of the selected task runs are {view_text(view)} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")
@@ -127,6 +137,9 @@ INTRO = ("Exact-match accuracy (%) of the whole answer, teacher-forced, on the s
          "past a learned table).")
 
 
+BOLD = "Bold: the best value of its column (the highest accuracy and length); ties are all bold."
+
+
 def _task_section(report: Report, task: str) -> Section:
     """One task's table: its groups' exact match by length and the chosen metrics."""
     groups = [g for g in report.groups if g.task == task]
@@ -136,10 +149,14 @@ def _task_section(report: Report, task: str) -> Section:
     columns = [Column("group" if report.by else "run", label=True, min_width=12), Column("n"),
                *(Column(f"{n}" + (f" ({n / train_len:g}x)" if train_len else ""), short=str(n)) for n in lengths),
                *(Column(m.name) for m in report.metrics)]
+    stats = [[*(g.cells.get(n) for n in lengths), *(g.metrics.get(m.name) for m in report.metrics)] for g in groups]
+    decimals = [1] * len(lengths) + [m.decimals for m in report.metrics]
+    higher = [True] * len(lengths) + [m.higher_is_better for m in report.metrics]
+    best = {(i, j) for j, (high, d) in enumerate(zip(higher, decimals))
+            for i in best_groups(groups, high, [line[j] for line in stats], d)}  # bold, as in the perplexity table
     rows = [[TableCell(g.shown_label), TableCell(str(g.n)),
-             *(TableCell(_cell_text(g.cells.get(n), of=g.n), g.cells.get(n)) for n in lengths),
-             *(TableCell(_cell_text(g.metrics.get(m.name), m.decimals, g.n), g.metrics.get(m.name))
-               for m in report.metrics)] for g in groups]
+             *(TableCell(_cell_text(s, d, g.n), s, (i, j) in best) for j, (s, d) in enumerate(zip(stats[i], decimals)))]
+            for i, g in enumerate(groups)]
     return Section(rows, f"task {task}" + (f" (trained up to {train_len} tokens)" if train_len else ""),
                    [f"Rows shown: {report.view}.", ""] if report.view else [],
                    f"task {task}: exact match (%) by context length" + (f", {report.view}" if report.view else ""),
@@ -155,9 +172,13 @@ def task_table(report: Report) -> Table:
         rows += [[record["task"], record["group"], record["n"], record["train_len"], what,
                   *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high")), record["did_not_learn"]]
                  for what, stat in [*values, *record["metrics"].items()]]
-    return Table("tasks", [], [_task_section(report, task) for task in dict.fromkeys(g.task for g in report.groups)],
-                 notes=[m.describe() for m in report.metrics], csv=rows,
-                 json={"tasks": records, "warnings": report.warnings}, keys=2)
+    sections = [_task_section(report, task) for task in dict.fromkeys(g.task for g in report.groups)]
+    return Table("tasks", [], sections,
+                 notes=[*[BOLD] * any(len(section.rows) > 1 for section in sections),
+                        *(m.describe() for m in report.metrics)], csv=rows,
+                 json={"tasks": records, "task_comparisons": {task: comparison_json(comparison) for task, comparison
+                                                              in report.comparisons.items()},
+                       "warnings": report.warnings}, keys=2)
 
 
 def task_table_lines(report: Report, level: int = 1) -> list[str]:
@@ -168,7 +189,10 @@ def task_table_lines(report: Report, level: int = 1) -> list[str]:
         lines += [f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.", ""]
     for warning in report.warnings:
         lines += [f"> **Warning:** {warning}", ""]
-    return lines + to_markdown(task_table(report), level + 1).splitlines()
+    lines += to_markdown(task_table(report), level + 1).splitlines()
+    for task, comparison in report.comparisons.items():  # the verdicts, each task's under its table's heading level
+        lines += ["", f"{'#' * (level + 1)} Comparison, task {task}", *comparison_markdown(comparison)[1:]]
+    return lines
 
 
 # -- output ------------------------------------------------------------------------------------------

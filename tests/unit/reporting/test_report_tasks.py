@@ -447,15 +447,30 @@ def test_sort_by_a_metric_of_one_kind_orders_that_kinds_table_and_leaves_the_oth
     assert parts["acc@2x"][0] == parts["-acc@2x"][0]  # and a task metric the perplexity table
 
 
-def test_options_that_only_perplexity_runs_use_are_said_unused_for_task_runs(tmp_path):
-    make_task_run(tmp_path / "s" / "0", {64: 1.0, 128: 0.5})
-    make_task_run(tmp_path / "s" / "1", {64: 1.0, 128: 0.6}, encoder="alibi")
-    err = tmp_path / "err.txt"
-    with open(err, "w") as stream:
-        report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w"), width=200),
-                    err_console=Console(file=stream, width=300),
-                    options=ReportOptions(by=["encoder"], baseline=["encoder=rope"], margin="5%", fmt="csv"))
-    assert "--baseline and --margin not used" in err.read_text()
+def test_task_groups_are_compared_with_the_baseline_as_perplexity_groups_are(tmp_path):
+    """Task runs were shown side by side with no verdict (--baseline and --margin "not used"): three seeds of alibi
+    against three of rope on passkey got no better/worse/inconclusive line, nor a bold best."""
+    for i, (encoder, seed, at2x) in enumerate([("rope", 0, 0.50), ("rope", 1, 0.55), ("rope", 2, 0.45),
+                                               ("alibi", 0, 0.80), ("alibi", 1, 0.90), ("alibi", 2, 0.82)]):
+        make_task_run(tmp_path / "s" / str(i), {64: 1.0, 128: at2x}, encoder=encoder, seed=seed)
+    runs = [read_run(tmp_path / "s" / str(i)) for i in range(6)]
+    report = build_task_report(runs, ["encoder"], ["acc@2x"], baseline=["encoder=alibi"], margin="5")
+    (comparison,) = report.comparisons.values()
+    (diff,) = comparison.differences
+    assert (comparison.reference, diff.group, diff.method, diff.n) == ("encoder=alibi", "encoder=rope", "paired t", 3)
+    assert diff.difference == pytest.approx(100 * (0.50 - 0.84)) and diff.verdict == "worse"  # percentage points
+    assert diff.p_adjusted < 0.05 and comparison.margin is not None
+    lines = task_table_lines(report)
+    assert "## Comparison, task copy" in lines and "| encoder=alibi | 3 | 100.0 ± 0.0 | **84.0 ± 13.1** | **84.0 ± 13.1** |" in lines
+    out = tmp_path / "out.txt"
+    report_main([tmp_path / "s"], console=Console(file=open(out, "w"), width=200),
+                options=ReportOptions(by=["encoder"], baseline=["encoder=alibi"], fmt="json"))
+    document = json.loads(out.read_text())
+    assert document["task_comparisons"]["copy"]["reference"] == "encoder=alibi"
+    report_main([tmp_path / "s"], console=Console(file=open(out, "w"), width=200), options=ReportOptions(by="encoder"))
+    assert "task copy: each group − encoder=rope (paired t, 95% interval)" in out.read_text()
+    with pytest.raises(ConfigError, match="^--baseline: no group has encoder=t5"):
+        build_task_report(runs, ["encoder"], baseline="encoder=t5")
     with pytest.raises(ConfigError, match="--tolerance"):  # checked whichever runs there are, as for perplexity
         report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w")),
                     options=ReportOptions(tolerance=-1.0))
