@@ -209,24 +209,25 @@ def print_report(report: Report, console: Console | None = None) -> None:
     if report.comparison is not None:
         print_comparison(report.comparison, console)
     elif (comparison := sweep_comparison(report)) is not None:
-        # a sweep's runs, one line each: the verdict over what the sweep varies, as summary.md has it
-        keys = ",".join(comparison.by)
-        console.print(Text(f"Grouped by {keys} (what the runs' overrides vary); the table per group: "
-                           f"posexp report ... --by {keys}", style="dim"))
-        for line in verdict_lines(comparison):
-            console.print(Text(line))
+        print_comparison(comparison, console, grouped=True)
     for warning in report.warnings:
         # one line each, however narrow the terminal: a warning is read (and grepped) whole
         console.print(Text.assemble(("warning: ", "bold yellow"), warning), soft_wrap=True)
 
 
-def print_comparison(comparison: Comparison, console: Console, what: str = "") -> None:
+def print_comparison(comparison: Comparison, console: Console, what: str = "", grouped: bool = False) -> None:
     """The comparison with the reference group: a table of differences (its title after ``what``: ``task copy:
-    ``), then one plain line per metric."""
-    table = comparison_table(comparison, method=False)  # the method goes in the title: 80 columns
-    for table in rich_tables(replace(table, title=what + table.title[0].lower() + table.title[1:]) if what else table,
-                             console.width):
-        console.print(table)
+    ``), then one plain line per metric. ``grouped``: a report of a sweep's runs, one line each, compared over what
+    the sweep varies (as summary.md has it): which keys grouped them, then the lines alone."""
+    if grouped:
+        keys = ",".join(comparison.by)
+        console.print(Text(f"{what}Grouped by {keys} (what the runs' overrides vary); the table per group: posexp "
+                           f"report ... --by {keys}", style="dim"))
+    else:
+        table = comparison_table(comparison, method=False)  # the method goes in the title: 80 columns
+        for part in rich_tables(replace(table, title=what + table.title[0].lower() + table.title[1:]) if what
+                                else table, console.width):
+            console.print(part)
     for line in verdict_lines(comparison):
         console.print(Text(line))
 

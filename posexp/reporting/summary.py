@@ -160,7 +160,7 @@ def _print_tables(report: Optional[Report], task_report: Optional[Report], fmt: 
         text = render_task(task_report, fmt) if report is None and fmt != "rich" else ""
         _show(fmt, console, notes, [], task_table(task_report) if fmt == "rich" else None, text)
         for task, comparison in task_report.comparisons.items() if fmt == "rich" else ():
-            print_comparison(comparison, console, f"task {task}: ")
+            print_comparison(comparison, console, f"task {task}: ", grouped=not task_report.by)
         _show(fmt, console, notes, task_report.warnings)
 
 

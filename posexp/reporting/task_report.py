@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.compare import (best_groups, compare_groups, comparison_json, comparison_markdown, parse_baseline,
-                                      parse_margin, pick_reference)
+                                      parse_margin, pick_reference, sweep_keys)
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
@@ -108,6 +108,8 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
         lines = [g for g in report.groups if g.task == task]
         if len(lines) > 1 and (chosen := pick_reference(lines, reference)) is not None:
             report.comparisons[task] = compare_groups(lines, report.metrics, chosen, report.by, equivalence)
+    if not by and (keys := sweep_keys(list(runs))):  # a sweep's runs, a line each: compared over what it varies
+        report.comparisons = build_task_report(runs, keys, [m.name for m in report.metrics], view).comparisons
     if view and not report.lengths:
         raise ConfigError("--view", f"no accuracy rows of the selected task runs are {view_text(view)} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")

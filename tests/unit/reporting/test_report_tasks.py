@@ -471,6 +471,12 @@ def test_task_groups_are_compared_with_the_baseline_as_perplexity_groups_are(tmp
     assert "task copy: each group − encoder=rope (paired t, 95% interval)" in out.read_text()
     with pytest.raises(ConfigError, match="^--baseline: no group has encoder=t5"):
         build_task_report(runs, ["encoder"], baseline="encoder=t5")
+    # a sweep's own summary (no --by): a line per run, compared over what the sweep varies, as perplexity runs are
+    alone = build_task_report(runs)
+    assert len(alone.groups) == 6 and alone.comparisons["copy"].by == ["encoder"]
+    report_main([tmp_path / "s"], console=Console(file=open(out, "w"), width=200))
+    assert "task copy: Grouped by encoder (what the runs' overrides vary)" in out.read_text()
+    assert "## Comparison, task copy" in (tmp_path / "s" / "reports" / "default" / "summary.md").read_text()
     with pytest.raises(ConfigError, match="--tolerance"):  # checked whichever runs there are, as for perplexity
         report_main([tmp_path / "s"], console=Console(file=open(tmp_path / "out.txt", "w")),
                     options=ReportOptions(tolerance=-1.0))
