@@ -5,7 +5,9 @@ gives them their own table: one line per task and ``--by`` group, exact-match ac
 (for passkey, the mean over the depths measured), the mean over a group's runs (seeds) with a 95% t-interval
 over them (a single run: its own Wilson interval), and the task metrics of :mod:`.metrics.accuracy` (by default
 acc@2x, acc@4x and maxlen@acc90). The table is built of the perplexity report's parts: a
-:class:`~posexp.reporting.table.Report` of ``accuracy`` runs, whose groups each hold one task's runs.
+:class:`~posexp.reporting.table.Report` of ``accuracy`` runs, whose groups each hold one task's runs, each task's
+groups compared with its reference group as perplexity groups are (with ``--by``; without, a sweep's runs over what
+the sweep varies), the best of each column bold.
 
 A run whose exact match at the training length (the plain rows) is within :data:`NEAR_CHANCE` of chance, a
 uniform guess of each answer token from the task's answer alphabet (:func:`posexp.tasks.chance_exact_match`;
