@@ -224,7 +224,8 @@ def comparison_table(comparison: Comparison, method: bool = True) -> Table:
     in the title, for room), the difference with its relative size and interval (``under``: the interval under it),
     the Holm-adjusted p, and the verdict."""
     header = ["group", "metric", "n", *(["method"] if method else []), "difference (95%)", "p (Holm)", "verdict"]
-    columns = [Column(h, label=h not in ("n", "difference (95%)", "p (Holm)"), escape=True) for h in header]
+    columns = [Column(h, label=h not in ("n", "difference (95%)", "p (Holm)"), escape=True,
+                      min_width=16 if h in ("group", "metric") else 0) for h in header]  # encoder=learned whole
     rows = []
     for d in comparison.differences:
         interval = interval_text(d, comparison.decimals[d.metric])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+from functools import partial
 import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -174,8 +175,9 @@ def _latex_cell(cell: TableCell) -> str:
 
 
 def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
-                stacked: bool = False, room: Optional[int] = None) -> Any:
-    """``room``: the width the last columns (flags) may take, where Rich's own narrowing would not wrap them."""
+                stacked: bool = False, room: Optional[int] = None, fold: bool = False) -> Any:
+    """``room``: the width the last columns (flags) may take, where Rich's own narrowing would not wrap them;
+    ``fold``: a whole table's labels fold anywhere, their words too (where it does not fit with them whole)."""
     from rich import box
     from rich.table import Table as RichTable
     from rich.text import Text
@@ -195,8 +197,9 @@ def _rich_table(table: Table, section: Section, shown: list[int], title: Optiona
                            max_width=max(room, word, len(name)) if room else None)
         elif column.label:
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
-            out.add_column(name, overflow="fold",
-                           min_width=None if table.whole else max(word, min(widest, column.min_width)) or None)
+            out.add_column(name, overflow="fold",  # whole: a label folds inside a word only where it must
+                           min_width=(None if fold else min(word, column.min_width)) if table.whole else
+                           max(word, min(widest, column.min_width)) or None)
         else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
             header = name.replace(" (", "\n(").replace("@", "\n@") if stacked and not table.whole else name
             out.add_column(header, justify="right", no_wrap=not column.wrap,
@@ -241,11 +244,16 @@ def _fits(rich_table: Any, width: int) -> bool:
     Rich lays it out (its narrowing of wrapping columns stops short of some that could wrap further)."""
     from rich.console import Console
 
-    if table_width(rich_table) > width:
-        return False
+    return table_width(rich_table) <= width and _prints_within(rich_table, width)
+
+
+def _prints_within(rich_table: Any, width: int) -> bool:
+    """Whether Rich lays a table out within ``width``, nothing cut."""
+    from rich.console import Console
+
     buf = io.StringIO()
     Console(file=buf, width=width, color_system=None, legacy_windows=False).print(rich_table, crop=False)
-    return max(map(len, buf.getvalue().splitlines() or [""])) <= width
+    return max(len(line.rstrip()) for line in buf.getvalue().splitlines() or [""]) <= width  # a pad may go
 
 
 def rich_tables(table: Table, width: int) -> list[Any]:
@@ -264,8 +272,9 @@ def rich_tables(table: Table, width: int) -> list[Any]:
         if table.whole:  # its lines one each, at their natural width, or its intervals under their values
             natural = sum(max([len(c.name), *(len(row[i].text) for row in section.rows)]) + 2
                           for i, c in enumerate(columns))
-            out.append(_rich_table(table, section, list(range(len(columns))), title,
-                                   caption if g == len(groups) - 1 else None, natural > width))
+            whole = partial(_rich_table, table, section, list(range(len(columns))), title,
+                            caption if g == len(groups) - 1 else None, natural > width)
+            out.append(whole() if _prints_within(whole(), width) else whole(fold=True))
             continue
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width
         parts: list[list[int]] = []

@@ -45,3 +45,26 @@ def test_the_report_called_from_python_prints_its_table_with_columns_0(tmp_path,
     report_main([tmp_path / "run"], out=tmp_path / "report")
     out = capsys.readouterr().out
     assert "Perplexity vs context length" in out and "5.00" in out and "7.00" in out, out
+
+
+@pytest.mark.parametrize("width", range(40, 130, 3))
+def test_a_comparison_keeps_its_group_labels_whole_where_they_fit_and_cuts_nothing_where_they_do_not(width):
+    """The comparison table (whole: never in parts) folded ``encoder=learned`` into ``encoder=learne`` / ``d`` at 80
+    columns, where the table fits with it whole."""
+    from posexp.reporting.compare import comparison_table
+    from posexp.reporting.difference import Difference
+    from posexp.reporting.selection import parse_metric
+    from posexp.reporting.table import Comparison
+
+    differences = [Difference(group, "maxlen@10%", "encoder=rope", p_adjusted=0.4, n=2, difference=192.0,
+                              low=-161.0, high=545.0, method="paired t", verdict="inconclusive")
+                   for group in ("encoder=alibi", "encoder=learned")]
+    comparison = Comparison("encoder=rope", [parse_metric("maxlen@10%")], ["encoder"], differences,
+                            {"maxlen@10%": 0})
+    buf = io.StringIO()
+    for part in rich_tables(comparison_table(comparison, method=False), width):
+        Console(file=buf, width=width, color_system=None, legacy_windows=False).print(part, crop=False)
+    out = buf.getvalue()
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out  # nothing cut
+    if width >= 80:
+        assert "encoder=learned" in out.split() and "encoder=alibi" in out.split(), out
