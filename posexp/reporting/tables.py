@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import csv
 import io
-from functools import partial
 import json
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -242,8 +242,6 @@ def table_width(table: Any) -> int:
 def _fits(rich_table: Any, width: int) -> bool:
     """Whether a Rich table prints within ``width`` with nothing cut: by the measure of :func:`table_width`, and as
     Rich lays it out (its narrowing of wrapping columns stops short of some that could wrap further)."""
-    from rich.console import Console
-
     return table_width(rich_table) <= width and _prints_within(rich_table, width)
 
 
