@@ -30,7 +30,7 @@ answer word is scored, as a byte string, by exact match.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -142,6 +142,11 @@ def question(variant: str, subject: str) -> str:
             "qa7": f"How many objects is {subject} carrying? A: "}[variant]
 
 
+def _words(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The answer words of the variant a task of recorded ``options`` asks."""
+    return COUNTS if options.get("variant") == "qa7" else PLACES
+
+
 def _subjects(variant: str) -> tuple[str, ...]:
     return OBJECTS if variant == "qa2" else PEOPLE
 
@@ -186,10 +191,15 @@ class Babilong(Passkey):
 
     @classmethod
     def answer_values(cls, options) -> Optional[int]:
-        """The bytes an answer word of the variant is spelled with (places; counts for qa7): chance as the reports
-        define it, a uniform guess of each answer token (a guess of the word would do better: 1/6 of places)."""
-        words = COUNTS if options.get("variant") == "qa7" else PLACES
-        return len(set("".join(words)))
+        """The bytes an answer word of the variant is spelled with (places; counts for qa7)."""
+        return len(set("".join(_words(options))))
+
+    @classmethod
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+        """A guess of the answer word: each variant's words are as likely, so 1/6 of places (qa1, qa2), 1/4 of counts
+        (qa7), what a model that always says one word scores without reading a fact. A uniform guess of each answer
+        byte, far below it (7^-3.5 for counts), would call such a model learned."""
+        return 1 / len(_words(options))
 
     def overhead(self) -> int:
         """Tokens of an instance besides its background, for the longest facts, question and answer."""

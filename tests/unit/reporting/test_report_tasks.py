@@ -320,6 +320,34 @@ def test_chance_of_a_task_whose_answers_vary_in_length_is_the_mean_over_its_inst
     assert did_not_learn(read_run(run))
 
 
+@pytest.mark.parametrize("variant", ["qa1", "qa2", "qa7"])
+def test_a_babilong_model_that_always_says_one_word_is_at_chance_and_did_not_learn(tmp_path, variant):
+    """Chance was a uniform guess of each answer byte (7^-3.5 for qa7's counts, 18^-6.5 for the places), about 0:
+    a model that always answered "one" (qa7) or "kitchen" (qa1), never reading a fact, beat it by 25 and 17 points
+    and was called learned. Chance is the best such constant answer, one word in four or six; a run 3 points above
+    it did not learn, one at 45% did."""
+    import numpy as np
+
+    from posexp.tasks import chance_exact_match
+    from helpers.tasks import make
+
+    task = make("babilong", variant=variant)
+    made = task.instances(256, 2000, np.random.default_rng(0), split="val")
+    words = [bytes(row[answer].tolist()) for row, answer in zip(made.tokens, made.answer)]
+    constant = max(words.count(w) for w in set(words)) / len(words)  # the best word to always say, and its score
+    chance = chance_exact_match("babilong", task.options(), float(made.answer.sum(1).mean()), task.size_for(256))
+    assert chance == pytest.approx(constant, abs=0.03)
+    for accuracy, learned in ((chance + 0.03, False), (0.45, True)):
+        run = make_task_run(tmp_path / f"{variant}-{accuracy}", {256: accuracy, 512: 0.1}, task="babilong",
+                            train_len=256)
+        recorded = json.loads((run / "results.json").read_text())
+        recorded["run"]["task"]["options"] = task.options()
+        for row in recorded["rows"]:
+            row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
+        (run / "results.json").write_text(json.dumps(recorded))
+        assert did_not_learn(read_run(run)) is not learned
+
+
 def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):
     """RULER's effective length: a dip at 128 (a run that recovers) does not end it, as it ends maxlen@acc85."""
     run = read_run(make_task_run(tmp_path / "r", {64: 0.95, 128: 0.6, 256: 0.9, 512: 0.3}))
