@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
+from posexp.reporting.formatting import short_id
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
@@ -83,15 +84,25 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
         values = tuple(show_value(config_value(run, key)) for key in by)
-        # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
-        key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
+        # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths; nor runs scored
+        # on different instances (the task's fingerprint: its options and generator version)
+        instances = run.info.get("corpus_fingerprint")
+        key = (task, values, run.train_len, instances) if by else (task, (i,), run.train_len, instances)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else str(run.info.get("label") or run.path.name)
         row = ReportRow(label, run, cells(run, report), None)
         groups.setdefault(key, Group(dict(zip(by, values)), label, [], task=task)).rows.append(row)
-    split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
+    apart = 0
     for key, group in groups.items():
-        group.label += f" train_len={show_value(key[2])}" if key[:2] in split else ""
+        same = [other for other in groups if other[:2] == key[:2]]
+        group.label += f" train_len={show_value(key[2])}" if len({k[2] for k in same}) > 1 else ""
+        if len({k[3] for k in same}) > 1:
+            group.label += f" [instances {short_id(key[3])}]"
+            apart += 1
         aggregate_group(group, report)
+    if apart:
+        report.warnings.append(f"{apart} groups have the same --by values but were scored on different instances (the "
+                               "task's fingerprint: its options or generator version differ); they are shown apart, "
+                               "never averaged together")
     report.groups = sorted(sort_groups(list(groups.values()), sort_key), key=lambda g: g.task)
     report.rows = [row for group in report.groups for row in group.rows]
     report.lengths = sorted({n for group in report.groups for n in group.cells})

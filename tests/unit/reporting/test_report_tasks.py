@@ -146,6 +146,27 @@ def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
     assert all(len(g.runs) == 1 for g in report.groups)
 
 
+def test_runs_scored_on_different_instances_are_never_averaged(tmp_path):
+    """Two seeds of task=babilong task.variant=qa7, one trained before its generator changed (its instances, and so
+    its fingerprint, another's): ``--by encoder`` averaged them into one mean as if seeds of one experiment. They
+    are shown apart, each labelled with its instances, and a warning says why."""
+    runs = []
+    for seed, fingerprint in ((0, "c20844be32439279"), (1, "10d9502d2a62b811")):
+        run = make_task_run(tmp_path / str(seed), {64: 0.9, 128: 0.3}, task="babilong", seed=seed)
+        recorded = json.loads((run / "results.json").read_text())
+        recorded["run"]["corpus_fingerprint"] = fingerprint
+        (run / "results.json").write_text(json.dumps(recorded))
+        runs.append(read_run(run))
+    report = build_task_report(runs, ["encoder"])
+    assert sorted(g.label for g in report.groups) == ["encoder=rope [instances 10d9502d2a62]",
+                                                      "encoder=rope [instances c20844be3243]"]
+    assert all(len(g.runs) == 1 for g in report.groups)
+    assert any("scored on different instances" in w for w in report.warnings)
+    same = build_task_report([runs[0], read_run(make_task_run(tmp_path / "2", {64: 0.8, 128: 0.2}, seed=2))],
+                             ["encoder"])  # another task: its own group, nothing to tell apart
+    assert sorted(g.label for g in same.groups) == ["encoder=rope", "encoder=rope"] and not same.warnings
+
+
 def test_a_filtered_report_keeps_the_sweeps_own_summary(tmp_path):
     import io
 
