@@ -12,9 +12,9 @@ A row reports:
 - ``exact_match``: the share of instances whose every answer token is right, with the 95% Wilson score
   interval over the instances (Wilson 1927; the interval of choice for a proportion near 0 or 1, where the
   normal one leaves [0, 1]).
-- ``token_accuracy``: the share of answer tokens that are right, with the Wilson interval over the answer
-  tokens. Tokens of one instance are not independent trials, so this interval is narrower than the truth
-  when errors cluster within instances; ``exact_match``'s is not.
+- ``token_accuracy``: the share of answer tokens that are right, with a 95% interval over the instances
+  (:func:`token_accuracy_interval`): the tokens of one instance are no independent trials, their errors cluster,
+  so the instances are the units the interval counts, as ``exact_match``'s does.
 - ``answer_loss``: mean cross-entropy in nats of the answer tokens.
 - ``examples``, ``answer_tokens``, ``size`` (the instance size at that length).
 
@@ -63,14 +63,48 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[Option
     """
     if trials <= 0:
         return None, None
-    p = successes / trials
+    return _wilson(successes / trials, trials, z)
+
+
+def _wilson(p: float, trials: float, z: float) -> tuple[float, float]:
+    """:func:`wilson_interval` of a share ``p`` of ``trials`` (not necessarily whole: an effective sample size)."""
     z2 = z * z
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
     # at p = 0 (p = 1) the lower (upper) limit is exactly 0 (1); rounding would leave 1e-17 of it
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == trials else min(1.0, centre + half)
+    low = 0.0 if p == 0 else max(0.0, centre - half)
+    high = 1.0 if p == 1 else min(1.0, centre + half)
     return low, high
+
+
+def token_accuracy_interval(right: np.ndarray, total: np.ndarray,
+                            z: float = Z95) -> tuple[Optional[float], Optional[float]]:
+    """The 95% interval of token accuracy ``sum(right) / sum(total)`` (per instance: answer tokens right, answer
+    tokens), the instances its independent units: a cluster sample's ratio estimator.
+
+    Its variance is the linearised (delta-method) one of a ratio over clusters, ``sum((right_i - p total_i)²) /
+    sum(total)²`` (Cochran 1977, "Sampling Techniques", ch. 6, with ``n`` in place of ``n - 1``); the tokens it is
+    worth, the effective sample size ``p(1 - p) / variance`` (Kish 1965, "Survey Sampling": the tokens over the
+    design effect), at most the tokens; and the interval Wilson's at that size (Wilson 1927; with an effective
+    size as Franco et al. 2019, "Comparative study of confidence intervals for proportions in complex sample
+    surveys", JSSAM, recommend it). With one answer token per instance
+    it is ``exact_match``'s Wilson interval; when an instance's tokens are all right or all wrong together, too,
+    not ``sqrt(tokens per instance)`` times narrower, as a Wilson interval over the tokens would be. At ``p`` 0 or
+    1 the spread cannot be told, and the instances count as one trial each.
+
+    Returns:
+        ``(low, high)`` in [0, 1]; ``(None, None)`` without answer tokens.
+    """
+    tokens, instances = float(total.sum()), int(total.size)
+    if tokens <= 0:
+        return None, None
+    p = float(right.sum()) / tokens
+    variance = float(np.sum((right - p * total) ** 2)) / tokens ** 2
+    if p in (0.0, 1.0):
+        size = float(instances)
+    else:
+        size = min(tokens, p * (1 - p) / variance) if variance > 0 else tokens
+    return _wilson(p, size, z)
 
 
 def eval_instances(task: Task, length: int, count: int, depth: Optional[float] = None):
@@ -109,7 +143,7 @@ def _summarise(right: np.ndarray, total: np.ndarray, loss_sum: float) -> dict:
     exact = int((right == total).sum())
     correct = int(right.sum())
     em_low, em_high = wilson_interval(exact, examples)
-    tok_low, tok_high = wilson_interval(correct, answer_tokens)
+    tok_low, tok_high = token_accuracy_interval(right, total)
     return {"applicable": True, "exact_match": exact / examples if examples else None,
             "exact_match_low": em_low, "exact_match_high": em_high,
             "token_accuracy": correct / answer_tokens if answer_tokens else None,

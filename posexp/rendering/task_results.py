@@ -74,9 +74,9 @@ def task_markdown(results: dict) -> str:
         "",
         f"{task_description(run)}; {_trained(run)}, {run['params']:,} parameters. Each row scores fresh instances of "
         "exactly that length (the same instances for every run), teacher-forced: exact match = every answer "
-        "token is the argmax; token accuracy = share of answer tokens right. 95% Wilson intervals, over "
-        "instances (exact match) and over answer tokens (token accuracy, which treats the tokens of one instance "
-        "as independent).",
+        "token is the argmax; token accuracy = share of answer tokens right. 95% Wilson intervals over the "
+        "instances: of those solved (exact match), and at the instances' effective sample size (token accuracy: "
+        "the tokens of one instance are no independent trials).",
         "",
         "| length | × train |" + (" depth |" if depth else "") + " size | scaling | exact match % | 95% interval "
         "| token accuracy % | 95% interval | answer loss (nats) | instances |",

@@ -30,7 +30,8 @@ from posexp.reporting.table import Comparison, Group  # Comparison is read from 
 
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
 # flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
-NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length"}
+NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length",
+                  "different instances"}  # the last: a task run's, scored on another generator's or options' instances
 
 
 def parse_baseline(baseline: Sequence[str] | str | None, by: list[str]) -> list[Filter]:

@@ -9,19 +9,22 @@ acc@2x, acc@4x and maxlen@acc90). The table is built of the perplexity report's 
 groups compared with its reference group as perplexity groups are (with ``--by``; without, a sweep's runs over what
 the sweep varies), the best of each column bold.
 
-A run whose exact match at the training length (the plain rows) is within :data:`NEAR_CHANCE` of chance, a
-uniform guess of each answer token from the task's answer alphabet (:func:`posexp.tasks.chance_exact_match`;
-0 where the alphabet is not known), did not learn the task at 1×: its row is marked so, with a warning, for
+A run whose exact match at the training length (the plain rows) is within :data:`NEAR_CHANCE` of chance, what a
+guess scores without reading the instance (:func:`posexp.tasks.chance_exact_match`: a uniform guess of each answer
+token from the task's answer alphabet, or of the whole answer where the task says so; 0 where the alphabet is not
+known), did not learn the task at 1×: its row is marked so, with a warning, for
 what it shows past 1× says nothing of extrapolation.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.compare import (best_groups, compare_groups, comparison_json, comparison_markdown, parse_baseline,
                                       parse_margin, pick_reference, sweep_keys)
+from posexp.reporting.formatting import short_id
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
@@ -91,15 +94,25 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
         values = tuple(show_value(config_value(run, key)) for key in by)
-        # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths
-        key = (task, values, run.train_len) if by else (task, (i,), run.train_len)
+        # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths; nor runs scored
+        # on different instances (the task's fingerprint: its options and generator version)
+        instances = run.info.get("corpus_fingerprint")
+        key = (task, values, run.train_len, instances) if by else (task, (i,), run.train_len, instances)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else run_label[i]
         row = ReportRow(label, run, cells(run, report), None)
         groups.setdefault(key, Group(dict(zip(by, values)), label, [], task=task)).rows.append(row)
-    split = {k[:2] for k in groups if sum(other[:2] == k[:2] for other in groups) > 1}
+    apart = 0
     for key, group in groups.items():
-        group.label += f" train_len={show_value(key[2])}" if key[:2] in split else ""
+        same = [other for other in groups if other[:2] == key[:2]]
+        group.label += f" train_len={show_value(key[2])}" if len({k[2] for k in same}) > 1 else ""
+        if len({k[3] for k in same}) > 1:
+            group.label += f" [instances {short_id(key[3])}]"
+            apart += 1
         aggregate_group(group, report)
+    if apart:
+        report.warnings.append(f"{apart} groups have the same --by values but were scored on different instances (the "
+                               "task's fingerprint: its options or generator version differ); they are shown apart, "
+                               "never averaged together")
     report.groups = sorted(sort_groups(list(groups.values()), sort_key), key=lambda g: g.task)
     report.rows = [row for group in report.groups for row in group.rows]
     report.lengths = sorted({n for group in report.groups for n in group.cells})
@@ -108,6 +121,9 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     reference, equivalence = parse_baseline(baseline, list(by)), parse_margin(margin, list(by))
     for task in dict.fromkeys(g.task for g in report.groups) if by else ():
         lines = [g for g in report.groups if g.task == task]
+        usual = Counter(_instances(g) for g in lines for _ in g.rows).most_common(1)[0][0]
+        for group in (g for g in lines if _instances(g) != usual):  # never compared with the others
+            group.flags.append("different instances")
         if len(lines) > 1 and (chosen := pick_reference(lines, reference)) is not None:
             report.comparisons[task] = compare_groups(lines, report.metrics, chosen, report.by, equivalence)
     if not by and (keys := sweep_keys(list(runs))):  # a sweep's runs, a line each: compared over what it varies
@@ -118,6 +134,11 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
     return report
 
 
+def _instances(group: Group) -> Any:
+    """The fingerprint of the instances a group's runs were scored on (one per group)."""
+    return group.rows[0].run.info.get("corpus_fingerprint")
+
+
 def _mark_unlearned(groups: list[Group]) -> list[str]:
     """Count each group's runs that did not learn the task at 1x; the warning that names them (none if none)."""
     for row in (row for group in groups for row in group.rows if did_not_learn(row.run)):
@@ -126,8 +147,8 @@ def _mark_unlearned(groups: list[Group]) -> list[str]:
     if not marked:
         return []
     return [f"{UNLEARNED}: {'; '.join(marked)}: exact match at the training length within {100 * NEAR_CHANCE:g} "
-            "percentage points of chance (a uniform guess of each answer token), so what such a run shows past 1x "
-            "says nothing of extrapolation."]
+            "percentage points of chance (what a guess of the answer scores, reading nothing), so what such a run "
+            "shows past 1x says nothing of extrapolation."]
 
 
 def _cell_text(stat: Optional[Stat], decimals: int = 1, of: int = 0) -> str:

@@ -27,10 +27,9 @@ from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
 from posexp.registry import MODULE_KEY, construct, did_you_mean, option_params, options_dataclass
-from posexp.tasks.task import PAD, TASKS, Instances, Task
+from posexp.tasks.task import GENERATOR_VERSION, PAD, TASKS, Instances, Task
 
 LM = "lm"
-GENERATOR_VERSION = 1  # bump when a generator's output for the same seed changes
 DATA_ARGS = ("train", "val")  # what a task that uses_data takes of data: its token splits, never options
 _COMMON = ("name", "description", MODULE_KEY)  # keys of every task's config besides its options
 
@@ -143,11 +142,13 @@ def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: flo
 
 
 def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
-    """16 hex digits naming what a task's instances are made from: generator, options, and data for passkey."""
-    blob = json.dumps({"task": task.name, "options": task.options(), "version": GENERATOR_VERSION,
+    """16 hex digits naming what a task's instances are made from: generator (and its version), options, and data for
+    passkey."""
+    blob = json.dumps({"task": task.name, "options": task.options(), "version": task.generator_version(),
                        "data": data_fingerprint}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-__all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match", "check_task_name",
-           "option_names", "option_refusal", "options_schema", "task_class", "task_fingerprint", "task_options"]
+__all__ = ["GENERATOR_VERSION", "LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match",
+           "check_task_name", "option_names", "option_refusal", "options_schema", "task_class", "task_fingerprint",
+           "task_options"]

@@ -9,7 +9,8 @@ the story's question follows at the end. ``task.variant`` picks the bAbI task:
 - ``qa2`` (two supporting facts): people also pick up and drop objects; "Where is the milk?" -- where its holder
   is, or where it was dropped: the pick-up and a move.
 - ``qa7`` (counting): "How many objects is John carrying?" -- none, one, two or three, from every pick-up and
-  drop of his.
+  drop of his; each answer as likely (the story is made for an answer drawn first: four facts drawn at random
+  answer "one" 87% of the time, a score a model that never reads them would get).
 
 The stories are generated here (bAbI's own are a download) with bAbI's people, places and objects, every answer
 determined by the facts (:func:`answer`); the background is the text of ``data`` (its byte tokens: the training
@@ -29,7 +30,7 @@ answer word is scored, as a byte string, by exact match.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -42,6 +43,7 @@ PLACES = ("bathroom", "bedroom", "garden", "hallway", "kitchen", "office")
 OBJECTS = ("apple", "football", "milk")
 COUNTS = ("none", "one", "two", "three")
 VARIANTS = ("qa1", "qa2", "qa7")
+COUNTING_VERSION = 2  # qa7's generator: version 1 answered "one" in 87% of stories
 FACTS = 4  # facts per story: short enough for the contexts small models train at
 BAND = 0.2  # width of the depth band the facts lie in (the authors recommend task_end_pct - task_start_pct >= 0.2)
 NEWLINE = 10
@@ -63,21 +65,47 @@ def _story(variant: str, rng: np.random.Generator) -> list[tuple]:
     events: list[tuple] = []
     while len(events) < FACTS:
         who = PEOPLE[int(rng.integers(len(PEOPLE)))]
-        roll = rng.random() if variant != "qa1" else 0.0
-        free = [o for o in OBJECTS if o not in held]
-        mine = [o for o, h in held.items() if h == who]
-        if roll > 0.7 and mine:
-            obj = mine[int(rng.integers(len(mine)))]
-            del held[obj]
-            events.append(("drop", who, obj))
-        elif roll > 0.35 and free and who in where:
-            obj = free[int(rng.integers(len(free)))]
-            held[obj] = who
-            events.append(("get", who, obj))
-        else:
-            where[who] = PLACES[int(rng.integers(len(PLACES)))]
-            events.append(("move", who, where[who]))
+        events.append(_act(who, rng.random() if variant != "qa1" else 0.0, where, held, rng))
     return events
+
+
+def _act(who: str, roll: float, where: dict[str, str], held: dict[str, str], rng: np.random.Generator) -> tuple:
+    """The event of ``who`` at ``roll`` in [0, 1] (above 0.7: a drop, above 0.35: a pick-up, where the world allows
+    it; else a move), done to the world ``where`` / ``held``."""
+    free = [o for o in OBJECTS if o not in held]
+    mine = [o for o, h in held.items() if h == who]
+    if roll > 0.7 and mine:
+        obj = mine[int(rng.integers(len(mine)))]
+        del held[obj]
+        return "drop", who, obj
+    if roll > 0.35 and free and who in where:
+        obj = free[int(rng.integers(len(free)))]
+        held[obj] = who
+        return "get", who, obj
+    where[who] = PLACES[int(rng.integers(len(PLACES)))]
+    return "move", who, where[who]
+
+
+def _counting_story(count: int, rng: np.random.Generator) -> tuple[list[tuple], str]:
+    """A qa7 story whose subject ends up holding ``count`` objects, and the subject: drawn for the answer, so every
+    count is as likely (stories drawn as :func:`_story` draws them answer "one" 87% of the time in four facts, and
+    "three" one in a thousand). The subject moves, picks up ``count`` objects (none: one, dropped again), in
+    that order at random places among the ``FACTS``; the other facts are anyone's events as :func:`_story` draws
+    them, the subject's only moves, so its count is its own pick-ups less its drops; asked, as bAbI's counting asks,
+    about someone who handled objects."""
+    subject = PEOPLE[int(rng.integers(len(PEOPLE)))]
+    rolls = [0.0] + [0.5] * max(count, 1) + [1.0] * (count == 0)  # _act's rolls of a move, pick-ups, a drop
+    mine, own = set(rng.choice(FACTS, size=len(rolls), replace=False).tolist()), iter(rolls)
+    where: dict[str, str] = {}
+    held: dict[str, str] = {}
+    events = []
+    for i in range(FACTS):
+        if i in mine:
+            events.append(_act(subject, next(own), where, held, rng))
+            continue
+        who = PEOPLE[int(rng.integers(len(PEOPLE)))]
+        events.append(_act(who, rng.random() if who != subject else 0.0, where, held, rng))
+    return events, subject
 
 
 def answer(variant: str, events: list[tuple], subject: str) -> Optional[str]:
@@ -112,6 +140,11 @@ def answer(variant: str, events: list[tuple], subject: str) -> Optional[str]:
 def question(variant: str, subject: str) -> str:
     return {"qa1": f"Where is {subject}? A: ", "qa2": f"Where is the {subject}? A: ",
             "qa7": f"How many objects is {subject} carrying? A: "}[variant]
+
+
+def _words(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The answer words of the variant a task of recorded ``options`` asks."""
+    return COUNTS if options.get("variant") == "qa7" else PLACES
 
 
 def _subjects(variant: str) -> tuple[str, ...]:
@@ -158,10 +191,15 @@ class Babilong(Passkey):
 
     @classmethod
     def answer_values(cls, options) -> Optional[int]:
-        """The bytes an answer word of the variant is spelled with (places; counts for qa7): chance as the reports
-        define it, a uniform guess of each answer token (a guess of the word would do better: 1/6 of places)."""
-        words = COUNTS if options.get("variant") == "qa7" else PLACES
-        return len(set("".join(words)))
+        """The bytes an answer word of the variant is spelled with (places; counts for qa7)."""
+        return len(set("".join(_words(options))))
+
+    @classmethod
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+        """A guess of the answer word: each variant's words are as likely, so 1/6 of places (qa1, qa2), 1/4 of counts
+        (qa7), what a model that always says one word scores without reading a fact. A uniform guess of each answer
+        byte, far below it (7^-3.5 for counts), would call such a model learned."""
+        return 1 / len(_words(options))
 
     def overhead(self) -> int:
         """Tokens of an instance besides its background, for the longest facts, question and answer."""
@@ -192,8 +230,16 @@ class Babilong(Passkey):
             answers[i, total - tail[1].size:] = True
         return Instances(tokens, answers)
 
+    def generator_version(self) -> int:
+        """qa7's instances are version 2: each count as likely (:func:`_counting_story`); qa1's and qa2's unchanged."""
+        return COUNTING_VERSION if self.variant == "qa7" else super().generator_version()
+
     def _asked(self, rng: np.random.Generator) -> tuple[list[tuple], str, str]:
-        """A story, a subject its facts answer about, and the answer; redrawn until the story answers one."""
+        """A story, a subject its facts answer about, and the answer; redrawn until the story answers one (qa7: the
+        answer drawn first, uniformly, and a story made for it)."""
+        if self.variant == "qa7":
+            events, subject = _counting_story(int(rng.integers(len(COUNTS))), rng)
+            return events, subject, str(answer(self.variant, events, subject))
         while True:
             events = _story(self.variant, rng)
             subjects = [s for s in _subjects(self.variant) if answer(self.variant, events, s) is not None]

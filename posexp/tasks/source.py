@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from posexp.config.schema import Config, eval_lengths
 from posexp.data.tokens import Corpus
-from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_class, task_fingerprint
+from posexp.tasks import Task, build_task, task_class, task_fingerprint
 
 
 def reads_data(task_cfg: Mapping[str, Any]) -> bool:
@@ -61,7 +61,7 @@ class TrainingSource:
             out.update(corpus=f"task {task.name}, filler from {self.corpus.name}", tokenizer=self.corpus.tokenizer,
                        data_fingerprint=self.corpus.fingerprint, corpus_source=self.corpus.source)
         out["task"] = {"name": task.name, "options": task.options(), "min_size": task.min_size,
-                       "citation": task.citation, "generator_version": GENERATOR_VERSION,
+                       "citation": task.citation, "generator_version": task.generator_version(),
                        "fingerprint": self.fingerprint}
         return out
 

@@ -24,6 +24,7 @@ from posexp.errors import ConfigError
 from posexp.registry import Registry, option_params
 
 PAD = 0  # every task's token 0: fills a length an instance does not use; never an answer
+GENERATOR_VERSION = 1  # a task's generator_version() unless it bumps its own: its output for the same seed changed
 
 
 @dataclass
@@ -115,6 +116,12 @@ class Task(ABC):
         where every instance of the size has as many; a task whose answers vary in length says its own mean."""
         values = cls.answer_values(options)
         return None if values is None or answer_tokens <= 0 else float(values) ** -float(answer_tokens)
+
+    def generator_version(self) -> int:
+        """The version of the instances the task makes with its options: the fingerprint of a run's task holds it
+        (:func:`posexp.tasks.task_fingerprint`), so a run trained and scored on other instances is refused by
+        ``posexp eval`` and set apart by reports. Bumped, by a task, where its output for the same seed changes."""
+        return GENERATOR_VERSION
 
     def check_filler(self, size: int, split: str) -> None:
         """A task that ``uses_data``: refuse instances of ``size`` the data's ``split`` cannot fill; the others read

@@ -158,6 +158,29 @@ def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
     assert all(len(g.runs) == 1 for g in report.groups)
 
 
+def test_runs_scored_on_different_instances_are_never_averaged(tmp_path):
+    """Two seeds of task=babilong task.variant=qa7, one trained before its generator changed (its instances, and so
+    its fingerprint, another's): ``--by encoder`` averaged them into one mean as if seeds of one experiment. They
+    are shown apart, each labelled with its instances, and a warning says why."""
+    runs = []
+    for seed, fingerprint in ((0, "c20844be32439279"), (1, "10d9502d2a62b811")):
+        run = make_task_run(tmp_path / str(seed), {64: 0.9, 128: 0.3}, task="babilong", seed=seed)
+        recorded = json.loads((run / "results.json").read_text())
+        recorded["run"]["corpus_fingerprint"] = fingerprint
+        (run / "results.json").write_text(json.dumps(recorded))
+        runs.append(read_run(run))
+    report = build_task_report(runs, ["encoder"])
+    assert sorted(g.label for g in report.groups) == ["encoder=rope [instances 10d9502d2a62]",
+                                                      "encoder=rope [instances c20844be3243]"]
+    assert all(len(g.runs) == 1 for g in report.groups)
+    assert any("scored on different instances" in w for w in report.warnings)
+    (comparison,) = report.comparisons.values()  # nor compared, as if one of them were the other's baseline
+    assert all(d.reason == "measured differently: different instances" for d in comparison.differences)
+    same = build_task_report([runs[0], read_run(make_task_run(tmp_path / "2", {64: 0.8, 128: 0.2}, seed=2))],
+                             ["encoder"])  # another task: its own group, nothing to tell apart
+    assert sorted(g.label for g in same.groups) == ["encoder=rope", "encoder=rope"] and not same.warnings
+
+
 def test_a_filtered_report_keeps_the_sweeps_own_summary(tmp_path):
     import io
 
@@ -330,6 +353,34 @@ def test_chance_of_a_task_whose_answers_vary_in_length_is_the_mean_over_its_inst
         row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
     (run / "results.json").write_text(json.dumps(recorded))
     assert did_not_learn(read_run(run))
+
+
+@pytest.mark.parametrize("variant", ["qa1", "qa2", "qa7"])
+def test_a_babilong_model_that_always_says_one_word_is_at_chance_and_did_not_learn(tmp_path, variant):
+    """Chance was a uniform guess of each answer byte (7^-3.5 for qa7's counts, 18^-6.5 for the places), about 0:
+    a model that always answered "one" (qa7) or "kitchen" (qa1), never reading a fact, beat it by 25 and 17 points
+    and was called learned. Chance is the best such constant answer, one word in four or six; a run 3 points above
+    it did not learn, one at 45% did."""
+    import numpy as np
+
+    from posexp.tasks import chance_exact_match
+    from helpers.tasks import make
+
+    task = make("babilong", variant=variant)
+    made = task.instances(256, 2000, np.random.default_rng(0), split="val")
+    words = [bytes(row[answer].tolist()) for row, answer in zip(made.tokens, made.answer)]
+    constant = max(words.count(w) for w in set(words)) / len(words)  # the best word to always say, and its score
+    chance = chance_exact_match("babilong", task.options(), float(made.answer.sum(1).mean()), task.size_for(256))
+    assert chance == pytest.approx(constant, abs=0.03)
+    for accuracy, learned in ((chance + 0.03, False), (0.45, True)):
+        run = make_task_run(tmp_path / f"{variant}-{accuracy}", {256: accuracy, 512: 0.1}, task="babilong",
+                            train_len=256)
+        recorded = json.loads((run / "results.json").read_text())
+        recorded["run"]["task"]["options"] = task.options()
+        for row in recorded["rows"]:
+            row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
+        (run / "results.json").write_text(json.dumps(recorded))
+        assert did_not_learn(read_run(run)) is not learned
 
 
 def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):

@@ -7,12 +7,15 @@ instances are a function of the seed.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
 from posexp.errors import ConfigError
-from posexp.tasks.babilong import BAND, VARIANTS, Babilong
-from helpers.tasks import FACT, solve_babilong
+from posexp.tasks import GENERATOR_VERSION, task_fingerprint
+from posexp.tasks.babilong import BAND, COUNTS, PLACES, VARIANTS, Babilong
+from helpers.tasks import FACT, make, solve_babilong
 
 LINES = b"".join(b"line %d of the background text, as code or prose has.\n" % i for i in range(300))
 TEXT = np.frombuffer(LINES, dtype=np.uint8).astype(np.int64)
@@ -66,6 +69,28 @@ def test_instances_are_deterministic_per_seed_and_read_the_split_asked():
     assert not np.array_equal(a.tokens, c.tokens)
     train = task.instances(300, 8, np.random.default_rng(5), depth=0.5, split="train")
     assert b"line 1" not in bytes(train.tokens[0].tolist())[:10] or not np.array_equal(train.tokens, a.tokens)
+
+
+@pytest.mark.parametrize("variant,words", [("qa1", PLACES), ("qa2", PLACES), ("qa7", COUNTS)])
+def test_every_answer_word_is_about_equally_likely(variant, words):
+    """qa7 answered "one" in 87% of stories: a model that always said "one" scored 87% without reading one fact. Each
+    answer word now comes up 1 / len(words) of the time (a 2,000-instance share within 0.05 of it)."""
+    made = Babilong(TEXT, TEXT, variant).instances(400, 2000, np.random.default_rng(0), split="val")
+    said = Counter(bytes(row[answer].tolist()).decode() for row, answer in zip(made.tokens, made.answer))
+    assert set(said) == set(words)
+    assert all(abs(n / 2000 - 1 / len(words)) < 0.05 for n in said.values()), said
+
+
+def test_new_qa7_instances_have_a_new_fingerprint_and_the_unchanged_variants_keep_theirs():
+    """An old qa7 run (its "one"-heavy instances) is never silently compared with, or re-evaluated on, the new
+    ones: its fingerprint differs. qa1, qa2 and every other task make the instances they made, under the same
+    fingerprint."""
+    qa1, qa7 = Babilong(TEXT, TEXT, "qa1"), Babilong(TEXT, TEXT, "qa7")
+    assert qa1.generator_version() == Babilong(TEXT, TEXT, "qa2").generator_version() == GENERATOR_VERSION
+    assert qa7.generator_version() > GENERATOR_VERSION
+    assert task_fingerprint(make("copy")) == "7810ca83386c9f38"  # unchanged since version 1
+    assert task_fingerprint(qa1, "data") == "9d14a5d35aeda674"
+    assert task_fingerprint(qa7, "data") != "2d87bef6b618e3a0"  # version 1's
 
 
 def test_a_bad_variant_names_the_key_and_the_choices():
