@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib
 import importlib.metadata
 import inspect
@@ -143,6 +144,63 @@ def shadowed(top: str, roots: Sequence[str | os.PathLike]) -> Optional[str]:
                     f"name, {where}, which Python imports first; rename your package (e.g. my_{top}) and the module: "
                     "key of its yaml")
     return None
+
+
+def source_file(cls: type) -> Optional[Path]:
+    """The file that defines ``cls``; None where there is none (a class made at run time)."""
+    try:
+        return Path(inspect.getfile(cls)).resolve()
+    except (TypeError, OSError):
+        return None
+
+
+def file_sha256(path: Optional[Path]) -> Optional[str]:
+    """SHA-256 of a file's bytes; None if it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else None
+    except OSError:
+        return None
+
+
+def package_sha256(cls: type) -> Optional[str]:
+    """SHA-256 over every ``.py`` file of the top-level package ``cls``'s module belongs to (``my_encoders/`` for
+    ``my_encoders.logrope``): the helper modules a class imports change what it does as much as its own file
+    does. None for a module outside any package (its own file's SHA-256 is all there is to go by)."""
+    top = cls.__module__.split(".")[0]
+    package = sys.modules.get(top)
+    folders = [Path(p) for p in getattr(package, "__path__", None) or []] if top != cls.__module__ else []
+    if not folders:
+        return None
+    digest = hashlib.sha256()
+    for folder in folders:
+        for file in sorted(f for f in folder.rglob("*.py") if "__pycache__" not in f.parts):
+            digest.update(f"{file.relative_to(folder)}\0{file_sha256(file) or 'unreadable'}\n".encode())
+    return digest.hexdigest()
+
+
+def code_record(cls: type) -> dict:
+    """What a run records of the code of a class of the user's (a plugin encoder, task or tracker), to import it
+    again from where the run found it (:func:`import_roots`) and to notice when it changed: ``module``,
+    ``class``, ``file`` (absolute), ``sha256`` of that file, and ``package_sha256`` of its package's files
+    (:func:`package_sha256`, where it is in one)."""
+    path = source_file(cls)
+    record = {"module": cls.__module__, "class": cls.__qualname__, "file": str(path) if path else None,
+              "sha256": file_sha256(path)}
+    package = package_sha256(cls)
+    if package is not None:
+        record["package_sha256"] = package
+    return record
+
+
+def import_roots(record: Mapping[str, Any]) -> list[str]:
+    """The folder a run imported a recorded module from (:func:`code_record`): its file less one folder per
+    dotted part; [] when the record names no file."""
+    file, module = record.get("file"), str(record.get("module") or "")
+    if not file or not module:
+        return []
+    path = Path(file)
+    depth = len(module.split(".")) + (1 if path.name == "__init__.py" else 0)
+    return [str(path.parents[depth - 1])] if len(path.parents) >= depth else []
 
 
 class Registry(Mapping[str, type[T]], Generic[T]):

@@ -26,7 +26,7 @@ from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_con
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
-from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
+from posexp.runs.provenance import provenance, run_label, source_fields, write_plugin_sources, write_run_status
 from posexp.commands.evaluator import check_key_tokens, for_run
 from posexp.commands.pretrained import hf_evaluator
 from posexp.evaluation.runner import evaluate_config
@@ -226,7 +226,7 @@ def _run(job: TrainJob) -> dict:
         model = build_model(spec, source.vocab_size, init=start)
     _announce(job, model, source, chosen)
     if w.is_main and not resume:
-        write_encoder_source(run_dir, spec.encoder)
+        write_plugin_sources(run_dir, {**source_fields(spec.encoder), **source.sources()})
     with _tracked(job, warn) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
         reused = distributed.broadcast(cache.lookup(spec, source.fingerprint, job.launched_in)) if spec.cache and not resume else None

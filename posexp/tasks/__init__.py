@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -59,15 +59,16 @@ def options_schema(cls: type[Task]) -> type:
     return options_dataclass(f"{cls.__name__}Options", cls.__init__, DATA_ARGS, first, bases=(TaskConfig,))
 
 
-def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
-    """The class of a ``task`` config: a built-in, or the one ``task.module`` (the user's module) registers.
+def task_class(task_cfg: Mapping[str, Any], roots: Sequence[str] = ()) -> type[Task]:
+    """The class of a ``task`` config: a built-in, or the one ``task.module`` (the user's module) registers,
+    imported from the working folder, else from ``roots`` (where a run found it).
 
     Raises:
         ConfigError: an unknown task, ``task=lm`` (no generated task), or a module that registers no such task.
     """
     name, module = str(task_cfg.get("name", LM)), task_cfg.get(MODULE_KEY)
     if module:
-        return TASKS.from_module(name, str(module))
+        return TASKS.from_module(name, str(module), roots)
     check_task_name(name)
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional
 
 from posexp.config.schema import Config, eval_lengths
 from posexp.data.tokens import Corpus
+from posexp.registry import code_record
 from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_class, task_fingerprint
 
 
@@ -50,6 +51,13 @@ class TrainingSource:
         data = corpus.fingerprint if corpus is not None and task.uses_data else None
         return cls(task.vocab_size, task_fingerprint(task, data), task=task, corpus=corpus)
 
+    def sources(self) -> dict:
+        """What results.json records of the code of a task of the user's: ``task_source``
+        (:func:`posexp.registry.code_record`), as a plugin encoder's ``encoder_source``; {} for posexp's own."""
+        if self.task is None or type(self.task).__module__.startswith("posexp.tasks."):
+            return {}
+        return {"task_source": code_record(type(self.task))}
+
     def info(self) -> dict:
         """What results.json records of the training data."""
         if self.task is None:
@@ -63,7 +71,7 @@ class TrainingSource:
         out["task"] = {"name": task.name, "options": task.options(), "min_size": task.min_size,
                        "citation": task.citation, "generator_version": GENERATOR_VERSION,
                        "fingerprint": self.fingerprint}
-        return out
+        return {**out, **self.sources()}
 
     def describe(self) -> str:
         """For the line a run starts with."""

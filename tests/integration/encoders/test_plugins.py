@@ -470,7 +470,7 @@ def test_a_plugin_package_named_like_a_standard_module_is_told_so(tmp_path, regi
 def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_file(project, registry_state,
                                                                                   monkeypatch, tmp_path):
     """The encoder's own file unchanged, a module of its package it may import edited since training."""
-    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.commands.plugin_source import check_plugin_sources
     from posexp.errors import PosexpError
 
     monkeypatch.chdir(project)
@@ -480,10 +480,10 @@ def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_fil
     assert recorded["package_sha256"]
     results = {"run": {"encoder_source": recorded}}
     encoder = {"name": "logrope", "module": "my_encoders.logrope"}
-    check_encoder_source(tmp_path, encoder, results)  # as trained: nothing to say
+    check_plugin_sources(tmp_path, {"encoder": encoder}, results)  # as trained: nothing to say
     (project / "my_encoders" / "helpers.py").write_text("SCALE = 2.0\n")
     with pytest.raises(PosexpError, match=r"a file of encoder 'logrope''s package my_encoders changed since"):
-        check_encoder_source(tmp_path, encoder, results)
+        check_plugin_sources(tmp_path, {"encoder": encoder}, results)
     said: list[str] = []
-    check_encoder_source(tmp_path, encoder, results, allow_changed=True, warn=said.append)
+    check_plugin_sources(tmp_path, {"encoder": encoder}, results, allow_changed=True, warn=said.append)
     assert said and "going on with the code as it is now" in said[0]
