@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TINY_RUN, run_cli
+from helpers.plugins import write_lab
 
 EXAMPLE = REPO / "scripts" / "plugin_example"
 TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256",
@@ -126,61 +127,11 @@ def test_a_plugin_runs_model_loads_from_its_recorded_file_and_refuses_a_changed_
     assert "going on with the code as it is now" in allowed.stderr
 
 
-TASK = '''
-"""task=first: read a string, then write its first symbol `repeats` times."""
-from typing import Optional
-
-import numpy as np
-
-from posexp.tasks.task import TASKS, Task, fill, with_answer
-
-
-@TASKS.register("first")
-class First(Task):
-    default_symbols = 8
-    size_unit = "symbols"
-
-    def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, repeats: int = 1):
-        super().__init__(symbols, min_size)
-        self.repeats = int(repeats)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.symbols + 2  # padding, the symbols, the separator
-
-    def tokens_for(self, size: int) -> int:
-        return size + 1 + self.repeats
-
-    def options(self) -> dict:
-        return {"symbols": self.symbols, "repeats": self.repeats}
-
-    def generate(self, size, count, rng, **options):
-        text = fill(count, size, self.symbols + 1, rng, low=1)
-        sep = np.full((count, 1), self.symbols + 1)
-        return with_answer([(text, False), (sep, False), (np.repeat(text[:, :1], self.repeats, axis=1), True)])
-'''
-
-TASK_YAML = '''
-# @package _global_
-task:
-  name: first
-  module: my_lab.first
-  symbols: 8
-  min_size: null
-  repeats: 2
-'''
-
-
 def test_a_plugin_tasks_run_is_evaluated_from_another_folder(tmp_path):
     """A task of one's own module (conf/task/first.yaml's task.module) is found again, as a plugin encoder is, from
     the file the run recorded: ``posexp eval RUN`` started in a folder that does not hold my_lab/."""
-    lab, elsewhere = tmp_path / "lab", tmp_path / "elsewhere"
-    (lab / "my_lab").mkdir(parents=True)
-    (lab / "conf" / "task").mkdir(parents=True)
+    lab, elsewhere = write_lab(tmp_path / "lab"), tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (lab / "my_lab" / "__init__.py").write_text("")
-    (lab / "my_lab" / "first.py").write_text(TASK.lstrip())
-    (lab / "conf" / "task" / "first.yaml").write_text(TASK_YAML.lstrip())
     proc = run_cli("train", "--config-dir", "conf", "task=first", *TINY_RUN, "train.steps=3", "eval.examples=8",
                    "eval.multiples=[1]", "hydra.run.dir=run", cwd=lab)
     assert proc.returncode == 0, proc.stderr[-2000:]
