@@ -150,3 +150,18 @@ def test_a_plugin_tasks_run_is_evaluated_from_another_folder(tmp_path):
     refused = run_cli("eval", str(lab / "run"), "eval.lengths=[64]", "eval.examples=8", cwd=elsewhere)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "the source of task 'first' changed since the run was trained" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_a_plugin_trackers_run_is_updated_by_eval_from_another_folder(tmp_path):
+    """A tracker of one's own module (logger.jsonl.module) is imported again from where the run had it: ``posexp
+    eval RUN`` from a folder that does not hold my_lab/ appends its rows to the tracked run, with no warning."""
+    lab, elsewhere = write_lab(tmp_path / "lab"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_cli("train", "--config-dir", "conf", "task=copy", "logger=jsonl", *TINY_RUN, "train.steps=3",
+                   "eval.examples=8", "eval.multiples=[1]", "hydra.run.dir=run", cwd=lab)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = run_cli("eval", str(lab / "run"), "eval.lengths=[48]", "eval.examples=8", cwd=elsewhere)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "warning" not in again.stdout + again.stderr, again.stdout + again.stderr
+    events = [json.loads(line) for line in (lab / "run" / "events.jsonl").read_text().splitlines()]
+    assert 48 in {e.get("length") for e in events if e["event"] == "eval"}
