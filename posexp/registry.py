@@ -24,6 +24,7 @@ import logging
 import os
 import pkgutil
 import sys
+import traceback
 import typing
 from pathlib import Path
 from collections.abc import Iterator, Mapping
@@ -32,6 +33,7 @@ from typing import Any, Callable, Generic, Iterable, Optional, Sequence, TypeVar
 from posexp.errors import ConfigError, PosexpError
 
 T = TypeVar("T")
+K = TypeVar("K")
 MODULE_KEY = "module"  # the config key naming the user's module a class of theirs registers in
 log = logging.getLogger("posexp.registry")
 
@@ -201,6 +203,27 @@ def import_roots(record: Mapping[str, Any]) -> list[str]:
     path = Path(file)
     depth = len(module.split(".")) + (1 if path.name == "__init__.py" else 0)
     return [str(path.parents[depth - 1])] if len(path.parents) >= depth else []
+
+
+def raised_in(error: BaseException, records: Mapping[K, Mapping[str, Any]]) -> Optional[tuple[K, str]]:
+    """Which code of the user's raised ``error``: the key of the record (:func:`code_record`) whose file holds the
+    innermost frame of the traceback that is in such a file (else in a file of its package: a helper it calls), with
+    that frame's function (``Slipped.rotate``); None when no frame is the user's code (posexp's own error)."""
+    files, packages = {}, {}
+    for key, record in records.items():
+        roots, module = import_roots(record), str(record.get("module") or "")
+        if record.get("file"):
+            files[key] = Path(str(record["file"])).resolve()
+        if roots and "." in module:
+            packages[key] = (Path(roots[0]) / module.split(".")[0]).resolve()
+    mine: Optional[tuple[K, str]] = None
+    helper: Optional[tuple[K, str]] = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        path, code = Path(frame.f_code.co_filename).resolve(), frame.f_code
+        function = getattr(code, "co_qualname", code.co_name)  # Python 3.11 on: Class.method
+        mine = next(((key, function) for key, file in files.items() if path == file), mine)
+        helper = next(((key, function) for key, folder in packages.items() if folder in path.parents), helper)
+    return mine or helper
 
 
 class Registry(Mapping[str, type[T]], Generic[T]):

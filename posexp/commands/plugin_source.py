@@ -17,7 +17,7 @@ from posexp.encoders import load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
 from posexp.errors import PosexpError
 from posexp.registry import code_record, import_roots
-from posexp.runs.provenance import recorded_sources
+from posexp.runs.provenance import by_plugin, recorded_sources
 from posexp.tasks import task_class
 
 ALLOW_FLAG = "--allow-changed-encoder"
@@ -38,19 +38,14 @@ def check_plugin_sources(run_dir: Path, config: Mapping[str, Any], results: Opti
     Raises:
         PosexpError: one line: a plugin cannot be imported here, or its source changed since the run was trained.
     """
-    fields = recorded_sources(run_dir, results)
-    encoder = config["encoder"]
+    encoder, task = config["encoder"], config.get("task") or {}  # a run of before tasks has none
     name = str(encoder["name"])
-    encoders = {name: fields["encoder_source"]} if "encoder_source" in fields else fields.get("layer_sources", {})
-    for plugin, recorded in encoders.items():
-        module = encoder.get(MODULE_KEY) if plugin == name else None
-        _check_one(run_dir, f"encoder {plugin!r}", recorded, partial(_encoder_now, plugin, module, recorded),
-                   allow_changed, warn, allow_option)
-    if "task_source" in fields:
-        recorded = fields["task_source"]
-        _check_one(run_dir, f"task {config['task']['name']!r}", recorded,
-                   lambda: code_record(task_class(config["task"], import_roots(recorded))), allow_changed, warn,
-                   allow_option)
+    for (kind, plugin), recorded in by_plugin(recorded_sources(run_dir, results), name, str(task.get("name"))).items():
+        if kind == "task":
+            now = partial(_task_now, task, recorded)
+        else:
+            now = partial(_encoder_now, plugin, encoder.get(MODULE_KEY) if plugin == name else None, recorded)
+        _check_one(run_dir, f"{kind} {plugin!r}", recorded, now, allow_changed, warn, allow_option)
 
 
 def _encoder_now(name: str, module: Optional[str], recorded: dict) -> dict:
@@ -59,6 +54,12 @@ def _encoder_now(name: str, module: Optional[str], recorded: dict) -> dict:
     if module:
         load_plugin(name, str(module), roots=import_roots(recorded))
     return source_record(name) or {}
+
+
+def _task_now(task: Mapping[str, Any], recorded: dict) -> dict:
+    """The record of the code of the user's task of a ``task`` config as it is here (imported as
+    :func:`_encoder_now` imports an encoder)."""
+    return code_record(task_class(task, import_roots(recorded)))
 
 
 def _check_one(run_dir: Path, what: str, recorded: dict, load: Callable[[], dict], allow_changed: bool,

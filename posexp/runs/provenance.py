@@ -62,6 +62,17 @@ def source_fields(encoder: Mapping[str, Any]) -> dict:
     return {"encoder_source": sources[name]} if name in sources else {"layer_sources": sources}
 
 
+def by_plugin(fields: Mapping[str, dict], encoder_name: str, task_name: str) -> dict[tuple[str, str], dict]:
+    """The records of :func:`source_fields` (and ``task_source``) by plugin: ``("encoder", NAME)`` for a plugin
+    encoder or each plugin layer of a ``mixed`` one, ``("task", NAME)`` for a task of the user's."""
+    encoders = {encoder_name: fields["encoder_source"]} if "encoder_source" in fields else \
+        fields.get("layer_sources", {})
+    out = {("encoder", name): record for name, record in encoders.items()}
+    if "task_source" in fields:
+        out[("task", task_name)] = fields["task_source"]
+    return out
+
+
 def write_plugin_sources(run_dir: Path, fields: Mapping[str, dict]) -> None:
     """Record the plugin code a run builds (``fields``: :data:`SOURCE_KEYS`, as results.json has them) in the run
     folder as training starts, for ``posexp resume`` to find and compare with (results.json records it too, once

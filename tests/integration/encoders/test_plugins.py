@@ -104,6 +104,39 @@ def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
     assert (project / "run" / "results.json").is_file()
 
 
+RAISES_IN_ROTATE = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("slipped")
+class Slipped(PositionalEncoder):
+    """Builds, then raises in its first forward: a researcher's bug that shows only once a model runs."""
+
+    def rotate(self, q, k, q_pos, k_pos):
+        raise IndexError("my bug: position 40 out of range")
+'''
+
+
+def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_its_traceback_in_train_log(project):
+    """Python's traceback on the terminal, train.log without it and a folder that said 'an unfinished run; continue
+    it with posexp resume' (which raised the same again): one line naming the encoder and train.log, which holds the
+    traceback, and a results.json that records the run as failed, as a failed sweep job's does."""
+    (project / "my_encoders" / "slipped.py").write_text(RAISES_IN_ROTATE)
+    (project / "conf" / "encoder" / "slipped.yaml").write_text(
+        "defaults:\n  - /schema/encoder/slipped@_here_\n  - _self_\nmodule: my_encoders.slipped\n")
+    done = invoke("train", "--config-dir", "conf", "encoder=slipped", *TINY, "hydra.run.dir=run", cwd=project)
+    run = project / "run"
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: encoder=slipped: Slipped.rotate raised IndexError: my bug: position 40 out of range; the run "
+        f"stopped, the traceback is in {run / 'train.log'}"]
+    log = (run / "train.log").read_text()
+    assert "Traceback" in log and 'raise IndexError("my bug: position 40 out of range")' in log
+    recorded = json.loads((run / "results.json").read_text())["run"]
+    assert recorded["status"] == "failed" and "Slipped.rotate raised IndexError" in recorded["error"]["message"]
+    assert recorded["encoder_source"]["module"] == "my_encoders.slipped"
+
+
 @pytest.mark.parametrize("args,expected", [
     (("encoder=logrope",), "--config-dir CONF"),  # the yaml's folder not given
     (("--config-dir", "conf", "+encoder._target_=my_encoders.logrope.LogRoPE"), "module: PACKAGE.MODULE"),
