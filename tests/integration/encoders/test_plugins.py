@@ -153,6 +153,18 @@ def test_wrong_guesses_fail_in_one_line_naming_the_way_that_works(project, args,
     assert not (project / "outputs").exists()  # refused before any run folder
 
 
+def test_a_typo_in_a_plugins_yaml_stops_train_in_one_line_naming_the_keys(project):
+    """Hydra's text ('In 'encoder/logrope': ConfigKeyError raised while composing config:; Key 'scael' not in
+    'LogRoPEOptions'; ...') was all a key misspelt in the yaml got: the line a misspelt command-line key gets."""
+    yaml = project / "conf" / "encoder" / "logrope.yaml"
+    yaml.write_text(yaml.read_text().replace("scale: 64.0", "scael: 64.0"))
+    result = invoke("train", "--config-dir", "conf", "encoder=logrope", *TINY, cwd=project)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: encoder.scael is not a config key; did you mean encoder.scale? keys of encoder: name, module, base, "
+        "scale, lr_mult"], result.stderr
+
+
 def test_list_shows_plugins_with_where_they_come_from(project):
     result = invoke("list", "--config-dir", "conf", cwd=project)
     assert result.exit_code == 0, result.output
