@@ -165,6 +165,18 @@ def test_a_typo_in_a_plugins_yaml_stops_train_in_one_line_naming_the_keys(projec
         "scale, lr_mult"], result.stderr
 
 
+def test_a_typo_in_a_plugins_yaml_stops_check_in_one_line_naming_its_options(project):
+    """'logrope.yaml: encoder.scael: Key 'scael' not in 'LogRoPEOptions'' named no option the encoder takes: the
+    line a misspelt option of posexp check's command line gets, after the yaml's path."""
+    yaml = project / "conf" / "encoder" / "logrope.yaml"
+    yaml.write_text(yaml.read_text().replace("scale: 64.0", "scael: 64.0"))
+    result = invoke("check", "--config-dir", "conf", "logrope", cwd=project)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: {yaml}: encoder.scael: not an option of encoder 'logrope'; did you mean scale? its options are: "
+        "base, scale, lr_mult"], result.stderr
+
+
 def test_list_shows_plugins_with_where_they_come_from(project):
     result = invoke("list", "--config-dir", "conf", cwd=project)
     assert result.exit_code == 0, result.output
