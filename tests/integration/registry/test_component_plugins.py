@@ -6,6 +6,7 @@ points again, the schemas are stored afresh) and puts the registries back after 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -215,3 +216,18 @@ def test_a_plugin_exporter_writes_a_none_run_as_gpt2_and_its_refusal_is_its_own(
     assert refused.exit_code != 0 and out.splitlines() == [
         "error: this exporter writes tied embeddings only: train with model.tie_embeddings=true"], out
     assert not (lab / "untied-hf").exists()
+
+
+def test_a_plugin_tasks_yaml_named_like_a_builtin_is_said_to_be_shadowed(tmp_path, caplog):
+    """conf/task/copy.yaml naming the user's module trained posexp's own task=copy (Hydra reads posexp's
+    task/copy.yaml first), silently: a line says so, as a plugin encoder that takes a built-in's name is told."""
+    from helpers.plugins import write_lab
+
+    lab = write_lab(tmp_path / "lab")
+    (lab / "conf" / "task" / "first.yaml").rename(lab / "conf" / "task" / "copy.yaml")
+    with caplog.at_level(logging.WARNING, logger="posexp.registry"):
+        done = _posexp(lab, "train", "--config-dir", "conf", "task=copy", "--cfg", "job")
+    assert done.exit_code == 0, done.output[-2000:]
+    assert [r.getMessage() for r in caplog.records if r.name == "posexp.registry"] == [
+        f"the plugin task 'copy' ({lab / 'conf' / 'task' / 'copy.yaml'}) is shadowed by posexp's built-in "
+        "task/copy.yaml, which Hydra reads first; rename yours (the file and its name)"]  # logger/jsonl.yaml is not
