@@ -153,6 +153,34 @@ def test_wrong_guesses_fail_in_one_line_naming_the_way_that_works(project, args,
     assert not (project / "outputs").exists()  # refused before any run folder
 
 
+WRONG_SIGNATURE = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("twoargs")
+class TwoArgs(PositionalEncoder):
+    """Rotates with the positions left out: the model passes four tensors."""
+
+    def rotate(self, q, k):
+        return q, k
+'''
+
+
+def test_a_plugin_hook_that_cannot_take_the_contracts_arguments_is_broken_in_one_line(project):
+    """Training printed Python's traceback at the first step (TwoArgs.rotate() takes 3 positional arguments but 5
+    were given), and posexp check failed each check with it: the encoder cannot be used, said as a plugin whose
+    options make no schema is, before anything runs."""
+    (project / "my_encoders" / "twoargs.py").write_text(WRONG_SIGNATURE)
+    (project / "conf" / "encoder" / "twoargs.yaml").write_text(
+        "defaults:\n  - /schema/encoder/twoargs@_here_\n  - _self_\nmodule: my_encoders.twoargs\n")
+    why = "TwoArgs.rotate(self, q, k) does not take the contract's arguments (q, k, q_pos, k_pos)"
+    _one_line(invoke("train", "--config-dir", "conf", "encoder=twoargs", *TINY, cwd=project), "encoder=twoargs", why)
+    checked = invoke("check", "--config-dir", "conf", "twoargs", "--format", "json", cwd=project)
+    assert checked.exit_code == 1 and "Traceback" not in checked.output, checked.output[-2000:]
+    (build,) = json.loads(checked.stdout)["checks"]
+    assert build["name"] == "build" and why in build["detail"]
+
+
 def test_a_typo_in_a_plugins_yaml_stops_train_in_one_line_naming_the_keys(project):
     """Hydra's text ('In 'encoder/logrope': ConfigKeyError raised while composing config:; Key 'scael' not in
     'LogRoPEOptions'; ...') was all a key misspelt in the yaml got: the line a misspelt command-line key gets."""
