@@ -26,7 +26,7 @@ from omegaconf.errors import ValidationError
 from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
-from posexp.registry import MODULE_KEY, construct, did_you_mean, option_params, options_dataclass
+from posexp.registry import MODULE_KEY, code_record, construct, did_you_mean, option_params, options_dataclass
 from posexp.tasks.task import PAD, TASKS, Instances, Task
 
 LM = "lm"
@@ -73,6 +73,12 @@ def task_class(task_cfg: Mapping[str, Any], roots: Sequence[str] = ()) -> type[T
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
     return TASKS[name]
+
+
+def task_code(cls: type[Task]) -> Optional[dict]:
+    """What a run records of the code of a task class of the user's (:func:`posexp.registry.code_record`), as of a
+    plugin encoder's; None for posexp's own, whose code :data:`GENERATOR_VERSION` and posexp's version stand for."""
+    return None if cls.__module__.startswith(f"{__name__}.") else code_record(cls)
 
 
 def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
@@ -151,4 +157,5 @@ def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
 
 
 __all__ = ["LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match", "check_task_name",
-           "option_names", "option_refusal", "options_schema", "task_class", "task_fingerprint", "task_options"]
+           "option_names", "option_refusal", "options_schema", "task_class", "task_code", "task_fingerprint",
+           "task_options"]

@@ -12,8 +12,7 @@ from typing import Any, Mapping, Optional
 
 from posexp.config.schema import Config, eval_lengths
 from posexp.data.tokens import Corpus
-from posexp.registry import code_record
-from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_class, task_fingerprint
+from posexp.tasks import GENERATOR_VERSION, Task, build_task, task_class, task_code, task_fingerprint
 
 
 def reads_data(task_cfg: Mapping[str, Any]) -> bool:
@@ -54,9 +53,8 @@ class TrainingSource:
     def sources(self) -> dict:
         """What results.json records of the code of a task of the user's: ``task_source``
         (:func:`posexp.registry.code_record`), as a plugin encoder's ``encoder_source``; {} for posexp's own."""
-        if self.task is None or type(self.task).__module__.startswith("posexp.tasks."):
-            return {}
-        return {"task_source": code_record(type(self.task))}
+        record = task_code(type(self.task)) if self.task is not None else None
+        return {"task_source": record} if record is not None else {}
 
     def info(self) -> dict:
         """What results.json records of the training data."""

@@ -165,3 +165,20 @@ def test_a_plugin_trackers_run_is_updated_by_eval_from_another_folder(tmp_path):
     assert "warning" not in again.stdout + again.stderr, again.stdout + again.stderr
     events = [json.loads(line) for line in (lab / "run" / "events.jsonl").read_text().splitlines()]
     assert 48 in {e.get("length") for e in events if e["event"] == "eval"}
+
+
+def test_an_edited_plugin_task_is_trained_again_not_read_from_the_sweep_cache(tmp_path):
+    """cache=true reused the weights of a plugin task's earlier run after its generator was edited (another task,
+    the same options): the key holds the task's code, as a plugin encoder's."""
+    lab = write_lab(tmp_path / "lab")
+    args = ("train", "--config-dir", "conf", "task=first", "cache=true", "cache_dir=cache", *TINY_RUN,
+            "train.steps=3", "eval.examples=8", "eval.multiples=[1]")
+    first = run_cli(*args, "hydra.run.dir=one", cwd=lab)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_cli(*args, "hydra.run.dir=two", cwd=lab)
+    assert again.returncode == 0 and "weights from cache" in again.stdout, again.stderr[-2000:]
+    source = lab / "my_lab" / "first.py"
+    source.write_text(source.read_text().replace("text[:, :1]", "text[:, -1:]"))  # now the last symbol is written
+    edited = run_cli(*args, "hydra.run.dir=three", cwd=lab)
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    assert "weights from cache" not in edited.stdout
