@@ -236,10 +236,12 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         skip: modules of ``package`` that register nothing (helpers, the base class).
         entry_points: read installed plugins from the entry-point group ``posexp.KINDs`` (the encoders read theirs
             with their own rules, :mod:`posexp.encoders.plugins`).
+        nested: each chosen name has its options under a key of its own (``logger.NAME.KEY``), not under ``key``.
     """
 
-    def __init__(self, kind: str, key: str, package: str, skip: Iterable[str] = (), entry_points: bool = True):
-        self.kind, self.key, self.package, self.skip = kind, key, package, frozenset(skip)
+    def __init__(self, kind: str, key: str, package: str, skip: Iterable[str] = (), entry_points: bool = True,
+                 nested: bool = False):
+        self.kind, self.key, self.package, self.skip, self.nested = kind, key, package, frozenset(skip), nested
         self.group = f"posexp.{kind}s" if entry_points else None
         self._classes: dict[str, type[T]] = {}
         self._loaded = False
@@ -318,9 +320,10 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         own modules do.
 
         Raises:
-            ConfigError: on ``KEY.module``: the module cannot be imported, or registers no ``name``.
+            ConfigError: on ``KEY.module`` (``logger.NAME.module``): the module cannot be imported, or registers no
+                ``name``.
         """
-        key = f"{self.key}.{MODULE_KEY}"
+        key = f"{self.key}.{name}.{MODULE_KEY}" if self.nested else f"{self.key}.{MODULE_KEY}"
         self.load()  # posexp's own first: a module that takes a built-in name is told so
         import_user_module(module, key, roots)
         cls = self._classes.get(name)
