@@ -45,6 +45,18 @@ class TrainingDiverged(PosexpError):
         super().__init__(message)
 
 
+class PluginFailed(PosexpError):
+    """Code of the user's own (a plugin encoder's hook, a task's generator) raised while a run trained or evaluated:
+    the run's folder records it as failed and its train.log holds the traceback; the message names the component,
+    what it raised and that log.
+
+    Args:
+        message: the one line the terminal shows.
+    """
+
+    exit_code = 1
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM outside the training steps (while evaluating, or writing): stops a run as Ctrl-C does."""
 

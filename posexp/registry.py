@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib
 import importlib.metadata
 import inspect
@@ -23,6 +24,7 @@ import logging
 import os
 import pkgutil
 import sys
+import traceback
 import typing
 from pathlib import Path
 from collections.abc import Iterator, Mapping
@@ -31,6 +33,7 @@ from typing import Any, Callable, Generic, Iterable, Optional, Sequence, TypeVar
 from posexp.errors import ConfigError, PosexpError
 
 T = TypeVar("T")
+K = TypeVar("K")
 MODULE_KEY = "module"  # the config key naming the user's module a class of theirs registers in
 log = logging.getLogger("posexp.registry")
 
@@ -145,6 +148,84 @@ def shadowed(top: str, roots: Sequence[str | os.PathLike]) -> Optional[str]:
     return None
 
 
+def source_file(cls: type) -> Optional[Path]:
+    """The file that defines ``cls``; None where there is none (a class made at run time)."""
+    try:
+        return Path(inspect.getfile(cls)).resolve()
+    except (TypeError, OSError):
+        return None
+
+
+def file_sha256(path: Optional[Path]) -> Optional[str]:
+    """SHA-256 of a file's bytes; None if it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else None
+    except OSError:
+        return None
+
+
+def package_sha256(cls: type) -> Optional[str]:
+    """SHA-256 over every ``.py`` file of the top-level package ``cls``'s module belongs to (``my_encoders/`` for
+    ``my_encoders.logrope``): the helper modules a class imports change what it does as much as its own file
+    does. None for a module outside any package (its own file's SHA-256 is all there is to go by)."""
+    top = cls.__module__.split(".")[0]
+    package = sys.modules.get(top)
+    folders = [Path(p) for p in getattr(package, "__path__", None) or []] if top != cls.__module__ else []
+    if not folders:
+        return None
+    digest = hashlib.sha256()
+    for folder in folders:
+        for file in sorted(f for f in folder.rglob("*.py") if "__pycache__" not in f.parts):
+            digest.update(f"{file.relative_to(folder)}\0{file_sha256(file) or 'unreadable'}\n".encode())
+    return digest.hexdigest()
+
+
+def code_record(cls: type) -> dict:
+    """What a run records of the code of a class of the user's (a plugin encoder, task or tracker), to import it
+    again from where the run found it (:func:`import_roots`) and to notice when it changed: ``module``,
+    ``class``, ``file`` (absolute), ``sha256`` of that file, and ``package_sha256`` of its package's files
+    (:func:`package_sha256`, where it is in one)."""
+    path = source_file(cls)
+    record = {"module": cls.__module__, "class": cls.__qualname__, "file": str(path) if path else None,
+              "sha256": file_sha256(path)}
+    package = package_sha256(cls)
+    if package is not None:
+        record["package_sha256"] = package
+    return record
+
+
+def import_roots(record: Mapping[str, Any]) -> list[str]:
+    """The folder a run imported a recorded module from (:func:`code_record`): its file less one folder per
+    dotted part; [] when the record names no file."""
+    file, module = record.get("file"), str(record.get("module") or "")
+    if not file or not module:
+        return []
+    path = Path(file)
+    depth = len(module.split(".")) + (1 if path.name == "__init__.py" else 0)
+    return [str(path.parents[depth - 1])] if len(path.parents) >= depth else []
+
+
+def raised_in(error: BaseException, records: Mapping[K, Mapping[str, Any]]) -> Optional[tuple[K, str]]:
+    """Which code of the user's raised ``error``: the key of the record (:func:`code_record`) whose file holds the
+    innermost frame of the traceback that is in such a file (else in a file of its package: a helper it calls), with
+    that frame's function (``Slipped.rotate``); None when no frame is the user's code (posexp's own error)."""
+    files, packages = {}, {}
+    for key, record in records.items():
+        roots, module = import_roots(record), str(record.get("module") or "")
+        if record.get("file"):
+            files[key] = Path(str(record["file"])).resolve()
+        if roots and "." in module:
+            packages[key] = (Path(roots[0]) / module.split(".")[0]).resolve()
+    mine: Optional[tuple[K, str]] = None
+    helper: Optional[tuple[K, str]] = None
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        path, code = Path(frame.f_code.co_filename).resolve(), frame.f_code
+        function = getattr(code, "co_qualname", code.co_name)  # Python 3.11 on: Class.method
+        mine = next(((key, function) for key, file in files.items() if path == file), mine)
+        helper = next(((key, function) for key, folder in packages.items() if folder in path.parents), helper)
+    return mine or helper
+
+
 class Registry(Mapping[str, type[T]], Generic[T]):
     """The classes of one kind by name, sorted; a read-only mapping that loads its package on first use.
 
@@ -155,10 +236,12 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         skip: modules of ``package`` that register nothing (helpers, the base class).
         entry_points: read installed plugins from the entry-point group ``posexp.KINDs`` (the encoders read theirs
             with their own rules, :mod:`posexp.encoders.plugins`).
+        nested: each chosen name has its options under a key of its own (``logger.NAME.KEY``), not under ``key``.
     """
 
-    def __init__(self, kind: str, key: str, package: str, skip: Iterable[str] = (), entry_points: bool = True):
-        self.kind, self.key, self.package, self.skip = kind, key, package, frozenset(skip)
+    def __init__(self, kind: str, key: str, package: str, skip: Iterable[str] = (), entry_points: bool = True,
+                 nested: bool = False):
+        self.kind, self.key, self.package, self.skip, self.nested = kind, key, package, frozenset(skip), nested
         self.group = f"posexp.{kind}s" if entry_points else None
         self._classes: dict[str, type[T]] = {}
         self._loaded = False
@@ -237,9 +320,10 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         own modules do.
 
         Raises:
-            ConfigError: on ``KEY.module``: the module cannot be imported, or registers no ``name``.
+            ConfigError: on ``KEY.module`` (``logger.NAME.module``): the module cannot be imported, or registers no
+                ``name``.
         """
-        key = f"{self.key}.{MODULE_KEY}"
+        key = f"{self.key}.{name}.{MODULE_KEY}" if self.nested else f"{self.key}.{MODULE_KEY}"
         self.load()  # posexp's own first: a module that takes a built-in name is told so
         import_user_module(module, key, roots)
         cls = self._classes.get(name)

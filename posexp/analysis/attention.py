@@ -203,7 +203,7 @@ def _print_attention(rows: list[dict], console: Console) -> None:
 def analyze_runs_main(args: Sequence[str], console: Optional[Console] = None) -> list[dict]:
     """``posexp analyze RUN_DIR... [analyze.KEY=VALUE...] [--allow-changed-encoder]``: analyse each run folder;
     returns their results."""
-    from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.commands.plugin_source import ALLOW_FLAG
     from posexp.commands.eval import check_writable
 
     allow = ALLOW_FLAG in args

@@ -289,7 +289,9 @@ def explain(error: Exception) -> OverrideError:
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, value = str(error.missing_cfg_file).rpartition("/")
         return OverrideError(_no_option(group, value, [str(o) for o in error.options]))
-    cause = error.__cause__ or error.__context__ or error  # a yaml's own key: Hydra raises inside its except
+    cause = error.__cause__ if error.__cause__ is not None else error
+    if cause is error and isinstance(error.__context__, (ConfigKeyError, ConfigAttributeError)):
+        cause = error.__context__  # a key of a yaml: Hydra raises its own error while handling the key's
     key, parent = getattr(cause, "full_key", None), getattr(cause, "parent_node", None)
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key and isinstance(parent, DictConfig):
         where, _, name = str(key).rpartition(".")

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -145,7 +146,30 @@ def user_config_dirs(words: Sequence[str]) -> List[Path]:
 
     for folder in dirs:
         load_config_folder(folder)
+        for line in shadowed_components(folder):
+            logging.getLogger("posexp.registry").warning("%s", line)
     return dirs
+
+
+def shadowed_components(folder: Path) -> List[str]:
+    """Why a task or tracker of the user's never runs: its yaml in ``folder`` (``task/NAME.yaml``,
+    ``logger/NAME.yaml``, naming the user's ``module``) has the name of one of posexp's own configs, which Hydra
+    reads first; one line each, as a plugin encoder's shadowed name is said."""
+    lines = []
+    for group, kind in (("task", "task"), ("logger", "tracker")):
+        for yaml in sorted((folder / group).glob("*.yaml")):
+            if (config_dir() / group / yaml.name).is_file() and _names_a_module(yaml):
+                lines.append(f"the plugin {kind} {yaml.stem!r} ({yaml}) is shadowed by posexp's built-in "
+                             f"{group}/{yaml.name}, which Hydra reads first; rename yours (the file and its name)")
+    return lines
+
+
+def _names_a_module(yaml: Path) -> bool:
+    """The yaml sets a ``module`` key (``task.module``, ``logger.NAME.module``): it is a component of the user's."""
+    try:
+        return any(line.split("#")[0].strip().startswith("module:") for line in yaml.read_text().splitlines())
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 class HeldStream:

@@ -23,7 +23,7 @@ from posexp.cli.folders import Carried, checker, current_claim, take_checked
 from posexp.cli.hydra_flags import APPS
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
-from posexp.errors import PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
+from posexp.errors import PluginFailed, PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import RunFolderTaken
 
 
@@ -80,8 +80,9 @@ def _record_failed_job(cfg: DictConfig, run_dir: Path, overrides: List[str], err
     """Keep a sweep going past a failed job, which leaves a results.json with status "failed" (or "diverged")."""
     from posexp.runs.provenance import write_run_status  # torch: see posexp/cli/app.py
 
-    # a diverged run has written its own; nothing of this job's goes into another run's folder
-    if not isinstance(error, (TrainingDiverged, RunFolderTaken)):
+    # a diverged run, or one the user's code stopped, has written its own; nothing of this job's goes into another
+    # run's folder
+    if not isinstance(error, (TrainingDiverged, PluginFailed, RunFolderTaken)):
         spec: Optional[Config]
         try:
             spec = typed(cfg)

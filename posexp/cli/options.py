@@ -18,7 +18,7 @@ DIR, KEYS, METRICS, OVERRIDES = "dir", "keys", "metrics", "overrides"
 RUNS_OR_OVERRIDES, RUNS_AND_EVAL = "runs or overrides", "runs and eval"
 ENCODER, ENCODER_OPTIONS = "encoder", "encoder options"
 OVERWRITE = "--overwrite"  # posexp.runs.lock.OVERWRITE_FLAG
-ALLOW_CHANGED = "--allow-changed-encoder"  # posexp.commands.encoder_source.ALLOW_FLAG
+ALLOW_CHANGED = "--allow-changed-encoder"  # posexp.commands.plugin_source.ALLOW_FLAG
 HELP = ("--help", "-h")
 ROOT = "posexp"  # the root's own options: --install-completion
 

@@ -45,7 +45,6 @@ def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
     if name not in encoders:
         raise ConfigError("encoder", f"no such encoder {name!r}; {did_you_mean(name, encoders)}"
                                      f"choose one of: {', '.join(encoders)}")
-    allowed = option_names(name) + ["lr_mult"]
     parser, options = OverridesParser.create(), {}
     for arg in args:
         try:
@@ -55,11 +54,17 @@ def parse_options(name: str, args: Sequence[str]) -> dict[str, Any]:
         if override is None or "=" not in arg:
             raise ConfigError("encoder", f"{arg}: not an option KEY=VALUE (e.g. posexp check rope base=500)")
         key = override.key_or_group.removeprefix("encoder.")
-        if key not in allowed:
-            raise ConfigError(f"encoder.{key}", f"not an option of encoder {name!r}; "
-                                                f"{did_you_mean(key, allowed)}its options are: {', '.join(allowed)}")
+        if key not in option_names(name) + ["lr_mult"]:
+            raise _not_an_option(name, key)
         options[key] = override.value()
     return _typed(name, options)
+
+
+def _not_an_option(name: str, key: str) -> ConfigError:
+    """``encoder.KEY`` is no option of encoder ``name``: the one line naming the close one and every option."""
+    allowed = option_names(name) + ["lr_mult"]
+    return ConfigError(f"encoder.{key}", f"not an option of encoder {name!r}; {did_you_mean(key, allowed)}its options "
+                                         f"are: {', '.join(allowed)}")
 
 
 def _typed(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +175,7 @@ def yaml_options(name: str, dirs: Sequence[Path] = ()) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
     from posexp.commands.validation import register_configs
     from posexp.config.schema import config_dir
@@ -189,6 +194,8 @@ def yaml_options(name: str, dirs: Sequence[Path] = ()) -> dict[str, Any]:
         while cause is not None and not getattr(cause, "full_key", None):
             cause = cause.__cause__ or cause.__context__
         key, text = (getattr(cause, "full_key"), getattr(cause, "msg", None) or cause) if cause else ("encoder", e)
+        if isinstance(cause, ConfigKeyError) and str(key).startswith("encoder."):  # a key no option names
+            raise PosexpError(f"{yaml}: {_not_an_option(name, str(key).removeprefix('encoder.'))}") from None
         raise PosexpError(f"{yaml}: {key}: {str(text).splitlines()[0]}") from None
     assert isinstance(encoder, dict)
     return {key: value for key, value in encoder.items() if key in option_names(name)}

@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.text import Text
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
-from posexp.commands.encoder_source import check_encoder_source
+from posexp.commands.plugin_source import check_plugin_sources
 from posexp.commands.eval_overrides import (Setting, apply_eval_overrides, apply_runtime_overrides, is_multirun,
                                             parse_eval_overrides, parse_settings, split_args)
 from posexp.commands.finetune import parent_changed
@@ -168,7 +168,7 @@ def prepare(run_dir: Path, overrides: list[tuple[str, Any]], results: Optional[d
 
     results = read_results(run_dir) if results is None else results
     raw = load_run_config(run_dir, results)
-    check_encoder_source(run_dir, raw.encoder, results, allow_changed_encoder, warn)
+    check_plugin_sources(run_dir, raw, results, allow_changed_encoder, warn)
     saved, cfg = _setting_config(raw, overrides, runtime)
     lineage_broken = parent_changed(cfg.finetune) if cfg.finetune is not None else None
     if lineage_broken and warn is not None:  # the run's own rows stand; what it is a fine-tune of does not

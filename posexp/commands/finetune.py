@@ -58,7 +58,7 @@ def parent_argument(args: Sequence[str]) -> list[str]:
     Raises:
         PosexpError: no run folder, or an override of the encoder, model, tokenizer or base.
     """
-    from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.commands.plugin_source import ALLOW_FLAG
 
     # --allow-changed-encoder as an override, so that a launcher's worker processes see it too
     args = [f"{ALLOW_KEY}=true" if a == ALLOW_FLAG else a for a in args]
@@ -190,13 +190,13 @@ def child_config(app: DictConfig, overridden: Optional[set[str]] = None) -> Dict
         PosexpError: the parent is not a finished run trained from scratch, or its weights are damaged.
         ConfigError: another corpus than the parent's was requested.
     """
-    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.commands.plugin_source import check_plugin_sources
 
     parent = Path(str(app.parent)).resolve()
     results = check_parent(parent)
     saved = load_saved(parent)
     identity = folder_run_hash(parent, saved)  # one hash rule: a parent recorded in another format is refused
-    check_encoder_source(parent, saved.raw.encoder, results, bool(app.get(ALLOW_KEY)),
+    check_plugin_sources(parent, saved.raw, results, bool(app.get(ALLOW_KEY)),
                          lambda m: log.warning("%s", m))
     if saved.spec.finetune is not None:
         raise PosexpError(f"{parent}: is itself a fine-tune (of {saved.spec.finetune.parent}); fine-tune a run "

@@ -114,7 +114,7 @@ def _load_pretrained_model(run_dir: Path, record: dict, spec: Any):
 
 
 def _load_model(run_dir: Path, saved: SavedConfig, info: dict, allow_changed_encoder: bool = False):
-    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.commands.plugin_source import check_plugin_sources
     from posexp.commands.eval import _recorded_sha256
     from posexp.model.factory import build_model
     from posexp.training.checkpoint import load_weights
@@ -123,7 +123,7 @@ def _load_model(run_dir: Path, saved: SavedConfig, info: dict, allow_changed_enc
     if not isinstance(vocab_size, int):
         raise PosexpError(f"{run_dir}: results.json records no vocab_size; the model cannot be rebuilt")
     # a plugin encoder: from the working folder, else from where the run found it, and the same code
-    check_encoder_source(run_dir, saved.raw.encoder, {"run": info}, allow_changed_encoder,
+    check_plugin_sources(run_dir, saved.raw, {"run": info}, allow_changed_encoder,
                          warn=lambda message: warnings.warn(message, stacklevel=4), allow_option=ALLOW_KEYWORD)
     model = build_model(saved.spec, vocab_size)
     load_weights(model, run_dir / CHECKPOINT, folder_run_hash(run_dir, saved).value, sha256=_recorded_sha256(run_dir),

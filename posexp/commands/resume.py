@@ -114,12 +114,12 @@ def _resume_pretrained(run_dir: Path, name: str, console: Console) -> dict:
 
 def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False, writes: bool = True) -> dict:
     """:func:`resume_main` in a run folder this process holds (``writes``), or beside rank 0, which holds it."""
-    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.commands.plugin_source import check_plugin_sources
     from posexp.commands.train import check_spec, train_run
 
     check_resumable(run_dir)  # again, now that no other process can finish the run meanwhile
     saved = load_saved(run_dir)  # the edge: what follows reads the typed config
-    check_encoder_source(run_dir, saved.raw.encoder, None, allow_changed_encoder,
+    check_plugin_sources(run_dir, saved.raw, None, allow_changed_encoder,
                          lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
     spec = check_spec(saved.spec)
     identity = folder_run_hash(run_dir, saved)  # a folder in another hash format is refused here

@@ -23,10 +23,12 @@ from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.commands.edge import launch_folder, typed
 from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_config
-from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.errors import ConfigError, PluginFailed, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
-from posexp.runs.provenance import provenance, run_label, write_encoder_source, write_run_status
+from posexp.registry import raised_in
+from posexp.runs.provenance import (by_plugin, provenance, run_label, source_fields, write_plugin_sources,
+                                      write_run_status)
 from posexp.commands.evaluator import check_key_tokens, for_run
 from posexp.commands.pretrained import hf_evaluator
 from posexp.evaluation.runner import evaluate_config
@@ -35,7 +37,7 @@ from posexp.model.gpt import GPT
 from posexp.runs.atomic import DISK_FULL
 from posexp.runs.curve import CurveWriter
 from posexp.rendering.curve import draw_curve
-from posexp.runs.layout import ACCURACY, PERPLEXITY, RESULTS_JSON
+from posexp.runs.layout import ACCURACY, PERPLEXITY, RESULTS_JSON, TRAIN_LOG
 from posexp.runs.lock import RunFolderTaken, run_contents, run_lock
 from posexp.runtime.device import resolve_device, step_settings
 from posexp.tasks.sampler import TaskSampler
@@ -129,6 +131,31 @@ def _tracked(job: TrainJob, warn: Callable[[str], None]) -> Iterator[tracking.Tr
         trackers.finish("failed")
         raise
     trackers.finish("completed")
+
+
+@contextlib.contextmanager
+def _plugin_failures(job: TrainJob, source: TrainingSource, plugins: dict) -> Iterator[None]:
+    """What the user's own code (``plugins``: a plugin encoder's hooks, a task's generator) raises while the run
+    trains or evaluates: its traceback to train.log, the run recorded as failed (results.json), and one line naming
+    the component and that log (:class:`PluginFailed`), as a failed sweep job has it; posexp's errors pass through.
+    """
+    try:
+        yield
+    except PosexpError:
+        raise
+    except Exception as e:
+        raised = raised_in(e, by_plugin(plugins, str(job.spec.encoder["name"]), str(job.spec.task["name"])))
+        if raised is None:
+            raise
+        (kind, name), function = raised
+        what = f"{type(e).__name__}: {e}".splitlines()[0]
+        failed = PluginFailed(f"{kind}={name}: {function} raised {what}; the run stopped, the traceback is in "
+                              f"{job.run_dir / TRAIN_LOG}")
+        log.error("%s", failed, exc_info=e)
+        if job.world.is_main:
+            write_run_status(job.run_dir, job.spec, job.overrides, "failed", failed, source.info(),
+                             identity=job.identity)
+        raise failed from None
 
 
 def check_config(cfg: DictConfig) -> Config:
@@ -225,9 +252,10 @@ def _run(job: TrainJob) -> dict:
     with out_of_memory("building the model", torch.device("cpu"), "model.d_model or model.n_layers"):
         model = build_model(spec, source.vocab_size, init=start)
     _announce(job, model, source, chosen)
+    plugins = {**source_fields(spec.encoder), **source.sources()}
     if w.is_main and not resume:
-        write_encoder_source(run_dir, spec.encoder)
-    with _tracked(job, warn) as trackers:
+        write_plugin_sources(run_dir, plugins)
+    with _plugin_failures(job, source, plugins), _tracked(job, warn) as trackers:
         # cache=true: a finished training of the same training config is evaluated, not repeated (training/cache.py)
         reused = distributed.broadcast(cache.lookup(spec, source.fingerprint, job.launched_in)) if spec.cache and not resume else None
         if reused is not None:

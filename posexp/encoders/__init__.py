@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Type
 
 from posexp.encoders import plugins
-from posexp.encoders.contract import PositionalEncoder, relative_distance
+from posexp.encoders.contract import PositionalEncoder, hook_problem, relative_distance
 from posexp.errors import ConfigError
 from posexp.registry import Registry, did_you_mean, import_user_module, shadowed
 
@@ -67,7 +67,7 @@ def register(name: str) -> Callable[[Type[PositionalEncoder]], Type[PositionalEn
             raise ConfigError("encoder", f"two plugins claim the encoder name {name!r}: {plugins.origin(other)} "
                                          f"and {plugins.origin(cls)}; rename one")
         cls.name = name
-        problem = None if builtin else schema_problem(cls)
+        problem = None if builtin else schema_problem(cls) or hook_problem(cls)
         if problem is not None:  # listed as broken, with why; the other encoders go on
             _BROKEN[name] = f"{plugins.origin(cls)}: {problem}"
             return cls

@@ -62,6 +62,7 @@ FlexAttention runs fused (CUDA) and ``bias`` everywhere else.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -268,6 +269,30 @@ class PositionalEncoder(nn.Module):
         if self.max_length is not None:
             parts.append(f"max_length={self.max_length}")
         return ", ".join(parts)
+
+
+HOOKS = ("embed", "rotate", "bias", "scores", "transform", "normalise", "attend", "score_mod")
+
+
+def hook_problem(cls: type) -> Optional[str]:
+    """Why a hook ``cls`` overrides cannot be called as the model calls it, with the contract's arguments by position
+    (``Odd.rotate(self, q, k) does not take the contract's arguments (q, k, q_pos, k_pos)``); None when each can."""
+    for hook in HOOKS:
+        mine, contract = inspect.getattr_static(cls, hook), inspect.getattr_static(PositionalEncoder, hook)
+        if mine is contract:
+            continue
+        arguments = [p for p in inspect.signature(contract).parameters if p != "self"]
+        function = mine.__func__ if isinstance(mine, (staticmethod, classmethod)) else mine
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):  # not a function of Python's (a builtin, a callable object): left to run
+            continue
+        try:
+            signature.bind(*([] if isinstance(mine, staticmethod) else [None]), *arguments)
+        except TypeError:
+            return (f"{cls.__qualname__}.{hook}{signature} does not take the contract's arguments "
+                    f"({', '.join(arguments)})")
+    return None
 
 
 def layer_copies(encoder: PositionalEncoder, copies: nn.ModuleList, n_layers: int,

@@ -12,23 +12,20 @@ Two ways in, both ending in the one registry of :mod:`posexp.encoders`:
 :func:`source_record` is what a run keeps of a plugin's code (module, file, distribution and version,
 SHA-256 of the file), so that a cached training or an evaluation notices when the code changed.
 
-Imports nothing of posexp but the encoder contract and the errors.
+Imports nothing of posexp but the encoder contract and the registry.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.metadata
 import inspect
 import types
 import logging
-import os
-import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Type
 
 from posexp.encoders.contract import PositionalEncoder
+from posexp.registry import code_record, source_file
 
 ENTRY_POINT_GROUP = "posexp.encoders"
 # how a user names the module of an encoder of their own, in the encoder's yaml
@@ -111,54 +108,16 @@ def from_distribution(cls: type) -> bool:
     return cls in _DISTRIBUTIONS
 
 
-def source_file(cls: type) -> Optional[Path]:
-    """The file that defines ``cls``; None where there is none (a class made at run time)."""
-    try:
-        return Path(inspect.getfile(cls)).resolve()
-    except (TypeError, OSError):
-        return None
-
-
-def file_sha256(path: Optional[Path]) -> Optional[str]:
-    """SHA-256 of a file's bytes; None if it cannot be read."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else None
-    except OSError:
-        return None
-
-
-def package_sha256(cls: type) -> Optional[str]:
-    """SHA-256 over every ``.py`` file of the top-level package ``cls``'s module belongs to (``my_encoders/`` for
-    ``my_encoders.logrope``): the helper modules the encoder imports change its training as much as its own
-    file does. None for a module outside any package (its own file's SHA-256 is all there is to go by)."""
-    top = cls.__module__.split(".")[0]
-    package = sys.modules.get(top)
-    folders = [Path(p) for p in getattr(package, "__path__", None) or []] if top != cls.__module__ else []
-    if not folders:
-        return None
-    digest = hashlib.sha256()
-    for folder in folders:
-        for file in sorted(f for f in folder.rglob("*.py") if "__pycache__" not in f.parts):
-            digest.update(f"{file.relative_to(folder)}\0{file_sha256(file) or 'unreadable'}\n".encode())
-    return digest.hexdigest()
-
-
 def source_record(cls: type) -> Optional[dict]:
     """What a run records of a plugin's code; None for a built-in (posexp's version and commit say it).
 
     Returns:
-        ``module``, ``class``, ``file`` (absolute), ``sha256`` of that file, ``package_sha256`` of its package's
-        files (:func:`package_sha256`, where it is in one), and for a plugin from an installed distribution its
-        ``distribution`` and ``version``.
+        what a run records of any class of the user's (:func:`posexp.registry.code_record`: module, class, file,
+        SHA-256), and for a plugin from an installed distribution its ``distribution`` and ``version``.
     """
     if is_builtin(cls):
         return None
-    path = source_file(cls)
-    record = {"module": cls.__module__, "class": cls.__qualname__, "file": str(path) if path else None,
-              "sha256": file_sha256(path)}
-    package = package_sha256(cls)
-    if package is not None:
-        record["package_sha256"] = package
+    record = code_record(cls)
     if cls in _DISTRIBUTIONS:
         record["distribution"], record["version"] = _DISTRIBUTIONS[cls]
     return record

@@ -23,7 +23,8 @@ from posexp.runs.atomic import atomic_write_json
 from posexp.runs.longrope import longrope_settings
 from posexp.runs.layout import write_results_json
 
-ENCODER_SOURCE = "encoder_source.json"  # a plugin encoder's code, recorded as training starts
+PLUGIN_SOURCES = "encoder_source.json"  # the plugin code a run builds (encoder, task), recorded as training starts
+SOURCE_KEYS = ("encoder_source", "layer_sources", "task_source")  # the keys of results.json's run that record it
 
 
 def git_commit() -> Optional[str]:
@@ -50,7 +51,8 @@ def source_fields(encoder: Mapping[str, Any]) -> dict:
     """What results.json records of the plugin code an ``encoder`` config builds: ``encoder_source`` (module,
     class, file, SHA-256, and distribution and version where installed) for a plugin encoder,
     ``layer_sources`` (layer name → the same record) for a ``mixed`` one with plugin layers; {} for built-ins,
-    whose code posexp's version and commit name."""
+    whose code posexp's version and commit name. A task of the user's is recorded with the training data
+    (``task_source``, :meth:`posexp.tasks.source.TrainingSource.sources`)."""
     from posexp.encoders import plugin_sources
 
     sources = plugin_sources(encoder)
@@ -60,31 +62,40 @@ def source_fields(encoder: Mapping[str, Any]) -> dict:
     return {"encoder_source": sources[name]} if name in sources else {"layer_sources": sources}
 
 
-def write_encoder_source(run_dir: Path, encoder: Mapping[str, Any]) -> None:
-    """Record the plugin code ``encoder`` builds in the run folder as training starts, for ``posexp resume`` to
-    compare with (results.json records it too, once the run finishes); nothing for built-ins."""
-    fields = source_fields(encoder)
-    if fields:  # a plugin encoder's record as it is (folders written before mixes were recorded read so)
-        atomic_write_json(run_dir / ENCODER_SOURCE, fields.get("encoder_source") or fields)
+def by_plugin(fields: Mapping[str, dict], encoder_name: str, task_name: str) -> dict[tuple[str, str], dict]:
+    """The records of :func:`source_fields` (and ``task_source``) by plugin: ``("encoder", NAME)`` for a plugin
+    encoder or each plugin layer of a ``mixed`` one, ``("task", NAME)`` for a task of the user's."""
+    encoders = {encoder_name: fields["encoder_source"]} if "encoder_source" in fields else \
+        fields.get("layer_sources", {})
+    out = {("encoder", name): record for name, record in encoders.items()}
+    if "task_source" in fields:
+        out[("task", task_name)] = fields["task_source"]
+    return out
 
 
-def recorded_sources(run_dir: Path, encoder_name: str, results: Optional[dict] = None) -> dict[str, dict]:
-    """The plugin code a run was trained with, by encoder name: from results.json, else from the record written
-    when training started; {} for built-in encoders (or a run written before plugins existed)."""
+def write_plugin_sources(run_dir: Path, fields: Mapping[str, dict]) -> None:
+    """Record the plugin code a run builds (``fields``: :data:`SOURCE_KEYS`, as results.json has them) in the run
+    folder as training starts, for ``posexp resume`` to find and compare with (results.json records it too, once
+    the run finishes); nothing for built-ins."""
+    if fields:
+        atomic_write_json(run_dir / PLUGIN_SOURCES, dict(fields))
+
+
+def recorded_sources(run_dir: Path, results: Optional[dict] = None) -> dict[str, dict]:
+    """The plugin code a run was built with, as :func:`source_fields` records it: from results.json, else from the
+    record written when training started; {} for built-ins (or a run written before plugins existed)."""
     run = (results or {}).get("run") or {}
-    if isinstance(run.get("encoder_source"), dict):
-        return {encoder_name: run["encoder_source"]}
-    if isinstance(run.get("layer_sources"), dict):
-        return dict(run["layer_sources"])
+    fields = {key: run[key] for key in SOURCE_KEYS if isinstance(run.get(key), dict)}
+    if fields:
+        return fields
     try:
-        recorded = json.loads((run_dir / ENCODER_SOURCE).read_text(encoding="utf-8"))
+        recorded = json.loads((run_dir / PLUGIN_SOURCES).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
     if not isinstance(recorded, dict):
         return {}
-    if isinstance(recorded.get("layer_sources"), dict):
-        return dict(recorded["layer_sources"])
-    return {encoder_name: recorded}
+    fields = {key: recorded[key] for key in SOURCE_KEYS if isinstance(recorded.get(key), dict)}
+    return fields or {"encoder_source": recorded}  # a folder written when only a plugin encoder was recorded
 
 
 def run_label(overrides: list[str]) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -26,7 +26,7 @@ from omegaconf.errors import ValidationError
 from posexp.config.identity import TASK_KEYS_BEFORE
 from posexp.config.schema import TaskConfig
 from posexp.errors import ConfigError
-from posexp.registry import MODULE_KEY, construct, did_you_mean, option_params, options_dataclass
+from posexp.registry import MODULE_KEY, code_record, construct, did_you_mean, option_params, options_dataclass
 from posexp.tasks.task import GENERATOR_VERSION, PAD, TASKS, Instances, Task
 
 LM = "lm"
@@ -58,19 +58,26 @@ def options_schema(cls: type[Task]) -> type:
     return options_dataclass(f"{cls.__name__}Options", cls.__init__, DATA_ARGS, first, bases=(TaskConfig,))
 
 
-def task_class(task_cfg: Mapping[str, Any]) -> type[Task]:
-    """The class of a ``task`` config: a built-in, or the one ``task.module`` (the user's module) registers.
+def task_class(task_cfg: Mapping[str, Any], roots: Sequence[str] = ()) -> type[Task]:
+    """The class of a ``task`` config: a built-in, or the one ``task.module`` (the user's module) registers,
+    imported from the working folder, else from ``roots`` (where a run found it).
 
     Raises:
         ConfigError: an unknown task, ``task=lm`` (no generated task), or a module that registers no such task.
     """
     name, module = str(task_cfg.get("name", LM)), task_cfg.get(MODULE_KEY)
     if module:
-        return TASKS.from_module(name, str(module))
+        return TASKS.from_module(name, str(module), roots)
     check_task_name(name)
     if name == LM:
         raise ConfigError("task", "task=lm is language modelling on data, not a generated task")
     return TASKS[name]
+
+
+def task_code(cls: type[Task]) -> Optional[dict]:
+    """What a run records of the code of a task class of the user's (:func:`posexp.registry.code_record`), as of a
+    plugin encoder's; None for posexp's own, whose code :data:`GENERATOR_VERSION` and posexp's version stand for."""
+    return None if cls.__module__.startswith(f"{__name__}.") else code_record(cls)
 
 
 def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
@@ -150,5 +157,5 @@ def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:
 
 
 __all__ = ["GENERATOR_VERSION", "LM", "PAD", "TASKS", "Instances", "Task", "build_task", "chance_exact_match",
-           "check_task_name", "option_names", "option_refusal", "options_schema", "task_class", "task_fingerprint",
-           "task_options"]
+           "check_task_name", "option_names", "option_refusal", "options_schema", "task_class", "task_code",
+           "task_fingerprint", "task_options"]

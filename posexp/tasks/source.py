@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from posexp.config.schema import Config, eval_lengths
 from posexp.data.tokens import Corpus
-from posexp.tasks import Task, build_task, task_class, task_fingerprint
+from posexp.tasks import Task, build_task, task_class, task_code, task_fingerprint
 
 
 def reads_data(task_cfg: Mapping[str, Any]) -> bool:
@@ -50,6 +50,12 @@ class TrainingSource:
         data = corpus.fingerprint if corpus is not None and task.uses_data else None
         return cls(task.vocab_size, task_fingerprint(task, data), task=task, corpus=corpus)
 
+    def sources(self) -> dict:
+        """What results.json records of the code of a task of the user's: ``task_source``
+        (:func:`posexp.registry.code_record`), as a plugin encoder's ``encoder_source``; {} for posexp's own."""
+        record = task_code(type(self.task)) if self.task is not None else None
+        return {"task_source": record} if record is not None else {}
+
     def info(self) -> dict:
         """What results.json records of the training data."""
         if self.task is None:
@@ -63,7 +69,7 @@ class TrainingSource:
         out["task"] = {"name": task.name, "options": task.options(), "min_size": task.min_size,
                        "citation": task.citation, "generator_version": task.generator_version(),
                        "fingerprint": self.fingerprint}
-        return out
+        return {**out, **self.sources()}
 
     def describe(self) -> str:
         """For the line a run starts with."""

@@ -18,15 +18,16 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.registry import MODULE_KEY, did_you_mean
+from posexp.registry import MODULE_KEY, code_record, did_you_mean, import_roots
 from posexp.runs.layout import is_sweep_dir
 from posexp.tracking.tracker import (TRACKERS, RunIdentity, Tracker, artifacts, curve_values, eval_points, option_names,
                                      options_schema, read_records, records_problem, write_records)
 
 log = logging.getLogger("posexp.tracking")
+TRACKER_SOURCE = "tracker_source"  # a tracker of the user's module: its code's record in trackers.json (code_record)
 
 def chosen(logger_cfg: Optional[Mapping[str, Any]]) -> list[str]:
     """The trackers a ``logger`` config names (tracker name -> its options; a null one is not chosen, as in the
@@ -34,10 +35,10 @@ def chosen(logger_cfg: Optional[Mapping[str, Any]]) -> list[str]:
     return sorted(name for name, options in (logger_cfg or {}).items() if options is not None)
 
 
-def missing_library(name: str, module: Optional[str] = None) -> Optional[str]:
-    """What tracker ``name`` lacks here (``needs the wandb package, which is not installed: pip install ...``),
-    or None. Looks the library up without importing it."""
-    needs = _tracker_class(name, module).needs_module
+def missing_library(cls: type[Tracker], name: str) -> Optional[str]:
+    """What tracker ``name`` (its class ``cls``) lacks here (``needs the wandb package, which is not installed: pip
+    install ...``), or None. Looks the library up without importing it."""
+    needs = cls.needs_module
     if needs and importlib.util.find_spec(needs) is None:
         return f"needs the {needs} package, which is not installed: pip install 'posexp[{name}]'"
     return None
@@ -76,7 +77,7 @@ def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
     for name in chosen(logger_cfg):
         assert logger_cfg is not None
         cls, options = tracker_options(name, logger_cfg[name])
-        problem = missing_library(name, cls.__module__ if not _is_builtin(cls) else None)
+        problem = missing_library(cls, name)
         if problem is not None:
             raise ConfigError("logger", f"{name} {problem}")
         cls.check(**options)
@@ -86,15 +87,15 @@ def _is_builtin(cls: type) -> bool:
     return cls.__module__.startswith(f"{__name__}.")
 
 
-def _tracker_class(name: str, module: Optional[str] = None) -> type[Tracker]:
+def _tracker_class(name: str, module: Optional[str] = None, roots: Sequence[str] = ()) -> type[Tracker]:
     """The tracker class registered as ``name`` (:data:`~posexp.tracking.tracker.TRACKERS`), or by the user's
-    ``module`` (``logger.NAME.module``).
+    ``module`` (``logger.NAME.module``), imported from the working folder, else from ``roots``.
 
     Raises:
         ConfigError: for ``logger``: no tracker has that name (never a default one in its place).
     """
     if module:
-        return TRACKERS.from_module(name, str(module))
+        return TRACKERS.from_module(name, str(module), roots)
     return TRACKERS.lookup(name, also=("none",))
 
 
@@ -161,8 +162,9 @@ class Trackers:
         for t in self.trackers:
             try:
                 records[t.name] = t.record()
-                if not _is_builtin(type(t)):  # the module to import it from again (posexp eval, resume)
+                if not _is_builtin(type(t)):  # the module to import it from again (posexp eval, resume), and where
                     records[t.name].setdefault(MODULE_KEY, type(t).__module__)
+                    records[t.name].setdefault(TRACKER_SOURCE, code_record(type(t)))
             except Exception as e:
                 self.warn(f"logger={t.name}: could not record its run id ({type(e).__name__}: {e})")
         write_records(self.run_dir, records)
@@ -236,17 +238,20 @@ def reopen(run_dir: Path, warn: Callable[[str], None]) -> Trackers:
     opened: list[Tracker] = []
     run = _identity(run_dir, run_dir.name, {}, None)
     for n in sorted(records):
-        module = records[n].get(MODULE_KEY)  # a tracker of the user's module, recorded by Trackers._save
+        # a tracker of the user's module, recorded by Trackers._save: from the working folder, else from where the run
+        # found it
+        module, source = records[n].get(MODULE_KEY), records[n].get(TRACKER_SOURCE)
         try:
-            problem = missing_library(n, module)
+            cls = _tracker_class(n, module, import_roots(source) if isinstance(source, dict) else ())
         except ConfigError as e:
             warn(f"{run_dir}: its {n} run is not updated ({e})")
             continue
+        problem = missing_library(cls, n)
         if problem is not None:
             warn(f"{run_dir}: its {n} run is not updated: logger={n} {problem}")
             continue
         try:
-            opened.append(_tracker_class(n, module).reopen(records[n], run))
+            opened.append(cls.reopen(records[n], run))
         except Exception as e:
             warn(f"{run_dir}: its {n} run is not updated ({type(e).__name__}: {str(e).strip().splitlines()[0]})")
     return Trackers(opened, run_dir, warn)

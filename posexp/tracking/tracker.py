@@ -232,7 +232,7 @@ class Tracker:
 # Every tracker by name (the logger=... options), found as encoders and tasks are (posexp.registry): a Tracker
 # subclass in a module of this package decorated with @TRACKERS.register("name"). Those modules import their
 # library only when a run uses them, so finding them costs nothing.
-TRACKERS: Registry[Tracker] = Registry("tracker", "logger", "posexp.tracking", skip=("tracker",))
+TRACKERS: Registry[Tracker] = Registry("tracker", "logger", "posexp.tracking", skip=("tracker",), nested=True)
 
 
 def option_names(cls: type[Tracker]) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 
 import posexp
 from posexp.config.identity import weights_config
-from posexp.config.schema import Config
+from posexp.config.schema import Config, is_task
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_bytes, atomic_write_json, unwritable
 from posexp.runs.layout import CHECKPOINT_DIR, METRICS_CSV, WEIGHTS_FILE
@@ -63,11 +63,12 @@ ENTRY_FILE = "entry.json"
 def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
     """16 hex digits of SHA-256 over the training config, the corpus fingerprint and the versions; for a plugin
     encoder also the SHA-256 of its source file and of its package's files, the helpers it imports (an edited
-    encoder is another training). Built-in encoders'
+    encoder is another training), and likewise for a task of the user's. Built-in encoders'
     keys are as they were before plugins existed: posexp's version stands for their code."""
     import torch
 
     from posexp.encoders import plugin_sources
+    from posexp.tasks import task_class, task_code
 
     key = {"format": FORMAT, "config": weights_config(cfg), "corpus": corpus_fingerprint,
            "posexp": posexp.__version__, "torch": torch.__version__}
@@ -80,6 +81,9 @@ def cache_key(cfg: Config, corpus_fingerprint: str) -> str:
     elif sources:  # a mix with plugin layers
         key["encoder_source"] = {layer: record["sha256"] for layer, record in sources.items()}
         key["encoder_package"] = {layer: record.get("package_sha256") for layer, record in sources.items()}
+    task = task_code(task_class(cfg.task)) if is_task(cfg) else None
+    if task is not None:  # a task of the user's: its generator's code makes the training data, as a corpus does
+        key["task_source"], key["task_package"] = task["sha256"], task.get("package_sha256")
     blob = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

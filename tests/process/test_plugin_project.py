@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TINY_RUN, run_cli
+from helpers.plugins import write_lab
 
 EXAMPLE = REPO / "scripts" / "plugin_example"
 TINY = (*TINY_RUN, "train.steps=6", "train.warmup_steps=2", "train.log_every=2", "eval.tokens=256",
@@ -124,3 +125,60 @@ def test_a_plugin_runs_model_loads_from_its_recorded_file_and_refuses_a_changed_
     allowed = load("allow")
     assert allowed.returncode == 0 and allowed.stdout.split()[0] == "LogRoPE", allowed.stderr[-2000:]
     assert "going on with the code as it is now" in allowed.stderr
+
+
+def test_a_plugin_tasks_run_is_evaluated_from_another_folder(tmp_path):
+    """A task of one's own module (conf/task/first.yaml's task.module) is found again, as a plugin encoder is, from
+    the file the run recorded: ``posexp eval RUN`` started in a folder that does not hold my_lab/."""
+    lab, elsewhere = write_lab(tmp_path / "lab"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_cli("train", "--config-dir", "conf", "task=first", *TINY_RUN, "train.steps=3", "eval.examples=8",
+                   "eval.multiples=[1]", "hydra.run.dir=run", cwd=lab)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = lab / "my_lab" / "first.py"
+    recorded = json.loads((lab / "run" / "results.json").read_text())["run"]["task_source"]
+    assert recorded["module"] == "my_lab.first" and Path(recorded["file"]) == source.resolve()
+    assert recorded["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+
+    again = run_cli("eval", str(lab / "run"), "eval.lengths=[48]", "eval.examples=8", cwd=elsewhere)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = json.loads((lab / "run" / "results.json").read_text())["rows"]
+    assert 48 in {r["length"] for r in rows}
+
+    # the task's file edited: its numbers would come from other code, as an edited encoder's would
+    source.write_text(source.read_text() + "\n# edited after training\n")
+    refused = run_cli("eval", str(lab / "run"), "eval.lengths=[64]", "eval.examples=8", cwd=elsewhere)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "the source of task 'first' changed since the run was trained" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_a_plugin_trackers_run_is_updated_by_eval_from_another_folder(tmp_path):
+    """A tracker of one's own module (logger.jsonl.module) is imported again from where the run had it: ``posexp
+    eval RUN`` from a folder that does not hold my_lab/ appends its rows to the tracked run, with no warning."""
+    lab, elsewhere = write_lab(tmp_path / "lab"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_cli("train", "--config-dir", "conf", "task=copy", "logger=jsonl", *TINY_RUN, "train.steps=3",
+                   "eval.examples=8", "eval.multiples=[1]", "hydra.run.dir=run", cwd=lab)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = run_cli("eval", str(lab / "run"), "eval.lengths=[48]", "eval.examples=8", cwd=elsewhere)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "warning" not in again.stdout + again.stderr, again.stdout + again.stderr
+    events = [json.loads(line) for line in (lab / "run" / "events.jsonl").read_text().splitlines()]
+    assert 48 in {e.get("length") for e in events if e["event"] == "eval"}
+
+
+def test_an_edited_plugin_task_is_trained_again_not_read_from_the_sweep_cache(tmp_path):
+    """cache=true reused the weights of a plugin task's earlier run after its generator was edited (another task,
+    the same options): the key holds the task's code, as a plugin encoder's."""
+    lab = write_lab(tmp_path / "lab")
+    args = ("train", "--config-dir", "conf", "task=first", "cache=true", "cache_dir=cache", *TINY_RUN,
+            "train.steps=3", "eval.examples=8", "eval.multiples=[1]")
+    first = run_cli(*args, "hydra.run.dir=one", cwd=lab)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_cli(*args, "hydra.run.dir=two", cwd=lab)
+    assert again.returncode == 0 and "weights from cache" in again.stdout, again.stderr[-2000:]
+    source = lab / "my_lab" / "first.py"
+    source.write_text(source.read_text().replace("text[:, :1]", "text[:, -1:]"))  # now the last symbol is written
+    edited = run_cli(*args, "hydra.run.dir=three", cwd=lab)
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    assert "weights from cache" not in edited.stdout

@@ -104,6 +104,39 @@ def test_searchpath_works_like_config_dir_and_resume_checks_the_source(project):
     assert (project / "run" / "results.json").is_file()
 
 
+RAISES_IN_ROTATE = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("slipped")
+class Slipped(PositionalEncoder):
+    """Builds, then raises in its first forward: a researcher's bug that shows only once a model runs."""
+
+    def rotate(self, q, k, q_pos, k_pos):
+        raise IndexError("my bug: position 40 out of range")
+'''
+
+
+def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_its_traceback_in_train_log(project):
+    """Python's traceback on the terminal, train.log without it and a folder that said 'an unfinished run; continue
+    it with posexp resume' (which raised the same again): one line naming the encoder and train.log, which holds the
+    traceback, and a results.json that records the run as failed, as a failed sweep job's does."""
+    (project / "my_encoders" / "slipped.py").write_text(RAISES_IN_ROTATE)
+    (project / "conf" / "encoder" / "slipped.yaml").write_text(
+        "defaults:\n  - /schema/encoder/slipped@_here_\n  - _self_\nmodule: my_encoders.slipped\n")
+    done = invoke("train", "--config-dir", "conf", "encoder=slipped", *TINY, "hydra.run.dir=run", cwd=project)
+    run = project / "run"
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: encoder=slipped: Slipped.rotate raised IndexError: my bug: position 40 out of range; the run "
+        f"stopped, the traceback is in {run / 'train.log'}"]
+    log = (run / "train.log").read_text()
+    assert "Traceback" in log and 'raise IndexError("my bug: position 40 out of range")' in log
+    recorded = json.loads((run / "results.json").read_text())["run"]
+    assert recorded["status"] == "failed" and "Slipped.rotate raised IndexError" in recorded["error"]["message"]
+    assert recorded["encoder_source"]["module"] == "my_encoders.slipped"
+
+
 @pytest.mark.parametrize("args,expected", [
     (("encoder=logrope",), "--config-dir CONF"),  # the yaml's folder not given
     (("--config-dir", "conf", "+encoder._target_=my_encoders.logrope.LogRoPE"), "module: PACKAGE.MODULE"),
@@ -118,6 +151,59 @@ def test_wrong_guesses_fail_in_one_line_naming_the_way_that_works(project, args,
     assert expected in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (project / "outputs").exists()  # refused before any run folder
+
+
+WRONG_SIGNATURE = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("twoargs")
+class TwoArgs(PositionalEncoder):
+    """Rotates with the positions left out: the model passes four tensors."""
+
+    def rotate(self, q, k):
+        return q, k
+'''
+
+
+def test_a_plugin_hook_that_cannot_take_the_contracts_arguments_is_broken_in_one_line(project):
+    """Training printed Python's traceback at the first step (TwoArgs.rotate() takes 3 positional arguments but 5
+    were given), and posexp check failed each check with it: the encoder cannot be used, said as a plugin whose
+    options make no schema is, before anything runs."""
+    (project / "my_encoders" / "twoargs.py").write_text(WRONG_SIGNATURE)
+    (project / "conf" / "encoder" / "twoargs.yaml").write_text(
+        "defaults:\n  - /schema/encoder/twoargs@_here_\n  - _self_\nmodule: my_encoders.twoargs\n")
+    why = "TwoArgs.rotate(self, q, k) does not take the contract's arguments (q, k, q_pos, k_pos)"
+    _one_line(invoke("train", "--config-dir", "conf", "encoder=twoargs", *TINY, cwd=project), "encoder=twoargs", why)
+    checked = invoke("check", "--config-dir", "conf", "twoargs", "--format", "json", cwd=project)
+    assert checked.exit_code == 1 and "Traceback" not in checked.output, checked.output[-2000:]
+    (build,) = json.loads(checked.stdout)["checks"]
+    assert build["name"] == "build" and why in build["detail"]
+
+
+def test_a_typo_in_a_plugins_yaml_stops_train_in_one_line_naming_the_keys(project):
+    """Hydra's text ('In 'encoder/logrope': ConfigKeyError raised while composing config:; Key 'scael' not in
+    'LogRoPEOptions'; ...') was all a key misspelt in the yaml got: the line a misspelt command-line key gets, after
+    the yaml that sets it."""
+    yaml = project / "conf" / "encoder" / "logrope.yaml"
+    yaml.write_text(yaml.read_text().replace("scale: 64.0", "scael: 64.0"))
+    result = invoke("train", "--config-dir", "conf", "encoder=logrope", *TINY, cwd=project)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [
+        "error: In 'encoder/logrope': encoder.scael is not a config key; did you mean encoder.scale? keys of encoder: "
+        "name, module, base, scale, lr_mult"], result.stderr
+
+
+def test_a_typo_in_a_plugins_yaml_stops_check_in_one_line_naming_its_options(project):
+    """'logrope.yaml: encoder.scael: Key 'scael' not in 'LogRoPEOptions'' named no option the encoder takes: the
+    line a misspelt option of posexp check's command line gets, after the yaml's path."""
+    yaml = project / "conf" / "encoder" / "logrope.yaml"
+    yaml.write_text(yaml.read_text().replace("scale: 64.0", "scael: 64.0"))
+    result = invoke("check", "--config-dir", "conf", "logrope", cwd=project)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: {yaml}: encoder.scael: not an option of encoder 'logrope'; did you mean scale? its options are: "
+        "base, scale, lr_mult"], result.stderr
 
 
 def test_list_shows_plugins_with_where_they_come_from(project):
@@ -470,7 +556,7 @@ def test_a_plugin_package_named_like_a_standard_module_is_told_so(tmp_path, regi
 def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_file(project, registry_state,
                                                                                   monkeypatch, tmp_path):
     """The encoder's own file unchanged, a module of its package it may import edited since training."""
-    from posexp.commands.encoder_source import check_encoder_source
+    from posexp.commands.plugin_source import check_plugin_sources
     from posexp.errors import PosexpError
 
     monkeypatch.chdir(project)
@@ -480,10 +566,10 @@ def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_fil
     assert recorded["package_sha256"]
     results = {"run": {"encoder_source": recorded}}
     encoder = {"name": "logrope", "module": "my_encoders.logrope"}
-    check_encoder_source(tmp_path, encoder, results)  # as trained: nothing to say
+    check_plugin_sources(tmp_path, {"encoder": encoder}, results)  # as trained: nothing to say
     (project / "my_encoders" / "helpers.py").write_text("SCALE = 2.0\n")
     with pytest.raises(PosexpError, match=r"a file of encoder 'logrope''s package my_encoders changed since"):
-        check_encoder_source(tmp_path, encoder, results)
+        check_plugin_sources(tmp_path, {"encoder": encoder}, results)
     said: list[str] = []
-    check_encoder_source(tmp_path, encoder, results, allow_changed=True, warn=said.append)
+    check_plugin_sources(tmp_path, {"encoder": encoder}, results, allow_changed=True, warn=said.append)
     assert said and "going on with the code as it is now" in said[0]

@@ -6,6 +6,7 @@ points again, the schemas are stored afresh) and puts the registries back after 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -13,42 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import TINY_RUN, invoke
-
-TASK = '''
-"""task=first: read a string, then write its first symbol `repeats` times."""
-from typing import Optional
-
-import numpy as np
-
-from posexp.tasks.task import TASKS, Task, fill, with_answer
-
-
-@TASKS.register("first")
-class First(Task):
-    default_symbols = 8
-    size_unit = "symbols"
-
-    def __init__(self, symbols: Optional[int] = None, min_size: Optional[int] = None, repeats: int = 1):
-        super().__init__(symbols, min_size)
-        if repeats < 1:
-            raise ValueError("repeats must be at least 1")
-        self.repeats = int(repeats)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.symbols + 2  # padding, the symbols, the separator
-
-    def tokens_for(self, size: int) -> int:
-        return size + 1 + self.repeats
-
-    def options(self) -> dict:
-        return {"symbols": self.symbols, "repeats": self.repeats}
-
-    def generate(self, size, count, rng, **options):
-        text = fill(count, size, self.symbols + 1, rng, low=1)
-        sep = np.full((count, 1), self.symbols + 1)
-        return with_answer([(text, False), (sep, False), (np.repeat(text[:, :1], self.repeats, axis=1), True)])
-'''
+from helpers.plugins import FIRST_TASK, JSONL_TRACKER
 
 TASK_YAML = '''
 # @package _global_
@@ -61,59 +27,6 @@ task:
   description: "write the first symbol again"
   repeats: 2
 train_len: 16
-'''
-
-TRACKER = '''
-"""logger=jsonl: every event of a run as one JSON line."""
-import json
-from pathlib import Path
-from typing import Optional
-
-from posexp.tracking.tracker import TRACKERS, Tracker
-
-
-@TRACKERS.register("jsonl")
-class JsonlTracker(Tracker):
-    needs_module = "json"
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    @classmethod
-    def start(cls, run, path: Optional[str] = None, prefix: str = "run"):
-        tracker = cls(Path(path) if path else run.run_dir / "events.jsonl")
-        tracker._write(prefix, config=run.config)
-        return tracker
-
-    @classmethod
-    def reopen(cls, record, run):
-        return cls(Path(record["path"]))
-
-    def _write(self, event, **fields):
-        with self.path.open("a") as f:
-            f.write(json.dumps({"event": event, **fields}, default=str) + "\\n")
-
-    def log_train(self, step, values):
-        self._write("train", step=step, **values)
-
-    def log_curve(self, step, values):
-        self._write("curve", step=step, **values)
-
-    def log_eval(self, points, rows):
-        for p in points:
-            self._write("eval", name=p.name, length=p.length, value=p.value)
-
-    def log_artifacts(self, files):
-        self._write("artifacts", files=[Path(f).name for f in files])
-
-    def finish(self, status):
-        self._write("finish", status=status)
-
-    def record(self):
-        return {"path": str(self.path)}
-
-    def where(self):
-        return f"jsonl: {self.path}"
 '''
 
 TRACKER_YAML = '''
@@ -189,7 +102,7 @@ def lab(tmp_path_factory) -> Path:
     package = root / "site" / "lab"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    for name, text in (("first", TASK), ("jsonl_tracker", TRACKER), ("nope_gpt2", EXPORTER)):
+    for name, text in (("first", FIRST_TASK), ("jsonl_tracker", JSONL_TRACKER), ("nope_gpt2", EXPORTER)):
         (package / f"{name}.py").write_text(textwrap.dedent(text).lstrip())
     dist = root / "site" / "lab-0.1.dist-info"
     dist.mkdir()
@@ -303,3 +216,18 @@ def test_a_plugin_exporter_writes_a_none_run_as_gpt2_and_its_refusal_is_its_own(
     assert refused.exit_code != 0 and out.splitlines() == [
         "error: this exporter writes tied embeddings only: train with model.tie_embeddings=true"], out
     assert not (lab / "untied-hf").exists()
+
+
+def test_a_plugin_tasks_yaml_named_like_a_builtin_is_said_to_be_shadowed(tmp_path, caplog):
+    """conf/task/copy.yaml naming the user's module trained posexp's own task=copy (Hydra reads posexp's
+    task/copy.yaml first), silently: a line says so, as a plugin encoder that takes a built-in's name is told."""
+    from helpers.plugins import write_lab
+
+    lab = write_lab(tmp_path / "lab")
+    (lab / "conf" / "task" / "first.yaml").rename(lab / "conf" / "task" / "copy.yaml")
+    with caplog.at_level(logging.WARNING, logger="posexp.registry"):
+        done = _posexp(lab, "train", "--config-dir", "conf", "task=copy", "--cfg", "job")
+    assert done.exit_code == 0, done.output[-2000:]
+    assert [r.getMessage() for r in caplog.records if r.name == "posexp.registry"] == [
+        f"the plugin task 'copy' ({lab / 'conf' / 'task' / 'copy.yaml'}) is shadowed by posexp's built-in "
+        "task/copy.yaml, which Hydra reads first; rename yours (the file and its name)"]  # logger/jsonl.yaml is not

@@ -206,7 +206,7 @@ def test_the_hydra_flags_read_and_offered_are_hydras():
 
     from posexp.cli import hydra_flags
     from posexp.cli.app import app
-    from posexp.commands.encoder_source import ALLOW_FLAG
+    from posexp.commands.plugin_source import ALLOW_FLAG
     from posexp.runs.lock import OVERWRITE_FLAG
 
     text = CliRunner().invoke(app, ["train", "--hydra-help"]).output

@@ -1,0 +1,90 @@
+"""A finished or interrupted run of a user's own code (a plugin encoder, a task of their own), used again: is its
+code here, and is it the same code?
+
+``posexp eval``, ``posexp resume`` and ``posexp finetune`` rebuild a run's encoder and task from code that lives
+outside posexp. :func:`check_plugin_sources` imports it (from the working folder, else from where the run
+found it) and compares the SHA-256 of its source file with the one the run recorded, so that numbers are
+never silently added to a run by code other than the code that trained it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+from posexp.encoders import load_plugin, source_record
+from posexp.encoders.plugins import MODULE_KEY
+from posexp.errors import PosexpError
+from posexp.registry import code_record, import_roots
+from posexp.runs.provenance import by_plugin, recorded_sources
+from posexp.tasks import task_class
+
+ALLOW_FLAG = "--allow-changed-encoder"
+
+
+def check_plugin_sources(run_dir: Path, config: Mapping[str, Any], results: Optional[dict] = None,
+                         allow_changed: bool = False, warn: Optional[Callable[[str], None]] = None,
+                         allow_option: str = ALLOW_FLAG) -> None:
+    """A run trained with plugin encoders (the encoder itself, or a mix's layers) or a task of the user's can be
+    rebuilt here from the same code.
+
+    Args:
+        config: the run's config: its ``encoder`` and ``task`` (a ``module`` key names the user's module).
+        results: the run's results.json, if read already.
+        allow_changed: go on with a changed source, with a warning (the user's ``--allow-changed-encoder``).
+        allow_option: how the user asks for ``allow_changed``, for the message: the flag, or from Python a keyword.
+
+    Raises:
+        PosexpError: one line: a plugin cannot be imported here, or its source changed since the run was trained.
+    """
+    encoder, task = config["encoder"], config.get("task") or {}  # a run of before tasks has none
+    name = str(encoder["name"])
+    for (kind, plugin), recorded in by_plugin(recorded_sources(run_dir, results), name, str(task.get("name"))).items():
+        if kind == "task":
+            now = partial(_task_now, task, recorded)
+        else:
+            now = partial(_encoder_now, plugin, encoder.get(MODULE_KEY) if plugin == name else None, recorded)
+        _check_one(run_dir, f"{kind} {plugin!r}", recorded, now, allow_changed, warn, allow_option)
+
+
+def _encoder_now(name: str, module: Optional[str], recorded: dict) -> dict:
+    """The record of the plugin encoder ``name``'s code as it is here, its ``module`` imported from the working folder,
+    else from where the run found it."""
+    if module:
+        load_plugin(name, str(module), roots=import_roots(recorded))
+    return source_record(name) or {}
+
+
+def _task_now(task: Mapping[str, Any], recorded: dict) -> dict:
+    """The record of the code of the user's task of a ``task`` config as it is here (imported as
+    :func:`_encoder_now` imports an encoder)."""
+    return code_record(task_class(task, import_roots(recorded)))
+
+
+def _check_one(run_dir: Path, what: str, recorded: dict, load: Callable[[], dict], allow_changed: bool,
+               warn: Optional[Callable[[str], None]], allow_option: str = ALLOW_FLAG) -> None:
+    """One plugin (``what``: ``encoder 'NAME'``, ``task 'NAME'``): importable here (``load`` imports it and says
+    what its code is now), its source file's and its package's SHA-256 the ones recorded."""
+    where = f"{recorded.get('module')}, {recorded.get('file')}" + (
+        f", {recorded['distribution']} {recorded.get('version')}" if recorded.get("distribution") else "")
+    try:
+        now = load()
+    except PosexpError as e:
+        raise PosexpError(f"{run_dir}: trained with the plugin {what} ({where}), which cannot be loaded "
+                          f"here: {e}") from None
+    old, new = recorded.get("sha256"), now.get("sha256")
+    old_pkg, new_pkg = recorded.get("package_sha256"), now.get("package_sha256")
+    if old is not None and new != old:
+        message = (f"{run_dir}: the source of {what} changed since the run was trained: {now.get('file')} "
+                   f"has sha256 {str(new)[:12]}, the run recorded {old[:12]} ({recorded.get('file')})")
+    elif old_pkg is not None and new_pkg != old_pkg:  # the class's file is the same, a helper beside it is not
+        message = (f"{run_dir}: a file of {what}'s package {str(recorded.get('module')).split('.')[0]} "
+                   f"changed since the run was trained (package sha256 {str(new_pkg)[:12]}, the run recorded "
+                   f"{old_pkg[:12]})")
+    else:
+        return
+    if not allow_changed:
+        raise PosexpError(f"{message}; restore that file, or add {allow_option} to go on with the code as it is now")
+    if warn is not None:
+        warn(f"{message}; going on with the code as it is now ({allow_option.split()[0]})")
