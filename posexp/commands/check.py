@@ -164,10 +164,10 @@ def split_probe(args: Sequence[str], probe: Probe) -> tuple[list[str], Probe]:
     return rest, probe
 
 
-def yaml_options(name: str, dirs: Sequence[Path] = ()) -> dict[str, Any]:
-    """The options ``encoder=NAME`` gives the encoder in ``posexp train`` (its yaml's values, ``${base}`` resolved),
-    composed by Hydra as train composes them, the user's config folders ``dirs`` searched too; {} for an encoder
-    without a yaml (an installed plugin: its ``__init__`` defaults).
+def yaml_options(name: str, dirs: Sequence[Path] = (), train_len: int = Probe.train_len) -> dict[str, Any]:
+    """The options ``encoder=NAME`` gives the encoder in ``posexp train train_len=TRAIN_LEN`` (its yaml's values,
+    ``${base}`` and ``${train_len}`` resolved), composed by Hydra as train composes them, the user's config folders
+    ``dirs`` searched too; {} for an encoder without a yaml (an installed plugin: its ``__init__`` defaults).
 
     Raises:
         PosexpError: the yaml gives a value its encoder cannot take, in one line naming the key.
@@ -188,7 +188,8 @@ def yaml_options(name: str, dirs: Sequence[Path] = ()) -> dict[str, Any]:
     searched = [f"hydra.searchpath=[{','.join(f'file://{folder}' for folder in dirs)}]"] if dirs else []
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            encoder = OmegaConf.to_container(compose("config", [f"encoder={name}", *searched]).encoder, resolve=True)
+            overrides = [f"encoder={name}", f"train_len={train_len}", *searched]
+            encoder = OmegaConf.to_container(compose("config", overrides).encoder, resolve=True)
     except (HydraException, OmegaConfBaseException) as e:
         cause: Optional[BaseException] = e  # the value's own error, naming its key, if Hydra's chain has one
         while cause is not None and not getattr(cause, "full_key", None):
@@ -236,7 +237,7 @@ def check_main(name: str, args: Sequence[str], fmt: str = "table", console: Opti
         raise PosexpError(f"--format {fmt}: choose one of: {', '.join(FORMATS)}")
     args, probe = split_probe(args, probe or Probe())
     options = parse_options(name, args) if name not in broken() else {}
-    built = {**yaml_options(name, dirs), **options} if name not in broken() else {}
+    built = {**yaml_options(name, dirs, probe.train_len), **options} if name not in broken() else {}
     start = time.perf_counter()
     reason = unbuildable(name, built, probe)  # a bad value fails here, in one line
     if reason is not None:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from posexp.config.identity import position_range
 from posexp.config.schema import EvalConfig
 from posexp.encoders.remapping import ALL_OPTION_KEYS
 from posexp.errors import ConfigError
@@ -199,6 +200,9 @@ def apply_eval_overrides(cfg: DictConfig, overrides: list[tuple[str, Any]]) -> D
     from omegaconf.errors import OmegaConfBaseException
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[assignment]
+    # a position range the run's own eval lengths gave stays the one it trained with, whatever lengths come next
+    for key, value in position_range(OmegaConf.to_container(cfg, resolve=True)).items():  # type: ignore[arg-type]
+        cfg.train[key] = value
     stored: dict = OmegaConf.to_container(cfg.get("eval") or OmegaConf.create({}))  # type: ignore[assignment]
     kept = (*EVAL_KEYS, TRAINING_ONLY)  # the run's curve settings stay in the config it records
     ev: Any = OmegaConf.merge(OmegaConf.structured(EvalConfig), {k: v for k, v in stored.items() if k in kept})

@@ -226,6 +226,10 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
     found = _target(target, overrides, console)
     require(target_len > found.train_len, "--target-len",
             f"must be longer than the training length {found.train_len} it extends (got {target_len})")
+    plan = found.position_plan  # a run trained with randomized positions reads lengths up to its range only
+    if plan is not None and not plan.eval_supports(target_len):
+        raise ConfigError("--target-len", f"{target_len} is past the positions the run reads: trained with randomized "
+                                          f"positions drawn from 0..{plan.max_position - 1} (train.max_position)")
     require(start is None or start < found.train_len, "--start",
             f"must be below the training length {found.train_len}: those positions keep the trained rotation "
             f"(got {start})")

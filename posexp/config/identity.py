@@ -131,15 +131,29 @@ def weights_of(config: dict) -> dict:
         for key, before in TASK_KEYS_BEFORE.items():
             out["task"].setdefault(key, before)
     t = out.get("train")
-    if isinstance(t, dict) and t.get("positions") == "randomized" and t.get("max_position") is None:
-        t["max_position"] = default_max_position(int(config["train_len"]), max(_eval_lengths(config)))
-    if isinstance(t, dict) and t.get("positions") == "pose" and t.get("pose_target_len") is None:
-        t["pose_target_len"] = max(_eval_lengths(config))  # PoSE's default target: the longest eval length
     if isinstance(t, dict):
+        t.update(position_range(config))
         for key, before in TRAIN_KEYS_BEFORE.items():
             if key in t and t[key] == before:
                 del t[key]
     return out
+
+
+def position_range(config: dict) -> dict:
+    """The ``train`` keys a config left unset whose value comes from its eval lengths, filled in: ``max_position``
+    with ``train.positions=randomized``, ``pose_target_len`` (PoSE's target: the longest eval length) with ``pose``.
+
+    They shape the weights, so a run evaluated at other lengths keeps the values it was trained with
+    (:func:`posexp.commands.eval_overrides.apply_eval_overrides`). Empty when neither applies.
+    """
+    t = config.get("train")
+    if not isinstance(t, dict):
+        return {}
+    if t.get("positions") == "randomized" and t.get("max_position") is None:
+        return {"max_position": default_max_position(int(config["train_len"]), max(_eval_lengths(config)))}
+    if t.get("positions") == "pose" and t.get("pose_target_len") is None:
+        return {"pose_target_len": max(_eval_lengths(config))}
+    return {}
 
 
 def _eval_lengths(config: dict) -> list[int]:

@@ -89,9 +89,10 @@ class RoPE(PositionalEncoder):
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0, freq_schedule: str = "exponential",
                  alpha: float = 1.0, rotary_fraction: float = 1.0):
         super().__init__(d_model, n_heads)
-        require(base > 1, "base", f"must be > 1 for rope (got {base:g})")
+        # self.name: the registered name, so that hope, prope and resonance refuse as themselves
+        require(base > 1, "base", f"must be > 1 for {self.name} (got {base:g})")
         require(self.head_dim % 2 == 0, "model.d_model",
-                f"rope rotates pairs of features, so d_model / n_heads must be even "
+                f"{self.name} rotates pairs of features, so d_model / n_heads must be even "
                 f"(got {d_model} / {n_heads} = {self.head_dim})")
         check_schedule(freq_schedule, alpha)
         require(0 < rotary_fraction <= 1, "encoder.rotary_fraction",

@@ -330,6 +330,13 @@ def test_the_length_check_reaches_16x_the_default_train_len_and_a_given_one():
         encoders._REGISTRY.remove("tiny_overflow")
 
 
+def test_an_option_the_yaml_ties_to_train_len_follows_the_given_one():
+    # hope's yaml says encoder.train_len: ${train_len}; posexp train encoder=hope train_len=4 refuses, as check must
+    with pytest.raises(PosexpError, match=re.escape("encoder.train_len: no frequency of base 10000 completes a "
+                                                    "period in 4 tokens")):
+        check_main("hope", ["train_len=4"], "json", Console(file=io.StringIO()), probe=PROBE)
+
+
 def test_a_measurement_that_runs_out_of_memory_is_an_error_not_a_failure(monkeypatch):
     import posexp.evaluation.conformance.numerics as numerics
 

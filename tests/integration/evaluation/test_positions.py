@@ -15,6 +15,7 @@ from posexp.model.positions import PositionPlan, curriculum_length, randomized_p
 from posexp.commands.edge import typed
 from posexp.commands.train import run_train
 from posexp.commands.validation import validate
+from helpers import invoke
 
 TINY = ("train.steps=8", "eval.multiples=[1,2,4]")  # on top of the shared tiny run (helpers.TINY_RUN)
 
@@ -112,6 +113,23 @@ def test_lengths_past_max_position_are_not_applicable(tiny, tmp_path):
     rows = {r["length"]: r for r in results["rows"]}
     assert rows[64]["applicable"] and not rows[128]["applicable"]
     assert "train.max_position" in rows[128]["reason"]
+
+
+@pytest.mark.parametrize("scheme", ["randomized", "pose"])
+def test_a_run_whose_position_range_came_from_its_eval_lengths_is_evaluated_at_other_lengths(tiny, tmp_path, scheme):
+    # train.max_position (randomized) and train.pose_target_len (pose) default to the longest eval length, 128
+    # here: posexp eval at other lengths keeps the range the run trained with, not the one its new lengths give
+    run = tmp_path / "run"
+    trained = run_train(tiny(*TINY, f"train.positions={scheme}"), run, [f"train.positions={scheme}"])
+    result = invoke("eval", str(run), "eval.lengths=[64,256]")
+    assert result.exit_code == 0, result.output
+    rows = {r["length"]: r for r in json.loads((run / "results.json").read_text())["rows"]}
+    before = {r["length"]: r for r in trained["rows"]}
+    assert rows[64]["ppl"] == pytest.approx(before[64]["ppl"], rel=1e-6)  # positions drawn as in training
+    if scheme == "randomized":
+        assert not rows[256]["applicable"] and "train.max_position" in rows[256]["reason"]
+    else:
+        assert rows[256]["applicable"]  # PoSE evaluates at contiguous positions, any length
 
 
 @pytest.mark.parametrize("overrides, key", [

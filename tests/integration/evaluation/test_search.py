@@ -127,6 +127,18 @@ def test_refusals_are_one_line(run, args, message):
     assert "Traceback" not in result.output and not (run / "longrope").exists()
 
 
+def test_a_target_past_a_randomized_runs_positions_is_refused_in_one_line(tiny, tmp_path):
+    # every candidate would score inf there ("not applicable"): the search ran to its end and wrote inf factors
+    from posexp.commands.train import run_train
+
+    run = tmp_path / "run"
+    run_train(tiny("train.steps=2", "train.positions=randomized", "train.max_position=64"), run, [])
+    result = invoke("search", str(run), "--target-len", "128", *SMALL)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--target-len: " in said and "0..63 (train.max_position)" in said, said
+    assert "Traceback" not in result.output and not (run / "longrope").exists()
+
+
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
     quick = ("--tokens", "256", "--population", "4", "--generations", "0")
     assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0

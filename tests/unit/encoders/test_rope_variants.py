@@ -71,6 +71,16 @@ def test_prope_is_relative_and_its_scalings_keep_the_dropped_frequencies_at_zero
 # -- FoPE (Hua et al. 2024) -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["hope", "prope", "resonance"])
+def test_a_rope_variants_refusals_name_the_encoder_asked_for(name):
+    from posexp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^model.d_model: {name} rotates pairs of features"):
+        create(name, 36, 4)  # a head of 9 features
+    with pytest.raises(ConfigError, match=f"must be > 1 for {name} "):
+        create(name, 32, 2, base=1.0)
+
+
 def test_fope_clips_every_frequency_that_completes_no_period_in_training():
     train_len = 100
     enc = create("fope", D_MODEL, N_HEADS, train_len=train_len)
