@@ -224,15 +224,7 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
     start, seed = settings.start, settings.seed
     check_settings(settings)
     found = _target(target, overrides, console)
-    require(target_len > found.train_len, "--target-len",
-            f"must be longer than the training length {found.train_len} it extends (got {target_len})")
-    plan = found.position_plan  # a run trained with randomized positions reads lengths up to its range only
-    if plan is not None and not plan.eval_supports(target_len):
-        raise ConfigError("--target-len", f"{target_len} is past the positions the run reads: trained with randomized "
-                                          f"positions drawn from 0..{plan.max_position - 1} (train.max_position)")
-    require(start is None or start < found.train_len, "--start",
-            f"must be below the training length {found.train_len}: those positions keep the trained rotation "
-            f"(got {start})")
+    _check_lengths(found, target_len, start)
     folder = (out or found.default_out / str(target_len)).expanduser()
     identity = {"model": found.label, "identity": found.identity, "target_len": int(target_len),
                 "train_len": found.train_len, "rot_dim": found.rot_dim, "objective": objective,
@@ -268,6 +260,19 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
     path = write_factors(folder, record)
     _print_done(console, found, result, target_len, objective, path)
     return record
+
+
+def _check_lengths(found: Target, target_len: int, start: Optional[int]) -> None:
+    """Refuse a ``--target-len`` the run cannot be extended to and a ``--start`` past its training length."""
+    require(target_len > found.train_len, "--target-len",
+            f"must be longer than the training length {found.train_len} it extends (got {target_len})")
+    plan = found.position_plan  # a run trained with randomized positions reads lengths up to its range only
+    if plan is not None and not plan.eval_supports(target_len):
+        raise ConfigError("--target-len", f"{target_len} is past the positions the run reads: trained with randomized "
+                                          f"positions drawn from 0..{plan.max_position - 1} (train.max_position)")
+    require(start is None or start < found.train_len, "--start",
+            f"must be below the training length {found.train_len}: those positions keep the trained rotation "
+            f"(got {start})")
 
 
 def _searched(score, found: Target, target_len: int, settings, scored: dict[str, float], folder: Path,
