@@ -60,7 +60,7 @@ def test_labels_with_special_characters_survive_every_format(tmp_path, kind, fmt
         assert rows, text
         header = next(line for line in text.splitlines() if line.startswith("|"))
         assert all(line.count(" | ") == header.count(" | ") for line in rows)  # no cell split or merged
-        assert r"d\_e\\f" in text  # _ and \ escaped, so no emphasis or escape is read into the label
+        assert r"d\_e\\f\$g" in text  # _ \ $ escaped: no emphasis, escape or math ($...$) is read into the label
     elif fmt == "csv":
         assert any(NASTY in cell for row in csv.reader(io.StringIO(text)) for cell in row)
     else:
@@ -97,7 +97,7 @@ def test_the_curve_table_keeps_special_characters_whole_in_report_md(tmp_path, m
     text = (tmp_path / "out" / "report.md").read_text().split("## Extrapolation during training")[1]
     header = next(line for line in text.splitlines() if line.startswith("| curve"))
     [row] = [line for line in text.splitlines() if line.startswith("| encoder=")]
-    assert r"a&b#c%d\_e\\f$g" in row and row.count(" | ") == header.count(" | ")
+    assert r"a&b#c%d\_e\\f\$g" in row and row.count(" | ") == header.count(" | ")
 
 
 def test_latex_writes_angle_brackets_and_bars_as_text_not_as_the_default_fonts_other_glyphs():
