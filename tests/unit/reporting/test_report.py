@@ -531,12 +531,30 @@ def test_different_corpus_or_eval_settings_are_never_averaged(tmp_path):
     main = next(g for g in report.groups if g.n == 2)
     assert main.cells[128].mean == pytest.approx(3.1)  # 9.0 and 8.0 are not in it
     apart = [g for g in report.groups if g.n == 1]
-    assert all("kept apart: not comparable" in g.flags for g in report.groups)  # all three are encoder=rope
+    assert "kept apart: not comparable" not in main.flags  # the sweep's own rope runs are still compared
+    assert all("kept apart: not comparable" in g.flags for g in apart)
     assert {f for g in apart for f in g.flags} >= {"different corpus", "different eval settings"}
     assert any("corpus stdlib fp-other" in g.label for g in apart)
     assert any("never averaged together" in w for w in report.warnings)
     md = render_table_markdown(report)
-    assert md.count("kept apart: not comparable") == 3
+    assert md.count("kept apart: not comparable") == 2
+
+
+def test_a_stray_run_is_set_aside_alone_and_the_rest_of_its_group_still_compared(tmp_path):
+    """One rope run trained at another length, dropped into a folder with a sweep: it stands apart, named in a
+    warning; the sweep's own rope runs were kept apart with it and left out of the comparison."""
+    runs = seeds(tmp_path, "rope", [3.0, 3.2]) + seeds(tmp_path, "alibi", [3.5, 3.6], base=None)
+    runs.append(make_run(tmp_path / "stray", {256: 3.1, 512: 4.0}, ["encoder=rope", "train_len=256"], train_len=256))
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x", baseline="encoder=alibi"))
+    flags = {g.label: g.flags for g in report.groups}
+    assert flags == {"encoder=rope": [], "encoder=rope [train_len=256]": ["different train length",
+                                                                         "kept apart: not comparable"],
+                     "encoder=alibi": []}
+    verdicts = {d.group: d.verdict for d in report.comparison.differences}
+    assert verdicts["encoder=rope [train_len=256]"] == "not compared" and verdicts["encoder=rope"] != "not compared"
+    assert any(w.startswith("encoder=rope train_len=256: different train length") for w in report.warnings)
+    assert "1 group has the same --by values but a different corpus, eval settings, train length or status; it is " \
+           "shown apart, never averaged with the others" in report.warnings
 
 
 def test_group_keys_from_nested_config_and_pooled_keys_are_flagged(tmp_path):
@@ -821,7 +839,7 @@ def test_group_by_train_len_compares_lengths_without_flagging_them(tmp_path):
     assert report.groups[1].metrics["ratio@2x"].mean == pytest.approx(3.0 / 2.8)
     # Without --by train_len the odd length is still flagged, and never averaged with the others.
     report = build_report([*short, *long], ReportOptions(by="encoder"))
-    assert len(report.groups) == 2 and all("kept apart: not comparable" in g.flags for g in report.groups)
+    assert [g.flags for g in report.groups] == [[], ["different train length", "kept apart: not comparable"]]
 
 
 def test_the_plain_ratio_is_never_taken_at_a_runs_own_training_length(tmp_path):
