@@ -32,7 +32,8 @@ from rich.markup import escape
 from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.reporting.task_report import build_task_report, is_task_run, split_task_metrics, task_table, render_task
+from posexp.reporting.task_report import (build_task_report, is_task_run, long_csv, split_task_metrics, task_table,
+                                          render_task)
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
@@ -182,7 +183,10 @@ def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], t
 
 def _machine_text(report: Report, task_report: Optional[Report], fmt: str) -> str:
     """The perplexity report in ``fmt``, followed by the task report's tables when there are task runs too
-    (for JSON, one document: the task records under ``"tasks"``)."""
+    (for JSON, one document: the task records under ``"tasks"``; for csv, one table: the task table's lines, the
+    perplexity groups' first)."""
+    if task_report is not None and fmt == "csv":
+        return render(Table("", [], [], csv=long_csv(report, task_report)), fmt)
     if task_report is not None and fmt == "json":
         lm, tasks = lm_table(report), task_table(task_report).json
         return render(replace(lm, json={**lm.json, "tasks": tasks["tasks"],
