@@ -43,12 +43,20 @@ def plan_sweep(sweep: Path) -> SweepPlan:
         PosexpError: not a posexp train sweep of the basic sweeper's kind (a fine-tune sweep, a sweeper's
             search, jobs in folders not named by their number).
     """
+    import yaml
+    from hydra.errors import OverrideParseException
     from omegaconf import OmegaConf
 
     from posexp.commands.sweeps import sweep_jobs
 
-    raw = OmegaConf.to_container(OmegaConf.load(sweep / MULTIRUN_YAML), resolve=False)
-    hydra = (raw.get("hydra") if isinstance(raw, dict) else None) or {}
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(sweep / MULTIRUN_YAML), resolve=False)
+        hydra = (raw.get("hydra") if isinstance(raw, dict) else None) or {}
+        jobs = sweep_jobs([str(o) for o in (hydra.get("overrides") or {}).get("task") or []])
+    except (OSError, yaml.YAMLError, OverrideParseException) as e:
+        reason = str(e).partition("\n")[0]  # yaml's and Hydra's messages go on to show where, over lines
+        raise PosexpError(f"{sweep / MULTIRUN_YAML} cannot be read ({reason}); posexp resume JOB_FOLDER continues each "
+                          "job that started") from None
     app = (hydra.get("job") or {}).get("config_name")
     if app not in COMMAND_OF:
         raise PosexpError(f"{sweep}: posexp resume finishes a posexp train sweep; for a fine-tune sweep, posexp "
@@ -56,8 +64,6 @@ def plan_sweep(sweep: Path) -> SweepPlan:
     if (hydra.get("sweep") or {}).get("subdir") != DEFAULT_SUBDIR:
         raise PosexpError(f"{sweep}: its jobs are not in folders named by their number (hydra.sweep.subdir); "
                           "posexp resume JOB_FOLDER continues each")
-    task = [str(o) for o in (hydra.get("overrides") or {}).get("task") or []]
-    jobs = sweep_jobs(task)
     if jobs is None:
         raise PosexpError(f"{sweep}: a sweeper drew its jobs (interval, glob); posexp resume JOB_FOLDER continues "
                           "each job that started")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers.runs import make_run
@@ -33,3 +34,19 @@ def test_the_summary_of_a_resumed_sweep_holds_the_jobs_that_never_started(tmp_pa
     summary = (sweep / "summary.md").read_text()
     assert "| encoder=rope |" in summary and "| encoder=alibi |" in summary
     assert "encoder=alibi" in (sweep / "summary.csv").read_text() and (sweep / "report.md").is_file()
+
+
+@pytest.mark.parametrize("multirun", ["hydra: [\n", "hydra:\n  job: {config_name: config}\n  sweep: {subdir: "
+                                      "'${hydra.job.num}'}\n  overrides: {task: ['seed=range(']}\n"],
+                         ids=["not yaml", "an override Hydra cannot parse"])
+def test_a_damaged_multirun_yaml_is_one_line_naming_it(tmp_path, multirun):
+    """posexp resume SWEEP printed yaml's or Hydra's traceback."""
+    from helpers import invoke
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0})
+    (sweep / "multirun.yaml").write_text(multirun)
+    result = invoke("resume", str(sweep))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert str(sweep / "multirun.yaml") in line and "posexp resume JOB_FOLDER continues each job" in line
