@@ -102,8 +102,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
             raise
         report = None  # the view is the task runs' alone (a window posexp eval gave them only)
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
-    if report is not None:
-        report.warnings += _unfinished_sweep_jobs(paths)
+    _warn_unfinished_jobs(paths, report or task_report)
     lead = _lead_table(report, task_report, options, wanted)
     out_dir = _out_dir(paths, out, options, wanted)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)  # a wrong --out stops before any table is printed
@@ -271,11 +270,14 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
     return lm_dirs, task_report
 
 
-def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
-    """Warn about sweep jobs without results, which would otherwise just be absent from the table."""
-    return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
-            f"{'are' if len(missing) > 1 else 'is'} not in the table" for sweep, missing in unfinished_jobs(paths)]
+def _warn_unfinished_jobs(paths: Sequence[str | os.PathLike], report: Optional[Report]) -> None:
+    """Warn in ``report`` (the perplexity report, else the task report) about sweep jobs without results, which would
+    otherwise just be absent from the table."""
+    if report is not None:
+        report.warnings += [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) "
+                            f"and {'are' if len(missing) > 1 else 'is'} not in the table"
+                            for sweep, missing in unfinished_jobs(paths)]
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:

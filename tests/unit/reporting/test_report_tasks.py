@@ -156,6 +156,21 @@ def test_csv_of_lm_and_task_runs_is_one_table(tmp_path):
     assert values[("copy", "exact_match@128")] == pytest.approx(50.0)
 
 
+def test_a_task_sweep_job_without_results_is_warned(tmp_path):
+    """A report of perplexity runs named a sweep job with no results.json (failed, running or interrupted); one of
+    task runs left it out without a word."""
+    import io
+
+    sweep = tmp_path / "sweep"
+    make_task_run(sweep / "0", {64: 1.0, 128: 0.5})
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    out = io.StringIO()
+    summary = report_main([sweep], console=Console(file=out, width=300))
+    assert f"warning: {sweep}: sweep job 1 has no results.json" in out.getvalue()
+    assert "sweep job 1 has no results.json" in summary.read_text()
+
+
 def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
     runs = [read_run(make_task_run(tmp_path / str(i), {n: 0.5, 2 * n: 0.1}, seed=i, train_len=n))
             for i, n in enumerate((32, 64))]
