@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from posexp.errors import PosexpError
-from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, run_status
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, is_sweep_dir, run_status
 
 DEFAULT_SUBDIR = "${hydra.job.num}"
 # the sweeps posexp resume finishes, by the app that ran them: its command starts a job that never started
@@ -34,6 +34,7 @@ class SweepPlan:
     start: dict[int, list[str]]
     config_dirs: list[str]
     command: str = "train"  # what starts a job that never started: posexp train, or posexp eval (hf:MODEL)
+    jobs: list[list[str]] = field(default_factory=list)  # every job's overrides, as planned
 
 
 def plan_sweep(sweep: Path) -> SweepPlan:
@@ -69,7 +70,7 @@ def plan_sweep(sweep: Path) -> SweepPlan:
                           "each job that started")
     sources = (hydra.get("runtime") or {}).get("config_sources") or []
     dirs = [str(s["path"]) for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
-    plan = SweepPlan([], [], {}, dirs, COMMAND_OF[str(app)])
+    plan = SweepPlan([], [], {}, dirs, COMMAND_OF[str(app)], jobs)
     for n, job in enumerate(jobs):
         folder = sweep / str(n)
         if not folder.is_dir():
@@ -79,6 +80,24 @@ def plan_sweep(sweep: Path) -> SweepPlan:
         else:
             plan.resume.append(n)
     return plan
+
+
+def unstarted_jobs(folders: Iterable[Path]) -> list[str]:
+    """A line for the report of each sweep of ``folders`` stopped before some of its jobs started, naming them (they
+    are in no table) and what finishes the sweep; none for a sweep posexp resume does not finish."""
+    from posexp.commands.sweeps import job_list
+
+    lines = []
+    for sweep in (Path(f) for f in folders if is_sweep_dir(f)):
+        try:
+            plan = plan_sweep(sweep)
+        except PosexpError:
+            continue
+        if plan.start:
+            lines.append(f"{sweep}: {len(plan.start)} of the sweep's {len(plan.jobs)} jobs never started and "
+                         f"{'is' if len(plan.start) == 1 else 'are'} not in the table: "
+                         f"{job_list(plan.start, plan.jobs)}; finish the sweep with: posexp resume {sweep}")
+    return lines
 
 
 def resume_sweep(sweep: Path, say: Callable[[str], None], allow_changed_encoder: bool = False,

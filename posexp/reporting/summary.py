@@ -34,6 +34,7 @@ from rich.text import Text
 from posexp.errors import ConfigError, PosexpError
 from posexp.reporting.task_report import (build_task_report, is_task_run, long_csv, split_task_metrics, task_table,
                                           render_task)
+from posexp.reporting.formatting import joined
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
@@ -56,7 +57,7 @@ log = logging.getLogger("posexp.report")
 
 def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike | None = None, *,
                 options: ReportOptions = ReportOptions(), console: Console | None = None,
-                err_console: Console | None = None, _sweep_end: bool = False) -> Path:
+                err_console: Console | None = None, _sweep_end: bool = False, sweep_notes: Sequence[str] = ()) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
@@ -69,6 +70,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         console: where the table goes (stdout by default).
         err_console: where notes go for machine-readable formats (stderr by default). With ``strict`` off, a run
             whose ``results.json`` cannot be loaded is named there in a one-line warning (the exit status stays 0).
+        sweep_notes: warnings about the sweeps given that their folders do not show (their jobs that never
+            started: :func:`posexp.commands.sweep_resume.unstarted_jobs`, which reads the sweep's plan with Hydra).
 
     Returns:
         The path of ``summary.md``.
@@ -102,7 +105,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
             raise
         report = None  # the view is the task runs' alone (a window posexp eval gave them only)
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
-    _warn_unfinished_jobs(paths, report or task_report)
+    _warn_unfinished_jobs(paths, report or task_report, sweep_notes)
     lead = _lead_table(report, task_report, options, wanted)
     out_dir = _out_dir(paths, out, options, wanted)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)  # a wrong --out stops before any table is printed
@@ -110,8 +113,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     full = write_report(report, out_dir, task_report, lead)
     files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else []),
              *([f"{lead.name}.csv", f"{lead.name}.tex"] if lead is not None else [])]
-    notes.print(Text(f"wrote {full} (with figures), {', '.join(files[:-1])} and {files[-1]}" if len(files) > 1
-                     else f"wrote {full} (with figures), {files[0]}"))
+    notes.print(Text(f"wrote {full} (with figures), {joined(files)}"))
     return out_dir / SUMMARY_MD
 
 
@@ -270,14 +272,15 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
     return lm_dirs, task_report
 
 
-def _warn_unfinished_jobs(paths: Sequence[str | os.PathLike], report: Optional[Report]) -> None:
-    """Warn in ``report`` (the perplexity report, else the task report) about sweep jobs without results, which would
-    otherwise just be absent from the table."""
+def _warn_unfinished_jobs(paths: Sequence[str | os.PathLike], report: Optional[Report],
+                          sweep_notes: Sequence[str] = ()) -> None:
+    """Warn in ``report`` (the perplexity report, else the task report) about sweep jobs without results and, in
+    ``sweep_notes``, those that never started, which would otherwise just be absent from the table."""
     if report is not None:
         report.warnings += [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                             f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) "
                             f"and {'are' if len(missing) > 1 else 'is'} not in the table"
-                            for sweep, missing in unfinished_jobs(paths)]
+                            for sweep, missing in unfinished_jobs(paths)] + list(sweep_notes)
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:

@@ -50,3 +50,22 @@ def test_a_damaged_multirun_yaml_is_one_line_naming_it(tmp_path, multirun):
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     (line,) = result.stderr.strip().splitlines()
     assert str(sweep / "multirun.yaml") in line and "posexp resume JOB_FOLDER continues each job" in line
+
+
+def test_the_report_of_a_stopped_sweep_names_the_jobs_that_never_started(tmp_path):
+    """The report warned of the interrupted job (a folder without results.json) and said nothing of the jobs that
+    never started, so the table read as the whole sweep."""
+    from helpers import invoke
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0, 256: 3.3}, ["encoder=rope", "seed=0"])
+    (sweep / "1" / ".hydra").mkdir(parents=True)  # interrupted: no results.json
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "overrides": {"task": ["encoder=rope,alibi", "seed=0,1"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    result = invoke("report", str(sweep))
+    assert result.exit_code == 0, result.output
+    said = (f"{sweep}: 2 of the sweep's 4 jobs never started and are not in the table: 2 (encoder=alibi seed=0), "
+            f"3 (encoder=alibi seed=1); finish the sweep with: posexp resume {sweep}")
+    assert f"warning: {said}" in result.stdout
+    assert "2 of the sweep's 4 jobs never started" in (sweep / "reports" / "default" / "summary.md").read_text()
