@@ -295,7 +295,8 @@ def sweep_summary(sweep_dir: str | os.PathLike) -> None:
                     sweep_dir, exc_info=True)
 
 
-def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optional[Path]:
+def refresh_sweep_summary(sweep: str | os.PathLike, console: Console,
+                          sweep_notes: Sequence[str] = ()) -> Optional[Path]:
     """Rewrite a sweep folder's ``summary.md``/``summary.csv`` after one of its runs was evaluated or resumed.
 
     The summary was written when the sweep ended, without what changed since. A failure
@@ -304,6 +305,7 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     Args:
         sweep: the sweep folder.
         console: where the outcome is printed.
+        sweep_notes: as for :func:`report_main` (the sweep's jobs that never started).
 
     Returns:
         The path of ``summary.md``, or None when it could not be rewritten.
@@ -311,7 +313,9 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     sweep = Path(sweep)
     try:
         lm_dirs, task_report = _split_tasks(find_runs([sweep]), None, None, None)
-        summary = write_summary(build_report(lm_dirs) if lm_dirs else None, sweep, task_report)
+        report = build_report(lm_dirs) if lm_dirs else None
+        _warn_unfinished_jobs([sweep], report or task_report, sweep_notes)
+        summary = write_summary(report, sweep, task_report)
     except PosexpError as e:
         console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)
         return None

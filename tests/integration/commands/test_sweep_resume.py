@@ -69,3 +69,24 @@ def test_the_report_of_a_stopped_sweep_names_the_jobs_that_never_started(tmp_pat
             f"3 (encoder=alibi seed=1); finish the sweep with: posexp resume {sweep}")
     assert f"warning: {said}" in result.stdout
     assert "2 of the sweep's 4 jobs never started" in (sweep / "reports" / "default" / "summary.md").read_text()
+
+
+def test_a_sweep_job_resumed_alone_leaves_a_summary_naming_the_jobs_that_never_started(trained, tmp_path):
+    """posexp resume SWEEP/0 (what the interrupted sweep says to type) wrote the sweep's summary.md of job 0 alone,
+    without a word of the job that never started, nor of one interrupted."""
+    import shutil
+
+    from helpers import invoke
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(trained, sweep / "0")
+    (sweep / "0" / "results.json").unlink()  # killed while it evaluated
+    (sweep / "1" / ".hydra").mkdir(parents=True)  # interrupted before it wrote anything
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "overrides": {"task": ["seed=0,1,2"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    result = invoke("resume", str(sweep / "0"))
+    assert result.exit_code == 0, result.output
+    summary = (sweep / "summary.md").read_text()
+    assert "sweep job 1 has no results.json" in summary
+    assert "1 of the sweep's 3 jobs never started and is not in the table: 2 (seed=2)" in summary
