@@ -856,6 +856,18 @@ def test_the_plain_ratio_is_never_taken_at_a_runs_own_training_length(tmp_path):
     assert "ratio = ppl at the longest length / ppl at the training length; n/a here" in render_markdown(report)
 
 
+def test_a_stray_run_at_another_train_len_does_not_take_the_others_ratio_away(tmp_path):
+    """A sweep at 128 (128 and 256 tokens) and one run at 256 (256 and 512) dropped beside it: 256 is the stray's own
+    training length, so no length was past every run's and the ratio was n/a for every run; it is the sweep's at 256
+    now, and n/a for the stray alone, which is flagged as trained at another length."""
+    runs = seeds(tmp_path, "rope", [3.0, 3.2])
+    runs.append(make_run(tmp_path / "stray", {256: 3.1, 512: 4.0}, ["encoder=rope", "train_len=256"], train_len=256))
+    report = build_report(runs, ReportOptions(metrics="ratio"))
+    assert report.ratio_length == 256
+    assert [row.ratio for row in report.rows] == [pytest.approx(1.5), pytest.approx(1.5), None]
+    assert "different train length" in report.rows[2].flags
+
+
 def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):
     """A model whose perplexity at its own training length is about what token frequencies alone give did not
     learn to read its context: a flat curve past 1x from it is no sign of extrapolation."""
