@@ -48,7 +48,7 @@ from posexp.reporting.metrics import ACCURACY, PERPLEXITY, applies_to, metric_he
 from posexp.reporting.selection import check_tolerance, parse_by, parse_where, select_runs
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import (REPORT_FILES, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
-                                is_run_dir, is_sweep_dir)
+                                is_run_dir, is_sweep_dir, runs_under)
 from posexp.runtime import terminal
 
 # the logger name users' logging filters and test captures have always seen
@@ -274,13 +274,18 @@ def _split_tasks(run_dirs: list[Path], by, task_metrics: Optional[list[str]], wh
 
 def _warn_unfinished_jobs(paths: Sequence[str | os.PathLike], report: Optional[Report],
                           sweep_notes: Sequence[str] = ()) -> None:
-    """Warn in ``report`` (the perplexity report, else the task report) about sweep jobs without results and, in
-    ``sweep_notes``, those that never started, which would otherwise just be absent from the table."""
+    """Warn in ``report`` (the perplexity report, else the task report) about sweep jobs without results, in
+    ``sweep_notes`` those that never started, and folders given with no finished run in them (one still training),
+    which would otherwise just be absent from the table."""
     if report is not None:
         report.warnings += [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                             f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) "
                             f"and {'are' if len(missing) > 1 else 'is'} not in the table"
                             for sweep, missing in unfinished_jobs(paths)] + list(sweep_notes)
+        report.warnings += [f"{folder}: no run in it has written its {RESULTS_JSON} yet (still training, stopped "
+                            "early, or the wrong folder), so it is not in the table" for folder in paths
+                            if len(paths) > 1 and Path(folder).is_dir() and not is_sweep_dir(folder)
+                            and not runs_under(folder)]  # one folder alone without a run is an error already
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:

@@ -211,6 +211,15 @@ def test_sweep_job_without_results_is_warned(tmp_path):
     assert "sweep job 3 has no results.json" in md
 
 
+def test_a_folder_given_with_no_finished_run_is_warned(tmp_path):
+    """posexp report RUN_STILL_TRAINING SWEEP reported the sweep alone, without a word of the first folder (its
+    report folder was even named after both)."""
+    sweep = make_sweep(tmp_path / "sweep", 2)
+    (tmp_path / "live" / "checkpoint").mkdir(parents=True)  # still training: no results.json yet
+    md = report_main([str(tmp_path / "live"), str(sweep)], out=tmp_path / "out", console=quiet_console()).read_text()
+    assert f"{tmp_path / 'live'}: no run in it has written its results.json yet" in md.replace("\\", "")
+
+
 def test_single_run_folder_is_a_run(tmp_path):
     run = make_run(tmp_path / "run", {128: 3.0})
     assert find_runs([run]) == [run]
