@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
+from posexp.reporting.formatting import md_escape
 from posexp.reporting.frame import LM_TASK
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
@@ -172,7 +173,7 @@ def task_table_lines(report: Report, level: int = 1) -> list[str]:
     (exact match %, mean ± 95% t-interval over runs)."""
     lines = [f"{'#' * level} Tasks: accuracy vs context length", "", INTRO, ""]
     for warning in report.warnings:
-        lines += [f"> **Warning:** {warning}", ""]
+        lines += [f"> **Warning:** {md_escape(warning)}", ""]
     return lines + to_markdown(task_table(report), level + 1).splitlines()
 
 

@@ -100,6 +100,17 @@ def test_the_curve_table_keeps_special_characters_whole_in_report_md(tmp_path, m
     assert r"a&b#c%d\_e\\f\$g" in row and row.count(" | ") == header.count(" | ")
 
 
+def test_a_task_warning_escapes_its_labels_in_markdown_as_a_perplexity_warning_does(tmp_path):
+    """The task report's warnings (a run that did not learn at 1x, named by its label) went into markdown as they
+    were: \\, _ and $ in a label read as an escape, emphasis or math."""
+    make_task_run(tmp_path / "task" / "0", {64: 0.0, 128: 0.0}, encoder=NASTY)
+    out = io.StringIO()
+    report_main([tmp_path / "task"], out=tmp_path / "out", options=ReportOptions(fmt="markdown"),
+                console=Console(file=out, width=200), err_console=Console(file=io.StringIO()))
+    [warning] = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if "Warning" in line]
+    assert r"encoder=a&b#c%d\_e\\f\$g" in warning
+
+
 def test_latex_writes_angle_brackets_and_bars_as_text_not_as_the_default_fonts_other_glyphs():
     from posexp.reporting.formatting import latex_escape
 
