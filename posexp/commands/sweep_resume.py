@@ -65,6 +65,10 @@ def plan_sweep(sweep: Path) -> SweepPlan:
     if (hydra.get("sweep") or {}).get("subdir") != DEFAULT_SUBDIR:
         raise PosexpError(f"{sweep}: its jobs are not in folders named by their number (hydra.sweep.subdir); "
                           "posexp resume JOB_FOLDER continues each")
+    sweeper = str((hydra.get("sweeper") or {}).get("_target_") or "BasicSweeper")  # the one that ran the sweep
+    if not sweeper.endswith("BasicSweeper"):  # Optuna's trials are not the product of the overrides
+        raise PosexpError(f"{sweep}: its sweeper ({sweeper.rsplit('.', 1)[-1]}) drew its jobs; posexp resume "
+                          "JOB_FOLDER continues each job that started")
     if jobs is None:
         raise PosexpError(f"{sweep}: a sweeper drew its jobs (interval, glob); posexp resume JOB_FOLDER continues "
                           "each job that started")

@@ -90,3 +90,20 @@ def test_a_sweep_job_resumed_alone_leaves_a_summary_naming_the_jobs_that_never_s
     summary = (sweep / "summary.md").read_text()
     assert "sweep job 1 has no results.json" in summary
     assert "1 of the sweep's 3 jobs never started and is not in the table: 2 (seed=2)" in summary
+
+
+def test_a_sweep_whose_sweeper_drew_its_jobs_is_not_planned_from_its_overrides(tmp_path):
+    """posexp resume SWEEP of a stopped Optuna search (search=base: the trials' bases are the sweeper's) read its
+    overrides as a basic sweep's, one job, and said every job had finished though trials never ran."""
+    from posexp.commands.sweep_resume import plan_sweep
+    from posexp.errors import PosexpError
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0})
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "sweeper": {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+                         "n_trials": 10},
+             "overrides": {"task": ["search=base", "encoder=rope"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    with pytest.raises(PosexpError, match=r"its sweeper \(OptunaSweeper\) drew its jobs; posexp resume JOB_FOLDER"):
+        plan_sweep(sweep)
