@@ -68,7 +68,9 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bo
     stopped = [row.run.status != "completed" for row in rows]
     corpus_fp, fp_keys = majority([i.get("compared_text") for i in infos], stopped)
     corpus_name = next((i.get("corpus") for i in infos if i.get("compared_text") == corpus_fp), None)
-    eval_settings, eval_keys = majority([i.get("eval_settings") for i in infos], stopped)
+    # nor does a run with no rows in the view shown (its flag says so): it was not measured otherwise
+    eval_settings, eval_keys = majority([i.get("eval_settings") for i in infos],
+                                        [s or row.settings is None for s, row in zip(stopped, rows)])
     # a fine-tune changes its training length by design: it is compared at its parent's
     train_len, len_keys = majority([base_train_len(row.run) for row in rows], [False] * len(rows))
 

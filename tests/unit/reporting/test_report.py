@@ -29,7 +29,7 @@ from posexp.reporting import (
 )
 from posexp.reporting.options import ReportOptions
 from helpers import no_figure
-from helpers.runs import make_run, make_sweep, make_task_run
+from helpers.runs import make_run, make_sweep, make_task_run, ppl_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def quiet_console() -> Console:
@@ -950,6 +950,18 @@ def test_a_run_without_the_viewed_rows_is_flagged_by_the_view_not_a_protocol_it_
     assert "no window=16 rows" in flags["encoder=alibi"]
     assert not any("nonoverlap" in f for f in flags["encoder=alibi"])
     assert not flags["encoder=rope"]
+
+
+def test_the_one_run_with_rows_in_the_view_is_not_flagged_for_its_eval_settings(tmp_path):
+    """posexp eval RUN eval.scaling=linear, then --view scaling=linear of its sweep: the runs with no linear rows
+    outvoted the one that has them, which was flagged "different eval settings" and left out of the comparison."""
+    from posexp.reporting import build_report
+
+    linear = [{**r, "scaling": "linear", "scaling_factor": 2.0} for r in ppl_rows({128: 4.0, 256: 4.2}, 128)]
+    runs = [make_run(tmp_path / "a", {128: 4.0, 256: 4.5}, ["encoder=rope"], extra_rows=linear)]
+    runs += [make_run(tmp_path / enc, {128: 4.1, 256: 4.6}, [f"encoder={enc}"], encoder=enc) for enc in ("alibi", "t5")]
+    report = build_report(runs, ReportOptions(view="scaling=linear"))
+    assert report.rows[0].flags == [] and not any("different eval settings" in w for w in report.warnings)
 
 
 def test_a_hand_edited_list_seed_does_not_crash_the_report(tmp_path):
