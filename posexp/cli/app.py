@@ -264,9 +264,12 @@ def report(folders: List[Path], out: Optional[Path], by: Optional[List[str]], me
     one-line warning naming it and the others are reported (exit status 0); with --strict it stops the report
     (exit status 2).
     """
+    from posexp.commands.sweep_resume import unstarted_jobs
+
     report_main([str(f) for f in folders], str(out) if out else None, console=console(),
                 options=ReportOptions(by=by, metrics=metric, tolerance=tolerance, where=where, sort=sort, fmt=format,
-                                      strict=strict, baseline=baseline, view=view, margin=margin, cols=cols))
+                                      strict=strict, baseline=baseline, view=view, margin=margin, cols=cols),
+                sweep_notes=unstarted_jobs(folders))
 
 
 @_command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -104,11 +104,7 @@ def _resume_pretrained(run_dir: Path, name: str, console: Console) -> dict:
                   "the start in the same folder", highlight=False)
     with _logging_to(logging.FileHandler(run_dir / TRAIN_LOG, encoding="utf-8")):
         results = pretrained_run(spec, run_dir, load_overrides(run_dir), console)
-    sweep = run_dir.resolve().parent
-    if is_sweep_dir(sweep):
-        from posexp.reporting.summary import refresh_sweep_summary
-
-        refresh_sweep_summary(sweep, console)
+    _refresh_sweep(run_dir, console)
     return results
 
 
@@ -139,12 +135,20 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
         else logging.NullHandler()
     with _logging_to(handler):
         results = train_run(spec, run_dir, load_overrides(run_dir), console, resume=identity)
+    if writes:
+        _refresh_sweep(run_dir, console)
+    return results
+
+
+def _refresh_sweep(run_dir: Path, console: Console) -> None:
+    """A resumed sweep job belongs in its sweep's summary.md, written without it; the jobs of the sweep that never
+    started are named there too."""
     sweep = run_dir.resolve().parent
-    if writes and is_sweep_dir(sweep):  # a resumed sweep job belongs in its sweep's summary.md, written without it
+    if is_sweep_dir(sweep):
+        from posexp.commands.sweep_resume import unstarted_jobs
         from posexp.reporting.summary import refresh_sweep_summary
 
-        refresh_sweep_summary(sweep, console)
-    return results
+        refresh_sweep_summary(sweep, console, unstarted_jobs([sweep]))
 
 
 @contextlib.contextmanager

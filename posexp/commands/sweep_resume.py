@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from posexp.errors import PosexpError
-from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, run_status
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, is_sweep_dir, run_status
 
 DEFAULT_SUBDIR = "${hydra.job.num}"
 # the sweeps posexp resume finishes, by the app that ran them: its command starts a job that never started
@@ -34,6 +34,7 @@ class SweepPlan:
     start: dict[int, list[str]]
     config_dirs: list[str]
     command: str = "train"  # what starts a job that never started: posexp train, or posexp eval (hf:MODEL)
+    jobs: list[list[str]] = field(default_factory=list)  # every job's overrides, as planned
 
 
 def plan_sweep(sweep: Path) -> SweepPlan:
@@ -43,12 +44,20 @@ def plan_sweep(sweep: Path) -> SweepPlan:
         PosexpError: not a posexp train sweep of the basic sweeper's kind (a fine-tune sweep, a sweeper's
             search, jobs in folders not named by their number).
     """
+    import yaml
+    from hydra.errors import OverrideParseException
     from omegaconf import OmegaConf
 
     from posexp.commands.sweeps import sweep_jobs
 
-    raw = OmegaConf.to_container(OmegaConf.load(sweep / MULTIRUN_YAML), resolve=False)
-    hydra = (raw.get("hydra") if isinstance(raw, dict) else None) or {}
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(sweep / MULTIRUN_YAML), resolve=False)
+        hydra = (raw.get("hydra") if isinstance(raw, dict) else None) or {}
+        jobs = sweep_jobs([str(o) for o in (hydra.get("overrides") or {}).get("task") or []])
+    except (OSError, yaml.YAMLError, OverrideParseException) as e:
+        reason = str(e).partition("\n")[0]  # yaml's and Hydra's messages go on to show where, over lines
+        raise PosexpError(f"{sweep / MULTIRUN_YAML} cannot be read ({reason}); posexp resume JOB_FOLDER continues each "
+                          "job that started") from None
     app = (hydra.get("job") or {}).get("config_name")
     if app not in COMMAND_OF:
         raise PosexpError(f"{sweep}: posexp resume finishes a posexp train sweep; for a fine-tune sweep, posexp "
@@ -56,14 +65,16 @@ def plan_sweep(sweep: Path) -> SweepPlan:
     if (hydra.get("sweep") or {}).get("subdir") != DEFAULT_SUBDIR:
         raise PosexpError(f"{sweep}: its jobs are not in folders named by their number (hydra.sweep.subdir); "
                           "posexp resume JOB_FOLDER continues each")
-    task = [str(o) for o in (hydra.get("overrides") or {}).get("task") or []]
-    jobs = sweep_jobs(task)
+    sweeper = str((hydra.get("sweeper") or {}).get("_target_") or "BasicSweeper")  # the one that ran the sweep
+    if not sweeper.endswith("BasicSweeper"):  # Optuna's trials are not the product of the overrides
+        raise PosexpError(f"{sweep}: its sweeper ({sweeper.rsplit('.', 1)[-1]}) drew its jobs; posexp resume "
+                          "JOB_FOLDER continues each job that started")
     if jobs is None:
         raise PosexpError(f"{sweep}: a sweeper drew its jobs (interval, glob); posexp resume JOB_FOLDER continues "
                           "each job that started")
     sources = (hydra.get("runtime") or {}).get("config_sources") or []
     dirs = [str(s["path"]) for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
-    plan = SweepPlan([], [], {}, dirs, COMMAND_OF[str(app)])
+    plan = SweepPlan([], [], {}, dirs, COMMAND_OF[str(app)], jobs)
     for n, job in enumerate(jobs):
         folder = sweep / str(n)
         if not folder.is_dir():
@@ -73,6 +84,24 @@ def plan_sweep(sweep: Path) -> SweepPlan:
         else:
             plan.resume.append(n)
     return plan
+
+
+def unstarted_jobs(folders: Iterable[Path]) -> list[str]:
+    """A line for the report of each sweep of ``folders`` stopped before some of its jobs started, naming them (they
+    are in no table) and what finishes the sweep; none for a sweep posexp resume does not finish."""
+    from posexp.commands.sweeps import job_list
+
+    lines = []
+    for sweep in (Path(f) for f in folders if is_sweep_dir(f)):
+        try:
+            plan = plan_sweep(sweep)
+        except PosexpError:
+            continue
+        if plan.start:
+            lines.append(f"{sweep}: {len(plan.start)} of the sweep's {len(plan.jobs)} jobs never started and "
+                         f"{'is' if len(plan.start) == 1 else 'are'} not in the table: "
+                         f"{job_list(plan.start, plan.jobs)}; finish the sweep with: posexp resume {sweep}")
+    return lines
 
 
 def resume_sweep(sweep: Path, say: Callable[[str], None], allow_changed_encoder: bool = False,

@@ -224,6 +224,14 @@ def swept_values(jobs: list[list[str]]) -> list[str]:
     return [" ".join(o for o in job if o not in common and not o.startswith("hydra")) for job in jobs]
 
 
+def job_list(numbers: Iterable[int], jobs: list[list[str]], most: int = 10) -> str:
+    """Jobs ``numbers`` of ``jobs`` in words, each with what it sweeps (``2 (encoder=rope), 3 (encoder=alibi)``): the
+    first ``most`` and how many more; ``none`` for none."""
+    labels = swept_values(jobs)
+    shown = [f"{n} ({labels[n]})" if labels[n] else str(n) for n in numbers]
+    return ", ".join(shown[:most] + ([f"... {len(shown) - most} more"] if len(shown) > most else [])) or "none"
+
+
 def sweep_progress(sweep_dir: Path, jobs: Optional[list[list[str]]]) -> str:
     """Where an interrupted sweep stands, in one line: jobs finished, interrupted (with the command that
     continues each) and never started (with their overrides)."""
@@ -241,10 +249,7 @@ def sweep_progress(sweep_dir: Path, jobs: Optional[list[list[str]]]) -> str:
     parts.append(f"interrupted: {', '.join(map(str, stopped))} (continue with: {resume})" if stopped
                  else "interrupted: none")
     if jobs is not None:
-        labels = swept_values(jobs)
-        waiting = [f"{n} ({labels[n]})" if labels[n] else str(n) for n in range(len(jobs)) if n not in started]
-        shown = waiting[:10] + ([f"... {len(waiting) - 10} more"] if len(waiting) > 10 else [])
-        parts.append(f"never started: {', '.join(shown) or 'none'}")
+        parts.append(f"never started: {job_list([n for n in range(len(jobs)) if n not in started], jobs)}")
     if stopped or (jobs is not None and len(started) < len(jobs)):
         parts.append(f"finish the whole sweep with: posexp resume {sweep_dir}")
     return "; ".join(parts)

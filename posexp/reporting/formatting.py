@@ -96,9 +96,9 @@ def joined(items: list[str]) -> str:
 
 
 def md_escape(text: str) -> str:
-    """Escape what would break a markdown table cell or turn into emphasis."""
+    """Escape what would break a markdown table cell or turn into emphasis or math (GitHub reads ``$...$`` as TeX)."""
     text = str(text).replace("\n", " ")
-    return re.sub(r"([\\|*_`\[\]<>])", r"\\\1", text)
+    return re.sub(r"([\\|*_`\[\]<>$])", r"\\\1", text)
 
 
 def display_path(path: Path, out_dir: str | os.PathLike | None) -> str:

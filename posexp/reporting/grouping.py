@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from typing import Any, Optional, Sequence
 
+from posexp.reporting.compare import comparable
 from posexp.reporting.formatting import fmt_settings, short_id
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.selection import EXECUTION_KEYS, SortKey, ABSENT, canon, flatten_config, show_value, config_value
@@ -67,7 +68,9 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bo
     stopped = [row.run.status != "completed" for row in rows]
     corpus_fp, fp_keys = majority([i.get("compared_text") for i in infos], stopped)
     corpus_name = next((i.get("corpus") for i in infos if i.get("compared_text") == corpus_fp), None)
-    eval_settings, eval_keys = majority([i.get("eval_settings") for i in infos], stopped)
+    # nor does a run with no rows in the view shown (its flag says so): it was not measured otherwise
+    eval_settings, eval_keys = majority([i.get("eval_settings") for i in infos],
+                                        [s or row.settings is None for s, row in zip(stopped, rows)])
     # a fine-tune changes its training length by design: it is compared at its parent's
     train_len, len_keys = majority([base_train_len(row.run) for row in rows], [False] * len(rows))
 
@@ -114,10 +117,13 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
     scalings: dict[str, set] = {}  # by values -> the scalings its groups show (a run's own, Report.shown)
     for g in groups:
         scalings.setdefault(canon(list(g.key.values())), set()).add((g.rows[0].settings or {}).get("scaling"))
+        g.flags = list(dict.fromkeys(f for row in g.rows for f in row.flags))
+    # of the groups of one --by value, the one measured as the others (when one is) is compared; the rest stand apart
+    compared = Counter(canon(list(g.key.values())) for g in groups if comparable(g))
     for group in groups:
-        group.flags = list(dict.fromkeys(f for row in group.rows for f in row.flags))
-        if by_values[canon(list(group.key.values()))] > 1:
-            parts = _why_apart(group, len(scalings[canon(list(group.key.values()))]) > 1)
+        key = canon(list(group.key.values()))
+        if by_values[key] > 1 and not (compared[key] == 1 and comparable(group)):
+            parts = _why_apart(group, len(scalings[key]) > 1)
             if parts:
                 group.label += f" [{'; '.join(parts)}]"
             group.flags.append("kept apart: not comparable")
@@ -128,8 +134,10 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
                             f"add {', '.join(k for k, _ in zip(pooled, range(3)))} to --by to separate them")
     split = [g for g in groups if "kept apart: not comparable" in g.flags]
     if split:
-        warnings.append(f"{len(split)} groups have the same --by values but a different corpus, eval settings, "
-                        "train length or status; they are shown apart, never averaged together")
+        one = len(split) == 1
+        warnings.append(f"{len(split)} group{' has' if one else 's have'} the same --by values but a different "
+                        f"corpus, eval settings, train length or status; {'it is' if one else 'they are'} shown apart, "
+                        f"never averaged {'with the others' if one else 'together'}")
     return groups
 
 

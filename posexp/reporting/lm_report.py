@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
-from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
+from posexp.reporting.compare import (NOT_COMPARABLE, Margin, compare_groups, parse_baseline, parse_margin,
+                                      pick_reference)
 from posexp.reporting.formatting import as_number
 from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows, sort_groups
 from posexp.reporting.options import ReportOptions
@@ -112,7 +113,9 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
             row.flags.append(_missing_view(protocol, scaling, window))
 
     _mark_unlearned(rows, warnings)
-    report.ratio_length = common_ratio_length(rows, lengths, report.train_len)
+    # a run flagged as measured otherwise (a stray at another train_len) does not choose the others' ratio length
+    compared = [row for row in rows if row.cells and not NOT_COMPARABLE & set(row.flags)]
+    report.ratio_length = common_ratio_length(compared or rows, lengths, report.train_len)
     if report.ratio_length is not None:
         for row in rows:
             row.ratio = ratio_of(row, report.ratio_length)

@@ -148,11 +148,15 @@ def build_pivot(runs: list[Run], by: Sequence[str], cols: Sequence[str]) -> Pivo
     """The pivot of ``runs``' rows (see the module docstring).
 
     Raises:
-        ConfigError: for ``--cols``: no key, or a key no run or row has.
+        ConfigError: for ``--cols``: no key, a ``by`` key, or a key no run or row has.
     """
     cols, by = list(cols), list(by) or ["label"]
     if not cols:
         raise ConfigError("--cols", "give a row or run key, e.g. --cols window, --cols scaling, --cols seed")
+    if both := [k for k in cols if k in by]:  # its lines would each hold one column: nothing is set side by side
+        raise ConfigError("--cols", f"{', '.join(both)} {'is a --by key' if len(both) == 1 else 'are --by keys'} too; "
+                                    "a key is either the lines (--by) or the columns (--cols), e.g. --by encoder "
+                                    "--cols seed")
     keys = [k for k in (*by, *cols) if "." in k or k in ("base",)]
     identity = {str(run.path): model_identity(run) for run in runs}
     lines_of = {str(run.path): _model_label(run, cols) for run in runs}

@@ -32,7 +32,9 @@ from rich.markup import escape
 from rich.text import Text
 
 from posexp.errors import ConfigError, PosexpError
-from posexp.reporting.task_report import build_task_report, is_task_run, split_task_metrics, task_table, render_task
+from posexp.reporting.task_report import (build_task_report, is_task_run, long_csv, split_task_metrics, task_table,
+                                          render_task)
+from posexp.reporting.formatting import joined
 from posexp.reporting.extension import as_table as extension_table, build_extension_table, extension_runs
 from posexp.reporting.pivot import as_table as pivot_table, build_pivot
 from posexp.reporting.tables import Table, render, rich_tables
@@ -46,7 +48,7 @@ from posexp.reporting.metrics import ACCURACY, PERPLEXITY, applies_to, metric_he
 from posexp.reporting.selection import check_tolerance, parse_by, parse_where, select_runs
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import (REPORT_FILES, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
-                                is_run_dir, is_sweep_dir)
+                                is_run_dir, is_sweep_dir, runs_under)
 from posexp.runtime import terminal
 
 # the logger name users' logging filters and test captures have always seen
@@ -55,7 +57,7 @@ log = logging.getLogger("posexp.report")
 
 def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str | os.PathLike | None = None, *,
                 options: ReportOptions = ReportOptions(), console: Console | None = None,
-                err_console: Console | None = None, _sweep_end: bool = False) -> Path:
+                err_console: Console | None = None, _sweep_end: bool = False, sweep_notes: Sequence[str] = ()) -> Path:
     """``posexp report DIR...``: find runs, print the table, write report.md, summary.md and figures.
 
     Args:
@@ -68,6 +70,8 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
         console: where the table goes (stdout by default).
         err_console: where notes go for machine-readable formats (stderr by default). With ``strict`` off, a run
             whose ``results.json`` cannot be loaded is named there in a one-line warning (the exit status stays 0).
+        sweep_notes: warnings about the sweeps given that their folders do not show (their jobs that never
+            started: :func:`posexp.commands.sweep_resume.unstarted_jobs`, which reads the sweep's plan with Hydra).
 
     Returns:
         The path of ``summary.md``.
@@ -96,8 +100,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
             raise
         report = None  # the view is the task runs' alone (a window posexp eval gave them only)
         notes.print(Text(f"note: perplexity runs left out: {e}"), style="yellow")
-    if report is not None:
-        report.warnings += _unfinished_sweep_jobs(paths)
+    _warn_unfinished_jobs(paths, report or task_report, sweep_notes)
     lead = _lead_table(report, task_report, options, wanted)
     out_dir = _out_dir(paths, out, options, wanted)
     _clear_report_folder(out_dir, sweep_end=_sweep_end)  # a wrong --out stops before any table is printed
@@ -105,8 +108,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     full = write_report(report, out_dir, task_report, lead)
     files = [SUMMARY_MD, *([SUMMARY_CSV] if report is not None else []),
              *([f"{lead.name}.csv", f"{lead.name}.tex"] if lead is not None else [])]
-    notes.print(Text(f"wrote {full} (with figures), {', '.join(files[:-1])} and {files[-1]}" if len(files) > 1
-                     else f"wrote {full} (with figures), {files[0]}"))
+    notes.print(Text(f"wrote {full} (with figures), {joined(files)}"))
     return out_dir / SUMMARY_MD
 
 
@@ -180,7 +182,10 @@ def _show(fmt: str, console: Console, notes: Console, warnings: Sequence[str], t
 
 def _machine_text(report: Report, task_report: Optional[Report], fmt: str) -> str:
     """The perplexity report in ``fmt``, followed by the task report's tables when there are task runs too
-    (for JSON, one document: the task records under ``"tasks"``)."""
+    (for JSON, one document: the task records under ``"tasks"``; for csv, one table: the task table's lines, the
+    perplexity groups' first)."""
+    if task_report is not None and fmt == "csv":
+        return render(Table("", [], [], csv=long_csv(report, task_report)), fmt)
     if task_report is not None and fmt == "json":
         lm, tasks = lm_table(report), task_table(task_report).json
         return render(replace(lm, json={**lm.json, "tasks": tasks["tasks"],
@@ -268,11 +273,20 @@ def _split_tasks(run_dirs: list[Path], options: ReportOptions, task_metrics: Opt
     return lm_dirs, task_report
 
 
-def _unfinished_sweep_jobs(paths: Sequence[str | os.PathLike]) -> list[str]:
-    """Warn about sweep jobs without results, which would otherwise just be absent from the table."""
-    return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) and "
-            f"{'are' if len(missing) > 1 else 'is'} not in the table" for sweep, missing in unfinished_jobs(paths)]
+def _warn_unfinished_jobs(paths: Sequence[str | os.PathLike], report: Optional[Report],
+                          sweep_notes: Sequence[str] = ()) -> None:
+    """Warn in ``report`` (the perplexity report, else the task report) about sweep jobs without results, in
+    ``sweep_notes`` those that never started, and folders given with no finished run in them (one still training),
+    which would otherwise just be absent from the table."""
+    if report is not None:
+        report.warnings += [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                            f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) "
+                            f"and {'are' if len(missing) > 1 else 'is'} not in the table"
+                            for sweep, missing in unfinished_jobs(paths)] + list(sweep_notes)
+        report.warnings += [f"{folder}: no run in it has written its {RESULTS_JSON} yet (still training, stopped "
+                            "early, or the wrong folder), so it is not in the table" for folder in paths
+                            if len(paths) > 1 and Path(folder).is_dir() and not is_sweep_dir(folder)
+                            and not runs_under(folder)]  # one folder alone without a run is an error already
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:
@@ -287,7 +301,8 @@ def sweep_summary(sweep_dir: str | os.PathLike) -> None:
                     sweep_dir, exc_info=True)
 
 
-def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optional[Path]:
+def refresh_sweep_summary(sweep: str | os.PathLike, console: Console,
+                          sweep_notes: Sequence[str] = ()) -> Optional[Path]:
     """Rewrite a sweep folder's ``summary.md``/``summary.csv`` after one of its runs was evaluated or resumed.
 
     The summary was written when the sweep ended, without what changed since. A failure
@@ -296,6 +311,7 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     Args:
         sweep: the sweep folder.
         console: where the outcome is printed.
+        sweep_notes: as for :func:`report_main` (the sweep's jobs that never started).
 
     Returns:
         The path of ``summary.md``, or None when it could not be rewritten.
@@ -303,7 +319,9 @@ def refresh_sweep_summary(sweep: str | os.PathLike, console: Console) -> Optiona
     sweep = Path(sweep)
     try:
         lm_dirs, task_report = _split_tasks(find_runs([sweep]), ReportOptions())
-        summary = write_summary(build_report(lm_dirs) if lm_dirs else None, sweep, task_report)
+        report = build_report(lm_dirs) if lm_dirs else None
+        _warn_unfinished_jobs([sweep], report or task_report, sweep_notes)
+        summary = write_summary(report, sweep, task_report)
     except PosexpError as e:
         console.print(f"[yellow]could not refresh the sweep summary in {sweep}: {escape(str(e))}[/]", highlight=False)
         return None

@@ -24,8 +24,9 @@ from typing import Any, Optional, Sequence
 from posexp.errors import ConfigError
 from posexp.reporting.compare import (best_groups, compare_groups, comparison_json, comparison_markdown, parse_baseline,
                                       parse_margin, pick_reference, sweep_keys)
-from posexp.reporting.formatting import short_id
+from posexp.reporting.formatting import md_escape, short_id
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
+from posexp.reporting.frame import LM_TASK
 from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run, run_labels
@@ -190,20 +191,28 @@ def _task_section(report: Report, task: str) -> Section:
 
 def task_table(report: Report) -> Table:
     """The report as a :class:`~posexp.reporting.tables.Table`: a section (a table of its own) per task."""
-    records = _task_records(report)
-    rows: list[list[Any]] = [["task", "group", "n", "train_len", "what", "mean", "low", "high", "did_not_learn"]]
-    for record in records:
-        values = [(f"exact_match@{n}", stat) for n, stat in record["exact_match"].items()]
-        rows += [[record["task"], record["group"], record["n"], record["train_len"], what,
-                  *("" if stat[k] is None else stat[k] for k in ("mean", "low", "high")), record["did_not_learn"]]
-                 for what, stat in [*values, *record["metrics"].items()]]
     sections = [_task_section(report, task) for task in dict.fromkeys(g.task for g in report.groups)]
     return Table("tasks", [], sections,
                  notes=[*[BOLD] * any(len(section.rows) > 1 for section in sections),
-                        *(m.describe() for m in report.metrics)], csv=rows,
-                 json={"tasks": records, "task_comparisons": {task: comparison_json(comparison) for task, comparison
-                                                              in report.comparisons.items()},
+                        *(m.describe() for m in report.metrics)], csv=long_csv(report),
+                 json={"tasks": _task_records(report),
+                       "task_comparisons": {task: comparison_json(comparison) for task, comparison
+                                            in report.comparisons.items()},
                        "warnings": report.warnings}, keys=2)
+
+
+def long_csv(*reports: Report) -> list[list[Any]]:
+    """The task table's csv: a line per group and value (exact match at each length, then each metric); of a
+    perplexity report too, its groups under task ``lm`` and their ppl at each length, so that one csv holds both."""
+    rows: list[list[Any]] = [["task", "group", "n", "train_len", "what", "mean", "low", "high", "did_not_learn"]]
+    for report in reports:
+        cell = "exact_match" if report.kind == TASK_RUNS else "ppl"
+        for g in report.groups:
+            values = [*((f"{cell}@{n}", stat) for n, stat in sorted(g.cells.items())), *g.metrics.items()]
+            rows += [[g.task or LM_TASK, g.label, g.n, g.train_len, what,
+                      *("" if v is None else v for v in (stat.mean, stat.low, stat.high)), g.unlearned]
+                     for what, stat in values]
+    return rows
 
 
 def task_table_lines(report: Report, level: int = 1) -> list[str]:
@@ -213,7 +222,7 @@ def task_table_lines(report: Report, level: int = 1) -> list[str]:
     if report.shared_overrides and not report.by:
         lines += [f"Overrides shared by all runs: {', '.join(f'`{o}`' for o in report.shared_overrides)}.", ""]
     for warning in report.warnings:
-        lines += [f"> **Warning:** {warning}", ""]
+        lines += [f"> **Warning:** {md_escape(warning)}", ""]
     lines += to_markdown(task_table(report), level + 1).splitlines()
     for task, comparison in report.comparisons.items():  # the verdicts, each task's under its table's heading level
         lines += ["", f"{'#' * (level + 1)} Comparison, task {task}", *comparison_markdown(comparison)[1:]]

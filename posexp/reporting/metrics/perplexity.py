@@ -41,6 +41,8 @@ def common_ratio_length(rows: list[Any], lengths: list[int], train_len: Optional
 
 
 def ratio_of(row: Any, length: int) -> Optional[float]:
+    if row.run.train_len is not None and length <= row.run.train_len:
+        return None  # at or below its own training length: 1 by construction, no ratio
     at_len = row.cells.get(length)
     at_train = row.cells.get(row.run.train_len) if row.run.train_len is not None else None
     if at_len is None or at_train is None or not (at_len.applicable and at_train.applicable) or not at_train.mean:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers.runs import make_run
@@ -33,3 +34,76 @@ def test_the_summary_of_a_resumed_sweep_holds_the_jobs_that_never_started(tmp_pa
     summary = (sweep / "summary.md").read_text()
     assert "| encoder=rope |" in summary and "| encoder=alibi |" in summary
     assert "encoder=alibi" in (sweep / "summary.csv").read_text() and (sweep / "report.md").is_file()
+
+
+@pytest.mark.parametrize("multirun", ["hydra: [\n", "hydra:\n  job: {config_name: config}\n  sweep: {subdir: "
+                                      "'${hydra.job.num}'}\n  overrides: {task: ['seed=range(']}\n"],
+                         ids=["not yaml", "an override Hydra cannot parse"])
+def test_a_damaged_multirun_yaml_is_one_line_naming_it(tmp_path, multirun):
+    """posexp resume SWEEP printed yaml's or Hydra's traceback."""
+    from helpers import invoke
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0})
+    (sweep / "multirun.yaml").write_text(multirun)
+    result = invoke("resume", str(sweep))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert str(sweep / "multirun.yaml") in line and "posexp resume JOB_FOLDER continues each job" in line
+
+
+def test_the_report_of_a_stopped_sweep_names_the_jobs_that_never_started(tmp_path):
+    """The report warned of the interrupted job (a folder without results.json) and said nothing of the jobs that
+    never started, so the table read as the whole sweep."""
+    from helpers import invoke
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0, 256: 3.3}, ["encoder=rope", "seed=0"])
+    (sweep / "1" / ".hydra").mkdir(parents=True)  # interrupted: no results.json
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "overrides": {"task": ["encoder=rope,alibi", "seed=0,1"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    result = invoke("report", str(sweep))
+    assert result.exit_code == 0, result.output
+    said = (f"{sweep}: 2 of the sweep's 4 jobs never started and are not in the table: 2 (encoder=alibi seed=0), "
+            f"3 (encoder=alibi seed=1); finish the sweep with: posexp resume {sweep}")
+    assert f"warning: {said}" in result.stdout
+    assert "2 of the sweep's 4 jobs never started" in (sweep / "reports" / "default" / "summary.md").read_text()
+
+
+def test_a_sweep_job_resumed_alone_leaves_a_summary_naming_the_jobs_that_never_started(trained, tmp_path):
+    """posexp resume SWEEP/0 (what the interrupted sweep says to type) wrote the sweep's summary.md of job 0 alone,
+    without a word of the job that never started, nor of one interrupted."""
+    import shutil
+
+    from helpers import invoke
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(trained, sweep / "0")
+    (sweep / "0" / "results.json").unlink()  # killed while it evaluated
+    (sweep / "1" / ".hydra").mkdir(parents=True)  # interrupted before it wrote anything
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "overrides": {"task": ["seed=0,1,2"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    result = invoke("resume", str(sweep / "0"))
+    assert result.exit_code == 0, result.output
+    summary = (sweep / "summary.md").read_text()
+    assert "sweep job 1 has no results.json" in summary
+    assert "1 of the sweep's 3 jobs never started and is not in the table: 2 (seed=2)" in summary
+
+
+def test_a_sweep_whose_sweeper_drew_its_jobs_is_not_planned_from_its_overrides(tmp_path):
+    """posexp resume SWEEP of a stopped Optuna search (search=base: the trials' bases are the sweeper's) read its
+    overrides as a basic sweep's, one job, and said every job had finished though trials never ran."""
+    from posexp.commands.sweep_resume import plan_sweep
+    from posexp.errors import PosexpError
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", {128: 3.0})
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "sweeper": {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+                         "n_trials": 10},
+             "overrides": {"task": ["search=base", "encoder=rope"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    with pytest.raises(PosexpError, match=r"its sweeper \(OptunaSweeper\) drew its jobs; posexp resume JOB_FOLDER"):
+        plan_sweep(sweep)

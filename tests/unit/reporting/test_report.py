@@ -29,7 +29,7 @@ from posexp.reporting import (
 )
 from posexp.reporting.options import ReportOptions
 from helpers import no_figure
-from helpers.runs import make_run, make_sweep, make_task_run
+from helpers.runs import make_run, make_sweep, make_task_run, ppl_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def quiet_console() -> Console:
@@ -209,6 +209,15 @@ def test_sweep_job_without_results_is_warned(tmp_path):
     (sweep / "3" / ".hydra").mkdir(parents=True)  # a job that crashed before writing results
     md = report_main([str(sweep)], console=quiet_console()).read_text()
     assert "sweep job 3 has no results.json" in md
+
+
+def test_a_folder_given_with_no_finished_run_is_warned(tmp_path):
+    """posexp report RUN_STILL_TRAINING SWEEP reported the sweep alone, without a word of the first folder (its
+    report folder was even named after both)."""
+    sweep = make_sweep(tmp_path / "sweep", 2)
+    (tmp_path / "live" / "checkpoint").mkdir(parents=True)  # still training: no results.json yet
+    md = report_main([str(tmp_path / "live"), str(sweep)], out=tmp_path / "out", console=quiet_console()).read_text()
+    assert f"{tmp_path / 'live'}: no run in it has written its results.json yet" in md.replace("\\", "")
 
 
 def test_single_run_folder_is_a_run(tmp_path):
@@ -542,12 +551,30 @@ def test_different_corpus_or_eval_settings_are_never_averaged(tmp_path):
     main = next(g for g in report.groups if g.n == 2)
     assert main.cells[128].mean == pytest.approx(3.1)  # 9.0 and 8.0 are not in it
     apart = [g for g in report.groups if g.n == 1]
-    assert all("kept apart: not comparable" in g.flags for g in report.groups)  # all three are encoder=rope
+    assert "kept apart: not comparable" not in main.flags  # the sweep's own rope runs are still compared
+    assert all("kept apart: not comparable" in g.flags for g in apart)
     assert {f for g in apart for f in g.flags} >= {"different corpus", "different eval settings"}
     assert any("corpus stdlib fp-other" in g.label for g in apart)
     assert any("never averaged together" in w for w in report.warnings)
     md = render_table_markdown(report)
-    assert md.count("kept apart: not comparable") == 3
+    assert md.count("kept apart: not comparable") == 2
+
+
+def test_a_stray_run_is_set_aside_alone_and_the_rest_of_its_group_still_compared(tmp_path):
+    """One rope run trained at another length, dropped into a folder with a sweep: it stands apart, named in a
+    warning; the sweep's own rope runs were kept apart with it and left out of the comparison."""
+    runs = seeds(tmp_path, "rope", [3.0, 3.2]) + seeds(tmp_path, "alibi", [3.5, 3.6], base=None)
+    runs.append(make_run(tmp_path / "stray", {256: 3.1, 512: 4.0}, ["encoder=rope", "train_len=256"], train_len=256))
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ratio@2x", baseline="encoder=alibi"))
+    flags = {g.label: g.flags for g in report.groups}
+    assert flags == {"encoder=rope": [], "encoder=rope [train_len=256]": ["different train length",
+                                                                         "kept apart: not comparable"],
+                     "encoder=alibi": []}
+    verdicts = {d.group: d.verdict for d in report.comparison.differences}
+    assert verdicts["encoder=rope [train_len=256]"] == "not compared" and verdicts["encoder=rope"] != "not compared"
+    assert any(w.startswith("encoder=rope train_len=256: different train length") for w in report.warnings)
+    assert "1 group has the same --by values but a different corpus, eval settings, train length or status; it is " \
+           "shown apart, never averaged with the others" in report.warnings
 
 
 def test_group_keys_from_nested_config_and_pooled_keys_are_flagged(tmp_path):
@@ -832,7 +859,7 @@ def test_group_by_train_len_compares_lengths_without_flagging_them(tmp_path):
     assert report.groups[1].metrics["ratio@2x"].mean == pytest.approx(3.0 / 2.8)
     # Without --by train_len the odd length is still flagged, and never averaged with the others.
     report = build_report([*short, *long], ReportOptions(by="encoder"))
-    assert len(report.groups) == 2 and all("kept apart: not comparable" in g.flags for g in report.groups)
+    assert [g.flags for g in report.groups] == [[], ["different train length", "kept apart: not comparable"]]
 
 
 def test_the_plain_ratio_is_never_taken_at_a_runs_own_training_length(tmp_path):
@@ -847,6 +874,18 @@ def test_the_plain_ratio_is_never_taken_at_a_runs_own_training_length(tmp_path):
     assert all(g.metrics["ratio"].mean is None for g in report.groups)
     assert report.groups[1].metrics["ratio@2x"].mean == pytest.approx((25.0 / 24.0 + 26.0 / 25.0) / 2)
     assert "ratio = ppl at the longest length / ppl at the training length; n/a here" in render_markdown(report)
+
+
+def test_a_stray_run_at_another_train_len_does_not_take_the_others_ratio_away(tmp_path):
+    """A sweep at 128 (128 and 256 tokens) and one run at 256 (256 and 512) dropped beside it: 256 is the stray's own
+    training length, so no length was past every run's and the ratio was n/a for every run; it is the sweep's at 256
+    now, and n/a for the stray alone, which is flagged as trained at another length."""
+    runs = seeds(tmp_path, "rope", [3.0, 3.2])
+    runs.append(make_run(tmp_path / "stray", {256: 3.1, 512: 4.0}, ["encoder=rope", "train_len=256"], train_len=256))
+    report = build_report(runs, ReportOptions(metrics="ratio"))
+    assert report.ratio_length == 256
+    assert [row.ratio for row in report.rows] == [pytest.approx(1.5), pytest.approx(1.5), None]
+    assert "different train length" in report.rows[2].flags
 
 
 def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):
@@ -922,6 +961,18 @@ def test_a_run_without_the_viewed_rows_is_flagged_by_the_view_not_a_protocol_it_
     assert "no window=16 rows" in flags["encoder=alibi"]
     assert not any("nonoverlap" in f for f in flags["encoder=alibi"])
     assert not flags["encoder=rope"]
+
+
+def test_the_one_run_with_rows_in_the_view_is_not_flagged_for_its_eval_settings(tmp_path):
+    """posexp eval RUN eval.scaling=linear, then --view scaling=linear of its sweep: the runs with no linear rows
+    outvoted the one that has them, which was flagged "different eval settings" and left out of the comparison."""
+    from posexp.reporting import build_report
+
+    linear = [{**r, "scaling": "linear", "scaling_factor": 2.0} for r in ppl_rows({128: 4.0, 256: 4.2}, 128)]
+    runs = [make_run(tmp_path / "a", {128: 4.0, 256: 4.5}, ["encoder=rope"], extra_rows=linear)]
+    runs += [make_run(tmp_path / enc, {128: 4.1, 256: 4.6}, [f"encoder={enc}"], encoder=enc) for enc in ("alibi", "t5")]
+    report = build_report(runs, ReportOptions(view="scaling=linear"))
+    assert report.rows[0].flags == [] and not any("different eval settings" in w for w in report.warnings)
 
 
 def test_a_hand_edited_list_seed_does_not_crash_the_report(tmp_path):

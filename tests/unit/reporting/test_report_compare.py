@@ -246,16 +246,25 @@ def test_baseline_selects_the_reference(tmp_path):
 
 
 def test_a_baseline_whose_groups_are_kept_apart_says_so(tmp_path):
-    """One run of base=100 on another corpus keeps both base=100 groups apart, out of the comparison: --baseline
-    base=100 said 'no group has base=100' though the table shows them."""
-    runs = ratio_runs(tmp_path, journey_ratios())
-    runs.append(make_run(tmp_path / "other", {128: 9.0, 256: 9.9}, ["base=100", "seed=9"], base=100.0, seed=9,
-                         fingerprint="fp-other"))
+    """Runs of base=100 only on another corpus and with other eval settings: both base=100 groups stand apart, out of
+    the comparison: --baseline base=100 said 'no group has base=100' though the table shows them. With the sweep's
+    own base=100 runs beside them, those are the reference and the stray runs alone stand apart."""
+    ratios = journey_ratios()
+    strays = [make_run(tmp_path / "other", {128: 9.0, 256: 9.9}, ["base=100", "seed=9"], base=100.0, seed=9,
+                       fingerprint="fp-other"),
+              make_run(tmp_path / "other-eval", {128: 9.0, 256: 9.9}, ["base=100", "seed=8"], base=100.0, seed=8,
+                       eval_settings={"tokens": 1024, "protocol": "nonoverlap"})]
+    runs = ratio_runs(tmp_path, {b: r for b, r in ratios.items() if b != 100}) + strays
     with pytest.raises(ConfigError, match=r"^--baseline: the groups with base=100 are not compared with the others "
-                                          r"\(base=100: kept apart: not comparable; base=100 \[corpus stdlib fp-other\]: "
-                                          r"different corpus, kept apart: not comparable\); the groups compared are: "
+                                          r"\(base=100 \[corpus stdlib fp-other\]: different corpus, kept apart: not "
+                                          r"comparable; base=100 \[eval protocol=nonoverlap, tokens=1024\]: different "
+                                          r"eval settings, kept apart: not comparable\); the groups compared are: "
                                           r"base=1000; base=10000$"):
         build_report(runs, ReportOptions(by="base", metrics="ratio", baseline="base=100"))
+    report = build_report(ratio_runs(tmp_path, ratios) + strays, ReportOptions(by="base", metrics="ratio",
+                                                                               baseline="base=100"))
+    assert report.comparison.reference == "base=100"
+    assert [d.verdict for d in report.comparison.differences if "[" in d.group] == ["not compared"] * 2
 
 
 def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):

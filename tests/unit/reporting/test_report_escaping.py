@@ -60,7 +60,7 @@ def test_labels_with_special_characters_survive_every_format(tmp_path, kind, fmt
         assert rows, text
         header = next(line for line in text.splitlines() if line.startswith("|"))
         assert all(line.count(" | ") == header.count(" | ") for line in rows)  # no cell split or merged
-        assert r"d\_e\\f" in text  # _ and \ escaped, so no emphasis or escape is read into the label
+        assert r"d\_e\\f\$g" in text  # _ \ $ escaped: no emphasis, escape or math ($...$) is read into the label
     elif fmt == "csv":
         assert any(NASTY in cell for row in csv.reader(io.StringIO(text)) for cell in row)
     else:
@@ -97,7 +97,18 @@ def test_the_curve_table_keeps_special_characters_whole_in_report_md(tmp_path, m
     text = (tmp_path / "out" / "report.md").read_text().split("## Extrapolation during training")[1]
     header = next(line for line in text.splitlines() if line.startswith("| curve"))
     [row] = [line for line in text.splitlines() if line.startswith("| encoder=")]
-    assert r"a&b#c%d\_e\\f$g" in row and row.count(" | ") == header.count(" | ")
+    assert r"a&b#c%d\_e\\f\$g" in row and row.count(" | ") == header.count(" | ")
+
+
+def test_a_task_warning_escapes_its_labels_in_markdown_as_a_perplexity_warning_does(tmp_path):
+    """The task report's warnings (a run that did not learn at 1x, named by its label) went into markdown as they
+    were: \\, _ and $ in a label read as an escape, emphasis or math."""
+    make_task_run(tmp_path / "task" / "0", {64: 0.0, 128: 0.0}, encoder=NASTY)
+    out = io.StringIO()
+    report_main([tmp_path / "task"], out=tmp_path / "out", options=ReportOptions(fmt="markdown"),
+                console=Console(file=out, width=200), err_console=Console(file=io.StringIO()))
+    [warning] = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if "Warning" in line]
+    assert r"encoder=a&b#c%d\_e\\f\$g" in warning
 
 
 def test_latex_writes_angle_brackets_and_bars_as_text_not_as_the_default_fonts_other_glyphs():

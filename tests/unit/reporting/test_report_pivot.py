@@ -27,3 +27,15 @@ def test_each_setting_under_one_pivoted_value_is_its_own_column_not_an_average(t
     shown = {c[0]: scalings.cell(scalings.lines[0], 128, c).mean for c in scalings.columns}
     assert shown == pytest.approx({"none": 8.0, "string offset=21 local=4": 8.2, "string offset=64 local=4": 7.8,
                                    "yarn": 7.9})
+
+
+def test_a_key_in_both_by_and_cols_is_one_line_naming_it(tmp_path):
+    """--by encoder --cols encoder drew a diagonal table (each line one column, no difference anywhere) as if it
+    compared something."""
+    from posexp.errors import ConfigError
+
+    runs = [read_run(write_run(tmp_path / enc, ppl_rows({64: 7.0, 128: 8.0}, 64), [f"encoder={enc}"], enc,
+                               train_len=64)) for enc in ("rope", "alibi")]
+    with pytest.raises(ConfigError, match=r"^--cols: encoder is a --by key too; .*--by encoder --cols seed") as e:
+        build_pivot(runs, ["encoder"], ["encoder", "seed"])
+    assert e.value.key == "--cols"

@@ -3,6 +3,7 @@ acc@Kx and maxlen@accP."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -148,6 +149,38 @@ def test_json_of_lm_and_task_runs_is_one_document(tmp_path):
                 options=ReportOptions(fmt="json"))
     data = json.loads(out.getvalue())
     assert data["groups"] and data["tasks"][0]["task"] == "copy"
+
+
+def test_csv_of_lm_and_task_runs_is_one_table(tmp_path):
+    """It was two csv tables joined by a blank line, which a csv reader takes as one table of garbled lines: now one
+    table in the task csv's shape, a line per group and value, the perplexity groups under task lm."""
+    import io
+
+    make_run(tmp_path / "sweep" / "0", {128: 10.0, 256: 12.0})
+    make_task_run(tmp_path / "sweep" / "1", {64: 1.0, 128: 0.5})
+    out = io.StringIO()
+    report_main([tmp_path / "sweep"], console=Console(file=out, width=200), err_console=Console(file=io.StringIO()),
+                options=ReportOptions(fmt="csv"))
+    lines = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert all(None not in line and None not in line.values() for line in lines)  # every line fills the header
+    values = {(line["task"], line["what"]): float(line["mean"]) for line in lines if line["mean"]}
+    assert values[("lm", "ppl@256")] == pytest.approx(12.0) and values[("lm", "ratio")] == pytest.approx(1.2)
+    assert values[("copy", "exact_match@128")] == pytest.approx(50.0)
+
+
+def test_a_task_sweep_job_without_results_is_warned(tmp_path):
+    """A report of perplexity runs named a sweep job with no results.json (failed, running or interrupted); one of
+    task runs left it out without a word."""
+    import io
+
+    sweep = tmp_path / "sweep"
+    make_task_run(sweep / "0", {64: 1.0, 128: 0.5})
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    out = io.StringIO()
+    summary = report_main([sweep], console=Console(file=out, width=300))
+    assert f"warning: {sweep}: sweep job 1 has no results.json" in out.getvalue()
+    assert "sweep job 1 has no results.json" in summary.read_text()
 
 
 def test_runs_trained_at_different_lengths_are_never_averaged(tmp_path):
