@@ -173,8 +173,8 @@ def _eval() -> Declared:
                      RUNS_AND_EVAL, metavar="RUN_DIR|hf:MODEL|eval.KEY=VALUE", many=True),
             Option(("--strict",), "Stop with exit status 2, before evaluating anything, at the first run whose "
                    "results.json cannot be read.", False),
-            Option((ALLOW_CHANGED,), "Evaluate runs of a plugin encoder whose source file changed since they were "
-                   "trained.", False))
+            Option((ALLOW_CHANGED,), "Evaluate runs of a plugin encoder (or task) whose source file changed since "
+                   "they were trained.", False))
 
 
 def _check() -> Declared:
@@ -234,8 +234,8 @@ COMMANDS: Dict[str, Callable[[], Declared]] = {
     "resume": lambda: (Argument("run_dir", "The run folder of a killed or interrupted posexp train run, or a stopped "
                                 "sweep's folder (its interrupted jobs resumed, those never started run).", DIR,
                                 metavar="RUN_DIR"),
-                       Option((ALLOW_CHANGED,), "Resume a run of a plugin encoder whose source file changed since "
-                              "training started.", False)),
+                       Option((ALLOW_CHANGED,), "Resume a run of a plugin encoder (or task) whose source file "
+                              "changed since training started.", False)),
     "list": lambda: (Option(("--config-dir", "-cd"), "A config folder of yours (as posexp train --config-dir): its "
                             "encoders are listed too.", values=DIR),),
     "export": lambda: (Argument("run_dir", "A finished run folder (posexp train's).", DIR),
