@@ -299,8 +299,8 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         name) or a module that registers its own. One that fails to load is left out with a warning, and so is
         one that takes a built-in's name (the built-in wins)."""
         for ep in importlib.metadata.entry_points(group=group):
-            if ep.name in self._classes and inspect.isclass(self._classes[ep.name]) \
-                    and self._classes[ep.name].__module__.startswith(self.package + "."):
+            known = self._classes.get(ep.name)
+            if inspect.isclass(known) and self.own(known):
                 log.warning("the installed plugin %s %r (%s) is shadowed by posexp's built-in %r, which wins; rename "
                             "its entry point", self.kind, ep.name, ep.value, ep.name)
                 continue
@@ -331,6 +331,10 @@ class Registry(Mapping[str, type[T]], Generic[T]):
             raise ConfigError(key, f"module {module} registers no {self.kind} {name!r}; decorate its class with "
                                    f"@{self.kind.upper()}S.register({name!r}) (from {self.package})")
         return cls
+
+    def own(self, cls: type) -> bool:
+        """Whether ``cls`` is one of posexp's own (defined in the registry's package), not a class of the user's."""
+        return cls.__module__.startswith(self.package + ".")
 
     def lookup(self, name: str, also: Iterable[str] = ()) -> type[T]:
         """The class registered as ``name``.

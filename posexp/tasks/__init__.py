@@ -53,7 +53,7 @@ def options_schema(cls: type[Task]) -> type:
         TypeError: an option without a default.
     """
     first: list[tuple[str, Any, Any]] = [("name", str, cls.name), ("description", str, "")]
-    if not cls.__module__.startswith(f"{__name__}."):  # a task of the user's: the module it registers in
+    if not TASKS.own(cls):  # a task of the user's: the module it registers in
         first.append((MODULE_KEY, str, cls.__module__))
     return options_dataclass(f"{cls.__name__}Options", cls.__init__, DATA_ARGS, first, bases=(TaskConfig,))
 
@@ -77,7 +77,7 @@ def task_class(task_cfg: Mapping[str, Any], roots: Sequence[str] = ()) -> type[T
 def task_code(cls: type[Task]) -> Optional[dict]:
     """What a run records of the code of a task class of the user's (:func:`posexp.registry.code_record`), as of a
     plugin encoder's; None for posexp's own, whose code :data:`GENERATOR_VERSION` and posexp's version stand for."""
-    return None if cls.__module__.startswith(f"{__name__}.") else code_record(cls)
+    return None if TASKS.own(cls) else code_record(cls)
 
 
 def option_refusal(name: str, key: str, module: Optional[str] = None) -> str:
@@ -134,8 +134,7 @@ def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
     if cls.uses_data:
         empty = np.zeros(0, dtype=np.int64)
         options.update(train=train if train is not None else empty, val=val if val is not None else empty)
-    return construct(lambda: cls(**options), lambda: None if cls.__module__.startswith("posexp.tasks.") else cls,
-                     given, f"task={cls.name}")
+    return construct(lambda: cls(**options), lambda: None if TASKS.own(cls) else cls, given, f"task={cls.name}")
 
 
 def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float,

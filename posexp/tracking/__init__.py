@@ -83,10 +83,6 @@ def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
         cls.check(**options)
 
 
-def _is_builtin(cls: type) -> bool:
-    return cls.__module__.startswith(f"{__name__}.")
-
-
 def _tracker_class(name: str, module: Optional[str] = None, roots: Sequence[str] = ()) -> type[Tracker]:
     """The tracker class registered as ``name`` (:data:`~posexp.tracking.tracker.TRACKERS`), or by the user's
     ``module`` (``logger.NAME.module``), imported from the working folder, else from ``roots``.
@@ -162,7 +158,7 @@ class Trackers:
         for t in self.trackers:
             try:
                 records[t.name] = t.record()
-                if not _is_builtin(type(t)):  # the module to import it from again (posexp eval, resume), and where
+                if not TRACKERS.own(type(t)):  # the module to import it from again (posexp eval, resume), and where
                     records[t.name].setdefault(MODULE_KEY, type(t).__module__)
                     records[t.name].setdefault(TRACKER_SOURCE, code_record(type(t)))
             except Exception as e:

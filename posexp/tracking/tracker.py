@@ -243,7 +243,7 @@ def option_names(cls: type[Tracker]) -> list[str]:
 def options_schema(cls: type[Tracker]) -> type:
     """A dataclass of the ``logger.NAME`` keys of ``cls`` (its :meth:`Tracker.start` options; ``module`` for a tracker
     of the user's), for Hydra's ConfigStore as ``schema/logger/NAME``."""
-    first = [] if cls.__module__.startswith("posexp.tracking.") else [(MODULE_KEY, str, cls.__module__)]
+    first = [] if TRACKERS.own(cls) else [(MODULE_KEY, str, cls.__module__)]
     return options_dataclass(f"{cls.__name__}Options", cls.start, ("run",), first)
 
 
