@@ -288,6 +288,14 @@ def best_groups(groups: Sequence[Group], higher: bool, stats: list[Any], decimal
     return marked if len(marked) < len(values) else set()  # all equal: nothing stands out
 
 
+def best_cells(groups: Sequence[Group], stats: list[list[Any]], higher: list[bool],
+               decimals: list[int]) -> set[tuple[int, int]]:
+    """``(group, column)`` of each column's best means (:func:`best_groups`) in a table of ``stats``, a line of
+    statistics per group, each column's direction ``higher`` and its ``decimals``."""
+    return {(g, j) for j, (high, d) in enumerate(zip(higher, decimals))
+            for g in best_groups(groups, high, [line[j] for line in stats], d)}
+
+
 def sweep_keys(runs: list[Any]) -> list[str]:
     """The override keys that vary across a sweep's runs, other than the seed and execution settings.
 

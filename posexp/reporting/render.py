@@ -16,7 +16,7 @@ from typing import Mapping, Optional, Sequence
 from rich.console import Console
 from rich.text import Text
 
-from posexp.reporting.compare import (Comparison, best_groups, comparison_json, comparison_markdown, comparison_table,
+from posexp.reporting.compare import (Comparison, best_cells, comparison_json, comparison_markdown, comparison_table,
                                       sweep_keys, verdict_lines)
 from posexp.reporting.lm_report import Group, Report, group_and_compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
@@ -291,8 +291,7 @@ def lm_table(report: Report) -> tables.Table:
               *(group.metrics.get(m.name, Stat()) for m in report.metrics)] for group in report.groups]
     decimals = [2] * len(report.lengths) + [m.decimals for m in report.metrics]
     higher = [False] * len(report.lengths) + [m.higher_is_better for m in report.metrics]
-    best = {(g, j) for j, (high, d) in enumerate(zip(higher, decimals))
-            for g in best_groups(report.groups, high, [line[j] for line in stats], d)}
+    best = best_cells(report.groups, stats, higher, decimals)
     stat_names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
     marks = [[stat_names[j] for j in range(len(higher)) if (g, j) in best] for g in range(len(report.groups))]
     rows = []

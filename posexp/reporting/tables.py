@@ -14,8 +14,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Optional
 
 from posexp.reporting.formatting import latex_escape, md_escape
@@ -272,7 +272,8 @@ def rich_tables(table: Table, width: int) -> list[Any]:
                           for i, c in enumerate(columns))
             whole = partial(_rich_table, table, section, list(range(len(columns))), title,
                             caption if g == len(groups) - 1 else None, natural > width)
-            out.append(whole() if _prints_within(whole(), width) else whole(fold=True))
+            built = whole()
+            out.append(built if _prints_within(built, width) else whole(fold=True))
             continue
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width
         parts: list[list[int]] = []

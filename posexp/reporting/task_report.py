@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 from posexp.errors import ConfigError
-from posexp.reporting.compare import (best_groups, compare_groups, comparison_json, comparison_markdown, parse_baseline,
+from posexp.reporting.compare import (best_cells, compare_groups, comparison_json, comparison_markdown, parse_baseline,
                                       parse_margin, pick_reference, sweep_keys)
 from posexp.reporting.formatting import md_escape, short_id
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
@@ -178,8 +178,7 @@ def _task_section(report: Report, task: str) -> Section:
     stats = [[*(g.cells.get(n) for n in lengths), *(g.metrics.get(m.name) for m in report.metrics)] for g in groups]
     decimals = [1] * len(lengths) + [m.decimals for m in report.metrics]
     higher = [True] * len(lengths) + [m.higher_is_better for m in report.metrics]
-    best = {(i, j) for j, (high, d) in enumerate(zip(higher, decimals))
-            for i in best_groups(groups, high, [line[j] for line in stats], d)}  # bold, as in the perplexity table
+    best = best_cells(groups, stats, higher, decimals)  # bold, as in the perplexity table
     rows = [[TableCell(g.shown_label), TableCell(str(g.n)),
              *(TableCell(_cell_text(s, d, g.n), s, (i, j) in best) for j, (s, d) in enumerate(zip(stats[i], decimals)))]
             for i, g in enumerate(groups)]
