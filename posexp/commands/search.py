@@ -213,7 +213,7 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
         ConfigError / PosexpError: one line naming the option and what is allowed.
     """
     from posexp.evaluation.longrope_search import (OBJECTIVES, SearchSettings, check_settings, needle_documents,
-                                                   needle_score, perplexity_score, search_factors)
+                                                   needle_score, perplexity_score)
 
     console = console or terminal.console()
     out, objective, tokens, needles, restart = (options.out, options.objective, options.tokens, options.needles,

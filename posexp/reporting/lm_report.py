@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
@@ -31,7 +29,7 @@ from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_te
 from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.row import factor_text, fixed_factor
 
-__all__ = ["Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "compare", "metric_value"]
+__all__ = ["Group", "MAIN_PROTOCOL", "Report", "ReportRow", "build_report", "group_and_compare", "metric_value"]
 
 # perplexity at the training length at least this share of the corpus's unigram perplexity (what a model that reads no
 # context scores, recorded by the run as ``unigram_ppl``): the run did not learn to use its context

@@ -288,3 +288,18 @@ def test_reporting_modules_import_no_private_names_from_one_another():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("posexp.reporting"):
                 found += [f"{name} <- {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert not found, found
+
+
+def test_every_name_a_module_exports_is_there():
+    """lm_report's ``__all__`` still named ``compare`` after it became ``group_and_compare``: ``from
+    posexp.reporting.lm_report import *`` raised AttributeError."""
+    import importlib
+    import pkgutil
+
+    import posexp
+
+    missing = []
+    for info in pkgutil.walk_packages(posexp.__path__, "posexp."):
+        module = importlib.import_module(info.name)
+        missing += [f"{info.name}.{name}" for name in getattr(module, "__all__", []) if not hasattr(module, name)]
+    assert not missing, missing
