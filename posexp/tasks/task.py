@@ -159,8 +159,8 @@ class Task(ABC):
         shortest = self.shortest_length()
         if length < shortest:
             raise ConfigError(key, f"length {length} is too short for one instance of task={self.name}: "
-                                   f"an instance of {self.counted(self.min_size)} (task.min_size) takes {shortest + 1} tokens, "
-                                   f"read as {shortest}; use lengths >= {shortest}")
+                                   f"an instance of {self.counted(self.min_size)} (task.min_size) takes "
+                                   f"{shortest + 1} tokens, read as {shortest}; use lengths >= {shortest}")
         limit = self.largest_size()
         if limit is not None and self.tokens_for(limit + 1) <= length + 1:
             raise ConfigError(key, f"length {length} needs more than the {self.counted(limit)} task={self.name} "
