@@ -102,6 +102,10 @@ class PositionalEncoder(nn.Module):
             (option ``encoder.lr_mult`` of every encoder). 1 unless an encoding needs
             its parameters to travel further than AdamW takes them in a short run
             (T5's logit biases, see ``t5.py``).
+        weight_decay: True for an encoding whose authors' optimizer weight-decays its own matrices as the model's
+            (FoX's forget gates, CABLE's bias maps: ``nn.Linear`` weights in both codes): the trainer gives its
+            parameters of two or more dimensions ``train.weight_decay``, its vectors none. False (the default):
+            none of its parameters is decayed.
         revision: the revision of the encoder's code, bumped where a fix changes what it computes from the same
             options (its initial parameters, how the trainer treats them). A revision above 1 is an option of the
             encoder's schema (``encoder.revision``), so every new run records it and its config hash and cache
@@ -123,6 +127,7 @@ class PositionalEncoder(nn.Module):
     # False unless declared: train.context_parallel refuses the encoding, posexp check verifies a True
     context_parallel: bool = False
     lr_mult: float = 1.0
+    weight_decay: bool = False
     revision: int = 1
     # the layers that use this encoder attend to their last `layer_window` keys only (sliding-window attention,
     # in training and evaluation alike, as `encoder=irope`'s RoPE layers); None = the whole causal past

@@ -28,8 +28,9 @@ SAVED = [
 
 
 # encoders whose code a fix changed (PositionalEncoder.revision), with the hash of their default run before the fix
-# (posexp bf8540c): FoPE's coefficients drawn as Hua et al.'s code draws them
-REVISED = [("fope", 2, "e17c6000c8ae0b9c")]
+# (posexp bf8540c): FoPE's coefficients drawn as Hua et al.'s code draws them; FoX's gates and CABLE's bias maps
+# weight-decayed as their authors' optimizers do
+REVISED = [("fope", 2, "e17c6000c8ae0b9c"), ("fox", 2, "d2f38fa6d72e3d2b"), ("cable", 2, "387eafe4803ffa3e")]
 
 
 def _digest(d: dict) -> str:
