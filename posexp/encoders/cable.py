@@ -48,7 +48,8 @@ class Cable(PositionalEncoder):
     relative = True  # the bias reads content only, never a position index
     # the authors' configure_optimizers (src/Cable.py) decays every tensor of 2+ dimensions, h_attn's weight too
     weight_decay = True
-    revision = 2  # 2: the bias maps' weights decayed as the authors' (1: not decayed)
+    # 2: the maps' weights decayed as the authors', encoder.lr_mult on every layer's (1: neither, the first's only)
+    revision = 2
 
     def __init__(self, d_model: int, n_heads: int, init_bias: float = 0.0):
         super().__init__(d_model, n_heads)

@@ -316,6 +316,8 @@ def layer_copies(encoder: PositionalEncoder, copies: nn.ModuleList, n_layers: in
     """
     while len(copies) < n_layers - 1:
         copies.append(make())
+    for copy in copies:  # encoder.lr_mult is every layer's (create sets it on the first)
+        copy.lr_mult = encoder.lr_mult
     if len(copies) != n_layers - 1:
         raise ConfigError("model.n_layers", f"this {encoder.name} encoder was built for {len(copies) + 1} layers, "
                                             f"not {n_layers}")

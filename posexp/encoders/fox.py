@@ -63,7 +63,8 @@ class ForgettingAttention(PositionalEncoder):
     # the authors' group_parameters (forgetting_transformer/utils.py) decays every nn.Linear weight, fgate_proj's
     # too, and no bias (train.bias_weight_decay: false)
     weight_decay = True
-    revision = 2  # 2: the gates' weights decayed as the authors' (1: not decayed)
+    # 2: the gates' weights decayed as the authors', encoder.lr_mult on every layer's (1: neither, the first's only)
+    revision = 2
 
     def __init__(self, d_model: int, n_heads: int, init_bias: float = 0.0):
         super().__init__(d_model, n_heads)

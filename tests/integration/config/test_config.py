@@ -29,8 +29,10 @@ SAVED = [
 
 # encoders whose code a fix changed (PositionalEncoder.revision), with the hash of their default run before the fix
 # (posexp bf8540c): FoPE's coefficients drawn as Hua et al.'s code draws them; FoX's gates and CABLE's bias maps
-# weight-decayed as their authors' optimizers do
-REVISED = [("fope", 2, "e17c6000c8ae0b9c"), ("fox", 2, "d2f38fa6d72e3d2b"), ("cable", 2, "387eafe4803ffa3e")]
+# weight-decayed as their authors' optimizers do; encoder.lr_mult on every layer's parameters of the encoders with
+# one set per layer (FoX, CABLE, PaTH, PoPE), not the first layer's only
+REVISED = [("fope", 2, "e17c6000c8ae0b9c"), ("fox", 2, "d2f38fa6d72e3d2b"), ("cable", 2, "387eafe4803ffa3e"),
+           ("path", 2, "0e0688d8e1281c60"), ("pope", 2, "af151e40d2fce0ab")]
 
 
 def _digest(d: dict) -> str:

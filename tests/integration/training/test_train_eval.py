@@ -98,6 +98,19 @@ def test_an_encoders_parameters_are_weight_decayed_as_its_authors_optimizer_does
     assert any(v > 0 for v in expected.values()) == (name in ("fox", "cable"))  # every layer's gate or map too
 
 
+@pytest.mark.parametrize("name", ["cable", "fox", "path", "pope"])
+def test_encoder_lr_mult_reaches_every_layers_own_parameters(compose, name):
+    from posexp.model.factory import build_model
+    from posexp.training.optim import make_optimizer
+
+    cfg = typed(compose("experiment=smoke", f"encoder={name}", "encoder.lr_mult=4", "model.n_layers=3"))
+    model = build_model(cfg, 256)
+    mult_of = {id(p): g["lr_mult"] for g in make_optimizer(model, cfg.train).param_groups for p in g["params"]}
+    params = dict(model.encoder.named_parameters())
+    assert any(n.startswith("other_layers.1.") for n in params)  # the third layer's own
+    assert {n: mult_of[id(p)] for n, p in params.items()} == {n: 4.0 for n in params}
+
+
 def test_eval_lengths_default_to_multiples_of_train_len(compose):
     assert eval_lengths(compose("train_len=100")) == [100, 200, 400, 800, 1600]
     assert eval_lengths(compose("eval.lengths=[512,128,128]")) == [128, 512]
