@@ -202,6 +202,8 @@ def options_schema(cls: Type[PositionalEncoder]) -> type:
             field = dataclasses.field(default=default)
         fields.append((p.name, hints.get(p.name, Any), field))
     fields.append(("lr_mult", float, dataclasses.field(default=float(cls.lr_mult))))
+    if cls.revision > 1:  # recorded by every new run of a revised encoder, absent from the runs of before
+        fields.append(("revision", int, dataclasses.field(default=int(cls.revision))))
     return dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
 
 
@@ -241,6 +243,10 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
     cls = load_plugin(name, module) if module else get(name)
     allowed = option_names(name)
     lr_mult = options.pop("lr_mult", None)
+    revision = options.pop("revision", cls.revision)  # a run of before the encoder's revisions has none
+    if revision != cls.revision:
+        raise ConfigError("encoder.revision", f"is the revision of {name}'s code, {cls.revision} in this posexp, "
+                                              f"not an option (got {revision!r})")
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         hint = did_you_mean(unknown[0], allowed + ["lr_mult"], "encoder.")

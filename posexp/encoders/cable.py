@@ -11,7 +11,8 @@ the biases of every token between key and query:
 so, like ALiBi, a key's logit falls with its distance, but by a slope the content sets token by token (ALiBi is
 the special case ``beta_t = m_h`` for every token). No other position signal (NoPE otherwise), as in the authors'
 model, which has no position embedding. As the authors' code, the biases are a linear map of the layer's input
-(``h_attn = nn.Linear(n_embd, n_head)``, weights ``N(0, 0.02)``, bias 0), one map per layer.
+(``h_attn = nn.Linear(n_embd, n_head)``, weights ``N(0, 0.02)``, bias 0), one map per layer; the weights are
+weight-decayed as the model's matrices, the biases not, as the authors' ``configure_optimizers`` does.
 
 Where posexp differs: the authors' attention omits the ``1 / sqrt(d)`` of the scores (their scale is
 ``sqrt(C / n_embd) = 1``); here the content logits keep the model's ``1 / sqrt(d)`` and the bias is added to them,
@@ -45,6 +46,10 @@ class Cable(PositionalEncoder):
 
     description = "CABLE: context-aware biases, logits - sum of softplus token biases between key and query"
     relative = True  # the bias reads content only, never a position index
+    # the authors' configure_optimizers (src/Cable.py) decays every tensor of 2+ dimensions, h_attn's weight too
+    weight_decay = True
+    # 2: the maps' weights decayed as the authors', encoder.lr_mult on every layer's (1: neither, the first's only)
+    revision = 2
 
     def __init__(self, d_model: int, n_heads: int, init_bias: float = 0.0):
         super().__init__(d_model, n_heads)

@@ -102,6 +102,14 @@ class PositionalEncoder(nn.Module):
             (option ``encoder.lr_mult`` of every encoder). 1 unless an encoding needs
             its parameters to travel further than AdamW takes them in a short run
             (T5's logit biases, see ``t5.py``).
+        weight_decay: True for an encoding whose authors' optimizer weight-decays its own matrices as the model's
+            (FoX's forget gates, CABLE's bias maps: ``nn.Linear`` weights in both codes): the trainer gives its
+            parameters of two or more dimensions ``train.weight_decay``, its vectors none. False (the default):
+            none of its parameters is decayed.
+        revision: the revision of the encoder's code, bumped where a fix changes what it computes from the same
+            options (its initial parameters, how the trainer treats them). A revision above 1 is an option of the
+            encoder's schema (``encoder.revision``), so every new run records it and its config hash and cache
+            key differ from those of the runs trained before the fix, which have no such key.
         layer_window: the layers using this encoder attend only to their last ``layer_window``
             keys (itself included), in training and evaluation; None (the default) = the whole
             causal past. An architecture's sliding window (``encoder=irope``), where
@@ -119,6 +127,8 @@ class PositionalEncoder(nn.Module):
     # False unless declared: train.context_parallel refuses the encoding, posexp check verifies a True
     context_parallel: bool = False
     lr_mult: float = 1.0
+    weight_decay: bool = False
+    revision: int = 1
     # the layers that use this encoder attend to their last `layer_window` keys only (sliding-window attention,
     # in training and evaluation alike, as `encoder=irope`'s RoPE layers); None = the whole causal past
     layer_window: Optional[int] = None
@@ -306,6 +316,8 @@ def layer_copies(encoder: PositionalEncoder, copies: nn.ModuleList, n_layers: in
     """
     while len(copies) < n_layers - 1:
         copies.append(make())
+    for copy in copies:  # encoder.lr_mult is every layer's (create sets it on the first)
+        copy.lr_mult = encoder.lr_mult
     if len(copies) != n_layers - 1:
         raise ConfigError("model.n_layers", f"this {encoder.name} encoder was built for {len(copies) + 1} layers, "
                                             f"not {n_layers}")

@@ -9,18 +9,35 @@ which each feature pair should carry one frequency, and finds two ways that brea
   its own (``theta_d``) dominant and the others with small random coefficients::
 
       cos_d(m) = sum_k C[h, k, d] cos(m theta_k),   sin_d(m) = sum_k S[h, k, d] sin(m theta_k)
-      C[h, d, d] = S[h, d, d] = 1,   C[h, k, d], S[h, k, d] ~ N(0, sigma^2 / K) for k != d   (K kept frequencies)
+      C = I + A,  S = I + B,   A[h, k, d], B[h, k, d] ~ N(0, 2 sigma^2 / (K (K + H)))   (K kept, H heads)
 
   and the query / key pair is transformed as RoPE's rotation would be with ``cos_d``, ``sin_d`` in place
-  of ``cos(m theta_d)``, ``sin(m theta_d)``.
+  of ``cos(m theta_d)``, ``sin(m theta_d)``. The paper initialises the harmonics' coefficients from
+  ``N(0, sigma)`` (§4, Eq. 11-13); its code (``FourierEmbedding.reset_parameters``, ``fourier_init:
+  eye_xavier_norm``, the init of every FoPE config the paper ran) draws them with ``xavier_normal_(gain=sigma)``
+  on the ``(H, K, K)`` tensor, the dominant ``theta_d`` included, and adds the identity: the spread above, 0.022
+  for the paper's 60M model (``H = 8``, ``K = 16``) at its ``sigma = 0.3``. posexp draws them as that code.
 * **Undertrained low frequencies**: a frequency whose period ``2 pi / theta`` exceeds the training
   length never completes a turn in training, so the model never learns the phases past it.
   "Clip floor to zero" sets every ``theta_i < 2 pi / train_len`` to zero: those pairs carry no position.
 
-The coefficients are frozen at initialisation, as in the authors' code; they are drawn from a generator
-seeded by ``encoder.seed`` and kept in the checkpoint. With ``sigma = 0`` FoPE is RoPE with the floor
-clipped, and relative; with ``sigma > 0`` the cross terms ``theta_k != theta_k'`` of a logit depend on
+The coefficients are frozen at initialisation, as in the authors' code (``fourier_learnable: false``), separate
+for cosines and sines and for each head (``fourier_separate_basis``, ``fourier_separate_head``); they are drawn
+from a generator seeded by ``encoder.seed`` and kept in the checkpoint. With ``sigma = 0`` FoPE is RoPE with the
+floor clipped, and relative; with ``sigma > 0`` the cross terms ``theta_k != theta_k'`` of a logit depend on
 the absolute positions (the paper treats them as the damage made explicit), so it is not.
+
+Where posexp departs from the authors' code (Hua et al.'s ``olmo/model.py``):
+
+* a clipped pair is ``cos = 1, sin = 0``, no rotation, as Eq. 13 (``f = 1`` below the floor) and Appendix B
+  ("the zero-frequency sinusoidal function does not affect the original hidden states") say; the code pads
+  ``sin`` with 1 as well, which turns such a pair by 45 degrees and scales it by sqrt(2) (their logit terms doubled);
+* every kept frequency carries a series (the paper's ``W_F`` of ``M - M_0`` columns); the code keeps at most
+  ``head_dim / 4`` series (``output_dim``) and leaves the other kept pairs without position: all of them at
+  posexp's default size (``K = 6 <= 8``) and in the paper's 512-token runs (``K = 16 = 64 / 4``), not in its
+  1024-token ones (``K = 18``) nor with a long ``train_len`` or a small ``base`` here;
+* the coefficients are not divided by their column sums: the code's ``fourier_norm`` is off in every config the
+  paper ran (the Appendix's listing divides).
 """
 
 from __future__ import annotations
@@ -54,9 +71,9 @@ class FoPE(PositionalEncoder):
         base: the base of RoPE's schedule ``theta_i = base^(-2i/d)`` the series are built from; > 1.
         train_len: the training length in tokens; frequencies that complete less than one period in it
             are clipped to zero. The yaml sets it to the run's ``train_len``.
-        sigma: the standard deviation of the series' coefficients, summed over the ``K`` kept frequencies
-            (each off-dominant coefficient is ``N(0, sigma^2 / K)``); >= 0. 0.3 is the paper's choice for its
-            smallest models (§5). 0 gives RoPE with the floor clipped.
+        sigma: the gain of the coefficients' Xavier-normal draw (the authors' ``fourier_init_norm_gain``, the
+            paper's sigma); >= 0. 0.3 is the paper's choice for its smallest models (§5.5). 0 gives RoPE with the
+            floor clipped.
         seed: the seed of the coefficients' generator, so that a config builds the same encoding.
 
     Raises:
@@ -64,6 +81,7 @@ class FoPE(PositionalEncoder):
     """
 
     context_parallel = True  # a shard's logits follow from its queries' and keys' absolute positions
+    revision = 2  # 2: the coefficients drawn as the authors' code draws them (1: N(0, sigma^2 / K) off the diagonal)
     description = "FoPE: each rotary pair a Fourier series, frequencies below one period per train_len clipped " \
                   "(Hua et al. 2024)"
 
@@ -83,11 +101,14 @@ class FoPE(PositionalEncoder):
         self.register_buffer("inv_freq", theta[:self.n_kept].float(), persistent=False)  # (K,)
         generator = torch.Generator().manual_seed(int(seed))
         K, H = self.n_kept, n_heads
-        eye = torch.eye(K)
-        spread = self.sigma / math.sqrt(max(K, 1)) * (1 - eye)  # the dominant coefficient is exactly 1
 
         def coefficients() -> Tensor:
-            return eye + spread * torch.randn(H, K, K, generator=generator)  # (H, K, K): [head, frequency, pair]
+            # (H, K, K): [head, frequency, pair]; the authors' eye_xavier_norm: Xavier's fans of a 3-d tensor are
+            # K * K in and H * K out, so the spread is sigma * sqrt(2 / (K (K + H))), the identity added after
+            harmonics = torch.empty(H, K, K)
+            if K:  # no kept frequency: no series (Xavier's spread is undefined for an empty tensor)
+                torch.nn.init.xavier_normal_(harmonics, gain=self.sigma, generator=generator)
+            return torch.eye(K) + harmonics
 
         # frozen, as in the authors' code; buffers, so a checkpoint keeps the series it was trained with
         self.register_buffer("cos_coef", coefficients())

@@ -10,7 +10,8 @@ Lin, Nikishin, He and Courville 2025, "Forgetting Transformer: Softmax Attention
 so a key's logit decays by every gate between it and the query: ``D <= 0``, 0 on the diagonal, non-increasing
 with distance but at a rate the content sets, and position enters only through this decay (the paper's FoX uses
 no RoPE: NoPE otherwise). The authors' code forms the same difference of cumulative sums,
-``log_lambda = cumsum(log_fgate)``, ``bias = log_lambda[:, None] - log_lambda[None, :]``.
+``log_lambda = cumsum(log_fgate)``, ``bias = log_lambda[:, None] - log_lambda[None, :]``; its optimizer decays the
+gate's weights as every other matrix of the model and not its biases, and so does posexp's trainer.
 
 posexp passes the gate through the ``transform`` hook, since it reads the layer's input ``x``, not positions.
 """
@@ -59,6 +60,11 @@ class ForgettingAttention(PositionalEncoder):
 
     description = "FoX: forgetting attention, logits + sum of log sigmoid forget gates from the content (Lin et al. 2025)"
     relative = True  # the bias reads content only, never a position index
+    # the authors' group_parameters (forgetting_transformer/utils.py) decays every nn.Linear weight, fgate_proj's
+    # too, and no bias (train.bias_weight_decay: false)
+    weight_decay = True
+    # 2: the gates' weights decayed as the authors', encoder.lr_mult on every layer's (1: neither, the first's only)
+    revision = 2
 
     def __init__(self, d_model: int, n_heads: int, init_bias: float = 0.0):
         super().__init__(d_model, n_heads)

@@ -117,6 +117,7 @@ class PaTH(PositionalEncoder):
 
     description = "PaTH: q_i^T (H_i ... H_{j+1}) k_j, H_t = I - beta_t w_t w_t^T from the content (Yang et al. 2025)"
     relative = True  # no position index enters: only the tokens between key and query
+    revision = 2  # 2: encoder.lr_mult on every layer's projections (1: on the first layer's only)
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__(d_model, n_heads)

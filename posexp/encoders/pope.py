@@ -55,6 +55,7 @@ class PoPE(PositionalEncoder):
 
     description = "PoPE: softplus magnitudes (content), phases (position), a learned key phase bias (Gopalakrishnan et al. 2025)"
     relative = True  # the score reads positions only through s - t (module docstring)
+    revision = 2  # 2: encoder.lr_mult on every layer's phase bias (1: on the first layer's only)
 
     def __init__(self, d_model: int, n_heads: int, base: float = 10000.0):
         super().__init__(d_model, n_heads)

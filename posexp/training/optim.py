@@ -40,26 +40,28 @@ def make_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimi
     (7 vs 30 ms CPU per step at d_model 256, 4 layers). scripts/bench.py gives the models it
     compares this same optimizer.
     """
-    # No weight decay on gains, biases and embeddings of positions (GPT-2 / nanoGPT convention).
-    # An encoder's parameters take its lr_mult: one group per multiplier, the schedule scales each.
+    # No weight decay on gains, biases and embeddings of positions (GPT-2 / nanoGPT convention), nor on an
+    # encoder's parameters but the matrices of one whose authors decay them (PositionalEncoder.weight_decay).
+    # An encoder's parameters take its lr_mult: one group per multiplier and decay, the schedule scales each.
     from posexp.encoders.contract import PositionalEncoder
 
-    owners = {name: m.lr_mult for name, m in model.named_modules() if isinstance(m, PositionalEncoder)}
+    owners = {name: m for name, m in model.named_modules() if isinstance(m, PositionalEncoder)}
     decay: list = []
-    by_mult: dict[float, list] = {}
+    by_group: dict[tuple[float, float], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         if name.startswith("encoder."):
             # the innermost encoder holding the parameter decides (a mixed encoder's parts keep theirs)
-            prefix = max((o for o in owners if name.startswith(o + ".")), key=len)
-            by_mult.setdefault(float(owners[prefix]), []).append(p)
+            owner = owners[max((o for o in owners if name.startswith(o + ".")), key=len)]
+            decayed = t.weight_decay if owner.weight_decay and p.dim() >= 2 else 0.0
+            by_group.setdefault((float(owner.lr_mult), decayed), []).append(p)
         elif p.dim() >= 2:
             decay.append(p)
         else:
-            by_mult.setdefault(1.0, []).append(p)
+            by_group.setdefault((1.0, 0.0), []).append(p)
     groups = [{"params": decay, "weight_decay": t.weight_decay, "lr_mult": 1.0}]
-    groups += [{"params": ps, "weight_decay": 0.0, "lr_mult": mult} for mult, ps in sorted(by_mult.items())]
+    groups += [{"params": ps, "weight_decay": wd, "lr_mult": mult} for (mult, wd), ps in sorted(by_group.items())]
     hyper: dict[str, Any] = {"lr": t.lr, "betas": (t.beta1, t.beta2)}
     try:
         return torch.optim.AdamW(groups, fused=True, **hyper)

@@ -27,6 +27,14 @@ SAVED = [
 ]
 
 
+# encoders whose code a fix changed (PositionalEncoder.revision), with the hash of their default run before the fix
+# (posexp bf8540c): FoPE's coefficients drawn as Hua et al.'s code draws them; FoX's gates and CABLE's bias maps
+# weight-decayed as their authors' optimizers do; encoder.lr_mult on every layer's parameters of the encoders with
+# one set per layer (FoX, CABLE, PaTH, PoPE), not the first layer's only
+REVISED = [("fope", 2, "e17c6000c8ae0b9c"), ("fox", 2, "d2f38fa6d72e3d2b"), ("cable", 2, "387eafe4803ffa3e"),
+           ("path", 2, "0e0688d8e1281c60"), ("pope", 2, "af151e40d2fce0ab")]
+
+
 def _digest(d: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -38,6 +46,24 @@ def test_saved_runs_keep_their_hash_and_cache_hits(compose, overrides, saved_has
     assert config_dict(typed(cfg)) == OmegaConf.to_container(cfg, resolve=True)  # the config as Hydra saves it
     assert config_hash(typed(cfg)) == saved_hash
     assert _digest(weights_config(typed(cfg))) == saved_cache
+
+
+@pytest.mark.parametrize("name,revision,hash_before", REVISED, ids=[r[0] for r in REVISED])
+def test_a_revised_encoder_hashes_new_runs_apart_and_runs_of_before_as_recorded(compose, name, revision, hash_before):
+    """A new run records the encoder's revision, so neither its hash nor its cache key is a run's of before the fix;
+    a run of before (its config has no revision) still hashes to what it recorded, and its encoder still builds."""
+    from posexp.encoders import create
+    from posexp.errors import ConfigError
+
+    new = OmegaConf.to_container(compose(f"encoder={name}"), resolve=True)
+    assert new["encoder"]["revision"] == revision
+    before = {**new, "encoder": {k: v for k, v in new["encoder"].items() if k != "revision"}}
+    assert config_hash(typed(OmegaConf.create(before))) == hash_before
+    assert config_hash(typed(OmegaConf.create(new))) != hash_before
+    assert weights_config(typed(OmegaConf.create(new))) != weights_config(typed(OmegaConf.create(before)))
+    create(name, 64, 2)
+    with pytest.raises(ConfigError, match=f"^encoder.revision: is the revision of {name}'s code, {revision} in this"):
+        create(name, 64, 2, revision=revision - 1)
 
 
 @pytest.mark.parametrize("dotted", sorted(NOT_WEIGHTS))

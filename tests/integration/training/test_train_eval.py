@@ -75,6 +75,42 @@ def test_encoder_lr_mult_defaults_and_groups(compose):
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
 
 
+# which of an encoder's parameters its authors' optimizer weight-decays, by their rule: FoX (Lin et al. 2025,
+# forgetting_transformer/utils.py group_parameters: nn.Linear weights, no bias, train.bias_weight_decay false),
+# CABLE (axiomlab/Cable src/Cable.py configure_optimizers: every tensor of 2+ dimensions), and posexp's rule for
+# encoders whose papers give none (nothing decayed)
+AUTHORS_DECAY = {"fox": lambda name, p: name.endswith("weight"), "cable": lambda name, p: p.dim() >= 2,
+                 "kerple": lambda name, p: False, "fire": lambda name, p: False, "t5": lambda name, p: False}
+
+
+@pytest.mark.parametrize("name", sorted(AUTHORS_DECAY))
+def test_an_encoders_parameters_are_weight_decayed_as_its_authors_optimizer_does(compose, name):
+    from posexp.model.factory import build_model
+    from posexp.training.optim import make_optimizer
+
+    cfg = typed(compose("experiment=smoke", f"encoder={name}", "train.weight_decay=0.05"))
+    model = build_model(cfg, 256)
+    decay_of = {id(p): g["weight_decay"] for g in make_optimizer(model, cfg.train).param_groups for p in g["params"]}
+    params = list(model.encoder.named_parameters())
+    assert params and len(decay_of) == len(list(model.parameters()))
+    expected = {pname: 0.05 if AUTHORS_DECAY[name](pname, p) else 0.0 for pname, p in params}
+    assert {pname: decay_of[id(p)] for pname, p in params} == expected
+    assert any(v > 0 for v in expected.values()) == (name in ("fox", "cable"))  # every layer's gate or map too
+
+
+@pytest.mark.parametrize("name", ["cable", "fox", "path", "pope"])
+def test_encoder_lr_mult_reaches_every_layers_own_parameters(compose, name):
+    from posexp.model.factory import build_model
+    from posexp.training.optim import make_optimizer
+
+    cfg = typed(compose("experiment=smoke", f"encoder={name}", "encoder.lr_mult=4", "model.n_layers=3"))
+    model = build_model(cfg, 256)
+    mult_of = {id(p): g["lr_mult"] for g in make_optimizer(model, cfg.train).param_groups for p in g["params"]}
+    params = dict(model.encoder.named_parameters())
+    assert any(n.startswith("other_layers.1.") for n in params)  # the third layer's own
+    assert {n: mult_of[id(p)] for n, p in params.items()} == {n: 4.0 for n in params}
+
+
 def test_eval_lengths_default_to_multiples_of_train_len(compose):
     assert eval_lengths(compose("train_len=100")) == [100, 200, 400, 800, 1600]
     assert eval_lengths(compose("eval.lengths=[512,128,128]")) == [128, 512]

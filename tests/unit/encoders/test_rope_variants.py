@@ -115,7 +115,8 @@ def test_fope_series_have_their_own_frequency_dominant_and_are_not_relative():
     off = ~torch.eye(K, dtype=torch.bool)
     for coef in (enc.cos_coef, enc.sin_coef):
         assert coef.shape == (N_HEADS, K, K)
-        assert torch.allclose(coef.diagonal(dim1=-2, dim2=-1), torch.ones(N_HEADS, K))
+        # each pair's own frequency leads its series (coef[h, k, d]: frequency k in pair d)
+        assert torch.all(coef.diagonal(dim1=-2, dim2=-1) > (coef.abs() * off).amax(dim=-2))
         assert 0 < coef[:, off].abs().max() < 1  # small harmonics besides
     q, k = _qk()
     # the cross terms of two frequencies read absolute positions: a common shift changes the logits
@@ -123,6 +124,30 @@ def test_fope_series_have_their_own_frequency_dominant_and_are_not_relative():
     # the same config builds the same coefficients, and a checkpoint keeps them
     again = create("fope", D_MODEL, N_HEADS, sigma=0.3)
     assert torch.equal(again.cos_coef, enc.cos_coef) and "cos_coef" in enc.state_dict()
+
+
+def test_fope_coefficients_spread_as_the_authors_xavier_draw_dominant_frequency_included():
+    # Hua et al.'s olmo/model.py (fourier_init: eye_xavier_norm, gain = sigma): xavier_normal_ on the (H, K, K)
+    # tensor, whose fans are K * K in and H * K out (Glorot & Bengio 2010: std = gain * sqrt(2 / (in + out))),
+    # then the identity added; at the paper's 60M head (64 features, 8 heads, 512 tokens: K = 16), sigma = 0.3
+    sigma, n_heads = 0.3, 8
+    enc = create("fope", 64 * n_heads, n_heads, train_len=512, sigma=sigma)
+    K = enc.n_kept
+    assert K == 16
+    std = sigma * math.sqrt(2 / (K * K + n_heads * K))  # 0.0217
+    for coef in (enc.cos_coef, enc.sin_coef):
+        harmonics = coef - torch.eye(K)
+        assert abs(harmonics.std().item() / std - 1) < 0.06  # 2048 draws
+        own = harmonics.diagonal(dim1=-2, dim2=-1)  # the dominant coefficient is 1 plus a draw of the same spread
+        assert 0 < own.abs().min() and abs(own.std().item() / std - 1) < 0.25  # 128 draws
+    assert not torch.equal(enc.cos_coef, enc.sin_coef)
+
+
+def test_fope_without_kept_frequencies_has_no_series():
+    enc = create("fope", D_MODEL, N_HEADS, train_len=2)  # no frequency turns once in 2 tokens
+    q, k = _qk()
+    assert enc.n_kept == 0 and enc.cos_coef.shape == (N_HEADS, 0, 0)
+    assert torch.equal(enc.rotate(q, k, torch.arange(12), torch.arange(12))[0], q)
 
 
 # -- Resonance RoPE (Wang et al. 2024) --------------------------------------------------------------------------
