@@ -16,7 +16,7 @@ import json
 import logging
 import signal
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from rich.console import Console
 
@@ -92,6 +92,19 @@ def resume_main(run_dir: str | Path, console: Optional[Console] = None, allow_ch
         return _resume(run_dir, console or terminal.console(), allow_changed_encoder)
 
 
+def _check_revision(run_dir: Path, encoder: Any) -> None:
+    """A run started by another revision of its built-in encoder's code (:func:`posexp.encoders.revision_gap`) is
+    not trained on by this one, whose initialisation or optimizer groups differ: the rest of the run would not be
+    the training its config names (and its optimizer state may not fit the groups)."""
+    from posexp.encoders import get, revision_gap
+
+    gap = revision_gap(encoder)
+    if gap is not None:
+        raise PosexpError(f"{run_dir}: started with encoder {gap} (a fix changed how it is built or trained: "
+                          f"{get(str(encoder['name'])).__module__} says what), so this posexp cannot train it on "
+                          "as it started; train it again with posexp train and the same overrides")
+
+
 def _resume_pretrained(run_dir: Path, name: str, console: Console) -> dict:
     """:func:`resume_main` of a pretrained model's evaluation stopped before it wrote its results: the model is
     measured again from the start, in the same folder, with the config and overrides the folder holds."""
@@ -117,6 +130,7 @@ def _resume(run_dir: Path, console: Console, allow_changed_encoder: bool = False
     saved = load_saved(run_dir)  # the edge: what follows reads the typed config
     check_plugin_sources(run_dir, saved.raw, None, allow_changed_encoder,
                          lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
+    _check_revision(run_dir, saved.raw["encoder"])
     spec = check_spec(saved.spec)
     identity = folder_run_hash(run_dir, saved)  # a folder in another hash format is refused here
     pointer = read_resume_pointer(run_dir)

@@ -174,6 +174,18 @@ def plugin_sources(encoder: Mapping[str, Any]) -> Dict[str, dict]:
     return {name: record for name in names if name in registry() and (record := source_record(name)) is not None}
 
 
+def revision_gap(encoder: Mapping[str, Any]) -> Optional[str]:
+    """How a run's ``encoder`` config and this posexp's code differ in the revision of a built-in encoder
+    (:attr:`PositionalEncoder.revision`; a run of before its encoder's first revision records none: 1), as
+    ``"fox revision 1, revision 2 here"``; None when they agree, or for a plugin (its source is checked instead)."""
+    name = str(encoder.get("name"))
+    cls = registry().get(name)
+    if cls is None or encoder.get(plugins.MODULE_KEY) or not plugins.is_builtin(cls):
+        return None
+    recorded = encoder.get("revision", 1)
+    return None if recorded == cls.revision else f"{name} revision {recorded}, revision {cls.revision} here"
+
+
 def origin(name: str) -> str:
     """Where the encoder ``name`` came from: built-in, an installed distribution, or a module's file."""
     return plugins.origin(get(name))
@@ -264,4 +276,4 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
 
 
 __all__ = ["PositionalEncoder", "broken", "create", "get", "load_plugin", "mark_broken", "options_schema", "origin",
-           "register", "registry", "relative_distance", "source_record"]
+           "register", "registry", "relative_distance", "revision_gap", "source_record"]

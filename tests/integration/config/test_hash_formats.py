@@ -68,3 +68,24 @@ def test_a_run_from_a_newer_hash_format_is_said_to_be_from_a_newer_posexp_not_ed
         reeval_main([str(run_dir), "eval.multiples=[1,2]"])
     assert "edited" not in str(caught.value)
     assert (run_dir / "results.json").read_text() == before
+
+
+def test_a_run_started_by_another_revision_of_its_encoder_is_not_trained_on(tiny, tmp_path, monkeypatch):
+    """posexp resume of a run whose built-in encoder's code was revised since it started (FoX's gates weight-decayed
+    from revision 2 on) is refused in one line naming both revisions, not trained on with other optimizer groups
+    (which stopped at loading the optimizer state, with advice to delete the checkpoint)."""
+    from posexp.encoders.fox import ForgettingAttention
+
+    run_dir, cfg = tmp_path / "run", tiny(*OVERRIDES, "encoder=fox")
+    run_train(cfg, run_dir, [])
+    (run_dir / HYDRA_CONFIG).parent.mkdir()
+    (run_dir / HYDRA_CONFIG).write_text(OmegaConf.to_yaml(cfg))
+    (run_dir / "results.json").unlink()  # killed before its results: resume reads the checkpoint's records
+    monkeypatch.setattr(ForgettingAttention, "revision", ForgettingAttention.revision + 1)
+    with pytest.raises(PosexpError, match=r"started with encoder fox revision 2, revision 3 here \(a fix changed how "
+                                          r"it is built or trained: posexp.encoders.fox says what\).*train it again "
+                                          "with posexp train") as caught:
+        resume_main(run_dir)
+    assert "\n" not in str(caught.value)
+    monkeypatch.setattr(ForgettingAttention, "revision", 2)
+    assert resume_main(run_dir)["run"]["status"] == "completed"
