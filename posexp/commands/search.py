@@ -245,7 +245,8 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
         except ConfigError as e:  # the passkey task names its own key; here the length is --target-len's
             raise ConfigError("--target-len", str(e).split(": ", 1)[-1].replace("eval.lengths", "--target-len")
                               .replace("task passkey", "--objective needle")) from None
-        score = needle_score(found.model, docs, answer, found.train_len, found.device, found.dtype)
+        score = needle_score(found.model, docs, answer, found.train_len, found.device, found.dtype,
+                             position_plan=found.position_plan)
     folder.mkdir(parents=True, exist_ok=True)
     known = len(scored)
     console.print(f"[bold]posexp search[/] {escape(found.label)} · LongRoPE to {target_len} tokens "

@@ -139,6 +139,30 @@ def test_a_target_past_a_randomized_runs_positions_is_refused_in_one_line(tiny, 
     assert "Traceback" not in result.output and not (run / "longrope").exists()
 
 
+@pytest.mark.parametrize("objective", ["ppl", "needle"])
+def test_a_randomized_runs_candidates_are_read_at_the_positions_its_eval_reads(tiny, tmp_path, monkeypatch, objective):
+    # Ruoss et al. 2023: the run's own eval draws sorted positions from its range; a search scoring its candidates at
+    # 0..L-1 would rank them by positions the run never reads
+    from posexp.commands.train import run_train
+    from posexp.model.gpt import GPT
+    from posexp.model.positions import PositionPlan
+
+    cfg = tiny("train.steps=2", "train.positions=randomized", "train.max_position=512")
+    run_train(cfg, tmp_path / "run", [])
+    read: list = []
+    token_losses = GPT.token_losses
+
+    def spy(self, idx, targets, pos=None):
+        read.append(None if pos is None else pos.tolist())
+        return token_losses(self, idx, targets, pos)
+
+    monkeypatch.setattr(GPT, "token_losses", spy)
+    result = invoke("search", str(tmp_path / "run"), "--target-len", "300", "--objective", objective, "--needles", "2",
+                    "--tokens", "128", "--population", "4", "--generations", "0", "--parents", "2")
+    assert result.exit_code == 0, result.output
+    assert read and all(pos == PositionPlan(cfg).eval_positions(300).tolist() for pos in read)
+
+
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
     quick = ("--tokens", "256", "--population", "4", "--generations", "0")
     assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0
