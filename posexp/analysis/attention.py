@@ -24,6 +24,7 @@ from posexp.analysis.schema import AnalyzeConfig, analyze_settings
 from posexp.errors import PosexpError, require
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import is_run_dir
+from posexp.runs.lock import still_running
 from posexp.runtime import terminal
 
 ANALYSIS_DIR = "analysis"  # in the run folder
@@ -118,6 +119,9 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], AnalyzeConfig]:
             refusal = pretrained_refusal(arg, "analyze")  # a pretrained model's run: its weights are elsewhere
             if refusal is not None:
                 raise PosexpError(refusal)
+            running = still_running(arg)
+            if running is not None:
+                raise PosexpError(running)
             raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/model.safetensors); pass the folder "
                               "of one trained run, e.g. outputs/2026-11-22/10-00-00")
         require(key.startswith("analyze.") and key[len("analyze."):] in keys, key,
