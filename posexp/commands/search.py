@@ -67,7 +67,11 @@ def _run_target(path: Path, overrides: list[str]) -> Target:
     require(not overrides, overrides[0] if overrides else "", "overrides apply to a hf: model (data=..., hf.*); a "
                                                               "run folder is searched on its own data")
     run = posexp.load_run(path)
-    cfg, model = run.config, run.model
+    cfg, ft = run.config, run.config.finetune
+    if ft is not None and ft.scaling != "none":  # as posexp eval refuses eval.scaling=longrope on such a run
+        raise PosexpError(f"{path}: this run fine-tunes with scaling={ft.scaling}, which it reads as trained; "
+                          f"LongRoPE's factors on top of it are not defined: search its parent {ft.parent}")
+    model = run.model
     encoder = model.encoder
     rot_dim = getattr(encoder, "rot_dim", None)
     _check_longrope(encoder, int(cfg.train_len), rot_dim, str(path))

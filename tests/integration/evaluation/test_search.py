@@ -163,6 +163,20 @@ def test_a_randomized_runs_candidates_are_read_at_the_positions_its_eval_reads(t
     assert read and all(pos == PositionPlan(cfg).eval_positions(300).tolist() for pos in read)
 
 
+def test_a_fine_tune_that_trained_a_scaling_is_refused_as_posexp_eval_refuses_longrope_on_top(run, tmp_path):
+    # its rotary is the parent's extended by yarn: the search scored LongRoPE in its place, then printed an eval and
+    # a finetune command that both refuse the run
+    child = tmp_path / "ft"
+    tuned = invoke("finetune", str(run), "train_len=64", "scaling=yarn", "train.steps=2", "train.progress=false",
+                   "train.threads=1", "precision=fp32", "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={child}")
+    assert tuned.exit_code == 0, tuned.output
+    result = invoke("search", str(child), "--target-len", "128", *SMALL)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
+    assert "scaling=yarn" in said and f"search its parent {run}" in said
+    assert "Traceback" not in result.output and not (child / "longrope").exists()
+
+
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
     quick = ("--tokens", "256", "--population", "4", "--generations", "0")
     assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0
