@@ -39,7 +39,8 @@ STATE_FORMAT = 1
 @dataclass
 class Target:
     """What is searched: the model behind the seam, its rotary width and base, its training length, the
-    validation tokens, a text encoder (for the needle objective) and what names it in the state."""
+    validation tokens, a text encoder (for the needle objective), what names it in the state, and whether
+    ``posexp finetune`` takes it (a run trained from scratch; not a pretrained model, nor a fine-tune)."""
 
     label: str
     model: Any
@@ -55,6 +56,7 @@ class Target:
     device: Any
     dtype: Any
     default_out: Path
+    finetunable: bool = False
 
 
 def _run_target(path: Path, overrides: list[str]) -> Target:
@@ -81,7 +83,7 @@ def _run_target(path: Path, overrides: list[str]) -> Target:
     return Target(str(path), model, int(rot_dim), float(encoder.base), int(cfg.train_len), corpus.val,
                   int(model.shape.vocab_size), _run_encoder(corpus), str(run.info.get("config_hash")), cfg.eval,
                   PositionPlan(cfg), device, eval_dtype(cfg, device, (run.info.get("train") or {}).get("precision")),
-                  path / "longrope")
+                  path / "longrope", finetunable=ft is None)
 
 
 def _check_longrope(encoder, train_len: int, rot_dim: Optional[int], where: str) -> None:
@@ -319,7 +321,7 @@ def _print_done(console: Console, found: Target, result, target_len: int, object
                   f"factors in {escape(str(path))}", highlight=False, soft_wrap=True)
     console.print(f"posexp eval {escape(found.label)} eval.scaling=longrope eval.longrope_file={escape(str(folder))}"
                   f" eval.lengths=[{target_len}]", highlight=False, soft_wrap=True)
-    if found.label.startswith(HF_PREFIX):  # a pretrained model is evaluated, not fine-tuned, by posexp
+    if not found.finetunable:
         return
     console.print(f"posexp finetune {escape(found.label)} train_len={target_len} scaling=longrope "
                   f"longrope_file={escape(str(folder))}", highlight=False, soft_wrap=True)

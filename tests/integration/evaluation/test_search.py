@@ -177,6 +177,18 @@ def test_a_fine_tune_that_trained_a_scaling_is_refused_as_posexp_eval_refuses_lo
     assert "Traceback" not in result.output and not (child / "longrope").exists()
 
 
+def test_a_direct_fine_tune_is_searched_and_offered_only_the_eval_its_factors_take(run, tmp_path):
+    # posexp finetune refuses a fine-tune ("fine-tune a run trained from scratch"): no such command is printed
+    child = tmp_path / "ft"
+    tuned = invoke("finetune", str(run), "train_len=64", "train.steps=2", "train.progress=false", "train.threads=1",
+                   "precision=fp32", "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={child}")
+    assert tuned.exit_code == 0, tuned.output
+    result = invoke("search", str(child), "--target-len", "128", *SMALL)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert f"posexp eval {child} eval.scaling=longrope" in said and "posexp finetune" not in said
+
+
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
     quick = ("--tokens", "256", "--population", "4", "--generations", "0")
     assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0
