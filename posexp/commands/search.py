@@ -162,8 +162,9 @@ def _state(folder: Path, settings: dict, restart: bool) -> dict[str, float]:
         recorded, scored = state["settings"], state["scored"]
     except (OSError, ValueError, KeyError, TypeError):
         raise PosexpError(f"{path} is not a search state; remove it or use --restart") from None
-    if recorded != settings:
-        changed = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
+    # "model" is the run folder or hf: name as typed (relative or absolute); "identity" says which weights it is
+    changed = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k) and k != "model")
+    if changed:
         raise PosexpError(f"{path} holds a search with other settings ({', '.join(changed)}); continue it with "
                           f"the same options, start over with --restart, or choose another --out")
     return {str(k): (float(v) if v is not None else math.inf) for k, v in scored.items()}

@@ -189,6 +189,15 @@ def test_a_direct_fine_tune_is_searched_and_offered_only_the_eval_its_factors_ta
     assert f"posexp eval {child} eval.scaling=longrope" in said and "posexp finetune" not in said
 
 
+def test_a_search_continues_whichever_way_its_run_folder_is_spelt(run):
+    # the same run, from its parent folder and by its absolute path: the same search, not "other settings (model)"
+    quick = ("--tokens", "256", "--population", "4", "--generations", "0", "--parents", "2")
+    assert invoke("search", run.name, "--target-len", "64", *quick, cwd=run.parent).exit_code == 0
+    again = invoke("search", str(run.resolve()), "--target-len", "64", *quick)
+    assert again.exit_code == 0, again.output
+    assert "resuming with 4 scored" in " ".join(again.output.split())
+
+
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
     quick = ("--tokens", "256", "--population", "4", "--generations", "0")
     assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0
