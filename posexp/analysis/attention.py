@@ -22,16 +22,20 @@ from posexp.analysis.app import ANALYSIS_JSON, analyse_encoder, print_summary
 from posexp.analysis.drawing import draw_attention
 from posexp.analysis.schema import AnalyzeConfig, analyze_settings
 from posexp.errors import PosexpError, require
+from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import is_run_dir
+from posexp.runs.lock import still_running
 from posexp.runtime import terminal
 
 ANALYSIS_DIR = "analysis"  # in the run folder
 
 
 @torch.no_grad()
-def attention_statistics(model, tokens: np.ndarray, length: int, n_windows: int) -> dict:
-    """Per layer and head, mean attention distance and entropy on ``n_windows`` windows of ``length`` tokens.
+def attention_statistics(model, tokens: np.ndarray, length: int, n_windows: int,
+                         pos: Optional[np.ndarray] = None) -> dict:
+    """Per layer and head, mean attention distance and entropy on ``n_windows`` windows of ``length`` tokens, read
+    at positions ``pos`` (``(length,)``, as the run's evaluation reads them; None = ``0 .. length - 1``).
 
     The attention probabilities are recomputed from each block's input exactly as
     the model forms its logits: ``q k^T / sqrt(Dh)`` after ``rotate``, plus ``bias``
@@ -58,12 +62,13 @@ def attention_statistics(model, tokens: np.ndarray, length: int, n_windows: int)
 
     handles = [b.attn.register_forward_pre_hook(hook_for(i)) for i, b in enumerate(blocks)]
     device = next(model.parameters()).device
+    positions = None if pos is None else torch.as_tensor(pos, dtype=torch.long, device=device)
     try:
         for w in range(n_windows):
             idx = torch.as_tensor(np.asarray(tokens[w * length:(w + 1) * length], dtype=np.int64),
                                   device=device)[None]
             captured.clear()
-            model(idx)
+            model(idx, positions)
             for i in range(n_layers):
                 attn, x, plan = captured[i]
                 probs = _attention_probs(attn, x, plan)  # (1, H, L, L)
@@ -118,6 +123,9 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], AnalyzeConfig]:
             refusal = pretrained_refusal(arg, "analyze")  # a pretrained model's run: its weights are elsewhere
             if refusal is not None:
                 raise PosexpError(refusal)
+            running = still_running(arg)
+            if running is not None:
+                raise PosexpError(running)
             raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/model.safetensors); pass the folder "
                               "of one trained run, e.g. outputs/2026-11-22/10-00-00")
         require(key.startswith("analyze.") and key[len("analyze."):] in keys, key,
@@ -144,18 +152,20 @@ def analyze_run(run_dir: Path, settings: AnalyzeConfig, console: Optional[Consol
     out = Path(run_dir) / ANALYSIS_DIR
     model = p.model.eval()
     result = analyse_encoder(model.encoder, cfg, settings, out, note="trained encoder of this run")
-    train_len = int(cfg.train_len)
+    train_len, plan = int(cfg.train_len), PositionPlan(cfg)  # a run trained at randomized positions reads them
     rows = []
     for m in sorted(set(settings.multiples)):
         length = m * train_len
         row: dict[str, Any] = {"multiple": m, "length": length}
         if not model.encoder.supports(length):
             row["not_applicable"] = f"{model.encoder.name} encodes at most {model.encoder.max_length} positions"
+        elif (refused := plan.eval_refusal(length)) is not None:
+            row["not_applicable"] = refused
         elif p.task is None and len(p.corpus.val) < length:
             row["not_applicable"] = f"the validation text has only {len(p.corpus.val)} tokens"
         else:
             n, text = _windows(p, length, settings.tokens)
-            stats = attention_statistics(model, text, length, n)
+            stats = attention_statistics(model, text, length, n, plan.eval_positions(length))
             row.update({"windows": n, "mean_distance": stats["mean_distance"].round(4).tolist(),
                         "entropy": stats["entropy"].round(4).tolist(),
                         "uniform_distance": stats["uniform_distance"], "uniform_entropy": stats["uniform_entropy"]})

@@ -39,7 +39,8 @@ STATE_FORMAT = 1
 @dataclass
 class Target:
     """What is searched: the model behind the seam, its rotary width and base, its training length, the
-    validation tokens, a text encoder (for the needle objective) and what names it in the state."""
+    validation tokens, a text encoder (for the needle objective), what names it in the state, and whether
+    ``posexp finetune`` takes it (a run trained from scratch; not a pretrained model, nor a fine-tune)."""
 
     label: str
     model: Any
@@ -55,6 +56,7 @@ class Target:
     device: Any
     dtype: Any
     default_out: Path
+    finetunable: bool = False
 
 
 def _run_target(path: Path, overrides: list[str]) -> Target:
@@ -67,7 +69,11 @@ def _run_target(path: Path, overrides: list[str]) -> Target:
     require(not overrides, overrides[0] if overrides else "", "overrides apply to a hf: model (data=..., hf.*); a "
                                                               "run folder is searched on its own data")
     run = posexp.load_run(path)
-    cfg, model = run.config, run.model
+    cfg, ft = run.config, run.config.finetune
+    if ft is not None and ft.scaling != "none":  # as posexp eval refuses eval.scaling=longrope on such a run
+        raise PosexpError(f"{path}: this run fine-tunes with scaling={ft.scaling}, which it reads as trained; "
+                          f"LongRoPE's factors on top of it are not defined: search its parent {ft.parent}")
+    model = run.model
     encoder = model.encoder
     rot_dim = getattr(encoder, "rot_dim", None)
     _check_longrope(encoder, int(cfg.train_len), rot_dim, str(path))
@@ -77,7 +83,7 @@ def _run_target(path: Path, overrides: list[str]) -> Target:
     return Target(str(path), model, int(rot_dim), float(encoder.base), int(cfg.train_len), corpus.val,
                   int(model.shape.vocab_size), _run_encoder(corpus), str(run.info.get("config_hash")), cfg.eval,
                   PositionPlan(cfg), device, eval_dtype(cfg, device, (run.info.get("train") or {}).get("precision")),
-                  path / "longrope")
+                  path / "longrope", finetunable=ft is None)
 
 
 def _check_longrope(encoder, train_len: int, rot_dim: Optional[int], where: str) -> None:
@@ -156,8 +162,9 @@ def _state(folder: Path, settings: dict, restart: bool) -> dict[str, float]:
         recorded, scored = state["settings"], state["scored"]
     except (OSError, ValueError, KeyError, TypeError):
         raise PosexpError(f"{path} is not a search state; remove it or use --restart") from None
-    if recorded != settings:
-        changed = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
+    # "model" is the run folder or hf: name as typed (relative or absolute); "identity" says which weights it is
+    changed = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k) and k != "model")
+    if changed:
         raise PosexpError(f"{path} holds a search with other settings ({', '.join(changed)}); continue it with "
                           f"the same options, start over with --restart, or choose another --out")
     return {str(k): (float(v) if v is not None else math.inf) for k, v in scored.items()}
@@ -245,7 +252,8 @@ def search_main(target: str, target_len: int, options: SearchOptions = SearchOpt
         except ConfigError as e:  # the passkey task names its own key; here the length is --target-len's
             raise ConfigError("--target-len", str(e).split(": ", 1)[-1].replace("eval.lengths", "--target-len")
                               .replace("task passkey", "--objective needle")) from None
-        score = needle_score(found.model, docs, answer, found.train_len, found.device, found.dtype)
+        score = needle_score(found.model, docs, answer, found.train_len, found.device, found.dtype,
+                             position_plan=found.position_plan)
     folder.mkdir(parents=True, exist_ok=True)
     known = len(scored)
     console.print(f"[bold]posexp search[/] {escape(found.label)} · LongRoPE to {target_len} tokens "
@@ -314,7 +322,7 @@ def _print_done(console: Console, found: Target, result, target_len: int, object
                   f"factors in {escape(str(path))}", highlight=False, soft_wrap=True)
     console.print(f"posexp eval {escape(found.label)} eval.scaling=longrope eval.longrope_file={escape(str(folder))}"
                   f" eval.lengths=[{target_len}]", highlight=False, soft_wrap=True)
-    if found.label.startswith(HF_PREFIX):  # a pretrained model is evaluated, not fine-tuned, by posexp
+    if not found.finetunable:
         return
     console.print(f"posexp finetune {escape(found.label)} train_len={target_len} scaling=longrope "
                   f"longrope_file={escape(str(folder))}", highlight=False, soft_wrap=True)

@@ -44,7 +44,7 @@ NOT_WEIGHTS: dict[str, str] = {
 # out of weights_config, so earlier run folders keep their hash and earlier cache entries their key
 MODEL_KEYS_BEFORE = {"init": "gpt2", "tie_embeddings": True, "ssmax": False, "norm_bias": True}
 # encoder options added later, at the value every earlier run of that encoder had: left out of the hash there
-ENCODER_KEYS_BEFORE = {"irope": {"local": "sliding"}}
+ENCODER_KEYS_BEFORE: dict[str, dict[str, object]] = {"irope": {"local": "sliding"}, "mixed": {"train_len": 128}}
 # the same for train keys
 TRAIN_KEYS_BEFORE = {"pose_target_len": None}
 # Every task run's config held these keys, one schema for every task's options, before each task's options came

@@ -136,7 +136,7 @@ class IRoPE(Mixed):
         self.every, self.window, self.local = int(every), int(window), local
         self.floor_scale = int(train_len) + 1 if floor_scale is None else int(floor_scale)
         self.attn_scale = float(attn_scale)
-        super().__init__(d_model, n_heads, layers=irope_layers(self.every, self.every), base=base)
+        super().__init__(d_model, n_heads, layers=irope_layers(self.every, self.every), base=base, train_len=train_len)
 
     def _build(self, name: str) -> PositionalEncoder:
         if name == NOPE:

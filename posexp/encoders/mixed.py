@@ -57,6 +57,8 @@ class Mixed(PositionalEncoder):
             at most ``model.n_layers`` names. Default ``[rope, none]``: RoPE and NoPE
             alternating.
         base: passed to every encoding in the mix that has a ``base``.
+        train_len: the training length in tokens, passed to every encoding in the mix that has a ``train_len``
+            (hope, fope: the frequencies completing a period in it); the yaml sets it to the run's ``train_len``.
         options: further options per encoding name, e.g. ``{rope: {rotary_fraction: 0.5}}``;
             they apply to every layer using that encoding. None = each encoding's defaults.
 
@@ -70,7 +72,7 @@ class Mixed(PositionalEncoder):
     supported_scalings = ("linear", "ntk", "dynamic_ntk", "yarn", "llama3", "longrope", "rerope")
 
     def __init__(self, d_model: int, n_heads: int, layers: List[str] = ["rope", "none"],  # noqa: B006 (never mutated)
-                 base: float = 10000.0, options: Any = None):
+                 base: float = 10000.0, options: Any = None, train_len: int = 128):
         super().__init__(d_model, n_heads)
         names = [str(n) for n in layers]
         mixable = _mixable()
@@ -94,11 +96,13 @@ class Mixed(PositionalEncoder):
                 f"{', '.join(dict.fromkeys(names))})")
         self.pattern = names
         self._base = float(base)
+        self._train_len = int(train_len)
         self._options = options
         self.per_layer = nn.ModuleList(self._build(name) for name in names)
 
     def _build(self, name: str) -> PositionalEncoder:
-        opts: Dict[str, Any] = {"base": self._base} if "base" in option_names(name) else {}
+        run = {"base": self._base, "train_len": self._train_len}  # what each encoding's own yaml takes from the run
+        opts: Dict[str, Any] = {k: v for k, v in run.items() if k in option_names(name)}
         opts.update(self._options.get(name, {}))
         try:
             enc = create(name, d_model=self.d_model, n_heads=self.n_heads, **opts)

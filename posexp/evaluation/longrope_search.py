@@ -244,9 +244,10 @@ def needle_documents(encode: Callable[[str], list[int]], val: np.ndarray, vocab:
 
 
 def needle_score(model, tokens: np.ndarray, answer: np.ndarray, train_len: int, device: torch.device,
-                 dtype: torch.dtype, batch: int = 4) -> Score:
+                 dtype: torch.dtype, batch: int = 4, position_plan=None) -> Score:
     """``score(factors, n^)``: LongRoPE2's needle-driven perplexity (Shang et al. 2025, §3.2): ``exp`` of the mean
-    cross-entropy over the answer tokens only of :func:`needle_documents`, read at their length under LongRoPE."""
+    cross-entropy over the answer tokens only of :func:`needle_documents`, read at their length under LongRoPE, at
+    the positions ``position_plan`` reads that length at (as :func:`perplexity_score`; None = ``0 .. L-1``)."""
     from posexp.model.interface import Reading
     from posexp.runtime.device import autocast
 
@@ -254,6 +255,8 @@ def needle_score(model, tokens: np.ndarray, answer: np.ndarray, train_len: int, 
     y = torch.as_tensor(tokens[:, 1:], dtype=torch.long)
     scored = torch.as_tensor(answer[:, 1:])  # the answer tokens, as targets
     length = int(x.shape[1])
+    drawn = position_plan.eval_positions(length) if position_plan is not None else None
+    pos = torch.as_tensor(drawn, dtype=torch.long, device=device) if drawn is not None else None
 
     def score(factors: np.ndarray, start: int = 0) -> float:
         how = Reading(LONGROPE, length / train_len, int(train_len), length, tuple(float(f) for f in factors), None,
@@ -261,7 +264,7 @@ def needle_score(model, tokens: np.ndarray, answer: np.ndarray, train_len: int, 
         total, count = 0.0, 0
         with torch.no_grad(), model.reading(how), autocast(device, dtype):
             for i in range(0, x.shape[0], batch):
-                losses = model.token_losses(x[i:i + batch].to(device), y[i:i + batch].to(device))  # (b, L)
+                losses = model.token_losses(x[i:i + batch].to(device), y[i:i + batch].to(device), pos)  # (b, L)
                 mask = scored[i:i + batch].to(losses.device)
                 total += float(losses[mask].double().sum())
                 count += int(mask.sum())

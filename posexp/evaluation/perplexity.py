@@ -281,10 +281,8 @@ def _row_identity(e: EvalConfig, how: Reading, factor: Optional[float]) -> dict:
 
 def _not_applicable_reason(model: EvaluableLM, how: Reading, length: int, position_plan) -> Optional[str]:
     """Why a length cannot be evaluated (positions never trained, or more than the model reads), or None."""
-    if position_plan is not None and not position_plan.eval_supports(length):
-        return (f"trained with randomized positions drawn from "
-                f"0..{position_plan.max_position - 1} (train.max_position)")
-    return model.length_refusal(how, length)
+    refused = position_plan.eval_refusal(length) if position_plan is not None else None
+    return refused or model.length_refusal(how, length)
 
 
 def reading_of(settings: EvalConfig, scaling: str, length: int, train_len: int,

@@ -74,14 +74,15 @@ def plan(model: GPT, cfg: Any) -> Mapping:
     there is none.
 
     Raises:
-        PosexpError: an encoding no exporter takes, or an option its exporter cannot hold exactly (its own
-            refusal).
+        PosexpError: an encoding no exporter takes, an option its exporter cannot hold exactly (its own
+            refusal), or a run evaluated at randomized positions.
     """
     name = str(cfg.encoder["name"])
     exporter = next((e for e in exporters() if e.takes(model, name)), None)
     if exporter is None:
         raise PosexpError(refusal(name))
     _check_common(model, name)
+    _check_positions(cfg)
     why = exporter.refusal(model)
     if why is not None:
         raise PosexpError(why)
@@ -97,6 +98,16 @@ def _check_common(model: GPT, name: str) -> None:
     if enc.layer_window is not None or any(e is not enc for e in enc.for_layers(shape.n_layers)):
         raise PosexpError(f"this {name} run attends within a window or mixes encodings per layer, which the "
                           "transformers classes cannot; a plain learned, rope or alibi run exports")
+
+
+def _check_positions(cfg: Any) -> None:
+    """A run trained with randomized positions (Ruoss et al. 2023) is evaluated at sorted positions drawn from its
+    range (:mod:`posexp.model.positions`), while a transformers model reads ``0 .. L-1``: its logits would not be the
+    run's. PoSE changes training only, so a PoSE run exports."""
+    if cfg.train.positions == "randomized":
+        raise PosexpError("a run trained with train.positions=randomized cannot be exported: its own evaluation reads "
+                          "sorted random positions, a transformers model reads 0..L-1, so the logits would not be the "
+                          "run's; runs trained with train.positions=contiguous or pose export")
 
 
 def build(mapping: Mapping, model: GPT, dtype: Optional[torch.dtype] = None) -> Any:

@@ -158,6 +158,12 @@ class PositionPlan:
     def eval_supports(self, length: int) -> bool:
         return not self.randomized or length <= self.max_position
 
+    def eval_refusal(self, length: int) -> Optional[str]:
+        """Why a window of ``length`` tokens cannot be read (more positions than the range trained), or None."""
+        if self.eval_supports(length):
+            return None
+        return f"trained with randomized positions drawn from 0..{self.max_position - 1} (train.max_position)"
+
     def describe(self) -> Optional[dict]:
         """What ``results.json`` records under ``run.positions``; None when both tricks are off."""
         if self.scheme == "contiguous" and self.curriculum == "none":

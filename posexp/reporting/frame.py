@@ -22,7 +22,8 @@ from typing import Any, Optional, Sequence
 from posexp.errors import ConfigError
 from posexp.reporting.runs import Run, read_runs
 from posexp.reporting.selection import ABSENT, config_value, flatten_config, did_you_mean
-from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, find_runs, is_sweep_dir, iter_jobs
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, is_sweep_dir, iter_jobs
+from posexp.runs.lock import find_finished_runs
 from posexp.runs.row import ROW_KEY
 
 LM_TASK = "lm"  # the task column of a language-modelling run (task=lm)
@@ -108,7 +109,7 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
         PosexpError: no run under ``paths``, or (``strict``) a run's results cannot be read.
         ConfigError: (``columns``) a key no run's config has, with the closest known key.
     """
-    runs, problems = read_runs(find_runs(paths), strict)
+    runs, problems = read_runs(find_finished_runs(paths), strict)
     for message in [f"left out: {problem}" for problem in problems] + _jobs_without_results(paths):  # as posexp report says of them: absent, not silently
         warnings.warn(message, stacklevel=2)
     keys = list(dict.fromkeys(columns or ()))

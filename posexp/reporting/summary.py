@@ -49,6 +49,7 @@ from posexp.reporting.selection import check_tolerance, parse_by, parse_where, s
 from posexp.reporting.views import parse_view, view_slug
 from posexp.runs.layout import (REPORT_FILES, REPORTS_DIR, RESULTS_JSON, SUMMARY_CSV, SUMMARY_MD, find_runs,
                                 is_run_dir, is_sweep_dir, runs_under)
+from posexp.runs.lock import find_finished_runs, still_running
 from posexp.runtime import terminal
 
 # the logger name users' logging filters and test captures have always seen
@@ -87,7 +88,7 @@ def report_main(paths: Sequence[str | os.PathLike] | str | os.PathLike, out: str
     check_tolerance(options.tolerance)
     lm_metrics, task_metrics = split_task_metrics(options.metrics)
     wanted = parse_view(options.view)
-    lm_dirs, task_report = _split_tasks(find_runs(paths), options, task_metrics, wanted)
+    lm_dirs, task_report = _split_tasks(find_finished_runs(paths), options, task_metrics, wanted)
     _check_metrics_apply(lm_metrics, task_metrics, bool(lm_dirs), task_report is not None)
     if task_report is not None and _sorts_by(options.sort) == ACCURACY:
         options = replace(options, sort=None)  # a task metric sorts the task table alone
@@ -283,10 +284,12 @@ def _warn_unfinished_jobs(paths: Sequence[str | os.PathLike], report: Optional[R
                             f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} (failed or still running) "
                             f"and {'are' if len(missing) > 1 else 'is'} not in the table"
                             for sweep, missing in unfinished_jobs(paths)] + list(sweep_notes)
-        report.warnings += [f"{folder}: no run in it has written its {RESULTS_JSON} yet (still training, stopped "
-                            "early, or the wrong folder), so it is not in the table" for folder in paths
-                            if len(paths) > 1 and Path(folder).is_dir() and not is_sweep_dir(folder)
-                            and not runs_under(folder)]  # one folder alone without a run is an error already
+        for folder in paths:  # one folder alone without a run is an error already
+            if len(paths) > 1 and Path(folder).is_dir() and not is_sweep_dir(folder) and not runs_under(folder):
+                running = still_running(folder)
+                report.warnings.append(f"{running}, so it is not in the table yet" if running else
+                                       f"{folder}: no run in it has written its {RESULTS_JSON} yet (still training, "
+                                       "stopped early, or the wrong folder), so it is not in the table")
 
 
 def sweep_summary(sweep_dir: str | os.PathLike) -> None:

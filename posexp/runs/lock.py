@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from posexp.errors import PosexpError
 from posexp.runs.atomic import atomic_write_text
-from posexp.runs.layout import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML, PPL_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON, TRAIN_LOG, WANDB_DIR, is_sweep_dir, iter_jobs, run_status)
+from posexp.runs.layout import (CHECKPOINT_DIR, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG, METRICS_CSV, MULTIRUN_YAML, PPL_PLOT, REPORT_ACCURACY_PLOT, REPORT_CURVE_PLOT, REPORT_MD, REPORT_PLOT, REPORT_POSITION_PLOT, REPORT_TRAINING_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_CSV, SUMMARY_MD, TENSORBOARD_DIR, TRACKERS_JSON, TRAIN_LOG, WANDB_DIR, find_runs, is_sweep_dir, iter_jobs, run_status)
 
 HYDRA_OUTPUT = ".hydra"
 # What a run writes into its folder: a folder holding one of these is a run's, not a free one.
@@ -134,6 +134,54 @@ def _holder(path: Path, patience: float = 2.0) -> tuple[str, str]:
             if time.monotonic() > deadline:
                 return TRAINING, "another posexp process"
             time.sleep(0.05)
+
+
+def still_running(folder: str | os.PathLike) -> Optional[str]:
+    """Why run folder ``folder`` has no ``results.json`` yet when another process holds its claim, in one line naming
+    that process; None when it has one, or no process holds it (the run stopped early, or there never was one).
+
+    A holder keeps the claim until it has written ``results.json`` (or dies, and the kernel lets it go). The claim is
+    probed with a shared flock taken and let go at once.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: no claim to read
+        return None
+    if (Path(folder) / RESULTS_JSON).is_file():
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        doing, who = _holder(Path(folder), patience=0)
+        return (f"{folder}: the run is still running ({who} is {doing} in it); its {RESULTS_JSON} is written when "
+                "training and evaluation finish")
+    finally:
+        os.close(fd)  # lets the probe's lock go
+    return None
+
+
+def find_finished_runs(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> list[Path]:
+    """:func:`~posexp.runs.layout.find_runs`, where folders with no run in them are refused saying so when one of them
+    (or a job of a sweep among them) is still training, instead of asking whether the run stopped early.
+
+    Raises:
+        PosexpError: as :func:`~posexp.runs.layout.find_runs`, or :func:`still_running`'s line.
+    """
+    given = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    try:
+        return find_runs(given)
+    except PosexpError:
+        if not given or not all(p.is_dir() for p in given):  # a folder missing, or a file: find_runs said which
+            raise
+        jobs = [job for p in given for job in (iter_jobs(p) if is_sweep_dir(p) else [p])]
+        running = next(filter(None, map(still_running, jobs)), None)
+        if running is None:
+            raise
+        raise PosexpError(running) from None
 
 
 def _write_note(path: Path, doing: str) -> None:

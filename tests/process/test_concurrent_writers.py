@@ -203,3 +203,24 @@ def test_two_exports_into_one_new_folder_at_once_the_second_is_refused(trained, 
     reference = export_run(run_dir, tmp_path / "scratch" / "reference").folder
     assert sorted(p.name for p in (tmp_path / "same").iterdir()) == sorted(
         p.name for p in reference.iterdir())  # the first's export, whole, no claim note left
+
+
+def test_a_run_still_training_is_said_to_be_running_not_to_have_stopped_early(trained, tmp_path):
+    """Its results.json comes at the end: report, eval, export and analyze of it name the process training there,
+    where a folder nobody holds keeps asking whether the run stopped early."""
+    training, finished = tmp_path / "training", tmp_path / "run"
+    shutil.copytree(trained, finished)
+    (training / ".hydra").mkdir(parents=True)
+    (training / "metrics.csv").write_text("step,tokens,loss,lr,tokens_per_s,elapsed_s\n")
+    commands = [("report", str(training)), ("eval", str(training)), ("export", str(training), str(tmp_path / "hf")),
+                ("analyze", str(training))]
+    with held_by(training, "training"):
+        said = [invoke(*args) for args in commands]
+        beside = invoke("report", str(training), str(finished), "--out", str(tmp_path / "report"))
+    for result in said:
+        assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
+        assert f"{training}: the run is still running (another posexp process (posexp, pid" in result.output
+        assert "is training in it" in result.output and "stop early" not in result.output
+    assert beside.exit_code == 0 and "is training in it" in beside.output and "stopped early" not in beside.output
+    stopped = invoke("report", str(training))
+    assert stopped.exit_code == 2 and "did the run stop early" in stopped.output

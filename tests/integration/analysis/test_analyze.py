@@ -271,3 +271,31 @@ def test_analyze_trained_run(tmp_path):
     assert (run / "analysis" / "attention_entropy.png").is_file()
     proc = invoke_main("analyze", str(run), "analyze.lenght=3", cwd=tmp_path)
     assert proc.exit_code == 2 and "analyze.lenght" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_randomized_runs_attention_is_read_at_its_eval_positions_and_not_past_its_range(tiny, tmp_path,
+                                                                                          monkeypatch):
+    # Ruoss et al. 2023: the run reads a length at sorted positions drawn from its range, and no length past it
+    from helpers import invoke
+    from posexp.commands.train import run_train
+    from posexp.model.gpt import GPT
+    from posexp.model.positions import PositionPlan
+
+    run = tmp_path / "run"
+    cfg = tiny("train.steps=2", "train.positions=randomized", "train.max_position=64")
+    run_train(cfg, run, [])
+    read: dict[int, list] = {}
+    forward = GPT.forward
+
+    def spy(self, idx, pos=None):
+        read.setdefault(idx.shape[1], []).append(None if pos is None else pos.tolist())
+        return forward(self, idx, pos)
+
+    monkeypatch.setattr(GPT, "forward", spy)
+    result = invoke("analyze", str(run), "analyze.multiples=[1,2,4]", "analyze.tokens=256", "analyze.figures=false")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((run / "analysis" / "analysis.json").read_text())["attention"]
+    assert [r.get("windows", 0) > 0 for r in rows] == [True, True, False]
+    assert "0..63 (train.max_position)" in rows[2]["not_applicable"]
+    plan = PositionPlan(cfg)
+    assert set(read) == {32, 64} and all(pos == plan.eval_positions(n).tolist() for n in read for pos in read[n])

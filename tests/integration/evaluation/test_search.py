@@ -139,6 +139,65 @@ def test_a_target_past_a_randomized_runs_positions_is_refused_in_one_line(tiny, 
     assert "Traceback" not in result.output and not (run / "longrope").exists()
 
 
+@pytest.mark.parametrize("objective", ["ppl", "needle"])
+def test_a_randomized_runs_candidates_are_read_at_the_positions_its_eval_reads(tiny, tmp_path, monkeypatch, objective):
+    # Ruoss et al. 2023: the run's own eval draws sorted positions from its range; a search scoring its candidates at
+    # 0..L-1 would rank them by positions the run never reads
+    from posexp.commands.train import run_train
+    from posexp.model.gpt import GPT
+    from posexp.model.positions import PositionPlan
+
+    cfg = tiny("train.steps=2", "train.positions=randomized", "train.max_position=512")
+    run_train(cfg, tmp_path / "run", [])
+    read: list = []
+    token_losses = GPT.token_losses
+
+    def spy(self, idx, targets, pos=None):
+        read.append(None if pos is None else pos.tolist())
+        return token_losses(self, idx, targets, pos)
+
+    monkeypatch.setattr(GPT, "token_losses", spy)
+    result = invoke("search", str(tmp_path / "run"), "--target-len", "300", "--objective", objective, "--needles", "2",
+                    "--tokens", "128", "--population", "4", "--generations", "0", "--parents", "2")
+    assert result.exit_code == 0, result.output
+    assert read and all(pos == PositionPlan(cfg).eval_positions(300).tolist() for pos in read)
+
+
+def test_a_fine_tune_that_trained_a_scaling_is_refused_as_posexp_eval_refuses_longrope_on_top(run, tmp_path):
+    # its rotary is the parent's extended by yarn: the search scored LongRoPE in its place, then printed an eval and
+    # a finetune command that both refuse the run
+    child = tmp_path / "ft"
+    tuned = invoke("finetune", str(run), "train_len=64", "scaling=yarn", "train.steps=2", "train.progress=false",
+                   "train.threads=1", "precision=fp32", "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={child}")
+    assert tuned.exit_code == 0, tuned.output
+    result = invoke("search", str(child), "--target-len", "128", *SMALL)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0, result.output
+    assert "scaling=yarn" in said and f"search its parent {run}" in said
+    assert "Traceback" not in result.output and not (child / "longrope").exists()
+
+
+def test_a_direct_fine_tune_is_searched_and_offered_only_the_eval_its_factors_take(run, tmp_path):
+    # posexp finetune refuses a fine-tune ("fine-tune a run trained from scratch"): no such command is printed
+    child = tmp_path / "ft"
+    tuned = invoke("finetune", str(run), "train_len=64", "train.steps=2", "train.progress=false", "train.threads=1",
+                   "precision=fp32", "eval.multiples=[1]", "eval.tokens=256", f"hydra.run.dir={child}")
+    assert tuned.exit_code == 0, tuned.output
+    result = invoke("search", str(child), "--target-len", "128", *SMALL)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert f"posexp eval {child} eval.scaling=longrope" in said and "posexp finetune" not in said
+
+
+def test_a_search_continues_whichever_way_its_run_folder_is_spelt(run):
+    # the same run, from its parent folder and by its absolute path: the same search, not "other settings (model)"
+    quick = ("--tokens", "256", "--population", "4", "--generations", "0", "--parents", "2")
+    assert invoke("search", run.name, "--target-len", "64", *quick, cwd=run.parent).exit_code == 0
+    again = invoke("search", str(run.resolve()), "--target-len", "64", *quick)
+    assert again.exit_code == 0, again.output
+    assert "resuming with 4 scored" in " ".join(again.output.split())
+
+
 def test_another_search_in_the_same_folder_is_refused_unless_restarted(run, tmp_path):
     quick = ("--tokens", "256", "--population", "4", "--generations", "0")
     assert invoke("search", str(run), "--target-len", "64", *quick, "--parents", "2").exit_code == 0

@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from posexp.config.schema import EvalConfig  # noqa: E402
+from posexp.config.schema import EvalConfig, TrainConfig  # noqa: E402
 from posexp.encoders import create  # noqa: E402
 from posexp.errors import PosexpError  # noqa: E402
 from posexp.hf.architectures import EXPORTABLE, build, plan  # noqa: E402
@@ -184,8 +184,9 @@ def test_a_run_whose_tokens_are_not_text_is_refused_in_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def _cfg(name: str):
-    return types.SimpleNamespace(encoder={"name": name}, train_len=TRAIN_LEN, eval=EvalConfig())
+def _cfg(name: str, positions: str = "contiguous"):
+    return types.SimpleNamespace(encoder={"name": name}, train_len=TRAIN_LEN, eval=EvalConfig(),
+                                 train=TrainConfig(positions=positions))
 
 
 def _random_model(shape: ModelShape, name: str, **options) -> GPT:
@@ -230,6 +231,17 @@ def test_an_option_without_an_exact_counterpart_is_refused_saying_what_to_train(
     with pytest.raises(PosexpError) as e:
         plan(_random_model(shape, name, **options), _cfg(name))
     assert "\n" not in str(e.value) and says in str(e.value)
+
+
+@pytest.mark.parametrize("name", EXPORTABLE)
+def test_a_run_evaluated_at_randomized_positions_is_refused_as_a_transformers_model_reads_0_to_l(name):
+    """Such a run's own eval reads sorted random positions (Ruoss et al. 2023): an export would not give its logits."""
+    shape = ModelShape(d_model=32, n_heads=2, norm_bias=name != "alibi")
+    with pytest.raises(PosexpError) as e:
+        plan(_random_model(shape, name), _cfg(name, "randomized"))
+    assert "\n" not in str(e.value) and "train.positions=randomized" in str(e.value)
+    for evaluated_at_0_to_l in ("contiguous", "pose"):  # PoSE changes training only
+        assert plan(_random_model(shape, name), _cfg(name, evaluated_at_0_to_l)).architecture
 
 
 def test_a_model_without_norm_biases_keeps_earlier_runs_as_they_were():

@@ -215,3 +215,22 @@ def test_hybrid_presets_build_three_sliding_rope_layers_per_global_nope_layer(co
     assert [e.name for e in layers] == ["rope", "rope", "rope", "none"]
     assert all(e.layer_window == spec.train_len // 2 and not e.layer_chunked for e in layers[:3])
     assert layers[3].attn_scale == attn_scale
+
+
+def test_a_mix_builds_its_parts_at_the_runs_train_len_as_their_own_encoders_do(compose):
+    """HoPE and FoPE keep the frequencies completing a period in train_len: in a mix, the run's, not their default."""
+    from posexp.commands.edge import typed
+    from posexp.commands.train import check_config
+    from posexp.model.factory import build_encoder
+
+    spec = check_config(compose("encoder=mixed", "encoder.layers=[hope,fope]", "train_len=512"))
+    hope, fope = build_encoder(spec).for_layers(spec.model.n_layers)
+    alone = build_encoder(check_config(compose("encoder=hope", "train_len=512")))
+    assert (hope.train_len, fope.train_len) == (512, 512) and hope.n_kept == alone.n_kept
+    given = check_config(compose("encoder=mixed", "encoder.layers=[hope,none]", "train_len=512",
+                                 "encoder.options={hope:{train_len:64}}"))
+    assert build_encoder(given).for_layers(2)[0].train_len == 64  # an option given for the part wins
+    # a mix saved before it took train_len: its parts were built at 128, and are rebuilt as they trained
+    earlier = typed(compose("encoder=mixed", "encoder.layers=[hope,none]", "train_len=512"))
+    del earlier.encoder["train_len"]
+    assert build_encoder(earlier).for_layers(2)[0].train_len == 128
