@@ -197,6 +197,6 @@ class Group:
 def cells(run: Run, report: Report) -> dict[int, Stat]:
     """length -> the :class:`~posexp.reporting.stats.Stat` of ``run``'s rows the table shows: the field of the
     report's kind, scaled (:data:`posexp.reporting.metrics.CELLS`)."""
-    name, scale = CELLS[report.kind]
+    name, scale, _ = CELLS[report.kind]
     return {n: Stat(ok, *(None if v is None else scale * v for v in values))
             for n, (ok, *values) in read_values(report.shown(run), name).items()}

@@ -15,6 +15,7 @@ class Accuracy(ValueAt):
     kind, pattern, forms = "acc", "acc@{at}", "acc@Kx (e.g. acc@4x), acc@N (N tokens)"
     applies, better, decimals, scale = ACCURACY, HIGHER, 1, 100.0
     relative = False  # a difference in percentage points: a % of the reference's % would read as points
+    bounds = (0.0, 100.0)
     examples: ClassVar[tuple[str, ...]] = ("acc@2x", "acc@4x")
 
     def describe(self, metric: Metric, report: Any) -> str:

@@ -36,6 +36,23 @@ def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(
     assert group.metrics["maxlen@acc80"].mean == pytest.approx(128)
 
 
+def test_the_interval_of_an_accuracy_over_seeds_stays_within_0_and_100_percent(tmp_path):
+    """Two seeds at 90% and 100%: t(0.975, 1) = 12.7 made it 95 ± 63.5, up to 158.5%. The t-interval is cut at
+    100% (and 0%), said as [low, high]; one inside the bounds keeps its ± form."""
+    runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2, 256: acc4}, seed=s))
+            for s, acc2, acc4 in ((0, 0.9, 0.5), (1, 1.0, 0.1))]
+    report = build_task_report(runs, ["encoder"], ["acc@2x", "acc@4x"])
+    (group,) = report.groups
+    for stat in (group.cells[128], group.cells[256], group.metrics["acc@2x"], group.metrics["acc@4x"]):
+        assert 0.0 <= stat.low <= stat.mean <= stat.high <= 100.0
+    assert group.cells[128].low == pytest.approx(95.0 - 63.53, abs=0.01) and group.cells[128].high == 100.0
+    assert (group.cells[256].low, group.cells[256].high) == (0.0, 100.0)
+    text = "\n".join(task_table_lines(report))
+    assert "| 95.0 [31.5, 100.0] | 30.0 [0.0, 100.0] |" in text and "± 63.5" not in text
+    assert "cut there" in text
+    assert group.cells[64].text(1) == "100.0 ± 0.0"
+
+
 def test_a_single_run_shows_its_wilson_interval_and_not_applicable_lengths(tmp_path):
     run = read_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
     (group,) = build_task_report([run]).groups
