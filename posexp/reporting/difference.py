@@ -227,9 +227,12 @@ def interval_text(diff: Difference, decimals: int) -> str:
     """``+3.04 (+12.1%) [−0.28, +6.37]``: the difference, in % of the reference's mean, and its 95% interval."""
     if diff.difference is None:
         return "—"
-    text = fmt_signed(diff.difference, decimals)
-    if diff.relative is not None:
-        text += f" ({fmt_signed(diff.relative, 1 if abs(diff.relative) >= 1 or not diff.relative else 2)}%)"
+    relative = None if diff.relative is None else \
+        fmt_signed(diff.relative, 1 if abs(diff.relative) >= 1 or not diff.relative else 2)
+    # a difference that rounds to zero beside a percentage that does not keeps the sign the percentage shows
+    text = fmt_signed(diff.difference, decimals, keep_sign=relative is not None and float(relative[1:]) != 0)
+    if relative is not None:
+        text += f" ({relative}%)"
     if diff.low is None or diff.high is None:
         return text
     return f"{text} [{fmt_signed(diff.low, decimals)}, {fmt_signed(diff.high, decimals)}]"

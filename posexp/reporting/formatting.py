@@ -48,9 +48,13 @@ def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -
     return fmt_signed(value, decimals) if signed else fmt_fixed(value, decimals)
 
 
-def fmt_signed(value: Optional[float], decimals: int = 2) -> str:
-    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); :data:`MISSING` for None."""
-    return MISSING if value is None else _unsigned_zero(f"{value:+.{decimals}f}", "+").replace("-", "−")
+def fmt_signed(value: Optional[float], decimals: int = 2, keep_sign: bool = False) -> str:
+    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); :data:`MISSING` for None. One that rounds to zero is
+    ``+0.00``, unless ``keep_sign``: ``−0.000`` for a difference whose percentage beside it shows its sign."""
+    if value is None:
+        return MISSING
+    text = f"{value:+.{decimals}f}"
+    return (text if keep_sign else _unsigned_zero(text, "+")).replace("-", "−")
 
 
 def _unsigned_zero(text: str, sign: str = "") -> str:

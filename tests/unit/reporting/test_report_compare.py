@@ -14,7 +14,7 @@ from rich.console import Console
 
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, render_json, report_main
-from posexp.reporting.compare import Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
+from posexp.reporting.compare import Difference, Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
 from posexp.reporting.stats import (TTest, holm, mean_interval, runs_needed, runs_needed_equivalent,
                                     t_cdf, t_quantile, t_two_sided_p)
 from posexp.reporting.options import ReportOptions
@@ -387,6 +387,18 @@ def test_every_difference_is_also_relative_to_the_reference_mean(tmp_path):
     assert interval_text(diff, 3) == "+0.200 (+18.2%) [−0.048, +0.448]"
     assert json.loads(render_json(report))["comparison"]["differences"][0]["relative"] == pytest.approx(18.1818, 1e-4)
     assert "base=1000 (+0.200 (+18.2%) [−0.048, +0.448])" in verdict_line(report.comparison, report.metrics[0])
+
+
+def test_a_difference_that_rounds_to_zero_has_the_sign_of_its_percentage(tmp_path):
+    """Seeds 0.0003 lower on ratio (about 2) printed "+0.000 (−0.02%)" beside "better": the signs disagreed."""
+    runs = ratio_runs(tmp_path, {100: [2.0, 2.01, 2.02], 1000: [1.9996, 2.0098, 2.0197]})
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
+    (diff,) = report.comparison.differences
+    assert diff.verdict == "better" and diff.difference == pytest.approx(-0.0003)
+    assert interval_text(diff, 3).startswith("−0.000 (−0.01%) [")
+    assert "base=1000 (−0.000 (−0.01%) [" in verdict_line(report.comparison, report.metrics[0])
+    vanishing = Difference("a", "ratio", "b", difference=-1e-12, relative=-5e-11)  # zero at every resolution shown
+    assert interval_text(vanishing, 3) == "+0.000 (+0.00%)"
 
 
 def test_a_metric_whose_zero_is_an_ordinary_value_has_no_percent_difference_nor_percent_margin(tmp_path):
