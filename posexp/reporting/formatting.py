@@ -36,9 +36,10 @@ def fmt_settings(settings: Any) -> str:
 
 
 def fmt_fixed(value: float, decimals: int) -> str:
-    """``value`` to ``decimals`` places; one that rounds to zero is ``0.000``, never ``-0.000`` (a flat slope of
-    -0.0001 is not a negative one)."""
-    return _unsigned_zero(f"{value:.{decimals}f}") if math.isfinite(value) else str(value)
+    """``value`` to ``decimals`` places, a negative one with a minus sign as :func:`fmt_signed` writes it
+    (``−0.050``, not a hyphen); one that rounds to zero is ``0.000``, never ``−0.000`` (a flat slope of −0.0001 is
+    not a negative one)."""
+    return (_unsigned_zero(f"{value:.{decimals}f}") if math.isfinite(value) else str(value)).replace("-", "−")
 
 
 def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -> str:

@@ -171,7 +171,8 @@ def _tabulars(table: Table) -> list[list[Section]]:
 def _latex_cell(cell: TableCell) -> str:
     if cell.math is None:
         return f"\\textbf{{{latex_escape(cell.text)}}}" if cell.best else latex_escape(cell.text)
-    return (f"\\mathbf{{{cell.math}}}" if cell.best else cell.math).join("$$")
+    number = cell.math.replace("−", "-")  # math mode sets its own minus from a hyphen
+    return (f"\\mathbf{{{number}}}" if cell.best else number).join("$$")
 
 
 def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
