@@ -70,7 +70,8 @@ def did_not_learn(run: Run) -> Optional[bool]:
         return None
     task = run.info.get("task") if isinstance(run.info.get("task"), dict) else {}
     chances = [chance_exact_match(str(task.get("name")), task.get("options") or {},
-                                  r["answer_tokens"] / r["examples"], r.get("size")) or 0.0 for r in plain
+                                  r["answer_tokens"] / r["examples"], r.get("size"), task.get("generator_version"))
+               or 0.0 for r in plain
                if r.get("length") == run.train_len and r.get("examples") and r.get("answer_tokens")]
     return value <= (sum(chances) / len(chances) if chances else 0.0) + NEAR_CHANCE
 

@@ -433,6 +433,27 @@ def test_a_babilong_model_that_always_says_one_word_is_at_chance_and_did_not_lea
         assert did_not_learn(read_run(run)) is not learned
 
 
+@pytest.mark.parametrize("version,learned", [(1, False), (2, True)])
+def test_an_old_qa7_run_is_judged_against_the_chance_of_its_own_instances(tmp_path, version, learned):
+    """qa7's version 1 instances answered "one" 87% of the time: a run of them at 90%, reported alone, was called
+    learned against the 1/4 of today's balanced instances. Its chance is that of the instances it was scored on."""
+    import numpy as np
+
+    from helpers.tasks import make
+
+    task = make("babilong", variant="qa7")
+    run = make_task_run(tmp_path / "qa7", {256: 0.9, 512: 0.5}, task="babilong", train_len=256)
+    recorded = json.loads((run / "results.json").read_text())
+    recorded["run"]["task"].update(options=task.options(), generator_version=version)
+    for row in recorded["rows"]:
+        row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
+    (run / "results.json").write_text(json.dumps(recorded))
+    assert did_not_learn(read_run(run)) is not learned
+    report = build_task_report([read_run(run)])
+    assert any("did not learn" in w for w in report.warnings) is not learned
+    assert np.isclose(task.chance(task.options(), 4.0, version=version), 22887 / 26329 if version == 1 else 0.25)
+
+
 def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):
     """RULER's effective length: a dip at 128 (a run that recovers) does not end it, as it ends maxlen@acc85."""
     run = read_run(make_task_run(tmp_path / "r", {64: 0.95, 128: 0.6, 256: 0.9, 512: 0.3}))
