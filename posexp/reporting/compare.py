@@ -25,13 +25,11 @@ from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIV
 from posexp.reporting.formatting import fmt_signed, joined, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
-from posexp.reporting.table import Comparison, Group  # Comparison is read from here too, as Margin is
+# Comparison and NOT_COMPARABLE are read from here too, as Margin is
+from posexp.reporting.table import NOT_COMPARABLE, Comparison, Group
 
 
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
-# flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
-NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length",
-                  "different instances"}  # the last: a task run's, scored on another generator's or options' instances
 
 
 def parse_baseline(baseline: Sequence[str] | str | None, by: list[str]) -> list[Filter]:

@@ -888,6 +888,19 @@ def test_a_stray_run_at_another_train_len_does_not_take_the_others_ratio_away(tm
     assert "different train length" in report.rows[2].flags
 
 
+def test_the_ratio_note_names_the_training_length_of_the_runs_compared_not_a_strays(tmp_path):
+    """Two runs at 128 and a stray at 256 (flagged, not compared): the note read "ppl at 512 / ppl at each run's own
+    training length (128; 256 for encoder=rope seed=1)", as if the stray were a fine-tune compared at its parent's."""
+    runs = [make_run(tmp_path / "a", {128: 3.0, 256: 3.5, 512: 4.0}, ["encoder=rope", "seed=0"]),
+            make_run(tmp_path / "b", {128: 3.0, 256: 3.4, 512: 3.9}, ["encoder=alibi", "seed=0"], encoder="alibi"),
+            make_run(tmp_path / "c", {128: 3.1, 256: 3.2, 512: 3.3, 1024: 3.6}, ["encoder=rope", "seed=1"],
+                     train_len=256)]
+    report = build_report(runs, ReportOptions(metrics="ratio"))
+    assert "different train length" in report.rows[2].flags
+    assert report.metrics[0].describe(report).startswith("ratio = ppl at 512 / ppl at the training length (128); ")
+    assert "256 for encoder=rope seed=1" in render_markdown(report)  # its training length, said where it is
+
+
 def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):
     """A model whose perplexity at its own training length is about what token frequencies alone give did not
     learn to read its context: a flat curve past 1x from it is no sign of extrapolation."""
