@@ -236,7 +236,8 @@ def comparison_table(comparison: Comparison, method: bool = True) -> Table:
                      TableCell(interval, under=interval.replace(" [", "\n[")), TableCell(p_text(d.p_adjusted)),
                      TableCell(d.text())])
     used = sorted({d.method for d in comparison.differences if d.method != NONE})
-    return Table(f"Each group − {comparison.reference} ({', '.join(used) or 'no interval'}, 95% interval)", columns,
+    how = f"{', '.join(used)}, 95% interval" if used else "no interval"
+    return Table(f"Each group − {comparison.reference} ({how})", columns,
                  [Section(rows)], compact=True, whole=True)
 
 

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, render_json, report_main
-from posexp.reporting.compare import Difference, Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
+from posexp.reporting.compare import Difference, Margin, comparison_table, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
 from posexp.reporting.stats import (TTest, holm, mean_interval, runs_needed, runs_needed_equivalent,
                                     t_cdf, t_quantile, t_two_sided_p)
 from posexp.reporting.options import ReportOptions
@@ -274,6 +274,16 @@ def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):
     assert (diff.verdict, diff.low, diff.high, diff.n) == ("no interval", None, None, 1)
     line = verdict_line(report.comparison, report.metrics[0])
     assert "no interval exists" in line and "`seed=0,1,2`" in line
+
+
+def test_a_comparison_without_any_interval_does_not_title_itself_a_95_percent_interval(tmp_path):
+    """One run a group: the table was titled "Each group − base=100 (no interval, 95% interval)"."""
+    runs = ratio_runs(tmp_path, {100: [1.2], 1000: [1.3]}, seeds=(0,))
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
+    assert comparison_table(report.comparison).title == "Each group − base=100 (no interval)"
+    paired = build_report(ratio_runs(tmp_path / "paired", {100: [1.2, 1.3], 1000: [1.3, 1.5]}, seeds=(0, 1)),
+                          ReportOptions(by="base", metrics="ratio"))
+    assert comparison_table(paired.comparison).title == "Each group − base=100 (paired t, 95% interval)"
 
 
 def test_seeds_that_differ_fall_back_to_welch(tmp_path):
