@@ -199,8 +199,10 @@ def _inconclusive_text(comparison: Comparison, diffs: list[Difference], decimals
     sized = [d for d in diffs if d.needed and d.needed <= 10_000]  # more: the table says so
     if sized:
         level = f"α = {ALPHA}" + (f"/{comparison.family}" if comparison.family > 1 else "")
-        counts = [f"{d.needed}" + (f" for {name(d.group)}" if len(sized) < len(diffs) else "") for d in sized]
-        text += (f": about {joined(counts)} seeds "
+        # named where some of them have no count here ("about 52 seeds for a"), never "about 52 for a seeds"
+        counts = ([f"{d.needed}" for d in sized] if len(sized) == len(diffs) else
+                  [f"{d.needed} seeds for {name(d.group)}" for d in sized])
+        text += (f": about {joined(counts)}{' seeds' if len(sized) == len(diffs) else ''} "
                  f"would be needed to resolve {'this difference' if len(sized) == 1 else 'each difference'}"
                  + (f" or show it equivalent within {comparison.margin}" if comparison.margin else "")
                  + f" (80% power, {level})")

@@ -286,6 +286,22 @@ def test_a_comparison_without_any_interval_does_not_title_itself_a_95_percent_in
     assert comparison_table(paired.comparison).title == "Each group − base=100 (paired t, 95% interval)"
 
 
+def test_seeds_needed_for_some_of_the_groups_are_named_by_their_group():
+    """Of two inconclusive groups one needs more than 10,000 seeds (the table says so): the line read "about 52 for
+    encoder=alibi seeds would be needed"."""
+    from posexp.reporting.selection import parse_metric
+    from posexp.reporting.table import Comparison
+
+    diffs = [Difference(group, "auc", "encoder=rope", 0.01, -0.4, 0.4, 2, "paired t", "inconclusive", needed=needed)
+             for group, needed in (("base=10000", 20000), ("encoder=alibi", 52))]
+    comparison = Comparison("encoder=rope", [parse_metric("auc")], ["encoder"], diffs, {"auc": 3}, family=2)
+    line = verdict_line(comparison, parse_metric("auc"))
+    assert "at n = 2: about 52 seeds for encoder=alibi would be needed to resolve this difference" in line, line
+    diffs[0].needed = 12
+    line = verdict_line(comparison, parse_metric("auc"))
+    assert "at n = 2: about 12 and 52 seeds would be needed to resolve each difference" in line, line
+
+
 def test_seeds_that_differ_fall_back_to_welch(tmp_path):
     runs = (ratio_runs(tmp_path / "a", {100: [1.2, 1.25, 1.3]}, seeds=(0, 1, 2))
             + ratio_runs(tmp_path / "b", {1000: [1.3, 1.35, 1.4]}, seeds=(5, 6, 7)))
