@@ -711,6 +711,20 @@ def test_where_on_a_list_valued_key_matches_the_list_as_the_command_line_spells_
     assert kept("eval.multiples=[1,2,4],[1,2]") == ["mixed", "rope"]  # either of two lists
 
 
+def test_where_and_baseline_find_nope_whose_encoder_is_named_none(tmp_path):
+    """NoPE is encoder=none: --where encoder=none matched no run ("they have encoder rope, none") and --baseline
+    encoder=none no group ("the groups are: encoder=rope; encoder=none"), "none" being read as null only."""
+    runs = [make_run(tmp_path / f"{enc}{seed}", {128: 3.0, 256: 3.3 + enc.startswith("n") + seed / 10},
+                     [f"encoder={enc}", f"seed={seed}"], encoder=enc, base=10000.0 if enc == "rope" else None,
+                     seed=seed) for enc in ("rope", "none") for seed in (0, 1)]
+    assert [r.label for r in build_report(runs, ReportOptions(where="encoder=none")).rows] == ["seed=0", "seed=1"]
+    assert len(build_report(runs, ReportOptions(where="base=none")).rows) == 2  # a null value still matches
+    with pytest.raises(PosexpError, match="no run matches encoder=null"):  # no encoder is missing
+        build_report(runs, ReportOptions(where="encoder=null"))
+    report = build_report(runs, ReportOptions(by="encoder", baseline="encoder=none", metrics="ratio"))
+    assert report.comparison.reference == "encoder=none"
+
+
 @pytest.mark.parametrize("kwargs, option, allowed", [
     ({"by": "encoder,modle.n_layers"}, "--by", "model.n_layers"),
     ({"where": "nokey=1"}, "--where", "encoder"),
