@@ -165,8 +165,8 @@ INTRO = ("Exact-match accuracy (%) of the whole answer, teacher-forced, on the s
 
 
 BOLD = "Bold: the best value of its column (the highest accuracy and length); ties are all bold."
-CUT = ("[low, high]: the 95% t-interval over the runs where it would pass 0 or 100%, cut there (an accuracy lies "
-       "within them); mean ± its half-width elsewhere.")
+CUT = ("[low, high]: the 95% t-interval over the runs where it would pass 0 or 100% (an accuracy lies within them) "
+       "or 0 tokens (a length), cut there; mean ± its half-width elsewhere.")
 
 
 def _task_section(report: Report, task: str) -> Section:

@@ -143,8 +143,8 @@ class MetricSpec:
             of ``2%``): the metric's zero is no value a run can have (perplexity, a ratio, a length). False for a
             difference or an exponent (``gain``, ``slope``), whose 0 is an ordinary value: a % of a mean near it
             reads as a huge change.
-        bounds: the lowest and highest value a run can have (an accuracy in %: 0 and 100), where an interval over
-            runs is cut (:func:`~posexp.reporting.stats.aggregate_stat`); None: unbounded.
+        bounds: the lowest and highest value a run can have (an accuracy in %: 0 and 100; a length: 0 and inf),
+            where an interval over runs is cut (:func:`~posexp.reporting.stats.aggregate_stat`); None: unbounded.
     """
 
     kind: ClassVar[str]

@@ -53,6 +53,16 @@ def test_the_interval_of_an_accuracy_over_seeds_stays_within_0_and_100_percent(t
     assert group.cells[64].text(1) == "100.0 ± 0.0"
 
 
+def test_the_interval_of_a_length_over_seeds_does_not_go_below_0_tokens(tmp_path):
+    """maxlen@acc90 of 64 and 128 tokens over two seeds read 96 ± 407: down to −311 tokens."""
+    runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2}, seed=s)) for s, acc2 in ((0, 0.95), (1, 0.5))]
+    (group,) = build_task_report(runs, ["encoder"], ["maxlen@acc90", "efflen@90", "maxlen@rel90"]).groups
+    for name in ("maxlen@acc90", "efflen@90", "maxlen@rel90"):
+        stat = group.metrics[name]
+        assert stat.mean == 96 and stat.low == 0.0 and stat.high == pytest.approx(96 + 12.706 * 32, abs=0.1)
+        assert stat.text(0) == f"96 [0, {stat.high:.0f}]"
+
+
 def test_a_single_run_shows_its_wilson_interval_and_not_applicable_lengths(tmp_path):
     run = read_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
     (group,) = build_task_report([run]).groups
