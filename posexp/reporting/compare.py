@@ -117,7 +117,7 @@ def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Gr
             if not comparable(group):
                 diff.reason = "measured differently: " + "; ".join(group.flags)
             else:
-                fill_difference(diff, _seeded(group, metric.name), _seeded(reference, metric.name))
+                fill_difference(diff, _seeded(group, metric.name), _seeded(reference, metric.name), metric.spec.bounds)
             comparison.differences.append(diff)
     comparison.family = judge(comparison.differences, margin)
     return comparison

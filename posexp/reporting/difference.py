@@ -153,10 +153,14 @@ class Difference:
                 "verdict_text": self.text(), "n_needed": self.needed, "reason": self.reason}
 
 
-def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[tuple[Any, float]]) -> None:
+def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[tuple[Any, float]],
+                    bounds: Optional[tuple[float, float]] = None) -> None:
     """Set ``diff``'s test and numbers from the two groups' (seed, value) lists; :func:`judge` gives the verdict.
 
     Paired over the seeds both share (two or more), else Welch's test (two or more runs each), else no interval.
+    ``bounds``: those of the metric's values (:attr:`MetricSpec.bounds`), between which a difference lies within
+    ±(high − low): its interval is cut there, as :func:`~posexp.reporting.stats.aggregate_stat` cuts one of values
+    (two accuracies differ by at most 100 points).
     """
     if not mine or not ref:
         diff.reason = "no value in " + ("this group" if not mine else "the reference group")
@@ -180,6 +184,8 @@ def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[t
     if diff.test is not None:
         diff.difference, diff.p = diff.test.difference, diff.test.p_value()
         diff.low, diff.high = diff.test.interval(CONFIDENCE)
+        if bounds is not None and math.isfinite(span := bounds[1] - bounds[0]):
+            diff.low, diff.high = max(diff.low, -span), min(diff.high, span)
     diff.reference_mean = math.fsum(reference) / len(reference)
     if diff.reference_mean and diff.difference is not None and diff.scaled:
         diff.relative = 100 * diff.difference / abs(diff.reference_mean)

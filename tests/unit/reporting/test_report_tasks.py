@@ -53,6 +53,17 @@ def test_the_interval_of_an_accuracy_over_seeds_stays_within_0_and_100_percent(t
     assert group.cells[64].text(1) == "100.0 ± 0.0"
 
 
+def test_the_interval_of_a_difference_of_accuracies_stays_within_100_points(tmp_path):
+    """acc@4x of 50% and 10% against 0% and 5% over two paired seeds: the difference −27.50 read [−313.39, +258.39]
+    points, though two accuracies differ by 100 points at most."""
+    runs = [read_run(make_task_run(tmp_path / f"{enc}{s}", {64: 1.0, 256: acc4}, encoder=enc, seed=s))
+            for enc, accs in (("rope", (0.5, 0.1)), ("alibi", (0.0, 0.05))) for s, acc4 in enumerate(accs)]
+    report = build_task_report(runs, ["encoder"], ["acc@4x"])
+    (diff,) = report.comparisons["copy"].differences
+    assert diff.difference == pytest.approx(-27.5) and (diff.low, diff.high) == (-100.0, 100.0)
+    assert "−27.50 [−100.00, +100.00]" in "\n".join(task_table_lines(report))
+
+
 def test_the_interval_of_a_length_over_seeds_does_not_go_below_0_tokens(tmp_path):
     """maxlen@acc90 of 64 and 128 tokens over two seeds read 96 ± 407: down to −311 tokens."""
     runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2}, seed=s)) for s, acc2 in ((0, 0.95), (1, 0.5))]
