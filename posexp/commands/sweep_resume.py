@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from posexp.errors import PosexpError
-from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, run_status, sweeps_under
+from posexp.reporting.frame import sweeps_under
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, run_status
 
 DEFAULT_SUBDIR = "${hydra.job.num}"
 # the sweeps posexp resume finishes, by the app that ran them: its command starts a job that never started

@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.runs import Run, read_runs
 from posexp.reporting.selection import ABSENT, config_value, flatten_config, did_you_mean
-from posexp.runs.layout import RESULTS_JSON, find_runs, iter_jobs, sweeps_under
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, find_runs, is_sweep_dir, iter_jobs
 from posexp.runs.row import ROW_KEY
 
 LM_TASK = "lm"  # the task column of a language-modelling run (task=lm)
@@ -117,9 +117,18 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
     return records_table([record for run in runs for record in run_records(run, keys)], keys)
 
 
+def sweeps_under(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The sweep folders among ``paths`` and under them (``outputs/`` holds ``multirun/DATE/TIME``), each once."""
+    found: list[Path] = []
+    for root in map(Path, paths):
+        found += [root] if is_sweep_dir(root) else []
+        found += sorted(p.parent for p in root.rglob(MULTIRUN_YAML) if p.parent != root) if root.is_dir() else []
+    return list(dict.fromkeys(found))
+
+
 def unfinished_jobs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[Path, list[str]]]:
     """(sweep folder, its jobs that wrote no ``results.json`` yet: still running, or failed) for each sweep folder
-    of ``paths`` and under them (:func:`~posexp.runs.layout.sweeps_under`) with such jobs."""
+    of ``paths`` and under them (:func:`sweeps_under`) with such jobs."""
     sweeps = sweeps_under([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     return [(sweep, missing) for sweep in sweeps
             if (missing := [d.name for d in iter_jobs(sweep) if not (d / RESULTS_JSON).is_file()])]

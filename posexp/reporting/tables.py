@@ -176,11 +176,9 @@ def _latex_cell(cell: TableCell) -> str:
 
 
 def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
-                stacked: bool = False, room: Optional[int] = None, fold: bool = False,
-                widths: Optional[dict[int, int]] = None) -> Any:
+                stacked: bool = False, room: Optional[int] = None, fold: bool = False) -> Any:
     """``room``: the width the last columns (flags) may take, where Rich's own narrowing would not wrap them;
-    ``fold``: a whole table's labels fold anywhere, their words too (where it does not fit with them whole);
-    ``widths``: a whole table's label columns' widths (it shows every column), by column."""
+    ``fold``: a whole table's labels fold anywhere, their words too (where it does not fit with them whole)."""
     from rich import box
     from rich.table import Table as RichTable
     from rich.text import Text
@@ -202,7 +200,7 @@ def _rich_table(table: Table, section: Section, shown: list[int], title: Optiona
             widest = max([len(column.name), *(len(row[i].text) for row in section.rows)])
             out.add_column(name, overflow="fold",  # whole: a label folds inside a word only where it must
                            min_width=(None if fold else min(word, column.min_width)) if table.whole else
-                           max(word, min(widest, column.min_width)) or None, width=(widths or {}).get(i))
+                           max(word, min(widest, column.min_width)) or None)
         else:  # stacked: a long header on two lines too ("128\n(train)", "maxlen\n@10%")
             header = name.replace(" (", "\n(").replace("@", "\n@") if stacked and not table.whole else name
             out.add_column(header, justify="right", no_wrap=not column.wrap,
@@ -295,7 +293,8 @@ def rich_tables(table: Table, width: int) -> list[Any]:
                             caption if g == len(groups) - 1 else None, natural > width)
             built = whole()
             if not _prints_within(built, width) and table_width(built) <= width:  # its labels fit whole, wrapped
-                built = whole(widths=_label_widths(built, width))
+                for i, label_width in _label_widths(built, width).items():
+                    built.columns[i].width = label_width
             out.append(built if _prints_within(built, width) else whole(fold=True))
             continue
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width

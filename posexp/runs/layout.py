@@ -39,7 +39,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 
 from posexp.errors import PosexpError
@@ -192,15 +192,6 @@ def find_runs(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> list[Pa
 def is_sweep_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a Hydra sweep folder (it holds ``multirun.yaml``)."""
     return (Path(path) / MULTIRUN_YAML).is_file()
-
-
-def sweeps_under(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """The sweep folders among ``paths`` and under them (``outputs/`` holds ``multirun/DATE/TIME``), each once."""
-    found: list[Path] = []
-    for root in map(Path, paths):
-        found += [root] if is_sweep_dir(root) else []
-        found += sorted(p.parent for p in root.rglob(MULTIRUN_YAML) if p.parent != root) if root.is_dir() else []
-    return list(dict.fromkeys(found))
 
 
 # -- results.json ---------------------------------------------------------------------------------
