@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from posexp.errors import PosexpError
-from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, is_sweep_dir, run_status
+from posexp.reporting.frame import sweeps_under
+from posexp.runs.layout import MULTIRUN_YAML, RESULTS_JSON, run_status
 
 DEFAULT_SUBDIR = "${hydra.job.num}"
 # the sweeps posexp resume finishes, by the app that ran them: its command starts a job that never started
@@ -87,12 +88,13 @@ def plan_sweep(sweep: Path) -> SweepPlan:
 
 
 def unstarted_jobs(folders: Iterable[Path]) -> list[str]:
-    """A line for the report of each sweep of ``folders`` stopped before some of its jobs started, naming them (they
-    are in no table) and what finishes the sweep; none for a sweep posexp resume does not finish."""
+    """A line for the report of each sweep of ``folders`` and under them (``posexp report outputs/``) stopped before
+    some of its jobs started, naming them (they are in no table) and what finishes the sweep; none for a sweep posexp
+    resume does not finish."""
     from posexp.commands.sweeps import job_list
 
     lines = []
-    for sweep in (Path(f) for f in folders if is_sweep_dir(f)):
+    for sweep in sweeps_under(folders):
         try:
             plan = plan_sweep(sweep)
         except PosexpError:

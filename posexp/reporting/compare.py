@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from posexp.errors import ConfigError
 # Margin, parse_margin, interval_text and window_verdicts are read from here too, by those who compare groups
@@ -25,13 +25,11 @@ from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIV
 from posexp.reporting.formatting import fmt_signed, joined, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
-from posexp.reporting.table import Comparison, Group  # Comparison is read from here too, as Margin is
+# Comparison and NOT_COMPARABLE are read from here too, as Margin is
+from posexp.reporting.table import NOT_COMPARABLE, Comparison, Group
 
 
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
-# flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
-NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length",
-                  "different instances"}  # the last: a task run's, scored on another generator's or options' instances
 
 
 def parse_baseline(baseline: Sequence[str] | str | None, by: list[str]) -> list[Filter]:
@@ -119,7 +117,7 @@ def compare_groups(groups: Sequence[Group], metrics: list[Metric], reference: Gr
             if not comparable(group):
                 diff.reason = "measured differently: " + "; ".join(group.flags)
             else:
-                fill_difference(diff, _seeded(group, metric.name), _seeded(reference, metric.name))
+                fill_difference(diff, _seeded(group, metric.name), _seeded(reference, metric.name), metric.spec.bounds)
             comparison.differences.append(diff)
     comparison.family = judge(comparison.differences, margin)
     return comparison
@@ -140,38 +138,40 @@ def _are(items: list) -> str:
     return "is" if len(items) == 1 else "are"
 
 
-def verdict_line(comparison: Comparison, metric: Metric) -> str:
-    """The comparison on ``metric`` in one plain sentence (or a few, joined), e.g. for the table's notes."""
+def verdict_line(comparison: Comparison, metric: Metric, name: Callable[[str], str] = str) -> str:
+    """The comparison on ``metric`` in one plain sentence (or a few, joined), e.g. for the table's notes; ``name``:
+    how a group's label is written (:func:`~posexp.reporting.formatting.md_escape` in markdown)."""
     diffs = comparison.of_metric(metric.name)
     decimals = comparison.decimals[metric.name]
     used = sorted({d.method for d in diffs if d.method != NONE})
+    reference = name(comparison.reference)
     head = (f"{metric.name} ({metric.spec.better} is better), each group − "
-            f"{comparison.reference}" + (f" ({', '.join(used)}, 95%)" if used else "") + ": ")
+            f"{reference}" + (f" ({', '.join(used)}, 95%)" if used else "") + ": ")
     parts = []
     for verdict in (BETTER, WORSE):
         hits = [d for d in diffs if d.verdict == verdict]
         if hits:
-            items = [f"{d.group} ({interval_text(d, decimals)}, n = {d.n}, Holm-adjusted p {_p_phrase(d.p_adjusted)})"
-                     for d in hits]
+            items = [f"{name(d.group)} ({interval_text(d, decimals)}, n = {d.n}, Holm-adjusted p "
+                     f"{_p_phrase(d.p_adjusted)})" for d in hits]
             parts.append(f"{joined(items)} {_are(hits)} {verdict}")
     same = [d for d in diffs if d.verdict == EQUIVALENT]
     if same:
-        parts.append(f"{joined([f'{d.group} ({_equivalence_text(d, decimals)})' for d in same])} {_are(same)} "
-                     f"equivalent to {comparison.reference} within {comparison.margin} (two one-sided tests)")
+        parts.append(f"{joined([f'{name(d.group)} ({_equivalence_text(d, decimals)})' for d in same])} "
+                     f"{_are(same)} equivalent to {reference} within {comparison.margin} (two one-sided tests)")
     open_ = [d for d in diffs if d.verdict == INCONCLUSIVE]
     if open_:
-        parts.append(_inconclusive_text(comparison, open_, decimals))
+        parts.append(_inconclusive_text(comparison, open_, decimals, name))
     equal = [d for d in diffs if d.verdict == EQUAL]
     if equal:
-        parts.append(f"{joined([d.group for d in equal])} {'shows' if len(equal) == 1 else 'show'} no difference "
-                     "at all")
+        parts.append(f"{joined([name(d.group) for d in equal])} {'shows' if len(equal) == 1 else 'show'} no "
+                     "difference at all")
     single = [d for d in diffs if d.verdict == NO_INTERVAL]
     if single:
-        parts.append(f"{joined([d.group for d in single])}: one run (n = 1) in the group or the reference, "
+        parts.append(f"{joined([name(d.group) for d in single])}: one run (n = 1) in the group or the reference, "
                      f"so no interval exists; {SEEDS_HINT}")
     apart = [d for d in diffs if d.verdict == NOT_COMPARED]
     if apart:
-        parts.append(f"not compared: {'; '.join(f'{d.group} ({d.reason})' for d in apart)}")
+        parts.append(f"not compared: {'; '.join(f'{name(d.group)} ({d.reason})' for d in apart)}")
     return head + ("; ".join(parts) if parts else "no other group") + "."
 
 
@@ -189,17 +189,20 @@ def _equivalence_text(diff: Difference, decimals: int) -> str:
             f"±{diff.margin:.{decimals}f}")
 
 
-def _inconclusive_text(comparison: Comparison, diffs: list[Difference], decimals: int) -> str:
+def _inconclusive_text(comparison: Comparison, diffs: list[Difference], decimals: int,
+                       name: Callable[[str], str]) -> str:
     """``base=1000 (+0.030 (+2.4%) [...]) is inconclusive against base=100 at n = 3: about 12 seeds ...``."""
     sizes = {d.n for d in diffs}
     at = f"n = {sizes.pop()}" if len(sizes) == 1 else "their n"
-    text = (f"{joined([f'{d.group} ({interval_text(d, decimals)})' for d in diffs])} {_are(diffs)} inconclusive "
-            f"against {comparison.reference} at {at}")
+    text = (f"{joined([f'{name(d.group)} ({interval_text(d, decimals)})' for d in diffs])} {_are(diffs)} "
+            f"inconclusive against {name(comparison.reference)} at {at}")
     sized = [d for d in diffs if d.needed and d.needed <= 10_000]  # more: the table says so
     if sized:
         level = f"α = {ALPHA}" + (f"/{comparison.family}" if comparison.family > 1 else "")
-        counts = [f"{d.needed}" + (f" for {d.group}" if len(sized) < len(diffs) else "") for d in sized]
-        text += (f": about {joined(counts)} seeds "
+        # named where some of them have no count here ("about 52 seeds for a"), never "about 52 for a seeds"
+        counts = ([f"{d.needed}" for d in sized] if len(sized) == len(diffs) else
+                  [f"{d.needed} seeds for {name(d.group)}" for d in sized])
+        text += (f": about {joined(counts)}{' seeds' if len(sized) == len(diffs) else ''} "
                  f"would be needed to resolve {'this difference' if len(sized) == 1 else 'each difference'}"
                  + (f" or show it equivalent within {comparison.margin}" if comparison.margin else "")
                  + f" (80% power, {level})")
@@ -235,7 +238,8 @@ def comparison_table(comparison: Comparison, method: bool = True) -> Table:
                      TableCell(interval, under=interval.replace(" [", "\n[")), TableCell(p_text(d.p_adjusted)),
                      TableCell(d.text())])
     used = sorted({d.method for d in comparison.differences if d.method != NONE})
-    return Table(f"Each group − {comparison.reference} ({', '.join(used) or 'no interval'}, 95% interval)", columns,
+    how = f"{', '.join(used)}, 95% interval" if used else "no interval"
+    return Table(f"Each group − {comparison.reference} ({how})", columns,
                  [Section(rows)], compact=True, whole=True)
 
 
@@ -246,19 +250,19 @@ def comparison_markdown(comparison: Comparison) -> list[str]:
              "the seeds both groups share (Student 1908, n − 1 degrees of freedom); Welch t: unpaired, where the "
              "seeds differ (Welch 1947). p (Holm): the two-sided p-value, Holm-adjusted over all comparisons.", "",
              *to_markdown(comparison_table(comparison)).splitlines(), ""]
-    # prose, not a table cell: the seed hint keeps its code span
-    lines += [f"- {line}" for line in verdict_lines(comparison)]
+    # prose, not a table cell: its labels escaped, the seed hint keeping its code span
+    lines += [f"- {line}" for line in verdict_lines(comparison, md_escape)]
     return lines
 
 
-def verdict_lines(comparison: Comparison) -> list[str]:
+def verdict_lines(comparison: Comparison, name: Callable[[str], str] = str) -> list[str]:
     """One plain line per compared metric and one on the correction; a single line when no group has an interval
-    at all (one seed each)."""
+    at all (one seed each). ``name``: how a group's label is written (as :func:`verdict_line` takes it)."""
     if comparison.differences and all(d.verdict == NO_INTERVAL for d in comparison.differences):
         return [f"Every comparison has one run on a side (n = 1): no interval exists, so none of these differences "
                 f"can be told from seed-to-seed noise; {SEEDS_HINT}."]
     notes = [family_note(comparison)] if comparison.family else []
-    return [verdict_line(comparison, m) for m in comparison.metrics] + notes
+    return [verdict_line(comparison, m, name) for m in comparison.metrics] + notes
 
 
 def comparison_json(comparison: Comparison) -> dict:

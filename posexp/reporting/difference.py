@@ -153,10 +153,14 @@ class Difference:
                 "verdict_text": self.text(), "n_needed": self.needed, "reason": self.reason}
 
 
-def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[tuple[Any, float]]) -> None:
+def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[tuple[Any, float]],
+                    bounds: Optional[tuple[float, float]] = None) -> None:
     """Set ``diff``'s test and numbers from the two groups' (seed, value) lists; :func:`judge` gives the verdict.
 
     Paired over the seeds both share (two or more), else Welch's test (two or more runs each), else no interval.
+    ``bounds``: those of the metric's values (:attr:`MetricSpec.bounds`), between which a difference lies within
+    ±(high − low): its interval is cut there, as :func:`~posexp.reporting.stats.aggregate_stat` cuts one of values
+    (two accuracies differ by at most 100 points).
     """
     if not mine or not ref:
         diff.reason = "no value in " + ("this group" if not mine else "the reference group")
@@ -180,6 +184,8 @@ def fill_difference(diff: Difference, mine: list[tuple[Any, float]], ref: list[t
     if diff.test is not None:
         diff.difference, diff.p = diff.test.difference, diff.test.p_value()
         diff.low, diff.high = diff.test.interval(CONFIDENCE)
+        if bounds is not None and math.isfinite(span := bounds[1] - bounds[0]):
+            diff.low, diff.high = max(diff.low, -span), min(diff.high, span)
     diff.reference_mean = math.fsum(reference) / len(reference)
     if diff.reference_mean and diff.difference is not None and diff.scaled:
         diff.relative = 100 * diff.difference / abs(diff.reference_mean)
@@ -227,9 +233,12 @@ def interval_text(diff: Difference, decimals: int) -> str:
     """``+3.04 (+12.1%) [−0.28, +6.37]``: the difference, in % of the reference's mean, and its 95% interval."""
     if diff.difference is None:
         return "—"
-    text = fmt_signed(diff.difference, decimals)
-    if diff.relative is not None:
-        text += f" ({fmt_signed(diff.relative, 1 if abs(diff.relative) >= 1 or not diff.relative else 2)}%)"
+    relative = None if diff.relative is None else \
+        fmt_signed(diff.relative, 1 if abs(diff.relative) >= 1 or not diff.relative else 2)
+    # a difference that rounds to zero beside a percentage that does not keeps the sign the percentage shows
+    text = fmt_signed(diff.difference, decimals, keep_sign=relative is not None and float(relative[1:]) != 0)
+    if relative is not None:
+        text += f" ({relative}%)"
     if diff.low is None or diff.high is None:
         return text
     return f"{text} [{fmt_signed(diff.low, decimals)}, {fmt_signed(diff.high, decimals)}]"

@@ -36,9 +36,10 @@ def fmt_settings(settings: Any) -> str:
 
 
 def fmt_fixed(value: float, decimals: int) -> str:
-    """``value`` to ``decimals`` places; one that rounds to zero is ``0.000``, never ``-0.000`` (a flat slope of
-    -0.0001 is not a negative one)."""
-    return _unsigned_zero(f"{value:.{decimals}f}") if math.isfinite(value) else str(value)
+    """``value`` to ``decimals`` places, a negative one with a minus sign as :func:`fmt_signed` writes it
+    (``−0.050``, not a hyphen); one that rounds to zero is ``0.000``, never ``−0.000`` (a flat slope of −0.0001 is
+    not a negative one)."""
+    return (_unsigned_zero(f"{value:.{decimals}f}") if math.isfinite(value) else str(value)).replace("-", "−")
 
 
 def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -> str:
@@ -48,9 +49,13 @@ def fmt_value(value: Optional[float], decimals: int = 2, signed: bool = False) -
     return fmt_signed(value, decimals) if signed else fmt_fixed(value, decimals)
 
 
-def fmt_signed(value: Optional[float], decimals: int = 2) -> str:
-    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); :data:`MISSING` for None."""
-    return MISSING if value is None else _unsigned_zero(f"{value:+.{decimals}f}", "+").replace("-", "−")
+def fmt_signed(value: Optional[float], decimals: int = 2, keep_sign: bool = False) -> str:
+    """``+0.12`` / ``−0.12`` (a minus sign, not a hyphen); :data:`MISSING` for None. One that rounds to zero is
+    ``+0.00``, unless ``keep_sign``: ``−0.000`` for a difference whose percentage beside it shows its sign."""
+    if value is None:
+        return MISSING
+    text = f"{value:+.{decimals}f}"
+    return (text if keep_sign else _unsigned_zero(text, "+")).replace("-", "−")
 
 
 def _unsigned_zero(text: str, sign: str = "") -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import ConfigError
 from posexp.reporting.runs import Run, read_runs
@@ -118,19 +118,21 @@ def load_runs(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: O
     return records_table([record for run in runs for record in run_records(run, keys)], keys)
 
 
-def unfinished_jobs(paths: str | os.PathLike | Sequence[str | os.PathLike],
-                    below: bool = False) -> list[tuple[Path, list[str]]]:
+def sweeps_under(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """The sweep folders among ``paths`` and under them (``outputs/`` holds ``multirun/DATE/TIME``), each once."""
+    found: list[Path] = []
+    for root in map(Path, paths):
+        found += [root] if is_sweep_dir(root) else []
+        found += sorted(p.parent for p in root.rglob(MULTIRUN_YAML) if p.parent != root) if root.is_dir() else []
+    return list(dict.fromkeys(found))
+
+
+def unfinished_jobs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[Path, list[str]]]:
     """(sweep folder, its jobs that wrote no ``results.json`` yet: still running, or failed) for each sweep folder
-    of ``paths`` with such jobs (``below``: and each sweep folder under them)."""
-    found = []
-    for raw in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        root = Path(raw)
-        sweeps = [root] if is_sweep_dir(root) else []
-        if below and root.is_dir():
-            sweeps += sorted(p.parent for p in root.rglob(MULTIRUN_YAML) if p.parent != root)
-        found += [(sweep, missing) for sweep in sweeps
-                  if (missing := [d.name for d in iter_jobs(sweep) if not (d / RESULTS_JSON).is_file()])]
-    return found
+    of ``paths`` and under them (:func:`sweeps_under`) with such jobs."""
+    sweeps = sweeps_under([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+    return [(sweep, missing) for sweep in sweeps
+            if (missing := [d.name for d in iter_jobs(sweep) if not (d / RESULTS_JSON).is_file()])]
 
 
 def _jobs_without_results(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
@@ -139,7 +141,7 @@ def _jobs_without_results(paths: str | os.PathLike | Sequence[str | os.PathLike]
     return [f"{sweep}: sweep job{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
             f"{'have' if len(missing) > 1 else 'has'} no {RESULTS_JSON} yet (still running, or failed), so "
             f"{'their' if len(missing) > 1 else 'its'} rows are not in the DataFrame"
-            for sweep, missing in unfinished_jobs(paths, below=True)]
+            for sweep, missing in unfinished_jobs(paths)]
 
 
 def records_table(records: list[dict], columns: Sequence[str] = ()):

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from posexp.reporting.compare import comparable
 from posexp.reporting.formatting import fmt_settings, short_id
-from posexp.reporting.metrics import metric_value
+from posexp.reporting.metrics import CELLS, metric_value
 from posexp.reporting.selection import EXECUTION_KEYS, SortKey, ABSENT, canon, flatten_config, show_value, config_value
 from posexp.reporting.runs import base_train_len
 from posexp.reporting.stats import Stat, aggregate_stat
@@ -181,10 +181,10 @@ def aggregate_group(group: Group, report: "Report") -> None:
         pairs = [(c.applicable, c.mean) for row in group.rows if (c := row.cells.get(n)) is not None]
         single = next(((c.low, c.high) for row in group.rows if (c := row.cells.get(n)) is not None
                        and c.applicable), (None, None))
-        group.cells[n] = aggregate_stat(pairs, single)
+        group.cells[n] = aggregate_stat(pairs, single, CELLS[report.kind][2])
     for metric in report.metrics:
         values = [metric_value(metric, row, report) for row in group.rows]
-        group.metrics[metric.name] = aggregate_stat(values)
+        group.metrics[metric.name] = aggregate_stat(values, bounds=metric.spec.bounds)
         group.values[metric.name] = [v if ok else None for ok, v in values]
 
 

@@ -147,8 +147,8 @@ class Filter:
 def _same_value(value: Any, text: str) -> bool:
     if value is ABSENT:
         return False
-    if text.lower() in ("null", "none", "~"):
-        return value is None
+    if value is None:  # "none" is also a value of its own: NoPE's encoder=none
+        return text.lower() in ("null", "none", "~")
     if isinstance(value, bool):
         return text.lower() == str(value).lower()
     if isinstance(value, (int, float)):

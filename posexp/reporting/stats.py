@@ -132,13 +132,15 @@ class Stat:
     """A value over the runs of a group: their mean and 95% interval.
 
     With two or more runs the interval is mean ± t(0.975, n-1)·s/√n over the runs
-    (seeds); for one run it is the run's own evaluation interval where there is one.
+    (seeds), cut at the bounds of a bounded value (:func:`aggregate_stat`); for one run it is the run's own
+    evaluation interval where there is one.
 
     Attributes:
         applicable: None when no run has this value (not evaluated), False when not applicable.
         mean, low, high: the value and its interval (None when unknown).
         n: how many runs the mean is over; 0 for one run's own value (a cell of a run's line, with its
             evaluation interval).
+        cut: the interval over runs was cut at a bound of the value, so it is no longer mean ± a half-width.
     """
 
     applicable: Optional[bool] = None
@@ -146,6 +148,7 @@ class Stat:
     low: Optional[float] = None
     high: Optional[float] = None
     n: int = 0
+    cut: bool = False
 
     @property
     def spread(self) -> Optional[float]:
@@ -155,13 +158,16 @@ class Stat:
         return (self.high - self.low) / 2
 
     def text(self, decimals: int = 2, plus_minus: str = " ± ", of: int = 0) -> str:
-        """``3.10 ± 0.12``; ``of``: the group's size, to say when fewer of its runs have this value."""
+        """``3.10 ± 0.12``, or ``95.0 [31.5, 100.0]`` for an interval :attr:`cut` at a bound; ``of``: the group's
+        size, to say when fewer of its runs have this value."""
         if self.applicable is None:
             return MISSING
         if not self.applicable or self.mean is None:
             return NOT_APPLICABLE
         out = fmt_fixed(self.mean, decimals)
-        if self.spread is not None:
+        if self.cut and self.low is not None and self.high is not None:
+            out += f" [{fmt_fixed(self.low, decimals)}, {fmt_fixed(self.high, decimals)}]"
+        elif self.spread is not None:
             out += plus_minus + fmt_fixed(self.spread, decimals)
         if 0 < self.n < of:
             out += f" (n={self.n})"
@@ -190,15 +196,36 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     return mean, mean - half, mean + half
 
 
-def aggregate_stat(values: list[tuple[Optional[bool], Optional[float]]], single_interval: tuple = (None, None)) -> Stat:
-    """Aggregate per-run (applicable, value) pairs; the n/a and missing ones are not averaged."""
+def aggregate_stat(values: list[tuple[Optional[bool], Optional[float]]], single_interval: tuple = (None, None),
+                   bounds: Optional[tuple[float, float]] = None) -> Stat:
+    """Aggregate per-run (applicable, value) pairs; the n/a and missing ones are not averaged.
+
+    Args:
+        values: each run's (applicable, value).
+        single_interval: the interval of a lone run's value (its own evaluation interval).
+        bounds: the (lowest, highest) value a run can have (an accuracy in %: 0 and 100), else None.
+
+    Returns:
+        The mean with its t-interval over the runs (:func:`mean_interval`), cut at ``bounds``: symmetric about
+        the mean, the t-interval passes them at few seeds (t(0.975, 1) = 12.7: accuracies of 90% and 100% give
+        95 ± 63.5). It stays the t-interval of the runs' mean, for the spread between seeds is what it measures
+        (not the binomial error of one run's examples, its Wilson interval); only its part past a bound goes, where
+        no mean of runs can lie. Cut so, it covers the true mean as often as the whole one does: the true mean lies
+        within the bounds, so it is in the cut interval whenever it is in the whole one (Mandelkern 2002, "Setting
+        confidence intervals for bounded parameters", Statist. Sci. 17(2), on intervals of bounded parameters);
+        holding the runs' mean, it is never empty. A logit transform would keep inside too, but has no interval when
+        every seed scores 0 or 100%, as tasks often do.
+    """
     numbers = [v for ok, v in values if ok and v is not None and math.isfinite(v)]
     if not numbers:
         states = [ok for ok, _ in values]
         return Stat(applicable=False if any(s is not None for s in states) else None)
     mean, low, high = mean_interval(numbers)
     if len(numbers) == 1:
-        low, high = single_interval
+        return Stat(True, mean, single_interval[0], single_interval[1], 1)
+    assert low is not None and high is not None  # two or more values have an interval
+    if bounds is not None and (low < bounds[0] or high > bounds[1]):
+        return Stat(True, mean, max(low, bounds[0]), min(high, bounds[1]), len(numbers), cut=True)
     return Stat(True, mean, low, high, len(numbers))
 
 

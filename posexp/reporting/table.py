@@ -20,6 +20,9 @@ from posexp.reporting.stats import Stat
 from posexp.runs.row import row_metric
 
 UNLEARNED = "did not learn at 1×"  # the flag of a run that did not learn at its training length
+# flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
+NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length",
+                  "different instances"}  # the last: a task run's, scored on another generator's or options' instances
 
 
 @dataclass
@@ -134,11 +137,14 @@ class Report:
     def encoders(self) -> list[str]:
         return list(dict.fromkeys(str(r.run.info.get("encoder") or "?") for r in self.rows))
 
-    def other_train_lens(self) -> str:
+    def other_train_lens(self, compared: bool = False) -> str:
         """The runs trained at another length than ``train_len`` (fine-tunes, compared at their parent's), in words:
-        ``512 for a, b``; "" when every run trained at it."""
+        ``512 for a, b``; "" when every run trained at it. ``compared``: only of the runs compared, not of one
+        flagged as measured otherwise (a stray trained at another length, whose ratio is no other run's)."""
         others: dict[int, list[str]] = {}
         for row in self.rows:
+            if compared and NOT_COMPARABLE & set(row.flags):
+                continue
             if row.run.train_len is not None and row.run.train_len != self.train_len:
                 others.setdefault(row.run.train_len, []).append(row.label)
         return "; ".join(f"{n} for {', '.join(labels)}" for n, labels in sorted(others.items()))
@@ -197,6 +203,6 @@ class Group:
 def cells(run: Run, report: Report) -> dict[int, Stat]:
     """length -> the :class:`~posexp.reporting.stats.Stat` of ``run``'s rows the table shows: the field of the
     report's kind, scaled (:data:`posexp.reporting.metrics.CELLS`)."""
-    name, scale = CELLS[report.kind]
+    name, scale, _ = CELLS[report.kind]
     return {n: Stat(ok, *(None if v is None else scale * v for v in values))
             for n, (ok, *values) in read_values(report.shown(run), name).items()}

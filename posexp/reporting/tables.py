@@ -171,7 +171,8 @@ def _tabulars(table: Table) -> list[list[Section]]:
 def _latex_cell(cell: TableCell) -> str:
     if cell.math is None:
         return f"\\textbf{{{latex_escape(cell.text)}}}" if cell.best else latex_escape(cell.text)
-    return (f"\\mathbf{{{cell.math}}}" if cell.best else cell.math).join("$$")
+    number = cell.math.replace("−", "-")  # math mode sets its own minus from a hyphen
+    return (f"\\mathbf{{{number}}}" if cell.best else number).join("$$")
 
 
 def _rich_table(table: Table, section: Section, shown: list[int], title: Optional[str], caption: Optional[str],
@@ -245,6 +246,24 @@ def _fits(rich_table: Any, width: int) -> bool:
     return table_width(rich_table) <= width and _prints_within(rich_table, width)
 
 
+def _label_widths(rich_table: Any, width: int) -> dict[int, int]:
+    """Widths of a Rich table's wrapping columns (labels) that fit it within ``width``: the widest narrowed first, as
+    Rich narrows, but none below its longest word (Rich folds the widest label inside a word, though another would
+    wrap at its spaces)."""
+    fixed, natural, least = 1, {}, {}  # an edge, then per column two pads and a divider (as table_width counts)
+    for i, column in enumerate(rich_table.columns):
+        lines = [line for t in (str(column.header), *(str(c) for c in column.cells)) for line in t.split("\n")]
+        fixed += 3
+        if column.no_wrap:
+            fixed += max(map(len, lines))
+        else:
+            natural[i] = max(map(len, lines))
+            least[i] = max([column.min_width or 0, *(len(w) for line in lines for w in line.split())])
+    while sum(natural.values()) > width - fixed and (wider := [i for i in natural if natural[i] > least[i]]):
+        natural[max(wider, key=lambda i: natural[i])] -= 1
+    return natural
+
+
 def _prints_within(rich_table: Any, width: int) -> bool:
     """Whether Rich lays a table out within ``width``, nothing cut."""
     from rich.console import Console
@@ -268,11 +287,14 @@ def rich_tables(table: Table, width: int) -> list[Any]:
         numbers = [i for i in range(table.keys, len(columns)) if not columns[i].last]
         last = [i for i in range(table.keys, len(columns)) if columns[i].last]
         if table.whole:  # its lines one each, at their natural width, or its intervals under their values
-            natural = sum(max([len(c.name), *(len(row[i].text) for row in section.rows)]) + 2
-                          for i, c in enumerate(columns))
+            natural = 1 + sum(max([len(c.name), *(len(row[i].text) for row in section.rows)]) + 3  # as table_width
+                              for i, c in enumerate(columns))
             whole = partial(_rich_table, table, section, list(range(len(columns))), title,
                             caption if g == len(groups) - 1 else None, natural > width)
             built = whole()
+            if not _prints_within(built, width) and table_width(built) <= width:  # its labels fit whole, wrapped
+                for i, label_width in _label_widths(built, width).items():
+                    built.columns[i].width = label_width
             out.append(built if _prints_within(built, width) else whole(fold=True))
             continue
         stacked = table.compact and table_width(_rich_table(table, section, keys + numbers + last, None, None)) > width

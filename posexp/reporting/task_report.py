@@ -70,7 +70,8 @@ def did_not_learn(run: Run) -> Optional[bool]:
         return None
     task = run.info.get("task") if isinstance(run.info.get("task"), dict) else {}
     chances = [chance_exact_match(str(task.get("name")), task.get("options") or {},
-                                  r["answer_tokens"] / r["examples"], r.get("size")) or 0.0 for r in plain
+                                  r["answer_tokens"] / r["examples"], r.get("size"), task.get("generator_version"))
+               or 0.0 for r in plain
                if r.get("length") == run.train_len and r.get("examples") and r.get("answer_tokens")]
     return value <= (sum(chances) / len(chances) if chances else 0.0) + NEAR_CHANCE
 
@@ -164,6 +165,8 @@ INTRO = ("Exact-match accuracy (%) of the whole answer, teacher-forced, on the s
 
 
 BOLD = "Bold: the best value of its column (the highest accuracy and length); ties are all bold."
+CUT = ("[low, high]: the 95% t-interval over the runs where it would pass 0 or 100% (an accuracy lies within them) "
+       "or 0 tokens (a length), cut there; mean ± its half-width elsewhere.")
 
 
 def _task_section(report: Report, task: str) -> Section:
@@ -191,8 +194,9 @@ def _task_section(report: Report, task: str) -> Section:
 def task_table(report: Report) -> Table:
     """The report as a :class:`~posexp.reporting.tables.Table`: a section (a table of its own) per task."""
     sections = [_task_section(report, task) for task in dict.fromkeys(g.task for g in report.groups)]
+    cut = any(s.cut for g in report.groups for s in (*g.cells.values(), *g.metrics.values()))
     return Table("tasks", [], sections,
-                 notes=[*[BOLD] * any(len(section.rows) > 1 for section in sections),
+                 notes=[*[BOLD] * any(len(section.rows) > 1 for section in sections), *[CUT] * cut,
                         *(m.describe() for m in report.metrics)], csv=long_csv(report),
                  json={"tasks": _task_records(report),
                        "task_comparisons": {task: comparison_json(comparison) for task, comparison

@@ -138,13 +138,14 @@ def build_task(task_cfg: Mapping[str, Any], train: Optional[np.ndarray] = None,
 
 
 def chance_exact_match(name: str, options: Mapping[str, Any], answer_tokens: float,
-                       size: Optional[int] = None) -> Optional[float]:
+                       size: Optional[int] = None, version: Optional[int] = None) -> Optional[float]:
     """The exact match of a guess that draws each of an instance's ``answer_tokens`` answer tokens (their mean over
     the instances of ``size``) uniformly from the task's answer alphabet (:meth:`Task.chance`): ``values **
     -answer_tokens``. 0.5 for parity, 10^-5 for a 5-digit passkey, about 0 for copying 16 symbols; flip-flop's mean
-    over its instances' reads. None for a task not known here (e.g. ``lm``)."""
+    over its instances' reads. ``version``: the generator version the run recorded (None: the current one). None
+    for a task not known here (e.g. ``lm``)."""
     cls = TASKS.get(name)
-    return cls.chance(options, answer_tokens, size) if cls is not None else None
+    return cls.chance(options, answer_tokens, size, version) if cls is not None else None
 
 
 def task_fingerprint(task: Task, data_fingerprint: Optional[str] = None) -> str:

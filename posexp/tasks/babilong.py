@@ -44,6 +44,9 @@ OBJECTS = ("apple", "football", "milk")
 COUNTS = ("none", "one", "two", "three")
 VARIANTS = ("qa1", "qa2", "qa7")
 COUNTING_VERSION = 2  # qa7's generator: version 1 answered "one" in 87% of stories
+# the share of "one" in version 1's qa7 stories (_story's four facts, redrawn until someone handled an object, the
+# subject any such person), summed exactly over the draws: what always saying "one" scored
+COUNTING_V1_CHANCE = 22887 / 26329
 FACTS = 4  # facts per story: short enough for the contexts small models train at
 BAND = 0.2  # width of the depth band the facts lie in (the authors recommend task_end_pct - task_start_pct >= 0.2)
 NEWLINE = 10
@@ -195,10 +198,14 @@ class Babilong(Passkey):
         return len(set("".join(_words(options))))
 
     @classmethod
-    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None,
+               version: Optional[int] = None) -> Optional[float]:
         """A guess of the answer word: each variant's words are as likely, so 1/6 of places (qa1, qa2), 1/4 of counts
         (qa7), what a model that always says one word scores without reading a fact. A uniform guess of each answer
-        byte, far below it (7^-3.5 for counts), would call such a model learned."""
+        byte, far below it (7^-3.5 for counts), would call such a model learned. qa7's instances of an older
+        ``version`` were not balanced: always "one" scored :data:`COUNTING_V1_CHANCE` on them."""
+        if options.get("variant") == "qa7" and isinstance(version, int) and version < COUNTING_VERSION:
+            return COUNTING_V1_CHANCE
         return 1 / len(_words(options))
 
     def overhead(self) -> int:

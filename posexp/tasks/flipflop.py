@@ -39,7 +39,8 @@ class FlipFlop(Task):
         return 2 * size
 
     @classmethod
-    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None,
+               version: Optional[int] = None) -> Optional[float]:
         """A uniform guess of each read bit: 1/2 for the last instruction's read, and for each of the ``size - 2``
         between a factor 1 - P(read) / 2, the mean of 2^-reads over instances (not 2^-(mean reads), far below it)."""
         if size is None:

@@ -110,10 +110,13 @@ class Task(ABC):
         return int(symbols) if isinstance(symbols, (int, float)) and symbols >= 2 else None
 
     @classmethod
-    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None) -> Optional[float]:
+    def chance(cls, options: Mapping[str, Any], answer_tokens: float, size: Optional[int] = None,
+               version: Optional[int] = None) -> Optional[float]:
         """The exact match of a guess drawing each answer token uniformly from :meth:`answer_values`, for instances
         of ``answer_tokens`` answer tokens (their mean) at instance ``size``: ``values ** -answer_tokens``, exact
-        where every instance of the size has as many; a task whose answers vary in length says its own mean."""
+        where every instance of the size has as many; a task whose answers vary in length says its own mean.
+        ``version``: the :meth:`generator_version` of the instances a run was scored on (None: the current one),
+        for a task whose chance changed with its instances."""
         values = cls.answer_values(options)
         return None if values is None or answer_tokens <= 0 else float(values) ** -float(answer_tokens)
 

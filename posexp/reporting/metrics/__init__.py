@@ -50,8 +50,10 @@ from typing import Any, ClassVar, Optional
 from posexp.errors import ConfigError
 
 PERPLEXITY, ACCURACY = "perplexity", "accuracy"
-# what a table's cell shows of the rows of each kind of run: the field, and its scale (accuracy in %)
-CELLS = {PERPLEXITY: ("ppl", 1.0), ACCURACY: ("exact_match", 100.0)}
+# what a table's cell shows of the rows of each kind of run: the field, its scale (accuracy in %) and the bounds of
+# a value (stats.aggregate_stat cuts an interval over runs at them), None: unbounded
+CELLS: dict[str, tuple[str, float, Optional[tuple[float, float]]]] = {
+    PERPLEXITY: ("ppl", 1.0, None), ACCURACY: ("exact_match", 100.0, (0.0, 100.0))}
 LOWER, HIGHER = "lower", "higher"
 DEFAULT_TOLERANCE = 0.1  # what a bare maxlen stands for: ppl within +10% of the training length's (--tolerance)
 Value = tuple[Optional[bool], Optional[float]]
@@ -141,6 +143,8 @@ class MetricSpec:
             of ``2%``): the metric's zero is no value a run can have (perplexity, a ratio, a length). False for a
             difference or an exponent (``gain``, ``slope``), whose 0 is an ordinary value: a % of a mean near it
             reads as a huge change.
+        bounds: the lowest and highest value a run can have (an accuracy in %: 0 and 100; a length: 0 and inf),
+            where an interval over runs is cut (:func:`~posexp.reporting.stats.aggregate_stat`); None: unbounded.
     """
 
     kind: ClassVar[str]
@@ -152,6 +156,7 @@ class MetricSpec:
     decimals: ClassVar[int] = 2
     reads: ClassVar[str] = "exact_match"
     relative: ClassVar[bool] = True
+    bounds: ClassVar[Optional[tuple[float, float]]] = None
     max_pct: ClassVar[float] = float("inf")  # the largest {pct} allowed
     min_multiple: ClassVar[float] = 0.0  # {x} must be above this
 

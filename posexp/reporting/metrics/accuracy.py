@@ -6,6 +6,7 @@ Each reads the run's accuracies in [0, 1] by length, of the field :attr:`reads` 
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 from posexp.reporting.metrics import ACCURACY, HIGHER, Metric, MetricSpec, Value, ValueAt, longest, shown_values
@@ -15,6 +16,7 @@ class Accuracy(ValueAt):
     kind, pattern, forms = "acc", "acc@{at}", "acc@Kx (e.g. acc@4x), acc@N (N tokens)"
     applies, better, decimals, scale = ACCURACY, HIGHER, 1, 100.0
     relative = False  # a difference in percentage points: a % of the reference's % would read as points
+    bounds = (0.0, 100.0)
     examples: ClassVar[tuple[str, ...]] = ("acc@2x", "acc@4x")
 
     def describe(self, metric: Metric, report: Any) -> str:
@@ -34,6 +36,7 @@ class TokenAccuracy(Accuracy):
 
 class AbsoluteMaxLen(MetricSpec):
     kind, pattern, applies, better, decimals = "maxlen_acc", "maxlen@acc{pct}%?", ACCURACY, HIGHER, 0
+    bounds = (0.0, math.inf)  # a length: 64 and 128 tokens over two seeds are 96 ± 407, not down to −311
     forms = ("maxlen@accP (e.g. maxlen@acc90: the longest length up to which every evaluated length has exact "
              "match >= 90%)")
     examples, max_pct = ("maxlen@acc90",), 100.0
@@ -54,6 +57,7 @@ class RelativeMaxLen(MetricSpec):
     gets the longest length); n/a when the accuracy at the training length is 0."""
 
     kind, pattern, applies, better, decimals = "maxlen_rel", "maxlen@rel{pct}%?", ACCURACY, HIGHER, 0
+    bounds = (0.0, math.inf)
     forms, examples, max_pct = "maxlen@relP (>= P% of the 1x exact match)", ("maxlen@rel90",), 100.0
 
     def value(self, metric: Metric, row: Any, report: Any) -> Value:
@@ -74,6 +78,7 @@ class EffectiveLength(MetricSpec):
     """Hsieh et al. 2024 (RULER), §4: the effective length is the longest length whose score passes a threshold."""
 
     kind, pattern, applies, better, decimals = "efflen", "efflen@{pct}%?", ACCURACY, HIGHER, 0
+    bounds = (0.0, math.inf)
     forms = ("efflen@P (e.g. efflen@85: the effective length, the longest evaluated length whose exact match is "
              ">= 85%, shorter ones as they may be)")
     examples, max_pct = ("efflen@85",), 100.0

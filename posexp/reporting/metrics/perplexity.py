@@ -91,7 +91,7 @@ class Ratio(MetricSpec):
         if report.ratio_length is None:
             return ("ratio = ppl at the longest length / ppl at the training length; n/a here because no length "
                     "beyond the training length has a perplexity for every run.")
-        others = report.other_train_lens()
+        others = report.other_train_lens(compared=True)
         base = (f"the training length ({report.train_len})" if not others else
                 f"each run's own training length ({report.train_len}; {others})")
         return (f"ratio = ppl at {report.ratio_length} / ppl at {base}; "

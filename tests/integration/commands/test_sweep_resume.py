@@ -71,6 +71,30 @@ def test_the_report_of_a_stopped_sweep_names_the_jobs_that_never_started(tmp_pat
     assert "2 of the sweep's 4 jobs never started" in (sweep / "reports" / "default" / "summary.md").read_text()
 
 
+def test_the_report_of_a_folder_holding_sweeps_names_their_jobs_that_never_started_or_did_not_finish(tmp_path):
+    """posexp report outputs/ (the sweeps under it, and a single run) said nothing of a sweep's jobs that never
+    started nor of one interrupted, as posexp report SWEEP does: the table read as the whole sweep."""
+    from helpers import invoke
+
+    outputs = tmp_path / "outputs"
+    sweep = outputs / "multirun" / "2026-11-29" / "10-00-00"
+    make_run(sweep / "0", {128: 3.0, 256: 3.3}, ["encoder=rope", "seed=0"])
+    (sweep / "1" / ".hydra").mkdir(parents=True)  # interrupted: no results.json
+    hydra = {"job": {"config_name": "config"}, "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+             "overrides": {"task": ["encoder=rope,alibi", "seed=0,1"]}, "runtime": {"config_sources": []}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra}))
+    make_run(outputs / "2026-11-29" / "09-00-00", {128: 3.1, 256: 3.5}, ["encoder=alibi"], encoder="alibi")
+    for given in ([outputs], [outputs, sweep]):  # the sweep given too: each warning once
+        result = invoke("report", *map(str, given))
+        assert result.exit_code == 0, result.output
+        warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+        assert warnings == [f"warning: {sweep}: sweep job 1 has no results.json (failed or still running) and is not "
+                            "in the table",
+                            f"warning: {sweep}: 2 of the sweep's 4 jobs never started and are not in the table: 2 "
+                            f"(encoder=alibi seed=0), 3 (encoder=alibi seed=1); finish the sweep with: posexp resume "
+                            f"{sweep}"], result.stdout
+
+
 def test_a_sweep_job_resumed_alone_leaves_a_summary_naming_the_jobs_that_never_started(trained, tmp_path):
     """posexp resume SWEEP/0 (what the interrupted sweep says to type) wrote the sweep's summary.md of job 0 alone,
     without a word of the job that never started, nor of one interrupted."""

@@ -711,6 +711,20 @@ def test_where_on_a_list_valued_key_matches_the_list_as_the_command_line_spells_
     assert kept("eval.multiples=[1,2,4],[1,2]") == ["mixed", "rope"]  # either of two lists
 
 
+def test_where_and_baseline_find_nope_whose_encoder_is_named_none(tmp_path):
+    """NoPE is encoder=none: --where encoder=none matched no run ("they have encoder rope, none") and --baseline
+    encoder=none no group ("the groups are: encoder=rope; encoder=none"), "none" being read as null only."""
+    runs = [make_run(tmp_path / f"{enc}{seed}", {128: 3.0, 256: 3.3 + enc.startswith("n") + seed / 10},
+                     [f"encoder={enc}", f"seed={seed}"], encoder=enc, base=10000.0 if enc == "rope" else None,
+                     seed=seed) for enc in ("rope", "none") for seed in (0, 1)]
+    assert [r.label for r in build_report(runs, ReportOptions(where="encoder=none")).rows] == ["seed=0", "seed=1"]
+    assert len(build_report(runs, ReportOptions(where="base=none")).rows) == 2  # a null value still matches
+    with pytest.raises(PosexpError, match="no run matches encoder=null"):  # no encoder is missing
+        build_report(runs, ReportOptions(where="encoder=null"))
+    report = build_report(runs, ReportOptions(by="encoder", baseline="encoder=none", metrics="ratio"))
+    assert report.comparison.reference == "encoder=none"
+
+
 @pytest.mark.parametrize("kwargs, option, allowed", [
     ({"by": "encoder,modle.n_layers"}, "--by", "model.n_layers"),
     ({"where": "nokey=1"}, "--where", "encoder"),
@@ -886,6 +900,19 @@ def test_a_stray_run_at_another_train_len_does_not_take_the_others_ratio_away(tm
     assert report.ratio_length == 256
     assert [row.ratio for row in report.rows] == [pytest.approx(1.5), pytest.approx(1.5), None]
     assert "different train length" in report.rows[2].flags
+
+
+def test_the_ratio_note_names_the_training_length_of_the_runs_compared_not_a_strays(tmp_path):
+    """Two runs at 128 and a stray at 256 (flagged, not compared): the note read "ppl at 512 / ppl at each run's own
+    training length (128; 256 for encoder=rope seed=1)", as if the stray were a fine-tune compared at its parent's."""
+    runs = [make_run(tmp_path / "a", {128: 3.0, 256: 3.5, 512: 4.0}, ["encoder=rope", "seed=0"]),
+            make_run(tmp_path / "b", {128: 3.0, 256: 3.4, 512: 3.9}, ["encoder=alibi", "seed=0"], encoder="alibi"),
+            make_run(tmp_path / "c", {128: 3.1, 256: 3.2, 512: 3.3, 1024: 3.6}, ["encoder=rope", "seed=1"],
+                     train_len=256)]
+    report = build_report(runs, ReportOptions(metrics="ratio"))
+    assert "different train length" in report.rows[2].flags
+    assert report.metrics[0].describe(report).startswith("ratio = ppl at 512 / ppl at the training length (128); ")
+    assert "256 for encoder=rope seed=1" in render_markdown(report)  # its training length, said where it is
 
 
 def test_a_run_near_its_corpus_unigram_perplexity_is_marked_did_not_learn(tmp_path):

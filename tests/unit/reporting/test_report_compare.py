@@ -14,7 +14,7 @@ from rich.console import Console
 
 from posexp.errors import ConfigError
 from posexp.reporting import build_report, render_json, report_main
-from posexp.reporting.compare import Margin, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
+from posexp.reporting.compare import Difference, Margin, comparison_table, interval_text, parse_margin, verdict_line, verdict_lines, window_verdicts
 from posexp.reporting.stats import (TTest, holm, mean_interval, runs_needed, runs_needed_equivalent,
                                     t_cdf, t_quantile, t_two_sided_p)
 from posexp.reporting.options import ReportOptions
@@ -276,6 +276,32 @@ def test_one_run_per_group_says_no_interval_and_how_to_add_seeds(tmp_path):
     assert "no interval exists" in line and "`seed=0,1,2`" in line
 
 
+def test_a_comparison_without_any_interval_does_not_title_itself_a_95_percent_interval(tmp_path):
+    """One run a group: the table was titled "Each group − base=100 (no interval, 95% interval)"."""
+    runs = ratio_runs(tmp_path, {100: [1.2], 1000: [1.3]}, seeds=(0,))
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
+    assert comparison_table(report.comparison).title == "Each group − base=100 (no interval)"
+    paired = build_report(ratio_runs(tmp_path / "paired", {100: [1.2, 1.3], 1000: [1.3, 1.5]}, seeds=(0, 1)),
+                          ReportOptions(by="base", metrics="ratio"))
+    assert comparison_table(paired.comparison).title == "Each group − base=100 (paired t, 95% interval)"
+
+
+def test_seeds_needed_for_some_of_the_groups_are_named_by_their_group():
+    """Of two inconclusive groups one needs more than 10,000 seeds (the table says so): the line read "about 52 for
+    encoder=alibi seeds would be needed"."""
+    from posexp.reporting.selection import parse_metric
+    from posexp.reporting.table import Comparison
+
+    diffs = [Difference(group, "auc", "encoder=rope", 0.01, -0.4, 0.4, 2, "paired t", "inconclusive", needed=needed)
+             for group, needed in (("base=10000", 20000), ("encoder=alibi", 52))]
+    comparison = Comparison("encoder=rope", [parse_metric("auc")], ["encoder"], diffs, {"auc": 3}, family=2)
+    line = verdict_line(comparison, parse_metric("auc"))
+    assert "at n = 2: about 52 seeds for encoder=alibi would be needed to resolve this difference" in line, line
+    diffs[0].needed = 12
+    line = verdict_line(comparison, parse_metric("auc"))
+    assert "at n = 2: about 12 and 52 seeds would be needed to resolve each difference" in line, line
+
+
 def test_seeds_that_differ_fall_back_to_welch(tmp_path):
     runs = (ratio_runs(tmp_path / "a", {100: [1.2, 1.25, 1.3]}, seeds=(0, 1, 2))
             + ratio_runs(tmp_path / "b", {1000: [1.3, 1.35, 1.4]}, seeds=(5, 6, 7)))
@@ -387,6 +413,18 @@ def test_every_difference_is_also_relative_to_the_reference_mean(tmp_path):
     assert interval_text(diff, 3) == "+0.200 (+18.2%) [−0.048, +0.448]"
     assert json.loads(render_json(report))["comparison"]["differences"][0]["relative"] == pytest.approx(18.1818, 1e-4)
     assert "base=1000 (+0.200 (+18.2%) [−0.048, +0.448])" in verdict_line(report.comparison, report.metrics[0])
+
+
+def test_a_difference_that_rounds_to_zero_has_the_sign_of_its_percentage(tmp_path):
+    """Seeds 0.0003 lower on ratio (about 2) printed "+0.000 (−0.02%)" beside "better": the signs disagreed."""
+    runs = ratio_runs(tmp_path, {100: [2.0, 2.01, 2.02], 1000: [1.9996, 2.0098, 2.0197]})
+    report = build_report(runs, ReportOptions(by="base", metrics="ratio"))
+    (diff,) = report.comparison.differences
+    assert diff.verdict == "better" and diff.difference == pytest.approx(-0.0003)
+    assert interval_text(diff, 3).startswith("−0.000 (−0.01%) [")
+    assert "base=1000 (−0.000 (−0.01%) [" in verdict_line(report.comparison, report.metrics[0])
+    vanishing = Difference("a", "ratio", "b", difference=-1e-12, relative=-5e-11)  # zero at every resolution shown
+    assert interval_text(vanishing, 3) == "+0.000 (+0.00%)"
 
 
 def test_a_metric_whose_zero_is_an_ordinary_value_has_no_percent_difference_nor_percent_margin(tmp_path):

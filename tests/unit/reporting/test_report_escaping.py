@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from posexp.reporting import build_report, render_json
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.summary import report_main
 from helpers import no_figure as _no_figure
@@ -117,3 +118,26 @@ def test_latex_writes_angle_brackets_and_bars_as_text_not_as_the_default_fonts_o
     # OT1, LaTeX's default text font, prints < > | as ¡ ¿ and a dash
     assert latex_escape("< 0.001") == r"\textless{} 0.001"
     assert latex_escape("a<b>c|d") == r"a\textless{}b\textgreater{}c\textbar{}d"
+
+
+def test_the_comparison_prose_of_report_md_escapes_labels_as_its_table_does(tmp_path, monkeypatch):
+    """Labels holding * _ | $ went into report.md's verdict lines as they were: `*run*` turned italic and a `$`
+    pair into math, while the table above escaped them. The JSON and the terminal keep the plain label."""
+    import posexp.plots.perplexity
+
+    monkeypatch.setattr(posexp.plots.perplexity, "plot_ppl_vs_length", _no_figure)
+    for k, note in enumerate(("base_*run*|$1$", "new_*run*|$2$")):
+        for seed in (0, 1):
+            _write_run(tmp_path / "lm" / f"{k}{seed}", _ppl_rows({128: 3.0, 256: 4.0 + k + seed / 10}, 128),
+                       [f"data.note={note}", f"seed={seed}"], "rope", seed=seed, config={"data": {"note": note}})
+    out = tmp_path / "out"
+    report_main([tmp_path / "lm"], out=out, options=ReportOptions(by="data.note", fmt="json"),
+                console=Console(file=io.StringIO()), err_console=Console(file=io.StringIO()))
+    verdicts = [line for line in (out / "report.md").read_text().splitlines() if "each group −" in line]
+    assert len(verdicts) == 3
+    for line in verdicts:
+        assert r"data.note=base\_\*run\*\|\$1\$" in line and r"data.note=new\_\*run\*\|\$2\$" in line
+        assert "*run*" not in line and "|$" not in line
+    runs = sorted((tmp_path / "lm").iterdir())
+    verdicts = json.loads(render_json(build_report(runs, ReportOptions(by="data.note"))))["comparison"]["verdicts"]
+    assert "data.note=new_*run*|$2$ (" in verdicts[0]

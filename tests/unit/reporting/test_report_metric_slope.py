@@ -8,7 +8,7 @@ import random
 import pytest
 
 from posexp.errors import ConfigError
-from posexp.reporting import build_report, parse_metric
+from posexp.reporting import build_report, parse_metric, render_latex, render_table_markdown
 from posexp.reporting.formatting import fmt_signed
 from posexp.reporting.metrics.slope import loglog_slope
 from posexp.reporting.options import ReportOptions
@@ -65,3 +65,18 @@ def test_a_flat_run_prints_a_slope_of_zero_not_a_negative_one(tmp_path):
     assert slope.mean < 0 and slope.text(3) == "0.000"  # rounds to zero: no minus sign before it
     assert fmt_signed(-0.001) == "+0.00" and fmt_signed(-0.01) == "−0.01"  # a difference that rounds to zero alike
 
+
+
+def test_a_negative_slope_has_the_minus_sign_its_difference_has_not_a_hyphen(tmp_path):
+    """A run whose perplexity falls with length printed its slope "-0.050" in the table, beside "−0.2573" in the
+    comparison of the same report; LaTeX's math takes its own minus from the hyphen."""
+    runs = [make_run(tmp_path / f"{name}{seed}", {128: 3.0, 256: ppl256 + 0.01 * seed, 512: ppl512},
+                     [f"encoder={name}", f"seed={seed}"], encoder=name, seed=seed)
+            for name, ppl256, ppl512 in (("rope", 3.5, 4.0), ("alibi", 2.9, 2.8)) for seed in (0, 1)]
+    options = dict(by="encoder", metrics="slope@4x", baseline="encoder=rope")
+    report = build_report(runs, ReportOptions(**options))
+    falling = report.groups[1].metrics["slope@4x"]
+    assert falling.mean < 0 and falling.text(3).startswith("−0.05") and "-" not in falling.text(3)
+    markdown = render_table_markdown(report)
+    assert "**−0.050 ± 0.000**" in markdown and "-0.05" not in markdown
+    assert "$\\mathbf{-0.050 \\pm 0.000}$" in render_latex(report)

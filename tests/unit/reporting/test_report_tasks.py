@@ -36,6 +36,44 @@ def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(
     assert group.metrics["maxlen@acc80"].mean == pytest.approx(128)
 
 
+def test_the_interval_of_an_accuracy_over_seeds_stays_within_0_and_100_percent(tmp_path):
+    """Two seeds at 90% and 100%: t(0.975, 1) = 12.7 made it 95 ± 63.5, up to 158.5%. The t-interval is cut at
+    100% (and 0%), said as [low, high]; one inside the bounds keeps its ± form."""
+    runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2, 256: acc4}, seed=s))
+            for s, acc2, acc4 in ((0, 0.9, 0.5), (1, 1.0, 0.1))]
+    report = build_task_report(runs, ["encoder"], ["acc@2x", "acc@4x"])
+    (group,) = report.groups
+    for stat in (group.cells[128], group.cells[256], group.metrics["acc@2x"], group.metrics["acc@4x"]):
+        assert 0.0 <= stat.low <= stat.mean <= stat.high <= 100.0
+    assert group.cells[128].low == pytest.approx(95.0 - 63.53, abs=0.01) and group.cells[128].high == 100.0
+    assert (group.cells[256].low, group.cells[256].high) == (0.0, 100.0)
+    text = "\n".join(task_table_lines(report))
+    assert "| 95.0 [31.5, 100.0] | 30.0 [0.0, 100.0] |" in text and "± 63.5" not in text
+    assert "cut there" in text
+    assert group.cells[64].text(1) == "100.0 ± 0.0"
+
+
+def test_the_interval_of_a_difference_of_accuracies_stays_within_100_points(tmp_path):
+    """acc@4x of 50% and 10% against 0% and 5% over two paired seeds: the difference −27.50 read [−313.39, +258.39]
+    points, though two accuracies differ by 100 points at most."""
+    runs = [read_run(make_task_run(tmp_path / f"{enc}{s}", {64: 1.0, 256: acc4}, encoder=enc, seed=s))
+            for enc, accs in (("rope", (0.5, 0.1)), ("alibi", (0.0, 0.05))) for s, acc4 in enumerate(accs)]
+    report = build_task_report(runs, ["encoder"], ["acc@4x"])
+    (diff,) = report.comparisons["copy"].differences
+    assert diff.difference == pytest.approx(-27.5) and (diff.low, diff.high) == (-100.0, 100.0)
+    assert "−27.50 [−100.00, +100.00]" in "\n".join(task_table_lines(report))
+
+
+def test_the_interval_of_a_length_over_seeds_does_not_go_below_0_tokens(tmp_path):
+    """maxlen@acc90 of 64 and 128 tokens over two seeds read 96 ± 407: down to −311 tokens."""
+    runs = [read_run(make_task_run(tmp_path / str(s), {64: 1.0, 128: acc2}, seed=s)) for s, acc2 in ((0, 0.95), (1, 0.5))]
+    (group,) = build_task_report(runs, ["encoder"], ["maxlen@acc90", "efflen@90", "maxlen@rel90"]).groups
+    for name in ("maxlen@acc90", "efflen@90", "maxlen@rel90"):
+        stat = group.metrics[name]
+        assert stat.mean == 96 and stat.low == 0.0 and stat.high == pytest.approx(96 + 12.706 * 32, abs=0.1)
+        assert stat.text(0) == f"96 [0, {stat.high:.0f}]"
+
+
 def test_a_single_run_shows_its_wilson_interval_and_not_applicable_lengths(tmp_path):
     run = read_run(make_task_run(tmp_path / "r", {64: 0.5, 128: None}, encoder="learned"))
     (group,) = build_task_report([run]).groups
@@ -414,6 +452,27 @@ def test_a_babilong_model_that_always_says_one_word_is_at_chance_and_did_not_lea
             row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
         (run / "results.json").write_text(json.dumps(recorded))
         assert did_not_learn(read_run(run)) is not learned
+
+
+@pytest.mark.parametrize("version,learned", [(1, False), (2, True)])
+def test_an_old_qa7_run_is_judged_against_the_chance_of_its_own_instances(tmp_path, version, learned):
+    """qa7's version 1 instances answered "one" 87% of the time: a run of them at 90%, reported alone, was called
+    learned against the 1/4 of today's balanced instances. Its chance is that of the instances it was scored on."""
+    import numpy as np
+
+    from helpers.tasks import make
+
+    task = make("babilong", variant="qa7")
+    run = make_task_run(tmp_path / "qa7", {256: 0.9, 512: 0.5}, task="babilong", train_len=256)
+    recorded = json.loads((run / "results.json").read_text())
+    recorded["run"]["task"].update(options=task.options(), generator_version=version)
+    for row in recorded["rows"]:
+        row.update(size=task.size_for(row["length"]), answer_tokens=int(row["examples"] * 4))
+    (run / "results.json").write_text(json.dumps(recorded))
+    assert did_not_learn(read_run(run)) is not learned
+    report = build_task_report([read_run(run)])
+    assert any("did not learn" in w for w in report.warnings) is not learned
+    assert np.isclose(task.chance(task.options(), 4.0, version=version), 22887 / 26329 if version == 1 else 0.25)
 
 
 def test_efflen_is_the_longest_length_at_or_above_the_threshold_whatever_comes_before(tmp_path):

@@ -68,3 +68,28 @@ def test_a_comparison_keeps_its_group_labels_whole_where_they_fit_and_cuts_nothi
     assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out  # nothing cut
     if width >= 80:
         assert "encoder=learned" in out.split() and "encoder=alibi" in out.split(), out
+
+
+@pytest.mark.parametrize("width", range(40, 130, 3))
+def test_a_comparison_wraps_its_verdicts_at_spaces_before_it_folds_a_label_inside_a_word(width):
+    """At 80 columns the comparison folded ``encoder=learned`` into ``encoder=lear`` / ``ned`` and ``maxlen@rel80``
+    into ``maxlen@rel8`` / ``0``, where the table fits with every label whole and ``not compared`` on two lines: Rich
+    narrowed the widest label first, and the width of the table with its intervals beside was counted without
+    its column dividers, so they were not set under their differences."""
+    from posexp.reporting.compare import comparison_table
+    from posexp.reporting.difference import Difference
+    from posexp.reporting.selection import parse_metric
+    from posexp.reporting.table import Comparison
+
+    metrics = [parse_metric("maxlen@rel80", applies="accuracy"), parse_metric("ratio")]
+    differences = [Difference("encoder=alibi", "maxlen@rel80", "encoder=rope", 64.0, 64.0, 64.0, 2, "paired t",
+                              "better", relative=100.0, p_adjusted=0.0001),
+                   Difference("encoder=learned", "ratio", "encoder=rope", reason="no value in this group")]
+    comparison = Comparison("encoder=rope", metrics, ["encoder"], differences, {"maxlen@rel80": 0, "ratio": 3})
+    buf = io.StringIO()
+    for part in rich_tables(comparison_table(comparison, method=False), width):
+        Console(file=buf, width=width, color_system=None, legacy_windows=False).print(part, crop=False)
+    out = buf.getvalue()
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out  # nothing cut
+    if width >= 79:
+        assert {"encoder=learned", "encoder=alibi", "maxlen@rel80"} <= set(out.split()), out

@@ -93,6 +93,24 @@ def test_new_qa7_instances_have_a_new_fingerprint_and_the_unchanged_variants_kee
     assert task_fingerprint(qa7, "data") != "2d87bef6b618e3a0"  # version 1's
 
 
+def test_the_chance_of_version_1_qa7_is_what_always_saying_one_scored_on_its_instances():
+    """Version 1 drew four facts at random, redrawn until someone handled an object, and asked about any such
+    person: the share of "one" among 20,000 of its stories is the chance an old qa7 run is judged against."""
+    from posexp.tasks.babilong import COUNTING_V1_CHANCE, _story, answer
+
+    rng, said = np.random.default_rng(0), Counter()
+    while sum(said.values()) < 20000:  # version 1's _asked, as it was
+        events = _story("qa7", rng)
+        asked = [p for p in ("Mary", "John", "Sandra", "Daniel") if answer("qa7", events, p) is not None]
+        if asked:
+            said[answer("qa7", events, asked[int(rng.integers(len(asked)))])] += 1
+    assert said.most_common(1)[0][0] == "one"
+    assert abs(said["one"] / 20000 - COUNTING_V1_CHANCE) < 0.01
+    assert Babilong.chance({"variant": "qa7"}, 3.5, version=1) == COUNTING_V1_CHANCE
+    assert Babilong.chance({"variant": "qa7"}, 3.5, version=2) == Babilong.chance({"variant": "qa7"}, 3.5) == 0.25
+    assert Babilong.chance({"variant": "qa1"}, 6.0, version=1) == 1 / len(PLACES)
+
+
 def test_a_bad_variant_names_the_key_and_the_choices():
     with pytest.raises(ConfigError) as err:
         Babilong(TEXT, TEXT, "qa3")
