@@ -190,6 +190,9 @@ def table_notes(report: Report) -> list[str]:
     if len(report.groups) > 1:
         notes.append("Bold: the best value of its column (lowest perplexity, ratio and auc; highest maxlen and "
                      "gain); ties are all bold.")
+    if any(s.cut for g in report.groups for s in g.metrics.values()):
+        notes.append("[low, high]: the 95% t-interval over the runs where it would pass 0 tokens (a length), cut "
+                     "there; mean ± its half-width elsewhere.")
     notes += [m.describe(report) for m in report.metrics]
     return notes
 

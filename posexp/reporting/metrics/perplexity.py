@@ -163,6 +163,7 @@ class MaxLen(MetricSpec):
     kind, pattern, forms, examples = "maxlen", "maxlen@{pct}%", "maxlen, maxlen@P% (e.g. maxlen@10%)", \
         ("maxlen", "maxlen@10%")
     better, decimals = HIGHER, 0
+    bounds = (0.0, math.inf)  # a length: 256 and 384 tokens over two seeds are 320 [0, 1133], not down to −493
 
     def bare(self, tolerance: float) -> Optional[str]:
         from posexp.reporting.selection import check_tolerance
