@@ -137,6 +137,42 @@ def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_it
     assert recorded["encoder_source"]["module"] == "my_encoders.slipped"
 
 
+RAISES_PAST_TRAINING = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("short")
+class Short(PositionalEncoder):
+    """Trains, then raises past the training length: a researcher's bug that only a longer evaluation reaches."""
+
+    def rotate(self, q, k, q_pos, k_pos):
+        if len(q_pos) > 32:
+            raise IndexError("my bug: no angle past position 31")
+        return q, k
+'''
+
+
+def test_a_plugin_encoder_that_raises_in_posexp_eval_says_one_line_as_training_does(project):
+    """posexp eval printed Python's traceback: one line naming the encoder and the run's train.log, which holds the
+    traceback, and a results.json left as it was."""
+    (project / "my_encoders" / "short.py").write_text(RAISES_PAST_TRAINING)
+    (project / "conf" / "encoder" / "short.yaml").write_text(
+        "defaults:\n  - /schema/encoder/short@_here_\n  - _self_\nmodule: my_encoders.short\n")
+    trained = invoke("train", "--config-dir", "conf", "encoder=short", *TINY, "eval.lengths=[32]",
+                     "hydra.run.dir=run", cwd=project)
+    run = project / "run"
+    assert trained.exit_code == 0, trained.output[-3000:]
+    before = (run / "results.json").read_bytes()
+    done = invoke("eval", "run", "eval.lengths=[64]", cwd=project)
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: encoder=short: Short.rotate raised IndexError: my bug: no angle past position 31; the evaluation "
+        f"stopped, results.json is as it was, the traceback is in {Path('run') / 'train.log'}"]
+    log = (run / "train.log").read_text()
+    assert "Traceback" in log and 'raise IndexError("my bug: no angle past position 31")' in log
+    assert (run / "results.json").read_bytes() == before
+
+
 @pytest.mark.parametrize("args,expected", [
     (("encoder=logrope",), "--config-dir CONF"),  # the yaml's folder not given
     (("--config-dir", "conf", "+encoder._target_=my_encoders.logrope.LogRoPE"), "module: PACKAGE.MODULE"),

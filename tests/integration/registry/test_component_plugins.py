@@ -179,6 +179,30 @@ def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
     assert not (installed / "raised").exists()
 
 
+def test_a_plugin_task_that_raises_in_posexp_eval_says_one_line_as_training_does(tmp_path):
+    """A task's generator that fails only at a length training never reached printed Python's traceback from
+    posexp eval: one line naming the task and the run's train.log, which holds the traceback."""
+    from helpers.plugins import write_lab
+
+    lab = write_lab(tmp_path / "lab")
+    source = lab / "my_lab" / "first.py"
+    source.write_text(source.read_text().replace(
+        "    def generate(self, size, count, rng, **options):\n",
+        "    def generate(self, size, count, rng, **options):\n"
+        "        if size > 40:\n"
+        "            raise ValueError(f'my bug: no instance of {size} symbols')\n"))
+    run = lab / "run"
+    trained = _posexp(lab, "train", "--config-dir", "conf", "task=first", *FAST, "eval.multiples=[1]",
+                      f"hydra.run.dir={run}")
+    assert trained.exit_code == 0, trained.output[-3000:]
+    done = _posexp(lab, "eval", str(run), "eval.lengths=[64]", "eval.examples=8")
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: task=first: First.generate raised ValueError: my bug: no instance of 62 symbols; the evaluation "
+        f"stopped, results.json is as it was, the traceback is in {run / 'train.log'}"]
+    assert "Traceback" in (run / "train.log").read_text()
+
+
 @pytest.mark.parametrize("args,line", [
     (("task=first", "task.repeat=3"), "task.repeat: not an option of task 'first'; did you mean task.repeats? its "
                                       "options are: symbols, min_size, repeats"),
