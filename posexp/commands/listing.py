@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -54,6 +54,27 @@ def yaml_description(path: Path) -> str:
     sentence = text[:end.end()] if end else text
     clause = _first_outside(CLAUSE_END, sentence, 30)  # a long sentence up to its first clause: never cut mid-word
     return sentence[:clause.start()] if len(sentence) > LONG_SENTENCE and clause else sentence
+
+
+def task_description(path: Path) -> str:
+    """What a task's yaml says the task is (:func:`yaml_description`); for one that says nothing of it in its header
+    (a plugin's, listing its options), the ``task.description`` it sets, else its class's ``description``."""
+    from posexp.errors import PosexpError
+    from posexp.registry import MODULE_KEY
+    from posexp.tasks import task_class
+
+    said = yaml_description(path)
+    if said:
+        return said
+    task: Any = OmegaConf.select(OmegaConf.load(path), "task", default=None, throw_on_resolution_failure=False)
+    if not isinstance(task, DictConfig) or task.get("name") is None:
+        return ""
+    if task.get("description"):
+        return str(task.description)
+    try:
+        return task_class({"name": task.name, MODULE_KEY: task.get(MODULE_KEY)}).description
+    except PosexpError:  # an unknown task, or a module that cannot be imported: nothing to say it is
+        return ""
 
 
 def _first_outside(pattern: re.Pattern, text: str, start: int = 0) -> Optional[re.Match]:
@@ -147,5 +168,5 @@ def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
             notes.add_row(name, yaml_description(path))
         console.print(notes)
     for group, title in GROUP_TABLES:
-        console.print(_table(title, ("name", "what it is"),
-                             [(n, yaml_description(p)) for n, p in _yamls(group, dirs).items()]))
+        describe = task_description if group == "task" else yaml_description
+        console.print(_table(title, ("name", "what it is"), [(n, describe(p)) for n, p in _yamls(group, dirs).items()]))

@@ -51,6 +51,7 @@ class Task(ABC):
     """
 
     name: str = ""
+    description: str = ""  # what posexp list says the task is, where its yaml says nothing of it (a plugin's)
     citation: str = ""
     size_unit: str = "items"  # what a size counts, for messages
     default_symbols: Optional[int] = None

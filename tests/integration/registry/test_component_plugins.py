@@ -169,6 +169,25 @@ def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_track
     assert 48 in {json.loads(line).get("length") for line in (run / "events.jsonl").read_text().splitlines()}
 
 
+def _listed(lab: Path, name: str) -> str:
+    """What ``posexp list --config-dir conf`` says the task ``name`` is."""
+    done = _posexp(lab, "list", "--config-dir", "conf")
+    assert done.exit_code == 0, done.output[-3000:]
+    return next(line for line in done.stdout.splitlines() if line.strip("│ ").startswith(f"{name} ")).split("│")[2]
+
+
+def test_posexp_list_says_what_a_plugin_task_is_from_the_task_description_its_yaml_sets(installed):
+    """A plugin task's row was empty when its yaml had no header comment, though it set task.description."""
+    assert _listed(installed, "first").strip() == "write the first symbol again"
+
+
+def test_posexp_list_says_what_a_plugin_task_is_from_its_class_as_an_encoders(tmp_path):
+    """A yaml that lists the task's options and says nothing of it: the class's description, as an encoder's."""
+    from helpers.plugins import write_lab
+
+    assert _listed(write_lab(tmp_path / "lab"), "first").strip() == "read a string, then write its first symbol again"
+
+
 def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
     """What the task's own __init__ raised was Python's traceback; it is one line naming the task, as an encoder's."""
     done = _posexp(installed, "train", "--config-dir", "conf", "task=first", "task.repeats=0", *FAST,
