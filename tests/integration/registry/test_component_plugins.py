@@ -138,6 +138,24 @@ def installed(lab, monkeypatch) -> Path:
         del sys.modules[name]
 
 
+@pytest.fixture
+def own_lab(tmp_path, monkeypatch) -> Path:
+    """A researcher's project folder (:func:`helpers.plugins.write_lab`: ``my_lab/`` and ``conf/``), its components
+    found through ``--config-dir conf``; after the test the task and tracker registries, ``sys.path`` and the
+    modules imported from it are as they were, so that the next test imports its own ``my_lab`` afresh."""
+    from helpers.plugins import write_lab
+    from posexp.tasks.task import TASKS
+    from posexp.tracking.tracker import TRACKERS
+
+    saved = [(registry, dict(registry)) for registry in (TASKS, TRACKERS)]
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield write_lab(tmp_path / "lab")
+    for registry, classes in saved:
+        registry.reset_to(classes)
+    for name in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
+        del sys.modules[name]
+
+
 def _posexp(lab: Path, *args: str):
     """``posexp ARGS`` run from the lab folder (its ``conf/``)."""
     return invoke(*args, cwd=lab)
@@ -181,11 +199,9 @@ def test_posexp_list_says_what_a_plugin_task_is_from_the_task_description_its_ya
     assert _listed(installed, "first").strip() == "write the first symbol again"
 
 
-def test_posexp_list_says_what_a_plugin_task_is_from_its_class_as_an_encoders(tmp_path):
+def test_posexp_list_says_what_a_plugin_task_is_from_its_class_as_an_encoders(own_lab):
     """A yaml that lists the task's options and says nothing of it: the class's description, as an encoder's."""
-    from helpers.plugins import write_lab
-
-    assert _listed(write_lab(tmp_path / "lab"), "first").strip() == "read a string, then write its first symbol again"
+    assert _listed(own_lab, "first").strip() == "read a string, then write its first symbol again"
 
 
 def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
@@ -198,12 +214,10 @@ def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
     assert not (installed / "raised").exists()
 
 
-def test_a_plugin_task_that_raises_in_posexp_eval_says_one_line_as_training_does(tmp_path):
+def test_a_plugin_task_that_raises_in_posexp_eval_says_one_line_as_training_does(own_lab):
     """A task's generator that fails only at a length training never reached printed Python's traceback from
     posexp eval: one line naming the task and the run's train.log, which holds the traceback."""
-    from helpers.plugins import write_lab
-
-    lab = write_lab(tmp_path / "lab")
+    lab = own_lab
     source = lab / "my_lab" / "first.py"
     source.write_text(source.read_text().replace(
         "    def generate(self, size, count, rng, **options):\n",
