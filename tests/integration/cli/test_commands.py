@@ -24,6 +24,25 @@ def test_help_is_hydras(tmp_path):
     assert "encoder:" in result.stdout and "alibi" in result.stdout  # config groups with their options
 
 
+def test_a_users_config_named_like_a_builtin_one_is_said_to_be_shadowed(tmp_path, caplog):
+    """conf/model/small.yaml (or data, tokenizer, an encoder's defaults) was never read, silently: Hydra reads posexp's
+    model/small.yaml first. One line each says so, as for a plugin task's or tracker's yaml."""
+    import logging
+
+    conf = tmp_path / "conf"
+    for group, name, text in (("model", "small", "d_model: 64\n"), ("tokenizer", "byte", "vocab_size: 256\n"),
+                              ("encoder", "rope", "base: 500\n"), ("model", "mine", "d_model: 64\n")):
+        (conf / group).mkdir(parents=True, exist_ok=True)
+        (conf / group / f"{name}.yaml").write_text(text)
+    with caplog.at_level(logging.WARNING, logger="posexp.registry"):
+        done = invoke("train", "--config-dir", "conf", "model=small", "--cfg", "job", cwd=tmp_path)
+    assert done.exit_code == 0, done.output[-2000:]
+    assert [r.getMessage() for r in caplog.records if r.name == "posexp.registry"] == [
+        f"your {group} {name!r} ({conf.resolve() / group / name}.yaml) is shadowed by posexp's built-in "
+        f"{group}/{name}.yaml, which Hydra reads first; rename yours (the file)"
+        for group, name in (("encoder", "rope"), ("model", "small"), ("tokenizer", "byte"))]  # model/mine is not
+
+
 def test_list_names_every_encoder_data_set_and_experiment(tmp_path):
     result = invoke("list", cwd=tmp_path)
     assert result.exit_code == 0, result.output
