@@ -135,11 +135,11 @@ def context_parallel_note(declared: Dict[str, Any]) -> str:
             + (f"; {mixed}: when every layer's encoding does" if mixed else "") + " (posexp check ENCODER verifies it)")
 
 
-def model_table(described: bool = True) -> Table:
-    """The model sizes with their parameter counts, computed from each shape (no torch needed); their
-    descriptions in a last column when ``described``."""
+def model_table(described: bool = True, dirs: Sequence[Path] = ()) -> Table:
+    """The model sizes (posexp's and those of the user's config folders ``dirs``) with their parameter counts,
+    computed from each shape (no torch needed); their descriptions in a last column when ``described``."""
     rows = []
-    for name, path in _yamls("model").items():
+    for name, path in _yamls("model", dirs).items():
         raw: Any = OmegaConf.load(path)
         raw.pop("defaults", None)
         m: Any = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
@@ -159,12 +159,12 @@ def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
     for name, reason in broken().items():
         console.print(f"[bold red]broken[/] {escape(name)}: {escape(reason)}", soft_wrap=True, highlight=False)
     wide = console.width >= WIDE
-    console.print(model_table(described=wide))
+    console.print(model_table(described=wide, dirs=dirs))
     if not wide:  # what each size is, one line each, wrapped at word boundaries
         notes = Table.grid(padding=(0, 2))
         notes.add_column(style="cyan", no_wrap=True)
         notes.add_column()
-        for name, path in _yamls("model").items():
+        for name, path in _yamls("model", dirs).items():
             notes.add_row(name, yaml_description(path))
         console.print(notes)
     for group, title in GROUP_TABLES:

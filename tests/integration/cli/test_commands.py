@@ -67,6 +67,21 @@ def test_list_with_a_config_dir_names_its_tasks_trackers_and_experiments_too(tmp
         assert text in result.stdout, text
 
 
+@pytest.mark.parametrize("columns", [200, 80])
+def test_list_with_a_config_dir_names_its_model_sizes_too(tmp_path, columns):
+    """conf/model/mine.yaml trained with model=mine but was missing from posexp list's model sizes, wide or narrow
+    (where the descriptions are listed under the table)."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mine.yaml").write_text(
+        "# My lab's shape.\ndefaults:\n  - /schema/model/model@_here_\n  - _self_\nd_model: 64\nn_layers: 3\n")
+    result = invoke("list", "--config-dir", "conf", columns=columns, cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    row = next(line for line in lines if line.strip("│ ").startswith("mine "))
+    assert [cell.strip() for cell in row.split("│")[2:4]] == ["64", "3"]
+    assert any("mine" in line and "My lab's shape." in line for line in lines)
+
+
 def test_list_reads_at_80_columns(tmp_path):
     from posexp.commands.listing import yaml_description
     from posexp.config.schema import config_dir
