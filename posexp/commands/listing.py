@@ -88,8 +88,10 @@ def _first_outside(pattern: re.Pattern, text: str, start: int = 0) -> Optional[r
 
 
 def _yamls(group: str, dirs: Sequence[Path] = ()) -> Dict[str, Path]:
-    """``name -> yaml`` of a config group, in ``configs/`` and the user's folders ``dirs`` (theirs win), by name."""
-    found = {p.stem: p for folder in (config_dir(), *dirs) for p in (folder / group).glob("*.yaml")}
+    """``name -> yaml`` of a config group, in the user's folders ``dirs`` and ``configs/``, by name: posexp's own
+    where both have a name, as Hydra reads it first (the user's is said to be shadowed,
+    :func:`posexp.cli.hydra_flags.shadowed_components`)."""
+    found = {p.stem: p for folder in (*dirs, config_dir()) for p in (folder / group).glob("*.yaml")}
     return dict(sorted(found.items()))
 
 

@@ -82,6 +82,17 @@ def test_list_with_a_config_dir_names_its_model_sizes_too(tmp_path, columns):
     assert any("mine" in line and "My lab's shape." in line for line in lines)
 
 
+def test_list_shows_posexps_config_where_the_users_of_that_name_is_shadowed(tmp_path):
+    """conf/model/small.yaml was listed with its own shape, though model=small trains posexp's (which Hydra reads
+    first): the list shows what a run gets."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "small.yaml").write_text("# Mine.\nd_model: 64\n")
+    result = invoke("list", "--config-dir", "conf", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.strip("│ ").startswith("small "))
+    assert row.split("│")[2].strip() == "128" and "Mine." not in result.stdout
+
+
 def test_list_reads_at_80_columns(tmp_path):
     from posexp.commands.listing import yaml_description
     from posexp.config.schema import config_dir
