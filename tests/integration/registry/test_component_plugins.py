@@ -236,6 +236,42 @@ def test_a_plugin_task_that_raises_in_posexp_eval_says_one_line_as_training_does
     assert "Traceback" in (run / "train.log").read_text()
 
 
+PARTIAL_TRACKER = '''
+from pathlib import Path
+
+from posexp.tracking.tracker import TRACKERS, Tracker
+
+
+@TRACKERS.register("steps")
+class Steps(Tracker):
+    """A newcomer's tracker: the training curve only."""
+
+    def __init__(self, path):
+        self.path = path
+
+    @classmethod
+    def start(cls, run, prefix: str = "run"):
+        return cls(run.run_dir / "steps.txt")
+
+    def log_train(self, step, values):
+        with self.path.open("a") as f:
+            f.write(f"{step} {values}\\n")
+'''
+
+
+def test_a_plugin_tracker_that_leaves_calls_unimplemented_is_refused_in_one_line_before_training(own_lab):
+    """A tracker of start and log_train trained with 'logger=steps: could not record its run id (NotImplementedError:
+    )' and was dropped, nothing logged: one line before the run names what it lacks."""
+    (own_lab / "my_lab" / "steps.py").write_text(PARTIAL_TRACKER.lstrip())
+    (own_lab / "conf" / "logger" / "steps.yaml").write_text("# @package logger.steps\nmodule: my_lab.steps\n")
+    done = _posexp(own_lab, "train", "--config-dir", "conf", "logger=steps", *FAST, f"hydra.run.dir={own_lab / 'run'}")
+    assert done.exit_code == 2 and done.output.strip().splitlines() == [
+        "error: logger: steps: Steps does not implement reopen, log_curve, log_eval, log_artifacts, finish, record, "
+        "where; a tracker implements each call of Tracker (posexp/tracking/tracker.py): start, reopen, log_train, "
+        "log_curve, log_eval, log_artifacts, finish, record, where"], done.output[-2000:]
+    assert not (own_lab / "run").exists()
+
+
 @pytest.mark.parametrize("args,line", [
     (("task=first", "task.repeat=3"), "task.repeat: not an option of task 'first'; did you mean task.repeats? its "
                                       "options are: symbols, min_size, repeats"),
