@@ -86,8 +86,12 @@ def _problems(encoder: PositionalEncoder, probe: Probe, device: torch.device) ->
             if scores is not None:
                 yield _problem("scores", scores, (B, H, Lq, L), None, device, seen, broadcast=(0, 1))
         if enc.uses_transform:
-            yield _problem("transform's logits", enc.transform(x, q, k, pos)(L - Lq, L), (B, H, Lq, L), None, device,
-                           seen, broadcast=(0, 1))
+            logits_of = enc.transform(x, q, k, pos)
+            if not callable(logits_of):
+                yield f"transform returned {type(logits_of).__name__}, not the function logits(start, end)"
+            else:
+                yield _problem("transform's logits", logits_of(L - Lq, L), (B, H, Lq, L), None, device, seen,
+                               broadcast=(0, 1))
         if enc.uses_normalise:
             logits = (qb @ k.transpose(-1, -2)).masked_fill(~seen, float("-inf"))
             yield _problem("normalise", enc.normalise(logits, q_pos, pos), logits.shape, logits.dtype, device)

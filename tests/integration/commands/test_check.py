@@ -189,6 +189,21 @@ def test_a_broken_encoding_fails_its_check_and_the_command_exits_non_zero(broken
     assert failed == BROKEN[name][1]
 
 
+class TransformReturnsLogits(PositionalEncoder):
+    """A transform that returns the logits of the whole sequence instead of the function of a query block."""
+
+    def transform(self, x: Tensor, q: Tensor, k: Tensor, pos: Tensor):
+        return torch.zeros(q.shape[0], q.shape[1], len(pos), len(pos))
+
+
+def test_hook_outputs_names_a_transform_that_returns_a_tensor_where_the_others_say_it_is_not_callable():
+    checked = {r.name: r for r in run_checks(lambda d, h: TransformReturnsLogits(d, h), PROBE,
+                                             ["hook outputs", "causality"])}
+    assert checked["hook outputs"].status == FAIL
+    assert checked["hook outputs"].detail == "transform returned Tensor, not the function logits(start, end)"
+    assert "not callable" in checked["causality"].detail
+
+
 def test_the_broken_encoders_leave_the_registry(broken):
     assert set(BROKEN) <= set(encoders.registry())
 
