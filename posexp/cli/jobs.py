@@ -24,6 +24,7 @@ from posexp.cli.hydra_flags import APPS
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
 from posexp.errors import PluginFailed, PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
+from posexp.runs.layout import ANALYZE_LOG
 from posexp.runs.lock import RunFolderTaken
 
 
@@ -39,11 +40,29 @@ def analyze_task(cfg: DictConfig) -> None:
     from posexp.analysis.app import run_analyze  # torch: see posexp/cli/app.py
 
     hc = HydraConfig.get()
+    out, spec = Path(hc.runtime.output_dir), None
     try:
         spec = _checked(cfg, hc)
-        run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir), console())
+        run_analyze(spec, spec.analyze, out, console())
     except Exception as e:
-        raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
+        # to the command, which says it: Hydra would print it as a traceback
+        raise Carried(_plugin_said(e, spec, out / ANALYZE_LOG) if spec is not None else e) from None
+
+
+def _plugin_said(error: Exception, spec: Any, log_file: Path) -> Exception:
+    """``error``, or the one line that names the user's encoder when its code raised it (:class:`PluginFailed`, as
+    training says it), its traceback to ``log_file``, the job's log."""
+    from posexp.commands.plugin_source import plugin_failed  # torch: see posexp/cli/app.py
+    from posexp.runs.provenance import source_fields
+
+    if isinstance(error, PosexpError):
+        return error
+    failed = plugin_failed(error, source_fields(spec.encoder), {"encoder": spec.encoder}, "the analysis stopped",
+                           log_file)
+    if failed is None:
+        return error
+    logging.getLogger("posexp.analyze").error("%s", failed, exc_info=error)  # Hydra's file handler: log_file
+    return failed
 
 
 def _checked(cfg: DictConfig, hc: Any) -> Any:

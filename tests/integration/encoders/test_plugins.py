@@ -137,6 +137,19 @@ def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_it
     assert recorded["encoder_source"]["module"] == "my_encoders.slipped"
 
 
+def test_a_plugin_encoder_that_raises_in_posexp_analyze_says_one_line_as_training_does(project):
+    """posexp analyze printed Python's traceback: one line naming the encoder and analyze.log, which holds it."""
+    (project / "my_encoders" / "slipped.py").write_text(RAISES_IN_ROTATE)
+    (project / "conf" / "encoder" / "slipped.yaml").write_text(
+        "defaults:\n  - /schema/encoder/slipped@_here_\n  - _self_\nmodule: my_encoders.slipped\n")
+    done = invoke("analyze", "--config-dir", "conf", "encoder=slipped", "hydra.run.dir=out", cwd=project)
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: encoder=slipped: Slipped.rotate raised IndexError: my bug: position 40 out of range; the analysis "
+        f"stopped, the traceback is in {project / 'out' / 'analyze.log'}"]
+    assert 'raise IndexError("my bug: position 40 out of range")' in (project / "out" / "analyze.log").read_text()
+
+
 RAISES_PAST_TRAINING = '''
 from posexp.encoders import PositionalEncoder, register
 
