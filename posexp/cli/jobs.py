@@ -38,31 +38,19 @@ def run_task(cfg: DictConfig) -> Optional[float]:
 def analyze_task(cfg: DictConfig) -> None:
     """The Hydra task of ``posexp analyze``: one encoding's geometry."""
     from posexp.analysis.app import run_analyze  # torch: see posexp/cli/app.py
-
-    hc = HydraConfig.get()
-    out, spec = Path(hc.runtime.output_dir), None
-    try:
-        spec = _checked(cfg, hc)
-        run_analyze(spec, spec.analyze, out, console())
-    except Exception as e:
-        # to the command, which says it: Hydra would print it as a traceback
-        raise Carried(_plugin_said(e, spec, out / ANALYZE_LOG) if spec is not None else e) from None
-
-
-def _plugin_said(error: Exception, spec: Any, log_file: Path) -> Exception:
-    """``error``, or the one line that names the user's encoder when its code raised it (:class:`PluginFailed`, as
-    training says it), its traceback to ``log_file``, the job's log."""
-    from posexp.commands.plugin_source import plugin_failed  # torch: see posexp/cli/app.py
+    from posexp.commands.plugin_source import plugin_failures
     from posexp.runs.provenance import source_fields
 
-    if isinstance(error, PosexpError):
-        return error
-    failed = plugin_failed(error, source_fields(spec.encoder), {"encoder": spec.encoder}, "the analysis stopped",
-                           log_file)
-    if failed is None:
-        return error
-    logging.getLogger("posexp.analyze").error("%s", failed, exc_info=error)  # Hydra's file handler: log_file
-    return failed
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    try:
+        spec = _checked(cfg, hc)
+        # what a plugin encoder raises: one line, as training says it, the traceback in the job's log
+        with plugin_failures(source_fields(spec.encoder), {"encoder": spec.encoder}, "the analysis stopped",
+                             out / ANALYZE_LOG):
+            run_analyze(spec, spec.analyze, out, console())
+    except Exception as e:
+        raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
 
 
 def _checked(cfg: DictConfig, hc: Any) -> Any:

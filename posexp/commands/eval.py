@@ -26,11 +26,9 @@ naming it and the other runs are evaluated (``--strict``: nothing is).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
-import logging
 import os
 import shlex
 import signal
@@ -38,14 +36,14 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, ContextManager, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.text import Text
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
-from posexp.commands.plugin_source import check_plugin_sources, plugin_failed
+from posexp.commands.plugin_source import check_plugin_sources, plugin_failures
 from posexp.commands.eval_overrides import (Setting, apply_eval_overrides, apply_runtime_overrides, is_multirun,
                                             parse_eval_overrides, parse_settings, split_args)
 from posexp.commands.finetune import parent_changed
@@ -57,8 +55,7 @@ from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock
 from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
-                                LOG_FORMAT, PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD,
-                                TRAIN_LOG,
+                                PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD, TRAIN_LOG,
                                 is_run_dir, merge_rows, natural_key, read_results, runs_under)
 from posexp.runtime import terminal
 
@@ -447,7 +444,7 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
     with out_of_memory("evaluating", device, "the eval lengths" + (" or eval.examples" if p.task else "")), \
-            _plugin_failures(p):
+            run_plugin_failures(p, f"the evaluation stopped, {RESULTS_JSON} is as it was"):
         if p.task is not None:
             rows, positions = evaluate_task_config(p.model, p.task, cfg, device), None
         else:
@@ -477,31 +474,16 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     return results
 
 
-@contextlib.contextmanager
-def _plugin_failures(p: Prepared) -> Iterator[None]:
-    """What the user's own code (a plugin encoder's hook, a task's generator) raises while the run is evaluated: its
-    traceback appended to the run's train.log and one line naming the component and that log (:class:`PluginFailed`),
-    as training says it; results.json is left as it was. posexp's own errors pass through."""
+def run_plugin_failures(p: Prepared, stopped: str) -> ContextManager[None]:
+    """What the run's plugin encoder or task raises while a command uses the run ``p``, in one line naming it, its
+    traceback appended to the run's train.log (:func:`~posexp.commands.plugin_source.plugin_failures`); ``stopped``:
+    what it stopped, for that line."""
     from posexp.runs.provenance import source_fields
     from posexp.tasks import task_code
 
-    try:
-        yield
-    except PosexpError:
-        raise
-    except Exception as e:
-        task = task_code(type(p.task)) if p.task is not None else None
-        plugins = {**source_fields(p.cfg.encoder), **({"task_source": task} if task is not None else {})}
-        failed = plugin_failed(e, plugins, {"encoder": p.cfg.encoder, "task": p.cfg.task},
-                               f"the evaluation stopped, {RESULTS_JSON} is as it was", p.run_dir / TRAIN_LOG)
-        if failed is None:
-            raise
-        handler = logging.FileHandler(p.run_dir / TRAIN_LOG, encoding="utf-8")  # no logging set up: not a Hydra job
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler.handle(logging.getLogger(__name__).makeRecord(
-            __name__, logging.ERROR, __file__, 0, "%s", (failed,), (type(e), e, e.__traceback__)))
-        handler.close()
-        raise failed from None
+    task = task_code(type(p.task)) if p.task is not None else None
+    plugins = {**source_fields(p.cfg.encoder), **({"task_source": task} if task is not None else {})}
+    return plugin_failures(plugins, {"encoder": p.cfg.encoder, "task": p.cfg.task}, stopped, p.run_dir / TRAIN_LOG)
 
 
 def _report_to_trackers(run_dir: Path, rows: list[dict], console: Console) -> None:

@@ -10,14 +10,17 @@ trains or is evaluated is said in one line, its traceback in the run's log (:fun
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from posexp.encoders import load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
 from posexp.errors import PluginFailed, PosexpError
 from posexp.registry import code_record, import_roots, raised_in
+from posexp.runs.layout import LOG_FORMAT
 from posexp.runs.provenance import by_plugin, recorded_sources
 from posexp.tasks import task_class
 
@@ -108,3 +111,25 @@ def plugin_failed(error: BaseException, plugins: Mapping[str, dict], config: Map
     (kind, name), function = raised
     what = f"{type(error).__name__}: {error}".splitlines()[0]
     return PluginFailed(f"{kind}={name}: {function} raised {what}; {stopped}, the traceback is in {log_file}")
+
+
+@contextlib.contextmanager
+def plugin_failures(plugins: Mapping[str, dict], config: Mapping[str, Any], stopped: str,
+                    log_file: Path) -> Iterator[None]:
+    """What the user's own code raises in the block, in one line (:func:`plugin_failed`), its traceback appended to
+    ``log_file``; posexp's own errors, and what posexp's code raised, pass through. For the commands that use a run's
+    plugins outside a Hydra job (``posexp eval``, ``posexp analyze``), whose log nothing else writes to."""
+    try:
+        yield
+    except PosexpError:
+        raise
+    except Exception as e:
+        failed = plugin_failed(e, plugins, config, stopped, log_file)
+        if failed is None:
+            raise
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.handle(logging.getLogger(__name__).makeRecord(
+            __name__, logging.ERROR, __file__, 0, "%s", (failed,), (type(e), e, e.__traceback__)))
+        handler.close()
+        raise failed from None

@@ -165,9 +165,9 @@ class Short(PositionalEncoder):
 '''
 
 
-def test_a_plugin_encoder_that_raises_in_posexp_eval_says_one_line_as_training_does(project):
-    """posexp eval printed Python's traceback: one line naming the encoder and the run's train.log, which holds the
-    traceback, and a results.json left as it was."""
+def test_a_plugin_encoder_that_raises_in_posexp_eval_or_analyze_of_a_run_says_one_line_as_training_does(project):
+    """posexp eval and posexp analyze RUN printed Python's traceback: one line naming the encoder and the run's
+    train.log, which holds the traceback, and a results.json left as it was."""
     (project / "my_encoders" / "short.py").write_text(RAISES_PAST_TRAINING)
     (project / "conf" / "encoder" / "short.yaml").write_text(
         "defaults:\n  - /schema/encoder/short@_here_\n  - _self_\nmodule: my_encoders.short\n")
@@ -184,6 +184,12 @@ def test_a_plugin_encoder_that_raises_in_posexp_eval_says_one_line_as_training_d
     log = (run / "train.log").read_text()
     assert "Traceback" in log and 'raise IndexError("my bug: no angle past position 31")' in log
     assert (run / "results.json").read_bytes() == before
+    analysed = invoke("analyze", "run", cwd=project)
+    assert analysed.exit_code == 1 and "Traceback" not in analysed.output, analysed.output[-3000:]
+    assert analysed.stderr.strip().splitlines() == [
+        "error: encoder=short: Short.rotate raised IndexError: my bug: no angle past position 31; the analysis "
+        f"stopped, the traceback is in {Path('run') / 'train.log'}"]
+    assert (run / "train.log").read_text().count("Traceback") == log.count("Traceback") + 1
 
 
 @pytest.mark.parametrize("args,expected", [
