@@ -24,8 +24,9 @@ from posexp.cli.hydra_flags import APPS
 from posexp.commands.sweeps import failed_runs, objective_value, set_job_threads
 from posexp.config.schema import Config
 from posexp.errors import PluginFailed, PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
-from posexp.runs.layout import ANALYZE_LOG
 from posexp.runs.lock import RunFolderTaken
+
+ANALYZE_LOG = "analyze.log"  # posexp analyze's log in its output folder (configs/analyze.yaml)
 
 
 def run_task(cfg: DictConfig) -> Optional[float]:

@@ -5,7 +5,8 @@ code here, and is it the same code?
 outside posexp. :func:`check_plugin_sources` imports it (from the working folder, else from where the run
 found it) and compares the SHA-256 of its source file with the one the run recorded, so that numbers are
 never silently added to a run by code other than the code that trained it. What that code raises while a run
-trains or is evaluated is said in one line, its traceback in the run's log (:func:`plugin_failed`).
+trains, is evaluated or analysed is said in one line, its traceback in the run's log (:func:`plugin_failed`,
+:func:`plugin_failures`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from posexp.encoders import load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
 from posexp.errors import PluginFailed, PosexpError
 from posexp.registry import code_record, import_roots, raised_in
-from posexp.runs.layout import LOG_FORMAT
-from posexp.runs.provenance import by_plugin, recorded_sources
+from posexp.runs.provenance import LOG_FORMAT, by_plugin, recorded_sources
 from posexp.tasks import task_class
 
 ALLOW_FLAG = "--allow-changed-encoder"
@@ -118,7 +118,7 @@ def plugin_failures(plugins: Mapping[str, dict], config: Mapping[str, Any], stop
                     log_file: Path) -> Iterator[None]:
     """What the user's own code raises in the block, in one line (:func:`plugin_failed`), its traceback appended to
     ``log_file``; posexp's own errors, and what posexp's code raised, pass through. For the commands that use a run's
-    plugins outside a Hydra job (``posexp eval``, ``posexp analyze``), whose log nothing else writes to."""
+    plugins without training it (``posexp eval``, ``posexp analyze``)."""
     try:
         yield
     except PosexpError:

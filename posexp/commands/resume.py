@@ -23,9 +23,9 @@ from rich.console import Console
 from posexp.training.checkpoint import CHECKPOINT_DIR, RESUME_FILE, read_resume_pointer
 from posexp.errors import PosexpError, Terminated
 from posexp.commands.edge import folder_run_hash, load_saved
-from posexp.runs.layout import (CHECKPOINT, HYDRA_CONFIG, LOG_FORMAT, RESULTS_JSON, TRAIN_LOG, is_sweep_dir,
-                                load_overrides, run_status)
+from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, run_status
 from posexp.runs.lock import EVALUATING, run_lock
+from posexp.runs.provenance import LOG_FORMAT
 from posexp.runtime import terminal
 
 

@@ -62,8 +62,6 @@ METRICS_CSV = "metrics.csv"
 CURVE_CSV = "curve.csv"
 CURVE_PLOT = "curve.png"
 TRAIN_LOG = "train.log"
-ANALYZE_LOG = "analyze.log"  # posexp analyze's, in its output folder (configs/analyze.yaml)
-LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # its lines, as configs/hydra/job_logging
 # The experiment trackers a run reports to (logger=...) and the ids that find its tracked run again.
 TRACKERS_JSON = "trackers.json"
 TENSORBOARD_DIR = "tensorboard"  # logger=tensorboard's event files (unless logger.tensorboard.log_dir says otherwise)
