@@ -73,7 +73,7 @@ def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
     """Everything about the ``logger`` config that can be checked before a run starts.
 
     Raises:
-        ConfigError: a tracker whose library is not installed (naming the extra to install), one that leaves a call
+        ConfigError: a tracker whose package is not installed (naming the extra to install), one that leaves a call
             unimplemented, or a bad option.
     """
     for name in chosen(logger_cfg):
