@@ -47,8 +47,8 @@ class TrainingDiverged(PosexpError):
 
 class PluginFailed(PosexpError):
     """Code of the user's own (a plugin encoder's hook, a task's generator) raised while a run trained or evaluated:
-    the run's folder records it as failed and its train.log holds the traceback; the message names the component,
-    what it raised and that log.
+    the run's train.log holds the traceback (a training's folder also records the run as failed); the message names
+    the component, what it raised and that log.
 
     Args:
         message: the one line the terminal shows.

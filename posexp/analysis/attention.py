@@ -143,11 +143,18 @@ def analyze_run(run_dir: Path, settings: AnalyzeConfig, console: Optional[Consol
     its corpus, safetensors weights) and writes into ``RUN_DIR/analysis/``. ``settings``: the checked
     ``analyze.*`` values (:func:`parse_run_args`).
     """
-    from posexp.commands.eval import prepare
+    from posexp.commands.eval import prepare, run_plugin_failures
 
     console = console or terminal.console()
     p = prepare(run_dir, [], allow_changed_encoder=allow_changed_encoder,
                 warn=lambda m: console.print(f"warning: {m}", style="yellow", highlight=False, soft_wrap=True))
+    with run_plugin_failures(p, "the analysis stopped"):
+        return _analyze_prepared(p, settings, console)
+
+
+def _analyze_prepared(p: Any, settings: AnalyzeConfig, console: Console) -> dict:
+    """:func:`analyze_run` of the run ``p`` loaded (:class:`posexp.commands.eval.Prepared`)."""
+    run_dir = p.run_dir
     cfg = p.cfg
     out = Path(run_dir) / ANALYSIS_DIR
     model = p.model.eval()

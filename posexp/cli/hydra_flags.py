@@ -151,16 +151,27 @@ def user_config_dirs(words: Sequence[str]) -> List[Path]:
     return dirs
 
 
+# what a group's yaml naming the user's ``module`` is, in the user's words
+PLUGIN_KINDS = {"logger": "tracker"}
+
+
 def shadowed_components(folder: Path) -> List[str]:
-    """Why a task or tracker of the user's never runs: its yaml in ``folder`` (``task/NAME.yaml``,
-    ``logger/NAME.yaml``, naming the user's ``module``) has the name of one of posexp's own configs, which Hydra
-    reads first; one line each, as a plugin encoder's shadowed name is said."""
-    lines = []
-    for group, kind in (("task", "task"), ("logger", "tracker")):
+    """Why a config of the user's is never read: its yaml in ``folder`` (``model/small.yaml``, ``task/NAME.yaml``...)
+    has the name of one of posexp's own configs in that group, which Hydra reads first; one line each, as a plugin
+    encoder's shadowed name is said (a plugin encoder's yaml is left to that line)."""
+    lines: List[str] = []
+    if folder.resolve() == config_dir().resolve():  # posexp's own folder named again shadows nothing
+        return lines
+    for group in sorted(p.name for p in config_dir().iterdir() if p.is_dir()):
         for yaml in sorted((folder / group).glob("*.yaml")):
-            if (config_dir() / group / yaml.name).is_file() and _names_a_module(yaml):
-                lines.append(f"the plugin {kind} {yaml.stem!r} ({yaml}) is shadowed by posexp's built-in "
-                             f"{group}/{yaml.name}, which Hydra reads first; rename yours (the file and its name)")
+            if not (config_dir() / group / yaml.name).is_file():
+                continue
+            plugin = _names_a_module(yaml)
+            if plugin and group == "encoder":  # the encoder registry says it (posexp.encoders)
+                continue
+            what = f"the plugin {PLUGIN_KINDS.get(group, group)}" if plugin else f"your {group}"
+            lines.append(f"{what} {yaml.stem!r} ({yaml}) is shadowed by posexp's built-in {group}/{yaml.name}, "
+                         f"which Hydra reads first; rename yours (the file{' and its name' if plugin else ''})")
     return lines
 
 

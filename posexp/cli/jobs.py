@@ -26,6 +26,8 @@ from posexp.config.schema import Config
 from posexp.errors import PluginFailed, PosexpError, Terminated, TrainingDiverged, TrainingInterrupted
 from posexp.runs.lock import RunFolderTaken
 
+ANALYZE_LOG = "analyze.log"  # posexp analyze's log in its output folder (configs/analyze.yaml)
+
 
 def run_task(cfg: DictConfig) -> Optional[float]:
     """The Hydra task of ``posexp train``, ``finetune`` and ``eval hf:MODEL``: one job, run by its app's recipe
@@ -37,11 +39,17 @@ def run_task(cfg: DictConfig) -> Optional[float]:
 def analyze_task(cfg: DictConfig) -> None:
     """The Hydra task of ``posexp analyze``: one encoding's geometry."""
     from posexp.analysis.app import run_analyze  # torch: see posexp/cli/app.py
+    from posexp.commands.plugin_source import plugin_failures
+    from posexp.runs.provenance import source_fields
 
     hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
     try:
         spec = _checked(cfg, hc)
-        run_analyze(spec, spec.analyze, Path(hc.runtime.output_dir), console())
+        # what a plugin encoder raises: one line, as training says it, the traceback in the job's log
+        with plugin_failures(source_fields(spec.encoder), {"encoder": spec.encoder}, "the analysis stopped",
+                             out / ANALYZE_LOG):
+            run_analyze(spec, spec.analyze, out, console())
     except Exception as e:
         raise Carried(e) from None  # to the command, which says it: Hydra would print it as a traceback
 

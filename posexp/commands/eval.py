@@ -36,14 +36,14 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, ContextManager, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.text import Text
 
 from posexp.commands.edge import SavedConfig, folder_run_hash, read_saved_config, typed
-from posexp.commands.plugin_source import check_plugin_sources
+from posexp.commands.plugin_source import check_plugin_sources, plugin_failures
 from posexp.commands.eval_overrides import (Setting, apply_eval_overrides, apply_runtime_overrides, is_multirun,
                                             parse_eval_overrides, parse_settings, split_args)
 from posexp.commands.finetune import parent_changed
@@ -55,7 +55,7 @@ from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
 from posexp.runs.lock import EVALUATING, run_lock, still_running
 from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
-                                PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD,
+                                PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD, TRAIN_LOG,
                                 is_run_dir, merge_rows, natural_key, read_results, runs_under)
 from posexp.runtime import terminal
 
@@ -446,7 +446,8 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
                   f"{f' + {e.sinks} sinks' if e.sinks is not None else ''} · {device}",
                   highlight=False)
     trained_in = (p.results.get("run") or {}).get("train", {}).get("precision")
-    with out_of_memory("evaluating", device, "the eval lengths" + (" or eval.examples" if p.task else "")):
+    with out_of_memory("evaluating", device, "the eval lengths" + (" or eval.examples" if p.task else "")), \
+            run_plugin_failures(p, f"the evaluation stopped, {RESULTS_JSON} is as it was"):
         if p.task is not None:
             rows, positions = evaluate_task_config(p.model, p.task, cfg, device), None
         else:
@@ -474,6 +475,18 @@ def _evaluate_run(p: Prepared, raw_overrides: Sequence[str], console: Console) -
     console.print(f"wrote {p.run_dir / RESULTS_JSON} ({len(rows)} row(s) evaluated, {len(results['rows'])} in all)",
                   highlight=False)
     return results
+
+
+def run_plugin_failures(p: Prepared, stopped: str) -> ContextManager[None]:
+    """What the run's plugin encoder or task raises while a command uses the run ``p``, in one line naming it, its
+    traceback appended to the run's train.log (:func:`~posexp.commands.plugin_source.plugin_failures`); ``stopped``:
+    what it stopped, for that line."""
+    from posexp.runs.provenance import source_fields
+    from posexp.tasks import task_code
+
+    task = task_code(type(p.task)) if p.task is not None else None
+    plugins = {**source_fields(p.cfg.encoder), **({"task_source": task} if task is not None else {})}
+    return plugin_failures(plugins, {"encoder": p.cfg.encoder, "task": p.cfg.task}, stopped, p.run_dir / TRAIN_LOG)
 
 
 def _report_to_trackers(run_dir: Path, rows: list[dict], console: Console) -> None:

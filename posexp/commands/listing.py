@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -56,6 +56,27 @@ def yaml_description(path: Path) -> str:
     return sentence[:clause.start()] if len(sentence) > LONG_SENTENCE and clause else sentence
 
 
+def task_description(path: Path) -> str:
+    """What a task's yaml says the task is (:func:`yaml_description`); for one that says nothing of it in its header
+    (a plugin's, listing its options), the ``task.description`` it sets, else its class's ``description``."""
+    from posexp.errors import PosexpError
+    from posexp.registry import MODULE_KEY
+    from posexp.tasks import task_class
+
+    said = yaml_description(path)
+    if said:
+        return said
+    task: Any = OmegaConf.select(OmegaConf.load(path), "task", default=None, throw_on_resolution_failure=False)
+    if not isinstance(task, DictConfig) or task.get("name") is None:
+        return ""
+    if task.get("description"):
+        return str(task.description)
+    try:
+        return task_class({"name": task.name, MODULE_KEY: task.get(MODULE_KEY)}).description
+    except PosexpError:  # an unknown task, or a module that cannot be imported: nothing to say it is
+        return ""
+
+
 def _first_outside(pattern: re.Pattern, text: str, start: int = 0) -> Optional[re.Match]:
     """The first match of ``pattern`` in ``text`` from ``start`` that lies outside every bracket and quote (a title
     quoted in a citation has its own colons and full stops), or None."""
@@ -67,8 +88,10 @@ def _first_outside(pattern: re.Pattern, text: str, start: int = 0) -> Optional[r
 
 
 def _yamls(group: str, dirs: Sequence[Path] = ()) -> Dict[str, Path]:
-    """``name -> yaml`` of a config group, in ``configs/`` and the user's folders ``dirs`` (theirs win), by name."""
-    found = {p.stem: p for folder in (config_dir(), *dirs) for p in (folder / group).glob("*.yaml")}
+    """``name -> yaml`` of a config group, in the user's folders ``dirs`` and ``configs/``, by name: posexp's own
+    where both have a name, as Hydra reads it first (the user's is said to be shadowed,
+    :func:`posexp.cli.hydra_flags.shadowed_components`)."""
+    found = {p.stem: p for folder in (*dirs, config_dir()) for p in (folder / group).glob("*.yaml")}
     return dict(sorted(found.items()))
 
 
@@ -114,11 +137,11 @@ def context_parallel_note(declared: Dict[str, Any]) -> str:
             + (f"; {mixed}: when every layer's encoding does" if mixed else "") + " (posexp check ENCODER verifies it)")
 
 
-def model_table(described: bool = True) -> Table:
-    """The model sizes with their parameter counts, computed from each shape (no torch needed); their
-    descriptions in a last column when ``described``."""
+def model_table(described: bool = True, dirs: Sequence[Path] = ()) -> Table:
+    """The model sizes (posexp's and those of the user's config folders ``dirs``) with their parameter counts,
+    computed from each shape (no torch needed); their descriptions in a last column when ``described``."""
     rows = []
-    for name, path in _yamls("model").items():
+    for name, path in _yamls("model", dirs).items():
         raw: Any = OmegaConf.load(path)
         raw.pop("defaults", None)
         m: Any = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
@@ -138,14 +161,14 @@ def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
     for name, reason in broken().items():
         console.print(f"[bold red]broken[/] {escape(name)}: {escape(reason)}", soft_wrap=True, highlight=False)
     wide = console.width >= WIDE
-    console.print(model_table(described=wide))
+    console.print(model_table(described=wide, dirs=dirs))
     if not wide:  # what each size is, one line each, wrapped at word boundaries
         notes = Table.grid(padding=(0, 2))
         notes.add_column(style="cyan", no_wrap=True)
         notes.add_column()
-        for name, path in _yamls("model").items():
+        for name, path in _yamls("model", dirs).items():
             notes.add_row(name, yaml_description(path))
         console.print(notes)
     for group, title in GROUP_TABLES:
-        console.print(_table(title, ("name", "what it is"),
-                             [(n, yaml_description(p)) for n, p in _yamls(group, dirs).items()]))
+        describe = task_description if group == "task" else yaml_description
+        console.print(_table(title, ("name", "what it is"), [(n, describe(p)) for n, p in _yamls(group, dirs).items()]))

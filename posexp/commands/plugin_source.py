@@ -4,20 +4,24 @@ code here, and is it the same code?
 ``posexp eval``, ``posexp resume`` and ``posexp finetune`` rebuild a run's encoder and task from code that lives
 outside posexp. :func:`check_plugin_sources` imports it (from the working folder, else from where the run
 found it) and compares the SHA-256 of its source file with the one the run recorded, so that numbers are
-never silently added to a run by code other than the code that trained it.
+never silently added to a run by code other than the code that trained it. What that code raises while a run
+trains, is evaluated or analysed is said in one line, its traceback in the run's log (:func:`plugin_failed`,
+:func:`plugin_failures`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from posexp.encoders import load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
-from posexp.errors import PosexpError
-from posexp.registry import code_record, import_roots
-from posexp.runs.provenance import by_plugin, recorded_sources
+from posexp.errors import PluginFailed, PosexpError
+from posexp.registry import code_record, import_roots, raised_in
+from posexp.runs.provenance import LOG_FORMAT, by_plugin, recorded_sources
 from posexp.tasks import task_class
 
 ALLOW_FLAG = "--allow-changed-encoder"
@@ -88,3 +92,44 @@ def _check_one(run_dir: Path, what: str, recorded: dict, load: Callable[[], dict
         raise PosexpError(f"{message}; restore that file, or add {allow_option} to go on with the code as it is now")
     if warn is not None:
         warn(f"{message}; going on with the code as it is now ({allow_option.split()[0]})")
+
+
+def plugin_failed(error: BaseException, plugins: Mapping[str, dict], config: Mapping[str, Any], stopped: str,
+                  log_file: Path) -> Optional[PluginFailed]:
+    """The one line for ``error`` when the user's own code raised it (a plugin encoder's hook, a task's generator):
+    the component, its function, what it raised, ``stopped`` (what that stopped) and ``log_file``, which holds the
+    traceback; None when posexp's own code raised it.
+
+    Args:
+        plugins: the records of the run's plugin code (:func:`posexp.runs.provenance.source_fields`, ``task_source``).
+        config: the run's config: its ``encoder`` and ``task`` names.
+    """
+    task = config.get("task") or {}
+    raised = raised_in(error, by_plugin(plugins, str(config["encoder"]["name"]), str(task.get("name"))))
+    if raised is None:
+        return None
+    (kind, name), function = raised
+    what = f"{type(error).__name__}: {error}".splitlines()[0]
+    return PluginFailed(f"{kind}={name}: {function} raised {what}; {stopped}, the traceback is in {log_file}")
+
+
+@contextlib.contextmanager
+def plugin_failures(plugins: Mapping[str, dict], config: Mapping[str, Any], stopped: str,
+                    log_file: Path) -> Iterator[None]:
+    """What the user's own code raises in the block, in one line (:func:`plugin_failed`), its traceback appended to
+    ``log_file``; posexp's own errors, and what posexp's code raised, pass through. For the commands that use a run's
+    plugins without training it (``posexp eval``, ``posexp analyze``)."""
+    try:
+        yield
+    except PosexpError:
+        raise
+    except Exception as e:
+        failed = plugin_failed(e, plugins, config, stopped, log_file)
+        if failed is None:
+            raise
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.handle(logging.getLogger(__name__).makeRecord(
+            __name__, logging.ERROR, __file__, 0, "%s", (failed,), (type(e), e, e.__traceback__)))
+        handler.close()
+        raise failed from None

@@ -25,9 +25,8 @@ from posexp.errors import PosexpError, Terminated
 from posexp.commands.edge import folder_run_hash, load_saved
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG, RESULTS_JSON, TRAIN_LOG, is_sweep_dir, load_overrides, run_status
 from posexp.runs.lock import EVALUATING, run_lock
+from posexp.runs.provenance import LOG_FORMAT
 from posexp.runtime import terminal
-
-LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # as configs/hydra/job_logging
 
 
 def check_resumable(run_dir: Path) -> None:

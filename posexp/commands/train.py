@@ -23,13 +23,13 @@ from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
 from posexp.commands.edge import launch_folder, typed
 from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_config
-from posexp.errors import ConfigError, PluginFailed, PosexpError, TrainingDiverged, TrainingInterrupted
+from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
 from posexp.evaluation.curve import CurveProbe
-from posexp.registry import raised_in
-from posexp.runs.provenance import (by_plugin, provenance, run_label, source_fields, write_plugin_sources,
+from posexp.runs.provenance import (provenance, run_label, source_fields, write_plugin_sources,
                                       write_run_status)
 from posexp.commands.evaluator import check_key_tokens, for_run
+from posexp.commands.plugin_source import plugin_failed
 from posexp.commands.pretrained import hf_evaluator
 from posexp.evaluation.runner import evaluate_config
 from posexp.rendering.results import results_table, write_loss_by_position, write_results
@@ -144,13 +144,10 @@ def _plugin_failures(job: TrainJob, source: TrainingSource, plugins: dict) -> It
     except PosexpError:
         raise
     except Exception as e:
-        raised = raised_in(e, by_plugin(plugins, str(job.spec.encoder["name"]), str(job.spec.task["name"])))
-        if raised is None:
+        failed = plugin_failed(e, plugins, {"encoder": job.spec.encoder, "task": job.spec.task}, "the run stopped",
+                               job.run_dir / TRAIN_LOG)
+        if failed is None:
             raise
-        (kind, name), function = raised
-        what = f"{type(e).__name__}: {e}".splitlines()[0]
-        failed = PluginFailed(f"{kind}={name}: {function} raised {what}; the run stopped, the traceback is in "
-                              f"{job.run_dir / TRAIN_LOG}")
         log.error("%s", failed, exc_info=e)
         if job.world.is_main:
             write_run_status(job.run_dir, job.spec, job.overrides, "failed", failed, source.info(),

@@ -25,6 +25,8 @@ from posexp.runs.layout import write_results_json
 
 PLUGIN_SOURCES = "encoder_source.json"  # the plugin code a run builds (encoder, task), recorded as training starts
 SOURCE_KEYS = ("encoder_source", "layer_sources", "task_source")  # the keys of results.json's run that record it
+# a line of a run's train.log, as configs/hydra/job_logging writes it: what a command outside Hydra appends matches
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 def git_commit() -> Optional[str]:

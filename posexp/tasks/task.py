@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.registry import Registry, option_params
 
 PAD = 0  # every task's token 0: fills a length an instance does not use; never an answer
@@ -51,6 +51,7 @@ class Task(ABC):
     """
 
     name: str = ""
+    description: str = ""  # what posexp list says the task is, where its yaml says nothing of it (a plugin's)
     citation: str = ""
     size_unit: str = "items"  # what a size counts, for messages
     default_symbols: Optional[int] = None
@@ -174,12 +175,38 @@ class Task(ABC):
         """``count`` instances read in exactly ``length`` tokens: the largest size that fits, padded at the start."""
         size = self.size_for(length)
         made = self.generate(size, count, rng, **options)
+        self._check_generated(made, size, count)
         pad = length + 1 - made.tokens.shape[1]
         if pad == 0:
             return made
         tokens = np.concatenate([np.full((count, pad), PAD, dtype=np.int64), made.tokens], axis=1)
         answer = np.concatenate([np.zeros((count, pad), dtype=bool), made.answer], axis=1)
         return Instances(tokens, answer)
+
+
+    def _check_generated(self, made: Instances, size: int, count: int) -> None:
+        """What :meth:`generate` returned is what its contract says (a task of the user's may not hold to it):
+        ``count`` rows of ``tokens_for(size)`` tokens in ``0 .. vocab_size - 1`` and an answer mask of that shape,
+        never on the first token.
+
+        Raises:
+            PosexpError: in one line naming the task, the size and what is wrong, where the model would otherwise
+                fail on it far from the generator (a negative padding, an embedding index out of range).
+        """
+        tokens, answer, want = np.asarray(made.tokens), np.asarray(made.answer), (count, self.tokens_for(size))
+        if tokens.shape != want or answer.shape != want:
+            wrong = f"tokens {tokens.shape} and answer {answer.shape}"
+        elif not np.issubdtype(tokens.dtype, np.integer) or answer.dtype != np.bool_:
+            wrong = f"tokens of {tokens.dtype} and an answer of {answer.dtype} (integers and bools)"
+        elif tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            wrong = f"tokens {tokens.min()}..{tokens.max()}, outside its vocab_size {self.vocab_size}"
+        elif answer[:, :1].any():
+            wrong = "an answer on the first token, which no model reads before it"
+        else:
+            return
+        raise PosexpError(f"task={self.name}: {type(self).__name__}.generate(size={size}, count={count}) returned "
+                          f"{wrong}; the contract (posexp/tasks/task.py): {want} tokens (count, tokens_for(size)) "
+                          f"in 0..{self.vocab_size - 1}, an answer mask of that shape, never on the first token")
 
 
 def fill(count: int, width: int, high: int, rng: np.random.Generator, low: int = 0) -> np.ndarray:

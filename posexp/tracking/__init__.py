@@ -23,8 +23,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from posexp.errors import ConfigError, PosexpError
 from posexp.registry import MODULE_KEY, code_record, did_you_mean, import_roots
 from posexp.runs.layout import is_sweep_dir
-from posexp.tracking.tracker import (TRACKERS, RunIdentity, Tracker, artifacts, curve_values, eval_points, option_names,
-                                     options_schema, read_records, records_problem, write_records)
+from posexp.tracking.tracker import (CALLS, TRACKERS, RunIdentity, Tracker, artifacts, curve_values, eval_points,
+                                     option_names, options_schema, read_records, records_problem, unimplemented,
+                                     write_records)
 
 log = logging.getLogger("posexp.tracking")
 TRACKER_SOURCE = "tracker_source"  # a tracker of the user's module: its code's record in trackers.json (code_record)
@@ -72,7 +73,8 @@ def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
     """Everything about the ``logger`` config that can be checked before a run starts.
 
     Raises:
-        ConfigError: a tracker whose library is not installed (naming the extra to install), or a bad option.
+        ConfigError: a tracker whose package is not installed (naming the extra to install), one that leaves a call
+            unimplemented, or a bad option.
     """
     for name in chosen(logger_cfg):
         assert logger_cfg is not None
@@ -80,6 +82,11 @@ def check_loggers(logger_cfg: Optional[Mapping[str, Any]]) -> None:
         problem = missing_library(cls, name)
         if problem is not None:
             raise ConfigError("logger", f"{name} {problem}")
+        missing = unimplemented(cls)
+        if missing:  # a run would drop the tracker at its first such call, with a bare NotImplementedError
+            raise ConfigError("logger", f"{name}: {cls.__qualname__} does not implement {', '.join(missing)}; a "
+                                        f"tracker implements each call of Tracker (posexp/tracking/tracker.py): "
+                                        f"{', '.join(CALLS)}")
         cls.check(**options)
 
 

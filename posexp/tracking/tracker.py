@@ -229,6 +229,15 @@ class Tracker:
         raise NotImplementedError
 
 
+# The calls a run makes of each of its trackers: a tracker implements every one (posexp eval reopens it)
+CALLS = ("start", "reopen", "log_train", "log_curve", "log_eval", "log_artifacts", "finish", "record", "where")
+
+
+def unimplemented(cls: type[Tracker]) -> list[str]:
+    """The calls of :data:`CALLS` that ``cls`` leaves to :class:`Tracker`, which implements none of them."""
+    return [call for call in CALLS if getattr(cls, call).__qualname__ == f"Tracker.{call}"]
+
+
 # Every tracker by name (the logger=... options), found as encoders and tasks are (posexp.registry): a Tracker
 # subclass in a module of this package decorated with @TRACKERS.register("name"). Those modules import their
 # library only when a run uses them, so finding them costs nothing.

@@ -17,6 +17,7 @@ from posexp.tasks.task import TASKS, Task, fill, with_answer
 
 @TASKS.register("first")
 class First(Task):
+    description = "read a string, then write its first symbol again"
     default_symbols = 8
     size_unit = "symbols"
 

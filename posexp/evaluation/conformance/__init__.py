@@ -7,6 +7,8 @@ number it measured and the bound it held it to; or an error, where nothing could
 ===========================  ==========================================================================
 check                        what it holds the encoding to
 ===========================  ==========================================================================
+hook outputs                 each hook's return has the contract's shape, the input's dtype and device, and is
+                             finite where the model reads it
 causality                    no output at or before ``t`` depends on the tokens after ``t``
 prefix                       nor on how many tokens follow: the first ``t + 1`` outputs are the prefix's own
 absolute positions           query blocks with their own ``q_pos`` give the rows of the whole sequence
@@ -41,12 +43,14 @@ from posexp.evaluation.conformance.exact import (
     check_causality, check_fused, check_fused_backward, check_offsets, check_prefix, check_relative)
 from posexp.evaluation.conformance.numerics import (
     check_bf16, check_determinism, check_length, check_memory, check_speed)
+from posexp.evaluation.conformance.outputs import check_outputs
 from posexp.evaluation.conformance.probe import EncoderFactory, Probe, casts
 from posexp.evaluation.conformance.result import ERROR, FAIL, NOT_APPLICABLE, PASS, Check
 from posexp.evaluation.conformance.sharded import check_context_parallel
 from posexp.evaluation.conformance.scalings import check_scaling_identity, check_scaling_reference
 
 CHECKS: dict[str, Callable[[EncoderFactory, Probe], Check]] = {
+    "hook outputs": check_outputs,
     "causality": check_causality,
     "prefix": check_prefix,
     "absolute positions": check_offsets,

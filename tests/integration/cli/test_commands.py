@@ -24,6 +24,25 @@ def test_help_is_hydras(tmp_path):
     assert "encoder:" in result.stdout and "alibi" in result.stdout  # config groups with their options
 
 
+def test_a_users_config_named_like_a_builtin_one_is_said_to_be_shadowed(tmp_path, caplog):
+    """conf/model/small.yaml (or data, tokenizer, an encoder's defaults) was never read, silently: Hydra reads posexp's
+    model/small.yaml first. One line each says so, as for a plugin task's or tracker's yaml."""
+    import logging
+
+    conf = tmp_path / "conf"
+    for group, name, text in (("model", "small", "d_model: 64\n"), ("tokenizer", "byte", "vocab_size: 256\n"),
+                              ("encoder", "rope", "base: 500\n"), ("model", "mine", "d_model: 64\n")):
+        (conf / group).mkdir(parents=True, exist_ok=True)
+        (conf / group / f"{name}.yaml").write_text(text)
+    with caplog.at_level(logging.WARNING, logger="posexp.registry"):
+        done = invoke("train", "--config-dir", "conf", "model=small", "--cfg", "job", cwd=tmp_path)
+    assert done.exit_code == 0, done.output[-2000:]
+    assert [r.getMessage() for r in caplog.records if r.name == "posexp.registry"] == [
+        f"your {group} {name!r} ({conf.resolve() / group / name}.yaml) is shadowed by posexp's built-in "
+        f"{group}/{name}.yaml, which Hydra reads first; rename yours (the file)"
+        for group, name in (("encoder", "rope"), ("model", "small"), ("tokenizer", "byte"))]  # model/mine is not
+
+
 def test_list_names_every_encoder_data_set_and_experiment(tmp_path):
     result = invoke("list", cwd=tmp_path)
     assert result.exit_code == 0, result.output
@@ -46,6 +65,32 @@ def test_list_with_a_config_dir_names_its_tasks_trackers_and_experiments_too(tmp
     assert result.exit_code == 0, result.output
     for text in ("task=first: the first symbol again at the end.", "One JSON line per event.", "My lab's budget."):
         assert text in result.stdout, text
+
+
+@pytest.mark.parametrize("columns", [200, 80])
+def test_list_with_a_config_dir_names_its_model_sizes_too(tmp_path, columns):
+    """conf/model/mine.yaml trained with model=mine but was missing from posexp list's model sizes, wide or narrow
+    (where the descriptions are listed under the table)."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mine.yaml").write_text(
+        "# My lab's shape.\ndefaults:\n  - /schema/model/model@_here_\n  - _self_\nd_model: 64\nn_layers: 3\n")
+    result = invoke("list", "--config-dir", "conf", columns=columns, cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    row = next(line for line in lines if line.strip("│ ").startswith("mine "))
+    assert [cell.strip() for cell in row.split("│")[2:4]] == ["64", "3"]
+    assert any("mine" in line and "My lab's shape." in line for line in lines)
+
+
+def test_list_shows_posexps_config_where_the_users_of_that_name_is_shadowed(tmp_path):
+    """conf/model/small.yaml was listed with its own shape, though model=small trains posexp's (which Hydra reads
+    first): the list shows what a run gets."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "small.yaml").write_text("# Mine.\nd_model: 64\n")
+    result = invoke("list", "--config-dir", "conf", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.strip("│ ").startswith("small "))
+    assert row.split("│")[2].strip() == "128" and "Mine." not in result.stdout
 
 
 def test_list_reads_at_80_columns(tmp_path):

@@ -133,6 +133,25 @@ class NormalisesOverTheFuture(PositionalEncoder):
         return logits.masked_fill(torch.isinf(logits), 0.0).softmax(-1)
 
 
+class ScoresHeadsFirst(PositionalEncoder):
+    """A per-head distance term laid out ``(H, B, Lq, Lk)``: the same shape as the contract's when B = H."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__(d_model, n_heads)
+        self.table = nn.Parameter(torch.zeros(n_heads, 64))
+
+    def scores(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        per_head = self.table[:, relative_distance(q_pos, k_pos).clamp(0, 63)]  # (H, Lq, Lk)
+        return per_head[:, None].expand(-1, q.shape[0], -1, -1)
+
+
+class MaskAsBias(PositionalEncoder):
+    """A local window returned as a boolean mask, which the model adds as 1.0 where it was meant to hide."""
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return (relative_distance(q_pos, k_pos) > 4)[None].expand(self.n_heads, -1, -1)
+
+
 # each break, and every check it fails: a future leak also breaks what follows from causality, nothing else fails
 BROKEN = {"length_leak": (LengthLeak, {"prefix", "absolute positions"}),
           "content_leak": (ContentLeak, {"causality", "prefix", "absolute positions"}),
@@ -143,7 +162,11 @@ BROKEN = {"length_leak": (LengthLeak, {"prefix", "absolute positions"}),
           # the content hooks: the model-level checks, and the hook's own, name the break
           "gates_read_ahead": (GatesReadAhead, {"causality", "prefix", "transform: causal, prefix"}),
           "normalises_over_the_future": (NormalisesOverTheFuture,
-                                         {"causality", "prefix", "absolute positions", "normalise: masks, blocks"})}
+                                         {"causality", "prefix", "absolute positions", "normalise: masks, blocks"}),
+          # what a hook returns: right in the probe's shapes (length runs one sequence: the batch of 1 breaks it, named
+          # by no hook), or taken by the model as something else
+          "scores_heads_first": (ScoresHeadsFirst, {"hook outputs", "length"}),
+          "mask_as_bias": (MaskAsBias, {"hook outputs"})}
 
 
 @pytest.fixture
@@ -164,6 +187,21 @@ def test_a_broken_encoding_fails_its_check_and_the_command_exits_non_zero(broken
     failed = {c["name"] for c in report["checks"] if c["status"] == FAIL}
     assert code == 1 and not report["passed"]
     assert failed == BROKEN[name][1]
+
+
+class TransformReturnsLogits(PositionalEncoder):
+    """A transform that returns the logits of the whole sequence instead of the function of a query block."""
+
+    def transform(self, x: Tensor, q: Tensor, k: Tensor, pos: Tensor):
+        return torch.zeros(q.shape[0], q.shape[1], len(pos), len(pos))
+
+
+def test_hook_outputs_names_a_transform_that_returns_a_tensor_where_the_others_say_it_is_not_callable():
+    checked = {r.name: r for r in run_checks(lambda d, h: TransformReturnsLogits(d, h), PROBE,
+                                             ["hook outputs", "causality"])}
+    assert checked["hook outputs"].status == FAIL
+    assert checked["hook outputs"].detail == "transform returned Tensor, not the function logits(start, end)"
+    assert "not callable" in checked["causality"].detail
 
 
 def test_the_broken_encoders_leave_the_registry(broken):

@@ -137,6 +137,61 @@ def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_it
     assert recorded["encoder_source"]["module"] == "my_encoders.slipped"
 
 
+def test_a_plugin_encoder_that_raises_in_posexp_analyze_says_one_line_as_training_does(project):
+    """posexp analyze printed Python's traceback: one line naming the encoder and analyze.log, which holds it."""
+    (project / "my_encoders" / "slipped.py").write_text(RAISES_IN_ROTATE)
+    (project / "conf" / "encoder" / "slipped.yaml").write_text(
+        "defaults:\n  - /schema/encoder/slipped@_here_\n  - _self_\nmodule: my_encoders.slipped\n")
+    done = invoke("analyze", "--config-dir", "conf", "encoder=slipped", "hydra.run.dir=out", cwd=project)
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: encoder=slipped: Slipped.rotate raised IndexError: my bug: position 40 out of range; the analysis "
+        f"stopped, the traceback is in {project / 'out' / 'analyze.log'}"]
+    assert 'raise IndexError("my bug: position 40 out of range")' in (project / "out" / "analyze.log").read_text()
+
+
+RAISES_PAST_TRAINING = '''
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("short")
+class Short(PositionalEncoder):
+    """Trains, then raises past the training length: a researcher's bug that only a longer evaluation reaches."""
+
+    def rotate(self, q, k, q_pos, k_pos):
+        if len(q_pos) > 32:
+            raise IndexError("my bug: no angle past position 31")
+        return q, k
+'''
+
+
+def test_a_plugin_encoder_that_raises_in_posexp_eval_or_analyze_of_a_run_says_one_line_as_training_does(project):
+    """posexp eval and posexp analyze RUN printed Python's traceback: one line naming the encoder and the run's
+    train.log, which holds the traceback, and a results.json left as it was."""
+    (project / "my_encoders" / "short.py").write_text(RAISES_PAST_TRAINING)
+    (project / "conf" / "encoder" / "short.yaml").write_text(
+        "defaults:\n  - /schema/encoder/short@_here_\n  - _self_\nmodule: my_encoders.short\n")
+    trained = invoke("train", "--config-dir", "conf", "encoder=short", *TINY, "eval.lengths=[32]",
+                     "hydra.run.dir=run", cwd=project)
+    run = project / "run"
+    assert trained.exit_code == 0, trained.output[-3000:]
+    before = (run / "results.json").read_bytes()
+    done = invoke("eval", "run", "eval.lengths=[64]", cwd=project)
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: encoder=short: Short.rotate raised IndexError: my bug: no angle past position 31; the evaluation "
+        f"stopped, results.json is as it was, the traceback is in {Path('run') / 'train.log'}"]
+    log = (run / "train.log").read_text()
+    assert "Traceback" in log and 'raise IndexError("my bug: no angle past position 31")' in log
+    assert (run / "results.json").read_bytes() == before
+    analysed = invoke("analyze", "run", cwd=project)
+    assert analysed.exit_code == 1 and "Traceback" not in analysed.output, analysed.output[-3000:]
+    assert analysed.stderr.strip().splitlines() == [
+        "error: encoder=short: Short.rotate raised IndexError: my bug: no angle past position 31; the analysis "
+        f"stopped, the traceback is in {Path('run') / 'train.log'}"]
+    assert (run / "train.log").read_text().count("Traceback") == log.count("Traceback") + 1
+
+
 @pytest.mark.parametrize("args,expected", [
     (("encoder=logrope",), "--config-dir CONF"),  # the yaml's folder not given
     (("--config-dir", "conf", "+encoder._target_=my_encoders.logrope.LogRoPE"), "module: PACKAGE.MODULE"),

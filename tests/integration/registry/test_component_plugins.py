@@ -138,6 +138,24 @@ def installed(lab, monkeypatch) -> Path:
         del sys.modules[name]
 
 
+@pytest.fixture
+def own_lab(tmp_path, monkeypatch) -> Path:
+    """A researcher's project folder (:func:`helpers.plugins.write_lab`: ``my_lab/`` and ``conf/``), its components
+    found through ``--config-dir conf``; after the test the task and tracker registries, ``sys.path`` and the
+    modules imported from it are as they were, so that the next test imports its own ``my_lab`` afresh."""
+    from helpers.plugins import write_lab
+    from posexp.tasks.task import TASKS
+    from posexp.tracking.tracker import TRACKERS
+
+    saved = [(registry, dict(registry)) for registry in (TASKS, TRACKERS)]
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield write_lab(tmp_path / "lab")
+    for registry, classes in saved:
+        registry.reset_to(classes)
+    for name in [m for m in sys.modules if m == "my_lab" or m.startswith("my_lab.")]:
+        del sys.modules[name]
+
+
 def _posexp(lab: Path, *args: str):
     """``posexp ARGS`` run from the lab folder (its ``conf/``)."""
     return invoke(*args, cwd=lab)
@@ -169,6 +187,23 @@ def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_track
     assert 48 in {json.loads(line).get("length") for line in (run / "events.jsonl").read_text().splitlines()}
 
 
+def _listed(lab: Path, name: str) -> str:
+    """What ``posexp list --config-dir conf`` says the task ``name`` is."""
+    done = _posexp(lab, "list", "--config-dir", "conf")
+    assert done.exit_code == 0, done.output[-3000:]
+    return next(line for line in done.stdout.splitlines() if line.strip("│ ").startswith(f"{name} ")).split("│")[2]
+
+
+def test_posexp_list_says_what_a_plugin_task_is_from_the_task_description_its_yaml_sets(installed):
+    """A plugin task's row was empty when its yaml had no header comment, though it set task.description."""
+    assert _listed(installed, "first").strip() == "write the first symbol again"
+
+
+def test_posexp_list_says_what_a_plugin_task_is_from_its_class_as_an_encoders(own_lab):
+    """A yaml that lists the task's options and says nothing of it: the class's description, as an encoder's."""
+    assert _listed(own_lab, "first").strip() == "read a string, then write its first symbol again"
+
+
 def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
     """What the task's own __init__ raised was Python's traceback; it is one line naming the task, as an encoder's."""
     done = _posexp(installed, "train", "--config-dir", "conf", "task=first", "task.repeats=0", *FAST,
@@ -177,6 +212,64 @@ def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
     assert done.stderr.strip().splitlines() == ["error: task=first: First(symbols=None, min_size=None, repeats=0) "
                                                 "raised ValueError: repeats must be at least 1"]
     assert not (installed / "raised").exists()
+
+
+def test_a_plugin_task_that_raises_in_posexp_eval_says_one_line_as_training_does(own_lab):
+    """A task's generator that fails only at a length training never reached printed Python's traceback from
+    posexp eval: one line naming the task and the run's train.log, which holds the traceback."""
+    lab = own_lab
+    source = lab / "my_lab" / "first.py"
+    source.write_text(source.read_text().replace(
+        "    def generate(self, size, count, rng, **options):\n",
+        "    def generate(self, size, count, rng, **options):\n"
+        "        if size > 40:\n"
+        "            raise ValueError(f'my bug: no instance of {size} symbols')\n"))
+    run = lab / "run"
+    trained = _posexp(lab, "train", "--config-dir", "conf", "task=first", *FAST, "eval.multiples=[1]",
+                      f"hydra.run.dir={run}")
+    assert trained.exit_code == 0, trained.output[-3000:]
+    done = _posexp(lab, "eval", str(run), "eval.lengths=[64]", "eval.examples=8")
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: task=first: First.generate raised ValueError: my bug: no instance of 62 symbols; the evaluation "
+        f"stopped, results.json is as it was, the traceback is in {run / 'train.log'}"]
+    assert "Traceback" in (run / "train.log").read_text()
+
+
+PARTIAL_TRACKER = '''
+from pathlib import Path
+
+from posexp.tracking.tracker import TRACKERS, Tracker
+
+
+@TRACKERS.register("steps")
+class Steps(Tracker):
+    """A newcomer's tracker: the training curve only."""
+
+    def __init__(self, path):
+        self.path = path
+
+    @classmethod
+    def start(cls, run, prefix: str = "run"):
+        return cls(run.run_dir / "steps.txt")
+
+    def log_train(self, step, values):
+        with self.path.open("a") as f:
+            f.write(f"{step} {values}\\n")
+'''
+
+
+def test_a_plugin_tracker_that_leaves_calls_unimplemented_is_refused_in_one_line_before_training(own_lab):
+    """A tracker of start and log_train trained with 'logger=steps: could not record its run id (NotImplementedError:
+    )' and was dropped, nothing logged: one line before the run names what it lacks."""
+    (own_lab / "my_lab" / "steps.py").write_text(PARTIAL_TRACKER.lstrip())
+    (own_lab / "conf" / "logger" / "steps.yaml").write_text("# @package logger.steps\nmodule: my_lab.steps\n")
+    done = _posexp(own_lab, "train", "--config-dir", "conf", "logger=steps", *FAST, f"hydra.run.dir={own_lab / 'run'}")
+    assert done.exit_code == 2 and done.output.strip().splitlines() == [
+        "error: logger: steps: Steps does not implement reopen, log_curve, log_eval, log_artifacts, finish, record, "
+        "where; a tracker implements each call of Tracker (posexp/tracking/tracker.py): start, reopen, log_train, "
+        "log_curve, log_eval, log_artifacts, finish, record, where"], done.output[-2000:]
+    assert not (own_lab / "run").exists()
 
 
 @pytest.mark.parametrize("args,line", [

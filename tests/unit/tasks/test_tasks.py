@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 from posexp.evaluation.accuracy import eval_instances, wilson_interval
 from posexp.tasks import PAD, TASKS
 from posexp.tasks.sampler import TaskSampler
@@ -236,3 +236,37 @@ def test_a_task_that_does_not_list_its_options_records_every_option_it_holds():
     assert First(repeats=2).options() == {"symbols": 8, "repeats": 2}
     assert task_fingerprint(First(repeats=2)) != task_fingerprint(First(repeats=3))
     assert make("copy").options() == {"symbols": 16} and make("parity").options() == {} == make("flipflop").options()
+
+
+
+def _mine(extra_sep: int = 0, high: int = 9, answer_first: bool = False):
+    """A copy task of one's own (vocab_size 10) whose generator breaks its contract as told."""
+    from posexp.tasks.task import Task, fill, with_answer
+
+    class Mine(Task):
+        name = "mine"
+        default_symbols = 8
+        vocab_size = 10
+
+        def tokens_for(self, size):
+            return 2 * size + 1
+
+        def generate(self, size, count, rng, **options):
+            x = fill(count, size, high, rng, low=2)
+            return with_answer([(x, answer_first), (np.full((count, 1 + extra_sep), 1), False), (x, True)])
+
+    return Mine()
+
+
+@pytest.mark.parametrize("broken,wrong", [
+    ({"extra_sep": 1}, "returned tokens (4, 20) and answer (4, 20)"),
+    ({"high": 12}, "outside its vocab_size 10"),
+    ({"answer_first": True}, "an answer on the first token"),
+])
+def test_a_generator_that_breaks_its_contract_is_one_line_naming_the_task_not_a_numpy_error(broken, wrong):
+    """One separator too many was 'ValueError: negative dimensions are not allowed' from numpy (padding), a token past
+    vocab_size an index error in the embedding: posexp train printed a traceback far from the generator."""
+    with pytest.raises(PosexpError, match=r"^task=mine: Mine\.generate\(size=9, count=4\) returned ") as e:
+        _mine(**broken).instances(19, 4, np.random.default_rng(0))
+    assert wrong in str(e.value) and "\n" not in str(e.value)
+    assert _mine().instances(19, 4, np.random.default_rng(0)).tokens.shape == (4, 20)
