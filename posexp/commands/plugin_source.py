@@ -83,7 +83,7 @@ def _check_one(run_dir: Path, what: str, recorded: dict, load: Callable[[], dict
         message = (f"{run_dir}: the source of {what} changed since the run was trained: {now.get('file')} "
                    f"has sha256 {str(new)[:12]}, the run recorded {old[:12]} ({recorded.get('file')})")
     elif old_pkg is not None and new_pkg != old_pkg:  # the class's file is the same, a helper beside it is not
-        message = (f"{run_dir}: a file of {what}'s package {str(recorded.get('module')).split('.')[0]} "
+        message = (f"{run_dir}: a file of the package {str(recorded.get('module')).split('.')[0]} of {what} "
                    f"changed since the run was trained (package sha256 {str(new_pkg)[:12]}, the run recorded "
                    f"{old_pkg[:12]})")
     else:

@@ -623,7 +623,7 @@ def test_a_run_whose_plugin_helper_changed_is_refused_like_a_changed_encoder_fil
     encoder = {"name": "logrope", "module": "my_encoders.logrope"}
     check_plugin_sources(tmp_path, {"encoder": encoder}, results)  # as trained: nothing to say
     (project / "my_encoders" / "helpers.py").write_text("SCALE = 2.0\n")
-    with pytest.raises(PosexpError, match=r"a file of encoder 'logrope''s package my_encoders changed since"):
+    with pytest.raises(PosexpError, match=r"a file of the package my_encoders of encoder 'logrope' changed since"):
         check_plugin_sources(tmp_path, {"encoder": encoder}, results)
     said: list[str] = []
     check_plugin_sources(tmp_path, {"encoder": encoder}, results, allow_changed=True, warn=said.append)
