@@ -77,6 +77,24 @@ def task_description(path: Path) -> str:
         return ""
 
 
+def logger_description(path: Path) -> str:
+    """What a tracker's yaml says it is (:func:`yaml_description`); for one that says nothing of it in its header
+    (a plugin's, naming its module), its class's ``description``."""
+    from posexp.errors import PosexpError
+    from posexp.registry import MODULE_KEY
+    from posexp.tracking import tracker_options
+
+    said = yaml_description(path)
+    if said:
+        return said
+    options: Any = OmegaConf.load(path)
+    module = options.get(MODULE_KEY) if isinstance(options, DictConfig) else None
+    try:
+        return tracker_options(path.stem, {MODULE_KEY: module} if module else None)[0].description
+    except PosexpError:  # an unknown tracker, or a module that cannot be imported: nothing to say it is
+        return ""
+
+
 def _first_outside(pattern: re.Pattern, text: str, start: int = 0) -> Optional[re.Match]:
     """The first match of ``pattern`` in ``text`` from ``start`` that lies outside every bracket and quote (a title
     quoted in a citation has its own colons and full stops), or None."""
@@ -170,5 +188,5 @@ def print_choices(console: Console, dirs: Sequence[Path] = ()) -> None:
             notes.add_row(name, yaml_description(path))
         console.print(notes)
     for group, title in GROUP_TABLES:
-        describe = task_description if group == "task" else yaml_description
+        describe = {"task": task_description, "logger": logger_description}.get(group, yaml_description)
         console.print(_table(title, ("name", "what it is"), [(n, describe(p)) for n, p in _yamls(group, dirs).items()]))

@@ -188,6 +188,7 @@ class Tracker:
 
     name = ""
     needs_module = ""  # the module it needs, installed by the extra of its name (pip install 'posexp[NAME]')
+    description = ""  # what it is, one line, for posexp list where its yaml's header comment says nothing
 
     @classmethod
     def start(cls, run: RunIdentity, **options: Any) -> "Tracker":

@@ -55,6 +55,7 @@ from posexp.tracking.tracker import TRACKERS, Tracker
 @TRACKERS.register("jsonl")
 class JsonlTracker(Tracker):
     needs_module = "json"
+    description = "every event of a run as one JSON line"
 
     def __init__(self, path: Path):
         self.path = path

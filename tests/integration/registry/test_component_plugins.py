@@ -188,7 +188,7 @@ def test_a_plugin_task_trains_with_its_own_options_and_reports_to_a_plugin_track
 
 
 def _listed(lab: Path, name: str) -> str:
-    """What ``posexp list --config-dir conf`` says the task ``name`` is."""
+    """What ``posexp list --config-dir conf`` says the task or tracker ``name`` is."""
     done = _posexp(lab, "list", "--config-dir", "conf")
     assert done.exit_code == 0, done.output[-3000:]
     return next(line for line in done.stdout.splitlines() if line.strip("│ ").startswith(f"{name} ")).split("│")[2]
@@ -202,6 +202,11 @@ def test_posexp_list_says_what_a_plugin_task_is_from_the_task_description_its_ya
 def test_posexp_list_says_what_a_plugin_task_is_from_its_class_as_an_encoders(own_lab):
     """A yaml that lists the task's options and says nothing of it: the class's description, as an encoder's."""
     assert _listed(own_lab, "first").strip() == "read a string, then write its first symbol again"
+
+
+def test_posexp_list_says_what_a_plugin_tracker_is_from_its_class(own_lab):
+    """A tracker's yaml that names its module and options only: its row was empty; the class's description."""
+    assert _listed(own_lab, "jsonl").strip() == "every event of a run as one JSON line"
 
 
 def test_a_plugin_task_whose_init_raises_stops_train_in_one_line(installed):
