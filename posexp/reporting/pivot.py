@@ -23,6 +23,7 @@ no scaling, no window. With ``--cols window``, each window also gets a paired ve
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -56,6 +57,7 @@ class Measure:
     field: str
     scale: float = 1.0
     decimals: int = 2
+    span: float = math.inf  # the most two values can differ by (an accuracy in %: 100 points); inf: no bound
 
 
 PPL = Measure("ppl", LM_TASK, "ppl")
@@ -72,9 +74,13 @@ class PivotCell:
     def mean(self) -> Optional[float]:
         return mean_interval(list(self.values.values()))[0] if self.values else None
 
-    def diff(self) -> tuple[Optional[float], Optional[float], Optional[float]]:
-        """Mean difference to the baseline column with its 95% paired t-interval (None: n < 2)."""
-        return mean_interval(self.diffs) if self.diffs else (None, None, None)
+    def diff(self, span: float = math.inf) -> tuple[Optional[float], Optional[float], Optional[float]]:
+        """Mean difference to the baseline column with its 95% paired t-interval (None: n < 2), cut at ``±span``,
+        beyond which no difference of two values lies (:attr:`Measure.span`), as the comparisons cut theirs."""
+        if not self.diffs:
+            return None, None, None
+        mean, low, high = mean_interval(self.diffs)
+        return mean, None if low is None else max(low, -span), None if high is None else min(high, span)
 
 
 @dataclass
@@ -140,7 +146,7 @@ def _measures(records: list[dict]) -> list[Measure]:
     if any(r.get("ppl_key") is not None for r in lm):
         measures.append(Measure("ppl_key", LM_TASK, "ppl_key"))
     for task in dict.fromkeys(str(r.get("task")) for r in records if r.get("metric") == "accuracy"):
-        measures.append(Measure(f"{task} acc", task, "exact_match", 100.0, 1))
+        measures.append(Measure(f"{task} acc", task, "exact_match", 100.0, 1, span=100.0))
     return measures
 
 
@@ -298,7 +304,7 @@ def _text(pivot: Pivot, line: tuple, length: int, column: tuple, measure: Measur
     if cell.mean is None:
         return MISSING
     text = fmt_value(cell.mean, d)
-    diff, low, high = cell.diff()
+    diff, low, high = cell.diff(measure.span)
     if diff is not None:
         text += f" ({fmt_value(diff, d, True)}"
         text += f" [{fmt_value(low, d, True)}, {fmt_value(high, d, True)}])" if low is not None else ")"
@@ -323,7 +329,7 @@ def as_table(pivot: Pivot) -> Table:
             for m, column in shown:
                 cell = pivot.cell(line, n, column, m)
                 if cell.mean is not None:
-                    diff, low, high = cell.diff()
+                    diff, low, high = cell.diff(m.span)
                     what = {"measure": m.name, "value": cell.mean} if several else {"ppl": cell.mean}
                     cells.append({**dict(zip(pivot.by, line)), "length": n, **dict(zip(pivot.cols, column)),
                                   **what, "n": len(cell.values), "diff_vs_baseline": diff,

@@ -39,3 +39,19 @@ def test_a_key_in_both_by_and_cols_is_one_line_naming_it(tmp_path):
     with pytest.raises(ConfigError, match=r"^--cols: encoder is a --by key too; .*--by encoder --cols seed") as e:
         build_pivot(runs, ["encoder"], ["encoder", "seed"])
     assert e.value.key == "--cols"
+
+
+def test_a_difference_of_accuracies_stays_within_100_points(tmp_path):
+    """Two paired seeds' exact-match differences of −90 and +70 points read −10.0 [−1026.5, +1006.5] in the pivot
+    (csv and json too), though two accuracies differ by at most 100 points: cut there, as the comparisons are."""
+    from helpers.runs import make_task_run
+
+    from posexp.reporting.pivot import as_table
+
+    accuracy = {("rope", 0): 0.1, ("rope", 1): 0.9, ("alibi", 0): 1.0, ("alibi", 1): 0.2}
+    runs = [read_run(make_task_run(tmp_path / f"{enc}{seed}", {64: 1.0, 128: acc}, encoder=enc, seed=seed))
+            for (enc, seed), acc in accuracy.items()]
+    cells = as_table(build_pivot(runs, ["train_len"], ["encoder"])).json["cells"]  # alibi the baseline column
+    rope = next(c for c in cells if c["encoder"] == "rope" and c["length"] == 128)
+    assert rope["diff_vs_baseline"] == pytest.approx(-10.0)
+    assert (rope["diff_low"], rope["diff_high"]) == (-100.0, 100.0)
