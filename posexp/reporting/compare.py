@@ -26,7 +26,7 @@ from posexp.reporting.formatting import fmt_signed, joined, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
 # Comparison and NOT_COMPARABLE are read from here too, as Margin is
-from posexp.reporting.table import NOT_COMPARABLE, Comparison, Group
+from posexp.reporting.table import NOT_COMPARABLE, Comparison, Group, measured_otherwise
 
 
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
@@ -62,7 +62,7 @@ def parse_baseline(baseline: Sequence[str] | str | None, by: list[str]) -> list[
 
 def comparable(group: Group) -> bool:
     """A group whose numbers may be set against the others' (same corpus, eval settings, train length, finished)."""
-    return not any(f in NOT_COMPARABLE or f.startswith("status:") for f in group.flags)
+    return not (measured_otherwise(group.flags) or any(f.startswith("status:") for f in group.flags))
 
 
 def pick_reference(groups: Sequence[Group], filters: Sequence[Filter]) -> Optional[Group]:

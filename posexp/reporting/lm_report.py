@@ -13,8 +13,7 @@ from dataclasses import replace
 from typing import Any, Iterable, Optional, Sequence
 
 from posexp.errors import PosexpError
-from posexp.reporting.compare import (NOT_COMPARABLE, Margin, compare_groups, parse_baseline, parse_margin,
-                                      pick_reference)
+from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
 from posexp.reporting.formatting import as_number
 from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows, sort_groups
 from posexp.reporting.options import ReportOptions
@@ -24,7 +23,7 @@ from posexp.reporting.runs import Run, read_run, run_labels, read_runs, parent_c
 from posexp.reporting.selection import (Filter, SortKey, parse_by, parse_metric, parse_metrics, parse_sort,
                                         parse_where, select_runs)
 from posexp.reporting.stats import Stat, aggregate_stat
-from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
+from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells, measured_otherwise
 from posexp.reporting.views import MAIN_PROTOCOL, parse_view, pick_view, view_text
 from posexp.runs.layout import RESULTS_JSON
 from posexp.runs.row import factor_text, fixed_factor
@@ -112,7 +111,7 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
 
     _mark_unlearned(rows, warnings)
     # a run flagged as measured otherwise (a stray at another train_len) does not choose the others' ratio length
-    compared = [row for row in rows if row.cells and not NOT_COMPARABLE & set(row.flags)]
+    compared = [row for row in rows if row.cells and not measured_otherwise(row.flags)]
     report.ratio_length = common_ratio_length(compared or rows, lengths, report.train_len)
     if report.ratio_length is not None:
         for row in rows:

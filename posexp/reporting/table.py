@@ -10,7 +10,7 @@ Built by :func:`posexp.reporting.lm_report.build_report`; read by the writers (:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from posexp.reporting.difference import Difference, Margin
 from posexp.reporting.metrics import CELLS, PERPLEXITY, read_values
@@ -23,6 +23,12 @@ UNLEARNED = "did not learn at 1×"  # the flag of a run that did not learn at it
 # flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
 NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length",
                   "different instances"}  # the last: a task run's, scored on another generator's or options' instances
+
+
+def measured_otherwise(flags: Iterable[str]) -> bool:
+    """Whether a run or group with ``flags`` was measured differently from the others (:data:`NOT_COMPARABLE`), so
+    that its numbers are not set against theirs."""
+    return bool(NOT_COMPARABLE.intersection(flags))
 
 
 @dataclass
@@ -143,7 +149,7 @@ class Report:
         flagged as measured otherwise (a stray trained at another length, whose ratio is no other run's)."""
         others: dict[int, list[str]] = {}
         for row in self.rows:
-            if compared and NOT_COMPARABLE & set(row.flags):
+            if compared and measured_otherwise(row.flags):
                 continue
             if row.run.train_len is not None and row.run.train_len != self.train_len:
                 others.setdefault(row.run.train_len, []).append(row.label)
