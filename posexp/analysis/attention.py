@@ -25,7 +25,7 @@ from posexp.errors import PosexpError, require
 from posexp.model.positions import PositionPlan
 from posexp.runs.atomic import atomic_write_json
 from posexp.runs.layout import is_run_dir
-from posexp.runs.lock import still_running
+from posexp.runs.lock import refuse_running
 from posexp.runtime import terminal
 
 ANALYSIS_DIR = "analysis"  # in the run folder
@@ -123,9 +123,7 @@ def parse_run_args(args: Sequence[str]) -> tuple[list[Path], AnalyzeConfig]:
             refusal = pretrained_refusal(arg, "analyze")  # a pretrained model's run: its weights are elsewhere
             if refusal is not None:
                 raise PosexpError(refusal)
-            running = still_running(arg)
-            if running is not None:
-                raise PosexpError(running)
+            refuse_running(arg)
             raise PosexpError(f"{arg}: not a run folder (one with results.json and checkpoint/model.safetensors); pass the folder "
                               "of one trained run, e.g. outputs/2026-11-22/10-00-00")
         require(key.startswith("analyze.") and key[len("analyze."):] in keys, key,

@@ -53,7 +53,7 @@ from posexp.commands.evaluator import check_key_tokens, for_run
 from posexp.commands.pretrained import hf_evaluator, pretrained_hint
 from posexp.errors import ConfigError, PosexpError, TrainingInterrupted
 from posexp.runs.atomic import DISK_FULL, unwritable
-from posexp.runs.lock import EVALUATING, run_lock, still_running
+from posexp.runs.lock import EVALUATING, refuse_running, run_lock
 from posexp.runs.layout import (ACCURACY_PLOT, CHECKPOINT, HYDRA_CONFIG, LOSS_BY_POSITION_CSV, LOSS_BY_POSITION_PNG,
                                 PASSKEY_HEATMAP, PPL_PLOT, RESULTS_CSV, RESULTS_JSON, RESULTS_MD, SUMMARY_MD, TRAIN_LOG,
                                 is_run_dir, merge_rows, natural_key, read_results, runs_under)
@@ -107,9 +107,7 @@ def find_eval_runs(folders: Sequence[str | os.PathLike], warn=None, given: Seque
             warn(f"skipping {len(pretrained)} pretrained model run(s) below {root}, whose weights stay in the models' "
                  f"own folders; measure them again as new runs: {rerun_command(pretrained, given)}")
         if not mine:
-            running = still_running(root)
-            if running is not None:
-                raise PosexpError(running)
+            refuse_running(root)
             extra = f" ({len(skipped)} folder(s) with results but no checkpoint)" if skipped else ""
             raise PosexpError(f"{root}: no runs found below it{extra}; a run folder contains {RESULTS_JSON} and "
                               f"{CHECKPOINT}")

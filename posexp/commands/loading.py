@@ -26,7 +26,7 @@ from posexp.errors import PosexpError
 from posexp.reporting.frame import records_table, run_records
 from posexp.reporting.runs import Run, read_run
 from posexp.runs.layout import CHECKPOINT, HYDRA_CONFIG
-from posexp.runs.lock import still_running
+from posexp.runs.lock import refuse_running
 
 ALLOW_KEYWORD = "allow_changed_encoder=True to posexp.load_run"  # the Python twin of --allow-changed-encoder
 
@@ -69,9 +69,7 @@ def load_run(path: str | os.PathLike, allow_changed_encoder: bool = False) -> Ru
     Raises:
         PosexpError: ``path`` is not a run folder, or its results or config cannot be read.
     """
-    running = still_running(path)
-    if running is not None:
-        raise PosexpError(running)
+    refuse_running(path)
     opener = RunOpener(allow_changed_encoder)
     run = read_run(path, opener)  # a results.json named directly reads as its folder
     opener.saved(run)  # a config that cannot be read is refused now, not on first use

@@ -164,6 +164,17 @@ def still_running(folder: str | os.PathLike) -> Optional[str]:
     return None
 
 
+def refuse_running(folder: str | os.PathLike) -> None:
+    """Refuse ``folder`` in :func:`still_running`'s line when a process is still training in it; nothing otherwise.
+
+    Raises:
+        PosexpError: the run is still running.
+    """
+    running = still_running(folder)
+    if running is not None:
+        raise PosexpError(running)
+
+
 def find_finished_runs(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> list[Path]:
     """:func:`~posexp.runs.layout.find_runs`, where folders with no run in them are refused saying so when one of them
     (or a job of a sweep among them) is still training, instead of asking whether the run stopped early.
