@@ -22,7 +22,7 @@ from posexp.reporting.lm_report import Group, Report, group_and_compare
 from posexp.reporting.formatting import (MAX_BANDS, MISSING, NOT_APPLICABLE, csv_cell, display_path, fmt_int, fmt_num,
                                          fmt_settings, fmt_value, fmt_view, md_escape, plural, short_id)
 from posexp.reporting.selection import ABSENT, canon, parse_metric, show_value, config_value
-from posexp.reporting.stats import Stat
+from posexp.reporting.stats import CUT_NOTE, Stat
 from posexp.reporting.tables import Column, Section, TableCell, rich_tables, to_markdown
 from posexp.reporting import tables
 from posexp.runs.layout import PPL_PLOT, SUMMARY_CSV
@@ -191,8 +191,7 @@ def table_notes(report: Report) -> list[str]:
         notes.append("Bold: the best value of its column (lowest perplexity, ratio and auc; highest maxlen and "
                      "gain); ties are all bold.")
     if any(s.cut for g in report.groups for s in g.metrics.values()):
-        notes.append("[low, high]: the 95% t-interval over the runs where it would pass 0 tokens (a length), cut "
-                     "there; mean ± its half-width elsewhere.")
+        notes.append(CUT_NOTE.format(bounds="0 tokens (a length)"))
     notes += [m.describe(report) for m in report.metrics]
     return notes
 

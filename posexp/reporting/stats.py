@@ -196,6 +196,11 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     return mean, mean - half, mean + half
 
 
+# the note of a table with an interval cut at a bound (Stat.cut), ``bounds`` the values it would pass there
+CUT_NOTE = ("[low, high]: the 95% t-interval over the runs where it would pass {bounds}, cut there; mean ± its "
+            "half-width elsewhere.")
+
+
 def aggregate_stat(values: list[tuple[Optional[bool], Optional[float]]], single_interval: tuple = (None, None),
                    bounds: Optional[tuple[float, float]] = None) -> Stat:
     """Aggregate per-run (applicable, value) pairs; the n/a and missing ones are not averaged.

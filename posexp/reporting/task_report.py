@@ -31,7 +31,7 @@ from posexp.reporting.grouping import aggregate_group, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run, run_labels
 from posexp.reporting.selection import config_value, option_items, parse_sort, show_value
-from posexp.reporting.stats import Stat
+from posexp.reporting.stats import CUT_NOTE, Stat
 from posexp.reporting.table import UNLEARNED, Group, Report, ReportRow, cells
 from posexp.reporting.views import view_text
 from posexp.runs.layout import ACCURACY, row_metric
@@ -165,8 +165,7 @@ INTRO = ("Exact-match accuracy (%) of the whole answer, teacher-forced, on the s
 
 
 BOLD = "Bold: the best value of its column (the highest accuracy and length); ties are all bold."
-CUT = ("[low, high]: the 95% t-interval over the runs where it would pass 0 or 100% (an accuracy lies within them) "
-       "or 0 tokens (a length), cut there; mean ± its half-width elsewhere.")
+CUT = CUT_NOTE.format(bounds="0 or 100% (an accuracy lies within them) or 0 tokens (a length)")
 
 
 def _task_section(report: Report, task: str) -> Section:
