@@ -16,6 +16,15 @@ LABELS = ["encoder=irope", "encoder=stickbreaking seed=1"]
 FLAGS = "status: diverged; kept apart: not comparable"
 
 
+def _printed(table: Table, width: int) -> str:
+    """What a terminal ``width`` columns wide shows of ``table`` (no colour, nothing cropped)."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, legacy_windows=False)
+    for part in rich_tables(table, width):
+        console.print(part, crop=False)
+    return buf.getvalue()
+
+
 def _table(compact: bool) -> Table:
     columns = [Column("run", label=True, min_width=12), *(Column(str(n)) for n in (64, 128, 256, 512, 1024)),
                Column("ratio"), Column("flags", label=True, last=True, min_width=12)]
@@ -27,11 +36,7 @@ def _table(compact: bool) -> Table:
 @pytest.mark.parametrize("compact", [True, False])
 @pytest.mark.parametrize("width", range(50, 130, 3))
 def test_no_word_is_cut_and_no_line_is_wider_than_the_terminal(width, compact):
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, legacy_windows=False)
-    for part in rich_tables(_table(compact), width):
-        console.print(part, crop=False)
-    out = buf.getvalue()
+    out = _printed(_table(compact), width)
     assert max(len(line) for line in out.splitlines()) <= width, out
     words = {w for text in (*LABELS, FLAGS) for w in text.split()}
     assert all(w in out.split() for w in words), out
@@ -61,10 +66,7 @@ def test_a_comparison_keeps_its_group_labels_whole_where_they_fit_and_cuts_nothi
                    for group in ("encoder=alibi", "encoder=learned")]
     comparison = Comparison("encoder=rope", [parse_metric("maxlen@10%")], ["encoder"], differences,
                             {"maxlen@10%": 0})
-    buf = io.StringIO()
-    for part in rich_tables(comparison_table(comparison, method=False), width):
-        Console(file=buf, width=width, color_system=None, legacy_windows=False).print(part, crop=False)
-    out = buf.getvalue()
+    out = _printed(comparison_table(comparison, method=False), width)
     assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out  # nothing cut
     if width >= 80:
         assert "encoder=learned" in out.split() and "encoder=alibi" in out.split(), out
@@ -86,10 +88,7 @@ def test_a_comparison_wraps_its_verdicts_at_spaces_before_it_folds_a_label_insid
                               "better", relative=100.0, p_adjusted=0.0001),
                    Difference("encoder=learned", "ratio", "encoder=rope", reason="no value in this group")]
     comparison = Comparison("encoder=rope", metrics, ["encoder"], differences, {"maxlen@rel80": 0, "ratio": 3})
-    buf = io.StringIO()
-    for part in rich_tables(comparison_table(comparison, method=False), width):
-        Console(file=buf, width=width, color_system=None, legacy_windows=False).print(part, crop=False)
-    out = buf.getvalue()
+    out = _printed(comparison_table(comparison, method=False), width)
     assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out  # nothing cut
     if width >= 79:
         assert {"encoder=learned", "encoder=alibi", "maxlen@rel80"} <= set(out.split()), out
