@@ -60,6 +60,13 @@ def registry_state(monkeypatch, tmp_path):
             del sys.modules[name]
 
 
+def _add_encoder(project: Path, name: str, source: str) -> None:
+    """The researcher's encoder ``name``: ``source`` as ``my_encoders/NAME.py`` and a yaml naming it, on its schema."""
+    (project / "my_encoders" / f"{name}.py").write_text(source)
+    (project / "conf" / "encoder" / f"{name}.yaml").write_text(
+        f"defaults:\n  - /schema/encoder/{name}@_here_\n  - _self_\nmodule: my_encoders.{name}\n")
+
+
 def _dist(site: Path, name: str, entry_points: str, module: str = "", code: str = "") -> None:
     """An installed distribution as importlib.metadata sees it: ``NAME-0.1.dist-info`` (and its module)."""
     info = site / f"{name}-0.1.dist-info"
@@ -121,9 +128,7 @@ def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_it
     """Python's traceback on the terminal, train.log without it and a folder that said 'an unfinished run; continue
     it with posexp resume' (which raised the same again): one line naming the encoder and train.log, which holds the
     traceback, and a results.json that records the run as failed, as a failed sweep job's does."""
-    (project / "my_encoders" / "slipped.py").write_text(RAISES_IN_ROTATE)
-    (project / "conf" / "encoder" / "slipped.yaml").write_text(
-        "defaults:\n  - /schema/encoder/slipped@_here_\n  - _self_\nmodule: my_encoders.slipped\n")
+    _add_encoder(project, "slipped", RAISES_IN_ROTATE)
     done = invoke("train", "--config-dir", "conf", "encoder=slipped", *TINY, "hydra.run.dir=run", cwd=project)
     run = project / "run"
     assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
@@ -139,9 +144,7 @@ def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_it
 
 def test_a_plugin_encoder_that_raises_in_posexp_analyze_says_one_line_as_training_does(project):
     """posexp analyze printed Python's traceback: one line naming the encoder and analyze.log, which holds it."""
-    (project / "my_encoders" / "slipped.py").write_text(RAISES_IN_ROTATE)
-    (project / "conf" / "encoder" / "slipped.yaml").write_text(
-        "defaults:\n  - /schema/encoder/slipped@_here_\n  - _self_\nmodule: my_encoders.slipped\n")
+    _add_encoder(project, "slipped", RAISES_IN_ROTATE)
     done = invoke("analyze", "--config-dir", "conf", "encoder=slipped", "hydra.run.dir=out", cwd=project)
     assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
     assert done.stderr.strip().splitlines() == [
@@ -168,9 +171,7 @@ class Short(PositionalEncoder):
 def test_a_plugin_encoder_that_raises_in_posexp_eval_or_analyze_of_a_run_says_one_line_as_training_does(project):
     """posexp eval and posexp analyze RUN printed Python's traceback: one line naming the encoder and the run's
     train.log, which holds the traceback, and a results.json left as it was."""
-    (project / "my_encoders" / "short.py").write_text(RAISES_PAST_TRAINING)
-    (project / "conf" / "encoder" / "short.yaml").write_text(
-        "defaults:\n  - /schema/encoder/short@_here_\n  - _self_\nmodule: my_encoders.short\n")
+    _add_encoder(project, "short", RAISES_PAST_TRAINING)
     trained = invoke("train", "--config-dir", "conf", "encoder=short", *TINY, "eval.lengths=[32]",
                      "hydra.run.dir=run", cwd=project)
     run = project / "run"
@@ -225,9 +226,7 @@ def test_a_plugin_hook_that_cannot_take_the_contracts_arguments_is_broken_in_one
     """Training printed Python's traceback at the first step (TwoArgs.rotate() takes 3 positional arguments but 5
     were given), and posexp check failed each check with it: the encoder cannot be used, said as a plugin whose
     options make no schema is, before anything runs."""
-    (project / "my_encoders" / "twoargs.py").write_text(WRONG_SIGNATURE)
-    (project / "conf" / "encoder" / "twoargs.yaml").write_text(
-        "defaults:\n  - /schema/encoder/twoargs@_here_\n  - _self_\nmodule: my_encoders.twoargs\n")
+    _add_encoder(project, "twoargs", WRONG_SIGNATURE)
     why = "TwoArgs.rotate(self, q, k) does not take the contract's arguments (q, k, q_pos, k_pos)"
     _one_line(invoke("train", "--config-dir", "conf", "encoder=twoargs", *TINY, cwd=project), "encoder=twoargs", why)
     checked = invoke("check", "--config-dir", "conf", "twoargs", "--format", "json", cwd=project)
