@@ -25,8 +25,8 @@ from posexp.reporting.difference import (ALPHA, BETTER, CONFIDENCE, EQUAL, EQUIV
 from posexp.reporting.formatting import fmt_signed, joined, md_escape
 from posexp.reporting.tables import Column, Section, Table, TableCell, to_markdown
 from posexp.reporting.selection import EXECUTION_KEYS, Filter, Metric, parse_where
-# Comparison and NOT_COMPARABLE are read from here too, as Margin is
-from posexp.reporting.table import NOT_COMPARABLE, Comparison, Group, measured_otherwise
+# Comparison is read from here too, as Margin is
+from posexp.reporting.table import Comparison, Group, measured_otherwise
 
 
 SEEDS_HINT = "add seeds, e.g. `seed=0,1,2` in the sweep (posexp train -m ... seed=0,1,2)"
