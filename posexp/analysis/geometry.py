@@ -135,10 +135,7 @@ def power_law_fit(distances: np.ndarray, values: np.ndarray) -> Optional[dict]:
         return None
     x, y = np.log(r[keep]), np.log(v[keep])
     slope, intercept = np.polyfit(x, y, 1)
-    resid = y - (slope * x + intercept)
-    total = ((y - y.mean()) ** 2).sum()
-    r2 = 1.0 - float((resid**2).sum() / total) if total > 0 else 1.0
-    return {"a": float(np.exp(intercept)), "exponent": float(-slope), "r2": r2}
+    return {"a": float(np.exp(intercept)), "exponent": float(-slope), "r2": _r2(y, slope * x + intercept)}
 
 
 def decay_summary(curve: np.ndarray, fit_from: int = 1) -> dict:
@@ -174,10 +171,17 @@ def linear_fit(distances: np.ndarray, values: np.ndarray) -> dict:
     """``values ~ slope * r + intercept`` by least squares, with ``r2`` (1 = exactly linear)."""
     r, v = np.asarray(distances, float), np.asarray(values, float)
     slope, intercept = np.polyfit(r, v, 1)
-    total = ((v - v.mean()) ** 2).sum()
-    resid = v - (slope * r + intercept)
-    r2 = 1.0 - float((resid**2).sum() / total) if total > 0 else 1.0
-    return {"slope": float(slope), "intercept": float(intercept), "r2": r2}
+    return {"slope": float(slope), "intercept": float(intercept), "r2": _r2(v, slope * r + intercept)}
+
+
+def _r2(values: np.ndarray, fitted: np.ndarray) -> float:
+    """``1 - SS_res / SS_tot`` of a least-squares line: the share of the values' variance it explains, in
+    ``[0, 1]``; 1 for values constant up to rounding, which the line fits exactly (their spread is then rounding
+    noise, as the fit's residuals are, and the ratio of two rounding noises is no measure)."""
+    total = float(((values - values.mean()) ** 2).sum())
+    if total <= len(values) * (16 * np.finfo(float).eps * float(np.abs(values).max())) ** 2:
+        return 1.0
+    return 1.0 - float(((values - fitted) ** 2).sum()) / total
 
 
 @torch.no_grad()

@@ -87,6 +87,16 @@ def test_sinusoidal_envelope_decays_with_distance():
     assert dec["power_law"]["exponent"] > 0
 
 
+def test_a_flat_envelope_is_fitted_exactly_not_with_a_negative_r2():
+    """A curve whose envelope is flat (learned positions at their initialisation: the largest inner product is at
+    the last distance) printed 'envelope ~ r^-0.00 (r2 -24.00)': the ratio of two rounding errors. A constant is
+    fitted exactly, exponent 0, r2 1, as any least-squares line's r2 lies in [0, 1]."""
+    curve = np.zeros(128)
+    curve[0], curve[-1] = 1.0, 0.158
+    fit = decay_summary(curve)["power_law"]
+    assert fit["r2"] == 1.0 and abs(fit["exponent"]) < 1e-9 and fit["a"] == pytest.approx(0.158)
+
+
 @pytest.mark.parametrize("small,large", [(100.0, 10000.0), (1000.0, 100000.0)])
 def test_larger_base_decays_more_slowly(small, large):
     d_small = decay_summary(_sinusoid_curve(small)[1])
