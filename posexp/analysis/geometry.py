@@ -34,6 +34,8 @@ from torch import Tensor
 HOOKS = ("embed", "rotate", "bias", "scores")
 # position_dependence below this (float32 hooks) counts as a score of m - n alone
 RELATIVE_TOLERANCE = 1e-4
+# a rotate hook whose one-step angles are all below this (radians per token) turns no pair: it is no rotation
+NO_TURN = 1e-6
 
 
 # -- score maps through the hooks ----------------------------------------------------------------
@@ -325,8 +327,8 @@ def analyse_unit(encoder, length: int, train_len: int, lengths: Sequence[int], f
     else:
         out["not_applicable"]["spectrum"] = "no position vectors to transform"
     theta = rotary_frequencies(encoder) if "rotate" in hooks else None
-    if "rotate" in hooks and theta is None:
-        out["not_applicable"]["rope_bound"] = "rotate changes the width of q and k: not a rotation of the head's features"
+    if "rotate" in hooks and (why := _not_a_rotation(theta)) is not None:
+        out["not_applicable"]["rope_bound"] = why
     elif theta is not None:
         out["frequencies"] = frequency_table(theta, train_len, lengths)
         bound = rope_relative_bound(theta, length)
@@ -345,6 +347,16 @@ def analyse_unit(encoder, length: int, train_len: int, lengths: Sequence[int], f
         out["not_applicable"]["frequencies"] = "no frequency schedule read from its hooks"
     out["_curves"] = curves
     return out
+
+
+def _not_a_rotation(theta: Optional[Tensor]) -> Optional[str]:
+    """Why the frequencies read off a ``rotate`` hook (:func:`rotary_frequencies`; None: the hook changes the head
+    width) are no rotation to bound or to read wavelengths from; None when a pair of features turns."""
+    if theta is None:
+        return "rotate changes the width of q and k: not a rotation of the head's features"
+    if not bool((theta > NO_TURN).any()):  # iRoPE's NoPE layers: a query temperature
+        return "rotate turns no pair of features (it rescales q or k): not a rotation"
+    return None
 
 
 def half_range(length: int) -> int:

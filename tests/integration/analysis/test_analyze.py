@@ -30,6 +30,7 @@ from posexp.analysis.geometry import (
     rope_relative_bound,
     rotary_frequencies,
     score_map,
+    units,
 )
 from posexp.analysis.schema import register_analyze_schema
 from posexp.config.schema import config_dir
@@ -125,6 +126,17 @@ def test_rotary_frequencies_are_read_off_the_hook():
     np.testing.assert_allclose(theta.numpy(), 500.0 ** (-2 * np.arange(16) / 32), rtol=1e-5)
     partial = rotary_frequencies(create("rope", d_model=64, n_heads=2, rotary_fraction=0.5))
     assert (partial[:8] > 0).all() and torch.allclose(partial[8:], torch.zeros(8, dtype=partial.dtype), atol=1e-6)
+
+
+def test_a_rotate_hook_that_turns_no_pair_has_no_wavelengths_and_no_rotary_bound():
+    """iRoPE's global NoPE layer only rescales its queries in rotate (Llama 4's temperature): posexp analyze drew an
+    empty wavelengths.png titled '16 of 16 pairs turn less than once in train_len' and a flat RoFormer bound for it.
+    Its RoPE layer keeps both."""
+    (_, rope), (_, nope) = units(create("irope", d_model=32, n_heads=2, train_len=16), 2)
+    local, tempered = (analyse_unit(enc, 64, 16, [16, 64]) for enc in (rope, nope))
+    assert local["frequencies"]["pairs"] == 8 and "rope_bound" in local
+    assert "frequencies" not in tempered and "rope_bound" not in tempered and "rotate" in tempered["maps"]
+    assert "turns no pair" in tempered["not_applicable"]["rope_bound"]
 
 
 def test_rope_relative_upper_bound_decays():
