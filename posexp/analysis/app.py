@@ -132,7 +132,7 @@ def print_summary(result: dict, console: Console) -> None:
                 fit = d["power_law"]
                 decay = (f"half at r={d['half_distance']}" if d["half_distance"] is not None else "never below 1/2") \
                     + f", mean|S/S0| {d['mean_abs']:.3f}" \
-                    + (f", envelope ~ r^-{fit['exponent']:.2f} (r2 {fit['r2']:.2f})" if fit else "")
+                    + (f", envelope ~ r^{-fit['exponent']:.2f} (r2 {fit['r2']:.2f})" if fit else "")
             t.add_row(f"{unit['name']} / {h}", rel, decay)
         if "rope_bound" in unit:
             at = unit["rope_bound"]["mean_over_r_2r_at"]

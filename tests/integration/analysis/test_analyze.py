@@ -17,7 +17,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from posexp.analysis.app import run_analyze
+from posexp.analysis.app import print_summary, run_analyze
 from posexp.analysis.schema import AnalyzeRootConfig
 from posexp.commands.edge import typed
 from posexp.analysis.attention import attention_statistics
@@ -193,6 +193,18 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
         for entry in unit["maps"].values():
             assert math.isfinite(entry["position_dependence"])
     assert result["figures"] == []
+
+
+@pytest.mark.parametrize("exponent,shown", [(0.07, "r^-0.07"), (-1e-17, "r^0.00"), (-0.3, "r^0.30")])
+def test_the_summary_writes_the_fitted_power_of_r_with_one_sign(exponent, shown):
+    """A flat envelope fitted with exponent -1e-17 (encoder=binary) printed 'envelope ~ r^--0.00'."""
+    decay = {"half_distance": None, "mean_abs": 0.5, "power_law": {"a": 1.0, "exponent": exponent, "r2": 1.0}}
+    unit = {"name": "binary", "hooks": ["embed"], "not_applicable": {},
+            "maps": {"embed": {"position_dependence": 1.0, "decay": decay}}}
+    result = {"label": "binary", "d_model": 32, "n_heads": 2, "length": 64, "train_len": 16, "units": [unit]}
+    console = Console(record=True, width=200)
+    print_summary(result, console)
+    assert f"envelope ~ {shown} (r2 1.00)" in console.export_text()
 
 
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
