@@ -279,6 +279,24 @@ def test_analyze_multirun_compares_bases(tmp_path):
     assert "rope base=100" in proc.stdout and "rope bound" in proc.stdout
 
 
+def test_the_sweep_comparison_draws_each_kind_of_curve_on_its_own_axis(monkeypatch, tmp_path):
+    """posexp analyze -m encoder=rope,alibi drew rope's decay envelope (a ratio, about 1) on alibi's axis titled
+    'bias vs distance', in logits down to -170: a panel per kind of curve, each with its own axis."""
+    import posexp.analysis.drawing as drawing
+
+    drawn = []
+    monkeypatch.setattr(drawing, "save_png", lambda fig, path: drawn.append(fig) or path)
+    r = np.arange(64)
+    rope = {"label": "rope base=10000", "train_len": 16,
+            "curves": [{"rotate": np.cos(r / 8).tolist(), "rope_bound": (8 / (1 + r)).tolist()}]}
+    alibi = {"label": "alibi", "train_len": 16, "curves": [{"bias": [(-0.25 * r).tolist(), (-0.0625 * r).tolist()]}]}
+    drawing.draw_comparison([rope, alibi], tmp_path / "comparison.png")
+    panels = {ax.get_title(): [line.get_label() for line in ax.get_lines() if "train length" not in line.get_label()]
+              for ax in drawn[0].axes}
+    assert panels == {"decay with distance": ["rope base=10000"], "bias vs distance": ["alibi (mean over heads)"],
+                      drawing.ROPE_BOUND_TITLE: ["rope base=10000"]}
+
+
 def test_analyze_bad_input_is_one_line(tmp_path):
     from typer.testing import CliRunner
 
