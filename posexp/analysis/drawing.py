@@ -8,7 +8,7 @@ matplotlib is imported only when a figure is drawn.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -150,9 +150,10 @@ def _draw_spectrum(spectrum: tuple[np.ndarray, np.ndarray], name: str, train_len
     return save_png(fig, path).name
 
 
-def draw_comparison(results: list[dict], path: Path) -> Path:
+def draw_comparison(results: list[dict], path: Path) -> Optional[Path]:
     """One figure across analyses (the jobs of a sweep), a panel per kind of curve the jobs have: decay envelopes
-    (embed, rotate, scores: a ratio to distance 0), biases (logits) and rotary bounds, each on its own axis."""
+    (embed, rotate, scores: a ratio to distance 0), biases (logits) and rotary bounds, each on its own axis; None,
+    and no file, when no job has a curve (NoPE, FoX: no content-free geometry)."""
     panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {"decay": [], "bias": [], "rope_bound": []}
     for r in results:
         c = r["curves"][0]
@@ -168,8 +169,10 @@ def draw_comparison(results: list[dict], path: Path) -> Path:
             trend = octave_mean(np.asarray(c["rope_bound"]))
             panels["rope_bound"].append((r["label"], np.arange(1, len(trend)), trend[1:]))
     drawn = [kind for kind, curves in panels.items() if curves]
-    fig = new_figure(FIG_HEIGHT_IN * max(1, len(drawn)))
-    axes = fig.subplots(max(1, len(drawn)), 1, squeeze=False)[:, 0]
+    if not drawn:
+        return None
+    fig = new_figure(FIG_HEIGHT_IN * len(drawn))
+    axes = fig.subplots(len(drawn), 1, squeeze=False)[:, 0]
     for ax, kind in zip(axes, drawn):
         for label, x, y in panels[kind]:
             ax.plot(x, y, linewidth=1.1, label=label)

@@ -297,6 +297,15 @@ def test_the_sweep_comparison_draws_each_kind_of_curve_on_its_own_axis(monkeypat
                       drawing.ROPE_BOUND_TITLE: ["rope base=10000"]}
 
 
+def test_a_sweep_with_no_curve_to_compare_writes_no_empty_comparison(tmp_path):
+    """posexp analyze -m encoder=none,fox wrote a comparison.png of one empty axis from 0 to 1."""
+    from posexp.analysis.drawing import draw_comparison
+
+    nothing = [{"label": name, "train_len": 16, "curves": [{"name": name}]} for name in ("none", "fox")]
+    assert draw_comparison(nothing, tmp_path / "comparison.png") is None
+    assert not (tmp_path / "comparison.png").exists()
+
+
 def test_analyze_bad_input_is_one_line(tmp_path):
     from typer.testing import CliRunner
 
