@@ -306,6 +306,24 @@ def test_a_sweep_with_no_curve_to_compare_writes_no_empty_comparison(tmp_path):
     assert not (tmp_path / "comparison.png").exists()
 
 
+def test_an_analysis_length_past_memory_is_one_line_naming_the_key(monkeypatch, tmp_path):
+    """posexp analyze encoder=rope analyze.length=100000 printed torch's traceback of a 320 GB allocation (the score
+    maps are length x length per head): one line naming analyze.length, as training names its keys."""
+    import posexp.analysis.geometry as geometry
+
+    def too_big(encoder, hook, length):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 320000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(geometry, "score_map", too_big)
+    done = invoke_main("analyze", "encoder=rope", *TINY, "analyze.length=100000", "analyze.figures=false",
+                       f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.exit_code != 0 and "Traceback" not in done.output, done.output[-2000:]
+    line, = done.stderr.strip().splitlines()
+    assert line.startswith("error: ran out of memory analysing positions 0..99999 on cpu")
+    assert line.endswith("; lower analyze.length")
+
+
 def test_analyze_bad_input_is_one_line(tmp_path):
     from typer.testing import CliRunner
 
