@@ -26,6 +26,7 @@ from posexp.model.factory import build_encoder
 from posexp.config.schema import Config, eval_lengths
 from posexp.runs.atomic import atomic_write_json
 from posexp.runtime import terminal
+from posexp.runtime.memory import out_of_memory
 
 ANALYSIS_JSON = "analysis.json"
 COMPARISON_PNG = "comparison.png"
@@ -67,7 +68,9 @@ def analyse_encoder(encoder, cfg: Config, a: AnalyzeConfig, out: Path, note: Opt
     curves_out = []
     all_units = units(encoder, int(cfg.model.n_layers))
     for name, enc in all_units:
-        unit = analyse_unit(enc, length, train_len, lengths, int(a.fit_from))
+        # score maps are length x length per head, in float64
+        with out_of_memory(f"analysing positions 0..{length - 1}", torch.device("cpu"), "analyze.length"):
+            unit = analyse_unit(enc, length, train_len, lengths, int(a.fit_from))
         unit["name"] = name
         prefix = "" if len(all_units) == 1 else f"{name.replace(' ', '').replace('(', '_').replace(')', '')}_"
         unit_label = label if len(all_units) == 1 else f"{label} {name}"
@@ -132,7 +135,7 @@ def print_summary(result: dict, console: Console) -> None:
                 fit = d["power_law"]
                 decay = (f"half at r={d['half_distance']}" if d["half_distance"] is not None else "never below 1/2") \
                     + f", mean|S/S0| {d['mean_abs']:.3f}" \
-                    + (f", envelope ~ r^-{fit['exponent']:.2f} (r2 {fit['r2']:.2f})" if fit else "")
+                    + (f", envelope ~ r^{-fit['exponent']:.2f} (r2 {fit['r2']:.2f})" if fit else "")
             t.add_row(f"{unit['name']} / {h}", rel, decay)
         if "rope_bound" in unit:
             at = unit["rope_bound"]["mean_over_r_2r_at"]

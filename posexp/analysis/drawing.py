@@ -8,7 +8,7 @@ matplotlib is imported only when a figure is drawn.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -23,6 +23,13 @@ HOOK_YLABEL = {
     "scores": "extra logit, q = k = 1",
 }
 ROPE_BOUND_TITLE = "rotary relative upper bound (RoFormer §3.4.3)"
+# the comparison's panels: x label, y label, title
+COMPARISON_AXES = {
+    "decay": ("distance m - n (tokens, log)", "envelope of |S(r)/S(0)|", "decay with distance"),
+    "bias": ("distance m - n (tokens)", "logit bias", "bias vs distance"),
+    "rope_bound": ("relative distance m - n (tokens, log)", "(1/(d/2)) sum_j |S_j|, mean over [r, 2r]",
+                   ROPE_BOUND_TITLE),
+}
 
 
 def draw_unit(unit: dict, name: str, train_len: int, lengths: Sequence[int], out: Path, prefix: str,
@@ -143,34 +150,36 @@ def _draw_spectrum(spectrum: tuple[np.ndarray, np.ndarray], name: str, train_len
     return save_png(fig, path).name
 
 
-def draw_comparison(results: list[dict], path: Path) -> Path:
-    """One figure across analyses (the jobs of a sweep): decay curves, and rotary bounds where there are any."""
-    has_bound = any("rope_bound" in c for r in results for c in r["curves"])
-    fig = new_figure(FIG_HEIGHT_IN * (2 if has_bound else 1))
-    axes = fig.subplots(2 if has_bound else 1, 1, squeeze=False)[:, 0]
-    train_lens = set()
+def draw_comparison(results: list[dict], path: Path) -> Optional[Path]:
+    """One figure across analyses (the jobs of a sweep), a panel per kind of curve the jobs have: decay envelopes
+    (embed, rotate, scores: a ratio to distance 0), biases (logits) and rotary bounds, each on its own axis; None,
+    and no file, when no job has a curve (NoPE, FoX: no content-free geometry)."""
+    panels: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {"decay": [], "bias": [], "rope_bound": []}
     for r in results:
-        train_lens.add(r["train_len"])
         c = r["curves"][0]
         hook = next((h for h in ("embed", "rotate", "scores") if h in c), None)
         if hook is not None:
             env = envelope(np.asarray(c[hook]))
             stop = half_range(len(env))
-            axes[0].plot(np.arange(1, stop), env[1:stop], linewidth=1.1, label=r["label"])
-            axes[0].set_xscale("log", base=2)
-            style_axes(axes[0], "distance m - n (tokens, log)", "envelope of |S(r)/S(0)|", "decay with distance")
+            panels["decay"].append((r["label"], np.arange(1, stop), env[1:stop]))
         elif "bias" in c:
             b = np.asarray(c["bias"]).mean(0)
-            axes[0].plot(np.arange(len(b)), b, linewidth=1.1, label=r["label"] + " (mean over heads)")
-            style_axes(axes[0], "distance m - n (tokens)", "logit bias", "bias vs distance")
-        if has_bound and "rope_bound" in c:
+            panels["bias"].append((r["label"] + " (mean over heads)", np.arange(len(b)), b))
+        if "rope_bound" in c:
             trend = octave_mean(np.asarray(c["rope_bound"]))
-            axes[1].plot(np.arange(1, len(trend)), trend[1:], linewidth=1.1, label=r["label"])
-            axes[1].set_xscale("log", base=2)
-            style_axes(axes[1], "relative distance m - n (tokens, log)", "(1/(d/2)) sum_j |S_j|, mean over [r, 2r]",
-                       ROPE_BOUND_TITLE)
-    for ax in axes:
-        for tl in sorted(train_lens):
+            panels["rope_bound"].append((r["label"], np.arange(1, len(trend)), trend[1:]))
+    drawn = [kind for kind, curves in panels.items() if curves]
+    if not drawn:
+        return None
+    fig = new_figure(FIG_HEIGHT_IN * len(drawn))
+    axes = fig.subplots(len(drawn), 1, squeeze=False)[:, 0]
+    for ax, kind in zip(axes, drawn):
+        for label, x, y in panels[kind]:
+            ax.plot(x, y, linewidth=1.1, label=label)
+        if kind != "bias":
+            ax.set_xscale("log", base=2)
+        style_axes(ax, *COMPARISON_AXES[kind])
+        for tl in sorted({r["train_len"] for r in results}):
             mark_train_len(ax, tl)
         ax.legend(fontsize=6, loc="best", framealpha=0.85)
     return save_png(fig, path)

@@ -34,6 +34,8 @@ from torch import Tensor
 HOOKS = ("embed", "rotate", "bias", "scores")
 # position_dependence below this (float32 hooks) counts as a score of m - n alone
 RELATIVE_TOLERANCE = 1e-4
+# a rotate hook whose one-step angles are all below this (radians per token) turns no pair: it is no rotation
+NO_TURN = 1e-6
 
 
 # -- score maps through the hooks ----------------------------------------------------------------
@@ -135,10 +137,7 @@ def power_law_fit(distances: np.ndarray, values: np.ndarray) -> Optional[dict]:
         return None
     x, y = np.log(r[keep]), np.log(v[keep])
     slope, intercept = np.polyfit(x, y, 1)
-    resid = y - (slope * x + intercept)
-    total = ((y - y.mean()) ** 2).sum()
-    r2 = 1.0 - float((resid**2).sum() / total) if total > 0 else 1.0
-    return {"a": float(np.exp(intercept)), "exponent": float(-slope), "r2": r2}
+    return {"a": float(np.exp(intercept)), "exponent": float(-slope), "r2": _r2(y, slope * x + intercept)}
 
 
 def decay_summary(curve: np.ndarray, fit_from: int = 1) -> dict:
@@ -174,10 +173,17 @@ def linear_fit(distances: np.ndarray, values: np.ndarray) -> dict:
     """``values ~ slope * r + intercept`` by least squares, with ``r2`` (1 = exactly linear)."""
     r, v = np.asarray(distances, float), np.asarray(values, float)
     slope, intercept = np.polyfit(r, v, 1)
-    total = ((v - v.mean()) ** 2).sum()
-    resid = v - (slope * r + intercept)
-    r2 = 1.0 - float((resid**2).sum() / total) if total > 0 else 1.0
-    return {"slope": float(slope), "intercept": float(intercept), "r2": r2}
+    return {"slope": float(slope), "intercept": float(intercept), "r2": _r2(v, slope * r + intercept)}
+
+
+def _r2(values: np.ndarray, fitted: np.ndarray) -> float:
+    """``1 - SS_res / SS_tot`` of a least-squares line: the share of the values' variance it explains, in
+    ``[0, 1]``; 1 for values constant up to rounding, which the line fits exactly (their spread is then rounding
+    noise, as the fit's residuals are, and the ratio of two rounding noises is no measure)."""
+    total = float(((values - values.mean()) ** 2).sum())
+    if total <= len(values) * (16 * np.finfo(float).eps * float(np.abs(values).max())) ** 2:
+        return 1.0
+    return 1.0 - float(((values - fitted) ** 2).sum()) / total
 
 
 @torch.no_grad()
@@ -321,8 +327,8 @@ def analyse_unit(encoder, length: int, train_len: int, lengths: Sequence[int], f
     else:
         out["not_applicable"]["spectrum"] = "no position vectors to transform"
     theta = rotary_frequencies(encoder) if "rotate" in hooks else None
-    if "rotate" in hooks and theta is None:
-        out["not_applicable"]["rope_bound"] = "rotate changes the width of q and k: not a rotation of the head's features"
+    if "rotate" in hooks and (why := _not_a_rotation(theta)) is not None:
+        out["not_applicable"]["rope_bound"] = why
     elif theta is not None:
         out["frequencies"] = frequency_table(theta, train_len, lengths)
         bound = rope_relative_bound(theta, length)
@@ -341,6 +347,16 @@ def analyse_unit(encoder, length: int, train_len: int, lengths: Sequence[int], f
         out["not_applicable"]["frequencies"] = "no frequency schedule read from its hooks"
     out["_curves"] = curves
     return out
+
+
+def _not_a_rotation(theta: Optional[Tensor]) -> Optional[str]:
+    """Why the frequencies read off a ``rotate`` hook (:func:`rotary_frequencies`; None: the hook changes the head
+    width) are no rotation to bound or to read wavelengths from; None when a pair of features turns."""
+    if theta is None:
+        return "rotate changes the width of q and k: not a rotation of the head's features"
+    if not bool((theta > NO_TURN).any()):  # iRoPE's NoPE layers: a query temperature
+        return "rotate turns no pair of features (it rescales q or k): not a rotation"
+    return None
 
 
 def half_range(length: int) -> int:

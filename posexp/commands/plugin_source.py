@@ -6,7 +6,8 @@ outside posexp. :func:`check_plugin_sources` imports it (from the working folder
 found it) and compares the SHA-256 of its source file with the one the run recorded, so that numbers are
 never silently added to a run by code other than the code that trained it. What that code raises while a run
 trains, is evaluated or analysed is said in one line, its traceback in the run's log (:func:`plugin_failed`,
-:func:`plugin_failures`).
+:func:`plugin_failures`), and so is what a plugin encoder's hook returned against the contract, where posexp's
+code failed on it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from posexp.encoders import load_plugin, source_record
+from posexp.encoders import create, load_plugin, source_record
 from posexp.encoders.plugins import MODULE_KEY
 from posexp.errors import PluginFailed, PosexpError
 from posexp.registry import code_record, import_roots, raised_in
@@ -105,12 +106,45 @@ def plugin_failed(error: BaseException, plugins: Mapping[str, dict], config: Map
         config: the run's config: its ``encoder`` and ``task`` names.
     """
     task = config.get("task") or {}
-    raised = raised_in(error, by_plugin(plugins, str(config["encoder"]["name"]), str(task.get("name"))))
+    records = by_plugin(plugins, str(config["encoder"]["name"]), str(task.get("name")))
+    raised = raised_in(error, records)
     if raised is None:
-        return None
+        return _broken_hooks([name for kind, name in records if kind == "encoder"], config["encoder"], stopped,
+                             log_file)
     (kind, name), function = raised
     what = f"{type(error).__name__}: {error}".splitlines()[0]
     return PluginFailed(f"{kind}={name}: {function} raised {what}; {stopped}, the traceback is in {log_file}")
+
+
+def _broken_hooks(names: list[str], encoder: Mapping[str, Any], stopped: str, log_file: Path) -> Optional[PluginFailed]:
+    """The one line for an error posexp's code raised on what a plugin encoder's hook returned (a wrong shape or
+    dtype, NaN): the hook, what it returned and what the contract wants, as ``posexp check``'s hook outputs check
+    finds it; None when the hooks of the ``encoder`` config (whose plugin encoders, or plugin layers, are ``names``)
+    return what the model needs, or there are none."""
+    if not names:
+        return None
+    from posexp.evaluation.conformance.outputs import broken_outputs
+
+    options = {key: value for key, value in encoder.items() if key != "name"}
+    problem = broken_outputs(lambda d_model, n_heads: create(str(encoder["name"]), d_model=d_model, n_heads=n_heads,
+                                                              **options))
+    if problem is None:
+        return None
+    name = names[0] if len(names) == 1 else str(encoder["name"])
+    return PluginFailed(f"encoder={name}: {problem} ({_check_command(name)} says more); {stopped}, the traceback is "
+                        f"in {log_file}")
+
+
+def _check_command(name: str) -> str:
+    """``posexp check NAME``, with the config folder this Hydra job found the encoder's yaml in."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        for source in HydraConfig.get().runtime.config_sources:
+            if source.schema == "file" and source.provider != "main" and \
+                    (Path(source.path) / "encoder" / f"{name}.yaml").is_file():
+                return f"posexp check --config-dir {source.path} {name}"
+    return f"posexp check {name}"
 
 
 @contextlib.contextmanager

@@ -141,7 +141,8 @@ def _hf_target(name: str, overrides: list[str], console: Console) -> Target:
     separator = document_separator(tokenizer, lm.config)
     corpus = _corpus(spec, tokenizer, separator, console)
     lm.bos = window_bos(spec.hf.bos, tokenizer, lm.config)
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip("/")).strip("-")[-80:] or "model"
+    # the name's characters a folder name takes, never a hidden folder (hf:./x searches into outputs/longrope/x)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name)[-80:].strip("-.") or "model"
     return Target(f"{HF_PREFIX}{name}", lm, int(sites[0].dim), rope_theta(lm.config, sites[0].layer_type), train_len,
                   corpus.val, len(tokenizer), lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                   str(record.get("weights_sha256") or record.get("config_sha256") or name), spec.eval, None, device,

@@ -137,13 +137,14 @@ def _tracked(job: TrainJob, warn: Callable[[str], None]) -> Iterator[tracking.Tr
 def _plugin_failures(job: TrainJob, source: TrainingSource, plugins: dict) -> Iterator[None]:
     """What the user's own code (``plugins``: a plugin encoder's hooks, a task's generator) raises while the run
     trains or evaluates: its traceback to train.log, the run recorded as failed (results.json), and one line naming
-    the component and that log (:class:`PluginFailed`), as a failed sweep job has it; posexp's errors pass through.
+    the component and that log (:class:`PluginFailed`), as a failed sweep job has it; posexp's errors pass through,
+    except a divergence that NaN returned by a plugin's hook caused, which is said as that hook's.
     """
     try:
         yield
-    except PosexpError:
-        raise
     except Exception as e:
+        if isinstance(e, PosexpError) and not isinstance(e, TrainingDiverged):
+            raise
         failed = plugin_failed(e, plugins, {"encoder": job.spec.encoder, "task": job.spec.task}, "the run stopped",
                                job.run_dir / TRAIN_LOG)
         if failed is None:

@@ -113,4 +113,15 @@ def check_outputs(make_encoder: EncoderFactory, probe: Probe) -> Check:
     return Check(NAME, PASS, None, "", detail)
 
 
-__all__ = ["check_outputs"]
+def broken_outputs(make_encoder: EncoderFactory, probe: Optional[Probe] = None) -> Optional[str]:
+    """What is wrong with what the hooks of the encoder ``make_encoder`` builds return (:func:`check_outputs`), as one
+    line; None when nothing is, or when the encoder cannot be built or called here (that error is said where it
+    happens)."""
+    try:
+        result = check_outputs(make_encoder, probe or Probe())
+    except Exception:  # noqa: BLE001 - only a broken return is told here; what the encoder raises is said elsewhere
+        return None
+    return result.detail if result.status == FAIL else None
+
+
+__all__ = ["broken_outputs", "check_outputs"]

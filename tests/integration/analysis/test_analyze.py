@@ -17,7 +17,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from posexp.analysis.app import run_analyze
+from posexp.analysis.app import print_summary, run_analyze
 from posexp.analysis.schema import AnalyzeRootConfig
 from posexp.commands.edge import typed
 from posexp.analysis.attention import attention_statistics
@@ -30,6 +30,7 @@ from posexp.analysis.geometry import (
     rope_relative_bound,
     rotary_frequencies,
     score_map,
+    units,
 )
 from posexp.analysis.schema import register_analyze_schema
 from posexp.config.schema import config_dir
@@ -87,6 +88,16 @@ def test_sinusoidal_envelope_decays_with_distance():
     assert dec["power_law"]["exponent"] > 0
 
 
+def test_a_flat_envelope_is_fitted_exactly_not_with_a_negative_r2():
+    """A curve whose envelope is flat (learned positions at their initialisation: the largest inner product is at
+    the last distance) printed 'envelope ~ r^-0.00 (r2 -24.00)': the ratio of two rounding errors. A constant is
+    fitted exactly, exponent 0, r2 1, as any least-squares line's r2 lies in [0, 1]."""
+    curve = np.zeros(128)
+    curve[0], curve[-1] = 1.0, 0.158
+    fit = decay_summary(curve)["power_law"]
+    assert fit["r2"] == 1.0 and abs(fit["exponent"]) < 1e-9 and fit["a"] == pytest.approx(0.158)
+
+
 @pytest.mark.parametrize("small,large", [(100.0, 10000.0), (1000.0, 100000.0)])
 def test_larger_base_decays_more_slowly(small, large):
     d_small = decay_summary(_sinusoid_curve(small)[1])
@@ -115,6 +126,17 @@ def test_rotary_frequencies_are_read_off_the_hook():
     np.testing.assert_allclose(theta.numpy(), 500.0 ** (-2 * np.arange(16) / 32), rtol=1e-5)
     partial = rotary_frequencies(create("rope", d_model=64, n_heads=2, rotary_fraction=0.5))
     assert (partial[:8] > 0).all() and torch.allclose(partial[8:], torch.zeros(8, dtype=partial.dtype), atol=1e-6)
+
+
+def test_a_rotate_hook_that_turns_no_pair_has_no_wavelengths_and_no_rotary_bound():
+    """iRoPE's global NoPE layer only rescales its queries in rotate (Llama 4's temperature): posexp analyze drew an
+    empty wavelengths.png titled '16 of 16 pairs turn less than once in train_len' and a flat RoFormer bound for it.
+    Its RoPE layer keeps both."""
+    (_, rope), (_, nope) = units(create("irope", d_model=32, n_heads=2, train_len=16), 2)
+    local, tempered = (analyse_unit(enc, 64, 16, [16, 64]) for enc in (rope, nope))
+    assert local["frequencies"]["pairs"] == 8 and "rope_bound" in local
+    assert "frequencies" not in tempered and "rope_bound" not in tempered and "rotate" in tempered["maps"]
+    assert "turns no pair" in tempered["not_applicable"]["rope_bound"]
 
 
 def test_rope_relative_upper_bound_decays():
@@ -171,6 +193,18 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
         for entry in unit["maps"].values():
             assert math.isfinite(entry["position_dependence"])
     assert result["figures"] == []
+
+
+@pytest.mark.parametrize("exponent,shown", [(0.07, "r^-0.07"), (-1e-17, "r^0.00"), (-0.3, "r^0.30")])
+def test_the_summary_writes_the_fitted_power_of_r_with_one_sign(exponent, shown):
+    """A flat envelope fitted with exponent -1e-17 (encoder=binary) printed 'envelope ~ r^--0.00'."""
+    decay = {"half_distance": None, "mean_abs": 0.5, "power_law": {"a": 1.0, "exponent": exponent, "r2": 1.0}}
+    unit = {"name": "binary", "hooks": ["embed"], "not_applicable": {},
+            "maps": {"embed": {"position_dependence": 1.0, "decay": decay}}}
+    result = {"label": "binary", "d_model": 32, "n_heads": 2, "length": 64, "train_len": 16, "units": [unit]}
+    console = Console(record=True, width=200)
+    print_summary(result, console)
+    assert f"envelope ~ {shown} (r2 1.00)" in console.export_text()
 
 
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
@@ -243,6 +277,51 @@ def test_analyze_multirun_compares_bases(tmp_path):
         assert {"rotate_heatmap.png", "rope_bound.png", "wavelengths.png"} <= set(saved["figures"])
     assert (sweep / "comparison.png").stat().st_size > 0
     assert "rope base=100" in proc.stdout and "rope bound" in proc.stdout
+
+
+def test_the_sweep_comparison_draws_each_kind_of_curve_on_its_own_axis(monkeypatch, tmp_path):
+    """posexp analyze -m encoder=rope,alibi drew rope's decay envelope (a ratio, about 1) on alibi's axis titled
+    'bias vs distance', in logits down to -170: a panel per kind of curve, each with its own axis."""
+    import posexp.analysis.drawing as drawing
+
+    drawn = []
+    monkeypatch.setattr(drawing, "save_png", lambda fig, path: drawn.append(fig) or path)
+    r = np.arange(64)
+    rope = {"label": "rope base=10000", "train_len": 16,
+            "curves": [{"rotate": np.cos(r / 8).tolist(), "rope_bound": (8 / (1 + r)).tolist()}]}
+    alibi = {"label": "alibi", "train_len": 16, "curves": [{"bias": [(-0.25 * r).tolist(), (-0.0625 * r).tolist()]}]}
+    drawing.draw_comparison([rope, alibi], tmp_path / "comparison.png")
+    panels = {ax.get_title(): [line.get_label() for line in ax.get_lines() if "train length" not in line.get_label()]
+              for ax in drawn[0].axes}
+    assert panels == {"decay with distance": ["rope base=10000"], "bias vs distance": ["alibi (mean over heads)"],
+                      drawing.ROPE_BOUND_TITLE: ["rope base=10000"]}
+
+
+def test_a_sweep_with_no_curve_to_compare_writes_no_empty_comparison(tmp_path):
+    """posexp analyze -m encoder=none,fox wrote a comparison.png of one empty axis from 0 to 1."""
+    from posexp.analysis.drawing import draw_comparison
+
+    nothing = [{"label": name, "train_len": 16, "curves": [{"name": name}]} for name in ("none", "fox")]
+    assert draw_comparison(nothing, tmp_path / "comparison.png") is None
+    assert not (tmp_path / "comparison.png").exists()
+
+
+def test_an_analysis_length_past_memory_is_one_line_naming_the_key(monkeypatch, tmp_path):
+    """posexp analyze encoder=rope analyze.length=100000 printed torch's traceback of a 320 GB allocation (the score
+    maps are length x length per head): one line naming analyze.length, as training names its keys."""
+    import posexp.analysis.geometry as geometry
+
+    def too_big(encoder, hook, length):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 320000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(geometry, "score_map", too_big)
+    done = invoke_main("analyze", "encoder=rope", *TINY, "analyze.length=100000", "analyze.figures=false",
+                       f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.exit_code != 0 and "Traceback" not in done.output, done.output[-2000:]
+    line, = done.stderr.strip().splitlines()
+    assert line.startswith("error: ran out of memory analysing positions 0..99999 on cpu")
+    assert line.endswith("; lower analyze.length")
 
 
 def test_analyze_bad_input_is_one_line(tmp_path):

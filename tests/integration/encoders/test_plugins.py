@@ -142,6 +142,59 @@ def test_a_plugin_encoder_that_raises_while_training_says_one_line_and_leaves_it
     assert recorded["encoder_source"]["module"] == "my_encoders.slipped"
 
 
+BROKEN_RETURNS = '''
+import torch
+from posexp.encoders import PositionalEncoder, register
+
+
+@register("mislaid")
+class Mislaid(PositionalEncoder):
+    """A bias laid out (Lq, Lk, H): the model's own code fails on it, not the researcher's."""
+
+    def bias(self, q_pos, k_pos):
+        return torch.zeros(len(q_pos), len(k_pos), self.n_heads)
+
+
+@register("doubled")
+class Doubled(PositionalEncoder):
+    """Embeds in float64 in a float32 model."""
+
+    def embed(self, x, pos):
+        return x.double()
+
+
+@register("undefined")
+class Undefined(PositionalEncoder):
+    """A bias of NaN: the loss is NaN from the first step."""
+
+    def bias(self, q_pos, k_pos):
+        return torch.full((self.n_heads, len(q_pos), len(k_pos)), float("nan"))
+'''
+
+
+@pytest.mark.parametrize("name,returned", [
+    ("mislaid", "bias returned shape (16, 35, 2), the contract's is (2, 16, 35)"),
+    ("doubled", "embed returned torch.float64 for torch.float32 inputs"),
+    ("undefined", "bias returned NaN/inf where a query sees the key")])
+def test_a_plugin_hook_returning_what_the_contract_does_not_allow_stops_training_in_one_line_naming_it(
+        project, name, returned):
+    """A hook's wrong shape or dtype crashed training with Python's traceback from posexp's attention code (and its
+    NaN read as a diverged loss, "try a lower train.lr"): one line naming the hook, what it returned and what the
+    contract wants, as posexp check finds it, the traceback in train.log and the run recorded as failed."""
+    (project / "my_encoders" / "broken_returns.py").write_text(BROKEN_RETURNS)
+    (project / "conf" / "encoder" / f"{name}.yaml").write_text(
+        f"defaults:\n  - /schema/encoder/{name}@_here_\n  - _self_\nmodule: my_encoders.broken_returns\n")
+    done = invoke("train", "--config-dir", "conf", f"encoder={name}", *TINY, "hydra.run.dir=run", cwd=project)
+    run = project / "run"
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output[-3000:]
+    message = (f"encoder={name}: {returned} (posexp check --config-dir {project / 'conf'} {name} says more); the run "
+               f"stopped, the traceback is in {run / 'train.log'}")
+    assert done.stderr.strip().splitlines() == [f"error: {message}"]
+    assert "Traceback" in (run / "train.log").read_text()
+    recorded = json.loads((run / "results.json").read_text())["run"]
+    assert recorded["status"] == "failed" and recorded["error"]["message"] == message
+
+
 def test_a_plugin_encoder_that_raises_in_posexp_analyze_says_one_line_as_training_does(project):
     """posexp analyze printed Python's traceback: one line naming the encoder and analyze.log, which holds it."""
     _add_encoder(project, "slipped", RAISES_IN_ROTATE)

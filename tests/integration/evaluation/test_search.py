@@ -232,14 +232,14 @@ def test_a_transformers_model_is_searched_with_either_objective(tmp_path):
                                       bos_token_id=None, eos_token_id=tok.eos_token_id, initializer_range=0.2)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    common = (f"hf:{folder}", "data=text", f"data.path={corpus}", "--population", "4", "--generations", "1",
-              "--parents", "2")
-    ppl = invoke("search", *common, "--target-len", "128", "--tokens", "256", "--out", str(tmp_path / "ppl"))
+    common = ("data=text", f"data.path={corpus}", "--population", "4", "--generations", "1", "--parents", "2")
+    # a model by a relative path searches into a folder named after it (it was the hidden outputs/longrope/.-tiny-llama)
+    ppl = invoke("search", "hf:./tiny-llama", *common, "--target-len", "128", "--tokens", "256", cwd=tmp_path)
     assert ppl.exit_code == 0, ppl.output
-    record = json.loads((tmp_path / "ppl" / "factors.json").read_text())
-    assert len(record["factors"]) == 4 and record["train_len"] == 64 and record["model"] == f"hf:{folder}"
+    record = json.loads((tmp_path / "outputs" / "longrope" / "tiny-llama" / "128" / "factors.json").read_text())
+    assert len(record["factors"]) == 4 and record["train_len"] == 64 and record["model"] == "hf:./tiny-llama"
     assert record["score"] <= min(record["initial"].values())
-    needle = invoke("search", *common, "--target-len", "256", "--objective", "needle", "--needles", "2",
+    needle = invoke("search", f"hf:{folder}", *common, "--target-len", "256", "--objective", "needle", "--needles", "2",
                     "--out", str(tmp_path / "needle"))
     assert needle.exit_code == 0, needle.output
     scored = json.loads((tmp_path / "needle" / "factors.json").read_text())
