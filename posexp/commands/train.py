@@ -21,7 +21,7 @@ from rich.markup import escape
 from posexp.model.factory import build_model
 from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
-from posexp.commands.edge import launch_folder, typed
+from posexp.commands.edge import launch_folder, record_encoder, typed
 from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
@@ -157,8 +157,18 @@ def _plugin_failures(job: TrainJob, source: TrainingSource, plugins: dict) -> It
 
 def check_config(cfg: DictConfig) -> Config:
     """The composed config typed (the edge) and checked (:func:`check_spec`). ``posexp train`` checks every
-    sweep job with it before the first one trains."""
-    return check_spec(typed(cfg))
+    sweep job with it before the first one trains.
+
+    A new run's encoder records the revision of each revised encoder it builds
+    (:func:`posexp.encoders.recorded_revisions`: a mix's layers', which its schema cannot hold); a fine-tune's is
+    its parent's, recorded so by :func:`posexp.commands.finetune.child_config`.
+    """
+    from posexp.encoders import recorded_revisions
+
+    spec = check_spec(typed(cfg))
+    if spec.finetune is None:
+        spec.encoder = recorded_revisions(spec.encoder)
+    return spec
 
 
 def check_spec(spec: Config) -> Config:
@@ -229,6 +239,8 @@ class TrainJob:
 def _run(job: TrainJob) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
     spec, run_dir, w, resume, console = job.spec, job.run_dir, job.world, job.resume, job.console
+    if w.is_main and not resume:
+        record_encoder(run_dir, spec.encoder)
     chosen = threads.apply(spec.train.threads)
     if not resume:  # train.log's first line, as the terminal's (posexp.train logs the training steps); a resume
         # refused for a damaged checkpoint leaves train.log as it was, and one that goes on says its own threads
