@@ -100,9 +100,9 @@ def read_saved_config(run_dir: str | os.PathLike) -> DictConfig:
 
 def record_encoder(run_dir: Path, encoder: dict) -> None:
     """Write into a new run's ``.hydra/config.yaml``, which Hydra saved before the job started, the encoder
-    options the edge recorded since (:func:`posexp.commands.train.check_config`: a mix's layers' revisions), so that
-    the folder's config hashes and builds as the run trained. A folder without one (``hydra.output_subdir=null``),
-    or whose encoder is already so, is left as it is."""
+    options the edge recorded since (:func:`posexp.commands.train.check_config`: a mix's layers' revisions and
+    options from the run), so that the folder's config hashes and builds as the run trained. A folder without one
+    (``hydra.output_subdir=null``), or whose encoder is already so, is left as it is."""
     if not (Path(run_dir) / HYDRA_CONFIG).is_file():
         return
     raw = read_saved_config(run_dir)

@@ -160,15 +160,33 @@ def check_config(cfg: DictConfig) -> Config:
     sweep job with it before the first one trains.
 
     A new run's encoder records the revision of each revised encoder it builds
-    (:func:`posexp.encoders.recorded_revisions`: a mix's layers', which its schema cannot hold); a fine-tune's is
-    its parent's, recorded so by :func:`posexp.commands.finetune.child_config`.
+    (:func:`posexp.encoders.recorded_revisions`: a mix's layers', which its schema cannot hold) and a mix each
+    layer's options from the run (:func:`posexp.encoders.mixed.record_run_options`); a fine-tune's is its parent's,
+    recorded so by :func:`posexp.commands.finetune.child_config`.
     """
     from posexp.encoders import recorded_revisions
+    from posexp.encoders.mixed import record_run_options
 
     spec = check_spec(typed(cfg))
     if spec.finetune is None:
-        spec.encoder = recorded_revisions(spec.encoder)
+        spec.encoder = record_run_options(recorded_revisions(spec.encoder), lambda name: _run_options(spec, name))
     return spec
+
+
+def _run_options(spec: Config, name: str) -> dict:
+    """The options ``encoder=NAME``'s shipped yaml takes from the run (a value ``${KEY}`` of a top-level key, as
+    cope's ``npos_max: ${train_len}``), at ``spec``'s values; {} for an encoder without a yaml there."""
+    import re
+
+    import yaml
+
+    from posexp.config.schema import config_dir
+
+    path = config_dir() / "encoder" / f"{name}.yaml"
+    options = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.is_file() else {}
+    run = config_dict(spec)
+    return {key: run[m.group(1)] for key, value in options.items()
+            if isinstance(value, str) and (m := re.fullmatch(r"\$\{(\w+)\}", value)) and m.group(1) in run}
 
 
 def check_spec(spec: Config) -> Config:
