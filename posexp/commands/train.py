@@ -159,18 +159,23 @@ def check_config(cfg: DictConfig) -> Config:
     """The composed config typed (the edge) and checked (:func:`check_spec`). ``posexp train`` checks every
     sweep job with it before the first one trains.
 
-    A new run's encoder records the revision of each revised encoder it builds
-    (:func:`posexp.encoders.recorded_revisions`: a mix's layers', which its schema cannot hold) and a mix each
-    layer's options from the run (:func:`posexp.encoders.mixed.record_run_options`); a fine-tune's is its parent's,
-    recorded so by :func:`posexp.commands.finetune.child_config`.
+    A new run's encoder is :func:`new_run_encoder`'s; a fine-tune's is its parent's, its revisions recorded by
+    :func:`posexp.commands.finetune.child_config`.
     """
+    spec = check_spec(typed(cfg))
+    if spec.finetune is None:
+        spec.encoder = new_run_encoder(spec)
+    return spec
+
+
+def new_run_encoder(spec: Config) -> dict:
+    """``spec``'s encoder as a new run records it: with the revision of each revised encoder it builds
+    (:func:`posexp.encoders.recorded_revisions`: a mix's layers', which its schema cannot hold), and a mix with
+    each layer's options from the run (:func:`posexp.encoders.mixed.record_run_options`)."""
     from posexp.encoders import recorded_revisions
     from posexp.encoders.mixed import record_run_options
 
-    spec = check_spec(typed(cfg))
-    if spec.finetune is None:
-        spec.encoder = record_run_options(recorded_revisions(spec.encoder), lambda name: _run_options(spec, name))
-    return spec
+    return record_run_options(recorded_revisions(spec.encoder), lambda name: _run_options(spec, name))
 
 
 def _run_options(spec: Config, name: str) -> dict:
