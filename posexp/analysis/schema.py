@@ -95,11 +95,14 @@ def register_analyze_schema() -> None:
 
 def check_analyze_job(cfg: Any) -> Any:
     """``posexp analyze``'s job config (a DictConfig Hydra composed) typed, a :class:`Config` with the ``analyze``
-    group, and checked: the encoder's config as training's, no model built."""
+    group, and checked: the encoder's config as training's (a new run's: :func:`~posexp.commands.train.new_run_encoder`),
+    no model built."""
     from posexp.commands.edge import typed
+    from posexp.commands.train import new_run_encoder
     from posexp.commands.validation import validate
 
     spec: Any = typed(cfg, AnalyzeRootConfig)
     validate(spec, memory=None)
+    spec.encoder = new_run_encoder(spec)
     check_analyze(spec.analyze)
     return spec

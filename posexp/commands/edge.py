@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from posexp.config.identity import HASH_FORMAT, RunHash, run_hash
 from posexp.config.schema import Config
 from posexp.errors import PosexpError
+from posexp.runs.atomic import atomic_write_text
 from posexp.runs.layout import CHECKPOINT_DIR, HYDRA_CONFIG, RESULTS_JSON
 
 HF_PREFIX = "hf:"  # hf:NAME on a command line names a transformers model (posexp eval hf:MODEL, posexp search)
@@ -95,6 +96,22 @@ def read_saved_config(run_dir: str | os.PathLike) -> DictConfig:
     if not isinstance(loaded, DictConfig):
         raise PosexpError(f"{path}: not a config (expected a mapping of groups and keys)")
     return loaded
+
+
+def record_encoder(run_dir: Path, encoder: dict) -> None:
+    """Write into a new run's ``.hydra/config.yaml``, which Hydra saved before the job started, the encoder
+    options the edge recorded since (:func:`posexp.commands.train.check_config`: a mix's layers' revisions and
+    options from the run), so that the folder's config hashes and builds as the run trained. A folder without one
+    (``hydra.output_subdir=null``), or whose encoder is already so, is left as it is."""
+    if not (Path(run_dir) / HYDRA_CONFIG).is_file():
+        return
+    raw = read_saved_config(run_dir)
+    saved = OmegaConf.to_container(raw.encoder, resolve=True)
+    added = {k: v for k, v in encoder.items() if not isinstance(saved, dict) or saved.get(k) != v}
+    if added:
+        for key, value in added.items():
+            raw.encoder[key] = value
+        atomic_write_text(Path(run_dir) / HYDRA_CONFIG, OmegaConf.to_yaml(raw))
 
 
 @dataclass

@@ -191,7 +191,7 @@ def child_config(app: DictConfig, overridden: Optional[set[str]] = None) -> Dict
         ConfigError: another corpus than the parent's was requested.
     """
     from posexp.commands.plugin_source import check_plugin_sources
-    from posexp.encoders import get, revision_gap
+    from posexp.encoders import recorded_revisions, revision_gap
 
     parent = Path(str(app.parent)).resolve()
     results = check_parent(parent)
@@ -233,7 +233,7 @@ def child_config(app: DictConfig, overridden: Optional[set[str]] = None) -> Dict
         child["encoder"] = _dropped_encoder(resolved["encoder"], str(mine["scaling"]), parent)
         child["finetune"]["dropped_encoder"] = str(resolved["encoder"]["name"])
     elif revision_gap(child["encoder"]) is not None:  # a parent of an earlier revision: the fine-tune trains with this
-        child["encoder"]["revision"] = get(str(child["encoder"]["name"])).revision
+        child["encoder"] = recorded_revisions(child["encoder"])
     from posexp.commands.validation import register_configs
 
     register_configs()

@@ -100,7 +100,7 @@ def _check_revision(run_dir: Path, encoder: Any) -> None:
     gap = revision_gap(encoder)
     if gap is not None:
         raise PosexpError(f"{run_dir}: started with encoder {gap} (a fix changed how it is built or trained: "
-                          f"{get(str(encoder['name'])).__module__} says what), so this posexp cannot train it on "
+                          f"{get(gap.name).__module__} says what), so this posexp cannot train it on "
                           "as it started; train it again with posexp train and the same overrides")
 
 

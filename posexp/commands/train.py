@@ -21,7 +21,7 @@ from rich.markup import escape
 from posexp.model.factory import build_model
 from posexp.config.schema import Config, curve_lengths, eval_lengths, is_task
 from posexp.config.identity import RunHash, config_dict, run_hash
-from posexp.commands.edge import launch_folder, typed
+from posexp.commands.edge import launch_folder, record_encoder, typed
 from posexp.data.corpus import BatchSampler, Corpus, check_fits, corpus_from_config
 from posexp.errors import ConfigError, PosexpError, TrainingDiverged, TrainingInterrupted
 from posexp.evaluation.accuracy import evaluate_task_config
@@ -158,8 +158,41 @@ def _plugin_failures(job: TrainJob, source: TrainingSource, plugins: dict) -> It
 
 def check_config(cfg: DictConfig) -> Config:
     """The composed config typed (the edge) and checked (:func:`check_spec`). ``posexp train`` checks every
-    sweep job with it before the first one trains."""
-    return check_spec(typed(cfg))
+    sweep job with it before the first one trains.
+
+    A new run's encoder is :func:`new_run_encoder`'s; a fine-tune's is its parent's, its revisions recorded by
+    :func:`posexp.commands.finetune.child_config`.
+    """
+    spec = check_spec(typed(cfg))
+    if spec.finetune is None:
+        spec.encoder = new_run_encoder(spec)
+    return spec
+
+
+def new_run_encoder(spec: Config) -> dict:
+    """``spec``'s encoder as a new run records it: with the revision of each revised encoder it builds
+    (:func:`posexp.encoders.recorded_revisions`: a mix's layers', which its schema cannot hold), and a mix with
+    each layer's options from the run (:func:`posexp.encoders.mixed.record_run_options`)."""
+    from posexp.encoders import recorded_revisions
+    from posexp.encoders.mixed import record_run_options
+
+    return record_run_options(recorded_revisions(spec.encoder), lambda name: _run_options(spec, name))
+
+
+def _run_options(spec: Config, name: str) -> dict:
+    """The options ``encoder=NAME``'s shipped yaml takes from the run (a value ``${KEY}`` of a top-level key, as
+    cope's ``npos_max: ${train_len}``), at ``spec``'s values; {} for an encoder without a yaml there."""
+    import re
+
+    import yaml
+
+    from posexp.config.schema import config_dir
+
+    path = config_dir() / "encoder" / f"{name}.yaml"
+    options = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.is_file() else {}
+    run = config_dict(spec)
+    return {key: run[m.group(1)] for key, value in options.items()
+            if isinstance(value, str) and (m := re.fullmatch(r"\$\{(\w+)\}", value)) and m.group(1) in run}
 
 
 def check_spec(spec: Config) -> Config:
@@ -230,6 +263,8 @@ class TrainJob:
 def _run(job: TrainJob) -> dict:
     """:func:`run_train` in a claimed run folder: data, model, training (or a cached one), evaluation, results."""
     spec, run_dir, w, resume, console = job.spec, job.run_dir, job.world, job.resume, job.console
+    if w.is_main and not resume:
+        record_encoder(run_dir, spec.encoder)
     chosen = threads.apply(spec.train.threads)
     if not resume:  # train.log's first line, as the terminal's (posexp.train logs the training steps); a resume
         # refused for a damaged checkpoint leaves train.log as it was, and one that goes on says its own threads

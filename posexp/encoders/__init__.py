@@ -18,6 +18,7 @@ learning-rate multiplier of its own parameters. A built-in name wins over a plug
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -174,16 +175,60 @@ def plugin_sources(encoder: Mapping[str, Any]) -> Dict[str, dict]:
     return {name: record for name in names if name in registry() and (record := source_record(name)) is not None}
 
 
-def revision_gap(encoder: Mapping[str, Any]) -> Optional[str]:
-    """How a run's ``encoder`` config and this posexp's code differ in the revision of a built-in encoder
-    (:attr:`PositionalEncoder.revision`; a run of before its encoder's first revision records none: 1), as
-    ``"fox revision 1, revision 2 here"``; None when they agree, or for a plugin (its source is checked instead)."""
+def _parts(encoder: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Each encoder an ``encoder`` config builds, with the options that record its revision: the encoder and its
+    config, or each distinct layer of a ``mixed`` one and its ``encoder.options`` entry."""
     name = str(encoder.get("name"))
-    cls = registry().get(name)
-    if cls is None or encoder.get(plugins.MODULE_KEY) or not plugins.is_builtin(cls):
-        return None
-    recorded = encoder.get("revision", 1)
-    return None if recorded == cls.revision else f"{name} revision {recorded}, revision {cls.revision} here"
+    if name != "mixed":
+        return [(name, encoder)]
+    options = encoder.get("options") or {}
+    return [(layer, options.get(layer) or {}) for layer in dict.fromkeys(str(n) for n in encoder.get("layers") or [])]
+
+
+class RevisionGap(typing.NamedTuple):
+    """A built-in encoder a run's config builds whose revision (:attr:`PositionalEncoder.revision`) is not this
+    posexp's: ``recorded`` by the run (1 where it records none), ``current`` here."""
+
+    name: str
+    recorded: Any
+    current: int
+
+    def __str__(self) -> str:
+        return f"{self.name} revision {self.recorded}, revision {self.current} here"
+
+
+def revision_gap(encoder: Mapping[str, Any]) -> Optional[RevisionGap]:
+    """How a run's ``encoder`` config and this posexp's code differ in the revision of a built-in encoder it
+    builds (a run of before the encoder's first revision records none: 1), as ``"fox revision 1, revision 2 here"``
+    in text; None when they agree, or for a plugin (its source is checked instead). A ``mixed`` encoder's layers
+    record theirs in ``encoder.options`` (:func:`recorded_revisions`)."""
+    for name, options in _parts(encoder):
+        cls = registry().get(name)
+        if cls is None or options.get(plugins.MODULE_KEY) or not plugins.is_builtin(cls):
+            continue
+        recorded = options.get("revision", 1)
+        if recorded != cls.revision:
+            return RevisionGap(name, recorded, cls.revision)
+    return None
+
+
+def recorded_revisions(encoder: Mapping[str, Any]) -> dict:
+    """``encoder``, a config of a run that trains with this posexp's code (a new one, a fine-tune), recording the
+    revision of each built-in encoder it builds whose code was revised, as that encoder alone records it:
+    ``encoder.revision``, and for a ``mixed`` encoder ``encoder.options.NAME.revision`` of each such layer, so the
+    mix's hash and cache key are not those of a mix of the same layers trained with their earlier code. A config
+    building no revised encoder is returned as it was (a mix of rope and none keeps its hash)."""
+    out = copy.deepcopy(dict(encoder))
+    for name, _ in _parts(out):
+        cls = registry().get(name)
+        if cls is None or cls.revision == 1 or not plugins.is_builtin(cls) or out.get(plugins.MODULE_KEY):
+            continue
+        if name == out.get("name"):
+            out["revision"] = cls.revision
+        else:
+            out["options"] = options = dict(out.get("options") or {})
+            options[name] = {**(options.get(name) or {}), "revision": cls.revision}
+    return out
 
 
 def origin(name: str) -> str:
@@ -276,4 +321,4 @@ def create(name: str, d_model: int, n_heads: int, **options: Any) -> PositionalE
 
 
 __all__ = ["PositionalEncoder", "broken", "create", "get", "load_plugin", "mark_broken", "options_schema", "origin",
-           "register", "registry", "relative_distance", "revision_gap", "source_record"]
+           "recorded_revisions", "register", "registry", "relative_distance", "revision_gap", "source_record"]

@@ -18,8 +18,10 @@ encoding has any).
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from torch import nn
 
@@ -29,6 +31,27 @@ from posexp.encoders.scaling import module_copy, supported_scalings
 from posexp.errors import ConfigError, require
 
 ATTENTION_HOOKS = ("rotate", "bias", "scores")
+RUN_KEYS = ("base", "train_len")  # the mix's own options, passed on to each layer's options of the same name
+
+
+def record_run_options(encoder: Mapping[str, Any], run_options: Callable[[str], Mapping[str, Any]]) -> dict:
+    """A new ``mixed`` encoder's config recording, for each layer, the options ``encoder=NAME`` alone takes from the
+    run (``run_options(NAME)``, its yaml's: cope's ``npos_max: ${train_len}``) beyond the :data:`RUN_KEYS` the mix
+    passes on itself, which the layer would otherwise get at its class's default: each layer is built as the
+    encoder alone is. Options given in ``encoder.options`` stay, and a value equal to the class's default is left
+    out: a mix of before, without them, builds as it did and keeps its hash where it built the same. Another
+    encoder's config is returned as it is."""
+    out = copy.deepcopy(dict(encoder))
+    if out.get("name") != "mixed":
+        return out
+    for name in dict.fromkeys(str(n) for n in out.get("layers") or []):
+        defaults = inspect.signature(registry()[name].__init__).parameters
+        taken = {k: v for k, v in run_options(name).items()
+                 if k not in RUN_KEYS and not (k in defaults and defaults[k].default == v)}
+        given = (out.get("options") or {}).get(name) or {}
+        if set(taken) - set(given):
+            out["options"] = {**(out.get("options") or {}), name: {**taken, **given}}
+    return out
 
 
 def _acts_in_attention(enc: PositionalEncoder) -> bool:
@@ -60,7 +83,9 @@ class Mixed(PositionalEncoder):
         train_len: the training length in tokens, passed to every encoding in the mix that has a ``train_len``
             (hope, fope: the frequencies completing a period in it); the yaml sets it to the run's ``train_len``.
         options: further options per encoding name, e.g. ``{rope: {rotary_fraction: 0.5}}``;
-            they apply to every layer using that encoding. None = each encoding's defaults.
+            they apply to every layer using that encoding. None = each encoding's defaults. A new run records
+            here what each layer's encoding alone would record from the run: its code revision
+            (``fox: {revision: 2}``) and the options its own yaml takes from the run (``cope: {npos_max: 128}``).
 
     Raises:
         ConfigError: an empty list, an unknown or embed-type name, ``mixed`` inside a
@@ -101,7 +126,7 @@ class Mixed(PositionalEncoder):
         self.per_layer = nn.ModuleList(self._build(name) for name in names)
 
     def _build(self, name: str) -> PositionalEncoder:
-        run = {"base": self._base, "train_len": self._train_len}  # what each encoding's own yaml takes from the run
+        run = dict(zip(RUN_KEYS, (self._base, self._train_len)))  # what each encoding's own yaml takes from the run
         opts: Dict[str, Any] = {k: v for k, v in run.items() if k in option_names(name)}
         opts.update(self._options.get(name, {}))
         try:

@@ -36,15 +36,51 @@ def _compared_settings(row: Any, scaling: Any) -> Optional[dict]:
     return {k: v for k, v in row.settings.items() if k != "scaling"}
 
 
+EARLIER_REVISION = "earlier encoder revision"
+
+
+def _revisions(run: Any) -> dict[str, Any]:
+    """The code revision of each encoder a run builds, as its config records it (``encoder.revision``; a mix's
+    layers: ``encoder.options.NAME.revision``), 1 where it records none (trained before the encoder's first fix)."""
+    encoder = run.config_data.get("encoder")
+    if not isinstance(encoder, dict):
+        return {}
+    if encoder.get("name") != "mixed":
+        return {str(encoder.get("name")): encoder.get("revision", 1)}
+    options = encoder.get("options") or {}
+    return {str(n): (options.get(n) or {}).get("revision", 1) for n in encoder.get("layers") or []}
+
+
+def earlier_revisions(runs: Sequence[Any]) -> list[list[str]]:
+    """For each run, the encoders it builds at a revision below the latest that another of ``runs`` records for the
+    same encoder, as ``"fox revision 1 (2 in others)"``: its numbers come from other code, another method than
+    the runs of the latest, so it is kept apart from them (:data:`EARLIER_REVISION`), as a run on another corpus."""
+    recorded = [_revisions(run) for run in runs]
+    latest: dict[str, Any] = {}
+    for revisions in recorded:
+        for name, revision in revisions.items():
+            latest[name] = max(latest.get(name, revision), revision)
+    return [[f"{name} revision {revision} ({latest[name]} in others)" for name, revision in revisions.items()
+             if revision != latest[name]] for revisions in recorded]
+
+
+def revision_compared(by: Sequence[str]) -> bool:
+    """Whether ``--by`` compares an encoder's revisions on purpose (``encoder.revision``, a mix's
+    ``encoder.options.NAME.revision``), so that a run of an earlier one is no stray run to set apart."""
+    return any(k.startswith("encoder.") and k.endswith("revision") for k in by)
+
+
 def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bool = False,
-                  scaling: Any = None) -> tuple[Optional[int], tuple, Any]:
-    """Flag runs whose corpus, eval settings or training length differ from the majority.
+                  scaling: Any = None, revision_varies: bool = False) -> tuple[Optional[int], tuple, Any]:
+    """Flag runs whose corpus, eval settings or training length differ from the majority, and runs of an encoder
+    whose code another run has at a later revision (:func:`earlier_revisions`).
 
     Args:
         rows: the report's rows (:class:`~posexp.reporting.table.ReportRow`); flags are appended to them.
         warnings: the report's warnings; one is appended per flagged run.
         train_len_varies: the training length is a compared variable (``--by train_len``): do not flag it.
         scaling: the scaling the table shows; a run shown under its own is not flagged for it.
+        revision_varies: an encoder's revision is a compared variable (``--by encoder.revision``): do not flag it.
 
     Returns:
         The majority training length, (corpus, fingerprint) and eval settings.
@@ -88,6 +124,11 @@ def flag_outliers(rows: Sequence[Any], warnings: list[str], train_len_varies: bo
             if key != top:
                 row.flags += [flag] if flag not in row.flags else []  # a flag once, whichever check found it
                 warnings.append(f"{row.label}: {flag}, {detail(info)}; not comparable with the other runs")
+    for row, earlier in zip(rows, earlier_revisions([row.run for row in rows])):
+        if earlier and not revision_varies:
+            row.flags.append(EARLIER_REVISION)
+            warnings.append(f"{row.label}: {EARLIER_REVISION}, {', '.join(earlier)}: trained by other code; not "
+                            f"comparable with the other runs")
     return train_len, (corpus_name, corpus_fp), eval_settings
 
 
@@ -96,14 +137,16 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
     if not by:
         return [Group({}, row.label, [row], flags=list(row.flags)) for row in rows]
     buckets: dict[tuple, Group] = {}
+    earlier = dict(zip(map(id, rows), earlier_revisions([row.run for row in rows])))
     for row in rows:
         values = {k: config_value(row.run, k) for k in by}
-        # Numbers measured on different text, or scored differently, are different quantities.
+        # Numbers measured on different text, or scored differently, or by other code, are different quantities.
         guard = (
             canon(text_key(row)),
             canon(row.settings),
             "" if "train_len" in by else canon(base_train_len(row.run)),
             "" if row.run.status == "completed" else str(row.run.path),  # a failure stays visible on its own
+            canon(earlier[id(row)]),
         )
         bucket = (tuple(canon(v) for v in values.values()), guard)
         if bucket not in buckets:
@@ -123,7 +166,7 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
     for group in groups:
         key = canon(list(group.key.values()))
         if by_values[key] > 1 and not (compared[key] == 1 and comparable(group)):
-            parts = _why_apart(group, len(scalings[key]) > 1)
+            parts = _why_apart(group, len(scalings[key]) > 1, earlier[id(group.rows[0])])
             if parts:
                 group.label += f" [{'; '.join(parts)}]"
             group.flags.append("kept apart: not comparable")
@@ -135,14 +178,16 @@ def group_rows(rows: list[ReportRow], by: list[str], warnings: list[str]) -> lis
     split = [g for g in groups if "kept apart: not comparable" in g.flags]
     if split:
         one = len(split) == 1
+        code = ", encoder revision" if any(EARLIER_REVISION in g.flags for g in split) else ""
         warnings.append(f"{len(split)} group{' has' if one else 's have'} the same --by values but a different "
-                        f"corpus, eval settings, train length or status; {'it is' if one else 'they are'} shown apart, "
-                        f"never averaged {'with the others' if one else 'together'}")
+                        f"corpus, eval settings, train length{code} or status; {'it is' if one else 'they are'} shown "
+                        f"apart, never averaged {'with the others' if one else 'together'}")
     return groups
 
 
-def _why_apart(group: Group, scalings_differ: bool) -> list[str]:
-    """What sets a group apart from the others of its ``--by`` values, for its label."""
+def _why_apart(group: Group, scalings_differ: bool, earlier: list[str]) -> list[str]:
+    """What sets a group apart from the others of its ``--by`` values, for its label (``earlier``: the encoder
+    revisions its runs trained by, below the latest, :func:`earlier_revisions`)."""
     first = group.rows[0]
     info, parts = first.run.info, []
     if first.run.status != "completed":
@@ -155,7 +200,7 @@ def _why_apart(group: Group, scalings_differ: bool) -> list[str]:
         parts.append(f"scaling {(first.settings or {}).get('scaling') or 'none'}")
     if "different train length" in group.flags:
         parts.append(f"train_len={first.run.train_len}")
-    return parts
+    return parts + earlier
 
 
 def _pooled_keys(group: Group, by: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 from posexp.errors import PosexpError
 from posexp.reporting.compare import Margin, compare_groups, parse_baseline, parse_margin, pick_reference
 from posexp.reporting.formatting import as_number
-from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows, sort_groups
+from posexp.reporting.grouping import aggregate_group, flag_outliers, group_rows, revision_compared, sort_groups
 from posexp.reporting.options import ReportOptions
 from posexp.reporting.metrics import metric_value
 from posexp.reporting.metrics.perplexity import auc_span_multiple, ratio_of, common_ratio_length
@@ -98,8 +98,9 @@ def _lay_out(runs: list[Run], by_keys: list[str], warnings: list[str], wanted: O
             warnings.append(f"{row.label}: its rows were measured on different token budgets (eval.tokens "
                             f"{', '.join(f'{b:,}' for b in budgets)}); evaluate it again with one eval.tokens")
 
-    # Grouping by train_len compares training lengths on purpose: not a stray run to flag.
-    report.train_len, report.corpus, report.eval_settings = flag_outliers(rows, warnings, "train_len" in by_keys, scaling)
+    # Grouping by train_len (an encoder's revision) compares training lengths (its code) on purpose: not a stray run
+    report.train_len, report.corpus, report.eval_settings = flag_outliers(rows, warnings, "train_len" in by_keys, scaling,
+                                                                          revision_compared(by_keys))
     for row in rows:
         if row.run.status != "completed":
             row.flags.append(f"status: {row.run.status}")

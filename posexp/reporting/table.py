@@ -22,7 +22,8 @@ from posexp.runs.row import row_metric
 UNLEARNED = "did not learn at 1×"  # the flag of a run that did not learn at its training length
 # flags of posexp.reporting.lm_report's groups whose numbers were measured differently from the others'
 NOT_COMPARABLE = {"kept apart: not comparable", "different corpus", "different eval settings", "different train length",
-                  "different instances"}  # the last: a task run's, scored on another generator's or options' instances
+                  "different instances",  # a task run's, scored on another generator's or options' instances
+                  "earlier encoder revision"}  # a run trained by an encoder's code of before a fix (grouping.py)
 
 
 def measured_otherwise(flags: Iterable[str]) -> bool:

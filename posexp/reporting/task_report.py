@@ -27,7 +27,7 @@ from posexp.reporting.compare import (best_cells, compare_groups, comparison_jso
 from posexp.reporting.formatting import md_escape, short_id
 from posexp.reporting.tables import Column, Section, Table, TableCell, render, to_markdown
 from posexp.reporting.frame import LM_TASK
-from posexp.reporting.grouping import aggregate_group, sort_groups
+from posexp.reporting.grouping import EARLIER_REVISION, aggregate_group, earlier_revisions, revision_compared, sort_groups
 from posexp.reporting.metrics import ACCURACY as TASK_RUNS, DEFAULT_TOLERANCE, applies_to, parse_metric, read_values
 from posexp.reporting.runs import Run, run_labels
 from posexp.reporting.selection import config_value, option_items, parse_sort, show_value
@@ -93,13 +93,14 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
         report.metrics.append(sort_key.metric)  # what the table is sorted by is shown
     groups: dict[tuple, Group] = {}
     run_label, report.shared_overrides = run_labels(list(runs))  # no --by: a line per run, named by what sets it apart
+    earlier = [[] if revision_compared(by) else e for e in earlier_revisions(list(runs))]
     for i, run in enumerate(runs):
         task = str((run.info.get("task") or {}).get("name") or "?")
         values = tuple(show_value(config_value(run, key)) for key in by)
         # runs trained at different lengths are never averaged: "acc@2x" would mix different lengths; nor runs scored
-        # on different instances (the task's fingerprint: its options and generator version)
-        instances = run.info.get("corpus_fingerprint")
-        key = (task, values, run.train_len, instances) if by else (task, (i,), run.train_len, instances)
+        # on different instances (the task's fingerprint: its options and generator version), nor by other code
+        instances, code = run.info.get("corpus_fingerprint"), tuple(earlier[i])
+        key = (task, values, run.train_len, instances, code) if by else (task, (i,), run.train_len, instances, code)
         label = " ".join(f"{k}={v}" for k, v in zip(by, values)) if by else run_label[i]
         row = ReportRow(label, run, cells(run, report), None)
         groups.setdefault(key, Group(dict(zip(by, values)), label, [], task=task)).rows.append(row)
@@ -110,6 +111,7 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
         if len({k[3] for k in same}) > 1:
             group.label += f" [instances {short_id(key[3])}]"
             apart += 1
+        _set_apart_by_code(group, key[4], report.warnings)
         aggregate_group(group, report)
     if apart:
         report.warnings.append(f"{apart} groups have the same --by values but were scored on different instances (the "
@@ -134,6 +136,16 @@ def build_task_report(runs: Sequence[Run], by: Sequence[str] = (), metrics: Sequ
         raise ConfigError("--view", f"no accuracy rows of the selected task runs are {view_text(view)} "
                                     "(posexp eval RUN eval.window=K measures windowed ones)")
     return report
+
+
+def _set_apart_by_code(group: Group, earlier: Sequence[str], warnings: list[str]) -> None:
+    """A group of runs that trained by an encoder's ``earlier`` revisions (:func:`earlier_revisions`): named so,
+    flagged, and said in a warning; never compared with the runs of the latest."""
+    if earlier:
+        group.label += f" [{', '.join(earlier)}]"
+        group.flags.append(EARLIER_REVISION)
+        warnings.append(f"{group.task}: {group.label}: {EARLIER_REVISION}: trained by other code; not comparable with "
+                        "the other runs")
 
 
 def _instances(group: Group) -> Any:

@@ -207,6 +207,19 @@ def test_the_summary_writes_the_fitted_power_of_r_with_one_sign(exponent, shown)
     assert f"envelope ~ {shown} (r2 1.00)" in console.export_text()
 
 
+def test_a_layer_of_a_mix_is_analysed_as_that_encoder_alone(compose_analyze):
+    """posexp analyze encoder=mixed encoder.layers=[rope,cope] drew CoPE's layer with the class's npos_max=64, while
+    posexp analyze encoder=cope (and training either) builds it with train_len entries."""
+    from posexp.analysis.schema import check_analyze_job
+    from posexp.model.factory import build_encoder
+
+    alone = build_encoder(check_analyze_job(compose_analyze("encoder=cope", *TINY)))
+    mix = build_encoder(check_analyze_job(compose_analyze("encoder=mixed", "encoder.layers=[rope,cope]", *TINY)))
+    assert mix.per_layer[1].npos_max == alone.npos_max == 16
+    with pytest.raises(ConfigError, match="^encoder.layers: unknown encoder 'ropee'"):
+        check_analyze_job(compose_analyze("encoder=mixed", "encoder.layers=[rope,ropee]", *TINY))
+
+
 def test_bad_analyze_value_names_the_key(compose_analyze, tmp_path):
     from posexp.analysis.schema import check_analyze_job
 

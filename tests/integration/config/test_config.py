@@ -66,6 +66,28 @@ def test_a_revised_encoder_hashes_new_runs_apart_and_runs_of_before_as_recorded(
         create(name, 64, 2, revision=revision - 1)
 
 
+@pytest.mark.parametrize("layers", ["[rope,fox]", "[fope,cable]", "[path,pope]"])
+def test_a_new_mix_of_revised_encoders_records_their_revisions_and_hashes_apart(compose, layers):
+    """A mix's layers train with their encoders' current code, so a new mix records each revised layer's revision
+    as the mix's option for that layer (what the encoder alone records as encoder.revision): neither its hash nor
+    its cache key is that of a mix of the same layers trained before their fix, whose config records none."""
+    from posexp.commands.train import check_config
+
+    spec = check_config(compose("encoder=mixed", f"encoder.layers={layers}"))
+    names = layers.strip("[]").split(",")
+    assert spec.encoder["options"] == {n: {"revision": 2} for n in names if n in {r[0] for r in REVISED}}
+    before = typed(compose("encoder=mixed", f"encoder.layers={layers}"))
+    assert before.encoder["options"] is None
+    assert config_hash(spec) != config_hash(before)
+    assert weights_config(spec) != weights_config(before)
+
+
+def test_a_new_mix_of_encoders_never_revised_keeps_the_hash_of_the_mixes_of_before(compose):
+    from posexp.commands.train import check_config
+
+    assert config_hash(check_config(compose("encoder=mixed", "encoder.layers=[rope,none]"))) == "546591382e9e8d1e"
+
+
 @pytest.mark.parametrize("dotted", sorted(NOT_WEIGHTS))
 def test_keys_that_do_not_shape_the_weights_leave_the_cache_key_alone(compose, dotted):
     weights = weights_config(typed(compose()))

@@ -89,3 +89,26 @@ def test_a_run_started_by_another_revision_of_its_encoder_is_not_trained_on(tiny
     assert "\n" not in str(caught.value)
     monkeypatch.setattr(ForgettingAttention, "revision", 2)
     assert resume_main(run_dir)["run"]["status"] == "completed"
+
+
+def test_a_mix_records_its_layers_revisions_in_its_folder_and_is_resumed_only_by_that_code(tmp_path, monkeypatch):
+    """encoder=mixed with a fox layer trained with fox's revision 2 but recorded none (only the mix's own options):
+    its hash and cache key were a revision-1 mix's, and posexp resume trained on with other code. The mix records
+    each revised layer's revision (encoder.options.fox.revision) in the config Hydra saved before the job started,
+    which still hashes as results.json says, and another revision's code refuses to train it on."""
+    from helpers import TINY_RUN, invoke
+    from posexp.encoders.fox import ForgettingAttention
+
+    run_dir = tmp_path / "run"
+    result = invoke("train", *TINY_RUN, *OVERRIDES, "encoder=mixed", "encoder.layers=[rope,fox]",
+                    f"hydra.run.dir={run_dir}")
+    assert result.exit_code == 0, result.output
+    assert OmegaConf.load(run_dir / HYDRA_CONFIG).encoder.options == {"fox": {"revision": 2}}
+    assert json.loads((run_dir / "results.json").read_text())["run"]["config"]["encoder"]["options"] == {
+        "fox": {"revision": 2}}
+    reeval_main([str(run_dir), "eval.multiples=[1,2]"])  # refused were the folder's config to hash otherwise
+    (run_dir / "results.json").unlink()
+    monkeypatch.setattr(ForgettingAttention, "revision", 3)
+    with pytest.raises(PosexpError, match=r"started with encoder fox revision 2, revision 3 here \(a fix changed how "
+                                          r"it is built or trained: posexp.encoders.fox says what\)"):
+        resume_main(run_dir)

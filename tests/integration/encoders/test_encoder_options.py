@@ -406,6 +406,26 @@ def test_a_mix_of_one_encoding_is_that_encoding_and_a_real_mix_is_neither():
     assert not torch.allclose(both, rope, atol=1e-4) and not torch.allclose(both, nope, atol=1e-4)
 
 
+@pytest.mark.parametrize("train_len", [96, 64])
+def test_a_layer_of_a_new_mix_is_built_as_that_encoder_alone(compose, train_len):
+    """encoder=cope takes npos_max from its yaml (${train_len}); a cope layer of a mix took the class's 64 at any
+    training length. A new mix records the options each layer's own yaml takes from the run, so the layer is built
+    as the encoder alone is; one set in encoder.options stays, and a mix of before (its config records none) builds
+    as it did, keeping its hash where it built the same."""
+    from posexp.commands.train import check_config
+    from posexp.config.identity import config_hash
+    from posexp.model.factory import build_encoder
+
+    alone = build_encoder(check_config(compose("encoder=cope", f"train_len={train_len}")))
+    mix = ("encoder=mixed", "encoder.layers=[rope,cope]", f"train_len={train_len}")
+    assert build_encoder(check_config(compose(*mix))).per_layer[1].npos_max == alone.npos_max == train_len
+    given = build_encoder(check_config(compose(*mix, "encoder.options={cope:{npos_max:32}}")))
+    assert given.per_layer[1].npos_max == 32
+    before = typed(compose(*mix))
+    assert build_encoder(before).per_layer[1].npos_max == 64
+    assert (config_hash(check_config(compose(*mix))) == config_hash(before)) == (train_len == 64)
+
+
 def test_mix_with_bias_layers_trains_each_layers_own_parameters():
     mixed = create("mixed", d_model=D_MODEL, n_heads=N_HEADS, layers=["t5", "rope"])
     model = _model(mixed, n_layers=4)

@@ -490,22 +490,26 @@ def test_a_fine_tune_without_longrope_factors_keeps_the_hash_it_had():
     assert weights_of({"train_len": 128, "finetune": {**lineage, "longrope_factors": [1.0, 2.0]}}) != before
 
 
-def test_a_finetune_of_a_parent_of_an_earlier_encoder_revision_records_its_own(tmp_path, monkeypatch):
+@pytest.mark.parametrize("encoder", [("encoder=fox",), ("encoder=mixed", "encoder.layers=[rope,fox]")],
+                         ids=["fox", "mixed"])
+def test_a_finetune_of_a_parent_of_an_earlier_encoder_revision_records_its_own(tmp_path, monkeypatch, encoder):
     """A fine-tune trains with this posexp's encoder code: where a fix revised the encoder since the parent was
-    trained (FoX's gates weight-decayed), the new run records the revision it trains with, so it never shares a
-    hash or a cache entry with a fine-tune of the same parent by the code of before."""
+    trained (FoX's gates weight-decayed), the new run records the revision it trains with (a mix: its fox layer's,
+    in encoder.options), so it never shares a hash or a cache entry with a fine-tune of the same parent by the code
+    of before."""
     from posexp.encoders.fox import ForgettingAttention
 
     parent = tmp_path / "fox"
-    assert invoke("train", *TINY_RUN, "encoder=fox", f"hydra.run.dir={parent}").exit_code == 0
+    assert invoke("train", *TINY_RUN, *encoder, f"hydra.run.dir={parent}").exit_code == 0
     monkeypatch.setattr(ForgettingAttention, "revision", 3)
     child = tmp_path / "child"
     result = invoke("finetune", str(parent), *QUICK, "scaling=none", f"hydra.run.dir={child}")
     assert result.exit_code == 0, result.output
     from omegaconf import OmegaConf
 
-    def encoder(run_dir: Path) -> dict:
-        return OmegaConf.load(run_dir / ".hydra" / "config.yaml")["encoder"]
+    def revision(run_dir: Path) -> int:
+        saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")["encoder"]
+        return saved["options"]["fox"]["revision"] if saved["name"] == "mixed" else saved["revision"]
 
-    assert (encoder(parent)["revision"], encoder(child)["revision"]) == (2, 3)
+    assert (revision(parent), revision(child)) == (2, 3)
     assert _results(child)["run"]["config_hash"] != _results(parent)["run"]["config_hash"]

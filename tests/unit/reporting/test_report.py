@@ -577,6 +577,35 @@ def test_a_stray_run_is_set_aside_alone_and_the_rest_of_its_group_still_compared
            "shown apart, never averaged with the others" in report.warnings
 
 
+def test_runs_of_an_encoders_earlier_revision_stand_apart_from_the_runs_of_its_latest(tmp_path):
+    """fox runs trained before its fix (no encoder.revision) and after it (revision 2) are different methods: --by
+    encoder pooled them as seeds of one group ("averaged over encoder.revision"). The earlier ones stand apart, named
+    in a warning and never compared, as runs on another corpus; a mix is read by its layers' revisions; grouping by
+    encoder.revision compares them on purpose."""
+    def fox(name: str, ppl: float, seed: int, revision: dict) -> object:
+        return make_run(tmp_path / name, {128: ppl, 256: ppl + 1}, ["encoder=fox", f"seed={seed}"], encoder="fox",
+                        seed=seed, config={"encoder": {"name": "fox", **revision}})
+
+    latest = [fox(f"new{i}", 3.0 + i / 10, i, {"revision": 2}) for i in range(2)]
+    earlier = fox("old", 5.0, 7, {})
+    mix = make_run(tmp_path / "mix", {128: 4.0, 256: 5.0}, ["encoder=mixed"], encoder="mixed[rope,fox]",
+                   config={"encoder": {"name": "mixed", "layers": ["rope", "fox"], "options": None}})
+    rope = make_run(tmp_path / "rope", {128: 3.5, 256: 4.5}, ["encoder=rope"])
+    report = build_report([*latest, earlier, mix, rope], ReportOptions(by="encoder"))
+    groups = by_group(report)
+    assert groups["encoder=fox"].n == 2 and groups["encoder=fox"].cells[128].mean == pytest.approx(3.05)
+    apart = groups["encoder=fox [fox revision 1 (2 in others)]"]
+    assert apart.flags == ["earlier encoder revision", "kept apart: not comparable"]
+    assert groups["encoder=mixed[rope,fox]"].flags == ["earlier encoder revision"]
+    assert groups["encoder=rope"].flags == []
+    verdicts = {d.group: d.verdict for d in report.comparison.differences}
+    assert verdicts[apart.label] == verdicts["encoder=mixed[rope,fox]"] == "not compared"
+    assert "encoder=fox seed=7: earlier encoder revision, fox revision 1 (2 in others): trained by other code; not " \
+           "comparable with the other runs" in report.warnings
+    report = build_report([*latest, earlier], ReportOptions(by=["encoder", "encoder.revision"]))
+    assert [g.n for g in report.groups] == [2, 1] and not any(g.flags for g in report.groups)
+
+
 def test_group_keys_from_nested_config_and_pooled_keys_are_flagged(tmp_path):
     deep = [make_run(tmp_path / f"d{i}", {128: 3.0 + i / 10}, ["model.n_layers=4", f"seed={i}"], seed=i,
                      config={"model": {"n_layers": 4}}) for i in range(2)]

@@ -36,6 +36,26 @@ def test_seeds_are_averaged_with_a_t_interval_and_metrics_follow_the_definition(
     assert group.metrics["maxlen@acc80"].mean == pytest.approx(128)
 
 
+def test_task_runs_of_an_encoders_earlier_revision_are_never_averaged_with_its_latest(tmp_path):
+    """fox task runs trained before its fix (no encoder.revision) and after it (revision 2) were averaged as seeds of
+    one --by encoder group; the earlier one stands apart, named, and is not compared."""
+    def fox(seed: int, acc: float, revision: dict) -> object:
+        folder = make_task_run(tmp_path / str(seed), {64: 1.0, 128: acc}, encoder="fox", seed=seed)
+        results = json.loads((folder / "results.json").read_text())
+        results["run"]["config"]["encoder"].update(revision)
+        (folder / "results.json").write_text(json.dumps(results))
+        return read_run(folder)
+
+    runs = [fox(0, 0.9, {"revision": 2}), fox(1, 0.8, {"revision": 2}), fox(2, 0.1, {})]
+    report = build_task_report(runs, ["encoder"], ["acc@2x"])
+    groups = {g.label: g for g in report.groups}
+    assert groups["encoder=fox"].n == 2 and groups["encoder=fox"].cells[128].mean == pytest.approx(85.0)
+    assert groups["encoder=fox [fox revision 1 (2 in others)]"].flags == ["earlier encoder revision"]
+    assert [d.verdict for d in report.comparisons["copy"].differences] == ["not compared"]
+    assert "copy: encoder=fox [fox revision 1 (2 in others)]: earlier encoder revision: trained by other code; not " \
+           "comparable with the other runs" in report.warnings
+
+
 def test_the_interval_of_an_accuracy_over_seeds_stays_within_0_and_100_percent(tmp_path):
     """Two seeds at 90% and 100%: t(0.975, 1) = 12.7 made it 95 ± 63.5, up to 158.5%. The t-interval is cut at
     100% (and 0%), said as [low, high]; one inside the bounds keeps its ± form."""
