@@ -170,11 +170,26 @@ def _open_hub(hub: HubSource):
         raise PosexpError(f"data.name: {hub.label()}: {_first_line(e)}") from None
 
 
+def _is_hub_id(name: str) -> bool:
+    """Whether ``name`` has a Hub id's form, ``NAME`` or ``OWNER/NAME``: ``./data``, ``/data/sets`` or ``a/b/c`` can
+    only be local paths."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def _open_dataset(hub: HubSource) -> dict:
     """``{split name: Dataset}`` of a local folder/file or a Hub data set."""
     import datasets
 
     p = Path(hub.name).expanduser()
+    if not p.exists() and not _is_hub_id(hub.name):
+        raise ConfigError("data.name", f"{hub.name} does not exist; give a local data set (a folder, or a "
+                                       f"{', '.join(sorted(_FILE_BUILDERS))} file) or a Hub id, OWNER/NAME")
     loaded = _open_local(hub, p) if p.exists() else _open_hub(hub)
     if isinstance(loaded, datasets.Dataset):
         return {"train": loaded}

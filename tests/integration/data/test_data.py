@@ -298,6 +298,18 @@ def test_hf_unreachable_hub_is_detected_fast_and_explained(tmp_path, monkeypatch
     assert "posexp-tests/no-such-data-set" in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["./no-such-folder", "{tmp}/no-such-folder", "data/sets/no-such-folder"])
+def test_a_local_data_set_path_that_does_not_exist_is_said_so_not_sent_to_the_hub(tmp_path, monkeypatch, name):
+    """A mistyped folder was looked up on the Hub and called "not cached", with an `hf download ./no-such-folder`
+    to run: no Hub id has that form, so the message names the path and what data.name takes."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("posexp.data.hub._open_hub", lambda hub: pytest.fail("looked the path up on the Hub"))
+    name = name.format(tmp=tmp_path)
+    with pytest.raises(ConfigError, match="does not exist") as e:
+        load_corpus(DataConfig(kind="hf", name=name, cache_dir=str(tmp_path / "cache")))
+    assert e.value.key == "data.name" and name in str(e.value)
+
+
 # ---------------------------------------------------------------------------- through the CLI
 
 @pytest.mark.slow  # a BPE trained and a run on it; the hf loader and the BPE are tested apart by default
