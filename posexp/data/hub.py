@@ -98,7 +98,8 @@ def _hub_offline(offline: bool) -> Iterator[None]:
         ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
 
 
-# plain .txt is data=text's: datasets' text builder would make every line a row and drop its newline
+# plain .txt (a file, or a folder of them) is data=text's: datasets' text builder would make every line a row and
+# drop its newline
 _FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
 
 
@@ -120,6 +121,9 @@ def _open_local(hub: HubSource, p: Path):
                                                f"folder, or a {', '.join(sorted(_FILE_BUILDERS))} file "
                                                "(plain text: data=text data.path=...)")
             return datasets.load_dataset(builder, data_files=str(p))
+        if datasets.load_dataset_builder(str(p), hub.config).name == "text":  # a folder of plain text files
+            raise ConfigError("data.name", f"{p} holds plain text files, which datasets reads a line a row with the "
+                                           f"newlines dropped; train on them with data=text data.path={hub.name}")
         return datasets.load_dataset(str(p), hub.config)
     except PosexpError:
         raise
