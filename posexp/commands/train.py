@@ -44,7 +44,7 @@ from posexp.tasks.sampler import TaskSampler
 from posexp.tasks.source import TrainingSource, reads_data
 from posexp import tracking
 from posexp.training import cache, distributed
-from posexp.training.checkpoint import read_resume_pointer
+from posexp.training.checkpoint import check_same_data, read_resume_pointer
 from posexp.runtime.device import World
 from posexp.training.distributed import shard
 from posexp.training.checkpoint import parent_weights
@@ -272,6 +272,8 @@ def _run(job: TrainJob) -> dict:
     warn = _warner(console)
     cache_writable = warn_about_settings(spec, warn, w.is_main, job.launched_in)
     source = _load_source(spec, w, console, warn)
+    if resume:
+        check_same_data(run_dir, source.fingerprint)
     # eval.key_tokens: an evaluator that reads other tokens is refused here, before training
     key_tokens = for_run(spec, source.corpus, job.device, hf_evaluator, str(run_dir),
                          log=lambda m: console.print(m, highlight=False)) if w.is_main else None
@@ -400,8 +402,9 @@ def _curve_probe(job: TrainJob, model: GPT, source: TrainingSource, trackers: tr
 def _train(job: TrainJob, model: GPT, source: TrainingSource, on_log: LogHook,
            probe: Optional[CurveProbe] = None) -> TrainResult:
     spec = job.spec
-    sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed) if source.task is not None else \
-        BatchSampler(source.corpus.train, spec.train_len, spec.train.batch_size, spec.seed)
+    sampler = TaskSampler(source.task, spec.train.batch_size, spec.seed, source.fingerprint) \
+        if source.task is not None else \
+        BatchSampler(source.corpus.train, spec.train_len, spec.train.batch_size, spec.seed, source.fingerprint)
     try:
         return train(model, spec, sampler, job.run_dir, job.identity, resume=job.resume, on_log=on_log, probe=probe)
     except TrainingDiverged as e:

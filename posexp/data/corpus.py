@@ -169,8 +169,9 @@ class BatchSampler:
     batch whether or not the run was interrupted before it.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int):
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, fingerprint: Optional[str] = None):
         self.tokens = tokens
+        self.fingerprint = fingerprint  # the corpus's, for resumed runs to check
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.seed = seed

@@ -98,7 +98,8 @@ def _hub_offline(offline: bool) -> Iterator[None]:
         ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
 
 
-# plain .txt is data=text's: datasets' text builder would make every line a row and drop its newline
+# plain .txt (a file, or a folder of them) is data=text's: datasets' text builder would make every line a row and
+# drop its newline
 _FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
 
 
@@ -120,6 +121,9 @@ def _open_local(hub: HubSource, p: Path):
                                                f"folder, or a {', '.join(sorted(_FILE_BUILDERS))} file "
                                                "(plain text: data=text data.path=...)")
             return datasets.load_dataset(builder, data_files=str(p))
+        if datasets.load_dataset_builder(str(p), hub.config).name == "text":  # a folder of plain text files
+            raise ConfigError("data.name", f"{p} holds plain text files, which datasets reads a line a row with the "
+                                           f"newlines dropped; train on them with data=text data.path={hub.name}")
         return datasets.load_dataset(str(p), hub.config)
     except PosexpError:
         raise
@@ -170,11 +174,26 @@ def _open_hub(hub: HubSource):
         raise PosexpError(f"data.name: {hub.label()}: {_first_line(e)}") from None
 
 
+def _is_hub_id(name: str) -> bool:
+    """Whether ``name`` has a Hub id's form, ``NAME`` or ``OWNER/NAME``: ``./data``, ``/data/sets`` or ``a/b/c`` can
+    only be local paths."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def _open_dataset(hub: HubSource) -> dict:
     """``{split name: Dataset}`` of a local folder/file or a Hub data set."""
     import datasets
 
     p = Path(hub.name).expanduser()
+    if not p.exists() and not _is_hub_id(hub.name):
+        raise ConfigError("data.name", f"{hub.name} does not exist; give a local data set (a folder, or a "
+                                       f"{', '.join(sorted(_FILE_BUILDERS))} file) or a Hub id, OWNER/NAME")
     loaded = _open_local(hub, p) if p.exists() else _open_hub(hub)
     if isinstance(loaded, datasets.Dataset):
         return {"train": loaded}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from posexp.tasks.task import Task
@@ -18,10 +20,11 @@ class TaskSampler:
         task: the task.
         batch_size: instances per step.
         seed: the run's seed.
+        fingerprint: the task's instances' (:class:`posexp.tasks.source.TrainingSource`), for resumed runs to check.
     """
 
-    def __init__(self, task: Task, batch_size: int, seed: int):
-        self.task, self.batch_size, self.seed = task, batch_size, seed
+    def __init__(self, task: Task, batch_size: int, seed: int, fingerprint: Optional[str] = None):
+        self.task, self.batch_size, self.seed, self.fingerprint = task, batch_size, seed, fingerprint
 
     def window(self, step: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """``(tokens (B, L + 1), answer mask of the targets (B, L))`` for step ``step``, ``L <= length``."""

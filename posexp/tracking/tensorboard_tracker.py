@@ -19,12 +19,14 @@ from posexp.tracking.tracker import TRACKERS, Point, RunIdentity, Tracker, flat_
 class TensorBoardTracker(Tracker):
     needs_module = "tensorboard"
 
-    def __init__(self, log_dir: Path, purge_step: Optional[int] = None, reports: int = 0):
+    def __init__(self, log_dir: Path, resume_step: Optional[int] = None, reports: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = log_dir
-        # purge_step: TensorBoard hides what an earlier session logged from this step on (a resumed training
-        # logs those steps again)
+        # purge_step: TensorBoard hides what an earlier session logged from this step on. A resumed training logs
+        # again the steps after its checkpoint; the checkpoint's own step (its loss, its curve point) and the config
+        # at step 0 were logged before the checkpoint was written, and no session logs them again.
+        purge_step = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
         self.reports = reports  # the step of the figures and results.json: one per command that reported
 
@@ -32,14 +34,14 @@ class TensorBoardTracker(Tracker):
     def start(cls, run: RunIdentity, log_dir: Optional[str] = None) -> "TensorBoardTracker":  # type: ignore[override]
         """Args: log_dir: where the event files go; null = RUN_DIR/tensorboard (a sweep's jobs side by side)."""
         folder = Path(log_dir) if log_dir else run.run_dir / TENSORBOARD_DIR
-        tracker = cls(folder, purge_step=run.resume_step)
+        tracker = cls(folder, resume_step=run.resume_step)
         if run.resume_step is None:
             tracker.log_config(run.config)
         return tracker
 
     @classmethod
     def reopen(cls, record: dict, run: RunIdentity) -> "TensorBoardTracker":
-        return cls(Path(record["log_dir"]), purge_step=run.resume_step, reports=int(record.get("reports", 0)))
+        return cls(Path(record["log_dir"]), resume_step=run.resume_step, reports=int(record.get("reports", 0)))
 
     def log_config(self, config: dict) -> None:
         from torch.utils.tensorboard.summary import hparams

@@ -180,6 +180,8 @@ def save_resume(run_dir: Path, model: torch.nn.Module, state: dict[str, Any], ru
         pointer = {"format": STATE_FORMAT, "step": step, "config_hash": run_hash.value,
                    "hash_format": run_hash.format, "weights": weights.name, "weights_sha256": weights_sha,
                    "state": state_file.name, "state_sha256": hashlib.sha256(data).hexdigest()}
+        if state.get("data_fingerprint"):  # read before anything trains, by check_same_data
+            pointer["data_fingerprint"] = state["data_fingerprint"]
         path = atomic_write_json(ckpt / RESUME_FILE, pointer)
     except BaseException:
         # a full disk: the previous pair stays the checkpoint, and this one's weights give their space back
@@ -242,6 +244,20 @@ def read_resume_pointer(run_dir: Path) -> Optional[dict]:
         if Path(pointer[key]).name != pointer[key]:  # a file beside resume.json, never elsewhere
             raise PosexpError(f"{path}: \"{key}\" must name a file in {path.parent}; {restart_hint(run_dir)}")
     return pointer
+
+
+def check_same_data(run_dir: Path, fingerprint: str) -> None:
+    """Refuse to resume a run on other data than its checkpoint trained on (an edited ``data.path`` file, another
+    interpreter's data=stdlib): its remaining steps would train on that, and its results name only that.
+
+    Raises:
+        PosexpError: the latest resumable checkpoint records another data fingerprint.
+    """
+    saved = (read_resume_pointer(run_dir) or {}).get("data_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise PosexpError(f"{run_dir}: the training data here (fingerprint {fingerprint}) is not the one its training "
+                          f"started on ({saved}); its remaining steps would train on other data: restore that data, "
+                          "or train the run again with posexp train")
 
 
 def saved_precision(run_dir: Path) -> Optional[str]:

@@ -43,6 +43,7 @@ class TrainState:
     elapsed_s: float = 0.0  # training wall time of the run's earlier sessions
     resumed_at: list[int] = field(default_factory=list)  # the steps this run continued from
     precision: str = ""  # the dtype of the forward pass (float32 / bfloat16), which a resumed precision=auto keeps
+    data_fingerprint: Optional[str] = None  # the corpus (or task instances) it trains on, which a resume must find
 
     @classmethod
     def begin(cls, run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_hash: RunHash,

@@ -69,6 +69,8 @@ __all__ = ["CHECKPOINT_DIR", "WEIGHTS_FILE", "TrainResult", "save_checkpoint", "
 class Sampler(Protocol):
     """What the training step draws its batches from."""
 
+    fingerprint: Optional[str]  # of the corpus or task instances drawn from (None: not known)
+
     def window(self, step: int, length: int) -> tuple[np.ndarray, Optional[np.ndarray]]: ...
 
 
@@ -432,6 +434,7 @@ def train(model: GPT, spec: Config, sampler: Sampler, run_dir: Path, run_hash: R
     model.to(device).train()
     with one_process_group(device) if t.parallel == "fsdp" else contextlib.nullcontext():
         setup = TrainingSetup.build(model, spec, run_dir, run_hash, resume, device, settings.compile)
+        setup.state.data_fingerprint = sampler.fingerprint  # for posexp.training.checkpoint.check_same_data
         placement = Placement(device, w, settings, setup.precision)
         wall = _train_steps(setup, spec, sampler, run_dir, run_hash, placement, on_log, probe)
         if setup.sharded is not None:

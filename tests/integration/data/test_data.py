@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -296,6 +297,30 @@ def test_hf_unreachable_hub_is_detected_fast_and_explained(tmp_path, monkeypatch
     with pytest.raises(PosexpError, match="not cached.*cannot be reached.*data=text") as e:
         load_corpus(DataConfig(kind="hf", name="posexp-tests/no-such-data-set", cache_dir=str(tmp_path / "cache")))
     assert "posexp-tests/no-such-data-set" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["./no-such-folder", "{tmp}/no-such-folder", "data/sets/no-such-folder"])
+def test_a_local_data_set_path_that_does_not_exist_is_said_so_not_sent_to_the_hub(tmp_path, monkeypatch, name):
+    """A mistyped folder was looked up on the Hub and called "not cached", with an `hf download ./no-such-folder`
+    to run: no Hub id has that form, so the message names the path and what data.name takes."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("posexp.data.hub._open_hub", lambda hub: pytest.fail("looked the path up on the Hub"))
+    name = name.format(tmp=tmp_path)
+    with pytest.raises(ConfigError, match="does not exist") as e:
+        load_corpus(DataConfig(kind="hf", name=name, cache_dir=str(tmp_path / "cache")))
+    assert e.value.key == "data.name" and name in str(e.value)
+
+
+def test_a_folder_of_plain_text_as_an_hf_data_set_is_sent_to_data_text(tmp_path):
+    """datasets reads plain text a line a row, its newlines dropped: a folder of .txt files became a corpus of one
+    document per line, where one .txt file is refused with the same reason."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"{i}.txt").write_text("def f(x):\n    return x\n" * 20)
+    with pytest.raises(ConfigError, match=re.escape(f"data=text data.path={folder}")) as e:
+        load_corpus(DataConfig(kind="hf", name=str(folder), cache_dir=str(tmp_path / "cache")))
+    assert e.value.key == "data.name"
 
 
 # ---------------------------------------------------------------------------- through the CLI

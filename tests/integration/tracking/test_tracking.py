@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY_RUN, invoke_main
+from helpers import TINY_RUN, invoke, invoke_main, sigterm_at_step
 from posexp.commands.train import check_config, run_train
 from posexp.errors import ConfigError
 from posexp.tracking.tracker import eval_points, metric_name, row_value
@@ -148,6 +149,25 @@ def test_posexp_eval_appends_its_rows_to_the_tensorboard_run(tiny, tmp_path):
     sliding = {e.step: e.value for e in acc.Scalars("eval/ppl/sliding_S16")}
     assert sliding == pytest.approx(_ppl_by_length(results, "sliding"), rel=1e-6)
     assert len(acc.Scalars("eval/ppl/nonoverlap")) == 2  # the training's rows are still there
+
+
+def test_a_resumed_run_keeps_every_tensorboard_point_up_to_its_checkpoint(tmp_path, monkeypatch):
+    """SIGTERM in step 3 logs and checkpoints step 3, and the resumed training logs steps 4 on. TensorBoard's purge
+    at the resume started at step 3 itself, so its loss (logged by no later session) and the config were hidden."""
+    pytest.importorskip("tensorboard")
+    from posexp.data.corpus import BatchSampler
+
+    run_dir = tmp_path / "run"
+    args = (*TINY_RUN, "logger=tensorboard", "train.steps=6", "train.log_every=1", "eval.multiples=[1]")
+    sample = sigterm_at_step(monkeypatch, BatchSampler, "batch", 2)  # 0-based: the 3rd step
+    stopped = invoke("train", *args, f"hydra.run.dir={run_dir}")
+    assert stopped.exit_code == 128 + signal.SIGTERM, stopped.output
+    monkeypatch.setattr(BatchSampler, "batch", sample)
+    resumed = invoke("resume", str(run_dir))
+    assert resumed.exit_code == 0, resumed.output
+    acc = _event_accumulator(run_dir / "tensorboard")
+    assert [e.step for e in acc.Scalars("train/loss")] == _metrics_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+    assert "config/text_summary" in acc.Tags()["tensors"]
 
 
 # -- MLflow ----------------------------------------------------------------------------------------

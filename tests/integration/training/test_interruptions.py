@@ -43,6 +43,31 @@ def test_sigterm_mid_step_checkpoints_that_step_and_resumes_to_identical_numbers
     assert _logged_steps(run_dir) == list(range(1, STEPS + 1))
 
 
+def test_resume_refuses_text_that_changed_since_the_training_started(tmp_path, monkeypatch):
+    """A data=text file edited between a stop and posexp resume: the remaining steps trained on the new text with no
+    word, and results.json recorded only its fingerprint; posexp eval refuses that corpus, so resume does too."""
+    from helpers.text import sample_text
+    from posexp.data.corpus import BatchSampler
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"{i}.txt").write_text(sample_text(1500, seed=i))
+    run_dir = tmp_path / "run"
+    sample = sigterm_at_step(monkeypatch, BatchSampler, "batch", 2)  # 0-based: the 3rd step
+    stopped = invoke("train", *TINY_RUN, "data=text", f"data.path={corpus}", "train.log_every=1",
+                     "eval.multiples=[1]", f"hydra.run.dir={run_dir}")
+    assert stopped.exit_code == 128 + signal.SIGTERM, stopped.output
+    monkeypatch.setattr(BatchSampler, "batch", sample)
+    with open(corpus / "0.txt", "a") as f:
+        f.write(sample_text(100, seed=9))
+    resumed = invoke("resume", str(run_dir))
+    assert resumed.exit_code != 0, resumed.output
+    lines = [line for line in resumed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is not the one its training started on" in lines[0], resumed.stderr
+    assert _logged_steps(run_dir) == [1, 2, 3] and not (run_dir / "results.json").exists()
+
+
 def test_the_first_sigint_asks_to_stop_the_second_interrupts():
     from posexp.training.trainer import StopOnSignal
 
