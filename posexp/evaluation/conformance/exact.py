@@ -24,7 +24,8 @@ from torch.overrides import TorchFunctionMode
 
 from posexp.encoders.contract import PositionalEncoder
 from posexp.evaluation.conformance.probe import (
-    EncoderFactory, Probe, attention_logits, build_model, causal_diff, layer_encoders, relative_diff, tokens)
+    EncoderFactory, Probe, attention_logits, build_model, causal_diff, encodable, layer_encoders, relative_diff,
+    tokens)
 from posexp.evaluation.conformance.result import FAIL, NOT_APPLICABLE, PASS, Check, within
 
 EXACT = 1e-6  # max abs difference in float64 of outputs that must be equal
@@ -43,14 +44,14 @@ def _bound(probe: Probe) -> float:
     return EXACT if probe.exact_dtype == "float64" else EXACT_FLOAT32
 
 
-def _length(probe: Probe) -> int:
-    return probe.train_len + probe.block // 2 + 1  # several blocks, the last one partial
+def _length(probe: Probe, encoder: PositionalEncoder) -> int:
+    return encodable(encoder, probe.train_len + probe.block // 2 + 1)  # several blocks, the last one partial
 
 
 @torch.no_grad()
 def check_causality(make_encoder: EncoderFactory, probe: Probe) -> Check:
     model = build_model(make_encoder, probe, _dtype(probe))
-    L = _length(probe)
+    L = _length(probe, model.encoder)
     t = L // 2
     idx = tokens(probe, L)
     changed = idx.clone()
@@ -63,7 +64,7 @@ def check_causality(make_encoder: EncoderFactory, probe: Probe) -> Check:
 @torch.no_grad()
 def check_prefix(make_encoder: EncoderFactory, probe: Probe) -> Check:
     model = build_model(make_encoder, probe, _dtype(probe))
-    L = _length(probe)
+    L = _length(probe, model.encoder)
     idx = tokens(probe, L)
     full = model(idx)
     worst = max(causal_diff(full[:, :t + 1], model(idx[:, :t + 1])) for t in (probe.block // 2, L // 2))
@@ -97,7 +98,7 @@ def _hook_offsets(enc: PositionalEncoder, probe: Probe, L: int) -> float:
 def check_offsets(make_encoder: EncoderFactory, probe: Probe) -> Check:
     model = build_model(make_encoder, probe, _dtype(probe))
     encoder = model.encoder
-    lengths = (4 * probe.block, 4 * probe.block + probe.block // 2 + 1)
+    lengths = tuple(encodable(encoder, L) for L in (4 * probe.block, 4 * probe.block + probe.block // 2 + 1))
     blocked = 0.0
     for L in lengths:
         idx = tokens(probe, L)
@@ -152,7 +153,7 @@ def check_fused(make_encoder: EncoderFactory, probe: Probe) -> Check:
     fused = [e for e in layer_encoders(encoder, probe) if e.uses_score_mod and e.uses_bias]
     if not fused:
         return Check("fused = plain", NOT_APPLICABLE, None, "", "no score_mod: the model always takes bias()")
-    L = min(probe.lengths[-1], encoder.max_length or probe.lengths[-1])
+    L = encodable(encoder, probe.lengths[-1])
     pos = torch.arange(L)
     worst = 0.0
     for enc in fused:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from posexp.config.schema import ModelConfig
 from posexp.encoders import create
 from posexp.evaluation.conformance.probe import (
-    EncoderFactory, LargestTensor, Probe, build_model, causal_diff, finite, relative_diff, tokens)
+    EncoderFactory, LargestTensor, Probe, build_model, causal_diff, encodable, finite, relative_diff, tokens)
 from posexp.evaluation.conformance.result import FAIL, NOT_APPLICABLE, PASS, Check, within
 from posexp.model.gpt import ModelShape
 from posexp.runtime.device import autocast
@@ -120,11 +120,11 @@ def _seconds(model, idx: torch.Tensor) -> float:
 
 def check_speed(make_encoder: EncoderFactory, probe: Probe) -> Check:
     default = ModelConfig()
-    train_len = 128  # configs/config.yaml
     shape = ModelShape(**asdict(default), vocab_size=256)
     models = {}
     for name, factory in (("rope", lambda d, h: create("rope", d, h)), ("it", make_encoder)):
         models[name] = build_model(factory, probe, shape=shape)
+    train_len = encodable(models["it"].encoder, 128)  # configs/config.yaml's, within a max_length
     idx = torch.randint(256, (1, train_len), generator=torch.Generator().manual_seed(0))
     times: dict[str, list[float]] = {name: [] for name in models}
     for round_ in range(SPEED_ROUNDS + 1):  # interleaved, in alternating order; the first round a warm-up

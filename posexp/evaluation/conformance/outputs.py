@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from posexp.encoders.contract import PositionalEncoder
-from posexp.evaluation.conformance.probe import EncoderFactory, Probe, build_model, layer_encoders
+from posexp.evaluation.conformance.probe import EncoderFactory, Probe, build_model, encodable, layer_encoders
 from posexp.evaluation.conformance.result import FAIL, PASS, Check
 
 NAME = "hook outputs"
@@ -56,10 +56,16 @@ def _problem(hook: str, out: object, shape: Sequence[int], dtype: Optional[torch
     return None
 
 
+def _keys(encoder: PositionalEncoder, probe: Probe) -> int:
+    """The keys the hooks are called over: a few blocks, within the encoder's ``max_length``."""
+    return encodable(encoder, 2 * probe.block + 3)
+
+
 def _problems(encoder: PositionalEncoder, probe: Probe, device: torch.device) -> Iterator[Optional[str]]:
     """What is wrong with each hook ``encoder`` uses, one entry per hook call (None: nothing)."""
     B, H, D = probe.batch + 1, probe.n_heads, probe.d_model  # B != H: a layout mixing them up shows
-    L, Lq = 2 * probe.block + 3, probe.block
+    L = _keys(encoder, probe)
+    Lq = min(probe.block, L)
     gen = torch.Generator().manual_seed(probe.seed)
     x = torch.randn(B, L, D, generator=gen).to(device)
     q, k = (torch.randn(B, H, L, D // H, generator=gen).to(device) for _ in "qk")
@@ -104,9 +110,9 @@ def check_outputs(make_encoder: EncoderFactory, probe: Probe) -> Check:
     for device in devices:
         encoder = build_model(make_encoder, probe).encoder.to(device)
         found += [problem for problem in _problems(encoder, probe, device) if problem is not None]
-    where = " and ".join(d.type for d in devices)
+    where, keys = " and ".join(d.type for d in devices), _keys(encoder, probe)
     detail = (f"each hook in use called as the model calls it (batch {probe.batch + 1}, {probe.n_heads} heads, "
-              f"{probe.block} late queries over {2 * probe.block + 3} keys) on {where}: the contract's shape, dtype "
+              f"{min(probe.block, keys)} late queries over {keys} keys) on {where}: the contract's shape, dtype "
               "and device, finite where read")
     if found:
         return Check(NAME, FAIL, None, "", "; ".join(dict.fromkeys(found)))

@@ -71,6 +71,12 @@ def build_model(make_encoder: EncoderFactory, probe: Probe, dtype: torch.dtype =
     return model.eval().to(dtype)
 
 
+def encodable(encoder: PositionalEncoder, length: int) -> int:
+    """``length``, or the encoder's ``max_length`` where that is shorter: a check reads no position the encoder
+    refuses (learned's yaml ends its table at ``train_len``)."""
+    return min(length, encoder.max_length or length)
+
+
 def tokens(probe: Probe, length: int, batch: Optional[int] = None, seed: int = 0) -> Tensor:
     """Random token ids ``(batch, length)`` from a generator of their own (the model's RNG is left alone)."""
     gen = torch.Generator().manual_seed(probe.seed + 100 + seed)

@@ -14,7 +14,7 @@ from rich.console import Console
 from torch import Tensor, nn
 
 import posexp.encoders as encoders
-from posexp.commands.check import check_main
+from posexp.commands.check import check_main, yaml_options
 from posexp.encoders import create, register
 from posexp.encoders.contract import PositionalEncoder, bias_score_mod, relative_distance
 from posexp.errors import PosexpError
@@ -36,7 +36,8 @@ def _failed(name: str, **options) -> set[str]:
 
 @pytest.mark.parametrize("name", BUILT_INS)
 def test_every_built_in_encoding_conforms(name):
-    assert _failed(name) == KNOWN_FAILURES.get(name, set())
+    # built as posexp check NAME builds it: its yaml's options at the probe's train_len (learned's table ends there)
+    assert _failed(name, **yaml_options(name, train_len=PROBE.train_len)) == KNOWN_FAILURES.get(name, set())
 
 
 # -- encodings that break the contract, one way each ----------------------------------------------------------------
@@ -366,6 +367,14 @@ def test_the_length_check_reaches_16x_the_default_train_len_and_a_given_one():
             check_main("tiny_overflow", ["train_len=0"], "json", Console(file=io.StringIO()), probe=PROBE)
     finally:
         encoders._REGISTRY.remove("tiny_overflow")
+
+
+def test_learned_at_a_given_train_len_reads_no_position_past_its_table():
+    # posexp check learned train_len=32: its yaml sets max_length=32, shorter than the probe's blocks of 16 reach
+    out = io.StringIO()
+    assert check_main("learned", ["train_len=32"], "json", Console(file=out, width=200),
+                      probe=Probe(long_block=32)) == 0
+    assert json.loads(out.getvalue())["passed"]
 
 
 def test_an_option_the_yaml_ties_to_train_len_follows_the_given_one():
