@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from posexp.config.identity import position_range
 from posexp.config.schema import EvalConfig
 from posexp.encoders.remapping import ALL_OPTION_KEYS
-from posexp.errors import ConfigError
+from posexp.errors import ConfigError, PosexpError
 
 # what posexp eval may change; eval.during_training was measured while the run trained, and stays as it was
 TRAINING_ONLY = "during_training"
@@ -63,6 +63,8 @@ RUNTIME_KEYS = {"train.threads": ("train.threads",), "device": ("device", "train
                 "train.device": ("train.device",), "precision": ("precision", "train.precision"),
                 "train.precision": ("train.precision",)}
 MULTIRUN_FLAGS = ("-m", "--multirun")
+# posexp eval's options of a trained run (posexp.cli.options declares them; -m is read here)
+EVAL_OPTIONS = ("-m", "--strict", "--allow-changed-encoder")
 # Changing the first key without the second resets the second to its default:
 # a stride belongs to the sliding protocol, a factor to the scaling it was given for, sinks to their window.
 DEPENDENT_KEYS = {"protocol": ("stride", "last_k"),
@@ -76,11 +78,20 @@ DEPENDENT_KEYS = {"protocol": ("stride", "last_k"),
 
 def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
     """Run folders and ``key=value`` overrides, in the order given (an existing path is always a folder);
-    ``-m`` is left out (:func:`is_multirun`)."""
+    ``-m`` is left out (:func:`is_multirun`).
+
+    Raises:
+        PosexpError: an option posexp eval does not have (``--config-dir``, a typo), which would otherwise be looked
+            for as a run folder.
+    """
     folders, overrides = [], []
     for arg in args:
         if arg in MULTIRUN_FLAGS and not Path(arg).exists():
             continue
+        if arg.startswith("-") and not Path(arg).exists():  # an option Typer let through: none of posexp eval's
+            raise PosexpError(f"{arg}: no such option of posexp eval; its options: {', '.join(EVAL_OPTIONS)} (Hydra's "
+                              "flags, --config-dir among them, are for posexp eval hf:MODEL; a run folder whose name "
+                              f"starts with - is ./{arg})")
         if "=" in arg and not Path(arg).exists():
             overrides.append(arg)
         elif arg.startswith("eval.") and not Path(arg).exists():

@@ -214,6 +214,17 @@ def test_a_folder_name_too_long_for_the_filesystem_is_one_line(args, tmp_path, m
                                     "allows"], tmp_path)
 
 
+@pytest.mark.parametrize("option", ["--bogus", "--config-dir"])
+def test_an_option_posexp_eval_does_not_have_is_named_as_one(option, tmp_path):
+    """``posexp eval --bogus RUN`` said "--bogus: no such folder; pass a run folder ...": the option read as a run."""
+    (tmp_path / "conf").mkdir()
+    result = invoke_main("eval", option, "conf", "eval.lengths=[64]", cwd=tmp_path)
+    assert result.exit_code == 2, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: {option}: no such option of posexp eval; its options: -m, --strict, "
+                           "--allow-changed-encoder"), line
+
+
 @pytest.mark.parametrize("command", ["eval", "resume", "report"])
 def test_a_run_folder_whose_name_the_filesystem_refuses_is_one_line(command, tmp_path):
     """``posexp eval`` of a 300-character folder name was an OSError 36 traceback."""
