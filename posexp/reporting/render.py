@@ -237,7 +237,10 @@ def print_comparison(comparison: Comparison, console: Console, what: str = "", g
 def _csv_rows(report: Report, keys: list[str], stats: list[str], numbers: list[list[Stat]],
               best: list[list[str]]) -> list[list[str]]:
     """The grouped table's csv: value, 95% low/high and n per length and metric (``stats``: their names;
-    ``numbers``: per group, its statistics; ``best``: per group, the columns where it has the best value)."""
+    ``numbers``: per group, its statistics; ``best``: per group, the columns where it has the best value). A metric
+    named as a length's column (``--metric ppl@1024`` where 1024 is evaluated) is that column, written once."""
+    keep = [j for j, name in enumerate(stats) if name not in stats[:j]]
+    stats, numbers = [stats[j] for j in keep], [[line[j] for j in keep] for line in numbers]
     rows = [[*keys, *(f"{s}{suffix}" for s in stats for suffix in ("", "_low", "_high", "_n")),
              "flags", "runs", "seeds", "best"]]
     for g, group in enumerate(report.groups):
@@ -250,7 +253,7 @@ def _csv_rows(report: Report, keys: list[str], stats: list[str], numbers: list[l
                        csv_cell(stat.high if ok else None), str(stat.n)]
         rows.append([*key_cells, *values, "; ".join(group.flags),
                      " ".join(row.run.path.as_posix() for row in group.rows),
-                     " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
+                     " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(dict.fromkeys(best[g]))])
     return rows
 
 

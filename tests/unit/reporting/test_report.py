@@ -781,6 +781,20 @@ def test_bad_format_is_a_config_error(tmp_path):
     assert not (run / "report.md").exists()
 
 
+def test_a_metric_named_as_a_length_column_is_one_csv_column(tmp_path):
+    """``--metric ppl@256 --format csv`` wrote two columns named ppl@256 (the length's and the metric's): csv
+    readers then keep one, or rename the other."""
+    runs = [make_run(tmp_path / "a", {128: 3.0, 256: 4.5}, ["encoder=rope"]),
+            make_run(tmp_path / "b", {128: 3.0, 256: 3.5}, ["encoder=alibi"], encoder="alibi")]
+    report = build_report(runs, ReportOptions(by="encoder", metrics="ppl@256,ratio@2x"))
+    header, *lines = list(csv.reader(io.StringIO(render_table_csv(report))))
+    assert len(header) == len(set(header)), header
+    assert header.count("ppl@256") == 1 and "ratio@2x" in header
+    rows = [dict(zip(header, line)) for line in lines]
+    assert float(rows[1]["ppl@256"]) == pytest.approx(3.5) and rows[1]["ppl@256_low"] != ""
+    assert rows[1]["best"].split() == ["ppl@256", "ratio@2x"]
+
+
 def test_machine_readable_formats(tmp_path):
     runs = seeds(tmp_path, "rope", [3.0, 3.2]) + [
         make_run(tmp_path / "odd", {128: 9.0, 256: 9.9}, ["encoder=rope_odd"], fingerprint="fp-other")]
