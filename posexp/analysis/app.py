@@ -113,6 +113,13 @@ def run_analyze(cfg: Config, a: AnalyzeConfig, out: Path, console: Optional[Cons
     return result
 
 
+def _power(exponent: float) -> str:
+    """The power of r an envelope ``~ r^-exponent`` is fitted with, to 2 decimals, one that rounds to zero without a
+    sign (a flat fit's exponent of 0.004 or -1e-17 is no decay and no growth)."""
+    text = f"{-exponent:.2f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
+
 def print_summary(result: dict, console: Console) -> None:
     """A short table of the numbers a reader looks for first."""
     t = Table(title=f"posexp analyze · {result['label']} · d_model {result['d_model']}, {result['n_heads']} heads · "
@@ -135,7 +142,7 @@ def print_summary(result: dict, console: Console) -> None:
                 fit = d["power_law"]
                 decay = (f"half at r={d['half_distance']}" if d["half_distance"] is not None else "never below 1/2") \
                     + f", mean|S/S0| {d['mean_abs']:.3f}" \
-                    + (f", envelope ~ r^{-fit['exponent']:.2f} (r2 {fit['r2']:.2f})" if fit else "")
+                    + (f", envelope ~ r^{_power(fit['exponent'])} (r2 {fit['r2']:.2f})" if fit else "")
             t.add_row(f"{unit['name']} / {h}", rel, decay)
         if "rope_bound" in unit:
             at = unit["rope_bound"]["mean_over_r_2r_at"]

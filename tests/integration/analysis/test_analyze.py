@@ -195,7 +195,8 @@ def test_every_encoder_config_analyses(name, compose_analyze, tmp_path):
     assert result["figures"] == []
 
 
-@pytest.mark.parametrize("exponent,shown", [(0.07, "r^-0.07"), (-1e-17, "r^0.00"), (-0.3, "r^0.30")])
+@pytest.mark.parametrize("exponent,shown", [(0.07, "r^-0.07"), (-1e-17, "r^0.00"), (-0.3, "r^0.30"), (0.0, "r^0.00"),
+                                            (0.004, "r^0.00")])
 def test_the_summary_writes_the_fitted_power_of_r_with_one_sign(exponent, shown):
     """A flat envelope fitted with exponent -1e-17 (encoder=binary) printed 'envelope ~ r^--0.00'."""
     decay = {"half_distance": None, "mean_abs": 0.5, "power_law": {"a": 1.0, "exponent": exponent, "r2": 1.0}}
