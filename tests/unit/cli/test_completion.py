@@ -243,6 +243,9 @@ def test_the_copied_value_lists_equal_their_owners():
     views = values["report", "--view"]
     assert {v.split("=")[0] for v in views} == set(VIEW_KEYS)
     assert [v.split("=")[1] for v in views if v.startswith("protocol=")] == list(PROTOCOLS)
+    from posexp.commands.eval_overrides import EVAL_OPTIONS  # named by eval's one line for an option it lacks
+
+    assert EVAL_OPTIONS == ("-m", *(o.names[0] for o in options.options("eval")))
 
 
 def test_every_builtin_encoders_yaml_lists_its_options():
