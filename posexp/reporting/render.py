@@ -253,7 +253,7 @@ def _csv_rows(report: Report, keys: list[str], stats: list[str], numbers: list[l
                        csv_cell(stat.high if ok else None), str(stat.n)]
         rows.append([*key_cells, *values, "; ".join(group.flags),
                      " ".join(row.run.path.as_posix() for row in group.rows),
-                     " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(dict.fromkeys(best[g]))])
+                     " ".join(csv_cell(row.run.info.get("seed")) for row in group.rows), " ".join(best[g])])
     return rows
 
 
@@ -298,7 +298,9 @@ def lm_table(report: Report) -> tables.Table:
     higher = [False] * len(report.lengths) + [m.higher_is_better for m in report.metrics]
     best = best_cells(report.groups, stats, higher, decimals)
     stat_names = [f"ppl@{n}" for n in report.lengths] + [m.name for m in report.metrics]
-    marks = [[stat_names[j] for j in range(len(higher)) if (g, j) in best] for g in range(len(report.groups))]
+    # a metric named as a length's column (--metric ppl@1024) is marked once
+    marks = [list(dict.fromkeys(stat_names[j] for j in range(len(higher)) if (g, j) in best))
+             for g in range(len(report.groups))]
     rows = []
     for g, group in enumerate(report.groups):
         text = lambda stat, d, plus_minus=" ± ": stat.text(d, plus_minus, of=group.n)  # noqa: E731

@@ -793,6 +793,7 @@ def test_a_metric_named_as_a_length_column_is_one_csv_column(tmp_path):
     rows = [dict(zip(header, line)) for line in lines]
     assert float(rows[1]["ppl@256"]) == pytest.approx(3.5) and rows[1]["ppl@256_low"] != ""
     assert rows[1]["best"].split() == ["ppl@256", "ratio@2x"]
+    assert json.loads(render_json(report))["groups"][1]["best"] == ["ppl@256", "ratio@2x"]
 
 
 def test_machine_readable_formats(tmp_path):
